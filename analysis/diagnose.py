@@ -1,0 +1,397 @@
+"""Failure diagnosis: classify what went wrong in a run into the seed's boundaries, with evidence and advice.
+
+The seed ("train-with-environments", Failure diagnosis) asks to classify before touching hyperparameters:
+valid low reward; ProviderError; HarnessError; ToolsetError/UserError; SandboxError/TunnelError; TaskError; trainer
+instability. srl adds all-zero (and all-one) groups, and Slurm-level causes read from the job's log text.
+
+Sources read, all through ``RunDir``: the rollout store's ``error_class``/``reward`` columns, ``metrics.jsonl``
+(trainer stability), and every text file under ``<run>/logs/`` and ``<run>/launcher/`` (error class names in role
+logs; slurmstepd's ``DUE TO TIME LIMIT``, ``oom-kill``, ``NODE_FAIL``, ``PREEMPT``, ``CANCELLED`` lines).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.loaders import load_metrics, role_metrics
+from analysis.store import load_rollouts
+from analysis.summary import group_stats
+from toolkit.rundir import RunDir
+
+# Boundary of each recorded error class (the seed groups toolset with user, sandbox with tunnel).
+CLASS_BOUNDARY = {
+    "ProviderError": "ProviderError",
+    "HarnessError": "HarnessError",
+    "ToolsetError": "ToolsetError/UserError",
+    "UserError": "ToolsetError/UserError",
+    "SandboxError": "SandboxError/TunnelError",
+    "TunnelError": "SandboxError/TunnelError",
+    "TaskError": "TaskError",
+}
+
+_NOT_HYPERPARAMS = "Learning-rate or other optimizer changes do not fix invalid traces."
+ADVICE = {
+    "ProviderError": "The inference endpoint, model, capacity or request dialect failed. Check the inference and "
+    "router logs and the served model name. Retries with backoff help a transient outage; a wrong model name or "
+    "an unsupported request field fails every time. " + _NOT_HYPERPARAMS,
+    "HarnessError": "The harness program failed to install, launch, or exited non-zero. This is deterministic: "
+    "retries do not fix it. Reproduce with `srl eval run` on one example and fix the harness. " + _NOT_HYPERPARAMS,
+    "ToolsetError/UserError": "A tool server or the simulated-user server failed at start-up, was unreachable from "
+    "the env workers, or misbehaved on a call. Check its placement, reachability and isolation. "
+    + _NOT_HYPERPARAMS,
+    "SandboxError/TunnelError": "The runtime (sandbox capacity, lifecycle, filesystem, network, rate limits) or the "
+    "interception tunnel failed. Retries may help transient failures; otherwise cap pool workers and sandbox "
+    "creation rate, use multiplex to bound tunnel count, and set explicit stage timeouts. " + _NOT_HYPERPARAMS,
+    "TaskError": "Task setup, finalize or scoring code raised during rollouts. This is deterministic: retries do "
+    "not fix it. Fix the taskset and pass `srl eval validate` (model-free) before training again. "
+    + _NOT_HYPERPARAMS,
+    "valid low reward": "Rollouts are valid but reward is low: the task is too hard for this model, or the "
+    "prompt/tool contract or rubric does not match. Inspect samples and the step-0 baseline eval; check the "
+    "verifier gives the intended reward on known successes before changing the trainer.",
+    "all-zero groups": "Most groups have every rollout at zero reward, so group-relative advantages are zero and "
+    "there is no gradient signal. Fix difficulty, model fit or environment behaviour before increasing optimizer "
+    "effort (learning rate, steps, group size).",
+    "all-one groups": "Most groups are solved by every rollout: no signal. Increase difficulty or sample a harder "
+    "task distribution.",
+    "trainer instability": "Valid rollouts arrive but the trainer misbehaves. Lower the learning rate, tighten the "
+    "off-policy bound (max_async_level), and check trainer/inference mismatch (dtype, renderer, weight reload) "
+    "when mismatch KL grows. This is not an environment failure.",
+    "Slurm: time limit": "The job hit its Slurm time limit. Resume from the last complete checkpoint (`--resume`), "
+    "raise `slurm.time`, or set `signal_lead_s` so the run checkpoints before the limit.",
+    "Slurm: out of memory": "The kernel OOM killer or Slurm's memory limit ended a job step. Lower rollout pressure "
+    "(max_concurrent, pool.max_workers) and sequence lengths, or request more memory per node.",
+    "GPU out of memory": "A CUDA allocation failed. Lower trainer micro_batch_size or seq_len, or vLLM's "
+    "gpu_memory_utilization / max_num_seqs, before widening the job.",
+    "Slurm: node failure": "A node failed under the job. Requeue (srl resumes from the last complete checkpoint) "
+    "and exclude the node if it recurs.",
+    "Slurm: preemption": "A higher-priority job preempted this one. Submit with requeue enabled; srl resumes from "
+    "the last complete checkpoint.",
+    "Slurm: cancelled": "The job was cancelled (scancel by a user or administrator). Check who cancelled it before "
+    "resubmitting.",
+}
+
+ERROR_CLASS_RE = re.compile(r"\b(" + "|".join(CLASS_BOUNDARY) + r")\b")
+# Slurm-level patterns, checked in this order on each line (a line with "CANCELLED ... DUE TO TIME LIMIT" is a
+# timeout, not a cancel). slurmstepd writes "*** JOB 12 ON n1 CANCELLED AT <time> DUE TO TIME LIMIT ***".
+SLURM_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("Slurm: time limit", re.compile(r"DUE TO TIME LIMIT|State=TIMEOUT")),
+    ("Slurm: out of memory", re.compile(r"oom[-_]kill|OUT_OF_MEMORY|Out of memory: Killed process", re.I)),
+    ("GPU out of memory", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA")),
+    ("Slurm: node failure", re.compile(r"NODE_FAIL|DUE TO NODE FAILURE")),
+    ("Slurm: preemption", re.compile(r"PREEMPTED|DUE TO PREEMPTION|State=PREEMPT")),
+    ("Slurm: cancelled", re.compile(r"\bCANCELLED AT\b|State=CANCELLED")),
+]
+LOG_SUFFIXES = {".log", ".out", ".err", ".txt"}
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+@dataclass
+class Finding:
+    """One diagnosed failure.
+
+    ``boundary`` is the seed's class ("TaskError", "trainer instability", "Slurm: time limit", ...);
+    ``severity`` "error" | "warning" | "info"; ``evidence`` holds counts, ``first_step``, and ``log_file`` /
+    ``log_line`` (1-based) / ``excerpt`` of the first log occurrence when one was found; ``advice`` is what to do.
+    """
+
+    boundary: str
+    severity: str
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    advice: str = ""
+
+
+@dataclass
+class _LogHit:
+    file: Path
+    line: int
+    text: str
+    count: int = 1
+
+
+def diagnose(
+    run_dir: Path | RunDir,
+    *,
+    low_reward: float = 0.1,
+    group_share: float = 0.5,
+    error_share: float = 0.0,
+) -> list[Finding]:
+    """Classify the failures of one run; most severe first. Empty list when nothing is wrong.
+
+    ``low_reward``: mean valid reward at or below this is "valid low reward" (rewards on a 0-1 scale).
+    ``group_share``: share of train groups all-zero (all-one) above which groups are flagged.
+    ``error_share``: share of errored rollouts of a class above which it is reported (0 = any).
+    Raises ``FileNotFoundError`` if ``run_dir`` does not exist.
+    """
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
+    if not run.root.is_dir():
+        raise FileNotFoundError(f"run directory {run.root} does not exist")
+    class_hits, slurm_hits = scan_logs(run)
+    findings: list[Finding] = []
+    rollouts = None
+    if run.rollout_store.exists():
+        rollouts = load_rollouts(
+            run.rollout_store, ["step", "kind", "env", "group_id", "reward", "error_class", "error_message"]
+        )
+    findings += _error_findings(rollouts, class_hits, run, error_share)
+    if rollouts is not None and len(rollouts):
+        findings += _reward_findings(rollouts, low_reward, group_share)
+    findings += _trainer_findings(load_metrics(run), run)
+    for boundary, hit in slurm_hits.items():
+        findings.append(Finding(
+            boundary=boundary, severity="error",
+            summary=f"{boundary} in the job log ({hit.count} line(s))",
+            evidence={"count": hit.count, **_where(hit, run)}, advice=ADVICE[boundary],
+        ))
+    findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
+    return findings
+
+
+def scan_logs(run: RunDir) -> tuple[dict[str, _LogHit], dict[str, _LogHit]]:
+    """First occurrence and count of each error class name and each Slurm-level pattern in the run's text logs.
+
+    Scans files under ``logs/`` and ``launcher/`` (suffixes .log/.out/.err/.txt), oldest attempt first, so the first
+    occurrence is the earliest one. Symlinked directories (``logs/latest``) are not followed twice.
+    """
+    classes: dict[str, _LogHit] = {}
+    slurm: dict[str, _LogHit] = {}
+    for path in _log_files(run):
+        try:
+            f = open(path, encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        with f:
+            for lineno, line in enumerate(f, 1):
+                for m in set(ERROR_CLASS_RE.findall(line)):
+                    _record(classes, m, path, lineno, line)
+                for name, pat in SLURM_PATTERNS:
+                    if pat.search(line):
+                        _record(slurm, name, path, lineno, line)
+                        break
+    return classes, slurm
+
+
+def _record(hits: dict[str, _LogHit], key: str, path: Path, lineno: int, line: str) -> None:
+    if key in hits:
+        hits[key].count += 1
+    else:
+        hits[key] = _LogHit(path, lineno, line.strip()[:300])
+
+
+def _log_files(run: RunDir) -> list[Path]:
+    out: list[Path] = []
+    for base in (run.logs, run.launcher):
+        if not base.is_dir():
+            continue
+        for p in sorted(base.rglob("*"), key=_attempt_order):
+            if p.is_file() and not any(part.is_symlink() for part in _parents_below(p, base)):
+                if p.suffix in LOG_SUFFIXES:
+                    out.append(p)
+    return out
+
+
+def _parents_below(p: Path, base: Path) -> list[Path]:
+    parts, cur = [], p.parent
+    while cur != base and base in cur.parents:
+        parts.append(cur)
+        cur = cur.parent
+    return parts
+
+
+def _attempt_order(p: Path) -> tuple[int, str]:
+    m = re.search(r"attempt_(\d+)", str(p))
+    return (int(m.group(1)) if m else 0, str(p))
+
+
+def _where(hit: _LogHit | None, run: RunDir) -> dict[str, Any]:
+    if hit is None:
+        return {}
+    try:
+        rel = str(hit.file.relative_to(run.root))
+    except ValueError:
+        rel = str(hit.file)
+    return {"log_file": rel, "log_line": hit.line, "excerpt": hit.text}
+
+
+def _error_findings(
+    rollouts: pd.DataFrame | None, class_hits: dict[str, _LogHit], run: RunDir, error_share: float
+) -> list[Finding]:
+    per_boundary: dict[str, dict[str, Any]] = {}
+    total = 0 if rollouts is None else len(rollouts)
+    if rollouts is not None and total:
+        err = rollouts[rollouts["error_class"].notna()]
+        for cls, sub in err.groupby(err["error_class"].astype(str), sort=True):
+            boundary = CLASS_BOUNDARY.get(cls, cls)
+            ev = per_boundary.setdefault(boundary, {"count": 0, "classes": {}, "first_step": None, "envs": set()})
+            ev["count"] += len(sub)
+            ev["classes"][cls] = len(sub)
+            first = int(sub["step"].min())
+            ev["first_step"] = first if ev["first_step"] is None else min(ev["first_step"], first)
+            ev["envs"].update(sub["env"].astype(str).unique().tolist())
+            msg = sub["error_message"].dropna()
+            if len(msg) and "first_message" not in ev:
+                ev["first_message"] = str(msg.iloc[0])[:300]
+    for cls, hit in class_hits.items():
+        boundary = CLASS_BOUNDARY[cls]
+        ev = per_boundary.setdefault(boundary, {"count": 0, "classes": {}, "first_step": None, "envs": set()})
+        ev.setdefault("log_mentions", 0)
+        ev["log_mentions"] += hit.count
+        if "log_file" not in ev:
+            ev.update(_where(hit, run))
+    findings = []
+    for boundary, ev in per_boundary.items():
+        share = ev["count"] / total if total else None
+        if ev["count"] and share is not None and share <= error_share:
+            continue
+        ev["envs"] = sorted(ev["envs"])
+        if share is not None:
+            ev["share_of_rollouts"] = round(share, 4)
+        where = f"{ev['count']} errored rollout(s)" if ev["count"] else "no errored rollouts in the store"
+        if ev.get("log_mentions"):
+            where += f", {ev['log_mentions']} log line(s)"
+        first = f", first at step {ev['first_step']}" if ev["first_step"] is not None else ""
+        findings.append(Finding(boundary=boundary, severity="error", summary=f"{boundary}: {where}{first}",
+                                evidence=ev, advice=ADVICE[boundary] if boundary in ADVICE else ""))
+    return findings
+
+
+def _reward_findings(rollouts: pd.DataFrame, low_reward: float, group_share: float) -> list[Finding]:
+    kinds = set(rollouts["kind"].astype(str))
+    df = rollouts[rollouts["kind"].astype(str) == ("train" if "train" in kinds else sorted(kinds)[0])]
+    valid = df[df["error_class"].isna()]
+    out: list[Finding] = []
+    if valid.empty:
+        return out
+    groups = group_stats(df)
+    groups = groups[groups["valid"] > 0]
+    error_rate = 1 - len(valid) / len(df)
+    mean = float(valid["reward"].mean())
+    zero = float((groups["max"] == 0).mean()) if len(groups) else 0.0
+    one = float(groups["solve_all"].mean()) if len(groups) else 0.0
+    if zero > group_share:
+        first_bad = groups[groups["max"] == 0]["step"].min()
+        out.append(Finding(
+            boundary="all-zero groups", severity="warning",
+            summary=f"{zero:.0%} of {len(groups)} groups have zero reward on every rollout",
+            evidence={"groups": len(groups), "all_zero_groups": int((groups["max"] == 0).sum()),
+                      "share": round(zero, 4), "first_step": int(first_bad)},
+            advice=ADVICE["all-zero groups"],
+        ))
+    if one > group_share:
+        out.append(Finding(
+            boundary="all-one groups", severity="warning",
+            summary=f"{one:.0%} of {len(groups)} groups are solved by every rollout",
+            evidence={"groups": len(groups), "all_one_groups": int(groups["solve_all"].sum()), "share": round(one, 4)},
+            advice=ADVICE["all-one groups"],
+        ))
+    if mean <= low_reward and error_rate < 0.5:
+        by_step = valid.groupby("step")["reward"].mean()
+        out.append(Finding(
+            boundary="valid low reward", severity="warning",
+            summary=f"mean reward {mean:.3f} over {len(valid)} valid rollouts ({error_rate:.0%} errored)",
+            evidence={"valid_rollouts": len(valid), "reward_mean": round(mean, 4),
+                      "errored_share": round(error_rate, 4), "first_step": int(by_step.index.min()),
+                      "last_step_reward_mean": round(float(by_step.iloc[-1]), 4)},
+            advice=ADVICE["valid low reward"],
+        ))
+    return out
+
+
+def _trainer_findings(metrics: pd.DataFrame, run: RunDir) -> list[Finding]:
+    tr = role_metrics(metrics, "trainer")
+    if tr.empty:
+        return []
+    problems: list[str] = []
+    evidence: dict[str, Any] = {}
+    first_steps: list[int] = []
+    if "loss/mean" in tr.columns:
+        loss = tr["loss/mean"].astype(float)
+        bad = loss[~np.isfinite(loss.to_numpy())]
+        if len(bad):
+            problems.append(f"loss is NaN/inf at {len(bad)} step(s)")
+            evidence["loss_nonfinite_steps"] = len(bad)
+            first_steps.append(int(bad.index[0]))
+    if "mismatch_kl/mean" in tr.columns:
+        kl = tr["mismatch_kl/mean"].astype(float).dropna()
+        growing, early, late = _growing(kl)
+        if growing:
+            problems.append(f"mismatch_kl grew from {early:.3g} to {late:.3g}")
+            evidence.update(mismatch_kl_early=early, mismatch_kl_late=late)
+            first_steps.append(int(kl.index[kl > max(2 * early, 1e-3)][0]))
+    if "optim/grad_norm" in tr.columns:
+        spikes = _spikes(tr["optim/grad_norm"].astype(float).dropna())
+        if len(spikes):
+            problems.append(f"{len(spikes)} grad-norm spike(s), max {float(spikes.max()):.3g}")
+            evidence.update(grad_norm_spikes=len(spikes), grad_norm_max=float(spikes.max()))
+            first_steps.append(int(spikes.index[0]))
+    if "entropy/mean" in tr.columns:
+        ent = tr["entropy/mean"].astype(float).dropna()
+        if len(ent) >= 6:
+            k = max(len(ent) // 3, 2)
+            early, late = float(ent.iloc[:k].median()), float(ent.iloc[-k:].median())
+            if early > 0 and late < 0.2 * early:
+                problems.append(f"entropy collapsed from {early:.3g} to {late:.3g}")
+                evidence.update(entropy_early=early, entropy_late=late)
+                first_steps.append(int(ent.index[ent < 0.5 * early][0]))
+    if not problems:
+        return []
+    evidence["first_step"] = min(first_steps)
+    evidence["source"] = str(run.metrics.relative_to(run.root))
+    return [Finding(boundary="trainer instability", severity="error", summary="; ".join(problems),
+                    evidence=evidence, advice=ADVICE["trainer instability"])]
+
+
+def _growing(series: pd.Series) -> tuple[bool, float, float]:
+    """Median of the last third above 4x the first third's (and above 1e-3): a sustained rise, not noise."""
+    if len(series) < 6:
+        return (False, math.nan, math.nan)
+    k = max(len(series) // 3, 2)
+    early, late = float(series.iloc[:k].median()), float(series.iloc[-k:].median())
+    return (late > max(4 * early, 1e-3), early, late)
+
+
+def _spikes(series: pd.Series, factor: float = 10.0, window: int = 10) -> pd.Series:
+    """Values above ``factor`` x the median of the preceding ``window`` values (at least 3 of them), or non-finite."""
+    prev = series.shift(1).rolling(window, min_periods=3).median()
+    spike = (series > factor * prev) | ~np.isfinite(series)
+    return series[spike.fillna(False)]
+
+
+def format_findings(findings: list[Finding]) -> str:
+    """Plain-text rendering (no rich markup): one block per finding with evidence lines and advice."""
+    if not findings:
+        return "No failures found: no errored rollouts, no trainer instability, no Slurm-level causes in the logs.\n"
+    lines = []
+    for i, f in enumerate(findings, 1):
+        lines.append(f"{i}. [{f.severity.upper()}] {f.boundary}: {f.summary}")
+        for key, value in f.evidence.items():
+            if value in (None, [], {}):
+                continue
+            lines.append(f"     {key}: {value}")
+        if f.advice:
+            lines.append(f"     advice: {f.advice}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.diagnose RUN_DIR``: print findings; exit 1 when any finding is an error, else 0."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="srl diagnose", description="Classify the failures of a run.")
+    parser.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+    findings = diagnose(args.run_dir)
+    print(format_findings(findings), end="")
+    return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

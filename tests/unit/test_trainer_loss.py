@@ -1,0 +1,90 @@
+"""IPO / IcePop loss against values computed by hand, and normalisation across micro-batches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from toolkit.trainer.loss import IcePopLoss, IPOLoss, mismatch_kl, rl_loss, trust_region_mask
+
+
+def _lp(probs):
+    return torch.log(torch.tensor(probs, dtype=torch.float64)).float()
+
+
+def test_ipo_mask_at_eps_boundary():
+    # mu = 0.5 everywhere; pi moves by 0.29 (kept), 0.31 (masked) up and down. Exactly eps is kept (<= eps);
+    # 0.25 = 0.5 - 0.25 is exact in binary floating point, so it tests the boundary itself.
+    infer = _lp([0.5, 0.5, 0.5, 0.5, 0.5])
+    train = _lp([0.79, 0.81, 0.21, 0.19, 0.25])
+    assert trust_region_mask(train, infer, IPOLoss(eps=0.3)).tolist() == [False, True, False, True, False]
+    assert trust_region_mask(train, infer, IPOLoss(eps=0.25)).tolist() == [True, True, True, True, False]
+
+
+def test_icepop_band():
+    infer = _lp([0.1, 0.1, 0.1, 0.1, 0.9])
+    # ratios 0.15, 0.25, 4.0, 6.0, 0.9/0.9
+    train = _lp([0.015, 0.025, 0.4, 0.6, 0.9])
+    got = trust_region_mask(train, infer, IcePopLoss(ratio_low=0.2, ratio_high=5.0)).tolist()
+    assert got == [True, False, False, True, False]
+
+
+def test_ipo_and_icepop_disagree_as_documented():
+    # The IPO page's examples: 0.01 -> 0.06 (ratio 6) and 0.90 -> 0.20 (moved 0.7 of probability mass).
+    infer, train = _lp([0.01, 0.90]), _lp([0.06, 0.20])
+    assert trust_region_mask(train, infer, IPOLoss()).tolist() == [False, True]
+    assert trust_region_mask(train, infer, IcePopLoss()).tolist() == [True, False]
+
+
+def test_ipo_loss_value_and_gradient_by_hand():
+    infer = _lp([0.5, 0.5, 0.2, 0.4])
+    train = _lp([0.6, 0.9, 0.2, 0.3]).requires_grad_(True)  # token 1 moved 0.4 > 0.3: masked
+    adv = torch.tensor([1.0, 2.0, -1.0, 0.5])
+    loss_mask = torch.tensor([True, True, True, False])  # token 3 is not an RL token
+    parts = rl_loss(train, infer, adv, loss_mask, torch.zeros(4, dtype=torch.bool), IPOLoss(eps=0.3, adv_tau=2.0),
+                    rl_denominator=3, ce_denominator=0)
+    # kept: token 0 (ratio 1.2, A 1) and token 2 (ratio 1.0, A -1); N = 3 RL tokens including the masked one.
+    expected = -(2.0 * 1.0 * 1.2 + 2.0 * -1.0 * 1.0) / 3
+    assert parts.loss.item() == pytest.approx(expected, abs=1e-6)
+    assert parts.is_masked.tolist() == [False, True, False, False]
+    parts.loss.backward()
+    # d/d lp of -(tau A exp(lp - ilp))/N = -(tau A ratio)/N on kept tokens, 0 elsewhere.
+    assert train.grad.tolist() == pytest.approx([-2.0 * 1.2 / 3, 0.0, 2.0 * 1.0 / 3, 0.0], abs=1e-6)
+
+
+def test_ce_term_uses_its_own_denominator():
+    lp = _lp([0.5, 0.25, 0.125])
+    zeros = torch.zeros(3)
+    ce = torch.tensor([False, True, True])
+    parts = rl_loss(lp, lp, zeros, torch.zeros(3, dtype=torch.bool), ce, IPOLoss(), rl_denominator=0, ce_denominator=2)
+    assert parts.loss.item() == pytest.approx((math.log(4) + math.log(8)) / 2, abs=1e-6)
+
+
+def test_mismatch_kl_zero_when_equal_and_positive_otherwise():
+    a = _lp([0.3, 0.5])
+    assert mismatch_kl(a, a).abs().max().item() < 1e-7
+    r = 0.6 / 0.3
+    assert mismatch_kl(_lp([0.6]), _lp([0.3])).item() == pytest.approx(r - 1 - math.log(r), abs=1e-6)
+
+
+def test_normalisation_across_micro_batches():
+    # Splitting tokens into micro-batches with the global denominator gives the same loss and gradient.
+    torch.manual_seed(0)
+    n = 12
+    infer = torch.log(torch.rand(n) * 0.8 + 0.1)
+    train = (infer + 0.2 * torch.randn(n)).clamp(max=0).requires_grad_(True)
+    adv = torch.randn(n)
+    lm = torch.rand(n) > 0.3
+    ce = torch.zeros(n, dtype=torch.bool)
+    cfg = IPOLoss()
+    whole = rl_loss(train, infer, adv, lm, ce, cfg, rl_denominator=int(lm.sum()), ce_denominator=0).loss
+    (g_whole,) = torch.autograd.grad(whole, train)
+    total = 0.0
+    for sl in (slice(0, 5), slice(5, 7), slice(7, 12)):
+        total = total + rl_loss(train[sl], infer[sl], adv[sl], lm[sl], ce[sl], cfg,
+                                rl_denominator=int(lm.sum()), ce_denominator=0).loss
+    (g_split,) = torch.autograd.grad(total, train)
+    assert total.item() == pytest.approx(whole.item(), abs=1e-6)
+    torch.testing.assert_close(g_split, g_whole)

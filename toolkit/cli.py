@@ -1,0 +1,170 @@
+"""The ``srl`` command line.
+
+Login-node commands (``rl``, ``config``, ``status``, ``cancel``, ``logs``, ``sweep``, ``report``, ``diagnose``)
+import no torch or vllm: each command imports what it needs inside its own function, so ``srl --help`` and
+``srl rl ... --dry-run`` start in a fraction of a second. Role entrypoints (``trainer``, ``orchestrator``,
+``inference``) run on compute nodes and import their heavy libraries there.
+
+Config errors exit with status 2 and a message naming the file and field; never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+USAGE = """usage: srl <command> [...]
+
+RL runs
+  srl rl @ run.toml [@ overlay.toml ...] [--section.field VALUE ...] [--dry-run] [--resume] [--clean]
+  srl config show @ run.toml [...]      print the resolved (canonical) config as TOML
+  srl config convert FILE               print FILE converted to the canonical shape
+  srl status RUN_DIR | srl cancel RUN_DIR | srl logs RUN_DIR [--role R] [--follow]
+
+Environments, evals, sweeps, reports
+  srl eval validate @ run.toml          model-free checks of every taskset and verifier
+  srl eval run @ run.toml -n 20 -r 4    first-run gate against a live endpoint
+  srl sweep @ sweep.toml [--dry-run]    parameter sweep as a Slurm job array
+  srl report RUN_DIR [...]              HTML + Markdown report (pandas, matplotlib)
+  srl diagnose RUN_DIR                  classify failures by the seed's boundaries
+
+Models and roles
+  srl model build-tiny DIR [--seed N] | srl model import-smollm2 DIR
+  srl inference @ serve.toml            serve a model (standalone) | srl inference queues RUN_DIR
+  srl trainer --run-dir DIR | srl orchestrator --run-dir DIR   (started by the launchers)
+
+`srl rl --help` lists every config field with its meaning and default.
+"""
+
+# Commands whose implementation lives elsewhere: "module:function", imported only when called.
+_ROLE_COMMANDS = {
+    "trainer": "toolkit.trainer.main:main",
+    "orchestrator": "toolkit.orchestrator.main:main",
+    "inference": "toolkit.inference.main:main",
+    "sweep": "toolkit.sweep:main",
+    "report": "analysis.cli:report_main",
+    "diagnose": "analysis.cli:diagnose_main",
+    "eval": "toolkit.evalgate:main",
+    "status": "toolkit.launch.control:status_main",
+    "cancel": "toolkit.launch.control:cancel_main",
+    "logs": "toolkit.launch.control:logs_main",
+    "model": "toolkit.models.cli:main",
+    "launch-local": "toolkit.launch.local:main",
+}
+
+
+def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str, bool]]:
+    """Split ``@ FILE`` pairs, srl's own flags and config overrides.
+
+    Returns ``(files, overrides, flags)``; flags are dry_run, resume, clean, help. ``--site X`` is an override.
+    """
+    files: list[Path] = []
+    rest: list[str] = []
+    flags = {"dry_run": False, "resume": False, "clean": False, "help": False}
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "@":
+            if i + 1 >= len(argv):
+                from .config import ConfigError
+
+                raise ConfigError("'@' must be followed by a TOML file path")
+            files.append(Path(argv[i + 1]))
+            i += 2
+            continue
+        if tok.startswith("@") and len(tok) > 1:
+            files.append(Path(tok[1:]))
+        elif tok in ("--dry-run", "--resume", "--clean", "--help", "-h"):
+            flags[{"-h": "help", "--help": "help"}.get(tok, tok[2:].replace("-", "_"))] = True
+        else:
+            rest.append(tok)
+        i += 1
+    return files, rest, flags
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, args = argv[0], argv[1:]
+    from .config.errors import ConfigError
+
+    try:
+        if cmd == "rl":
+            return cmd_rl(args, argv)
+        if cmd == "config":
+            return cmd_config(args)
+        if cmd in _ROLE_COMMANDS:
+            module, func = _ROLE_COMMANDS[cmd].split(":")
+            import importlib
+
+            try:
+                mod = importlib.import_module(module)
+            except ModuleNotFoundError as e:
+                print(f"srl {cmd}: not available in this installation ({e.name} is missing)", file=sys.stderr)
+                return 2
+            return int(getattr(mod, func)(args) or 0)
+    except ConfigError as e:
+        print(f"srl {cmd}: {e.render()}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    print(f"srl: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+def _print_warnings(loaded) -> None:
+    for n in loaded.notices:
+        print(f"note: {n}", file=sys.stderr)
+    for w in loaded.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+
+
+def cmd_rl(args: list[str], full_argv: list[str]) -> int:
+    """``srl rl``: validate, write the run directory, then launch locally or submit to Slurm."""
+    from .config import load_config
+
+    files, overrides, flags = split_config_args(args)
+    if flags["help"]:
+        from .config.schema_help import schema_help
+
+        print(schema_help())
+        return 0
+    if not files:
+        from .config import ConfigError
+
+        raise ConfigError("give at least one config file: srl rl @ jobs/reverse-text/rl.toml")
+    loaded = load_config(files, overrides)
+    _print_warnings(loaded)
+    from .launch.prepare import prepare_run
+
+    run, attempt = prepare_run(loaded, argv=["srl", *full_argv], resume=flags["resume"], clean=flags["clean"])
+    from .launch.dispatch import launch
+
+    return launch(loaded.config, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"])
+
+
+def cmd_config(args: list[str]) -> int:
+    """``srl config show @ ...`` and ``srl config convert FILE``."""
+    import tomli_w
+
+    from .config import ConfigError, load_config
+
+    if not args or args[0] not in ("show", "convert"):
+        raise ConfigError("usage: srl config show @ run.toml [...] | srl config convert FILE")
+    if args[0] == "show":
+        files, overrides, _ = split_config_args(args[1:])
+        loaded = load_config(files, overrides)
+    else:
+        if len(args) != 2:
+            raise ConfigError("usage: srl config convert FILE")
+        loaded = load_config([Path(args[1])])
+    _print_warnings(loaded)
+    data = loaded.config.model_dump(mode="json", exclude_none=True)
+    print(tomli_w.dumps(data), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Compose a config from TOML files and command-line overrides.
+
+``srl rl @ a.toml @ b.toml --orchestrator.batch-size 64 --no-orchestrator.buffer.online-difficulty-filtering``:
+files merge left to right (tables deep-merge, lists replace), then dotted kebab-case overrides win. An override
+value is read as a TOML value when it parses as one (``64``, ``1e-5``, ``true``, ``[1, 2]``, ``"x"``), else as a
+plain string; the string ``None`` sets null.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, ConfigIssue
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse one TOML file. Raises ConfigError naming the file (and TOML's line/column) on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}", source=str(path)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}", source=str(path)) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([ConfigIssue("", f"broken TOML: {e}", str(path))]) from None
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``top`` over ``base``: tables merge recursively, everything else (lists included) is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """Turn ``--a.b-c VALUE`` / ``--a.b=VALUE`` / ``--flag`` / ``--no-flag`` tokens into a nested dict.
+
+    Raises ConfigError for tokens that are not overrides (e.g. a stray positional value).
+    """
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if not tok.startswith("--") or tok == "--":
+            raise ConfigError(f"unexpected argument '{tok}': overrides look like --section.field VALUE")
+        body = tok[2:]
+        if "=" in body:
+            key, raw = body.split("=", 1)
+            value: Any = _parse_value(raw)
+            i += 1
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            key, value = body, _parse_value(args[i + 1])
+            i += 2
+        elif body.startswith("no-"):
+            key, value = body[3:], False
+            i += 1
+        else:
+            key, value = body, True
+            i += 1
+        path = [p.replace("-", "_") for p in key.split(".")]
+        if not all(p and (p.replace("_", "").isalnum()) for p in path):
+            raise ConfigError(f"bad override key '{key}': use dotted names like orchestrator.batch-size")
+        _set_path(out, path, value)
+    return out
+
+
+def _parse_value(raw: str) -> Any:
+    if raw == "None":
+        return None
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        nxt = node.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[part] = nxt
+        node = nxt
+    node[path[-1]] = value
+

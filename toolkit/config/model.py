@@ -1,0 +1,516 @@
+"""The run config: one typed tree for the whole RL run, in the native v1 shape of the seed documents.
+
+Shape source: the "train-with-environments" seed (native prime-rl environment shape: ``[orchestrator]``,
+``[orchestrator.renderer]``, ``[orchestrator.train.sampling]``, ``[[orchestrator.train.env]]`` with ``taskset``,
+``harness``, ``timeout``, ``pool``, ``ratio``, ``address``; ``[orchestrator.eval]`` and ``[[orchestrator.eval.env]]``).
+
+Rules that relate several fields live in :mod:`toolkit.config.rules`; this module only declares fields, units and
+bounds. Every model forbids unknown keys (a typo is an error, never silently ignored).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Stage timeouts must be finite: the seed's rule "bound every remote stage". 7 days is the ceiling.
+_MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+class Section(BaseModel):
+    """Base of every config table: unknown keys are errors; values are validated on assignment too."""
+
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, populate_by_name=True, use_attribute_docstrings=True
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model and run
+# ----------------------------------------------------------------------------------------------------------------
+class ModelConfig(Section):
+    name: str = "tiny-qwen3"
+    """HF-format model directory, or a built-in alias (``tiny-qwen3``, ``smollm2-135m``) built on first use."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype for trainer and inference. float32 on CPU keeps trainer/inference logprobs equal."""
+
+
+class RunSection(Section):
+    name: str | None = None
+    """Run directory name under ``output_dir``. Default: ``<envs>--<model>--<short id>``. Letters, digits, ``._-``."""
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str | None) -> str | None:
+        import re
+
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
+            raise ValueError(
+                "run.name must be 1-128 characters of letters, digits, '.', '_' or '-' and start with a letter "
+                "or digit (it becomes a directory name and a Slurm job name)"
+            )
+        return v
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Orchestrator
+# ----------------------------------------------------------------------------------------------------------------
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    """Sampling temperature. 1.0 samples the policy itself (logprobs then match the trainer's)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus truncation; below 1 biases sampling away from the trained policy."""
+    top_k: int | None = Field(None, ge=0, le=512)
+    """Top-k truncation (None or 0 = off)."""
+    max_completion_tokens: int = Field(128, ge=1, le=1_000_000)
+    """Tokens generated per turn at most."""
+    seed: int | None = None
+    """Sampling seed passed to the engine (None = engine's own randomness)."""
+
+
+class SamplingOverride(Section):
+    """Per-env sampling override: any field left unset inherits ``orchestrator.train.sampling``."""
+
+    temperature: float | None = Field(None, ge=0.0, le=10.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, le=512)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    seed: int | None = None
+
+
+class RendererConfig(Section):
+    name: str = "auto"
+    """``auto`` = the model's chat template; otherwise a renderer name known to srl."""
+    import_path: str | None = None
+    """``package.module:Class`` of a custom renderer (overrides ``name``)."""
+
+
+class BufferConfig(Section):
+    online_difficulty_filtering: bool = False
+    """Drop groups without learning signal (all rewards equal, or mean outside the thresholds)."""
+    easy_threshold: float | None = None
+    """Drop a group whose mean reward is >= this (continuous rewards). None: only exact all-equal groups."""
+    hard_threshold: float | None = None
+    """Drop a group whose mean reward is <= this (continuous rewards)."""
+    oversampling_factor: float = Field(1.0, ge=1.0, le=16.0)
+    """Sample this many times the needed groups so filtering still fills a batch."""
+
+
+class AlgoConfig(Section):
+    type: Literal["grpo", "max_rl"] = "grpo"
+    """Advantage: ``grpo`` = reward - group mean; ``max_rl`` = (reward - group mean) / group mean."""
+    length_penalty: float = Field(0.0, ge=0.0, le=1.0)
+    """Subtract ``length_penalty * completion_tokens / max_completion_tokens`` from the reward before advantages."""
+
+
+class SelectConfig(Section):
+    include: list[str] | None = None
+    """Task ids to keep (None = all)."""
+    exclude: list[str] = []
+    """Task ids to drop."""
+    shuffle: bool = False
+    skip: int = Field(0, ge=0)
+    limit: int | None = Field(None, ge=1)
+
+
+class TasksetConfig(Section):
+    """A taskset by id plus its own typed fields (extra keys are passed to the taskset, which validates them)."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, use_attribute_docstrings=True)
+    id: str = Field(min_length=1)
+    """Built-in id (``reverse-text``, ``alphabet-sort``, ``arith``) or an importable module exporting one Taskset."""
+    split: Literal["train", "test"] = "train"
+    seed: int = 0
+    """Seed of the taskset's deterministic task generation / ordering."""
+    select: SelectConfig = SelectConfig()
+
+
+class RuntimeConfig(Section):
+    type: Literal["subprocess", "local", "docker", "podman", "apptainer", "prime"] = "subprocess"
+    """Where harness programs run."""
+    cpu: float | None = Field(None, gt=0, le=1024)
+    """CPUs per sandbox."""
+    memory: float | None = Field(None, gt=0, le=4096)
+    """Memory per sandbox, GiB."""
+
+
+class HarnessConfig(Section):
+    id: str = "default"
+    """``default`` = the plain chat harness (verifiers' ``null``)."""
+    runtime: RuntimeConfig = RuntimeConfig()
+
+
+class TimeoutConfig(Section):
+    """Per-stage timeouts, seconds. Every remote stage is bounded (seed: "Bound every remote stage")."""
+
+    setup: float = Field(120.0, gt=0, le=_MAX_TIMEOUT_S)
+    rollout: float = Field(600.0, gt=0, le=_MAX_TIMEOUT_S)
+    finalize: float = Field(120.0, gt=0, le=_MAX_TIMEOUT_S)
+    scoring: float = Field(120.0, gt=0, le=_MAX_TIMEOUT_S)
+
+
+class PoolConfig(Section):
+    type: Literal["static", "elastic"] = "static"
+    max_workers: int = Field(1, ge=1, le=4096)
+    """Env-server worker processes."""
+    multiplex: int = Field(1, ge=1, le=65536)
+    """Rollouts sharing one interception tunnel."""
+
+
+class EnvConfig(Section):
+    """One ``[[orchestrator.train.env]]`` entry (native v1 shape, or legacy v0 bridge with ``id``/``args``)."""
+
+    name: str | None = None
+    """Unique env name; defaults to the taskset id."""
+    ratio: float | None = Field(None, gt=0)
+    """Relative sampling weight; set on every train env or on none."""
+    taskset: TasksetConfig | None = None
+    harness: HarnessConfig = HarnessConfig()
+    timeout: TimeoutConfig = TimeoutConfig()
+    max_turns: int = Field(1, ge=1, le=10_000)
+    max_total_tokens: int = Field(4096, ge=1, le=10_000_000)
+    """Prompt + all completions of one rollout, tokens."""
+    retries: int = Field(2, ge=0, le=100)
+    """Retries of transient failures (provider, sandbox, tunnel) per rollout."""
+    pool: PoolConfig = PoolConfig()
+    sampling: SamplingOverride | None = None
+    group_size: int | None = Field(None, ge=1, le=4096)
+    address: str | None = None
+    """``host:port`` of an externally managed env server (srl then starts none)."""
+    # Legacy v0 bridge. Accepted, labelled legacy in the resolved config.
+    id: str | None = None
+    args: dict[str, Any] | None = None
+    legacy: bool = False
+
+    @property
+    def env_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.taskset is not None:
+            return self.taskset.id
+        return self.id or "env"
+
+
+class EvalEnvConfig(EnvConfig):
+    num_examples: int = Field(20, ge=1, le=1_000_000)
+    """Held-out tasks evaluated each time."""
+
+
+class TrainSection(Section):
+    sampling: SamplingConfig = SamplingConfig()
+    algo: AlgoConfig = AlgoConfig()
+    env: list[EnvConfig] = Field(default_factory=list)
+
+
+class EvalSection(Section):
+    interval: int = Field(0, ge=0)
+    """Evaluate every this many steps (0 = only the step-0 baseline when eval envs exist)."""
+    env: list[EvalEnvConfig] = Field(default_factory=list)
+    sampling: SamplingConfig | None = None
+    """Eval sampling (default: the train sampling)."""
+
+
+class OrchestratorConfig(Section):
+    training_mode: Literal["rl"] = "rl"
+    batch_size: int = Field(64, ge=1, le=1_000_000)
+    """Rollouts per training step (whole groups)."""
+    group_size: int = Field(8, ge=1, le=4096)
+    """Rollouts per task (group-relative advantage)."""
+    max_async_level: int = Field(1, ge=0, le=64)
+    """Off-policy bound in steps: batch n is sampled with policy version >= n - 1 - max_async_level."""
+    max_concurrent: int = Field(64, ge=1, le=1_000_000)
+    """In-flight rollouts at most."""
+    constant_trainer_batch_size: bool = True
+    """Keep every trainer batch at exactly ``batch_size`` rollouts after filtering (oversample to fill)."""
+    max_off_policy_steps: int | None = Field(None, ge=0)
+    """Drop rollouts older than this many policy versions (default: max_async_level)."""
+    renderer: RendererConfig = RendererConfig()
+    train: TrainSection = TrainSection()
+    buffer: BufferConfig = BufferConfig()
+    eval: EvalSection = EvalSection()
+    env_vars: dict[str, str] = {}
+    update_weights: bool = True
+    """Debug: when false the orchestrator never reloads new policy weights into inference (negative control)."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Trainer
+# ----------------------------------------------------------------------------------------------------------------
+class OptimConfig(Section):
+    type: Literal["adamw"] = "adamw"
+    lr: float = Field(1e-6, gt=0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0, le=1.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_norm: float = Field(1.0, gt=0)
+    """Gradient clipping (global L2 norm)."""
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("betas must both be in [0, 1)")
+        return v
+
+
+class ConstantScheduler(Section):
+    type: Literal["constant"] = "constant"
+
+
+class LinearWarmupScheduler(Section):
+    type: Literal["linear_warmup"] = "linear_warmup"
+    warmup_steps: int = Field(10, ge=1)
+
+
+SchedulerConfig = Annotated[ConstantScheduler | LinearWarmupScheduler, Field(discriminator="type")]
+
+
+class IPOLoss(Section):
+    type: Literal["ipo"] = "ipo"
+    eps: float = Field(0.3, gt=0, le=10)
+    """Mask a token when |pi_train(y) - pi_infer(y)| > eps (probabilities)."""
+    adv_tau: float = Field(1.0, gt=0)
+    """Advantage temperature."""
+
+
+class IcePopLoss(Section):
+    type: Literal["icepop"] = "icepop"
+    ratio_low: float = Field(0.2, gt=0)
+    ratio_high: float = Field(5.0, gt=0)
+
+
+LossConfig = Annotated[IPOLoss | IcePopLoss, Field(discriminator="type")]
+
+
+class LoraConfig(Section):
+    rank: int = Field(8, ge=1, le=1024)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+class TrainerModelConfig(Section):
+    lora: LoraConfig | None = None
+
+
+class TrainerConfig(Section):
+    optim: OptimConfig = OptimConfig()
+    scheduler: SchedulerConfig = ConstantScheduler()
+    loss: LossConfig = IPOLoss()
+    micro_batch_size: int = Field(1, ge=1, le=4096)
+    """Packed rows per micro-batch."""
+    seq_len: int = Field(2048, ge=8, le=1_048_576)
+    """Tokens per packed row."""
+    model: TrainerModelConfig = TrainerModelConfig()
+    tp: int = Field(1, ge=1, le=64)
+    """Tensor-parallel degree of the trainer."""
+    cp: int = Field(1, ge=1, le=64)
+    """Context-parallel degree of the trainer."""
+    batch_timeout_s: float = Field(3600.0, gt=0, le=_MAX_TIMEOUT_S)
+    """How long the trainer waits for the orchestrator's next batch, seconds."""
+    env_vars: dict[str, str] = {}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Inference
+# ----------------------------------------------------------------------------------------------------------------
+class SingleNodeInference(Section):
+    type: Literal["single_node"] = "single_node"
+    num_replicas: int = Field(1, ge=1, le=64)
+    """Engines on the inference node(s); more than one puts a router in front."""
+
+
+class MultiNodeInference(Section):
+    type: Literal["multi_node"] = "multi_node"
+    num_nodes: int = Field(2, ge=1, le=100_000)
+    """Inference nodes per replica (island)."""
+
+
+class DisaggregatedInference(Section):
+    type: Literal["disaggregated"] = "disaggregated"
+    prefill_nodes_per_replica: int = Field(1, ge=1)
+    num_prefill_replicas: int = Field(1, ge=1)
+    decode_nodes_per_replica: int = Field(1, ge=1)
+    num_decode_replicas: int = Field(1, ge=1)
+    kv_connector: Literal["auto", "NixlConnector", "ExampleConnector", "LMCacheConnectorV1", "MooncakeConnector"] = (
+        "auto"
+    )
+    """``auto`` = NixlConnector on GPU sites, ExampleConnector (shared files in the run's scratch) on CPU."""
+    prefill_env_vars: dict[str, str] = {}
+    decode_env_vars: dict[str, str] = {}
+
+    @property
+    def nodes_per_island(self) -> int:
+        """Nodes one P/D island uses (from nodes per replica, never from worker counts: field case B30)."""
+        return (
+            self.prefill_nodes_per_replica * self.num_prefill_replicas
+            + self.decode_nodes_per_replica * self.num_decode_replicas
+        )
+
+
+InferenceDeploymentConfig = Annotated[
+    SingleNodeInference | MultiNodeInference | DisaggregatedInference, Field(discriminator="type")
+]
+
+
+class RouterConfig(Section):
+    policy: Literal[
+        "sticky_least_loaded", "round_robin", "random", "cache_aware", "power_of_two", "consistent_hash", "kv_aware"
+    ] = "sticky_least_loaded"
+    request_timeout_s: float = Field(600.0, gt=0, le=_MAX_TIMEOUT_S)
+    """Per-request timeout at the router (its own default of 1800 s lets a hung engine stall requests)."""
+    health_check_interval_s: float = Field(10.0, gt=0, le=3600)
+
+
+class InferenceConfig(Section):
+    vllm: dict[str, Any] = {}
+    """Passed verbatim to the vLLM server (any ``vllm serve`` argument, snake or kebab case)."""
+    deployment: InferenceDeploymentConfig = SingleNodeInference()
+    router: RouterConfig = RouterConfig()
+    env_vars: dict[str, str] = {}
+    startup_timeout_s: float = Field(900.0, gt=0, le=_MAX_TIMEOUT_S)
+    """Bound on engine start-up until /health answers, seconds."""
+    external: str | None = None
+    """Run directory of a separately submitted inference deployment to use instead of starting one."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Placement and Slurm
+# ----------------------------------------------------------------------------------------------------------------
+class SingleNodeDeployment(Section):
+    type: Literal["single_node"] = "single_node"
+    gpus_per_node: int = Field(0, ge=0, le=64)
+    """GPUs per node (0 = CPU-only)."""
+    num_train_gpus: int = Field(0, ge=0, le=64)
+    num_infer_gpus: int = Field(0, ge=0, le=64)
+
+
+class MultiNodeDeployment(Section):
+    type: Literal["multi_node"] = "multi_node"
+    gpus_per_node: int = Field(8, ge=0, le=64)
+    num_train_nodes: int = Field(1, ge=1, le=100_000)
+    num_infer_nodes: int = Field(1, ge=1, le=100_000)
+    num_infer_replicas: int = Field(1, ge=1, le=100_000)
+    """Inference islands (each with the nodes ``[inference.deployment]`` implies)."""
+    nodes_per_fsdp_group: int | None = Field(None, ge=1)
+    """Trainer nodes per FSDP (sharding) group; None = all trainer nodes form one group."""
+    orchestrator: Literal["own_node", "with_inference", "with_trainer"] = "with_inference"
+    """Where the orchestrator runs: its own node, or co-located on the first inference / trainer node."""
+    orchestrator_partition: str | None = None
+    """Run the orchestrator as a separate heterogeneous-job component on this (CPU) partition."""
+    nodes: int | None = Field(None, ge=1)
+    """Explicit total node count; must equal the derived one (a check, never a trim)."""
+
+
+DeploymentConfig = Annotated[SingleNodeDeployment | MultiNodeDeployment, Field(discriminator="type")]
+
+
+class SlurmConfig(Section):
+    job_name: str | None = None
+    """Default: the run name."""
+    partition: str | None = None
+    account: str | None = None
+    time: str = "04:00:00"
+    """Slurm time limit in any Slurm form: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    qos: str | None = None
+    constraint: str | None = None
+    nodelist: str | None = None
+    exclude: str | None = None
+    requeue: bool = True
+    signal: Literal["USR1", "USR2", "TERM", "INT", "HUP", "URG"] = "USR2"
+    """Pre-timeout signal sent to the batch shell (``--signal=B:<sig>@<lead>``). Not USR1 with NCCL (field case B14)."""
+    signal_lead_s: int = Field(600, ge=1)
+    """Seconds before the time limit at which the signal is sent."""
+    checkpoint_grace_s: int = Field(300, ge=1)
+    """How long the batch shell waits for the requested checkpoint before requeueing/ending, seconds."""
+    extra_directives: list[str] = []
+    """Extra ``#SBATCH`` options, e.g. ``--mail-type=END``."""
+    pre_run_command: str | None = None
+    """A command run once on each node before the components start (through a script file, never ``bash -c``)."""
+    template_path: Path | None = None
+    """Your own Jinja2 template, rendered with the same variables."""
+    secret_env_vars: list[str] = []
+    """Names (never values) of environment variables to export to the job, e.g. ``WANDB_API_KEY``."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints, resume, weights, monitors
+# ----------------------------------------------------------------------------------------------------------------
+class CkptConfig(Section):
+    interval: int | None = Field(None, ge=1)
+    """Checkpoint every this many steps (None = only at the end and on stop requests)."""
+    keep_last: int | None = Field(2, ge=1)
+    """Keep this many newest complete checkpoints (None = all)."""
+    keep_interval: int | None = Field(None, ge=1)
+    """Also keep every checkpoint whose step is a multiple of this."""
+
+
+class ResumeConfig(Section):
+    step: int | None = Field(None, ge=1)
+    """Resume from this step (default: the newest complete checkpoint)."""
+    dir: Path | None = None
+    """Resume from another run's directory (fork)."""
+
+
+class WeightBroadcastConfig(Section):
+    type: Literal["filesystem"] = "filesystem"
+    keep: int | None = Field(None, ge=1)
+    """Recent broadcasts kept; default and minimum ``max_async_level + 1`` (field case B18)."""
+
+
+class StopCriteria(Section):
+    max_errored_share: float | None = Field(0.5, ge=0, le=1)
+    """Stop when errored rollouts exceed this share of a step ..."""
+    errored_window: int = Field(5, ge=1)
+    """... for this many consecutive steps."""
+    max_mismatch_kl: float | None = Field(None, gt=0)
+    """Stop when trainer-inference mismatch KL exceeds this."""
+    max_empty_steps: int | None = Field(10, ge=1)
+    """Stop after this many consecutive steps whose groups all had identical rewards (no signal)."""
+
+
+class WandbConfig(Section):
+    project: str | None = None
+    name: str | None = None
+    offline: bool = True
+    api_key_var: str = "WANDB_API_KEY"
+    """Name of the environment variable holding the key (never the key itself)."""
+
+
+class MonitorsConfig(Section):
+    file: bool = True
+    """Append metrics to ``<run>/metrics.jsonl``."""
+    wandb: WandbConfig | None = None
+    stop: StopCriteria = StopCriteria()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The whole run
+# ----------------------------------------------------------------------------------------------------------------
+class RLConfig(Section):
+    """The resolved RL run config (canonical shape). Produced by :func:`toolkit.config.load_config`."""
+
+    output_dir: Path = Path("outputs")
+    """Parent of run directories (on the shared filesystem for Slurm sites)."""
+    run: RunSection = RunSection()
+    max_steps: int = Field(20, ge=1, le=10_000_000)
+    """Trainer steps (policy updates) of the run."""
+    seed: int = 0
+    """Seed of everything random in srl (task order, sampling, init)."""
+    model: ModelConfig = ModelConfig()
+    env_vars: dict[str, str] = {}
+    """Environment for every process (lowest user layer)."""
+    orchestrator: OrchestratorConfig = OrchestratorConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    inference: InferenceConfig = InferenceConfig()
+    deployment: DeploymentConfig = SingleNodeDeployment()
+    slurm: SlurmConfig = SlurmConfig()
+    site: str = "local"
+    """Name of a file in ``site-configs/`` (``local`` = processes on this machine)."""
+    ckpt: CkptConfig = CkptConfig()
+    resume: ResumeConfig = ResumeConfig()
+    weight_broadcast: WeightBroadcastConfig = WeightBroadcastConfig()
+    monitors: MonitorsConfig = MonitorsConfig()
+    notices: list[str] = []
+    """What srl mapped from other shapes (legacy/hosted) while loading; informational."""

@@ -1,0 +1,254 @@
+"""Cross-field rules of the run config. Each rule reads the config and reports; none mutates it.
+
+Sources: the "train-with-environments" seed (whole groups per batch, group_size >= 8 advised, unique env names,
+ratio on all train envs or none, bounded stages), training.md (``max_concurrent >= rollouts_per_example *
+workers_per_env``), and the field cases B02, B13, B14, B18, B19, B20, B22, B28, B29, B30.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from .errors import Findings
+from .model import RLConfig
+from .slurm_time import parse_slurm_time
+
+# Group-relative algorithms: their advantage is zero for a group of one.
+_GROUP_RELATIVE = {"grpo", "max_rl"}
+# Env var names that carry credentials; their values must never be written to configs or scripts (B22).
+_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+
+
+def check(cfg: RLConfig) -> Findings:
+    """Run every rule; returns errors and warnings (never raises)."""
+    f = Findings()
+    for rule in (
+        _batch_and_groups,
+        _env_names_and_ratios,
+        _concurrency,
+        _async,
+        _sampling,
+        _deployment,
+        _weight_retention,
+        _slurm,
+        _secrets,
+        _legacy_envs,
+    ):
+        rule(cfg, f)
+    return f
+
+
+def _nearest_multiples(n: int, k: int) -> str:
+    lo = (n // k) * k
+    hi = lo + k
+    return f"{lo} or {hi}" if lo > 0 else f"{hi}"
+
+
+def _batch_and_groups(cfg: RLConfig, f: Findings) -> None:
+    o = cfg.orchestrator
+    algo = o.train.algo.type
+    sizes = [("orchestrator.group_size", o.group_size)]
+    for i, env in enumerate(o.train.env):
+        if env.group_size is not None:
+            sizes.append((f"orchestrator.train.env[{i}].group_size", env.group_size))
+    for path, g in sizes:
+        if g == 1 and algo in _GROUP_RELATIVE:
+            f.error(path, f"group-relative advantage ({algo}) needs group_size >= 2; with 1 every advantage is zero")
+            continue
+        if g < 8:
+            f.warn(path, f"group_size {g} is small; the seed advises 8 or more (16 is a common baseline)")
+        if o.batch_size % g:
+            f.error(
+                f"orchestrator.batch_size, {path}",
+                f"batch_size {o.batch_size} is not a whole number of groups of {g}; "
+                f"use {_nearest_multiples(o.batch_size, g)}",
+            )
+
+
+def _env_names_and_ratios(cfg: RLConfig, f: Findings) -> None:
+    o = cfg.orchestrator
+    if not o.train.env:
+        f.error("orchestrator.train.env", "at least one [[orchestrator.train.env]] is required")
+    for section, envs in (("train", o.train.env), ("eval", o.eval.env)):
+        names = Counter(e.env_name for e in envs)
+        for name, n in names.items():
+            if n > 1:
+                f.error(
+                    f"orchestrator.{section}.env",
+                    f"env name '{name}' is used {n} times; names must be unique (set 'name' when a taskset is reused)",
+                )
+        for i, e in enumerate(envs):
+            if e.taskset is None and not e.legacy:
+                f.error(f"orchestrator.{section}.env[{i}].taskset", "missing: give taskset = {{ id = \"...\" }}")
+    ratios = [e.ratio is not None for e in o.train.env]
+    if any(ratios) and not all(ratios):
+        missing = [e.env_name for e in o.train.env if e.ratio is None]
+        f.error("orchestrator.train.env[].ratio", f"set ratio on every train env or on none; missing on {missing}")
+    if o.eval.interval and not o.eval.env:
+        f.warn("orchestrator.eval.interval", "eval interval is set but there is no [[orchestrator.eval.env]]")
+    if not o.eval.env:
+        f.warn("orchestrator.eval.env", "no held-out eval env: the seed advises periodic eval from the start")
+
+
+def _concurrency(cfg: RLConfig, f: Findings) -> None:
+    o = cfg.orchestrator
+    for i, env in enumerate(o.train.env):
+        g = env.group_size or o.group_size
+        need = g * env.pool.max_workers
+        if o.max_concurrent < need:
+            f.error(
+                "orchestrator.max_concurrent",
+                f"{o.max_concurrent} < group_size ({g}) x pool.max_workers ({env.pool.max_workers}) = {need} "
+                f"for env '{env.env_name}' (orchestrator.train.env[{i}]); raise max_concurrent to >= {need}",
+            )
+
+
+def _async(cfg: RLConfig, f: Findings) -> None:
+    k = cfg.orchestrator.max_async_level
+    if cfg.max_steps <= k:
+        f.error(
+            "max_steps, orchestrator.max_async_level",
+            f"max_steps ({cfg.max_steps}) must exceed max_async_level ({k}); otherwise no policy is ever published "
+            f"within the run; lower max_async_level to <= {cfg.max_steps - 1}",
+        )
+
+
+def _sampling(cfg: RLConfig, f: Findings) -> None:
+    checks = [("orchestrator.train.sampling", cfg.orchestrator.train.sampling)]
+    for i, env in enumerate(cfg.orchestrator.train.env):
+        if env.sampling is not None:
+            checks.append((f"orchestrator.train.env[{i}].sampling", env.sampling))
+    for path, s in checks:
+        top_p = s.top_p if s.top_p is not None else 1.0
+        truncated = top_p < 1.0 or (s.top_k not in (None, 0))
+        if truncated and not (s.top_k is not None and 0 < s.top_k <= 512):
+            f.error(
+                f"{path}.top_k",
+                "truncated train sampling (top_p < 1 or top_k set) needs 0 < top_k <= 512, so the sampled "
+                "distribution and its logprobs stay well defined",
+            )
+
+
+def _deployment(cfg: RLConfig, f: Findings) -> None:
+    from ..placement.topology import TopologyError, derive_topology, vllm_arg
+
+    dep = cfg.deployment
+    tp = int(vllm_arg(cfg.inference.vllm, "tensor_parallel_size", 1) or 1)
+    if dep.type == "single_node":
+        used = dep.num_train_gpus + dep.num_infer_gpus
+        if used > dep.gpus_per_node:
+            f.error(
+                "deployment.num_train_gpus, deployment.num_infer_gpus",
+                f"{dep.num_train_gpus} + {dep.num_infer_gpus} = {used} GPUs > gpus_per_node {dep.gpus_per_node}",
+            )
+        if dep.gpus_per_node and dep.num_infer_gpus % tp:
+            f.error("inference.vllm.tensor_parallel_size", f"tp {tp} does not divide num_infer_gpus {dep.num_infer_gpus}")
+    else:
+        if dep.gpus_per_node and dep.gpus_per_node % tp:
+            f.error(
+                "inference.vllm.tensor_parallel_size",
+                f"gpus_per_node {dep.gpus_per_node} is not a multiple of tensor_parallel_size {tp}",
+            )
+        if dep.nodes_per_fsdp_group and dep.num_train_nodes % dep.nodes_per_fsdp_group:
+            f.error(
+                "deployment.nodes_per_fsdp_group",
+                f"num_train_nodes {dep.num_train_nodes} is not a multiple of nodes_per_fsdp_group "
+                f"{dep.nodes_per_fsdp_group}",
+            )
+        if cfg.site == "local":
+            f.error("site", "a multi_node deployment needs a Slurm site (e.g. --site local-slurm)")
+    try:
+        derive_topology(cfg)
+    except TopologyError as e:
+        f.error("deployment", str(e))
+
+
+def _weight_retention(cfg: RLConfig, f: Findings) -> None:
+    need = cfg.orchestrator.max_async_level + 1
+    keep = cfg.weight_broadcast.keep
+    if keep is not None and keep < need:
+        f.error(
+            "weight_broadcast.keep",
+            f"keep = {keep} would delete policies still in use: it must be >= max_async_level + 1 = {need}",
+        )
+
+
+def _slurm(cfg: RLConfig, f: Findings) -> None:
+    s = cfg.slurm
+    try:
+        limit = parse_slurm_time(s.time)
+    except ValueError as e:
+        f.error("slurm.time", str(e))
+        limit = None
+    if limit is not None and s.signal_lead_s >= limit:
+        f.error("slurm.signal_lead_s", f"{s.signal_lead_s} s must be below the time limit ({s.time} = {limit} s)")
+    if s.checkpoint_grace_s >= s.signal_lead_s:
+        f.warn(
+            "slurm.checkpoint_grace_s",
+            f"checkpoint grace {s.checkpoint_grace_s} s >= signal lead {s.signal_lead_s} s: the job may hit its "
+            "limit before the checkpoint completes",
+        )
+    uses_nccl = cfg.deployment.gpus_per_node > 0
+    if s.signal == "USR1" and uses_nccl:
+        f.warn("slurm.signal", "USR1 conflicts with NCCL's own SIGUSR1 handling; use USR2 (the default)")
+    for d in s.extra_directives:
+        if not d.startswith("--") or "\n" in d:
+            f.error("slurm.extra_directives", f"'{d}' must be one long option like --mail-type=END")
+        if d.startswith("--gpus-per-task"):
+            f.error(
+                "slurm.extra_directives",
+                f"'{d}': per-task GPU binding hides the other local GPUs from each torchrun rank (no P2P/IPC "
+                "between local ranks); srl runs one task per node and requests GPUs per node",
+            )
+        if d.startswith(("--output", "--error", "--nodes", "--job-name", "--signal", "--requeue")):
+            f.error("slurm.extra_directives", f"'{d}' is set by srl; use the matching [slurm] field instead")
+    if s.pre_run_command and re.search(r"\b(pkill|killall)\b", s.pre_run_command):
+        f.warn(
+            "slurm.pre_run_command",
+            "pkill/killall by pattern can match srl's own job steps; srl already cleans up its own processes by PID",
+        )
+    for name in s.secret_env_vars:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            f.error("slurm.secret_env_vars", f"'{name}' is not an environment variable name")
+
+
+def _secrets(cfg: RLConfig, f: Findings) -> None:
+    tables = {
+        "env_vars": cfg.env_vars,
+        "orchestrator.env_vars": cfg.orchestrator.env_vars,
+        "trainer.env_vars": cfg.trainer.env_vars,
+        "inference.env_vars": cfg.inference.env_vars,
+    }
+    dep = cfg.inference.deployment
+    if dep.type == "disaggregated":
+        tables["inference.deployment.prefill_env_vars"] = dep.prefill_env_vars
+        tables["inference.deployment.decode_env_vars"] = dep.decode_env_vars
+    for path, table in tables.items():
+        for key in table:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                f.error(f"{path}.{key}", "not a valid environment variable name")
+            elif _SECRET_NAME.search(key):
+                f.error(
+                    f"{path}.{key}",
+                    "looks like a secret; never put its value in a config. Export it in your shell and list its "
+                    "name in slurm.secret_env_vars (srl passes names only)",
+                )
+
+
+_NATIVE_V1_FIELDS = {"taskset", "harness", "runtime", "timeout", "pool", "max_turns", "max_total_tokens", "retries"}
+
+
+def _legacy_envs(cfg: RLConfig, f: Findings) -> None:
+    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
+        for i, e in enumerate(envs):
+            if e.args:
+                misplaced = sorted(_NATIVE_V1_FIELDS & set(e.args))
+                if misplaced:
+                    f.error(
+                        f"orchestrator.{section}.env[{i}].args",
+                        f"native v1 fields {misplaced} belong at the env entry's top level, not under args "
+                        "(args is the legacy v0 bridge); move them out of args",
+                    )
+            if e.id is not None and e.taskset is not None and not e.legacy:
+                f.error(f"orchestrator.{section}.env[{i}]", "give either taskset (native v1) or id/args (legacy v0)")

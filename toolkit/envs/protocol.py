@@ -1,0 +1,120 @@
+"""The env worker wire protocol: newline-delimited JSON over TCP, requests multiplexed by id.
+
+Request  ``{"id": n, "op": "health" | "info" | "start" | "step" | "finish" | "close", ...params}``
+Response ``{"id": n, "ok": true, "result": {...}}`` or ``{"id": n, "ok": false, "error_class": C, "error": msg}``
+where C is one of the seed's error classes (``toolkit.errors``). A lost connection means the worker died: the
+client raises ``SandboxError`` (transient, retried by the runtime), the env-server analogue of a lost sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from typing import Any
+
+from toolkit import errors as srl_errors
+
+STREAM_LIMIT = 64 * 1024 * 1024  # bytes per line: long multi-turn conversations travel as one JSON line
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def error_from_wire(error_class: str, message: str) -> srl_errors.SrlRolloutError:
+    """The srl exception for a wire error; an unknown class becomes HarnessError (the env server's code)."""
+    klass = getattr(srl_errors, error_class, None)
+    if not (isinstance(klass, type) and issubclass(klass, srl_errors.SrlRolloutError)):
+        klass = srl_errors.HarnessError
+    return klass(message)
+
+
+class WorkerConnection:
+    """One client connection to an env worker at ``host:port``; safe for many concurrent ``call``s."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self._reader_task: asyncio.Task | None = None
+        self.closed = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def inflight(self) -> int:
+        return len(self._pending)
+
+    async def connect(self, timeout: float = 10.0) -> None:
+        """Open the connection. Raises SandboxError when the worker cannot be reached within ``timeout`` s."""
+        try:
+            self._reader, self._writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, limit=STREAM_LIMIT), timeout
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise srl_errors.SandboxError(f"env worker {self.address} unreachable: {exc}") from exc
+        self._reader_task = asyncio.create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        try:
+            while line := await self._reader.readline():
+                msg = json.loads(line)
+                fut = self._pending.pop(msg.get("id"), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+        except (OSError, ValueError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._fail_all(f"env worker {self.address} connection lost")
+
+    def _fail_all(self, why: str) -> None:
+        self.closed = True
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(srl_errors.SandboxError(why))
+        self._pending.clear()
+
+    async def call(self, op: str, timeout: float | None = None, **params: Any) -> dict[str, Any]:
+        """Send one request and wait for its result (at most ``timeout`` s; None waits forever).
+
+        Raises the worker's error class, SandboxError when the connection is lost, asyncio.TimeoutError on
+        ``timeout``.
+        """
+        if self.closed or self._writer is None:
+            raise srl_errors.SandboxError(f"env worker {self.address} connection lost")
+        rid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            self._writer.write(encode({"id": rid, "op": op, **params}))
+            await self._writer.drain()
+            msg = await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except (OSError, ConnectionError) as exc:
+            raise srl_errors.SandboxError(f"env worker {self.address}: {exc}") from exc
+        finally:
+            self._pending.pop(rid, None)
+        if not msg.get("ok"):
+            raise error_from_wire(msg.get("error_class", "HarnessError"), msg.get("error", ""))
+        return msg.get("result") or {}
+
+    async def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self.closed = True
+        if self._writer is not None:
+            self._writer.close()
+            try:
+                await self._writer.wait_closed()
+            except (OSError, ConnectionError):
+                pass
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            try:
+                await self._reader_task
+            except (asyncio.CancelledError, Exception):
+                pass

@@ -1,0 +1,329 @@
+"""``EnvRuntime``: the orchestrator's handle on one environment (taskset + plain chat harness) and its workers.
+
+``start()`` spawns ``pool.max_workers`` env worker processes (``toolkit.envs.server``) or, when ``env_cfg.address``
+is set, connects to externally managed ones (``"host:port"``, a comma-separated list, or a list). ``run_group``
+runs ``group_size`` rollouts of one task concurrently, token-in/token-out through the given policy client, with
+the seed's boundaries:
+
+- stage timeouts (seconds) from ``env_cfg.timeout``: ``setup``, ``finalize`` and ``scoring`` bound the worker's
+  task hooks (expiry = TaskError); ``rollout`` bounds the whole episode (expiry = HarnessError, the harness turns
+  did not finish in time);
+- transient classes (ProviderError, SandboxError, TunnelError) are retried ``env_cfg.retries`` times with
+  exponential backoff (0.5 s, 1 s, 2 s, ... capped at 30 s, times a seeded jitter in [1, 1.5)); deterministic classes are not retried;
+- a rollout that still fails comes back with ``error_class`` set and no training samples.
+
+A worker that stops answering within its stage timeout (e.g. a scorer stuck in a CPU loop) is killed and
+restarted; the episodes it held fail as SandboxError and are retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from toolkit import errors as srl_errors
+from toolkit.envs.protocol import WorkerConnection
+from toolkit.envs.server import READY_PREFIX
+from toolkit.orchestrator.renderer import Renderer, load_renderer
+from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
+from toolkit.orchestrator.types import TRANSIENT_ERRORS, Rollout, SamplingParams
+
+WORKER_START_TIMEOUT_S = 120.0
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 30.0
+GRACE_S = 5.0  # client-side slack over the worker's own stage timeout before the worker is presumed hung
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    value = getattr(obj, name, default) if obj is not None else default
+    return default if value is None else value
+
+
+def _plain(value: Any) -> Any:
+    if value is None:
+        return None
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return {k: _plain(v) for k, v in vars(value).items() if not k.startswith("_")}
+    return value
+
+
+def env_spec(env_cfg: Any) -> dict[str, Any]:
+    """The JSON spec an env worker is started with (see ``toolkit.envs.server``)."""
+    ts = env_cfg.taskset
+    timeout = env_cfg.timeout if getattr(env_cfg, "timeout", None) is not None else None
+    return {
+        "name": env_cfg.name,
+        "taskset": {
+            "id": ts.id,
+            "split": getattr(ts, "split", None),
+            "seed": getattr(ts, "seed", None),
+            "select": _plain(getattr(ts, "select", None)),
+            "extra": _plain(getattr(ts, "model_extra", None) or {}),
+        },
+        "harness": {"id": _get(getattr(env_cfg, "harness", None), "id", "default")},
+        "max_turns": getattr(env_cfg, "max_turns", None),
+        "timeout": {s: getattr(timeout, s, None) for s in ("setup", "rollout", "finalize", "scoring")},
+    }
+
+
+def _addresses(address: Any) -> list[tuple[str, int]]:
+    items = address if isinstance(address, (list, tuple)) else str(address).split(",")
+    out = []
+    for item in items:
+        host, _, port = str(item).strip().rpartition(":")
+        out.append((host or "127.0.0.1", int(port)))
+    return out
+
+
+class _Worker:
+    """A worker process we own (``proc`` set) or an external address, with its live connection."""
+
+    def __init__(self, host: str, port: int, proc: asyncio.subprocess.Process | None) -> None:
+        self.host, self.port, self.proc = host, port, proc
+        self.conn = WorkerConnection(host, port)
+        self.lock = asyncio.Lock()
+
+
+class _RemoteSession:
+    """An ``EnvSession`` backed by one episode on one worker."""
+
+    def __init__(self, runtime: EnvRuntime, worker: _Worker, example_id: int) -> None:
+        self.runtime, self.worker, self.example_id = runtime, worker, example_id
+        self.episode = uuid.uuid4().hex
+        self.started = False
+
+    async def _call(self, op: str, stage: str | None, **params: Any) -> dict[str, Any]:
+        limit = self.runtime.timeouts.get(stage) if stage else None
+        conn = self.worker.conn
+        try:
+            return await conn.call(
+                op, None if limit is None else limit + GRACE_S, episode=self.episode, **params
+            )
+        except asyncio.TimeoutError as exc:
+            await self.runtime._restart(self.worker, conn)
+            raise srl_errors.TaskError(f"env worker did not answer {op} within {limit} s (+{GRACE_S} s)") from exc
+
+    async def start(self) -> tuple[str, list[dict[str, str]]]:
+        r = await self._call("start", "setup", example_id=self.example_id)
+        self.started = True
+        return r["task_id"], r["messages"]
+
+    async def step(self, reply: str) -> tuple[list[dict[str, str]], bool]:
+        r = await self._call("step", None, reply=reply)
+        return r["messages"], bool(r["done"])
+
+    async def finish(self) -> dict[str, Any]:
+        limit = sum(self.runtime.timeouts.get(s) or 0 for s in ("finalize", "scoring"))
+        conn = self.worker.conn
+        try:
+            return await conn.call("finish", (limit + GRACE_S) if limit else None, episode=self.episode)
+        except asyncio.TimeoutError as exc:
+            await self.runtime._restart(self.worker, conn)
+            raise srl_errors.TaskError(f"env worker did not finish scoring within {limit} s") from exc
+        finally:
+            self.started = False
+
+    async def close(self) -> None:
+        if self.started and not self.worker.conn.closed:
+            try:
+                await self.worker.conn.call("close", 5.0, episode=self.episode)
+            except (srl_errors.SrlRolloutError, asyncio.TimeoutError):
+                pass
+
+
+class EnvRuntime:
+    """One environment of the orchestrator. See the module docstring for the failure semantics.
+
+    ``env_cfg``: the env entry (name, taskset, harness, timeout, max_turns, max_total_tokens, retries, pool,
+    address); ``model_path``: the policy's HF directory (tokenizer and chat template for the renderer);
+    ``renderer_cfg``: ``name``/``import_path``; ``seed``: seeds the retry backoff jitter.
+    """
+
+    def __init__(self, env_cfg: Any, *, model_path: Path, renderer_cfg: Any, seed: int) -> None:
+        self.env_cfg = env_cfg
+        self.name: str = env_cfg.name
+        self.model_path = Path(model_path)
+        self.renderer_cfg = renderer_cfg
+        self.seed = seed
+        timeout = getattr(env_cfg, "timeout", None)
+        self.timeouts: dict[str, float | None] = {
+            s: getattr(timeout, s, None) for s in ("setup", "rollout", "finalize", "scoring")
+        }
+        self.retries = int(getattr(env_cfg, "retries", 0) or 0)
+        self.limits = RolloutLimits(getattr(env_cfg, "max_turns", None), getattr(env_cfg, "max_total_tokens", None))
+        self.renderer: Renderer | None = None
+        self.workers: list[_Worker] = []
+        self.num_examples = 0
+        self.task_ids: list[str] = []
+        self._spec_file: str | None = None
+        self._rr = 0
+        self._rng = random.Random(seed)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the renderer, start or connect to the workers and read the task list.
+
+        Raises RuntimeError when a worker fails to start (its stderr tail is in the message).
+        """
+        self.renderer = load_renderer(self.renderer_cfg, self.model_path)
+        address = getattr(self.env_cfg, "address", None)
+        if address:
+            for host, port in _addresses(address):
+                self.workers.append(_Worker(host, port, None))
+        else:
+            fd, self._spec_file = tempfile.mkstemp(prefix=f"srl-env-{self.name}-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump(env_spec(self.env_cfg), f)
+            n = int(_get(getattr(self.env_cfg, "pool", None), "max_workers", 1))
+            self.workers = list(await asyncio.gather(*(self._spawn() for _ in range(max(1, n)))))
+        for w in self.workers:
+            await w.conn.connect()
+        info = await self.workers[0].conn.call("info", WORKER_START_TIMEOUT_S)
+        self.num_examples, self.task_ids = int(info["num_examples"]), list(info["task_ids"])
+
+    async def _spawn(self) -> _Worker:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "toolkit.envs.server", "--spec", str(self._spec_file), "--port", "0",
+            "--parent-pid", str(os.getpid()),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), WORKER_START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            line = b""
+        text = line.decode().strip()
+        if not text.startswith(READY_PREFIX):
+            if proc.returncode is None:
+                proc.kill()
+            err = (await proc.stderr.read()).decode()[-3000:]
+            raise RuntimeError(f"env worker for {self.name!r} failed to start: {text}\n{err}")
+        # Keep draining stderr so a chatty task cannot block the worker on a full pipe.
+        asyncio.create_task(self._drain(proc))
+        host, _, port = text.split()[1].rpartition(":")
+        return _Worker(host, int(port), proc)
+
+    @staticmethod
+    async def _drain(proc: asyncio.subprocess.Process) -> None:
+        try:
+            while await proc.stderr.read(65536):
+                pass
+        except (OSError, ValueError):
+            pass
+
+    async def _restart(self, worker: _Worker, failed: WorkerConnection) -> None:
+        """Replace a hung or dead worker we own by a fresh process (its episodes fail as SandboxError).
+
+        ``failed`` is the connection the caller saw fail; if the worker was already replaced since, nothing
+        happens (several rollouts may notice the same failure). An external worker is only reconnected.
+        """
+        async with worker.lock:
+            if worker.conn is not failed:
+                return
+            await failed.close()
+            failed._fail_all(f"env worker {failed.address} restarted after a failure")
+            if worker.proc is not None:
+                await self._stop_proc(worker.proc)
+                fresh = await self._spawn()
+                worker.host, worker.port, worker.proc = fresh.host, fresh.port, fresh.proc
+            worker.conn = WorkerConnection(worker.host, worker.port)
+            await worker.conn.connect()
+
+    @staticmethod
+    async def _stop_proc(proc: asyncio.subprocess.Process, grace_s: float = 5.0) -> None:
+        if proc.returncode is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), grace_s)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+    async def aclose(self) -> None:
+        """Close connections and stop every worker process this runtime started (SIGTERM, then SIGKILL)."""
+        for w in self.workers:
+            await w.conn.close()
+        await asyncio.gather(*(self._stop_proc(w.proc) for w in self.workers if w.proc is not None))
+        self.workers = []
+        if self._spec_file:
+            Path(self._spec_file).unlink(missing_ok=True)
+            self._spec_file = None
+
+    # -- tasks and rollouts ---------------------------------------------------------------------
+    def example_ids(self, n: int | None = None) -> list[int]:
+        """The selected examples' ids (positions after ``select``), the first ``n`` of them when n is given."""
+        ids = list(range(self.num_examples))
+        return ids if n is None else ids[:n]
+
+    def _pick_worker(self) -> _Worker:
+        live = [w for w in self.workers if not w.conn.closed] or self.workers
+        self._rr += 1
+        return min(live, key=lambda w: (w.conn.inflight, (self._rr + live.index(w)) % len(live)))
+
+    async def _attempt(self, example_id: int, client: Any, sampling: SamplingParams) -> Rollout:
+        worker = self._pick_worker()
+        if worker.conn.closed:
+            await self._restart(worker, worker.conn)  # it died since the last call (crash): bring it back
+        session = _RemoteSession(self, worker, example_id)
+        session_id = f"{self.name}-{example_id}-{session.episode[:12]}"
+        try:
+            return await asyncio.wait_for(
+                run_rollout(
+                    session, client=client, renderer=self.renderer, sampling=sampling, env_name=self.name,
+                    example_id=example_id, session_id=session_id, limits=self.limits,
+                ),
+                self.timeouts.get("rollout"),
+            )  # fmt: skip
+        except asyncio.TimeoutError as exc:
+            raise srl_errors.HarnessError(f"rollout timed out after {self.timeouts['rollout']} s") from exc
+        finally:
+            await session.close()
+
+    async def run_rollout(self, example_id: int, *, client: Any, sampling: SamplingParams) -> Rollout:
+        """One rollout with retries of transient failures; an errored Rollout (no samples) when it fails."""
+        errors: list[str] = []
+        for attempt in range(self.retries + 1):
+            try:
+                rollout = await self._attempt(example_id, client, sampling)
+                if errors:
+                    rollout.metrics["retries"] = float(len(errors))
+                return rollout
+            except srl_errors.SrlRolloutError as exc:
+                errors.append(f"{exc.error_class}: {exc}")
+                if exc.error_class in TRANSIENT_ERRORS and attempt < self.retries:
+                    jitter = 1.0 + 0.5 * self._rng.random()  # spreads retries of a failed group apart
+                    await asyncio.sleep(min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt) * jitter)
+                    continue
+                return self._errored(example_id, exc.error_class, errors)
+        raise AssertionError("unreachable")
+
+    def _errored(self, example_id: int, error_class: str, errors: list[str]) -> Rollout:
+        task_id = self.task_ids[example_id] if 0 <= example_id < len(self.task_ids) else str(example_id)
+        return Rollout(
+            env=self.name, task_id=task_id, example_id=example_id, samples=[], error_class=error_class,
+            error_message=errors[-1], metrics={"retries": float(len(errors) - 1)},
+        )  # fmt: skip
+
+    async def run_group(
+        self, example_id: int, group_size: int, *, client: Any, sampling: SamplingParams
+    ) -> list[Rollout]:
+        """``group_size`` rollouts of one example, run concurrently; errored ones carry ``error_class``."""
+        return list(
+            await asyncio.gather(
+                *(self.run_rollout(example_id, client=client, sampling=sampling) for _ in range(group_size))
+            )
+        )

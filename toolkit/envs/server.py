@@ -1,0 +1,160 @@
+"""An env worker process: hosts one env's taskset and runs the environment half of episodes for the orchestrator.
+
+Run as ``python -m toolkit.envs.server --spec SPEC.json [--host H] [--port P] [--parent-pid PID]``. It loads and
+selects the tasks once, listens (``--port 0`` = OS-assigned), then prints ``SRL_ENV_WORKER_READY host:port`` on
+stdout. The orchestrator's ``EnvRuntime`` starts ``pool.max_workers`` of these (or connects to an external one via
+``address``); each is its own process, so a task that hangs or crashes cannot stall the orchestrator.
+
+Spec (JSON): ``{"name", "taskset": {"id", "split", "seed", "select", "extra"}, "harness": {"id"},
+"max_turns", "timeout": {"setup", "finalize", "scoring"}}``; timeouts are seconds (None = unbounded).
+With ``--parent-pid`` the worker exits when that process is gone, so a killed orchestrator leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+from toolkit import errors as srl_errors
+from toolkit.envs.episode import Episode
+from toolkit.envs.protocol import STREAM_LIMIT, encode
+from toolkit.envs.registry import load_tasks
+
+READY_PREFIX = "SRL_ENV_WORKER_READY"
+PLAIN_CHAT_HARNESSES = ("default", "null")
+"""Harness ids of the plain chat harness (the seeds' ``default`` is verifiers' ``null``)."""
+
+
+def taskset_namespace(spec_taskset: dict[str, Any]) -> SimpleNamespace:
+    """The wire taskset spec as the attribute object ``registry.load_tasks`` reads."""
+    return SimpleNamespace(
+        id=spec_taskset["id"],
+        split=spec_taskset.get("split"),
+        seed=spec_taskset.get("seed"),
+        select=spec_taskset.get("select"),
+        model_extra=spec_taskset.get("extra") or {},
+    )
+
+
+class EnvWorker:
+    """The episodes of one worker. ``handle`` runs one request; errors come back as seed error classes."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        harness = (spec.get("harness") or {}).get("id", "default")
+        if harness not in PLAIN_CHAT_HARNESSES:
+            raise ValueError(
+                f"harness {harness!r} is not supported by srl's token-in/token-out path; use 'default' (plain chat)"
+            )
+        self.spec = spec
+        self.tasks = load_tasks(taskset_namespace(spec["taskset"]))
+        self.max_turns = spec.get("max_turns")
+        self.timeout = spec.get("timeout") or {}
+        self.episodes: dict[str, Episode] = {}
+
+    async def _staged(self, stage: str, coro):
+        limit = self.timeout.get(stage)
+        try:
+            return await asyncio.wait_for(coro, limit)
+        except asyncio.TimeoutError as exc:
+            raise srl_errors.TaskError(f"task {stage} timed out after {limit} s") from exc
+
+    async def handle(self, op: str, req: dict[str, Any]) -> dict[str, Any]:
+        if op == "health":
+            return {"episodes": len(self.episodes), "pid": os.getpid()}
+        if op == "info":
+            return {"num_examples": len(self.tasks), "task_ids": [self._task_id(t) for t in self.tasks]}
+        if op == "start":
+            example_id = int(req["example_id"])
+            if not 0 <= example_id < len(self.tasks):
+                raise srl_errors.TaskError(f"example_id {example_id} out of range [0, {len(self.tasks)})")
+            task = self.tasks[example_id]
+            episode = Episode(task, max_turns=self.max_turns)
+            messages = await self._staged("setup", episode.start())
+            self.episodes[req["episode"]] = episode
+            return {"task_id": self._task_id(task), "messages": messages}
+        episode = self.episodes.get(req.get("episode", ""))
+        if op == "close":
+            self.episodes.pop(req.get("episode", ""), None)
+            return {}
+        if episode is None:
+            raise srl_errors.HarnessError(f"unknown episode {req.get('episode')!r}")
+        if op == "step":
+            messages, done = await episode.step(req["reply"])
+            return {"messages": messages, "done": done}
+        if op == "finish":
+            try:
+                await self._staged("finalize", episode.finalize())
+                scored = await self._staged("scoring", episode.score())
+            finally:
+                self.episodes.pop(req["episode"], None)
+            return {**scored, "wants_more": episode.wants_more}
+        raise srl_errors.HarnessError(f"unknown op {op!r}")
+
+    @staticmethod
+    def _task_id(task: Any) -> str:
+        data = task.data
+        return str(data.id if data.id is not None else (data.name if data.name is not None else task.key))
+
+    async def respond(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        rid = req.get("id")
+        try:
+            out = {"id": rid, "ok": True, "result": await self.handle(req.get("op", ""), req)}
+        except srl_errors.SrlRolloutError as exc:
+            out = {"id": rid, "ok": False, "error_class": exc.error_class, "error": str(exc)}
+        except Exception as exc:  # a bug in the worker itself: the harness boundary
+            out = {"id": rid, "ok": False, "error_class": "HarnessError", "error": f"{type(exc).__name__}: {exc}"}
+        if not writer.is_closing():
+            writer.write(encode(out))
+            await writer.drain()
+
+    async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        running: set[asyncio.Task] = set()
+        try:
+            while line := await reader.readline():
+                task = asyncio.create_task(self.respond(json.loads(line), writer))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        except (OSError, ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+
+async def _watch_parent(parent_pid: int) -> None:
+    while True:
+        await asyncio.sleep(1.0)
+        if os.getppid() != parent_pid:
+            os._exit(0)  # the orchestrator is gone: do not linger as an orphan
+
+
+async def serve(spec: dict[str, Any], host: str, port: int, parent_pid: int | None) -> None:
+    """Load the tasks, listen, announce the address on stdout and serve forever."""
+    worker = EnvWorker(spec)
+    server = await asyncio.start_server(worker.serve_connection, host, port, limit=STREAM_LIMIT)
+    bound_host, bound_port = server.sockets[0].getsockname()[:2]
+    print(f"{READY_PREFIX} {bound_host}:{bound_port}", flush=True)
+    watcher = asyncio.create_task(_watch_parent(parent_pid)) if parent_pid else None
+    async with server:
+        await server.serve_forever()
+    if watcher is not None:
+        watcher.cancel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="JSON file with the env spec, or '-' for stdin")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--parent-pid", type=int, default=None)
+    args = parser.parse_args(argv)
+    text = sys.stdin.read() if args.spec == "-" else open(args.spec).read()
+    asyncio.run(serve(json.loads(text), args.host, args.port, args.parent_pid))
+
+
+if __name__ == "__main__":
+    main()

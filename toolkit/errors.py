@@ -1,0 +1,56 @@
+"""Error classes of srl, following the seed's failure taxonomy (see ``toolkit.orchestrator.types.ErrorClass``).
+
+Every rollout failure is tagged with exactly one class. Transient classes (provider, sandbox, tunnel) are retried
+with backoff; deterministic ones (harness, toolset, user simulator, task) are not, because a retry cannot fix them.
+Each exception carries its class name in ``error_class`` so a caller can record it without ``isinstance`` chains.
+"""
+
+from __future__ import annotations
+
+
+class SrlRolloutError(Exception):
+    """Base class of every error that can end one rollout. ``error_class`` names its taxonomy class."""
+
+    error_class: str = "SrlRolloutError"
+
+
+class ProviderError(SrlRolloutError):
+    """The inference endpoint failed: unreachable engine or router, HTTP 5xx, timeout, model or request dialect."""
+
+    error_class = "ProviderError"
+
+
+class HarnessError(SrlRolloutError):
+    """The harness program failed to install, launch, or exited non-zero."""
+
+    error_class = "HarnessError"
+
+
+class ToolsetError(SrlRolloutError):
+    """A tool server failed to start, was unreachable, or misbehaved on a call."""
+
+    error_class = "ToolsetError"
+
+
+class UserError(SrlRolloutError):
+    """The simulated-user server failed."""
+
+    error_class = "UserError"
+
+
+class SandboxError(SrlRolloutError):
+    """The runtime failed: capacity, lifecycle, filesystem or network of the sandbox."""
+
+    error_class = "SandboxError"
+
+
+class TunnelError(SrlRolloutError):
+    """The interception tunnel between harness and policy failed."""
+
+    error_class = "TunnelError"
+
+
+class TaskError(SrlRolloutError):
+    """Task setup, finalize or scoring code failed."""
+
+    error_class = "TaskError"

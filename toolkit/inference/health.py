@@ -1,0 +1,122 @@
+"""Readiness of a deployment: wait for engines' /health, and tell the orchestrator through the run directory.
+
+The launcher writes ``<run>/control/inference_ready.json`` once every engine (and the router) answers; the
+orchestrator, possibly on another node, reads it to learn the URLs. A stale file from an earlier attempt is removed
+before engines start, so a reader never picks up URLs of dead engines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from toolkit.fsutil import atomic_write_json
+from toolkit.rundir import RunDir
+
+
+class EngineStartError(RuntimeError):
+    """An engine or router process exited, or did not answer /health in time. The message names the URL."""
+
+
+def _procs_by_url(urls: Sequence[str], proc: Any) -> dict[str, subprocess.Popen]:
+    if proc is None:
+        return {}
+    if isinstance(proc, Mapping):
+        return dict(proc)
+    if isinstance(proc, (list, tuple)):
+        return dict(zip(urls, proc, strict=True))
+    return {url: proc for url in urls}
+
+
+def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
+    """True when ``GET <url>/health`` answers 200 within ``timeout_s`` seconds."""
+    try:
+        return httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_healthy(
+    urls: Sequence[str],
+    timeout_s: float,
+    *,
+    proc: subprocess.Popen | Sequence[subprocess.Popen] | Mapping[str, subprocess.Popen] | None = None,
+    interval_s: float = 0.5,
+    log_paths: Mapping[str, Path] | None = None,
+) -> float:
+    """Block until every URL answers ``/health`` with 200; returns the seconds waited.
+
+    ``proc`` is the process serving the URLs (one for all, one per URL in order, or a url->process mapping): if it
+    exits first, EngineStartError names the URL, the exit code and (when ``log_paths`` has it) the log's tail.
+    Raises EngineStartError after ``timeout_s`` seconds naming the URLs still not healthy.
+    """
+    t0 = time.monotonic()
+    procs = _procs_by_url(urls, proc)
+    pending = list(urls)
+    while pending:
+        for url in list(pending):
+            p = procs.get(url)
+            if p is not None and p.poll() is not None:
+                tail = _log_tail(log_paths.get(url)) if log_paths else ""
+                raise EngineStartError(f"process serving {url} exited with code {p.returncode} before healthy{tail}")
+            if is_healthy(url):
+                pending.remove(url)
+        if not pending:
+            break
+        if time.monotonic() - t0 > timeout_s:
+            raise EngineStartError(f"not healthy after {timeout_s:.0f} s: {', '.join(pending)}")
+        time.sleep(interval_s)
+    return time.monotonic() - t0
+
+
+def _log_tail(path: Path | None, n_chars: int = 2000) -> str:
+    if path is None:
+        return ""
+    with contextlib.suppress(OSError):
+        text = Path(path).read_text(errors="replace")
+        return f"\n--- tail of {path} ---\n{text[-n_chars:]}"
+    return ""
+
+
+def write_ready(run: RunDir, info: Mapping[str, Any]) -> Path:
+    """Atomically write the readiness file ``run.inference_ready``; returns its path.
+
+    ``info`` keys (by convention of ``serve.Deployment.ready_info``): ``base_url`` (what clients call: the router,
+    or the only engine), ``router_url`` (or None), ``engine_urls`` (all engines, for admin calls), ``roles``
+    (engine URL -> "engine" | "prefill" | "decode"), ``model`` (served model name), ``policy_version``.
+    A ``written_at`` UNIX time is added.
+    """
+    run.control.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run.inference_ready, {**info, "written_at": time.time()})
+    return run.inference_ready
+
+
+def clear_ready(run: RunDir) -> None:
+    """Remove a readiness file left by an earlier attempt (its URLs may point at dead engines)."""
+    with contextlib.suppress(FileNotFoundError):
+        run.inference_ready.unlink()
+
+
+def read_ready(run: RunDir, timeout_s: float, *, interval_s: float = 0.5) -> dict[str, Any]:
+    """Wait up to ``timeout_s`` seconds for the readiness file and return its content.
+
+    Raises TimeoutError naming the file when it does not appear in time.
+    """
+    t0 = time.monotonic()
+    while True:
+        try:
+            return json.loads(run.inference_ready.read_text())
+        except FileNotFoundError:
+            pass
+        except json.JSONDecodeError:
+            pass  # written atomically, so only a foreign writer could leave it partial; keep waiting
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"inference not ready after {timeout_s:.0f} s: {run.inference_ready} missing")
+        time.sleep(interval_s)

@@ -1,0 +1,210 @@
+"""Local launcher: run every process of a placement plan on this machine, supervised.
+
+The same commands and environments the Slurm templates run (from the plan) are started as child processes, each in
+its own process group, with output teed to ``<run>/logs/attempt_<n>/<log_name>``. One progress line shows step,
+reward and throughput from ``metrics.jsonl``. When any component exits, everything stops: exit status 0 only when
+the trainer and orchestrator finished cleanly; otherwise non-zero, naming the component. Ctrl-C (or SIGTERM) writes
+the run's stop request so the trainer checkpoints, waits a bounded grace period, then stops the rest.
+No orphans: every child is killed by process group on every exit path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ..config.model import RLConfig
+from ..fsutil import write_marker
+from ..rundir import RunDir, point_symlink
+
+# Roles whose clean exit means the run is done; inference and router serve until told to stop.
+_FINITE_ROLES = ("trainer", "orchestrator")
+# Seconds between supervision polls; small so a crash ends the run promptly.
+_POLL_S = 0.5
+
+
+@dataclass
+class _Child:
+    name: str
+    role: str
+    proc: subprocess.Popen
+    log: IO[bytes]
+    returncode: int | None = None
+
+
+@dataclass
+class _Progress:
+    """Tails metrics.jsonl and renders one status line."""
+
+    path: Path
+    offset: int = 0
+    last: dict[str, Any] = field(default_factory=dict)
+
+    def poll(self) -> str | None:
+        if not self.path.exists():
+            return None
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            self.last.setdefault(rec.get("role", "?"), {}).update(rec)
+        if not complete:
+            return None
+        o, t = self.last.get("orchestrator", {}), self.last.get("trainer", {})
+        parts = [f"step {t.get('step', 0)}"]
+        if "reward/all/mean" in o:
+            parts.append(f"reward {o['reward/all/mean']:.3f} (orch step {o.get('step')})")
+        if "perf/throughput" in t:
+            parts.append(f"{t['perf/throughput']:.0f} tok/s")
+        if "mismatch_kl/mean" in t:
+            parts.append(f"mismatch_kl {t['mismatch_kl/mean']:.1e}")
+        return " | ".join(parts)
+
+
+def fill_placeholders(argv: list[str], values: dict[str, str]) -> list[str]:
+    """Replace ``{node_addr}``, ``{master_addr}``, ``{model_path}`` and other plan placeholders in argv."""
+    out = []
+    for a in argv:
+        for k, v in values.items():
+            a = a.replace("{" + k + "}", v)
+        out.append(a)
+    return out
+
+
+def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
+    """Start, supervise and stop all plan processes. Returns 0 on success, else the failing component's status."""
+    from ..models import resolve_model
+
+    logs = run.log_attempt(attempt)
+    logs.mkdir(parents=True, exist_ok=True)
+    point_symlink(run.latest_logs, logs.name)
+    model_path = resolve_model(cfg.model.name)
+    values = {"node_addr": "127.0.0.1", "master_addr": "127.0.0.1", "model_path": str(model_path), "run_dir": str(run.root)}
+    print(f"srl: run directory {run.root}")
+    print(f"srl: logs in {logs} ; metrics {run.metrics} ; checkpoints {run.checkpoints}")
+
+    children: list[_Child] = []
+    stop_requested = {"at": None}
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        if stop_requested["at"] is None:
+            stop_requested["at"] = time.monotonic()
+            run.control.mkdir(parents=True, exist_ok=True)
+            write_marker(run.stop_request)
+            print(f"\nsrl: {signal.Signals(signum).name}: asking the trainer to checkpoint and stop ...", flush=True)
+
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    status = 1
+    try:
+        for spec in plan.processes:
+            children.append(_start(spec, values, logs))
+            if spec.role in ("inference", "router") and getattr(spec, "healthcheck_url", None):
+                pass  # health is awaited below, for all engines together
+        _wait_inference(cfg, run, plan, children)
+        status = _supervise(cfg, run, children, stop_requested)
+    finally:
+        _stop_all(children)
+        for s, h in old.items():
+            signal.signal(s, h)
+    return status
+
+
+def _start(spec: Any, values: dict[str, str], logs: Path) -> _Child:
+    env = dict(os.environ)
+    env.update({k: fill_placeholders([v], values)[0] for k, v in spec.env.items()})
+    argv = fill_placeholders(list(spec.command), values)
+    if argv and argv[0] == "srl":
+        # Use this interpreter's srl, whatever PATH says (a venv that is not activated).
+        argv = [sys.executable, "-m", "toolkit.cli", *argv[1:]]
+    log = open(logs / spec.log_name, "ab")
+    log.write(f"# srl: starting {spec.name}: {' '.join(argv)}\n".encode())
+    log.flush()
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    return _Child(spec.name, spec.role, proc, log)
+
+
+def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child]) -> None:
+    """Block until every engine (and the router) answers /health, then publish readiness for the orchestrator."""
+    from ..inference.health import wait_healthy, write_ready
+
+    urls = [p.healthcheck_url for p in plan.processes if p.role in ("inference", "router") and p.healthcheck_url]
+    procs = {c.name: c.proc for c in children}
+    deadline = time.monotonic() + cfg.inference.startup_timeout_s
+    for p in plan.processes:
+        if p.role in ("inference", "router") and p.healthcheck_url:
+            wait_healthy([p.healthcheck_url], max(1.0, deadline - time.monotonic()), proc=procs[p.name])
+    write_ready(run, plan.ready_info() if hasattr(plan, "ready_info") else {"health_urls": urls})
+    print(f"srl: inference ready ({len(urls)} endpoint(s))", flush=True)
+
+
+def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[str, Any]) -> int:
+    progress = _Progress(run.metrics)
+    grace = cfg.slurm.checkpoint_grace_s
+    while True:
+        line = progress.poll()
+        if line:
+            print(f"\r\x1b[2K{line}", end="", flush=True)
+        for c in children:
+            if c.returncode is None:
+                c.returncode = c.proc.poll()
+        finite = [c for c in children if c.role in _FINITE_ROLES]
+        failed = [c for c in children if c.returncode not in (None, 0)]
+        if failed and stop["at"] is None:
+            c = failed[0]
+            print(f"\nsrl: {c.name} exited with status {c.returncode}; stopping the run "
+                  f"(log: {Path(c.log.name)})", file=sys.stderr, flush=True)
+            return c.returncode or 1
+        if finite and all(c.returncode == 0 for c in finite):
+            print("\nsrl: run finished", flush=True)
+            return 0
+        done_other = [c for c in children if c.role not in _FINITE_ROLES and c.returncode is not None]
+        if done_other and stop["at"] is None:
+            c = done_other[0]
+            print(f"\nsrl: {c.name} exited unexpectedly (status {c.returncode}); stopping", file=sys.stderr)
+            return 1
+        if stop["at"] is not None:
+            if all(c.returncode is not None for c in finite):
+                return 130 if any(c.returncode for c in finite) else 0
+            if time.monotonic() - stop["at"] > grace:
+                print("\nsrl: checkpoint grace period over; stopping", file=sys.stderr)
+                return 130
+        time.sleep(_POLL_S)
+
+
+def _stop_all(children: list[_Child], *, term_wait_s: float = 15.0) -> None:
+    """SIGTERM every live child's process group, then SIGKILL what is left after ``term_wait_s`` seconds."""
+    for c in children:
+        if c.proc.poll() is None:
+            _signal_group(c.proc, signal.SIGTERM)
+    deadline = time.monotonic() + term_wait_s
+    for c in children:
+        try:
+            c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for c in children:
+        # Kill the whole group even when the leader exited: engines fork workers that would otherwise linger.
+        _signal_group(c.proc, signal.SIGKILL)
+        c.proc.wait()
+        c.log.close()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,82 @@
+"""Create (or re-open) a run directory and record what was asked: inputs, command line, resolved configs.
+
+Written for every attempt under ``configs/attempt_<n>/`` with ``configs/latest`` pointing at it, so a run's history
+of configs survives resumes and requeues. Nothing here launches anything; ``--dry-run`` stops after this.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from ..config import LoadedConfig, role_view
+from ..config.errors import ConfigError
+from ..fsutil import atomic_write_json, atomic_write_text
+from ..rundir import RunDir, point_symlink
+
+
+def auto_run_name(loaded: LoadedConfig) -> str:
+    """``<envs>--<model>--<short id>``: env names joined by ``+``, model basename, 6 hex chars."""
+    cfg = loaded.config
+    envs = "+".join(e.env_name for e in cfg.orchestrator.train.env) or "noenv"
+    model = Path(cfg.model.name).name or "model"
+    raw = f"{envs}--{model}--{uuid.uuid4().hex[:6]}"
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", raw)[:120]
+
+
+def run_dir_for(loaded: LoadedConfig) -> RunDir:
+    """The RunDir the config points at (fills ``run.name`` with an auto name when unset)."""
+    cfg = loaded.config
+    if cfg.run.name is None:
+        cfg.run.name = auto_run_name(loaded)
+    return RunDir(Path(cfg.output_dir) / cfg.run.name)
+
+
+def prepare_run(loaded: LoadedConfig, *, argv: list[str], resume: bool = False, clean: bool = False) -> tuple[RunDir, int]:
+    """Create the run directory for a new attempt and write its configs. Returns ``(run, attempt)``.
+
+    Raises ConfigError when the directory exists and neither ``resume`` nor ``clean`` was given (nothing is
+    touched then), or when ``resume`` is asked for a run that does not exist.
+    """
+    run = run_dir_for(loaded)
+    exists = run.configs.exists()
+    if exists and not (resume or clean):
+        raise ConfigError(
+            f"run directory {run.root} already exists; pass --resume to continue it, --clean to delete it and "
+            "start over, or set a different run.name"
+        )
+    if resume and not exists:
+        raise ConfigError(f"--resume: no run at {run.root} (nothing to resume)")
+    if clean and exists:
+        shutil.rmtree(run.root)
+    for d in (run.configs, run.launcher, run.logs, run.rollouts, run.broadcasts, run.checkpoints, run.store,
+              run.control, run.reports):
+        d.mkdir(parents=True, exist_ok=True)
+    # A stale stop request from an earlier attempt would end the new one at once.
+    if run.stop_request.exists():
+        run.stop_request.unlink()
+    attempt = run.next_attempt()
+    adir = run.config_attempt(attempt)
+    (adir / "inputs").mkdir(parents=True)
+    (adir / "resolved").mkdir()
+    for i, src in enumerate(loaded.inputs):
+        shutil.copyfile(src, adir / "inputs" / f"{i:02d}-{Path(src).name}")
+    atomic_write_text(adir / "command.txt", shlex.join(argv) + "\n")
+    cfg = loaded.config
+    atomic_write_json(adir / "resolved" / "rl.json", cfg.model_dump(mode="json"))
+    for role in ("trainer", "orchestrator", "inference"):
+        atomic_write_json(adir / "resolved" / f"{role}.json", role_view(cfg, role))
+    point_symlink(run.latest_configs, adir.name)
+    if not run.run_meta.exists():
+        atomic_write_json(run.run_meta, {"run_id": uuid.uuid4().hex, "created": time.time(), "name": cfg.run.name})
+    return run, attempt
+
+
+def read_run_meta(run: RunDir) -> dict:
+    """The run's persistent metadata (run id kept across attempts and requeues)."""
+    return json.loads(run.run_meta.read_text())

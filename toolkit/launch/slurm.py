@@ -1,0 +1,425 @@
+"""Slurm job control from the login node: submit, read state, cancel, requeue.
+
+Only Slurm's own command-line clients are used (``sbatch``, ``scontrol``, ``squeue``, ``scancel``), each with a
+timeout, so this works on any cluster a user can submit to, and without accounting: ``sacct`` needs slurmdbd,
+which many sites (and the local test cluster) lack. Job state is read from ``scontrol show job -o`` (one line per
+job record) and, if that fails, from ``squeue -t all``. Both only know a finished job for ``MinJobAge`` seconds
+(300 by default) after it ended; after that :func:`job_state` raises :class:`JobNotFoundError`.
+
+No torch, no vLLM: this module runs on login nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ClusterShell.NodeSet import NodeSet
+
+# Environment prefixes that Slurm reads as input options (SBATCH_*, SRUN_*, SALLOC_*) or sets inside an allocation
+# (SLURM_*). Submitting from inside a job would otherwise hand the new job its parent's geometry, e.g.
+# SLURM_NTASKS or SLURM_MEM_PER_NODE, and sbatch would silently obey them.
+_SCRUBBED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
+# Kept: where the cluster's configuration lives is a property of the login node, not of a parent job.
+_KEPT = frozenset({"SLURM_CONF"})
+
+# Job states after which a job record never changes again (Slurm's JOB_STATE_BASE values that are final).
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "SPECIAL_EXIT",
+        "REVOKED",
+    }
+)
+# Order used to summarise several records (array tasks) into one state: the first present wins.
+_SUMMARY_ORDER = (
+    "RUNNING",
+    "COMPLETING",
+    "CONFIGURING",
+    "REQUEUED",
+    "RESIZING",
+    "SUSPENDED",
+    "PENDING",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "TIMEOUT",
+    "FAILED",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "SPECIAL_EXIT",
+    "REVOKED",
+    "CANCELLED",
+    "COMPLETED",
+)
+
+DEFAULT_TIMEOUT_S = 30.0
+SUBMIT_TIMEOUT_S = 120.0
+
+
+class SlurmCommandError(RuntimeError):
+    """A Slurm client command failed, timed out, or is not installed.
+
+    Attributes: ``cmd`` (argv list), ``returncode`` (None when it timed out or could not start), ``stderr`` (text).
+    """
+
+    def __init__(self, cmd: Sequence[str], returncode: int | None, stderr: str, what: str = "failed"):
+        self.cmd = list(cmd)
+        self.returncode = returncode
+        self.stderr = stderr.strip()
+        self.what = what
+        rc = "" if returncode is None else f" (exit code {returncode})"
+        detail = f": {self.stderr}" if self.stderr else ""
+        super().__init__(f"`{' '.join(self.cmd)}` {what}{rc}{detail}")
+
+
+class SubmitError(SlurmCommandError):
+    """``sbatch`` refused the job; ``stderr`` holds sbatch's own message (e.g. 'Requested node configuration is
+    not available')."""
+
+
+class JobNotFoundError(SlurmCommandError):
+    """Neither ``scontrol`` nor ``squeue`` knows the job: a wrong id, or it ended more than MinJobAge ago."""
+
+
+@dataclass(frozen=True)
+class JobState:
+    """One Slurm job as the controller reports it.
+
+    ``job_id`` names the job the way Slurm's users do: ``"12"``, an array task ``"12_3"`` or a het component
+    ``"12+1"`` (asking for an array task or het component by its raw job id gives that form too).
+    ``state`` is the base job state (``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``,
+    ``TIMEOUT``, ``NODE_FAIL``, ``PREEMPTED``, ``OUT_OF_MEMORY``, ...). ``reason`` is Slurm's pending/finish
+    reason or None when Slurm says ``None``. ``exit_code`` is the batch script's exit status and ``signal`` the
+    signal that ended it (``ExitCode=3:0`` gives 3 and 0; a cancel gives 0 and 15); both None while not final.
+    ``restart_count`` counts requeues (``SLURM_RESTART_COUNT`` of the running attempt). ``node_list`` is the
+    expanded host list (empty while pending). ``start_time`` is None while pending (Slurm then reports an
+    estimate); ``end_time`` is None until the job is final (Slurm reports the time-limit end before that). Times
+    are naive local times, as Slurm prints them.
+
+    For a heterogeneous job asked for by its leader id, ``het_components`` holds one JobState per component in
+    offset order (``job_id`` ``"12+0"``, ``"12+1"``) and the top-level fields are component 0's. For a job array
+    asked for by its array id, ``array_tasks`` holds one JobState per task record (a block of still-pending tasks
+    is one record with ``job_id`` like ``"12_[2-3%2]"``), and ``state`` summarises them: running if any runs,
+    else pending if any pends, else the most severe final state. ``raw`` is the parsed key/value record.
+    """
+
+    job_id: str
+    state: str
+    reason: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    restart_count: int = 0
+    node_list: tuple[str, ...] = ()
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    het_components: tuple[JobState, ...] = ()
+    array_tasks: tuple[JobState, ...] = ()
+    raw: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the job can no longer change state (see ``TERMINAL_STATES``)."""
+        return self.state in TERMINAL_STATES
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running the clients
+
+
+def _run(cmd: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None,
+         cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd``; raise SlurmCommandError if it cannot start or times out. The caller checks the exit code."""
+    try:
+        return subprocess.run(
+            list(cmd), capture_output=True, text=True, timeout=timeout_s, env=dict(env) if env is not None else None,
+            cwd=cwd, check=False,
+        )
+    except FileNotFoundError as e:
+        raise SlurmCommandError(cmd, None, f"{cmd[0]} not found on PATH: {e}", "could not start") from e
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        raise SlurmCommandError(cmd, None, err, f"timed out after {timeout_s:g} s") from e
+
+
+def scrubbed_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return a copy of ``base`` (default ``os.environ``) without SLURM_*, SBATCH_*, SRUN_*, SALLOC_* variables.
+
+    ``SLURM_CONF`` is kept. Use it for every sbatch/srun started from a process that may itself run inside a
+    Slurm job, so the new job gets only the options we pass explicitly.
+    """
+    src = os.environ if base is None else base
+    return {k: v for k, v in src.items() if k in _KEPT or not k.startswith(_SCRUBBED_PREFIXES)}
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a Slurm host list (``"node[1-3,7],gpu-a[01-02]"``) into host names, in Slurm's order.
+
+    Uses ClusterShell's NodeSet, which implements Slurm's bracket syntax, including nested and multi-dimensional
+    ranges. Empty strings and Slurm's ``(null)``/``None`` placeholders give ``[]``. Raises
+    ``ClusterShell.NodeSet.NodeSetParseError`` on malformed input.
+    """
+    s = nodelist.strip()
+    if s in ("", "(null)", "None", "N/A"):
+        return []
+    return list(NodeSet(s))
+
+
+def submit(script_path: str | os.PathLike[str], *, extra_args: Iterable[str] = (),
+           env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
+           timeout_s: float = SUBMIT_TIMEOUT_S) -> str:
+    """Submit a batch script with ``sbatch --parsable``; return the job id (e.g. ``"42"``).
+
+    ``extra_args`` go before the script path and override its ``#SBATCH`` lines. ``env`` (default
+    ``os.environ``) is passed through :func:`scrubbed_env`. ``cwd`` is where sbatch runs, which sets the job's
+    default working directory and resolves relative output paths. The ``;cluster`` suffix of a federated or
+    multi-cluster answer is stripped. Raises :class:`SubmitError` with sbatch's stderr if sbatch fails or prints
+    no id, and :class:`SlurmCommandError` if it cannot start or exceeds ``timeout_s`` seconds.
+    """
+    cmd = ["sbatch", "--parsable", *extra_args, str(script_path)]
+    try:
+        proc = _run(cmd, timeout_s=timeout_s, env=scrubbed_env(env), cwd=cwd)
+    except SlurmCommandError as e:
+        raise SubmitError(cmd, e.returncode, e.stderr, e.what) from e
+    if proc.returncode != 0:
+        raise SubmitError(cmd, proc.returncode, proc.stderr or proc.stdout)
+    # sbatch may print warnings on earlier lines; the id is the last non-empty stdout line.
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    job_id = lines[-1].split(";", 1)[0] if lines else ""
+    if not job_id.isdigit():
+        raise SubmitError(cmd, proc.returncode, f"no job id in sbatch output: {proc.stdout!r} {proc.stderr!r}",
+                          "printed no job id")
+    return job_id
+
+
+def cancel(job_id: str, *, signal: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """``scancel`` the job (or array task / het job). With ``signal`` (e.g. ``"USR2"``) only signal it.
+
+    scancel exits 0 for an unknown or already finished id, so cancelling twice is harmless. Raises
+    SlurmCommandError when scancel fails (e.g. permission denied) or times out.
+    """
+    cmd = ["scancel", *(["--signal", signal] if signal else []), str(job_id)]
+    proc = _run(cmd, timeout_s=timeout_s)
+    if proc.returncode != 0:
+        raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
+
+
+def requeue(job_id: str, *, hold: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """``scontrol requeue`` (or ``requeuehold``) a running or finished batch job.
+
+    The job goes back to PENDING (Reason=BeginTime for about cred_expire seconds) and its restart count grows by
+    one. Raises SlurmCommandError if Slurm refuses (e.g. the job is not requeueable, or unknown).
+    """
+    cmd = ["scontrol", "requeuehold" if hold else "requeue", str(job_id)]
+    proc = _run(cmd, timeout_s=timeout_s)
+    if proc.returncode != 0:
+        raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading job state
+
+# A key starts a record field: letters, digits and the separators Slurm uses in keys (AllocNode:Sid, CPUs/Task).
+_KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+_NO_VALUE = {"", "(null)", "None", "N/A", "Unknown", "UNLIMITED"}
+
+
+def parse_scontrol_record(line: str) -> dict[str, str]:
+    """Parse one ``scontrol show job -o`` line into ``{key: value}``; values keep inner ``=`` (``TRES=cpu=1,...``).
+
+    A value containing a space followed by ``word=`` would be split there; Slurm prints such free text only in
+    Comment/Command fields, which srl does not read.
+    """
+    matches = list(_KEY_RE.finditer(line))
+    out: dict[str, str] = {}
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        out[m.group(1)] = line[m.end():end].strip()
+    return out
+
+
+def _time(value: str | None) -> datetime | None:
+    if value is None or value in _NO_VALUE:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _int(value: str | None, default: int = 0) -> int:
+    try:
+        return int(value) if value not in (None, "") else default
+    except ValueError:
+        return default
+
+
+def _state_from_fields(job_id: str, state: str, reason: str, exit_pair: tuple[int, int] | None, restarts: int,
+                       nodes: str, start: str, end: str, raw: Mapping[str, str]) -> JobState:
+    state = state.split()[0].rstrip("+") if state else "UNKNOWN"
+    final = state in TERMINAL_STATES
+    return JobState(
+        job_id=job_id,
+        state=state,
+        reason=None if reason in _NO_VALUE else reason,
+        exit_code=exit_pair[0] if final and exit_pair else None,
+        signal=exit_pair[1] if final and exit_pair else None,
+        restart_count=restarts,
+        node_list=tuple(expand_nodelist(nodes)),
+        start_time=None if state == "PENDING" else _time(start),
+        end_time=_time(end) if final else None,
+        raw=dict(raw),
+    )
+
+
+def job_state_from_record(rec: Mapping[str, str]) -> JobState:
+    """Build a JobState from one parsed ``scontrol show job -o`` record (see :func:`parse_scontrol_record`)."""
+    if rec.get("HetJobId"):
+        job_id = f"{rec['HetJobId']}+{rec.get('HetJobOffset', '0')}"
+    elif rec.get("ArrayJobId"):
+        task = rec.get("ArrayTaskId", "")
+        job_id = f"{rec['ArrayJobId']}_{task}" if task.isdigit() else f"{rec['ArrayJobId']}_[{task}]"
+    else:
+        job_id = rec.get("JobId", "")
+    exit_pair = None
+    code, _, sig = rec.get("ExitCode", "").partition(":")
+    if code.isdigit():
+        exit_pair = (int(code), _int(sig))
+    return _state_from_fields(job_id, rec.get("JobState", ""), rec.get("Reason", ""), exit_pair,
+                              _int(rec.get("Restarts")), rec.get("NodeList", ""), rec.get("StartTime", ""),
+                              rec.get("EndTime", ""), rec)
+
+
+def summarize(job_id: str, records: Sequence[JobState]) -> JobState:
+    """Fold the records one query returned into one JobState for ``job_id``.
+
+    One record: itself (named as in the record). Het job (records carry ``+offset`` ids): component 0's fields plus ``het_components``.
+    Array (``_task`` ids): summary state per ``_SUMMARY_ORDER``, nodes of all tasks, largest restart count,
+    earliest start, latest end, exit code of the first task in the summary state; tasks in ``array_tasks``.
+    Raises ValueError on an empty list.
+    """
+    if not records:
+        raise ValueError(f"no records for job {job_id}")
+    if len(records) == 1:
+        return records[0]
+    if all("+" in r.job_id for r in records):
+        comps = tuple(sorted(records, key=lambda r: int(r.job_id.split("+", 1)[1])))
+        lead = comps[0]
+        return JobState(job_id=job_id, state=lead.state, reason=lead.reason, exit_code=lead.exit_code,
+                        signal=lead.signal, restart_count=lead.restart_count, node_list=lead.node_list,
+                        start_time=lead.start_time, end_time=lead.end_time, het_components=comps, raw=lead.raw)
+    if all("_" in r.job_id for r in records):
+        tasks = tuple(sorted(records, key=_array_sort_key))
+        present = {t.state for t in tasks}
+        state = next((s for s in _SUMMARY_ORDER if s in present), tasks[0].state)
+        first = next(t for t in tasks if t.state == state)
+        final = state in TERMINAL_STATES
+        starts = [t.start_time for t in tasks if t.start_time]
+        ends = [t.end_time for t in tasks if t.end_time]
+        nodes = tuple(dict.fromkeys(n for t in tasks for n in t.node_list))
+        return JobState(job_id=job_id, state=state, reason=first.reason,
+                        exit_code=first.exit_code if final else None, signal=first.signal if final else None,
+                        restart_count=max(t.restart_count for t in tasks), node_list=nodes,
+                        start_time=min(starts) if starts else None, end_time=max(ends) if final and ends else None,
+                        array_tasks=tasks, raw=first.raw)
+    match = [r for r in records if r.job_id == job_id]
+    return match[0] if match else records[0]
+
+
+def _array_sort_key(t: JobState) -> tuple[int, str]:
+    task = t.job_id.split("_", 1)[1]
+    return (int(task), "") if task.isdigit() else (1 << 62, task)
+
+
+# squeue --Format fields for the fallback; "|" ends each field so empty values stay aligned.
+_SQUEUE_FIELDS = ("JobID", "ArrayJobID", "ArrayTaskID", "HetJobID", "HetJobOffset", "State", "Reason",
+                  "Exit_Code", "RestartCnt", "NodeList", "StartTime", "EndTime")
+
+
+def parse_squeue_line(line: str) -> JobState:
+    """Parse one line of ``squeue -h -t all -O <_SQUEUE_FIELDS each with suffix |>`` into a JobState.
+
+    squeue's Exit_Code is the raw wait status (``768`` = exit 3; ``15`` = killed by SIGTERM), decoded as in
+    POSIX ``WEXITSTATUS``/``WTERMSIG``.
+    """
+    vals = line.split("|")
+    rec = dict(zip(_SQUEUE_FIELDS, (v.strip() for v in vals)))
+    if rec.get("HetJobID") not in _NO_VALUE:
+        job_id = f"{rec['HetJobID']}+{rec.get('HetJobOffset', '0')}"
+    elif rec.get("ArrayTaskID") not in _NO_VALUE:
+        task = rec["ArrayTaskID"]
+        job_id = f"{rec['ArrayJobID']}_{task}" if task.isdigit() else f"{rec['ArrayJobID']}_[{task}]"
+    else:
+        job_id = rec.get("JobID", "")
+    status = rec.get("Exit_Code", "")
+    exit_pair = ((int(status) >> 8) & 0xFF, int(status) & 0x7F) if status.isdigit() else None
+    return _state_from_fields(job_id, rec.get("State", ""), rec.get("Reason", ""), exit_pair,
+                              _int(rec.get("RestartCnt")), rec.get("NodeList", ""), rec.get("StartTime", ""),
+                              rec.get("EndTime", ""), rec)
+
+
+def _from_scontrol(job_id: str, timeout_s: float) -> JobState:
+    cmd = ["scontrol", "show", "job", "-o", str(job_id)]
+    proc = _run(cmd, timeout_s=timeout_s)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("JobId=")]
+    if proc.returncode != 0 or not lines:
+        raise SlurmCommandError(cmd, proc.returncode, proc.stderr or "no job record printed")
+    return summarize(str(job_id), [job_state_from_record(parse_scontrol_record(ln)) for ln in lines])
+
+
+def _from_squeue(job_id: str, timeout_s: float) -> JobState:
+    fmt = ",".join(f"{f}:|" for f in _SQUEUE_FIELDS)
+    cmd = ["squeue", "-h", "-t", "all", "-j", str(job_id), "-O", fmt]
+    proc = _run(cmd, timeout_s=timeout_s)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode != 0 or not lines:
+        raise SlurmCommandError(cmd, proc.returncode, proc.stderr or "no job record printed")
+    return summarize(str(job_id), [parse_squeue_line(ln) for ln in lines])
+
+
+def job_state(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> JobState:
+    """Return the current :class:`JobState` of ``job_id`` (plain, ``A_T`` array task or ``J+K`` het component).
+
+    Reads ``scontrol show job -o``; if that fails, ``squeue -t all``. Raises :class:`JobNotFoundError` naming
+    both commands and their errors when neither knows the job (wrong id, or ended over MinJobAge ago).
+    """
+    errors: list[SlurmCommandError] = []
+    for reader in (_from_scontrol, _from_squeue):
+        try:
+            return reader(job_id, timeout_s)
+        except SlurmCommandError as e:
+            errors.append(e)
+    raise JobNotFoundError(["scontrol", "show", "job", str(job_id)], errors[0].returncode,
+                           "; ".join(str(e) for e in errors), "found no such job")
+
+
+def wait(job_id: str, *, timeout_s: float, until: Iterable[str] = TERMINAL_STATES, poll_s: float = 0.2) -> JobState:
+    """Poll :func:`job_state` every ``poll_s`` seconds until its state is in ``until``; return that JobState.
+
+    Polling is used instead of ``sbatch --wait``, whose client checks only every few seconds. Raises
+    TimeoutError (with the last state seen) after ``timeout_s`` seconds, and JobNotFoundError if the job vanishes.
+    """
+    wanted = frozenset(until)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = job_state(job_id)
+        if st.state in wanted:
+            return st
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"job {job_id} still {st.state} (reason {st.reason}) after {timeout_s:g} s; "
+                               f"waited for {sorted(wanted)}")
+        time.sleep(poll_s)
+

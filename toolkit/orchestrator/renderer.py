@@ -1,0 +1,134 @@
+"""Renderers: chat messages -> prompt token ids, completion token ids -> text, and the policy's stop tokens.
+
+The orchestrator samples token-in/token-out: a renderer turns the conversation into the exact token ids sent
+to the engine, and the completion comes back as token ids that are never re-tokenised. Renderers:
+
+- ``auto``: the model's own chat template (``transformers`` tokenizer loaded from the model directory).
+- ``plain``: no template, ``"<role>: <content>\\n"`` lines ending in ``"assistant:"`` (for base models).
+- ``import_path = "pkg.module:Class"`` (or ``pkg.module.Class``): a custom class constructed as
+  ``Class(model_path)`` that has the same methods as ``Renderer``.
+
+transformers is imported on first use only (login-node code imports this module for validation).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+Message = dict[str, str]
+
+
+@runtime_checkable
+class Renderer(Protocol):
+    """What the rollout needs from a renderer. Token ids are ints of the policy's vocabulary."""
+
+    name: str
+    stop_token_ids: list[int]
+    """Token ids that end a turn (sent as the request's ``stop_token_ids``)."""
+
+    def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> list[int]:
+        """Prompt token ids for ``messages`` (role/content dicts), ending in the assistant generation prompt."""
+        ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of completion ids, special tokens included (a reward must see filler tokens)."""
+        ...
+
+
+def _load_tokenizer(model_path: Path | str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_path))
+
+
+class _TokenizerRenderer:
+    def __init__(self, model_path: Path | str | None = None, *, tokenizer: Any = None) -> None:
+        if tokenizer is None:
+            if model_path is None:
+                raise ValueError("a renderer needs a model_path or a tokenizer")
+            tokenizer = _load_tokenizer(model_path)
+        self.tokenizer = tokenizer
+        self.stop_token_ids = self._stop_ids()
+
+    def _stop_ids(self) -> list[int]:
+        ids: list[int] = []
+        eos = self.tokenizer.eos_token_id
+        for t in eos if isinstance(eos, list) else [eos]:
+            if t is not None and t not in ids:
+                ids.append(int(t))
+        # ChatML-style templates end a turn with <|im_end|>, which may differ from the tokenizer's eos.
+        for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id and tid not in ids:
+                ids.append(tid)
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+
+class ChatTemplateRenderer(_TokenizerRenderer):
+    """``auto``: the tokenizer's chat template (``tokenizer_config.json`` / ``chat_template.jinja``).
+
+    Raises ValueError at construction when the tokenizer has no chat template.
+    """
+
+    name = "auto"
+
+    def __init__(self, model_path: Path | str | None = None, *, tokenizer: Any = None) -> None:
+        super().__init__(model_path, tokenizer=tokenizer)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"tokenizer at {model_path} has no chat template; use renderer name 'plain'")
+
+    def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        return self.encode(text)
+
+
+class PlainRenderer(_TokenizerRenderer):
+    """``plain``: ``"<role>: <content>\\n"`` per message, then ``"assistant:"``; bos first if the tokenizer has one."""
+
+    name = "plain"
+
+    def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> list[int]:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        if add_generation_prompt:
+            text += "assistant:"
+        bos = self.tokenizer.bos_token_id
+        return ([bos] if bos is not None else []) + self.encode(text)
+
+
+RENDERERS: dict[str, type] = {"auto": ChatTemplateRenderer, "plain": PlainRenderer}
+
+
+def _import_object(path: str) -> Any:
+    module_path, _, attr = path.rpartition(":") if ":" in path else path.rpartition(".")
+    if not module_path or not attr:
+        raise ValueError(f"renderer import_path {path!r} must be 'pkg.module:Class' or 'pkg.module.Class'")
+    return getattr(importlib.import_module(module_path), attr)
+
+
+def load_renderer(renderer_cfg: Any, model_path: Path | str) -> Renderer:
+    """The renderer named by ``renderer_cfg`` (``name``, ``import_path``; None means ``auto``) for a model.
+
+    ``import_path`` wins over ``name``. Raises ValueError for an unknown name or a class that lacks
+    ``render``/``decode``/``stop_token_ids``.
+    """
+    import_path = getattr(renderer_cfg, "import_path", None) if renderer_cfg is not None else None
+    name = (getattr(renderer_cfg, "name", None) if renderer_cfg is not None else None) or "auto"
+    if import_path:
+        renderer = _import_object(import_path)(model_path)
+    elif name in RENDERERS:
+        renderer = RENDERERS[name](model_path)
+    else:
+        raise ValueError(f"unknown renderer {name!r}; known: {sorted(RENDERERS)} (or set import_path)")
+    if not isinstance(renderer, Renderer):
+        raise ValueError(f"renderer {type(renderer).__name__} lacks render/decode/stop_token_ids/name")
+    return renderer

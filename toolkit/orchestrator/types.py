@@ -1,0 +1,104 @@
+"""Data that flows through the orchestrator: generations -> rollouts -> groups -> training samples.
+
+These are plain dataclasses (no torch) so that env workers, the orchestrator, the trainer's batch reader and
+offline analysis can share them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+# Error classes of the seed's failure taxonomy ("train-with-environments", Failure diagnosis).
+ErrorClass = Literal[
+    "ProviderError",  # inference endpoint, model, capacity or request dialect
+    "HarnessError",  # harness program install/launch/non-zero exit
+    "ToolsetError",  # tool server start-up, reachability, call behaviour
+    "UserError",  # simulated-user server failures
+    "SandboxError",  # runtime capacity, lifecycle, filesystem, network
+    "TunnelError",  # interception tunnel failures
+    "TaskError",  # task setup, finalize or scoring implementation
+]
+
+# Transient classes: retried with backoff. Deterministic classes are never retried (the seed: retries do not fix
+# deterministic taskset or harness errors).
+TRANSIENT_ERRORS: frozenset[str] = frozenset({"ProviderError", "SandboxError", "TunnelError"})
+
+
+@dataclass
+class SamplingParams:
+    """Sampling settings of one request. ``top_k`` None or 0 means no top-k truncation; tokens are counts."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    max_tokens: int = 128
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    """One completion returned by the policy, as token ids (never re-tokenised text).
+
+    ``logprobs[i]`` is the sampling logprob (natural log) of ``token_ids[i]`` under the served policy.
+    ``finish_reason`` is "stop" or "length". ``policy_version`` is the weight version the engine served.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    policy_version: int
+    latency_s: float = 0.0
+
+
+@dataclass
+class TrainingSample:
+    """One contiguous token sequence used for training (a trace branch).
+
+    ``prompt_ids`` is the first prompt; ``completion_ids`` everything after it (policy tokens of every turn plus
+    the environment/user tokens between turns). ``completion_mask[i]`` is True where token i was sampled by the
+    policy (the loss applies there) and ``completion_logprobs[i]`` is its sampling logprob (0.0 where masked).
+    All three completion lists have the same length.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_mask: list[bool]
+    completion_logprobs: list[float]
+
+
+@dataclass
+class Rollout:
+    """One episode of one task, scored. Several rollouts of the same task form a group.
+
+    ``samples`` has more than one entry when a multi-turn trajectory had to be split because a turn's prompt did
+    not extend the previous prompt + completion exactly. ``advantage`` is filled by the orchestrator.
+    ``policy_version`` is the oldest policy version that produced any of its tokens. Timings are seconds.
+    """
+
+    env: str
+    task_id: str
+    example_id: int
+    samples: list[TrainingSample] = field(default_factory=list)
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    num_turns: int = 0
+    truncated: bool = False
+    truncation_reason: str | None = None  # "max_tokens" | "max_turns" | "max_total_tokens"
+    error_class: str | None = None  # one of ErrorClass, None when the rollout is valid
+    error_message: str | None = None
+    policy_version: int = 0
+    group_id: int = -1
+    advantage: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.samples[0].prompt_ids) if self.samples else 0
+
+    @property
+    def completion_len(self) -> int:
+        """Policy-sampled tokens over all samples (tokens)."""
+        return sum(sum(s.completion_mask) for s in self.samples)

@@ -1,0 +1,154 @@
+"""Node arithmetic of a deployment, derived once and used by validation, placement and templates.
+
+Field cases B29 and B30 come from two places computing the same count with different formulas; here every count
+(total nodes, role node ranges, trainer data-parallel size, engines per node) is computed in one function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def vllm_arg(vllm: dict[str, Any], name: str, default: Any = None) -> Any:
+    """Read a pass-through vLLM argument given in snake_case or kebab-case (``tensor_parallel_size``)."""
+    for key in (name, name.replace("_", "-")):
+        if key in vllm:
+            return vllm[key]
+    return default
+
+
+@dataclass(frozen=True)
+class Island:
+    """One inference replica: node indices (within the allocation) per role."""
+
+    index: int
+    nodes: tuple[int, ...]  # all nodes of this island
+    prefill_nodes: tuple[tuple[int, ...], ...] = ()  # per prefill replica
+    decode_nodes: tuple[tuple[int, ...], ...] = ()  # per decode replica
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Derived node layout of one RL job.
+
+    ``num_nodes`` is what ``#SBATCH --nodes`` requests. Node indices are positions in the allocation's host list.
+    ``trainer_dp`` = trainer GPUs / (tp * cp) (field case B29). GPU counts are per node.
+    """
+
+    num_nodes: int
+    gpus_per_node: int
+    islands: tuple[Island, ...]
+    trainer_nodes: tuple[int, ...]
+    orchestrator_node: int
+    router_node: int | None
+    infer_tp: int
+    engines_per_node: int
+    trainer_gpus: int
+    trainer_dp: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def inference_nodes(self) -> tuple[int, ...]:
+        return tuple(n for isl in self.islands for n in isl.nodes)
+
+    def describe(self) -> str:
+        """Human-readable derivation, used in error messages."""
+        inf = ", ".join(f"island {i.index}: nodes {list(i.nodes)}" for i in self.islands) or "none"
+        return (
+            f"{self.num_nodes} nodes = inference [{inf}] + trainer {list(self.trainer_nodes)}"
+            f" + orchestrator on node {self.orchestrator_node}"
+        )
+
+
+class TopologyError(ValueError):
+    """A deployment whose arithmetic does not add up; the message shows the numbers."""
+
+
+def derive_topology(cfg: Any) -> Topology:
+    """Derive the node layout from an ``RLConfig``. Raises TopologyError with both numbers when counts disagree."""
+    dep = cfg.deployment
+    infer = cfg.inference.deployment
+    tp = int(vllm_arg(cfg.inference.vllm, "tensor_parallel_size", 1) or 1)
+    gpn = dep.gpus_per_node
+
+    if dep.type == "single_node":
+        # Everything on one node; GPUs split between trainer and inference by count.
+        engines = infer.num_replicas if infer.type == "single_node" else 1
+        return Topology(
+            num_nodes=1,
+            gpus_per_node=gpn,
+            islands=(Island(0, (0,)),),
+            trainer_nodes=(0,),
+            orchestrator_node=0,
+            router_node=0 if (engines > 1 or infer.type == "disaggregated") else None,
+            infer_tp=tp,
+            engines_per_node=engines,
+            trainer_gpus=dep.num_train_gpus,
+            trainer_dp=max(1, dep.num_train_gpus // max(1, cfg.trainer.tp * cfg.trainer.cp)),
+        )
+
+    # multi_node: islands first, then trainer nodes, then (optionally) the orchestrator's own node.
+    if infer.type == "single_node":
+        per_island = 1
+    elif infer.type == "multi_node":
+        per_island = infer.num_nodes
+    else:
+        per_island = infer.nodes_per_island
+    implied_infer = per_island * dep.num_infer_replicas
+    if dep.num_infer_nodes != implied_infer:
+        raise TopologyError(
+            f"deployment.num_infer_nodes = {dep.num_infer_nodes}, but [inference.deployment] ({infer.type}) implies "
+            f"{per_island} node(s) per replica x {dep.num_infer_replicas} replica(s) = {implied_infer}"
+        )
+    islands = []
+    cursor = 0
+    for i in range(dep.num_infer_replicas):
+        nodes = tuple(range(cursor, cursor + per_island))
+        pre: list[tuple[int, ...]] = []
+        dec: list[tuple[int, ...]] = []
+        if infer.type == "disaggregated":
+            c = cursor
+            for _ in range(infer.num_prefill_replicas):
+                pre.append(tuple(range(c, c + infer.prefill_nodes_per_replica)))
+                c += infer.prefill_nodes_per_replica
+            for _ in range(infer.num_decode_replicas):
+                dec.append(tuple(range(c, c + infer.decode_nodes_per_replica)))
+                c += infer.decode_nodes_per_replica
+        islands.append(Island(i, nodes, tuple(pre), tuple(dec)))
+        cursor += per_island
+    trainer_nodes = tuple(range(cursor, cursor + dep.num_train_nodes))
+    cursor += dep.num_train_nodes
+    if dep.orchestrator == "own_node" and dep.orchestrator_partition is None:
+        orch = cursor
+        cursor += 1
+    elif dep.orchestrator == "with_trainer":
+        orch = trainer_nodes[0]
+    else:
+        orch = islands[0].nodes[0]
+    total = cursor
+    if dep.nodes is not None and dep.nodes != total:
+        topo_desc = (
+            f"inference {dep.num_infer_replicas} x {per_island} + trainer {dep.num_train_nodes}"
+            + (" + orchestrator 1" if orch == total - 1 and dep.orchestrator == "own_node" else "")
+        )
+        raise TopologyError(f"deployment.nodes = {dep.nodes}, but the layout needs {total} nodes ({topo_desc})")
+    trainer_gpus = dep.num_train_nodes * gpn
+    par = cfg.trainer.tp * cfg.trainer.cp
+    if trainer_gpus and trainer_gpus % par:
+        raise TopologyError(
+            f"trainer tp x cp = {cfg.trainer.tp} x {cfg.trainer.cp} = {par} does not divide the "
+            f"{trainer_gpus} trainer GPUs ({dep.num_train_nodes} nodes x {gpn})"
+        )
+    return Topology(
+        num_nodes=total,
+        gpus_per_node=gpn,
+        islands=tuple(islands),
+        trainer_nodes=trainer_nodes,
+        orchestrator_node=orch,
+        router_node=islands[0].nodes[0] if islands else None,
+        infer_tp=tp,
+        engines_per_node=max(1, gpn // tp) if gpn else 1,
+        trainer_gpus=trainer_gpus,
+        trainer_dp=max(1, trainer_gpus // par) if trainer_gpus else 1,
+    )

@@ -1,0 +1,190 @@
+"""Every path of a run directory, in one place.
+
+A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
+
+    configs/attempt_<n>/{command.txt, inputs/, resolved/{rl,trainer,orchestrator,inference}.json}
+    configs/latest -> attempt_<n>
+    launcher/            placement.json, ports.json, rendered sbatch scripts, job ids
+    logs/attempt_<n>/    <role>.log ; logs/latest -> attempt_<n>
+    rollouts/step_<n>/   one training batch written by the orchestrator (READY marker last)
+    broadcasts/step_<n>/ HF safetensors policy weights written by the trainer (STABLE marker last)
+    checkpoints/step_<n>/{trainer/, orchestrator/, COMPLETE}
+    store/rollouts.h5    every rollout (schema in analysis/store.py)
+    control/             STOP request file, inference readiness files
+    reports/             offline reports
+    metrics.jsonl        one JSON object per line: step, time, role, metrics
+    run_meta.json        run id, created time; kept across attempts and requeues
+
+Nothing else in srl builds these paths by hand: roles and offline tools take a ``RunDir``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_ATTEMPT_RE = re.compile(r"^attempt_(\d+)$")
+
+ROLES = ("trainer", "orchestrator", "inference")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run directory. ``root`` is ``<output_dir>/<run.name>`` (absolute)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root).absolute())
+
+    # -- configs -------------------------------------------------------------------------------
+    @property
+    def configs(self) -> Path:
+        return self.root / "configs"
+
+    def config_attempt(self, n: int) -> Path:
+        return self.configs / f"attempt_{n}"
+
+    @property
+    def latest_configs(self) -> Path:
+        return self.configs / "latest"
+
+    def resolved(self, name: str = "rl", attempt: int | None = None) -> Path:
+        """Resolved JSON config ``name`` (rl, trainer, orchestrator, inference) of an attempt (default latest)."""
+        base = self.latest_configs if attempt is None else self.config_attempt(attempt)
+        return base / "resolved" / f"{name}.json"
+
+    # -- launcher and logs --------------------------------------------------------------------
+    @property
+    def launcher(self) -> Path:
+        return self.root / "launcher"
+
+    @property
+    def placement_file(self) -> Path:
+        return self.launcher / "placement.json"
+
+    @property
+    def ports_file(self) -> Path:
+        return self.launcher / "ports.json"
+
+    @property
+    def job_ids_file(self) -> Path:
+        return self.launcher / "job_ids.txt"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def log_attempt(self, n: int) -> Path:
+        return self.logs / f"attempt_{n}"
+
+    @property
+    def latest_logs(self) -> Path:
+        return self.logs / "latest"
+
+    def role_log(self, role: str, attempt: int | None = None) -> Path:
+        base = self.latest_logs if attempt is None else self.log_attempt(attempt)
+        return base / f"{role}.log"
+
+    # -- data plane ----------------------------------------------------------------------------
+    @property
+    def rollouts(self) -> Path:
+        return self.root / "rollouts"
+
+    def rollout_step(self, step: int) -> Path:
+        return self.rollouts / f"step_{step}"
+
+    @property
+    def broadcasts(self) -> Path:
+        return self.root / "broadcasts"
+
+    def broadcast_step(self, step: int) -> Path:
+        return self.broadcasts / f"step_{step}"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint_step(self, step: int) -> Path:
+        return self.checkpoints / f"step_{step}"
+
+    @property
+    def store(self) -> Path:
+        return self.root / "store"
+
+    @property
+    def rollout_store(self) -> Path:
+        return self.store / "rollouts.h5"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def run_meta(self) -> Path:
+        return self.root / "run_meta.json"
+
+    # -- control -------------------------------------------------------------------------------
+    @property
+    def control(self) -> Path:
+        return self.root / "control"
+
+    @property
+    def stop_request(self) -> Path:
+        """File whose existence asks the trainer and orchestrator to checkpoint and exit 0."""
+        return self.control / "STOP"
+
+    @property
+    def inference_ready(self) -> Path:
+        """JSON written by the inference launcher once every engine (and router) answers /health."""
+        return self.control / "inference_ready.json"
+
+    @property
+    def scratch(self) -> Path:
+        """Run-local scratch on the shared filesystem (e.g. the P/D ExampleConnector KV store)."""
+        return self.root / "scratch"
+
+    # -- attempts ------------------------------------------------------------------------------
+    def attempts(self) -> list[int]:
+        """Attempt numbers present under configs/, ascending."""
+        return sorted(_numbered(self.configs, _ATTEMPT_RE))
+
+    def next_attempt(self) -> int:
+        got = self.attempts()
+        return (got[-1] + 1) if got else 1
+
+
+def numbered_steps(parent: Path) -> list[int]:
+    """Step numbers of ``step_<n>`` directories under ``parent``, ascending (temp dirs are ignored)."""
+    return sorted(_numbered(parent, _STEP_RE))
+
+
+def _numbered(parent: Path, pattern: re.Pattern[str]) -> list[int]:
+    if not parent.is_dir():
+        return []
+    out = []
+    for entry in parent.iterdir():
+        m = pattern.match(entry.name)
+        if m and entry.is_dir():
+            out.append(int(m.group(1)))
+    return out
+
+
+def point_symlink(link: Path, target_name: str) -> None:
+    """Atomically make ``link`` a relative symlink to ``target_name`` (a sibling), replacing any old link.
+
+    A symlink is created under a temporary name and renamed over the old one, so readers never see
+    the link missing (rename is atomic on POSIX filesystems, NFS and Lustre included).
+    """
+    tmp = link.with_name(f".{link.name}.tmp.{os.getpid()}")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(target_name, tmp)
+    os.replace(tmp, link)

@@ -1,0 +1,115 @@
+"""RL loss of the trainer: IPO (default) or IcePop for the RL term, plus an optional CE term.
+
+Source: the seeds' prime-rl docs (``shared/seeds/004_*.txt``), pages "Algorithms § Loss" (docs.primeintellect.ai/
+prime-rl/algorithms#loss, the three-component sum with one global token count per component) and "IPO"
+(docs.primeintellect.ai/prime-rl/ipo, masking by probability instead of ratio). With pi the trainer policy, mu the
+policy that sampled the rollout (its logprobs come with the batch), A_t the token advantage and N the global count
+of RL tokens (all ranks, all micro-batches):
+
+    IPO:     L = -(1/N) * sum_t 1(|pi(y_t) - mu(y_t)| <= eps)            * adv_tau * A_t * pi(y_t) / mu(y_t)
+    IcePop:  L = -(1/N) * sum_t 1(ratio_low <= pi(y_t)/mu(y_t) <= ratio_high) * adv_tau * A_t * pi(y_t) / mu(y_t)
+    CE:      L_ce = -(1/N_ce) * sum_t ce_mask_t * log pi(y_t)
+
+The mask is computed without gradient; the ratio carries the gradient (d ratio = ratio * d log pi). Masked
+tokens still count in N (the mask sits inside the sum), so masking lowers the step size instead of reweighting.
+The total loss is ``L + L_ce``; each term uses its own denominator so one does not dilute the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class IPOLoss:
+    """IPO trust region: mask tokens whose sampled-token probability moved by more than ``eps`` (absolute)."""
+
+    eps: float = 0.3
+    adv_tau: float = 1.0
+
+
+@dataclass(frozen=True)
+class IcePopLoss:
+    """IcePop: mask tokens whose ratio pi/mu lies outside ``[ratio_low, ratio_high]``."""
+
+    ratio_low: float = 0.2
+    ratio_high: float = 5.0
+    adv_tau: float = 1.0
+
+
+LossConfig = IPOLoss | IcePopLoss
+
+
+@dataclass
+class LossParts:
+    """Loss of one micro-batch and the per-token tensors the step aggregates into metrics.
+
+    ``loss`` (scalar) is already divided by the global denominators: summing it over micro-batches and ranks
+    gives the step loss. ``is_masked`` (bool) and ``mismatch_kl`` (float32, 0 off the RL tokens) have the inputs'
+    shape and no gradient; they stay tensors so that no device sync happens per micro-batch.
+    """
+
+    loss: torch.Tensor
+    is_masked: torch.Tensor
+    mismatch_kl: torch.Tensor
+
+
+def trust_region_mask(
+    trainer_logprobs: torch.Tensor, inference_logprobs: torch.Tensor, cfg: LossConfig
+) -> torch.Tensor:
+    """Bool tensor (same shape as the inputs) that is True where a token is masked out of the RL term.
+
+    IPO: ``|exp(lp_train) - exp(lp_infer)| > eps``; IcePop: ``exp(lp_train - lp_infer)`` outside
+    ``[ratio_low, ratio_high]``. Both boundaries are kept (not masked), as in the formulas above.
+    """
+    lp = trainer_logprobs.detach().float()
+    ilp = inference_logprobs.float()
+    if isinstance(cfg, IPOLoss):
+        return (lp.exp() - ilp.exp()).abs() > cfg.eps
+    if isinstance(cfg, IcePopLoss):
+        ratio = (lp - ilp).exp()
+        return (ratio < cfg.ratio_low) | (ratio > cfg.ratio_high)
+    raise TypeError(f"unknown loss config {cfg!r}")
+
+
+def mismatch_kl(trainer_logprobs: torch.Tensor, inference_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token estimate of KL(mu || pi) on tokens sampled from mu: ``r - 1 - log r`` with ``r = pi/mu``.
+
+    This is the non-negative "k3" estimator (J. Schulman, "Approximating KL Divergence", 2020); it is 0 exactly
+    when trainer and inference agree on the token. No gradient.
+    """
+    log_r = trainer_logprobs.detach().float() - inference_logprobs.float()
+    return log_r.exp() - 1.0 - log_r
+
+
+def rl_loss(
+    trainer_logprobs: torch.Tensor,
+    inference_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    ce_mask: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    rl_denominator: float,
+    ce_denominator: float,
+) -> LossParts:
+    """Loss of one micro-batch (any shape, all inputs the same shape; logprobs in nats).
+
+    ``rl_denominator`` / ``ce_denominator`` are the global counts of ``loss_mask`` / ``ce_mask`` tokens over
+    every micro-batch and rank of the step (a count of 0 is treated as 1: the term is then 0). Returns
+    :class:`LossParts`; ``loss`` has a gradient through ``trainer_logprobs``.
+    """
+    lp = trainer_logprobs.float()
+    ilp = inference_logprobs.float()
+    rl_mask = loss_mask.bool()
+    masked = trust_region_mask(lp, ilp, cfg) & rl_mask
+    keep = rl_mask & ~masked
+    ratio = torch.exp(lp - ilp)
+    pg = -(cfg.adv_tau * advantages.float() * ratio)
+    rl_term = torch.where(keep, pg, torch.zeros_like(pg)).sum() / max(float(rl_denominator), 1.0)
+    ce = ce_mask.bool()
+    ce_term = torch.where(ce, -lp, torch.zeros_like(lp)).sum() / max(float(ce_denominator), 1.0)
+    kl = torch.where(rl_mask, mismatch_kl(lp, ilp), torch.zeros_like(lp))
+    return LossParts(loss=rl_term + ce_term, is_masked=masked, mismatch_kl=kl)

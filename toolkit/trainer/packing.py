@@ -1,0 +1,161 @@
+"""Sequence packing: a batch's samples -> rows of at most ``seq_len`` tokens -> micro-batches per rank.
+
+Several samples share one row; each sample's position ids restart at 0, which is how the model keeps attention
+inside a sample: transformers' mask builder (``masking_utils.find_packed_sequence_indices``) turns position-id
+resets into a block-diagonal causal mask when no attention mask is passed. Rows are filled by first-fit decreasing
+(sorted by length, each sample into the first row with room), so every row but the last few is nearly full.
+A micro-batch is ``micro_batch_size`` rows padded only to its longest row (not to ``seq_len``).
+
+With several ranks, rows are dealt round-robin by size so ranks get similar token counts, and every rank gets the
+same number of micro-batches (FSDP's collectives need the same number of forwards on every rank); a rank short of
+rows gets empty micro-batches (one padding token, no loss).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from toolkit.batches import Batch
+
+
+@dataclass
+class MicroBatch:
+    """One forward/backward of the train step. Every tensor is ``[rows, length]``.
+
+    ``sample_index`` is the sample's index in the batch (-1 on padding). ``loss_mask`` / ``ce_mask`` are False on
+    padding and on the first token of each sample. ``real_tokens`` counts non-padding tokens.
+    """
+
+    input_ids: torch.Tensor  # int64
+    position_ids: torch.Tensor  # int64
+    loss_mask: torch.Tensor  # bool
+    ce_mask: torch.Tensor  # bool
+    inference_logprobs: torch.Tensor  # float32
+    advantages: torch.Tensor  # float32
+    sample_index: torch.Tensor  # int64
+    real_tokens: int
+
+    @property
+    def processed_tokens(self) -> int:
+        """Tokens the model runs on, padding included (rows x length)."""
+        return int(self.input_ids.numel())
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        """Copy of this micro-batch with every tensor on ``device``."""
+        moved = {k: getattr(self, k).to(device, non_blocking=True) for k in _TENSOR_FIELDS}
+        return MicroBatch(real_tokens=self.real_tokens, **moved)
+
+
+_TENSOR_FIELDS = (
+    "input_ids",
+    "position_ids",
+    "loss_mask",
+    "ce_mask",
+    "inference_logprobs",
+    "advantages",
+    "sample_index",
+)
+
+
+def pack_rows(lengths: list[int] | np.ndarray, seq_len: int) -> list[list[int]]:
+    """First-fit-decreasing packing of samples (token ``lengths``) into rows of at most ``seq_len`` tokens.
+
+    Returns sample indices per row, rows sorted by total tokens (longest first). Raises ValueError if a sample
+    is longer than ``seq_len`` (it would have to be split, which breaks its attention context).
+    """
+    lengths = [int(x) for x in lengths]
+    too_long = [i for i, n in enumerate(lengths) if n > seq_len]
+    if too_long:
+        i = too_long[0]
+        raise ValueError(
+            f"sample {i} has {lengths[i]} tokens > trainer.seq_len={seq_len} ({len(too_long)} such samples); "
+            "raise seq_len or lower the orchestrator's token limits"
+        )
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        for r, room in enumerate(free):
+            if lengths[i] <= room:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(seq_len - lengths[i])
+    order = sorted(range(len(rows)), key=lambda r: (free[r], r))
+    return [rows[r] for r in order]
+
+
+def _build(batch: Batch, rows: list[list[int]]) -> MicroBatch:
+    """Tensors of one micro-batch from its rows (sample indices), padded to the longest row."""
+    lengths = batch.lengths
+    width = max(1, max((int(sum(lengths[i] for i in row)) for row in rows), default=1))
+    n = max(1, len(rows))
+    ids = np.zeros((n, width), np.int64)
+    pos = np.zeros((n, width), np.int64)
+    lm = np.zeros((n, width), bool)
+    ce = np.zeros((n, width), bool)
+    ilp = np.zeros((n, width), np.float32)
+    adv = np.zeros((n, width), np.float32)
+    sidx = np.full((n, width), -1, np.int64)
+    real = 0
+    for r, row in enumerate(rows):
+        at = 0
+        for i in row:
+            sl = batch.sample_slice(i)
+            k = sl.stop - sl.start
+            ids[r, at : at + k] = batch.input_ids[sl]
+            pos[r, at : at + k] = np.arange(k)
+            lm[r, at : at + k] = batch.loss_mask[sl]
+            ce[r, at : at + k] = batch.ce_mask[sl]
+            ilp[r, at : at + k] = batch.inference_logprobs[sl]
+            adv[r, at : at + k] = batch.advantages[sl]
+            sidx[r, at : at + k] = i
+            # The first token of a sample would be "predicted" from the previous sample's last token: never train it.
+            lm[r, at] = ce[r, at] = False
+            at += k
+        # Padding is its own segment (positions restart at 0) so it never shares a block with real tokens.
+        pos[r, at:] = np.arange(width - at)
+        real += at
+    return MicroBatch(
+        input_ids=torch.from_numpy(ids),
+        position_ids=torch.from_numpy(pos),
+        loss_mask=torch.from_numpy(lm),
+        ce_mask=torch.from_numpy(ce),
+        inference_logprobs=torch.from_numpy(ilp),
+        advantages=torch.from_numpy(adv),
+        sample_index=torch.from_numpy(sidx),
+        real_tokens=real,
+    )
+
+
+def plan_micro_batches(
+    batch: Batch, *, seq_len: int, micro_batch_size: int, rank: int = 0, world_size: int = 1
+) -> list[MicroBatch]:
+    """Micro-batches of ``rank`` (of ``world_size``) for ``batch``; every rank gets the same count.
+
+    ``seq_len``: max tokens per packed row; ``micro_batch_size``: rows per micro-batch. Deterministic: every
+    rank computes the same plan from the same batch and keeps its share. Raises ValueError on a sample longer
+    than ``seq_len`` or non-positive sizes.
+    """
+    if seq_len < 1 or micro_batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"bad packing sizes seq_len={seq_len} micro_batch_size={micro_batch_size} rank={rank}/{world_size}")
+    rows = pack_rows(batch.lengths, seq_len)
+    mine = rows[rank::world_size]
+    per_rank = math.ceil(len(rows) / world_size)  # rank 0 has the most rows
+    count = max(1, math.ceil(per_rank / micro_batch_size))
+    out = []
+    for m in range(count):
+        chunk = mine[m * micro_batch_size : (m + 1) * micro_batch_size]
+        out.append(_build(batch, chunk))
+    return out
+
+
+def packing_efficiency(micro_batches: list[MicroBatch]) -> float:
+    """Real tokens / processed tokens (padding included) over ``micro_batches``; 1.0 means no padding."""
+    processed = sum(mb.processed_tokens for mb in micro_batches)
+    return sum(mb.real_tokens for mb in micro_batches) / processed if processed else 1.0
