@@ -257,7 +257,7 @@ def _error_findings(
         if ev.get("log_mentions"):
             where += f", {ev['log_mentions']} log line(s)"
         first = f", first at step {ev['first_step']}" if ev["first_step"] is not None else ""
-        findings.append(Finding(boundary=boundary, severity="error", summary=f"{boundary}: {where}{first}",
+        findings.append(Finding(boundary=boundary, severity="error", summary=f"{where}{first}",
                                 evidence=ev, advice=ADVICE[boundary] if boundary in ADVICE else ""))
     return findings
 

@@ -26,7 +26,7 @@ def to_png(fig: Figure) -> bytes:
     """PNG bytes of ``fig`` (Agg canvas)."""
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
 
 

@@ -23,7 +23,8 @@ def load_metrics(run_dir: Path | RunDir) -> pd.DataFrame:
 
     Each line is a JSON object with ``step``, ``time`` (unix seconds), ``role`` ("trainer", "orchestrator", ...)
     and metric values, either flat (``"reward/all/mean": 0.4``) or nested under ``"metrics"``. When a (role, step)
-    appears more than once (a resumed or requeued run repeats steps), the later line wins. A line that is not
+    appears more than once (a resumed or requeued run repeats steps; eval metrics are logged on their own line),
+    the lines are merged and, per metric, the later line's value wins. A line that is not
     valid JSON (a writer killed mid-line) is skipped; the count is in ``df.attrs["skipped_lines"]``.
     Returns an empty frame with the key columns when the file is missing or empty.
     """
@@ -52,8 +53,9 @@ def load_metrics(run_dir: Path | RunDir) -> pd.DataFrame:
         df = pd.DataFrame({c: pd.Series(dtype="float64" if c != "role" else "object") for c in KEY_COLUMNS})
     else:
         df = pd.DataFrame.from_records(records)
-        df = df.drop_duplicates(subset=["role", "step"], keep="last")
-        df = df.sort_values(["role", "step"], kind="stable").reset_index(drop=True)
+        # Several lines may share a (role, step): the orchestrator logs eval metrics apart from the step's
+        # metrics, and a resumed run logs a step again. Per column, the last non-null value wins.
+        df = df.groupby(["role", "step"], sort=True).last().reset_index()
         ordered = [c for c in KEY_COLUMNS if c in df.columns]
         df = df[ordered + sorted(c for c in df.columns if c not in KEY_COLUMNS)]
     df.attrs["skipped_lines"] = skipped

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-# ---- Slurm: the real local test cluster (tests/slurm_cluster.py, .ci/setup-slurm.sh) -------------------------
+# ---- Slurm: the real local test cluster (tests/slurm_cluster.py, .ci/setup-slurm.sh) -----------------------
 from slurm_cluster import ClusterUnavailable, LocalSlurmCluster
 
 

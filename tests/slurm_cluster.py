@@ -1,9 +1,10 @@
 """The real local Slurm cluster that srl's integration tests submit to.
 
-``.ci/setup-slurm.sh`` installs Debian's slurm-wlm and runs slurmctld plus four ``slurmd -N nodeN`` on 127.0.0.1
-(2 cores, 4000 MB, 4 fake GPUs each; partition ``debug``). :class:`LocalSlurmCluster` wraps that script for the
-session fixture ``slurm_cluster`` in ``tests/conftest.py``: it starts the cluster only if it is not already up and
-stops it at the end only if it started it, so a developer's long-lived cluster survives a test run.
+``.ci/setup-slurm.sh`` installs Debian's slurm-wlm and runs slurmctld plus four ``slurmd -N nodeN`` on
+127.0.0.1 (2 cores, 4000 MB, 4 fake GPUs each; partition ``debug``). :class:`LocalSlurmCluster` wraps that
+script for the session fixture ``slurm_cluster`` in ``tests/conftest.py``: it starts the cluster only if it is
+not already up and stops it at the end only if it started it, so a developer's long-lived cluster survives a
+test run.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ NODE_NAMES = ("node1", "node2", "node3", "node4")
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 2
 
-# setup-slurm.sh exits 3 when it cannot install Slurm (not root, no apt-get, apt failed): the only reason to skip.
+# setup-slurm.sh exits 3 when it cannot install Slurm (not root, no apt-get, apt failed): the only reason to
+# skip.
 _EXIT_CANNOT_INSTALL = 3
 
 
@@ -41,8 +43,14 @@ class LocalSlurmCluster:
         self.cold_start_s: float | None = None
 
     def _script(self, action: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", str(self.script), action], capture_output=True, text=True,
-                              timeout=timeout_s, env=slurm.scrubbed_env(), check=False)
+        return subprocess.run(
+            ["bash", str(self.script), action],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=slurm.scrubbed_env(),
+            check=False,
+        )
 
     def is_up(self) -> bool:
         """True when slurmctld answers and all four slurmd respond (``setup-slurm.sh status``)."""
@@ -61,9 +69,13 @@ class LocalSlurmCluster:
         t0 = time.monotonic()
         proc = self._script("start", timeout_s)
         if proc.returncode == _EXIT_CANNOT_INSTALL:
-            raise ClusterUnavailable(f"cannot install Slurm here ({self.script} start): {proc.stderr.strip()}")
+            raise ClusterUnavailable(
+                f"cannot install Slurm here ({self.script} start): {proc.stderr.strip()}"
+            )
         if proc.returncode != 0:
-            raise RuntimeError(f"{self.script} start failed (exit {proc.returncode}):\n{proc.stderr}{proc.stdout}")
+            raise RuntimeError(
+                f"{self.script} start failed (exit {proc.returncode}):\n{proc.stderr}{proc.stdout}"
+            )
         self.started_here = True
         self.cold_start_s = time.monotonic() - t0
 
@@ -74,8 +86,11 @@ class LocalSlurmCluster:
             raise RuntimeError(f"{self.script} stop failed (exit {proc.returncode}):\n{proc.stderr}")
 
     def nodes(self) -> list[dict[str, Any]]:
-        """One dict per node: ``name``, ``state`` (sinfo short state, e.g. ``idle``, ``mix``), ``cpus``,
-        ``memory_mb``, ``gres`` (e.g. ``gpu:4``), sorted by name."""
+        """One dict per node, sorted by name.
+
+        Keys: ``name``, ``state`` (sinfo short state: ``idle``, ``mix``, ...), ``cpus``, ``memory_mb``,
+        ``gres`` (e.g. ``gpu:4``). Raises RuntimeError naming the sinfo command if it fails.
+        """
         cmd = ["sinfo", "-h", "-N", "-o", "%N|%t|%c|%m|%G"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
         if proc.returncode != 0:
@@ -83,17 +98,27 @@ class LocalSlurmCluster:
         seen: dict[str, dict[str, Any]] = {}
         for line in proc.stdout.splitlines():
             name, state, cpus, mem, gres = line.strip().split("|")
-            seen[name] = {"name": name, "state": state, "cpus": int(cpus), "memory_mb": int(mem), "gres": gres}
+            seen[name] = {
+                "name": name,
+                "state": state,
+                "cpus": int(cpus),
+                "memory_mb": int(mem),
+                "gres": gres,
+            }
         return [seen[n] for n in sorted(seen)]
 
     def wait_job(self, job_id: str, timeout_s: float) -> dict[str, Any]:
-        """Poll until the job is final (COMPLETED, FAILED, CANCELLED, TIMEOUT, ...); return its JobState as a dict
-        (``dataclasses.asdict``; keys ``job_id``, ``state``, ``exit_code``, ``restart_count``, ``node_list``, ...).
-        Raises TimeoutError after ``timeout_s`` seconds."""
+        """Poll until the job is final (COMPLETED, FAILED, CANCELLED, ...); return its state as a dict.
+
+        The dict is ``dataclasses.asdict`` of :class:`toolkit.launch.slurm.JobState` (keys ``job_id``,
+        ``state``, ``exit_code``, ``signal``, ``restart_count``, ``node_list``, ...). Raises TimeoutError
+        after ``timeout_s`` seconds.
+        """
         return dataclasses.asdict(slurm.wait(job_id, timeout_s=timeout_s))
 
-    def submit_text(self, workdir: Path, text: str, *, name: str = "job.sbatch", extra_args: tuple[str, ...] = ()
-                    ) -> str:
+    def submit_text(
+        self, workdir: Path, text: str, *, name: str = "job.sbatch", extra_args: tuple[str, ...] = ()
+    ) -> str:
         """Write ``text`` as ``workdir/name`` and submit it from ``workdir``; return the job id."""
         path = Path(workdir) / name
         path.write_text(text)

@@ -1,7 +1,7 @@
 """Job control against the real local Slurm cluster: submit, state, cancel, hetjob, signal + requeue.
 
-Each test submits real batch scripts to the 4-node cluster of ``.ci/setup-slurm.sh`` and checks both what the job
-did (its output file) and what :mod:`toolkit.launch.slurm` reads back from slurmctld.
+Each test submits real batch scripts to the 4-node cluster of ``.ci/setup-slurm.sh`` and checks both what the
+job did (its output file) and what :mod:`toolkit.launch.slurm` reads back from slurmctld.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ def _wait_for_file_line(path: Path, needle: str, timeout_s: float) -> str:
         if path.exists() and needle in path.read_text():
             return path.read_text()
         time.sleep(0.2)
-    raise AssertionError(f"{needle!r} not in {path} after {timeout_s} s: "
-                         f"{path.read_text() if path.exists() else '(missing)'}")
+    raise AssertionError(
+        f"{needle!r} not in {path} after {timeout_s} s: {path.read_text() if path.exists() else '(missing)'}"
+    )
 
 
 def test_two_node_job_records_node_names_and_gpus(slurm_cluster, tmp_path):
@@ -106,8 +107,9 @@ srun --het-group=0,1 bash -c 'echo "group=$SLURM_HET_SIZE node=$SLURMD_NODENAME"
 
 
 def test_array_tasks_are_listed(slurm_cluster, tmp_path):
-    job = slurm_cluster.submit_text(tmp_path, "#!/bin/bash\n#SBATCH -a 0-2%2 -o a-%A_%a.txt\n"
-                                    "exit $SLURM_ARRAY_TASK_ID\n")
+    job = slurm_cluster.submit_text(
+        tmp_path, "#!/bin/bash\n#SBATCH -a 0-2%2 -o a-%A_%a.txt\nexit $SLURM_ARRAY_TASK_ID\n"
+    )
     st = slurm.wait(job, timeout_s=60)
     assert [t.job_id for t in st.array_tasks] == [f"{job}_0", f"{job}_1", f"{job}_2"]
     assert [t.state for t in st.array_tasks] == ["COMPLETED", "FAILED", "FAILED"]
@@ -116,9 +118,10 @@ def test_array_tasks_are_listed(slurm_cluster, tmp_path):
 
 
 def test_signal_trap_requeue_keeps_first_attempt_log(slurm_cluster, tmp_path):
-    # --signal=B:USR2@58 with a 1-minute limit: slurmctld checks time limits periodically, so USR2 reaches the batch
-    # shell within ~30 s of start. The trap requeues the job; the second attempt sees SLURM_RESTART_COUNT=1 and
-    # ends at once. --open-mode=append keeps the first attempt's lines (the default truncates on restart).
+    # --signal=B:USR2@58 with a 1-minute limit: slurmctld checks time limits periodically, so USR2 reaches
+    # the batch shell within ~30 s of start. The trap requeues the job; the second attempt sees
+    # SLURM_RESTART_COUNT=1 and ends at once. --open-mode=append keeps the first attempt's lines (the default
+    # truncates on restart).
     script = """#!/bin/bash
 #SBATCH -t 1 --signal=B:USR2@58 --open-mode=append -o rq-%j.txt
 echo "attempt restart=${SLURM_RESTART_COUNT:-0}"
@@ -144,8 +147,10 @@ wait
 
 
 def test_requeue_from_outside_counts_restart(slurm_cluster, tmp_path):
-    job = slurm_cluster.submit_text(tmp_path, "#!/bin/bash\n#SBATCH -o r.txt --open-mode=append\n"
-                                    "echo run $SLURM_RESTART_COUNT\nsleep 300\n")
+    job = slurm_cluster.submit_text(
+        tmp_path,
+        "#!/bin/bash\n#SBATCH -o r.txt --open-mode=append\necho run $SLURM_RESTART_COUNT\nsleep 300\n",
+    )
     slurm.wait(job, timeout_s=30, until={"RUNNING"})
     slurm.requeue(job)
     st = slurm.wait(job, timeout_s=45, until={"RUNNING"})

@@ -92,8 +92,6 @@ def test_retention_deletion_failure_is_a_warning(tmp_path, caplog, monkeypatch):
     _make(run, 1)
     _make(run, 2)
     # Fault injection: a real filesystem here cannot produce NFS's "directory not empty" on demand.
-    import shutil as _sh
-
     def boom(path, *a, **k):
         if not k.get("ignore_errors"):
             raise OSError(39, "Directory not empty")
@@ -102,6 +100,6 @@ def test_retention_deletion_failure_is_a_warning(tmp_path, caplog, monkeypatch):
     with caplog.at_level(logging.WARNING):
         res = ck.apply_retention(run, keep_last=1)
     assert res.failed == [1] and "could not delete" in caplog.text
-    monkeypatch.setattr(ck.shutil, "rmtree", _sh.rmtree)
+    monkeypatch.undo()
     ck.apply_retention(run, keep_last=1)
     assert not list(run.checkpoints.glob(".step_*"))

@@ -1,10 +1,11 @@
 """Slurm job control from the login node: submit, read state, cancel, requeue.
 
-Only Slurm's own command-line clients are used (``sbatch``, ``scontrol``, ``squeue``, ``scancel``), each with a
-timeout, so this works on any cluster a user can submit to, and without accounting: ``sacct`` needs slurmdbd,
-which many sites (and the local test cluster) lack. Job state is read from ``scontrol show job -o`` (one line per
-job record) and, if that fails, from ``squeue -t all``. Both only know a finished job for ``MinJobAge`` seconds
-(300 by default) after it ended; after that :func:`job_state` raises :class:`JobNotFoundError`.
+Only Slurm's own command-line clients are used (``sbatch``, ``scontrol``, ``squeue``, ``scancel``), each with
+a timeout, so this works on any cluster a user can submit to, and without accounting: ``sacct`` needs
+slurmdbd, which many sites (and the local test cluster) lack. Job state is read from ``scontrol show job -o``
+(one line per job record) and, if that fails, from ``squeue -t all``. Both only know a finished job for
+``MinJobAge`` seconds (300 by default) after it ended; after that :func:`job_state` raises
+:class:`JobNotFoundError`.
 
 No torch, no vLLM: this module runs on login nodes.
 """
@@ -21,9 +22,9 @@ from datetime import datetime
 
 from ClusterShell.NodeSet import NodeSet
 
-# Environment prefixes that Slurm reads as input options (SBATCH_*, SRUN_*, SALLOC_*) or sets inside an allocation
-# (SLURM_*). Submitting from inside a job would otherwise hand the new job its parent's geometry, e.g.
-# SLURM_NTASKS or SLURM_MEM_PER_NODE, and sbatch would silently obey them.
+# Environment prefixes that Slurm reads as input options (SBATCH_*, SRUN_*, SALLOC_*) or sets inside an
+# allocation (SLURM_*). Submitting from inside a job would otherwise hand the new job its parent's geometry,
+# e.g. SLURM_NTASKS or SLURM_MEM_PER_NODE, and sbatch would silently obey them.
 _SCRUBBED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
 # Kept: where the cluster's configuration lives is a property of the login node, not of a parent job.
 _KEPT = frozenset({"SLURM_CONF"})
@@ -73,7 +74,8 @@ SUBMIT_TIMEOUT_S = 120.0
 class SlurmCommandError(RuntimeError):
     """A Slurm client command failed, timed out, or is not installed.
 
-    Attributes: ``cmd`` (argv list), ``returncode`` (None when it timed out or could not start), ``stderr`` (text).
+    Attributes: ``cmd`` (argv list), ``returncode`` (None when it timed out or could not start), ``stderr``
+    (text).
     """
 
     def __init__(self, cmd: Sequence[str], returncode: int | None, stderr: str, what: str = "failed"):
@@ -87,8 +89,10 @@ class SlurmCommandError(RuntimeError):
 
 
 class SubmitError(SlurmCommandError):
-    """``sbatch`` refused the job; ``stderr`` holds sbatch's own message (e.g. 'Requested node configuration is
-    not available')."""
+    """``sbatch`` refused the job; ``stderr`` holds sbatch's own message.
+
+    Example message: 'Batch job submission failed: Requested node configuration is not available'.
+    """
 
 
 class JobNotFoundError(SlurmCommandError):
@@ -103,18 +107,19 @@ class JobState:
     ``"12+1"`` (asking for an array task or het component by its raw job id gives that form too).
     ``state`` is the base job state (``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``,
     ``TIMEOUT``, ``NODE_FAIL``, ``PREEMPTED``, ``OUT_OF_MEMORY``, ...). ``reason`` is Slurm's pending/finish
-    reason or None when Slurm says ``None``. ``exit_code`` is the batch script's exit status and ``signal`` the
-    signal that ended it (``ExitCode=3:0`` gives 3 and 0; a cancel gives 0 and 15); both None while not final.
-    ``restart_count`` counts requeues (``SLURM_RESTART_COUNT`` of the running attempt). ``node_list`` is the
-    expanded host list (empty while pending). ``start_time`` is None while pending (Slurm then reports an
-    estimate); ``end_time`` is None until the job is final (Slurm reports the time-limit end before that). Times
-    are naive local times, as Slurm prints them.
+    reason or None when Slurm says ``None``. ``exit_code`` is the batch script's exit status and ``signal``
+    the signal that ended it (``ExitCode=3:0`` gives 3 and 0; a cancel gives 0 and 15); both None while not
+    final. ``restart_count`` counts requeues (``SLURM_RESTART_COUNT`` of the running attempt). ``node_list``
+    is the expanded host list (empty while pending). ``start_time`` is None while pending (Slurm then reports
+    an estimate); ``end_time`` is None until the job is final (Slurm reports the time-limit end before that).
+    Times are naive local times, as Slurm prints them.
 
     For a heterogeneous job asked for by its leader id, ``het_components`` holds one JobState per component in
-    offset order (``job_id`` ``"12+0"``, ``"12+1"``) and the top-level fields are component 0's. For a job array
-    asked for by its array id, ``array_tasks`` holds one JobState per task record (a block of still-pending tasks
-    is one record with ``job_id`` like ``"12_[2-3%2]"``), and ``state`` summarises them: running if any runs,
-    else pending if any pends, else the most severe final state. ``raw`` is the parsed key/value record.
+    offset order (``job_id`` ``"12+0"``, ``"12+1"``) and the top-level fields are component 0's. For a job
+    array asked for by its array id, ``array_tasks`` holds one JobState per task record (a block of
+    still-pending tasks is one record with ``job_id`` like ``"12_[2-3%2]"``), and ``state`` summarises them:
+    running if any runs, else pending if any pends, else the most severe final state. ``raw`` is the parsed
+    key/value record.
     """
 
     job_id: str
@@ -136,17 +141,27 @@ class JobState:
         return self.state in TERMINAL_STATES
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Running the clients
 
 
-def _run(cmd: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None,
-         cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd``; raise SlurmCommandError if it cannot start or times out. The caller checks the exit code."""
+def _run(
+    cmd: Sequence[str],
+    *,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd``; raise SlurmCommandError if it cannot start or times out. Callers check the exit code."""
     try:
         return subprocess.run(
-            list(cmd), capture_output=True, text=True, timeout=timeout_s, env=dict(env) if env is not None else None,
-            cwd=cwd, check=False,
+            list(cmd),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            check=False,
         )
     except FileNotFoundError as e:
         raise SlurmCommandError(cmd, None, f"{cmd[0]} not found on PATH: {e}", "could not start") from e
@@ -156,7 +171,7 @@ def _run(cmd: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None 
 
 
 def scrubbed_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Return a copy of ``base`` (default ``os.environ``) without SLURM_*, SBATCH_*, SRUN_*, SALLOC_* variables.
+    """Return a copy of ``base`` (default ``os.environ``) minus SLURM_*, SBATCH_*, SRUN_*, SALLOC_* names.
 
     ``SLURM_CONF`` is kept. Use it for every sbatch/srun started from a process that may itself run inside a
     Slurm job, so the new job gets only the options we pass explicitly.
@@ -168,8 +183,8 @@ def scrubbed_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 def expand_nodelist(nodelist: str) -> list[str]:
     """Expand a Slurm host list (``"node[1-3,7],gpu-a[01-02]"``) into host names, in Slurm's order.
 
-    Uses ClusterShell's NodeSet, which implements Slurm's bracket syntax, including nested and multi-dimensional
-    ranges. Empty strings and Slurm's ``(null)``/``None`` placeholders give ``[]``. Raises
+    Uses ClusterShell's NodeSet, which implements Slurm's bracket syntax, including nested and
+    multi-dimensional ranges. Empty strings and Slurm's ``(null)``/``None`` placeholders give ``[]``. Raises
     ``ClusterShell.NodeSet.NodeSetParseError`` on malformed input.
     """
     s = nodelist.strip()
@@ -178,16 +193,21 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return list(NodeSet(s))
 
 
-def submit(script_path: str | os.PathLike[str], *, extra_args: Iterable[str] = (),
-           env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
-           timeout_s: float = SUBMIT_TIMEOUT_S) -> str:
+def submit(
+    script_path: str | os.PathLike[str],
+    *,
+    extra_args: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout_s: float = SUBMIT_TIMEOUT_S,
+) -> str:
     """Submit a batch script with ``sbatch --parsable``; return the job id (e.g. ``"42"``).
 
     ``extra_args`` go before the script path and override its ``#SBATCH`` lines. ``env`` (default
     ``os.environ``) is passed through :func:`scrubbed_env`. ``cwd`` is where sbatch runs, which sets the job's
     default working directory and resolves relative output paths. The ``;cluster`` suffix of a federated or
-    multi-cluster answer is stripped. Raises :class:`SubmitError` with sbatch's stderr if sbatch fails or prints
-    no id, and :class:`SlurmCommandError` if it cannot start or exceeds ``timeout_s`` seconds.
+    multi-cluster answer is stripped. Raises :class:`SubmitError` (a SlurmCommandError) with sbatch's stderr
+    when sbatch fails, prints no id, cannot start, or exceeds ``timeout_s`` seconds.
     """
     cmd = ["sbatch", "--parsable", *extra_args, str(script_path)]
     try:
@@ -200,8 +220,12 @@ def submit(script_path: str | os.PathLike[str], *, extra_args: Iterable[str] = (
     lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
     job_id = lines[-1].split(";", 1)[0] if lines else ""
     if not job_id.isdigit():
-        raise SubmitError(cmd, proc.returncode, f"no job id in sbatch output: {proc.stdout!r} {proc.stderr!r}",
-                          "printed no job id")
+        raise SubmitError(
+            cmd,
+            proc.returncode,
+            f"no job id in sbatch output: {proc.stdout!r} {proc.stderr!r}",
+            "printed no job id",
+        )
     return job_id
 
 
@@ -220,8 +244,8 @@ def cancel(job_id: str, *, signal: str | None = None, timeout_s: float = DEFAULT
 def requeue(job_id: str, *, hold: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """``scontrol requeue`` (or ``requeuehold``) a running or finished batch job.
 
-    The job goes back to PENDING (Reason=BeginTime for about cred_expire seconds) and its restart count grows by
-    one. Raises SlurmCommandError if Slurm refuses (e.g. the job is not requeueable, or unknown).
+    The job goes back to PENDING (Reason=BeginTime for about cred_expire seconds) and its restart count grows
+    by one. Raises SlurmCommandError if Slurm refuses (e.g. the job is not requeueable, or unknown).
     """
     cmd = ["scontrol", "requeuehold" if hold else "requeue", str(job_id)]
     proc = _run(cmd, timeout_s=timeout_s)
@@ -229,16 +253,18 @@ def requeue(job_id: str, *, hold: bool = False, timeout_s: float = DEFAULT_TIMEO
         raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Reading job state
 
-# A key starts a record field: letters, digits and the separators Slurm uses in keys (AllocNode:Sid, CPUs/Task).
+# A key starts a record field: letters, digits and the separators Slurm uses in keys (AllocNode:Sid,
+# CPUs/Task).
 _KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
 _NO_VALUE = {"", "(null)", "None", "N/A", "Unknown", "UNLIMITED"}
 
 
 def parse_scontrol_record(line: str) -> dict[str, str]:
-    """Parse one ``scontrol show job -o`` line into ``{key: value}``; values keep inner ``=`` (``TRES=cpu=1,...``).
+    """Parse one ``scontrol show job -o`` line into ``{key: value}``; values keep inner ``=``
+    (``TRES=cpu=1,...``).
 
     A value containing a space followed by ``word=`` would be split there; Slurm prints such free text only in
     Comment/Command fields, which srl does not read.
@@ -247,7 +273,7 @@ def parse_scontrol_record(line: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for i, m in enumerate(matches):
         end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-        out[m.group(1)] = line[m.end():end].strip()
+        out[m.group(1)] = line[m.end() : end].strip()
     return out
 
 
@@ -267,8 +293,17 @@ def _int(value: str | None, default: int = 0) -> int:
         return default
 
 
-def _state_from_fields(job_id: str, state: str, reason: str, exit_pair: tuple[int, int] | None, restarts: int,
-                       nodes: str, start: str, end: str, raw: Mapping[str, str]) -> JobState:
+def _state_from_fields(
+    job_id: str,
+    state: str,
+    reason: str,
+    exit_pair: tuple[int, int] | None,
+    restarts: int,
+    nodes: str,
+    start: str,
+    end: str,
+    raw: Mapping[str, str],
+) -> JobState:
     state = state.split()[0].rstrip("+") if state else "UNKNOWN"
     final = state in TERMINAL_STATES
     return JobState(
@@ -286,7 +321,7 @@ def _state_from_fields(job_id: str, state: str, reason: str, exit_pair: tuple[in
 
 
 def job_state_from_record(rec: Mapping[str, str]) -> JobState:
-    """Build a JobState from one parsed ``scontrol show job -o`` record (see :func:`parse_scontrol_record`)."""
+    """Build a JobState from one record parsed by :func:`parse_scontrol_record`."""
     if rec.get("HetJobId"):
         job_id = f"{rec['HetJobId']}+{rec.get('HetJobOffset', '0')}"
     elif rec.get("ArrayJobId"):
@@ -298,18 +333,26 @@ def job_state_from_record(rec: Mapping[str, str]) -> JobState:
     code, _, sig = rec.get("ExitCode", "").partition(":")
     if code.isdigit():
         exit_pair = (int(code), _int(sig))
-    return _state_from_fields(job_id, rec.get("JobState", ""), rec.get("Reason", ""), exit_pair,
-                              _int(rec.get("Restarts")), rec.get("NodeList", ""), rec.get("StartTime", ""),
-                              rec.get("EndTime", ""), rec)
+    return _state_from_fields(
+        job_id,
+        rec.get("JobState", ""),
+        rec.get("Reason", ""),
+        exit_pair,
+        _int(rec.get("Restarts")),
+        rec.get("NodeList", ""),
+        rec.get("StartTime", ""),
+        rec.get("EndTime", ""),
+        rec,
+    )
 
 
 def summarize(job_id: str, records: Sequence[JobState]) -> JobState:
     """Fold the records one query returned into one JobState for ``job_id``.
 
-    One record: itself (named as in the record). Het job (records carry ``+offset`` ids): component 0's fields plus ``het_components``.
-    Array (``_task`` ids): summary state per ``_SUMMARY_ORDER``, nodes of all tasks, largest restart count,
-    earliest start, latest end, exit code of the first task in the summary state; tasks in ``array_tasks``.
-    Raises ValueError on an empty list.
+    One record: itself (named as in the record). Het job (records carry ``+offset`` ids): component 0's fields
+    plus ``het_components``. Array (``_task`` ids): summary state per ``_SUMMARY_ORDER``, nodes of all tasks,
+    largest restart count, earliest start, latest end, exit code of the first task in the summary state; tasks
+    in ``array_tasks``. Raises ValueError on an empty list.
     """
     if not records:
         raise ValueError(f"no records for job {job_id}")
@@ -318,9 +361,19 @@ def summarize(job_id: str, records: Sequence[JobState]) -> JobState:
     if all("+" in r.job_id for r in records):
         comps = tuple(sorted(records, key=lambda r: int(r.job_id.split("+", 1)[1])))
         lead = comps[0]
-        return JobState(job_id=job_id, state=lead.state, reason=lead.reason, exit_code=lead.exit_code,
-                        signal=lead.signal, restart_count=lead.restart_count, node_list=lead.node_list,
-                        start_time=lead.start_time, end_time=lead.end_time, het_components=comps, raw=lead.raw)
+        return JobState(
+            job_id=job_id,
+            state=lead.state,
+            reason=lead.reason,
+            exit_code=lead.exit_code,
+            signal=lead.signal,
+            restart_count=lead.restart_count,
+            node_list=lead.node_list,
+            start_time=lead.start_time,
+            end_time=lead.end_time,
+            het_components=comps,
+            raw=lead.raw,
+        )
     if all("_" in r.job_id for r in records):
         tasks = tuple(sorted(records, key=_array_sort_key))
         present = {t.state for t in tasks}
@@ -330,11 +383,19 @@ def summarize(job_id: str, records: Sequence[JobState]) -> JobState:
         starts = [t.start_time for t in tasks if t.start_time]
         ends = [t.end_time for t in tasks if t.end_time]
         nodes = tuple(dict.fromkeys(n for t in tasks for n in t.node_list))
-        return JobState(job_id=job_id, state=state, reason=first.reason,
-                        exit_code=first.exit_code if final else None, signal=first.signal if final else None,
-                        restart_count=max(t.restart_count for t in tasks), node_list=nodes,
-                        start_time=min(starts) if starts else None, end_time=max(ends) if final and ends else None,
-                        array_tasks=tasks, raw=first.raw)
+        return JobState(
+            job_id=job_id,
+            state=state,
+            reason=first.reason,
+            exit_code=first.exit_code if final else None,
+            signal=first.signal if final else None,
+            restart_count=max(t.restart_count for t in tasks),
+            node_list=nodes,
+            start_time=min(starts) if starts else None,
+            end_time=max(ends) if final and ends else None,
+            array_tasks=tasks,
+            raw=first.raw,
+        )
     match = [r for r in records if r.job_id == job_id]
     return match[0] if match else records[0]
 
@@ -345,8 +406,20 @@ def _array_sort_key(t: JobState) -> tuple[int, str]:
 
 
 # squeue --Format fields for the fallback; "|" ends each field so empty values stay aligned.
-_SQUEUE_FIELDS = ("JobID", "ArrayJobID", "ArrayTaskID", "HetJobID", "HetJobOffset", "State", "Reason",
-                  "Exit_Code", "RestartCnt", "NodeList", "StartTime", "EndTime")
+_SQUEUE_FIELDS = (
+    "JobID",
+    "ArrayJobID",
+    "ArrayTaskID",
+    "HetJobID",
+    "HetJobOffset",
+    "State",
+    "Reason",
+    "Exit_Code",
+    "RestartCnt",
+    "NodeList",
+    "StartTime",
+    "EndTime",
+)
 
 
 def parse_squeue_line(line: str) -> JobState:
@@ -366,9 +439,17 @@ def parse_squeue_line(line: str) -> JobState:
         job_id = rec.get("JobID", "")
     status = rec.get("Exit_Code", "")
     exit_pair = ((int(status) >> 8) & 0xFF, int(status) & 0x7F) if status.isdigit() else None
-    return _state_from_fields(job_id, rec.get("State", ""), rec.get("Reason", ""), exit_pair,
-                              _int(rec.get("RestartCnt")), rec.get("NodeList", ""), rec.get("StartTime", ""),
-                              rec.get("EndTime", ""), rec)
+    return _state_from_fields(
+        job_id,
+        rec.get("State", ""),
+        rec.get("Reason", ""),
+        exit_pair,
+        _int(rec.get("RestartCnt")),
+        rec.get("NodeList", ""),
+        rec.get("StartTime", ""),
+        rec.get("EndTime", ""),
+        rec,
+    )
 
 
 def _from_scontrol(job_id: str, timeout_s: float) -> JobState:
@@ -391,7 +472,7 @@ def _from_squeue(job_id: str, timeout_s: float) -> JobState:
 
 
 def job_state(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> JobState:
-    """Return the current :class:`JobState` of ``job_id`` (plain, ``A_T`` array task or ``J+K`` het component).
+    """Return the current :class:`JobState` of ``job_id`` (plain, array task ``A_T``, het component ``J+K``).
 
     Reads ``scontrol show job -o``; if that fails, ``squeue -t all``. Raises :class:`JobNotFoundError` naming
     both commands and their errors when neither knows the job (wrong id, or ended over MinJobAge ago).
@@ -402,15 +483,21 @@ def job_state(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> JobState:
             return reader(job_id, timeout_s)
         except SlurmCommandError as e:
             errors.append(e)
-    raise JobNotFoundError(["scontrol", "show", "job", str(job_id)], errors[0].returncode,
-                           "; ".join(str(e) for e in errors), "found no such job")
+    raise JobNotFoundError(
+        ["scontrol", "show", "job", str(job_id)],
+        errors[0].returncode,
+        "; ".join(str(e) for e in errors),
+        "found no such job",
+    )
 
 
-def wait(job_id: str, *, timeout_s: float, until: Iterable[str] = TERMINAL_STATES, poll_s: float = 0.2) -> JobState:
+def wait(
+    job_id: str, *, timeout_s: float, until: Iterable[str] = TERMINAL_STATES, poll_s: float = 0.2
+) -> JobState:
     """Poll :func:`job_state` every ``poll_s`` seconds until its state is in ``until``; return that JobState.
 
     Polling is used instead of ``sbatch --wait``, whose client checks only every few seconds. Raises
-    TimeoutError (with the last state seen) after ``timeout_s`` seconds, and JobNotFoundError if the job vanishes.
+    TimeoutError (with the last state seen) after ``timeout_s`` seconds; JobNotFoundError if the job vanishes.
     """
     wanted = frozenset(until)
     deadline = time.monotonic() + timeout_s
@@ -419,7 +506,8 @@ def wait(job_id: str, *, timeout_s: float, until: Iterable[str] = TERMINAL_STATE
         if st.state in wanted:
             return st
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"job {job_id} still {st.state} (reason {st.reason}) after {timeout_s:g} s; "
-                               f"waited for {sorted(wanted)}")
+            raise TimeoutError(
+                f"job {job_id} still {st.state} (reason {st.reason}) after {timeout_s:g} s; "
+                f"waited for {sorted(wanted)}"
+            )
         time.sleep(poll_s)
-

@@ -1,0 +1,404 @@
+"""Offline reports: ``build_report(run_dirs, out_dir)`` writes an HTML report (figures embedded as base64 PNG), a
+Markdown twin (figures as PNG files next to it), and CSV tables.
+
+Each run gets the seed's deliverable sections ("train-with-environments", Deliverable): 1. version and resolved
+config; 2. taskset, harness, runtime, renderer, group, batch and eval settings; 3. pre-training validation evidence
+(the step-0 eval); 4. resource and cost envelope; 5. monitoring and stop criteria; 6. failures with their boundary
+(:mod:`analysis.diagnose`). When runs carry a ``sweep_point`` in ``run_meta.json``, a sweep section compares the
+points: final and best metric per point, mean and 95% t-interval across seeds, and a comparison figure.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis import envelope as env_mod
+from analysis.diagnose import Finding, diagnose, format_findings
+from analysis.figures import RUN_FIGURES, fig_sweep, to_png
+from analysis.loaders import RunData, dotted, load_run, role_metrics
+from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
+
+MONITORED = [
+    ("orchestrator", "reward/all/mean"), ("orchestrator", "solve_none"), ("orchestrator", "solve_all"),
+    ("orchestrator", "effective_batch_size"), ("orchestrator", "errored_rollouts"),
+    ("orchestrator", "truncated_rollouts"), ("orchestrator", "seq_len/mean"), ("orchestrator", "num_turns/mean"),
+    ("orchestrator", "off_policy/max"), ("orchestrator", "time/wait_for_policy"), ("trainer", "mismatch_kl/mean"),
+    ("trainer", "entropy/mean"), ("trainer", "optim/grad_norm"), ("trainer", "loss/mean"),
+    ("trainer", "perf/throughput"), ("trainer", "time/wait_for_batch"),
+]
+SWEEP_METRIC = "reward/all/mean"
+
+
+@dataclass
+class ReportPaths:
+    """Files written by :func:`build_report`: ``html`` and ``markdown`` reports, ``figures`` (name -> PNG path),
+    ``tables`` (name -> CSV path)."""
+
+    html: Path
+    markdown: Path
+    figures: dict[str, Path] = field(default_factory=dict)
+    tables: dict[str, Path] = field(default_factory=dict)
+
+
+class _Doc:
+    """Builds the HTML and Markdown twins side by side so their sections cannot drift apart."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.html: list[str] = []
+        self.md: list[str] = []
+        self.paths = ReportPaths(out_dir / "report.html", out_dir / "report.md")
+
+    def heading(self, text: str, level: int) -> None:
+        self.html.append(f"<h{level}>{html.escape(text)}</h{level}>")
+        self.md += ["#" * level + " " + text, ""]
+
+    def para(self, text: str) -> None:
+        self.html.append(f"<p>{html.escape(text)}</p>")
+        self.md += [text, ""]
+
+    def pre(self, text: str, summary: str | None = None) -> None:
+        body = f"<pre>{html.escape(text)}</pre>"
+        self.html.append(f"<details><summary>{html.escape(summary)}</summary>{body}</details>" if summary else body)
+        self.md += ["```", text.rstrip("\n"), "```", ""]
+
+    def table(self, df: pd.DataFrame, name: str | None = None, max_rows: int = 60) -> None:
+        if name:
+            path = self.out_dir / "tables" / f"{name}.csv"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            df.to_csv(path, index=False)
+            self.paths.tables[name] = path
+        shown = df if len(df) <= max_rows else df.tail(max_rows)
+        if len(df) > max_rows:
+            self.para(f"(last {max_rows} of {len(df)} rows; full table in tables/{name}.csv)")
+        self.html.append(shown.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0,
+                                       classes="tbl", escape=True))
+        self.md += [_md_table(shown), ""]
+
+    def kv(self, rows: list[tuple[str, Any]]) -> None:
+        self.table(pd.DataFrame(rows, columns=["setting", "value"]).astype(str))
+
+    def figure(self, name: str, fig: Any) -> None:
+        png = to_png(fig)
+        path = self.out_dir / "figures" / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png)
+        self.paths.figures[name] = path
+        b64 = base64.b64encode(png).decode("ascii")
+        self.html.append(f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{b64}"/></figure>')
+        self.md += [f"![{name}](figures/{name}.png)", ""]
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "" if np.isnan(v) else f"{v:.4g}"
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    sep = "|" + "---|" * len(df.columns)
+    rows = ["| " + " | ".join(cell(v) for v in rec) + " |" for rec in df.itertuples(index=False)]
+    return "\n".join([head, sep, *rows])
+
+
+def build_report(run_dirs: list[Path], out_dir: Path) -> ReportPaths:
+    """Write ``report.html``, ``report.md``, ``figures/*.png`` and ``tables/*.csv`` under ``out_dir`` for the runs
+    in ``run_dirs`` (one section each, plus a sweep section when they carry sweep points).
+
+    Raises ``ValueError`` for an empty ``run_dirs`` and ``FileNotFoundError`` for a missing run directory.
+    """
+    if not run_dirs:
+        raise ValueError("build_report needs at least one run directory")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = [load_run(Path(r)) for r in run_dirs]
+    doc = _Doc(out_dir)
+    title = runs[0].name if len(runs) == 1 else f"{len(runs)} runs"
+    doc.heading(f"srl report: {title}", 1)
+    if any("sweep_point" in r.meta for r in runs):
+        _sweep_section(doc, runs)
+    for run in runs:
+        _run_section(doc, run, prefix=_safe(run.name) if len(runs) > 1 else "")
+    _write(doc, title)
+    return doc.paths
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _run_section(doc: _Doc, run: RunData, prefix: str) -> None:
+    def key(name: str) -> str:
+        return f"{prefix}_{name}" if prefix else name
+
+    level = 2
+    doc.heading(f"Run {run.name}", level)
+    steps = step_summary(run.rollouts) if run.rollouts is not None else None
+    doc.para(f"Run directory: {run.run.root}. Run id: {run.meta.get('run_id', 'unknown')}.")
+
+    doc.heading("1. Version and resolved config", level + 1)
+    doc.para(f"srl {_version()}. Resolved config: {run.run.resolved('rl')}"
+             + ("" if run.config else " (not found: the run was not started through srl rl)."))
+    if run.config:
+        doc.pre(json.dumps(run.config, indent=2, sort_keys=True), summary="resolved rl.json")
+
+    doc.heading("2. Taskset, harness, runtime, renderer, group, batch and eval settings", level + 1)
+    doc.kv(_settings(run.config))
+    envs = _env_rows(run.config)
+    if not envs.empty:
+        doc.table(envs)
+
+    doc.heading("3. Pre-training validation evidence", level + 1)
+    _validation(doc, run, key)
+
+    doc.heading("4. Resource and cost envelope", level + 1)
+    env = env_mod.estimate(run.config, wall_seconds=_wall_seconds(run), store_path=run.run.rollout_store,
+                           steps=_num_train_steps(run))
+    doc.kv(env.rows())
+    doc.para("Formulas (analysis/envelope.py): GPU-hours = nodes x GPUs per node x wall hours; checkpoint disk = "
+             "(keep_last + 1) x 12 bytes/parameter; trainer memory per GPU = 16 bytes/parameter / world size + "
+             "activations; store growth measured from the store file. External dependencies: the model source, "
+             "the env servers and any remote runtime named in section 2. " + " ".join(env.notes))
+
+    doc.heading("5. Monitoring and stop criteria", level + 1)
+    doc.table(_monitor_table(run.metrics))
+    stop = dotted(run.config, "monitors.stop")
+    doc.para("Stop criteria ([monitors.stop]): " + (json.dumps(stop, sort_keys=True) if stop else
+             "none configured; watch errored/truncated shares, effective batch size, mismatch KL and entropy "
+             "above, and stop on a sustained change."))
+
+    if steps is not None and not steps.empty:
+        doc.heading("Summaries", level + 1)
+        doc.table(env_summary(run.rollouts), name=key("envs"))
+        errors = error_counts(run.rollouts)
+        if not errors.empty:
+            doc.table(errors, name=key("errors"))
+        doc.table(steps[steps["env"] == ALL_ENVS].drop(columns="env"), name=key("steps_all"), max_rows=30)
+        steps.to_csv(doc.out_dir / "tables" / f"{key('steps')}.csv", index=False)
+        doc.paths.tables[key("steps")] = doc.out_dir / "tables" / f"{key('steps')}.csv"
+
+    doc.heading("Figures", level + 1)
+    drawn = 0
+    for name, make in RUN_FIGURES.items():
+        fig = make(steps, run.metrics)
+        if fig is not None:
+            doc.figure(key(name), fig)
+            drawn += 1
+    if not drawn:
+        doc.para("No rollouts or metrics recorded yet.")
+
+    doc.heading("6. Failures and their boundary", level + 1)
+    findings: list[Finding] = diagnose(run.run)
+    doc.pre(format_findings(findings))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("srl")
+    except PackageNotFoundError:
+        return "(not installed; source tree)"
+
+
+def _settings(cfg: dict[str, Any]) -> list[tuple[str, Any]]:
+    keys = [
+        "model.name", "max_steps", "seed", "orchestrator.training_mode", "orchestrator.batch_size",
+        "orchestrator.group_size", "orchestrator.max_async_level", "orchestrator.max_concurrent",
+        "orchestrator.renderer.name", "orchestrator.train.sampling", "orchestrator.buffer", "orchestrator.train.algo",
+        "orchestrator.eval.interval", "trainer.optim", "trainer.loss", "deployment", "ckpt",
+    ]
+    rows = [(k, json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
+            for k in keys if (v := dotted(cfg, k)) is not None]
+    return rows or [("resolved config", "not available")]
+
+
+def _env_rows(cfg: dict[str, Any]) -> pd.DataFrame:
+    rows = []
+    for split in ("train", "eval"):
+        for e in dotted(cfg, f"orchestrator.{split}.env", []) or []:
+            if not isinstance(e, dict):
+                continue
+            rows.append({
+                "split": split, "name": e.get("name"), "taskset": dotted(e, "taskset.id", e.get("id")),
+                "taskset split": dotted(e, "taskset.split"), "harness": dotted(e, "harness.id"),
+                "runtime": dotted(e, "harness.runtime.type"), "ratio": e.get("ratio"),
+                "group_size": e.get("group_size"), "num_examples": e.get("num_examples"),
+                "max_turns": e.get("max_turns"), "max_total_tokens": e.get("max_total_tokens"),
+                "timeout": json.dumps(e.get("timeout"), sort_keys=True) if e.get("timeout") else None,
+            })
+    return pd.DataFrame(rows).astype(object).where(lambda d: d.notna(), "") if rows else pd.DataFrame()
+
+
+def _validation(doc: _Doc, run: RunData, key: Any) -> None:
+    orch = role_metrics(run.metrics, "orchestrator")
+    eval_cols = [c for c in orch.columns if c.startswith("eval/")]
+    found = False
+    if eval_cols:
+        first = orch[eval_cols].dropna(how="all")
+        if not first.empty:
+            step0 = int(first.index.min())
+            row = first.loc[step0].dropna()
+            doc.para(f"Baseline eval at step {step0} (before any update when step is 0), from metrics.jsonl:")
+            doc.table(pd.DataFrame({"metric": row.index, "value": row.values}))
+            found = True
+    if run.rollouts is not None and not run.rollouts.empty:
+        ev = run.rollouts[run.rollouts["kind"].astype(str) == "eval"]
+        if not ev.empty:
+            first_step = int(ev["step"].min())
+            summ = env_summary(ev[ev["step"] == first_step])
+            doc.para(f"Eval rollouts in the store at step {first_step}:")
+            doc.table(summ, name=key("baseline_eval"))
+            found = True
+    if not found:
+        doc.para("No baseline eval recorded. The seed requires validating the taskset and scoring before training: "
+                 "run `srl eval validate` and `srl eval run`, and keep periodic eval with a step-0 baseline.")
+
+
+def _wall_seconds(run: RunData) -> float | None:
+    times: list[float] = []
+    if "time" in run.metrics.columns and run.metrics["time"].notna().any():
+        t = run.metrics["time"].astype(float)
+        times += [float(t.min()), float(t.max())]
+    if run.rollouts is not None and "time" in run.rollouts.columns and len(run.rollouts):
+        times += [float(run.rollouts["time"].min()), float(run.rollouts["time"].max())]
+    return (max(times) - min(times)) if len(times) >= 2 else None
+
+
+def _num_train_steps(run: RunData) -> int | None:
+    if run.rollouts is None or run.rollouts.empty:
+        return None
+    return int(run.rollouts.loc[run.rollouts["kind"].astype(str) == "train", "step"].nunique()) or None
+
+
+def _monitor_table(metrics: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for role, col in MONITORED:
+        data = role_metrics(metrics, role)
+        if col not in data.columns:
+            continue
+        s = data[col].astype(float).dropna()
+        if s.empty:
+            continue
+        rows.append({"role": role, "metric": col, "first": s.iloc[0], "last": s.iloc[-1], "min": s.min(),
+                     "max": s.max(), "last step": int(s.index[-1])})
+    if not rows:
+        return pd.DataFrame({"metric": ["(no metrics recorded)"]})
+    return pd.DataFrame(rows)
+
+
+# -- sweeps -------------------------------------------------------------------------------------------------------
+
+
+def _point_label(meta: dict[str, Any]) -> str:
+    point = {k: v for k, v in (meta.get("sweep_point") or {}).items() if k != "seed"}
+    return ", ".join(f"{k}={v}" for k, v in sorted(point.items())) or "(default)"
+
+
+def _run_curve(run: RunData, metric: str) -> pd.Series:
+    orch = role_metrics(run.metrics, "orchestrator")
+    if metric in orch.columns:
+        return orch[metric].astype(float).dropna()
+    if metric == SWEEP_METRIC and run.rollouts is not None and not run.rollouts.empty:
+        steps = step_summary(run.rollouts)
+        d = steps[(steps["kind"] == "train") & (steps["env"] == ALL_ENVS)]
+        return d.set_index("step")["reward_mean"].astype(float)
+    return pd.Series(dtype=float)
+
+
+def sweep_table(runs: list[RunData], metrics: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(table, curves) of a sweep. ``table``: one row per (point, metric) with ``seeds``, ``final_mean``,
+    ``final_low``/``final_high`` (95% t-interval across seeds of each run's last value) and the same for ``best``
+    (each run's maximum). ``curves``: point, seed, run, metric, step, value.
+    """
+    if metrics is None:
+        names = {SWEEP_METRIC}
+        for r in runs:
+            names |= {c for c in role_metrics(r.metrics, "orchestrator").columns if c.startswith("eval/")}
+        metrics = sorted(names)
+    rows, curves = [], []
+    for r in runs:
+        for m in metrics:
+            s = _run_curve(r, m)
+            if s.empty:
+                continue
+            seed = (r.meta.get("sweep_point") or {}).get("seed", r.meta.get("seed"))
+            curves.append(pd.DataFrame({"point": _point_label(r.meta), "seed": seed, "run": r.name, "metric": m,
+                                        "step": s.index.astype(int), "value": s.values}))
+    curves_df = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
+        columns=["point", "seed", "run", "metric", "step", "value"])
+    for (point, m), d in curves_df.groupby(["point", "metric"], sort=True):
+        per_run = d.sort_values("step").groupby("run")["value"]
+        final, best = per_run.last(), per_run.max()
+        fm, fl, fh = t_interval(final.to_numpy())
+        bm, bl, bh = t_interval(best.to_numpy())
+        rows.append({"point": point, "metric": m, "seeds": len(final), "final_mean": fm, "final_low": fl,
+                     "final_high": fh, "best_mean": bm, "best_low": bl, "best_high": bh})
+    return pd.DataFrame(rows), curves_df
+
+
+def _sweep_section(doc: _Doc, runs: list[RunData]) -> None:
+    doc.heading("Sweep", 2)
+    manifest = pd.DataFrame([{"run": r.name, "point": _point_label(r.meta),
+                              "seed": (r.meta.get("sweep_point") or {}).get("seed", r.meta.get("seed")),
+                              "array_index": r.meta.get("array_task_id", r.meta.get("sweep_index"))}
+                             for r in runs])
+    doc.table(manifest, name="sweep_runs")
+    table, curves = sweep_table(runs)
+    if table.empty:
+        doc.para("No sweep metrics recorded yet.")
+        return
+    doc.para("Final = each run's last value; best = each run's maximum; mean and 95% Student-t interval across "
+             "seeds of the same point (no interval with one seed).")
+    doc.table(table, name="sweep")
+    for metric in [SWEEP_METRIC] + [m for m in table["metric"].unique() if m != SWEEP_METRIC][:1]:
+        sub = table[table["metric"] == metric]
+        fig = fig_sweep(curves[curves["metric"] == metric],
+                        sub.rename(columns={"final_mean": "mean", "final_low": "low", "final_high": "high"}),
+                        metric)
+        if fig is not None:
+            doc.figure("sweep_" + _safe(metric), fig)
+
+
+_CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
+table.tbl{border-collapse:collapse;font-size:12px;margin:0.5em 0}
+table.tbl td,table.tbl th{border:1px solid #ccc;padding:2px 6px;text-align:right}
+pre{background:#f6f6f6;padding:0.6em;overflow-x:auto;font-size:12px}
+figure img{max-width:100%}"""
+
+
+def _write(doc: _Doc, title: str) -> None:
+    from toolkit.fsutil import atomic_write_text
+
+    page = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_CSS}</style></head><body>\n" + "\n".join(doc.html) + "\n</body></html>\n")
+    atomic_write_text(doc.paths.html, page)
+    atomic_write_text(doc.paths.markdown, "\n".join(doc.md) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.report RUN_DIR... [--out DIR]``: write the report (default ``<first run>/reports``)."""
+    import argparse
+
+    from toolkit.rundir import RunDir
+
+    parser = argparse.ArgumentParser(prog="srl report", description="Offline report of one or more runs.")
+    parser.add_argument("run_dirs", type=Path, nargs="+")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    out = args.out or RunDir(args.run_dirs[0]).reports
+    paths = build_report(args.run_dirs, out)
+    print(f"wrote {paths.html}\nwrote {paths.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""EnvRuntime with real env worker processes: external taskset by id, TaskError boundary, a crashed and a hung
+worker, stage timeouts, retries, and no orphan processes after aclose.
+
+The policy is a scripted stand-in (see tests/unit/test_rollout_prefix.py); the vLLM path is
+tests/integration/test_envs_vllm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("verifiers.v1")
+pytest.importorskip("transformers")
+
+from toolkit.envs.runtime import EnvRuntime  # noqa: E402
+from toolkit.errors import ProviderError  # noqa: E402
+from toolkit.orchestrator.types import Generation, SamplingParams  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "external_taskset"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from toolkit.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture
+def external_on_path(monkeypatch):
+    # Workers are child processes: they find the external module through PYTHONPATH.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")])))
+
+
+def env_cfg(taskset_id: str, *, workers: int = 2, retries: int = 0, timeout=None, **extra):
+    return SimpleNamespace(
+        name=taskset_id,
+        taskset=SimpleNamespace(id=taskset_id, split="train", seed=0, select={"limit": 4}, model_extra=extra),
+        harness=SimpleNamespace(id="default", runtime=SimpleNamespace(type="subprocess")),
+        timeout=SimpleNamespace(**({"setup": 10, "rollout": 30, "finalize": 10, "scoring": 10} | (timeout or {}))),
+        max_turns=4, max_total_tokens=None, retries=retries,
+        pool=SimpleNamespace(type="static", max_workers=workers, multiplex=1), address=None,
+    )  # fmt: skip
+
+
+class AnswerPolicy:
+    """Scripted policy: answers ``text`` (encoded with the model's tokenizer) + eos; can fail its first calls."""
+
+    def __init__(self, model_dir, text: str, fail_first: int = 0) -> None:
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(str(model_dir))
+        self.text, self.fail_first, self.calls = text, fail_first, 0
+
+    async def generate(self, prompt_ids, sampling, *, session_id):
+        self.calls += 1
+        if self.calls <= self.fail_first:
+            raise ProviderError("engine restarting (injected)")
+        ids = self.tok.encode(self.text, add_special_tokens=False) + [self.tok.eos_token_id]
+        return Generation(token_ids=ids, logprobs=[-1.0] * len(ids), finish_reason="stop", policy_version=0)
+
+
+def child_pids(runtime: EnvRuntime) -> list[int]:
+    return [w.proc.pid for w in runtime.workers if w.proc is not None]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_external_taskset_runs_through_workers(model_dir, external_on_path):
+    async def go():
+        rt = EnvRuntime(env_cfg("count-letters", letter="a", num_examples=6), model_path=model_dir,
+                        renderer_cfg=None, seed=0)  # fmt: skip
+        await rt.start()
+        try:
+            assert rt.example_ids() == [0, 1, 2, 3] and rt.example_ids(2) == [0, 1]
+            pids = child_pids(rt)
+            assert len(pids) == 2
+            # Find the example whose answer is "3" by scoring a fixed reply on each: rewards are 0/1.
+            policy = AnswerPolicy(model_dir, "3")
+            groups = [await rt.run_group(i, 3, client=policy, sampling=SamplingParams(max_tokens=8))
+                      for i in rt.example_ids()]  # fmt: skip
+        finally:
+            await rt.aclose()
+        return pids, groups
+
+    pids, groups = asyncio.run(go())
+    assert not any(alive(p) for p in pids)
+    rewards = [[r.reward for r in g] for g in groups]
+    assert all(len(set(g)) == 1 for g in rewards)  # same reply, same reward within a group
+    assert {g[0] for g in rewards} <= {0.0, 1.0}
+    for g in groups:
+        for r in g:
+            assert r.error_class is None and r.num_turns == 1 and len(r.samples) == 1
+            assert r.task_id.startswith("count-") and r.reward_components.keys() == {"correct"}
+
+
+def test_raising_scorer_gives_task_error_without_retry(model_dir, external_on_path):
+    async def go():
+        rt = EnvRuntime(env_cfg("raising-scorer", retries=3), model_path=model_dir, renderer_cfg=None, seed=0)
+        await rt.start()
+        try:
+            policy = AnswerPolicy(model_dir, "0")
+            return await rt.run_group(0, 2, client=policy, sampling=SamplingParams(max_tokens=8)), policy.calls
+        finally:
+            await rt.aclose()
+
+    group, calls = asyncio.run(go())
+    assert [r.error_class for r in group] == ["TaskError", "TaskError"]
+    assert all(r.samples == [] for r in group) and "scorer bug on purpose" in group[0].error_message
+    assert calls == 2  # deterministic class: not retried
+
+
+def test_provider_errors_are_retried(model_dir):
+    async def go():
+        rt = EnvRuntime(env_cfg("reverse-text", workers=1, retries=2), model_path=model_dir, renderer_cfg=None,
+                        seed=0)  # fmt: skip
+        await rt.start()
+        try:
+            ok = await rt.run_group(0, 1, client=AnswerPolicy(model_dir, "abc", fail_first=2),
+                                    sampling=SamplingParams(max_tokens=16))  # fmt: skip
+            bad = await rt.run_group(0, 1, client=AnswerPolicy(model_dir, "abc", fail_first=5),
+                                     sampling=SamplingParams(max_tokens=16))  # fmt: skip
+        finally:
+            await rt.aclose()
+        return ok[0], bad[0]
+
+    ok, bad = asyncio.run(go())
+    assert ok.error_class is None and ok.metrics["retries"] == 2.0 and ok.samples
+    assert bad.error_class == "ProviderError" and bad.samples == [] and bad.metrics["retries"] == 2.0
+
+
+def test_crashed_worker_is_replaced_and_rollout_retried(model_dir):
+    async def go():
+        rt = EnvRuntime(env_cfg("reverse-text", workers=1, retries=1), model_path=model_dir, renderer_cfg=None,
+                        seed=0)  # fmt: skip
+        await rt.start()
+        try:
+            first = child_pids(rt)[0]
+            os.kill(first, signal.SIGKILL)
+            await asyncio.sleep(0.3)
+            group = await rt.run_group(1, 2, client=AnswerPolicy(model_dir, "xyz"),
+                                       sampling=SamplingParams(max_tokens=16))  # fmt: skip
+            second = child_pids(rt)[0]
+        finally:
+            await rt.aclose()
+        return first, second, group
+
+    first, second, group = asyncio.run(go())
+    assert first != second and not alive(second)
+    assert all(r.error_class is None for r in group)

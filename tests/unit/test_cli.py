@@ -1,0 +1,82 @@
+"""The CLI on login-node paths: exit codes, messages, run directory, no torch/vllm imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "jobs" / "reverse-text" / "rl.toml"
+
+
+def srl(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=60)
+
+
+def test_help_and_schema():
+    assert srl("--help").returncode == 0
+    out = srl("rl", "--help")
+    assert out.returncode == 0 and "orchestrator.batch_size" in out.stdout and "Rollouts per training step" in out.stdout
+
+
+def test_config_error_exit_2_without_traceback(tmp_path):
+    out = srl("rl", "@", JOB, "--orchestrator.batch-size", "100", "--output-dir", tmp_path)
+    assert out.returncode == 2
+    assert "orchestrator.batch_size" in out.stderr and "Traceback" not in out.stderr
+    assert not any(tmp_path.iterdir()), "nothing may be written before validation passes"
+
+
+def test_missing_file_and_broken_toml(tmp_path):
+    out = srl("rl", "@", tmp_path / "nope.toml")
+    assert out.returncode == 2 and "not found" in out.stderr and "Traceback" not in out.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[orchestrator\nbatch_size = ")
+    out = srl("config", "show", "@", bad)
+    assert out.returncode == 2 and "broken TOML" in out.stderr and str(bad) in out.stderr
+
+
+def test_config_show_and_convert():
+    out = srl("config", "show", "@", JOB, "--orchestrator.batch-size", "32")
+    assert out.returncode == 0 and "batch_size = 32" in out.stdout
+    out = srl("config", "convert", ROOT / "tests" / "fixtures" / "configs" / "hosted_flat.toml")
+    assert out.returncode == 0 and "group_size = 8" in out.stdout and "legacy = true" in out.stdout
+    assert "hosted shape" in out.stderr
+
+
+def test_dry_run_writes_resolved_configs_and_refuses_existing(tmp_path):
+    out = srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "r1")
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "r1"
+    for role in ("rl", "trainer", "orchestrator", "inference"):
+        assert json.loads((run / "configs" / "latest" / "resolved" / f"{role}.json").read_text())
+    assert (run / "configs" / "attempt_1" / "command.txt").read_text().startswith("srl rl @")
+    assert (run / "configs" / "latest").resolve().name == "attempt_1"
+    assert (run / "launcher" / "placement.json").exists()
+    again = srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "r1")
+    assert again.returncode == 2 and "--resume" in again.stderr
+    resumed = srl("rl", "@", JOB, "--dry-run", "--resume", "--output-dir", tmp_path, "--run.name", "r1")
+    assert resumed.returncode == 0 and (run / "configs" / "latest").resolve().name == "attempt_2"
+
+
+def test_auto_run_name(tmp_path):
+    out = srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path)
+    assert out.returncode == 0, out.stderr
+    (name,) = [p.name for p in tmp_path.iterdir()]
+    assert name.startswith("reverse-text--tiny-qwen3--")
+
+
+@pytest.mark.parametrize("code", [
+    "import toolkit.cli, toolkit.config, toolkit.config.schema_help",
+    "from toolkit.cli import main; main(['rl', '@', r'{job}', '--dry-run', '--output-dir', r'{out}'])",
+])
+def test_login_node_paths_import_no_torch_or_vllm(code, tmp_path):
+    code = code.format(job=JOB, out=tmp_path)
+    probe = f"import sys\n{code}\nbad=[m for m in ('torch','vllm','transformers') if m in sys.modules]\nprint(bad)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -1,0 +1,223 @@
+"""Every cross-field rule, each with its own test (field cases B13 config part, B14, B19, B20, B22, B29, B30)."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolkit.config import ConfigError, validate_dict
+from toolkit.config.slurm_time import parse_slurm_time
+
+BASE = {
+    "max_steps": 10,
+    "orchestrator": {
+        "batch_size": 64,
+        "group_size": 8,
+        "train": {"env": [{"taskset": {"id": "reverse-text"}}]},
+        "eval": {"env": [{"taskset": {"id": "reverse-text", "split": "test"}}]},
+    },
+}
+
+
+def cfg(**patch):
+    import copy
+
+    from toolkit.config.compose import deep_merge
+
+    return deep_merge(copy.deepcopy(BASE), patch)
+
+
+def errors_of(data) -> str:
+    with pytest.raises(ConfigError) as e:
+        validate_dict(data)
+    return str(e.value)
+
+
+def warnings_of(data) -> str:
+    return "\n".join(str(w) for w in validate_dict(data).warnings)
+
+
+def test_base_is_valid():
+    assert validate_dict(cfg()).config.orchestrator.batch_size == 64
+
+
+def test_b20_batch_not_whole_groups_names_fields_and_nearest_sizes():
+    text = errors_of(cfg(orchestrator={"batch_size": 100, "group_size": 8}))
+    assert "orchestrator.batch_size" in text and "orchestrator.group_size" in text
+    assert "96 or 104" in text
+
+
+def test_b20_group_size_one_is_rejected_with_reason():
+    text = errors_of(cfg(orchestrator={"batch_size": 64, "group_size": 1}))
+    assert "group-relative advantage" in text and "group_size >= 2" in text
+
+
+def test_b20_per_env_group_size_checked_too():
+    env = {"taskset": {"id": "reverse-text"}, "group_size": 12}
+    text = errors_of(cfg(orchestrator={"train": {"env": [env]}}))
+    assert "orchestrator.train.env[0].group_size" in text and "60 or 72" in text
+
+
+def test_small_group_warns():
+    assert "8 or more" in warnings_of(cfg(orchestrator={"group_size": 4}))
+
+
+def test_env_names_unique():
+    envs = [{"taskset": {"id": "arith"}}, {"taskset": {"id": "arith"}}]
+    assert "used 2 times" in errors_of(cfg(orchestrator={"train": {"env": envs}}))
+    envs = [{"name": "a", "taskset": {"id": "arith"}}, {"name": "b", "taskset": {"id": "arith"}}]
+    validate_dict(cfg(orchestrator={"train": {"env": envs}}))
+
+
+def test_ratio_on_all_or_none():
+    envs = [{"name": "a", "ratio": 2, "taskset": {"id": "arith"}}, {"name": "b", "taskset": {"id": "arith"}}]
+    text = errors_of(cfg(orchestrator={"train": {"env": envs}}))
+    assert "ratio" in text and "['b']" in text
+
+
+def test_max_concurrent_covers_group_times_workers():
+    env = {"taskset": {"id": "arith"}, "pool": {"max_workers": 16}}
+    text = errors_of(cfg(orchestrator={"max_concurrent": 64, "train": {"env": [env]}}))
+    assert "max_concurrent" in text and ">= 128" in text
+
+
+def test_b19_max_steps_must_exceed_async_level():
+    text = errors_of(cfg(max_steps=2, orchestrator={"max_async_level": 4}))
+    assert "max_steps" in text and "max_async_level" in text
+
+
+def test_infinite_timeout_rejected():
+    env = {"taskset": {"id": "arith"}, "timeout": {"rollout": float("inf")}}
+    assert "timeout.rollout" in errors_of(cfg(orchestrator={"train": {"env": [env]}}))
+
+
+def test_truncated_sampling_needs_bounded_top_k():
+    assert "top_k" in errors_of(cfg(orchestrator={"train": {"sampling": {"top_p": 0.9}}}))
+    validate_dict(cfg(orchestrator={"train": {"sampling": {"top_p": 0.9, "top_k": 50}}}))
+
+
+def test_single_node_gpu_arithmetic():
+    dep = {"type": "single_node", "gpus_per_node": 8, "num_train_gpus": 6, "num_infer_gpus": 4}
+    assert "6 + 4 = 10" in errors_of(cfg(deployment=dep))
+
+
+MULTI = {"type": "multi_node", "gpus_per_node": 8, "num_train_nodes": 2, "num_infer_nodes": 1}
+
+
+def test_multi_node_needs_slurm_site():
+    assert "Slurm site" in errors_of(cfg(deployment=MULTI))
+
+
+def _slurm_cfg(**patch):
+    from toolkit.config.compose import deep_merge
+
+    return deep_merge(cfg(deployment=MULTI, site="local-slurm"), patch)
+
+
+def _validate_with_sites(data, tmp_path, monkeypatch):
+    for s in ("local", "local-slurm"):
+        (tmp_path / f"{s}.toml").write_text("")
+    monkeypatch.setenv("SRL_SITE_CONFIGS", str(tmp_path))
+    return validate_dict(data)
+
+
+def _errors_with_sites(data, tmp_path, monkeypatch):
+    with pytest.raises(ConfigError) as e:
+        _validate_with_sites(data, tmp_path, monkeypatch)
+    return str(e.value)
+
+
+def test_b30_disaggregated_nodes_from_nodes_per_replica(tmp_path, monkeypatch):
+    from toolkit.placement.topology import derive_topology
+
+    infer = {"deployment": {"type": "disaggregated", "num_prefill_replicas": 1, "prefill_nodes_per_replica": 1,
+                            "num_decode_replicas": 1, "decode_nodes_per_replica": 2}}
+    data = _slurm_cfg(inference=infer, deployment={"num_infer_nodes": 3, "num_train_nodes": 2})
+    topo = derive_topology(_validate_with_sites(data, tmp_path, monkeypatch).config)
+    assert topo.num_nodes == 5
+    isl = topo.islands[0]
+    assert isl.prefill_nodes == ((0,),) and isl.decode_nodes == ((1, 2),) and topo.trainer_nodes == (3, 4)
+    # Worker counts (2) instead of nodes (3) is caught, and an explicit total that disagrees is an error.
+    text = _errors_with_sites(_slurm_cfg(inference=infer, deployment={"num_infer_nodes": 2}), tmp_path, monkeypatch)
+    assert "implies" in text and "= 3" in text
+    data = _slurm_cfg(inference=infer, deployment={"num_infer_nodes": 3, "num_train_nodes": 2, "nodes": 4})
+    assert "needs 5 nodes" in _errors_with_sites(data, tmp_path, monkeypatch)
+
+
+def test_b29_trainer_dp_accounts_for_tp_cp(tmp_path, monkeypatch):
+    from toolkit.placement.topology import derive_topology
+
+    data = _slurm_cfg(trainer={"tp": 2, "cp": 1})
+    topo = derive_topology(_validate_with_sites(data, tmp_path, monkeypatch).config)
+    assert topo.trainer_dp == 8
+    text = _errors_with_sites(_slurm_cfg(trainer={"tp": 3}), tmp_path, monkeypatch)
+    assert "does not divide" in text and "16" in text
+
+
+def test_tp_divides_gpus_per_node(tmp_path, monkeypatch):
+    text = _errors_with_sites(_slurm_cfg(inference={"vllm": {"tensor_parallel_size": 3}}), tmp_path, monkeypatch)
+    assert "tensor_parallel_size" in text
+
+
+def test_fsdp_group_divides_trainer_nodes(tmp_path, monkeypatch):
+    text = _errors_with_sites(_slurm_cfg(deployment={"nodes_per_fsdp_group": 3}), tmp_path, monkeypatch)
+    assert "nodes_per_fsdp_group" in text
+
+
+def test_b18_broadcast_retention_covers_async_window():
+    text = errors_of(cfg(orchestrator={"max_async_level": 8}, weight_broadcast={"keep": 2}, max_steps=20))
+    assert "weight_broadcast.keep" in text and ">= max_async_level + 1 = 9" in text
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("90", 5400), ("30:00", 1800), ("04:00:00", 14400), ("2-12", 216000), ("3-0:00", 259200),
+     ("1-02:03:04", 93784), ("UNLIMITED", None)],
+)
+def test_slurm_time_forms(text, seconds):
+    assert parse_slurm_time(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "1:2:3:4", "abc", "0", "10:75", "1-2-3"])
+def test_slurm_time_rejects(bad):
+    with pytest.raises(ValueError):
+        parse_slurm_time(bad)
+
+
+def test_b13_signal_lead_below_time_limit():
+    assert "signal_lead_s" in errors_of(cfg(slurm={"time": "10", "signal_lead_s": 600}))
+    assert "slurm.time" in errors_of(cfg(slurm={"time": "4 hours"}))
+    validate_dict(cfg(slurm={"time": "04:00:00", "requeue": True, "signal": "USR2", "signal_lead_s": 600}))
+
+
+def test_b14_default_signal_not_usr1_and_usr1_with_nccl_warns():
+    assert validate_dict(cfg()).config.slurm.signal == "USR2"
+    gpu = {"type": "single_node", "gpus_per_node": 8, "num_train_gpus": 4, "num_infer_gpus": 4}
+    assert "NCCL" in warnings_of(cfg(slurm={"signal": "USR1"}, deployment=gpu))
+
+
+def test_b02_per_task_gpu_binding_rejected():
+    text = errors_of(cfg(slurm={"extra_directives": ["--gpus-per-task=1"]}))
+    assert "P2P" in text or "local ranks" in text
+
+
+def test_b22_secret_values_in_env_tables_rejected():
+    text = errors_of(cfg(env_vars={"WANDB_API_KEY": "dummy-secret-123"}))
+    assert "env_vars.WANDB_API_KEY" in text and "dummy-secret-123" not in text
+
+
+def test_b28_pkill_pre_run_command_warns():
+    assert "pkill" in warnings_of(cfg(slurm={"pre_run_command": "pkill -9 -f vllm || true"}))
+
+
+def test_unknown_key_did_you_mean():
+    text = errors_of(cfg(orchestrator={"batch_sise": 3}))
+    assert "unknown key 'batch_sise'" in text and "did you mean 'batch_size'" in text
+
+
+def test_unknown_site_lists_allowed():
+    text = errors_of(cfg(site="nowhere"))
+    assert "unknown site 'nowhere'" in text and "local" in text
+
+
+def test_bad_run_name_rejected():
+    assert "run.name" in errors_of(cfg(run={"name": "../../etc"}))

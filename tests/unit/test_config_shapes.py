@@ -1,0 +1,111 @@
+"""Each config shape the seeds show validates to the expected canonical config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolkit.config import ConfigError, load_config
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+
+
+def load(name: str, *overrides: str):
+    return load_config([FIX / name], list(overrides))
+
+
+def test_native_single_env():
+    cfg = load("native_single.toml").config
+    env = cfg.orchestrator.train.env[0]
+    assert env.env_name == "rt-train"
+    assert env.taskset.id == "reverse-text" and env.taskset.split == "train"
+    assert env.harness.id == "default" and env.harness.runtime.type == "subprocess"
+    assert env.timeout.rollout == 600 and env.timeout.scoring == 120
+    assert env.max_turns == 8 and env.max_total_tokens == 32768
+    assert cfg.orchestrator.eval.interval == 20
+    assert cfg.orchestrator.eval.env[0].num_examples == 200
+    assert cfg.orchestrator.eval.env[0].group_size == 4
+    assert not env.legacy
+
+
+def test_multi_env_ratios():
+    cfg = load("multi_env.toml").config
+    assert [(e.env_name, e.ratio) for e in cfg.orchestrator.train.env] == [("math", 3), ("sort", 1)]
+
+
+def test_agentic_runtime_pool_and_timeouts():
+    cfg = load("agentic.toml").config
+    env = cfg.orchestrator.train.env[0]
+    assert env.harness.runtime.type == "prime" and env.harness.runtime.cpu == 4 and env.harness.runtime.memory == 8
+    assert (env.timeout.setup, env.timeout.rollout, env.timeout.finalize, env.timeout.scoring) == (600, 3600, 600, 600)
+    assert (env.pool.type, env.pool.max_workers, env.pool.multiplex) == ("elastic", 8, 64)
+    # Typed taskset fields the taskset itself validates are kept.
+    assert env.taskset.model_extra == {"dataset": "terminal-bench/terminal-bench-2"}
+    assert env.env_name == "harbor"
+
+
+def test_legacy_v0_bridge_is_labelled():
+    loaded = load("legacy_v0.toml")
+    env = loaded.config.orchestrator.train.env[0]
+    assert env.legacy and env.id == "reverse-text"
+    assert env.taskset.id == "reverse-text" and env.taskset.split == "train" and env.taskset.seed == 3
+    assert any("legacy" in n for n in loaded.notices)
+    assert any("legacy" in n for n in loaded.config.notices)
+
+
+def test_legacy_with_native_fields_in_args_is_an_error(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text('[[orchestrator.train.env]]\nid = "x"\nargs = { timeout = { rollout = 5 }, max_turns = 3 }\n')
+    with pytest.raises(ConfigError) as e:
+        load_config([p])
+    text = str(e.value)
+    assert "orchestrator.train.env[0].args" in text and "max_turns" in text and "move them" in text
+
+
+def test_hosted_flat_shape():
+    loaded = load("hosted_flat.toml")
+    cfg = loaded.config
+    assert cfg.model.name == "tiny-qwen3"
+    assert cfg.max_steps == 500
+    assert cfg.orchestrator.batch_size == 256 and cfg.orchestrator.group_size == 8
+    assert cfg.orchestrator.train.sampling.max_completion_tokens == 512
+    env = cfg.orchestrator.train.env[0]
+    assert env.legacy and env.taskset.id == "alphabet-sort"
+    assert cfg.monitors.wandb.project == "alphabet-sort"
+    assert len(loaded.notices) >= 5
+
+
+def test_older_names_of_the_second_seed():
+    loaded = load("older_names.toml")
+    o = loaded.config.orchestrator
+    assert o.group_size == 16 and o.max_async_level == 2 and o.max_concurrent == 128
+    assert o.buffer.online_difficulty_filtering and o.buffer.oversampling_factor == 2.0
+    assert (o.buffer.easy_threshold, o.buffer.hard_threshold) == (0.9, 0.1)
+    assert any("rollouts_per_example" in n for n in loaded.notices)
+
+
+def test_overrides_files_merge_and_lists_replace(tmp_path):
+    over = tmp_path / "over.toml"
+    over.write_text('[orchestrator]\nbatch_size = 32\n[[orchestrator.train.env]]\ntaskset = { id = "arith" }\n')
+    cfg = load_config([FIX / "multi_env.toml", over], ["--trainer.optim.lr", "1e-5", "--no-monitors.file"]).config
+    assert cfg.orchestrator.batch_size == 32 and cfg.orchestrator.group_size == 8  # tables deep-merge
+    assert [e.env_name for e in cfg.orchestrator.train.env] == ["arith"]  # lists replace
+    assert cfg.trainer.optim.lr == 1e-5 and cfg.monitors.file is False
+
+
+def test_override_none_means_null():
+    cfg = load("native_single.toml", "--ckpt.keep-last", "None").config
+    assert cfg.ckpt.keep_last is None
+
+
+def test_canonical_round_trip_is_stable():
+    import tomli_w
+
+    from toolkit.config import validate_dict
+
+    cfg = load("hosted_flat.toml").config
+    dumped = cfg.model_dump(mode="json", exclude_none=True)
+    again = validate_dict(dumped).config
+    assert again.model_dump() == cfg.model_dump()
+    assert tomli_w.dumps(dumped)

@@ -1,0 +1,75 @@
+"""Taskset id resolution: built-ins first, else an importable module exporting exactly one Taskset subclass."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("verifiers.v1")
+
+from toolkit.envs.local import LocalSession  # noqa: E402
+from toolkit.envs.registry import load_tasks, taskset_class  # noqa: E402
+from toolkit.errors import TaskError  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "external_taskset"
+
+
+@pytest.fixture
+def external_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    yield
+    for name in ("count_letters", "raising_scorer"):
+        sys.modules.pop(name, None)
+
+
+def ts(id_: str, **extra):
+    return SimpleNamespace(id=id_, split="train", seed=0, select=None, model_extra=extra)
+
+
+def test_builtin_ids_resolve():
+    for id_, cls in (("reverse-text", "ReverseTextTaskset"), ("arith", "ArithTaskset"),
+                     ("alphabet-sort", "AlphabetSortTaskset")):  # fmt: skip
+        assert taskset_class(id_).__name__ == cls
+
+
+def test_unknown_id_fails_clearly():
+    with pytest.raises(ModuleNotFoundError, match="no-such-taskset"):
+        taskset_class("no-such-taskset")
+
+
+def test_external_taskset_resolves_with_typed_fields(external_path):
+    assert taskset_class("count-letters").__name__ == "CountLettersTaskset"
+    tasks = load_tasks(ts("count-letters", letter="p", num_examples=5))
+    assert len(tasks) == 5 and all("'p'" in t.data.prompt for t in tasks)
+    task = tasks[0]
+
+    async def go(reply: str) -> float:
+        s = LocalSession(task)
+        await s.start()
+        await s.step(reply)
+        return (await s.finish())["reward"]
+
+    assert asyncio.run(go(str(task.data.answer))) == 1.0
+    assert asyncio.run(go(str(task.data.answer + 1))) == 0.0
+
+
+def test_external_rejects_unknown_field(external_path):
+    with pytest.raises(Exception, match="no_such_field"):
+        load_tasks(ts("count-letters", no_such_field=1))
+
+
+def test_raising_scorer_is_task_error(external_path):
+    task = load_tasks(ts("raising-scorer"))[0]
+
+    async def go():
+        s = LocalSession(task)
+        await s.start()
+        await s.step("anything")
+        await s.finish()
+
+    with pytest.raises(TaskError, match="scorer bug on purpose"):
+        asyncio.run(go())

@@ -1,0 +1,261 @@
+"""Site configs: what differs between clusters (GPU request style, accounting, ports, filesystems, modules).
+
+A site is a TOML file in ``site-configs/`` named by ``RLConfig.site``. ``local`` means no Slurm: every process runs on
+this machine. Validation is as strict as the run config (unknown keys are errors) and adds checks that need the
+machine itself: a port range that overlaps the kernel's ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``)
+is an error, because an outgoing connection may already hold a port srl hands to a server.
+
+Light: pydantic and the standard library only (login-node safe).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError, Findings, pydantic_issues
+from .model import RLConfig, Section
+
+# Framework defaults that srl never hands out: torchrun's master port and vLLM's HTTP port (field case B05).
+FORBIDDEN_PORTS = frozenset({29500, 8000})
+# Linux's default when /proc cannot be read (net.ipv4.ip_local_port_range).
+DEFAULT_EPHEMERAL = (32768, 60999)
+# An absolute path of safe characters, optionally starting with one $VAR / ${VAR} expanded on the compute node.
+_SCRATCH_RE = re.compile(r"(\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|/)[A-Za-z0-9_./-]*")
+_SAFE_WORD = re.compile(r"[A-Za-z0-9_.,:@%+=/-]+")
+GPU_REQUEST_STYLES = ("gres", "gpus-per-node", "gpus")
+
+
+class GpuSection(Section):
+    request_style: Literal["gres", "gpus-per-node", "gpus"] = "gres"
+    """How batch scripts request GPUs: ``--gres=gpu[:type]:N``, ``--gpus-per-node=N`` or ``--gpus=N`` (total)."""
+    gres_type: str | None = None
+    """Typed GRES (``h100`` gives ``--gres=gpu:h100:8``); None = untyped."""
+    gpus_per_node: int = Field(0, ge=0, le=64)
+    """GPUs on one node of the default partition (0 = CPU nodes); used to check deployments."""
+
+    @field_validator("gres_type")
+    @classmethod
+    def _word(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
+            raise ValueError("gres_type must be letters, digits, '.', '_' or '-'")
+        return v
+
+
+class AccountingSection(Section):
+    enabled: bool = False
+    """The cluster has an accounting plugin (slurmdbd). Without it ``--account`` is never rendered."""
+    required: bool = False
+    """Jobs must name an account (``slurm.account`` or ``default_account``)."""
+    default_account: str | None = None
+
+
+class PortsSection(Section):
+    range_start: int = Field(20000, ge=1024, le=65535)
+    """First port srl may hand out (inclusive)."""
+    range_end: int = Field(30000, ge=1024, le=65535)
+    """Last port srl may hand out (exclusive)."""
+
+    @model_validator(mode="after")
+    def _order(self) -> PortsSection:
+        if self.range_end - self.range_start < 64:
+            raise ValueError(f"port range [{self.range_start}, {self.range_end}) must hold at least 64 ports")
+        return self
+
+
+class FilesystemSection(Section):
+    shared_root: str | None = None
+    """Shared storage root for runs (checkpoints, weights, rollouts, logs)."""
+    home_is_shared: bool = True
+    """``$HOME`` is on a shared filesystem (NFS): never put JIT caches there (field case B09)."""
+    node_local_scratch: str = "/tmp"
+    """Node-local scratch for per-job JIT/compile caches: an absolute path or ``$VAR[/sub]`` expanded on the node."""
+
+    @field_validator("node_local_scratch")
+    @classmethod
+    def _scratch(cls, v: str) -> str:
+        if not _SCRATCH_RE.fullmatch(v):
+            raise ValueError("node_local_scratch must be an absolute path or $VAR[/path] of safe characters")
+        return v
+
+
+class PartitionsSection(Section):
+    default: str | None = None
+    """Partition for GPU components (None = the cluster's default partition)."""
+    cpu: str | None = None
+    """CPU partition for a heterogeneous orchestrator component."""
+
+
+class ContainerSection(Section):
+    type: Literal["apptainer"] = "apptainer"
+    image: str
+    """Image path on the shared filesystem (``.sif``)."""
+    binds: list[str] = []
+    """Extra ``--bind`` specs (the run directory is always bound)."""
+
+
+class EnvironmentSection(Section):
+    modules: list[str] = []
+    """``module load`` names run at the top of every batch script."""
+    setup: list[str] = []
+    """Trusted shell lines from the site admin (e.g. ``source /opt/env.sh``), run after modules."""
+    python: str = "python3"
+    """Python interpreter (with srl installed) on the compute nodes."""
+    container: ContainerSection | None = None
+
+
+class LimitsSection(Section):
+    max_array_size: int = Field(1001, ge=1)
+    """Slurm MaxArraySize: larger sweeps are split into several arrays."""
+    max_nodes: int | None = Field(None, ge=1)
+
+
+class SiteConfig(Section):
+    """One cluster (or ``local``). Loaded by :func:`load_site`."""
+
+    name: str
+    scheduler: Literal["local", "slurm"] = "slurm"
+    description: str = ""
+    submit_host: Literal["login", "controller"] = "login"
+    """Where ``sbatch`` runs (some clusters submit from the controller node)."""
+    gpu: GpuSection = GpuSection()
+    accounting: AccountingSection = AccountingSection()
+    partitions: PartitionsSection = PartitionsSection()
+    ports: PortsSection = PortsSection()
+    filesystem: FilesystemSection = FilesystemSection()
+    environment: EnvironmentSection = EnvironmentSection()
+    limits: LimitsSection = LimitsSection()
+    source: Path | None = None
+    """File the site was read from (filled by :func:`load_site`)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
+            raise ValueError("site name must be letters, digits, '.', '_' or '-'")
+        return v
+
+    @property
+    def is_slurm(self) -> bool:
+        return self.scheduler == "slurm"
+
+
+def ephemeral_port_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The kernel's ephemeral port range ``(low, high)`` inclusive; Linux's default if the file is unreadable."""
+    try:
+        lo, hi = (int(x) for x in path.read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+
+
+def site_findings(site: SiteConfig, ephemeral: tuple[int, int] | None = None) -> Findings:
+    """Checks of a site on its own: port range outside the ephemeral range and free of framework defaults."""
+    f = Findings()
+    lo, hi = ephemeral or ephemeral_port_range()
+    a, b = site.ports.range_start, site.ports.range_end - 1
+    if a <= hi and b >= lo:
+        f.error(
+            "ports",
+            f"port range [{site.ports.range_start}, {site.ports.range_end}) overlaps the kernel's ephemeral range "
+            f"[{lo}, {hi}] (ip_local_port_range): an outgoing connection may already hold a port; choose a range "
+            f"below {lo} or above {hi}",
+        )
+    if site.accounting.required and not site.accounting.enabled:
+        f.error("accounting.required", "an account can only be required on a site with accounting enabled")
+    if site.scheduler == "local" and site.environment.container is not None:
+        f.error("environment.container", "containers are only supported on Slurm sites")
+    for m in site.environment.modules:
+        if not _SAFE_WORD.fullmatch(m):
+            f.error("environment.modules", f"'{m}' is not a module name")
+    return f
+
+
+def load_site(name_or_path: str | Path, *, directory: Path | None = None) -> SiteConfig:
+    """Read and validate a site config by name (``site-configs/<name>.toml``) or path.
+
+    Raises ConfigError naming the file and field for unknown keys, bad values, a port range overlapping the
+    ephemeral range, or a missing file (listing the known sites).
+    """
+    from . import site_configs_dir
+
+    base = directory or site_configs_dir()
+    p = Path(name_or_path)
+    path = p if p.suffix == ".toml" else base / f"{p}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(x.stem for x in base.glob("*.toml")))
+        raise ConfigError(f"site config {path} not found; known sites: {known}")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    raw.setdefault("name", path.stem)
+    try:
+        site = SiteConfig.model_validate({**raw, "source": str(path)})
+    except ValidationError as e:
+        raise ConfigError(pydantic_issues(e, SiteConfig, source=str(path))) from None
+    found = site_findings(site)
+    if found.errors:
+        raise ConfigError(found.errors)
+    return site
+
+
+def check_run_against_site(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
+    """Rules that need both the run config and its site; appends to ``f``.
+
+    - accounting: ``--account`` only where the site has accounting, and required where it requires one;
+    - GPUs per node must not exceed the site's nodes;
+    - a single-node deployment on ``local`` needs no GPUs; multi-node needs a Slurm site;
+    - a hetjob orchestrator needs a CPU partition (``deployment.orchestrator_partition`` or the site's);
+    - JIT caches set by the user on the shared filesystem get a warning (field case B09).
+    """
+    s = cfg.slurm
+    if site.is_slurm:
+        if s.account and not site.accounting.enabled:
+            f.error(
+                "slurm.account",
+                f"site '{site.name}' has no accounting plugin: sbatch must not carry --account; remove slurm.account",
+            )
+        if site.accounting.required and not (s.account or site.accounting.default_account):
+            f.error("slurm.account", f"site '{site.name}' requires an account: set slurm.account")
+    gpn = cfg.deployment.gpus_per_node
+    if site.is_slurm and site.gpu.gpus_per_node and gpn > site.gpu.gpus_per_node:
+        f.error(
+            "deployment.gpus_per_node",
+            f"{gpn} GPUs per node requested but nodes of site '{site.name}' have {site.gpu.gpus_per_node}",
+        )
+    if not site.is_slurm and cfg.deployment.type == "multi_node":
+        f.error("site", f"site '{site.name}' runs processes on this machine; a multi_node deployment needs Slurm")
+    if cfg.inference.external and cfg.deployment.type == "single_node" and not site.is_slurm:
+        pass  # a local run may use an inference deployment served elsewhere
+    _cache_dirs_on_shared_fs(cfg, site, f)
+
+
+_CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE")
+
+
+def _cache_dirs_on_shared_fs(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
+    layers = {
+        "env_vars": cfg.env_vars,
+        "trainer.env_vars": cfg.trainer.env_vars,
+        "inference.env_vars": cfg.inference.env_vars,
+        "orchestrator.env_vars": cfg.orchestrator.env_vars,
+    }
+    shared = [r for r in (site.filesystem.shared_root,) if r]
+    for path, table in layers.items():
+        for key in _CACHE_VARS:
+            val = table.get(key)
+            if val is None:
+                continue
+            on_home = site.filesystem.home_is_shared and (val.startswith(("~", "$HOME", "${HOME}", "/home/")))
+            on_shared = any(val.startswith(r.rstrip("/") + "/") or val == r for r in shared)
+            if on_home or on_shared:
+                f.warn(
+                    f"{path}.{key}",
+                    f"{val} is on a shared filesystem: concurrent JIT cache writes from several ranks race there "
+                    "(stale file handles); leave it unset so srl uses node-local scratch per job",
+                )

@@ -1,0 +1,79 @@
+"""Queue depths of a deployment's engines, per role, from vLLM's Prometheus ``/metrics``.
+
+``srl inference queues <run>`` prints these so a user can see which side of a prefill/decode deployment to grow:
+requests piling up in the prefill engines' waiting queues mean too few prefill replicas, and vice versa.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+# One sample line of the Prometheus text format: name{labels} value
+_SAMPLE_RE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+
+
+def parse_metric(text: str, name: str) -> float | None:
+    """Sum of every sample of metric ``name`` (over label sets, e.g. DP ranks) in Prometheus text; None if absent."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        m = _SAMPLE_RE.match(line)
+        if m and m.group("name") == name:
+            total += float(m.group("value"))
+            seen = True
+    return total if seen else None
+
+
+def engine_queue(url: str, *, timeout_s: float = 5.0) -> dict[str, float | None]:
+    """``waiting`` and ``running`` request counts and ``kv_cache_usage`` (0-1) of one engine.
+
+    Values are None when the engine is unreachable or does not export the metric; ``error`` then says why.
+    """
+    try:
+        resp = httpx.get(f"{url.rstrip('/')}/metrics", timeout=timeout_s)
+        resp.raise_for_status()
+    except httpx.HTTPError as exc:
+        return {"waiting": None, "running": None, "kv_cache_usage": None, "error": f"{type(exc).__name__}: {exc}"}
+    text = resp.text
+    return {
+        "waiting": parse_metric(text, WAITING),
+        "running": parse_metric(text, RUNNING),
+        "kv_cache_usage": parse_metric(text, KV_USAGE),
+    }
+
+
+def queue_depths(engine_urls_by_role: Mapping[str, Sequence[str]], *, timeout_s: float = 5.0) -> dict[str, Any]:
+    """Queue depths of every engine, grouped by role ("engine", "prefill", "decode").
+
+    Returns ``{role: {"engines": {url: engine_queue(url)}, "waiting": total, "running": total}}`` (totals over
+    reachable engines) plus, when both prefill and decode are present, ``"advice"``: which side to grow (the side
+    whose waiting requests per engine are higher; "balanced" when neither waits).
+    """
+    out: dict[str, Any] = {}
+    for role, urls in engine_urls_by_role.items():
+        engines = {u: engine_queue(u, timeout_s=timeout_s) for u in urls}
+        out[role] = {
+            "engines": engines,
+            "waiting": sum(e["waiting"] or 0.0 for e in engines.values()),
+            "running": sum(e["running"] or 0.0 for e in engines.values()),
+        }
+    if "prefill" in out and "decode" in out:
+        per = {r: out[r]["waiting"] / max(1, len(out[r]["engines"])) for r in ("prefill", "decode")}
+        if per["prefill"] == per["decode"] == 0:
+            out["advice"] = "balanced: no requests waiting on either side"
+        else:
+            side = "prefill" if per["prefill"] > per["decode"] else "decode"
+            out["advice"] = (
+                f"grow {side}: {per[side]:.1f} requests waiting per {side} engine "
+                f"(prefill {per['prefill']:.1f}, decode {per['decode']:.1f})"
+            )
+    return out

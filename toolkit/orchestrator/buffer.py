@@ -1,0 +1,138 @@
+"""Assembling one trainer step's batch from finished groups.
+
+Groups are offered in the order they finish. For each group the builder:
+
+1. sets errored rollouts aside (never trained on; counted per env);
+2. drops the whole group when its policy is older than the off-policy bound (``off_policy``);
+3. computes advantages over the group's valid rollouts (see :mod:`toolkit.orchestrator.advantages`);
+4. drops groups without signal when difficulty filtering is on (see :mod:`toolkit.orchestrator.filtering`);
+5. adds the group to the batch.
+
+The batch holds ``batch_size`` rollouts. Groups are whole except possibly the last: when a group does not fit
+(errored rollouts make groups uneven), it is cut to the rollouts still needed, keeping the advantages computed over
+the whole group and the group's launch order (never completion order, which would favour short completions).
+Every offered rollout, kept or not, is recorded for the store with its off-policy age.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from toolkit.orchestrator.advantages import compute_advantages
+from toolkit.orchestrator.filtering import drop_reason, is_uniform
+from toolkit.orchestrator.policy import is_stale, off_policy_age
+from toolkit.orchestrator.types import Rollout, TrainingSample
+
+
+@dataclass
+class BufferSettings:
+    """What shapes a batch. ``batch_size`` in rollouts; ``max_off_policy_steps`` in policy versions (None = no
+    bound: the negative control without weight updates); ``length_penalty`` per ``algo`` config."""
+
+    batch_size: int
+    algo: str = "grpo"
+    length_penalty: float = 0.0
+    filtering: bool = False
+    easy_threshold: float | None = None
+    hard_threshold: float | None = None
+    max_off_policy_steps: int | None = 1
+
+
+@dataclass
+class StepBatch:
+    """The batch of one trainer step being filled. See the module docstring for what :meth:`offer` does."""
+
+    step: int
+    settings: BufferSettings
+    rollouts: list[Rollout] = field(default_factory=list)
+    """Rollouts in the batch, with ``advantage`` set."""
+    recorded: list[Rollout] = field(default_factory=list)
+    """Every offered rollout (for the store), in offer order."""
+    group_rewards: list[list[float]] = field(default_factory=list)
+    """Valid rewards of every fresh (not stale) group offered: the basis of reward and solve-rate metrics."""
+    dropped_groups: Counter = field(default_factory=Counter)
+    dropped_rollouts: Counter = field(default_factory=Counter)
+    errored: Counter = field(default_factory=Counter)
+    """Errored rollouts per env."""
+    error_classes: Counter = field(default_factory=Counter)
+    groups_offered: int = 0
+    groups_kept: int = 0
+    signal_groups: int = 0
+    """Kept groups whose rewards differ (non-zero advantages)."""
+    trimmed_rollouts: int = 0
+
+    @property
+    def remaining(self) -> int:
+        """Rollouts still needed to fill the batch."""
+        return max(0, self.settings.batch_size - len(self.rollouts))
+
+    @property
+    def full(self) -> bool:
+        return self.remaining == 0
+
+    def offer(self, group: list[Rollout], *, max_completion_tokens: int | None = None) -> str | None:
+        """Consider one finished group; returns the drop reason or None when (part of) it joined the batch.
+
+        ``max_completion_tokens`` (per turn, of the group's env) normalises the length penalty. A group offered to
+        a full batch is recorded and dropped as ``overflow``.
+        """
+        s = self.settings
+        self.groups_offered += 1
+        self.recorded.extend(group)
+        valid = [r for r in group if r.error_class is None]
+        for r in group:
+            if r.error_class is not None:
+                self.errored[r.env] += 1
+                self.error_classes[r.error_class] += 1
+        version = min((r.policy_version for r in valid), default=0)
+        if valid and s.max_off_policy_steps is not None and is_stale(self.step, version, s.max_off_policy_steps):
+            return self._drop("off_policy", valid)
+        rewards = [r.reward for r in valid]
+        if valid:
+            self.group_rewards.append(rewards)
+            advantages = compute_advantages(
+                rewards, algo=s.algo, completion_lens=[r.completion_len for r in valid],
+                length_penalty=s.length_penalty, max_completion_tokens=max_completion_tokens,
+            )  # fmt: skip
+            for r, a in zip(valid, advantages, strict=True):
+                r.advantage = a
+        reason = drop_reason(
+            rewards, enabled=s.filtering, easy_threshold=s.easy_threshold, hard_threshold=s.hard_threshold
+        )
+        if reason is not None:
+            return self._drop(reason, valid)
+        if self.full:
+            return self._drop("overflow", valid)
+        take = valid[: self.remaining]
+        self.trimmed_rollouts += len(valid) - len(take)
+        self.rollouts.extend(take)
+        self.groups_kept += 1
+        if not is_uniform(rewards):
+            self.signal_groups += 1
+        return None
+
+    def _drop(self, reason: str, valid: list[Rollout]) -> str:
+        self.dropped_groups[reason] += 1
+        self.dropped_rollouts[reason] += len(valid)
+        return reason
+
+    # -- outputs ------------------------------------------------------------------------------------
+    def ages(self, rollouts: list[Rollout] | None = None) -> list[int]:
+        """Off-policy age (versions) of each rollout at this step (default: the batch's rollouts)."""
+        return [off_policy_age(self.step, r.policy_version) for r in (self.rollouts if rollouts is None else rollouts)]
+
+    def training_samples(self) -> tuple[list[TrainingSample], list[float], list[int], list[str]]:
+        """``(samples, advantages, policy_versions, envs)``, one entry per training sample (a split multi-turn
+        rollout contributes several samples, each with the rollout's advantage). Samples without tokens are
+        skipped."""
+        samples, advantages, versions, envs = [], [], [], []
+        for r in self.rollouts:
+            for smp in r.samples:
+                if not smp.prompt_ids and not smp.completion_ids:
+                    continue
+                samples.append(smp)
+                advantages.append(float(r.advantage))
+                versions.append(int(r.policy_version))
+                envs.append(r.env)
+        return samples, advantages, versions, envs

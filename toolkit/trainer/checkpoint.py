@@ -1,0 +1,131 @@
+"""The trainer's part of a checkpoint: ``<run>/checkpoints/step_<n>/trainer/``.
+
+One process: ``model.safetensors`` (weights), ``optimizer.pt``, ``trainer_state.pt`` (step, scheduler, RNG).
+Several ranks (FSDP2): ``dcp/`` written by every rank with ``torch.distributed.checkpoint`` (each rank writes
+its shards), ``trainer_state.pt`` from rank 0 and ``rng_rank<r>.pt`` per rank. Either way the part is written in
+a temporary directory that rank 0 renames into place, then ``toolkit.checkpoints.mark_complete_if_ready`` writes
+the step's COMPLETE marker if the orchestrator's part is there too.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from toolkit import checkpoints, fsutil
+from toolkit.rundir import RunDir
+from toolkit.trainer.broadcast import save_safetensors
+from toolkit.trainer.step import DistInfo
+
+PART = "trainer"
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _torch_save(obj, path: Path) -> None:
+    torch.save(obj, path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_trainer_state(
+    run: RunDir,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    *,
+    info: DistInfo = DistInfo(),
+) -> Path:
+    """Write the trainer part of checkpoint ``step`` (every rank calls this); returns its final path.
+
+    The part appears under its final name only when complete (temporary directory + rename by rank 0). The step's
+    COMPLETE marker is written by :func:`toolkit.checkpoints.mark_complete_if_ready` (rank 0 calls it after this).
+    Raises OSError on write failures (the temporary directory is then removed).
+    """
+    final = checkpoints.part_dir(run, step, PART)
+    meta = {"step": step, "scheduler": scheduler.state_dict() if scheduler is not None else None}
+    if info.world_size == 1:
+        with fsutil.atomic_directory(final) as tmp:
+            save_safetensors(tmp / "model.safetensors", {k: v.detach().cpu().contiguous()
+                                                        for k, v in model.state_dict().items()})
+            _torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
+            _torch_save({**meta, "rng": _rng_state()}, tmp / "trainer_state.pt")
+        return final
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    ctx = fsutil.atomic_directory(final) if info.is_main else None
+    tmp_box = [str(ctx.__enter__()) if ctx is not None else None]
+    dist.broadcast_object_list(tmp_box, src=0)  # one rank creates directories; the others only write files
+    tmp = Path(tmp_box[0])
+    try:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
+        _torch_save(_rng_state(), tmp / f"rng_rank{info.rank}.pt")
+        if info.is_main:
+            _torch_save(meta, tmp / "trainer_state.pt")
+        dist.barrier()
+    except BaseException as e:
+        if ctx is not None:
+            ctx.__exit__(type(e), e, e.__traceback__)
+        raise
+    if ctx is not None:
+        ctx.__exit__(None, None, None)
+    dist.barrier()
+    return final
+
+
+def load_trainer_state(
+    part: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    *,
+    info: DistInfo = DistInfo(),
+) -> int:
+    """Restore model, optimizer, scheduler and RNG from a trainer part directory; returns its step.
+
+    ``model``/``optimizer`` must be built as for training (same wrapping and parameter groups). Raises
+    FileNotFoundError if the part lacks a file of its layout.
+    """
+    part = Path(part)
+    meta = torch.load(part / "trainer_state.pt", weights_only=False)
+    if info.world_size == 1:
+        model.load_state_dict(load_file(str(part / "model.safetensors")))
+        optimizer.load_state_dict(torch.load(part / "optimizer.pt", weights_only=False))
+        _set_rng_state(meta["rng"])
+    else:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(part / "dcp"))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        _set_rng_state(torch.load(part / f"rng_rank{info.rank}.pt", weights_only=False))
+    if scheduler is not None and meta.get("scheduler") is not None:
+        scheduler.load_state_dict(meta["scheduler"])
+    return int(meta["step"])
