@@ -395,7 +395,7 @@ def load_rollouts(
         data: dict[str, Any] = {}
         for col in wanted_read:
             if col == "error_message":
-                data[col] = _read_error_messages(f, n)
+                data[col] = pd.Series(_read_error_messages(f, n), dtype=object)
                 continue
             ds = f["columns"][_ds_name(col)]
             values = ds[:n]
@@ -472,7 +472,7 @@ def read_rollouts(path: Path, start: int = 0, stop: int | None = None) -> list[R
                 env=rec["env"], task_id=rec["task_id"], example_id=int(rec["example_id"]), samples=samples,
                 reward=float(rec["reward"]), num_turns=int(rec["num_turns"]), truncated=bool(rec["truncated"]),
                 truncation_reason=_none_if_nan(rec["truncation_reason"]),
-                error_class=_none_if_nan(rec["error_class"]), error_message=rec["error_message"],
+                error_class=_none_if_nan(rec["error_class"]), error_message=_none_if_nan(rec["error_message"]),
                 policy_version=int(rec["policy_version"]), group_id=int(rec["group_id"]),
                 advantage=float(rec["advantage"]), **extra,
             )

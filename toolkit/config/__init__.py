@@ -88,6 +88,10 @@ def validate_dict(data: dict[str, Any], *, source: str | None = None) -> LoadedC
     sites = sorted(p.stem for p in site_configs_dir().glob("*.toml"))
     if sites and cfg.site not in sites:
         found.error("site", f"unknown site '{cfg.site}'; allowed: {', '.join(sites)} (files in {site_configs_dir()})")
+    elif sites:
+        from .site import site_rules  # run-vs-site rules (accounting, GPU style, ports, placement)
+
+        site_rules(cfg, found)
     if found.errors:
         raise ConfigError(found.errors)
     return LoadedConfig(cfg, warnings=found.warnings)

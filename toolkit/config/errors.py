@@ -30,6 +30,9 @@ class ConfigError(Exception):
         self.issues = issues
         super().__init__(self.render())
 
+    def __str__(self) -> str:
+        return self.render()
+
     def render(self) -> str:
         lines = [f"invalid config ({len(self.issues)} problem{'s' if len(self.issues) != 1 else ''}):"]
         lines += [f"  - {i}" for i in self.issues]

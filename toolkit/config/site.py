@@ -59,6 +59,9 @@ class PortsSection(Section):
     """First port srl may hand out (inclusive)."""
     range_end: int = Field(30000, ge=1024, le=65535)
     """Last port srl may hand out (exclusive)."""
+    nodes_share_network: bool = False
+    """All nodes share one network namespace (the local test cluster: every slurmd on 127.0.0.1), so ports must
+    differ across nodes too, not only per host."""
 
     @model_validator(mode="after")
     def _order(self) -> PortsSection:
@@ -259,3 +262,52 @@ def _cache_dirs_on_shared_fs(cfg: RLConfig, site: SiteConfig, f: Findings) -> No
                     f"{val} is on a shared filesystem: concurrent JIT cache writes from several ranks race there "
                     "(stale file handles); leave it unset so srl uses node-local scratch per job",
                 )
+
+
+def _owned_env_in_user_layers(cfg: RLConfig, f: Findings) -> None:
+    from ..placement.environment import is_owned
+
+    layers = {
+        "env_vars": cfg.env_vars,
+        "trainer.env_vars": cfg.trainer.env_vars,
+        "inference.env_vars": cfg.inference.env_vars,
+        "orchestrator.env_vars": cfg.orchestrator.env_vars,
+    }
+    dep = cfg.inference.deployment
+    if dep.type == "disaggregated":
+        layers["inference.deployment.prefill_env_vars"] = dep.prefill_env_vars
+        layers["inference.deployment.decode_env_vars"] = dep.decode_env_vars
+    for path, table in layers.items():
+        for key in table:
+            if is_owned(key):
+                f.error(
+                    f"{path}.{key}",
+                    f"{key} is set by srl from the placement plan (GPU binding, ports, rendezvous, run ids) and "
+                    "cannot be overridden; remove it",
+                )
+
+
+def site_rules(cfg: RLConfig, f: Findings) -> None:
+    """Everything validation checks about ``cfg`` on its site: loads the site, applies
+    :func:`check_run_against_site`, rejects srl-owned env names in user layers, and builds the placement plan once
+    (job id "validate") so pass-through argument and port-range problems surface before anything is written."""
+    try:
+        site = load_site(cfg.site)
+    except ConfigError as e:
+        for issue in e.issues:
+            f.error(f"site ({cfg.site}): {issue.path}".rstrip(": "), issue.message)
+        return
+    check_run_against_site(cfg, site, f)
+    _owned_env_in_user_layers(cfg, f)
+    if f.errors:
+        return
+    from ..placement.plan import PlacementError, build_plan
+    from ..placement.topology import TopologyError
+    from ..rundir import RunDir
+
+    try:
+        build_plan(cfg, site, RunDir(Path(cfg.output_dir) / (cfg.run.name or "validate")), job_id="validate")
+    except TopologyError:
+        pass  # already reported by rules._deployment
+    except PlacementError as e:
+        f.error("inference / site ports", str(e))

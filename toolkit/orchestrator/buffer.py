@@ -51,6 +51,8 @@ class StepBatch:
     """Every offered rollout (for the store), in offer order."""
     group_rewards: list[list[float]] = field(default_factory=list)
     """Valid rewards of every fresh (not stale) group offered: the basis of reward and solve-rate metrics."""
+    scored: list[Rollout] = field(default_factory=list)
+    """Valid rollouts of every fresh group offered (kept or filtered): per-env reward and truncation metrics."""
     dropped_groups: Counter = field(default_factory=Counter)
     dropped_rollouts: Counter = field(default_factory=Counter)
     errored: Counter = field(default_factory=Counter)
@@ -91,6 +93,7 @@ class StepBatch:
         rewards = [r.reward for r in valid]
         if valid:
             self.group_rewards.append(rewards)
+            self.scored.extend(valid)
             advantages = compute_advantages(
                 rewards, algo=s.algo, completion_lens=[r.completion_len for r in valid],
                 length_penalty=s.length_penalty, max_completion_tokens=max_completion_tokens,

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 SPREAD_TOL = 1e-9
-DROP_REASONS = ("errored", "all_zero", "all_one", "uniform", "easy", "hard", "off_policy")
+# Every reason a group can be dropped; the last two are decided by the batch builder (stale policy, batch full).
+DROP_REASONS = ("errored", "all_zero", "all_one", "uniform", "easy", "hard", "off_policy", "overflow")
 
 
 def is_uniform(rewards: Sequence[float]) -> bool:

@@ -47,6 +47,9 @@ class Topology:
     trainer_gpus: int
     trainer_dp: int
     notes: list[str] = field(default_factory=list)
+    orchestrator_het_group: int = 0
+    """1 when the orchestrator runs as a heterogeneous-job component on its own (CPU) node; its node index is
+    then ``num_nodes`` (the first node after the GPU group), not counted in ``num_nodes``."""
 
     @property
     def inference_nodes(self) -> tuple[int, ...]:
@@ -119,7 +122,10 @@ def derive_topology(cfg: Any) -> Topology:
         cursor += per_island
     trainer_nodes = tuple(range(cursor, cursor + dep.num_train_nodes))
     cursor += dep.num_train_nodes
-    if dep.orchestrator == "own_node" and dep.orchestrator_partition is None:
+    het = 0
+    if dep.orchestrator_partition is not None:
+        orch, het = cursor, 1  # het component 1: not part of the GPU group's node count
+    elif dep.orchestrator == "own_node":
         orch = cursor
         cursor += 1
     elif dep.orchestrator == "with_trainer":
@@ -151,4 +157,5 @@ def derive_topology(cfg: Any) -> Topology:
         engines_per_node=max(1, gpn // tp) if gpn else 1,
         trainer_gpus=trainer_gpus,
         trainer_dp=max(1, trainer_gpus // par) if trainer_gpus else 1,
+        orchestrator_het_group=het,
     )

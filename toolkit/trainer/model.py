@@ -59,8 +59,15 @@ def full_state_dict(model: torch.nn.Module, *, info=None) -> dict[str, torch.Ten
     """The model's full (unsharded) weights as contiguous CPU tensors, HF parameter names.
 
     Under FSDP2 every rank must call this (it all-gathers); only the main rank gets the dict, others None.
+    A peft LoRA model gives its merged base weights (what vLLM loads as a full model).
     """
     world = 1 if info is None else info.world_size
+    if hasattr(model, "merge_adapter"):  # peft LoRA: broadcast plain weights with the adapters merged
+        if world > 1:
+            raise NotImplementedError("LoRA with more than one trainer rank is not supported")
+        from toolkit.trainer.lora import merged_state_dict
+
+        return merged_state_dict(model)
     if world > 1:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

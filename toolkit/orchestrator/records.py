@@ -1,0 +1,165 @@
+"""What the orchestrator records: one metrics line per step in ``metrics.jsonl`` and every rollout in the store.
+
+Metric names (one line per step, ``role = "orchestrator"``; counts are rollouts unless named groups, lengths are
+tokens, times seconds):
+
+- ``reward/all/{mean,max,min}``, ``reward/<env>/{mean,max,min}``: valid rollouts of fresh groups (kept or filtered:
+  the policy's reward, before filtering biases it);
+- ``solve_none``, ``solve_all``: shares of fresh groups with all rewards <= 0, resp. >= 1;
+- ``effective_batch_size``: rollouts in the batch; ``batch/<env>/rollouts`` its env mix;
+- ``errored_rollouts`` (+ ``errored_rollouts/<env>``, ``error/<class>``), ``truncated_rollouts`` (+ per env);
+- ``seq_len/mean`` (prompt + completion tokens of the batch's samples per rollout), ``completion_len/mean``
+  (policy-sampled tokens), ``num_turns/mean``;
+- ``off_policy/{mean,max}`` (age in policy versions of the batch's rollouts), ``off_policy/dropped`` (rollouts);
+- ``filter/dropped_groups/<reason>``, ``filter/dropped_rollouts/<reason>``, ``filter/groups_offered``,
+  ``filter/groups_kept``, ``filter/signal_groups``, ``filter/trimmed_rollouts``;
+- ``time/step``, ``time/wait_for_policy``, ``policy/served_version``;
+- ``eval/<env>/{avg@k,pass@k}`` on eval steps (see :mod:`toolkit.orchestrator.evaluation`).
+
+Each step is written once across attempts: :class:`MetricsLog` reads the steps already recorded by the
+orchestrator when it starts and refuses to write them again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from toolkit.fsutil import append_jsonl
+from toolkit.orchestrator.buffer import StepBatch
+from toolkit.orchestrator.types import Rollout
+from toolkit.rundir import RunDir
+
+log = logging.getLogger(__name__)
+ROLE = "orchestrator"
+
+
+def _stats(prefix: str, values: Sequence[float], out: dict[str, float]) -> None:
+    if values:
+        out[f"{prefix}/mean"] = sum(values) / len(values)
+        out[f"{prefix}/max"] = max(values)
+        out[f"{prefix}/min"] = min(values)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def seq_len(r: Rollout) -> int:
+    """Tokens of all the rollout's training samples (prompt + completion, environment tokens included)."""
+    return sum(len(s.prompt_ids) + len(s.completion_ids) for s in r.samples)
+
+
+def step_metrics(batch: StepBatch) -> dict[str, float]:
+    """Metrics of one assembled batch (names in the module docstring), without times and eval."""
+    from toolkit.orchestrator.filtering import solve_rates
+
+    out: dict[str, float] = {}
+    _stats("reward/all", [r.reward for r in batch.scored], out)
+    by_env: dict[str, list[Rollout]] = defaultdict(list)
+    for r in batch.scored:
+        by_env[r.env].append(r)
+    for env, rs in sorted(by_env.items()):
+        _stats(f"reward/{env}", [r.reward for r in rs], out)
+        out[f"truncated_rollouts/{env}"] = float(sum(r.truncated for r in rs))
+    out["solve_none"], out["solve_all"] = solve_rates(batch.group_rewards)
+    out["effective_batch_size"] = float(len(batch.rollouts))
+    mix: dict[str, int] = defaultdict(int)
+    for r in batch.rollouts:
+        mix[r.env] += 1
+    for env, n in sorted(mix.items()):
+        out[f"batch/{env}/rollouts"] = float(n)
+    out["errored_rollouts"] = float(sum(batch.errored.values()))
+    for env, n in sorted(batch.errored.items()):
+        out[f"errored_rollouts/{env}"] = float(n)
+    for cls, n in sorted(batch.error_classes.items()):
+        out[f"error/{cls}"] = float(n)
+    out["rollouts_offered"] = float(len(batch.recorded))
+    out["truncated_rollouts"] = float(sum(r.truncated for r in batch.scored))
+    out["seq_len/mean"] = _mean([seq_len(r) for r in batch.rollouts])
+    out["completion_len/mean"] = _mean([r.completion_len for r in batch.rollouts])
+    out["num_turns/mean"] = _mean([r.num_turns for r in batch.rollouts])
+    ages = batch.ages()
+    out["off_policy/mean"] = _mean(ages)
+    out["off_policy/max"] = float(max(ages, default=0))
+    out["off_policy/dropped"] = float(batch.dropped_rollouts.get("off_policy", 0))
+    for reason, n in sorted(batch.dropped_groups.items()):
+        out[f"filter/dropped_groups/{reason}"] = float(n)
+        out[f"filter/dropped_rollouts/{reason}"] = float(batch.dropped_rollouts[reason])
+    out["filter/groups_offered"] = float(batch.groups_offered)
+    out["filter/groups_kept"] = float(batch.groups_kept)
+    out["filter/signal_groups"] = float(batch.signal_groups)
+    out["filter/trimmed_rollouts"] = float(batch.trimmed_rollouts)
+    return out
+
+
+def recorded_steps(path: Path, role: str = ROLE) -> set[int]:
+    """Steps that already have a metrics line of ``role`` in ``path`` (a torn last line is ignored)."""
+    steps: set[int] = set()
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(obj, dict) and obj.get("role") == role and isinstance(obj.get("step"), int):
+                    steps.add(obj["step"])
+    except FileNotFoundError:
+        pass
+    return steps
+
+
+class MetricsLog:
+    """Appends the orchestrator's per-step lines to ``run.metrics``, each step at most once across attempts.
+
+    ``enabled`` false (``monitors.file = false``) writes nothing but still tracks steps.
+    """
+
+    def __init__(self, run: RunDir, *, enabled: bool = True) -> None:
+        self.run = run
+        self.enabled = enabled
+        self.done = recorded_steps(run.metrics)
+
+    def has(self, step: int) -> bool:
+        return step in self.done
+
+    def write(self, step: int, metrics: dict[str, Any]) -> bool:
+        """Append ``{"step", "time", "role", **metrics}``; returns False (and writes nothing) if the step is
+        already recorded. Raises OSError on a failed write."""
+        if step in self.done:
+            log.info("metrics of step %d already recorded by an earlier attempt; not written again", step)
+            return False
+        if self.enabled:
+            self.run.root.mkdir(parents=True, exist_ok=True)
+            append_jsonl(self.run.metrics, {"step": step, "time": time.time(), "role": ROLE, **metrics})
+        self.done.add(step)
+        return True
+
+
+class StoreRecorder:
+    """Appends rollouts to the run's HDF5 store (``analysis.store.RolloutStoreWriter``), opened lazily."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.path = run.rollout_store
+        self._writer = None
+
+    def append(self, rollouts: Sequence[Rollout], *, step: int, kind: str, ages: Sequence[int] | None) -> None:
+        """Write ``rollouts`` as rows of ``step``; ``ages`` are off-policy ages (versions) or None."""
+        if not rollouts:
+            return
+        if self._writer is None:
+            from analysis.store import RolloutStoreWriter
+
+            self._writer = RolloutStoreWriter(self.path)
+        self._writer.append(list(rollouts), step=step, kind=kind, off_policy_age=None if ages is None else list(ages))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

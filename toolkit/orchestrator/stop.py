@@ -1,0 +1,111 @@
+"""Stop criteria (``[monitors.stop]``) and the zero-signal guard.
+
+Each criterion looks at consecutive steps and, when it fires, returns a reason. The orchestrator then writes the
+reason into the run's stop request (``control/STOP``), which makes the trainer checkpoint and both roles exit 0:
+a stopped run is resumable, and the reason is in the file and in the log.
+
+- errored share: ``errored_rollouts / rollouts offered > max_errored_share`` for ``errored_window`` steps in a row;
+- mismatch KL: the trainer's ``mismatch_kl/mean`` (read from ``metrics.jsonl``) above ``max_mismatch_kl``;
+- zero signal (issue "faults" item 8): a step whose kept groups all had identical rewards, or whose groups were all
+  filtered out, is *empty*; every empty step is warned about with its counts, and ``max_empty_steps`` in a row stop
+  the run (None: warn only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from toolkit.fsutil import atomic_write_text
+from toolkit.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+def request_stop(run: RunDir, reason: str) -> None:
+    """Write the stop request with ``reason`` as its content (unless one exists already) and log the reason."""
+    log.warning("requesting stop: %s", reason)
+    if run.stop_request.exists():
+        return
+    run.control.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run.stop_request, f"orchestrator: {reason}\n")
+
+
+class ZeroSignalGuard:
+    """Counts consecutive empty steps; ``max_empty_steps`` None never stops."""
+
+    def __init__(self, max_empty_steps: int | None) -> None:
+        self.max_empty_steps = max_empty_steps
+        self.consecutive = 0
+
+    def observe(self, step: int, *, groups_offered: int, groups_kept: int, signal_groups: int,
+                dropped: dict[str, int]) -> str | None:  # fmt: skip
+        """Record one step (or one window of groups when a constant-size batch cannot fill); returns a stop
+        reason when the limit is reached, else None. Warns on every empty step."""
+        if signal_groups > 0:
+            self.consecutive = 0
+            return None
+        self.consecutive += 1
+        log.warning(
+            "step %d has no learning signal: %d groups offered, %d kept, 0 with differing rewards; dropped %s "
+            "(%d empty step(s) in a row%s)",
+            step, groups_offered, groups_kept, dict(dropped) or "none", self.consecutive,
+            f", stop after {self.max_empty_steps}" if self.max_empty_steps else "",
+        )  # fmt: skip
+        if self.max_empty_steps is not None and self.consecutive >= self.max_empty_steps:
+            return (
+                f"zero-signal guard: {self.consecutive} consecutive steps without any group with differing rewards "
+                f"(last: {groups_offered} groups offered, dropped {dict(dropped) or 'none'}); fix task difficulty "
+                "or the environment before training further"
+            )
+        return None
+
+
+class StopCriteria:
+    """Evaluates ``monitors.stop`` after each step. ``cfg`` is a ``StopCriteria`` config section."""
+
+    def __init__(self, cfg: Any, metrics_path: Path) -> None:
+        self.cfg = cfg
+        self.metrics_path = Path(metrics_path)
+        self.guard = ZeroSignalGuard(cfg.max_empty_steps)
+        self._errored_run = 0
+        self._offset = 0  # bytes of metrics.jsonl already scanned for trainer lines
+
+    def errored(self, step: int, errored: int, offered: int) -> str | None:
+        """Errored-share criterion for one step."""
+        limit = self.cfg.max_errored_share
+        if limit is None or offered == 0:
+            return None
+        share = errored / offered
+        self._errored_run = self._errored_run + 1 if share > limit else 0
+        if self._errored_run >= self.cfg.errored_window:
+            return (
+                f"errored rollouts above {limit:.0%} of each step for {self._errored_run} steps in a row "
+                f"(step {step}: {errored}/{offered}); classify the errors (srl diagnose) before continuing"
+            )
+        return None
+
+    def mismatch_kl(self) -> str | None:
+        """Mismatch-KL criterion over trainer lines appended since the last call."""
+        limit = self.cfg.max_mismatch_kl
+        if limit is None:
+            return None
+        try:
+            with open(self.metrics_path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offset += end
+        for raw in data[:end].splitlines():
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            kl = obj.get("mismatch_kl/mean") if isinstance(obj, dict) and obj.get("role") == "trainer" else None
+            if isinstance(kl, (int, float)) and kl > limit:
+                return f"trainer mismatch_kl/mean {kl:.4g} at step {obj.get('step')} exceeds max_mismatch_kl {limit}"
+        return None

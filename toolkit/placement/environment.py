@@ -1,0 +1,98 @@
+"""Per-process environment: layered user values, srl defaults, JIT caches on node-local scratch, GPU binding.
+
+Layers, lowest first (a later layer wins): srl defaults < ``[env_vars]`` < component ``env_vars`` (trainer,
+orchestrator, inference) < prefill/decode role vars < values srl must own (ports, run ids, rendezvous, side channel).
+Owned names are rejected in user layers at validation time (:data:`OWNED_NAMES`), so a user can never silently
+override them. ``CUDA_VISIBLE_DEVICES`` is owned too; it is computed on the node from the GPU set Slurm granted
+(:func:`visible_devices`), never assumed to be 0..N-1 (field case B03).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+# Compile/JIT caches that must live on node-local disk (field case B09): Triton, torch inductor, vLLM, FlashInfer.
+CACHE_VARS = {
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "VLLM_CACHE_ROOT": "vllm",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+}
+
+# Names srl sets itself; user layers may not set them.
+OWNED_NAMES = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT",
+        "VLLM_SERVER_DEV_MODE",
+    }
+)
+OWNED_PREFIX = "SRL_"
+
+_VAR_RE = re.compile(r"\$\{?[A-Za-z_]")
+
+
+class GpuBindingError(ValueError):
+    """A process asks for GPU positions the node does not have; the message gives both numbers."""
+
+
+def is_owned(name: str) -> bool:
+    """True for variables only srl may set (see module docstring)."""
+    return name in OWNED_NAMES or name.startswith(OWNED_PREFIX)
+
+
+def srl_defaults(scratch: str, job_id: str) -> dict[str, str]:
+    """Lowest layer: unbuffered output and per-job JIT caches under node-local ``scratch``.
+
+    ``scratch`` may start with ``$VAR`` (e.g. ``$TMPDIR``); such values are expanded on the node by the process
+    runtime (see :func:`node_expanded_keys`). The job id is part of every cache path, so two jobs on one node never
+    share (and race on) a cache.
+    """
+    base = f"{scratch.rstrip('/')}/srl-{job_id}"
+    env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.update({k: f"{base}/{sub}" for k, sub in CACHE_VARS.items()})
+    return env
+
+
+def layered(*layers: Mapping[str, str] | None) -> dict[str, str]:
+    """Merge environment layers left to right (later wins); values become strings."""
+    out: dict[str, str] = {}
+    for layer in layers:
+        for k, v in (layer or {}).items():
+            out[k] = str(v)
+    return out
+
+
+def node_expanded_keys(env: Mapping[str, str], defaults: Mapping[str, str]) -> tuple[str, ...]:
+    """Keys whose value is still srl's default and contains a ``$VAR`` to expand on the node (scratch paths)."""
+    return tuple(sorted(k for k, v in env.items() if defaults.get(k) == v and _VAR_RE.search(v)))
+
+
+def visible_devices(positions: Sequence[int], inherited: str | None, gpus_per_node: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a process given its GPU positions and the node's granted device list.
+
+    ``inherited`` is the step's ``CUDA_VISIBLE_DEVICES`` (e.g. ``"2,5,7,9"`` on a shared node); positions index into
+    it, so ``[0, 1]`` gives ``"2,5"`` and ``[2, 3]`` gives ``"7,9"`` (field case B03). When nothing is inherited
+    (no Slurm, a plain machine) the list is ``0..gpus_per_node-1``. Empty positions give ``""`` (no GPU).
+    Raises GpuBindingError when a position is beyond the visible list, naming both counts.
+    """
+    if not positions:
+        return ""
+    if inherited is not None and inherited.strip() not in ("", "NoDevFiles"):
+        devices = [d.strip() for d in inherited.split(",") if d.strip()]
+    else:
+        devices = [str(i) for i in range(gpus_per_node)]
+    need = max(positions) + 1
+    if need > len(devices):
+        raise GpuBindingError(
+            f"process needs GPU positions {list(positions)} ({need} GPUs) but only {len(devices)} are visible "
+            f"(CUDA_VISIBLE_DEVICES={inherited!r})"
+        )
+    return ",".join(devices[p] for p in positions)

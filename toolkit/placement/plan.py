@@ -1,0 +1,428 @@
+"""The placement plan: every process of one RL job with its node, GPUs, ports, command and environment.
+
+A pure function of the resolved run config, the site config and the job id (no Slurm needed): the local launcher,
+the sbatch templates, the batch shell's runtime helper and offline tools all read the same plan, written to
+``<run>/launcher/placement.json`` and ``ports.json``. Node arithmetic comes from :func:`derive_topology` only.
+
+Commands may contain placeholders the launcher (or the node-side runtime, :mod:`toolkit.placement.runtime`) fills:
+``{node_addr}`` (this process's node address), ``{node_addr_<N>}`` (node N's address, for references to another
+node), ``{master_addr}`` (the first trainer node's address), ``{model_path}`` (``srl model path NAME``).
+Locally every address is 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config.model import RLConfig
+from ..config.site import SiteConfig
+from ..fsutil import atomic_write_json
+from ..inference.commands import CommandError, engine_command, engine_env, router_command
+from ..rundir import RunDir
+from . import environment as envmod
+from .ports import PortAllocator
+from .topology import Topology, derive_topology, vllm_arg
+
+ROLES = ("inference", "router", "orchestrator", "trainer")
+# vLLM arguments the plan sets itself; stripped from the pass-through table (tp goes to engine_command's ``tp``).
+_PLAN_TP_KEYS = ("tensor_parallel_size", "tensor-parallel-size", "tp")
+
+
+class PlacementError(ValueError):
+    """The config cannot be placed on this site (bad pass-through arguments, too few ports, ...)."""
+
+
+@dataclass
+class ProcessSpec:
+    """One process (or one multi-node torchrun/engine step) of the job.
+
+    ``node_index``: first node (position in the allocation's host list; for het group 1, positions continue after
+    group 0). ``num_nodes``: nodes it spans (one Slurm task per node). ``gpus``: positions in the node's granted GPU
+    list, never device ids (B03). ``ports``: name -> port. ``command``: argv with placeholders (module docstring).
+    ``env``: variables to set over the inherited environment. ``node_expand``: env keys whose ``$VAR`` is expanded on
+    the node (per-job scratch). ``log_name``: file under ``<run>/logs/attempt_<n>/``. ``healthcheck_url``: GET that
+    answers 200 when ready (None for trainer/orchestrator). ``het_group``: Slurm heterogeneous component.
+    """
+
+    name: str
+    role: str
+    node_index: int
+    gpus: tuple[int, ...]
+    ports: dict[str, int]
+    command: list[str]
+    env: dict[str, str]
+    log_name: str
+    nprocs_per_node: int = 1
+    num_nodes: int = 1
+    healthcheck_url: str | None = None
+    het_group: int = 0
+    island: int | None = None
+    kv_role: str | None = None
+    node_expand: tuple[str, ...] = ()
+
+    @property
+    def node_indices(self) -> tuple[int, ...]:
+        return tuple(range(self.node_index, self.node_index + self.num_nodes))
+
+
+@dataclass
+class NodeGroup:
+    """Nodes of one heterogeneous component (group 0 is the whole job when not heterogeneous)."""
+
+    index: int
+    num_nodes: int
+    gpus_per_node: int
+    partition: str | None
+    first_node: int
+
+
+@dataclass
+class Plan:
+    """The placement of one job. ``processes`` are in start order. ``ports`` maps every service to its port."""
+
+    job_id: str
+    site: str
+    run_dir: str
+    num_nodes: int
+    gpus_per_node: int
+    groups: list[NodeGroup]
+    processes: list[ProcessSpec]
+    ports: dict[str, int]
+    port_base: int
+    master_node: int | None
+    inference_url: str | None
+    trainer_dp: int
+    external_inference: str | None = None
+    notes: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    """Host names per node index; filled on the allocation by :mod:`toolkit.placement.runtime` (empty before)."""
+    addresses: list[str] = field(default_factory=list)
+    """Routable address per node index (Slurm's NodeAddr, else the host name); filled with ``hosts``."""
+
+    @property
+    def is_het(self) -> bool:
+        return len(self.groups) > 1
+
+    def process(self, name: str) -> ProcessSpec:
+        """The process called ``name``; KeyError listing the names otherwise."""
+        for p in self.processes:
+            if p.name == name:
+                return p
+        raise KeyError(f"no process {name!r} in the plan; have {[p.name for p in self.processes]}")
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able dict (placement.json)."""
+        d = asdict(self)
+        d["schema"] = 1
+        return d
+
+    def ports_json(self) -> dict[str, Any]:
+        """ports.json: every service's node and port, the inference URL, the rendezvous endpoint."""
+        services = {}
+        for p in self.processes:
+            for k, v in p.ports.items():
+                services[f"{p.name}.{k}"] = {"node_index": p.node_index, "port": v, "process": p.name}
+        return {
+            "job_id": self.job_id,
+            "port_base": self.port_base,
+            "services": services,
+            "inference_url": self.inference_url,
+            "master_node": self.master_node,
+            "trainer_dp": self.trainer_dp,
+            "hosts": self.hosts,
+            "addresses": self.addresses,
+            "inference_url_resolved": fill(self.inference_url, self, None) if self.addresses and self.inference_url
+            else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        """Inverse of :meth:`to_json`."""
+        data = dict(data)
+        data.pop("schema", None)
+        procs = []
+        for p in data.pop("processes"):
+            p = dict(p)
+            p["gpus"] = tuple(p["gpus"])
+            p["node_expand"] = tuple(p.get("node_expand", ()))
+            procs.append(ProcessSpec(**p))
+        groups = [NodeGroup(**g) for g in data.pop("groups")]
+        return cls(processes=procs, groups=groups, **data)
+
+
+def fill(text: str, plan: Plan, node: int | None, model_path: str | None = None) -> str:
+    """Replace address placeholders in ``text`` using ``plan.addresses`` (``node`` = this process's node index).
+
+    Raises KeyError when the plan has no addresses yet, or a placeholder needs ``model_path`` and none is given.
+    """
+    out = text
+    if "{model_path}" in out:
+        if model_path is None:
+            raise KeyError("{model_path} needs the model path")
+        out = out.replace("{model_path}", model_path)
+    if "{node_addr" in out or "{master_addr}" in out:
+        if not plan.addresses:
+            raise KeyError("the plan has no node addresses yet (resolved on the allocation)")
+        if plan.master_node is not None:
+            out = out.replace("{master_addr}", plan.addresses[plan.master_node])
+        if node is not None:
+            out = out.replace("{node_addr}", plan.addresses[node])
+        for i in range(len(plan.addresses) - 1, -1, -1):  # longest index first: {node_addr_12} before {node_addr_1}
+            out = out.replace("{node_addr_%d}" % i, plan.addresses[i])
+    return out
+
+
+def read_plan(run: RunDir) -> Plan:
+    """Load ``<run>/launcher/placement.json``."""
+    return Plan.from_json(json.loads(run.placement_file.read_text()))
+
+
+def write_plan(run: RunDir, plan: Plan) -> None:
+    """Atomically write placement.json and ports.json under ``<run>/launcher/``."""
+    run.launcher.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run.placement_file, plan.to_json())
+    atomic_write_json(run.ports_file, plan.ports_json())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _addr(target: int, own: int) -> str:
+    return "{node_addr}" if target == own else "{node_addr_%d}" % target
+
+
+def _engine_vllm_args(cfg: RLConfig) -> dict[str, Any]:
+    return {k: v for k, v in cfg.inference.vllm.items() if k not in _PLAN_TP_KEYS}
+
+
+def _kv_connector(cfg: RLConfig, gpn: int) -> str:
+    name = cfg.inference.deployment.kv_connector  # type: ignore[union-attr]
+    if name == "auto":
+        return "NixlConnector" if gpn else "ExampleConnector"
+    return name
+
+
+@dataclass
+class _Engine:
+    name: str
+    node: int
+    nodes: int
+    gpus: tuple[int, ...]
+    island: int
+    kv_role: str | None  # kv_producer (prefill), kv_consumer (decode), None (aggregated)
+    dp: int = 1
+
+
+def _engines(topo: Topology, cfg: RLConfig) -> list[_Engine]:
+    """Engines per island: one per tp-slice of each node's GPUs (aggregated), or per P/D replica."""
+    infer = cfg.inference.deployment
+    dep = cfg.deployment
+    tp = topo.infer_tp
+    out: list[_Engine] = []
+    if dep.type == "single_node":
+        n = topo.engines_per_node
+        for k in range(n):
+            gpus = tuple(range(k * tp, (k + 1) * tp)) if dep.gpus_per_node else ()
+            out.append(_Engine(f"inference-0-{k}", 0, 1, gpus, 0, None))
+        return out
+    gpn = topo.gpus_per_node
+    per_node = topo.engines_per_node
+    for isl in topo.islands:
+        if infer.type == "disaggregated":
+            for kind, reps, kv in (("prefill", isl.prefill_nodes, "kv_producer"), ("decode", isl.decode_nodes, "kv_consumer")):
+                for r, nodes in enumerate(reps):
+                    if len(nodes) == 1:
+                        for k in range(per_node):
+                            gpus = tuple(range(k * tp, (k + 1) * tp)) if gpn else ()
+                            out.append(_Engine(f"{kind}-{isl.index}-{r}-{k}", nodes[0], 1, gpus, isl.index, kv))
+                    else:  # one engine spanning several nodes: data parallel over the nodes' tp slices
+                        out.append(_Engine(f"{kind}-{isl.index}-{r}", nodes[0], len(nodes), tuple(range(gpn)),
+                                           isl.index, kv, dp=len(nodes) * per_node))
+        elif infer.type == "multi_node":
+            out.append(_Engine(f"inference-{isl.index}", isl.nodes[0], len(isl.nodes), tuple(range(gpn)), isl.index,
+                               None, dp=len(isl.nodes) * per_node))
+        else:
+            for k in range(per_node):
+                gpus = tuple(range(k * tp, (k + 1) * tp)) if gpn else ()
+                out.append(_Engine(f"inference-{isl.index}-{k}", isl.nodes[0], 1, gpus, isl.index, None))
+    return out
+
+
+def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | int = "local",
+               roles: tuple[str, ...] = ROLES) -> Plan:
+    """Place every process of ``cfg`` on ``site`` for job ``job_id``. Pure: reads nothing, starts nothing.
+
+    ``roles`` restricts the plan (an inference-only deployment passes ``("inference", "router")``). With
+    ``inference.external`` set no engines or router are placed; the orchestrator reads that run's router address.
+    Raises TopologyError (node arithmetic), PlacementError (bad pass-through values, port range too small) and
+    GpuBindingError never (GPU positions are mapped to devices on the node).
+    """
+    topo = derive_topology(cfg)
+    dep = cfg.deployment
+    gpn = dep.gpus_per_node
+    job = str(job_id)
+    root = str(run.root)
+    external = cfg.inference.external
+    place_inference = "inference" in roles and not external
+    engines = _engines(topo, cfg) if place_inference else []
+    pd = cfg.inference.deployment.type == "disaggregated"
+    use_router = place_inference and (len(engines) > 1 or pd)
+    tp = topo.infer_tp
+
+    # ---- ports: request everything per host, then assign one block for this job ------------------------------
+    shared_net = site.ports.nodes_share_network or not site.is_slurm
+    host = (lambda n: 0) if shared_net else (lambda n: n)  # noqa: E731
+    alloc = PortAllocator(site.ports.range_start, site.ports.range_end)
+    nixl = pd and _kv_connector(cfg, gpn) == "NixlConnector"
+    for e in engines:
+        alloc.request(host(e.node), f"{e.name}.http")
+        if nixl:
+            # vLLM offsets the side-channel port by the worker's rank, so each engine reserves one per GPU slice.
+            alloc.request(host(e.node), f"{e.name}.side_channel", max(1, len(e.gpus)))
+        if e.dp > 1:
+            alloc.request(host(e.node), f"{e.name}.dp_rpc")
+    router_node = topo.router_node if topo.router_node is not None else 0
+    if use_router:
+        alloc.request(host(router_node), "router.http")
+        alloc.request(host(router_node), "router.metrics")
+    master = topo.trainer_nodes[0] if "trainer" in roles else None
+    if "trainer" in roles:
+        alloc.request(host(master), "trainer.rdzv")
+    try:
+        ports = alloc.assign(job)
+    except ValueError as e:
+        raise PlacementError(str(e)) from None
+
+    defaults = envmod.srl_defaults(site.filesystem.node_local_scratch, job)
+    owned_common = {"SRL_RUN_DIR": root, "SRL_JOB_ID": job, "SRL_PORTS_FILE": str(run.ports_file)}
+    procs: list[ProcessSpec] = []
+
+    def add(name: str, role: str, node: int, gpus: tuple[int, ...], pports: dict[str, int], command: list[str],
+            component: dict[str, str], owned: dict[str, str], *, role_vars: dict[str, str] | None = None,
+            extra_defaults: dict[str, str] | None = None, **kw: Any) -> None:
+        env = envmod.layered(defaults, extra_defaults, cfg.env_vars, component, role_vars,
+                             owned_common, {"SRL_PROCESS": name, "SRL_ROLE": role}, owned)
+        procs.append(ProcessSpec(name=name, role=role, node_index=node, gpus=gpus, ports=pports, command=command,
+                                 env=env, node_expand=envmod.node_expanded_keys(env, defaults), **kw))
+
+    # ---- inference engines ---------------------------------------------------------------------------------
+    py = site.environment.python
+    vargs = _engine_vllm_args(cfg)
+    eng_defaults: dict[str, Any] = {"max_logprobs": 20, "dtype": cfg.model.dtype}
+    if not gpn:
+        eng_defaults["enforce_eager"] = True  # CPU: skip the compile step (start-up 23-30 s instead of 50-68 s)
+    connector = _kv_connector(cfg, gpn) if pd else None
+    kv_extra = {"shared_storage_path": str(run.scratch / "kv")} if connector == "ExampleConnector" else None
+    if connector == "NixlConnector" and not gpn:
+        kv_extra = {"kv_buffer_device": "cpu"}
+    urls: dict[str, str] = {}
+    for e in engines:
+        http = ports[f"{e.name}.http"]
+        extra_args = dict(eng_defaults)
+        if e.dp > 1:
+            extra_args.update({"data_parallel_size_local": topo.engines_per_node,
+                               "data_parallel_address": "{node_addr_%d}" % e.node,
+                               "data_parallel_rpc_port": ports[f"{e.name}.dp_rpc"]})
+        try:
+            cmd = engine_command(model_path="{model_path}", host="{node_addr}", port=http, vllm_args=vargs,
+                                 tp=tp, dp=e.dp, served_model_name=cfg.model.name, kv_role=e.kv_role,
+                                 kv_connector=connector, kv_extra=kv_extra, python=py, defaults=extra_args)
+            side = ports.get(f"{e.name}.side_channel")
+            eenv = engine_env(role=("engine" if e.kv_role is None else "prefill" if e.kv_role == "kv_producer"
+                                    else "decode"),
+                              omp_bind=None, side_channel_host="{node_addr}" if side else None,
+                              side_channel_port=side, cpu=not gpn, user_env=None)
+        except CommandError as err:
+            raise PlacementError(str(err)) from None
+        owned = {k: v for k, v in eenv.items() if k in envmod.OWNED_NAMES}
+        eng_def = {k: v for k, v in eenv.items() if k not in owned}
+        role_vars = None
+        if pd:
+            d = cfg.inference.deployment
+            role_vars = d.prefill_env_vars if e.kv_role == "kv_producer" else d.decode_env_vars  # type: ignore
+        pp = {"http": http}
+        if f"{e.name}.side_channel" in ports:
+            pp["side_channel"] = ports[f"{e.name}.side_channel"]
+        if f"{e.name}.dp_rpc" in ports:
+            pp["dp_rpc"] = ports[f"{e.name}.dp_rpc"]
+        urls[e.name] = f"http://{_addr(e.node, router_node if use_router else -1)}:{http}"
+        add(e.name, "inference", e.node, e.gpus, pp, cmd, cfg.inference.env_vars, owned, role_vars=role_vars,
+            extra_defaults=eng_def, log_name=f"{e.name}.log", num_nodes=e.nodes,
+            healthcheck_url=f"http://{{node_addr}}:{http}/health", island=e.island, kv_role=e.kv_role)
+
+    # ---- router --------------------------------------------------------------------------------------------
+    inference_url: str | None = None
+    if use_router:
+        r = cfg.inference.router
+        rport = ports["router.http"]
+        if pd:
+            pre = [urls[e.name] for e in engines if e.kv_role == "kv_producer"]
+            dec = [urls[e.name] for e in engines if e.kv_role == "kv_consumer"]
+            rcmd = router_command(host="{node_addr}", port=rport, engine_urls=(), policy=r.policy,
+                                  request_timeout_s=r.request_timeout_s, prefill_urls=pre, decode_urls=dec,
+                                  health_check_interval_s=r.health_check_interval_s,
+                                  worker_startup_timeout_s=cfg.inference.startup_timeout_s,
+                                  kv_connector="nixl" if connector == "NixlConnector" else "nixl",
+                                  prometheus_port=ports["router.metrics"])
+        else:
+            rcmd = router_command(host="{node_addr}", port=rport, engine_urls=[urls[e.name] for e in engines],
+                                  policy=r.policy, request_timeout_s=r.request_timeout_s,
+                                  health_check_interval_s=r.health_check_interval_s,
+                                  worker_startup_timeout_s=cfg.inference.startup_timeout_s,
+                                  prometheus_port=ports["router.metrics"])
+        add("router", "router", router_node, (), {"http": rport, "metrics": ports["router.metrics"]}, rcmd,
+            cfg.inference.env_vars, {}, log_name="router.log", healthcheck_url=f"http://{{node_addr}}:{rport}/health")
+        inference_url = f"http://{{node_addr_{router_node}}}:{rport}"
+    elif engines:
+        e = engines[0]
+        inference_url = f"http://{{node_addr_{e.node}}}:{ports[e.name + '.http']}"
+
+    # ---- trainer -------------------------------------------------------------------------------------------
+    if "trainer" in roles:
+        if dep.type == "single_node":
+            nproc = max(1, dep.num_train_gpus)
+            tgpus = tuple(range(dep.num_infer_gpus, dep.num_infer_gpus + dep.num_train_gpus)) if gpn else ()
+            tnodes = 1
+        else:
+            nproc = max(1, gpn)
+            tgpus = tuple(range(gpn))
+            tnodes = len(topo.trainer_nodes)
+        rdzv = ports["trainer.rdzv"]
+        if nproc * tnodes > 1:
+            tcmd = ["torchrun", "--nnodes", str(tnodes), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", f"{{master_addr}}:{rdzv}", "--rdzv-id", f"srl-{job}",
+                    "-m", "toolkit.trainer.main", "--run-dir", root]
+        else:
+            tcmd = ["srl", "trainer", "--run-dir", root]
+        add("trainer", "trainer", topo.trainer_nodes[0], tgpus, {"rdzv": rdzv}, tcmd, cfg.trainer.env_vars,
+            {"MASTER_ADDR": "{master_addr}", "MASTER_PORT": str(rdzv), "SRL_TRAINER_DP": str(topo.trainer_dp)},
+            log_name="trainer.log", nprocs_per_node=nproc, num_nodes=tnodes)
+
+    # ---- orchestrator --------------------------------------------------------------------------------------
+    if "orchestrator" in roles:
+        onode = topo.orchestrator_node
+        owned = {"SRL_TRAINER_DP": str(topo.trainer_dp)}
+        if inference_url:
+            owned["SRL_INFERENCE_URL"] = inference_url.replace("{node_addr_%d}" % onode, "{node_addr}")
+        if external:
+            owned["SRL_INFERENCE_RUN_DIR"] = str(Path(external).absolute())
+        add("orchestrator", "orchestrator", onode, (), {}, ["srl", "orchestrator", "--run-dir", root],
+            cfg.orchestrator.env_vars, owned, log_name="orchestrator.log", het_group=topo.orchestrator_het_group)
+
+    # ---- groups --------------------------------------------------------------------------------------------
+    part = cfg.slurm.partition or site.partitions.default
+    groups = [NodeGroup(0, topo.num_nodes, gpn, part, 0)]
+    if topo.orchestrator_het_group and "orchestrator" in roles:
+        groups.append(NodeGroup(1, 1, 0, dep.orchestrator_partition or site.partitions.cpu,  # type: ignore
+                                topo.num_nodes))
+    used = {n for p in procs for n in p.node_indices}
+    if roles != ROLES and used:
+        # An inference-only plan asks for the nodes it uses (the islands), not the trainer's.
+        groups[0].num_nodes = max(n for n in used if n < topo.num_nodes) + 1
+    return Plan(job_id=job, site=site.name, run_dir=root, num_nodes=groups[0].num_nodes, gpus_per_node=gpn,
+                groups=groups, processes=procs, ports=ports, port_base=alloc.base or 0,
+                master_node=master, inference_url=inference_url, trainer_dp=topo.trainer_dp,
+                external_inference=str(Path(external).absolute()) if external else None, notes=list(topo.notes))

@@ -1,0 +1,70 @@
+"""torch.distributed set-up for the trainer: one process (no process group) or torchrun ranks with FSDP2."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from toolkit.trainer.step import DistInfo
+
+
+def init_distributed(timeout_s: float = 1800.0) -> tuple[DistInfo, torch.device]:
+    """Read torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and start the process group if WORLD_SIZE > 1.
+
+    Backend: NCCL when CUDA is available, gloo otherwise. Returns the rank layout and this rank's device
+    (``cuda:<local_rank>`` or ``cpu``). With WORLD_SIZE unset or 1 nothing is initialised.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return DistInfo(rank=rank, world_size=world, local_rank=local), device
+
+
+def shard_model(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
+    """Apply FSDP2 ``fully_shard`` to each decoder layer and then the whole model (no-op for one rank).
+
+    Per-layer sharding lets FSDP free a layer's gathered weights before the next layer runs. The model is
+    returned in place (fully_shard mutates the module's class).
+    """
+    if info.world_size == 1:
+        return model
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    for layer in layers or []:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def barrier(info: DistInfo) -> None:
+    """Wait for every rank (no-op for one rank)."""
+    if info.world_size > 1:
+        dist.barrier()
+
+
+def broadcast_flag(flag: bool, info: DistInfo) -> bool:
+    """True on every rank if ``flag`` is true on any rank (so all ranks stop at the same step)."""
+    if info.world_size == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0])
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()

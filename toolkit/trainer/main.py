@@ -1,0 +1,248 @@
+"""``srl trainer --run-dir DIR``: the RL trainer process (one process on CPU, or one rank under torchrun).
+
+Per trainer step n (1..max_steps): wait for ``rollouts/step_<n>/`` (READY), pack it into micro-batches, take one
+optimizer step, write the policy as ``broadcasts/step_<n>/`` (STABLE last; policy version n), prune old broadcasts,
+checkpoint every ``ckpt.interval`` steps and at the end, and append one metrics line to ``metrics.jsonl``.
+
+Stop: when ``control/STOP`` exists or SIGTERM/SIGUSR2 arrives (the batch script forwards the pre-timeout signal),
+the trainer finishes the step it is in (or abandons the wait for a batch), checkpoints the last finished step
+and exits 0. Resume: the newest COMPLETE checkpoint of the run directory is loaded automatically (a requeued job
+continues), ``resume.step`` picks one, ``resume.dir`` forks from another run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolkit import checkpoints, fsutil
+from toolkit.rundir import RunDir
+
+log = logging.getLogger("srl.trainer")
+
+
+@dataclass
+class TrainerSettings:
+    """Everything the trainer loop needs, as plain values (built from the resolved config by :meth:`from_config`).
+
+    Units: ``batch_timeout_s`` seconds; ``seq_len`` tokens per packed row; ``micro_batch_size`` rows.
+    ``ckpt_interval`` None = checkpoint only at the end and on stop; ``keep_last`` None = keep all checkpoints.
+    """
+
+    model_name: str
+    max_steps: int
+    dtype: str = "float32"
+    seed: int = 0
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_norm: float = 1.0
+    scheduler: str = "constant"
+    warmup_steps: int = 0
+    loss: Any = None  # toolkit.trainer.loss.IPOLoss | IcePopLoss; None = IPO defaults
+    micro_batch_size: int = 1
+    seq_len: int = 2048
+    temperature: float = 1.0
+    ckpt_interval: int | None = None
+    keep_last: int | None = 2
+    keep_interval: int | None = None
+    resume_step: int | None = None
+    resume_dir: Path | None = None
+    broadcast_keep: int = 2
+    batch_timeout_s: float = 3600.0
+    lora: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> TrainerSettings:
+        """Map a resolved ``RLConfig`` onto settings (attribute names of ``toolkit/config/model.py``)."""
+        from toolkit.trainer.broadcast import broadcast_keep
+        from toolkit.trainer.loss import IcePopLoss, IPOLoss
+
+        t = cfg.trainer
+        lc = t.loss
+        if lc.type == "icepop":
+            loss = IcePopLoss(ratio_low=lc.ratio_low, ratio_high=lc.ratio_high, adv_tau=getattr(lc, "adv_tau", 1.0))
+        else:
+            loss = IPOLoss(eps=lc.eps, adv_tau=lc.adv_tau)
+        sched = t.scheduler
+        lora = t.model.lora.model_dump() if t.model.lora is not None else None
+        return cls(
+            model_name=str(cfg.model.name),
+            dtype=cfg.model.dtype,
+            max_steps=cfg.max_steps,
+            seed=cfg.seed,
+            lr=t.optim.lr,
+            weight_decay=t.optim.weight_decay,
+            betas=tuple(t.optim.betas),
+            max_norm=t.optim.max_norm,
+            scheduler=sched.type,
+            warmup_steps=getattr(sched, "warmup_steps", 0),
+            loss=loss,
+            micro_batch_size=t.micro_batch_size,
+            seq_len=t.seq_len,
+            temperature=cfg.orchestrator.train.sampling.temperature,
+            ckpt_interval=cfg.ckpt.interval,
+            keep_last=cfg.ckpt.keep_last,
+            keep_interval=cfg.ckpt.keep_interval,
+            resume_step=cfg.resume.step,
+            resume_dir=Path(cfg.resume.dir) if cfg.resume.dir else None,
+            broadcast_keep=broadcast_keep(cfg.orchestrator.max_async_level, cfg.weight_broadcast.keep),
+            batch_timeout_s=getattr(t, "batch_timeout_s", 3600.0),
+            lora=lora,
+        )
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGUSR2 or by the run's STOP file; checked between and during steps."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self.signalled: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGUSR2):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.signalled = signum
+
+    def __call__(self) -> bool:
+        return self.signalled is not None or self.run.stop_request.exists()
+
+
+def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None) -> int:
+    """The trainer loop (see module docstring); returns the last finished trainer step.
+
+    Raises ``toolkit.checkpoints.CheckpointError`` when checkpoints exist but none can be resumed, TimeoutError
+    when a batch does not arrive within ``batch_timeout_s``.
+    """
+    import torch
+
+    from toolkit.batches import read_batch
+    from toolkit.models import resolve_model
+    from toolkit.trainer import dist as tdist
+    from toolkit.trainer.broadcast import apply_broadcast_retention, model_config_dict, write_broadcast
+    from toolkit.trainer.checkpoint import load_trainer_state, save_trainer_state
+    from toolkit.trainer.loss import IPOLoss
+    from toolkit.trainer.metrics import mfu, num_parameters
+    from toolkit.trainer.model import full_state_dict, load_policy
+    from toolkit.trainer.optim import build_optimizer, build_scheduler
+    from toolkit.trainer.packing import plan_micro_batches
+    from toolkit.trainer.step import train_step
+
+    info, device = tdist.init_distributed()
+    stop = stop or StopFlag(run)
+    torch.manual_seed(s.seed)
+    model_dir = resolve_model(s.model_name)
+    model = load_policy(model_dir, dtype=s.dtype, device=str(device))
+    if s.lora:
+        from toolkit.trainer.lora import apply_lora
+
+        model = apply_lora(model, s.lora)
+    n_params = num_parameters(model)
+    model = tdist.shard_model(model, info)
+    optimizer = build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay, betas=s.betas)
+    scheduler = build_scheduler(optimizer, kind=s.scheduler, warmup_steps=s.warmup_steps)
+    loss_cfg = s.loss or IPOLoss()
+
+    source = RunDir(s.resume_dir) if s.resume_dir else run
+    start = checkpoints.resume_step(source, s.resume_step)
+    done = 0
+    if start is not None:
+        done = load_trainer_state(checkpoints.part_dir(source, start, "trainer"), model, optimizer, scheduler, info=info)
+        log.info("resumed from %s step %d", source.checkpoint_step(start), done)
+    if info.is_main:
+        for d in (run.rollouts, run.broadcasts, run.checkpoints, run.control):
+            d.mkdir(parents=True, exist_ok=True)
+        fsutil.remove_stale_temps(run.broadcasts)
+    tdist.barrier(info)
+    last_saved = done if start is not None and source is run else None
+
+    def save(step: int) -> float:
+        t0 = time.perf_counter()
+        save_trainer_state(run, step, model, optimizer, scheduler, info=info)
+        if info.is_main and checkpoints.mark_complete_if_ready(run, step):
+            checkpoints.apply_retention(run, s.keep_last, s.keep_interval)
+        return time.perf_counter() - t0
+
+    step = done
+    while step < s.max_steps:
+        if tdist.broadcast_flag(stop(), info):
+            break
+        n = step + 1
+        t_wait = time.perf_counter()
+        batch = read_batch(run, n, timeout_s=s.batch_timeout_s, should_stop=stop)
+        wait_s = time.perf_counter() - t_wait
+        if tdist.broadcast_flag(batch is None, info):
+            break
+        temperature = float(batch.meta.get("temperature", s.temperature))
+        mbs = plan_micro_batches(
+            batch, seq_len=s.seq_len, micro_batch_size=s.micro_batch_size, rank=info.rank, world_size=info.world_size
+        )
+        metrics = train_step(
+            model, optimizer, scheduler, mbs, loss_cfg=loss_cfg, max_norm=s.max_norm,
+            num_samples=batch.num_samples, temperature=temperature, info=info, device=device,
+        )  # fmt: skip
+        t_bc = time.perf_counter()
+        weights = full_state_dict(model, info=info)
+        if info.is_main:
+            write_broadcast(run, n, weights, model_config_dict(model), model_dir)
+            apply_broadcast_retention(run, s.broadcast_keep)
+        del weights
+        tdist.barrier(info)
+        bc_s = time.perf_counter() - t_bc
+        step = n
+        ckpt_s = 0.0
+        if (s.ckpt_interval and n % s.ckpt_interval == 0) or n == s.max_steps:
+            ckpt_s = save(n)
+            last_saved = n
+        if info.is_main:
+            m = {"step": n, "time": time.time(), "role": "trainer", **metrics}
+            m.update({"time/wait_for_batch": wait_s, "time/broadcast": bc_s, "time/save_ckpt": ckpt_s,
+                      "policy_version/min": int(batch.policy_version.min()) if batch.num_samples else n - 1})
+            if device.type == "cuda":
+                m["perf/mfu"] = mfu(metrics["perf/throughput"], n_params, device, info.world_size)
+            fsutil.append_jsonl(run.metrics, m)
+            log.info("step %d loss %.4g grad_norm %.3g %.2fs", n, m["loss/mean"], m["optim/grad_norm"], m["time/step"])
+    if step > 0 and last_saved != step:
+        log.info("stopping after step %d: writing checkpoint", step)
+        save(step)
+    tdist.shutdown(info)
+    return step
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="srl trainer", description="RL trainer (started by srl's launchers)")
+    p.add_argument("--run-dir", required=True, type=Path, help="run directory (configs/latest/resolved/rl.json)")
+    p.add_argument("--resume-step", type=int, default=None, help="resume from this checkpoint step (overrides config)")
+    p.add_argument("--resume-dir", type=Path, default=None, help="fork: resume from another run directory")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``srl trainer``. Returns the process exit code (0 also after a stop request)."""
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from toolkit.config import load_resolved
+
+    run = RunDir(args.run_dir)
+    settings = TrainerSettings.from_config(load_resolved(run.resolved("rl")))
+    if args.resume_step is not None:
+        settings.resume_step = args.resume_step
+    if args.resume_dir is not None:
+        settings.resume_dir = args.resume_dir
+    stop = StopFlag(run)
+    stop.install()
+    run_trainer(run, settings, stop=stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
