@@ -7,7 +7,7 @@
 # daemon: job records live in slurmctld for MinJobAge seconds. Measured facts: shared/notes/local-slurm.md.
 #
 # Usage (as root, or a user with passwordless sudo):
-#   .ci/setup-slurm.sh [start]   install if missing, write config, start daemons, wait until 4 nodes are idle.
+#   .ci/setup-slurm.sh [start]   install if missing, write config, start daemons, wait until 4 nodes respond.
 #                                A no-op when the cluster is already up with the same config.
 #   .ci/setup-slurm.sh stop      cancel every job, stop the daemons this layout owns (by PID file, checked).
 #   .ci/setup-slurm.sh status    exit 0 when slurmctld answers and all 4 nodes respond, else 1.
@@ -24,11 +24,14 @@ SPOOL_D=/var/spool/slurmd
 LOG_DIR=/var/log/slurm
 # Written when this script started munged, so `stop` leaves a munged it did not start alone.
 MUNGE_OURS=$RUN_DIR/srl-started-munged
+# Set by tests/slurm_cluster.py when a pytest session started the cluster; meaningless once restarted by hand.
+TEST_OWNED=$RUN_DIR/srl-test-leases/OWNED
 
 log() { printf '[setup-slurm] %s\n' "$*" >&2; }
 die() { printf '[setup-slurm] ERROR: %s\n' "$*" >&2; exit 1; }
 
-if [[ $(id -u) -ne 0 ]]; then
+# `status` only reads; everything else installs packages or signals daemons.
+if [[ $(id -u) -ne 0 && ${1:-start} != status ]]; then
     if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
         exec sudo -n -E "$0" "$@"
     fi
@@ -226,13 +229,16 @@ start() {
         return 0
     fi
     if [[ -n $(sync_conf check) ]] && pid_alive "$(ctld_pid)" slurmctld; then
-        log "config differs from the running cluster's; restarting it"
-        stop_daemons
+        # Daemons read their config at start. Jobs are cancelled first: killing slurmd under a running job
+        # leaves slurmstepd processes that ignore SIGTERM.
+        log "config differs from the running cluster's: cancelling its jobs and restarting it"
+        stop
     fi
     sync_conf write >/dev/null
     make_dirs_and_devices
     start_munged
     if ! pid_alive "$(ctld_pid)" slurmctld; then
+        rm -f "$TEST_OWNED"  # a fresh cluster: whoever starts it now decides who stops it
         slurmctld || die "slurmctld failed to start (see $LOG_DIR/slurmctld.log)"
     fi
     wait_for ctld_up || die "slurmctld not UP after ${WAIT_S}s (see $LOG_DIR/slurmctld.log)"
@@ -243,12 +249,12 @@ start() {
     for n in $(sinfo -h -N -t drain,down -o %N 2>/dev/null | sort -u); do
         scontrol update nodename="$n" state=resume 2>/dev/null || true
     done
-    if ! wait_for all_nodes_idle; then
+    # Responding (idle, or mixed/allocated by jobs recovered from the state save) is ready for new jobs.
+    if ! wait_for all_nodes_responding; then
         sinfo -N >&2 || true
-        # Running jobs (another session using the cluster) keep nodes mixed/allocated: responding is enough.
-        all_nodes_responding || die "not all ${#NODES[@]} nodes idle after ${WAIT_S}s"
+        die "not all ${#NODES[@]} nodes responding after ${WAIT_S}s (see $LOG_DIR/slurmd-node*.log)"
     fi
-    log "cluster up: ${#NODES[@]} nodes idle in $((SECONDS - t0))s"
+    log "cluster up: ${#NODES[@]} nodes ($(all_nodes_idle && echo idle || echo 'some busy')) in $((SECONDS - t0))s"
 }
 
 # Kill slurmstepd processes still bound to a socket in our spool (left when slurmd died under a job step).
@@ -286,6 +292,7 @@ stop() {
         stop_pid "$(munged_pid)" munged
         rm -f "$MUNGE_OURS"
     fi
+    rm -f "$TEST_OWNED"
     log "stopped in $((SECONDS - t0))s"
 }
 

@@ -27,13 +27,29 @@ def _prepare(rollouts: pd.DataFrame) -> pd.DataFrame:
         df = df.assign(kind="train")
     valid = df["error_class"].isna().to_numpy() if "error_class" in df.columns else np.ones(len(df), bool)
     reward = df["reward"].to_numpy(dtype=np.float64)
+    # Group on categorical codes (the store returns categoricals already): factorising a million strings per
+    # groupby would dominate the summary's time.
     return df.assign(
         _valid=valid,
         _vreward=np.where(valid, reward, np.nan),
         _errored=~valid,
-        kind=df["kind"].astype(str),
-        env=df["env"].astype(str),
+        kind=_categorical(df["kind"]),
+        env=_categorical(df["env"]),
     )
+
+
+def _categorical(col: pd.Series) -> pd.Series:
+    return col if isinstance(col.dtype, pd.CategoricalDtype) else col.astype("category")
+
+
+def _agg_with_all(df: pd.DataFrame, keys: list[str], **aggs: tuple[str, str]) -> pd.DataFrame:
+    """``df.groupby(keys).agg(**aggs)`` plus rows with env ``"all"`` aggregated over every env (keys contain env)."""
+    per_env = df.groupby(keys, observed=True, sort=True).agg(**aggs).reset_index()
+    other = [k for k in keys if k != "env"]
+    every = df.groupby(other, observed=True, sort=True).agg(**aggs).reset_index().assign(env=ALL_ENVS)
+    out = pd.concat([per_env.assign(env=per_env["env"].astype(str), kind=per_env["kind"].astype(str)),
+                     every.assign(kind=every["kind"].astype(str))], ignore_index=True)
+    return out[keys + list(aggs)].sort_values(keys, kind="stable").reset_index(drop=True)
 
 
 def group_stats(rollouts: pd.DataFrame, *, low: float = 0.0, high: float = 1.0) -> pd.DataFrame:
@@ -51,21 +67,23 @@ def group_stats(rollouts: pd.DataFrame, *, low: float = 0.0, high: float = 1.0) 
     return out
 
 
-def step_summary(rollouts: pd.DataFrame, *, low: float = 0.0, high: float = 1.0) -> pd.DataFrame:
+def step_summary(
+    rollouts: pd.DataFrame, *, low: float = 0.0, high: float = 1.0, groups: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """One row per (kind, env, step), plus env ``"all"`` rows aggregating every env of that kind and step.
 
     Columns: ``rollouts``, ``groups``, ``reward_mean``/``reward_std``/``reward_min``/``reward_max`` (valid rollouts),
     ``solve_none``/``solve_all`` (share of groups), ``effective_batch_size`` (rollouts), ``errored_rate``,
     ``truncated_rate`` (shares of all rollouts), ``prompt_len_mean``, ``completion_len_mean``,
     ``completion_len_max`` (tokens), ``num_turns_mean``, ``off_policy_age_mean``/``off_policy_age_max`` (steps).
-    Returns an empty frame for an empty store.
+    ``groups`` is :func:`group_stats` of the same rows when already computed. Returns an empty frame for an empty
+    store.
     """
     if rollouts.empty:
         return pd.DataFrame(columns=[*STEP_KEYS, "rollouts"])
     df = _prepare(rollouts)
-    groups = group_stats(rollouts, low=low, high=high)
-    both = pd.concat([df, df.assign(env=ALL_ENVS)], ignore_index=True)
-    gboth = pd.concat([groups, groups.assign(env=ALL_ENVS)], ignore_index=True)
+    if groups is None:
+        groups = group_stats(rollouts, low=low, high=high)
     aggs: dict[str, tuple[str, str]] = {
         "rollouts": ("_valid", "size"),
         "reward_mean": ("_vreward", "mean"),
@@ -84,29 +102,28 @@ def step_summary(rollouts: pd.DataFrame, *, low: float = 0.0, high: float = 1.0)
         "off_policy_age_max": ("off_policy_age", "max"),
     }
     aggs.update({k: v for k, v in optional.items() if v[0] in df.columns})
-    out = both.groupby(STEP_KEYS, sort=True).agg(**aggs)
-    gboth = gboth.assign(_eff=np.where(gboth["has_signal"], gboth["valid"], 0))
-    gsum = gboth.groupby(STEP_KEYS, sort=True).agg(
-        groups=("size", "size"),
-        solve_none=("solve_none", "mean"),
-        solve_all=("solve_all", "mean"),
-        effective_batch_size=("_eff", "sum"),
-    )
-    out = out.join(gsum).reset_index()
+    out = _agg_with_all(df, STEP_KEYS, **aggs)
+    groups = groups.assign(_eff=np.where(groups["has_signal"], groups["valid"], 0))
+    gsum = _agg_with_all(groups, STEP_KEYS, groups=("size", "size"), solve_none=("solve_none", "mean"),
+                         solve_all=("solve_all", "mean"), effective_batch_size=("_eff", "sum"))
+    out = out.merge(gsum, on=STEP_KEYS, how="left")
     if "truncated_rate" in out.columns:
         out["truncated_rate"] = out["truncated_rate"].astype(float)
     return out
 
 
-def env_summary(rollouts: pd.DataFrame, *, low: float = 0.0, high: float = 1.0) -> pd.DataFrame:
+def env_summary(
+    rollouts: pd.DataFrame, *, low: float = 0.0, high: float = 1.0, groups: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """One row per (kind, env) over the whole run: ``rollouts``, ``steps``, reward mean/std over valid rollouts,
     group ``solve_none``/``solve_all``/``has_signal`` shares, ``errored_rate``, ``truncated_rate``, mean lengths
-    (tokens) and turns, and the ``first_step``/``last_step`` seen.
+    (tokens) and turns, and the ``first_step``/``last_step`` seen. ``groups`` as in :func:`step_summary`.
     """
     if rollouts.empty:
         return pd.DataFrame(columns=["kind", "env", "rollouts"])
     df = _prepare(rollouts)
-    groups = group_stats(rollouts, low=low, high=high)
+    if groups is None:
+        groups = group_stats(rollouts, low=low, high=high)
     aggs: dict[str, tuple[str, str]] = {
         "rollouts": ("_valid", "size"),
         "steps": ("step", "nunique"),
@@ -120,14 +137,16 @@ def env_summary(rollouts: pd.DataFrame, *, low: float = 0.0, high: float = 1.0) 
                       ("prompt_len_mean", "prompt_len"), ("num_turns_mean", "num_turns")):
         if col in df.columns:
             aggs[name] = (col, "mean")
-    out = df.groupby(["kind", "env"], sort=True).agg(**aggs)
-    gsum = groups.groupby(["kind", "env"], sort=True).agg(
+    out = df.groupby(["kind", "env"], observed=True, sort=True).agg(**aggs)
+    gsum = groups.groupby(["kind", "env"], observed=True, sort=True).agg(
         groups=("size", "size"),
         solve_none=("solve_none", "mean"),
         solve_all=("solve_all", "mean"),
         has_signal=("has_signal", "mean"),
     )
     out = out.join(gsum).reset_index()
+    out["kind"], out["env"] = out["kind"].astype(str), out["env"].astype(str)
+    out = out.sort_values(["kind", "env"], kind="stable").reset_index(drop=True)
     if "truncated_rate" in out.columns:
         out["truncated_rate"] = out["truncated_rate"].astype(float)
     return out
@@ -140,7 +159,9 @@ def error_counts(rollouts: pd.DataFrame) -> pd.DataFrame:
     if rollouts.empty or "error_class" not in rollouts.columns:
         return pd.DataFrame(columns=cols)
     df = _prepare(rollouts)
-    err = df[df["_errored"]].assign(error_class=lambda d: d["error_class"].astype(str))
+    err = df[df["_errored"]]
+    err = err.assign(kind=err["kind"].astype(str), env=err["env"].astype(str),
+                     error_class=err["error_class"].astype(str))
     if err.empty:
         return pd.DataFrame(columns=cols)
     if "error_message" not in err.columns:

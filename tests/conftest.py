@@ -12,18 +12,18 @@ from slurm_cluster import ClusterUnavailable, LocalSlurmCluster
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[LocalSlurmCluster]:
-    """The 4-node local Slurm cluster, started if not already up and stopped at the end only if started here.
+    """The 4-node local Slurm cluster, started if not already up; stopped at the end only if a test session
+    started it and no other session still uses it (see LocalSlurmCluster.acquire/release).
 
     Skips (with the installer's message) only when Slurm cannot be installed; any other start failure fails.
     """
     cluster = LocalSlurmCluster()
     try:
-        cluster.start()
+        cluster.acquire()
     except ClusterUnavailable as e:
         pytest.skip(str(e))
     yield cluster
-    if cluster.started_here:
-        cluster.stop()
+    cluster.release()
 
 
 @pytest.fixture(autouse=True)

@@ -9,11 +9,14 @@ test run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from toolkit.launch import slurm
 REPO = Path(__file__).resolve().parents[1]
 SETUP_SCRIPT = REPO / ".ci" / "setup-slurm.sh"
 NODE_NAMES = ("node1", "node2", "node3", "node4")
+LEASE_DIR = Path("/run/slurm/srl-test-leases")
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 2
 
@@ -41,6 +45,7 @@ class LocalSlurmCluster:
         self.script = script
         self.started_here = False
         self.cold_start_s: float | None = None
+        self._leased = False
 
     def _script(self, action: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -84,6 +89,71 @@ class LocalSlurmCluster:
         proc = self._script("stop", timeout_s)
         if proc.returncode != 0:
             raise RuntimeError(f"{self.script} stop failed (exit {proc.returncode}):\n{proc.stderr}")
+
+    # ---- sharing between concurrent pytest sessions ------------------------------------------------------
+    # Several sessions (helpers, CI shards) may use the one cluster at once. Each holds a lease file named by
+    # its pid; the session that started the cluster leaves an OWNED marker, and whoever releases last while
+    # that marker exists stops the cluster. A cluster that was up before any session has no marker, so tests
+    # never stop it.
+
+    @contextlib.contextmanager
+    def _lease_lock(self) -> Iterator[None]:
+        LEASE_DIR.mkdir(parents=True, exist_ok=True)
+        with open(LEASE_DIR / ".lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @staticmethod
+    def _live_leases() -> list[Path]:
+        live = []
+        for p in LEASE_DIR.glob("lease-*"):
+            pid = int(p.name.split("-", 1)[1])
+            try:
+                os.kill(pid, 0)
+                live.append(p)
+            except ProcessLookupError:
+                p.unlink(missing_ok=True)  # a crashed session's lease
+            except PermissionError:
+                live.append(p)
+        return live
+
+    def acquire(self, timeout_s: float = 300) -> None:
+        """Start the cluster if needed (see :meth:`start`) and register this process as a user of it.
+
+        Without permission to write the lease directory, behaves like :meth:`start`.
+        """
+        try:
+            LEASE_DIR.mkdir(parents=True, exist_ok=True)
+        except PermissionError:
+            pass
+        if not os.access(LEASE_DIR, os.W_OK):
+            self.start(timeout_s)
+            return
+        with self._lease_lock():
+            self.start(timeout_s)
+            if self.started_here:
+                (LEASE_DIR / "OWNED").touch()
+            (LEASE_DIR / f"lease-{os.getpid()}").touch()
+            self._leased = True
+
+    def release(self) -> None:
+        """Drop this process's lease; stop the cluster if a session started it and no other session uses it.
+
+        Without leases (see :meth:`acquire`), stops the cluster only if this object started it.
+        """
+        if not self._leased:
+            if self.started_here:
+                self.stop()
+            return
+        with self._lease_lock():
+            (LEASE_DIR / f"lease-{os.getpid()}").unlink(missing_ok=True)
+            self._leased = False
+            if (LEASE_DIR / "OWNED").exists() and not self._live_leases():
+                self.stop()
+                (LEASE_DIR / "OWNED").unlink(missing_ok=True)
 
     def nodes(self) -> list[dict[str, Any]]:
         """One dict per node, sorted by name.

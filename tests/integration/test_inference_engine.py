@@ -145,6 +145,7 @@ def test_throughput_and_queue_depths(deployment):
     gens, dt = asyncio.run(go())
     n = sum(len(g.token_ids) for g in gens)
     print(f"\n[figure] throughput 16 x 32 tokens: {n / dt:.0f} tokens/s ({dt:.2f} s)")
-    assert n == 16 * 32
+    assert 16 <= n <= 16 * 32  # a random model may sample its end-of-sequence token early
+    assert all(len(g.token_ids) == 32 or g.finish_reason == "stop" for g in gens)
     q = queue_depths({"engine": dep.engine_urls})
     assert q["engine"]["waiting"] == 0.0 and q["engine"]["engines"][dep.engine_urls[0]]["running"] == 0.0

@@ -11,10 +11,10 @@ Light: pydantic and the standard library only (login-node safe).
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 from typing import Literal
 
+import tomllib
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError, Findings, pydantic_issues
@@ -97,14 +97,14 @@ class ContainerSection(Section):
     type: Literal["apptainer"] = "apptainer"
     image: str
     """Image path on the shared filesystem (``.sif``)."""
-    binds: list[str] = []
+    binds: list[str] = Field(default_factory=list)
     """Extra ``--bind`` specs (the run directory is always bound)."""
 
 
 class EnvironmentSection(Section):
-    modules: list[str] = []
+    modules: list[str] = Field(default_factory=list)
     """``module load`` names run at the top of every batch script."""
-    setup: list[str] = []
+    setup: list[str] = Field(default_factory=list)
     """Trusted shell lines from the site admin (e.g. ``source /opt/env.sh``), run after modules."""
     python: str = "python3"
     """Python interpreter (with srl installed) on the compute nodes."""

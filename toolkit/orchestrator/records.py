@@ -125,6 +125,19 @@ class MetricsLog:
         self.run = run
         self.enabled = enabled
         self.done = recorded_steps(run.metrics)
+        self._end_torn_line()
+
+    def _end_torn_line(self) -> None:
+        # A writer killed mid-line leaves no newline at the end; our next line must not be glued onto it.
+        try:
+            with open(self.run.metrics, "rb") as f:
+                f.seek(-1, 2)
+                torn = f.read(1) != b"\n"
+        except (FileNotFoundError, OSError):
+            return
+        if torn and self.enabled:
+            with open(self.run.metrics, "ab") as f:
+                f.write(b"\n")
 
     def has(self, step: int) -> bool:
         return step in self.done

@@ -24,7 +24,7 @@ from ..inference.commands import CommandError, engine_command, engine_env, route
 from ..rundir import RunDir
 from . import environment as envmod
 from .ports import PortAllocator
-from .topology import Topology, derive_topology, vllm_arg
+from .topology import Topology, derive_topology
 
 ROLES = ("inference", "router", "orchestrator", "trainer")
 # vLLM arguments the plan sets itself; stripped from the pass-through table (tp goes to engine_command's ``tp``).
@@ -97,6 +97,8 @@ class Plan:
     trainer_dp: int
     external_inference: str | None = None
     notes: list[str] = field(default_factory=list)
+    roles: tuple[str, ...] = ROLES
+    """Roles this plan places (an inference-only deployment has ("inference", "router"))."""
     hosts: list[str] = field(default_factory=list)
     """Host names per node index; filled on the allocation by :mod:`toolkit.placement.runtime` (empty before)."""
     addresses: list[str] = field(default_factory=list)
@@ -150,6 +152,7 @@ class Plan:
             p["node_expand"] = tuple(p.get("node_expand", ()))
             procs.append(ProcessSpec(**p))
         groups = [NodeGroup(**g) for g in data.pop("groups")]
+        data["roles"] = tuple(data.get("roles", ROLES))
         return cls(processes=procs, groups=groups, **data)
 
 
@@ -171,7 +174,7 @@ def fill(text: str, plan: Plan, node: int | None, model_path: str | None = None)
         if node is not None:
             out = out.replace("{node_addr}", plan.addresses[node])
         for i in range(len(plan.addresses) - 1, -1, -1):  # longest index first: {node_addr_12} before {node_addr_1}
-            out = out.replace("{node_addr_%d}" % i, plan.addresses[i])
+            out = out.replace(f"{{node_addr_{i}}}", plan.addresses[i])
     return out
 
 
@@ -191,7 +194,7 @@ def write_plan(run: RunDir, plan: Plan) -> None:
 
 
 def _addr(target: int, own: int) -> str:
-    return "{node_addr}" if target == own else "{node_addr_%d}" % target
+    return "{node_addr}" if target == own else f"{{node_addr_{target}}}"
 
 
 def _engine_vllm_args(cfg: RLConfig) -> dict[str, Any]:
@@ -223,10 +226,14 @@ def _engines(topo: Topology, cfg: RLConfig) -> list[_Engine]:
     tp = topo.infer_tp
     out: list[_Engine] = []
     if dep.type == "single_node":
-        n = topo.engines_per_node
-        for k in range(n):
+        if infer.type == "disaggregated":  # P/D on one node: prefill engines first, then decode, tp GPUs each
+            kinds = [("prefill", r, "kv_producer") for r in range(infer.num_prefill_replicas)]
+            kinds += [("decode", r, "kv_consumer") for r in range(infer.num_decode_replicas)]
+        else:
+            kinds = [("inference", r, None) for r in range(topo.engines_per_node)]
+        for k, (kind, r, kv) in enumerate(kinds):
             gpus = tuple(range(k * tp, (k + 1) * tp)) if dep.gpus_per_node else ()
-            out.append(_Engine(f"inference-0-{k}", 0, 1, gpus, 0, None))
+            out.append(_Engine(f"{kind}-0-{r}", 0, 1, gpus, 0, kv))
         return out
     gpn = topo.gpus_per_node
     per_node = topo.engines_per_node
@@ -249,6 +256,26 @@ def _engines(topo: Topology, cfg: RLConfig) -> list[_Engine]:
                 gpus = tuple(range(k * tp, (k + 1) * tp)) if gpn else ()
                 out.append(_Engine(f"inference-{isl.index}-{k}", isl.nodes[0], 1, gpus, isl.index, None))
     return out
+
+
+def _router(cfg: RLConfig, pd: bool, engines: list[_Engine], urls: dict[str, str], port: int,
+            metrics_port: int) -> list[str]:
+    """vllm-router argv in front of the engines (P/D mode with prefill/decode URL lists when disaggregated)."""
+    r = cfg.inference.router
+    common: dict[str, Any] = {
+        "host": "{node_addr}", "port": port, "policy": r.policy, "request_timeout_s": r.request_timeout_s,
+        "health_check_interval_s": r.health_check_interval_s,
+        "worker_startup_timeout_s": cfg.inference.startup_timeout_s, "prometheus_port": metrics_port,
+    }
+    try:
+        if pd:
+            pre = [urls[e.name] for e in engines if e.kv_role == "kv_producer"]
+            dec = [urls[e.name] for e in engines if e.kv_role == "kv_consumer"]
+            # "nixl" is the router's P/D dialect; an ExampleConnector deployment ignores the extra fields it adds.
+            return router_command(engine_urls=(), prefill_urls=pre, decode_urls=dec, kv_connector="nixl", **common)
+        return router_command(engine_urls=[urls[e.name] for e in engines], **common)
+    except CommandError as err:
+        raise PlacementError(str(err)) from None
 
 
 def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | int = "local",
@@ -274,7 +301,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
 
     # ---- ports: request everything per host, then assign one block for this job ------------------------------
     shared_net = site.ports.nodes_share_network or not site.is_slurm
-    host = (lambda n: 0) if shared_net else (lambda n: n)  # noqa: E731
+    host = (lambda n: 0) if shared_net else (lambda n: n)
     alloc = PortAllocator(site.ports.range_start, site.ports.range_end)
     nixl = pd and _kv_connector(cfg, gpn) == "NixlConnector"
     for e in engines:
@@ -324,7 +351,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
         extra_args = dict(eng_defaults)
         if e.dp > 1:
             extra_args.update({"data_parallel_size_local": topo.engines_per_node,
-                               "data_parallel_address": "{node_addr_%d}" % e.node,
+                               "data_parallel_address": f"{{node_addr_{e.node}}}",
                                "data_parallel_rpc_port": ports[f"{e.name}.dp_rpc"]})
         try:
             cmd = engine_command(model_path="{model_path}", host="{node_addr}", port=http, vllm_args=vargs,
@@ -356,23 +383,8 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     # ---- router --------------------------------------------------------------------------------------------
     inference_url: str | None = None
     if use_router:
-        r = cfg.inference.router
         rport = ports["router.http"]
-        if pd:
-            pre = [urls[e.name] for e in engines if e.kv_role == "kv_producer"]
-            dec = [urls[e.name] for e in engines if e.kv_role == "kv_consumer"]
-            rcmd = router_command(host="{node_addr}", port=rport, engine_urls=(), policy=r.policy,
-                                  request_timeout_s=r.request_timeout_s, prefill_urls=pre, decode_urls=dec,
-                                  health_check_interval_s=r.health_check_interval_s,
-                                  worker_startup_timeout_s=cfg.inference.startup_timeout_s,
-                                  kv_connector="nixl" if connector == "NixlConnector" else "nixl",
-                                  prometheus_port=ports["router.metrics"])
-        else:
-            rcmd = router_command(host="{node_addr}", port=rport, engine_urls=[urls[e.name] for e in engines],
-                                  policy=r.policy, request_timeout_s=r.request_timeout_s,
-                                  health_check_interval_s=r.health_check_interval_s,
-                                  worker_startup_timeout_s=cfg.inference.startup_timeout_s,
-                                  prometheus_port=ports["router.metrics"])
+        rcmd = _router(cfg, pd, engines, urls, rport, ports["router.metrics"])
         add("router", "router", router_node, (), {"http": rport, "metrics": ports["router.metrics"]}, rcmd,
             cfg.inference.env_vars, {}, log_name="router.log", healthcheck_url=f"http://{{node_addr}}:{rport}/health")
         inference_url = f"http://{{node_addr_{router_node}}}:{rport}"
@@ -406,7 +418,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
         onode = topo.orchestrator_node
         owned = {"SRL_TRAINER_DP": str(topo.trainer_dp)}
         if inference_url:
-            owned["SRL_INFERENCE_URL"] = inference_url.replace("{node_addr_%d}" % onode, "{node_addr}")
+            owned["SRL_INFERENCE_URL"] = inference_url.replace(f"{{node_addr_{onode}}}", "{node_addr}")
         if external:
             owned["SRL_INFERENCE_RUN_DIR"] = str(Path(external).absolute())
         add("orchestrator", "orchestrator", onode, (), {}, ["srl", "orchestrator", "--run-dir", root],
@@ -418,11 +430,20 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     if topo.orchestrator_het_group and "orchestrator" in roles:
         groups.append(NodeGroup(1, 1, 0, dep.orchestrator_partition or site.partitions.cpu,  # type: ignore
                                 topo.num_nodes))
+    if external and dep.type == "multi_node":
+        # The inference islands live in another allocation: drop their nodes and shift the others down.
+        shift = len(topo.inference_nodes)
+        for p in procs:
+            p.node_index = max(0, p.node_index - shift)
+        master = None if master is None else master - shift
+        groups[0].num_nodes -= shift
+        if len(groups) > 1:
+            groups[1].first_node -= shift
     used = {n for p in procs for n in p.node_indices}
-    if roles != ROLES and used:
+    if set(roles) != set(ROLES) and not external and used:
         # An inference-only plan asks for the nodes it uses (the islands), not the trainer's.
         groups[0].num_nodes = max(n for n in used if n < topo.num_nodes) + 1
     return Plan(job_id=job, site=site.name, run_dir=root, num_nodes=groups[0].num_nodes, gpus_per_node=gpn,
-                groups=groups, processes=procs, ports=ports, port_base=alloc.base or 0,
+                groups=groups, processes=procs, roles=tuple(roles), ports=ports, port_base=alloc.base or 0,
                 master_node=master, inference_url=inference_url, trainer_dp=topo.trainer_dp,
                 external_inference=str(Path(external).absolute()) if external else None, notes=list(topo.notes))

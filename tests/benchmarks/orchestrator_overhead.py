@@ -1,0 +1,108 @@
+"""Orchestrator overhead: rollouts/s through the whole orchestrator divided by a bare async client's requests/s.
+
+Both run in this one process against the same zero-latency loopback ``/v1/completions`` server
+(``tests/loopback_server.py``, its own process), so the server costs nothing and the ratio is the share of the
+client-side rate the orchestrator keeps. The orchestrator path is everything a training step does: sampler,
+rendering the prompt to token ids, the env worker's episode (setup, the reply, scoring: reverse-text's LCS
+reward), the policy client, advantages, filtering, the HDF5 store append, the batch write and the metrics line.
+Single-turn rollouts, one completion request each, so a bare request is the fair unit. The rate counts rollouts
+over the summed ``time/step`` of steps 2.. (step 1 includes warm-up; env worker start-up is never counted).
+
+    python tests/benchmarks/orchestrator_overhead.py [--steps 6] [--batch-size 64] [--group-size 8]
+        [--concurrency 64] [--workers 1]
+
+Prints both rates and ``ratio = orchestrator / bare`` (goal >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for loopback_server
+
+from loopback_server import LoopbackServer  # noqa: E402
+
+from toolkit.config.model import RLConfig  # noqa: E402
+from toolkit.inference.client import completion_payload  # noqa: E402
+from toolkit.inference.health import write_ready  # noqa: E402
+from toolkit.orchestrator.main import Orchestrator  # noqa: E402
+from toolkit.orchestrator.types import SamplingParams  # noqa: E402
+from toolkit.rundir import RunDir  # noqa: E402
+
+# Tiny model's character tokenizer (toolkit/models/tiny.py): 4 specials, "\n", "\t", then chr(c) = 6 + c - 32.
+# "cba" then <|im_end|> (id 2). Fixed tokens: the server does no work.
+TOKENS = [6 + ord("c") - 32, 6 + ord("b") - 32, 6 + ord("a") - 32, 2]
+
+
+async def bare_rate(url: str, n: int, concurrency: int) -> float:
+    """Requests/s of a plain httpx.AsyncClient posting one fixed completion request ``n`` times."""
+    body = completion_payload("loopback", list(range(40)), SamplingParams(max_tokens=16))
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=concurrency)) as http:
+
+        async def one() -> None:
+            async with sem:
+                r = await http.post("/v1/completions", json=body)
+                r.json()
+
+        await asyncio.gather(*(one() for _ in range(min(n, concurrency))))  # warm the connection pool
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(n)))
+        return n / (time.perf_counter() - t0)
+
+
+def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[float, int]:
+    """Rollouts/s of the whole orchestrator over steps 2..N, and the rollouts counted."""
+    run = RunDir(root / "run")
+    cfg = RLConfig.model_validate({
+        "max_steps": args.steps, "seed": 0,
+        "orchestrator": {
+            "batch_size": args.batch_size, "group_size": args.group_size, "max_async_level": args.steps - 1,
+            "max_concurrent": args.concurrency,
+            "train": {"sampling": {"max_completion_tokens": 16},
+                      "env": [{"name": "rev", "taskset": {"id": "reverse-text"}, "pool": {"max_workers": args.workers}}]},
+        },
+    })  # fmt: skip
+    write_ready(run, {"base_url": url, "router_url": None, "engine_urls": [url], "model": "loopback",
+                      "policy_version": 0})  # fmt: skip
+    rc = asyncio.run(Orchestrator(cfg, run).run_until_done())
+    if rc != 0:
+        raise SystemExit(f"orchestrator exited {rc}")
+    lines = [json.loads(x) for x in run.metrics.read_text().splitlines()]
+    steps = [x for x in lines if x.get("role") == "orchestrator" and x["step"] >= 2]
+    rollouts = sum(int(x["rollouts_offered"]) for x in steps)
+    seconds = sum(x["time/step"] for x in steps)
+    return rollouts / seconds, rollouts
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--workers", type=int, default=1, help="env worker processes")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    with LoopbackServer(TOKENS) as srv, tempfile.TemporaryDirectory(prefix="srl-bench-") as tmp:
+        n = args.batch_size * (args.steps - 1)
+        bare_before = asyncio.run(bare_rate(srv.url, n, args.concurrency))
+        orch, counted = orchestrator_rate(srv.url, args, Path(tmp))
+        bare_after = asyncio.run(bare_rate(srv.url, n, args.concurrency))
+    bare = (bare_before + bare_after) / 2  # before and after: machine load drifts during the run
+    print(f"bare async client: {bare:.1f} requests/s (before {bare_before:.1f}, after {bare_after:.1f})")
+    print(f"orchestrator:      {orch:.1f} rollouts/s ({counted} rollouts over steps 2..{args.steps})")
+    print(f"ratio = {orch / bare:.3f} (goal >= 0.8)")
+
+
+if __name__ == "__main__":
+    main()

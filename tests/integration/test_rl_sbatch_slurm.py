@@ -1,0 +1,179 @@
+"""The rendered rl.sbatch on the real local Slurm cluster, every component replaced by a probe (probe/probe.py).
+
+Checks the issue's "done when" items: recorded placement equals placement.json; killing one component ends the
+whole job within seconds with a non-zero state; the pre-timeout signal checkpoints (probe marker) and requeues,
+the job runs again with SLURM_RESTART_COUNT=1 and its earlier batch log is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from toolkit.config import load_config
+from toolkit.launch import slurm
+from toolkit.launch.prepare import prepare_run
+from toolkit.launch.submit import submit_rl
+from toolkit.placement import read_plan, visible_devices
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = Path(__file__).resolve().parent / "probe" / "probe.py"
+
+
+def _probe_bin(tmp: Path) -> Path:
+    bindir = tmp / "probe-bin"
+    bindir.mkdir()
+    for name in ("python", "srl", "torchrun", "vllm-router"):
+        p = bindir / name
+        p.write_text(f"#!/bin/sh\nexec {sys.executable} {PROBE} \"$@\"\n")
+        p.chmod(0o755)
+    return bindir
+
+
+def _site_dir(tmp: Path, bindir: Path) -> Path:
+    sites = tmp / "sites"
+    sites.mkdir()
+    text = (REPO / "site-configs" / "local-slurm.toml").read_text()
+    text = text.replace('name = "local-slurm"', 'name = "probe-slurm"')
+    text = text.replace('python = "/work/main/.venv/bin/python"',
+                        f'python = "python"\nsetup = ["export PATH={bindir}:$PATH"]')
+    (sites / "probe-slurm.toml").write_text(text)
+    return sites
+
+
+def _config(tmp: Path, name: str, extra: str = "") -> Path:
+    model = tmp / "model"
+    model.mkdir(exist_ok=True)
+    path = tmp / f"{name}.toml"
+    path.write_text(f"""
+output_dir = "{tmp / 'out'}"
+site = "probe-slurm"
+[run]
+name = "{name}"
+[model]
+name = "{model}"
+[[orchestrator.train.env]]
+taskset = {{ id = "reverse-text" }}
+[inference.vllm]
+tensor_parallel_size = 2
+[deployment]
+type = "multi_node"
+gpus_per_node = 4
+num_infer_nodes = 1
+num_train_nodes = 2
+orchestrator = "with_inference"
+[slurm]
+checkpoint_grace_s = 10
+signal_lead_s = 60
+{extra}
+""")
+    return path
+
+
+@pytest.fixture
+def probe_run(tmp_path, monkeypatch):
+    bindir = _probe_bin(tmp_path)
+    monkeypatch.setenv("SRL_SITE_CONFIGS", str(_site_dir(tmp_path, bindir)))
+
+    def make(name: str, trainer_seconds: float, extra: str = ""):
+        loaded = load_config([_config(tmp_path, name, extra)])
+        run, attempt = prepare_run(loaded, argv=["srl", "rl"])
+        (run.root / "probe").mkdir()
+        (run.root / "probe" / "trainer_seconds").write_text(str(trainer_seconds))
+        return loaded.config, run, attempt
+
+    return make
+
+
+def _records(run) -> dict[tuple[str, str, str], dict]:
+    out = {}
+    for f in (run.root / "probe").glob("*.json"):
+        rec = json.loads(f.read_text())
+        out[(rec["process"], rec["node"], rec["env"].get("SLURM_RESTART_COUNT", "0"))] = rec
+    return out
+
+
+def _wait_records(run, n: int, timeout_s: float, restart: str = "0") -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        recs = {k: v for k, v in _records(run).items() if k[2] == restart}
+        if len(recs) >= n:
+            return recs
+        time.sleep(0.2)
+    raise AssertionError(f"only {sorted(_records(run))} probe records after {timeout_s} s; "
+                         f"batch log:\n{_batch_log(run)}")
+
+
+def _batch_log(run) -> str:
+    return "\n".join(p.read_text() for p in sorted(run.logs.glob("*.out")))
+
+
+def _expected_records(plan) -> int:
+    return sum(p.num_nodes for p in plan.processes)
+
+
+def test_recorded_placement_equals_plan(probe_run):
+    cfg, run, attempt = probe_run("place3", trainer_seconds=4)
+    job = submit_rl(cfg, run, attempt)
+    st = slurm.wait(job, timeout_s=90)
+    assert st.state == "COMPLETED", _batch_log(run)
+    plan = read_plan(run)
+    assert plan.job_id == job and len(plan.hosts) == 3
+    recs = _records(run)
+    assert len(recs) == _expected_records(plan) == 6  # 2 engines + router + orchestrator on node 0, trainer on 1-2
+    for p in plan.processes:
+        for i in p.node_indices:
+            rec = recs[(p.name, plan.hosts[i], "0")]
+            assert rec["node_index"] == str(i)
+            assert rec["cuda_visible_devices"] == visible_devices(p.gpus, "0,1,2,3", 4)
+            assert rec["env"]["SRL_JOB_ID"] == job
+            for port in p.ports.values():
+                assert str(port) in " ".join(rec["argv"]) + " ".join(rec["env"].values())
+            for k, v in p.env.items():
+                if k.startswith("SRL_") and "{" not in v:
+                    assert rec["env"][k] == v
+    trainer = plan.process("trainer")
+    rec = recs[("trainer", plan.hosts[trainer.node_index], "0")]
+    assert rec["env"]["MASTER_ADDR"] == plan.addresses[plan.master_node]
+    assert f"{plan.addresses[plan.master_node]}:{trainer.ports['rdzv']}" in rec["argv"]
+    assert "/srl-" + job + "/triton" in rec["env"]["TRITON_CACHE_DIR"]
+
+
+def test_killing_one_component_ends_the_job(probe_run):
+    cfg, run, attempt = probe_run("kill3", trainer_seconds=120)
+    job = submit_rl(cfg, run, attempt)
+    recs = _wait_records(run, 6, 60)
+    victim = next(r for k, r in recs.items() if k[0] == "inference-0-0")
+    t0 = time.monotonic()
+    os.kill(victim["pid"], signal.SIGKILL)
+    st = slurm.wait(job, timeout_s=60)
+    elapsed = time.monotonic() - t0
+    assert st.state == "FAILED", (st, _batch_log(run))
+    assert st.exit_code not in (None, 0)
+    assert elapsed < 20, f"job took {elapsed:.1f} s to end after a component died"
+    assert "inference-0-0 exited first" in _batch_log(run)
+
+
+def test_signal_checkpoints_and_requeues(probe_run):
+    cfg, run, attempt = probe_run("sig3", trainer_seconds=120)
+    job = submit_rl(cfg, run, attempt)
+    _wait_records(run, 6, 60)
+    (run.root / "probe" / "trainer_seconds").write_text("3")  # read by the second run's trainer probe
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True, timeout=30)
+    recs = _wait_records(run, 6, 120, restart="1")
+    assert (run.checkpoints / "step_1" / "COMPLETE").exists()
+    st = slurm.wait(job, timeout_s=90)
+    assert st.state == "COMPLETED", _batch_log(run)
+    assert st.restart_count == 1
+    assert all(r["env"]["SLURM_RESTART_COUNT"] == "1" for r in recs.values())
+    log = _batch_log(run)
+    assert "received SIGUSR2" in log and "restart 0" in log and "restart 1" in log  # first run's log kept

@@ -1,0 +1,21 @@
+"""analysis/ must import without torch (it runs on login nodes and in report jobs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_analysis_imports_no_torch() -> None:
+    code = (
+        "import sys\n"
+        "import analysis, analysis.store, analysis.loaders, analysis.summary, analysis.figures, analysis.report, "
+        "analysis.diagnose, analysis.envelope\n"
+        "bad = [m for m in ('torch', 'vllm', 'matplotlib.pyplot') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,75 @@
+"""PolicyClient request/response handling and failure behaviour, WeightUpdater guards (no engine needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from toolkit.errors import ProviderError, SrlRolloutError
+from toolkit.fsutil import write_marker
+from toolkit.inference.client import PolicyClient, completion_payload, parse_completion
+from toolkit.inference.serve import free_port
+from toolkit.inference.weights import WeightUpdateError, WeightUpdater, newest_stable_broadcast
+from toolkit.orchestrator.types import SamplingParams
+from toolkit.rundir import RunDir
+
+
+def test_payload_asks_for_token_ids_and_sampled_logprobs():
+    body = completion_payload("m", [1, 2, 3], SamplingParams(temperature=0.7, top_k=None, max_tokens=9,
+                                                              stop_token_ids=[2], seed=5))  # fmt: skip
+    assert body["prompt"] == [1, 2, 3] and body["logprobs"] == 0 and body["return_token_ids"] is True
+    assert body["top_k"] == 0 and body["max_tokens"] == 9 and body["stop_token_ids"] == [2] and body["seed"] == 5
+
+
+def test_parse_completion_and_malformed_responses():
+    data = {"choices": [{"token_ids": [4, 5], "logprobs": {"token_logprobs": [-1.0, -2.5]}, "finish_reason": "stop"}]}
+    gen = parse_completion(data, policy_version=3)
+    assert gen.token_ids == [4, 5] and gen.logprobs == [-1.0, -2.5] and gen.finish_reason == "stop"
+    assert gen.policy_version == 3
+    with pytest.raises(ProviderError):
+        parse_completion({"choices": [{"text": "x"}]}, 0)
+    bad = json.loads(json.dumps(data))
+    bad["choices"][0]["token_ids"] = [4]
+    with pytest.raises(ProviderError, match="1 token ids but 2 logprobs"):
+        parse_completion(bad, 0)
+
+
+def test_dead_endpoint_raises_provider_error_after_bounded_retries():
+    port = free_port()  # nothing listens there
+
+    async def go():
+        async with PolicyClient(f"http://127.0.0.1:{port}", "m", timeout_s=2, max_retries=2, backoff_s=0.05) as c:
+            await c.generate([1], SamplingParams(max_tokens=1), session_id="s")
+
+    t0 = time.monotonic()
+    with pytest.raises(ProviderError, match="after 3 attempts") as info:
+        asyncio.run(go())
+    assert time.monotonic() - t0 < 5
+    assert isinstance(info.value, SrlRolloutError) and info.value.error_class == "ProviderError"
+
+
+def test_updater_refuses_tied_broadcast_before_touching_engines(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    updater = WeightUpdater([f"http://127.0.0.1:{free_port()}"])
+    with pytest.raises(WeightUpdateError, match="tie_word_embeddings"):
+        asyncio.run(updater.update(tmp_path, 1))
+
+
+def test_updater_names_the_failing_engine(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(WeightUpdateError, match=url):
+        asyncio.run(WeightUpdater([url], timeout_s=2).update(tmp_path, 1))
+
+
+def test_newest_stable_broadcast_skips_unmarked_and_temp_dirs(tmp_path):
+    run = RunDir(tmp_path)
+    assert newest_stable_broadcast(run) is None
+    for step in (1, 3, 5):
+        run.broadcast_step(step).mkdir(parents=True)
+    write_marker(run.broadcast_step(1) / "STABLE")
+    write_marker(run.broadcast_step(3) / "STABLE")
+    (run.broadcasts / ".step_7.tmp-1-abc").mkdir()
+    assert newest_stable_broadcast(run) == (3, run.broadcast_step(3))

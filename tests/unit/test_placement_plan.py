@@ -1,0 +1,232 @@
+"""Placement plan: node layout, GPU positions, ports, rendezvous, environment layers (field cases B03, B05, B07,
+B08, B09, B29, B30)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from golden.layouts import LAYOUTS, make_cfg, multi
+
+from toolkit.config import ConfigError
+from toolkit.config.site import load_site
+from toolkit.placement import GpuBindingError, Plan, build_plan, fill, read_plan, visible_devices, write_plan
+from toolkit.placement.runtime import ResolveError, group_hostlists, node_addresses
+from toolkit.rundir import RunDir
+
+PI = load_site("prime-intellect")
+
+
+def plan_for(layout_or_over, site=PI, job_id="1001", **kw) -> Plan:
+    over = LAYOUTS[layout_or_over] if isinstance(layout_or_over, str) else layout_or_over
+    cfg = make_cfg(over, site=site.name, **kw)
+    return build_plan(cfg, site, RunDir(cfg.output_dir / cfg.run.name), job_id=job_id)
+
+
+def test_b03_gpu_positions_index_the_granted_set() -> None:
+    plan = plan_for("single-node")
+    infer = [p for p in plan.processes if p.role == "inference"]
+    trainer = plan.process("trainer")
+    granted = "2,5,7,9,11,12,14,15"
+    assert [visible_devices(p.gpus, granted, 8) for p in infer] == ["2,5", "7,9"]
+    assert visible_devices(trainer.gpus, granted, 8) == "11,12,14,15"
+    # the B03 trigger itself: 2 inference + 2 trainer GPUs on a node that granted 2,5,7,9
+    assert visible_devices((0, 1), "2,5,7,9", 4) == "2,5"
+    assert visible_devices((2, 3), "2,5,7,9", 4) == "7,9"
+    with pytest.raises(GpuBindingError, match=r"4 GPUs\) but only 2 are visible"):
+        visible_devices((2, 3), "2,5", 4)
+
+
+def test_b03_more_gpus_than_the_node_has_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="6 \\+ 4 = 10 GPUs > gpus_per_node 8"):
+        make_cfg(site="prime-intellect", deployment={"type": "single_node", "gpus_per_node": 8,
+                                                    "num_infer_gpus": 4, "num_train_gpus": 6})
+
+
+def test_b05_ports_differ_between_jobs_and_services_and_avoid_defaults() -> None:
+    over = {"run": {"name": "b05"}, "deployment": {"type": "single_node", "gpus_per_node": 8, "num_infer_gpus": 4,
+                                                   "num_train_gpus": 4},
+            "inference": {"deployment": {"type": "single_node", "num_replicas": 4}}}
+    a, b = plan_for(over, job_id="1001"), plan_for(over, job_id="1002")
+    assert len(set(a.ports.values())) == len(a.ports)
+    assert set(a.ports.values()).isdisjoint(b.ports.values())
+    for plan in (a, b):
+        assert not {29500, 8000} & set(plan.ports.values())
+        assert all(PI.ports.range_start <= p < PI.ports.range_end for p in plan.ports.values())
+    assert {"trainer.rdzv", "router.http", "inference-0-0.http", "inference-0-3.http"} <= set(a.ports)
+
+
+def test_b05_ports_written_to_the_run_dir(tmp_path: Path) -> None:
+    cfg = make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect", output_dir=str(tmp_path))
+    run = RunDir(tmp_path / cfg.run.name)
+    plan = build_plan(cfg, PI, run, job_id=77)
+    write_plan(run, plan)
+    ports = json.loads(run.ports_file.read_text())
+    assert ports["job_id"] == "77"
+    assert ports["services"]["trainer.rdzv"]["port"] == plan.ports["trainer.rdzv"]
+    assert read_plan(run) == plan
+
+
+def test_b07_head_host_from_python_hostlist_expansion_without_scontrol(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol on PATH (the container step)
+    hosts = group_hostlists({"SLURM_JOB_NODELIST": "gpu-[01-02]", "SLURM_NNODES": "2"}, 1)
+    assert hosts == [["gpu-01", "gpu-02"]]
+    assert node_addresses(hosts[0]) == ["gpu-01", "gpu-02"]  # host names, never localhost
+    with pytest.raises(ResolveError, match="SLURM_JOB_NODELIST is not set"):
+        group_hostlists({}, 1)
+    with pytest.raises(ResolveError, match="cannot expand"):
+        group_hostlists({"SLURM_JOB_NODELIST": "gpu-[01-"}, 1)
+
+
+def test_b07_master_is_the_first_trainer_host() -> None:
+    plan = plan_for("train2-infer1")
+    plan.addresses = ["gpu-01", "gpu-02", "gpu-03"]
+    trainer = plan.process("trainer")
+    assert plan.master_node == trainer.node_index == 1
+    argv = [fill(a, plan, 1) for a in trainer.command]
+    assert f"gpu-02:{trainer.ports['rdzv']}" in argv
+    assert fill(trainer.env["MASTER_ADDR"], plan, 2) == "gpu-02"
+
+
+def test_b07_user_master_addr_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="MASTER_ADDR is set by srl"):
+        make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect", env_vars={"MASTER_ADDR": "localhost"})
+
+
+def test_b08_side_channel_host_is_the_node_address_and_ports_distinct_per_host() -> None:
+    over = {"run": {"name": "b08"}, "deployment": multi(1, 2, gpus_per_node=8),
+            "inference": {"vllm": {"tensor_parallel_size": 4},
+                          "deployment": {"type": "disaggregated", "kv_connector": "NixlConnector"}}}
+    plan = plan_for(over)
+    plan.addresses = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    workers = [p for p in plan.processes if p.kv_role]
+    assert {p.kv_role for p in workers} == {"kv_producer", "kv_consumer"}
+    by_node: dict[int, list[int]] = {}
+    for p in workers:
+        host = fill(p.env["VLLM_NIXL_SIDE_CHANNEL_HOST"], plan, p.node_index)
+        assert host == plan.addresses[p.node_index]
+        base = int(p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"])
+        by_node.setdefault(p.node_index, []).extend(range(base, base + len(p.gpus)))
+        assert "kv_producer" in " ".join(p.command) or "kv_consumer" in " ".join(p.command)
+    for ports in by_node.values():
+        assert len(ports) == len(set(ports))
+
+
+def test_b08_colocated_prefill_and_decode_never_share_a_side_channel_port() -> None:
+    over = {"run": {"name": "b08s"}, "deployment": {"type": "single_node", "gpus_per_node": 8,
+                                                     "num_infer_gpus": 4, "num_train_gpus": 4},
+            "inference": {"vllm": {"tensor_parallel_size": 2},
+                          "deployment": {"type": "disaggregated", "kv_connector": "NixlConnector"}}}
+    # single-node P/D: both roles on node 0; every port of every process differs
+    plan = plan_for(over)
+    all_ports = [v for p in plan.processes for v in p.ports.values()]
+    assert len(all_ports) == len(set(all_ports))
+
+
+def test_b09_jit_caches_on_node_local_scratch_per_job_unless_overridden() -> None:
+    hpc = load_site("generic-hpc")
+    over = dict(LAYOUTS["train2-infer1"], deployment=multi(2, 1, gpus_per_node=4),
+                inference={"vllm": {"tensor_parallel_size": 4}})
+    plan = plan_for(over, site=hpc, job_id="4242", slurm={"account": "p1"})
+    for p in plan.processes:
+        assert p.env["TRITON_CACHE_DIR"] == "$TMPDIR/srl-4242/triton"
+        assert "TRITON_CACHE_DIR" in p.node_expand
+        assert p.env["TORCHINDUCTOR_CACHE_DIR"].endswith("srl-4242/inductor")
+    mine = plan_for(over, site=hpc, job_id="4242", slurm={"account": "p1"},
+                    trainer={"env_vars": {"TRITON_CACHE_DIR": "/local/mine"}})
+    assert mine.process("trainer").env["TRITON_CACHE_DIR"] == "/local/mine"
+    assert "TRITON_CACHE_DIR" not in mine.process("trainer").node_expand
+
+
+def test_b09_cache_dir_on_shared_home_warns() -> None:
+    from toolkit.config import validate_dict
+    from golden.layouts import BASE, merge
+
+    loaded = validate_dict(merge(BASE, {"site": "prime-intellect", "env_vars": {"TRITON_CACHE_DIR": "$HOME/.triton"}}))
+    assert any("shared filesystem" in w.message for w in loaded.warnings)
+
+
+def test_b29_orchestrator_gets_data_parallel_size() -> None:
+    over = {"run": {"name": "b29"}, "deployment": multi(2, 1), "trainer": {"tp": 2, "cp": 1},
+            "inference": {"vllm": {"tensor_parallel_size": 8}}}
+    plan = plan_for(over)
+    assert plan.trainer_dp == 8
+    assert plan.process("orchestrator").env["SRL_TRAINER_DP"] == "8"
+    with pytest.raises(ConfigError, match="3 x 1 = 3 does not divide the 16 trainer GPUs"):
+        make_cfg(dict(over, trainer={"tp": 3}), site="prime-intellect")
+
+
+def test_b30_disaggregated_node_count_from_nodes_per_replica() -> None:
+    pd = {"type": "disaggregated", "num_prefill_replicas": 1, "prefill_nodes_per_replica": 1,
+          "num_decode_replicas": 1, "decode_nodes_per_replica": 2}
+    over = {"run": {"name": "b30"}, "deployment": multi(2, 3), "inference": {"deployment": pd}}
+    plan = plan_for(over)
+    assert plan.num_nodes == 5
+    nodes = {p.name: p.node_indices for p in plan.processes}
+    assert nodes["prefill-0-0-0"] == (0,)
+    assert nodes["decode-0-0"] == (1, 2)
+    assert nodes["trainer"] == (3, 4)
+    with pytest.raises(ConfigError, match="deployment.nodes = 4, but the layout needs 5 nodes"):
+        make_cfg(dict(over, deployment=multi(2, 3, nodes=4)), site="prime-intellect")
+
+
+def test_environment_layers_and_owned_values() -> None:
+    over = {"run": {"name": "envl"}, "deployment": multi(1, 2), "env_vars": {"A": "global", "B": "global"},
+            "inference": {"vllm": {"tensor_parallel_size": 8}, "env_vars": {"B": "component", "C": "component"},
+                          "deployment": {"type": "disaggregated", "prefill_env_vars": {"C": "prefill"}}}}
+    plan = plan_for(over)
+    pre = next(p for p in plan.processes if p.kv_role == "kv_producer")
+    dec = next(p for p in plan.processes if p.kv_role == "kv_consumer")
+    assert (pre.env["A"], pre.env["B"], pre.env["C"]) == ("global", "component", "prefill")
+    assert dec.env["C"] == "component"
+    assert plan.process("trainer").env["B"] == "global"
+    assert pre.env["SRL_PROCESS"] == pre.name and pre.env["VLLM_SERVER_DEV_MODE"] == "1"
+    with pytest.raises(ConfigError, match="VLLM_NIXL_SIDE_CHANNEL_HOST is set by srl"):
+        make_cfg(dict(over, inference={"deployment": {"type": "disaggregated", "decode_env_vars": {
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": "localhost"}}}), site="prime-intellect")
+
+
+def test_local_site_everything_on_node_zero() -> None:
+    local = load_site("local")
+    plan = plan_for({"run": {"name": "loc"}, "inference": {"deployment": {"type": "single_node", "num_replicas": 2}}},
+                    site=local, job_id="local")
+    assert {p.node_index for p in plan.processes} == {0}
+    assert [p.name for p in plan.processes] == ["inference-0-0", "inference-0-1", "router", "trainer", "orchestrator"]
+    assert plan.process("trainer").command[:2] == ["srl", "trainer"]
+    assert all(p.gpus == () for p in plan.processes)
+    plan.addresses = ["127.0.0.1"]
+    assert fill(plan.process("orchestrator").env["SRL_INFERENCE_URL"], plan, 0).startswith("http://127.0.0.1:")
+    eng = plan.process("inference-0-0")
+    assert "--enforce-eager" in eng.command and "{model_path}" in eng.command
+    assert eng.healthcheck_url.endswith("/health")
+
+
+def test_multi_rank_trainer_uses_torchrun_one_task_per_node() -> None:
+    plan = plan_for("train2-infer1")
+    t = plan.process("trainer")
+    assert t.command[0] == "torchrun" and t.num_nodes == 2 and t.nprocs_per_node == 8
+    assert t.command[t.command.index("--nproc-per-node") + 1] == "8"
+    assert "29500" not in " ".join(t.command)
+
+
+def test_hetjob_orchestrator_on_its_own_cpu_group() -> None:
+    plan = plan_for("hetjob-orchestrator")
+    assert [(g.num_nodes, g.gpus_per_node, g.partition) for g in plan.groups] == [(2, 8, "cluster"), (1, 0, "cpu")]
+    o = plan.process("orchestrator")
+    assert (o.het_group, o.node_index) == (1, 2)
+
+
+def test_external_inference_places_no_engines() -> None:
+    over = dict(LAYOUTS["train2-infer1"], inference={"vllm": {"tensor_parallel_size": 8}, "external": "/shared/inf"})
+    plan = plan_for(over)
+    assert {p.role for p in plan.processes} == {"trainer", "orchestrator"}
+    assert plan.num_nodes == 2 and plan.process("trainer").node_indices == (0, 1)
+    assert plan.process("orchestrator").env["SRL_INFERENCE_RUN_DIR"] == "/shared/inf"
+
+
+def test_inference_only_plan() -> None:
+    cfg = make_cfg(LAYOUTS["infer2-replicas"], site="prime-intellect")
+    plan = build_plan(cfg, PI, RunDir("/shared/runs/x"), job_id=5, roles=("inference", "router"))
+    assert {p.role for p in plan.processes} == {"inference", "router"}
+    assert plan.num_nodes == 2

@@ -1,0 +1,170 @@
+"""Rendered sbatch text: GPU request style (B01), torchrun binding (B02), signal/requeue directives (B13, B14),
+secrets by name (B22), pre-run command in a file (B28), validated #SBATCH values, user templates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from golden.layouts import LAYOUTS, make_cfg, merge
+
+from toolkit.config import ConfigError
+from toolkit.config.site import GpuSection, load_site
+from toolkit.placement import build_plan, write_plan
+from toolkit.render import RenderError, build_context, render_batch, render_rl, render_text, sbatch_value
+from toolkit.rundir import RunDir
+
+PI = load_site("prime-intellect")
+
+
+def rendered(over=None, site=PI, tmp: Path | None = None, **kw) -> str:
+    cfg = make_cfg(merge(LAYOUTS["train2-infer1"], over or {}), site=site.name,
+                   **({"output_dir": str(tmp)} if tmp else {}), **kw)
+    run = RunDir(Path(cfg.output_dir) / cfg.run.name)
+    plan = build_plan(cfg, site, run, job_id="pending")
+    if tmp:
+        write_plan(run, plan)
+        return render_rl(cfg, run, plan, attempt=1, site=site).read_text()
+    return render_text("rl.sbatch.j2", build_context(cfg, site, run, plan, attempt=1), plan)
+
+
+def sbatch_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
+
+
+def test_b01_gres_style_with_type_is_the_only_gpu_request() -> None:
+    site = PI.model_copy(update={"gpu": GpuSection(request_style="gres", gres_type="h100", gpus_per_node=8)})
+    lines = sbatch_lines(rendered(site=site))
+    gpu = [ln for ln in lines if "gpu" in ln]
+    assert gpu == ["#SBATCH --gres=gpu:h100:8"]
+
+
+def test_b01_gpus_per_node_style() -> None:
+    site = PI.model_copy(update={"gpu": GpuSection(request_style="gpus-per-node", gpus_per_node=8)})
+    text = rendered(site=site)
+    assert [ln for ln in sbatch_lines(text) if "gpu" in ln] == ["#SBATCH --gpus-per-node=8"]
+    assert "--gres" not in text and "SBATCH_GPUS" not in text
+
+
+def test_b01_gpus_total_style() -> None:
+    site = PI.model_copy(update={"gpu": GpuSection(request_style="gpus", gpus_per_node=8)})
+    assert [ln for ln in sbatch_lines(rendered(site=site)) if "gpu" in ln] == ["#SBATCH --gpus=24"]
+
+
+def test_b02_torchrun_step_one_task_per_node_never_gpus_per_task() -> None:
+    text = rendered()
+    assert "--gpus-per-task" not in text
+    step = next(ln for ln in text.splitlines() if ln.startswith("srl_start trainer "))
+    assert "--nodes=2 --ntasks=2 --ntasks-per-node=1" in step
+    with pytest.raises(ConfigError, match="per-task GPU binding"):
+        make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect",
+                 slurm={"extra_directives": ["--gpus-per-task=1", "--ntasks-per-node=4"]})
+
+
+def test_b13_signal_and_requeue_directives_and_background_wait() -> None:
+    text = rendered(slurm={"time": "04:00:00", "requeue": True, "signal": "USR2", "signal_lead_s": 600})
+    lines = sbatch_lines(text)
+    assert "#SBATCH --signal=B:USR2@600" in lines and "#SBATCH --requeue" in lines
+    assert "#SBATCH --open-mode=append" in lines
+    assert "trap 'srl_on_signal USR2' USR2" in text
+    assert "sleep 1 & wait $!" in text  # the shell waits, so the trap runs at once
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in text
+    with pytest.raises(ConfigError, match="must be below the time limit"):
+        make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect", slurm={"time": "00:10:00", "signal_lead_s": 600})
+
+
+def test_b14_default_signal_is_usr2_and_usr1_with_nccl_warns() -> None:
+    text = rendered()
+    assert "--signal=B:USR2@" in text and "trap 'srl_on_signal USR2' USR2" in text
+    from golden.layouts import BASE
+
+    from toolkit.config import validate_dict
+
+    loaded = validate_dict(merge(merge(BASE, LAYOUTS["train2-infer1"]), {"site": "prime-intellect",
+                                                                         "slurm": {"signal": "USR1"}}))
+    assert any("NCCL" in w.message for w in loaded.warnings)
+    text = rendered(slurm={"signal": "USR1"})
+    assert "--signal=B:USR1@" in text and "trap 'srl_on_signal USR1' USR1" in text
+
+
+def test_b15_logs_append_absolute_under_run_logs() -> None:
+    lines = sbatch_lines(rendered())
+    assert "#SBATCH --output=/shared/runs/golden-t2i1/logs/%x-%j.out" in lines
+    assert "#SBATCH --error=/shared/runs/golden-t2i1/logs/%x-%j.out" in lines
+
+
+def test_b22_secret_values_never_rendered(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "dummy-secret-123")
+    monkeypatch.setenv("HF_TOKEN", "dummy-hf-456")
+    text = rendered({"slurm": {"secret_env_vars": ["HF_TOKEN", "WANDB_API_KEY"]}}, tmp=tmp_path)
+    assert "HF_TOKEN" in text and "WANDB_API_KEY" in text
+    for f in (tmp_path / "golden-t2i1" / "launcher").iterdir():
+        body = f.read_text()
+        assert "dummy-secret-123" not in body and "dummy-hf-456" not in body, f
+    with pytest.raises(ConfigError, match="looks like a secret"):
+        make_cfg(site="prime-intellect", env_vars={"WANDB_API_KEY": "dummy-secret-123"})
+
+
+def test_b28_pre_run_command_goes_to_a_file(tmp_path: Path) -> None:
+    text = rendered({"slurm": {"pre_run_command": "pkill -9 -f vllm || true"}}, tmp=tmp_path)
+    assert "pkill" not in text and "bash -c" not in text
+    pre = tmp_path / "golden-t2i1" / "launcher" / "pre_run.sh"
+    assert "pkill -9 -f vllm" in pre.read_text()
+    assert f"bash {pre}" in text
+    assert "pkill" not in (Path(__file__).resolve().parents[2] / "templates" / "_lifecycle.sbatch.j2").read_text()
+
+
+def test_b28_pkill_in_pre_run_warns() -> None:
+    from golden.layouts import BASE
+
+    from toolkit.config import validate_dict
+
+    loaded = validate_dict(merge(BASE, {"site": "prime-intellect", "slurm": {"pre_run_command": "pkill -f vllm"}}))
+    assert any("pkill" in w.message for w in loaded.warnings)
+
+
+def test_sbatch_values_are_validated() -> None:
+    assert sbatch_value("gpu-a100") == "gpu-a100"
+    for bad in ("gpu a100", "x'y", 'x"y', "a\nb", ""):
+        with pytest.raises(RenderError):
+            sbatch_value(bad)
+    with pytest.raises(RenderError, match="slurm.partition"):
+        rendered({"slurm": {"partition": "gpu --wrap=id"}})
+
+
+def test_accounting_sites_get_account_others_never() -> None:
+    assert "--account" not in rendered()
+    hpc = load_site("generic-hpc")
+    text = rendered({"deployment": {"gpus_per_node": 4}, "inference": {"vllm": {"tensor_parallel_size": 4}}},
+                    site=hpc, slurm={"account": "proj123"})
+    assert "#SBATCH --account=proj123" in text and "module load cuda/12.4" in text
+    assert 'export TRITON_CACHE_DIR="$TMPDIR/srl-${SLURM_JOB_ID}/triton"' in text  # B09
+    assert "apptainer exec --nv" in text
+
+
+def test_user_template_gets_the_same_variables(tmp_path: Path) -> None:
+    tpl = tmp_path / "mine.j2"
+    tpl.write_text('{% include "_header.sbatch.j2" %}\necho {{ plan.processes|length }} {{ ctx.run_root|q }}\n')
+    text = rendered({"slurm": {"template_path": str(tpl)}}, tmp=tmp_path)
+    assert text.startswith("#!/bin/bash") and "#SBATCH --nodes=3" in text
+    assert text.rstrip().endswith(f"echo 5 {tmp_path}/golden-t2i1")
+
+
+def test_placement_json_lists_every_process(tmp_path: Path) -> None:
+    rendered(tmp=tmp_path)
+    data = json.loads((tmp_path / "golden-t2i1" / "launcher" / "placement.json").read_text())
+    assert [p["name"] for p in data["processes"]] == ["inference-0-0", "trainer", "orchestrator"]
+    assert {"role", "node_index", "gpus", "ports", "command", "env"} <= set(data["processes"][0])
+
+
+def test_array_and_eval_templates() -> None:
+    cfg = make_cfg(site="prime-intellect", run={"name": "sweep1"})
+    run = RunDir("/shared/runs/sweep1")
+    text = render_batch("array", cfg, PI, run, command=["srl", "rl", "@", "/x/task_{task_id}.toml"],
+                        name_suffix="-sweep", array="0-99%8")
+    assert "#SBATCH --array=0-99%8" in text and "%x_%A_%a.out" in text
+    assert """'/x/task_'"${SLURM_ARRAY_TASK_ID}"'.toml'""" in text
+    text = render_batch("eval", cfg, PI, run, command=["srl", "eval", "run", "a b"], name_suffix="-eval",
+                        gpus_per_node=1)
+    assert "#SBATCH --gres=gpu:1" in text and "'a b'" in text

@@ -1,0 +1,132 @@
+"""``srl status``, ``srl cancel`` and ``srl logs`` for a run directory.
+
+Job state comes from ``scontrol show job``/``squeue`` (``toolkit.launch.slurm.job_state``), never ``sacct``, so
+these work on clusters without accounting. A job that ended more than MinJobAge ago is reported as "unknown
+(finished long ago)"; the run directory (logs, checkpoints, metrics) is still there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..rundir import RunDir
+from . import slurm
+from .submit import read_job_ids
+
+
+def _run_arg(prog: str, args: list[str], extra=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog=f"srl {prog}")
+    ap.add_argument("run_dir", type=Path)
+    if extra:
+        extra(ap)
+    return ap.parse_args(args)
+
+
+def status_main(args: list[str]) -> int:
+    """Print each submitted job of the run with its state, exit code, nodes and restart count. Exit 1 when no
+    job was ever submitted from this run directory (a local run has none)."""
+    a = _run_arg("status", args)
+    run = RunDir(a.run_dir)
+    jobs = read_job_ids(run)
+    if not jobs:
+        print(f"{run.root}: no Slurm job recorded (a local run, or never submitted)", file=sys.stderr)
+        return 1
+    for job_id, kind, attempt in jobs:
+        try:
+            st = slurm.job_state(job_id)
+        except slurm.JobNotFoundError:
+            print(f"{job_id}\t{kind}\tattempt {attempt}\tunknown (finished long ago; see {run.logs})")
+            continue
+        except slurm.SlurmCommandError as e:
+            print(f"{job_id}\t{kind}\tattempt {attempt}\tcannot read state: {e}", file=sys.stderr)
+            continue
+        bits = [st.state]
+        if st.reason:
+            bits.append(f"reason={st.reason}")
+        if st.exit_code is not None:
+            bits.append(f"exit={st.exit_code}:{st.signal or 0}")
+        if st.restart_count:
+            bits.append(f"restarts={st.restart_count}")
+        if st.node_list:
+            bits.append("nodes=" + ",".join(st.node_list))
+        print(f"{job_id}\t{kind}\tattempt {attempt}\t" + " ".join(bits))
+    return 0
+
+
+def cancel_main(args: list[str]) -> int:
+    """Cancel every job of the run that is not final. ``--graceful`` first writes the stop request so the
+    trainer checkpoints, waits ``--grace`` seconds, then cancels."""
+
+    def extra(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--graceful", action="store_true")
+        ap.add_argument("--grace", type=float, default=300.0)
+
+    a = _run_arg("cancel", args, extra)
+    run = RunDir(a.run_dir)
+    jobs = read_job_ids(run)
+    if not jobs:
+        print(f"{run.root}: no Slurm job recorded", file=sys.stderr)
+        return 1
+    live = []
+    for job_id, _, _ in jobs:
+        try:
+            if not slurm.job_state(job_id).is_terminal:
+                live.append(job_id)
+        except slurm.JobNotFoundError:
+            continue
+    if a.graceful and live:
+        run.control.mkdir(parents=True, exist_ok=True)
+        run.stop_request.touch()
+        deadline = time.monotonic() + a.grace
+        while time.monotonic() < deadline and any(not slurm.job_state(j).is_terminal for j in live):
+            time.sleep(1.0)
+    for job_id in live:
+        slurm.cancel(job_id)
+        print(f"cancelled {job_id}")
+    if not live:
+        print("no running or pending job")
+    return 0
+
+
+def _log_files(run: RunDir, role: str | None) -> list[Path]:
+    base = run.latest_logs if run.latest_logs.exists() else run.logs
+    files = sorted(base.glob(f"{role}*.log" if role else "*.log"))
+    if role is None:
+        files = sorted(run.logs.glob("*.out")) + files
+    return files
+
+
+def logs_main(args: list[str]) -> int:
+    """Print the run's logs (batch log + per-process logs of the latest attempt), or one role's with ``--role``;
+    ``--follow`` keeps printing new lines until interrupted."""
+
+    def extra(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--role", choices=("inference", "prefill", "decode", "router", "trainer", "orchestrator"))
+        ap.add_argument("--follow", "-f", action="store_true")
+
+    a = _run_arg("logs", args, extra)
+    run = RunDir(a.run_dir)
+    files = _log_files(run, a.role)
+    if not files:
+        print(f"no logs under {run.logs}", file=sys.stderr)
+        return 1
+    offsets: dict[Path, int] = {}
+    while True:
+        for f in _log_files(run, a.role):
+            pos = offsets.get(f, 0)
+            with open(f, "rb") as fh:
+                fh.seek(pos)
+                chunk = fh.read()
+            if chunk:
+                if len(files) > 1 or a.follow:
+                    for line in chunk.decode(errors="replace").splitlines():
+                        print(f"[{f.name}] {line}")
+                else:
+                    sys.stdout.write(chunk.decode(errors="replace"))
+                offsets[f] = pos + len(chunk)
+        if not a.follow:
+            return 0
+        time.sleep(1.0)

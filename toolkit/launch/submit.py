@@ -1,0 +1,86 @@
+"""Submit an RL run (or an inference deployment) to Slurm: plan, render into ``<run>/launcher/``, ``sbatch``.
+
+The job id is appended to ``<run>/launcher/job_ids.txt`` (one line per submission: job id, kind, attempt), which
+``srl status``/``cancel``/``logs`` read. sbatch runs with an environment scrubbed of inherited ``SLURM_*``,
+``SBATCH_*``, ``SRUN_*`` and ``SALLOC_*`` variables (``toolkit.launch.slurm.submit``); when it fails the error
+carries sbatch's own stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..config.model import RLConfig
+from ..config.site import SiteConfig, load_site
+from ..placement.plan import ROLES, Plan, build_plan, write_plan
+from ..render import render_inference, render_rl
+from ..rundir import RunDir, point_symlink
+from . import slurm
+
+INFERENCE_ROLES = ("inference", "router")
+
+
+def record_job_id(run: RunDir, job_id: str, kind: str, attempt: int) -> None:
+    """Append ``job_id kind attempt`` to the run's job id file (created if missing)."""
+    run.launcher.mkdir(parents=True, exist_ok=True)
+    with open(run.job_ids_file, "a", encoding="utf-8") as f:
+        f.write(f"{job_id} {kind} {attempt}\n")
+
+
+def read_job_ids(run: RunDir) -> list[tuple[str, str, int]]:
+    """``(job_id, kind, attempt)`` per submission, oldest first; [] when nothing was submitted."""
+    if not run.job_ids_file.exists():
+        return []
+    out = []
+    for line in run.job_ids_file.read_text().splitlines():
+        parts = line.split()
+        if parts:
+            out.append((parts[0], parts[1] if len(parts) > 1 else "rl", int(parts[2]) if len(parts) > 2 else 0))
+    return out
+
+
+def _prepare_logs(run: RunDir, attempt: int) -> None:
+    run.log_attempt(attempt).mkdir(parents=True, exist_ok=True)
+    point_symlink(run.latest_logs, run.log_attempt(attempt).name)
+
+
+def submit_rl(cfg: RLConfig, run: RunDir, attempt: int, *, site: SiteConfig | None = None,
+              plan: Plan | None = None, dependency: str | None = None) -> str:
+    """Render ``<run>/launcher/rl.sbatch`` and submit it; returns the Slurm job id.
+
+    ``plan`` defaults to a fresh :func:`build_plan` (job id "pending": ports are re-derived for the real job id
+    when the job starts). ``dependency`` (e.g. ``"afterok:123"``) chains this job after another. Raises
+    ``toolkit.launch.slurm.SubmitError`` with sbatch's stderr, ``RenderError`` for unsafe values.
+    """
+    return _submit(cfg, run, attempt, "rl", ROLES, site=site, plan=plan, dependency=dependency)
+
+
+def submit_inference(cfg: RLConfig, run: RunDir, attempt: int, *, site: SiteConfig | None = None,
+                     dependency: str | None = None) -> str:
+    """Submit an inference-only deployment (engines + router) that publishes ``control/inference_ready.json``
+    for RL or eval jobs started with ``inference.external = <this run dir>``. Returns the job id."""
+    return _submit(cfg, run, attempt, "inference", INFERENCE_ROLES, site=site, plan=None, dependency=dependency)
+
+
+def _submit(cfg: RLConfig, run: RunDir, attempt: int, kind: str, roles: tuple[str, ...], *,
+            site: SiteConfig | None, plan: Plan | None, dependency: str | None) -> str:
+    site = site or load_site(cfg.site)
+    if not site.is_slurm:
+        raise ValueError(f"site '{site.name}' has no Slurm; use the local launcher")
+    if plan is None:
+        plan = build_plan(cfg, site, run, job_id="pending", roles=roles)
+        write_plan(run, plan)
+    render = render_rl if kind == "rl" else render_inference
+    script = render(cfg, run, plan, attempt=attempt, site=site)
+    _prepare_logs(run, attempt)
+    extra = [f"--dependency={dependency}", "--kill-on-invalid-dep=yes"] if dependency else []
+    job_id = slurm.submit(script, extra_args=extra, cwd=str(run.root))
+    record_job_id(run, job_id, kind, attempt)
+    print(f"submitted {kind} job {job_id} (site {site.name})", file=sys.stderr)
+    print(f"  script:    {script}", file=sys.stderr)
+    print(f"  placement: {run.placement_file}", file=sys.stderr)
+    print(f"  logs:      {run.logs}/ ({cfg.slurm.job_name or cfg.run.name}-{job_id}.out and {Path(run.log_attempt(attempt)).name}/)",
+          file=sys.stderr)
+    print(f"  status:    srl status {run.root}", file=sys.stderr)
+    return job_id

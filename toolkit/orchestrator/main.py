@@ -1,0 +1,368 @@
+"""The orchestrator role: ``srl orchestrator --run-dir RUN`` (started by the launchers, one per run).
+
+Reads ``<run>/configs/latest/resolved/rl.json``, waits for the inference readiness file, starts the train and eval
+envs, then for each trainer step n = start+1 .. max_steps:
+
+1. waits until the served policy is recent enough for step n (``time/wait_for_policy``; see ``policy.py``);
+2. runs the periodic eval when n is an eval step (step 0 = the baseline, before any training);
+3. collects finished groups into the batch (``buffer.py``) while the producer keeps up to ``max_concurrent``
+   rollouts in flight, so generation of the next batch overlaps the trainer's work on the previous one;
+4. appends every rollout to the store, writes ``rollouts/step_<n>/`` for the trainer, writes the metrics line;
+5. saves its checkpoint part at the trainer's checkpoint steps; checks the stop request and stop criteria.
+
+Resume: from the newest complete checkpoint (or ``resume.step``). Batches already written after it by the earlier
+attempt are kept (they satisfy their policy bound, and the trainer may be reading them) and generation continues
+after the last of them, with the sampler state saved in that batch's metadata. Metrics lines are never written
+twice for a step. A stop request (``control/STOP``) makes it save its state and exit 0.
+
+Launch: ``srl orchestrator --run-dir outputs/my-run`` (the local and Slurm launchers do this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from toolkit import batches, checkpoints, fsutil
+from toolkit.orchestrator.buffer import BufferSettings, StepBatch
+from toolkit.orchestrator.evaluation import EvalEnv, run_eval
+from toolkit.orchestrator.policy import PolicyTracker, min_policy_version, off_policy_age
+from toolkit.orchestrator.producer import GroupProducer, TrainEnv, sampling_params
+from toolkit.orchestrator.records import MetricsLog, StoreRecorder, step_metrics
+from toolkit.orchestrator.sampler import EnvSampler
+from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_state
+from toolkit.orchestrator.stop import StopCriteria, request_stop
+from toolkit.rundir import RunDir
+
+log = logging.getLogger("srl.orchestrator")
+QUEUE_POLL_S = 0.2
+
+
+class Orchestrator:
+    """One run's orchestrator. ``cfg`` is the resolved ``RLConfig``; ``client`` and ``updater`` may be given (tests,
+    benchmarks); otherwise they are built from the inference readiness file."""
+
+    def __init__(self, cfg: Any, run: RunDir, *, client: Any = None, updater: Any = None) -> None:
+        self.cfg = cfg
+        self.run = run
+        self.ocfg = cfg.orchestrator
+        self.client = client
+        self.updater = updater
+        self.train_envs: dict[str, TrainEnv] = {}
+        self.eval_envs: list[EvalEnv] = []
+        self.runtimes: list[Any] = []
+        self.metrics = MetricsLog(run, enabled=cfg.monitors.file)
+        self.store = StoreRecorder(run)
+        self.stop_criteria = StopCriteria(cfg.monitors.stop, run.metrics)
+        self.snapshots: dict[int, dict[str, Any]] = {}  # step -> state after its batch, not yet saved
+        self.saved_steps: set[int] = set()
+        self._sigterm = False
+        k = self.ocfg.max_async_level
+        self.max_off_policy = self.ocfg.max_off_policy_steps if self.ocfg.max_off_policy_steps is not None else k
+
+    # -- setup ------------------------------------------------------------------------------------------------
+    async def _connect_inference(self) -> int:
+        """Build the client and weight updater from the readiness file; returns the served policy version."""
+        from toolkit.inference.client import PolicyClient
+        from toolkit.inference.health import read_ready
+        from toolkit.inference.weights import WeightUpdater
+
+        ready_run = RunDir(self.cfg.inference.external) if self.cfg.inference.external else self.run
+        wait_s = self.cfg.inference.startup_timeout_s + 60.0
+        ready = await asyncio.to_thread(read_ready, ready_run, wait_s)
+        base_url = ready.get("router_url") or ready.get("base_url") or ready["engine_urls"][0]
+        if self.client is None:
+            self.client = PolicyClient(
+                base_url, ready["model"], timeout_s=self.cfg.inference.router.request_timeout_s,
+                has_router=bool(ready.get("router_url")), max_connections=max(16, self.ocfg.max_concurrent),
+            )  # fmt: skip
+        if self.updater is None and self.ocfg.update_weights:
+            self.updater = WeightUpdater(ready["engine_urls"])
+        log.info("inference ready: %s (model %s, engines %s)", base_url, ready["model"], ready["engine_urls"])
+        return int(ready.get("policy_version") or 0)
+
+    async def _start_envs(self) -> None:
+        from toolkit.envs.runtime import EnvRuntime
+        from toolkit.models.resolve import resolve_model
+
+        model_path = await asyncio.to_thread(resolve_model, self.cfg.model.name)
+        o = self.ocfg
+        eval_sampling = o.eval.sampling or o.train.sampling
+        specs = [(e.model_copy(update={"name": e.env_name}), False) for e in o.train.env]
+        specs += [(e.model_copy(update={"name": e.env_name}), True) for e in o.eval.env]
+        runtimes = [EnvRuntime(e, model_path=model_path, renderer_cfg=o.renderer, seed=self.cfg.seed) for e, _ in specs]
+        self.runtimes.extend(runtimes)
+        await asyncio.gather(*(rt.start() for rt in runtimes))  # worker start-up is slow (imports): overlap it
+        for (env_cfg, is_eval), rt in zip(specs, runtimes, strict=True):
+            gs = env_cfg.group_size or o.group_size
+            if is_eval:
+                sp = sampling_params(eval_sampling, env_cfg.sampling)
+                self.eval_envs.append(EvalEnv(env_cfg.name, rt, env_cfg.num_examples, gs, sp))
+            else:
+                sp = sampling_params(o.train.sampling, env_cfg.sampling)
+                self.train_envs[env_cfg.name] = TrainEnv(env_cfg.name, rt, gs, sp)
+            log.info("env %s started (%s, %d examples, group size %d)", env_cfg.name,
+                     "eval" if is_eval else "train", rt.num_examples, gs)  # fmt: skip
+        if not self.train_envs:
+            raise ValueError("orchestrator.train.env is empty: nothing to train on")
+
+    # -- resume -----------------------------------------------------------------------------------------------
+    def _resume(self, sampler: EnvSampler) -> tuple[int, dict[str, Any]]:
+        """Returns (last step whose batch exists, state to continue from) and restores the sampler."""
+        ckpt = checkpoints.resume_step(self.run, self.cfg.resume.step)
+        state: dict[str, Any] = {}
+        step = 0
+        if ckpt is not None:
+            state = load_state(self.run, ckpt) or {}
+            step = ckpt
+            log.info("resuming from checkpoint step %d", ckpt)
+        if self.cfg.resume.step is None:  # an explicit older step starts a new timeline: regenerate after it
+            while batches.is_ready(self.run.rollout_step(step + 1)):
+                step += 1
+                meta = json.loads((self.run.rollout_step(step) / batches.META_FILE).read_text()).get("meta", {})
+                if not self.metrics.has(step) and "metrics" in meta:
+                    self.metrics.write(step, {**meta["metrics"], "resumed_from_batch": 1.0})
+                state = meta.get("orchestrator_state") or state
+            if step != (ckpt or 0):
+                log.info("batches up to step %d were written by an earlier attempt; continuing after them", step)
+        if state.get("sampler"):
+            sampler.load_state_dict(state["sampler"])
+        return step, state
+
+    # -- one step ---------------------------------------------------------------------------------------------
+    def _planned_groups(self) -> int:
+        mean_gs = sum(e.group_size for e in self.train_envs.values()) / len(self.train_envs)
+        return max(1, math.ceil(self.ocfg.batch_size * self.ocfg.buffer.oversampling_factor / mean_gs))
+
+    def _should_stop(self) -> bool:
+        return self._sigterm or self.run.stop_request.exists()
+
+    async def _next_group(self, producer: GroupProducer) -> list | None:
+        while True:
+            try:
+                return await asyncio.wait_for(producer.queue.get(), QUEUE_POLL_S)
+            except asyncio.TimeoutError:
+                if self._should_stop():
+                    return None
+
+    async def _collect(self, step: int, producer: GroupProducer) -> tuple[StepBatch | None, str | None]:
+        """Fill the batch of ``step``. Returns (batch, stop reason); batch None when stopped mid-way."""
+        o = self.ocfg
+        b = o.buffer
+        settings = BufferSettings(
+            batch_size=o.batch_size, algo=o.train.algo.type, length_penalty=o.train.algo.length_penalty,
+            filtering=b.online_difficulty_filtering, easy_threshold=b.easy_threshold, hard_threshold=b.hard_threshold,
+            max_off_policy_steps=self.max_off_policy if o.update_weights else None,
+        )  # fmt: skip
+        batch = StepBatch(step=step, settings=settings)
+        planned = self._planned_groups()
+        mean_gs = o.batch_size / max(1, planned / o.buffer.oversampling_factor)
+        window = {"offered": 0, "kept": 0, "signal": 0}
+        if not o.constant_trainer_batch_size:
+            producer.want(planned)
+        taken = 0
+        while True:
+            if o.constant_trainer_batch_size:
+                if batch.full:
+                    break
+                producer.want(math.ceil(batch.remaining / mean_gs * o.buffer.oversampling_factor))
+            elif taken >= planned:
+                break
+            group = await self._next_group(producer)
+            if group is None:
+                producer.pause()
+                return None, None
+            taken += 1
+            env = self.train_envs.get(group[0].env) if group else None
+            kept_before, signal_before = batch.groups_kept, batch.signal_groups
+            batch.offer(group, max_completion_tokens=env.sampling.max_tokens if env else None)
+            window["offered"] += 1
+            window["kept"] += batch.groups_kept - kept_before
+            window["signal"] += batch.signal_groups - signal_before
+            if o.constant_trainer_batch_size and window["offered"] >= planned and not batch.full:
+                if window["signal"] == 0:  # a whole step's worth of groups without signal: count it as empty
+                    reason = self.stop_criteria.guard.observe(
+                        step, groups_offered=window["offered"], groups_kept=window["kept"], signal_groups=0,
+                        dropped=dict(batch.dropped_groups),
+                    )  # fmt: skip
+                    if reason:
+                        producer.pause()
+                        return None, reason
+                window = {"offered": 0, "kept": 0, "signal": 0}
+        producer.pause()
+        return batch, None
+
+    def _write_step(self, step: int, batch: StepBatch, times: dict[str, float], extra: dict[str, float],
+                    producer: GroupProducer, tracker: PolicyTracker) -> dict[str, float]:  # fmt: skip
+        ages_all = [off_policy_age(step, r.policy_version) for r in batch.recorded]
+        self.store.append(batch.recorded, step=step, kind="train", ages=ages_all)
+        metrics = step_metrics(batch)
+        metrics.update(times)
+        metrics.update(extra)
+        metrics["policy/served_version"] = float(tracker.served_version)
+        state = {"step": step, "sampler": producer.sampler.state_dict(), "next_group_id": producer.next_group_id,
+                 "served_version": tracker.served_version}  # fmt: skip
+        samples, advantages, versions, envs = batch.training_samples()
+        meta = {"metrics": metrics, "orchestrator_state": state,
+                "algo": self.ocfg.train.algo.type, "rollouts": len(batch.rollouts)}  # fmt: skip
+        batches.write_batch(self.run, step, samples, advantages, policy_versions=versions, envs=envs, meta=meta)
+        self.metrics.write(step, metrics)
+        self.snapshots[step] = state
+        for old in [s for s in self.snapshots if s < step - self.ocfg.max_async_level - 2]:
+            del self.snapshots[old]
+        return metrics
+
+    def _save(self, step: int) -> None:
+        if step in self.saved_steps or step not in self.snapshots:
+            return
+        save_state(self.run, step, self.snapshots[step])
+        self.saved_steps.add(step)
+
+    def _save_recent(self) -> None:
+        """On a stop: save the state of every recent step (the trainer checkpoints whichever it is at)."""
+        for step in sorted(self.snapshots):
+            self._save(step)
+
+    async def _eval(self, step: int, tracker: PolicyTracker) -> dict[str, float]:
+        if not self.eval_envs:
+            return {}
+        t0 = time.monotonic()
+        metrics, rollouts = await run_eval(self.eval_envs, self.client, max_concurrent=self.ocfg.max_concurrent)
+        version = tracker.served_version
+        self.store.append(rollouts, step=step, kind="eval", ages=[max(0, step - version)] * len(rollouts))
+        metrics["eval/policy_version"] = float(version)
+        metrics["time/eval"] = time.monotonic() - t0
+        log.info("eval at step %d (policy %d): %s", step, version,
+                 {k: round(v, 4) for k, v in metrics.items() if "@" in k})  # fmt: skip
+        return metrics
+
+    # -- main loop --------------------------------------------------------------------------------------------
+    async def run_until_done(self) -> int:
+        """Run to ``max_steps`` or a stop; returns the exit status (0 on completion or a stop request)."""
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
+        except (NotImplementedError, RuntimeError):
+            pass
+        fsutil.remove_stale_temps(self.run.rollouts)
+        served = await self._connect_inference()
+        await self._start_envs()
+        try:
+            return await self._loop(served)
+        finally:
+            for rt in self.runtimes:
+                try:
+                    await rt.aclose()
+                except Exception:  # noqa: BLE001 - teardown must reach every runtime
+                    log.exception("closing env %s failed", getattr(rt, "name", "?"))
+            self.store.close()
+            aclose = getattr(self.client, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def _on_sigterm(self) -> None:
+        log.warning("SIGTERM: stopping after saving state")
+        self._sigterm = True
+
+    async def _loop(self, served: int) -> int:
+        o = self.ocfg
+        sampler = EnvSampler(
+            {n: e.runtime.example_ids() for n, e in self.train_envs.items()},
+            {e.env_name: e.ratio for e in o.train.env}, seed=self.cfg.seed,
+        )  # fmt: skip
+        last, state = self._resume(sampler)
+        tracker = PolicyTracker(self.run, self.client, self.updater, update_weights=o.update_weights,
+                                served_version=served)  # fmt: skip
+        producer = GroupProducer(self.train_envs, sampler, self.client, max_concurrent=o.max_concurrent,
+                                 next_group_id=int(state.get("next_group_id", 0)))  # fmt: skip
+        stop_follow = asyncio.Event()
+        bg = [asyncio.create_task(producer.run()), asyncio.create_task(tracker.follow(stop_follow))]
+        try:
+            if last == 0 and self.eval_envs and not self.metrics.has(0):
+                await tracker.refresh()
+                self.metrics.write(0, await self._eval(0, tracker))
+            for step in range(last + 1, self.cfg.max_steps + 1):
+                if self._should_stop():
+                    break
+                t0 = time.monotonic()
+                need = min_policy_version(step, o.max_async_level)
+                waited = await tracker.wait_for(need, self._should_stop)
+                if self._should_stop():
+                    break
+                extra: dict[str, float] = {}
+                if o.eval.interval and step % o.eval.interval == 0:
+                    extra.update(await self._eval(step, tracker))
+                batch, reason = await self._collect(step, producer)
+                if reason:
+                    request_stop(self.run, reason)
+                if batch is None:
+                    break
+                times = {"time/step": time.monotonic() - t0, "time/wait_for_policy": waited}
+                m = self._write_step(step, batch, times, extra, producer, tracker)
+                log.info(
+                    "step %d: reward %.4f, batch %d rollouts (%d groups offered, %d kept), errored %d, "
+                    "off-policy max %d, waited %.2f s for policy %d, %.2f s",
+                    step, m.get("reward/all/mean", float("nan")), len(batch.rollouts), batch.groups_offered,
+                    batch.groups_kept, int(m["errored_rollouts"]), int(m["off_policy/max"]), waited, need,
+                    m["time/step"],
+                )  # fmt: skip
+                if is_checkpoint_step(step, self.cfg.max_steps, self.cfg.ckpt.interval):
+                    self._save(step)
+                reason = (
+                    self.stop_criteria.errored(step, int(m["errored_rollouts"]), int(m["rollouts_offered"]))
+                    or self.stop_criteria.mismatch_kl()
+                    or self.stop_criteria.guard.observe(
+                        step, groups_offered=batch.groups_offered, groups_kept=batch.groups_kept,
+                        signal_groups=batch.signal_groups, dropped=dict(batch.dropped_groups),
+                    )
+                )  # fmt: skip
+                if reason:
+                    request_stop(self.run, reason)
+            if self._should_stop():
+                self._save_recent()
+                log.info("stopped on request; state saved for steps %s", sorted(self.saved_steps) or "none")
+            else:
+                log.info("all %d steps written", self.cfg.max_steps)
+            return 0
+        finally:
+            stop_follow.set()
+            for t in bg:
+                t.cancel()
+            await asyncio.gather(*bg, return_exceptions=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``srl orchestrator --run-dir RUN``. Exit 0 on completion or stop request, 1 on an unrecoverable error."""
+    parser = argparse.ArgumentParser(prog="srl orchestrator", description=__doc__.split("\n")[0])
+    parser.add_argument("--run-dir", required=True, type=Path, help="the run directory written by `srl rl`")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stdout,
+        format="%(asctime)s %(levelname)s orchestrator %(name)s: %(message)s",
+    )  # fmt: skip
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step lines
+    from toolkit.config import load_resolved
+
+    run = RunDir(args.run_dir)
+    cfg = load_resolved(run.resolved("rl"))
+    try:
+        return asyncio.run(Orchestrator(cfg, run).run_until_done())
+    except checkpoints.CheckpointError as exc:
+        log.error("%s", exc)
+        return 1
+    except Exception:
+        log.exception("orchestrator failed")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

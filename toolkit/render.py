@@ -1,0 +1,303 @@
+"""Render sbatch scripts from a placement plan (Jinja2, StrictUndefined). Templates stay thin: every value they print
+is computed here, typed and validated; no arithmetic or placement logic happens in bash.
+
+Safety rules (field cases B01, B02, B13, B22, B28):
+- ``#SBATCH`` lines are built here as whole options; each value is checked (no whitespace, quotes, backslashes or
+  newlines, which would change how sbatch splits the line). Bash never executes ``#SBATCH`` lines.
+- Every value printed into the script body passes the ``q`` filter (``shlex.quote``).
+- GPUs are requested in exactly one form, the site's (``--gres=gpu[:type]:N``, ``--gpus-per-node=N`` or
+  ``--gpus=N``); ``--account`` only on sites with accounting.
+- Secrets appear by name only. A ``pre_run_command`` is written to a script file, never passed as ``bash -c``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from .config.model import RLConfig
+from .config.site import SiteConfig
+from .fsutil import atomic_write_text
+from .placement.environment import CACHE_VARS
+from .placement.plan import Plan
+from .rundir import RunDir
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+# sbatch splits an #SBATCH line on whitespace and understands quotes; keep values free of both.
+_SBATCH_UNSAFE = re.compile(r"[\s'\"\\`]")
+# How long the batch shell waits for components to exit after SIGTERM before SIGKILL, seconds.
+TERM_GRACE_S = 15
+
+
+class RenderError(ValueError):
+    """A value cannot be rendered safely (the message names the field)."""
+
+
+def sbatch_value(value: Any, what: str = "value") -> str:
+    """Validate one ``#SBATCH`` option value. Raises RenderError naming ``what``."""
+    s = str(value)
+    if not s or _SBATCH_UNSAFE.search(s):
+        raise RenderError(f"{what} {s!r} cannot go into an #SBATCH line (no whitespace, quotes or backslashes)")
+    return s
+
+
+def _quote(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+def _quote_task(value: Any) -> str:
+    """Quote an array-task argument, turning ``{task_id}`` into an expansion of ``$SLURM_ARRAY_TASK_ID``."""
+    return '"${SLURM_ARRAY_TASK_ID}"'.join(shlex.quote(part) for part in str(value).split("{task_id}"))
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(TEMPLATES), "/"]),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+        # bash uses "{#" (${#array[@]}); Jinja comments get a delimiter bash never contains.
+        comment_start_string="{%#",
+        comment_end_string="#%}",
+    )
+    env.filters["q"] = _quote
+    env.filters["sbatch"] = sbatch_value
+    env.filters["q_task"] = _quote_task
+    return env
+
+
+def gpu_directives(site: SiteConfig, gpus_per_node: int, num_nodes: int) -> list[str]:
+    """The single GPU request of one (het) group in the site's style; [] for CPU groups (field case B01)."""
+    if gpus_per_node <= 0:
+        return []
+    style = site.gpu.request_style
+    if style == "gres":
+        typ = f"{site.gpu.gres_type}:" if site.gpu.gres_type else ""
+        return [f"--gres=gpu:{typ}{gpus_per_node}"]
+    if style == "gpus-per-node":
+        return [f"--gpus-per-node={gpus_per_node}"]
+    return [f"--gpus={gpus_per_node * num_nodes}"]
+
+
+def job_name(cfg: RLConfig, suffix: str = "") -> str:
+    """``slurm.job_name`` or the run name (plus ``suffix``), validated for #SBATCH."""
+    return sbatch_value((cfg.slurm.job_name or cfg.run.name or "srl") + suffix, "slurm.job_name")
+
+
+def common_directives(cfg: RLConfig, site: SiteConfig, run: RunDir, *, name: str, log_pattern: str,
+                      requeue: bool) -> list[str]:
+    """Directives every script carries: name, logs (absolute, append), time, account, qos, signal, extras."""
+    s = cfg.slurm
+    logs = sbatch_value(str(run.logs / log_pattern), "log path (output_dir / run.name)")
+    d = [f"--job-name={name}", f"--output={logs}", f"--error={logs}", "--open-mode=append",
+         f"--time={sbatch_value(s.time, 'slurm.time')}"]
+    if site.accounting.enabled and (s.account or site.accounting.default_account):
+        d.append(f"--account={sbatch_value(s.account or site.accounting.default_account, 'slurm.account')}")
+    for key in ("qos", "constraint", "nodelist", "exclude"):
+        val = getattr(s, key)
+        if val:
+            d.append(f"--{key}={sbatch_value(val, f'slurm.{key}')}")
+    if requeue:
+        d.append("--requeue")
+        d.append(f"--signal=B:{s.signal}@{int(s.signal_lead_s)}")
+    else:
+        d.append("--no-requeue")
+    for extra in s.extra_directives:
+        d.append(sbatch_value(extra, "slurm.extra_directives entry"))
+    return d
+
+
+def group_directives(cfg: RLConfig, site: SiteConfig, plan: Plan) -> list[list[str]]:
+    """Per het group: nodes, one task per node, partition, GPU request. One list when not heterogeneous."""
+    out = []
+    for g in plan.groups:
+        d = [f"--nodes={g.num_nodes}", "--ntasks-per-node=1"]
+        if g.partition:
+            d.append(f"--partition={sbatch_value(g.partition, 'partition')}")
+        d += gpu_directives(site, g.gpus_per_node, g.num_nodes)
+        out.append(d)
+    return out
+
+
+@dataclass
+class Step:
+    """One ``srun`` of the script: a plan process placed on ``num_nodes`` nodes from ``relative`` in its group."""
+
+    name: str
+    role: str
+    het_group: int
+    relative: int
+    num_nodes: int
+    log: str
+
+
+@dataclass
+class ScriptContext:
+    """Everything a template may print. Templates get ``ctx`` (this) and ``plan``."""
+
+    kind: str
+    directives: list[list[str]]
+    run_root: str
+    launcher: str
+    logs: str
+    attempt: int
+    python: str
+    path_prepend: str | None
+    modules: list[str]
+    setup: list[str]
+    scratch: str
+    cache_vars: dict[str, str]
+    secret_names: list[str]
+    steps: list[Step]
+    stop_file: str
+    signal: str | None
+    requeue: bool
+    checkpoint_grace_s: int
+    term_grace_s: int
+    pre_run_script: str | None
+    container: list[str]
+    wait_files: list[tuple[str, float]] = field(default_factory=list)
+    ready_file: str | None = None
+    command: list[str] = field(default_factory=list)
+    array: str | None = None
+
+
+def _python(site: SiteConfig) -> str:
+    p = site.environment.python
+    return p if p.startswith("/") else sys.executable
+
+
+def _container_prefix(site: SiteConfig, run: RunDir) -> list[str]:
+    c = site.environment.container
+    if c is None:
+        return []
+    argv = ["apptainer", "exec", "--nv", "--bind", str(run.root)]
+    for b in c.binds:
+        argv += ["--bind", b]
+    return argv + [c.image]
+
+
+def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, attempt: int,
+                  kind: str = "rl") -> ScriptContext:
+    """Compute every value the rl/inference templates print. Raises RenderError for unsafe #SBATCH values."""
+    s = cfg.slurm
+    logs = run.log_attempt(attempt)
+    name = job_name(cfg, "" if kind == "rl" else f"-{kind}")
+    groups = group_directives(cfg, site, plan)
+    groups[0] = common_directives(cfg, site, run, name=name, log_pattern="%x-%j.out", requeue=s.requeue) + groups[0]
+    steps = []
+    for p in plan.processes:
+        first = plan.groups[p.het_group].first_node
+        log = p.log_name if p.num_nodes == 1 else p.log_name.replace(".log", "-%t.log")
+        steps.append(Step(p.name, p.role, p.het_group, p.node_index - first, p.num_nodes, str(logs / log)))
+    pre = str(run.launcher / "pre_run.sh") if s.pre_run_command else None
+    wait_files = []
+    if plan.external_inference:
+        wait_files.append((str(RunDir(Path(plan.external_inference)).inference_ready), cfg.inference.startup_timeout_s))
+    python = _python(site)
+    return ScriptContext(
+        kind=kind, directives=groups, run_root=str(run.root), launcher=str(run.launcher), logs=str(logs),
+        attempt=attempt, python=python,
+        path_prepend=str(Path(site.environment.python).parent) if site.environment.python.startswith("/") else None,
+        modules=list(site.environment.modules), setup=list(site.environment.setup),
+        scratch=site.filesystem.node_local_scratch.rstrip("/"), cache_vars=dict(CACHE_VARS),
+        secret_names=sorted(set(s.secret_env_vars) | ({cfg.monitors.wandb.api_key_var} if cfg.monitors.wandb else set())),
+        steps=steps, stop_file=str(run.stop_request), signal=s.signal if s.requeue else None, requeue=s.requeue,
+        checkpoint_grace_s=int(s.checkpoint_grace_s), term_grace_s=TERM_GRACE_S, pre_run_script=pre,
+        container=_container_prefix(site, run), wait_files=wait_files,
+        ready_file=str(run.inference_ready) if kind == "inference" else None,
+    )
+
+
+def render_text(template: str | Path, ctx: ScriptContext, plan: Plan | None) -> str:
+    """Render ``template`` (a name in ``templates/`` or an absolute path, e.g. ``slurm.template_path``)."""
+    env = _env()
+    name = str(template)
+    try:
+        tpl = env.get_template(str(Path(name).absolute()) if Path(name).is_absolute() or "/" in name else name)
+    except jinja2.TemplateNotFound as e:
+        raise RenderError(f"template {name} not found") from e
+    try:
+        return tpl.render(ctx=ctx, plan=plan)
+    except jinja2.UndefinedError as e:
+        raise RenderError(f"template {name}: {e}") from e
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+    path.chmod(0o755)
+    return path
+
+
+def render_rl(cfg: RLConfig, run: RunDir, plan: Plan, *, attempt: int | None = None,
+              site: SiteConfig | None = None) -> Path:
+    """Render ``<run>/launcher/rl.sbatch`` (and ``pre_run.sh``, ``site.toml``) for ``plan``; returns the script path.
+
+    ``attempt`` defaults to the run's latest config attempt; ``site`` to the plan's site. Uses
+    ``slurm.template_path`` when set (rendered with the same variables). Raises RenderError.
+    """
+    return _render_job(cfg, run, plan, "rl", attempt=attempt, site=site)
+
+
+def render_inference(cfg: RLConfig, run: RunDir, plan: Plan, *, attempt: int | None = None,
+                     site: SiteConfig | None = None) -> Path:
+    """Render ``<run>/launcher/inference.sbatch`` for an inference-only plan (roles inference + router)."""
+    return _render_job(cfg, run, plan, "inference", attempt=attempt, site=site)
+
+
+def _render_job(cfg: RLConfig, run: RunDir, plan: Plan, kind: str, *, attempt: int | None,
+                site: SiteConfig | None) -> Path:
+    from .config.site import load_site
+
+    site = site or load_site(plan.site)
+    if attempt is None:
+        attempt = (run.attempts() or [1])[-1]
+    ctx = build_context(cfg, site, run, plan, attempt=attempt, kind=kind)
+    template = cfg.slurm.template_path or f"{kind}.sbatch.j2"
+    text = render_text(template, ctx, plan)
+    run.launcher.mkdir(parents=True, exist_ok=True)
+    if site.source:
+        atomic_write_text(run.launcher / "site.toml", Path(site.source).read_text())
+    if ctx.pre_run_script:
+        # Written to a file so no process's command line ever carries its text (field case B28).
+        _write(Path(ctx.pre_run_script), "#!/bin/bash\n" + (cfg.slurm.pre_run_command or "") + "\n")
+    return _write(run.launcher / f"{kind}.sbatch", text)
+
+
+def render_batch(kind: str, cfg: RLConfig, site: SiteConfig, run: RunDir, *, command: list[str],
+                 name_suffix: str, nodes: int = 1, gpus_per_node: int = 0, array: str | None = None) -> str:
+    """Render ``eval.sbatch.j2`` or ``array.sbatch.j2``: one command (argv) on ``nodes`` nodes.
+
+    For arrays, ``array`` is the ``--array`` value (e.g. ``0-99%8``), logs use ``%x_%A_%a`` and the command may
+    contain ``{task_id}``, replaced by ``$SLURM_ARRAY_TASK_ID`` at run time. Returns the script text.
+    """
+    if kind not in ("eval", "array"):
+        raise RenderError(f"unknown batch kind {kind!r}")
+    name = job_name(cfg, name_suffix)
+    pattern = "%x_%A_%a.out" if array else "%x-%j.out"
+    d = common_directives(cfg, site, run, name=name, log_pattern=pattern, requeue=False)
+    d += [f"--nodes={nodes}", "--ntasks-per-node=1"]
+    part = cfg.slurm.partition or site.partitions.default
+    if part:
+        d.append(f"--partition={sbatch_value(part, 'partition')}")
+    d += gpu_directives(site, gpus_per_node, nodes)
+    if array:
+        d.append(f"--array={sbatch_value(array, 'array')}")
+    ctx = ScriptContext(
+        kind=kind, directives=[d], run_root=str(run.root), launcher=str(run.launcher), logs=str(run.logs),
+        attempt=0, python=_python(site), path_prepend=None, modules=list(site.environment.modules),
+        setup=list(site.environment.setup), scratch=site.filesystem.node_local_scratch.rstrip("/"),
+        cache_vars=dict(CACHE_VARS), secret_names=sorted(cfg.slurm.secret_env_vars), steps=[],
+        stop_file=str(run.stop_request), signal=None, requeue=False, checkpoint_grace_s=0, term_grace_s=TERM_GRACE_S,
+        pre_run_script=None, container=_container_prefix(site, run), command=list(command), array=array,
+    )
+    return render_text(f"{kind}.sbatch.j2", ctx, None)
