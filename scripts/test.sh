@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-if [ "$(id -u)" = 0 ] && [ -x .ci/setup-slurm.sh ]; then .ci/setup-slurm.sh start; fi
+# The Slurm fixture in tests/conftest.py starts (and stops) the local test cluster itself when a test needs it.
 if [ $# -eq 0 ]; then set -- -m "slow or not slow"; fi
 exec .venv/bin/python -m pytest "$@"

@@ -121,7 +121,7 @@ def group_directives(cfg: RLConfig, site: SiteConfig, plan: Plan) -> list[list[s
     for g in plan.groups:
         d = [f"--nodes={g.num_nodes}", "--ntasks-per-node=1"]
         if g.partition:
-            d.append(f"--partition={sbatch_value(g.partition, 'partition')}")
+            d.append(f"--partition={sbatch_value(g.partition, 'slurm.partition (or the site partition)')}")
         d += gpu_directives(site, g.gpus_per_node, g.num_nodes)
         out.append(d)
     return out
@@ -288,7 +288,7 @@ def render_batch(kind: str, cfg: RLConfig, site: SiteConfig, run: RunDir, *, com
     d += [f"--nodes={nodes}", "--ntasks-per-node=1"]
     part = cfg.slurm.partition or site.partitions.default
     if part:
-        d.append(f"--partition={sbatch_value(part, 'partition')}")
+        d.append(f"--partition={sbatch_value(part, 'slurm.partition (or the site partition)')}")
     d += gpu_directives(site, gpus_per_node, nodes)
     if array:
         d.append(f"--array={sbatch_value(array, 'array')}")

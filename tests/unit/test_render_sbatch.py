@@ -148,7 +148,7 @@ def test_user_template_gets_the_same_variables(tmp_path: Path) -> None:
     tpl.write_text('{% include "_header.sbatch.j2" %}\necho {{ plan.processes|length }} {{ ctx.run_root|q }}\n')
     text = rendered({"slurm": {"template_path": str(tpl)}}, tmp=tmp_path)
     assert text.startswith("#!/bin/bash") and "#SBATCH --nodes=3" in text
-    assert text.rstrip().endswith(f"echo 5 {tmp_path}/golden-t2i1")
+    assert text.rstrip().endswith(f"echo 3 {tmp_path}/golden-t2i1")
 
 
 def test_placement_json_lists_every_process(tmp_path: Path) -> None:
@@ -164,7 +164,7 @@ def test_array_and_eval_templates() -> None:
     text = render_batch("array", cfg, PI, run, command=["srl", "rl", "@", "/x/task_{task_id}.toml"],
                         name_suffix="-sweep", array="0-99%8")
     assert "#SBATCH --array=0-99%8" in text and "%x_%A_%a.out" in text
-    assert """'/x/task_'"${SLURM_ARRAY_TASK_ID}"'.toml'""" in text
+    assert '/x/task_"${SLURM_ARRAY_TASK_ID}".toml' in text
     text = render_batch("eval", cfg, PI, run, command=["srl", "eval", "run", "a b"], name_suffix="-eval",
                         gpus_per_node=1)
     assert "#SBATCH --gres=gpu:1" in text and "'a b'" in text
