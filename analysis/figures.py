@@ -52,8 +52,8 @@ def _per_env(steps: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 
 def fig_reward(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | None:
-    """Mean reward per env (valid rollouts; band = min..max) over steps, and solve-none / solve-all shares of groups
-    as bands from the bottom and the top."""
+    """Mean reward per env (valid rollouts) over steps, and solve-none / solve-all shares of groups as bands from
+    the bottom and the top."""
     tr = _train(steps)
     if tr.empty:
         orch = role_metrics(metrics, "orchestrator")
@@ -67,9 +67,8 @@ def fig_reward(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | No
         return fig
     fig, (ax, ax2) = _new(2)
     for env, d in _per_env(tr):
-        line = ax.plot(d["step"], d["reward_mean"], marker=".", label=env)[0]
-        ax.fill_between(d["step"], d["reward_min"], d["reward_max"], color=line.get_color(), alpha=0.12)
-    ax.set_ylabel("reward (mean, min-max band)")
+        ax.plot(d["step"], d["reward_mean"], marker=".", label=env)
+    ax.set_ylabel("reward (mean of valid)")
     ax.legend(loc="best", fontsize=8)
     d = tr[tr["env"] == ALL_ENVS].sort_values("step")
     ax2.fill_between(d["step"], 0, d["solve_none"], color="tab:red", alpha=0.5, label="solve-none groups")

@@ -76,7 +76,7 @@ class LoopbackServer:
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
-    def __enter__(self) -> LoopbackServer:
+    def __enter__(self) -> LoopbackServer:  # noqa: PYI034
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).absolute()), "--host", self.host, "--port", "0",
              "--tokens", ",".join(map(str, self.token_ids)), "--logprob", str(self.logprob)],

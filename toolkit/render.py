@@ -12,6 +12,7 @@ Safety rules (field cases B01, B02, B13, B22, B28):
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import sys
@@ -56,6 +57,7 @@ def _quote_task(value: Any) -> str:
     return '"${SLURM_ARRAY_TASK_ID}"'.join(shlex.quote(part) for part in str(value).split("{task_id}"))
 
 
+@functools.lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(TEMPLATES), "/"]),
@@ -137,6 +139,8 @@ class Step:
     relative: int
     num_nodes: int
     log: str
+    summary: str
+    """One comment line: nodes, GPU positions, ports (only generated names and integers)."""
 
 
 @dataclass
@@ -166,6 +170,7 @@ class ScriptContext:
     container: list[str]
     wait_files: list[tuple[str, float]] = field(default_factory=list)
     ready_file: str | None = None
+    ready_timeout_s: int = 0
     command: list[str] = field(default_factory=list)
     array: str | None = None
 
@@ -197,7 +202,10 @@ def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, a
     for p in plan.processes:
         first = plan.groups[p.het_group].first_node
         log = p.log_name if p.num_nodes == 1 else p.log_name.replace(".log", "-%t.log")
-        steps.append(Step(p.name, p.role, p.het_group, p.node_index - first, p.num_nodes, str(logs / log)))
+        nodes = f"{p.node_index}" if p.num_nodes == 1 else f"{p.node_index}-{p.node_index + p.num_nodes - 1}"
+        ports = " ".join(f"{k}={v}" for k, v in sorted(p.ports.items()))
+        summary = f"{p.name}: node {nodes}, GPU positions {list(p.gpus)}, ports {ports}".rstrip()
+        steps.append(Step(p.name, p.role, p.het_group, p.node_index - first, p.num_nodes, str(logs / log), summary))
     pre = str(run.launcher / "pre_run.sh") if s.pre_run_command else None
     wait_files = []
     if plan.external_inference:
@@ -213,7 +221,8 @@ def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, a
         steps=steps, stop_file=str(run.stop_request), signal=s.signal if s.requeue else None, requeue=s.requeue,
         checkpoint_grace_s=int(s.checkpoint_grace_s), term_grace_s=TERM_GRACE_S, pre_run_script=pre,
         container=_container_prefix(site, run), wait_files=wait_files,
-        ready_file=str(run.inference_ready) if kind == "inference" else None,
+        ready_file=str(run.inference_ready) if any(p.role == "inference" for p in plan.processes) else None,
+        ready_timeout_s=int(cfg.inference.startup_timeout_s),
     )
 
 

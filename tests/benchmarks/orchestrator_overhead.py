@@ -29,14 +29,14 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for loopback_server
 
-from loopback_server import LoopbackServer  # noqa: E402
+from loopback_server import LoopbackServer
 
-from toolkit.config.model import RLConfig  # noqa: E402
-from toolkit.inference.client import completion_payload  # noqa: E402
-from toolkit.inference.health import write_ready  # noqa: E402
-from toolkit.orchestrator.main import Orchestrator  # noqa: E402
-from toolkit.orchestrator.types import SamplingParams  # noqa: E402
-from toolkit.rundir import RunDir  # noqa: E402
+from toolkit.config.model import RLConfig
+from toolkit.inference.client import completion_payload
+from toolkit.inference.health import write_ready
+from toolkit.orchestrator.main import Orchestrator
+from toolkit.orchestrator.types import SamplingParams
+from toolkit.rundir import RunDir
 
 # Tiny model's character tokenizer (toolkit/models/tiny.py): 4 specials, "\n", "\t", then chr(c) = 6 + c - 32.
 # "cba" then <|im_end|> (id 2). Fixed tokens: the server does no work.

@@ -18,11 +18,14 @@ import pytest
 pytest.importorskip("verifiers.v1")
 pytest.importorskip("transformers")
 
-from toolkit.envs.runtime import EnvRuntime  # noqa: E402
-from toolkit.errors import ProviderError  # noqa: E402
-from toolkit.orchestrator.types import Generation, SamplingParams  # noqa: E402
+from toolkit.envs.runtime import EnvRuntime
+from toolkit.errors import ProviderError
+from toolkit.orchestrator.types import Generation, SamplingParams
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "external_taskset"
+
+# Each env worker process imports verifiers (5-10 s of CPU): slow by the project rule.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,9 @@ def model_dir(tmp_path_factory):
 @pytest.fixture
 def external_on_path(monkeypatch):
     # Workers are child processes: they find the external module through PYTHONPATH.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")]))
+    )
 
 
 def env_cfg(taskset_id: str, *, workers: int = 2, retries: int = 0, timeout=None, **extra):
@@ -116,7 +121,9 @@ def test_raising_scorer_gives_task_error_without_retry(model_dir, external_on_pa
         await rt.start()
         try:
             policy = AnswerPolicy(model_dir, "0")
-            return await rt.run_group(0, 2, client=policy, sampling=SamplingParams(max_tokens=8)), policy.calls
+            return await rt.run_group(
+                0, 2, client=policy, sampling=SamplingParams(max_tokens=8)
+            ), policy.calls
         finally:
             await rt.aclose()
 
@@ -164,3 +171,34 @@ def test_crashed_worker_is_replaced_and_rollout_retried(model_dir):
     first, second, group = asyncio.run(go())
     assert first != second and not alive(second)
     assert all(r.error_class is None for r in group)
+
+
+def test_hung_scorer_worker_is_killed_and_replaced(model_dir, external_on_path, monkeypatch):
+    import toolkit.envs.runtime as runtime_mod
+
+    monkeypatch.setattr(runtime_mod, "GRACE_S", 0.5)
+    cfg = env_cfg("hanging-scorer", workers=1, timeout={"finalize": 1, "scoring": 1})
+
+    async def go():
+        rt = EnvRuntime(cfg, model_path=model_dir, renderer_cfg=None, seed=0)
+        await rt.start()
+        try:
+            first = child_pids(rt)[0]
+            t0 = asyncio.get_running_loop().time()
+            hung = await rt.run_group(
+                0, 1, client=AnswerPolicy(model_dir, "hi"), sampling=SamplingParams(max_tokens=8)
+            )
+            waited = asyncio.get_running_loop().time() - t0
+            fine = await rt.run_group(
+                1, 1, client=AnswerPolicy(model_dir, "hi"), sampling=SamplingParams(max_tokens=8)
+            )
+            second = child_pids(rt)[0]
+        finally:
+            await rt.aclose()
+        return first, second, hung[0], fine[0], waited
+
+    first, second, hung, fine, waited = asyncio.run(go())
+    assert hung.error_class == "TaskError" and "scoring" in hung.error_message and hung.samples == []
+    assert waited < 300  # stage timeouts + a worker restart, not the scorer's hour
+    assert first != second and not alive(first)
+    assert fine.error_class is None and fine.reward == 1.0

@@ -32,7 +32,9 @@ def test_concurrent_first_use_builds_once(tmp_path):
     cache, go = tmp_path / "cache", tmp_path / "go"
     ready = [tmp_path / f"ready{i}" for i in range(2)]
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WORKER, str(cache), str(go), str(r)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(cache), str(go), str(r)], stdout=subprocess.PIPE, text=True
+        )
         for r in ready
     ]
     deadline = time.monotonic() + 300

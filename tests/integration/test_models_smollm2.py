@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from toolkit.models.smollm2 import find_smollm2_gguf, import_smollm2  # noqa: E402
+from toolkit.models.smollm2 import find_smollm2_gguf, import_smollm2
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,9 @@ def test_greedy_answer_to_two_plus_two_contains_four(smol_dir):
     model = transformers.AutoModelForCausalLM.from_pretrained(smol_dir)
     assert model.lm_head.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
     prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, return_tensors="pt",
+        [{"role": "user", "content": "What is 2+2?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
         return_dict=True,
     )
     with torch.no_grad():

@@ -20,7 +20,7 @@ pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from toolkit.models import build_tiny_model  # noqa: E402
+from toolkit.models import build_tiny_model
 
 STARTUP_TIMEOUT_S = 600  # ~30 s on an idle 2-core machine with --enforce-eager; much longer when shared
 
@@ -60,9 +60,20 @@ def server(tmp_path_factory):
     log = tmp / "vllm.log"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--enforce-eager", "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "512",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
     ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -84,14 +95,19 @@ def server(tmp_path_factory):
 def test_completion_with_logprobs_matches_transformers(server):
     url, model_dir = server
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    prompt_ids = tok.apply_chat_template(
-        [{"role": "user", "content": "Reverse: abc"}], add_generation_prompt=True, tokenize=True
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Reverse: abc"}], add_generation_prompt=True, tokenize=False
     )
-    if isinstance(prompt_ids, dict):  # transformers 5 returns a BatchEncoding
-        prompt_ids = prompt_ids["input_ids"]
+    prompt_ids = tok(text)["input_ids"]
     body = {
-        "model": str(model_dir), "prompt": prompt_ids, "max_tokens": 12, "temperature": 1.0, "seed": 0,
-        "logprobs": 1, "return_token_ids": True, "ignore_eos": True,
+        "model": str(model_dir),
+        "prompt": prompt_ids,
+        "max_tokens": 12,
+        "temperature": 1.0,
+        "seed": 0,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "ignore_eos": True,
     }
     choice = _post(url + "/v1/completions", body)["choices"][0]
     completion_ids = choice["token_ids"]

@@ -50,7 +50,8 @@ def _site_dir(tmp: Path, bindir: Path) -> Path:
     return sites
 
 
-def _config(tmp: Path, name: str, extra: str = "") -> Path:
+def _config(tmp: Path, name: str, extra: str = "", train_nodes: int = 2, orchestrator: str = "with_inference",
+            tail: str = "") -> Path:
     model = tmp / "model"
     model.mkdir(exist_ok=True)
     path = tmp / f"{name}.toml"
@@ -69,12 +70,13 @@ tensor_parallel_size = 2
 type = "multi_node"
 gpus_per_node = 4
 num_infer_nodes = 1
-num_train_nodes = 2
-orchestrator = "with_inference"
+num_train_nodes = {train_nodes}
+orchestrator = "{orchestrator}"
 [slurm]
 checkpoint_grace_s = 10
 signal_lead_s = 60
 {extra}
+{tail}
 """)
     return path
 
@@ -84,8 +86,8 @@ def probe_run(tmp_path, monkeypatch):
     bindir = _probe_bin(tmp_path)
     monkeypatch.setenv("SRL_SITE_CONFIGS", str(_site_dir(tmp_path, bindir)))
 
-    def make(name: str, trainer_seconds: float, extra: str = ""):
-        loaded = load_config([_config(tmp_path, name, extra)])
+    def make(name: str, trainer_seconds: float, extra: str = "", **kw):
+        loaded = load_config([_config(tmp_path, name, extra, **kw)])
         run, attempt = prepare_run(loaded, argv=["srl", "rl"])
         (run.root / "probe").mkdir()
         (run.root / "probe" / "trainer_seconds").write_text(str(trainer_seconds))
@@ -121,11 +123,18 @@ def _expected_records(plan) -> int:
     return sum(p.num_nodes for p in plan.processes)
 
 
-def test_recorded_placement_equals_plan(probe_run):
+def test_recorded_placement_equals_plan(probe_run, capsys):
+    from toolkit.launch.control import logs_main, status_main
+
     cfg, run, attempt = probe_run("place3", trainer_seconds=4)
     job = submit_rl(cfg, run, attempt)
     st = slurm.wait(job, timeout_s=90)
     assert st.state == "COMPLETED", _batch_log(run)
+    capsys.readouterr()
+    assert status_main([str(run.root)]) == 0
+    assert f"{job}\trl\tattempt {attempt}\tCOMPLETED" in capsys.readouterr().out  # scontrol, no sacct
+    assert logs_main([str(run.root), "--role", "trainer"]) == 0
+    assert "trainer" in capsys.readouterr().out
     plan = read_plan(run)
     assert plan.job_id == job and len(plan.hosts) == 3
     recs = _records(run)
@@ -177,3 +186,48 @@ def test_signal_checkpoints_and_requeues(probe_run):
     assert all(r["env"]["SLURM_RESTART_COUNT"] == "1" for r in recs.values())
     log = _batch_log(run)
     assert "received SIGUSR2" in log and "restart 0" in log and "restart 1" in log  # first run's log kept
+
+
+def test_hetjob_orchestrator_on_its_own_node(probe_run):
+    # 1 inference + 1 trainer node in group 0, the orchestrator alone in het group 1
+    cfg, run, attempt = probe_run("het", trainer_seconds=3, train_nodes=1,
+                                  orchestrator='own_node"\norchestrator_partition = "debug')
+    job = submit_rl(cfg, run, attempt)
+    st = slurm.wait(job, timeout_s=90)
+    assert st.state == "COMPLETED", _batch_log(run)
+    plan = read_plan(run)
+    assert [g.num_nodes for g in plan.groups] == [2, 1] and len(plan.hosts) == 3
+    recs = _records(run)
+    orch = plan.process("orchestrator")
+    assert orch.het_group == 1
+    rec = recs[("orchestrator", plan.hosts[orch.node_index], "0")]
+    assert rec["cuda_visible_devices"] == ""  # CPU component
+    assert rec["node"] not in {plan.hosts[i] for p in plan.processes if p.het_group == 0 for i in p.node_indices}
+    for p in plan.processes:
+        for i in p.node_indices:
+            assert (p.name, plan.hosts[i], "0") in recs
+
+
+def test_two_allocations_inference_job_then_rl_job(probe_run, tmp_path):
+    from toolkit.launch.submit import submit_inference
+
+    icfg, irun, iattempt = probe_run("serve", trainer_seconds=3)
+    ijob = submit_inference(icfg, irun, iattempt)
+    try:
+        cfg, run, attempt = probe_run("uses-serve", trainer_seconds=3,
+                                      tail=f'[inference]\nexternal = "{irun.root}"\n')
+        job = submit_rl(cfg, run, attempt)
+        st = slurm.wait(job, timeout_s=120)
+        assert st.state == "COMPLETED", _batch_log(run) + _batch_log(irun)
+        ready = json.loads(irun.inference_ready.read_text())
+        iplan = read_plan(irun)
+        assert ready["base_url"] == f"http://{iplan.addresses[0]}:{iplan.ports['router.http']}"
+        assert len(ready["engine_urls"]) == 2 and ready["job_id"] == ijob
+        plan = read_plan(run)
+        assert {p.role for p in plan.processes} == {"trainer", "orchestrator"}
+        recs = _records(run)
+        orch = recs[("orchestrator", plan.hosts[plan.process("orchestrator").node_index], "0")]
+        assert orch["env"]["SRL_INFERENCE_RUN_DIR"] == str(irun.root)
+        assert slurm.job_state(ijob).state == "RUNNING"  # the deployment outlives the RL job
+    finally:
+        slurm.cancel(ijob)

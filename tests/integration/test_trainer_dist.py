@@ -121,11 +121,12 @@ def test_two_rank_trainer_run_broadcasts_checkpoints_and_resumes(tiny_dir, tmp_p
         samples = [TrainingSample(rng.integers(4, 100, 6).tolist(), rng.integers(4, 100, 20).tolist(), [True] * 20,
                                   (-rng.random(20) * 3).tolist()) for _ in range(6)]
         write_batch(run, step, samples, rng.normal(size=6).tolist(), policy_versions=[0] * 6, envs=["e"] * 6, meta={})
-    # The orchestrator's part of checkpoint 2, so that step 2 can become COMPLETE.
-    part_dir(run, 2, "orchestrator").mkdir(parents=True)
     _torchrun(["-m", "toolkit.trainer.main", "--run-dir", str(run.root)])
     assert all(is_stable(run.broadcast_step(s)) for s in (2, 3))
-    assert (run.checkpoint_step(2) / "COMPLETE").exists()
+    assert not (run.checkpoint_step(2) / "COMPLETE").exists()  # trainer part only so far
+    # The orchestrator writes its part of step 2 second, and so marks the step COMPLETE.
+    part_dir(run, 2, "orchestrator").mkdir(parents=True)
+    assert mark_complete_if_ready(run, 2)
     assert (run.checkpoint_step(3) / "trainer" / "dcp").is_dir()
     lines = [json.loads(x) for x in run.metrics.read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3] and all(x["role"] == "trainer" for x in lines)

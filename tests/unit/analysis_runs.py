@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ CONFIG: dict[str, Any] = {
     "trainer": {"optim": {"lr": 1e-5}, "seq_len": 256, "micro_batch_size": 1},
     "deployment": {"type": "single_node", "gpus_per_node": 2, "num_train_gpus": 1, "num_infer_gpus": 1},
     "ckpt": {"interval": 2, "keep_last": 2},
-    "monitors": {"stop": {"max_errored_share": 0.5, "patience_steps": 3}},
+    "monitors": {"stop": {"max_errored_share": 0.4, "errored_patience_steps": 3}},
 }
 
 
@@ -126,7 +127,7 @@ def make_run(root: Path, *, failure: str | None = None, steps: int = 8, group_si
     point_symlink(run.latest_logs, "attempt_1")
     orch_log = run.role_log("orchestrator", 1)
     orch_lines = ["INFO orchestrator started", "INFO connected to router http://node1:8000"]
-    t0 = 1.7e9
+    t0 = time.time()  # the store stamps rows with the wall clock; metrics must share its time base
     gid = 0
     with RolloutStoreWriter(run.rollout_store) as writer:
         for step in range(steps):

@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("verifiers.v1")
 
-from toolkit.envs.local import LocalSession  # noqa: E402
-from toolkit.envs.registry import load_tasks, taskset_class  # noqa: E402
-from toolkit.errors import TaskError  # noqa: E402
+from toolkit.envs.local import LocalSession
+from toolkit.envs.registry import load_tasks, taskset_class
+from toolkit.errors import TaskError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "external_taskset"
 

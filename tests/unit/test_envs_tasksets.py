@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("verifiers.v1")
 
-from toolkit.envs.local import LocalSession  # noqa: E402
-from toolkit.envs.registry import load_tasks  # noqa: E402
-from toolkit.envs.tasksets.alphabet_sort import expected_lists  # noqa: E402
-from toolkit.envs.tasksets.common import lcs_ratio  # noqa: E402
+from toolkit.envs.local import LocalSession
+from toolkit.envs.registry import load_tasks
+from toolkit.envs.tasksets.alphabet_sort import expected_lists
+from toolkit.envs.tasksets.common import lcs_ratio
 
 
 def ts(id_: str, split: str = "train", seed: int = 0, select=None, **extra):
@@ -84,23 +84,33 @@ def test_alphabet_sort_multi_turn_rewards():
 
 def test_deterministic_and_disjoint_splits():
     for id_ in ("reverse-text", "arith", "alphabet-sort"):
-        a = [t.data.model_dump() for t in load_tasks(ts(id_, seed=3, num_train_examples=50, num_test_examples=20))]
-        b = [t.data.model_dump() for t in load_tasks(ts(id_, seed=3, num_train_examples=50, num_test_examples=20))]
+        a = [
+            t.data.model_dump()
+            for t in load_tasks(ts(id_, seed=3, num_train_examples=50, num_test_examples=20))
+        ]
+        b = [
+            t.data.model_dump()
+            for t in load_tasks(ts(id_, seed=3, num_train_examples=50, num_test_examples=20))
+        ]
         assert a == b
         other = [t.data.model_dump() for t in load_tasks(ts(id_, seed=4, num_train_examples=50))]
         assert a != other
         test = load_tasks(ts(id_, split="test", seed=3, num_test_examples=20))
-        key = (lambda d: d["prompt"])
+        key = lambda d: d["prompt"]
         assert not {key(d) for d in a} & {t.data.prompt for t in test}
 
 
 def test_select_include_exclude_shuffle_skip_limit():
     base = [t.data.id for t in load_tasks(ts("arith", num_train_examples=30))]
-    assert [t.data.id for t in load_tasks(ts("arith", num_train_examples=30, select={"limit": 4}))] == base[:4]
-    assert [t.data.id for t in load_tasks(ts("arith", num_train_examples=30, select={"skip": 2, "limit": 3}))] == (
-        base[2:5]
+    assert [t.data.id for t in load_tasks(ts("arith", num_train_examples=30, select={"limit": 4}))] == base[
+        :4
+    ]
+    assert [
+        t.data.id for t in load_tasks(ts("arith", num_train_examples=30, select={"skip": 2, "limit": 3}))
+    ] == (base[2:5])
+    inc = load_tasks(
+        ts("arith", num_train_examples=30, select={"include": [1, "5:7"], "exclude": ["arith/train/6"]})
     )
-    inc = load_tasks(ts("arith", num_train_examples=30, select={"include": [1, "5:7"], "exclude": ["arith/train/6"]}))
     assert [t.data.id for t in inc] == [base[1], base[5]]
     shuffled = [t.data.id for t in load_tasks(ts("arith", num_train_examples=30, select={"shuffle": True}))]
     assert sorted(shuffled) == sorted(base) and shuffled != base

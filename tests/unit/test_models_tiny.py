@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from toolkit.models.tiny import CHARACTERS, SPECIAL_TOKENS, build_tiny_model  # noqa: E402
+from toolkit.models.tiny import CHARACTERS, SPECIAL_TOKENS, build_tiny_model
 
 
 def _hashes(model_dir: Path) -> dict[str, str]:

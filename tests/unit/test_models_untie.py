@@ -10,15 +10,21 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from toolkit.models.tiny import build_tiny_model  # noqa: E402
-from toolkit.models.untie import INDEX_FILE, is_tied, untie_embeddings  # noqa: E402
+from toolkit.models.tiny import build_tiny_model
+from toolkit.models.untie import INDEX_FILE, is_tied, untie_embeddings
 
 
 def _save_tied(out_dir: Path, *, max_shard_size: str | None = None) -> Path:
     """A small tied Llama checkpoint, saved the way transformers saves tied models (no lm_head tensor)."""
     config = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=32,
-        num_key_value_heads=1, intermediate_size=128, tie_word_embeddings=True,
+        vocab_size=96,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        head_dim=32,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        tie_word_embeddings=True,
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)

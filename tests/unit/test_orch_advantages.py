@@ -33,9 +33,13 @@ def test_advantages_sum_to_zero_grpo():
 
 def test_length_penalty_applied_before_centring():
     # penalty 0.5, max 100 tokens: lens 0 and 100 -> rewards 1.0 and 1.0 - 0.5 = 0.5
-    assert penalized_rewards([1.0, 1.0], [0, 100], length_penalty=0.5, max_completion_tokens=100) == [1.0, 0.5]
-    adv = compute_advantages([1.0, 1.0], algo="grpo", completion_lens=[0, 100], length_penalty=0.5,
-                             max_completion_tokens=100)
+    assert penalized_rewards([1.0, 1.0], [0, 100], length_penalty=0.5, max_completion_tokens=100) == [
+        1.0,
+        0.5,
+    ]
+    adv = compute_advantages(
+        [1.0, 1.0], algo="grpo", completion_lens=[0, 100], length_penalty=0.5, max_completion_tokens=100
+    )
     assert adv == pytest.approx([0.25, -0.25])
 
 

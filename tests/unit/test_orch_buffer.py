@@ -8,8 +8,15 @@ from toolkit.orchestrator.types import Rollout, TrainingSample
 
 def _rollout(env, reward, *, version=0, error=None, n_tokens=3, example=0):
     smp = TrainingSample([1, 2], [5] * n_tokens, [True] * n_tokens, [-0.5] * n_tokens)
-    return Rollout(env=env, task_id=f"t{example}", example_id=example, samples=[] if error else [smp],
-                   reward=reward, error_class=error, policy_version=version)
+    return Rollout(
+        env=env,
+        task_id=f"t{example}",
+        example_id=example,
+        samples=[] if error else [smp],
+        reward=reward,
+        error_class=error,
+        policy_version=version,
+    )
 
 
 def _group(env, rewards, **kw):
@@ -24,7 +31,7 @@ def test_whole_groups_fill_batch_and_advantages_are_set():
     assert b.full and len(b.rollouts) == 8
     assert [r.advantage for r in b.rollouts[:4]] == [0.5, -0.5, -0.5, 0.5]
     assert [r.advantage for r in b.rollouts[4:]] == pytest.approx([-0.3, -0.1, 0.1, 0.3])
-    samples, adv, versions, envs = b.training_samples()
+    samples, _adv, versions, envs = b.training_samples()
     assert len(samples) == 8 and envs == ["a"] * 4 + ["b"] * 4 and versions == [0] * 8
     assert b.offer(_group("a", [1, 0, 1, 0])) == "overflow"
     assert len(b.recorded) == 12

@@ -20,9 +20,9 @@ def test_min_policy_version(step, k, expected):
 
 def test_age_and_staleness_agree_with_bound():
     for step in range(1, 12):
-        for k in range(0, 4):
+        for k in range(4):
             need = min_policy_version(step, k)
-            for v in range(0, step):
+            for v in range(step):
                 assert is_stale(step, v, k) == (v < need)
     assert off_policy_age(3, 2) == 0 and off_policy_age(3, 0) == 2
 

@@ -6,6 +6,8 @@ import json
 import pytest
 
 from toolkit import checkpoints
+from toolkit.config.model import SamplingConfig, SamplingOverride
+from toolkit.config.model import StopCriteria as StopCfg
 from toolkit.orchestrator.buffer import BufferSettings, StepBatch
 from toolkit.orchestrator.evaluation import eval_metrics, pass_at_k
 from toolkit.orchestrator.producer import Slots, sampling_params
@@ -13,14 +15,22 @@ from toolkit.orchestrator.records import MetricsLog, recorded_steps, step_metric
 from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_state
 from toolkit.orchestrator.stop import StopCriteria, ZeroSignalGuard, request_stop
 from toolkit.orchestrator.types import Rollout, TrainingSample
-from toolkit.config.model import SamplingConfig, SamplingOverride, StopCriteria as StopCfg
 from toolkit.rundir import RunDir
 
 
 def _r(env, reward, *, version=0, error=None, truncated=False, turns=1):
     smp = TrainingSample([1, 2, 3], [4, 5], [True, True], [-0.1, -0.2])
-    return Rollout(env=env, task_id="t", example_id=0, samples=[] if error else [smp], reward=reward,
-                   error_class=error, policy_version=version, truncated=truncated, num_turns=turns)
+    return Rollout(
+        env=env,
+        task_id="t",
+        example_id=0,
+        samples=[] if error else [smp],
+        reward=reward,
+        error_class=error,
+        policy_version=version,
+        truncated=truncated,
+        num_turns=turns,
+    )
 
 
 def test_step_metrics_names_and_values():
@@ -63,7 +73,7 @@ def test_metrics_lines_written_once_across_attempts(tmp_path):
 
 def test_zero_signal_guard_counts_consecutive_empty_steps(caplog):
     g = ZeroSignalGuard(max_empty_steps=3)
-    kw = dict(groups_offered=4, groups_kept=0, dropped={"all_zero": 4})
+    kw = {"groups_offered": 4, "groups_kept": 0, "dropped": {"all_zero": 4}}
     assert g.observe(1, signal_groups=0, **kw) is None
     assert g.observe(2, signal_groups=0, **kw) is None
     assert g.observe(3, signal_groups=1, **kw) is None  # signal resets the count
@@ -112,7 +122,11 @@ def test_pass_at_k_and_eval_metrics():
     assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
     with pytest.raises(ValueError):
         pass_at_k(2, 3, 1)
-    groups = [[_r("e", 1.0), _r("e", 0.0)], [_r("e", 0.5), _r("e", 0.0)], [_r("e", 0.0, error="ProviderError")] * 2]
+    groups = [
+        [_r("e", 1.0), _r("e", 0.0)],
+        [_r("e", 0.5), _r("e", 0.0)],
+        [_r("e", 0.0, error="ProviderError")] * 2,
+    ]
     m = eval_metrics("e", groups, 2)
     assert m["eval/e/avg@2"] == pytest.approx(1.5 / 4)
     assert m["eval/e/pass@2"] == pytest.approx(0.5)  # partial credit 0.5 is not a solve
@@ -120,7 +134,9 @@ def test_pass_at_k_and_eval_metrics():
 
 
 def test_sampling_params_override():
-    sp = sampling_params(SamplingConfig(temperature=0.7, max_completion_tokens=64), SamplingOverride(top_p=0.9))
+    sp = sampling_params(
+        SamplingConfig(temperature=0.7, max_completion_tokens=64), SamplingOverride(top_p=0.9)
+    )
     assert (sp.temperature, sp.top_p, sp.max_tokens, sp.top_k) == (0.7, 0.9, 64, None)
 
 
@@ -135,7 +151,9 @@ def test_slots_take_a_group_atomically():
                 await asyncio.sleep(hold_s)
 
         # Two groups of 3 cannot both fit in 4 slots; they must run one after the other, never deadlock.
-        await asyncio.wait_for(asyncio.gather(group("a", 3, 0.02), group("b", 3, 0.02), group("c", 1, 0.0)), 2)
+        await asyncio.wait_for(
+            asyncio.gather(group("a", 3, 0.02), group("b", 3, 0.02), group("c", 1, 0.0)), 2
+        )
         return order
 
     order = asyncio.run(go())

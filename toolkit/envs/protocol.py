@@ -116,5 +116,5 @@ class WorkerConnection:
             self._reader_task.cancel()
             try:
                 await self._reader_task
-            except (asyncio.CancelledError, Exception):
+            except (asyncio.CancelledError, OSError, ConnectionError):  # already torn down: nothing to report
                 pass

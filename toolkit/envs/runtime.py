@@ -19,6 +19,7 @@ restarted; the episodes it held fail as SandboxError and are retried.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -115,7 +116,9 @@ class _RemoteSession:
             )
         except asyncio.TimeoutError as exc:
             await self.runtime._restart(self.worker, conn)
-            raise srl_errors.TaskError(f"env worker did not answer {op} within {limit} s (+{GRACE_S} s)") from exc
+            raise srl_errors.TaskError(
+                f"env worker did not answer {op} within {limit} s (+{GRACE_S} s)"
+            ) from exc
 
     async def start(self) -> tuple[str, list[dict[str, str]]]:
         r = await self._call("start", "setup", example_id=self.example_id)
@@ -164,7 +167,9 @@ class EnvRuntime:
             s: getattr(timeout, s, None) for s in ("setup", "rollout", "finalize", "scoring")
         }
         self.retries = int(getattr(env_cfg, "retries", 0) or 0)
-        self.limits = RolloutLimits(getattr(env_cfg, "max_turns", None), getattr(env_cfg, "max_total_tokens", None))
+        self.limits = RolloutLimits(
+            getattr(env_cfg, "max_turns", None), getattr(env_cfg, "max_total_tokens", None)
+        )
         self.renderer: Renderer | None = None
         self.workers: list[_Worker] = []
         self.num_examples = 0
@@ -321,9 +326,17 @@ class EnvRuntime:
     async def run_group(
         self, example_id: int, group_size: int, *, client: Any, sampling: SamplingParams
     ) -> list[Rollout]:
-        """``group_size`` rollouts of one example, run concurrently; errored ones carry ``error_class``."""
+        """``group_size`` rollouts of one example, run concurrently; errored ones carry ``error_class``.
+
+        With ``sampling.seed`` set, rollout k of the group samples with seed ``seed + k``: reproducible, and the
+        group stays diverse (one shared seed would give identical completions and no group-relative signal).
+        """
+
+        def nth(k: int) -> SamplingParams:
+            return sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + k)
+
         return list(
             await asyncio.gather(
-                *(self.run_rollout(example_id, client=client, sampling=sampling) for _ in range(group_size))
+                *(self.run_rollout(example_id, client=client, sampling=nth(k)) for k in range(group_size))
             )
         )

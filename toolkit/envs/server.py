@@ -106,8 +106,13 @@ class EnvWorker:
             out = {"id": rid, "ok": True, "result": await self.handle(req.get("op", ""), req)}
         except srl_errors.SrlRolloutError as exc:
             out = {"id": rid, "ok": False, "error_class": exc.error_class, "error": str(exc)}
-        except Exception as exc:  # a bug in the worker itself: the harness boundary
-            out = {"id": rid, "ok": False, "error_class": "HarnessError", "error": f"{type(exc).__name__}: {exc}"}
+        except Exception as exc:  # noqa: BLE001 - a bug in the worker itself: reported at the harness boundary
+            out = {
+                "id": rid,
+                "ok": False,
+                "error_class": "HarnessError",
+                "error": f"{type(exc).__name__}: {exc}",
+            }
         if not writer.is_closing():
             writer.write(encode(out))
             await writer.drain()
@@ -152,7 +157,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--parent-pid", type=int, default=None)
     args = parser.parse_args(argv)
-    text = sys.stdin.read() if args.spec == "-" else open(args.spec).read()
+    if args.spec == "-":
+        text = sys.stdin.read()
+    else:
+        with open(args.spec) as f:
+            text = f.read()
     asyncio.run(serve(json.loads(text), args.host, args.port, args.parent_pid))
 
 

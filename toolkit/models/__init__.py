@@ -34,11 +34,11 @@ __all__ = [
 ]
 
 
-def cmd_build_tiny(dir: Path, seed: int = 0) -> Path:  # noqa: A002 - matches the CLI flag name
+def cmd_build_tiny(dir: Path, seed: int = 0) -> Path:
     """``srl model build-tiny DIR --seed N``: build the tiny model into ``dir`` and return its path."""
     return build_tiny_model(Path(dir), seed=seed)
 
 
-def cmd_import_smollm2(dir: Path) -> Path:  # noqa: A002 - matches the CLI flag name
+def cmd_import_smollm2(dir: Path) -> Path:
     """``srl model import-smollm2 DIR``: write SmolLM2-135M-Instruct into ``dir`` and return its path."""
     return import_smollm2(Path(dir))

@@ -75,11 +75,15 @@ def resolve_model(name: str, cache_dir: Path | None = None) -> Path:
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model directory {path} has no config.json; expected a Hugging Face model directory")
+            raise FileNotFoundError(
+                f"model directory {path} has no config.json; expected a Hugging Face model directory"
+            )
         return path
     if name not in MODEL_ALIASES:
         allowed = ", ".join(sorted(MODEL_ALIASES))
-        raise ValueError(f"model {name!r} is neither an existing directory nor a built-in alias (allowed: {allowed})")
+        raise ValueError(
+            f"model {name!r} is neither an existing directory nor a built-in alias (allowed: {allowed})"
+        )
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = cache / name
     if _is_built(target):

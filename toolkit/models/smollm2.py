@@ -48,10 +48,14 @@ def find_smollm2_gguf() -> Path:
         if candidate.is_file():
             break
     else:
-        raise RuntimeError(f"{GGUF_NAME} not found in the installed {WHEEL_PACKAGE}; reinstall with:\n    {INSTALL_COMMAND}")
+        raise RuntimeError(
+            f"{GGUF_NAME} not found in the installed {WHEEL_PACKAGE}; reinstall with:\n    {INSTALL_COMMAND}"
+        )
     for module in ("gguf", "accelerate"):
         if importlib.util.find_spec(module) is None:
-            raise RuntimeError(f"loading GGUF weights needs the {module!r} package; install with:\n    {INSTALL_COMMAND}")
+            raise RuntimeError(
+                f"loading GGUF weights needs the {module!r} package; install with:\n    {INSTALL_COMMAND}"
+            )
     return candidate
 
 
@@ -98,7 +102,13 @@ def import_smollm2(out_dir: Path) -> Path:
         gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_file, dtype=torch.float32)
 
     config_dict = gguf_model.config.to_dict()
-    for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version", "dtype"):
+    for key in (
+        "quantization_config",
+        "_name_or_path",
+        "_model_name_or_path",
+        "transformers_version",
+        "dtype",
+    ):
         config_dict.pop(key, None)
     config_dict["tie_word_embeddings"] = False
     config = type(gguf_model.config).from_dict(config_dict)
@@ -112,7 +122,9 @@ def import_smollm2(out_dir: Path) -> Path:
 
     chat_template = tokenizer.chat_template
     if not chat_template:
-        raise RuntimeError(f"{gguf_path} carries no chat template; the import expects SmolLM2's ChatML template")
+        raise RuntimeError(
+            f"{gguf_path} carries no chat template; the import expects SmolLM2's ChatML template"
+        )
     with atomic_directory(out_dir) as tmp, quiet_transformers():
         model.save_pretrained(tmp, safe_serialization=True)
         add_legacy_config_keys(tmp)
@@ -120,7 +132,9 @@ def import_smollm2(out_dir: Path) -> Path:
         _rewrite_tokenizer_config(tmp, chat_template)
         gen = plain_sampling_generation_config(
             eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id
+            if tokenizer.pad_token_id is not None
+            else tokenizer.eos_token_id,
             bos_token_id=tokenizer.bos_token_id,
         )
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")

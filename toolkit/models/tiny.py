@@ -66,7 +66,9 @@ TINY_SHAPE: dict[str, int] = {
 TINY_ARCHS: tuple[str, ...] = ("qwen3", "llama")
 
 
-def plain_sampling_generation_config(*, eos_token_id: int, pad_token_id: int, bos_token_id: int | None) -> dict:
+def plain_sampling_generation_config(
+    *, eos_token_id: int, pad_token_id: int, bos_token_id: int | None
+) -> dict:
     """Generation defaults that sample from the untruncated softmax (top_k 0, top_p 1, temperature 1).
 
     With these, transformers' ``generate`` samples from exactly the distribution the trainer's forward pass

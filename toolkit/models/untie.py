@@ -50,11 +50,13 @@ def _weight_files(model_dir: Path) -> tuple[dict[str, str], dict | None]:
         return dict(index["weight_map"]), index
     single = model_dir / SINGLE_FILE
     if not single.is_file():
-        raise FileNotFoundError(f"{model_dir} has neither {SINGLE_FILE} nor {INDEX_FILE}; only safetensors is supported")
+        raise FileNotFoundError(
+            f"{model_dir} has neither {SINGLE_FILE} nor {INDEX_FILE}; only safetensors is supported"
+        )
     from safetensors import safe_open
 
     with safe_open(single, framework="pt") as f:
-        return {k: SINGLE_FILE for k in f.keys()}, None
+        return {k: SINGLE_FILE for k in f.keys()}  # noqa: SIM118 - safe_open handles are not mappings, None
 
 
 def untie_embeddings(model_dir: Path) -> bool:
@@ -82,7 +84,7 @@ def untie_embeddings(model_dir: Path) -> bool:
             f"cannot untie {model_dir}: no input-embedding tensor (names ending in "
             f"{', '.join(_INPUT_EMBEDDING_SUFFIXES)}) among {len(weight_map)} tensors"
         )
-    embed_key = sorted(embed_keys, key=len)[0]  # the top-level one, not e.g. a vision tower's
+    embed_key = min(embed_keys, key=len)  # the top-level one, not e.g. a vision tower's
     # A stale lm_head already stored in some shard is overwritten where it lies, so no tensor is stored twice.
     target = weight_map.get(OUTPUT_EMBEDDING_KEY, weight_map[embed_key])
     with safe_open(model_dir / weight_map[embed_key], framework="pt") as f:
@@ -90,7 +92,7 @@ def untie_embeddings(model_dir: Path) -> bool:
         lm_head = f.get_tensor(embed_key).clone()
     with safe_open(model_dir / target, framework="pt") as f:
         metadata = f.metadata() or {"format": "pt"}
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open handles are not mappings
     tensors[OUTPUT_EMBEDDING_KEY] = lm_head
     atomic_write_bytes(model_dir / target, save_safetensors(tensors, metadata=metadata))
 

@@ -74,7 +74,10 @@ def compute_advantages(
     """Length-penalised rewards (see :func:`penalized_rewards`) turned into group advantages."""
     return group_advantages(
         penalized_rewards(
-            rewards, completion_lens, length_penalty=length_penalty, max_completion_tokens=max_completion_tokens
+            rewards,
+            completion_lens,
+            length_penalty=length_penalty,
+            max_completion_tokens=max_completion_tokens,
         ),
         algo,
     )

@@ -88,7 +88,11 @@ class StepBatch:
                 self.errored[r.env] += 1
                 self.error_classes[r.error_class] += 1
         version = min((r.policy_version for r in valid), default=0)
-        if valid and s.max_off_policy_steps is not None and is_stale(self.step, version, s.max_off_policy_steps):
+        if (
+            valid
+            and s.max_off_policy_steps is not None
+            and is_stale(self.step, version, s.max_off_policy_steps)
+        ):
             return self._drop("off_policy", valid)
         rewards = [r.reward for r in valid]
         if valid:
@@ -123,7 +127,10 @@ class StepBatch:
     # -- outputs ------------------------------------------------------------------------------------
     def ages(self, rollouts: list[Rollout] | None = None) -> list[int]:
         """Off-policy age (versions) of each rollout at this step (default: the batch's rollouts)."""
-        return [off_policy_age(self.step, r.policy_version) for r in (self.rollouts if rollouts is None else rollouts)]
+        return [
+            off_policy_age(self.step, r.policy_version)
+            for r in (self.rollouts if rollouts is None else rollouts)
+        ]
 
     def training_samples(self) -> tuple[list[TrainingSample], list[float], list[int], list[str]]:
         """``(samples, advantages, policy_versions, envs)``, one entry per training sample (a split multi-turn

@@ -70,7 +70,9 @@ class EvalEnv:
     sampling: SamplingParams
 
 
-async def run_eval(envs: Sequence[EvalEnv], client: Any, *, max_concurrent: int) -> tuple[dict[str, float], list[Rollout]]:
+async def run_eval(
+    envs: Sequence[EvalEnv], client: Any, *, max_concurrent: int
+) -> tuple[dict[str, float], list[Rollout]]:
     """Evaluate every env; returns (metrics, all rollouts). ``max_concurrent`` bounds rollouts in flight."""
     slots = Slots(max_concurrent)
     metrics: dict[str, float] = {}

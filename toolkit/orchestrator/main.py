@@ -66,7 +66,9 @@ class Orchestrator:
         self.saved_steps: set[int] = set()
         self._sigterm = False
         k = self.ocfg.max_async_level
-        self.max_off_policy = self.ocfg.max_off_policy_steps if self.ocfg.max_off_policy_steps is not None else k
+        self.max_off_policy = (
+            self.ocfg.max_off_policy_steps if self.ocfg.max_off_policy_steps is not None else k
+        )
 
     # -- setup ------------------------------------------------------------------------------------------------
     async def _connect_inference(self) -> int:
@@ -98,9 +100,14 @@ class Orchestrator:
         eval_sampling = o.eval.sampling or o.train.sampling
         specs = [(e.model_copy(update={"name": e.env_name}), False) for e in o.train.env]
         specs += [(e.model_copy(update={"name": e.env_name}), True) for e in o.eval.env]
-        runtimes = [EnvRuntime(e, model_path=model_path, renderer_cfg=o.renderer, seed=self.cfg.seed) for e, _ in specs]
+        runtimes = [
+            EnvRuntime(e, model_path=model_path, renderer_cfg=o.renderer, seed=self.cfg.seed)
+            for e, _ in specs
+        ]
         self.runtimes.extend(runtimes)
-        await asyncio.gather(*(rt.start() for rt in runtimes))  # worker start-up is slow (imports): overlap it
+        await asyncio.gather(
+            *(rt.start() for rt in runtimes)
+        )  # worker start-up is slow (imports): overlap it
         for (env_cfg, is_eval), rt in zip(specs, runtimes, strict=True):
             gs = env_cfg.group_size or o.group_size
             if is_eval:
@@ -127,20 +134,30 @@ class Orchestrator:
         if self.cfg.resume.step is None:  # an explicit older step starts a new timeline: regenerate after it
             while batches.is_ready(self.run.rollout_step(step + 1)):
                 step += 1
-                meta = json.loads((self.run.rollout_step(step) / batches.META_FILE).read_text()).get("meta", {})
+                meta = json.loads((self.run.rollout_step(step) / batches.META_FILE).read_text()).get(
+                    "meta", {}
+                )
                 if not self.metrics.has(step) and "metrics" in meta:
                     self.metrics.write(step, {**meta["metrics"], "resumed_from_batch": 1.0})
                 state = meta.get("orchestrator_state") or state
             if step != (ckpt or 0):
-                log.info("batches up to step %d were written by an earlier attempt; continuing after them", step)
+                log.info(
+                    "batches up to step %d were written by an earlier attempt; continuing after them", step
+                )
         if state.get("sampler"):
             sampler.load_state_dict(state["sampler"])
         return step, state
 
     # -- one step ---------------------------------------------------------------------------------------------
+    def _mean_group_size(self) -> float:
+        return sum(e.group_size for e in self.train_envs.values()) / len(self.train_envs)
+
     def _planned_groups(self) -> int:
-        mean_gs = sum(e.group_size for e in self.train_envs.values()) / len(self.train_envs)
-        return max(1, math.ceil(self.ocfg.batch_size * self.ocfg.buffer.oversampling_factor / mean_gs))
+        """Groups one step launches: ``batch_size * oversampling_factor / mean group size``, rounded up."""
+        return max(
+            1,
+            math.ceil(self.ocfg.batch_size * self.ocfg.buffer.oversampling_factor / self._mean_group_size()),
+        )
 
     def _should_stop(self) -> bool:
         return self._sigterm or self.run.stop_request.exists()
@@ -164,7 +181,7 @@ class Orchestrator:
         )  # fmt: skip
         batch = StepBatch(step=step, settings=settings)
         planned = self._planned_groups()
-        mean_gs = o.batch_size / max(1, planned / o.buffer.oversampling_factor)
+        mean_gs = self._mean_group_size()
         window = {"offered": 0, "kept": 0, "signal": 0}
         if not o.constant_trainer_batch_size:
             producer.want(planned)
@@ -200,25 +217,32 @@ class Orchestrator:
         producer.pause()
         return batch, None
 
-    def _write_step(self, step: int, batch: StepBatch, times: dict[str, float], extra: dict[str, float],
-                    producer: GroupProducer, tracker: PolicyTracker) -> dict[str, float]:  # fmt: skip
-        ages_all = [off_policy_age(step, r.policy_version) for r in batch.recorded]
-        self.store.append(batch.recorded, step=step, kind="train", ages=ages_all)
+    async def _write_step(self, step: int, batch: StepBatch, times: dict[str, float], extra: dict[str, float],
+                          producer: GroupProducer, tracker: PolicyTracker) -> dict[str, float]:  # fmt: skip
+        """Store rows, the trainer's batch, then the metrics line (the order a resume relies on)."""
         metrics = step_metrics(batch)
         metrics.update(times)
         metrics.update(extra)
         metrics["policy/served_version"] = float(tracker.served_version)
         state = {"step": step, "sampler": producer.sampler.state_dict(), "next_group_id": producer.next_group_id,
                  "served_version": tracker.served_version}  # fmt: skip
-        samples, advantages, versions, envs = batch.training_samples()
         meta = {"metrics": metrics, "orchestrator_state": state,
                 "algo": self.ocfg.train.algo.type, "rollouts": len(batch.rollouts)}  # fmt: skip
-        batches.write_batch(self.run, step, samples, advantages, policy_versions=versions, envs=envs, meta=meta)
+        # File writes run in a thread so the rollouts in flight keep being served meanwhile.
+        await asyncio.to_thread(self._persist, step, batch, meta)
         self.metrics.write(step, metrics)
         self.snapshots[step] = state
         for old in [s for s in self.snapshots if s < step - self.ocfg.max_async_level - 2]:
             del self.snapshots[old]
         return metrics
+
+    def _persist(self, step: int, batch: StepBatch, meta: dict[str, Any]) -> None:
+        ages_all = [off_policy_age(step, r.policy_version) for r in batch.recorded]
+        self.store.append(batch.recorded, step=step, kind="train", ages=ages_all)
+        samples, advantages, versions, envs = batch.training_samples()
+        batches.write_batch(
+            self.run, step, samples, advantages, policy_versions=versions, envs=envs, meta=meta
+        )
 
     def _save(self, step: int) -> None:
         if step in self.saved_steps or step not in self.snapshots:
@@ -235,7 +259,9 @@ class Orchestrator:
         if not self.eval_envs:
             return {}
         t0 = time.monotonic()
-        metrics, rollouts = await run_eval(self.eval_envs, self.client, max_concurrent=self.ocfg.max_concurrent)
+        metrics, rollouts = await run_eval(
+            self.eval_envs, self.client, max_concurrent=self.ocfg.max_concurrent
+        )
         version = tracker.served_version
         self.store.append(rollouts, step=step, kind="eval", ages=[max(0, step - version)] * len(rollouts))
         metrics["eval/policy_version"] = float(version)
@@ -261,7 +287,7 @@ class Orchestrator:
             for rt in self.runtimes:
                 try:
                     await rt.aclose()
-                except Exception:  # noqa: BLE001 - teardown must reach every runtime
+                except Exception:
                     log.exception("closing env %s failed", getattr(rt, "name", "?"))
             self.store.close()
             aclose = getattr(self.client, "aclose", None)
@@ -306,7 +332,7 @@ class Orchestrator:
                 if batch is None:
                     break
                 times = {"time/step": time.monotonic() - t0, "time/wait_for_policy": waited}
-                m = self._write_step(step, batch, times, extra, producer, tracker)
+                m = await self._write_step(step, batch, times, extra, producer, tracker)
                 log.info(
                     "step %d: reward %.4f, batch %d rollouts (%d groups offered, %d kept), errored %d, "
                     "off-policy max %d, waited %.2f s for policy %d, %.2f s",

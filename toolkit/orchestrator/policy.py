@@ -76,7 +76,7 @@ class PolicyTracker:
         """
         async with self._lock:
             found = newest_stable_broadcast(self.run)
-            if found is None or found[0] <= self.published_version and found[0] <= self.served_version:
+            if found is None:
                 return self.served_version
             version, path = found
             self.published_version = max(self.published_version, version)
@@ -86,7 +86,9 @@ class PolicyTracker:
                 seconds = await self.updater.update(path, version)
             except Exception as exc:  # noqa: BLE001 - any failure is retried at the next poll
                 self.failures += 1
-                log.warning("weight update to version %d failed (%s); retrying at the next poll", version, exc)
+                log.warning(
+                    "weight update to version %d failed (%s); retrying at the next poll", version, exc
+                )
                 return self.served_version
             self.served_version = version
             self.client.policy_version = version

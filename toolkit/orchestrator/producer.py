@@ -145,7 +145,7 @@ class GroupProducer:
                         group = list(await asyncio.gather(*(
                             env.runtime.run_rollout(example, client=self.client, sampling=s) for s in per_rollout
                         )))  # fmt: skip
-                except Exception as exc:  # noqa: BLE001 - any runtime failure becomes errored rollouts
+                except Exception as exc:
                     log.exception("env %s failed to run a group of example %d", env.name, example)
                     group = [
                         Rollout(env=env.name, task_id=str(example), example_id=example, error_class="SandboxError",

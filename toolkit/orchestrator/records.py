@@ -162,7 +162,9 @@ class StoreRecorder:
         self.path = run.rollout_store
         self._writer = None
 
-    def append(self, rollouts: Sequence[Rollout], *, step: int, kind: str, ages: Sequence[int] | None) -> None:
+    def append(
+        self, rollouts: Sequence[Rollout], *, step: int, kind: str, ages: Sequence[int] | None
+    ) -> None:
         """Write ``rollouts`` as rows of ``step``; ``ages`` are off-policy ages (versions) or None."""
         if not rollouts:
             return
@@ -170,7 +172,9 @@ class StoreRecorder:
             from analysis.store import RolloutStoreWriter
 
             self._writer = RolloutStoreWriter(self.path)
-        self._writer.append(list(rollouts), step=step, kind=kind, off_policy_age=None if ages is None else list(ages))
+        self._writer.append(
+            list(rollouts), step=step, kind=kind, off_policy_age=None if ages is None else list(ages)
+        )
 
     def close(self) -> None:
         if self._writer is not None:

@@ -118,8 +118,8 @@ def _import_object(path: str) -> Any:
 def load_renderer(renderer_cfg: Any, model_path: Path | str) -> Renderer:
     """The renderer named by ``renderer_cfg`` (``name``, ``import_path``; None means ``auto``) for a model.
 
-    ``import_path`` wins over ``name``. Raises ValueError for an unknown name or a class that lacks
-    ``render``/``decode``/``stop_token_ids``.
+    ``import_path`` wins over ``name``. Raises ValueError for an unknown name, TypeError for a class that lacks
+    ``render``/``decode``/``stop_token_ids``/``name``.
     """
     import_path = getattr(renderer_cfg, "import_path", None) if renderer_cfg is not None else None
     name = (getattr(renderer_cfg, "name", None) if renderer_cfg is not None else None) or "auto"
@@ -130,5 +130,5 @@ def load_renderer(renderer_cfg: Any, model_path: Path | str) -> Renderer:
     else:
         raise ValueError(f"unknown renderer {name!r}; known: {sorted(RENDERERS)} (or set import_path)")
     if not isinstance(renderer, Renderer):
-        raise ValueError(f"renderer {type(renderer).__name__} lacks render/decode/stop_token_ids/name")
+        raise TypeError(f"renderer {type(renderer).__name__} lacks render/decode/stop_token_ids/name")
     return renderer

@@ -9,9 +9,10 @@ Then the new tokens in between (template scaffold, the env's user message) are a
 template that rewrites history, a completion that does not re-tokenise to itself) the trajectory continues in a
 new ``TrainingSample`` that starts from the full new prompt; samples are never stitched.
 
-Truncation reasons: ``max_tokens`` (a turn hit its token limit; the episode ends there), ``max_turns`` (the
-task wanted another turn), ``max_total_tokens`` (prompt + completion would exceed the per-rollout budget; a turn's
-``max_tokens`` is clipped to what is left, and the episode ends when nothing is left).
+Truncation reasons: ``max_tokens`` (the last turn hit its token limit; earlier turns cut this way still get the
+env's answer and the episode goes on), ``max_turns`` (the task wanted another turn), ``max_total_tokens`` (prompt
++ completion would exceed the per-rollout budget; a turn's ``max_tokens`` is clipped to what is left, and the
+episode ends when a clipped turn runs out or nothing is left).
 """
 
 from __future__ import annotations
@@ -124,7 +125,9 @@ async def run_rollout(
         gen = await client.generate(list(prompt_ids), turn_sampling, session_id=session_id)
         timings["generation"] += time.perf_counter() - t
         if len(gen.logprobs) != len(gen.token_ids):
-            raise ProviderError(f"policy returned {len(gen.token_ids)} tokens but {len(gen.logprobs)} logprobs")
+            raise ProviderError(
+                f"policy returned {len(gen.token_ids)} tokens but {len(gen.logprobs)} logprobs"
+            )
         versions.append(gen.policy_version)
         current.completion_ids.extend(gen.token_ids)
         current.completion_mask.extend([True] * len(gen.token_ids))
@@ -137,10 +140,12 @@ async def run_rollout(
         new_messages, done = await session.step(reply)
         timings["env"] += time.perf_counter() - t
         messages = messages + [{"role": "assistant", "content": reply}] + list(new_messages)
+        # A turn cut by its own token limit is an incomplete reply, not the end of the episode: the env answers
+        # it like any other (as verifiers' harness does). Cut by the rollout's total budget, nothing is left.
+        truncated_reason = None
         if gen.finish_reason == "length":
             truncated_reason = "max_tokens" if max_tokens == sampling.max_tokens else "max_total_tokens"
-            break
-        if done:
+        if done or truncated_reason == "max_total_tokens":
             break
         if limits.max_turns is not None and turns >= limits.max_turns:
             truncated_reason = "max_turns"

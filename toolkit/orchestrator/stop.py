@@ -105,7 +105,11 @@ class StopCriteria:
                 obj = json.loads(raw)
             except json.JSONDecodeError:
                 continue
-            kl = obj.get("mismatch_kl/mean") if isinstance(obj, dict) and obj.get("role") == "trainer" else None
+            kl = (
+                obj.get("mismatch_kl/mean")
+                if isinstance(obj, dict) and obj.get("role") == "trainer"
+                else None
+            )
             if isinstance(kl, (int, float)) and kl > limit:
                 return f"trainer mismatch_kl/mean {kl:.4g} at step {obj.get('step')} exceeds max_mismatch_kl {limit}"
         return None

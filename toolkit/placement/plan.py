@@ -327,13 +327,21 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     owned_common = {"SRL_RUN_DIR": root, "SRL_JOB_ID": job, "SRL_PORTS_FILE": str(run.ports_file)}
     procs: list[ProcessSpec] = []
 
+    # Layers below the per-process values are shared by many processes (thousands of engines at scale): merge
+    # them once per distinct combination.
+    bases: dict[tuple, tuple[dict[str, str], tuple[str, ...]]] = {}
+
     def add(name: str, role: str, node: int, gpus: tuple[int, ...], pports: dict[str, int], command: list[str],
             component: dict[str, str], owned: dict[str, str], *, role_vars: dict[str, str] | None = None,
             extra_defaults: dict[str, str] | None = None, **kw: Any) -> None:
-        env = envmod.layered(defaults, extra_defaults, cfg.env_vars, component, role_vars,
-                             owned_common, {"SRL_PROCESS": name, "SRL_ROLE": role}, owned)
+        key = (id(component), id(role_vars), tuple(sorted((extra_defaults or {}).items())))
+        if key not in bases:
+            base = envmod.layered(defaults, extra_defaults, cfg.env_vars, component, role_vars, owned_common)
+            bases[key] = (base, envmod.node_expanded_keys(base, defaults))
+        base, expand = bases[key]
+        env = {**base, "SRL_PROCESS": name, "SRL_ROLE": role, **{k: str(v) for k, v in owned.items()}}
         procs.append(ProcessSpec(name=name, role=role, node_index=node, gpus=gpus, ports=pports, command=command,
-                                 env=env, node_expand=envmod.node_expanded_keys(env, defaults), **kw))
+                                 env=env, node_expand=expand, **kw))
 
     # ---- inference engines ---------------------------------------------------------------------------------
     py = site.environment.python
@@ -346,6 +354,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     if connector == "NixlConnector" and not gpn:
         kv_extra = {"kv_buffer_device": "cpu"}
     urls: dict[str, str] = {}
+    engine_kinds: dict[tuple, tuple[list[str], int, dict[str, str]]] = {}
     for e in engines:
         http = ports[f"{e.name}.http"]
         extra_args = dict(eng_defaults)
@@ -353,18 +362,28 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
             extra_args.update({"data_parallel_size_local": topo.engines_per_node,
                                "data_parallel_address": f"{{node_addr_{e.node}}}",
                                "data_parallel_rpc_port": ports[f"{e.name}.dp_rpc"]})
+        side = ports.get(f"{e.name}.side_channel")
+        # Engines of one kind differ only in their ports: build argv/env once per kind, then set the ports.
+        kind = (e.kv_role, e.dp, side is not None)
         try:
-            cmd = engine_command(model_path="{model_path}", host="{node_addr}", port=http, vllm_args=vargs,
-                                 tp=tp, dp=e.dp, served_model_name=cfg.model.name, kv_role=e.kv_role,
-                                 kv_connector=connector, kv_extra=kv_extra, python=py, defaults=extra_args)
-            side = ports.get(f"{e.name}.side_channel")
-            eenv = engine_env(role=("engine" if e.kv_role is None else "prefill" if e.kv_role == "kv_producer"
-                                    else "decode"),
-                              omp_bind=None, side_channel_host="{node_addr}" if side else None,
-                              side_channel_port=side, cpu=not gpn, user_env=None)
+            if kind not in engine_kinds or e.dp > 1:
+                cmd = engine_command(model_path="{model_path}", host="{node_addr}", port=http, vllm_args=vargs,
+                                     tp=tp, dp=e.dp, served_model_name=cfg.model.name, kv_role=e.kv_role,
+                                     kv_connector=connector, kv_extra=kv_extra, python=py, defaults=extra_args)
+                eenv = engine_env(role=("engine" if e.kv_role is None else "prefill" if e.kv_role == "kv_producer"
+                                        else "decode"),
+                                  omp_bind=None, side_channel_host="{node_addr}" if side else None,
+                                  side_channel_port=side, cpu=not gpn, user_env=None)
+                engine_kinds[kind] = (cmd, cmd.index("--port") + 1, eenv)
+            else:
+                cmd0, at, eenv = engine_kinds[kind]
+                cmd = list(cmd0)
+                cmd[at] = str(http)
         except CommandError as err:
             raise PlacementError(str(err)) from None
         owned = {k: v for k, v in eenv.items() if k in envmod.OWNED_NAMES}
+        if side is not None:
+            owned["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side)
         eng_def = {k: v for k, v in eenv.items() if k not in owned}
         role_vars = None
         if pd:

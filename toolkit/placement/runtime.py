@@ -119,6 +119,8 @@ def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
     write_plan(run, plan)
     if run.stop_request.exists():
         run.stop_request.unlink()  # left by the previous run of a requeued job
+    if any(p.role == "inference" for p in plan.processes) and run.inference_ready.exists():
+        run.inference_ready.unlink()  # its URLs point at the previous allocation's engines
     return plan
 
 
@@ -189,11 +191,37 @@ def _wait(check, timeout_s: float, poll_s: float = 0.5) -> bool:
         time.sleep(poll_s)
 
 
+def ready_info(plan: Plan, model: str) -> dict:
+    """The readiness record (keys of ``toolkit.inference.health.write_ready``) with this allocation's addresses:
+    ``base_url`` (router, else the only engine), ``router_url``, ``engine_urls``, ``roles``, ``model``,
+    ``policy_version``, plus ``job_id`` and ``hosts``."""
+
+    def base(p) -> str:
+        return fill(p.healthcheck_url, plan, p.node_index).removesuffix("/health")
+
+    engines = [p for p in plan.processes if p.role == "inference" and p.healthcheck_url]
+    routers = [p for p in plan.processes if p.role == "router" and p.healthcheck_url]
+    router_url = base(routers[0]) if routers else None
+    return {
+        "base_url": router_url or base(engines[0]),
+        "router_url": router_url,
+        "engine_urls": [base(p) for p in engines],
+        "roles": {base(p): {"kv_producer": "prefill", "kv_consumer": "decode"}.get(p.kv_role or "", "engine")
+                  for p in engines},
+        "model": model,
+        "policy_version": 0,
+        "job_id": plan.job_id,
+        "hosts": plan.hosts,
+    }
+
+
 def publish_ready(run: RunDir, timeout_s: float) -> bool:
     """Wait until every engine and the router answer their health URL, then write ``control/inference_ready.json``
-    (router URL, job id, hosts) atomically. Returns False after ``timeout_s`` seconds without all of them."""
-    import json
+    (:func:`ready_info`) atomically. Returns False after ``timeout_s`` seconds without all of them."""
     import urllib.request
+
+    from ..config import load_resolved
+    from ..inference.health import write_ready
 
     plan = read_plan(run)
     urls = [fill(p.healthcheck_url, plan, p.node_index) for p in plan.processes if p.healthcheck_url]
@@ -207,10 +235,7 @@ def publish_ready(run: RunDir, timeout_s: float) -> bool:
 
     if not _wait(lambda: all(healthy(u) for u in urls), timeout_s, poll_s=2.0):
         return False
-    url = fill(plan.inference_url, plan, None) if plan.inference_url else None
-    run.control.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run.inference_ready, json.dumps({"url": url, "job_id": plan.job_id, "hosts": plan.hosts,
-                                                       "time": time.time()}, indent=2) + "\n")
+    write_ready(run, ready_info(plan, load_resolved(run.resolved("rl")).model.name))
     return True
 
 

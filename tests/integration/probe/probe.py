@@ -1,7 +1,7 @@
 """Probe that stands in for every srl component in Slurm placement tests (installed as python, srl, torchrun and
 vllm-router on PATH). It records where it runs and what it was given, then behaves like its role:
 
-- inference engines and the router serve until terminated;
+- inference engines and the router serve ``GET /health`` on their planned host and port until terminated;
 - the orchestrator waits for the stop request, then exits 0;
 - the trainer exits 0 after ``probe/trainer_seconds`` seconds (default 4); when a stop request appears first it
   writes ``checkpoints/step_1/COMPLETE`` (the checkpoint marker) and exits 0.
@@ -29,7 +29,7 @@ rec = {
     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "argv": [os.path.basename(sys.argv[0])] + sys.argv[1:],
     "env": {k: v for k, v in os.environ.items() if k.startswith(("SRL_", "MASTER_", "VLLM_", "TRITON_"))
-            or k in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_PROCID", "TORCHINDUCTOR_CACHE_DIR")},
+            or k in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_PROCID", "TORCHINDUCTOR_CACHE_DIR", "EVIL")},
     "pid": os.getpid(),
 }
 out = run / "probe"
@@ -40,8 +40,20 @@ tmp.rename(out / f"{name}@{node}#{restart}.json")
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 stop = run / "control" / "STOP"
 if role in ("inference", "router"):
-    while True:
-        time.sleep(1)
+    # Serve /health on the planned host and port, like an engine or the router once ready.
+    import http.server
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    host = sys.argv[sys.argv.index("--host") + 1]
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    http.server.ThreadingHTTPServer((host, port), Health).serve_forever()
 if role == "orchestrator":
     while not stop.exists():
         time.sleep(0.2)

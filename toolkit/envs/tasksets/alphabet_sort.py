@@ -17,11 +17,68 @@ import verifiers.v1 as vf
 
 from toolkit.envs.tasksets.common import SplitTasksetConfig, generate_split, iter_tasks, lcs_ratio
 
-NAMES = (
-    "Ada Alan Alice Amir Anna Aria Ben Bruno Carla Chen Clara Dara Diego Eli Emma Erik Eva Farah Felix Gus Hana "
-    "Hugo Ida Igor Ines Ivan Jack Jade Jonas Kai Kara Leo Lina Luca Maya Mila Nina Noah Nora Omar Otto Paul Pia "
-    "Quinn Rafa Rosa Ruth Sami Sara Theo Tina Uma Vera Viktor Wes Xena Yara Yuki Zane Zoe"
-).split()
+NAMES = [
+    "Ada",
+    "Alan",
+    "Alice",
+    "Amir",
+    "Anna",
+    "Aria",
+    "Ben",
+    "Bruno",
+    "Carla",
+    "Chen",
+    "Clara",
+    "Dara",
+    "Diego",
+    "Eli",
+    "Emma",
+    "Erik",
+    "Eva",
+    "Farah",
+    "Felix",
+    "Gus",
+    "Hana",
+    "Hugo",
+    "Ida",
+    "Igor",
+    "Ines",
+    "Ivan",
+    "Jack",
+    "Jade",
+    "Jonas",
+    "Kai",
+    "Kara",
+    "Leo",
+    "Lina",
+    "Luca",
+    "Maya",
+    "Mila",
+    "Nina",
+    "Noah",
+    "Nora",
+    "Omar",
+    "Otto",
+    "Paul",
+    "Pia",
+    "Quinn",
+    "Rafa",
+    "Rosa",
+    "Ruth",
+    "Sami",
+    "Sara",
+    "Theo",
+    "Tina",
+    "Uma",
+    "Vera",
+    "Viktor",
+    "Wes",
+    "Xena",
+    "Yara",
+    "Yuki",
+    "Zane",
+    "Zoe",
+]
 
 FIRST = "Sort these names alphabetically. Reply with one name per line and nothing else.\n{names}"
 LATER = "Add these names and reply with the whole list sorted alphabetically, one name per line.\n{names}"
@@ -72,7 +129,9 @@ class AlphabetSortTask(vf.Task[AlphabetSortData, vf.State, vf.TaskConfig]):
         replies = trace.assistant_messages
         if len(replies) < len(task.turns):
             return 0.0
-        return float(reply_lines(replies[len(task.turns) - 1].content or "") == expected_lists(task.turns)[-1])
+        return float(
+            reply_lines(replies[len(task.turns) - 1].content or "") == expected_lists(task.turns)[-1]
+        )
 
 
 class AlphabetSortTaskset(vf.Taskset[AlphabetSortTask, AlphabetSortConfig]):

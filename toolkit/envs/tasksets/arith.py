@@ -11,6 +11,7 @@ import operator
 from collections.abc import Iterator
 
 import verifiers.v1 as vf
+from pydantic import Field
 
 from toolkit.envs.tasksets.common import SplitTasksetConfig, generate_split, iter_tasks, last_number
 
@@ -20,7 +21,7 @@ _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 class ArithConfig(SplitTasksetConfig):
     max_operand: int = 99
-    ops: list[str] = ["+", "-", "*"]
+    ops: list[str] = Field(default_factory=lambda: ["+", "-", "*"])
 
 
 class ArithData(vf.TaskData):

@@ -1,0 +1,113 @@
+"""Stop criteria (``[monitors.stop]``): decide from per-step metrics when a run should stop itself.
+
+The orchestrator feeds each step's metrics to a :class:`StopMonitor`; when it returns a reason, the orchestrator
+writes a checkpoint, requests a clean stop and logs the reason. Reports replay ``metrics.jsonl`` through the same
+monitor (:func:`replay`) to show whether and when the criteria tripped. Pure Python, no pandas or numpy, so the
+orchestrator imports it for free.
+
+Criteria (each off when its threshold is None):
+
+- errored rollouts: ``errored_share`` (errored / all rollouts of the step, 0-1) above ``max_errored_share`` for
+  ``errored_patience_steps`` consecutive steps. Errors are an environment or provider failure (the seed's
+  boundaries); training on the remaining rollouts wastes the allocation.
+- mismatch KL: trainer ``mismatch_kl/mean`` above ``max_mismatch_kl`` for ``mismatch_kl_patience_steps``
+  consecutive steps: the trainer and inference policies have drifted apart.
+- reward collapse: ``reward/all/mean`` below ``reward_collapse_fraction`` x the best value so far for
+  ``reward_collapse_patience_steps`` consecutive steps (only once the best is above 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StopCriteria:
+    """Thresholds of ``[monitors.stop]``; shares are fractions (0-1), patience counts are steps."""
+
+    max_errored_share: float | None = None
+    errored_patience_steps: int = 3
+    max_mismatch_kl: float | None = None
+    mismatch_kl_patience_steps: int = 2
+    reward_collapse_fraction: float | None = None
+    reward_collapse_patience_steps: int = 5
+
+    @classmethod
+    def from_mapping(cls, table: Mapping[str, Any] | None) -> StopCriteria:
+        """Build from the ``[monitors.stop]`` table. Raises ``ValueError`` naming unknown keys or bad values."""
+        table = dict(table or {})
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(table) - names)
+        if unknown:
+            raise ValueError(f"unknown [monitors.stop] key(s) {unknown}; valid keys: {sorted(names)}")
+        crit = cls(**table)
+        for name in ("errored_patience_steps", "mismatch_kl_patience_steps", "reward_collapse_patience_steps"):
+            if int(getattr(crit, name)) < 1:
+                raise ValueError(f"monitors.stop.{name} must be >= 1 (steps)")
+        for name in ("max_errored_share", "reward_collapse_fraction"):
+            v = getattr(crit, name)
+            if v is not None and not 0 <= v <= 1:
+                raise ValueError(f"monitors.stop.{name} must be in [0, 1], got {v}")
+        return crit
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.max_errored_share, self.max_mismatch_kl,
+                                           self.reward_collapse_fraction))
+
+
+@dataclass
+class StopMonitor:
+    """Stateful check of :class:`StopCriteria` over consecutive steps (state is small; restore with a new monitor
+    replayed over past metrics after a resume)."""
+
+    criteria: StopCriteria
+    _streaks: dict[str, int] = field(default_factory=lambda: {"errored": 0, "kl": 0, "reward": 0})
+    _best_reward: float = -math.inf
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> str | None:
+        """Feed one step's metrics (keys ``errored_share``, ``mismatch_kl/mean``, ``reward/all/mean``; missing keys
+        leave their streak unchanged). Returns the stop reason when a criterion trips, else None."""
+        c = self.criteria
+        reasons = []
+        share = _num(metrics.get("errored_share"))
+        if c.max_errored_share is not None and share is not None:
+            self._streaks["errored"] = self._streaks["errored"] + 1 if share > c.max_errored_share else 0
+            if self._streaks["errored"] >= c.errored_patience_steps:
+                reasons.append(f"errored rollouts {share:.0%} > {c.max_errored_share:.0%} for "
+                               f"{self._streaks['errored']} steps")
+        kl = _num(metrics.get("mismatch_kl/mean"))
+        if c.max_mismatch_kl is not None and kl is not None:
+            self._streaks["kl"] = self._streaks["kl"] + 1 if kl > c.max_mismatch_kl else 0
+            if self._streaks["kl"] >= c.mismatch_kl_patience_steps:
+                reasons.append(f"mismatch_kl {kl:.3g} > {c.max_mismatch_kl:g} for {self._streaks['kl']} steps")
+        reward = _num(metrics.get("reward/all/mean"))
+        if c.reward_collapse_fraction is not None and reward is not None:
+            self._best_reward = max(self._best_reward, reward)
+            collapsed = self._best_reward > 0 and reward < c.reward_collapse_fraction * self._best_reward
+            self._streaks["reward"] = self._streaks["reward"] + 1 if collapsed else 0
+            if self._streaks["reward"] >= c.reward_collapse_patience_steps:
+                reasons.append(f"reward collapsed to {reward:.3g} (< {c.reward_collapse_fraction:g} x best "
+                               f"{self._best_reward:.3g}) for {self._streaks['reward']} steps")
+        return f"step {step}: " + "; ".join(reasons) if reasons else None
+
+
+def replay(criteria: StopCriteria, steps: Iterable[tuple[int, Mapping[str, float]]]) -> tuple[int, str] | None:
+    """First ``(step, reason)`` at which ``criteria`` trip over ``steps`` (ascending (step, metrics) pairs)."""
+    monitor = StopMonitor(criteria)
+    for step, metrics in steps:
+        reason = monitor.update(step, metrics)
+        if reason:
+            return (step, reason)
+    return None
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x

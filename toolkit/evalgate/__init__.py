@@ -1,0 +1,174 @@
+"""``srl eval validate`` and ``srl eval run``: the first-run gate of the seed, before any RL.
+
+    srl eval validate @ run.toml [--env NAME ...] [-n 20]
+    srl eval run @ run.toml -m MODEL -n 20 -r 4 [--shuffle] [--base-url URL --api-key-var NAME]
+    ... [--site local-slurm] [--chain-before] [--run-dir DIR] [--no-rich] [config overrides]
+
+``validate`` is model-free (``validate.py``); ``run`` evaluates against a live endpoint (``run.py``); both print a
+verdict per gate item (``verdict.py``), write it to ``<run>/reports/`` and exit 1 when a gate item fails (2 for a
+usage or config error). With a Slurm site either one runs as a submitit job (``slurm.py``); ``--chain-before``
+prints the job id and returns at once so a training job can depend on it (``--dependency=afterok:<id>``).
+
+Public API: ``main(argv) -> int``; ``validate.validate_config``; ``run.run_gate``; ``slurm.submit_gate``.
+Light at import (no torch, no vllm): every heavy import happens inside the command that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main"]
+
+USAGE = """usage: srl eval validate @ run.toml [--env NAME ...] [-n N] [--run-dir DIR] [--site SITE] [--chain-before]
+       srl eval run @ run.toml [-m MODEL] [-n N] [-r R] [--shuffle] [--base-url URL --api-key-var NAME]
+                    [--tokenizer DIR] [--env NAME ...] [--max-error-rate X] [--max-truncation-rate X]
+                    [--min-mixed-share X] [--run-dir DIR] [--site SITE] [--chain-before] [--no-rich]
+
+Exit status: 0 gate passed, 1 gate failed, 2 usage or config error, 3 Slurm job ended without a verdict."""
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"srl eval {command}", add_help=False, allow_abbrev=False)
+    p.add_argument("--env", action="append", default=None, help="only this env (repeatable)")
+    p.add_argument("-n", "--num-examples", type=int, default=20)
+    p.add_argument("--success-min", type=float, default=1.0)
+    p.add_argument("--failure-max", type=float, default=0.0)
+    p.add_argument("--run-dir", default=None)
+    p.add_argument("--no-rich", action="store_true")
+    p.add_argument("--chain-before", action="store_true")
+    p.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--wait-timeout", type=float, default=None, help=argparse.SUPPRESS)
+    if command == "run":
+        p.add_argument("-m", "--model", default=None)
+        p.add_argument("-r", "--rollouts-per-example", type=int, default=4)
+        p.add_argument("--shuffle", action="store_true")
+        p.add_argument("--base-url", default=None)
+        p.add_argument("--api-key-var", default=None)
+        p.add_argument("--tokenizer", default=None)
+        p.add_argument("--max-error-rate", type=float, default=0.05)
+        p.add_argument("--max-truncation-rate", type=float, default=0.5)
+        p.add_argument("--min-mixed-share", type=float, default=0.2)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """``srl eval <validate|run> ...``; returns the exit status (see ``USAGE``)."""
+    from toolkit.cli import split_config_args
+    from toolkit.config import ConfigError, load_config
+
+    if not argv or argv[0] not in ("validate", "run"):
+        print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    command, rest = argv[0], argv[1:]
+    files, leftover, flags = split_config_args(rest)
+    if flags["help"]:
+        print(USAGE)
+        return 0
+    args, overrides = _parser(command).parse_known_args(leftover)
+    if not files:
+        raise ConfigError(f"give a config file: srl eval {command} @ jobs/reverse-text/rl.toml")
+    if args.num_examples < 1 or (command == "run" and args.rollouts_per_example < 1):
+        print(f"srl eval {command}: -n and -r must be >= 1", file=sys.stderr)
+        return 2
+    loaded = load_config(files, overrides)
+    for w in loaded.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    cfg = loaded.config
+    from toolkit.launch.prepare import run_dir_for
+    from toolkit.rundir import RunDir
+
+    run = RunDir(Path(args.run_dir)) if args.run_dir else run_dir_for(loaded)
+
+    from toolkit.config.site import load_site
+
+    site = load_site(cfg.site)
+    if site.is_slurm and not args.in_job:
+        return _submit(command, cfg, site, run, files, leftover, args)
+
+    if command == "validate":
+        return _validate(cfg, run, args)
+    return _run(cfg, run, args)
+
+
+def _print(verdict, args, run, stem: str) -> None:
+    from toolkit.evalgate.verdict import print_verdict
+
+    print_verdict(verdict, rich=not args.no_rich)
+    print(f"verdict: {run.reports / (stem + '.json')} and .md")
+
+
+def _validate(cfg, run, args) -> int:
+    from toolkit.evalgate.validate import validate_config
+    from toolkit.evalgate.verdict import VALIDATE_STEM
+
+    try:
+        verdict = validate_config(cfg, envs=args.env, n=args.num_examples, success_min=args.success_min,
+                                  failure_max=args.failure_max)  # fmt: skip
+    except ValueError as e:
+        print(f"srl eval validate: {e}", file=sys.stderr)
+        return 2
+    verdict.settings["run_dir"] = str(run.root)
+    verdict.write(run.reports, VALIDATE_STEM)
+    _print(verdict, args, run, VALIDATE_STEM)
+    return 0 if verdict.passed else 1
+
+
+def _run(cfg, run, args) -> int:
+    from toolkit.evalgate.run import GateThresholds, run_gate
+    from toolkit.evalgate.verdict import GATE_STEM
+
+    th = GateThresholds(max_error_rate=args.max_error_rate, max_truncation_rate=args.max_truncation_rate,
+                        min_mixed_share=args.min_mixed_share, success_min=args.success_min,
+                        failure_max=args.failure_max)  # fmt: skip
+    print(f"srl eval run: run directory {run.root}")
+    try:
+        verdict = run_gate(cfg, run, model=args.model, n=args.num_examples, r=args.rollouts_per_example,
+                           shuffle=args.shuffle, base_url=args.base_url, api_key_var=args.api_key_var,
+                           tokenizer=args.tokenizer, envs=args.env, thresholds=th, rich=not args.no_rich)  # fmt: skip
+    except ValueError as e:
+        print(f"srl eval run: {e}", file=sys.stderr)
+        return 2
+    _print(verdict, args, run, GATE_STEM)
+    return 0 if verdict.passed else 1
+
+
+def _submit(command, cfg, site, run, files, leftover, args) -> int:
+    """Submit the gate as a Slurm job; wait for its verdict unless ``--chain-before``."""
+    from toolkit.evalgate import slurm as gate_slurm
+    from toolkit.evalgate.verdict import print_verdict
+
+    # The job re-runs this command on a node: absolute config paths, a fixed run directory, no resubmission.
+    job_argv: list[str] = []
+    for f in files:
+        job_argv += ["@", str(Path(f).resolve())]
+    skip_next = False
+    for a in leftover:
+        if skip_next:
+            skip_next = False
+        elif a == "--run-dir":
+            skip_next = True
+        elif a != "--chain-before" and not a.startswith("--run-dir="):
+            job_argv.append(a)
+    job_argv += ["--run-dir", str(run.root)]
+    run.root.mkdir(parents=True, exist_ok=True)
+    submitted_at = time.time()
+    job = gate_slurm.submit_gate(cfg, site, run, job_argv, command=command)
+    out, err = gate_slurm.log_paths(job)
+    print(f"srl eval {command}: submitted Slurm job {job.job_id} (site {site.name}); logs {out.parent}")
+    if args.chain_before:
+        print(f"chain training after it with: sbatch --dependency=afterok:{job.job_id} ... "
+              f"(or srl rl ... --slurm.extra-directives '[\"--dependency=afterok:{job.job_id}\"]')")
+        print(job.job_id)
+        return 0
+    timeout = args.wait_timeout or 24 * 3600.0
+    rc, verdict, state = gate_slurm.wait_gate(job, run, command=command, submitted_at=submitted_at,
+                                              timeout_s=timeout)  # fmt: skip
+    print(f"Slurm job {job.job_id} ended {state}")
+    if verdict is None:
+        print(f"no verdict was written; see {out} and {err}", file=sys.stderr)
+        return rc
+    print_verdict(verdict, rich=not args.no_rich)
+    return rc

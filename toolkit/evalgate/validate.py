@@ -1,0 +1,309 @@
+"""``srl eval validate``: the model-free half of the first-run gate ("do not start training to discover whether
+scoring works", seed "train-with-environments").
+
+For every train and eval env of a run config (or the ones named with ``--env``), on its first ``n`` selected tasks:
+
+- ``taskset_loads``: the taskset builds, ``select`` yields tasks, task ids are unique;
+- ``known_successes``: the task's reference solution scores at least ``success_min`` (default 1.0, a full solve);
+- ``known_failures``: an empty reply, a wrong one (another task's reference) and a malformed one (markup and
+  control characters) each score below ``success_min``, and the empty reply at most ``failure_max`` (default 0.0);
+- ``deterministic_scoring``: every reply above scores the same twice (reward and each component), and reloading
+  the taskset gives the same tasks (ids, prompts, content hashes);
+- ``bounded_limits``: ``max_turns`` lets the reference finish, the per-rollout token budget fits the engine's
+  ``max_model_len``, and the slowest scoring measured here stays under half the ``scoring`` stage timeout.
+
+Replies are scored in this process by the same ``Episode`` the env workers run (``toolkit.envs.episode``), turn by
+turn through the task's ``user_turn`` hook, with the env's ``max_turns``; async stages are bounded by the env's
+``setup`` and ``scoring`` timeouts (a CPU-bound hang cannot be interrupted in-process; ``srl eval run`` exercises
+the worker path, which kills such workers).
+
+Reference solutions (:func:`reference_replies`), in order: the task's own ``reference_replies()`` method (srl's
+hook: one reply per turn), ``data.answer`` (single turn), or a known built-in shape (alphabet-sort's ``turns``).
+A task with none fails ``known_successes`` with that fix named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from toolkit.evalgate.verdict import GateItem, Verdict
+
+# A reply no verifier should accept: chat-template markup, JSON debris, control and replacement characters.
+MALFORMED_REPLY = "<|im_end|>}{\x00\ufffd ### [[ ]] \t\n<|endoftext|>"
+_EPS = 1e-9
+
+
+def env_list(cfg: Any, names: Sequence[str] | None = None) -> list[tuple[Any, str]]:
+    """``[(env_cfg with its name filled, "train" | "eval"), ...]`` of a run config, optionally only ``names``.
+
+    Raises ValueError naming the available envs when a requested name does not exist.
+    """
+    o = cfg.orchestrator
+    envs = [(e.model_copy(update={"name": e.env_name}), "train") for e in o.train.env]
+    envs += [(e.model_copy(update={"name": e.env_name}), "eval") for e in o.eval.env]
+    if names:
+        known = [e.name for e, _ in envs]
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise ValueError(f"no env named {missing}; the config has {known}")
+        envs = [(e, kind) for e, kind in envs if e.name in names]
+    return envs
+
+
+def reference_replies(task: Any) -> list[str] | None:
+    """The assistant replies (one per turn) of a known-correct solution of ``task``, or None when unknown."""
+    hook = getattr(task, "reference_replies", None)
+    if callable(hook):
+        return [str(r) for r in hook()]
+    data = task.data
+    answer = getattr(data, "answer", None)
+    if answer is not None:
+        return [str(answer)]
+    turns = getattr(data, "turns", None)
+    if isinstance(turns, list) and turns and all(isinstance(t, list) for t in turns):
+        from toolkit.envs.tasksets.alphabet_sort import expected_lists
+
+        return ["\n".join(names) for names in expected_lists(turns)]
+    return None
+
+
+async def score_replies(
+    task: Any, replies: Sequence[str], *, max_turns: int | None, setup_s: float | None, scoring_s: float | None
+) -> dict[str, Any]:
+    """Play ``replies`` as the assistant's turns of one fresh episode of ``task`` and score it.
+
+    Stops when the episode is done, when ``max_turns`` is reached, or when the replies run out (the task then
+    ``wanted_more``). Returns ``{"reward", "components", "turns", "wanted_more", "scoring_s"}`` (seconds).
+    Raises an ``SrlRolloutError`` (TaskError for task code) or asyncio.TimeoutError after ``setup_s`` /
+    ``scoring_s`` seconds.
+    """
+    from toolkit.envs.episode import Episode
+
+    ep = Episode(task, max_turns=max_turns)
+    await asyncio.wait_for(ep.start(), setup_s)
+    done = False
+    for reply in replies:
+        _, done = await ep.step(reply)
+        if done:
+            break
+    t0 = time.perf_counter()
+    await asyncio.wait_for(ep.finalize(), scoring_s)
+    scored = await asyncio.wait_for(ep.score(), scoring_s)
+    return {**scored, "turns": ep.turns, "wanted_more": ep.wants_more or not done, "scoring_s": time.perf_counter() - t0}
+
+
+def _failure_cases(i: int, refs: list[list[str] | None]) -> dict[str, list[str]]:
+    """Known-failure replies for task ``i``: empty, wrong (another task's different reference) and malformed."""
+    own = refs[i] or [""]
+    wrong = next((r for j, r in enumerate(refs) if j != i and r and r != own), None)
+    if wrong is None:  # one task, or all references equal: a reply that differs from the reference
+        wrong = [("x" + r[::-1]) if r else "x" for r in own]
+    return {"empty": [""] * len(own), "wrong": list(wrong), "malformed": [MALFORMED_REPLY] * len(own)}
+
+
+def _task_fingerprint(tasks: Sequence[Any]) -> list[tuple[str, str, str]]:
+    return [(str(t.data.id), str(t.data.prompt), str(t.hash)) for t in tasks]
+
+
+async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_max: float,
+                              max_model_len: int | None, sampling_max_tokens: int | None) -> list[GateItem]:  # fmt: skip
+    from toolkit.envs.registry import load_tasks
+
+    name = env.name
+    items: list[GateItem] = []
+    t0 = time.perf_counter()
+    try:
+        all_tasks = load_tasks(env.taskset)
+    except Exception as exc:  # any failure to build the taskset is the finding itself
+        items.append(GateItem("taskset_loads", name, "FAIL", f"taskset {env.taskset.id!r} failed to load: "
+                              f"{type(exc).__name__}: {exc}", {"taskset": env.taskset.id}))  # fmt: skip
+        return items
+    load_s = time.perf_counter() - t0
+    tasks = all_tasks[:n]
+    ids = [str(t.data.id) for t in all_tasks]
+    dupes = sorted({x for x in ids if ids.count(x) > 1})[:5] if len(set(ids)) != len(ids) else []
+    ev = {"taskset": env.taskset.id, "split": env.taskset.split, "tasks_selected": len(all_tasks),
+          "tasks_checked": len(tasks), "first_ids": ids[:3], "load_s": round(load_s, 3)}  # fmt: skip
+    if not tasks:
+        items.append(GateItem("taskset_loads", name, "FAIL", "the taskset yields no tasks after select", ev))
+        return items
+    if dupes:
+        items.append(GateItem("taskset_loads", name, "FAIL", f"task ids are not unique (e.g. {dupes})", ev))
+    elif len(tasks) < n:
+        items.append(GateItem("taskset_loads", name, "WARN", f"only {len(tasks)} tasks (asked for {n})", ev))
+    else:
+        items.append(GateItem("taskset_loads", name, "PASS", f"{len(all_tasks)} tasks, checked {len(tasks)}", ev))
+
+    timeout = env.timeout
+    refs = [reference_replies(t) for t in tasks]
+    kw = {"max_turns": env.max_turns, "setup_s": timeout.setup, "scoring_s": timeout.scoring}
+
+    async def score(task: Any, replies: list[str]) -> dict[str, Any]:
+        try:
+            return await score_replies(task, replies, **kw)
+        except asyncio.TimeoutError:
+            return {"error": f"timed out (setup {timeout.setup} s / scoring {timeout.scoring} s)"}
+        except Exception as exc:  # TaskError and anything the task raised: evidence, not a crash of the gate
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
+    # -- known successes ----------------------------------------------------------------------------------------
+    no_ref = [str(t.data.id) for t, r in zip(tasks, refs, strict=True) if r is None]
+    success: list[dict[str, Any] | None] = []
+    bad_success: list[dict[str, Any]] = []
+    for task, ref in zip(tasks, refs, strict=True):
+        if ref is None:
+            success.append(None)
+            continue
+        s = await score(task, ref)
+        success.append(s)
+        if "error" in s or s["reward"] < success_min - _EPS:
+            bad_success.append({"task": str(task.data.id), "reply": ref, **_brief(s)})
+    if no_ref:
+        items.append(GateItem("known_successes", name, "FAIL",
+                              f"{len(no_ref)} task(s) have no reference solution; give the task data an `answer` "
+                              "field or the task a `reference_replies()` method", {"tasks": no_ref[:5]}))  # fmt: skip
+    elif bad_success:
+        items.append(GateItem("known_successes", name, "FAIL",
+                              f"{len(bad_success)}/{len(tasks)} reference solutions score below {success_min}",
+                              {"examples": bad_success[:3], "success_min": success_min}))  # fmt: skip
+    else:
+        rewards = [s["reward"] for s in success if s]
+        items.append(GateItem("known_successes", name, "PASS",
+                              f"all {len(rewards)} reference solutions score >= {success_min}",
+                              {"reward_min": min(rewards), "reward_max": max(rewards)}))  # fmt: skip
+
+    # -- known failures -----------------------------------------------------------------------------------------
+    bad_fail: list[dict[str, Any]] = []
+    fail_rewards: dict[str, list[float]] = {"empty": [], "wrong": [], "malformed": []}
+    first_scores: dict[tuple[int, str], dict[str, Any]] = {}
+    for i, task in enumerate(tasks):
+        for case, replies in _failure_cases(i, refs).items():
+            s = await score(task, replies)
+            first_scores[(i, case)] = s
+            if "error" in s:
+                bad_fail.append({"task": str(task.data.id), "case": case, **_brief(s)})
+                continue
+            fail_rewards[case].append(s["reward"])
+            limit = failure_max if case == "empty" else success_min - _EPS
+            ok = s["reward"] <= failure_max + _EPS if case == "empty" else s["reward"] < limit
+            ref_reward = success[i]["reward"] if success[i] and "error" not in success[i] else None
+            if ok and ref_reward is not None and s["reward"] >= ref_reward - _EPS:
+                ok = False  # a failure must never score like the reference
+            if not ok:
+                bad_fail.append({"task": str(task.data.id), "case": case, "reply": replies, **_brief(s)})
+    fev = {case: {"max": max(v), "mean": round(sum(v) / len(v), 4)} for case, v in fail_rewards.items() if v}
+    if bad_fail:
+        cases = sorted({b["case"] for b in bad_fail})
+        items.append(GateItem("known_failures", name, "FAIL",
+                              f"{len(bad_fail)} known-failure repl(ies) ({', '.join(cases)}) scored like a success "
+                              f"or raised (empty must score <= {failure_max}, others < {success_min})",
+                              {"examples": bad_fail[:3], **fev}))  # fmt: skip
+    else:
+        items.append(GateItem("known_failures", name, "PASS",
+                              f"empty <= {failure_max}, wrong and malformed < {success_min} on {len(tasks)} tasks",
+                              fev))  # fmt: skip
+
+    # -- determinism: score everything again, reload the taskset ------------------------------------------------
+    diffs: list[dict[str, Any]] = []
+    for i, task in enumerate(tasks):
+        cases = {"reference": refs[i]} if refs[i] is not None else {}
+        cases.update(_failure_cases(i, refs))
+        for case, replies in cases.items():
+            before = success[i] if case == "reference" else first_scores.get((i, case))
+            if before is None or "error" in before:
+                continue
+            again = await score(task, replies)
+            if "error" in again or again["reward"] != before["reward"] or again["components"] != before["components"]:
+                diffs.append({"task": str(task.data.id), "case": case, "first": _brief(before),
+                              "second": _brief(again)})  # fmt: skip
+    try:
+        reload_same = _task_fingerprint(load_tasks(env.taskset)[:n]) == _task_fingerprint(tasks)
+    except Exception as exc:  # a taskset that loads once but not twice is nondeterministic too
+        reload_same = False
+        diffs.append({"reload": f"{type(exc).__name__}: {exc}"})
+    if diffs or not reload_same:
+        what = []
+        if diffs:
+            what.append(f"{len(diffs)} repl(ies) scored differently on a second scoring")
+        if not reload_same:
+            what.append("reloading the taskset gave different tasks")
+        items.append(GateItem("deterministic_scoring", name, "FAIL", "; ".join(what),
+                              {"examples": diffs[:3], "tasks_reload_identically": reload_same}))  # fmt: skip
+    else:
+        items.append(GateItem("deterministic_scoring", name, "PASS",
+                              "every reply scored identically twice; the taskset reloads identically",
+                              {"replies_rescored": sum(1 for s in first_scores.values() if "error" not in s)
+                               + sum(1 for s in success if s and "error" not in s)}))  # fmt: skip
+
+    # -- bounded limits -----------------------------------------------------------------------------------------
+    items.append(_bounded_limits(env, refs, success, first_scores, max_model_len, sampling_max_tokens))
+    return items
+
+
+def _brief(s: dict[str, Any]) -> dict[str, Any]:
+    if "error" in s:
+        return {"error": s["error"]}
+    return {"reward": s["reward"], "components": s["components"], "turns": s["turns"]}
+
+
+def _bounded_limits(env: Any, refs: list[list[str] | None], success: list[dict[str, Any] | None],
+                    first_scores: dict[tuple[int, str], dict[str, Any]], max_model_len: int | None,
+                    sampling_max_tokens: int | None) -> GateItem:  # fmt: skip
+    t = env.timeout
+    scoring_times = [s["scoring_s"] for s in list(first_scores.values()) + [x for x in success if x]
+                     if s and "scoring_s" in s]  # fmt: skip
+    need_turns = max((len(r) for r in refs if r), default=1)
+    ev: dict[str, Any] = {
+        "max_turns": env.max_turns, "reference_turns_max": need_turns, "max_total_tokens": env.max_total_tokens,
+        "max_completion_tokens": sampling_max_tokens, "max_model_len": max_model_len,
+        "timeout_s": {"setup": t.setup, "rollout": t.rollout, "finalize": t.finalize, "scoring": t.scoring},
+        "scoring_s_max": round(max(scoring_times), 4) if scoring_times else None,
+    }  # fmt: skip
+    fails, warns = [], []
+    values = [env.max_turns, env.max_total_tokens, t.setup, t.rollout, t.finalize, t.scoring]
+    if any(v is None or v != v or v == float("inf") for v in values):
+        fails.append("a turn, token or time limit is unset or infinite")
+    if env.max_turns < need_turns:
+        fails.append(f"max_turns {env.max_turns} < the {need_turns} turns a reference solution needs")
+    if scoring_times and max(scoring_times) > 0.5 * t.scoring:
+        fails.append(f"scoring took {max(scoring_times):.2f} s, over half the {t.scoring} s scoring timeout")
+    if max_model_len is not None and env.max_total_tokens > max_model_len:
+        warns.append(f"max_total_tokens {env.max_total_tokens} > inference max_model_len {max_model_len}: a long "
+                     "rollout would be rejected by the engine (ProviderError) instead of truncated")
+    if sampling_max_tokens is not None and sampling_max_tokens >= env.max_total_tokens:
+        warns.append(f"max_completion_tokens {sampling_max_tokens} >= max_total_tokens {env.max_total_tokens}")
+    if fails:
+        return GateItem("bounded_limits", env.name, "FAIL", "; ".join(fails + warns), ev)
+    if warns:
+        return GateItem("bounded_limits", env.name, "WARN", "; ".join(warns), ev)
+    return GateItem("bounded_limits", env.name, "PASS",
+                    f"max_turns {env.max_turns}, max_total_tokens {env.max_total_tokens}, rollout timeout "
+                    f"{t.rollout} s; scoring well within its timeout", ev)  # fmt: skip
+
+
+def validate_config(cfg: Any, *, envs: Sequence[str] | None = None, n: int = 20, success_min: float = 1.0,
+                    failure_max: float = 0.0) -> Verdict:  # fmt: skip
+    """Run the model-free gate on every selected env of ``cfg`` (an ``RLConfig``); returns the Verdict.
+
+    ``n``: tasks checked per env (the first n after ``select``); ``success_min``: the reward a reference solution
+    must reach; ``failure_max``: the most an empty reply may score. Raises ValueError for an unknown env name.
+    """
+    from toolkit.orchestrator.producer import sampling_params
+
+    selected = env_list(cfg, envs)
+    max_model_len = cfg.inference.vllm.get("max_model_len")
+    o = cfg.orchestrator
+    verdict = Verdict("validate", settings={
+        "envs": [e.name for e, _ in selected], "n": n, "success_min": success_min, "failure_max": failure_max,
+    })  # fmt: skip
+    for env, kind in selected:
+        base = (o.eval.sampling or o.train.sampling) if kind == "eval" else o.train.sampling
+        max_tokens = sampling_params(base, env.sampling).max_tokens
+        items = asyncio.run(_validate_env_async(env, n=n, success_min=success_min, failure_max=failure_max,
+                                                max_model_len=int(max_model_len) if max_model_len else None,
+                                                sampling_max_tokens=max_tokens))  # fmt: skip
+        verdict.items.extend(items)
+    return verdict

@@ -1,0 +1,160 @@
+"""Gate verdicts: one PASS/FAIL/WARN/SKIP line per gate item and env, with its evidence, as JSON and Markdown.
+
+The first-run gate of the seed ("train-with-environments", First-run gate) requires, before any RL: correct
+prompt/tool/user traces; intended reward on known successes and failures; mixed reward on the target base model;
+bounded turn/token/time/resource use; low infrastructure error and truncation rates; a working env-server path.
+Each requirement is one or more :class:`GateItem` keys (``ITEM_TITLES``). A verdict fails when any item fails;
+WARN marks something worth reading that does not block training, SKIP an item that could not be measured.
+
+Files: ``<run>/reports/eval_validate.{json,md}`` (``srl eval validate``) and ``<run>/reports/eval_gate.{json,md}``
+(``srl eval run``); reports read them back with :func:`read_verdicts` as pre-training validation evidence.
+Light: standard library only (login-node safe).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from toolkit.fsutil import atomic_write_json, atomic_write_text
+
+Status = Literal["PASS", "FAIL", "WARN", "SKIP"]
+
+ITEM_TITLES: dict[str, str] = {
+    # model-free (srl eval validate)
+    "taskset_loads": "taskset loads",
+    "known_successes": "intended reward on known successes (reference answers)",
+    "known_failures": "intended reward on known failures (empty, wrong, malformed)",
+    "deterministic_scoring": "scoring is deterministic",
+    "bounded_limits": "turn/token/time limits are bounded",
+    # live endpoint (srl eval run)
+    "env_server": "env-server path works",
+    "traces_recorded": "correct traces recorded (prompt and turns)",
+    "mixed_reward": "mixed reward at baseline",
+    "bounded_use": "bounded turns/tokens/time in practice",
+    "error_rate": "infrastructure error rate under threshold",
+    "truncation_rate": "truncation rate under threshold",
+}
+
+VALIDATE_STEM = "eval_validate"
+GATE_STEM = "eval_gate"
+
+
+@dataclass
+class GateItem:
+    """One gate check of one env. ``key`` is an ``ITEM_TITLES`` key; ``evidence`` is JSON-able (counts, rates in
+    [0, 1], seconds, tokens, examples); ``detail`` says in one sentence why it passed or failed and, on failure,
+    what to fix."""
+
+    key: str
+    env: str
+    status: Status
+    detail: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return ITEM_TITLES.get(self.key, self.key)
+
+
+@dataclass
+class Verdict:
+    """All gate items of one ``srl eval validate`` or ``srl eval run``; ``passed`` is False when any item FAILs.
+
+    ``command`` is "validate" or "run"; ``settings`` records what was checked (envs, n, r, model, endpoint, the
+    thresholds); ``created`` is unix seconds.
+    """
+
+    command: str
+    items: list[GateItem] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    created: float = field(default_factory=time.time)
+
+    @property
+    def passed(self) -> bool:
+        return not any(i.status == "FAIL" for i in self.items)
+
+    def failed(self) -> list[GateItem]:
+        return [i for i in self.items if i.status == "FAIL"]
+
+    def add(self, item: GateItem) -> GateItem:
+        self.items.append(item)
+        return item
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "passed": self.passed,
+            "created": self.created,
+            "settings": self.settings,
+            "items": [{**asdict(i), "title": i.title} for i in self.items],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        items = [GateItem(i["key"], i["env"], i["status"], i["detail"], i.get("evidence", {})) for i in data["items"]]
+        return cls(data["command"], items, data.get("settings", {}), data.get("created", 0.0))
+
+    def to_markdown(self) -> str:
+        """A Markdown twin of the JSON: a status line, the settings and one table row per item."""
+        head = "PASSED" if self.passed else f"FAILED ({len(self.failed())} item(s))"
+        lines = [f"# First-run gate: `srl eval {self.command}` {head}", ""]
+        for k, v in self.settings.items():
+            lines.append(f"- **{k}**: `{json.dumps(v, default=str)}`")
+        lines += ["", "| env | item | status | detail | evidence |", "|---|---|---|---|---|"]
+        for i in self.items:
+            ev = json.dumps(i.evidence, default=str, sort_keys=True).replace("|", "\\|")
+            detail = i.detail.replace("|", "\\|")
+            lines.append(f"| {i.env} | {i.title} | **{i.status}** | {detail} | `{ev}` |")
+        return "\n".join(lines) + "\n"
+
+    def write(self, reports_dir: Path, stem: str) -> tuple[Path, Path]:
+        """Write ``<reports_dir>/<stem>.json`` and ``.md`` atomically; returns both paths. Raises OSError."""
+        reports_dir = Path(reports_dir)
+        reports_dir.mkdir(parents=True, exist_ok=True)
+        js, md = reports_dir / f"{stem}.json", reports_dir / f"{stem}.md"
+        atomic_write_json(js, self.to_dict())
+        atomic_write_text(md, self.to_markdown())
+        return js, md
+
+
+def print_verdict(verdict: Verdict, *, rich: bool = True, file: Any = None) -> None:
+    """Print one line per item (a rich table when ``rich``), then the overall result."""
+    import sys
+
+    out = file or sys.stdout
+    if rich:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(file=out, width=160)
+        table = Table(title=f"srl eval {verdict.command}: first-run gate", show_lines=False)
+        for col in ("env", "item", "status", "detail"):
+            table.add_column(col, overflow="fold")
+        colour = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}
+        for i in verdict.items:
+            table.add_row(i.env, i.title, f"[{colour[i.status]}]{i.status}[/]", i.detail)
+        console.print(table)
+        console.print("[bold green]GATE PASSED[/]" if verdict.passed else
+                      f"[bold red]GATE FAILED[/]: {', '.join(f'{i.env}/{i.key}' for i in verdict.failed())}")
+        return
+    for i in verdict.items:
+        print(f"{i.status:4s}  {i.env}  {i.key}: {i.detail}", file=out)
+    print("GATE PASSED" if verdict.passed else
+          f"GATE FAILED: {', '.join(f'{i.env}/{i.key}' for i in verdict.failed())}", file=out)
+
+
+def read_verdicts(reports_dir: Path) -> dict[str, Verdict]:
+    """The gate verdicts recorded in a run's ``reports/`` directory: ``{"validate": V, "run": V}`` for the files
+    present (a missing or unreadable file is left out, never an error: reports must not die on it)."""
+    out: dict[str, Verdict] = {}
+    for name, stem in (("validate", VALIDATE_STEM), ("run", GATE_STEM)):
+        path = Path(reports_dir) / f"{stem}.json"
+        try:
+            out[name] = Verdict.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
