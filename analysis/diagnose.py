@@ -42,13 +42,15 @@ ADVICE = {
     "router logs and the served model name. Retries with backoff help a transient outage; a wrong model name or "
     "an unsupported request field fails every time. " + _NOT_HYPERPARAMS,
     "HarnessError": "The harness program failed to install, launch, or exited non-zero. This is deterministic: "
-    "retries do not fix it. Reproduce with `srl eval run` on one example and fix the harness. " + _NOT_HYPERPARAMS,
+    "retries do not fix it. Reproduce with `srl eval run` on one example and fix the harness. "
+    + _NOT_HYPERPARAMS,
     "ToolsetError/UserError": "A tool server or the simulated-user server failed at start-up, was unreachable from "
     "the env workers, or misbehaved on a call. Check its placement, reachability and isolation. "
     + _NOT_HYPERPARAMS,
     "SandboxError/TunnelError": "The runtime (sandbox capacity, lifecycle, filesystem, network, rate limits) or the "
     "interception tunnel failed. Retries may help transient failures; otherwise cap pool workers and sandbox "
-    "creation rate, use multiplex to bound tunnel count, and set explicit stage timeouts. " + _NOT_HYPERPARAMS,
+    "creation rate, use multiplex to bound tunnel count, and set explicit stage timeouts. "
+    + _NOT_HYPERPARAMS,
     "TaskError": "Task setup, finalize or scoring code raised during rollouts. This is deterministic: retries do "
     "not fix it. Fix the taskset and pass `srl eval validate` (model-free) before training again. "
     + _NOT_HYPERPARAMS,
@@ -82,7 +84,10 @@ ERROR_CLASS_RE = re.compile(r"\b(" + "|".join(CLASS_BOUNDARY) + r")\b")
 # timeout, not a cancel). slurmstepd writes "*** JOB 12 ON n1 CANCELLED AT <time> DUE TO TIME LIMIT ***".
 SLURM_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("Slurm: time limit", re.compile(r"DUE TO TIME LIMIT|State=TIMEOUT")),
-    ("Slurm: out of memory", re.compile(r"oom[-_]kill|OUT_OF_MEMORY|Out of memory: Killed process", re.I)),
+    (
+        "Slurm: out of memory",
+        re.compile(r"oom[-_]kill|OUT_OF_MEMORY|Out of memory: Killed process", re.IGNORECASE),
+    ),
     ("GPU out of memory", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA")),
     ("Slurm: node failure", re.compile(r"NODE_FAIL|DUE TO NODE FAILURE")),
     ("Slurm: preemption", re.compile(r"PREEMPTED|DUE TO PREEMPTION|State=PREEMPT")),
@@ -145,11 +150,15 @@ def diagnose(
         findings += _reward_findings(rollouts, low_reward, group_share)
     findings += _trainer_findings(load_metrics(run), run)
     for boundary, hit in slurm_hits.items():
-        findings.append(Finding(
-            boundary=boundary, severity="error",
-            summary=f"{boundary} in the job log ({hit.count} line(s))",
-            evidence={"count": hit.count, **_where(hit, run)}, advice=ADVICE[boundary],
-        ))
+        findings.append(
+            Finding(
+                boundary=boundary,
+                severity="error",
+                summary=f"{boundary} in the job log ({hit.count} line(s))",
+                evidence={"count": hit.count, **_where(hit, run)},
+                advice=ADVICE[boundary],
+            )
+        )
     findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
     return findings
 
@@ -164,17 +173,16 @@ def scan_logs(run: RunDir) -> tuple[dict[str, _LogHit], dict[str, _LogHit]]:
     slurm: dict[str, _LogHit] = {}
     for path in _log_files(run):
         try:
-            f = open(path, encoding="utf-8", errors="replace")
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for lineno, line in enumerate(f, 1):
+                    for m in set(ERROR_CLASS_RE.findall(line)):
+                        _record(classes, m, path, lineno, line)
+                    for name, pat in SLURM_PATTERNS:
+                        if pat.search(line):
+                            _record(slurm, name, path, lineno, line)
+                            break
         except OSError:
             continue
-        with f:
-            for lineno, line in enumerate(f, 1):
-                for m in set(ERROR_CLASS_RE.findall(line)):
-                    _record(classes, m, path, lineno, line)
-                for name, pat in SLURM_PATTERNS:
-                    if pat.search(line):
-                        _record(slurm, name, path, lineno, line)
-                        break
     return classes, slurm
 
 
@@ -191,9 +199,12 @@ def _log_files(run: RunDir) -> list[Path]:
         if not base.is_dir():
             continue
         for p in sorted(base.rglob("*"), key=_attempt_order):
-            if p.is_file() and not any(part.is_symlink() for part in _parents_below(p, base)):
-                if p.suffix in LOG_SUFFIXES:
-                    out.append(p)
+            if (
+                p.is_file()
+                and p.suffix in LOG_SUFFIXES
+                and not any(part.is_symlink() for part in _parents_below(p, base))
+            ):
+                out.append(p)
     return out
 
 
@@ -229,7 +240,9 @@ def _error_findings(
         err = rollouts[rollouts["error_class"].notna()]
         for cls, sub in err.groupby(err["error_class"].astype(str), sort=True):
             boundary = CLASS_BOUNDARY.get(cls, cls)
-            ev = per_boundary.setdefault(boundary, {"count": 0, "classes": {}, "first_step": None, "envs": set()})
+            ev = per_boundary.setdefault(
+                boundary, {"count": 0, "classes": {}, "first_step": None, "envs": set()}
+            )
             ev["count"] += len(sub)
             ev["classes"][cls] = len(sub)
             first = int(sub["step"].min())
@@ -257,14 +270,21 @@ def _error_findings(
         if ev.get("log_mentions"):
             where += f", {ev['log_mentions']} log line(s)"
         first = f", first at step {ev['first_step']}" if ev["first_step"] is not None else ""
-        findings.append(Finding(boundary=boundary, severity="error", summary=f"{where}{first}",
-                                evidence=ev, advice=ADVICE[boundary] if boundary in ADVICE else ""))
+        findings.append(
+            Finding(
+                boundary=boundary,
+                severity="error",
+                summary=f"{where}{first}",
+                evidence=ev,
+                advice=ADVICE.get(boundary, ""),
+            )
+        )
     return findings
 
 
 def _reward_findings(rollouts: pd.DataFrame, low_reward: float, group_share: float) -> list[Finding]:
     kinds = set(rollouts["kind"].astype(str))
-    df = rollouts[rollouts["kind"].astype(str) == ("train" if "train" in kinds else sorted(kinds)[0])]
+    df = rollouts[rollouts["kind"].astype(str) == ("train" if "train" in kinds else min(kinds))]
     valid = df[df["error_class"].isna()]
     out: list[Finding] = []
     if valid.empty:
@@ -277,30 +297,51 @@ def _reward_findings(rollouts: pd.DataFrame, low_reward: float, group_share: flo
     one = float(groups["solve_all"].mean()) if len(groups) else 0.0
     if zero > group_share:
         first_bad = groups[groups["max"] == 0]["step"].min()
-        out.append(Finding(
-            boundary="all-zero groups", severity="warning",
-            summary=f"{zero:.0%} of {len(groups)} groups have zero reward on every rollout",
-            evidence={"groups": len(groups), "all_zero_groups": int((groups["max"] == 0).sum()),
-                      "share": round(zero, 4), "first_step": int(first_bad)},
-            advice=ADVICE["all-zero groups"],
-        ))
+        out.append(
+            Finding(
+                boundary="all-zero groups",
+                severity="warning",
+                summary=f"{zero:.0%} of {len(groups)} groups have zero reward on every rollout",
+                evidence={
+                    "groups": len(groups),
+                    "all_zero_groups": int((groups["max"] == 0).sum()),
+                    "share": round(zero, 4),
+                    "first_step": int(first_bad),
+                },
+                advice=ADVICE["all-zero groups"],
+            )
+        )
     if one > group_share:
-        out.append(Finding(
-            boundary="all-one groups", severity="warning",
-            summary=f"{one:.0%} of {len(groups)} groups are solved by every rollout",
-            evidence={"groups": len(groups), "all_one_groups": int(groups["solve_all"].sum()), "share": round(one, 4)},
-            advice=ADVICE["all-one groups"],
-        ))
+        out.append(
+            Finding(
+                boundary="all-one groups",
+                severity="warning",
+                summary=f"{one:.0%} of {len(groups)} groups are solved by every rollout",
+                evidence={
+                    "groups": len(groups),
+                    "all_one_groups": int(groups["solve_all"].sum()),
+                    "share": round(one, 4),
+                },
+                advice=ADVICE["all-one groups"],
+            )
+        )
     if mean <= low_reward and error_rate < 0.5:
         by_step = valid.groupby("step")["reward"].mean()
-        out.append(Finding(
-            boundary="valid low reward", severity="warning",
-            summary=f"mean reward {mean:.3f} over {len(valid)} valid rollouts ({error_rate:.0%} errored)",
-            evidence={"valid_rollouts": len(valid), "reward_mean": round(mean, 4),
-                      "errored_share": round(error_rate, 4), "first_step": int(by_step.index.min()),
-                      "last_step_reward_mean": round(float(by_step.iloc[-1]), 4)},
-            advice=ADVICE["valid low reward"],
-        ))
+        out.append(
+            Finding(
+                boundary="valid low reward",
+                severity="warning",
+                summary=f"mean reward {mean:.3f} over {len(valid)} valid rollouts ({error_rate:.0%} errored)",
+                evidence={
+                    "valid_rollouts": len(valid),
+                    "reward_mean": round(mean, 4),
+                    "errored_share": round(error_rate, 4),
+                    "first_step": int(by_step.index.min()),
+                    "last_step_reward_mean": round(float(by_step.iloc[-1]), 4),
+                },
+                advice=ADVICE["valid low reward"],
+            )
+        )
     return out
 
 
@@ -344,8 +385,15 @@ def _trainer_findings(metrics: pd.DataFrame, run: RunDir) -> list[Finding]:
         return []
     evidence["first_step"] = min(first_steps)
     evidence["source"] = str(run.metrics.relative_to(run.root))
-    return [Finding(boundary="trainer instability", severity="error", summary="; ".join(problems),
-                    evidence=evidence, advice=ADVICE["trainer instability"])]
+    return [
+        Finding(
+            boundary="trainer instability",
+            severity="error",
+            summary="; ".join(problems),
+            evidence=evidence,
+            advice=ADVICE["trainer instability"],
+        )
+    ]
 
 
 def _growing(series: pd.Series) -> tuple[bool, float, float]:
@@ -382,13 +430,19 @@ def format_findings(findings: list[Finding]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m analysis.diagnose RUN_DIR``: print findings; exit 1 when any finding is an error, else 0."""
+    """``python -m analysis.diagnose RUN_DIR``: print findings; exit 1 when any finding is an error, 2 when the run
+    directory is missing, else 0."""
     import argparse
+    import sys
 
     parser = argparse.ArgumentParser(prog="srl diagnose", description="Classify the failures of a run.")
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
-    findings = diagnose(args.run_dir)
+    try:
+        findings = diagnose(args.run_dir)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(format_findings(findings), end="")
     return 1 if any(f.severity == "error" for f in findings) else 0
 

@@ -147,15 +147,22 @@ class Envelope:
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) pairs for a report table, with units."""
+
         def fmt_bytes(b: float | None) -> str:
             return "unknown" if b is None else _human_bytes(b)
 
         return [
-            ("Allocation", "unknown" if self.num_nodes is None else
-             f"{self.num_nodes} node(s) x {self.gpus_per_node} GPU(s)"),
+            (
+                "Allocation",
+                "unknown"
+                if self.num_nodes is None
+                else f"{self.num_nodes} node(s) x {self.gpus_per_node} GPU(s)",
+            ),
             ("Wall time", "unknown" if self.wall_seconds is None else f"{self.wall_seconds / 3600:.3f} h"),
-            ("GPU-hours (nodes x GPUs/node x wall h)", "unknown" if self.gpu_hours is None else
-             f"{self.gpu_hours:.3f}"),
+            (
+                "GPU-hours (nodes x GPUs/node x wall h)",
+                "unknown" if self.gpu_hours is None else f"{self.gpu_hours:.3f}",
+            ),
             ("Parameters", "unknown" if self.num_params is None else f"{self.num_params:,}"),
             ("Checkpoint disk ((keep_last+1) x 12 B/param)", fmt_bytes(self.checkpoint_disk_bytes)),
             ("Rollout store now", fmt_bytes(self.store_bytes)),
@@ -208,17 +215,33 @@ def estimate(
         seq_len = int(trainer.get("seq_len", 0) or 0)
         micro = int(trainer.get("micro_batch_size", 1) or 1)
         trainer_mem = trainer_memory_per_gpu_bytes(
-            num_params, int(train_gpus or 1), tokens_per_micro_batch=seq_len * micro,
-            hidden_size=shape.get("hidden_size", 0), num_layers=shape.get("num_hidden_layers", 0),
+            num_params,
+            int(train_gpus or 1),
+            tokens_per_micro_batch=seq_len * micro,
+            hidden_size=shape.get("hidden_size", 0),
+            num_layers=shape.get("num_hidden_layers", 0),
             vocab_size=shape.get("vocab_size", 0),
         )
-        vllm = ((config.get("inference") or {}).get("vllm") or {}) if isinstance(config.get("inference"), dict) else {}
+        vllm = (
+            ((config.get("inference") or {}).get("vllm") or {})
+            if isinstance(config.get("inference"), dict)
+            else {}
+        )
         tp = int(vllm.get("tensor_parallel_size", vllm.get("tensor-parallel-size", 1)) or 1)
         infer_w = inference_weights_per_gpu_bytes(num_params, tp)
     return Envelope(
-        num_nodes=nodes, gpus_per_node=gpn, wall_seconds=wall_seconds, gpu_hours=hours, num_params=num_params,
-        keep_last=keep_last, checkpoint_disk_bytes=disk, store_bytes=store_bytes, store_bytes_per_step=per_step,
-        trainer_memory_per_gpu_bytes=trainer_mem, inference_weights_per_gpu_bytes=infer_w, notes=notes,
+        num_nodes=nodes,
+        gpus_per_node=gpn,
+        wall_seconds=wall_seconds,
+        gpu_hours=hours,
+        num_params=num_params,
+        keep_last=keep_last,
+        checkpoint_disk_bytes=disk,
+        store_bytes=store_bytes,
+        store_bytes_per_step=per_step,
+        trainer_memory_per_gpu_bytes=trainer_mem,
+        inference_weights_per_gpu_bytes=infer_w,
+        notes=notes,
     )
 
 

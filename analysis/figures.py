@@ -92,7 +92,9 @@ def fig_batch(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | Non
         ax.plot(d["step"], d["rollouts"], marker=".", label="rollouts stored")
         ax.plot(d["step"], d["effective_batch_size"], marker=".", label="effective batch size (store)")
     if "effective_batch_size" in orch.columns:
-        ax.plot(orch.index, orch["effective_batch_size"], ls="--", label="effective_batch_size (orchestrator)")
+        ax.plot(
+            orch.index, orch["effective_batch_size"], ls="--", label="effective_batch_size (orchestrator)"
+        )
     ax.set_ylabel("rollouts")
     ax.legend(loc="best", fontsize=8)
     fig.suptitle("Effective batch size")
@@ -156,8 +158,9 @@ def fig_off_policy(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure 
     return fig
 
 
-def _metric_fig(metrics: pd.DataFrame, role: str, cols: list[str], title: str, ylabel: str,
-                logy: bool = False) -> Figure | None:
+def _metric_fig(
+    metrics: pd.DataFrame, role: str, cols: list[str], title: str, ylabel: str, logy: bool = False
+) -> Figure | None:
     data = role_metrics(metrics, role)
     present = [c for c in cols if c in data.columns]
     if not present:
@@ -175,23 +178,38 @@ def _metric_fig(metrics: pd.DataFrame, role: str, cols: list[str], title: str, y
 
 def fig_mismatch_kl(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | None:
     """Trainer/inference mismatch KL (mean, max) and the masked token share."""
-    return _metric_fig(metrics, "trainer", ["mismatch_kl/mean", "mismatch_kl/max", "is_masked/mean"],
-                       "Mismatch KL between trainer and inference", "KL (nats) / share")
+    return _metric_fig(
+        metrics,
+        "trainer",
+        ["mismatch_kl/mean", "mismatch_kl/max", "is_masked/mean"],
+        "Mismatch KL between trainer and inference",
+        "KL (nats) / share",
+    )
 
 
 def fig_entropy(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | None:
     """Policy entropy, loss and gradient norm."""
-    return _metric_fig(metrics, "trainer", ["entropy/mean", "loss/mean", "optim/grad_norm"],
-                       "Entropy, loss and gradient norm", "value")
+    return _metric_fig(
+        metrics,
+        "trainer",
+        ["entropy/mean", "loss/mean", "optim/grad_norm"],
+        "Entropy, loss and gradient norm",
+        "value",
+    )
 
 
 def fig_throughput(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | None:
     """Trainer throughput (tokens/s) and step / wait times (seconds) of trainer and orchestrator."""
     tr = role_metrics(metrics, "trainer")
     orch = role_metrics(metrics, "orchestrator")
-    waits = [(tr, c, f"trainer {c}") for c in ("time/step", "time/wait_for_batch", "time/save_ckpt",
-                                               "time/broadcast") if c in tr.columns]
-    waits += [(orch, c, f"orchestrator {c}") for c in ("time/step", "time/wait_for_policy") if c in orch.columns]
+    waits = [
+        (tr, c, f"trainer {c}")
+        for c in ("time/step", "time/wait_for_batch", "time/save_ckpt", "time/broadcast")
+        if c in tr.columns
+    ]
+    waits += [
+        (orch, c, f"orchestrator {c}") for c in ("time/step", "time/wait_for_policy") if c in orch.columns
+    ]
     has_tp = "perf/throughput" in tr.columns
     if not waits and not has_tp:
         return None

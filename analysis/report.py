@@ -28,12 +28,22 @@ from analysis.stop import StopCriteria, replay
 from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
 
 MONITORED = [
-    ("orchestrator", "reward/all/mean"), ("orchestrator", "solve_none"), ("orchestrator", "solve_all"),
-    ("orchestrator", "effective_batch_size"), ("orchestrator", "errored_rollouts"),
-    ("orchestrator", "truncated_rollouts"), ("orchestrator", "seq_len/mean"), ("orchestrator", "num_turns/mean"),
-    ("orchestrator", "off_policy/max"), ("orchestrator", "time/wait_for_policy"), ("trainer", "mismatch_kl/mean"),
-    ("trainer", "entropy/mean"), ("trainer", "optim/grad_norm"), ("trainer", "loss/mean"),
-    ("trainer", "perf/throughput"), ("trainer", "time/wait_for_batch"),
+    ("orchestrator", "reward/all/mean"),
+    ("orchestrator", "solve_none"),
+    ("orchestrator", "solve_all"),
+    ("orchestrator", "effective_batch_size"),
+    ("orchestrator", "errored_rollouts"),
+    ("orchestrator", "truncated_rollouts"),
+    ("orchestrator", "seq_len/mean"),
+    ("orchestrator", "num_turns/mean"),
+    ("orchestrator", "off_policy/max"),
+    ("orchestrator", "time/wait_for_policy"),
+    ("trainer", "mismatch_kl/mean"),
+    ("trainer", "entropy/mean"),
+    ("trainer", "optim/grad_norm"),
+    ("trainer", "loss/mean"),
+    ("trainer", "perf/throughput"),
+    ("trainer", "time/wait_for_batch"),
 ]
 SWEEP_METRIC = "reward/all/mean"
 
@@ -68,7 +78,9 @@ class _Doc:
 
     def pre(self, text: str, summary: str | None = None) -> None:
         body = f"<pre>{html.escape(text)}</pre>"
-        self.html.append(f"<details><summary>{html.escape(summary)}</summary>{body}</details>" if summary else body)
+        self.html.append(
+            f"<details><summary>{html.escape(summary)}</summary>{body}</details>" if summary else body
+        )
         self.md += ["```", text.rstrip("\n"), "```", ""]
 
     def table(self, df: pd.DataFrame, name: str | None = None, max_rows: int = 60) -> None:
@@ -80,8 +92,16 @@ class _Doc:
         shown = df if len(df) <= max_rows else df.tail(max_rows)
         if len(df) > max_rows:
             self.para(f"(last {max_rows} of {len(df)} rows; full table in tables/{name}.csv)")
-        self.html.append(shown.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0,
-                                       classes="tbl", escape=True))
+        self.html.append(
+            shown.to_html(
+                index=False,
+                float_format=lambda v: f"{v:.4g}",
+                na_rep="",
+                border=0,
+                classes="tbl",
+                escape=True,
+            )
+        )
         self.md += [_md_table(shown), ""]
 
     def kv(self, rows: list[tuple[str, Any]]) -> None:
@@ -94,7 +114,9 @@ class _Doc:
         path.write_bytes(png)
         self.paths.figures[name] = path
         b64 = base64.b64encode(png).decode("ascii")
-        self.html.append(f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{b64}"/></figure>')
+        self.html.append(
+            f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{b64}"/></figure>'
+        )
         self.md += [f"![{name}](figures/{name}.png)", ""]
 
 
@@ -149,8 +171,10 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
     doc.para(f"Run directory: {run.run.root}. Run id: {run.meta.get('run_id', 'unknown')}.")
 
     doc.heading("1. Version and resolved config", level + 1)
-    doc.para(f"srl {_version()}. Resolved config: {run.run.resolved('rl')}"
-             + ("" if run.config else " (not found: the run was not started through srl rl)."))
+    doc.para(
+        f"srl {_version()}. Resolved config: {run.run.resolved('rl')}"
+        + ("" if run.config else " (not found: the run was not started through srl rl).")
+    )
     if run.config:
         doc.pre(json.dumps(run.config, indent=2, sort_keys=True), summary="resolved rl.json")
 
@@ -164,13 +188,19 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
     _validation(doc, run, key)
 
     doc.heading("4. Resource and cost envelope", level + 1)
-    env = env_mod.estimate(run.config, wall_seconds=_wall_seconds(run), store_path=run.run.rollout_store,
-                           steps=_num_train_steps(run))
+    env = env_mod.estimate(
+        run.config,
+        wall_seconds=_wall_seconds(run),
+        store_path=run.run.rollout_store,
+        steps=_num_train_steps(run),
+    )
     doc.kv(env.rows())
-    doc.para("Formulas (analysis/envelope.py): GPU-hours = nodes x GPUs per node x wall hours; checkpoint disk = "
-             "(keep_last + 1) x 12 bytes/parameter; trainer memory per GPU = 16 bytes/parameter / world size + "
-             "activations; store growth measured from the store file. External dependencies: the model source, "
-             "the env servers and any remote runtime named in section 2. " + " ".join(env.notes))
+    doc.para(
+        "Formulas (analysis/envelope.py): GPU-hours = nodes x GPUs per node x wall hours; checkpoint disk = "
+        "(keep_last + 1) x 12 bytes/parameter; trainer memory per GPU = 16 bytes/parameter / world size + "
+        "activations; store growth measured from the store file. External dependencies: the model source, "
+        "the env servers and any remote runtime named in section 2. " + " ".join(env.notes)
+    )
 
     doc.heading("5. Monitoring and stop criteria", level + 1)
     doc.table(_monitor_table(run.metrics))
@@ -214,13 +244,29 @@ def _version() -> str:
 
 def _settings(cfg: dict[str, Any]) -> list[tuple[str, Any]]:
     keys = [
-        "model.name", "max_steps", "seed", "orchestrator.training_mode", "orchestrator.batch_size",
-        "orchestrator.group_size", "orchestrator.max_async_level", "orchestrator.max_concurrent",
-        "orchestrator.renderer.name", "orchestrator.train.sampling", "orchestrator.buffer", "orchestrator.train.algo",
-        "orchestrator.eval.interval", "trainer.optim", "trainer.loss", "deployment", "ckpt",
+        "model.name",
+        "max_steps",
+        "seed",
+        "orchestrator.training_mode",
+        "orchestrator.batch_size",
+        "orchestrator.group_size",
+        "orchestrator.max_async_level",
+        "orchestrator.max_concurrent",
+        "orchestrator.renderer.name",
+        "orchestrator.train.sampling",
+        "orchestrator.buffer",
+        "orchestrator.train.algo",
+        "orchestrator.eval.interval",
+        "trainer.optim",
+        "trainer.loss",
+        "deployment",
+        "ckpt",
     ]
-    rows = [(k, json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
-            for k in keys if (v := dotted(cfg, k)) is not None]
+    rows = [
+        (k, json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
+        for k in keys
+        if (v := dotted(cfg, k)) is not None
+    ]
     return rows or [("resolved config", "not available")]
 
 
@@ -230,14 +276,22 @@ def _env_rows(cfg: dict[str, Any]) -> pd.DataFrame:
         for e in dotted(cfg, f"orchestrator.{split}.env", []) or []:
             if not isinstance(e, dict):
                 continue
-            rows.append({
-                "split": split, "name": e.get("name"), "taskset": dotted(e, "taskset.id", e.get("id")),
-                "taskset split": dotted(e, "taskset.split"), "harness": dotted(e, "harness.id"),
-                "runtime": dotted(e, "harness.runtime.type"), "ratio": e.get("ratio"),
-                "group_size": e.get("group_size"), "num_examples": e.get("num_examples"),
-                "max_turns": e.get("max_turns"), "max_total_tokens": e.get("max_total_tokens"),
-                "timeout": json.dumps(e.get("timeout"), sort_keys=True) if e.get("timeout") else None,
-            })
+            rows.append(
+                {
+                    "split": split,
+                    "name": e.get("name"),
+                    "taskset": dotted(e, "taskset.id", e.get("id")),
+                    "taskset split": dotted(e, "taskset.split"),
+                    "harness": dotted(e, "harness.id"),
+                    "runtime": dotted(e, "harness.runtime.type"),
+                    "ratio": e.get("ratio"),
+                    "group_size": e.get("group_size"),
+                    "num_examples": e.get("num_examples"),
+                    "max_turns": e.get("max_turns"),
+                    "max_total_tokens": e.get("max_total_tokens"),
+                    "timeout": json.dumps(e.get("timeout"), sort_keys=True) if e.get("timeout") else None,
+                }
+            )
     return pd.DataFrame(rows).astype(object).where(lambda d: d.notna(), "") if rows else pd.DataFrame()
 
 
@@ -262,8 +316,10 @@ def _validation(doc: _Doc, run: RunData, key: Any) -> None:
             doc.table(summ, name=key("baseline_eval"))
             found = True
     if not found:
-        doc.para("No baseline eval recorded. The seed requires validating the taskset and scoring before training: "
-                 "run `srl eval validate` and `srl eval run`, and keep periodic eval with a step-0 baseline.")
+        doc.para(
+            "No baseline eval recorded. The seed requires validating the taskset and scoring before training: "
+            "run `srl eval validate` and `srl eval run`, and keep periodic eval with a step-0 baseline."
+        )
 
 
 def _wall_seconds(run: RunData) -> float | None:
@@ -291,8 +347,17 @@ def _monitor_table(metrics: pd.DataFrame) -> pd.DataFrame:
         s = data[col].astype(float).dropna()
         if s.empty:
             continue
-        rows.append({"role": role, "metric": col, "first": s.iloc[0], "last": s.iloc[-1], "min": s.min(),
-                     "max": s.max(), "last step": int(s.index[-1])})
+        rows.append(
+            {
+                "role": role,
+                "metric": col,
+                "first": s.iloc[0],
+                "last": s.iloc[-1],
+                "min": s.min(),
+                "max": s.max(),
+                "last step": int(s.index[-1]),
+            }
+        )
     if not rows:
         return pd.DataFrame({"metric": ["(no metrics recorded)"]})
     return pd.DataFrame(rows)
@@ -302,8 +367,10 @@ def _stop_criteria(doc: _Doc, run: RunData, steps: pd.DataFrame | None) -> None:
     """Configured ``[monitors.stop]`` and, replayed over this run's metrics, whether and when they tripped."""
     table = dotted(run.config, "monitors.stop")
     if not table:
-        doc.para("Stop criteria ([monitors.stop]): none configured. Watch the errored/truncated shares, effective "
-                 "batch size, mismatch KL and entropy above, and stop on a sustained change.")
+        doc.para(
+            "Stop criteria ([monitors.stop]): none configured. Watch the errored/truncated shares, effective "
+            "batch size, mismatch KL and entropy above, and stop on a sustained change."
+        )
         return
     doc.para("Stop criteria ([monitors.stop]): " + json.dumps(table, sort_keys=True))
     try:
@@ -321,8 +388,11 @@ def _stop_criteria(doc: _Doc, run: RunData, steps: pd.DataFrame | None) -> None:
         for step, share in zip(d["step"], d["errored_rate"]):
             per_step.setdefault(int(step), {}).setdefault("errored_share", float(share))
     tripped = replay(criteria, sorted(per_step.items()))
-    doc.para(f"Replayed over this run's metrics: tripped at {tripped[1]}." if tripped else
-             "Replayed over this run's metrics: not tripped.")
+    doc.para(
+        f"Replayed over this run's metrics: tripped at {tripped[1]}."
+        if tripped
+        else "Replayed over this run's metrics: not tripped."
+    )
 
 
 # -- sweeps -------------------------------------------------------------------------------------------------------
@@ -361,39 +431,74 @@ def sweep_table(runs: list[RunData], metrics: list[str] | None = None) -> tuple[
             if s.empty:
                 continue
             seed = (r.meta.get("sweep_point") or {}).get("seed", r.meta.get("seed"))
-            curves.append(pd.DataFrame({"point": _point_label(r.meta), "seed": seed, "run": r.name, "metric": m,
-                                        "step": s.index.astype(int), "value": s.values}))
-    curves_df = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
-        columns=["point", "seed", "run", "metric", "step", "value"])
+            curves.append(
+                pd.DataFrame(
+                    {
+                        "point": _point_label(r.meta),
+                        "seed": seed,
+                        "run": r.name,
+                        "metric": m,
+                        "step": s.index.astype(int),
+                        "value": s.values,
+                    }
+                )
+            )
+    curves_df = (
+        pd.concat(curves, ignore_index=True)
+        if curves
+        else pd.DataFrame(columns=["point", "seed", "run", "metric", "step", "value"])
+    )
     for (point, m), d in curves_df.groupby(["point", "metric"], sort=True):
         per_run = d.sort_values("step").groupby("run")["value"]
         final, best = per_run.last(), per_run.max()
         fm, fl, fh = t_interval(final.to_numpy())
         bm, bl, bh = t_interval(best.to_numpy())
-        rows.append({"point": point, "metric": m, "seeds": len(final), "final_mean": fm, "final_low": fl,
-                     "final_high": fh, "best_mean": bm, "best_low": bl, "best_high": bh})
+        rows.append(
+            {
+                "point": point,
+                "metric": m,
+                "seeds": len(final),
+                "final_mean": fm,
+                "final_low": fl,
+                "final_high": fh,
+                "best_mean": bm,
+                "best_low": bl,
+                "best_high": bh,
+            }
+        )
     return pd.DataFrame(rows), curves_df
 
 
 def _sweep_section(doc: _Doc, runs: list[RunData]) -> None:
     doc.heading("Sweep", 2)
-    manifest = pd.DataFrame([{"run": r.name, "point": _point_label(r.meta),
-                              "seed": (r.meta.get("sweep_point") or {}).get("seed", r.meta.get("seed")),
-                              "array_index": r.meta.get("array_task_id", r.meta.get("sweep_index"))}
-                             for r in runs])
+    manifest = pd.DataFrame(
+        [
+            {
+                "run": r.name,
+                "point": _point_label(r.meta),
+                "seed": (r.meta.get("sweep_point") or {}).get("seed", r.meta.get("seed")),
+                "array_index": r.meta.get("array_task_id", r.meta.get("sweep_index")),
+            }
+            for r in runs
+        ]
+    )
     doc.table(manifest, name="sweep_runs")
     table, curves = sweep_table(runs)
     if table.empty:
         doc.para("No sweep metrics recorded yet.")
         return
-    doc.para("Final = each run's last value; best = each run's maximum; mean and 95% Student-t interval across "
-             "seeds of the same point (no interval with one seed).")
+    doc.para(
+        "Final = each run's last value; best = each run's maximum; mean and 95% Student-t interval across "
+        "seeds of the same point (no interval with one seed)."
+    )
     doc.table(table, name="sweep")
     for metric in [SWEEP_METRIC] + [m for m in table["metric"].unique() if m != SWEEP_METRIC][:1]:
         sub = table[table["metric"] == metric]
-        fig = fig_sweep(curves[curves["metric"] == metric],
-                        sub.rename(columns={"final_mean": "mean", "final_low": "low", "final_high": "high"}),
-                        metric)
+        fig = fig_sweep(
+            curves[curves["metric"] == metric],
+            sub.rename(columns={"final_mean": "mean", "final_low": "low", "final_high": "high"}),
+            metric,
+        )
         if fig is not None:
             doc.figure("sweep_" + _safe(metric), fig)
 
@@ -408,8 +513,10 @@ figure img{max-width:100%}"""
 def _write(doc: _Doc, title: str) -> None:
     from toolkit.fsutil import atomic_write_text
 
-    page = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{_CSS}</style></head><body>\n" + "\n".join(doc.html) + "\n</body></html>\n")
+    page = (
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body>\n" + "\n".join(doc.html) + "\n</body></html>\n"
+    )
     atomic_write_text(doc.paths.html, page)
     atomic_write_text(doc.paths.markdown, "\n".join(doc.md) + "\n")
 
@@ -418,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m analysis.report RUN_DIR... [--out DIR] [--no-run-figures]``: write the report (default
     ``<first run>/reports``)."""
     import argparse
+    import sys
 
     from toolkit.rundir import RunDir
 
@@ -427,7 +535,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-run-figures", action="store_true", help="skip per-run figures (large sweeps)")
     args = parser.parse_args(argv)
     out = args.out or RunDir(args.run_dirs[0]).reports
-    paths = build_report(args.run_dirs, out, run_figures=not args.no_run_figures)
+    try:
+        paths = build_report(args.run_dirs, out, run_figures=not args.no_run_figures)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {paths.html}\nwrote {paths.markdown}")
     return 0
 

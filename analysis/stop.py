@@ -44,7 +44,11 @@ class StopCriteria:
         if unknown:
             raise ValueError(f"unknown [monitors.stop] key(s) {unknown}; valid keys: {sorted(names)}")
         crit = cls(**table)
-        for name in ("errored_patience_steps", "mismatch_kl_patience_steps", "reward_collapse_patience_steps"):
+        for name in (
+            "errored_patience_steps",
+            "mismatch_kl_patience_steps",
+            "reward_collapse_patience_steps",
+        ):
             if int(getattr(crit, name)) < 1:
                 raise ValueError(f"monitors.stop.{name} must be >= 1 (steps)")
         for name in ("max_errored_share", "reward_collapse_fraction"):
@@ -55,8 +59,10 @@ class StopCriteria:
 
     @property
     def enabled(self) -> bool:
-        return any(v is not None for v in (self.max_errored_share, self.max_mismatch_kl,
-                                           self.reward_collapse_fraction))
+        return any(
+            v is not None
+            for v in (self.max_errored_share, self.max_mismatch_kl, self.reward_collapse_fraction)
+        )
 
 
 @dataclass
@@ -77,25 +83,33 @@ class StopMonitor:
         if c.max_errored_share is not None and share is not None:
             self._streaks["errored"] = self._streaks["errored"] + 1 if share > c.max_errored_share else 0
             if self._streaks["errored"] >= c.errored_patience_steps:
-                reasons.append(f"errored rollouts {share:.0%} > {c.max_errored_share:.0%} for "
-                               f"{self._streaks['errored']} steps")
+                reasons.append(
+                    f"errored rollouts {share:.0%} > {c.max_errored_share:.0%} for "
+                    f"{self._streaks['errored']} steps"
+                )
         kl = _num(metrics.get("mismatch_kl/mean"))
         if c.max_mismatch_kl is not None and kl is not None:
             self._streaks["kl"] = self._streaks["kl"] + 1 if kl > c.max_mismatch_kl else 0
             if self._streaks["kl"] >= c.mismatch_kl_patience_steps:
-                reasons.append(f"mismatch_kl {kl:.3g} > {c.max_mismatch_kl:g} for {self._streaks['kl']} steps")
+                reasons.append(
+                    f"mismatch_kl {kl:.3g} > {c.max_mismatch_kl:g} for {self._streaks['kl']} steps"
+                )
         reward = _num(metrics.get("reward/all/mean"))
         if c.reward_collapse_fraction is not None and reward is not None:
             self._best_reward = max(self._best_reward, reward)
             collapsed = self._best_reward > 0 and reward < c.reward_collapse_fraction * self._best_reward
             self._streaks["reward"] = self._streaks["reward"] + 1 if collapsed else 0
             if self._streaks["reward"] >= c.reward_collapse_patience_steps:
-                reasons.append(f"reward collapsed to {reward:.3g} (< {c.reward_collapse_fraction:g} x best "
-                               f"{self._best_reward:.3g}) for {self._streaks['reward']} steps")
+                reasons.append(
+                    f"reward collapsed to {reward:.3g} (< {c.reward_collapse_fraction:g} x best "
+                    f"{self._best_reward:.3g}) for {self._streaks['reward']} steps"
+                )
         return f"step {step}: " + "; ".join(reasons) if reasons else None
 
 
-def replay(criteria: StopCriteria, steps: Iterable[tuple[int, Mapping[str, float]]]) -> tuple[int, str] | None:
+def replay(
+    criteria: StopCriteria, steps: Iterable[tuple[int, Mapping[str, float]]]
+) -> tuple[int, str] | None:
     """First ``(step, reason)`` at which ``criteria`` trip over ``steps`` (ascending (step, metrics) pairs)."""
     monitor = StopMonitor(criteria)
     for step, metrics in steps:

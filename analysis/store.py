@@ -34,8 +34,8 @@ ignored and overwritten by the next append. One writer per file (the orchestrato
 from __future__ import annotations
 
 import time
-from itertools import chain
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -44,7 +44,11 @@ from urllib.parse import quote, unquote
 import h5py
 import numpy as np
 
-if TYPE_CHECKING:  # pandas is imported lazily: the writer runs inside the orchestrator, which does not need it.
+if (
+    TYPE_CHECKING
+):  # pandas is imported lazily: the writer runs inside the orchestrator, which does not need it.
+    from typing import Self
+
     import pandas as pd
 
     from toolkit.orchestrator.types import Rollout
@@ -95,7 +99,11 @@ def _open(path: Path, mode: str) -> h5py.File:
     delay = 0.01
     while True:
         try:
-            return h5py.File(path, mode, libver="latest") if mode != "r" else h5py.File(path, "r")
+            # best-effort locking: lock where the filesystem supports it, carry on where flock is not implemented
+            # (some Lustre/NFS mounts fail every open with ENOSYS otherwise).
+            if mode == "r":
+                return h5py.File(path, "r", locking="best-effort")
+            return h5py.File(path, mode, libver="latest", locking="best-effort")
         except (BlockingIOError, OSError) as exc:
             locked = "lock" in str(exc).lower() or isinstance(exc, BlockingIOError)
             if not locked or time.monotonic() > deadline:
@@ -135,7 +143,9 @@ class RolloutStoreWriter:
                 f.attrs["num_rows"] = 0
                 self._create_layout(f)
             elif int(version) != SCHEMA_VERSION:
-                raise ValueError(f"{self.path}: rollout store schema {version}, this srl writes {SCHEMA_VERSION}")
+                raise ValueError(
+                    f"{self.path}: rollout store schema {version}, this srl writes {SCHEMA_VERSION}"
+                )
         self._closed = False
 
     @staticmethod
@@ -161,7 +171,7 @@ class RolloutStoreWriter:
         for name, dtype in (("ids", np.int32), ("logprobs", np.float32), ("mask", np.uint8)):
             tok.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(TOKEN_CHUNK,))
 
-    def __enter__(self) -> RolloutStoreWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -281,9 +291,7 @@ class RolloutStoreWriter:
                     existing.add(col)
             for col in existing:
                 key = col[len(prefix) :]
-                values = np.fromiter(
-                    (getattr(r, attr).get(key, np.nan) for r in rollouts), np.float64, n
-                )
+                values = np.fromiter((getattr(r, attr).get(key, np.nan) for r in rollouts), np.float64, n)
                 _append(cols[_ds_name(col)], start, values)
 
     @staticmethod
@@ -328,7 +336,12 @@ class RolloutStoreWriter:
                 lps.append(s.completion_logprobs)
                 masks.append([False] * npr)
                 masks.append(s.completion_mask)
-        for name, values in (("row", rows), ("token_start", starts), ("prompt_len", plens), ("num_tokens", ntoks)):
+        for name, values in (
+            ("row", rows),
+            ("token_start", starts),
+            ("prompt_len", plens),
+            ("num_tokens", ntoks),
+        ):
             _append(smp[name], s0, np.asarray(values, np.int64))
         total = t - t0
         _append(tok["ids"], t0, _flatten(ids, np.int32, total))
@@ -453,7 +466,9 @@ def read_rollouts(path: Path, start: int = 0, stop: int | None = None) -> list[R
     for rec in df.to_dict("records"):
         samples = [
             TrainingSample(
-                prompt_ids=p.tolist(), completion_ids=c.tolist(), completion_mask=m.tolist(),
+                prompt_ids=p.tolist(),
+                completion_ids=c.tolist(),
+                completion_mask=m.tolist(),
                 completion_logprobs=lp.tolist(),
             )
             for p, c, lp, m in zip(
@@ -466,12 +481,20 @@ def read_rollouts(path: Path, start: int = 0, stop: int | None = None) -> list[R
         }
         out.append(
             Rollout(
-                env=rec["env"], task_id=rec["task_id"], example_id=int(rec["example_id"]), samples=samples,
-                reward=float(rec["reward"]), num_turns=int(rec["num_turns"]), truncated=bool(rec["truncated"]),
+                env=rec["env"],
+                task_id=rec["task_id"],
+                example_id=int(rec["example_id"]),
+                samples=samples,
+                reward=float(rec["reward"]),
+                num_turns=int(rec["num_turns"]),
+                truncated=bool(rec["truncated"]),
                 truncation_reason=_none_if_nan(rec["truncation_reason"]),
-                error_class=_none_if_nan(rec["error_class"]), error_message=_none_if_nan(rec["error_message"]),
-                policy_version=int(rec["policy_version"]), group_id=int(rec["group_id"]),
-                advantage=float(rec["advantage"]), **extra,
+                error_class=_none_if_nan(rec["error_class"]),
+                error_message=_none_if_nan(rec["error_message"]),
+                policy_version=int(rec["policy_version"]),
+                group_id=int(rec["group_id"]),
+                advantage=float(rec["advantage"]),
+                **extra,
             )
         )
     return out

@@ -47,8 +47,13 @@ def _agg_with_all(df: pd.DataFrame, keys: list[str], **aggs: tuple[str, str]) ->
     per_env = df.groupby(keys, observed=True, sort=True).agg(**aggs).reset_index()
     other = [k for k in keys if k != "env"]
     every = df.groupby(other, observed=True, sort=True).agg(**aggs).reset_index().assign(env=ALL_ENVS)
-    out = pd.concat([per_env.assign(env=per_env["env"].astype(str), kind=per_env["kind"].astype(str)),
-                     every.assign(kind=every["kind"].astype(str))], ignore_index=True)
+    out = pd.concat(
+        [
+            per_env.assign(env=per_env["env"].astype(str), kind=per_env["kind"].astype(str)),
+            every.assign(kind=every["kind"].astype(str)),
+        ],
+        ignore_index=True,
+    )
     return out[keys + list(aggs)].sort_values(keys, kind="stable").reset_index(drop=True)
 
 
@@ -104,8 +109,14 @@ def step_summary(
     aggs.update({k: v for k, v in optional.items() if v[0] in df.columns})
     out = _agg_with_all(df, STEP_KEYS, **aggs)
     groups = groups.assign(_eff=np.where(groups["has_signal"], groups["valid"], 0))
-    gsum = _agg_with_all(groups, STEP_KEYS, groups=("size", "size"), solve_none=("solve_none", "mean"),
-                         solve_all=("solve_all", "mean"), effective_batch_size=("_eff", "sum"))
+    gsum = _agg_with_all(
+        groups,
+        STEP_KEYS,
+        groups=("size", "size"),
+        solve_none=("solve_none", "mean"),
+        solve_all=("solve_all", "mean"),
+        effective_batch_size=("_eff", "sum"),
+    )
     out = out.merge(gsum, on=STEP_KEYS, how="left")
     if "truncated_rate" in out.columns:
         out["truncated_rate"] = out["truncated_rate"].astype(float)
@@ -133,8 +144,12 @@ def env_summary(
         "reward_std": ("_vreward", "std"),
         "errored_rate": ("_errored", "mean"),
     }
-    for name, col in (("truncated_rate", "truncated"), ("completion_len_mean", "completion_len"),
-                      ("prompt_len_mean", "prompt_len"), ("num_turns_mean", "num_turns")):
+    for name, col in (
+        ("truncated_rate", "truncated"),
+        ("completion_len_mean", "completion_len"),
+        ("prompt_len_mean", "prompt_len"),
+        ("num_turns_mean", "num_turns"),
+    ):
         if col in df.columns:
             aggs[name] = (col, "mean")
     out = df.groupby(["kind", "env"], observed=True, sort=True).agg(**aggs)
@@ -160,16 +175,21 @@ def error_counts(rollouts: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     df = _prepare(rollouts)
     err = df[df["_errored"]]
-    err = err.assign(kind=err["kind"].astype(str), env=err["env"].astype(str),
-                     error_class=err["error_class"].astype(str))
+    err = err.assign(
+        kind=err["kind"].astype(str), env=err["env"].astype(str), error_class=err["error_class"].astype(str)
+    )
     if err.empty:
         return pd.DataFrame(columns=cols)
     if "error_message" not in err.columns:
         err = err.assign(error_message=None)
     out = (
         err.groupby(["kind", "env", "error_class"], sort=True)
-        .agg(count=("step", "size"), first_step=("step", "min"), last_step=("step", "max"),
-             first_message=("error_message", "first"))
+        .agg(
+            count=("step", "size"),
+            first_step=("step", "min"),
+            last_step=("step", "max"),
+            first_message=("error_message", "first"),
+        )
         .reset_index()
     )
     return out[cols]

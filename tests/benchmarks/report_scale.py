@@ -23,14 +23,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from analysis.store import RolloutStoreWriter, load_rollouts  # noqa: E402
-from analysis.summary import env_summary, group_stats, step_summary  # noqa: E402
-from toolkit.orchestrator.types import Rollout, TrainingSample  # noqa: E402
+from analysis.store import RolloutStoreWriter, load_rollouts
+from analysis.summary import env_summary, group_stats, step_summary
+from toolkit.orchestrator.types import Rollout, TrainingSample
 
-REPORT_COLUMNS = ["step", "kind", "env", "group_id", "reward", "error_class", "truncated", "prompt_len",
-                  "completion_len", "num_turns", "off_policy_age"]
+REPORT_COLUMNS = [
+    "step",
+    "kind",
+    "env",
+    "group_id",
+    "reward",
+    "error_class",
+    "truncated",
+    "prompt_len",
+    "completion_len",
+    "num_turns",
+    "off_policy_age",
+]
 BATCH = 8192  # rollouts per step (one append each): 512 groups of 16
 GROUP = 16
 
@@ -45,13 +56,23 @@ def _batch(rng: random.Random, step: int, first_group: int) -> list[Rollout]:
             n = rng.randint(4, 8)
             err = "ProviderError" if rng.random() < 0.01 else None
             reward = float(rng.random() < p)
-            out.append(Rollout(
-                env=env, task_id=f"{env}-{first_group + g}", example_id=first_group + g,
-                samples=[TrainingSample(prompt, list(range(n)), [True] * n, [-0.5] * n)],
-                reward=reward, reward_components={"correct": reward}, num_turns=1, truncated=n == 8,
-                truncation_reason="max_tokens" if n == 8 else None, error_class=err,
-                policy_version=max(step - 1, 0), group_id=first_group + g, timings={"generate": 0.1},
-            ))
+            out.append(
+                Rollout(
+                    env=env,
+                    task_id=f"{env}-{first_group + g}",
+                    example_id=first_group + g,
+                    samples=[TrainingSample(prompt, list(range(n)), [True] * n, [-0.5] * n)],
+                    reward=reward,
+                    reward_components={"correct": reward},
+                    num_turns=1,
+                    truncated=n == 8,
+                    truncation_reason="max_tokens" if n == 8 else None,
+                    error_class=err,
+                    policy_version=max(step - 1, 0),
+                    group_id=first_group + g,
+                    timings={"generate": 0.1},
+                )
+            )
     return out
 
 
@@ -86,8 +107,10 @@ def main() -> int:
     everything = load_rollouts(store)
     everything.drop(columns=["error_message"]).to_json(jsonl, orient="records", lines=True)
     del everything
-    print(f"setup: wrote {rows:,} rollouts ({step} steps) in {time.perf_counter() - t:.1f} s; "
-          f"store {store.stat().st_size / 2**20:.0f} MiB, JSONL {jsonl.stat().st_size / 2**20:.0f} MiB")
+    print(
+        f"setup: wrote {rows:,} rollouts ({step} steps) in {time.perf_counter() - t:.1f} s; "
+        f"store {store.stat().st_size / 2**20:.0f} MiB, JSONL {jsonl.stat().st_size / 2**20:.0f} MiB"
+    )
 
     # Warm up pandas' groupby paths on a small slice so neither side pays first-call costs.
     _summarise(load_rollouts(store, REPORT_COLUMNS).head(1000))
@@ -109,7 +132,9 @@ def main() -> int:
 
     print(f"store: load {t_load:.2f} s, load + summarise {t_store:.2f} s")
     print(f"JSONL (pandas.read_json lines=True): load {t_jload:.2f} s, load + summarise {t_json:.2f} s")
-    print(f"ratio JSONL/store (load + summarise): {t_json / t_store:.1f}x; load only: {t_jload / t_load:.1f}x")
+    print(
+        f"ratio JSONL/store (load + summarise): {t_json / t_store:.1f}x; load only: {t_jload / t_load:.1f}x"
+    )
     ok = t_json / t_store >= 10 and t_store < 10
     print(f"goal (>= 10x and < 10 s): {'met' if ok else 'NOT met'}")
     if args.keep is None:

@@ -86,8 +86,10 @@ def test_multi_env_run_on_vllm(tmp_path, external_on_path):
             orch = Orchestrator(cfg, run)
             task = asyncio.create_task(orch.run_until_done())
             # Play the trainer: after batch 1 is READY, publish policy version 1 (new weights, STABLE last).
-            while not batches.is_ready(run.rollout_step(1)):
+            while not batches.is_ready(run.rollout_step(1)) and not task.done():
                 await asyncio.sleep(0.2)
+            if task.done():
+                return task.result()  # failed before its first batch: raise its error here
             build_tiny_model(run.broadcast_step(1), seed=1)
             write_marker(run.broadcast_step(1) / "STABLE")
             return await asyncio.wait_for(task, 900)
@@ -135,7 +137,7 @@ def test_stop_then_resume_records_each_step_once(tmp_path):
 
         async def first():
             task = asyncio.create_task(Orchestrator(cfg, run).run_until_done())
-            while not batches.is_ready(run.rollout_step(2)):
+            while not batches.is_ready(run.rollout_step(2)) and not task.done():
                 await asyncio.sleep(0.05)
             write_marker(run.stop_request)
             return await asyncio.wait_for(task, 300)

@@ -14,14 +14,20 @@ pytestmark = pytest.mark.slow  # matplotlib renders ~10-20 figures: seconds, mor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
-from analysis.loaders import load_metrics, role_metrics  # noqa: E402
-from analysis.report import build_report, main  # noqa: E402
-from analysis.summary import t_interval  # noqa: E402
-from analysis_runs import make_run  # noqa: E402
+from analysis_runs import make_run
 
-SECTIONS = ["1. Version and resolved config", "2. Taskset, harness, runtime, renderer, group, batch and eval settings",
-            "3. Pre-training validation evidence", "4. Resource and cost envelope",
-            "5. Monitoring and stop criteria", "6. Failures and their boundary"]
+from analysis.loaders import load_metrics, role_metrics
+from analysis.report import build_report, main
+from analysis.summary import t_interval
+
+SECTIONS = [
+    "1. Version and resolved config",
+    "2. Taskset, harness, runtime, renderer, group, batch and eval settings",
+    "3. Pre-training validation evidence",
+    "4. Resource and cost envelope",
+    "5. Monitoring and stop criteria",
+    "6. Failures and their boundary",
+]
 
 
 def test_single_run_report(tmp_path: Path) -> None:
@@ -35,8 +41,17 @@ def test_single_run_report(tmp_path: Path) -> None:
     # every figure is embedded in the HTML and referenced from the Markdown twin
     imgs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert len(imgs) == len(paths.figures) >= 8
-    assert {"reward", "effective_batch_size", "errors_truncation", "lengths_turns", "off_policy_age",
-            "mismatch_kl", "entropy_loss_grad", "throughput_waits", "eval"} <= set(paths.figures)
+    assert {
+        "reward",
+        "effective_batch_size",
+        "errors_truncation",
+        "lengths_turns",
+        "off_policy_age",
+        "mismatch_kl",
+        "entropy_loss_grad",
+        "throughput_waits",
+        "eval",
+    } <= set(paths.figures)
     for name, png in paths.figures.items():
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"![{name}](figures/{name}.png)" in md
@@ -65,9 +80,15 @@ def test_sweep_report_table_with_intervals(tmp_path: Path) -> None:
     runs = []
     for lr in (1e-5, 1e-4):
         for seed in range(3):
-            runs.append(make_run(tmp_path / f"lr{lr}_s{seed}", steps=5, seed=seed, lr=lr,
-                                 meta={"sweep_point": {"trainer.optim.lr": lr, "seed": seed},
-                                       "array_task_id": len(runs)}).root)
+            runs.append(
+                make_run(
+                    tmp_path / f"lr{lr}_s{seed}",
+                    steps=5,
+                    seed=seed,
+                    lr=lr,
+                    meta={"sweep_point": {"trainer.optim.lr": lr, "seed": seed}, "array_task_id": len(runs)},
+                ).root
+            )
     out = tmp_path / "sweep_report"
     assert main([str(r) for r in runs] + ["--out", str(out), "--no-run-figures"]) == 0
     table = pd.read_csv(out / "tables" / "sweep.csv")
@@ -86,5 +107,7 @@ def test_sweep_report_table_with_intervals(tmp_path: Path) -> None:
     assert sorted(runs_table["array_index"]) == list(range(6))
     md = (out / "report.md").read_text()
     assert md.count("## Run ") == 6 and "## Sweep" in md
-    assert set(p.name for p in (out / "figures").iterdir()) == {"sweep_reward_all_mean.png",
-                                                                 "sweep_eval_arith-test_avg_2.png"}
+    assert {p.name for p in (out / "figures").iterdir()} == {
+        "sweep_reward_all_mean.png",
+        "sweep_eval_arith-test_avg_2.png",
+    }

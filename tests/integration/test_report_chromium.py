@@ -13,24 +13,38 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
-from analysis.report import build_report  # noqa: E402
-from analysis_runs import make_run  # noqa: E402
+from analysis_runs import make_run
+
+from analysis.report import build_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install -y chromium)"),
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install -y chromium)"
+    ),
 ]
 
 
 def _screenshot(html: Path, png: Path, profile: Path) -> np.ndarray:
     from matplotlib.image import imread
 
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-           f"--screenshot={png}", "--window-size=1280,4000", html.as_uri()]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        f"--screenshot={png}",
+        "--window-size=1280,4000",
+        html.as_uri(),
+    ]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180)
     assert png.exists(), f"chromium wrote no screenshot (rc {proc.returncode}): {proc.stderr[-2000:]}"
     return imread(png)
 

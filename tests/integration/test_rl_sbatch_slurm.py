@@ -134,7 +134,8 @@ def test_recorded_placement_equals_plan(probe_run, capsys):
     assert status_main([str(run.root)]) == 0
     assert f"{job}\trl\tattempt {attempt}\tCOMPLETED" in capsys.readouterr().out  # scontrol, no sacct
     assert logs_main([str(run.root), "--role", "trainer"]) == 0
-    assert "trainer" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "[trainer-0.log] probe trainer" in out and "[trainer-1.log] probe trainer" in out
     plan = read_plan(run)
     assert plan.job_id == job and len(plan.hosts) == 3
     recs = _records(run)

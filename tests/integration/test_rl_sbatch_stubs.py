@@ -37,6 +37,7 @@ exec "$@"
 SCONTROL = """#!/bin/bash
 echo "$*" >> "$STUB_LOG/scontrol.log"
 [[ $1 == requeue ]] && exit 0
+[[ $1 == show && $2 == node ]] && { echo "NodeName=node1 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=localhost"; exit 0; }
 exit 1
 """
 

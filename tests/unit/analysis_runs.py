@@ -22,7 +22,10 @@ from toolkit.orchestrator.types import Rollout, TrainingSample
 from toolkit.rundir import RunDir, point_symlink
 
 ERROR_FAILURES = {
-    "provider": ("ProviderError", "httpx.ConnectError: [Errno 111] Connection refused (router http://n1:8000)"),
+    "provider": (
+        "ProviderError",
+        "httpx.ConnectError: [Errno 111] Connection refused (router http://n1:8000)",
+    ),
     "harness": ("HarnessError", "harness 'default' exited with status 127"),
     "toolset": ("ToolsetError", "tool server wiki-search did not answer within 30 s"),
     "sandbox": ("SandboxError", "sandbox creation rate limited (429)"),
@@ -44,20 +47,43 @@ CONFIG: dict[str, Any] = {
     "seed": 0,
     "model": {"name": "tiny-test-model", "dtype": "bfloat16"},
     "orchestrator": {
-        "training_mode": "rl", "batch_size": 16, "group_size": 4, "max_async_level": 1, "max_concurrent": 16,
+        "training_mode": "rl",
+        "batch_size": 16,
+        "group_size": 4,
+        "max_async_level": 1,
+        "max_concurrent": 16,
         "renderer": {"name": "auto"},
         "train": {
             "sampling": {"temperature": 1.0, "max_completion_tokens": 64},
             "env": [
-                {"name": "arith", "ratio": 1, "taskset": {"id": "arith", "split": "train"},
-                 "harness": {"id": "default", "runtime": {"type": "subprocess"}}, "max_turns": 1,
-                 "timeout": {"rollout": 60, "scoring": 10}},
-                {"name": "reverse-text", "ratio": 1, "taskset": {"id": "reverse-text", "split": "train"},
-                 "harness": {"id": "default", "runtime": {"type": "subprocess"}}, "max_turns": 1},
+                {
+                    "name": "arith",
+                    "ratio": 1,
+                    "taskset": {"id": "arith", "split": "train"},
+                    "harness": {"id": "default", "runtime": {"type": "subprocess"}},
+                    "max_turns": 1,
+                    "timeout": {"rollout": 60, "scoring": 10},
+                },
+                {
+                    "name": "reverse-text",
+                    "ratio": 1,
+                    "taskset": {"id": "reverse-text", "split": "train"},
+                    "harness": {"id": "default", "runtime": {"type": "subprocess"}},
+                    "max_turns": 1,
+                },
             ],
         },
-        "eval": {"interval": 3, "env": [{"name": "arith-test", "taskset": {"id": "arith", "split": "test"},
-                                         "num_examples": 4, "group_size": 2}]},
+        "eval": {
+            "interval": 3,
+            "env": [
+                {
+                    "name": "arith-test",
+                    "taskset": {"id": "arith", "split": "test"},
+                    "num_examples": 4,
+                    "group_size": 2,
+                }
+            ],
+        },
     },
     "trainer": {"optim": {"lr": 1e-5}, "seq_len": 256, "micro_batch_size": 1},
     "deployment": {"type": "single_node", "gpus_per_node": 2, "num_train_gpus": 1, "num_infer_gpus": 1},
@@ -66,8 +92,15 @@ CONFIG: dict[str, Any] = {
 }
 
 
-def _rollout(rng: random.Random, env: str, step: int, gid: int, example: int, reward: float,
-             error: tuple[str, str] | None) -> Rollout:
+def _rollout(
+    rng: random.Random,
+    env: str,
+    step: int,
+    gid: int,
+    example: int,
+    reward: float,
+    error: tuple[str, str] | None,
+) -> Rollout:
     npr, nco = rng.randint(5, 12), rng.randint(3, 20)
     mask = [True] * nco
     sample = TrainingSample(
@@ -78,22 +111,33 @@ def _rollout(rng: random.Random, env: str, step: int, gid: int, example: int, re
     )
     truncated = nco >= 19
     return Rollout(
-        env=env, task_id=f"{env}-{example}", example_id=example, samples=[] if error else [sample],
-        reward=0.0 if error else reward, reward_components={} if error else {"correct": reward},
-        num_turns=0 if error else 1, truncated=truncated and not error,
+        env=env,
+        task_id=f"{env}-{example}",
+        example_id=example,
+        samples=[] if error else [sample],
+        reward=0.0 if error else reward,
+        reward_components={} if error else {"correct": reward},
+        num_turns=0 if error else 1,
+        truncated=truncated and not error,
         truncation_reason="max_tokens" if truncated and not error else None,
-        error_class=error[0] if error else None, error_message=error[1] if error else None,
-        policy_version=max(step - 1, 0), group_id=gid, timings={"generate": rng.random(), "score": 0.01},
+        error_class=error[0] if error else None,
+        error_message=error[1] if error else None,
+        policy_version=max(step - 1, 0),
+        group_id=gid,
+        timings={"generate": rng.random(), "score": 0.01},
     )
 
 
-def _group(rng: random.Random, env: str, step: int, gid: int, size: int, failure: str | None,
-           p_solve: float) -> list[Rollout]:
+def _group(
+    rng: random.Random, env: str, step: int, gid: int, size: int, failure: str | None, p_solve: float
+) -> list[Rollout]:
     example = rng.randrange(100)
     error = ERROR_FAILURES.get(failure or "")
     out = []
     for i in range(size):
-        err = error if error and (i % 2 == 0) else None  # half of each group fails: the class is clearly present
+        err = (
+            error if error and (i % 2 == 0) else None
+        )  # half of each group fails: the class is clearly present
         if failure == "all_zero":
             reward = 0.0
         elif failure == "low_reward":
@@ -108,9 +152,17 @@ def _group(rng: random.Random, env: str, step: int, gid: int, size: int, failure
     return out
 
 
-def make_run(root: Path, *, failure: str | None = None, steps: int = 8, group_size: int = 4,
-             groups_per_env: int = 2, seed: int = 0, meta: dict[str, Any] | None = None,
-             lr: float = 1e-5) -> RunDir:
+def make_run(
+    root: Path,
+    *,
+    failure: str | None = None,
+    steps: int = 8,
+    group_size: int = 4,
+    groups_per_env: int = 2,
+    seed: int = 0,
+    meta: dict[str, Any] | None = None,
+    lr: float = 1e-5,
+) -> RunDir:
     """Write a run directory under ``root`` with ``steps`` train steps (two envs) and eval at steps 0, 3, 6, ...
 
     Returns its ``RunDir``. Rewards improve with the step (faster with larger ``lr``) unless ``failure`` says
@@ -140,8 +192,9 @@ def make_run(root: Path, *, failure: str | None = None, steps: int = 8, group_si
             writer.append(batch, step=step)
             for r in batch:
                 if r.error_class:
-                    orch_lines.append(f"WARNING step {step} rollout {r.task_id} failed: {r.error_class}: "
-                                      f"{r.error_message}")
+                    orch_lines.append(
+                        f"WARNING step {step} rollout {r.task_id} failed: {r.error_class}: {r.error_message}"
+                    )
             if step % 3 == 0:
                 ev = []
                 for _ in range(2):
@@ -149,16 +202,32 @@ def make_run(root: Path, *, failure: str | None = None, steps: int = 8, group_si
                     gid += 1
                 writer.append(ev, step=step, kind="eval")
                 mean = sum(r.reward for r in ev) / len(ev)
-                append_jsonl(run.metrics, {"step": step, "time": t0 + step * 10 + 5, "role": "orchestrator",
-                                           "eval/arith-test/avg@2": mean,
-                                           "eval/arith-test/pass@2": min(1.0, mean * 1.5)})
+                append_jsonl(
+                    run.metrics,
+                    {
+                        "step": step,
+                        "time": t0 + step * 10 + 5,
+                        "role": "orchestrator",
+                        "eval/arith-test/avg@2": mean,
+                        "eval/arith-test/pass@2": min(1.0, mean * 1.5),
+                    },
+                )
             valid = [r for r in batch if r.error_class is None]
-            append_jsonl(run.metrics, {
-                "step": step, "time": t0 + step * 10, "role": "orchestrator",
-                "reward/all/mean": sum(r.reward for r in valid) / max(len(valid), 1),
-                "errored_rollouts": len(batch) - len(valid), "effective_batch_size": len(valid),
-                "time/step": 9.5, "time/wait_for_policy": 0.5, "off_policy/mean": 0.8, "off_policy/max": 1,
-            })
+            append_jsonl(
+                run.metrics,
+                {
+                    "step": step,
+                    "time": t0 + step * 10,
+                    "role": "orchestrator",
+                    "reward/all/mean": sum(r.reward for r in valid) / max(len(valid), 1),
+                    "errored_rollouts": len(batch) - len(valid),
+                    "effective_batch_size": len(valid),
+                    "time/step": 9.5,
+                    "time/wait_for_policy": 0.5,
+                    "off_policy/mean": 0.8,
+                    "off_policy/max": 1,
+                },
+            )
             append_jsonl(run.metrics, _trainer_metrics(step, t0, failure, rng))
     orch_log.write_text("\n".join(orch_lines) + "\n")
     run.role_log("trainer", 1).write_text("INFO trainer started\nINFO step 0 done\n")
@@ -176,10 +245,23 @@ def _trainer_metrics(step: int, t0: float, failure: str | None, rng: random.Rand
         kl = 1e-4 * math.exp(step)  # grows ~e^7 over the run
         grad = 500.0 if step == 5 else grad
         loss = float("nan") if step == 7 else loss
-    return {"step": step, "time": t0 + step * 10 + 8, "role": "trainer", "loss/mean": loss,
-            "entropy/mean": entropy, "mismatch_kl/mean": kl, "mismatch_kl/max": kl * 5, "is_masked/mean": 0.002,
-            "optim/grad_norm": grad, "optim/lr": 1e-5, "perf/throughput": 900 + 10 * step,
-            "perf/peak_memory": 2.1e9, "time/step": 8.0, "time/wait_for_batch": 1.5, "time/broadcast": 0.2}
+    return {
+        "step": step,
+        "time": t0 + step * 10 + 8,
+        "role": "trainer",
+        "loss/mean": loss,
+        "entropy/mean": entropy,
+        "mismatch_kl/mean": kl,
+        "mismatch_kl/max": kl * 5,
+        "is_masked/mean": 0.002,
+        "optim/grad_norm": grad,
+        "optim/lr": 1e-5,
+        "perf/throughput": 900 + 10 * step,
+        "perf/peak_memory": 2.1e9,
+        "time/step": 8.0,
+        "time/wait_for_batch": 1.5,
+        "time/broadcast": 0.2,
+    }
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:

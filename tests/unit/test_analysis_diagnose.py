@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from analysis_runs import make_run
 
 from analysis.diagnose import diagnose, format_findings
-from analysis_runs import make_run
 
 
 def _boundaries(tmp_path: Path, failure: str | None) -> list[str]:
@@ -26,7 +26,7 @@ def _boundaries(tmp_path: Path, failure: str | None) -> list[str]:
 )
 def test_error_class_boundary(tmp_path: Path, failure: str, boundary: str) -> None:
     findings = diagnose(make_run(tmp_path / "run", failure=failure, steps=4))
-    assert [f.boundary for f in findings][0] == boundary
+    assert findings[0].boundary == boundary
     f = findings[0]
     assert f.evidence["count"] > 0 and f.evidence["first_step"] == 0
     assert f.evidence["log_file"] == "logs/attempt_1/orchestrator.log" and f.evidence["log_line"] >= 1
@@ -89,3 +89,13 @@ def test_format_is_plain_text(tmp_path: Path) -> None:
 def test_missing_run_dir(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         diagnose(tmp_path / "nope")
+
+
+def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from analysis.diagnose import main
+
+    assert main([str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main([str(make_run(tmp_path / "ok", steps=2).root)]) == 0
+    assert main([str(make_run(tmp_path / "bad", failure="harness", steps=2).root)]) == 1
+    assert "HarnessError" in capsys.readouterr().out

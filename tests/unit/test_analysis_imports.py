@@ -17,5 +17,17 @@ def test_analysis_imports_no_torch() -> None:
         "bad = [m for m in ('torch', 'vllm', 'matplotlib.pyplot') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_stop_criteria_import_is_free() -> None:
+    """The orchestrator imports analysis.stop on its hot path: no pandas, numpy or h5py behind it."""
+    code = (
+        "import sys\n"
+        "import analysis.stop\n"
+        "bad = [m for m in ('pandas', 'numpy', 'h5py', 'matplotlib') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

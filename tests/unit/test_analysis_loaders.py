@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from analysis_runs import make_run
 
 from analysis.loaders import load_metrics, load_run, role_metrics
-from analysis_runs import make_run
 from toolkit.fsutil import append_jsonl
 from toolkit.rundir import RunDir
 

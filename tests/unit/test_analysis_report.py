@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-
-from analysis.report import build_report, sweep_table
-from analysis.loaders import load_run
 from analysis_runs import make_run
+
+from analysis.loaders import load_run
+from analysis.report import build_report, sweep_table
 
 
 def test_sections_and_tables_without_figures(tmp_path: Path) -> None:
@@ -16,10 +16,13 @@ def test_sections_and_tables_without_figures(tmp_path: Path) -> None:
     paths = build_report([run.root], tmp_path / "out", run_figures=False)
     md = paths.markdown.read_text()
     headings = [line for line in md.splitlines() if line.startswith("### ")]
-    assert headings[:5] == ["### 1. Version and resolved config",
-                            "### 2. Taskset, harness, runtime, renderer, group, batch and eval settings",
-                            "### 3. Pre-training validation evidence", "### 4. Resource and cost envelope",
-                            "### 5. Monitoring and stop criteria"]
+    assert headings[:5] == [
+        "### 1. Version and resolved config",
+        "### 2. Taskset, harness, runtime, renderer, group, batch and eval settings",
+        "### 3. Pre-training validation evidence",
+        "### 4. Resource and cost envelope",
+        "### 5. Monitoring and stop criteria",
+    ]
     assert headings[-1] == "### 6. Failures and their boundary"
     assert "ProviderError" in md and "Per-run figures not drawn" in md
     # half of every step errored: [monitors.stop] max_errored_share 0.4 with patience 3 trips at step 2
@@ -31,9 +34,12 @@ def test_sections_and_tables_without_figures(tmp_path: Path) -> None:
 
 
 def test_sweep_table_groups_seeds_by_point(tmp_path: Path) -> None:
-    runs = [load_run(make_run(tmp_path / f"r{i}", steps=2, seed=i,
-                              meta={"sweep_point": {"lr": lr, "seed": i}}).root)
-            for i, lr in enumerate([1, 1, 2])]
+    runs = [
+        load_run(
+            make_run(tmp_path / f"r{i}", steps=2, seed=i, meta={"sweep_point": {"lr": lr, "seed": i}}).root
+        )
+        for i, lr in enumerate([1, 1, 2])
+    ]
     table, curves = sweep_table(runs, ["reward/all/mean"])
     assert list(table["point"]) == ["lr=1", "lr=2"] and list(table["seeds"]) == [2, 1]
     assert table.loc[1, ["final_low", "final_high"]].isna().all()  # one seed: no interval

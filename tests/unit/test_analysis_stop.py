@@ -17,10 +17,18 @@ def test_errored_share_needs_patience() -> None:
 
 
 def test_mismatch_kl_and_reward_collapse() -> None:
-    crit = StopCriteria(max_mismatch_kl=0.01, mismatch_kl_patience_steps=1, reward_collapse_fraction=0.5,
-                        reward_collapse_patience_steps=2)
-    steps = [(0, {"reward/all/mean": 0.6, "mismatch_kl/mean": 0.001}), (1, {"reward/all/mean": 0.2}),
-             (2, {"reward/all/mean": 0.25}), (3, {"mismatch_kl/mean": 0.5})]
+    crit = StopCriteria(
+        max_mismatch_kl=0.01,
+        mismatch_kl_patience_steps=1,
+        reward_collapse_fraction=0.5,
+        reward_collapse_patience_steps=2,
+    )
+    steps = [
+        (0, {"reward/all/mean": 0.6, "mismatch_kl/mean": 0.001}),
+        (1, {"reward/all/mean": 0.2}),
+        (2, {"reward/all/mean": 0.25}),
+        (3, {"mismatch_kl/mean": 0.5}),
+    ]
     step, reason = replay(crit, steps)
     assert step == 2 and "reward collapsed to 0.25" in reason
     assert replay(StopCriteria(max_mismatch_kl=0.01, mismatch_kl_patience_steps=1), steps)[0] == 3

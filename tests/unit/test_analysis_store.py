@@ -22,10 +22,22 @@ def _rollout(i: int, **kw) -> Rollout:
     samples = [TrainingSample([1, 2, i], [4, 5, 6 + i], [True, False, True], [-0.5, 0.0, -0.125])]
     if i % 3 == 0:  # a split multi-turn trajectory: two samples
         samples.append(TrainingSample([1, 2, i, 4, 5], [9] * i, [True] * i, [-1.0] * i))
-    base = dict(env="arith" if i % 2 else "reverse-text", task_id=f"t{i // 4}", example_id=i // 4, samples=samples,
-                reward=i / 10, reward_components={"correct": float(i % 2)}, num_turns=1 + i % 3,
-                truncated=i == 5, truncation_reason="max_tokens" if i == 5 else None, policy_version=3,
-                group_id=i // 4, advantage=i / 10 - 0.15, timings={"generate": 0.25 * i}, metrics={"lcs": 0.5})
+    base = {
+        "env": "arith" if i % 2 else "reverse-text",
+        "task_id": f"t{i // 4}",
+        "example_id": i // 4,
+        "samples": samples,
+        "reward": i / 10,
+        "reward_components": {"correct": float(i % 2)},
+        "num_turns": 1 + i % 3,
+        "truncated": i == 5,
+        "truncation_reason": "max_tokens" if i == 5 else None,
+        "policy_version": 3,
+        "group_id": i // 4,
+        "advantage": i / 10 - 0.15,
+        "timings": {"generate": 0.25 * i},
+        "metrics": {"lcs": 0.5},
+    }
     base.update(kw)
     return Rollout(**base)
 
@@ -33,8 +45,20 @@ def _rollout(i: int, **kw) -> Rollout:
 def test_round_trip_rollouts_and_tokens(tmp_path: Path) -> None:
     path = tmp_path / "a" / "store" / "rollouts.h5"
     first = [_rollout(i) for i in range(8)]
-    second = [_rollout(i, error_class="TaskError", error_message="scoring raised", samples=[], reward_components={},
-                       timings={}, metrics={}) if i == 9 else _rollout(i) for i in range(8, 12)]
+    second = [
+        _rollout(
+            i,
+            error_class="TaskError",
+            error_message="scoring raised",
+            samples=[],
+            reward_components={},
+            timings={},
+            metrics={},
+        )
+        if i == 9
+        else _rollout(i)
+        for i in range(8, 12)
+    ]
     with RolloutStoreWriter(path) as w:
         assert w.append(first, step=4) == 8
         assert w.append(second, step=5, kind="eval", off_policy_age=[0, 1, 2, 3]) == 12
@@ -42,12 +66,19 @@ def test_round_trip_rollouts_and_tokens(tmp_path: Path) -> None:
     assert len(back) == 12
     for want, got in zip(first + second, back):
         assert got.samples == want.samples
-        assert (got.env, got.task_id, got.example_id, got.group_id) == (want.env, want.task_id, want.example_id,
-                                                                        want.group_id)
+        assert (got.env, got.task_id, got.example_id, got.group_id) == (
+            want.env,
+            want.task_id,
+            want.example_id,
+            want.group_id,
+        )
         assert got.reward == pytest.approx(want.reward) and got.advantage == pytest.approx(want.advantage)
         assert (got.error_class, got.error_message) == (want.error_class, want.error_message)
-        assert (got.truncated, got.truncation_reason, got.num_turns) == (want.truncated, want.truncation_reason,
-                                                                         want.num_turns)
+        assert (got.truncated, got.truncation_reason, got.num_turns) == (
+            want.truncated,
+            want.truncation_reason,
+            want.num_turns,
+        )
         assert got.reward_components == want.reward_components and got.timings == want.timings
     df = load_rollouts(path)
     assert list(df["step"]) == [4] * 8 + [5] * 4
@@ -85,7 +116,9 @@ def test_uncommitted_append_is_ignored_and_overwritten(tmp_path: Path) -> None:
     path = tmp_path / "rollouts.h5"
     with RolloutStoreWriter(path) as w:
         w.append([_rollout(i) for i in range(4)], step=0)
-        w.append([_rollout(i, error_class="ProviderError", error_message="down") for i in range(4, 8)], step=1)
+        w.append(
+            [_rollout(i, error_class="ProviderError", error_message="down") for i in range(4, 8)], step=1
+        )
     # Inject what a writer killed after writing data but before committing num_rows leaves behind.
     with h5py.File(path, "a") as f:
         f.attrs["num_rows"] = 4
@@ -113,7 +146,7 @@ def test_killed_writer_keeps_committed_appends(tmp_path: Path) -> None:
                               samples=[TrainingSample([1], [2], [True], [-0.1])])] * 5, step=step)
         os.kill(os.getpid(), signal.SIGKILL)  # no close, no interpreter shutdown
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr
     df = load_rollouts(path)
     assert len(df) == 15 and list(df["reward"][::5]) == [0.0, 1.0, 2.0]

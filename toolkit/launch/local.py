@@ -210,11 +210,16 @@ def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child
 
 def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[str, Any]) -> int:
     progress = _Progress(run.metrics)
+    tty = sys.stdout.isatty()
     grace = cfg.slurm.checkpoint_grace_s
     while True:
         line = progress.poll()
         if line:
-            print(f"\r\x1b[2K{line}", end="", flush=True)
+            # One rewritten status line on a terminal; plain lines when output goes to a file or pipe.
+            if tty:
+                print(f"\r\x1b[2K{line}", end="", flush=True)
+            else:
+                print(line, flush=True)
         for c in children:
             if c.returncode is None:
                 c.returncode = c.proc.poll()
@@ -226,7 +231,11 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
                   f"(log: {Path(c.log.name)})", file=sys.stderr, flush=True)
             return c.returncode or 1
         if finite and all(c.returncode == 0 for c in finite):
-            print("\nsrl: run finished", flush=True)
+            if stop["at"] is not None:
+                print(f"\nsrl: stopped on request; continue with the same command plus --resume "
+                      f"(run {run.root})", flush=True)
+            else:
+                print(f"\nsrl: run finished; report with: srl report {run.root}", flush=True)
             return 0
         done_other = [c for c in children if c.role not in _FINITE_ROLES and c.returncode is not None]
         if done_other and stop["at"] is None:

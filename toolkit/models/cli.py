@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
             out = cmd_import_smollm2(args.dir)
         else:
             out = resolve_model(args.name)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
         allowed = ", ".join(sorted(MODEL_ALIASES))
         print(f"srl model: {e} (built-in aliases: {allowed})", file=sys.stderr)
         return 2

@@ -56,7 +56,8 @@ def _weight_files(model_dir: Path) -> tuple[dict[str, str], dict | None]:
     from safetensors import safe_open
 
     with safe_open(single, framework="pt") as f:
-        return {k: SINGLE_FILE for k in f.keys()}  # noqa: SIM118 - safe_open handles are not mappings, None
+        names = f.keys()  # safe_open handles are not mappings
+    return dict.fromkeys(names, SINGLE_FILE), None
 
 
 def untie_embeddings(model_dir: Path) -> bool:

@@ -37,6 +37,7 @@ out.mkdir(exist_ok=True)
 tmp = out / f".{name}@{node}#{restart}.json.tmp"
 tmp.write_text(json.dumps(rec, indent=1))
 tmp.rename(out / f"{name}@{node}#{restart}.json")
+print(f"probe {name} ({role}) on {node}, restart {restart}", flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 stop = run / "control" / "STOP"
 if role in ("inference", "router"):

@@ -1,0 +1,131 @@
+"""Benchmark: time from a broadcast's STABLE marker to a live vLLM engine serving those weights, against a plain
+read of the same bytes from the same filesystem, measured in the same run.
+
+    python tests/benchmarks/weight_sync.py                       # tiny model (2.5 MB), 5 updates
+    python tests/benchmarks/weight_sync.py --hidden 1024 --layers 8 --updates 3   # ~100M params, ~0.4 GB fp32
+
+Per update: a new weights directory is written under ``<run>/broadcasts/step_<n>/`` and its STABLE marker last
+(the trainer's protocol); the page cache of its files is dropped (``posix_fadvise(DONTNEED)``, per file, so other
+processes are unaffected); the clock starts when the marker exists; the follower (``follow_broadcasts``, polling
+every 50 ms) pauses, reloads, resets the prefix cache and resumes the engine; the clock stops when ``/weight_info``
+reports the new version. The baseline reads the same files after dropping their cache the same way. Goal: ratio
+at most 2x. Fixed per-update costs (HTTP round trips, pause/resume, polling) dominate for small models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import httpx  # noqa: E402
+
+from toolkit.fsutil import write_marker  # noqa: E402
+from toolkit.inference.serve import start_local_deployment  # noqa: E402
+from toolkit.inference.weights import WeightUpdater, follow_broadcasts  # noqa: E402
+from toolkit.models import build_tiny_model  # noqa: E402
+from toolkit.rundir import RunDir  # noqa: E402
+
+
+def drop_cache(directory: Path) -> None:
+    for f in directory.iterdir():
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def plain_read_s(directory: Path) -> float:
+    drop_cache(directory)
+    t0 = time.monotonic()
+    n = 0
+    for f in sorted(directory.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                n += len(chunk)
+    return time.monotonic() - t0
+
+
+def build_model(out: Path, seed: int, hidden: int | None, layers: int | None) -> Path:
+    """The tiny model, or (``hidden``/``layers`` given) a larger random Qwen3 with the tiny model's tokenizer."""
+    tiny = build_tiny_model(out, seed=seed)
+    if hidden is None:
+        return tiny
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(tiny)
+    cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size = hidden, layers or 2, 4 * hidden
+    cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = hidden // 64, max(1, hidden // 256), 64
+    cfg.layer_types = ["full_attention"] * cfg.num_hidden_layers
+    torch.manual_seed(seed)
+    for f in out.glob("*.safetensors"):
+        f.unlink()
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
+    return out
+
+
+async def measure(run: RunDir, dep, sources: list[Path], updates: int) -> tuple[list[float], list[float]]:
+    updater = WeightUpdater(dep.engine_urls, timeout_s=600)
+    stop = asyncio.Event()
+    loaded: dict[int, float] = {}
+    follower = asyncio.create_task(
+        follow_broadcasts(run, updater, poll_s=0.05, stop=stop, on_update=lambda s, _: loaded.setdefault(s, 0.0))
+    )
+    sync_s, read_s = [], []
+    async with httpx.AsyncClient(timeout=30) as http:
+        for step in range(1, updates + 1):
+            d = run.broadcast_step(step)
+            shutil.copytree(sources[step % len(sources)], d)
+            drop_cache(d)
+            write_marker(d / "STABLE")
+            t0 = time.monotonic()
+            while True:
+                info = (await http.get(dep.engine_urls[0] + "/weight_info")).json()
+                if info.get("weight_version") == str(step):
+                    break
+                if follower.done():
+                    follower.result()  # surfaces the follower's error
+                await asyncio.sleep(0.005)
+            sync_s.append(time.monotonic() - t0)
+            read_s.append(plain_read_s(d))
+    stop.set()
+    await follower
+    return sync_s, read_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--updates", type=int, default=5)
+    ap.add_argument("--hidden", type=int, default=None, help="larger random model: hidden size (e.g. 1024)")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--workdir", type=Path, default=None)
+    args = ap.parse_args()
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="srl_weight_sync_"))
+    sources = [build_model(root / f"src_{s}", s, args.hidden, args.layers) for s in (0, 1)]
+    size = sum(f.stat().st_size for f in sources[0].glob("*.safetensors"))
+    run = RunDir(root / "run")
+    dep = start_local_deployment(run, model_path=sources[0], served_model_name="bench", log_dir=root / "logs")
+    try:
+        sync_s, read_s = asyncio.run(measure(run, dep, sources, args.updates))
+    finally:
+        dep.stop()
+    s, r = statistics.median(sync_s), statistics.median(read_s)
+    print(f"weights: {size / 1e6:.1f} MB; engine start-up {dep.timings['startup_s']:.1f} s")
+    print(f"STABLE -> serving new weights: median {s:.3f} s over {len(sync_s)} ({', '.join(f'{x:.3f}' for x in sync_s)})")
+    print(f"plain read of the same bytes:  median {r:.4f} s ({size / max(r, 1e-9) / 1e9:.2f} GB/s)")
+    print(f"ratio (goal <= 2.0): {s / max(r, 1e-9):.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The first-run gate as a submitit job on the real local Slurm cluster (no accounting: state from scontrol)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from toolkit.evalgate import main
+from toolkit.launch import slurm
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+REPO = Path(__file__).resolve().parents[2]
+BROKEN = REPO / "tests" / "fixtures" / "broken_taskset"
+
+
+def test_validate_runs_as_submitit_job_and_reads_its_verdict(slurm_cluster, tmp_path, capsys):
+    run_dir = tmp_path / "gate"
+    rc = main(["validate", "@", str(REPO / "jobs" / "reverse-text" / "eval.toml"), "--site", "local-slurm",
+               "-n", "3", "--env", "reverse-text", "--run-dir", str(run_dir), "--no-rich",
+               "--wait-timeout", "900"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    job_id = out.split("submitted Slurm job ")[1].split()[0]
+    assert slurm.job_state(job_id).state == "COMPLETED"
+    data = json.loads((run_dir / "reports" / "eval_validate.json").read_text())
+    assert data["passed"] and {i["key"] for i in data["items"]} >= {"known_successes", "known_failures"}
+    # submitit's logs live under the run directory.
+    assert list((run_dir / "logs" / "eval" / "submitit" / job_id).glob("*.out"))
+
+
+def test_failed_gate_fails_the_job_and_blocks_an_afterok_dependent(slurm_cluster, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(BROKEN))  # sbatch exports the submitting environment to the job
+    run_dir = tmp_path / "broken"
+    rc = main(["validate", "@", str(BROKEN / "rl.toml"), "--site", "local-slurm", "-n", "3",
+               "--env", "empty-wins", "--run-dir", str(run_dir), "--no-rich", "--chain-before"])
+    assert rc == 0
+    job_id = capsys.readouterr().out.strip().splitlines()[-1]
+    assert job_id.isdigit()
+    dep = subprocess.run(
+        ["sbatch", "--parsable", f"--dependency=afterok:{job_id}", "--kill-on-invalid-dep=yes",
+         f"--output={tmp_path}/train-%j.out", "--wrap", "echo training"],
+        capture_output=True, text=True, env=slurm.scrubbed_env(), check=True, cwd=tmp_path,
+    ).stdout.strip()
+    gate = slurm.wait(job_id, timeout_s=900)
+    assert gate.state == "FAILED" and gate.exit_code != 0
+    train = slurm.wait(dep, timeout_s=60)
+    assert train.state == "CANCELLED", train  # DependencyNeverSatisfied: training never started
+    data = json.loads((run_dir / "reports" / "eval_validate.json").read_text())
+    assert [(i["env"], i["key"]) for i in data["items"] if i["status"] == "FAIL"] == [("empty-wins", "known_failures")]

@@ -1,0 +1,98 @@
+"""Gate verdicts: pass/fail logic, JSON round trip, Markdown twin, Slurm job parameters, API key handling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from toolkit.config import load_config
+from toolkit.config.site import load_site
+from toolkit.evalgate.run import GateThresholds, _env_items, api_headers
+from toolkit.evalgate.slurm import executor_parameters
+from toolkit.evalgate.verdict import GateItem, Verdict, print_verdict, read_verdicts
+from toolkit.orchestrator.types import Rollout, TrainingSample
+
+
+def test_verdict_fails_only_on_fail_and_round_trips(tmp_path):
+    v = Verdict("run", settings={"n": 2})
+    v.add(GateItem("taskset_loads", "a", "PASS", "ok", {"tasks": 3}))
+    v.add(GateItem("truncation_rate", "a", "WARN", "high-ish"))
+    v.add(GateItem("mixed_reward", "a", "SKIP", "nothing"))
+    assert v.passed
+    v.add(GateItem("error_rate", "b", "FAIL", "50% | errored", {"rate": 0.5}))
+    assert not v.passed and [i.key for i in v.failed()] == ["error_rate"]
+    js, md = v.write(tmp_path, "eval_gate")
+    data = json.loads(js.read_text())
+    assert data["passed"] is False and data["items"][3]["title"].startswith("infrastructure error rate")
+    again = Verdict.from_dict(data)
+    assert again.to_dict() == v.to_dict()
+    text = md.read_text()
+    assert "FAILED (1 item(s))" in text and "50% \\| errored" in text  # table cells escape pipes
+    assert read_verdicts(tmp_path)["run"].items[3].evidence == {"rate": 0.5}
+
+
+def test_plain_print_names_failed_items(capsys):
+    v = Verdict("validate", [GateItem("known_failures", "e", "FAIL", "empty scored 1.0")])
+    print_verdict(v, rich=False)
+    out = capsys.readouterr().out
+    assert "FAIL  e  known_failures: empty scored 1.0" in out and "GATE FAILED: e/known_failures" in out
+
+
+def test_api_key_read_from_named_variable_only(monkeypatch):
+    monkeypatch.setenv("SRL_TEST_KEY", "sekret")
+    assert api_headers("SRL_TEST_KEY") == {"Authorization": "Bearer sekret"}
+    assert api_headers(None) == {}
+    monkeypatch.delenv("SRL_TEST_KEY")
+    with pytest.raises(ValueError) as e:
+        api_headers("SRL_TEST_KEY")
+    assert "SRL_TEST_KEY" in str(e.value) and "sekret" not in str(e.value)
+
+
+def _rollout(example: int, reward: float, *, turns: int = 1, truncated: bool = False, error: str | None = None):
+    if error:
+        return Rollout("env", f"t{example}", example, error_class=error, error_message="boom")
+    mask = [True, True] + ([False, True] * (turns - 1))
+    sample = TrainingSample([1, 2, 3], [5] * len(mask), mask, [-0.1] * len(mask))
+    return Rollout("env", f"t{example}", example, [sample], reward=reward, num_turns=turns, truncated=truncated,
+                   truncation_reason="max_tokens" if truncated else None, timings={"total": 0.5})
+
+
+def test_live_items_from_rollouts(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[[orchestrator.train.env]]\nname = "env"\ntaskset = { id = "reverse-text" }\n')
+    env = load_config([path]).config.orchestrator.train.env[0].model_copy(update={"name": "env"})
+    groups = [
+        [_rollout(0, 0.2), _rollout(0, 0.7)],  # mixed
+        [_rollout(1, 0.0), _rollout(1, 0.0, truncated=True)],  # solve-none
+        [_rollout(2, 1.0), _rollout(2, 0.0, error="ProviderError")],  # one valid rollout: not counted
+    ]
+    info = {"kind": "train", "workers": 1, "workers_healthy": 1, "start_s": 0.1, "num_examples": 3,
+            "worker_task_ids": ["t0", "t1", "t2"]}
+    stored = {"rows": 6, "path": "x"}
+    th = GateThresholds(max_error_rate=0.1, max_truncation_rate=0.5, min_mixed_share=0.5)
+    items = {i.key: i for i in _env_items(env, groups, info, {"t0": "", "t1": "", "t2": ""}, stored, th)}
+    assert items["env_server"].status == "PASS"
+    assert items["traces_recorded"].status == "PASS"
+    assert items["mixed_reward"].evidence["groups"] == 2 and items["mixed_reward"].evidence["mixed"] == 1
+    assert items["mixed_reward"].status == "PASS"  # 1 of 2 groups >= 0.5
+    assert items["error_rate"].status == "FAIL" and items["error_rate"].evidence["by_class"] == {"ProviderError": 1}
+    assert items["truncation_rate"].evidence["truncated"] == 1 and items["truncation_rate"].status == "PASS"
+    assert items["bounded_use"].status == "PASS"
+    # A store that lost rows and a worker that loaded other tasks both fail.
+    info2 = {**info, "worker_task_ids": ["x0", "x1", "x2"]}
+    items = {i.key: i for i in _env_items(env, groups, info2, {"t0": "", "t1": "", "t2": ""}, {"rows": 5}, th)}
+    assert items["env_server"].status == "FAIL" and items["traces_recorded"].status == "FAIL"
+
+
+def test_slurm_parameters_follow_site_and_config(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('site = "local-slurm"\n[[orchestrator.train.env]]\ntaskset = { id = "reverse-text" }\n'
+                    '[slurm]\ntime = "00:10:30"\nextra_directives = ["--mail-type=END"]\n')
+    cfg = load_config([path]).config
+    params = executor_parameters(cfg, load_site("local-slurm"), command="run", job_name="g")
+    assert params["partition"] == "debug" and params["time"] == 11  # minutes, rounded up
+    assert params["gres"] == "gpu:1"  # the local cluster's fake GPUs, requested gres-style
+    assert "account" not in params  # no accounting on this site
+    assert params["additional_parameters"] == {"mail-type": "END"}
+    assert "gres" not in executor_parameters(cfg, load_site("local-slurm"), command="validate", job_name="g")
