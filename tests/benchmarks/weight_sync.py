@@ -26,13 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import httpx  # noqa: E402
+import httpx
 
-from toolkit.fsutil import write_marker  # noqa: E402
-from toolkit.inference.serve import start_local_deployment  # noqa: E402
-from toolkit.inference.weights import WeightUpdater, follow_broadcasts  # noqa: E402
-from toolkit.models import build_tiny_model  # noqa: E402
-from toolkit.rundir import RunDir  # noqa: E402
+from toolkit.fsutil import write_marker
+from toolkit.inference.serve import start_local_deployment
+from toolkit.inference.weights import WeightUpdater, follow_broadcasts
+from toolkit.models import build_tiny_model
+from toolkit.rundir import RunDir
 
 
 def drop_cache(directory: Path) -> None:
@@ -80,7 +80,9 @@ async def measure(run: RunDir, dep, sources: list[Path], updates: int) -> tuple[
     stop = asyncio.Event()
     loaded: dict[int, float] = {}
     follower = asyncio.create_task(
-        follow_broadcasts(run, updater, poll_s=0.05, stop=stop, on_update=lambda s, _: loaded.setdefault(s, 0.0))
+        follow_broadcasts(
+            run, updater, poll_s=0.05, stop=stop, on_update=lambda s, _: loaded.setdefault(s, 0.0)
+        )
     )
     sync_s, read_s = [], []
     async with httpx.AsyncClient(timeout=30) as http:
@@ -122,7 +124,9 @@ def main() -> None:
         dep.stop()
     s, r = statistics.median(sync_s), statistics.median(read_s)
     print(f"weights: {size / 1e6:.1f} MB; engine start-up {dep.timings['startup_s']:.1f} s")
-    print(f"STABLE -> serving new weights: median {s:.3f} s over {len(sync_s)} ({', '.join(f'{x:.3f}' for x in sync_s)})")
+    print(
+        f"STABLE -> serving new weights: median {s:.3f} s over {len(sync_s)} ({', '.join(f'{x:.3f}' for x in sync_s)})"
+    )
     print(f"plain read of the same bytes:  median {r:.4f} s ({size / max(r, 1e-9) / 1e9:.2f} GB/s)")
     print(f"ratio (goal <= 2.0): {s / max(r, 1e-9):.1f}x")
 

@@ -202,3 +202,28 @@ def test_hung_scorer_worker_is_killed_and_replaced(model_dir, external_on_path, 
     assert waited < 300  # stage timeouts + a worker restart, not the scorer's hour
     assert first != second and not alive(first)
     assert fine.error_class is None and fine.reward == 1.0
+
+
+def test_hung_user_turn_times_out_rollout_and_replaces_worker(model_dir, external_on_path, monkeypatch):
+    import toolkit.envs.runtime as runtime_mod
+
+    monkeypatch.setattr(runtime_mod, "GRACE_S", 0.5)
+    cfg = env_cfg("hanging-scorer", workers=1, timeout={"rollout": 3}, hang_in="user_turn")
+
+    async def go():
+        rt = EnvRuntime(cfg, model_path=model_dir, renderer_cfg=None, seed=0)
+        await rt.start()
+        try:
+            first = child_pids(rt)[0]
+            policy = AnswerPolicy(model_dir, "hi")
+            hung = await rt.run_group(0, 1, client=policy, sampling=SamplingParams(max_tokens=8))
+            fine = await rt.run_group(1, 1, client=policy, sampling=SamplingParams(max_tokens=8))
+            second = child_pids(rt)[0]
+        finally:
+            await rt.aclose()
+        return first, second, hung[0], fine[0]
+
+    first, second, hung, fine = asyncio.run(go())
+    assert hung.error_class == "HarnessError" and "timed out" in hung.error_message
+    assert first != second and not alive(first)
+    assert fine.error_class is None and fine.reward == 1.0

@@ -18,15 +18,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from toolkit.fsutil import write_marker  # noqa: E402
-from toolkit.inference.client import PolicyClient  # noqa: E402
-from toolkit.inference.health import read_ready  # noqa: E402
-from toolkit.inference.queues import queue_depths  # noqa: E402
-from toolkit.inference.serve import start_local_deployment  # noqa: E402
-from toolkit.inference.weights import WeightUpdater, newest_stable_broadcast  # noqa: E402
-from toolkit.models import build_tiny_model  # noqa: E402
-from toolkit.orchestrator.types import SamplingParams  # noqa: E402
-from toolkit.rundir import RunDir  # noqa: E402
+from toolkit.fsutil import write_marker
+from toolkit.inference.client import PolicyClient
+from toolkit.inference.health import read_ready
+from toolkit.inference.queues import queue_depths
+from toolkit.inference.serve import start_local_deployment
+from toolkit.inference.weights import WeightUpdater, newest_stable_broadcast
+from toolkit.models import build_tiny_model
+from toolkit.orchestrator.types import SamplingParams
+from toolkit.rundir import RunDir
 
 PROMPT = [5, 17, 23, 42, 8, 9, 30, 31]
 
@@ -93,7 +93,7 @@ def test_chat_completion_with_logprobs_and_token_ids(deployment):
 
 
 def test_live_reload_serves_exactly_the_new_weights(deployment):
-    dep, run, base, root = deployment
+    dep, run, base, _root = deployment
     # step_3: the base weights again, published the trainer's way (directory complete, then STABLE)
     shutil.copytree(base, run.broadcast_step(3))
     write_marker(run.broadcast_step(3) / "STABLE")

@@ -15,12 +15,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from toolkit.inference.client import PolicyClient  # noqa: E402
-from toolkit.inference.queues import parse_metric, queue_depths  # noqa: E402
-from toolkit.inference.serve import start_local_deployment  # noqa: E402
-from toolkit.models import build_tiny_model  # noqa: E402
-from toolkit.orchestrator.types import SamplingParams  # noqa: E402
-from toolkit.rundir import RunDir  # noqa: E402
+from toolkit.inference.client import PolicyClient
+from toolkit.inference.queues import parse_metric, queue_depths
+from toolkit.inference.serve import start_local_deployment
+from toolkit.models import build_tiny_model
+from toolkit.orchestrator.types import SamplingParams
+from toolkit.rundir import RunDir
 
 
 def hf_greedy(model_dir, prompt: list[int], n: int) -> list[int]:
@@ -31,7 +31,7 @@ def hf_greedy(model_dir, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
         for _ in range(n):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def test_prefill_decode_with_example_connector(tmp_path):
@@ -68,7 +68,9 @@ def test_prefill_decode_with_example_connector(tmp_path):
         print(f"\n[figure] decode engine external prefix-cache hits: {hits:.0f} tokens")
         assert hits >= 2 * 128  # whole 128-token blocks of both prompts
         assert "Inject KV cache" in decode.log_path.read_text()
-        q = queue_depths({"prefill": [e.url for e in dep.engines if e.role == "prefill"], "decode": [decode.url]})
+        q = queue_depths(
+            {"prefill": [e.url for e in dep.engines if e.role == "prefill"], "decode": [decode.url]}
+        )
         assert q["advice"].startswith("balanced")
     finally:
         dep.stop(grace_s=10)

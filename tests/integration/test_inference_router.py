@@ -17,14 +17,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 pytest.importorskip("vllm")
 
-from toolkit.errors import ProviderError  # noqa: E402
-from toolkit.inference.client import PolicyClient  # noqa: E402
-from toolkit.inference.health import is_healthy  # noqa: E402
-from toolkit.inference.queues import parse_metric  # noqa: E402
-from toolkit.inference.serve import start_local_deployment  # noqa: E402
-from toolkit.models import build_tiny_model  # noqa: E402
-from toolkit.orchestrator.types import SamplingParams  # noqa: E402
-from toolkit.rundir import RunDir  # noqa: E402
+from toolkit.errors import ProviderError
+from toolkit.inference.client import PolicyClient
+from toolkit.inference.health import is_healthy
+from toolkit.inference.queues import parse_metric
+from toolkit.inference.serve import start_local_deployment
+from toolkit.models import build_tiny_model
+from toolkit.orchestrator.types import SamplingParams
+from toolkit.rundir import RunDir
 
 
 def served_counts(urls: list[str]) -> list[float]:
@@ -92,7 +92,9 @@ def test_two_replicas_sticky_sessions_and_failover(tmp_path):
         dep.engines[0].proc.wait(timeout=30)
 
         async def all_down():
-            async with PolicyClient(dep.base_url, "tiny", timeout_s=10, max_retries=2, backoff_s=0.2) as client:
+            async with PolicyClient(
+                dep.base_url, "tiny", timeout_s=10, max_retries=2, backoff_s=0.2
+            ) as client:
                 await client.generate([5, 6, 7], sp, session_id="x")
 
         t0 = time.monotonic()

@@ -21,11 +21,17 @@ def test_payload_asks_for_token_ids_and_sampled_logprobs():
     body = completion_payload("m", [1, 2, 3], SamplingParams(temperature=0.7, top_k=None, max_tokens=9,
                                                               stop_token_ids=[2], seed=5))  # fmt: skip
     assert body["prompt"] == [1, 2, 3] and body["logprobs"] == 0 and body["return_token_ids"] is True
-    assert body["top_k"] == 0 and body["max_tokens"] == 9 and body["stop_token_ids"] == [2] and body["seed"] == 5
+    assert (
+        body["top_k"] == 0 and body["max_tokens"] == 9 and body["stop_token_ids"] == [2] and body["seed"] == 5
+    )
 
 
 def test_parse_completion_and_malformed_responses():
-    data = {"choices": [{"token_ids": [4, 5], "logprobs": {"token_logprobs": [-1.0, -2.5]}, "finish_reason": "stop"}]}
+    data = {
+        "choices": [
+            {"token_ids": [4, 5], "logprobs": {"token_logprobs": [-1.0, -2.5]}, "finish_reason": "stop"}
+        ]
+    }
     gen = parse_completion(data, policy_version=3)
     assert gen.token_ids == [4, 5] and gen.logprobs == [-1.0, -2.5] and gen.finish_reason == "stop"
     assert gen.policy_version == 3
@@ -41,7 +47,9 @@ def test_dead_endpoint_raises_provider_error_after_bounded_retries():
     port = free_port()  # nothing listens there
 
     async def go():
-        async with PolicyClient(f"http://127.0.0.1:{port}", "m", timeout_s=2, max_retries=2, backoff_s=0.05) as c:
+        async with PolicyClient(
+            f"http://127.0.0.1:{port}", "m", timeout_s=2, max_retries=2, backoff_s=0.05
+        ) as c:
             await c.generate([1], SamplingParams(max_tokens=1), session_id="s")
 
     t0 = time.monotonic()
@@ -73,3 +81,29 @@ def test_newest_stable_broadcast_skips_unmarked_and_temp_dirs(tmp_path):
     write_marker(run.broadcast_step(3) / "STABLE")
     (run.broadcasts / ".step_7.tmp-1-abc").mkdir()
     assert newest_stable_broadcast(run) == (3, run.broadcast_step(3))
+
+
+def test_supervise_reports_a_dead_child_and_stops_the_rest(tmp_path):
+    """Real child processes (sleep / false) stand in for an engine and a router: only process handling is tested."""
+    from toolkit.inference.serve import Deployment, ManagedProcess, supervise
+
+    run = RunDir(tmp_path / "run")
+    alive = ManagedProcess("engine_0", "engine", "http://h:1", ["sleep", "30"], {}, tmp_path / "e.log")
+    dying = ManagedProcess("router", "router", "http://h:2", ["false"], {}, tmp_path / "r.log")
+    alive.start()
+    dying.start()
+    dep = Deployment(run=run, model="m", engines=[alive], router=dying)
+    assert supervise(dep, poll_s=0.05) == 1
+    assert alive.proc.poll() is not None  # stopped by its process group, no orphan
+
+
+def test_supervise_returns_zero_on_stop_file(tmp_path):
+    from toolkit.inference.serve import Deployment, ManagedProcess, supervise
+
+    run = RunDir(tmp_path / "run")
+    run.control.mkdir(parents=True)
+    run.stop_request.touch()
+    eng = ManagedProcess("engine_0", "engine", "http://h:1", ["sleep", "30"], {}, tmp_path / "e.log")
+    eng.start()
+    assert supervise(Deployment(run=run, model="m", engines=[eng]), poll_s=0.05) == 0
+    assert eng.proc.poll() is not None

@@ -22,8 +22,18 @@ from toolkit.inference.queues import parse_metric
 from toolkit.inference.serve import cpu_binds
 from toolkit.rundir import RunDir
 
-BASE = dict(model_path="/m", host="10.0.0.1", port=8000, tp=1, dp=1, served_model_name="pol",
-            kv_role=None, kv_connector=None, kv_extra=None, python="/py")  # fmt: skip
+BASE = {
+    "model_path": "/m",
+    "host": "10.0.0.1",
+    "port": 8000,
+    "tp": 1,
+    "dp": 1,
+    "served_model_name": "pol",
+    "kv_role": None,
+    "kv_connector": None,
+    "kv_extra": None,
+    "python": "/py",
+}
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -32,8 +42,14 @@ def _flag(argv: list[str], name: str) -> str:
 
 def test_vllm_arg_list_rendering():
     got = vllm_arg_list(
-        {"max_model_len": 2048, "enable-prefix-caching": True, "enforce_eager": False, "x": None,
-         "compilation_config": {"b": 1, "a": 2}, "middleware": ["m1", "m2"]}  # fmt: skip
+        {
+            "max_model_len": 2048,
+            "enable-prefix-caching": True,
+            "enforce_eager": False,
+            "x": None,
+            "compilation_config": {"b": 1, "a": 2},
+            "middleware": ["m1", "m2"],
+        }
     )
     assert got == [
         "--max-model-len", "2048", "--enable-prefix-caching", "--compilation-config", '{"a":2,"b":1}',
@@ -111,7 +127,10 @@ def test_router_command_aggregated_and_pd():
     argv = router_command(host="0.0.0.0", port=9000, engine_urls=["http://a:1", "http://b:2"],
                           policy="sticky_least_loaded", request_timeout_s=300, health_check_interval_s=5)  # fmt: skip
     assert argv[0] == "vllm-router" and _flag(argv, "--policy") == "sticky_least_loaded"
-    assert argv[argv.index("--worker-urls") + 1:argv.index("--worker-urls") + 3] == ["http://a:1", "http://b:2"]
+    assert argv[argv.index("--worker-urls") + 1 : argv.index("--worker-urls") + 3] == [
+        "http://a:1",
+        "http://b:2",
+    ]
     assert _flag(argv, "--request-timeout-secs") == "300"
     argv = router_command(host="h", port=1, engine_urls=[], policy="round_robin", request_timeout_s=60,
                           prefill_urls=["http://p:1", "http://p:2"], decode_urls=["http://d:1"])  # fmt: skip
@@ -128,11 +147,15 @@ def test_router_command_aggregated_and_pd():
 def test_router_command_parses_with_the_real_router_cli():
     """vllm-router's own argument parser accepts what we render (fails if a flag is renamed upstream)."""
     pytest.importorskip("vllm_router")
-    code = ("import sys; from vllm_router.launch_router import parse_router_args; "
-            "a = parse_router_args(sys.argv[1:]); print(a.policy, a.request_timeout_secs, a.vllm_pd_disaggregation)")
+    code = (
+        "import sys; from vllm_router.launch_router import parse_router_args; "
+        "a = parse_router_args(sys.argv[1:]); print(a.policy, a.request_timeout_secs, a.vllm_pd_disaggregation)"
+    )
     argv = router_command(host="127.0.0.1", port=9000, engine_urls=[], policy="sticky_least_loaded",
                           request_timeout_s=120, prefill_urls=["http://p:1"], decode_urls=["http://d:1"])  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code, *argv[1:]], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv[1:]], capture_output=True, text=True, timeout=30, check=False
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["sticky_least_loaded", "120", "True"]
 
@@ -162,7 +185,8 @@ def test_two_island_three_to_one_nixl_gpu_layout():
         assert len({g.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for g in group}) == 2, host
         assert len({_flag(g.argv, "--port") for g in group}) == 2, host
         assert set(group[0].env["CUDA_VISIBLE_DEVICES"].split(",")).isdisjoint(
-            group[1].env["CUDA_VISIBLE_DEVICES"].split(","))
+            group[1].env["CUDA_VISIBLE_DEVICES"].split(",")
+        )
     # the decode engine of island 0 shares a node with a prefill engine: ports must still differ
     routers = pd_router_commands(slots, router_port=9000)
     assert set(routers) == {0, 1}
@@ -170,7 +194,9 @@ def test_two_island_three_to_one_nixl_gpu_layout():
         prefill = [argv[i + 1] for i, a in enumerate(argv) if a == "--prefill"]
         decode = [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"]
         assert len(prefill) == 3 and len(decode) == 1
-        assert all(u.split("//")[1].startswith(f"10.0.{island}.") for u in prefill + decode)  # no cross-island KV
+        assert all(
+            u.split("//")[1].startswith(f"10.0.{island}.") for u in prefill + decode
+        )  # no cross-island KV
 
 
 def test_pd_slots_side_channel_ranges_are_dp_wide_and_refuse_overflow():
@@ -187,8 +213,10 @@ def test_cpu_binds_are_disjoint():
 
 
 def test_parse_metric_sums_label_sets():
-    text = ('# HELP vllm:num_requests_waiting x\nvllm:num_requests_waiting{engine="0"} 3.0\n'
-            'vllm:num_requests_waiting{engine="1"} 2.0\nvllm:num_requests_waiting_by_reason{r="c"} 9.0\n')
+    text = (
+        '# HELP vllm:num_requests_waiting x\nvllm:num_requests_waiting{engine="0"} 3.0\n'
+        'vllm:num_requests_waiting{engine="1"} 2.0\nvllm:num_requests_waiting_by_reason{r="c"} 9.0\n'
+    )
     assert parse_metric(text, "vllm:num_requests_waiting") == 5.0
     assert parse_metric(text, "vllm:num_requests_running") is None
 
@@ -203,3 +231,16 @@ def test_ready_file_roundtrip_and_timeout(tmp_path):
     assert read_ready(run, timeout_s=1)["base_url"] == "http://h:1"
     clear_ready(run)
     assert not run.inference_ready.exists()
+
+
+def test_run_queue_depths_groups_by_role_and_reports_unreachable(tmp_path):
+    from toolkit.inference.health import write_ready
+    from toolkit.inference.queues import run_queue_depths
+    from toolkit.inference.serve import free_port
+
+    run = RunDir(tmp_path / "run")
+    p, d = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    write_ready(run, {"engine_urls": [p, d], "roles": {p: "prefill", d: "decode"}})
+    got = run_queue_depths(run, timeout_s=1)
+    assert set(got) == {"prefill", "decode", "advice"}
+    assert got["prefill"]["engines"][p]["waiting"] is None and "error" in got["prefill"]["engines"][p]

@@ -86,6 +86,9 @@ def test_b14_default_signal_is_usr2_and_usr1_with_nccl_warns() -> None:
     assert any("NCCL" in w.message for w in loaded.warnings)
     text = rendered(slurm={"signal": "USR1"})
     assert "--signal=B:USR1@" in text and "trap 'srl_on_signal USR1' USR1" in text
+    cfg = make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect", slurm={"signal": "USR1"})
+    plan = build_plan(cfg, PI, RunDir("/shared/runs/x"), job_id=1)
+    assert plan.process("trainer").env["SRL_PREEMPT_SIGNAL"] == "USR1"  # directive, trap and trainer agree
 
 
 def test_b15_logs_append_absolute_under_run_logs() -> None:

@@ -12,8 +12,9 @@ the seed's boundaries:
   exponential backoff (0.5 s, 1 s, 2 s, ... capped at 30 s, times a seeded jitter in [1, 1.5)); deterministic classes are not retried;
 - a rollout that still fails comes back with ``error_class`` set and no training samples.
 
-A worker that stops answering within its stage timeout (e.g. a scorer stuck in a CPU loop) is killed and
-restarted; the episodes it held fail as SandboxError and are retried.
+A worker that stops answering within its stage timeout (e.g. a scorer stuck in a CPU loop), or that cannot
+answer a health check after a rollout timeout, is killed and restarted; the episodes it held fail as SandboxError
+and are retried. A worker that died is restarted before its next episode.
 """
 
 from __future__ import annotations
@@ -294,9 +295,21 @@ class EnvRuntime:
                 self.timeouts.get("rollout"),
             )  # fmt: skip
         except asyncio.TimeoutError as exc:
+            await self._restart_if_unresponsive(worker)
             raise srl_errors.HarnessError(f"rollout timed out after {self.timeouts['rollout']} s") from exc
         finally:
             await session.close()
+
+    async def _restart_if_unresponsive(self, worker: _Worker) -> None:
+        """After a rollout timeout: a worker that cannot answer ``health`` within GRACE_S is stuck (e.g. a
+        blocking ``user_turn``) and would stall every later episode, so it is replaced."""
+        conn = worker.conn
+        try:
+            await conn.call("health", GRACE_S)
+        except asyncio.TimeoutError:
+            await self._restart(worker, conn)
+        except srl_errors.SrlRolloutError:
+            pass  # connection already lost: the next attempt restarts it
 
     async def run_rollout(self, example_id: int, *, client: Any, sampling: SamplingParams) -> Rollout:
         """One rollout with retries of transient failures; an errored Rollout (no samples) when it fails."""
@@ -333,7 +346,9 @@ class EnvRuntime:
         """
 
         def nth(k: int) -> SamplingParams:
-            return sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + k)
+            return (
+                sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + k)
+            )
 
         return list(
             await asyncio.gather(

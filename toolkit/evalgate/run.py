@@ -106,7 +106,7 @@ async def _run_env(env: Any, kind: str, cfg: Any, endpoint: Endpoint, client: An
     try:
         try:
             await rt.start()
-        except Exception as exc:  # the finding: the env server path does not come up
+        except Exception as exc:  # noqa: BLE001 - the finding: the env server path does not come up
             info["start_error"] = f"{type(exc).__name__}: {exc}"[-2000:]
             return [], info
         info.update(start_s=round(time.monotonic() - t0, 3), workers=len(rt.workers),
@@ -117,7 +117,7 @@ async def _run_env(env: Any, kind: str, cfg: Any, endpoint: Endpoint, client: An
             try:
                 await w.conn.call("health", 10.0)
                 health.append(True)
-            except Exception:  # a worker that does not answer health is evidence, not a crash
+            except Exception:  # noqa: BLE001 - a worker that does not answer health is evidence, not a crash
                 health.append(False)
         info["workers_healthy"] = sum(health)
         examples = rt.example_ids()
@@ -380,7 +380,7 @@ def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r:
             tok = tokenizer or name
             try:
                 tok_path = resolve_model(tok)
-            except Exception:  # a hosted model name is not a local directory: render with the config's model
+            except Exception:  # noqa: BLE001 - a hosted model name is not a local directory: render with the config's model
                 tok_path = resolve_model(cfg.model.name)
             endpoint = Endpoint(base_url.rstrip("/").removesuffix("/v1"), name, tok_path)
         t0 = time.monotonic()

@@ -25,6 +25,7 @@ A task with none fails ``known_successes`` with that fix named.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -117,7 +118,7 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     t0 = time.perf_counter()
     try:
         all_tasks = load_tasks(env.taskset)
-    except Exception as exc:  # any failure to build the taskset is the finding itself
+    except Exception as exc:  # noqa: BLE001 - any failure to build the taskset is the finding itself
         items.append(GateItem("taskset_loads", name, "FAIL", f"taskset {env.taskset.id!r} failed to load: "
                               f"{type(exc).__name__}: {exc}", {"taskset": env.taskset.id}))  # fmt: skip
         return items
@@ -146,7 +147,7 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
             return await score_replies(task, replies, **kw)
         except asyncio.TimeoutError:
             return {"error": f"timed out (setup {timeout.setup} s / scoring {timeout.scoring} s)"}
-        except Exception as exc:  # TaskError and anything the task raised: evidence, not a crash of the gate
+        except Exception as exc:  # noqa: BLE001 - TaskError and anything the task raised: evidence, not a crash of the gate
             return {"error": f"{type(exc).__name__}: {exc}"}
 
     # -- known successes ----------------------------------------------------------------------------------------
@@ -221,7 +222,7 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
                               "second": _brief(again)})  # fmt: skip
     try:
         reload_same = _task_fingerprint(load_tasks(env.taskset)[:n]) == _task_fingerprint(tasks)
-    except Exception as exc:  # a taskset that loads once but not twice is nondeterministic too
+    except Exception as exc:  # noqa: BLE001 - a taskset that loads once but not twice is nondeterministic too
         reload_same = False
         diffs.append({"reload": f"{type(exc).__name__}: {exc}"})
     if diffs or not reload_same:
@@ -264,7 +265,7 @@ def _bounded_limits(env: Any, refs: list[list[str] | None], success: list[dict[s
     }  # fmt: skip
     fails, warns = [], []
     values = [env.max_turns, env.max_total_tokens, t.setup, t.rollout, t.finalize, t.scoring]
-    if any(v is None or v != v or v == float("inf") for v in values):
+    if any(v is None or not math.isfinite(v) for v in values):
         fails.append("a turn, token or time limit is unset or infinite")
     if env.max_turns < need_turns:
         fails.append(f"max_turns {env.max_turns} < the {need_turns} turns a reference solution needs")

@@ -128,7 +128,9 @@ class PolicyClient:
             return resp
         raise ProviderError(f"{self.base_url}{path} failed after {self.max_retries + 1} attempts: {last}")
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str
+    ) -> Generation:
         """Sample one completion of ``prompt_ids`` (token ids); returns ids, sampling logprobs, finish reason.
 
         ``session_id`` identifies the rollout (sticky routing). ``latency_s`` is the wall time including retries.
@@ -159,7 +161,7 @@ class PolicyClient:
         """Close the connection pool."""
         await self._http.aclose()
 
-    async def __aenter__(self) -> PolicyClient:
+    async def __aenter__(self) -> PolicyClient:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -131,7 +131,9 @@ def kv_transfer_config(kv_connector: str, kv_role: str, kv_extra: Mapping[str, A
     if "kv_buffer_device" in extra:
         cfg["kv_buffer_device"] = extra.pop("kv_buffer_device")
     if name == "ExampleConnector" and "shared_storage_path" not in extra:
-        raise CommandError("ExampleConnector needs kv_extra['shared_storage_path'] (put it in the run's scratch)")
+        raise CommandError(
+            "ExampleConnector needs kv_extra['shared_storage_path'] (put it in the run's scratch)"
+        )
     if extra:
         cfg["kv_connector_extra_config"] = extra
     return cfg
@@ -226,7 +228,9 @@ def engine_env(
     if (side_channel_host is None) != (side_channel_port is None):
         raise CommandError("side_channel_host and side_channel_port are set together or not at all")
     if side_channel_host is not None:
-        if _is_unroutable(side_channel_host) and not (allow_loopback and side_channel_host not in ("0.0.0.0", "::")):
+        if _is_unroutable(side_channel_host) and not (
+            allow_loopback and side_channel_host not in ("0.0.0.0", "::")
+        ):
             raise CommandError(
                 f"NIXL side-channel host {side_channel_host!r} is not routable from other nodes (field case B08): "
                 "use the engine node's own address"

@@ -65,7 +65,9 @@ def wait_healthy(
             p = procs.get(url)
             if p is not None and p.poll() is not None:
                 tail = _log_tail(log_paths.get(url)) if log_paths else ""
-                raise EngineStartError(f"process serving {url} exited with code {p.returncode} before healthy{tail}")
+                raise EngineStartError(
+                    f"process serving {url} exited with code {p.returncode} before healthy{tail}"
+                )
             if is_healthy(url):
                 pending.remove(url)
         if not pending:

@@ -42,7 +42,12 @@ def engine_queue(url: str, *, timeout_s: float = 5.0) -> dict[str, float | None]
         resp = httpx.get(f"{url.rstrip('/')}/metrics", timeout=timeout_s)
         resp.raise_for_status()
     except httpx.HTTPError as exc:
-        return {"waiting": None, "running": None, "kv_cache_usage": None, "error": f"{type(exc).__name__}: {exc}"}
+        return {
+            "waiting": None,
+            "running": None,
+            "kv_cache_usage": None,
+            "error": f"{type(exc).__name__}: {exc}",
+        }
     text = resp.text
     return {
         "waiting": parse_metric(text, WAITING),
@@ -51,7 +56,9 @@ def engine_queue(url: str, *, timeout_s: float = 5.0) -> dict[str, float | None]
     }
 
 
-def queue_depths(engine_urls_by_role: Mapping[str, Sequence[str]], *, timeout_s: float = 5.0) -> dict[str, Any]:
+def queue_depths(
+    engine_urls_by_role: Mapping[str, Sequence[str]], *, timeout_s: float = 5.0
+) -> dict[str, Any]:
     """Queue depths of every engine, grouped by role ("engine", "prefill", "decode").
 
     Returns ``{role: {"engines": {url: engine_queue(url)}, "waiting": total, "running": total}}`` (totals over
@@ -77,3 +84,17 @@ def queue_depths(engine_urls_by_role: Mapping[str, Sequence[str]], *, timeout_s:
                 f"(prefill {per['prefill']:.1f}, decode {per['decode']:.1f})"
             )
     return out
+
+
+def run_queue_depths(run: Any, *, timeout_s: float = 5.0) -> dict[str, Any]:
+    """``srl inference queues <run>``: queue depths of the engines listed in the run's readiness file.
+
+    ``run`` is a ``RunDir``. Raises FileNotFoundError when the deployment has not reported ready.
+    """
+    import json
+
+    info = json.loads(run.inference_ready.read_text())
+    by_role: dict[str, list[str]] = {}
+    for url in info["engine_urls"]:
+        by_role.setdefault(info.get("roles", {}).get(url, "engine"), []).append(url)
+    return queue_depths(by_role, timeout_s=timeout_s)

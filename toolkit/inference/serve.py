@@ -140,7 +140,7 @@ class Deployment:
         if self.kv_store is not None:
             shutil.rmtree(self.kv_store, ignore_errors=True)
 
-    def __enter__(self) -> Deployment:
+    def __enter__(self) -> Deployment:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -213,7 +213,9 @@ def start_local_deployment(
     kv_extra: dict[str, Any] | None = None
     if pd and kv_connector.lower() in ("example", "exampleconnector", "shared_storage"):
         kv_store = run.scratch / "kv_store"
-        shutil.rmtree(kv_store, ignore_errors=True)  # the connector never cleans its store; it grows per prompt
+        shutil.rmtree(
+            kv_store, ignore_errors=True
+        )  # the connector never cleans its store; it grows per prompt
         kv_store.mkdir(parents=True)
         kv_extra = {"shared_storage_path": str(kv_store)}
 
@@ -239,7 +241,9 @@ def start_local_deployment(
         env = engine_env(role=role, omp_bind=bind, side_channel_host=None, side_channel_port=None, cpu=cpu,
                          user_env=user_env[role] or {})  # fmt: skip
         name = f"{role}_{i}"
-        engines.append(ManagedProcess(name, role, f"http://{host}:{port}", argv, env, Path(log_dir) / f"{name}.log"))
+        engines.append(
+            ManagedProcess(name, role, f"http://{host}:{port}", argv, env, Path(log_dir) / f"{name}.log")
+        )
 
     dep = Deployment(run=run, model=served_model_name, engines=engines, kv_store=kv_store)
     try:
@@ -267,7 +271,9 @@ def start_local_deployment(
             dep.router = ManagedProcess("router", "router", f"http://{host}:{rport}", argv, {},
                                         Path(log_dir) / "router.log")  # fmt: skip
             dep.router.start()
-            wait_healthy([dep.router.url], 60, proc=dep.router.proc, log_paths={dep.router.url: dep.router.log_path})
+            wait_healthy(
+                [dep.router.url], 60, proc=dep.router.proc, log_paths={dep.router.url: dep.router.log_path}
+            )
         if load_newest_stable:
             newest = newest_stable_broadcast(run)
             if newest is not None:
@@ -280,3 +286,33 @@ def start_local_deployment(
         dep.stop(grace_s=10)
         raise
     return dep
+
+
+def supervise(dep: Deployment, *, poll_s: float = 1.0, stop_file: Path | None = None) -> int:
+    """Block while the deployment serves (the body of ``srl inference`` after start-up); returns an exit code.
+
+    Returns 0 on SIGTERM/SIGINT (Slurm's end-of-job signal) or when ``stop_file`` (default ``run.stop_request``)
+    appears; returns 1 when any engine or the router exits on its own (the log path is printed), so a job step
+    fails visibly instead of serving from a partial deployment. The deployment is stopped in every case.
+    """
+    stop_file = dep.run.stop_request if stop_file is None else stop_file
+    stopping = {"sig": None}
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stopping["sig"] = signum
+
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while stopping["sig"] is None and not stop_file.exists():
+            dead = [p for p in dep._all() if p.proc is not None and p.proc.poll() is not None]
+            if dead:
+                for p in dead:
+                    print(f"srl inference: {p.name} ({p.url}) exited with code {p.proc.returncode}; see {p.log_path}",
+                          file=sys.stderr)  # fmt: skip
+                return 1
+            time.sleep(poll_s)
+        return 0
+    finally:
+        dep.stop()
+        for s, handler in old.items():
+            signal.signal(s, handler)

@@ -65,7 +65,9 @@ class WeightUpdater:
     (drain in-flight requests first) or "abort".
     """
 
-    def __init__(self, engine_urls: Sequence[str], *, timeout_s: float = 300.0, pause_mode: str = "keep") -> None:
+    def __init__(
+        self, engine_urls: Sequence[str], *, timeout_s: float = 300.0, pause_mode: str = "keep"
+    ) -> None:
         if not engine_urls:
             raise ValueError("WeightUpdater needs at least one engine URL")
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
@@ -117,7 +119,9 @@ class WeightUpdater:
                     json={"method": "reload_weights", "kwargs": {"weights_path": str(broadcast_dir)}},
                 )
                 await self._all(http, "/reset_prefix_cache", optional=True)
-                await self._all(http, "/update_weight_version", optional=True, json={"new_version": str(version)})
+                await self._all(
+                    http, "/update_weight_version", optional=True, json={"new_version": str(version)}
+                )
             except BaseException:
                 await asyncio.gather(
                     *(self._call(http, u, "/resume", optional=True) for u in self.engine_urls),

