@@ -175,14 +175,18 @@ def write_manifest(sweep: Sweep, root: Path) -> Path:
 def main(argv: list[str]) -> int:
     """``srl sweep @ sweep.toml [--dry-run] [--output-dir D]`` and ``srl sweep run-point MANIFEST INDEX``."""
     if argv and argv[0] == "run-point":
-        return run_point(Path(argv[1]), int(argv[2]))
+        offset = int(argv[4]) if len(argv) > 4 and argv[3] == "--offset" else 0
+        return run_point(Path(argv[1]), int(argv[2]) + offset)
     parser = argparse.ArgumentParser(prog="srl sweep")
     parser.add_argument("at", choices=["@"])
     parser.add_argument("file", type=Path)
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--output-dir", type=Path)
+    parser.add_argument("--site", help="site-configs/ name (overrides the configs' site)")
     args = parser.parse_args(argv)
     sweep = load_sweep(args.file)
+    if args.site:
+        sweep.common = deep_merge(sweep.common, {"site": args.site})
     configs = [point_config(sweep, p, args.output_dir) for p in sweep.points]  # validate all before submitting
     root = Path(configs[0].config.output_dir)
     manifest = write_manifest(sweep, root)

@@ -84,3 +84,41 @@ def _submit(cfg: RLConfig, run: RunDir, attempt: int, kind: str, roles: tuple[st
           file=sys.stderr)
     print(f"  status:    srl status {run.root}", file=sys.stderr)
     return job_id
+
+
+def submit_sweep(sweep, manifest: Path, cfg: RLConfig, site: SiteConfig, *, dry_run: bool = False) -> list[str]:
+    """Submit a sweep as Slurm job array(s): task ``i`` runs manifest point ``i`` (``srl sweep run-point``).
+
+    Split into several arrays of at most ``site.limits.max_array_size`` tasks, each throttled to
+    ``sweep.max_parallel`` (``--array=a-b%P``); logs are ``%x_%A_%a`` (field case B11). Scripts go next to the
+    manifest. Returns the array job ids (or the script paths when ``dry_run``). Raises SubmitError loudly.
+    """
+    from ..render import render_batch
+    from ..fsutil import atomic_write_text
+
+    root = manifest.parent
+    run = RunDir(root)
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    n = len(sweep.points)
+    size = site.limits.max_array_size
+    out: list[str] = []
+    for first in range(0, n, size):
+        last = min(n, first + size) - 1
+        # Array indices restart at 0 in every chunk (MaxArraySize bounds the index, not only the count).
+        offset = first
+        array = f"0-{last - first}%{sweep.max_parallel}"
+        command = ["srl", "sweep", "run-point", str(manifest), "{task_id}"]
+        if offset:
+            command = ["srl", "sweep", "run-point", str(manifest), "{task_id}", "--offset", str(offset)]
+        text = render_batch("array", cfg, site, run, command=command, name_suffix=f"sweep-{first // size}",
+                            nodes=1, gpus_per_node=cfg.deployment.gpus_per_node, array=array)
+        script = root / f"array_{first // size}.sbatch"
+        atomic_write_text(script, text)
+        if dry_run:
+            out.append(str(script))
+            continue
+        job_id = slurm.submit(script, env=slurm.scrubbed_env())
+        out.append(job_id)
+        with open(root / "array_jobs.txt", "a") as f:
+            f.write(f"{job_id} {first} {last}\n")
+    return out
