@@ -93,7 +93,7 @@ def submit_sweep(sweep, manifest: Path, cfg: RLConfig, site: SiteConfig, *, dry_
     ``sweep.max_parallel`` (``--array=a-b%P``); logs are ``%x_%A_%a`` (field case B11). Scripts go next to the
     manifest. Returns the array job ids (or the script paths when ``dry_run``). Raises SubmitError loudly.
     """
-    from ..render import render_batch
+    from ..render import _python, render_batch
     from ..fsutil import atomic_write_text
 
     root = manifest.parent
@@ -107,9 +107,10 @@ def submit_sweep(sweep, manifest: Path, cfg: RLConfig, site: SiteConfig, *, dry_
         # Array indices restart at 0 in every chunk (MaxArraySize bounds the index, not only the count).
         offset = first
         array = f"0-{last - first}%{sweep.max_parallel}"
-        command = ["srl", "sweep", "run-point", str(manifest), "{task_id}"]
+        # The interpreter path, not a bare `srl`: the job's PATH need not contain the venv.
+        command = [_python(site), "-m", "toolkit.cli", "sweep", "run-point", str(manifest), "{task_id}"]
         if offset:
-            command = ["srl", "sweep", "run-point", str(manifest), "{task_id}", "--offset", str(offset)]
+            command += ["--offset", str(offset)]
         text = render_batch("array", cfg, site, run, command=command, name_suffix=f"sweep-{first // size}",
                             nodes=1, gpus_per_node=cfg.deployment.gpus_per_node, array=array)
         script = root / f"array_{first // size}.sbatch"
