@@ -122,6 +122,8 @@ def main() -> None:
         sync_s, read_s = asyncio.run(measure(run, dep, sources, args.updates))
     finally:
         dep.stop()
+        if args.workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
     s, r = statistics.median(sync_s), statistics.median(read_s)
     print(f"weights: {size / 1e6:.1f} MB; engine start-up {dep.timings['startup_s']:.1f} s")
     print(
