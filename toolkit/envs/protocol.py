@@ -95,6 +95,8 @@ class WorkerConnection:
             self._writer.write(encode({"id": rid, "op": op, **params}))
             await self._writer.drain()
             msg = await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            raise  # a subclass of OSError on Python >= 3.11: must not be read as a lost connection
         except (OSError, ConnectionError) as exc:
             raise srl_errors.SandboxError(f"env worker {self.address}: {exc}") from exc
         finally:

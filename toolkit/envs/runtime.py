@@ -97,7 +97,7 @@ class _Worker:
     def __init__(self, host: str, port: int, proc: asyncio.subprocess.Process | None) -> None:
         self.host, self.port, self.proc = host, port, proc
         self.conn = WorkerConnection(host, port)
-        self.lock = asyncio.Lock()
+        self.restarting: asyncio.Task | None = None
 
 
 class _RemoteSession:
@@ -116,7 +116,7 @@ class _RemoteSession:
                 op, None if limit is None else limit + GRACE_S, episode=self.episode, **params
             )
         except asyncio.TimeoutError as exc:
-            await self.runtime._restart(self.worker, conn)
+            self.runtime._schedule_restart(self.worker, conn)
             raise srl_errors.TaskError(
                 f"env worker did not answer {op} within {limit} s (+{GRACE_S} s)"
             ) from exc
@@ -136,7 +136,7 @@ class _RemoteSession:
         try:
             return await conn.call("finish", (limit + GRACE_S) if limit else None, episode=self.episode)
         except asyncio.TimeoutError as exc:
-            await self.runtime._restart(self.worker, conn)
+            self.runtime._schedule_restart(self.worker, conn)
             raise srl_errors.TaskError(f"env worker did not finish scoring within {limit} s") from exc
         finally:
             self.started = False
@@ -195,7 +195,11 @@ class EnvRuntime:
             with os.fdopen(fd, "w") as f:
                 json.dump(env_spec(self.env_cfg), f)
             n = int(_get(getattr(self.env_cfg, "pool", None), "max_workers", 1))
-            self.workers = list(await asyncio.gather(*(self._spawn() for _ in range(max(1, n)))))
+            started = await asyncio.gather(*(self._spawn() for _ in range(max(1, n))), return_exceptions=True)
+            self.workers = [w for w in started if isinstance(w, _Worker)]  # aclose stops these even on failure
+            failed = [e for e in started if isinstance(e, BaseException)]
+            if failed:
+                raise failed[0]
         for w in self.workers:
             await w.conn.connect()
         info = await self.workers[0].conn.call("info", WORKER_START_TIMEOUT_S)
@@ -211,6 +215,10 @@ class EnvRuntime:
             line = await asyncio.wait_for(proc.stdout.readline(), WORKER_START_TIMEOUT_S)
         except asyncio.TimeoutError:
             line = b""
+        except BaseException:  # cancelled while starting: do not leave the child behind
+            proc.kill()
+            await proc.wait()
+            raise
         text = line.decode().strip()
         if not text.startswith(READY_PREFIX):
             if proc.returncode is None:
@@ -230,23 +238,41 @@ class EnvRuntime:
         except (OSError, ValueError):
             pass
 
-    async def _restart(self, worker: _Worker, failed: WorkerConnection) -> None:
-        """Replace a hung or dead worker we own by a fresh process (its episodes fail as SandboxError).
+    def _schedule_restart(self, worker: _Worker, failed: WorkerConnection) -> asyncio.Task | None:
+        """Start replacing a hung or dead worker in the background (its episodes fail as SandboxError).
 
         ``failed`` is the connection the caller saw fail; if the worker was already replaced since, nothing
-        happens (several rollouts may notice the same failure). An external worker is only reconnected.
+        happens (several rollouts may notice the same failure). The restart runs as the runtime's own task, so
+        the rollout that noticed the failure returns at once and a rollout timeout cannot cancel it half-way.
         """
-        async with worker.lock:
-            if worker.conn is not failed:
-                return
-            await failed.close()
-            failed._fail_all(f"env worker {failed.address} restarted after a failure")
-            if worker.proc is not None:
-                await self._stop_proc(worker.proc)
-                fresh = await self._spawn()
-                worker.host, worker.port, worker.proc = fresh.host, fresh.port, fresh.proc
-            worker.conn = WorkerConnection(worker.host, worker.port)
-            await worker.conn.connect()
+        if worker.restarting is not None and not worker.restarting.done():
+            return worker.restarting
+        if worker.conn is not failed:
+            return None
+        worker.restarting = asyncio.create_task(self._restart(worker, failed))
+        return worker.restarting
+
+    async def _restart(self, worker: _Worker, failed: WorkerConnection) -> None:
+        """Replace ``worker``'s process by a fresh one (an external worker is only reconnected)."""
+        await failed.close()
+        failed._fail_all(f"env worker {failed.address} restarted after a failure")
+        if worker.proc is not None:
+            await self._stop_proc(worker.proc)
+            fresh = await self._spawn()
+            worker.host, worker.port, worker.proc = fresh.host, fresh.port, fresh.proc
+        conn = WorkerConnection(worker.host, worker.port)
+        await conn.connect()
+        worker.conn = conn
+
+    async def _ready(self, worker: _Worker) -> None:
+        """Wait for a restart of ``worker`` in flight; restart it first if its connection was lost."""
+        if worker.conn.closed:
+            self._schedule_restart(worker, worker.conn)
+        if worker.restarting is not None and not worker.restarting.done():
+            try:
+                await asyncio.shield(worker.restarting)
+            except RuntimeError as exc:  # the replacement failed to start: a runtime (sandbox) failure
+                raise srl_errors.SandboxError(str(exc)) from exc
 
     @staticmethod
     async def _stop_proc(proc: asyncio.subprocess.Process, grace_s: float = 5.0) -> None:
@@ -262,6 +288,11 @@ class EnvRuntime:
     async def aclose(self) -> None:
         """Close connections and stop every worker process this runtime started (SIGTERM, then SIGKILL)."""
         for w in self.workers:
+            if w.restarting is not None and not w.restarting.done():
+                try:
+                    await w.restarting
+                except (RuntimeError, srl_errors.SrlRolloutError):
+                    pass
             await w.conn.close()
         await asyncio.gather(*(self._stop_proc(w.proc) for w in self.workers if w.proc is not None))
         self.workers = []
@@ -282,8 +313,7 @@ class EnvRuntime:
 
     async def _attempt(self, example_id: int, client: Any, sampling: SamplingParams) -> Rollout:
         worker = self._pick_worker()
-        if worker.conn.closed:
-            await self._restart(worker, worker.conn)  # it died since the last call (crash): bring it back
+        await self._ready(worker)  # it died since the last call (crash) or is being replaced
         session = _RemoteSession(self, worker, example_id)
         session_id = f"{self.name}-{example_id}-{session.episode[:12]}"
         try:
@@ -307,7 +337,7 @@ class EnvRuntime:
         try:
             await conn.call("health", GRACE_S)
         except asyncio.TimeoutError:
-            await self._restart(worker, conn)
+            self._schedule_restart(worker, conn)
         except srl_errors.SrlRolloutError:
             pass  # connection already lost: the next attempt restarts it
 
