@@ -227,3 +227,42 @@ def test_hung_user_turn_times_out_rollout_and_replaces_worker(model_dir, externa
     assert hung.error_class == "HarnessError" and "timed out" in hung.error_message
     assert first != second and not alive(first)
     assert fine.error_class is None and fine.reward == 1.0
+
+
+def test_external_address_server(model_dir):
+    """An env server started outside the runtime (``address``): used, never stopped by ``aclose``."""
+    import json
+    import subprocess
+    import sys
+
+    from toolkit.envs.runtime import env_spec
+
+    cfg = env_cfg("arith", workers=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolkit.envs.server", "--spec", "-", "--port", "0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        proc.stdin.write(json.dumps(env_spec(cfg)))
+        proc.stdin.close()
+        ready = proc.stdout.readline().split()
+        assert ready[0] == "SRL_ENV_WORKER_READY"
+        cfg.address = ready[1]
+
+        async def go():
+            rt = EnvRuntime(cfg, model_path=model_dir, renderer_cfg=None, seed=0)
+            await rt.start()
+            try:
+                assert child_pids(rt) == [] and rt.example_ids() == [0, 1, 2, 3]
+                return await rt.run_group(
+                    0, 2, client=AnswerPolicy(model_dir, "0"), sampling=SamplingParams()
+                )
+            finally:
+                await rt.aclose()
+
+        group = asyncio.run(go())
+        assert all(r.error_class is None and r.task_id == "arith/train/0" for r in group)
+        assert proc.poll() is None  # external: still running after aclose
+    finally:
+        proc.terminate()
+        proc.wait(30)

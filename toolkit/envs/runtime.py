@@ -26,7 +26,6 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -175,7 +174,7 @@ class EnvRuntime:
         self.workers: list[_Worker] = []
         self.num_examples = 0
         self.task_ids: list[str] = []
-        self._spec_file: str | None = None
+        self._spec = b"{}"
         self._rr = 0
         self._rng = random.Random(seed)
 
@@ -191,12 +190,12 @@ class EnvRuntime:
             for host, port in _addresses(address):
                 self.workers.append(_Worker(host, port, None))
         else:
-            fd, self._spec_file = tempfile.mkstemp(prefix=f"srl-env-{self.name}-", suffix=".json")
-            with os.fdopen(fd, "w") as f:
-                json.dump(env_spec(self.env_cfg), f)
+            self._spec = json.dumps(env_spec(self.env_cfg)).encode()
             n = int(_get(getattr(self.env_cfg, "pool", None), "max_workers", 1))
             started = await asyncio.gather(*(self._spawn() for _ in range(max(1, n))), return_exceptions=True)
-            self.workers = [w for w in started if isinstance(w, _Worker)]  # aclose stops these even on failure
+            self.workers = [
+                w for w in started if isinstance(w, _Worker)
+            ]  # aclose stops these even on failure
             failed = [e for e in started if isinstance(e, BaseException)]
             if failed:
                 raise failed[0]
@@ -207,10 +206,14 @@ class EnvRuntime:
 
     async def _spawn(self) -> _Worker:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "toolkit.envs.server", "--spec", str(self._spec_file), "--port", "0",
+            sys.executable, "-m", "toolkit.envs.server", "--spec", "-", "--port", "0",
             "--parent-pid", str(os.getpid()),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
+        # The spec goes through stdin: no file to clean up, whatever happens to this process.
+        proc.stdin.write(self._spec)
+        await proc.stdin.drain()
+        proc.stdin.close()
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), WORKER_START_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -296,9 +299,6 @@ class EnvRuntime:
             await w.conn.close()
         await asyncio.gather(*(self._stop_proc(w.proc) for w in self.workers if w.proc is not None))
         self.workers = []
-        if self._spec_file:
-            Path(self._spec_file).unlink(missing_ok=True)
-            self._spec_file = None
 
     # -- tasks and rollouts ---------------------------------------------------------------------
     def example_ids(self, n: int | None = None) -> list[int]:

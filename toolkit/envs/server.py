@@ -1,6 +1,6 @@
 """An env worker process: hosts one env's taskset and runs the environment half of episodes for the orchestrator.
 
-Run as ``python -m toolkit.envs.server --spec SPEC.json [--host H] [--port P] [--parent-pid PID]``. It loads and
+Run as ``python -m toolkit.envs.server --spec SPEC.json|- [--host H] [--port P] [--parent-pid PID]``. It loads and
 selects the tasks once, listens (``--port 0`` = OS-assigned), then prints ``SRL_ENV_WORKER_READY host:port`` on
 stdout. The orchestrator's ``EnvRuntime`` starts ``pool.max_workers`` of these (or connects to an external one via
 ``address``); each is its own process, so a task that hangs or crashes cannot stall the orchestrator.
