@@ -112,8 +112,9 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
 
     clear_ready(run)  # an earlier attempt's URLs may point at dead engines
     try:
+        layout = cpu_layout(plan)
         for spec in plan.processes:
-            children.append(_start(spec, values, logs))
+            children.append(_start(spec, values, logs, layout.get(spec.name)))
         _wait_inference(cfg, run, plan, children, values, stop_requested)
         status = _supervise(cfg, run, children, stop_requested)
     except ComponentFailed as e:
@@ -129,8 +130,35 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     return status
 
 
-def _start(spec: Any, values: dict[str, str], logs: Path) -> _Child:
+def cpu_layout(plan: Any, n_cores: int | None = None) -> dict[str, dict[str, str]]:
+    """Split this machine's cores between CPU inference engines and the trainer (extra env per process name).
+
+    On a CPU-only machine vLLM's engine threads and torch's intra-op threads otherwise fight over the same cores;
+    measured on 2 cores, a trainer step with 2 torch threads next to a busy engine ran 5-10x slower than with 1.
+    Each engine gets its own core(s) (``VLLM_CPU_OMP_THREADS_BIND``), the trainer the remaining ones
+    (``OMP_NUM_THREADS``). A value the user set in the config's env tables is kept.
+    """
+    n_cores = n_cores or len(os.sched_getaffinity(0))
+    engines = [p for p in plan.processes if p.role == "inference"]
+    if plan.gpus_per_node or not engines:
+        return {}
+    per = max(1, (n_cores - 1) // len(engines)) if n_cores > len(engines) else 1
+    out: dict[str, dict[str, str]] = {}
+    for i, p in enumerate(engines):
+        lo = (i * per) % n_cores
+        hi = min(n_cores - 1, lo + per - 1)
+        if "VLLM_CPU_OMP_THREADS_BIND" not in p.env:
+            out[p.name] = {"VLLM_CPU_OMP_THREADS_BIND": str(lo) if lo == hi else f"{lo}-{hi}"}
+    left = max(1, n_cores - per * len(engines))
+    for p in plan.processes:
+        if p.role == "trainer" and "OMP_NUM_THREADS" not in p.env:
+            out[p.name] = {"OMP_NUM_THREADS": str(left)}
+    return out
+
+
+def _start(spec: Any, values: dict[str, str], logs: Path, extra_env: dict[str, str] | None = None) -> _Child:
     env = dict(os.environ)
+    env.update(extra_env or {})
     env.update({k: fill_placeholders([v], values)[0] for k, v in spec.env.items()})
     argv = fill_placeholders(list(spec.command), values)
     if argv and argv[0] == "srl":

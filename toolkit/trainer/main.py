@@ -189,6 +189,8 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
         metrics = train_step(
             model, optimizer, scheduler, mbs, loss_cfg=loss_cfg, max_norm=s.max_norm,
             num_samples=batch.num_samples, temperature=temperature, info=info, device=device,
+            # The trainer holds policy version n - 1 while training step n.
+            on_policy=torch.as_tensor(batch.policy_version == n - 1),
         )  # fmt: skip
         t_bc = time.perf_counter()
         weights = full_state_dict(model, info=info)
