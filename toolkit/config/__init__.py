@@ -53,7 +53,7 @@ def site_configs_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / "site-configs"
 
 
-def load_config(files: list[Path], overrides: list[str] | None = None) -> LoadedConfig:
+def load_config(files: list[Path], overrides: list[str] | None = None, *, purpose: str = "rl") -> LoadedConfig:
     """Merge ``files`` left to right, apply CLI ``overrides``, map other shapes, validate everything.
 
     Raises ConfigError listing every problem (file, field path, allowed values, fix) before anything is written.
@@ -70,7 +70,7 @@ def load_config(files: list[Path], overrides: list[str] | None = None) -> Loaded
         over, got = to_canonical(over, source="command line")
         notices += got
         merged = deep_merge(merged, over)
-    loaded = validate_dict(merged, source=", ".join(str(p) for p in files) or None)
+    loaded = validate_dict(merged, source=", ".join(str(p) for p in files) or None, purpose=purpose)
     loaded.notices = notices + loaded.notices
     loaded.config.notices = list(loaded.notices)
     loaded.inputs = [Path(p) for p in files]
@@ -78,13 +78,13 @@ def load_config(files: list[Path], overrides: list[str] | None = None) -> Loaded
     return loaded
 
 
-def validate_dict(data: dict[str, Any], *, source: str | None = None) -> LoadedConfig:
+def validate_dict(data: dict[str, Any], *, source: str | None = None, purpose: str = "rl") -> LoadedConfig:
     """Validate an already-merged canonical dict (fields, then cross-field rules, then the site name)."""
     try:
         cfg = RLConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(pydantic_issues(e, RLConfig, source=source)) from None
-    found = rules.check(cfg)
+    found = rules.check(cfg, purpose=purpose)
     sites = sorted(p.stem for p in site_configs_dir().glob("*.toml"))
     if sites and cfg.site not in sites:
         found.error("site", f"unknown site '{cfg.site}'; allowed: {', '.join(sites)} (files in {site_configs_dir()})")

@@ -20,9 +20,13 @@ _GROUP_RELATIVE = {"grpo", "max_rl"}
 _SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 
 
-def check(cfg: RLConfig) -> Findings:
-    """Run every rule; returns errors and warnings (never raises)."""
+def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
+    """Run every rule; returns errors and warnings (never raises).
+
+    ``purpose`` "serve" (``srl inference`` standalone) skips the rules about training envs, groups and async.
+    """
     f = Findings()
+    rl_only = (_batch_and_groups, _env_names_and_ratios, _concurrency, _async, _weight_retention)
     for rule in (
         _batch_and_groups,
         _env_names_and_ratios,
@@ -35,6 +39,8 @@ def check(cfg: RLConfig) -> Findings:
         _secrets,
         _legacy_envs,
     ):
+        if purpose == "serve" and rule in rl_only:
+            continue
         rule(cfg, f)
     return f
 

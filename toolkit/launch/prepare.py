@@ -23,7 +23,7 @@ from ..rundir import RunDir, point_symlink
 def auto_run_name(loaded: LoadedConfig) -> str:
     """``<envs>--<model>--<short id>``: env names joined by ``+``, model basename, 6 hex chars."""
     cfg = loaded.config
-    envs = "+".join(e.env_name for e in cfg.orchestrator.train.env) or "noenv"
+    envs = "+".join(e.env_name for e in cfg.orchestrator.train.env) or "serve"
     model = Path(cfg.model.name).name or "model"
     raw = f"{envs}--{model}--{uuid.uuid4().hex[:6]}"
     return re.sub(r"[^A-Za-z0-9._+-]", "-", raw)[:120]

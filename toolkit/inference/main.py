@@ -1,0 +1,72 @@
+"""``srl inference``: serve a model on its own (engines + router), locally or as a Slurm job.
+
+    srl inference @ jobs/serve/tiny.toml [--section.field VALUE ...] [--dry-run] [--site local-slurm]
+    srl inference queues RUN_DIR        # waiting requests per engine role: which side of P/D to grow
+
+The deployment publishes ``<run>/control/inference_ready.json`` (base URL, router, engines), so RL or eval jobs
+started with ``inference.external = <run dir>`` use it. Locally it serves until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..config import load_config
+from ..config.errors import ConfigError
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "queues":
+        return _queues(argv[1:])
+    from ..cli import _print_warnings, split_config_args
+
+    files, overrides, flags = split_config_args(argv)
+    if flags["help"] or not files:
+        print(__doc__)
+        return 0 if flags["help"] else 2
+    loaded = load_config(files, overrides, purpose="serve")
+    _print_warnings(loaded)
+    cfg = loaded.config
+    from ..config.site import load_site
+    from ..launch.prepare import prepare_run
+    from ..placement.plan import build_plan, write_plan
+
+    run, attempt = prepare_run(loaded, argv=["srl", "inference", *argv], resume=flags["resume"],
+                               clean=flags["clean"])
+    site = load_site(cfg.site)
+    plan = build_plan(cfg, site, run, job_id="local" if not site.is_slurm else "$SLURM_JOB_ID",
+                      roles=("inference", "router"))
+    write_plan(run, plan)
+    if site.is_slurm:
+        from ..launch.submit import submit_inference
+        from ..render import render_inference
+
+        if flags["dry_run"]:
+            print(f"dry run: {render_inference(cfg, run, plan)}")
+            return 0
+        job_id = submit_inference(cfg, run, attempt, site=site)
+        print(f"submitted inference job {job_id}; ready file {run.inference_ready}")
+        return 0
+    if flags["dry_run"]:
+        print(f"dry run: placement {run.placement_file}")
+        return 0
+    from ..launch.local import run_local
+
+    print("srl: serving until Ctrl-C")
+    return run_local(cfg, run, plan, attempt=attempt)
+
+
+def _queues(argv: list[str]) -> int:
+    if len(argv) != 1:
+        raise ConfigError("usage: srl inference queues RUN_DIR")
+    from ..rundir import RunDir
+    from .queues import run_queue_depths
+
+    run = RunDir(Path(argv[0]))
+    if not run.inference_ready.exists():
+        print(f"srl inference queues: {run.inference_ready} not found (is the deployment up?)", file=sys.stderr)
+        return 2
+    print(json.dumps(run_queue_depths(run), indent=2, sort_keys=True))
+    return 0
