@@ -9,9 +9,10 @@ plain string; the string ``None`` sets null.
 from __future__ import annotations
 
 import copy
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from .errors import ConfigError, ConfigIssue
 

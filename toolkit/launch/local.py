@@ -74,16 +74,6 @@ class _Progress:
         return " | ".join(parts)
 
 
-def fill_placeholders(argv: list[str], values: dict[str, str]) -> list[str]:
-    """Replace ``{node_addr}``, ``{master_addr}``, ``{model_path}`` and other plan placeholders in argv."""
-    out = []
-    for a in argv:
-        for k, v in values.items():
-            a = a.replace("{" + k + "}", v)
-        out.append(a)
-    return out
-
-
 def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     """Start, supervise and stop all plan processes. Returns 0 on success, else the failing component's status."""
     from ..models import resolve_model
@@ -91,8 +81,10 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     logs = run.log_attempt(attempt)
     logs.mkdir(parents=True, exist_ok=True)
     point_symlink(run.latest_logs, logs.name)
-    model_path = resolve_model(cfg.model.name)
-    values = {"node_addr": "127.0.0.1", "master_addr": "127.0.0.1", "model_path": str(model_path), "run_dir": str(run.root)}
+    model_path = str(resolve_model(cfg.model.name))
+    # Every node of a local plan is this machine.
+    plan.addresses = ["127.0.0.1"] * plan.num_nodes
+    plan.hosts = ["localhost"] * plan.num_nodes
     print(f"srl: run directory {run.root}")
     print(f"srl: logs in {logs} ; metrics {run.metrics} ; checkpoints {run.checkpoints}")
 
@@ -114,8 +106,8 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     try:
         layout = cpu_layout(plan)
         for spec in plan.processes:
-            children.append(_start(spec, values, logs, layout.get(spec.name)))
-        _wait_inference(cfg, run, plan, children, values, stop_requested)
+            children.append(_start(spec, plan, model_path, logs, layout.get(spec.name)))
+        _wait_inference(cfg, run, plan, children, stop_requested)
         status = _supervise(cfg, run, children, stop_requested)
     except ComponentFailed as e:
         print(f"srl: {e}; stopping the run", file=sys.stderr, flush=True)
@@ -156,11 +148,13 @@ def cpu_layout(plan: Any, n_cores: int | None = None) -> dict[str, dict[str, str
     return out
 
 
-def _start(spec: Any, values: dict[str, str], logs: Path, extra_env: dict[str, str] | None = None) -> _Child:
+def _start(spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[str, str] | None = None) -> _Child:
+    from ..placement.plan import fill
+
     env = dict(os.environ)
     env.update(extra_env or {})
-    env.update({k: fill_placeholders([v], values)[0] for k, v in spec.env.items()})
-    argv = fill_placeholders(list(spec.command), values)
+    env.update({k: fill(v, plan, spec.node_index, model_path) for k, v in spec.env.items()})
+    argv = [fill(a, plan, spec.node_index, model_path) for a in spec.command]
     if argv and argv[0] == "srl":
         # Use this interpreter's srl, whatever PATH says (a venv that is not activated).
         argv = [sys.executable, "-m", "toolkit.cli", *argv[1:]]
@@ -169,31 +163,12 @@ def _start(spec: Any, values: dict[str, str], logs: Path, extra_env: dict[str, s
     elif argv and argv[0] == "vllm-router":
         # The router's console script sits next to this interpreter in the venv.
         argv = [str(Path(sys.executable).with_name("vllm-router")), *argv[1:]]
-    log = open(logs / spec.log_name, "ab")
+    log = open(logs / spec.log_name, "ab")  # noqa: SIM115 - held open for the child's lifetime
     log.write(f"# srl: starting {spec.name}: {' '.join(argv)}\n".encode())
     log.flush()
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     return _Child(spec.name, spec.role, proc, log)
-
-
-def ready_info(cfg: RLConfig, plan: Any, values: dict[str, str]) -> dict[str, Any]:
-    """Readiness record for the orchestrator (keys of ``toolkit.inference.health.write_ready``)."""
-    def base(p: Any) -> str:
-        return fill_placeholders([p.healthcheck_url], values)[0].removesuffix("/health")
-
-    engines = [p for p in plan.processes if p.role == "inference" and p.healthcheck_url]
-    routers = [p for p in plan.processes if p.role == "router" and p.healthcheck_url]
-    router_url = base(routers[0]) if routers else None
-    return {
-        "base_url": router_url or base(engines[0]),
-        "router_url": router_url,
-        "engine_urls": [base(p) for p in engines],
-        "roles": {base(p): {"kv_producer": "prefill", "kv_consumer": "decode"}.get(p.kv_role or "", "engine")
-                  for p in engines},
-        "model": cfg.model.name,
-        "policy_version": 0,
-    }
 
 
 class ComponentFailed(RuntimeError):
@@ -204,16 +179,17 @@ class ComponentFailed(RuntimeError):
         super().__init__(f"{child.name} exited with status {child.returncode} (log: {child.log.name})")
 
 
-def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child], values: dict[str, str],
-                    stop: dict[str, Any]) -> None:
+def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child], stop: dict[str, Any]) -> None:
     """Block until every engine (and the router) answers /health, then publish readiness for the orchestrator.
 
     Every child is watched meanwhile: a trainer or orchestrator that dies during the (slow) engine start-up ends the
     run at once instead of after the start-up timeout. Raises ComponentFailed or TimeoutError.
     """
     from ..inference.health import is_healthy, write_ready
+    from ..placement.plan import fill
+    from ..placement.runtime import ready_info
 
-    pending = {c.name: fill_placeholders([p.healthcheck_url], values)[0].removesuffix("/health")
+    pending = {c.name: fill(p.healthcheck_url, plan, p.node_index).removesuffix("/health")
                for p, c in zip(plan.processes, children) if p.role in ("inference", "router") and p.healthcheck_url}
     n = len(pending)
     deadline = time.monotonic() + cfg.inference.startup_timeout_s
@@ -232,7 +208,7 @@ def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child
             raise TimeoutError(f"inference not healthy after {cfg.inference.startup_timeout_s:.0f} s: "
                                f"{sorted(pending.values())} (see logs under {run.latest_logs})")
         time.sleep(_POLL_S)
-    write_ready(run, ready_info(cfg, plan, values))
+    write_ready(run, ready_info(plan, cfg.model.name))
     print(f"srl: inference ready ({n} endpoint(s))", flush=True)
 
 
