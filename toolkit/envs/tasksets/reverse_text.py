@@ -21,6 +21,11 @@ PROMPT = "Reverse the text character by character. Reply with the reversed text 
 class ReverseTextConfig(SplitTasksetConfig):
     min_length: int = 3
     max_length: int = 8
+    prompt: str = PROMPT
+    """Prompt template with a ``{text}`` field. Tiny char-level models train faster on a short one (each prompt
+    character is a token the trainer runs on)."""
+    prompt_padding: int = 0
+    """Pad the prompt with this many spaces before the text (long prompts that span whole KV blocks, P/D tests)."""
 
 
 class ReverseTextData(vf.TaskData):
@@ -48,13 +53,15 @@ class ReverseTextTaskset(vf.Taskset[ReverseTextTask, ReverseTextConfig]):
             n = rng.randint(cfg.min_length, cfg.max_length)
             return "".join(rng.choice(string.ascii_lowercase) for _ in range(n))
 
+        if "{text}" not in cfg.prompt:
+            raise ValueError("reverse-text prompt must contain the {text} field")
         texts = generate_split(cfg, make, key=lambda t: t)
         return iter_tasks(
             texts,
             lambda i, text: ReverseTextTask(
                 ReverseTextData(
                     id=f"reverse-text/{cfg.split}/{i}",
-                    prompt=PROMPT.format(text=text),
+                    prompt=" " * cfg.prompt_padding + cfg.prompt.replace("{text}", text),
                     text=text,
                     answer=text[::-1],
                 ),
