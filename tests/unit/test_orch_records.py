@@ -87,19 +87,22 @@ def test_zero_signal_guard_counts_consecutive_empty_steps(caplog):
 
 def test_errored_share_and_mismatch_kl_criteria(tmp_path):
     run = RunDir(tmp_path)
-    sc = StopCriteria(StopCfg(max_errored_share=0.5, errored_window=2, max_mismatch_kl=0.1), run.metrics)
-    assert sc.errored(1, 6, 10) is None
-    assert sc.errored(2, 5, 10) is None  # 50% is not above 50%: the run resets
-    assert sc.errored(3, 6, 10) is None
-    assert "2 steps in a row" in sc.errored(4, 9, 10)
-    assert sc.mismatch_kl() is None
+    sc = StopCriteria(StopCfg(max_errored_share=0.5, errored_patience_steps=2, max_mismatch_kl=0.1,
+                              mismatch_kl_patience_steps=1), run.metrics)
+
+    def step(n, errored, offered=10):
+        return sc.check(n, {"errored_rollouts": errored, "rollouts_offered": offered})
+
+    assert step(1, 6) is None
+    assert step(2, 5) is None  # 50% is not above 50%: the streak resets
+    assert step(3, 6) is None
+    assert "2 steps" in step(4, 9)
     with open(run.metrics, "a") as f:
         f.write('{"role": "trainer", "step": 1, "mismatch_kl/mean": 0.01}\n')
-    assert sc.mismatch_kl() is None
+    assert step(5, 0) is None
     with open(run.metrics, "a") as f:
         f.write('{"role": "trainer", "step": 2, "mismatch_kl/mean": 0.5}\n')
-    assert "0.5" in sc.mismatch_kl()
-    assert sc.mismatch_kl() is None  # lines are read once
+    assert "mismatch_kl 0.5" in step(6, 0)
     request_stop(run, "because")
     assert run.stop_request.read_text() == "orchestrator: because\n"
 

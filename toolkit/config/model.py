@@ -460,12 +460,22 @@ class WeightBroadcastConfig(Section):
 
 
 class StopCriteria(Section):
+    """``[monitors.stop]``: the orchestrator checkpoints and stops the run when one of these trips.
+
+    Evaluated by :class:`analysis.stop.StopMonitor` (the same code replays them in reports)."""
+
     max_errored_share: float | None = Field(0.5, ge=0, le=1)
     """Stop when errored rollouts exceed this share of a step ..."""
-    errored_window: int = Field(5, ge=1)
+    errored_patience_steps: int = Field(5, ge=1)
     """... for this many consecutive steps."""
     max_mismatch_kl: float | None = Field(None, gt=0)
-    """Stop when trainer-inference mismatch KL exceeds this."""
+    """Stop when trainer-inference mismatch KL exceeds this ..."""
+    mismatch_kl_patience_steps: int = Field(2, ge=1)
+    """... for this many consecutive trainer steps."""
+    reward_collapse_fraction: float | None = Field(None, ge=0, le=1)
+    """Stop when the mean reward falls below this fraction of the best so far ..."""
+    reward_collapse_patience_steps: int = Field(5, ge=1)
+    """... for this many consecutive steps."""
     max_empty_steps: int | None = Field(10, ge=1)
     """Stop after this many consecutive steps whose groups all had identical rewards (no signal)."""
 

@@ -343,8 +343,7 @@ class Orchestrator:
                 if is_checkpoint_step(step, self.cfg.max_steps, self.cfg.ckpt.interval):
                     self._save(step)
                 reason = (
-                    self.stop_criteria.errored(step, int(m["errored_rollouts"]), int(m["rollouts_offered"]))
-                    or self.stop_criteria.mismatch_kl()
+                    self.stop_criteria.check(step, m)
                     or self.stop_criteria.guard.observe(
                         step, groups_offered=batch.groups_offered, groups_kept=batch.groups_kept,
                         signal_groups=batch.signal_groups, dropped=dict(batch.dropped_groups),

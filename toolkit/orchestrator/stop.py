@@ -4,8 +4,8 @@ Each criterion looks at consecutive steps and, when it fires, returns a reason. 
 reason into the run's stop request (``control/STOP``), which makes the trainer checkpoint and both roles exit 0:
 a stopped run is resumable, and the reason is in the file and in the log.
 
-- errored share: ``errored_rollouts / rollouts offered > max_errored_share`` for ``errored_window`` steps in a row;
-- mismatch KL: the trainer's ``mismatch_kl/mean`` (read from ``metrics.jsonl``) above ``max_mismatch_kl``;
+- errored share, mismatch KL and reward collapse: thresholds with patience, checked by ``analysis.stop`` (the
+  trainer's ``mismatch_kl/mean`` is read from ``metrics.jsonl``);
 - zero signal (issue "faults" item 8): a step whose kept groups all had identical rewards, or whose groups were all
   filtered out, is *empty*; every empty step is warned about with its counts, and ``max_empty_steps`` in a row stop
   the run (None: warn only).
@@ -64,34 +64,38 @@ class ZeroSignalGuard:
 
 
 class StopCriteria:
-    """Evaluates ``monitors.stop`` after each step. ``cfg`` is a ``StopCriteria`` config section."""
+    """Evaluates ``monitors.stop`` after each orchestrator step.
+
+    The thresholds themselves are checked by :class:`analysis.stop.StopMonitor` (one implementation, replayed by
+    reports too); this class feeds it the step's orchestrator metrics plus the newest trainer ``mismatch_kl/mean``
+    read from ``metrics.jsonl``, and keeps the zero-signal guard. ``cfg`` is the ``StopCriteria`` config section.
+    """
 
     def __init__(self, cfg: Any, metrics_path: Path) -> None:
+        from analysis.stop import StopCriteria as Thresholds
+        from analysis.stop import StopMonitor
+
         self.cfg = cfg
         self.metrics_path = Path(metrics_path)
         self.guard = ZeroSignalGuard(cfg.max_empty_steps)
-        self._errored_run = 0
+        self.monitor = StopMonitor(Thresholds.from_mapping(cfg.model_dump(exclude={"max_empty_steps"})))
         self._offset = 0  # bytes of metrics.jsonl already scanned for trainer lines
 
-    def errored(self, step: int, errored: int, offered: int) -> str | None:
-        """Errored-share criterion for one step."""
-        limit = self.cfg.max_errored_share
-        if limit is None or offered == 0:
-            return None
-        share = errored / offered
-        self._errored_run = self._errored_run + 1 if share > limit else 0
-        if self._errored_run >= self.cfg.errored_window:
-            return (
-                f"errored rollouts above {limit:.0%} of each step for {self._errored_run} steps in a row "
-                f"(step {step}: {errored}/{offered}); classify the errors (srl diagnose) before continuing"
-            )
-        return None
+    def check(self, step: int, metrics: dict[str, float]) -> str | None:
+        """Feed one step (orchestrator metrics incl. ``errored_rollouts`` and ``rollouts_offered``); returns the
+        stop reason when a criterion trips."""
+        offered = metrics.get("rollouts_offered") or 0
+        fed = dict(metrics)
+        if offered:
+            fed["errored_share"] = metrics.get("errored_rollouts", 0) / offered
+        kl = self._newest_trainer_kl()
+        fed.pop("mismatch_kl/mean", None)
+        if kl is not None:
+            fed["mismatch_kl/mean"] = kl
+        return self.monitor.update(step, fed)
 
-    def mismatch_kl(self) -> str | None:
-        """Mismatch-KL criterion over trainer lines appended since the last call."""
-        limit = self.cfg.max_mismatch_kl
-        if limit is None:
-            return None
+    def _newest_trainer_kl(self) -> float | None:
+        """The newest trainer mismatch_kl/mean appended since the last call (None when none arrived)."""
         try:
             with open(self.metrics_path, "rb") as f:
                 f.seek(self._offset)
@@ -100,16 +104,14 @@ class StopCriteria:
             return None
         end = data.rfind(b"\n") + 1  # a line still being written is read next time
         self._offset += end
+        newest = None
         for raw in data[:end].splitlines():
             try:
                 obj = json.loads(raw)
             except json.JSONDecodeError:
                 continue
-            kl = (
-                obj.get("mismatch_kl/mean")
-                if isinstance(obj, dict) and obj.get("role") == "trainer"
-                else None
-            )
-            if isinstance(kl, (int, float)) and kl > limit:
-                return f"trainer mismatch_kl/mean {kl:.4g} at step {obj.get('step')} exceeds max_mismatch_kl {limit}"
-        return None
+            if isinstance(obj, dict) and obj.get("role") == "trainer":
+                kl = obj.get("mismatch_kl/mean")
+                if isinstance(kl, (int, float)):
+                    newest = float(kl)
+        return newest
