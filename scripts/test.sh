@@ -5,6 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# Headless Chromium for the HTML report test (Debian package; the Slurm packages are installed by the fixture).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v chromium >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; } \
+    || echo "warning: could not install chromium; the report screenshot test will be skipped" >&2
+fi
 # The Slurm fixture in tests/conftest.py starts (and stops) the local test cluster itself when a test needs it.
 if [ $# -eq 0 ]; then set -- -m "slow or not slow"; fi
 exec .venv/bin/python -m pytest "$@"
