@@ -296,9 +296,16 @@ def _env_rows(cfg: dict[str, Any]) -> pd.DataFrame:
 
 
 def _validation(doc: _Doc, run: RunData, key: Any) -> None:
+    from toolkit.evalgate.verdict import read_verdicts
+
+    found = False
+    for name, verdict in read_verdicts(run.run.reports).items():
+        doc.para(f"First-run gate `srl eval {name}`: {'PASSED' if verdict.passed else 'FAILED'}.")
+        doc.table(pd.DataFrame([{"env": i.env, "item": i.title, "status": i.status, "detail": i.detail}
+                                for i in verdict.items]), name=key(f"gate_{name}"))
+        found = True
     orch = role_metrics(run.metrics, "orchestrator")
     eval_cols = [c for c in orch.columns if c.startswith("eval/")]
-    found = False
     if eval_cols:
         first = orch[eval_cols].dropna(how="all")
         if not first.empty:
