@@ -23,7 +23,7 @@ class Section(BaseModel):
     """Base of every config table: unknown keys are errors; values are validated on assignment too."""
 
     model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, populate_by_name=True, use_attribute_docstrings=True
+        extra="forbid", validate_assignment=True, populate_by_name=True
     )
 
 
@@ -118,7 +118,7 @@ class SelectConfig(Section):
 class TasksetConfig(Section):
     """A taskset by id plus its own typed fields (extra keys are passed to the taskset, which validates them)."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
     id: str = Field(min_length=1)
     """Built-in id (``reverse-text``, ``alphabet-sort``, ``arith``) or an importable module exporting one Taskset."""
     split: Literal["train", "test"] = "train"
