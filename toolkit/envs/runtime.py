@@ -37,7 +37,8 @@ from toolkit.orchestrator.renderer import Renderer, load_renderer
 from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
 from toolkit.orchestrator.types import TRANSIENT_ERRORS, Rollout, SamplingParams
 
-WORKER_START_TIMEOUT_S = 120.0
+# Generous: a worker imports verifiers (~9 s of CPU) and, on a loaded node or a slow shared filesystem, far more.
+WORKER_START_TIMEOUT_S = 600.0
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 30.0
 GRACE_S = 5.0  # client-side slack over the worker's own stage timeout before the worker is presumed hung

@@ -36,8 +36,12 @@ def main(argv: list[str]) -> int:
     run, attempt = prepare_run(loaded, argv=["srl", "inference", *argv], resume=flags["resume"],
                                clean=flags["clean"])
     site = load_site(cfg.site)
-    plan = build_plan(cfg, site, run, job_id="local" if not site.is_slurm else "$SLURM_JOB_ID",
-                      roles=("inference", "router"))
+    if site.is_slurm:
+        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=("inference", "router"))
+    else:
+        from ..launch.dispatch import local_plan
+
+        plan = local_plan(cfg, site, run, probe=not flags["dry_run"], roles=("inference", "router"))
     write_plan(run, plan)
     if site.is_slurm:
         from ..launch.submit import submit_inference

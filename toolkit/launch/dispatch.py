@@ -7,8 +7,42 @@ same ports and placement.
 
 from __future__ import annotations
 
+import json
+import socket
+from typing import Any
+
 from ..config.model import RLConfig
 from ..rundir import RunDir
+
+
+def _ports_free(ports: list[int], host: str = "127.0.0.1") -> bool:
+    """True when every port can be bound on ``host`` right now (nothing else listens there)."""
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
+def local_plan(cfg: RLConfig, site: Any, run: RunDir, *, probe: bool = True, tries: int = 64,
+               roles: tuple[str, ...] | None = None) -> Any:
+    """Plan for the local site with a port block no other process on this machine uses.
+
+    Slurm jobs get distinct ports from their job ids; local runs have none, so the block is keyed by the run id
+    and, when ``probe`` is set, moved on until every port is free. Without this a second local run would talk to
+    the first run's engine on the same port (field case B05). Raises RuntimeError when no free block is found.
+    """
+    from ..placement.plan import build_plan
+
+    run_id = json.loads(run.run_meta.read_text())["run_id"] if run.run_meta.exists() else run.root.name
+    for i in range(tries):
+        extra = {"roles": roles} if roles else {}
+        plan = build_plan(cfg, site, run, job_id=f"local-{run_id}-{i}", **extra)
+        if not probe or _ports_free(sorted(set(plan.ports.values()))):
+            return plan
+    raise RuntimeError(f"no free port block in the site's range after {tries} tries; is the range too small?")
 
 
 def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: bool) -> int:
@@ -17,7 +51,10 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
     from ..placement.plan import build_plan, write_plan
 
     site = load_site(cfg.site)
-    plan = build_plan(cfg, site, run, job_id="local" if not site.is_slurm else "$SLURM_JOB_ID")
+    if site.is_slurm:
+        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID")
+    else:
+        plan = local_plan(cfg, site, run, probe=not dry_run)
     write_plan(run, plan)
     if site.is_slurm:
         from .submit import render_rl, submit_rl

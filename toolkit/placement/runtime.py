@@ -9,8 +9,9 @@
     message when the host list is missing or does not match the plan.
 ``python -m toolkit.placement.runtime exec --run-dir R --process NAME``
     Runs as the Slurm step of one process: fills the command's placeholders, sets ``CUDA_VISIBLE_DEVICES`` from the
-    positions in the GPU set this step was granted (B03), applies the process's environment and ``exec``s the
-    program (no shell, so no value is ever re-parsed).
+    positions in the GPU set this step was granted (B03), applies the process's environment, on CPU-only plans the
+    thread split of :mod:`toolkit.placement.cpus`, and ``exec``s the program (no shell, so no value is ever
+    re-parsed).
 ``wait-checkpoint --run-dir R --since EPOCH --timeout S``: exit 0 once a ``checkpoints/step_*/COMPLETE`` marker
     newer than EPOCH exists, 1 after S seconds.
 ``wait-file --path P --timeout S``: exit 0 once P exists, 1 after S seconds (an external inference deployment).
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from ..fsutil import atomic_write_text
 from ..rundir import RunDir, numbered_steps
+from .cpus import cpu_thread_env
 from .environment import visible_devices
 from .plan import Plan, build_plan, fill, read_plan, write_plan
 
@@ -135,7 +137,9 @@ def model_path_for(name: str) -> str:
     """Local directory of model ``name``: itself if it is a directory, else ``srl model path NAME``."""
     if Path(name).is_dir():
         return str(Path(name).absolute())
-    proc = subprocess.run(["srl", "model", "path", name], capture_output=True, text=True, timeout=600, check=False)
+    # This interpreter's srl (the venv's), whatever PATH holds on the node.
+    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "model", "path", name], capture_output=True,
+                          text=True, timeout=600, check=False)
     if proc.returncode != 0 or not proc.stdout.strip():
         raise ResolveError(f"cannot resolve model {name!r}: `srl model path` said: {proc.stderr.strip()}")
     return proc.stdout.strip().splitlines()[-1]
@@ -165,6 +169,8 @@ def exec_process(run: RunDir, name: str, env: dict[str, str]) -> None:
         out[k] = v
     out["CUDA_VISIBLE_DEVICES"] = visible_devices(spec.gpus, env.get("CUDA_VISIBLE_DEVICES"), plan.gpus_per_node)
     out["SRL_NODE_INDEX"] = str(node)
+    # CPU-only plans: engines bind their own cores, trainer ranks get the rest (nodes sharing an address share cores).
+    out.update(cpu_thread_env(plan, name, node, len(os.sched_getaffinity(0))))
     sys.stdout.flush()
     os.execvpe(argv[0], argv, out)
 

@@ -33,7 +33,8 @@ class Topology:
     """Derived node layout of one RL job.
 
     ``num_nodes`` is what ``#SBATCH --nodes`` requests. Node indices are positions in the allocation's host list.
-    ``trainer_dp`` = trainer GPUs / (tp * cp) (field case B29). GPU counts are per node.
+    ``trainer_dp`` = trainer GPUs / (tp * cp) (field case B29); on CPU (no GPUs) trainer nodes / (tp * cp), one rank
+    per node. GPU counts are per node.
     """
 
     num_nodes: int
@@ -156,6 +157,7 @@ def derive_topology(cfg: Any) -> Topology:
         infer_tp=tp,
         engines_per_node=max(1, gpn // tp) if gpn else 1,
         trainer_gpus=trainer_gpus,
-        trainer_dp=max(1, trainer_gpus // par) if trainer_gpus else 1,
+        # CPU trainer: one rank per node (the plan's torchrun --nproc-per-node is 1 without GPUs).
+        trainer_dp=max(1, (trainer_gpus or dep.num_train_nodes) // par),
         orchestrator_het_group=het,
     )

@@ -7,7 +7,8 @@ checkpoint every ``ckpt.interval`` steps and at the end, and append one metrics 
 Stop: when ``control/STOP`` exists or SIGTERM/SIGUSR2 arrives (the batch script forwards the pre-timeout signal),
 the trainer finishes the step it is in (or abandons the wait for a batch), checkpoints the last finished step
 and exits 0. Resume: the newest COMPLETE checkpoint of the run directory is loaded automatically (a requeued job
-continues), ``resume.step`` picks one, ``resume.dir`` forks from another run directory.
+continues), ``resume.step`` picks one, ``resume.dir`` forks from another run directory. Steps retrained after a
+resume keep the metrics line of their first attempt (one line per step in ``metrics.jsonl``).
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
 
     from toolkit.batches import read_batch
     from toolkit.models import resolve_model
+    from toolkit.orchestrator.records import recorded_steps
     from toolkit.trainer import dist as tdist
     from toolkit.trainer.broadcast import apply_broadcast_retention, model_config_dict, write_broadcast
     from toolkit.trainer.checkpoint import load_trainer_state, save_trainer_state
@@ -164,6 +166,9 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
         fsutil.remove_stale_temps(run.broadcasts)
     tdist.barrier(info)
     last_saved = done if start is not None and source is run else None
+    # Steps an earlier attempt trained after its last complete checkpoint are trained again on resume (same
+    # batches); their metrics lines already exist, and each step is recorded once (issue 7's resume criterion).
+    recorded = recorded_steps(run.metrics, "trainer") if info.is_main else set()
 
     def save(step: int) -> float:
         t0 = time.perf_counter()
@@ -211,7 +216,10 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
                       "policy_version/min": int(batch.policy_version.min()) if batch.num_samples else n - 1})
             if device.type == "cuda":
                 m["perf/mfu"] = mfu(metrics["perf/throughput"], n_params, device, info.world_size)
-            fsutil.append_jsonl(run.metrics, m)
+            if n in recorded:
+                log.info("metrics of step %d already recorded by an earlier attempt; not written again", n)
+            else:
+                fsutil.append_jsonl(run.metrics, m)
             log.info("step %d loss %.4g grad_norm %.3g %.2fs", n, m["loss/mean"], m["optim/grad_norm"], m["time/step"])
     if step > 0 and last_saved != step:
         log.info("stopping after step %d: writing checkpoint", step)
