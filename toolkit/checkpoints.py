@@ -89,8 +89,9 @@ def describe(run: RunDir, parts: tuple[str, ...] = PARTS) -> str:
 def resume_step(run: RunDir, requested: int | None, parts: tuple[str, ...] = PARTS) -> int | None:
     """The checkpoint step to resume from, or None for a fresh start (no step directories at all).
 
-    ``requested`` None means the newest complete checkpoint (incomplete newer ones are skipped with a warning).
-    Raises CheckpointError, listing every step directory and what it lacks, when ``requested`` is given and not
+    ``requested`` None means the newest complete checkpoint (incomplete newer ones are skipped with a warning);
+    None also when the only step directories hold nothing but orchestrator parts (written ahead of the trainer's
+    first checkpoint, so no trainer state exists to lose). Raises CheckpointError, listing every step directory and what it lacks, when ``requested`` is given and not
     complete, or when step directories exist but none is complete (never a silent restart from step 0, B17).
     """
     steps = numbered_steps(run.checkpoints)
@@ -106,6 +107,13 @@ def resume_step(run: RunDir, requested: int | None, parts: tuple[str, ...] = PAR
     if not steps:
         return None
     found = latest_complete(run, parts)
+    if found is None and all(_written_ahead(run.checkpoint_step(s), parts) for s in steps):
+        # The orchestrator saves its part of step n when it writes batch n, ahead of the trainer; a crash before the
+        # trainer's first checkpoint leaves only such parts. No trainer state was ever saved, so nothing is lost by
+        # starting at step 0 (the orchestrator continues after the batches already written).
+        log.warning("no complete checkpoint yet, only orchestrator parts written ahead of the trainer (%s): "
+                    "starting from step 0", ", ".join(f"step_{s}" for s in steps))
+        return None
     if found is None:
         raise CheckpointError(
             f"{run.checkpoints} has checkpoint directories but none is complete, so the run cannot resume "
@@ -113,6 +121,12 @@ def resume_step(run: RunDir, requested: int | None, parts: tuple[str, ...] = PAR
             "Fix or remove these directories, or start a new run directory."
         )
     return found
+
+
+def _written_ahead(step_dir: Path, parts: tuple[str, ...]) -> bool:
+    # Only the first-writing component's part (the orchestrator; the trainer's part always comes last) and no marker.
+    present = {p for p in parts if (step_dir / p).is_dir()}
+    return not (step_dir / COMPLETE_MARKER).exists() and present <= {"orchestrator"}
 
 
 @dataclass

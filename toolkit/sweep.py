@@ -35,6 +35,10 @@ from .config.compose import _set_path, deep_merge, read_toml
 from .config.convert import to_canonical
 
 
+# Upper bound on points per sweep; far above a Slurm MaxArraySize (1001 by default), so only typos hit it.
+MAX_POINTS = 100_000
+
+
 @dataclass
 class SweepPoint:
     """One point: ``index`` (array task id), ``point_id`` (directory name), dotted ``params``, ``seed``."""
@@ -104,6 +108,12 @@ def _expand(sw: dict[str, Any], source: str) -> list[dict[str, Any]]:
     lengths = {len(v) for v in zipped.values()}
     if len(lengths) > 1:
         raise ConfigError(f"sweep.zip lists must have equal lengths (got {sorted(lengths)})", source=source)
+    # Count before expanding: a typo'd grid (10 axes x 10 values) must be an error, not 10**10 dicts in memory.
+    n_random = rnd.get("samples", 1) if isinstance(rnd, dict) and isinstance(rnd.get("samples"), int) else 1
+    n_points = math.prod(len(v) for v in grid.values()) * (len(next(iter(zipped.values()))) if zipped else 1)
+    if n_points * max(1, n_random) > MAX_POINTS:
+        raise ConfigError(f"sweep expands to {n_points * max(1, n_random)} points (grid x zip x random.samples); "
+                          f"at most {MAX_POINTS} are allowed", source=source)
     grid_pts = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())] if grid else [{}]
     zip_pts = [dict(zip(zipped, vals)) for vals in zip(*zipped.values())] if zipped else [{}]
     combos = [{**g, **z} for g in grid_pts for z in zip_pts]
@@ -125,6 +135,7 @@ def _random_points(rnd: Any, source: str) -> list[dict[str, Any]]:
                 raise ConfigError(f"sweep.random.{key}: give one of uniform=[a,b], log_uniform=[a,b], choice=[...]",
                                   source=source)
             (kind, arg), = spec.items()
+            _check_distribution(key, kind, arg, source)
             if kind == "uniform":
                 point[key] = rng.uniform(*arg)
             elif kind == "log_uniform":
@@ -137,6 +148,21 @@ def _random_points(rnd: Any, source: str) -> list[dict[str, Any]]:
     return out
 
 
+def _check_distribution(key: str, kind: str, arg: Any, source: str) -> None:
+    """Raise ConfigError unless ``arg`` suits ``kind``: [a, b] numbers (log_uniform: 0 < a), or a non-empty list."""
+    def num(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if kind in ("uniform", "log_uniform"):
+        if not (isinstance(arg, list) and len(arg) == 2 and all(num(x) for x in arg) and arg[0] <= arg[1]):
+            raise ConfigError(f"sweep.random.{key}: {kind} needs [low, high] with finite numbers low <= high",
+                              source=source)
+        if kind == "log_uniform" and arg[0] <= 0:
+            raise ConfigError(f"sweep.random.{key}: log_uniform needs 0 < low", source=source)
+    elif kind == "choice" and not (isinstance(arg, list) and arg):
+        raise ConfigError(f"sweep.random.{key}: choice needs a non-empty list of values", source=source)
+
+
 def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None) -> LoadedConfig:
     """The full validated run config of one point (run name = point id, under ``<output_dir>/<sweep name>``)."""
     merged: dict[str, Any] = {}
@@ -147,9 +173,13 @@ def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None
     for key, value in point.params.items():
         _set_path(merged, key.split("."), value)
     merged["seed"] = point.seed
-    base_out = Path(output_dir or merged.get("output_dir", "outputs"))
-    merged["output_dir"] = str(base_out / sweep.name)
-    merged.setdefault("run", {})["name"] = point.point_id
+    base_out = output_dir or merged.get("output_dir", "outputs")
+    if not isinstance(base_out, (str, Path)) or not str(base_out):
+        raise ConfigError(f"output_dir must be a directory path, got {base_out!r}", source=f"sweep {sweep.name}")
+    merged["output_dir"] = str(Path(base_out) / sweep.name)
+    if not isinstance(merged.setdefault("run", {}), dict):
+        raise ConfigError(f"run must be a table, got {merged['run']!r}", source=f"sweep {sweep.name}")
+    merged["run"]["name"] = point.point_id
     try:
         loaded = validate_dict(merged, source=f"sweep point {point.point_id}")
     except ConfigError as e:

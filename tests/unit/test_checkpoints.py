@@ -103,3 +103,13 @@ def test_retention_deletion_failure_is_a_warning(tmp_path, caplog, monkeypatch):
     monkeypatch.undo()
     ck.apply_retention(run, keep_last=1)
     assert not list(run.checkpoints.glob(".step_*"))
+
+
+def test_orchestrator_parts_written_ahead_of_the_first_checkpoint_start_fresh(tmp_path):
+    # Killed before the trainer's first save: the orchestrator (ahead by max_async_level) already saved its part.
+    run = RunDir(tmp_path / "run1")
+    _make(run, 2, parts=("orchestrator",), complete=False)
+    assert ck.resume_step(run, None) is None
+    _make(run, 4, parts=("trainer",), complete=False)  # a trainer part without COMPLETE is still B17
+    with pytest.raises(ck.CheckpointError):
+        ck.resume_step(run, None)

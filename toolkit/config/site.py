@@ -193,9 +193,11 @@ def load_site(name_or_path: str | Path, *, directory: Path | None = None) -> Sit
         known = ", ".join(sorted(x.stem for x in base.glob("*.toml")))
         raise ConfigError(f"site config {path} not found; known sites: {known}")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:  # a directory named *.toml, unreadable, or not UTF-8 text
+        raise ConfigError(f"cannot read site config {path}: {e}") from None
     raw.setdefault("name", path.stem)
     try:
         site = SiteConfig.model_validate({**raw, "source": str(path)})

@@ -9,8 +9,10 @@ the step's COMPLETE marker if the orchestrator's part is there too.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +52,61 @@ def _torch_save(obj, path: Path) -> None:
         os.close(fd)
 
 
+# fp32 weights (4 bytes) + Adam's two fp32 moment estimates (2 x 4 bytes) per parameter (Kingma & Ba 2015, Alg. 1).
+BYTES_PER_PARAM = 12
+
+
+class CheckpointSpaceError(OSError):
+    """A checkpoint save hit a full filesystem or quota. The message gives the checkpoint size, the space a run
+    needs with its retention, and the complete checkpoint that survived."""
+
+
+def checkpoint_bytes(num_params: int) -> int:
+    """Approximate size in bytes of one trainer checkpoint of a model with ``num_params`` parameters (fp32 + Adam)."""
+    return BYTES_PER_PARAM * num_params
+
+
+def _out_of_space(exc: BaseException, directory: Path, need: int) -> bool:
+    # safetensors and torch.save do not raise OSError(ENOSPC): safetensors says "No space left on device (os error
+    # 28)" in a SafetensorError, torch.save only "unexpected pos ...". So the free space decides as well.
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    if any(s in text for s in ("No space left", "Disk quota exceeded", "os error 28", "os error 122")):
+        return True
+    try:
+        return shutil.disk_usage(directory).free < need
+    except OSError:
+        return False
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} TB"
+
+
+def _space_message(run: RunDir, step: int, num_params: int, keep_last: int | None, exc: BaseException) -> str:
+    one = checkpoint_bytes(num_params)
+    kept = (keep_last or 1) + 1  # retention deletes the oldest only after the new checkpoint is COMPLETE
+    try:
+        free = f"{_size(shutil.disk_usage(run.checkpoints).free)} free now"
+    except OSError:
+        free = "free space unknown"
+    prev = checkpoints.latest_complete(run)
+    return (
+        f"checkpoint step {step} does not fit in {run.checkpoints} ({free}): {exc}. A checkpoint takes about "
+        f"{BYTES_PER_PARAM} bytes per parameter x {num_params:,} parameters = {_size(one)}, and a run keeps "
+        f"keep_last + 1 = {kept} of them while saving: about {_size(kept * one)} (plus weight broadcasts). "
+        + (f"The complete checkpoint step {prev} is untouched. " if prev is not None else "No complete checkpoint "
+           "exists yet. ")
+        + "Free space or lower ckpt.keep_last, then continue with --resume. The trainer stops here: retrying "
+        "would hit the same wall."
+    )
+
+
 def save_trainer_state(
     run: RunDir,
     step: int,
@@ -58,13 +115,25 @@ def save_trainer_state(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     *,
     info: DistInfo = DistInfo(),
+    keep_last: int | None = None,
 ) -> Path:
     """Write the trainer part of checkpoint ``step`` (every rank calls this); returns its final path.
 
     The part appears under its final name only when complete (temporary directory + rename by rank 0). The step's
     COMPLETE marker is written by :func:`toolkit.checkpoints.mark_complete_if_ready` (rank 0 calls it after this).
-    Raises OSError on write failures (the temporary directory is then removed).
+    Raises CheckpointSpaceError when the filesystem or quota is full (``keep_last``, the run's retention, sizes
+    the advice in its message), other errors of the writers as they come; the temporary directory is removed.
     """
+    try:
+        return _save_trainer_state(run, step, model, optimizer, scheduler, info=info)
+    except Exception as e:
+        n = sum(p.numel() for p in model.parameters())
+        if _out_of_space(e, run.checkpoints, checkpoint_bytes(n)):
+            raise CheckpointSpaceError(errno.ENOSPC, _space_message(run, step, n, keep_last, e)) from e
+        raise
+
+
+def _save_trainer_state(run, step, model, optimizer, scheduler, *, info: DistInfo) -> Path:
     final = checkpoints.part_dir(run, step, PART)
     meta = {"step": step, "scheduler": scheduler.state_dict() if scheduler is not None else None}
     if info.world_size == 1:

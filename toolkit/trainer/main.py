@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -140,6 +141,10 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     from toolkit.trainer.step import train_step
 
     info, device = tdist.init_distributed()
+    import socket
+
+    log.info("rank %d of %d (local rank %d) on %s, device %s", info.rank, info.world_size, info.local_rank,
+             os.environ.get("SLURMD_NODENAME") or socket.gethostname(), device)
     stop = stop or StopFlag(run)
     torch.manual_seed(s.seed)
     model_dir = resolve_model(s.model_name)
@@ -172,7 +177,7 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
 
     def save(step: int) -> float:
         t0 = time.perf_counter()
-        save_trainer_state(run, step, model, optimizer, scheduler, info=info)
+        save_trainer_state(run, step, model, optimizer, scheduler, info=info, keep_last=s.keep_last)
         if info.is_main and checkpoints.mark_complete_if_ready(run, step):
             checkpoints.apply_retention(run, s.keep_last, s.keep_interval)
         return time.perf_counter() - t0
@@ -250,7 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         settings.resume_dir = args.resume_dir
     stop = StopFlag(run)
     stop.install()
-    run_trainer(run, settings, stop=stop)
+    from toolkit.trainer.checkpoint import CheckpointSpaceError
+
+    try:
+        run_trainer(run, settings, stop=stop)
+    except CheckpointSpaceError as e:  # a full disk: say so plainly and stop (the launcher ends the run)
+        log.error("%s", e.strerror)
+        return 1
     return 0
 
 

@@ -1,0 +1,100 @@
+"""The orchestrator on real env workers against the loopback inference server (no vLLM): env worker crashes and
+the zero-signal guard (issue 9 items 2 and 8).
+
+The loopback server answers every request with the same tokens, so every rollout of a group gets the same reward
+from the real reverse-text scorer: each group has zero learning signal. That is the zero-signal case itself, and
+for the worker-crash test the guard is switched off (``max_empty_steps = None``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytest.importorskip("verifiers.v1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from loopback_server import LoopbackServer
+
+from toolkit import batches
+from toolkit.config.model import RLConfig
+from toolkit.inference.health import write_ready
+from toolkit.orchestrator.main import Orchestrator
+from toolkit.rundir import RunDir
+
+
+def _cfg(max_steps: int, max_empty_steps: int | None) -> RLConfig:
+    return RLConfig.model_validate({
+        "max_steps": max_steps, "seed": 5, "ckpt": {"interval": 2},
+        "orchestrator": {
+            "batch_size": 4, "group_size": 2, "max_async_level": max_steps, "max_concurrent": 4,
+            "train": {"sampling": {"max_completion_tokens": 8},
+                      "env": [{"name": "rev", "taskset": {"id": "reverse-text"}, "retries": 3}]},
+        },
+        "monitors": {"stop": {"max_empty_steps": max_empty_steps}},
+    })  # fmt: skip
+
+
+def _orch_steps(run: RunDir) -> list[int]:
+    return [x["step"] for x in map(json.loads, run.metrics.read_text().splitlines()) if x.get("role") == "orchestrator"]
+
+
+def _ready(run: RunDir, url: str) -> None:
+    write_ready(run, {"base_url": url, "router_url": None, "engine_urls": [url], "model": "tiny", "policy_version": 0})
+
+
+def test_killed_env_worker_is_replaced_and_the_run_completes(tmp_path):
+    run = RunDir(tmp_path / "run")
+    cfg = _cfg(max_steps=6, max_empty_steps=None)
+    killed = []
+    with LoopbackServer([73, 72, 71, 2]) as srv:
+        _ready(run, srv.url)
+
+        async def go():
+            orch = Orchestrator(cfg, run)
+            task = asyncio.create_task(orch.run_until_done())
+            while not batches.is_ready(run.rollout_step(2)) and not task.done():
+                await asyncio.sleep(0.05)
+            assert not task.done(), task.result()
+            worker = orch.train_envs["rev"].runtime.workers[0]
+            killed.append(worker.proc.pid)
+            os.kill(worker.proc.pid, signal.SIGKILL)  # mid-run, rollouts in flight
+            replaced = None
+            while replaced is None and not task.done():  # the runtime restarts the dead worker in the background
+                w = orch.train_envs["rev"].runtime.workers[0]
+                if w.proc is not None and w.proc.pid != killed[0] and w.proc.returncode is None:
+                    replaced = w.proc.pid
+                await asyncio.sleep(0.05)
+            rc = await asyncio.wait_for(task, 600)
+            return rc, replaced
+
+        rc, new_pid = asyncio.run(go())
+    assert rc == 0
+    assert new_pid is not None and new_pid != killed[0]  # a replacement worker served the rest of the run
+    assert sorted(_orch_steps(run)) == [1, 2, 3, 4, 5, 6]
+    assert all(batches.is_ready(run.rollout_step(s)) for s in range(1, 7))
+    print(f"\n[figure] env worker {killed[0]} killed after batch 2; replaced by {new_pid}; 6/6 steps written")
+
+
+def test_zero_signal_guard_warns_with_counts_and_stops(tmp_path, caplog):
+    run = RunDir(tmp_path / "run")
+    cfg = _cfg(max_steps=8, max_empty_steps=2)
+    with LoopbackServer([73, 72, 71, 2]) as srv:
+        _ready(run, srv.url)
+        with caplog.at_level("WARNING"):
+            rc = asyncio.run(asyncio.wait_for(Orchestrator(cfg, run).run_until_done(), 600))
+    assert rc == 0  # a stop is a clean, resumable end
+    steps = _orch_steps(run)
+    assert steps == [1, 2], steps  # stopped after max_empty_steps empty steps, not at max_steps
+    warnings = [r.getMessage() for r in caplog.records if "no learning signal" in r.getMessage()]
+    assert len(warnings) == 2 and "2 groups offered" in warnings[0] and "0 with differing rewards" in warnings[0]
+    reason = run.stop_request.read_text()
+    assert "zero-signal guard" in reason and "2 consecutive steps" in reason
+    print(f"\n[figure] zero-signal: stopped after steps {steps}; stop request: {reason.strip()}")

@@ -1,0 +1,257 @@
+"""Hostile and malformed input (issue 9 item 5): site configs, sweep files, and strings that reach batch scripts.
+
+- site configs (``load_site`` with a path): mutated real site files and raw garbage (broken TOML, invalid UTF-8)
+  never raise anything but ConfigError, and reading one writes nothing;
+- sweep files (``srl sweep @ FILE``): never a traceback, never a file outside the output directory, never a
+  submission (or local run) after an error. Submission is replaced by a recorder: the one fake here, because a
+  real submission is what must not happen;
+- array and eval scripts (``render_batch``) run by bash with a stub ``srun``: injected command arguments, output
+  directory and array values either reach the command verbatim or are refused at render time; no injected
+  command runs. (``rl.sbatch`` is covered by ``tests/integration/test_rl_sbatch_stubs.py``.)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import tomli_w
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from toolkit.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+SITES = sorted((ROOT / "site-configs").glob("*.toml"))
+EVIL = [
+    "$(touch PWNED1)", "`touch PWNED2`", "; touch PWNED3", "a'b\"c", "../../../../tmp/escape", "/etc/passwd",
+    "ünïcødé-名前", "x\ny", "\x00", "-rf", "${IFS}", "1e999", "-1", "", " ", "{task_id}", "a" * 5000,
+]
+weird = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True),
+    st.text(max_size=20), st.sampled_from(EVIL), st.lists(st.sampled_from(EVIL + [1, 2.5]), max_size=3),
+    st.dictionaries(st.sampled_from(["a", "uniform", "choice", "log_uniform", "samples"]),
+                    st.one_of(st.integers(-3, 3), st.lists(st.integers(-2, 5), max_size=3), st.text(max_size=3)),
+                    max_size=2),
+)  # fmt: skip
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+INJECTIONS_TRIED: list[str] = []  # counted for the issue note
+
+
+def _toml_bytes(data: dict) -> bytes:
+    """Serialise ``data`` to TOML (None dropped, since TOML has no null); raw bytes kept as given."""
+
+    def clean(x):
+        if isinstance(x, dict):
+            return {str(k): clean(v) for k, v in x.items() if v is not None}
+        if isinstance(x, list):
+            return [clean(v) for v in x if v is not None]
+        if isinstance(x, float) and x != x:
+            return "nan"
+        return x
+
+    try:
+        return tomli_w.dumps(clean(data)).encode("utf-8", "surrogatepass")
+    except (TypeError, ValueError, UnicodeEncodeError):
+        return b"[broken"
+
+
+def _leaves(tree: dict, prefix=()):
+    for k, v in tree.items():
+        yield prefix + (k,)
+        if isinstance(v, dict):
+            yield from _leaves(v, prefix + (k,))
+
+
+@st.composite
+def mutated_doc(draw, base: dict) -> bytes:
+    kind = draw(st.sampled_from(["mutate", "mutate", "mutate", "garbage", "bytes"]))
+    if kind == "garbage":
+        return draw(st.text(max_size=200)).encode("utf-8", "surrogatepass")
+    if kind == "bytes":
+        return draw(st.binary(max_size=200))
+    data = copy.deepcopy(base)
+    paths = sorted(_leaves(data)) or [("x",)]
+    for _ in range(draw(st.integers(1, 4))):
+        path = draw(st.sampled_from(paths))
+        node = data
+        for p in path[:-1]:
+            node = node.get(p) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        action = draw(st.sampled_from(["set", "delete", "unknown"]))
+        if action == "set":
+            node[path[-1]] = draw(weird)
+        elif action == "delete":
+            node.pop(path[-1], None)
+        else:
+            node[draw(st.sampled_from(EVIL[:6] + ["zzz", "name"]))] = draw(weird)
+    return _toml_bytes(data)
+
+
+def _files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+# ---- site configs ------------------------------------------------------------------------------------------
+SITE_BASES = [tomllib.loads(p.read_text()) for p in SITES]
+
+
+@SETTINGS
+@given(doc=st.sampled_from(range(len(SITE_BASES))).flatmap(lambda i: mutated_doc(SITE_BASES[i])))
+def test_site_config_never_tracebacks_and_writes_nothing(tmp_path_factory, doc):
+    from toolkit.config.site import load_site
+
+    box = tmp_path_factory.mktemp("site")
+    path = box / "hostile.toml"
+    path.write_bytes(doc)
+    before = _files_under(box)
+    cwd = os.getcwd()
+    os.chdir(box)
+    try:
+        load_site(path)
+    except ConfigError as e:
+        assert "Traceback" not in str(e) and str(e).strip()
+    finally:
+        os.chdir(cwd)
+    assert _files_under(box) == before
+
+
+# ---- sweep files -------------------------------------------------------------------------------------------
+SWEEP_BASE = {
+    "sweep": {"name": "hostile", "base": [str(ROOT / "jobs/reverse-text/rl.toml")], "seeds": [0],
+              "max_parallel": 2, "grid": {"trainer.optim.lr": [1e-4]},
+              "random": {"samples": 1, "seed": 1, "trainer.optim.weight_decay": {"uniform": [0.0, 0.1]}}},
+    "config": {"max_steps": 5, "output_dir": "outputs", "run": {"name": "x"}},
+}  # fmt: skip
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    """Replace the two ways a sweep starts work (Slurm array submission, local runs) by recorders."""
+    calls: list[str] = []
+    import toolkit.launch.submit as submit
+    import toolkit.sweep as sweep
+
+    monkeypatch.setattr(submit, "submit_sweep", lambda *a, **k: calls.append("submit_sweep") or ["1"])
+    monkeypatch.setattr(sweep, "_run_local", lambda *a, **k: calls.append("run_local") or 0)
+    return calls
+
+
+@SETTINGS
+@given(doc=mutated_doc(SWEEP_BASE), site=st.sampled_from(["local", "local-slurm"]))
+def test_sweep_file_never_tracebacks_escapes_or_submits_after_error(tmp_path_factory, recorder, capsys, doc, site):
+    from toolkit.cli import main
+
+    box = tmp_path_factory.mktemp("sweep")
+    (box / "cwd").mkdir()
+    path = box / "cwd" / "hostile.toml"
+    path.write_bytes(doc)
+    out = box / "out"
+    recorder.clear()
+    cwd = os.getcwd()
+    os.chdir(box / "cwd")
+    try:
+        rc = main(["sweep", "@", str(path), "--output-dir", str(out), "--site", site])
+    except SystemExit as e:  # argparse usage errors: a message, not a traceback
+        rc = e.code
+    finally:
+        os.chdir(cwd)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if rc != 0:
+        assert recorder == [], "work was started although the sweep failed"
+        assert err.strip()
+    else:
+        assert len(recorder) == 1
+    written = _files_under(box) - {box / "cwd", path}
+    assert all(p.is_relative_to(out) for p in written), sorted(written)
+
+
+def test_sweep_random_and_size_errors_are_config_errors(tmp_path, recorder):
+    from toolkit.sweep import load_sweep
+
+    bad = [
+        {"uniform": "abc"}, {"uniform": [1]}, {"log_uniform": [-1, 2]}, {"log_uniform": [0, 1]}, {"choice": []},
+        {"choice": "ab"}, {"uniform": [1, "x"]},
+    ]
+    for spec in bad:
+        doc = copy.deepcopy(SWEEP_BASE)
+        doc["sweep"]["random"] = {"samples": 2, "trainer.optim.weight_decay": spec}
+        f = tmp_path / "s.toml"
+        f.write_bytes(_toml_bytes(doc))
+        with pytest.raises(ConfigError, match="sweep.random"):
+            load_sweep(f)
+    doc = copy.deepcopy(SWEEP_BASE)  # 10 axes x 10 values: 10**10 points must be refused, not expanded
+    doc["sweep"]["grid"] = {f"a{i}.b": list(range(10)) for i in range(10)}
+    f = tmp_path / "big.toml"
+    f.write_bytes(_toml_bytes(doc))
+    with pytest.raises(ConfigError, match="points"):
+        load_sweep(f)
+    assert recorder == []
+
+
+# ---- strings that reach array and eval scripts -------------------------------------------------------------
+STUB_SRUN = """#!/bin/bash
+while [[ $# -gt 0 && $1 == --* ]]; do shift; done
+exec "$@"
+"""
+RECORDER = """#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["ARGV_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("kind", ["array", "eval"])
+def test_batch_scripts_quote_every_injected_string(tmp_path, kind):
+    from toolkit.config import validate_dict
+    from toolkit.config.site import load_site
+    from toolkit.render import RenderError, render_batch
+    from toolkit.rundir import RunDir
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(STUB_SRUN)
+    rec = bin_dir / "rec"
+    rec.write_text(RECORDER)
+    for f in (bin_dir / "srun", rec):
+        f.chmod(0o755)
+    evil_out = tmp_path / "o;touch${IFS}PWNED_OUT;$(touch${IFS}PWNED_OUT2)|&<>*?{a,b}"
+    cfg = validate_dict({"output_dir": str(evil_out), "run": {"name": "r1"},
+                         "orchestrator": {"train": {"env": [{"taskset": {"id": "reverse-text"}}]}},
+                         "slurm": {"secret_env_vars": ["HF_TOKEN"]}}).config  # fmt: skip
+    site = load_site("local-slurm")
+    run = RunDir(evil_out / "r1")
+    args = [a for a in EVIL if "\x00" not in a] + ["x{task_id}y$(touch PWNED_T)", "{task_id}"]
+    INJECTIONS_TRIED.extend(args + [str(evil_out)])
+    text = render_batch(kind, cfg, site, run, command=[str(rec), *args], name_suffix="-x",
+                        array="0-1%1" if kind == "array" else None)
+    script = tmp_path / f"{kind}.sbatch"
+    script.write_text(text)
+    log = tmp_path / "argv.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", ARGV_LOG=str(log), SLURM_JOB_ID="77", SLURM_ARRAY_TASK_ID="1")
+    proc = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(log.read_text().splitlines()[0])
+    want = [a.replace("{task_id}", "1") for a in args] if kind == "array" else args
+    assert got == want  # every argument arrived as one verbatim word
+    pwned = list(tmp_path.rglob("PWNED*")) + list(Path.cwd().glob("PWNED*"))
+    assert not pwned, pwned
+    # Values that cannot be quoted in an #SBATCH line are refused at render time, not passed on.
+    for bad in ("0-1;touch PWNED", "0-1 --wrap=id", "0-1\n#SBATCH --uid=0"):
+        INJECTIONS_TRIED.append(bad)
+        with pytest.raises(RenderError):
+            render_batch(kind, cfg, site, run, command=["true"], name_suffix="", array=bad)
+    print(f"\n[figure] {kind}: {len(INJECTIONS_TRIED)} injection strings tried, 0 executed")
+
+
+def test_shutil_which_bash_available():
+    assert shutil.which("bash"), "the injection tests execute scripts with bash"
