@@ -381,7 +381,8 @@ def _stop_criteria(doc: _Doc, run: RunData, steps: pd.DataFrame | None) -> None:
         return
     doc.para("Stop criteria ([monitors.stop]): " + json.dumps(table, sort_keys=True))
     try:
-        criteria = StopCriteria.from_mapping(table)
+        # max_empty_steps is the orchestrator's zero-signal guard, not a metrics threshold.
+        criteria = StopCriteria.from_mapping({k: v for k, v in table.items() if k != "max_empty_steps"})
     except (TypeError, ValueError) as exc:
         doc.para(f"Cannot evaluate them: {exc}")
         return

@@ -125,7 +125,10 @@ def _expand(sw: dict[str, Any], source: str) -> list[dict[str, Any]]:
 def _random_points(rnd: Any, source: str) -> list[dict[str, Any]]:
     if not isinstance(rnd, dict) or not isinstance(rnd.get("samples"), int) or rnd["samples"] < 1:
         raise ConfigError("sweep.random needs samples = N (>= 1)", source=source)
-    rng = random.Random(rnd.get("seed", 0))
+    seed = rnd.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ConfigError("sweep.random.seed must be an integer", source=source)
+    rng = random.Random(seed)
     specs = {k: v for k, v in rnd.items() if k not in ("samples", "seed")}
     out = []
     for _ in range(rnd["samples"]):

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 from pathlib import Path
 
 import httpx
@@ -38,7 +39,7 @@ def test_engines_and_router_bind_the_node_address_only(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     loaded = load_config([root / "jobs/reverse-text/rl.toml", root / "jobs/reverse-text/slurm.toml"],
-                         overrides={"site": "local-slurm", "output_dir": str(tmp_path)})
+                         ["--site", "local-slurm", "--output-dir", str(tmp_path)])
     plan = build_plan(loaded.config, load_site("local-slurm"), RunDir(tmp_path / "r"), job_id="1")
     served = [p for p in plan.processes if p.role in ("inference", "router")]
     assert served
@@ -50,7 +51,7 @@ def test_engines_and_router_bind_the_node_address_only(tmp_path):
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
-    seen: list[tuple[str, str]] = []
+    seen: typing.ClassVar[list[tuple[str, str]]] = []
 
     def _answer(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))

@@ -82,8 +82,13 @@ def test_sigkill_during_broadcasts_never_exposes_partial_weights(tmp_path):
 
     from toolkit.inference.weights import newest_stable_broadcast
     from toolkit.models.tiny import build_tiny_model
-    from toolkit.trainer.broadcast import (WEIGHTS_FILE, apply_broadcast_retention, is_stable, model_config_dict,
-                                           write_broadcast)
+    from toolkit.trainer.broadcast import (
+        WEIGHTS_FILE,
+        apply_broadcast_retention,
+        is_stable,
+        model_config_dict,
+        write_broadcast,
+    )
     from toolkit.trainer.model import load_policy
 
     torch.set_num_threads(1)  # the forked writer must not need the parent's thread pool

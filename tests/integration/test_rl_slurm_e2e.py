@@ -40,8 +40,9 @@ JOB = [str(ROOT / "jobs/reverse-text/rl.toml"), str(ROOT / "jobs/reverse-text/sl
 # Local runs of this job gain +0.05 after about 90 steps and +0.064 after 120 (seeded); the margin covers async
 # ordering noise.
 LEARN_STEPS = 130
-# Engine start-up plus 130 steps on two cores shared by four emulated nodes (and whatever else the machine runs).
-LEARN_BUDGET_S = 1800.0
+# Engine start-up plus 130 steps on two cores shared by four emulated nodes (and whatever else the machine runs):
+# 21 min measured with three other vLLM servers on the machine.
+LEARN_BUDGET_S = 2400.0
 # The job must end within this many seconds after the trainer's last metrics line (teardown, not walltime).
 TEARDOWN_S = 60.0
 
@@ -89,6 +90,7 @@ def _gain(metrics: list[dict]) -> tuple[float, float, float]:
     return last - first, first, last
 
 
+@pytest.mark.timeout(LEARN_BUDGET_S + 600)
 def test_rl_job_on_slurm_places_completes_and_learns(tmp_path: Path) -> None:
     run, job = _submit(tmp_path, "learn", "--max-steps", str(LEARN_STEPS))
     st = _wait_final(run, job, LEARN_BUDGET_S)
@@ -141,6 +143,7 @@ def test_rl_job_on_slurm_places_completes_and_learns(tmp_path: Path) -> None:
     assert gain >= 0.05, f"gain {gain:+.4f} (first 20 {first:.4f}, last 20 {last:.4f})"
 
 
+@pytest.mark.timeout(2400)
 def test_scancel_then_resume_records_each_step_once(tmp_path: Path) -> None:
     max_steps, interval = 12, 4
     extra = ("--max-steps", str(max_steps), "--ckpt.interval", str(interval))

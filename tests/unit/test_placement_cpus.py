@@ -53,3 +53,4 @@ def test_gpu_plans_get_nothing() -> None:
     plan = _slurm_plan(["127.0.0.1"] * 3)
     plan.gpus_per_node = 4
     assert cpu_thread_env(plan, "trainer", 1, 2) == {}
+

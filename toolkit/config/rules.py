@@ -28,6 +28,7 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
     f = Findings()
     rl_only = (_batch_and_groups, _env_names_and_ratios, _concurrency, _async, _weight_retention)
     for rule in (
+        _model_name,
         _batch_and_groups,
         _env_names_and_ratios,
         _concurrency,
@@ -43,6 +44,19 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
             continue
         rule(cfg, f)
     return f
+
+
+def _model_name(cfg: RLConfig, f: Findings) -> None:
+    from pathlib import Path
+
+    from ..models.resolve import MODEL_ALIASES
+
+    name = cfg.model.name
+    if name in MODEL_ALIASES or (Path(name).expanduser() / "config.json").is_file():
+        return
+    where = "a directory without config.json" if Path(name).expanduser().is_dir() else "neither an alias nor a directory"
+    f.error("model.name", f"'{name}' is {where}; give a HF-format model directory or one of the built-in "
+                          f"aliases: {', '.join(sorted(MODEL_ALIASES))}")
 
 
 def _nearest_multiples(n: int, k: int) -> str:

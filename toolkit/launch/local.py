@@ -46,6 +46,7 @@ class _Progress:
     path: Path
     offset: int = 0
     last: dict[str, Any] = field(default_factory=dict)
+    shown: int = -1
 
     def poll(self) -> str | None:
         if not self.path.exists():
@@ -63,6 +64,10 @@ class _Progress:
             self.last.setdefault(rec.get("role", "?"), {}).update(rec)
         if not complete:
             return None
+        step = self.last.get("trainer", {}).get("step", 0)
+        if step == self.shown:
+            return None  # one line per trainer step
+        self.shown = step
         o, t = self.last.get("orchestrator", {}), self.last.get("trainer", {})
         parts = [f"step {t.get('step', 0)}"]
         if "reward/all/mean" in o:
@@ -87,6 +92,8 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     plan.hosts = ["localhost"] * plan.num_nodes
     print(f"srl: run directory {run.root}")
     print(f"srl: logs in {logs} ; metrics {run.metrics} ; checkpoints {run.checkpoints}")
+    print("srl: starting inference, trainer and orchestrator (vLLM start-up takes about a minute on CPU) ...",
+          flush=True)
 
     children: list[_Child] = []
     stop_requested = {"at": None}
@@ -236,8 +243,9 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
             return c.returncode or 1
         if finite and all(c.returncode == 0 for c in finite):
             if stop["at"] is not None:
-                print(f"\nsrl: stopped on request; continue with the same command plus --resume "
-                      f"(run {run.root})", flush=True)
+                print(f"\nsrl: stopped on request; continue with the same command plus "
+                      f"--run.name {run.root.name} --resume", flush=True)
+                return 130
             else:
                 print(f"\nsrl: run finished; report with: srl report {run.root}", flush=True)
             return 0

@@ -29,11 +29,21 @@ def auto_run_name(loaded: LoadedConfig) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "-", raw)[:120]
 
 
-def run_dir_for(loaded: LoadedConfig) -> RunDir:
-    """The RunDir the config points at (fills ``run.name`` with an auto name when unset)."""
+def run_dir_for(loaded: LoadedConfig, *, resume: bool = False) -> RunDir:
+    """The RunDir the config points at. Without ``run.name``: a new auto name, or with ``resume`` the newest
+    existing run whose auto name has the same ``<envs>--<model>--`` prefix (so "the same command plus --resume"
+    continues the run it started)."""
     cfg = loaded.config
     if cfg.run.name is None:
-        cfg.run.name = auto_run_name(loaded)
+        name = auto_run_name(loaded)
+        if resume:
+            prefix = name.rsplit("--", 1)[0] + "--"
+            out = Path(cfg.output_dir)
+            runs = sorted((p for p in out.glob(f"{prefix}*") if (p / "configs").is_dir()),
+                          key=lambda p: p.stat().st_mtime) if out.is_dir() else []
+            if runs:
+                name = runs[-1].name
+        cfg.run.name = name
     return RunDir(Path(cfg.output_dir) / cfg.run.name)
 
 
@@ -43,7 +53,7 @@ def prepare_run(loaded: LoadedConfig, *, argv: list[str], resume: bool = False, 
     Raises ConfigError when the directory exists and neither ``resume`` nor ``clean`` was given (nothing is
     touched then), or when ``resume`` is asked for a run that does not exist.
     """
-    run = run_dir_for(loaded)
+    run = run_dir_for(loaded, resume=resume)
     exists = run.configs.exists()
     if exists and not (resume or clean):
         raise ConfigError(

@@ -279,9 +279,11 @@ def _router(cfg: RLConfig, pd: bool, engines: list[_Engine], urls: dict[str, str
 
 
 def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | int = "local",
-               roles: tuple[str, ...] = ROLES) -> Plan:
+               roles: tuple[str, ...] = ROLES, port_key: str | None = None) -> Plan:
     """Place every process of ``cfg`` on ``site`` for job ``job_id``. Pure: reads nothing, starts nothing.
 
+    ``port_key`` picks the port block instead of the job id (the node-side resolve moves a single-machine job to
+    another block when something else already listens on its ports).
     ``roles`` restricts the plan (an inference-only deployment passes ``("inference", "router")``). With
     ``inference.external`` set no engines or router are placed; the orchestrator reads that run's router address.
     Raises TopologyError (node arithmetic), PlacementError (bad pass-through values, port range too small) and
@@ -319,7 +321,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     if "trainer" in roles:
         alloc.request(host(master), "trainer.rdzv")
     try:
-        ports = alloc.assign(job)
+        ports = alloc.assign(port_key or job)
     except ValueError as e:
         raise PlacementError(str(e)) from None
 

@@ -9,7 +9,10 @@ outside the kernel's ephemeral range (``toolkit.config.site``); framework defaul
 
 from __future__ import annotations
 
+import errno
+import socket
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..config.site import FORBIDDEN_PORTS
@@ -78,3 +81,22 @@ class PortAllocator:
             raise PortError("every block of the site's port range contains a framework default port")
         self.base = base
         return {name: base + off for name, off in self._offsets.items()}
+
+
+def ports_free(ports: Iterable[int], host: str) -> bool:
+    """True when every port in ``ports`` can be bound on ``host`` (an address of this machine) right now.
+
+    Only meaningful where the ports will be bound on this machine: a local run, or a job whose nodes all share this
+    machine's address (the local Slurm test cluster). Only "address in use" counts as busy: an address this
+    machine cannot bind (a name that resolves elsewhere) cannot be probed here, and gives True. Nothing stays bound
+    after the call.
+    """
+    for port in sorted(set(ports)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return False
+                return True
+    return True

@@ -4,7 +4,8 @@
     Runs once in the batch shell, on the host side (outside any container), before anything is launched. Expands
     ``SLURM_JOB_NODELIST`` (per het group when heterogeneous) in Python, without ``scontrol`` (field case B07),
     looks up each node's routable address (``scontrol show node``'s NodeAddr when scontrol works, else the host
-    name; never ``localhost``), rebuilds the plan for this job id (ports are per job), writes placement.json and
+    name; never ``localhost``), rebuilds the plan for this job id (ports are per job; when every node shares this
+    machine's address and a port is taken, another block), writes placement.json and
     ports.json, removes a stale stop request, and writes a shell file with ``SRL_MASTER_ADDR``. Exits 1 with a
     message when the host list is missing or does not match the plan.
 ``python -m toolkit.placement.runtime exec --run-dir R --process NAME``
@@ -32,6 +33,7 @@ from ..rundir import RunDir, numbered_steps
 from .cpus import cpu_thread_env
 from .environment import visible_devices
 from .plan import Plan, build_plan, fill, read_plan, write_plan
+from .ports import ports_free
 
 _LOOPBACK = ("localhost", "127.0.0.1", "0.0.0.0", "::1", "")
 
@@ -112,6 +114,10 @@ def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
         bad = [h for h, a in zip(hosts, addrs) if a in _LOOPBACK and len(set(addrs)) > 1]
         if bad:
             raise ResolveError(f"hosts {bad} resolve to a loopback address on a multi-node allocation")
+    if len(set(addrs)) == 1 and addrs[0] not in ("", "0.0.0.0", "::"):
+        # Every process binds on this machine (one node, or emulated nodes sharing an address): a port block that
+        # another job or a local run already listens on would make an engine fail to start, so move to a free one.
+        plan = _free_port_plan(cfg, site, run, plan, job_id, addrs[0])
     plan.hosts, plan.addresses = hosts, addrs
     user_master = env.get("MASTER_ADDR")
     if plan.master_node is not None and user_master and user_master not in (hosts[plan.master_node],
@@ -124,6 +130,19 @@ def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
     if any(p.role == "inference" for p in plan.processes) and run.inference_ready.exists():
         run.inference_ready.unlink()  # its URLs point at the previous allocation's engines
     return plan
+
+
+def _free_port_plan(cfg, site, run: RunDir, plan: Plan, job_id: str, addr: str, tries: int = 32) -> Plan:
+    """``plan``, or the same plan on another port block (keyed ``<job id>-<i>``) whose ports are all free on
+    ``addr``. Raises ResolveError after ``tries`` busy blocks."""
+    for i in range(tries):
+        if i:
+            plan = build_plan(cfg, site, run, job_id=job_id, roles=plan.roles, port_key=f"{job_id}-{i}")
+        if ports_free(plan.ports.values(), addr):
+            if i:
+                _log(f"ports of block {i - 1} busy on {addr}; using ports from {plan.port_base}")
+            return plan
+    raise ResolveError(f"no free port block on {addr} after {tries} tries")
 
 
 def _shell_env(plan: Plan) -> str:
