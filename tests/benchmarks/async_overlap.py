@@ -22,6 +22,7 @@ other; the per-role figures are measured under that contention, in the same run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -55,7 +56,7 @@ def figures(metrics: list[dict], warmup: int) -> dict[str, float]:
     trainer = sorted((m for m in metrics if m["role"] == "trainer"), key=lambda m: m["step"])
     orch = [m for m in metrics if m["role"] == "orchestrator" and m["step"] > warmup]
     times = [m["time"] for m in trainer]
-    period = statistics.median(b - a for a, b in list(zip(times, times[1:]))[warmup:])
+    period = statistics.median(b - a for a, b in list(itertools.pairwise(times))[warmup:])
     t_train = statistics.median(m["time/step"] for m in trainer[warmup:])
     t_roll = statistics.median(m["time/step"] - m.get("time/wait_for_policy", 0.0) for m in orch)
     return {

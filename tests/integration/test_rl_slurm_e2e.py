@@ -105,11 +105,12 @@ def test_rl_job_on_slurm_places_completes_and_learns(tmp_path: Path) -> None:
     assert trainer.node_indices == (1, 2) and plan.master_node == 1 and trainer.nprocs_per_node == 1
     assert trainer.command[0] == "torchrun" and f"{{master_addr}}:{trainer.ports['rdzv']}" in trainer.command
     logs = run.log_attempt(1)
-    ranks = sorted(line.split(" rank ", 1)[1].split(" (")[0] for i in (0, 1)
-                   for line in (logs / f"trainer-{i}.log").read_text().splitlines() if " rank " in line)
+    # "srl.trainer INFO rank R of W (local rank L) on NODE, device cpu", once per rank
+    rank_lines = [line.split("INFO rank ", 1)[1] for i in (0, 1)
+                  for line in (logs / f"trainer-{i}.log").read_text().splitlines() if "srl.trainer INFO rank " in line]
+    ranks = sorted(line.split(" (")[0] for line in rank_lines)
     assert ranks == ["0 of 2", "1 of 2"], ranks  # one rank per trainer node, a 2-rank process group
-    hosts = {line.rsplit(" on ", 1)[1].split(",")[0] for i in (0, 1)
-             for line in (logs / f"trainer-{i}.log").read_text().splitlines() if " rank " in line}
+    hosts = {line.rsplit(" on ", 1)[1].split(",")[0] for line in rank_lines}
     assert hosts == {plan.hosts[1], plan.hosts[2]}, hosts
     for name in ("inference-0-0.log", "orchestrator.log"):
         assert (logs / name).stat().st_size > 0

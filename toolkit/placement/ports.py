@@ -96,7 +96,5 @@ def ports_free(ports: Iterable[int], host: str) -> bool:
             try:
                 s.bind((host, port))
             except OSError as e:
-                if e.errno == errno.EADDRINUSE:
-                    return False
-                return True
+                return e.errno != errno.EADDRINUSE
     return True
