@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_faults_local_resume import START_TIMEOUT_S, _finish, _start, _steps, _wait_trainer_step
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.vllm, pytest.mark.timeout(2400)]
 MAX_STEPS = 4
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
