@@ -40,6 +40,7 @@ def test_inference_script_never_executes_injected_values(tmp_path, monkeypatch):
     monkeypatch.setenv("SRL_SITE_CONFIGS", str(sites))
     model = tmp_path / "model"
     model.mkdir()
+    (model / "config.json").write_text("{}")  # HF-format dir for config validation; never loaded
     evil_dir = tmp_path / "o;touch${IFS}PWNED1;$(touch${IFS}PWNED2)|&<>*?{a,b}"
     cfg = tmp_path / "serve.toml"
     cfg.write_text(f'output_dir = {json.dumps(str(evil_dir))}\nsite = "stub"\n[model]\nname = "{model}"\n'

@@ -54,6 +54,7 @@ def _config(tmp: Path, name: str, extra: str = "", train_nodes: int = 2, orchest
             tail: str = "") -> Path:
     model = tmp / "model"
     model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")  # a HF-format directory as far as config validation looks; probes never load it
     path = tmp / f"{name}.toml"
     path.write_text(f"""
 output_dir = "{tmp / 'out'}"

@@ -67,6 +67,7 @@ def stub_job(tmp_path, monkeypatch):
     def make(toml: str, output_dir: Path, trainer_seconds: float = 60):
         model = tmp_path / "model"
         model.mkdir(exist_ok=True)
+        (model / "config.json").write_text("{}")  # HF-format dir for config validation; never loaded
         cfgfile = tmp_path / f"{uuid.uuid4().hex[:6]}.toml"
         cfgfile.write_text(f'output_dir = {json.dumps(str(output_dir))}\nsite = "stub"\n[model]\n'
                            f'name = "{model}"\n[[orchestrator.train.env]]\ntaskset = {{ id = "reverse-text" }}\n'

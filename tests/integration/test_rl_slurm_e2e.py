@@ -33,13 +33,14 @@ from toolkit.launch.submit import read_job_ids
 from toolkit.placement import read_plan
 from toolkit.rundir import RunDir
 
-pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.slurm, pytest.mark.vllm]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = [str(ROOT / "jobs/reverse-text/rl.toml"), str(ROOT / "jobs/reverse-text/slurm.toml")]
-# Local runs of this job gain +0.05 after about 90 steps and +0.064 after 120 (seeded); the margin covers async
-# ordering noise.
-LEARN_STEPS = 130
+# Local runs of this job gain +0.05 after about 90 steps and +0.064 after 120 (seeded); on Slurm two runs gained
+# +0.068 and +0.057 after 130 steps. The reward plateaus near 0.15 (shared notes), so 150 steps put the last 20 on
+# the plateau and leave a margin for async ordering noise.
+LEARN_STEPS = 150
 # Engine start-up plus 130 steps on two cores shared by four emulated nodes (and whatever else the machine runs):
 # 21 min measured with three other vLLM servers on the machine.
 LEARN_BUDGET_S = 2400.0
