@@ -8,22 +8,10 @@ same ports and placement.
 from __future__ import annotations
 
 import json
-import socket
 from typing import Any
 
 from ..config.model import RLConfig
 from ..rundir import RunDir
-
-
-def _ports_free(ports: list[int], host: str = "127.0.0.1") -> bool:
-    """True when every port can be bound on ``host`` right now (nothing else listens there)."""
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                return False
-    return True
 
 
 def local_plan(cfg: RLConfig, site: Any, run: RunDir, *, probe: bool = True, tries: int = 64,
@@ -35,12 +23,13 @@ def local_plan(cfg: RLConfig, site: Any, run: RunDir, *, probe: bool = True, tri
     the first run's engine on the same port (field case B05). Raises RuntimeError when no free block is found.
     """
     from ..placement.plan import build_plan
+    from ..placement.ports import ports_free
 
     run_id = json.loads(run.run_meta.read_text())["run_id"] if run.run_meta.exists() else run.root.name
     for i in range(tries):
         extra = {"roles": roles} if roles else {}
         plan = build_plan(cfg, site, run, job_id=f"local-{run_id}-{i}", **extra)
-        if not probe or _ports_free(sorted(set(plan.ports.values()))):
+        if not probe or ports_free(plan.ports.values(), "127.0.0.1"):
             return plan
     raise RuntimeError(f"no free port block in the site's range after {tries} tries; is the range too small?")
 

@@ -111,9 +111,13 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
 
     clear_ready(run)  # an earlier attempt's URLs may point at dead engines
     try:
-        layout = cpu_layout(plan)
+        from ..placement.cpus import cpu_thread_env
+
+        # Engines and trainer get their own cores (same split as on a Slurm node; see placement/cpus.py).
+        n_cores = len(os.sched_getaffinity(0))
         for spec in plan.processes:
-            children.append(_start(spec, plan, model_path, logs, layout.get(spec.name)))
+            extra = cpu_thread_env(plan, spec.name, spec.node_index, n_cores)
+            children.append(_start(spec, plan, model_path, logs, extra))
         _wait_inference(cfg, run, plan, children, stop_requested)
         status = _supervise(cfg, run, children, stop_requested)
     except ComponentFailed as e:
@@ -127,32 +131,6 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     return status
-
-
-def cpu_layout(plan: Any, n_cores: int | None = None) -> dict[str, dict[str, str]]:
-    """Split this machine's cores between CPU inference engines and the trainer (extra env per process name).
-
-    On a CPU-only machine vLLM's engine threads and torch's intra-op threads otherwise fight over the same cores;
-    measured on 2 cores, a trainer step with 2 torch threads next to a busy engine ran 5-10x slower than with 1.
-    Each engine gets its own core(s) (``VLLM_CPU_OMP_THREADS_BIND``), the trainer the remaining ones
-    (``OMP_NUM_THREADS``). A value the user set in the config's env tables is kept.
-    """
-    n_cores = n_cores or len(os.sched_getaffinity(0))
-    engines = [p for p in plan.processes if p.role == "inference"]
-    if plan.gpus_per_node or not engines:
-        return {}
-    per = max(1, (n_cores - 1) // len(engines)) if n_cores > len(engines) else 1
-    out: dict[str, dict[str, str]] = {}
-    for i, p in enumerate(engines):
-        lo = (i * per) % n_cores
-        hi = min(n_cores - 1, lo + per - 1)
-        if "VLLM_CPU_OMP_THREADS_BIND" not in p.env:
-            out[p.name] = {"VLLM_CPU_OMP_THREADS_BIND": str(lo) if lo == hi else f"{lo}-{hi}"}
-    left = max(1, n_cores - per * len(engines))
-    for p in plan.processes:
-        if p.role == "trainer" and "OMP_NUM_THREADS" not in p.env:
-            out[p.name] = {"OMP_NUM_THREADS": str(left)}
-    return out
 
 
 def _start(spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[str, str] | None = None) -> _Child:

@@ -93,8 +93,8 @@ def submit_sweep(sweep, manifest: Path, cfg: RLConfig, site: SiteConfig, *, dry_
     ``sweep.max_parallel`` (``--array=a-b%P``); logs are ``%x_%A_%a`` (field case B11). Scripts go next to the
     manifest. Returns the array job ids (or the script paths when ``dry_run``). Raises SubmitError loudly.
     """
-    from ..render import _python, render_batch
     from ..fsutil import atomic_write_text
+    from ..render import _python, render_batch
 
     root = manifest.parent
     run = RunDir(root)

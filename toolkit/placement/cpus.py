@@ -4,14 +4,14 @@ uses.
 Why: on a machine without GPUs, vLLM's CPU engine spins OpenMP threads on the cores it binds and torch's intra-op
 pool starts one thread per visible core in every trainer rank. Left alone they oversubscribe the cores; measured on
 2 cores, a trainer step with 2 torch threads next to a busy engine ran 5-10x slower than with 1 (see
-``toolkit.launch.local.cpu_layout``, the local launcher's single-host version of the same split).
+the local launcher uses this same function).
 
 Which processes share cores is decided by node address: processes placed on nodes with the same routable address
 run on the same machine (the local Slurm test cluster runs four emulated nodes on 127.0.0.1 with the same two real
 cores), so the split is computed over every process of the host, not only over the Slurm node. On a real cluster
 each node has its own address and the split is per node.
 
-Split of ``n_cores`` cores on one host with ``E`` engines and ``R`` trainer ranks (formula of ``cpu_layout``):
+Split of ``n_cores`` cores on one host with ``E`` engines and ``R`` trainer ranks :
 each engine gets ``per = max(1, (n_cores - 1) // E)`` cores (``1`` when ``n_cores <= E``), bound with
 ``VLLM_CPU_OMP_THREADS_BIND``; the trainer ranks share the rest, ``max(1, (n_cores - per * E) // R)`` threads each
 (``OMP_NUM_THREADS``). Values a user set in the config's env tables are kept.
