@@ -233,7 +233,8 @@ def _slurm(cfg: RLConfig, f: Findings) -> None:
             f.error("slurm.secret_env_vars", f"'{name}' is not an environment variable name")
 
 
-def _secrets(cfg: RLConfig, f: Findings) -> None:
+def env_tables(cfg: RLConfig) -> dict[str, dict[str, str]]:
+    """Every user environment table of the config by its dotted path (the layers of the process environment)."""
     tables = {
         "env_vars": cfg.env_vars,
         "orchestrator.env_vars": cfg.orchestrator.env_vars,
@@ -244,6 +245,11 @@ def _secrets(cfg: RLConfig, f: Findings) -> None:
     if dep.type == "disaggregated":
         tables["inference.deployment.prefill_env_vars"] = dep.prefill_env_vars
         tables["inference.deployment.decode_env_vars"] = dep.decode_env_vars
+    return tables
+
+
+def _secrets(cfg: RLConfig, f: Findings) -> None:
+    tables = env_tables(cfg)
     for path, table in tables.items():
         for key in table:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):

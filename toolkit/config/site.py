@@ -244,12 +244,9 @@ _CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT",
 
 
 def _cache_dirs_on_shared_fs(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
-    layers = {
-        "env_vars": cfg.env_vars,
-        "trainer.env_vars": cfg.trainer.env_vars,
-        "inference.env_vars": cfg.inference.env_vars,
-        "orchestrator.env_vars": cfg.orchestrator.env_vars,
-    }
+    from .rules import env_tables
+
+    layers = env_tables(cfg)
     shared = [r for r in (site.filesystem.shared_root,) if r]
     for path, table in layers.items():
         for key in _CACHE_VARS:
@@ -268,17 +265,9 @@ def _cache_dirs_on_shared_fs(cfg: RLConfig, site: SiteConfig, f: Findings) -> No
 
 def _owned_env_in_user_layers(cfg: RLConfig, f: Findings) -> None:
     from ..placement.environment import is_owned
+    from .rules import env_tables
 
-    layers = {
-        "env_vars": cfg.env_vars,
-        "trainer.env_vars": cfg.trainer.env_vars,
-        "inference.env_vars": cfg.inference.env_vars,
-        "orchestrator.env_vars": cfg.orchestrator.env_vars,
-    }
-    dep = cfg.inference.deployment
-    if dep.type == "disaggregated":
-        layers["inference.deployment.prefill_env_vars"] = dep.prefill_env_vars
-        layers["inference.deployment.decode_env_vars"] = dep.decode_env_vars
+    layers = env_tables(cfg)
     for path, table in layers.items():
         for key in table:
             if is_owned(key):
