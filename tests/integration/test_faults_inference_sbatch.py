@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_rl_sbatch_stubs import _bin
+from test_rl_sbatch_stubs import _bin, stub_site
 
 from toolkit.config import load_config
 from toolkit.config.site import load_site
@@ -33,11 +33,7 @@ EVIL_VALUE = "$(touch PWNED3); `touch PWNED4` \" ' && touch PWNED5"
 
 def test_inference_script_never_executes_injected_values(tmp_path, monkeypatch):
     stubs, probes = _bin(tmp_path)
-    sites = tmp_path / "sites"
-    sites.mkdir()
-    (sites / "stub.toml").write_text(f'name = "stub"\n[partitions]\ndefault = "debug"\n'
-                                     f'[environment]\npython = "python"\nsetup = ["export PATH={probes}:$PATH"]\n')
-    monkeypatch.setenv("SRL_SITE_CONFIGS", str(sites))
+    stub_site(tmp_path, probes, monkeypatch)
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")  # HF-format dir for config validation; never loaded

@@ -55,14 +55,19 @@ def _bin(tmp: Path) -> tuple[Path, Path]:
     return stubs, probes
 
 
-@pytest.fixture
-def stub_job(tmp_path, monkeypatch):
-    stubs, probes = _bin(tmp_path)
+def stub_site(tmp_path: Path, probes: Path, monkeypatch) -> None:
+    """A site "stub" whose batch setup puts the probe programs first on PATH; srl reads it via SRL_SITE_CONFIGS."""
     sites = tmp_path / "sites"
     sites.mkdir()
     (sites / "stub.toml").write_text(f'name = "stub"\n[partitions]\ndefault = "debug"\n'
                                      f'[environment]\npython = "python"\nsetup = ["export PATH={probes}:$PATH"]\n')
     monkeypatch.setenv("SRL_SITE_CONFIGS", str(sites))
+
+
+@pytest.fixture
+def stub_job(tmp_path, monkeypatch):
+    stubs, probes = _bin(tmp_path)
+    stub_site(tmp_path, probes, monkeypatch)
 
     def make(toml: str, output_dir: Path, trainer_seconds: float = 60):
         model = tmp_path / "model"
