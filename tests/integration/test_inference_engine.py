@@ -31,14 +31,15 @@ from toolkit.rundir import RunDir
 PROMPT = [5, 17, 23, 42, 8, 9, 30, 31]
 
 
-def hf_logprobs(model_dir, prompt: list[int], completion: list[int]) -> list[float]:
-    """transformers fp32 logprob of each completion token given prompt + preceding completion tokens."""
+def hf_logprobs(model_dir, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
+    """transformers fp32 logprob of each completion token given prompt + preceding completion tokens, under the
+    temperature-scaled softmax (what the trainer computes)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        lp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+        lp = torch.log_softmax(model(ids).logits[0].float() / temperature, dim=-1)
     return [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion)]
 
 
@@ -90,6 +91,25 @@ def test_chat_completion_with_logprobs_and_token_ids(deployment):
     choice = data["choices"][0]
     assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) >= 1
     assert data["prompt_token_ids"] and all(isinstance(t, int) for t in data["prompt_token_ids"])
+
+
+def test_logprobs_are_those_of_the_temperature_scaled_distribution(deployment):
+    """At temperature != 1 the served logprob must be that of the distribution the token was drawn from (vLLM's
+    default returns raw-logit logprobs; srl starts engines with processed logprobs), as the trainer computes it."""
+    dep, run, _base, _ = deployment
+    served = asyncio.run(WeightUpdater(dep.engine_urls).served_versions())[dep.engines[0].url]
+
+    async def go():
+        async with PolicyClient(dep.base_url, "tiny", timeout_s=60) as client:
+            return await client.generate(PROMPT, SamplingParams(max_tokens=12, temperature=0.5, seed=3),
+                                         session_id="t0")  # fmt: skip
+
+    gen = asyncio.run(go())
+    weights = run.broadcast_step(int(served))
+    want = hf_logprobs(weights, PROMPT, gen.token_ids, temperature=0.5)
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, want)) < 1e-4
+    raw = hf_logprobs(weights, PROMPT, gen.token_ids)
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, raw)) > 1e-2  # not the temperature-1 logprobs
 
 
 def test_live_reload_serves_exactly_the_new_weights(deployment):

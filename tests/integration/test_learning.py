@@ -46,7 +46,9 @@ def _gain(metrics: list[dict]) -> float:
                if m["role"] == "orchestrator" and "reward/all/mean" in m]
     assert len(rewards) >= 60, f"only {len(rewards)} steps within the budget"
     first, last = rewards[:20], rewards[-20:]
-    return sum(last) / 20 - sum(first) / 20
+    gain = sum(last) / 20 - sum(first) / 20
+    print(f"{len(rewards)} steps; first-20 mean {sum(first) / 20:.4f}, last-20 mean {sum(last) / 20:.4f}")
+    return gain
 
 
 def test_reverse_text_learns_and_weights_sync(tmp_path):

@@ -93,7 +93,8 @@ def test_kv_transfer_config_roles_and_connectors():
 
 def test_default_engine_args_reads_model_dtype(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
-    assert default_engine_args(tmp_path, cpu=True) == {"max_logprobs": 20, "enforce_eager": True,
+    assert default_engine_args(tmp_path, cpu=True) == {"max_logprobs": 20, "logprobs_mode": "processed_logprobs",
+                                                        "enforce_eager": True,
                                                         "dtype": "bfloat16"}  # fmt: skip
     assert "enforce_eager" not in default_engine_args(tmp_path, cpu=False)
     assert default_engine_args(tmp_path / "missing", cpu=True)["dtype"] == "auto"

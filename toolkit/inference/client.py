@@ -28,8 +28,10 @@ _RETRY_EXC = (httpx.TransportError, httpx.TimeoutException)
 def completion_payload(model: str, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
     """Body of one ``/v1/completions`` request (vLLM dialect) for a token-id prompt.
 
-    ``logprobs: 0`` returns only the sampled token's logprob (natural log), computed by vLLM from the raw logits
-    (its default ``logprobs_mode``), i.e. before temperature; trainers must apply the same temperature.
+    ``logprobs: 0`` returns only the sampled token's logprob (natural log). srl's engines run with
+    ``--logprobs-mode processed_logprobs`` (``commands.ENGINE_DEFAULTS``), so it is the logprob under the
+    temperature-scaled (and top-k/top-p filtered) distribution the token was drawn from; the trainer applies the
+    same temperature.
     ``top_k`` None or 0 means none (vLLM's value for "off" is 0 or -1). ``skip_special_tokens`` is off so the text
     matches the token ids.
     """

@@ -50,6 +50,12 @@ PLAN_OWNED_ENV = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", 
 ENGINE_ROLES = ("engine", "prefill", "decode")
 
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's own default; RL needs only the sampled token's logprob (logprobs=0/1)
+# Engine arguments every RL deployment gets unless the user's [inference.vllm] table says otherwise.
+# logprobs_mode: vLLM returns logprobs of the raw logits by default, i.e. *before* temperature, top-k and top-p.
+# The importance ratio and the IPO mask need the logprob of the distribution the token was actually drawn from, which
+# is what "processed_logprobs" returns; the trainer divides its logits by the same temperature. With the default
+# raw mode any temperature != 1 would show up as a large mismatch_kl and mask most tokens.
+ENGINE_DEFAULTS: dict[str, Any] = {"max_logprobs": DEFAULT_MAX_LOGPROBS, "logprobs_mode": "processed_logprobs"}
 DEFAULT_CPU_KVCACHE_GIB = 1  # GiB of KV cache per CPU engine: ~3.1 GB RSS per engine with the tiny model
 
 
@@ -105,9 +111,10 @@ def default_engine_args(model_path: str | Path, *, cpu: bool) -> dict[str, Any]:
     """Defaults under the user's ``[inference.vllm]`` table (the user's values win).
 
     CPU: ``enforce_eager`` (start-up 23-30 s instead of 50-68 s with the compile step), dtype from the model.
-    Always: ``max_logprobs`` so per-token logprobs can be requested.
+    Always: ``ENGINE_DEFAULTS`` (``max_logprobs`` so per-token logprobs can be requested, ``logprobs_mode`` so they
+    are those of the sampling distribution).
     """
-    out: dict[str, Any] = {"max_logprobs": DEFAULT_MAX_LOGPROBS}
+    out: dict[str, Any] = dict(ENGINE_DEFAULTS)
     if cpu:
         out["enforce_eager"] = True
         out["dtype"] = model_dtype(model_path)

@@ -279,9 +279,13 @@ class Orchestrator:
         except (NotImplementedError, RuntimeError):
             pass
         fsutil.remove_stale_temps(self.run.rollouts)
-        served = await self._connect_inference()
-        await self._start_envs()
         try:
+            # Env workers take tens of seconds to import; start them while the engines come up instead of after.
+            # return_exceptions so that one failing start still lets the other finish before the cleanup below.
+            served, envs = await asyncio.gather(self._connect_inference(), self._start_envs(), return_exceptions=True)
+            for outcome in (served, envs):
+                if isinstance(outcome, BaseException):
+                    raise outcome
             return await self._loop(served)
         finally:
             for rt in self.runtimes:

@@ -20,7 +20,7 @@ from typing import Any
 from ..config.model import RLConfig
 from ..config.site import SiteConfig
 from ..fsutil import atomic_write_json
-from ..inference.commands import CommandError, engine_command, engine_env, router_command
+from ..inference.commands import ENGINE_DEFAULTS, CommandError, engine_command, engine_env, router_command
 from ..rundir import RunDir
 from . import environment as envmod
 from .ports import PortAllocator
@@ -351,7 +351,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     # ---- inference engines ---------------------------------------------------------------------------------
     py = site.environment.python
     vargs = _engine_vllm_args(cfg)
-    eng_defaults: dict[str, Any] = {"max_logprobs": 20, "dtype": cfg.model.dtype}
+    eng_defaults: dict[str, Any] = {**ENGINE_DEFAULTS, "dtype": cfg.model.dtype}
     if not gpn:
         eng_defaults["enforce_eager"] = True  # CPU: skip the compile step (start-up 23-30 s instead of 50-68 s)
     connector = _kv_connector(cfg, gpn) if pd else None
