@@ -137,9 +137,16 @@ def cmd_rl(args: list[str], full_argv: list[str]) -> int:
         raise ConfigError("give at least one config file: srl rl @ jobs/reverse-text/rl.toml")
     loaded = load_config(files, overrides)
     _print_warnings(loaded)
-    from .launch.prepare import prepare_run
+    from .launch.prepare import dry_run_dir, prepare_run, run_dir_for
 
-    run, attempt = prepare_run(loaded, argv=["srl", *full_argv], resume=flags["resume"], clean=flags["clean"])
+    live = run_dir_for(loaded, resume=flags["resume"])
+    if flags["dry_run"] and live.configs.exists() and (flags["resume"] or flags["clean"]):
+        shadow = dry_run_dir(live)
+        print(f"dry run of the existing run {live.root}: nothing in it is changed; would-be files go to {shadow.root}")
+        run, attempt = prepare_run(loaded, argv=["srl", *full_argv], run=shadow)
+    else:
+        run, attempt = prepare_run(loaded, argv=["srl", *full_argv], resume=flags["resume"], clean=flags["clean"],
+                                   run=live)  # fmt: skip
     from .launch.dispatch import launch
 
     return launch(loaded.config, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"])

@@ -60,7 +60,7 @@ def test_dry_run_writes_resolved_configs_and_refuses_existing(tmp_path):
     again = srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "r1")
     assert again.returncode == 2 and "--resume" in again.stderr
     resumed = srl("rl", "@", JOB, "--dry-run", "--resume", "--output-dir", tmp_path, "--run.name", "r1")
-    assert resumed.returncode == 0 and (run / "configs" / "latest").resolve().name == "attempt_2"
+    assert resumed.returncode == 0 and (run / "configs" / "latest").resolve().name == "attempt_1"
 
 
 def test_auto_run_name(tmp_path):
@@ -80,3 +80,16 @@ def test_login_node_paths_import_no_torch_or_vllm(code, tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--clean"])
+def test_dry_run_of_an_existing_run_leaves_it_untouched(tmp_path, flag):
+    assert srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "live").returncode == 0
+    live = tmp_path / "live"
+    before = {p.relative_to(live): p.stat().st_mtime_ns for p in live.rglob("*")}
+    r = srl("rl", "@", JOB, "--output-dir", tmp_path, "--run.name", "live", "--dry-run", flag)
+    assert r.returncode == 0, r.stderr
+    assert "nothing in it is changed" in r.stdout
+    after = {p.relative_to(live): p.stat().st_mtime_ns for p in live.rglob("*")}
+    assert after == before  # not deleted by --clean, no new attempt, placement not rewritten
+    assert (tmp_path / ".dry-run" / "live" / "launcher" / "placement.json").exists()

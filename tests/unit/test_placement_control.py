@@ -35,3 +35,31 @@ def test_logs_by_role(tmp_path: Path, capsys) -> None:
     assert logs_main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "[job-7.out] batch" in out and "[inference-0-0.log] engine up" in out
+
+
+def test_status_of_a_local_run_reads_progress_from_the_run_directory(tmp_path: Path, capsys) -> None:
+    import json
+    import os
+
+    from toolkit.fsutil import append_jsonl, write_marker
+    from toolkit.launch.progress import write_local_record
+
+    run = RunDir(tmp_path / "r")
+    run.configs.mkdir(parents=True)
+    run.launcher.mkdir()
+    for step in (1, 2):
+        append_jsonl(run.metrics, {"step": step, "time": 0.0, "role": "trainer", "loss/mean": 0.1})
+        append_jsonl(run.metrics, {"step": step, "time": 0.0, "role": "orchestrator", "reward/all/mean": 0.25 * step})
+    append_jsonl(run.metrics, {"step": 2, "time": 0.0, "role": "orchestrator", "eval/x/avg@4": 0.3})
+    run.broadcast_step(2).mkdir(parents=True)
+    write_marker(run.broadcast_step(2) / "STABLE")
+    write_local_record(run, attempt=1)
+    assert status_main([str(run.root)]) == 0
+    out = capsys.readouterr().out
+    assert f"local launcher pid {os.getpid()}" in out and "running" in out
+    assert "trainer: step 2" in out and "orchestrator: step 2, reward 0.5000" in out
+    assert "newest complete checkpoint: none" in out and "STABLE): step 2" in out
+    write_local_record(run, attempt=1, status=130)
+    assert json.loads((run.launcher / "local.json").read_text())["status"] == 130
+    assert status_main([str(run.root)]) == 0
+    assert "ended with status 130" in capsys.readouterr().out

@@ -26,14 +26,23 @@ def _run_arg(prog: str, args: list[str], extra=None) -> argparse.Namespace:
 
 
 def status_main(args: list[str]) -> int:
-    """Print each submitted job of the run with its state, exit code, nodes and restart count. Exit 1 when no
-    job was ever submitted from this run directory (a local run has none)."""
+    """Print the run's progress (from its run directory: steps, reward, checkpoints, published weights, the local
+    launcher) and each submitted Slurm job with its state, exit code, nodes and restart count. Exit 1 when the
+    directory is not a run directory."""
+    from .progress import progress_lines, resolved_max_steps
+
     a = _run_arg("status", args)
     run = RunDir(a.run_dir)
+    if not run.configs.is_dir():
+        print(f"{run.root}: not a run directory (no configs/); give the directory `srl rl` printed", file=sys.stderr)
+        return 1
+    print(f"run {run.root}")
+    for line in progress_lines(run, max_steps=resolved_max_steps(run)):
+        print(f"  {line}")
     jobs = read_job_ids(run)
     if not jobs:
-        print(f"{run.root}: no Slurm job recorded (a local run, or never submitted)", file=sys.stderr)
-        return 1
+        print("  no Slurm job recorded (a local run, or never submitted)")
+        return 0
     for job_id, kind, attempt in jobs:
         try:
             st = slurm.job_state(job_id)

@@ -23,6 +23,7 @@ from typing import IO, Any
 from ..config.model import RLConfig
 from ..fsutil import write_marker
 from ..rundir import RunDir, point_symlink
+from .progress import write_local_record
 
 # Roles whose clean exit means the run is done; inference and router serve until told to stop.
 _FINITE_ROLES = ("trainer", "orchestrator")
@@ -107,6 +108,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
 
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     status = 1
+    write_local_record(run, attempt=attempt)  # read by `srl status`
     from ..inference.health import clear_ready
 
     clear_ready(run)  # an earlier attempt's URLs may point at dead engines
@@ -130,6 +132,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         _stop_all(children)
         for s, h in old.items():
             signal.signal(s, h)
+        write_local_record(run, attempt=attempt, status=status)
     return status
 
 

@@ -47,13 +47,26 @@ def run_dir_for(loaded: LoadedConfig, *, resume: bool = False) -> RunDir:
     return RunDir(Path(cfg.output_dir) / cfg.run.name)
 
 
-def prepare_run(loaded: LoadedConfig, *, argv: list[str], resume: bool = False, clean: bool = False) -> tuple[RunDir, int]:
+def dry_run_dir(live: RunDir) -> RunDir:
+    """Where a dry run of an *existing* run writes its would-be configs, placement and scripts:
+    ``<output_dir>/.dry-run/<name>/``, emptied first. A dry run must never touch a live run (its ``configs/latest``,
+    ``placement.json`` and attempt numbers are read by running and requeued jobs), let alone delete it for
+    ``--clean``. Paths inside the dry-run files refer to this directory, not to the live run."""
+    shadow = RunDir(live.root.parent / ".dry-run" / live.root.name)
+    shutil.rmtree(shadow.root, ignore_errors=True)
+    return shadow
+
+
+def prepare_run(
+    loaded: LoadedConfig, *, argv: list[str], resume: bool = False, clean: bool = False, run: RunDir | None = None
+) -> tuple[RunDir, int]:
     """Create the run directory for a new attempt and write its configs. Returns ``(run, attempt)``.
 
+    ``run``: the directory to use instead of the one the config names (dry runs of existing runs).
     Raises ConfigError when the directory exists and neither ``resume`` nor ``clean`` was given (nothing is
     touched then), or when ``resume`` is asked for a run that does not exist.
     """
-    run = run_dir_for(loaded, resume=resume)
+    run = run or run_dir_for(loaded, resume=resume)
     exists = run.configs.exists()
     if exists and not (resume or clean):
         raise ConfigError(

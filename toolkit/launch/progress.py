@@ -1,0 +1,123 @@
+"""What a run has done so far, read from its run directory alone (``srl status``, local runs and Slurm runs alike).
+
+The run directory is the one source every role writes to, so progress is read from it rather than from Slurm:
+the last ``metrics.jsonl`` record of each role, the newest complete checkpoint, the newest STABLE weight broadcast,
+a pending stop request, and for local runs the launcher record (``launcher/local.json``: pid, host, attempt, and once
+it ended, its exit status). Nothing here imports torch or vllm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from ..fsutil import atomic_write_json
+from ..rundir import RunDir
+
+# Bytes read from the end of metrics.jsonl: enough for the last records of every role (one record is < 4 KiB).
+_TAIL_BYTES = 256 * 1024
+
+
+def local_record_path(run: RunDir) -> Path:
+    """``<run>/launcher/local.json``: written by the local launcher at start and at exit."""
+    return run.launcher / "local.json"
+
+
+def write_local_record(run: RunDir, *, attempt: int, status: int | None = None) -> None:
+    """Record the local launcher of ``attempt`` (this process); with ``status`` set, record that it ended."""
+    path = local_record_path(run)
+    rec: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "attempt": attempt}
+    if status is None:
+        rec["started"] = time.time()
+    else:
+        try:
+            rec = {**json.loads(path.read_text()), "ended": time.time(), "status": status}
+        except (OSError, ValueError):
+            rec.update(ended=time.time(), status=status)
+    atomic_write_json(path, rec)
+
+
+def last_metrics(run: RunDir) -> dict[str, dict[str, Any]]:
+    """The last ``metrics.jsonl`` record of each role (``{"trainer": {...}, "orchestrator": {...}}``); eval-only
+    records are skipped so the orchestrator's entry carries its reward. Empty when there are no metrics yet."""
+    try:
+        with open(run.metrics, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - _TAIL_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # the first line of the tail is usually cut
+        role = rec.get("role") if isinstance(rec, dict) else None
+        if role and (role != "orchestrator" or "reward/all/mean" in rec):
+            out[role] = rec
+    return out
+
+
+def _launcher_line(run: RunDir) -> str | None:
+    try:
+        rec = json.loads(local_record_path(run).read_text())
+    except (OSError, ValueError):
+        return None
+    where = f"local launcher pid {rec.get('pid')} on {rec.get('host')}, attempt {rec.get('attempt')}"
+    if "status" in rec:
+        return f"{where}: ended with status {rec['status']}"
+    alive = False
+    if rec.get("host") == socket.gethostname():
+        try:
+            os.kill(int(rec["pid"]), 0)
+            alive = True
+        except (OSError, ValueError, KeyError):
+            alive = False
+        return f"{where}: {'running' if alive else 'gone without recording an exit (killed?)'}"
+    return f"{where}: state unknown from this host"
+
+
+def progress_lines(run: RunDir, *, max_steps: int | None = None) -> list[str]:
+    """Human-readable progress of ``run``, one fact per line; ``max_steps`` (from the resolved config) adds the
+    target. Never raises for a partial or missing run directory: missing facts are simply left out."""
+    from ..checkpoints import latest_complete
+    from ..inference.weights import newest_stable_broadcast
+
+    lines: list[str] = []
+    launcher = _launcher_line(run)
+    if launcher:
+        lines.append(launcher)
+    last = last_metrics(run)
+    now = time.time()
+    of = f" of {max_steps}" if max_steps else ""
+    if "trainer" in last:
+        t = last["trainer"]
+        age = now - float(t.get("time", now))
+        lines.append(f"trainer: step {t.get('step')}{of}, last record {age:.0f} s ago")
+    if "orchestrator" in last:
+        o = last["orchestrator"]
+        lines.append(f"orchestrator: step {o.get('step')}{of}, reward {float(o['reward/all/mean']):.4f}")
+    if not last:
+        lines.append("no metrics yet (starting, or never started)")
+    ckpt = latest_complete(run)
+    lines.append(f"newest complete checkpoint: {'step ' + str(ckpt) if ckpt is not None else 'none'}")
+    stable = newest_stable_broadcast(run)
+    if stable is not None:
+        lines.append(f"newest published weights (STABLE): step {stable[0]}")
+    if run.stop_request.exists():
+        lines.append("stop requested (control/STOP present): a running attempt checkpoints and stops")
+    return lines
+
+
+def resolved_max_steps(run: RunDir) -> int | None:
+    """``max_steps`` of the latest attempt's resolved config, or None when unreadable."""
+    try:
+        return int(json.loads(run.resolved("rl").read_text())["max_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
