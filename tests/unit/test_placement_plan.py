@@ -231,3 +231,28 @@ def test_inference_only_plan() -> None:
     plan = build_plan(cfg, PI, RunDir("/shared/runs/x"), job_id=5, roles=("inference", "router"))
     assert {p.role for p in plan.processes} == {"inference", "router"}
     assert plan.num_nodes == 2
+
+
+def test_engine_spanning_two_nodes_runs_headless_on_the_second() -> None:
+    from toolkit.inference.multinode import node_engine_argv
+
+    over = {"run": {"name": "mn"}, "deployment": multi(1, 2, num_infer_replicas=1),
+            "inference": {"vllm": {"tensor_parallel_size": 4}, "deployment": {"type": "multi_node", "num_nodes": 2}}}
+    plan = plan_for(over)
+    plan.addresses = [f"10.0.0.{i + 1}" for i in range(plan.num_nodes)]
+    (eng,) = [p for p in plan.processes if p.role == "inference"]
+    assert eng.node_indices == (0, 1)
+    head = node_engine_argv([fill(a, plan, 0, "/m") for a in eng.command], eng.node_indices, 0)
+    second = node_engine_argv([fill(a, plan, 1, "/m") for a in eng.command], eng.node_indices, 1)
+    flag = lambda argv, f: argv[argv.index(f) + 1]  # noqa: E731
+    assert "vllm.entrypoints.openai.api_server" in head and "--headless" not in head
+    assert flag(head, "--data-parallel-size") == "4" and flag(head, "--data-parallel-size-local") == "2"
+    assert second[second.index("vllm.entrypoints.cli.main") + 1] == "serve"
+    assert flag(second, "--data-parallel-start-rank") == "2" and "--headless" in second
+    assert "--port" not in second and "--host" not in second
+    # both point at the head node's address and the same RPC port
+    assert flag(second, "--data-parallel-address") == flag(head, "--data-parallel-address") == "10.0.0.1"
+    assert flag(second, "--data-parallel-rpc-port") == flag(head, "--data-parallel-rpc-port")
+    assert node_engine_argv(head, (0,), 0) == head
+    with pytest.raises(ValueError, match="not one of the engine's nodes"):
+        node_engine_argv(head, eng.node_indices, 5)

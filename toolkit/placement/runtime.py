@@ -178,7 +178,10 @@ def exec_process(run: RunDir, name: str, env: dict[str, str]) -> None:
         from ..config import load_resolved
 
         model = model_path_for(load_resolved(run.resolved("rl")).model.name)
-    argv = [fill(a, plan, node, model) for a in spec.command]
+    from ..inference.multinode import node_engine_argv
+
+    # An engine spanning several nodes: only its head node runs the API server (see inference/multinode.py).
+    argv = node_engine_argv([fill(a, plan, node, model) for a in spec.command], spec.node_indices, node)
     out = dict(env)
     for k, v in spec.env.items():
         v = fill(v, plan, node)
