@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import subprocess
 import sys
 from collections import Counter
@@ -245,3 +246,11 @@ def test_run_queue_depths_groups_by_role_and_reports_unreachable(tmp_path):
     got = run_queue_depths(run, timeout_s=1)
     assert set(got) == {"prefill", "decode", "advice"}
     assert got["prefill"]["engines"][p]["waiting"] is None and "error" in got["prefill"]["engines"][p]
+
+
+def test_read_ready_returns_none_on_a_stop_request(tmp_path):
+    from toolkit.inference.health import read_ready
+
+    t0 = time.monotonic()
+    assert read_ready(RunDir(tmp_path / "run"), timeout_s=60, interval_s=0.05, should_stop=lambda: True) is None
+    assert time.monotonic() - t0 < 5

@@ -11,7 +11,7 @@ import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +106,13 @@ def clear_ready(run: RunDir) -> None:
         run.inference_ready.unlink()
 
 
-def read_ready(run: RunDir, timeout_s: float, *, interval_s: float = 0.5) -> dict[str, Any]:
+def read_ready(
+    run: RunDir, timeout_s: float, *, interval_s: float = 0.5, should_stop: Callable[[], bool] | None = None
+) -> dict[str, Any] | None:
     """Wait up to ``timeout_s`` seconds for the readiness file and return its content.
 
+    Returns None as soon as ``should_stop()`` is true (a stop request during engine start-up: the launcher then
+    never publishes readiness, and waiting out the whole start-up timeout would keep a Ctrl-C hanging for minutes).
     Raises TimeoutError naming the file when it does not appear in time.
     """
     t0 = time.monotonic()
@@ -119,6 +123,8 @@ def read_ready(run: RunDir, timeout_s: float, *, interval_s: float = 0.5) -> dic
             pass
         except json.JSONDecodeError:
             pass  # written atomically, so only a foreign writer could leave it partial; keep waiting
+        if should_stop is not None and should_stop():
+            return None
         if time.monotonic() - t0 > timeout_s:
             raise TimeoutError(f"inference not ready after {timeout_s:.0f} s: {run.inference_ready} missing")
         time.sleep(interval_s)

@@ -3,7 +3,12 @@
 The same commands and environments the Slurm templates run (from the plan) are started as child processes, each in
 its own process group, with output teed to ``<run>/logs/attempt_<n>/<log_name>``. One progress line shows step,
 reward and throughput from ``metrics.jsonl``. When any component exits, everything stops: exit status 0 only when
-the trainer and orchestrator finished cleanly; otherwise non-zero, naming the component. Ctrl-C (or SIGTERM) writes
+the trainer and orchestrator finished cleanly; otherwise non-zero, naming the component. The exception is an
+inference engine that dies after start-up: it is restarted with the same command, environment and port up to
+``inference.max_restarts`` times within ``inference.restart_window_s`` (``restarts.py`` says why only engines),
+and must answer /health within ``inference.startup_timeout_s``; the orchestrator holds generation meanwhile and
+loads the newest STABLE weights into it before it serves rollouts (``toolkit.orchestrator.engines``: the
+orchestrator owns weight updates, so a launcher-side load would race with them). Ctrl-C (or SIGTERM) writes
 the run's stop request so the trainer checkpoints, waits a bounded grace period, then stops the rest.
 No orphans: every child is killed by process group on every exit path.
 """
@@ -24,6 +29,7 @@ from ..config.model import RLConfig
 from ..fsutil import write_marker
 from ..rundir import RunDir, point_symlink
 from .progress import write_local_record
+from .restarts import RestartBudget, is_restartable
 
 # Roles whose clean exit means the run is done; inference and router serve until told to stop.
 _FINITE_ROLES = ("trainer", "orchestrator")
@@ -38,6 +44,11 @@ class _Child:
     proc: subprocess.Popen
     log: IO[bytes]
     returncode: int | None = None
+    argv: list[str] = field(default_factory=list)  # what was started, reused verbatim by a restart
+    env: dict[str, str] = field(default_factory=dict)
+    health_url: str | None = None
+    budget: RestartBudget | None = None
+    restarted_at: float | None = None  # monotonic time of the restart still waiting for /health
 
 
 @dataclass
@@ -112,6 +123,14 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     from ..inference.health import clear_ready
 
     clear_ready(run)  # an earlier attempt's URLs may point at dead engines
+    from ..inference.admin_token import ADMIN_TOKEN_ENV, for_local_deployment, restore_admin_token
+
+    # The engines' admin token (inference/guard.py), fresh per run: every child (engines, orchestrator, restarted
+    # ones too) inherits it from this process's environment. An inference-only deployment also publishes it in
+    # <run>/launcher/admin_token (0600) for RL runs that use it as inference.external.
+    saved_token = os.environ.get(ADMIN_TOKEN_ENV)
+    if any(p.role == "inference" for p in plan.processes):
+        os.environ[ADMIN_TOKEN_ENV] = for_local_deployment(run, publish="orchestrator" not in plan.roles)
     try:
         from ..placement.cpus import cpu_thread_env
 
@@ -120,8 +139,18 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         for spec in plan.processes:
             extra = cpu_thread_env(plan, spec.name, spec.node_index, n_cores)
             children.append(_start(spec, plan, model_path, logs, extra))
-        _wait_inference(cfg, run, plan, children, stop_requested)
-        status = _supervise(cfg, run, children, stop_requested)
+        from ..placement.plan import fill
+
+        for spec, child in zip(plan.processes, children):
+            if spec.healthcheck_url:
+                child.health_url = fill(spec.healthcheck_url, plan, spec.node_index)
+        if _wait_inference(cfg, run, plan, children, stop_requested):
+            status = _supervise(cfg, run, children, stop_requested)
+        else:
+            # Nothing was generated or trained yet, so there is nothing to checkpoint: stop at once instead of
+            # waiting (up to the checkpoint grace period) for roles that are still importing torch.
+            print("\nsrl: stopped before inference was ready; nothing to checkpoint", flush=True)
+            status = 130
     except ComponentFailed as e:
         print(f"srl: {e}; stopping the run", file=sys.stderr, flush=True)
         status = e.child.returncode or 1
@@ -130,6 +159,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         status = 1
     finally:
         _stop_all(children)
+        restore_admin_token(saved_token)
         for s, h in old.items():
             signal.signal(s, h)
         write_local_record(run, attempt=attempt, status=status)
@@ -156,7 +186,57 @@ def _start(spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[st
     log.flush()
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
-    return _Child(spec.name, spec.role, proc, log)
+    return _Child(spec.name, spec.role, proc, log, argv=argv, env=env)
+
+
+def _restart(cfg: RLConfig, c: _Child) -> bool:
+    """Restart a dead engine ``c`` in place when its budget allows (returns True); False when it is used up."""
+    inf = cfg.inference
+    now = time.monotonic()
+    if c.budget is None:
+        c.budget = RestartBudget(inf.max_restarts, inf.restart_window_s)
+    if not c.budget.try_restart(now):
+        return False
+    window = f" within {inf.restart_window_s:.0f} s" if inf.restart_window_s is not None else ""
+    print(f"\nsrl: {c.name} exited with status {c.returncode}; restarting it (restart {c.budget.used(now)} of "
+          f"{inf.max_restarts}{window}; log: {Path(c.log.name)})", file=sys.stderr, flush=True)  # fmt: skip
+    # The dead leader's workers (vLLM's engine-core process) would keep memory, cores and maybe the port.
+    _signal_group(c.proc, signal.SIGKILL)
+    c.proc.wait()
+    c.log.write(f"# srl: restarting {c.name} after exit status {c.returncode}\n".encode())
+    c.log.flush()
+    c.proc = subprocess.Popen(c.argv, env=c.env, stdout=c.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              start_new_session=True)  # fmt: skip
+    c.returncode = None
+    c.restarted_at = now
+    return True
+
+
+def _watch_restarts(cfg: RLConfig, children: list[_Child]) -> _Child | None:
+    """Restart engines that died; report restarted ones that answer /health again. Returns a child that ends the
+    run (restart budget used, or not healthy within ``inference.startup_timeout_s``), else None."""
+    from ..inference.health import is_healthy
+
+    for c in children:
+        if not is_restartable(c.role) or cfg.inference.max_restarts == 0:
+            continue
+        if c.returncode is not None:
+            if not _restart(cfg, c):
+                print(f"\nsrl: {c.name} exited with status {c.returncode}; restart budget used "
+                      f"({cfg.inference.max_restarts} restart(s)); stopping the run", file=sys.stderr, flush=True)
+                return c
+        elif c.restarted_at is not None and c.health_url:
+            took = time.monotonic() - c.restarted_at
+            if is_healthy(c.health_url.removesuffix("/health"), timeout_s=1.0):
+                c.restarted_at = None
+                print(f"\nsrl: {c.name} healthy again {took:.1f} s after its restart; the orchestrator loads the "
+                      "newest STABLE weights into it before it serves rollouts", flush=True)  # fmt: skip
+            elif took > cfg.inference.startup_timeout_s:
+                print(f"\nsrl: restarted {c.name} not healthy after {took:.0f} s; stopping the run",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                c.returncode = c.returncode or 1
+                return c
+    return None
 
 
 class ComponentFailed(RuntimeError):
@@ -167,8 +247,9 @@ class ComponentFailed(RuntimeError):
         super().__init__(f"{child.name} exited with status {child.returncode} (log: {child.log.name})")
 
 
-def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child], stop: dict[str, Any]) -> None:
+def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child], stop: dict[str, Any]) -> bool:
     """Block until every engine (and the router) answers /health, then publish readiness for the orchestrator.
+    Returns True once ready, False when a stop was requested first.
 
     Every child is watched meanwhile: a trainer or orchestrator that dies during the (slow) engine start-up ends the
     run at once instead of after the start-up timeout. Raises ComponentFailed or TimeoutError.
@@ -188,7 +269,7 @@ def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child
             if c.returncode is not None and (c.returncode != 0 or c.role not in _FINITE_ROLES):
                 raise ComponentFailed(c)
         if stop["at"] is not None:
-            return
+            return False
         for name, url in list(pending.items()):
             if is_healthy(url):
                 del pending[name]
@@ -198,6 +279,7 @@ def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child
         time.sleep(_POLL_S)
     write_ready(run, ready_info(plan, cfg.model.name))
     print(f"srl: inference ready ({n} endpoint(s))", flush=True)
+    return True
 
 
 def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[str, Any]) -> int:
@@ -215,6 +297,10 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
         for c in children:
             if c.returncode is None:
                 c.returncode = c.proc.poll()
+        if stop["at"] is None:
+            ended = _watch_restarts(cfg, children)
+            if ended is not None:
+                return ended.returncode or 1
         finite = [c for c in children if c.role in _FINITE_ROLES]
         failed = [c for c in children if c.returncode not in (None, 0)]
         if failed and stop["at"] is None:
