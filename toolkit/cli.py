@@ -53,6 +53,24 @@ _ROLE_COMMANDS = {
 }
 
 
+_OWN_FLAGS = ("--dry-run", "--resume", "--clean", "--help", "-h")
+
+
+def _refuse_misspelt_flag(tok: str) -> None:
+    """Raise ConfigError for a near miss of srl's own flags (``--dryrun``, ``--resum``): as a config override it
+    would only get a confusing "unknown config key" hint. Dotted names and ``--key=value`` are overrides."""
+    import difflib
+
+    if not tok.startswith("--") or "." in tok or "=" in tok:
+        return
+    close = difflib.get_close_matches(tok.replace("_", "-"), _OWN_FLAGS[:-1], n=1, cutoff=0.8)
+    if close:
+        from .config import ConfigError
+
+        raise ConfigError(f"unknown option {tok}; did you mean {close[0]}? (srl's own flags: "
+                          f"{', '.join(_OWN_FLAGS[:-1])}; config overrides look like --section.field VALUE)")  # fmt: skip
+
+
 def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str, bool]]:
     """Split ``@ FILE`` pairs, srl's own flags and config overrides.
 
@@ -74,9 +92,10 @@ def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str,
             continue
         if tok.startswith("@") and len(tok) > 1:
             files.append(Path(tok[1:]))
-        elif tok in ("--dry-run", "--resume", "--clean", "--help", "-h"):
+        elif tok in _OWN_FLAGS:
             flags[{"-h": "help", "--help": "help"}.get(tok, tok[2:].replace("-", "_"))] = True
         else:
+            _refuse_misspelt_flag(tok)
             rest.append(tok)
         i += 1
     return files, rest, flags

@@ -93,3 +93,14 @@ def test_dry_run_of_an_existing_run_leaves_it_untouched(tmp_path, flag):
     after = {p.relative_to(live): p.stat().st_mtime_ns for p in live.rglob("*")}
     assert after == before  # not deleted by --clean, no new attempt, placement not rewritten
     assert (tmp_path / ".dry-run" / "live" / "launcher" / "placement.json").exists()
+
+
+@pytest.mark.parametrize(("tok", "want"), [("--dryrun", "--dry-run"), ("--dry_run", "--dry-run"),
+                                           ("--resum", "--resume"), ("--clena", "--clean")])
+def test_misspelt_own_flag_gets_a_did_you_mean(tok, want):
+    from toolkit.cli import split_config_args
+    from toolkit.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"did you mean {want}"):
+        split_config_args(["@", "x.toml", tok])
+    assert split_config_args(["@", "x.toml", "--seed", "3"])[1] == ["--seed", "3"]
