@@ -134,7 +134,8 @@ def _md_table(df: pd.DataFrame) -> str:
 
 def build_report(run_dirs: list[Path], out_dir: Path, *, run_figures: bool = True) -> ReportPaths:
     """Write ``report.html``, ``report.md``, ``figures/*.png`` and ``tables/*.csv`` under ``out_dir`` for the runs
-    in ``run_dirs`` (one section each, plus a sweep section when they carry sweep points).
+    in ``run_dirs`` (one section each, plus a sweep section when they carry sweep points). A sweep root (the
+    directory of ``srl sweep``'s ``manifest.json``) stands for all its points (:func:`expand_sweep_dirs`).
 
     ``run_figures=False`` skips the per-run figures (about 0.3 s of CPU each, nine per run), which a report over a
     large sweep may not want; the sweep comparison figure is always drawn.
@@ -143,6 +144,7 @@ def build_report(run_dirs: list[Path], out_dir: Path, *, run_figures: bool = Tru
     """
     if not run_dirs:
         raise ValueError("build_report needs at least one run directory")
+    run_dirs = expand_sweep_dirs(run_dirs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = [load_run(Path(r)) for r in run_dirs]
@@ -155,6 +157,47 @@ def build_report(run_dirs: list[Path], out_dir: Path, *, run_figures: bool = Tru
         _run_section(doc, run, prefix=_safe(run.name) if len(runs) > 1 else "", figures=run_figures)
     _write(doc, title)
     return doc.paths
+
+
+def expand_sweep_dirs(paths: list[Path]) -> list[Path]:
+    """Replace each sweep root (a directory holding the ``manifest.json`` that ``srl sweep`` writes) by the run
+    directories of its points, in array-index order; other paths pass through unchanged.
+
+    A point whose run directory does not exist yet (its array task has not started) is left out with a note on
+    stderr. Raises ``FileNotFoundError`` when a sweep root has no point run directory at all.
+    """
+    import sys
+
+    out: list[Path] = []
+    for p in map(Path, paths):
+        manifest = p / "manifest.json"
+        points = _manifest_points(manifest) if manifest.is_file() else None
+        if points is None:
+            out.append(p)
+            continue
+        # The manifest holds absolute paths; a sweep copied elsewhere still has its points next to the manifest.
+        dirs = {str(pt.get("point_id")): next((d for d in (Path(pt["run_dir"]), p / str(pt.get("point_id")))
+                                               if d.is_dir()), None) for pt in points}
+        found = [d for d in dirs.values() if d is not None]
+        missing = [pid for pid, d in dirs.items() if d is None]
+        if missing:
+            print(f"srl report: sweep {p}: no run directory yet for {', '.join(missing)}", file=sys.stderr)
+        if not found:
+            raise FileNotFoundError(f"sweep {p} has no point run directory yet ({len(points)} points in {manifest})")
+        out += found
+    return out
+
+
+def _manifest_points(manifest: Path) -> list[dict[str, Any]] | None:
+    """The ``points`` list of a sweep manifest, or None when the file is not one (then the directory is a run)."""
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    points = data.get("points") if isinstance(data, dict) else None
+    if not isinstance(points, list) or not all(isinstance(pt, dict) and "run_dir" in pt for pt in points):
+        return None
+    return sorted(points, key=lambda pt: pt.get("index", 0))
 
 
 def _safe(name: str) -> str:
@@ -486,6 +529,9 @@ def _sweep_section(doc: _Doc, runs: list[RunData]) -> None:
                 "point": _point_label(r.meta),
                 "seed": (r.meta.get("sweep_point") or {}).get("seed", r.meta.get("seed")),
                 "array_index": r.meta.get("array_task_id", r.meta.get("sweep_index")),
+                # The array task as Slurm names it (its log is <logs>/%x_<array job>_<task>.out); B11.
+                "array_task": (f"{r.meta['array_job_id']}_{r.meta.get('array_task_id')}"
+                               if r.meta.get("array_job_id") else None),
             }
             for r in runs
         ]
@@ -538,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.rundir import RunDir
 
     parser = argparse.ArgumentParser(prog="srl report", description="Offline report of one or more runs.")
-    parser.add_argument("run_dirs", type=Path, nargs="+")
+    parser.add_argument("run_dirs", type=Path, nargs="+", help="run directories, or a sweep root (all its points)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-run-figures", action="store_true", help="skip per-run figures (large sweeps)")
     args = parser.parse_args(argv)

@@ -169,6 +169,10 @@ class ScriptContext:
     pre_run_script: str | None
     container: list[str]
     wait_files: list[tuple[str, float]] = field(default_factory=list)
+    engine_max_restarts: int = 0
+    """Restarts of a dead inference engine's job step (``inference.max_restarts``; 0 = its death ends the job)."""
+    engine_restart_window_s: int | None = None
+    """Only restarts within this many seconds count (``inference.restart_window_s``; None = the whole job)."""
     ready_file: str | None = None
     ready_timeout_s: int = 0
     command: list[str] = field(default_factory=list)
@@ -223,6 +227,9 @@ def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, a
         container=_container_prefix(site, run), wait_files=wait_files,
         ready_file=str(run.inference_ready) if any(p.role == "inference" for p in plan.processes) else None,
         ready_timeout_s=int(cfg.inference.startup_timeout_s),
+        engine_max_restarts=int(cfg.inference.max_restarts),
+        engine_restart_window_s=(None if cfg.inference.restart_window_s is None
+                                 else max(1, int(cfg.inference.restart_window_s))),
     )
 
 

@@ -4,7 +4,8 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
 
     configs/attempt_<n>/{command.txt, inputs/, resolved/{rl,trainer,orchestrator,inference}.json}
     configs/latest -> attempt_<n>
-    launcher/            placement.json, ports.json, rendered sbatch scripts, job ids
+    launcher/            placement.json, ports.json, rendered sbatch scripts, job ids,
+                         admin_token (0600; inference-only deployments)
     logs/attempt_<n>/    <role>.log ; logs/latest -> attempt_<n>
     rollouts/step_<n>/   one training batch written by the orchestrator (READY marker last)
     broadcasts/step_<n>/ HF safetensors policy weights written by the trainer (STABLE marker last)
@@ -13,6 +14,7 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
     control/             STOP request file, inference readiness files
     reports/             offline reports
     metrics.jsonl        one JSON object per line: step, time, role, metrics
+    policy_reloads.jsonl one JSON object per live weight reload: version, time, each engine's reported version
     run_meta.json        run id, created time; kept across attempts and requeues
 
 Nothing else in srl builds these paths by hand: roles and offline tools take a ``RunDir``.
@@ -75,6 +77,12 @@ class RunDir:
         return self.launcher / "job_ids.txt"
 
     @property
+    def admin_token_file(self) -> Path:
+        """Mode-0600 file with an inference-only deployment's admin token (``toolkit.inference.admin_token``): the
+        one place a token is written, so RL runs using the deployment as ``inference.external`` can reload it."""
+        return self.launcher / "admin_token"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 
@@ -126,6 +134,11 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def policy_reloads(self) -> Path:
+        """JSON lines appended by the orchestrator after each live weight reload (see orchestrator/policy.py)."""
+        return self.root / "policy_reloads.jsonl"
 
     @property
     def run_meta(self) -> Path:

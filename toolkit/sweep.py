@@ -24,6 +24,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import random
 import sys
 from dataclasses import asdict, dataclass
@@ -33,7 +34,6 @@ from typing import Any
 from .config import ConfigError, ConfigIssue, LoadedConfig, validate_dict
 from .config.compose import _set_path, deep_merge, read_toml
 from .config.convert import to_canonical
-
 
 # Upper bound on points per sweep; far above a Slurm MaxArraySize (1001 by default), so only typos hit it.
 MAX_POINTS = 100_000
@@ -272,7 +272,14 @@ def run_point(manifest: Path, index: int) -> int:
     resume = RunDir(Path(p["run_dir"])).configs.exists()
     run, attempt = prepare_run(loaded, argv=["srl", "sweep", "run-point", str(manifest), str(index)], resume=resume)
     meta = json.loads(run.run_meta.read_text())
-    meta.update({"sweep": data["name"], "sweep_point": point.params, "seed": point.seed, "point_id": point.point_id})
+    meta.update({"sweep": data["name"], "sweep_point": point.params, "seed": point.seed, "point_id": point.point_id,
+                 "sweep_index": point.index})
+    # Which array task ran this point, so offline tools can join the task's log (%x_%A_%a) to its point (B11).
+    # Absent outside Slurm (local sweeps run points through submitit).
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        meta.update({"array_job_id": os.environ["SLURM_ARRAY_JOB_ID"],
+                     "array_task_id": int(os.environ.get("SLURM_ARRAY_TASK_ID", "-1")),
+                     "slurm_job_id": os.environ.get("SLURM_JOB_ID")})
     from .fsutil import atomic_write_json
 
     atomic_write_json(run.run_meta, meta)

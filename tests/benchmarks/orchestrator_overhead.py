@@ -5,10 +5,15 @@ Both run in this one process against the same zero-latency loopback ``/v1/comple
 client-side rate the orchestrator keeps. The orchestrator path is everything a training step does: sampler,
 rendering the prompt to token ids, the env worker's episode (setup, the reply, scoring: reverse-text's LCS
 reward), the policy client, advantages, filtering, the HDF5 store append, the batch write and the metrics line.
-Single-turn rollouts, one completion request each, so a bare request is the fair unit. The rate counts rollouts
-over the summed ``time/step`` of steps 2.. (step 1 includes warm-up; env worker start-up is never counted).
+Single-turn rollouts, one completion request each, so a bare request is the fair unit. The rate counts the
+rollouts of steps 3..N over the wall time between the metrics lines of step 2 and step N, i.e. whole steps
+including their store and batch writes (``time/step`` stops before the writes, and generation pauses while they
+run, so summing it would leave them out); steps 1-2 are warm-up (imports, first template render, HDF5 file
+creation) and env worker start-up is never counted. The bare client sends as many requests as are counted, at
+the same concurrency (``--concurrency``, the orchestrator's ``max_concurrent``), after warming its pool.
+The collect-only rate (summed ``time/step``, the figure before the writes were counted) is printed too.
 
-    python tests/benchmarks/orchestrator_overhead.py [--steps 6] [--batch-size 64] [--group-size 8]
+    python tests/benchmarks/orchestrator_overhead.py [--steps 8] [--batch-size 64] [--group-size 8]
         [--concurrency 64] [--workers 1]
 
 Prints both rates and ``ratio = orchestrator / bare`` (goal >= 0.8).
@@ -60,8 +65,9 @@ async def bare_rate(url: str, n: int, concurrency: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
-def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[float, int]:
-    """Rollouts/s of the whole orchestrator over steps 2..N, and the rollouts counted."""
+def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[float, int, float]:
+    """Rollouts/s of the whole orchestrator over steps 3..N (wall time, writes included), the rollouts counted,
+    and the collect-only rate of the same steps (rollouts over summed ``time/step``)."""
     run = RunDir(root / "run")
     cfg = RLConfig.model_validate({
         "max_steps": args.steps, "seed": 0,
@@ -78,29 +84,35 @@ def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[f
     if rc != 0:
         raise SystemExit(f"orchestrator exited {rc}")
     lines = [json.loads(x) for x in run.metrics.read_text().splitlines()]
-    steps = [x for x in lines if x.get("role") == "orchestrator" and x["step"] >= 2]
-    rollouts = sum(int(x["rollouts_offered"]) for x in steps)
-    seconds = sum(x["time/step"] for x in steps)
-    return rollouts / seconds, rollouts
+    by_step = {x["step"]: x for x in lines if x.get("role") == "orchestrator"}
+    counted = [by_step[s] for s in range(3, args.steps + 1)]
+    rollouts = sum(int(x["rollouts_offered"]) for x in counted)
+    wall = by_step[args.steps]["time"] - by_step[2]["time"]
+    collect = sum(x["time/step"] for x in counted)
+    return rollouts / wall, rollouts, rollouts / collect
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--workers", type=int, default=1, help="env worker processes")
     args = p.parse_args()
+    if args.steps < 3:
+        p.error("--steps must be >= 3 (steps 1-2 are warm-up)")
     logging.basicConfig(level=logging.WARNING)
     with LoopbackServer(TOKENS) as srv, tempfile.TemporaryDirectory(prefix="srl-bench-") as tmp:
-        n = args.batch_size * (args.steps - 1)
+        n = args.batch_size * (args.steps - 2)
         bare_before = asyncio.run(bare_rate(srv.url, n, args.concurrency))
-        orch, counted = orchestrator_rate(srv.url, args, Path(tmp))
+        orch, counted, collect = orchestrator_rate(srv.url, args, Path(tmp))
         bare_after = asyncio.run(bare_rate(srv.url, n, args.concurrency))
     bare = (bare_before + bare_after) / 2  # before and after: machine load drifts during the run
     print(f"bare async client: {bare:.1f} requests/s (before {bare_before:.1f}, after {bare_after:.1f})")
-    print(f"orchestrator:      {orch:.1f} rollouts/s ({counted} rollouts over steps 2..{args.steps})")
+    print(f"orchestrator:      {orch:.1f} rollouts/s ({counted} rollouts, steps 3..{args.steps}, wall time)")
+    print(f"collect-only:      {collect:.1f} rollouts/s (summed time/step, writes excluded; "
+          f"ratio {collect / bare:.3f})")  # fmt: skip
     print(f"ratio = {orch / bare:.3f} (goal >= 0.8)")
 
 

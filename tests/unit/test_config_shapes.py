@@ -9,6 +9,7 @@ import pytest
 from toolkit.config import ConfigError, load_config
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+JOBS = Path(__file__).resolve().parents[2] / "jobs"
 
 
 def load(name: str, *overrides: str):
@@ -35,7 +36,13 @@ def test_multi_env_ratios():
 
 
 def test_agentic_runtime_pool_and_timeouts():
-    cfg = load("agentic.toml").config
+    # The seed's agentic shape parses field by field (its elastic/multiplexed pool is then refused by the rules:
+    # see test_unsupported_pool_is_refused).
+    import tomllib
+
+    from toolkit.config.model import RLConfig
+
+    cfg = RLConfig.model_validate(tomllib.loads((FIX / "agentic.toml").read_text()))
     env = cfg.orchestrator.train.env[0]
     assert env.harness.runtime.type == "prime" and env.harness.runtime.cpu == 4 and env.harness.runtime.memory == 8
     assert (env.timeout.setup, env.timeout.rollout, env.timeout.finalize, env.timeout.scoring) == (600, 3600, 600, 600)
@@ -43,6 +50,23 @@ def test_agentic_runtime_pool_and_timeouts():
     # Typed taskset fields the taskset itself validates are kept.
     assert env.taskset.model_extra == {"dataset": "terminal-bench/terminal-bench-2"}
     assert env.env_name == "harbor"
+
+
+def test_unsupported_pool_is_refused(tmp_path):
+    # srl runs a static pool and has no interception tunnels: elastic / multiplex would be accepted and ignored.
+    with pytest.raises(ConfigError) as e:
+        load("agentic.toml")
+    issues = {i.path: i.message for i in e.value.issues}
+    assert "'static'" in issues["orchestrator.train.env[0].pool.type"]
+    assert "allowed: [1]" in issues["orchestrator.train.env[0].pool.multiplex"]
+    p = tmp_path / "eval_pool.toml"
+    p.write_text(
+        '[[orchestrator.train.env]]\ntaskset = { id = "reverse-text" }\npool = { type = "static", max_workers = 2 }\n'
+        '[[orchestrator.eval.env]]\ntaskset = { id = "reverse-text" }\npool = { type = "elastic" }\n'
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config([p])
+    assert [i.path for i in e.value.issues] == ["orchestrator.eval.env[0].pool.type"]
 
 
 def test_legacy_v0_bridge_is_labelled():
@@ -109,3 +133,15 @@ def test_canonical_round_trip_is_stable():
     again = validate_dict(dumped).config
     assert again.model_dump() == cfg.model_dump()
     assert tomli_w.dumps(dumped)
+
+
+@pytest.mark.parametrize("flag", ["--trainer.optim.lr", "--max-steps", "--orchestrator.batch-size"])
+def test_bare_flag_on_a_number_field_is_an_error_not_one(flag):
+    # pydantic would turn the `true` of a bare flag into 1 (lr = 1.0, max_steps = 1) without a word.
+    with pytest.raises(ConfigError, match="expects a number, got a boolean"):
+        load_config([JOBS / "reverse-text" / "rl.toml"], [flag])
+
+
+def test_boolean_flags_still_work():
+    cfg = load_config([JOBS / "reverse-text" / "rl.toml"], ["--no-orchestrator.update-weights"]).config
+    assert cfg.orchestrator.update_weights is False

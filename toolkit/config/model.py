@@ -10,13 +10,21 @@ bounds. Every model forbids unknown keys (a typo is an error, never silently ign
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Stage timeouts must be finite: the seed's rule "bound every remote stage". 7 days is the ceiling.
 _MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def _numeric_without_bool(annotation: Any) -> bool:
+    """True when ``annotation`` accepts int or float but not bool (e.g. ``int``, ``float | None``)."""
+    args = typing.get_args(annotation)
+    kinds = set(args) if args else {annotation}
+    return bool(kinds & {int, float}) and bool not in kinds
 
 
 class Section(BaseModel):
@@ -25,6 +33,19 @@ class Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", validate_assignment=True, populate_by_name=True
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, data: Any) -> Any:
+        # pydantic's lax mode turns true/false into 1/0 for numeric fields; a bare `--trainer.optim.lr` flag (value
+        # forgotten) would then silently set lr = 1. A number field given a boolean is always a mistake.
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                for key in {name, field.alias} - {None}:
+                    if isinstance(data.get(key), bool) and _numeric_without_bool(field.annotation):
+                        raise ValueError(f"{key}: expects a number, got a boolean "
+                                         "(a bare --flag means true: give the flag a value)")  # fmt: skip
+        return data
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -370,7 +391,14 @@ class InferenceConfig(Section):
     router: RouterConfig = RouterConfig()
     env_vars: dict[str, str] = {}
     startup_timeout_s: float = Field(900.0, gt=0, le=_MAX_TIMEOUT_S)
-    """Bound on engine start-up until /health answers, seconds."""
+    """Bound on engine start-up until /health answers, seconds (also bounds each restart, and how long the
+    orchestrator holds generation requests for an engine that is restarting)."""
+    max_restarts: int = Field(2, ge=0, le=1000)
+    """Restarts of a crashed inference engine before the run ends naming it; 0 = an engine death ends the run.
+    A restarted engine gets the newest STABLE policy weights from the orchestrator before it serves rollouts."""
+    restart_window_s: float | None = Field(3600.0, gt=0, le=_MAX_TIMEOUT_S)
+    """Only restarts within this many seconds count toward ``max_restarts`` (None = the whole attempt), so rare
+    crashes over a long run are survived while a crash loop still ends the run."""
     external: str | None = None
     """Run directory of a separately submitted inference deployment to use instead of starting one."""
 

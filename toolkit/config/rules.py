@@ -26,12 +26,13 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
     ``purpose`` "serve" (``srl inference`` standalone) skips the rules about training envs, groups and async.
     """
     f = Findings()
-    rl_only = (_batch_and_groups, _env_names_and_ratios, _concurrency, _async, _weight_retention)
+    rl_only = (_batch_and_groups, _env_names_and_ratios, _concurrency, _env_pools, _async, _weight_retention)
     for rule in (
         _model_name,
         _batch_and_groups,
         _env_names_and_ratios,
         _concurrency,
+        _env_pools,
         _async,
         _sampling,
         _deployment,
@@ -122,6 +123,32 @@ def _concurrency(cfg: RLConfig, f: Findings) -> None:
                 f"{o.max_concurrent} < group_size ({g}) x pool.max_workers ({env.pool.max_workers}) = {need} "
                 f"for env '{env.env_name}' (orchestrator.train.env[{i}]); raise max_concurrent to >= {need}",
             )
+
+
+# What srl's env runtime (toolkit/envs/runtime.py) implements: a fixed pool of ``max_workers`` worker processes,
+# and no interception tunnels (the orchestrator samples the policy itself, token-in/token-out).
+SUPPORTED_POOL_TYPES = ("static",)
+SUPPORTED_POOL_MULTIPLEX = (1,)
+
+
+def _env_pools(cfg: RLConfig, f: Findings) -> None:
+    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
+        for i, env in enumerate(envs):
+            path = f"orchestrator.{section}.env[{i}].pool"
+            if env.pool.type not in SUPPORTED_POOL_TYPES:
+                f.error(
+                    f"{path}.type",
+                    f"pool type {env.pool.type!r} is not supported by srl, which runs a static pool of "
+                    f"pool.max_workers env worker processes; allowed: {list(SUPPORTED_POOL_TYPES)} (size the pool "
+                    "with pool.max_workers)",
+                )
+            if env.pool.multiplex not in SUPPORTED_POOL_MULTIPLEX:
+                f.error(
+                    f"{path}.multiplex",
+                    f"multiplex = {env.pool.multiplex} has no effect in srl: it samples the policy itself "
+                    f"(token-in/token-out), so there are no interception tunnels to share; allowed: "
+                    f"{list(SUPPORTED_POOL_MULTIPLEX)} (remove the field)",
+                )
 
 
 def _async(cfg: RLConfig, f: Findings) -> None:

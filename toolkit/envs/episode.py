@@ -15,6 +15,7 @@ Failures of task code raise ``toolkit.errors.TaskError``; a task's own verifiers
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 import verifiers.v1 as vf
@@ -78,6 +79,34 @@ def _needs_only(fn: Any, available: dict[str, Any]) -> bool:
     return True
 
 
+# Per-task trace identity (``Task.key``, ``Task.hash``: a JSON dump and a sha256 of the task data, twice). Task
+# data is frozen (``vf.TaskData``), so the values never change; an env worker starts thousands of episodes of the
+# same tasks and computes them once per task instead of once per episode.
+_IDENTITIES: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
+_AGENT_CONFIG: list[vf.AgentConfig] = []
+
+
+def _task_identity(task: vf.Task) -> tuple[str, str]:
+    """``(task.key, task.hash)``, computed once per task object."""
+    try:
+        return _IDENTITIES[task]
+    except (KeyError, TypeError):
+        pass
+    identity = (task.key, task.hash)
+    try:
+        _IDENTITIES[task] = identity
+    except TypeError:  # a task type that cannot be weakly referenced: computed every time
+        pass
+    return identity
+
+
+def _default_agent_config() -> vf.AgentConfig:
+    """A copy of the default ``vf.AgentConfig`` (validating a fresh one costs ~0.1 ms; a shallow copy ~µs)."""
+    if not _AGENT_CONFIG:
+        _AGENT_CONFIG.append(vf.AgentConfig())
+    return _AGENT_CONFIG[0].model_copy()
+
+
 class Episode:
     """The environment side of one rollout of one task: ``start`` -> (``step``)* -> ``finish``.
 
@@ -87,9 +116,10 @@ class Episode:
     def __init__(self, task: vf.Task, *, max_turns: int | None = None) -> None:
         self.task = task
         self.max_turns = max_turns
+        key, content_hash = _task_identity(task)
         self.trace = vf.Trace(
-            task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
-            agent=vf.AgentInfo(config=vf.AgentConfig()),
+            task=vf.TraceTask(type=type(task).__name__, data=task.data, key=key, hash=content_hash),
+            agent=vf.AgentInfo(config=_default_agent_config()),
         )
         self.messages: list[dict[str, str]] = []
         self.turns = 0

@@ -16,6 +16,9 @@ from typing import Any
 from toolkit import errors as srl_errors
 
 STREAM_LIMIT = 64 * 1024 * 1024  # bytes per line: long multi-turn conversations travel as one JSON line
+READY_PREFIX = "SRL_ENV_WORKER_READY"
+"""A worker's first stdout line: ``SRL_ENV_WORKER_READY host:port``. Here, not in ``server``, so the orchestrator
+(``runtime``) reads it without importing the worker's modules (verifiers, and torch through it: seconds of CPU)."""
 
 
 def encode(obj: dict[str, Any]) -> bytes:

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import errors as srl_errors
-from toolkit.envs.protocol import WorkerConnection
-from toolkit.envs.server import READY_PREFIX
-from toolkit.orchestrator.renderer import Renderer, load_renderer
+from toolkit.envs.protocol import READY_PREFIX, WorkerConnection
+from toolkit.orchestrator.engines import wait_excluding_outage
+from toolkit.orchestrator.renderer import CachedRenderer, Renderer, load_renderer
 from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
 from toolkit.orchestrator.types import TRANSIENT_ERRORS, Rollout, SamplingParams
 
@@ -185,7 +185,8 @@ class EnvRuntime:
 
         Raises RuntimeError when a worker fails to start (its stderr tail is in the message).
         """
-        self.renderer = load_renderer(self.renderer_cfg, self.model_path)
+        # Cached: a group's rollouts open with the same conversation (one template render per group).
+        self.renderer = CachedRenderer(load_renderer(self.renderer_cfg, self.model_path))
         address = getattr(self.env_cfg, "address", None)
         if address:
             for host, port in _addresses(address):
@@ -318,12 +319,12 @@ class EnvRuntime:
         session = _RemoteSession(self, worker, example_id)
         session_id = f"{self.name}-{example_id}-{session.episode[:12]}"
         try:
-            return await asyncio.wait_for(
+            return await wait_excluding_outage(
                 run_rollout(
                     session, client=client, renderer=self.renderer, sampling=sampling, env_name=self.name,
                     example_id=example_id, session_id=session_id, limits=self.limits,
                 ),
-                self.timeouts.get("rollout"),
+                self.timeouts.get("rollout"), client,
             )  # fmt: skip
         except asyncio.TimeoutError as exc:
             await self._restart_if_unresponsive(worker)

@@ -22,10 +22,9 @@ from typing import Any
 
 from toolkit import errors as srl_errors
 from toolkit.envs.episode import Episode
-from toolkit.envs.protocol import STREAM_LIMIT, encode
+from toolkit.envs.protocol import READY_PREFIX, STREAM_LIMIT, encode
 from toolkit.envs.registry import load_tasks
 
-READY_PREFIX = "SRL_ENV_WORKER_READY"
 PLAIN_CHAT_HARNESSES = ("default", "null")
 """Harness ids of the plain chat harness (the seeds' ``default`` is verifiers' ``null``)."""
 

@@ -10,4 +10,6 @@ Modules:
   weights   WeightUpdater, newest_stable_broadcast, follow_broadcasts: live reload from broadcasts/step_<n>
   queues    queue_depths, run_queue_depths: waiting requests per role (``srl inference queues``)
   serve     start_local_deployment -> Deployment, supervise: ``srl inference`` on one host
+  guard     AdminGuard: ASGI middleware in every engine; admin/dev routes need the run's admin token
+  admin_token  SRL_ADMIN_TOKEN / X-SRL-Admin-Token: creating, passing and (inference-only runs) publishing it
 """

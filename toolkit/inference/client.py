@@ -4,6 +4,13 @@ Requests go to ``/v1/completions`` with the prompt as a list of token ids, so no
 or byte-level model emits tokens that are not valid UTF-8; the RL path must stay on ids). Each rollout sends an
 ``X-Session-ID`` header: vllm-router's ``sticky_least_loaded`` policy keys on it (body fields are ignored by
 vllm-router 0.1.17), so every turn of a multi-turn rollout lands on the replica that holds its KV cache.
+
+Engine restarts (``inference.max_restarts``): the client has a *serving gate* that the orchestrator's engine watch
+(``toolkit.orchestrator.engines``) closes while an engine is down or restarted without the current policy weights,
+and opens once the newest STABLE weights are loaded. Requests wait at the gate instead of failing, and a response
+to a request that was in flight when the gate closed is discarded and the request sent again (it may have been
+answered by an engine that did not hold the policy the rollout is tagged with). With ``retry_budget_s`` set,
+transient failures are retried for that long (covering an engine restart) instead of a fixed number of times.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ SESSION_HEADER = "X-Session-ID"
 # replica died under the router. Other 4xx are request-dialect errors that a retry cannot fix.
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _RETRY_EXC = (httpx.TransportError, httpx.TimeoutException)
+# Longest pause between retries (seconds) when retrying for a time budget: short enough that a restarted engine is
+# used within seconds of coming back, long enough not to flood a recovering one.
+MAX_BACKOFF_S = 5.0
 
 
 def completion_payload(model: str, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
@@ -80,7 +90,9 @@ class PolicyClient:
 
     ``timeout_s`` bounds one HTTP request (seconds); transient failures (connect errors, timeouts, HTTP 408/429/5xx)
     are retried ``max_retries`` times with exponential backoff starting at ``backoff_s`` seconds, then raise
-    ProviderError. ``has_router`` enables ``finish_session`` (vllm-router's ``/finish_session``).
+    ProviderError. With ``retry_budget_s`` (seconds) they are instead retried until that much time has passed
+    since the request began (backoff capped at ``MAX_BACKOFF_S``), time spent waiting at a closed serving gate
+    included. ``has_router`` enables ``finish_session`` (vllm-router's ``/finish_session``).
     ``policy_version`` is the version the client believes is served; the weight updater's owner sets it after each
     successful update, and every Generation carries it.
     """
@@ -96,6 +108,7 @@ class PolicyClient:
         has_router: bool = False,
         policy_version: int = 0,
         max_connections: int = 256,
+        retry_budget_s: float | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -104,31 +117,95 @@ class PolicyClient:
         self.backoff_s = backoff_s
         self.has_router = has_router
         self.policy_version = policy_version
+        self.retry_budget_s = retry_budget_s
+        self._open = asyncio.Event()
+        self._open.set()
+        self._epoch = 0  # incremented at each hold(): a response from an older epoch is not trusted
+        self._held_since: float | None = None
+        self._held_total_s = 0.0
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
+    # -- serving gate -------------------------------------------------------------------------------------------
+    def hold(self) -> None:
+        """Close the serving gate: requests wait, and responses to requests already in flight are discarded and
+        the requests re-sent after :meth:`release` (idempotent)."""
+        if self._open.is_set():
+            self._open.clear()
+            self._epoch += 1
+            self._held_since = time.monotonic()
+
+    def release(self) -> None:
+        """Open the serving gate (idempotent)."""
+        if not self._open.is_set():
+            self._held_total_s += time.monotonic() - (self._held_since or time.monotonic())
+            self._held_since = None
+            self._open.set()
+
+    @property
+    def held(self) -> bool:
+        """Whether the serving gate is closed now."""
+        return not self._open.is_set()
+
+    def outage_seconds(self) -> float:
+        """Seconds the gate has been closed since this client was made (the current hold included); a rollout
+        deadline is extended by the growth of this figure (``EnvRuntime``), so an engine restart does not time
+        rollouts out."""
+        current = time.monotonic() - self._held_since if self._held_since is not None else 0.0
+        return self._held_total_s + current
+
+    async def _wait_open(self, deadline: float | None) -> None:
+        if self._open.is_set():
+            return
+        limit = self.timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            await asyncio.wait_for(self._open.wait(), limit)
+        except asyncio.TimeoutError:
+            raise ProviderError(f"{self.base_url}: inference still unavailable (held for a restarting engine) "
+                                f"after {limit:.0f} s") from None  # fmt: skip
+
     async def _post(self, path: str, *, json: dict | None = None, params: dict | None = None,
-                    headers: dict | None = None) -> httpx.Response:  # fmt: skip
+                    headers: dict | None = None) -> tuple[httpx.Response, int]:  # fmt: skip
+        """POST with retries; returns the response and the policy version believed served when the answered
+        attempt was sent (after any wait at the gate, so a restore that happened meanwhile is reflected)."""
+        deadline = None if self.retry_budget_s is None else time.monotonic() + self.retry_budget_s
         last: str = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+        attempt = 0
+        while True:
+            await self._wait_open(deadline)
+            epoch = self._epoch
+            version = self.policy_version
             try:
                 resp = await self._http.post(path, json=json, params=params, headers=headers)
             except _RETRY_EXC as exc:
                 last = f"{type(exc).__name__}: {exc}"
-                continue
-            if resp.status_code in _RETRY_STATUSES:
-                last = f"HTTP {resp.status_code}: {resp.text[:300]}"
-                continue
-            if resp.status_code >= 400:
-                raise ProviderError(f"{self.base_url}{path} rejected the request: HTTP {resp.status_code}: "
-                                    f"{resp.text[:500]}")  # fmt: skip
-            return resp
-        raise ProviderError(f"{self.base_url}{path} failed after {self.max_retries + 1} attempts: {last}")
+            else:
+                if epoch != self._epoch:
+                    last = "the serving gate closed while the request was in flight"
+                elif resp.status_code in _RETRY_STATUSES:
+                    last = f"HTTP {resp.status_code}: {resp.text[:300]}"
+                elif resp.status_code >= 400:
+                    raise ProviderError(f"{self.base_url}{path} rejected the request: HTTP {resp.status_code}: "
+                                        f"{resp.text[:500]}")  # fmt: skip
+                else:
+                    return resp, version
+            attempt += 1
+            delay = self.backoff_s * 2 ** (attempt - 1)
+            if deadline is None:
+                if attempt > self.max_retries:
+                    raise ProviderError(f"{self.base_url}{path} failed after {attempt} attempts: {last}")
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ProviderError(f"{self.base_url}{path} failed for {self.retry_budget_s:.0f} s "
+                                        f"({attempt} attempts): {last}")  # fmt: skip
+                delay = min(delay, MAX_BACKOFF_S, left)
+            if epoch != self._epoch and not self._open.is_set():
+                continue  # the gate closed: wait for it to open rather than backing off blindly
+            await asyncio.sleep(delay)
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str
@@ -139,8 +216,7 @@ class PolicyClient:
         Raises ProviderError after the retries are spent or on a non-retryable rejection.
         """
         t0 = time.monotonic()
-        version = self.policy_version  # the version believed served when the request was sent
-        resp = await self._post(
+        resp, version = await self._post(  # version: believed served when the answered request was sent
             "/v1/completions",
             json=completion_payload(self.model, prompt_ids, sampling),
             headers={SESSION_HEADER: session_id},

@@ -45,7 +45,15 @@ PLAN_OWNED_ARGS: dict[str, str] = {
 }
 
 # Environment variables the plan owns per engine (B08: a user value here would reintroduce a wrong side channel).
-PLAN_OWNED_ENV = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_SERVER_DEV_MODE")
+PLAN_OWNED_ENV = (
+    "VLLM_NIXL_SIDE_CHANNEL_HOST",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT",
+    "VLLM_SERVER_DEV_MODE",
+    "SRL_ADMIN_TOKEN",
+)
+# ASGI middleware every engine loads (``--middleware``): admin/dev routes need the run's admin token (guard.py).
+# An import path resolved in the engine's Python, where the srl package is installed.
+GUARD_MIDDLEWARE = "toolkit.inference.guard.AdminGuard"
 
 ENGINE_ROLES = ("engine", "prefill", "decode")
 
@@ -164,7 +172,9 @@ def engine_command(
     """argv of one vLLM OpenAI-compatible server (one replica; ``tp`` x ``dp`` GPUs on GPU nodes).
 
     ``vllm_args`` is the user's pass-through table; ``defaults`` (e.g. ``default_engine_args``) go under it. Plan
-    values (model, host, port, tp, dp, served name, KV transfer config) come last. ``kv_role`` None means a plain
+    values (model, host, port, tp, dp, served name, KV transfer config) come last, after
+    ``--middleware GUARD_MIDDLEWARE`` (always; a user's own ``middleware`` entries are kept, vLLM appends them).
+    ``kv_role`` None means a plain
     (aggregated) engine; otherwise ``kv_connector`` is required. Raises CommandError naming the key when the user
     table sets a plan-owned flag, or when tp/dp/port are out of range.
     """
@@ -190,7 +200,9 @@ def engine_command(
         if not kv_connector:
             raise CommandError("kv_role given without kv_connector")
         plan["kv_transfer_config"] = kv_transfer_config(kv_connector, kv_role, kv_extra)
-    return [python, "-m", "vllm.entrypoints.openai.api_server", *vllm_arg_list(merged), *vllm_arg_list(plan)]
+    guard = ["--middleware", GUARD_MIDDLEWARE]
+    entry = [python, "-m", "vllm.entrypoints.openai.api_server"]
+    return [*entry, *vllm_arg_list(merged), *guard, *vllm_arg_list(plan)]
 
 
 def _is_unroutable(host: str) -> bool:
@@ -216,7 +228,9 @@ def engine_env(
 ) -> dict[str, str]:
     """Environment variables to add for one engine process (not a full environment: merge over ``os.environ``).
 
-    - ``VLLM_SERVER_DEV_MODE=1``: exposes /collective_rpc, /pause, /resume, /reset_prefix_cache used by live reload.
+    - ``VLLM_SERVER_DEV_MODE=1``: exposes /collective_rpc, /pause, /resume, /reset_prefix_cache used by live reload;
+      the guard middleware admits them only with the run's admin token, which reaches the engine in the
+      launcher's environment (``SRL_ADMIN_TOKEN``, never set here: this env is written into placement.json).
     - CPU: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) and ``VLLM_CPU_OMP_THREADS_BIND`` (cores, e.g. "0" or "0-3") so two
       engines on one host do not fight over the same cores.
     - NixlConnector: ``VLLM_NIXL_SIDE_CHANNEL_HOST``/``_PORT``. The host must be the engine's own routable node

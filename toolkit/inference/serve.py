@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, ensure_admin_token
 from toolkit.inference.commands import default_engine_args, engine_command, engine_env, router_command
 from toolkit.inference.health import clear_ready, wait_healthy, write_ready
 from toolkit.inference.weights import WeightUpdater, newest_stable_broadcast
@@ -64,13 +65,14 @@ class ManagedProcess:
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen | None = None
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # the admin token: never shown
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.argv,
-                env={**os.environ, **self.env},
+                env={**os.environ, **self.env, **self.secret_env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -108,6 +110,7 @@ class Deployment:
     policy_version: int = 0
     kv_store: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    admin_token: str | None = field(default=None, repr=False)  # pass to WeightUpdater; never in ready_info
 
     @property
     def base_url(self) -> str:
@@ -187,6 +190,7 @@ def start_local_deployment(
     startup_timeout_s: float = 600.0,
     load_newest_stable: bool = True,
     python: str = sys.executable,
+    admin_token: str | None = None,
 ) -> Deployment:
     """Start a deployment on this host and return once it serves and its readiness file is written.
 
@@ -195,7 +199,9 @@ def start_local_deployment(
     ``num_engines`` is ignored); KV moves through ``kv_connector`` ("example": files in ``<run>/scratch/kv_store``,
     removed at start and stop). On CPU each engine is pinned to its own cores. Logs go to ``log_dir/<name>.log``.
     If ``<run>/broadcasts`` holds a STABLE step, every engine loads it before readiness (a restarted deployment
-    resumes the policy it served). Raises EngineStartError (naming the URL, exit code, log tail) or
+    resumes the policy it served). Engines get the admin token ``admin_token``; None means this process's
+    ``SRL_ADMIN_TOKEN``, created and exported here when unset, so a ``WeightUpdater`` built later in this process
+    finds it (``Deployment.admin_token`` holds it too). Raises EngineStartError (naming the URL, exit code, log tail) or
     WeightUpdateError; everything started is stopped before the error propagates.
     """
     t0 = time.monotonic()
@@ -219,6 +225,7 @@ def start_local_deployment(
         kv_store.mkdir(parents=True)
         kv_extra = {"shared_storage_path": str(kv_store)}
 
+    token = admin_token or ensure_admin_token()
     engines: list[ManagedProcess] = []
     counters: dict[str, int] = {}
     user_env = {"engine": engine_env_vars, "prefill": prefill_env_vars, "decode": decode_env_vars}
@@ -241,11 +248,10 @@ def start_local_deployment(
         env = engine_env(role=role, omp_bind=bind, side_channel_host=None, side_channel_port=None, cpu=cpu,
                          user_env=user_env[role] or {})  # fmt: skip
         name = f"{role}_{i}"
-        engines.append(
-            ManagedProcess(name, role, f"http://{host}:{port}", argv, env, Path(log_dir) / f"{name}.log")
-        )
+        engines.append(ManagedProcess(name, role, f"http://{host}:{port}", argv, env, Path(log_dir) / f"{name}.log",
+                                      secret_env={ADMIN_TOKEN_ENV: token}))  # fmt: skip
 
-    dep = Deployment(run=run, model=served_model_name, engines=engines, kv_store=kv_store)
+    dep = Deployment(run=run, model=served_model_name, engines=engines, kv_store=kv_store, admin_token=token)
     try:
         for e in engines:
             e.start()
@@ -278,7 +284,9 @@ def start_local_deployment(
             newest = newest_stable_broadcast(run)
             if newest is not None:
                 step, path = newest
-                dep.timings["initial_reload_s"] = _run_sync(WeightUpdater(dep.engine_urls).update(path, step))
+                dep.timings["initial_reload_s"] = _run_sync(
+                    WeightUpdater(dep.engine_urls, admin_token=token).update(path, step)
+                )
                 dep.policy_version = step
         dep.timings["startup_s"] = time.monotonic() - t0
         write_ready(run, dep.ready_info())

@@ -11,7 +11,8 @@ on every engine directly (admin calls never go through the router, which would d
 5. ``POST /resume``.
 
 Engines are paused all together and resumed all together, so no replica serves the new version while another
-still serves the old one. vLLM 0.32 leaves a tied output layer on the old weights after a reload: models must be
+still serves the old one. Every call carries the run's admin token (header ``X-SRL-Admin-Token``): the engines'
+guard middleware refuses admin routes without it (``toolkit.inference.guard``). vLLM 0.32 leaves a tied output layer on the old weights after a reload: models must be
 saved untied (``tie_word_embeddings: false`` and an explicit ``lm_head.weight``); ``check_untied`` refuses others.
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from toolkit.inference.admin_token import admin_headers, admin_token_from_env
 from toolkit.rundir import RunDir, numbered_steps
 
 STABLE_MARKER = "STABLE"
@@ -62,14 +64,22 @@ class WeightUpdater:
 
     ``engine_urls`` are the engines' own base URLs (never the router). ``timeout_s`` bounds each admin call
     (seconds). ``pause_mode`` is vLLM's /pause mode: "keep" (default: freeze, continue after resume), "wait"
-    (drain in-flight requests first) or "abort".
+    (drain in-flight requests first) or "abort". ``admin_token`` is the deployment's admin token; None reads
+    ``SRL_ADMIN_TOKEN`` from this process's environment (set by srl's launchers). Without one, the engines answer
+    401/403 and updates raise WeightUpdateError.
     """
 
     def __init__(
-        self, engine_urls: Sequence[str], *, timeout_s: float = 300.0, pause_mode: str = "keep"
+        self,
+        engine_urls: Sequence[str],
+        *,
+        timeout_s: float = 300.0,
+        pause_mode: str = "keep",
+        admin_token: str | None = None,
     ) -> None:
         if not engine_urls:
             raise ValueError("WeightUpdater needs at least one engine URL")
+        self._headers = admin_headers(admin_token or admin_token_from_env())  # kept out of repr and messages
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
         self.timeout_s = timeout_s
         self.pause_mode = pause_mode
@@ -110,7 +120,7 @@ class WeightUpdater:
         broadcast_dir = Path(broadcast_dir).absolute()
         check_untied(broadcast_dir)
         t0 = time.monotonic()
-        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers) as http:
             try:
                 await self._all(http, "/pause", optional=True, params={"mode": self.pause_mode})
                 await self._all(
@@ -138,7 +148,7 @@ class WeightUpdater:
         Requests name ``lora_name`` as their model. Returns seconds; raises WeightUpdateError naming the URL."""
         t0 = time.monotonic()
         body = {"lora_name": lora_name, "lora_path": str(Path(adapter_dir).absolute()), "load_inplace": True}
-        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers) as http:
             await self._all(http, "/v1/load_lora_adapter", json=body)
             await self._all(http, "/reset_prefix_cache", optional=True)
         self.served_version = version
@@ -147,7 +157,7 @@ class WeightUpdater:
     async def served_versions(self) -> dict[str, str | None]:
         """Each engine's recorded weight version (``GET /weight_info``), None where unavailable."""
         out: dict[str, str | None] = {}
-        async with httpx.AsyncClient(timeout=10.0) as http:
+        async with httpx.AsyncClient(timeout=10.0, headers=self._headers) as http:
             for url in self.engine_urls:
                 try:
                     resp = await http.get(url + "/weight_info")

@@ -102,6 +102,8 @@ def submit_sweep(sweep, manifest: Path, cfg: RLConfig, site: SiteConfig, *, dry_
     n = len(sweep.points)
     size = site.limits.max_array_size
     out: list[str] = []
+    # The job (and so each task's log, %x_%A_%a) is named after the sweep, not after its first point's run name.
+    named = cfg.model_copy(update={"run": cfg.run.model_copy(update={"name": sweep.name})})
     for first in range(0, n, size):
         last = min(n, first + size) - 1
         # Array indices restart at 0 in every chunk (MaxArraySize bounds the index, not only the count).
@@ -111,7 +113,7 @@ def submit_sweep(sweep, manifest: Path, cfg: RLConfig, site: SiteConfig, *, dry_
         command = [_python(site), "-m", "toolkit.cli", "sweep", "run-point", str(manifest), "{task_id}"]
         if offset:
             command += ["--offset", str(offset)]
-        text = render_batch("array", cfg, site, run, command=command, name_suffix=f"sweep-{first // size}",
+        text = render_batch("array", named, site, run, command=command, name_suffix=f"-sweep-{first // size}",
                             nodes=1, gpus_per_node=cfg.deployment.gpus_per_node, array=array)
         script = root / f"array_{first // size}.sbatch"
         atomic_write_text(script, text)

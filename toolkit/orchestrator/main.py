@@ -33,6 +33,7 @@ from typing import Any
 
 from toolkit import batches, checkpoints, fsutil
 from toolkit.orchestrator.buffer import BufferSettings, StepBatch
+from toolkit.orchestrator.engines import EngineWatch, provider_retry_budget_s
 from toolkit.orchestrator.evaluation import EvalEnv, run_eval
 from toolkit.orchestrator.policy import PolicyTracker, min_policy_version, off_policy_age
 from toolkit.orchestrator.producer import GroupProducer, TrainEnv, sampling_params
@@ -44,6 +45,10 @@ from toolkit.rundir import RunDir
 
 log = logging.getLogger("srl.orchestrator")
 QUEUE_POLL_S = 0.2
+
+
+class StopBeforeStart(Exception):
+    """A stop request arrived before inference was ready: nothing was generated, nothing needs saving."""
 
 
 class Orchestrator:
@@ -64,6 +69,7 @@ class Orchestrator:
         self.stop_criteria = StopCriteria(cfg.monitors.stop, run.metrics)
         self.snapshots: dict[int, dict[str, Any]] = {}  # step -> state after its batch, not yet saved
         self.saved_steps: set[int] = set()
+        self.engine_urls: list[str] = []
         self._sigterm = False
         k = self.ocfg.max_async_level
         self.max_off_policy = (
@@ -79,15 +85,27 @@ class Orchestrator:
 
         ready_run = RunDir(self.cfg.inference.external) if self.cfg.inference.external else self.run
         wait_s = self.cfg.inference.startup_timeout_s + 60.0
-        ready = await asyncio.to_thread(read_ready, ready_run, wait_s)
+        ready = await asyncio.to_thread(read_ready, ready_run, wait_s, should_stop=self._should_stop)
+        if ready is None:
+            raise StopBeforeStart("stop requested while waiting for inference")
         base_url = ready.get("router_url") or ready.get("base_url") or ready["engine_urls"][0]
         if self.client is None:
             self.client = PolicyClient(
                 base_url, ready["model"], timeout_s=self.cfg.inference.router.request_timeout_s,
                 has_router=bool(ready.get("router_url")), max_connections=max(16, self.ocfg.max_concurrent),
+                retry_budget_s=provider_retry_budget_s(self.cfg.inference.startup_timeout_s,
+                                                       self.cfg.inference.max_restarts),
             )  # fmt: skip
         if self.updater is None and self.ocfg.update_weights:
-            self.updater = WeightUpdater(ready["engine_urls"])
+            # Own engines: the launcher's SRL_ADMIN_TOKEN (None here). An external deployment: its token file.
+            from toolkit.inference.admin_token import for_external
+
+            token = for_external(ready_run) if self.cfg.inference.external else None
+            if self.cfg.inference.external and token is None:
+                log.warning("%s is missing: the external deployment will refuse weight updates",
+                            ready_run.admin_token_file)  # fmt: skip
+            self.updater = WeightUpdater(ready["engine_urls"], admin_token=token)
+        self.engine_urls = list(ready["engine_urls"])  # watched for restarts (engines.EngineWatch)
         log.info("inference ready: %s (model %s, engines %s)", base_url, ready["model"], ready["engine_urls"])
         return int(ready.get("policy_version") or 0)
 
@@ -284,6 +302,9 @@ class Orchestrator:
             # return_exceptions so that one failing start still lets the other finish before the cleanup below.
             served, envs = await asyncio.gather(self._connect_inference(), self._start_envs(), return_exceptions=True)
             for outcome in (served, envs):
+                if isinstance(outcome, StopBeforeStart):
+                    log.info("%s: stopping before the first step", outcome)
+                    return 0
                 if isinstance(outcome, BaseException):
                     raise outcome
             return await self._loop(served)
@@ -297,6 +318,18 @@ class Orchestrator:
             aclose = getattr(self.client, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    def _engine_watch(self, tracker: PolicyTracker) -> EngineWatch | None:
+        """The watch that holds generation while an engine restarts (None with an injected client without a
+        serving gate, as in tests, or when no engine URLs are known)."""
+        if not self.engine_urls or not hasattr(self.client, "hold"):
+            return None
+        headers = None
+        if self.cfg.inference.external:
+            from toolkit.inference.admin_token import admin_headers, for_external
+
+            headers = admin_headers(for_external(RunDir(self.cfg.inference.external)))
+        return EngineWatch(self.client, tracker, self.engine_urls, headers=headers)
 
     def _on_sigterm(self) -> None:
         log.warning("SIGTERM: stopping after saving state")
@@ -315,6 +348,9 @@ class Orchestrator:
                                  next_group_id=int(state.get("next_group_id", 0)))  # fmt: skip
         stop_follow = asyncio.Event()
         bg = [asyncio.create_task(producer.run()), asyncio.create_task(tracker.follow(stop_follow))]
+        watch = self._engine_watch(tracker)
+        if watch is not None:
+            bg.append(asyncio.create_task(watch.run(stop_follow)))
         try:
             if last == 0 and self.eval_envs and not self.metrics.has(0):
                 await tracker.refresh()

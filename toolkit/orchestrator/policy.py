@@ -10,17 +10,30 @@ dropped.
 :class:`PolicyTracker` watches the broadcasts, pushes each newer STABLE one into the engines through
 ``WeightUpdater`` (unless ``update_weights`` is false: the negative control that keeps serving the base model),
 sets the client's ``policy_version`` so every generation is tagged with it, and lets a step wait until the policy
-it needs is served.
+it needs is served. After an engine restart, :meth:`PolicyTracker.restore` loads the newest STABLE broadcast into
+every engine before generation resumes (driven by ``engines.EngineWatch``; the reload record then has
+``"restore": true``).
+
+Reload record: after each successful load, and before the client tags any request with the new version, one JSON
+line is appended to ``run.policy_reloads`` (``policy_reloads.jsonl``)::
+
+    {"version": v, "time": unix s, "seconds": pause-to-resume s,
+     "engines": {engine_url: version string from its /weight_info, or null}, "roles": {engine_url: role}}
+
+``roles`` ("engine", "prefill", "decode") comes from the inference readiness file (empty if unreadable). So a reader
+can check that every engine (both sides of a prefill/decode deployment) served ``v`` before rollouts tagged ``v``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from toolkit import fsutil
 from toolkit.inference.weights import newest_stable_broadcast
 from toolkit.rundir import RunDir
 
@@ -65,8 +78,15 @@ class PolicyTracker:
         self.published_version = served_version  # newest STABLE broadcast seen
         self.update_seconds: list[float] = []
         self.failures = 0
+        self.engines_ok = True  # False while EngineWatch holds generation for a down/restarted engine
         self._lock = asyncio.Lock()
         client.policy_version = served_version
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held during every weight load; ``EngineWatch`` probes under it so an update is never taken for a
+        restart."""
+        return self._lock
 
     async def refresh(self) -> int:
         """Scan once; load a newer STABLE broadcast if there is one. Returns the served version.
@@ -75,6 +95,8 @@ class PolicyTracker:
         so a restarting inference server cannot kill the orchestrator.
         """
         async with self._lock:
+            if not self.engines_ok:
+                return self.served_version  # an engine is down or restarting: restore() loads the newest
             found = newest_stable_broadcast(self.run)
             if found is None:
                 return self.served_version
@@ -91,10 +113,61 @@ class PolicyTracker:
                 )
                 return self.served_version
             self.served_version = version
+            await self._record_reload(version, seconds)  # before the client tags requests with ``version``
             self.client.policy_version = version
             self.update_seconds.append(seconds)
             log.info("policy version %d loaded into inference in %.2f s", version, seconds)
             return self.served_version
+
+    async def restore(self) -> bool:
+        """After an engine restart: load the newest STABLE broadcast into every engine (all together, so all serve
+        one version), even when it is the version already believed served. Returns True when the engines now
+        serve what the client tags rollouts with; False (logged) when the load failed or the served version's
+        weights cannot be found, to be tried again. Without weight updates (negative control) or before the first
+        broadcast, a restarted engine's base model is already right."""
+        async with self._lock:
+            found = newest_stable_broadcast(self.run)
+            if not self.update_weights or (found is None and self.served_version == 0):
+                return True
+            if found is None:
+                log.error("cannot restore policy version %d into a restarted engine: no STABLE broadcast in %s",
+                          self.served_version, self.run.broadcasts)  # fmt: skip
+                return False
+            version, path = found
+            try:
+                seconds = await self.updater.update(path, version)
+            except Exception as exc:  # noqa: BLE001 - retried at the next check
+                self.failures += 1
+                log.warning("restoring policy version %d into restarted engines failed (%s); retrying", version, exc)
+                return False
+            self.served_version = version
+            self.published_version = max(self.published_version, version)
+            await self._record_reload(version, seconds, restore=True)
+            self.client.policy_version = version
+            self.update_seconds.append(seconds)
+            log.info("policy version %d (newest STABLE) loaded into the restarted engines in %.2f s", version, seconds)
+            return True
+
+    async def _record_reload(self, version: int, seconds: float, *, restore: bool = False) -> None:
+        """Append the reload record (module docstring). Best effort: a failed query or write is logged, never
+        raised, because the weights are already served and the run must go on."""
+        t = time.time()
+        try:
+            engines = await self.updater.served_versions()
+        except Exception as exc:  # noqa: BLE001 - the record is evidence, not control flow
+            log.warning("could not read /weight_info after loading version %d: %s", version, exc)
+            engines = {url: None for url in getattr(self.updater, "engine_urls", [])}
+        try:
+            roles = json.loads(self.run.inference_ready.read_text()).get("roles") or {}
+        except (OSError, ValueError):
+            roles = {}
+        record = {"version": version, "time": t, "seconds": seconds, "engines": engines, "roles": roles}
+        if restore:
+            record["restore"] = True
+        try:
+            fsutil.append_jsonl(self.run.policy_reloads, record)
+        except OSError as exc:
+            log.warning("could not append the reload record of version %d: %s", version, exc)
 
     def satisfied(self, version: int) -> bool:
         """Whether a batch needing ``version`` can be sampled now.

@@ -1,0 +1,139 @@
+"""The reverse-text RL run on a disaggregated deployment (issue 7): one prefill and one decode engine with
+ExampleConnector behind vllm-router in P/D mode, prompts padded past one 128-token KV block.
+
+``srl rl @ jobs/reverse-text/rl.toml @ jobs/reverse-text/rl-pd.toml --max-steps 20 --orchestrator.max-async-level 0``
+is started as a user would and must finish (status 0). ``max_async_level = 0`` because mismatch_kl is measured on
+on-policy samples only (sampled by exactly the weights the trainer holds): with the job's level 1 every batch after
+step 1 is one version old, so mismatch_kl would be measured on step 1 alone, on the base model, and would say
+nothing about the reloaded weights. Fully on-policy, every step's batch comes from the version just reloaded into
+both engines. Then, from the run directory only:
+
+- ``metrics.jsonl``: trainer and orchestrator steps 1..20, each exactly once; ``mismatch_kl/mean`` < 1e-3 on every
+  trainer step it is measured, and it is measured on most steps;
+- ``launcher/placement.json``: one prefill engine (kv_producer), one decode engine (kv_consumer), a router;
+- ``policy_reloads.jsonl`` (written by the orchestrator's PolicyTracker after each reload, before the client tags
+  any request with the new version): versions strictly increase, and every engine of the placement, the prefill
+  and the decode one, reported that version at ``/weight_info``. Every policy version found on a train rollout in
+  ``store/rollouts.h5`` has such a record, written before the rollout was stored; the orchestrator's log names
+  the same reloads;
+- the decode engine's log: "Inject KV cache of N tokens" lines (ExampleConnector loading the prefill engine's KV
+  instead of recomputing it) with N >= one 128-token block, and "External Cache Hit!"; the prefill engine's log
+  has no injection (it produces KV). Train prompts are all longer than one block.
+
+Two engines + router + trainer + env workers on 2 cores take several minutes: marked heavy (run by hand).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.heavy, pytest.mark.timeout(3600)]
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_STEPS = 20
+MAX_ASYNC_LEVEL = 0  # overrides the job's 1 (module docstring)
+KV_BLOCK_TOKENS = 128  # vLLM's CPU block size: only whole blocks move through the connector
+RUN_TIMEOUT_S = 2400  # start-up of two engines plus 20 steps on a loaded 2-core machine
+INJECT_RE = re.compile(r"Inject KV cache of (\d+) tokens")
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _engine_logs(run: Path) -> dict[str, tuple[int, Path]]:
+    """kv role ("kv_producer"/"kv_consumer") -> (HTTP port, log path) of each engine in placement.json."""
+    plan = json.loads((run / "launcher" / "placement.json").read_text())
+    roles = [p["role"] for p in plan["processes"]]
+    assert roles.count("router") == 1, roles
+    engines = [p for p in plan["processes"] if p["role"] == "inference"]
+    kinds = sorted(p["kv_role"] for p in engines)
+    assert kinds == ["kv_consumer", "kv_producer"], kinds  # exactly one prefill and one decode engine
+    return {p["kv_role"]: (urlparse(p["healthcheck_url"].replace("{node_addr}", "h")).port,
+                           run / "logs" / "latest" / p["log_name"]) for p in engines}  # fmt: skip
+
+
+def test_rl_prefill_decode_20_steps(tmp_path):
+    out = tmp_path / "out"
+    run = out / "pd"
+    argv = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
+            "@", str(REPO / "jobs/reverse-text/rl-pd.toml"), "--max-steps", str(MAX_STEPS),
+            "--orchestrator.max-async-level", str(MAX_ASYNC_LEVEL), "--output-dir", str(out), "--run.name", "pd"]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        text, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the launcher stops its engines, router and roles (own sessions)
+        try:
+            text, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            text, _ = proc.communicate()
+        pytest.fail(f"the run did not finish within {RUN_TIMEOUT_S} s:\n{text[-5000:]}")
+    wall_s = time.monotonic() - t0
+    assert proc.returncode == 0, text[-5000:]
+
+    # -- steps, each exactly once; mismatch_kl on every measured step ----------------------------------------
+    metrics = _metrics(run)
+    for role in ("trainer", "orchestrator"):
+        steps = sorted(m["step"] for m in metrics if m["role"] == role and m["step"] > 0)
+        assert steps == list(range(1, MAX_STEPS + 1)), (role, steps)
+    kls = [m["mismatch_kl/mean"] for m in metrics if m["role"] == "trainer" and "mismatch_kl/mean" in m]
+    assert len(kls) >= MAX_STEPS // 2, f"mismatch_kl measured on {len(kls)} steps only"
+    assert max(kls) < 1e-3, kls
+
+    # -- every reload reached both engines before rollouts of that version --------------------------------------
+    logs = _engine_logs(run)
+    ports = {logs["kv_producer"][0]: "prefill", logs["kv_consumer"][0]: "decode"}
+    reloads = [json.loads(line) for line in (run / "policy_reloads.jsonl").read_text().splitlines()]
+    versions = [r["version"] for r in reloads]
+    assert versions == sorted(set(versions)) and versions, versions
+    for r in reloads:
+        by_role = {ports.get(urlparse(url).port): reported for url, reported in r["engines"].items()}
+        assert by_role == {"prefill": str(r["version"]), "decode": str(r["version"])}, r
+        assert sorted(r["roles"].values()) == ["decode", "prefill"], r
+    # The bound of the last step needs policy >= MAX_STEPS - 1 - max_async_level: it must have been loaded.
+    assert versions[-1] >= MAX_STEPS - 1 - MAX_ASYNC_LEVEL, versions
+    orch_log = (run / "logs" / "latest" / "orchestrator.log").read_text()
+    logged = [int(v) for v in re.findall(r"policy version (\d+) loaded into inference", orch_log)]
+    assert logged == versions, (logged, versions)
+
+    from analysis.store import load_rollouts
+
+    train = load_rollouts(run / "store" / "rollouts.h5", ["time", "policy_version", "prompt_len"], kind="train")
+    assert len(train) >= MAX_STEPS * 32  # batch_size 32 rollouts per step
+    loaded_at = {r["version"]: r["time"] for r in reloads}
+    used = sorted(int(v) for v in set(train["policy_version"]) if v > 0)
+    assert used and set(used) <= set(loaded_at), (used, versions)
+    for v in used:
+        first_stored = float(train.loc[train["policy_version"] == v, "time"].min())
+        assert loaded_at[v] < first_stored, (v, loaded_at[v], first_stored)
+    assert int(train["prompt_len"].min()) > KV_BLOCK_TOKENS  # every prompt spans more than one KV block
+
+    # -- the decode engine loaded the prefill engine's KV instead of recomputing it ----------------------------
+    decode_log = logs["kv_consumer"][1].read_text(errors="replace")
+    prefill_log = logs["kv_producer"][1].read_text(errors="replace")
+    injected = [int(n) for n in INJECT_RE.findall(decode_log)]
+    hits = decode_log.count("External Cache Hit!")
+    assert injected and min(injected) >= KV_BLOCK_TOKENS, injected[:20]
+    assert hits >= len(used), hits  # at least one external hit per policy version served
+    assert not INJECT_RE.search(prefill_log)
+
+    print(f"\n[figure] P/D RL: {MAX_STEPS} steps in {wall_s:.0f} s wall; {len(reloads)} reloads (versions "
+          f"{versions[0]}..{versions[-1]}), each reported by prefill and decode /weight_info; rollout versions used "
+          f"{used[0]}..{used[-1]}; decode KV injections {len(injected)} ({sum(injected)} tokens, min "
+          f"{min(injected)}), external cache hits {hits}, train rollouts {len(train)}, prompt_len "
+          f"{int(train['prompt_len'].min())}..{int(train['prompt_len'].max())}; mismatch_kl max {max(kls):.2e} "
+          f"on {len(kls)} steps")

@@ -1,0 +1,117 @@
+"""The run's admin token: what lets srl (and only srl) call the engines' admin routes (issue 9 item 7).
+
+vLLM engines run with ``VLLM_SERVER_DEV_MODE=1`` because live weight reload needs ``/collective_rpc``, ``/pause``,
+``/resume``, ... vllm-router forwards every path to a worker, so these routes are guarded in each engine by
+``toolkit.inference.guard.AdminGuard``, which admits them only with this token in the ``X-SRL-Admin-Token``
+header.
+
+Life of a token (32 random bytes, URL-safe base64 or hex):
+
+- it travels only in the environment variable ``SRL_ADMIN_TOKEN``: never on a command line, in a config, in
+  placement.json, an sbatch script, a log or a report;
+- local runs (``toolkit.launch.local.run_local``) create a fresh one in the launcher process and their children
+  (engines, orchestrator) inherit it; ``serve.start_local_deployment`` reuses the caller's ``SRL_ADMIN_TOKEN`` or
+  creates one and exports it into the calling process, so in-process ``WeightUpdater``s find it;
+- Slurm jobs create one in the batch script at job start (bash, from /dev/urandom) and export it; every ``srun``
+  job step inherits it. A requeued RL job creates a new one: all its components restart with it;
+- the one exception to "environment only": an inference-only deployment (``srl inference``, local or Slurm) also
+  writes it to ``<run>/launcher/admin_token`` (mode 0600, the user's own file on the shared filesystem) and reuses
+  that file across requeues, so an RL run with ``inference.external = <that run>`` can read it (:func:`for_external`).
+
+An engine started without the variable refuses every admin route (fail closed).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+
+from toolkit.rundir import RunDir
+
+ADMIN_TOKEN_ENV = "SRL_ADMIN_TOKEN"
+ADMIN_TOKEN_HEADER = "X-SRL-Admin-Token"
+TOKEN_BYTES = 32  # 256 bits: secrets.token_urlsafe's own recommendation for tokens
+
+
+def new_admin_token() -> str:
+    """A fresh random token (43 URL-safe characters from ``TOKEN_BYTES`` random bytes)."""
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def admin_token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """``SRL_ADMIN_TOKEN`` from ``environ`` (default ``os.environ``), None when unset or empty."""
+    value = (os.environ if environ is None else environ).get(ADMIN_TOKEN_ENV, "").strip()
+    return value or None
+
+
+def ensure_admin_token(environ: MutableMapping[str, str] | None = None) -> str:
+    """The token in ``environ`` (default ``os.environ``); when there is none, a new one is created and exported
+    there, so this process's later admin calls and its children use the same one."""
+    env = os.environ if environ is None else environ
+    token = admin_token_from_env(env)
+    if token is None:
+        token = new_admin_token()
+        env[ADMIN_TOKEN_ENV] = token
+    return token
+
+
+def admin_headers(token: str | None) -> dict[str, str]:
+    """HTTP headers carrying ``token`` to an engine's admin route; empty when ``token`` is None."""
+    return {ADMIN_TOKEN_HEADER: token} if token else {}
+
+
+def write_token_file(path: Path, token: str) -> None:
+    """Write ``token`` to ``path`` with mode 0600 atomically (created 0600 from the start, then renamed over:
+    no moment where another user could read it). Raises OSError when the directory is not writable."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that already existed
+        os.write(fd, token.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_token_file(path: Path) -> str | None:
+    """The token in ``path``, None when the file is missing or empty."""
+    try:
+        return Path(path).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def for_local_deployment(run: RunDir, *, publish: bool) -> str:
+    """Token for a deployment the local launcher is about to start in ``run``.
+
+    ``publish`` (an inference-only deployment, whose users are other runs): reuse ``run.admin_token_file`` if an
+    earlier attempt wrote it, else create one and write the file. Otherwise: a fresh token, written nowhere.
+    """
+    if not publish:
+        return new_admin_token()
+    token = read_token_file(run.admin_token_file)
+    if token is None:
+        token = new_admin_token()
+        write_token_file(run.admin_token_file, token)
+    return token
+
+
+def for_external(external_run: RunDir) -> str | None:
+    """Token of the inference-only deployment in ``external_run`` (an RL run's ``inference.external``), read from
+    its token file; None when there is none (then admin calls are refused and name the missing file)."""
+    return read_token_file(external_run.admin_token_file)
+
+
+def restore_admin_token(previous: str | None, environ: MutableMapping[str, str] | None = None) -> None:
+    """Put ``SRL_ADMIN_TOKEN`` in ``environ`` (default ``os.environ``) back to ``previous`` (None: unset), after a
+    launcher exported its run's token there for its children."""
+    env = os.environ if environ is None else environ
+    if previous is None:
+        env.pop(ADMIN_TOKEN_ENV, None)
+    else:
+        env[ADMIN_TOKEN_ENV] = previous
