@@ -88,3 +88,14 @@ def test_normalisation_across_micro_batches():
     (g_split,) = torch.autograd.grad(total, train)
     assert total.item() == pytest.approx(whole.item(), abs=1e-6)
     torch.testing.assert_close(g_split, g_whole)
+
+
+def test_mismatch_kl_resolves_fp32_sized_disagreement():
+    from toolkit.trainer.loss import mismatch_kl
+
+    lp = torch.tensor([-2.0, -0.5, -7.25])
+    d = torch.tensor([2.0**-20, -(2.0**-22), 0.0])  # ~1e-6, ~2e-7: exactly representable offsets
+    kl = mismatch_kl(lp + d, lp)
+    want = d.double() ** 2 / 2  # k3 = x^2/2 + O(x^3)
+    assert kl[2] == 0 and (kl[:2] > 0).all()
+    torch.testing.assert_close(kl[:2].double(), want[:2], rtol=1e-3, atol=0)

@@ -78,10 +78,12 @@ def mismatch_kl(trainer_logprobs: torch.Tensor, inference_logprobs: torch.Tensor
     """Per-token estimate of KL(mu || pi) on tokens sampled from mu: ``r - 1 - log r`` with ``r = pi/mu``.
 
     This is the non-negative "k3" estimator (J. Schulman, "Approximating KL Divergence", 2020); it is 0 exactly
-    when trainer and inference agree on the token. No gradient.
+    when trainer and inference agree on the token. No gradient. Computed in float64 with ``expm1`` and returned as
+    float32: in float32, ``exp(x) - 1 - x`` cancels to exactly 0 for |x| below ~1e-4, which would hide the ~1e-7
+    logprob differences that fp32 inference and training actually show.
     """
-    log_r = trainer_logprobs.detach().float() - inference_logprobs.float()
-    return log_r.exp() - 1.0 - log_r
+    log_r = trainer_logprobs.detach().double() - inference_logprobs.double()
+    return (torch.expm1(log_r) - log_r).float()
 
 
 def rl_loss(
