@@ -104,3 +104,22 @@ def test_misspelt_own_flag_gets_a_did_you_mean(tok, want):
     with pytest.raises(ConfigError, match=f"did you mean {want}"):
         split_config_args(["@", "x.toml", tok])
     assert split_config_args(["@", "x.toml", "--seed", "3"])[1] == ["--seed", "3"]
+
+
+def test_resume_without_name_continues_the_newest_run_that_trained(tmp_path):
+    assert srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path).returncode == 0
+    (trained,) = list(tmp_path.iterdir())
+    (trained / "metrics.jsonl").write_text('{"step": 1, "role": "trainer", "time": 0}\n')
+    assert srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path).returncode == 0  # a newer dry run
+    out = srl("rl", "@", JOB, "--dry-run", "--resume", "--output-dir", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f"continuing {trained}" in out.stderr
+
+
+def test_continue_command_is_ready_to_paste():
+    from toolkit.launch.local import continue_command
+
+    assert continue_command([".venv/bin/srl", "rl", "@", "jobs/a.toml", "--max-steps", "5"], "r1") == \
+        ".venv/bin/srl rl @ jobs/a.toml --max-steps 5 --run.name r1 --resume"
+    assert continue_command(["x/cli.py", "rl", "@", "a b.toml", "--run.name=o", "--clean", "--resume"], "o") == \
+        "srl rl @ 'a b.toml' --resume --run.name o"

@@ -59,7 +59,12 @@ def test_status_of_a_local_run_reads_progress_from_the_run_directory(tmp_path: P
     assert f"local launcher pid {os.getpid()}" in out and "running" in out
     assert "trainer: step 2" in out and "orchestrator: step 2, reward 0.5000" in out
     assert "newest complete checkpoint: none" in out and "STABLE): step 2" in out
+    run.control.mkdir(parents=True, exist_ok=True)
+    write_marker(run.stop_request)
+    assert status_main([str(run.root)]) == 0
+    assert "stop requested" in capsys.readouterr().out
     write_local_record(run, attempt=1, status=130)
     assert json.loads((run.launcher / "local.json").read_text())["status"] == 130
     assert status_main([str(run.root)]) == 0
-    assert "ended with status 130" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ended with status 130" in out and "stop requested" not in out  # the request was served

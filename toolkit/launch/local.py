@@ -239,6 +239,34 @@ def _watch_restarts(cfg: RLConfig, children: list[_Child]) -> _Child | None:
     return None
 
 
+def continue_command(argv: list[str], run_name: str) -> str:
+    """The ready-to-paste command that resumes this run: ``argv`` (this ``srl rl`` invocation) with ``--run.name``
+    set to ``run_name`` and ``--resume`` added, minus ``--clean`` (which would delete the run)."""
+    import shlex
+
+    # As the user typed it (e.g. .venv/bin/srl) when that was the srl script, else plain "srl".
+    out: list[str] = [argv[0] if argv and Path(argv[0]).name == "srl" else "srl"]
+    rest = list(argv[1:])
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        if tok == "--clean":
+            i += 1
+            continue
+        if tok in ("--run.name", "--run-name"):
+            i += 2  # replaced below by the actual run name
+            continue
+        if tok.startswith(("--run.name=", "--run-name=")):
+            i += 1
+            continue
+        out.append(tok)
+        i += 1
+    out += ["--run.name", run_name]
+    if "--resume" not in out:
+        out.append("--resume")
+    return shlex.join(out)
+
+
 class ComponentFailed(RuntimeError):
     """A supervised process exited while the run needed it; ``child`` names it."""
 
@@ -310,8 +338,8 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
             return c.returncode or 1
         if finite and all(c.returncode == 0 for c in finite):
             if stop["at"] is not None:
-                print(f"\nsrl: stopped on request; continue with the same command plus "
-                      f"--run.name {run.root.name} --resume", flush=True)
+                print(f"\nsrl: stopped on request; continue with:\n  {continue_command(sys.argv, run.root.name)}",
+                      flush=True)
                 return 130
             else:
                 print(f"\nsrl: run finished; report with: srl report {run.root}", flush=True)

@@ -10,6 +10,7 @@ import json
 import re
 import shlex
 import shutil
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -39,10 +40,13 @@ def run_dir_for(loaded: LoadedConfig, *, resume: bool = False) -> RunDir:
         if resume:
             prefix = name.rsplit("--", 1)[0] + "--"
             out = Path(cfg.output_dir)
-            runs = sorted((p for p in out.glob(f"{prefix}*") if (p / "configs").is_dir()),
-                          key=lambda p: p.stat().st_mtime) if out.is_dir() else []
+            # Only runs that actually trained count: a dry run (configs, no metrics) is not something to resume.
+            started = [p for p in out.glob(f"{prefix}*") if (p / "configs").is_dir() and (p / "metrics.jsonl").exists()]
+            runs = sorted(started, key=lambda p: (p / "metrics.jsonl").stat().st_mtime) if out.is_dir() else []
             if runs:
                 name = runs[-1].name
+                print(f"srl: --resume without run.name: continuing {runs[-1]} (the newest run of this config that "
+                      "recorded metrics)", file=sys.stderr)
         cfg.run.name = name
     return RunDir(Path(cfg.output_dir) / cfg.run.name)
 

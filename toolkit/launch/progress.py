@@ -110,7 +110,8 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None) -> list[str]:
     stable = newest_stable_broadcast(run)
     if stable is not None:
         lines.append(f"newest published weights (STABLE): step {stable[0]}")
-    if run.stop_request.exists():
+    ended = launcher is not None and "ended with status" in launcher
+    if run.stop_request.exists() and not ended:
         lines.append("stop requested (control/STOP present): a running attempt checkpoints and stops")
     return lines
 
