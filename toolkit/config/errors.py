@@ -86,6 +86,12 @@ def pydantic_issues(exc: Any, model_cls: type, *, source: str | None = None) -> 
             msg = f"{msg}" if not ctx else f"'type' must be one of {ctx.get('expected_tags', '?')}"
         elif kind.startswith("literal_error"):
             msg = f"{msg}"
+        elif kind == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            # Model-level checks name their field first ("lr: expects a number ..."): move it into the path.
+            field, sep, rest = msg.partition(": ")
+            if sep and field.isidentifier():
+                path, msg = (f"{path}.{field}" if path else field), rest
         else:
             got = err.get("input")
             if not isinstance(got, (dict, list)) and got is not None:
