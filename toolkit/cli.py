@@ -129,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Output piped into `head` and the reader left: not an error. Point stdout at /dev/null so the interpreter's
+        # final flush does not raise again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     print(f"srl: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -48,13 +48,37 @@ def _type_name(annotation: Any) -> str:
     return text or str(annotation).replace("typing.", "").replace("pathlib.", "")
 
 
+def _default_text(fld: Any) -> str:
+    """How a field's default reads in help: ``required``, ``none``, a path as text, strings quoted."""
+    from pathlib import PurePath
+
+    if fld.is_required():
+        return "required"
+    value = fld.default_factory() if fld.default_factory is not None else fld.default
+    if value is None:
+        return "none"
+    if isinstance(value, PurePath):
+        return repr(str(value))
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+OWN_FLAGS_HELP = """srl rl @ run.toml [@ overlay.toml ...] [--section.field VALUE ...] [flags]
+
+Flags: --dry-run (validate, plan and write the would-be files; nothing starts), --resume (continue the run named by
+run.name, or the newest run of this config that trained), --clean (delete the named run first), --help.
+"""
+
+
 def schema_help(model: type[BaseModel] = RLConfig, prefix: str = "", docs: dict | None = None) -> str:
-    """Text listing each field as ``path (type, default): description``; nested tables are expanded."""
+    """Text listing each field as ``path (type, default): description``; nested tables are expanded after the
+    plain fields of their level, so every field sits under its own table heading."""
     docs = _attribute_docs() if docs is None else docs
     lines: list[str] = []
     if not prefix:
+        lines.append(OWN_FLAGS_HELP)
         lines.append("Config fields (TOML tables; override any with --section.field VALUE, kebab-case allowed):\n")
-    for name, fld in model.model_fields.items():
+    fields = sorted(model.model_fields.items(), key=lambda kv: bool(_models_in(kv[1].annotation)))
+    for name, fld in fields:
         path = f"{prefix}{name}"
         subs = _models_in(fld.annotation)
         desc = (fld.description or docs.get((model.__name__, name), "")).replace("\n", " ")
@@ -68,8 +92,5 @@ def schema_help(model: type[BaseModel] = RLConfig, prefix: str = "", docs: dict 
                     lines.append(f"  (type = \"{m.model_fields['type'].default}\")")
                 lines.append(sub)
             continue
-        default = fld.default if fld.default is not None else "None"
-        if fld.default_factory is not None:
-            default = fld.default_factory()
-        lines.append(f"  {path} ({_type_name(fld.annotation)}, default {default!r}): {desc}".rstrip(": "))
+        lines.append(f"  {path} ({_type_name(fld.annotation)}, default {_default_text(fld)}): {desc}".rstrip(": "))
     return "\n".join(lines)
