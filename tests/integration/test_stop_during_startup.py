@@ -7,6 +7,7 @@ grace period (300 s) before giving up. Now every role watches the stop request w
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -56,3 +57,5 @@ def test_ctrl_c_during_engine_start_up_stops_promptly(tmp_path):
     assert took < 120, text[-3000:]  # was > 300 s (checkpoint grace) before the fix
     time.sleep(2)
     assert _run_processes(run) == [], "processes of the run outlived the launcher"
+    run_id = json.loads((run / "run_meta.json").read_text())["run_id"]
+    assert not list(Path("/tmp").glob(f"srl-local-{run_id}-*")), "the attempt's JIT-cache scratch was left behind"

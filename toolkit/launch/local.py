@@ -163,7 +163,22 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         for s, h in old.items():
             signal.signal(s, h)
         write_local_record(run, attempt=attempt, status=status)
+        _remove_job_scratch(plan)
     return status
+
+
+def _remove_job_scratch(plan: Any) -> None:
+    """Delete this attempt's JIT-cache directories (``<node_local_scratch>/srl-local-<run id>-<attempt>``, see
+    ``placement.environment.srl_defaults``). On a cluster the node-local scratch goes with the job; a local attempt
+    has to clean up after itself or every run leaves one behind in /tmp."""
+    import shutil
+
+    from ..placement.environment import CACHE_VARS
+
+    dirs = {Path(p.env[k]).parent for p in plan.processes for k in CACHE_VARS if p.env.get(k)}
+    for d in dirs:
+        if d.name.startswith("srl-local-"):  # only what srl created for a local attempt
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _start(spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[str, str] | None = None) -> _Child:
