@@ -159,11 +159,17 @@ def test_recorded_placement_equals_plan(probe_run, capsys):
     assert "/srl-" + job + "/triton" in rec["env"]["TRITON_CACHE_DIR"]
 
 
-def test_killing_one_component_ends_the_job(probe_run):
-    cfg, run, attempt = probe_run("kill3", trainer_seconds=120)
+# An engine is restarted by default (inference.max_restarts, tests/integration/test_faults_engine_restart_sbatch.py);
+# with restarts off its death ends the job like any other component's.
+@pytest.mark.parametrize(("name", "victim_name", "extra"), [
+    ("kill3", "orchestrator", ""),
+    ("kill4", "inference-0-0", "[inference]\nmax_restarts = 0"),
+])
+def test_killing_one_component_ends_the_job(probe_run, name, victim_name, extra):
+    cfg, run, attempt = probe_run(name, trainer_seconds=120, extra=extra)
     job = submit_rl(cfg, run, attempt)
     recs = _wait_records(run, 6, 60)
-    victim = next(r for k, r in recs.items() if k[0] == "inference-0-0")
+    victim = next(r for k, r in recs.items() if k[0] == victim_name)
     t0 = time.monotonic()
     os.kill(victim["pid"], signal.SIGKILL)
     st = slurm.wait(job, timeout_s=60)
@@ -171,7 +177,7 @@ def test_killing_one_component_ends_the_job(probe_run):
     assert st.state == "FAILED", (st, _batch_log(run))
     assert st.exit_code not in (None, 0)
     assert elapsed < 20, f"job took {elapsed:.1f} s to end after a component died"
-    assert "inference-0-0 exited first" in _batch_log(run)
+    assert f"{victim_name} exited first" in _batch_log(run)
 
 
 def test_signal_checkpoints_and_requeues(probe_run):
