@@ -124,6 +124,18 @@ def test_site_config_never_tracebacks_and_writes_nothing(tmp_path_factory, doc):
     assert _files_under(box) == before
 
 
+def _assert_refused_or_started_once(rc: int, err: str, calls: list[str], written: set[Path], out: Path) -> None:
+    """A hostile input either fails with a message and starts nothing, or starts work exactly once; either way no
+    traceback, and nothing is written outside the output directory."""
+    assert "Traceback" not in err
+    if rc != 0:
+        assert calls == [], "work was started although the input failed validation"
+        assert err.strip()
+    else:
+        assert len(calls) == 1
+    assert all(p.is_relative_to(out) for p in written), sorted(written)
+
+
 @pytest.fixture
 def rl_recorder(monkeypatch):
     """Replace Slurm submission and the local launcher of ``srl rl`` by recorders."""
@@ -148,15 +160,8 @@ def test_rl_with_hostile_site_never_submits_after_error(tmp_path_factory, monkey
     rl_recorder.clear()
     rc = main(["rl", "@", str(ROOT / "jobs/reverse-text/rl.toml"), "--site", "hostile", "--output-dir", str(out),
                "--run.name", "h"])
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    if rc != 0:
-        assert rl_recorder == [], "work was started although the run failed validation"
-        assert err.strip()
-    else:
-        assert len(rl_recorder) == 1
     written = _files_under(box) - _files_under(box / "sites") - {box / "sites"}
-    assert all(p.is_relative_to(out) for p in written), sorted(written)
+    _assert_refused_or_started_once(rc, capsys.readouterr().err, rl_recorder, written, out)
 
 
 # ---- sweep files -------------------------------------------------------------------------------------------
@@ -199,15 +204,8 @@ def test_sweep_file_never_tracebacks_escapes_or_submits_after_error(tmp_path_fac
         rc = e.code
     finally:
         os.chdir(cwd)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    if rc != 0:
-        assert recorder == [], "work was started although the sweep failed"
-        assert err.strip()
-    else:
-        assert len(recorder) == 1
     written = _files_under(box) - {box / "cwd", path}
-    assert all(p.is_relative_to(out) for p in written), sorted(written)
+    _assert_refused_or_started_once(rc, capsys.readouterr().err, recorder, written, out)
 
 
 def test_sweep_random_and_size_errors_are_config_errors(tmp_path, recorder):

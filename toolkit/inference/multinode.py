@@ -48,13 +48,10 @@ def node_engine_argv(argv: Sequence[str], node_indices: Sequence[int], node: int
         raise ValueError(f"expected an engine command running {API_SERVER_MODULE}, got {argv[:3]}")
     at = argv.index(API_SERVER_MODULE)
     rest: list[str] = []
-    skip = False
-    for i, a in enumerate(argv[at + 1 :]):
-        if skip:
-            skip = False
-            continue
-        if a in ("--host", "--port", "--middleware") and i + 1 < len(argv) - at - 1:
-            skip = True  # the API server's own options: a headless node serves no HTTP
-            continue
-        rest.append(a)
+    args = iter(argv[at + 1 :])
+    for a in args:
+        if a in ("--host", "--port", "--middleware"):
+            next(args, None)  # the API server's own options and their values: a headless node serves no HTTP
+        else:
+            rest.append(a)
     return [*argv[:at], CLI_MODULE, "serve", *rest, "--headless", "--data-parallel-start-rank", str(k * int(local))]

@@ -139,11 +139,6 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         for spec in plan.processes:
             extra = cpu_thread_env(plan, spec.name, spec.node_index, n_cores)
             children.append(_start(spec, plan, model_path, logs, extra))
-        from ..placement.plan import fill
-
-        for spec, child in zip(plan.processes, children):
-            if spec.healthcheck_url:
-                child.health_url = fill(spec.healthcheck_url, plan, spec.node_index)
         if _wait_inference(cfg, run, plan, children, stop_requested):
             status = _supervise(cfg, run, children, stop_requested)
         else:
@@ -199,9 +194,14 @@ def _start(spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[st
     log = open(logs / spec.log_name, "ab")  # noqa: SIM115 - held open for the child's lifetime
     log.write(f"# srl: starting {spec.name}: {' '.join(argv)}\n".encode())
     log.flush()
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    return _Child(spec.name, spec.role, proc, log, argv=argv, env=env)
+    health = fill(spec.healthcheck_url, plan, spec.node_index) if spec.healthcheck_url else None
+    return _Child(spec.name, spec.role, _spawn(argv, env, log), log, argv=argv, env=env, health_url=health)
+
+
+def _spawn(argv: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen:
+    """Start one child in its own process group (killed as a group on every exit path), output to ``log``."""
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
 
 
 def _restart(cfg: RLConfig, c: _Child) -> bool:
@@ -220,8 +220,7 @@ def _restart(cfg: RLConfig, c: _Child) -> bool:
     c.proc.wait()
     c.log.write(f"# srl: restarting {c.name} after exit status {c.returncode}\n".encode())
     c.log.flush()
-    c.proc = subprocess.Popen(c.argv, env=c.env, stdout=c.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              start_new_session=True)  # fmt: skip
+    c.proc = _spawn(c.argv, c.env, c.log)
     c.returncode = None
     c.restarted_at = now
     return True
@@ -298,11 +297,10 @@ def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child
     run at once instead of after the start-up timeout. Raises ComponentFailed or TimeoutError.
     """
     from ..inference.health import is_healthy, write_ready
-    from ..placement.plan import fill
     from ..placement.runtime import ready_info
 
-    pending = {c.name: fill(p.healthcheck_url, plan, p.node_index).removesuffix("/health")
-               for p, c in zip(plan.processes, children) if p.role in ("inference", "router") and p.healthcheck_url}
+    pending = {c.name: c.health_url.removesuffix("/health")
+               for c in children if c.role in ("inference", "router") and c.health_url}
     n = len(pending)
     deadline = time.monotonic() + cfg.inference.startup_timeout_s
     while pending:

@@ -41,8 +41,8 @@ def run_dir_for(loaded: LoadedConfig, *, resume: bool = False) -> RunDir:
             prefix = name.rsplit("--", 1)[0] + "--"
             out = Path(cfg.output_dir)
             # Only runs that actually trained count: a dry run (configs, no metrics) is not something to resume.
-            started = [p for p in out.glob(f"{prefix}*") if (p / "configs").is_dir() and (p / "metrics.jsonl").exists()]
-            runs = sorted(started, key=lambda p: (p / "metrics.jsonl").stat().st_mtime) if out.is_dir() else []
+            runs = sorted((p for p in out.glob(f"{prefix}*") if RunDir(p).configs.is_dir() and RunDir(p).metrics.exists()),
+                          key=lambda p: RunDir(p).metrics.stat().st_mtime)  # fmt: skip
             if runs:
                 name = runs[-1].name
                 print(f"srl: --resume without run.name: continuing {runs[-1]} (the newest run of this config that "

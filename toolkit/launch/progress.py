@@ -34,10 +34,7 @@ def write_local_record(run: RunDir, *, attempt: int, status: int | None = None) 
     if status is None:
         rec["started"] = time.time()
     else:
-        try:
-            rec = {**json.loads(path.read_text()), "ended": time.time(), "status": status}
-        except (OSError, ValueError):
-            rec.update(ended=time.time(), status=status)
+        rec = {**rec, **(read_local_record(run) or {}), "ended": time.time(), "status": status}
     atomic_write_json(path, rec)
 
 
@@ -64,23 +61,25 @@ def last_metrics(run: RunDir) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _launcher_line(run: RunDir) -> str | None:
+def read_local_record(run: RunDir) -> dict[str, Any] | None:
+    """The local launcher record (``write_local_record``), None when there is none or it is unreadable."""
     try:
-        rec = json.loads(local_record_path(run).read_text())
+        return json.loads(local_record_path(run).read_text())
     except (OSError, ValueError):
         return None
+
+
+def _launcher_line(rec: dict[str, Any]) -> str:
     where = f"local launcher pid {rec.get('pid')} on {rec.get('host')}, attempt {rec.get('attempt')}"
     if "status" in rec:
         return f"{where}: ended with status {rec['status']}"
-    alive = False
-    if rec.get("host") == socket.gethostname():
-        try:
-            os.kill(int(rec["pid"]), 0)
-            alive = True
-        except (OSError, ValueError, KeyError):
-            alive = False
-        return f"{where}: {'running' if alive else 'gone without recording an exit (killed?)'}"
-    return f"{where}: state unknown from this host"
+    if rec.get("host") != socket.gethostname():
+        return f"{where}: state unknown from this host"
+    try:
+        os.kill(int(rec["pid"]), 0)
+    except (OSError, ValueError, KeyError):
+        return f"{where}: gone without recording an exit (killed?)"
+    return f"{where}: running"
 
 
 def progress_lines(run: RunDir, *, max_steps: int | None = None) -> list[str]:
@@ -90,9 +89,9 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None) -> list[str]:
     from ..inference.weights import newest_stable_broadcast
 
     lines: list[str] = []
-    launcher = _launcher_line(run)
-    if launcher:
-        lines.append(launcher)
+    launcher = read_local_record(run)
+    if launcher is not None:
+        lines.append(_launcher_line(launcher))
     last = last_metrics(run)
     now = time.time()
     of = f" of {max_steps}" if max_steps else ""
@@ -110,7 +109,7 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None) -> list[str]:
     stable = newest_stable_broadcast(run)
     if stable is not None:
         lines.append(f"newest published weights (STABLE): step {stable[0]}")
-    ended = launcher is not None and "ended with status" in launcher
+    ended = launcher is not None and "status" in launcher  # a finished local attempt served the request
     if run.stop_request.exists() and not ended:
         lines.append("stop requested (control/STOP present): a running attempt checkpoints and stops")
     return lines

@@ -70,6 +70,7 @@ class Orchestrator:
         self.snapshots: dict[int, dict[str, Any]] = {}  # step -> state after its batch, not yet saved
         self.saved_steps: set[int] = set()
         self.engine_urls: list[str] = []
+        self._admin_token: str | None = None  # set from the readiness of inference (_connect_inference)
         self._sigterm = False
         k = self.ocfg.max_async_level
         self.max_off_policy = (
@@ -96,15 +97,19 @@ class Orchestrator:
                 retry_budget_s=provider_retry_budget_s(self.cfg.inference.startup_timeout_s,
                                                        self.cfg.inference.max_restarts),
             )  # fmt: skip
-        if self.updater is None and self.ocfg.update_weights:
-            # Own engines: the launcher's SRL_ADMIN_TOKEN (None here). An external deployment: its token file.
-            from toolkit.inference.admin_token import for_external
+        # Admin token for the engines' admin routes (weight updates, the engine watch): own engines take the
+        # launcher's SRL_ADMIN_TOKEN, an external deployment its token file.
+        from toolkit.inference.admin_token import admin_token_from_env, for_external
 
-            token = for_external(ready_run) if self.cfg.inference.external else None
-            if self.cfg.inference.external and token is None:
+        if self.cfg.inference.external:
+            self._admin_token = for_external(ready_run)
+            if self._admin_token is None:
                 log.warning("%s is missing: the external deployment will refuse weight updates",
                             ready_run.admin_token_file)  # fmt: skip
-            self.updater = WeightUpdater(ready["engine_urls"], admin_token=token)
+        else:
+            self._admin_token = admin_token_from_env()
+        if self.updater is None and self.ocfg.update_weights:
+            self.updater = WeightUpdater(ready["engine_urls"], admin_token=self._admin_token)
         self.engine_urls = list(ready["engine_urls"])  # watched for restarts (engines.EngineWatch)
         log.info("inference ready: %s (model %s, engines %s)", base_url, ready["model"], ready["engine_urls"])
         return int(ready.get("policy_version") or 0)
@@ -324,12 +329,9 @@ class Orchestrator:
         serving gate, as in tests, or when no engine URLs are known)."""
         if not self.engine_urls or not hasattr(self.client, "hold"):
             return None
-        headers = None
-        if self.cfg.inference.external:
-            from toolkit.inference.admin_token import admin_headers, for_external
+        from toolkit.inference.admin_token import admin_headers
 
-            headers = admin_headers(for_external(RunDir(self.cfg.inference.external)))
-        return EngineWatch(self.client, tracker, self.engine_urls, headers=headers)
+        return EngineWatch(self.client, tracker, self.engine_urls, headers=admin_headers(self._admin_token))
 
     def _on_sigterm(self) -> None:
         log.warning("SIGTERM: stopping after saving state")

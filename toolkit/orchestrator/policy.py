@@ -104,19 +104,7 @@ class PolicyTracker:
             self.published_version = max(self.published_version, version)
             if not self.update_weights or version <= self.served_version:
                 return self.served_version
-            try:
-                seconds = await self.updater.update(path, version)
-            except Exception as exc:  # noqa: BLE001 - any failure is retried at the next poll
-                self.failures += 1
-                log.warning(
-                    "weight update to version %d failed (%s); retrying at the next poll", version, exc
-                )
-                return self.served_version
-            self.served_version = version
-            await self._record_reload(version, seconds)  # before the client tags requests with ``version``
-            self.client.policy_version = version
-            self.update_seconds.append(seconds)
-            log.info("policy version %d loaded into inference in %.2f s", version, seconds)
+            await self._load(version, path)
             return self.served_version
 
     async def restore(self) -> bool:
@@ -134,19 +122,27 @@ class PolicyTracker:
                           self.served_version, self.run.broadcasts)  # fmt: skip
                 return False
             version, path = found
-            try:
-                seconds = await self.updater.update(path, version)
-            except Exception as exc:  # noqa: BLE001 - retried at the next check
-                self.failures += 1
-                log.warning("restoring policy version %d into restarted engines failed (%s); retrying", version, exc)
-                return False
-            self.served_version = version
-            self.published_version = max(self.published_version, version)
-            await self._record_reload(version, seconds, restore=True)
-            self.client.policy_version = version
-            self.update_seconds.append(seconds)
-            log.info("policy version %d (newest STABLE) loaded into the restarted engines in %.2f s", version, seconds)
-            return True
+            return await self._load(version, path, restore=True)
+
+    async def _load(self, version: int, path: Any, *, restore: bool = False) -> bool:
+        """Load broadcast ``path`` (policy ``version``) into every engine (caller holds the lock). On success the
+        version becomes the served one, the reload is recorded *before* the client tags requests with it, and True
+        is returned; a failure is counted and logged, never raised (retried at the next poll or check)."""
+        what = "restoring policy version %d into restarted engines" if restore else "weight update to version %d"
+        try:
+            seconds = await self.updater.update(path, version)
+        except Exception as exc:  # noqa: BLE001 - any failure is retried at the next poll
+            self.failures += 1
+            log.warning(what + " failed (%s); retrying", version, exc)
+            return False
+        self.served_version = version
+        self.published_version = max(self.published_version, version)
+        await self._record_reload(version, seconds, restore=restore)
+        self.client.policy_version = version
+        self.update_seconds.append(seconds)
+        log.info("policy version %d loaded into %s in %.2f s", version,
+                 "the restarted engines" if restore else "inference", seconds)  # fmt: skip
+        return True
 
     async def _record_reload(self, version: int, seconds: float, *, restore: bool = False) -> None:
         """Append the reload record (module docstring). Best effort: a failed query or write is logged, never
