@@ -7,11 +7,10 @@ rendering the prompt to token ids, the env worker's episode (setup, the reply, s
 reward), the policy client, advantages, filtering, the HDF5 store append, the batch write and the metrics line.
 Single-turn rollouts, one completion request each, so a bare request is the fair unit. The rate counts the
 rollouts of steps 3..N over the wall time between the metrics lines of step 2 and step N, i.e. whole steps
-including their store and batch writes (``time/step`` stops before the writes, and generation pauses while they
-run, so summing it would leave them out); steps 1-2 are warm-up (imports, first template render, HDF5 file
+including their store and batch writes (``time/step`` stops before the writes, so summing it would leave them
+out; the next step's groups are generated while they run); steps 1-2 are warm-up (imports, first template render, HDF5 file
 creation) and env worker start-up is never counted. The bare client sends as many requests as are counted, at
 the same concurrency (``--concurrency``, the orchestrator's ``max_concurrent``), after warming its pool.
-The collect-only rate (summed ``time/step``, the figure before the writes were counted) is printed too.
 
     python tests/benchmarks/orchestrator_overhead.py [--steps 8] [--batch-size 64] [--group-size 8]
         [--concurrency 64] [--workers 1]
@@ -65,9 +64,9 @@ async def bare_rate(url: str, n: int, concurrency: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
-def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[float, int, float]:
-    """Rollouts/s of the whole orchestrator over steps 3..N (wall time, writes included), the rollouts counted,
-    and the collect-only rate of the same steps (rollouts over summed ``time/step``)."""
+def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[float, int]:
+    """Rollouts/s of the whole orchestrator over steps 3..N (wall time, writes included) and the rollouts
+    counted."""
     run = RunDir(root / "run")
     cfg = RLConfig.model_validate({
         "max_steps": args.steps, "seed": 0,
@@ -88,8 +87,7 @@ def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[f
     counted = [by_step[s] for s in range(3, args.steps + 1)]
     rollouts = sum(int(x["rollouts_offered"]) for x in counted)
     wall = by_step[args.steps]["time"] - by_step[2]["time"]
-    collect = sum(x["time/step"] for x in counted)
-    return rollouts / wall, rollouts, rollouts / collect
+    return rollouts / wall, rollouts
 
 
 def main() -> None:
@@ -106,13 +104,11 @@ def main() -> None:
     with LoopbackServer(TOKENS) as srv, tempfile.TemporaryDirectory(prefix="srl-bench-") as tmp:
         n = args.batch_size * (args.steps - 2)
         bare_before = asyncio.run(bare_rate(srv.url, n, args.concurrency))
-        orch, counted, collect = orchestrator_rate(srv.url, args, Path(tmp))
+        orch, counted = orchestrator_rate(srv.url, args, Path(tmp))
         bare_after = asyncio.run(bare_rate(srv.url, n, args.concurrency))
     bare = (bare_before + bare_after) / 2  # before and after: machine load drifts during the run
     print(f"bare async client: {bare:.1f} requests/s (before {bare_before:.1f}, after {bare_after:.1f})")
     print(f"orchestrator:      {orch:.1f} rollouts/s ({counted} rollouts, steps 3..{args.steps}, wall time)")
-    print(f"collect-only:      {collect:.1f} rollouts/s (summed time/step, writes excluded; "
-          f"ratio {collect / bare:.3f})")  # fmt: skip
     print(f"ratio = {orch / bare:.3f} (goal >= 0.8)")
 
 

@@ -182,6 +182,19 @@ class Orchestrator:
             math.ceil(self.ocfg.batch_size * self.ocfg.buffer.oversampling_factor / self._mean_group_size()),
         )
 
+    def _prefetch(self, next_step: int, producer: GroupProducer, tracker: PolicyTracker) -> None:
+        """Launch the groups of ``next_step`` now, while this step's batch is written, when the policy already
+        served is recent enough for that step's off-policy bound (so the step will not wait for a newer one).
+
+        Without this the engines idle during every write and every metrics line; with it, writes overlap
+        generation. Nothing is launched past ``max_steps`` or when the bound would force a wait: those rollouts
+        would only be dropped as too old.
+        """
+        if next_step > self.cfg.max_steps or self._should_stop():
+            return
+        if tracker.served_version >= min_policy_version(next_step, self.ocfg.max_async_level):
+            producer.want(self._planned_groups())
+
     def _should_stop(self) -> bool:
         return self._sigterm or self.run.stop_request.exists()
 
@@ -241,14 +254,17 @@ class Orchestrator:
         return batch, None
 
     async def _write_step(self, step: int, batch: StepBatch, times: dict[str, float], extra: dict[str, float],
-                          producer: GroupProducer, tracker: PolicyTracker) -> dict[str, float]:  # fmt: skip
-        """Store rows, the trainer's batch, then the metrics line (the order a resume relies on)."""
+                          sampler_state: dict[str, Any], tracker: PolicyTracker) -> dict[str, float]:  # fmt: skip
+        """Store rows, the trainer's batch, then the metrics line (the order a resume relies on).
+
+        ``sampler_state`` is the producer's position when the batch was complete (``sampler`` and
+        ``next_group_id``), taken before the next step's groups were launched, so a resume redraws those.
+        """
         metrics = step_metrics(batch)
         metrics.update(times)
         metrics.update(extra)
         metrics["policy/served_version"] = float(tracker.served_version)
-        state = {"step": step, "sampler": producer.sampler.state_dict(), "next_group_id": producer.next_group_id,
-                 "served_version": tracker.served_version}  # fmt: skip
+        state = {"step": step, **sampler_state, "served_version": tracker.served_version}
         meta = {"metrics": metrics, "orchestrator_state": state,
                 "algo": self.ocfg.train.algo.type, "rollouts": len(batch.rollouts)}  # fmt: skip
         # File writes run in a thread so the rollouts in flight keep being served meanwhile.
@@ -373,8 +389,10 @@ class Orchestrator:
                     request_stop(self.run, reason)
                 if batch is None:
                     break
+                sampler_state = {"sampler": producer.sampler.state_dict(), "next_group_id": producer.next_group_id}
+                self._prefetch(step + 1, producer, tracker)
                 times = {"time/step": time.monotonic() - t0, "time/wait_for_policy": waited}
-                m = await self._write_step(step, batch, times, extra, producer, tracker)
+                m = await self._write_step(step, batch, times, extra, sampler_state, tracker)
                 log.info(
                     "step %d: reward %.4f, batch %d rollouts (%d groups offered, %d kept), errored %d, "
                     "off-policy max %d, waited %.2f s for policy %d, %.2f s",
