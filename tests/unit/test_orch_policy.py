@@ -6,7 +6,13 @@ import pytest
 
 from toolkit.fsutil import write_marker
 from toolkit.inference.weights import WeightUpdater
-from toolkit.orchestrator.policy import PolicyTracker, is_stale, min_policy_version, off_policy_age
+from toolkit.orchestrator.policy import (
+    PolicyTracker,
+    is_stale,
+    may_launch_ahead,
+    min_policy_version,
+    off_policy_age,
+)
 from toolkit.rundir import RunDir
 
 
@@ -25,6 +31,21 @@ def test_age_and_staleness_agree_with_bound():
             for v in range(step):
                 assert is_stale(step, v, k) == (v < need)
     assert off_policy_age(3, 2) == 0 and off_policy_age(3, 0) == 2
+
+
+def test_launch_ahead_only_when_no_rollout_would_be_dropped():
+    # max_async_level 1: step 4 accepts policy >= 2. With policy 1 served, groups launched now for step 4 would
+    # all be too old; with policy 2 they are in bound. Never past the last step.
+    assert not may_launch_ahead(4, 10, served_version=1, max_async_level=1)
+    assert may_launch_ahead(4, 10, served_version=2, max_async_level=1)
+    assert not may_launch_ahead(11, 10, served_version=10, max_async_level=1)
+    # Synchronous RL (k=0) can never run ahead of the trainer: step n needs policy n-1, published after batch n-1.
+    assert not may_launch_ahead(3, 10, served_version=1, max_async_level=0)
+    for step in range(1, 12):
+        for k in range(4):
+            for v in range(step):
+                if may_launch_ahead(step, 20, v, k):
+                    assert not is_stale(step, v, k)
 
 
 class _Client:

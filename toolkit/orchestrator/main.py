@@ -35,7 +35,7 @@ from toolkit import batches, checkpoints, fsutil
 from toolkit.orchestrator.buffer import BufferSettings, StepBatch
 from toolkit.orchestrator.engines import EngineWatch, provider_retry_budget_s
 from toolkit.orchestrator.evaluation import EvalEnv, run_eval
-from toolkit.orchestrator.policy import PolicyTracker, min_policy_version, off_policy_age
+from toolkit.orchestrator.policy import PolicyTracker, may_launch_ahead, min_policy_version, off_policy_age
 from toolkit.orchestrator.producer import GroupProducer, TrainEnv, sampling_params
 from toolkit.orchestrator.records import MetricsLog, StoreRecorder, step_metrics
 from toolkit.orchestrator.sampler import EnvSampler
@@ -190,9 +190,9 @@ class Orchestrator:
         generation. Nothing is launched past ``max_steps`` or when the bound would force a wait: those rollouts
         would only be dropped as too old.
         """
-        if next_step > self.cfg.max_steps or self._should_stop():
+        if self._should_stop():
             return
-        if tracker.served_version >= min_policy_version(next_step, self.ocfg.max_async_level):
+        if may_launch_ahead(next_step, self.cfg.max_steps, tracker.served_version, self.ocfg.max_async_level):
             producer.want(self._planned_groups())
 
     def _should_stop(self) -> bool:

@@ -45,6 +45,13 @@ def min_policy_version(step: int, max_async_level: int) -> int:
     return max(0, step - 1 - max_async_level)
 
 
+def may_launch_ahead(next_step: int, max_steps: int, served_version: int, max_async_level: int) -> bool:
+    """True when the groups of ``next_step`` may be launched now, with the policy ``served_version``: the step
+    exists and that policy is recent enough for its bound (``min_policy_version``), so none of them would be
+    dropped as too old for it."""
+    return next_step <= max_steps and served_version >= min_policy_version(next_step, max_async_level)
+
+
 def off_policy_age(step: int, policy_version: int) -> int:
     """Versions between the policy that sampled a rollout and the trainer's policy at ``step``: ``step-1-v``."""
     return max(0, step - 1 - policy_version)
@@ -130,7 +137,7 @@ class PolicyTracker:
         is returned; a failure is counted and logged, never raised (retried at the next poll or check)."""
         what = "restoring policy version %d into restarted engines" if restore else "weight update to version %d"
         try:
-            seconds = await self.updater.update(path, version)
+            seconds = await self.updater.load_broadcast(path, version)
         except Exception as exc:  # noqa: BLE001 - any failure is retried at the next poll
             self.failures += 1
             log.warning(what + " failed (%s); retrying", version, exc)
@@ -138,6 +145,8 @@ class PolicyTracker:
         self.served_version = version
         self.published_version = max(self.published_version, version)
         await self._record_reload(version, seconds, restore=restore)
+        if self.updater.served_model:  # a LoRA run: the policy is served under the adapter's name
+            self.client.model = self.updater.served_model
         self.client.policy_version = version
         self.update_seconds.append(seconds)
         log.info("policy version %d loaded into %s in %.2f s", version,
