@@ -145,3 +145,23 @@ def test_bare_flag_on_a_number_field_is_an_error_not_one(flag):
 def test_boolean_flags_still_work():
     cfg = load_config([JOBS / "reverse-text" / "rl.toml"], ["--no-orchestrator.update-weights"]).config
     assert cfg.orchestrator.update_weights is False
+
+
+def test_each_error_names_the_layer_that_set_the_value(tmp_path):
+    base = JOBS / "reverse-text" / "rl.toml"
+    over = tmp_path / "over.toml"
+    over.write_text("[orchestrator]\ngroup_size = -4\n[trainer.optim]\nlr = 1e-5\n")
+    with pytest.raises(ConfigError) as e:
+        load_config([base, over], ["--orchestrator.max-concurrent", "0", "--orchestrator.batchsize", "30"])
+    by_path = {i.path: i.source for i in e.value.issues}
+    assert by_path["orchestrator.group_size"] == str(over)  # the second file, not the first
+    assert by_path["orchestrator.max_concurrent"] == "command line"
+    assert by_path["orchestrator.batchsize"] == "command line"  # an unknown key
+    # A cross-field rule names both layers of the values it relates.
+    groups = tmp_path / "groups.toml"
+    groups.write_text("[orchestrator]\ngroup_size = 4\n")
+    with pytest.raises(ConfigError) as e:
+        load_config([base, groups], ["--orchestrator.batch-size", "30"])
+    (issue,) = e.value.issues
+    assert issue.path == "orchestrator.batch_size, orchestrator.group_size"
+    assert issue.source == f"command line, {groups}"

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import rules
-from .compose import deep_merge, parse_overrides, read_toml
+from .compose import deep_merge, origin_of, parse_overrides, read_toml, record_origins
 from .convert import to_canonical
 from .errors import ConfigError, ConfigIssue, pydantic_issues
 from .model import RLConfig
@@ -60,17 +60,28 @@ def load_config(files: list[Path], overrides: list[str] | None = None, *, purpos
     """
     merged: dict[str, Any] = {}
     notices: list[str] = []
+    origins: dict[str, str] = {}  # field path -> the file (or "command line") that set it last
     for path in files:
         raw = read_toml(Path(path))
         canon, got = to_canonical(raw, source=str(path))
         notices += got
         merged = deep_merge(merged, canon)
+        record_origins(canon, str(path), origins)
     over = parse_overrides(list(overrides or []))
     if over:
         over, got = to_canonical(over, source="command line")
         notices += got
         merged = deep_merge(merged, over)
-    loaded = validate_dict(merged, source=", ".join(str(p) for p in files) or None, purpose=purpose)
+        record_origins(over, "command line", origins)
+    try:
+        loaded = validate_dict(merged, purpose=purpose)
+    except ConfigError as e:
+        # Name the layer each bad value came from; a field nobody set (a default, a missing one) names none.
+        for issue in e.issues:
+            if issue.source is None:
+                sources = [origin_of(p.strip(), origins) for p in issue.path.split(",")]
+                issue.source = ", ".join(dict.fromkeys(s for s in sources if s)) or None
+        raise ConfigError(e.issues) from None
     loaded.notices = notices + loaded.notices
     loaded.config.notices = list(loaded.notices)
     loaded.inputs = [Path(p) for p in files]

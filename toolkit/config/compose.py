@@ -43,6 +43,35 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def record_origins(tree: dict[str, Any], source: str, origins: dict[str, str], prefix: str = "") -> None:
+    """Note ``source`` as the origin of every leaf of ``tree`` in ``origins`` (dotted path -> source; list items
+    as ``[i]``, the spelling of config error paths). Called per layer in merge order, so the last writer wins."""
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            record_origins(value, source, origins, path)
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for k in [k for k in origins if k == path or k.startswith(path + "[")]:
+                del origins[k]  # a list replaces the earlier one whole
+            for i, item in enumerate(value):
+                record_origins(item, source, origins, f"{path}[{i}]")
+        else:
+            origins[path] = source
+
+
+def origin_of(path: str, origins: dict[str, str]) -> str | None:
+    """Where the value at the error path ``path`` came from: the source of that leaf, else of every leaf below it
+    (joined when several), else of the closest enclosing path; None when nothing under it was set by a layer
+    (a default or a missing required field)."""
+    while path:
+        below = [src for k, src in origins.items() if k == path or k.startswith((path + ".", path + "["))]
+        if below:
+            return ", ".join(dict.fromkeys(below))
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return None
+
+
 def parse_overrides(args: list[str]) -> dict[str, Any]:
     """Turn ``--a.b-c VALUE`` / ``--a.b=VALUE`` / ``--flag`` / ``--no-flag`` tokens into a nested dict.
 

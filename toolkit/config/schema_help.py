@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import typing
 from typing import Any
 
@@ -36,7 +37,7 @@ def _attribute_docs() -> dict[tuple[str, str], str]:
         tree = ast.parse(inspect.getsource(module))
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             body = cls.body
-            for a, b in zip(body, body[1:]):
+            for a, b in itertools.pairwise(body):
                 if (isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
                         and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)):
                     docs[(cls.name, a.target.id)] = " ".join(b.value.value.split())
