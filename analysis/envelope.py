@@ -185,24 +185,38 @@ def allocation(config: dict[str, Any]) -> tuple[int | None, int | None, int | No
     return (None, None, None)
 
 
+def _model_dir(model_name: str | None, weights_dirs: list[Path] | None) -> Path | None:
+    from toolkit.models.resolve import local_model_dir  # light: no torch, never builds
+
+    found = local_model_dir(model_name) if model_name else None
+    if found is not None and any(found.glob("*.safetensors")):
+        return found
+    return next((d for d in weights_dirs or [] if any(d.glob("*.safetensors"))), None)
+
+
 def estimate(
     config: dict[str, Any],
     *,
     wall_seconds: float | None,
     store_path: Path | None,
     steps: int | None,
+    weights_dirs: list[Path] | None = None,
 ) -> Envelope:
     """Build the :class:`Envelope` of a run from its resolved config, wall time (seconds), store file and step count.
 
-    The model's parameter count and shape come from ``config["model"]["name"]`` when that is a local HF directory.
+    The model's parameter count and shape come from ``config["model"]["name"]`` when that is a local HF directory
+    or a built-in alias already built in this machine's cache, else from the first of ``weights_dirs`` (the run's
+    weight broadcasts, newest first: the policy itself, in HF layout) that holds safetensors files.
     """
     notes: list[str] = []
     nodes, gpn, train_gpus = allocation(config)
     hours = gpu_hours(nodes, gpn, wall_seconds) if nodes and gpn and wall_seconds is not None else None
     model_name = (config.get("model") or {}).get("name") if isinstance(config.get("model"), dict) else None
-    num_params = count_parameters(Path(model_name)) if model_name else None
+    model_dir = _model_dir(model_name, weights_dirs)
+    num_params = count_parameters(model_dir) if model_dir else None
     if num_params is None:
-        notes.append("parameter count unknown (model is not a local safetensors directory)")
+        notes.append("parameter count unknown (the model is neither a local safetensors directory nor a built "
+                     "alias, and the run kept no weight broadcast)")  # fmt: skip
     ckpt = config.get("ckpt") if isinstance(config.get("ckpt"), dict) else {}
     keep_last = ckpt.get("keep_last")
     disk = checkpoint_disk_bytes(num_params, int(keep_last)) if num_params and keep_last is not None else None
@@ -210,7 +224,7 @@ def estimate(
     per_step = store_bytes / steps if store_bytes is not None and steps else None
     trainer_mem = infer_w = None
     if num_params:
-        shape = model_shape(Path(model_name)) if model_name else {}
+        shape = model_shape(model_dir) if model_dir else {}
         trainer = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
         seq_len = int(trainer.get("seq_len", 0) or 0)
         micro = int(trainer.get("micro_batch_size", 1) or 1)

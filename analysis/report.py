@@ -26,6 +26,7 @@ from analysis.figures import RUN_FIGURES, fig_sweep, to_png
 from analysis.loaders import RunData, dotted, load_run, role_metrics
 from analysis.stop import StopCriteria, replay
 from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
+from toolkit.rundir import numbered_steps
 
 MONITORED = [
     ("orchestrator", "reward/all/mean"),
@@ -236,6 +237,7 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
         wall_seconds=_wall_seconds(run),
         store_path=run.run.rollout_store,
         steps=_num_train_steps(run),
+        weights_dirs=_stable_broadcasts(run),
     )
     doc.kv(env.rows())
     doc.para(
@@ -370,6 +372,12 @@ def _validation(doc: _Doc, run: RunData, key: Any) -> None:
             "No baseline eval recorded. The seed requires validating the taskset and scoring before training: "
             "run `srl eval validate` and `srl eval run`, and keep periodic eval with a step-0 baseline."
         )
+
+
+def _stable_broadcasts(run: RunData) -> list[Path]:
+    """The run's complete weight broadcasts (STABLE marker present), newest first."""
+    dirs = [run.run.broadcast_step(s) for s in reversed(numbered_steps(run.run.broadcasts))]
+    return [d for d in dirs if (d / "STABLE").exists()]
 
 
 def _wall_seconds(run: RunData) -> float | None:

@@ -61,3 +61,25 @@ def test_count_parameters_and_estimate(tmp_path: Path) -> None:
     assert "GPU-hours (nodes x GPUs/node x wall h)" in labels
     unknown = envelope.estimate({}, wall_seconds=None, store_path=None, steps=None)
     assert unknown.gpu_hours is None and unknown.notes
+
+
+def test_alias_and_broadcast_give_the_parameter_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A built-in alias is found in the model cache without building it; an alias not built (or a hub name the
+    # report machine cannot see) falls back to the run's newest weight broadcast, which is the policy itself.
+    cache = tmp_path / "cache"
+    built = cache / "tiny-qwen3"
+    built.mkdir(parents=True)
+    (built / "config.json").write_text("{}")
+    _safetensors(built / "model.safetensors", {"w": [3, 4]})
+    monkeypatch.setenv("SRL_CACHE_DIR", str(cache))
+    cfg = {"model": {"name": "tiny-qwen3"}, "ckpt": {"keep_last": 1}}
+    assert envelope.estimate(cfg, wall_seconds=None, store_path=None, steps=None).num_params == 12
+    broadcast = tmp_path / "run" / "broadcasts" / "step_3"
+    broadcast.mkdir(parents=True)
+    _safetensors(broadcast / "model.safetensors", {"w": [5, 5]})
+    other = {"model": {"name": "smollm2-135m"}, "ckpt": {"keep_last": 1}}  # not built in this cache
+    env = envelope.estimate(other, wall_seconds=None, store_path=None, steps=None, weights_dirs=[broadcast])
+    assert env.num_params == 25 and env.checkpoint_disk_bytes == 2 * 12 * 25
+    assert not (cache / "smollm2-135m").exists()  # a report never builds a model
+    none = envelope.estimate(other, wall_seconds=None, store_path=None, steps=None)
+    assert none.num_params is None and any("parameter count unknown" in n for n in none.notes)

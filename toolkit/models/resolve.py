@@ -61,6 +61,19 @@ def _is_built(model_dir: Path) -> bool:
     return (model_dir / "config.json").is_file()
 
 
+def local_model_dir(name: str, cache_dir: Path | None = None) -> Path | None:
+    """The directory ``name`` stands for if it exists already (a model directory, or an alias built before);
+    None otherwise. Never builds: for readers such as reports, which must not start a model build."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if name in MODEL_ALIASES:
+        cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        if _is_built(cache / name):
+            return cache / name
+    return None
+
+
 def resolve_model(name: str, cache_dir: Path | None = None) -> Path:
     """Return the HF-format model directory that ``name`` stands for, building an alias on first use.
 
