@@ -165,3 +165,24 @@ def test_each_error_names_the_layer_that_set_the_value(tmp_path):
     (issue,) = e.value.issues
     assert issue.path == "orchestrator.batch_size, orchestrator.group_size"
     assert issue.source == f"command line, {groups}"
+
+
+@pytest.mark.parametrize(("given", "limit"), [("00:01:00", "00:01:00"), ("1", "1"), ("2-0", "2-0"), ("90", "90")])
+def test_slurm_time_from_the_command_line_is_the_limit_as_written(given, limit):
+    # TOML would read 00:01:00 as a time of day and 1 as an integer; sbatch takes both as a limit.
+    over = ["--slurm.time", given, "--slurm.signal-lead-s", "30", "--slurm.checkpoint-grace-s", "10"]
+    assert load_config([JOBS / "reverse-text" / "rl.toml"], over).config.slurm.time == limit
+
+
+def test_unquoted_slurm_time_in_a_file(tmp_path):
+    f = tmp_path / "t.toml"
+    f.write_text("[slurm]\ntime = 01:30:00\n")
+    assert load_config([JOBS / "reverse-text" / "rl.toml", f]).config.slurm.time == "01:30:00"
+
+
+def test_signal_lead_is_only_checked_when_the_job_requeues(tmp_path):
+    short = ["--slurm.time", "00:01:00"]  # the default lead (600 s) is longer than the limit
+    with pytest.raises(ConfigError, match="slurm.signal_lead_s"):
+        load_config([JOBS / "reverse-text" / "rl.toml"], short)
+    cfg = load_config([JOBS / "reverse-text" / "rl.toml"], [*short, "--no-slurm.requeue"]).config
+    assert cfg.slurm.requeue is False

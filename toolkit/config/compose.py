@@ -9,6 +9,7 @@ plain string; the string ``None`` sets null.
 from __future__ import annotations
 
 import copy
+import datetime
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +109,12 @@ def _parse_value(raw: str) -> Any:
     if raw == "None":
         return None
     try:
-        return tomllib.loads(f"v = {raw}")["v"]
+        value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
+    # TOML reads 00:30:00 as a time of day and 2026-01-02 as a date; no config field holds one, while fields such
+    # as slurm.time take that spelling as text.
+    return raw if isinstance(value, (datetime.date, datetime.time)) else value
 
 
 def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:

@@ -10,6 +10,7 @@ bounds. Every model forbids unknown keys (a typo is an error, never silently ign
 
 from __future__ import annotations
 
+import datetime
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -441,6 +442,16 @@ class SlurmConfig(Section):
     account: str | None = None
     time: str = "04:00:00"
     """Slurm time limit in any Slurm form: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_as_text(cls, v: Any) -> Any:
+        # A bare number is minutes to sbatch; an unquoted 01:00:00 in TOML is a time of day. Both mean a limit.
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        if isinstance(v, datetime.time):
+            return v.strftime("%H:%M:%S")
+        return v
     qos: str | None = None
     constraint: str | None = None
     nodelist: str | None = None

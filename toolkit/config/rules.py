@@ -228,9 +228,10 @@ def _slurm(cfg: RLConfig, f: Findings) -> None:
     except ValueError as e:
         f.error("slurm.time", str(e))
         limit = None
-    if limit is not None and s.signal_lead_s >= limit:
+    # The pre-timeout signal is only sent to a requeueable job (render.common_directives).
+    if s.requeue and limit is not None and s.signal_lead_s >= limit:
         f.error("slurm.signal_lead_s", f"{s.signal_lead_s} s must be below the time limit ({s.time} = {limit} s)")
-    if s.checkpoint_grace_s >= s.signal_lead_s:
+    if s.requeue and s.checkpoint_grace_s >= s.signal_lead_s:
         f.warn(
             "slurm.checkpoint_grace_s",
             f"checkpoint grace {s.checkpoint_grace_s} s >= signal lead {s.signal_lead_s} s: the job may hit its "
