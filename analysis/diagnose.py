@@ -94,6 +94,10 @@ SLURM_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("Slurm: cancelled", re.compile(r"\bCANCELLED AT\b|State=CANCELLED")),
 ]
 LOG_SUFFIXES = {".log", ".out", ".err", ".txt"}
+# Mean per-token KL (nats) between a stale batch's sampling policy and the trainer's weights above which updates
+# are too large. Healthy runs of the reverse-text job measure far below it (their mismatch_kl, the same quantity
+# at zero updates apart, stays under 1e-3); a learning rate of 1.0 on the tiny model measured 3-52.
+OFF_POLICY_KL_MAX = 1.0
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
@@ -345,8 +349,18 @@ def _reward_findings(rollouts: pd.DataFrame, low_reward: float, group_share: flo
     return out
 
 
-def _trainer_findings(metrics: pd.DataFrame, run: RunDir) -> list[Finding]:
+def _trainer_rows(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Trainer rows indexed by step, keeping all-NaN columns: a loss that is NaN on every step (a run that
+    diverged at step 1) is the finding, so it must not be dropped like a metric the trainer never wrote."""
     tr = role_metrics(metrics, "trainer")
+    if tr.empty or "loss/mean" in tr.columns or "loss/mean" not in metrics.columns:
+        return tr
+    rows = metrics[metrics["role"] == "trainer"].set_index("step").sort_index()
+    return tr.join(rows[["loss/mean"]])
+
+
+def _trainer_findings(metrics: pd.DataFrame, run: RunDir) -> list[Finding]:
+    tr = _trainer_rows(metrics)
     if tr.empty:
         return []
     problems: list[str] = []
@@ -366,6 +380,18 @@ def _trainer_findings(metrics: pd.DataFrame, run: RunDir) -> list[Finding]:
             problems.append(f"mismatch_kl grew from {early:.3g} to {late:.3g}")
             evidence.update(mismatch_kl_early=early, mismatch_kl_late=late)
             first_steps.append(int(kl.index[kl > max(2 * early, 1e-3)][0]))
+    if "off_policy_kl/mean" in tr.columns:
+        # KL (nats/token) between the policy that sampled a stale batch and the trainer's current weights: how far
+        # the last update(s) moved the policy. A healthy learning rate moves it by far less than a nat per token.
+        opk = tr["off_policy_kl/mean"].astype(float).dropna()
+        far = opk[(opk > OFF_POLICY_KL_MAX) | ~np.isfinite(opk.to_numpy())]
+        if len(far):
+            problems.append(
+                f"off-policy KL up to {float(far.max()):.3g} nats/token at {len(far)} step(s): each update moves "
+                f"the policy too far (limit {OFF_POLICY_KL_MAX:g})"
+            )
+            evidence.update(off_policy_kl_steps=len(far), off_policy_kl_max=float(far.max()))
+            first_steps.append(int(far.index[0]))
     if "optim/grad_norm" in tr.columns:
         spikes = _spikes(tr["optim/grad_norm"].astype(float).dropna())
         if len(spikes):

@@ -72,14 +72,15 @@ def reference_replies(task: Any) -> list[str] | None:
 
 
 async def score_replies(
-    task: Any, replies: Sequence[str], *, max_turns: int | None, setup_s: float | None, scoring_s: float | None
+    task: Any, replies: Sequence[str], *, max_turns: int | None, setup_s: float | None, scoring_s: float | None,
+    turn_s: float | None = None,
 ) -> dict[str, Any]:
     """Play ``replies`` as the assistant's turns of one fresh episode of ``task`` and score it.
 
     Stops when the episode is done, when ``max_turns`` is reached, or when the replies run out (the task then
     ``wanted_more``). Returns ``{"reward", "components", "turns", "wanted_more", "scoring_s"}`` (seconds).
     Raises an ``SrlRolloutError`` (TaskError for task code) or asyncio.TimeoutError after ``setup_s`` /
-    ``scoring_s`` seconds.
+    ``scoring_s`` seconds, or when one turn (the task's ``user_turn``) takes longer than ``turn_s`` seconds.
     """
     from toolkit.envs.episode import Episode
 
@@ -87,7 +88,8 @@ async def score_replies(
     await asyncio.wait_for(ep.start(), setup_s)
     done = False
     for reply in replies:
-        _, done = await ep.step(reply)
+        # A user turn that never returns would hang the gate: the rollout timeout bounds it, as in the workers.
+        _, done = await asyncio.wait_for(ep.step(reply), turn_s)
         if done:
             break
     t0 = time.perf_counter()
@@ -140,13 +142,15 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
 
     timeout = env.timeout
     refs = [reference_replies(t) for t in tasks]
-    kw = {"max_turns": env.max_turns, "setup_s": timeout.setup, "scoring_s": timeout.scoring}
+    kw = {"max_turns": env.max_turns, "setup_s": timeout.setup, "scoring_s": timeout.scoring,
+          "turn_s": timeout.rollout}
 
     async def score(task: Any, replies: list[str]) -> dict[str, Any]:
         try:
             return await score_replies(task, replies, **kw)
         except asyncio.TimeoutError:
-            return {"error": f"timed out (setup {timeout.setup} s / scoring {timeout.scoring} s)"}
+            return {"error": f"timed out (setup {timeout.setup} s / turn {timeout.rollout} s / scoring "
+                             f"{timeout.scoring} s)"}
         except Exception as exc:  # noqa: BLE001 - TaskError and anything the task raised: evidence, not a crash of the gate
             return {"error": f"{type(exc).__name__}: {exc}"}
 
