@@ -129,6 +129,25 @@ def default_engine_args(model_path: str | Path, *, cpu: bool) -> dict[str, Any]:
     return out
 
 
+# vLLM 0.32's allowed --max-lora-rank values (vllm/config/lora.py MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Runtime adapter loading (/v1/load_lora_adapter, /v1/unload_lora_adapter) is off in vLLM unless this is set.
+LORA_ENGINE_ENV: dict[str, str] = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def lora_engine_args(rank: int) -> dict[str, Any]:
+    """Engine arguments that let an engine serve the trainer's LoRA adapter (add ``LORA_ENGINE_ENV`` too).
+
+    ``--enable-lora``, ``--max-lora-rank`` = the smallest rank vLLM accepts that is >= ``rank``, and
+    ``--max-loras 1`` (one policy adapter per engine, replaced in place at each policy version).
+    Raises CommandError when ``rank`` exceeds vLLM's largest (512).
+    """
+    fit = [r for r in VLLM_LORA_RANKS if r >= int(rank)]
+    if not fit:
+        raise CommandError(f"LoRA rank {rank} exceeds vLLM's largest --max-lora-rank {VLLM_LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fit[0], "max_loras": 1}
+
+
 def kv_transfer_config(kv_connector: str, kv_role: str, kv_extra: Mapping[str, Any] | None = None) -> dict:
     """The ``--kv-transfer-config`` object for one engine of a P/D deployment.
 

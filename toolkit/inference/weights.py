@@ -6,9 +6,18 @@ on every engine directly (admin calls never go through the router, which would d
 1. ``POST /pause?mode=keep``: freeze scheduling; queued and running requests stay and continue after resume
    (the asynchronous-RL choice: in-flight rollouts finish on the new weights instead of being aborted),
 2. ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": DIR}}`` (vLLM dev mode),
-3. ``POST /reset_prefix_cache`` (cached KV was computed by the old weights),
-4. ``POST /update_weight_version`` (recorded by the engine, readable at ``/weight_info``),
-5. ``POST /resume``.
+3. KV file stores of the engines' connectors (vLLM's ExampleConnector, CPU prefill/decode) are retired
+   (``toolkit.inference.kv_store``): their files hold KV computed by the old weights, keyed by prompt tokens only,
+   and vLLM's cache reset does not touch them. Each engine's store is read once from ``GET /server_info``,
+   before the first pause,
+4. ``POST /reset_prefix_cache?reset_external=true`` (cached KV was computed by the old weights; connectors that
+   implement a reset clear theirs too). vLLM refuses the reset (``{"success": false}``) while running requests
+   hold cache blocks, which is the normal case with ``mode=keep``; the updater then asks again with
+   ``reset_running_requests=true``: vLLM preempts those requests and they recompute their KV on the new weights
+   after resume. A reset refused twice raises WeightUpdateError,
+5. ``POST /update_weight_version`` (recorded by the engine, readable at ``/weight_info``); step 3 runs
+   concurrently with steps 4-5 (all need only the pause),
+6. ``POST /resume``; retired KV files are then deleted, outside the pause window.
 
 Engines are paused all together and resumed all together, so no replica serves the new version while another
 still serves the old one. Every call carries the run's admin token (header ``X-SRL-Admin-Token``): the engines'
@@ -27,9 +36,16 @@ from pathlib import Path
 import httpx
 
 from toolkit.inference.admin_token import admin_headers, admin_token_from_env
+from toolkit.inference.kv_store import kv_store_from_config, purge_retired, retire_kv_store
 from toolkit.rundir import RunDir, numbered_steps
 
 STABLE_MARKER = "STABLE"
+# A LoRA run's broadcasts are PEFT adapter directories (toolkit.trainer.lora); engines serve them under this name.
+LORA_ADAPTER_CONFIG = "adapter_config.json"
+DEFAULT_LORA_NAME = "srl-policy-lora"
+# Where engines read the served adapter from: one fixed directory next to the broadcasts (see stage_adapter).
+LORA_SERVED_DIR = "lora_served"
+_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 class WeightUpdateError(RuntimeError):
@@ -43,6 +59,32 @@ def newest_stable_broadcast(run: RunDir) -> tuple[int, Path] | None:
         if (d / STABLE_MARKER).exists():
             return step, d
     return None
+
+
+def is_lora_adapter(broadcast_dir: Path) -> bool:
+    """True when ``broadcast_dir`` holds a PEFT adapter (``adapter_config.json``), i.e. a LoRA run's broadcast."""
+    return (Path(broadcast_dir) / LORA_ADAPTER_CONFIG).is_file()
+
+
+def stage_adapter(broadcast_dir: Path) -> Path:
+    """Copy the adapter of ``broadcast_dir`` into the fixed ``<broadcasts>/lora_served/`` and return that path.
+
+    Why one fixed path: vLLM 0.32 keeps the ``LoRARequest`` (with its path) in every request that named the adapter,
+    and because the in-place load sets ``load_inplace``, each engine step re-reads the adapter from the path of
+    the request added to the batch last (``gpu_input_batch.lora_id_to_lora_request``,
+    ``LRUCacheWorkerLoRAManager.add_adapter``). With one path per version, a request from before an update (kept
+    through the pause, or preempted and re-added) would switch the whole batch back to the old adapter, or fail once
+    retention deleted it. With one path whose content is always the newest adapter, every request runs the newest
+    policy. Call only while the engines are paused (no step reads the files); each file is replaced atomically.
+    Raises OSError.
+    """
+    from toolkit.fsutil import atomic_write_bytes
+
+    served = Path(broadcast_dir).absolute().parent / LORA_SERVED_DIR
+    served.mkdir(exist_ok=True)
+    for name in _ADAPTER_FILES:  # adapters are small (MBs): read whole, write through temp file + fsync + rename
+        atomic_write_bytes(served / name, (Path(broadcast_dir) / name).read_bytes())
+    return served
 
 
 def check_untied(model_dir: Path) -> None:
@@ -85,6 +127,14 @@ class WeightUpdater:
         self.pause_mode = pause_mode
         self.served_version: int | None = None
         self._optional_missing: set[tuple[str, str]] = set()  # (url, path) the engine does not offer
+        # engine URL -> its connector's KV file store (None: no file store). A restarted engine runs the same
+        # command, hence the same store, so one lookup per URL holds for the updater's life.
+        self._kv_stores: dict[str, Path | None] = {}
+        self.last_retired_kv_entries = 0  # prompt folders made unreachable by the last update
+        # seconds per step of the last successful update(): kv_store_lookup, pause, reload,
+        # retire_reset_version (KV store retired while prefix caches are reset and the version set), resume,
+        # kv_store_purge (benchmarks, reload records)
+        self.last_steps: dict[str, float] = {}
 
     async def _call(self, http: httpx.AsyncClient, url: str, path: str, *, optional: bool = False,
                     **kw) -> httpx.Response | None:  # fmt: skip
@@ -119,19 +169,38 @@ class WeightUpdater:
         """
         broadcast_dir = Path(broadcast_dir).absolute()
         check_untied(broadcast_dir)
-        t0 = time.monotonic()
+        steps: dict[str, float] = {}
+        mark = time.monotonic()
+
+        def lap(name: str) -> None:  # seconds spent in each step, for self.last_steps
+            nonlocal mark
+            now = time.monotonic()
+            steps[name] = now - mark
+            mark = now
+
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers) as http:
+            stores = await self._kv_file_stores(http)  # before the pause: the first lookup can take seconds
+            lap("kv_store_lookup")
+            t0 = mark
             try:
                 await self._all(http, "/pause", optional=True, params={"mode": self.pause_mode})
+                lap("pause")
                 await self._all(
                     http,
                     "/collective_rpc",
                     json={"method": "reload_weights", "kwargs": {"weights_path": str(broadcast_dir)}},
                 )
-                await self._all(http, "/reset_prefix_cache", optional=True)
-                await self._all(
-                    http, "/update_weight_version", optional=True, json={"new_version": str(version)}
+                lap("reload")
+                # The file store is retired while the engines' caches are reset (both only need the pause).
+                results = await asyncio.gather(
+                    self._retire_kv_stores(stores),
+                    self._reset_and_version(http, version),
+                    return_exceptions=True,
                 )
+                errors = [r for r in results if isinstance(r, BaseException)]
+                if errors:
+                    raise errors[0]
+                lap("retire_reset_version")
             except BaseException:
                 await asyncio.gather(
                     *(self._call(http, u, "/resume", optional=True) for u in self.engine_urls),
@@ -139,8 +208,76 @@ class WeightUpdater:
                 )
                 raise
             await self._all(http, "/resume", optional=True)
+            lap("resume")
+        seconds = mark - t0
         self.served_version = version
-        return time.monotonic() - t0
+        for store in stores:  # after resume: deleting many KV files must not lengthen the pause
+            await asyncio.to_thread(purge_retired, store)
+        lap("kv_store_purge")
+        self.last_steps = steps
+        return seconds
+
+    async def _reset_and_version(self, http: httpx.AsyncClient, version: int) -> None:
+        await self._reset_prefix_caches(http)
+        await self._all(http, "/update_weight_version", optional=True, json={"new_version": str(version)})
+
+    async def _kv_file_stores(self, http: httpx.AsyncClient) -> list[Path]:
+        """The distinct KV file stores of the engines (usually none, or one shared by all P/D engines); looks up
+        engines not seen before with ``GET /server_info?config_format=json``. An engine without the route (no dev
+        mode, older vLLM: 404/405) counts as storeless. Raises WeightUpdateError on other failures."""
+
+        async def lookup(url: str) -> None:
+            try:
+                resp = await http.get(url + "/server_info", params={"config_format": "json"})
+            except httpx.HTTPError as exc:
+                raise WeightUpdateError(f"{url}/server_info: {type(exc).__name__}: {exc}") from exc
+            if resp.status_code in (404, 405):
+                self._kv_stores[url] = None
+                return
+            if resp.status_code >= 400:
+                raise WeightUpdateError(f"{url}/server_info: HTTP {resp.status_code}: {resp.text[:500]}")
+            try:
+                config = resp.json().get("vllm_config")
+            except ValueError as exc:
+                raise WeightUpdateError(f"{url}/server_info: not JSON: {resp.text[:200]}") from exc
+            self._kv_stores[url] = kv_store_from_config(config) if isinstance(config, dict) else None
+
+        new = [u for u in self.engine_urls if u not in self._kv_stores]
+        results = await asyncio.gather(*(lookup(u) for u in new), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise WeightUpdateError("; ".join(str(e) for e in errors)) from errors[0]
+        return sorted({s for u in self.engine_urls if (s := self._kv_stores[u]) is not None})
+
+    async def _retire_kv_stores(self, stores: Sequence[Path]) -> None:
+        """Make the old policy's KV files unreachable (engines are paused: nothing writes them now)."""
+        moved = 0
+        for store in stores:
+            try:
+                n, _ = await asyncio.to_thread(retire_kv_store, store)
+            except OSError as exc:
+                raise WeightUpdateError(f"cannot retire KV store {store}: {exc}") from exc
+            moved += n
+        self.last_retired_kv_entries = moved
+
+    async def _reset_prefix_caches(self, http: httpx.AsyncClient) -> None:
+        """Reset every engine's prefix cache (and its connector's, where vLLM can); see the module doc, step 4."""
+        external = {"reset_external": "true"}
+
+        async def reset(url: str) -> None:
+            resp = await self._call(http, url, "/reset_prefix_cache", optional=True, params=external)
+            if resp is None or _reset_succeeded(resp):
+                return
+            params = {**external, "reset_running_requests": "true"}
+            resp = await self._call(http, url, "/reset_prefix_cache", optional=True, params=params)
+            if resp is not None and not _reset_succeeded(resp):
+                raise WeightUpdateError(f"{url}/reset_prefix_cache: the engine kept its prefix cache even after "
+                                        "preempting its running requests")  # fmt: skip
+
+        results = await asyncio.gather(*(reset(u) for u in self.engine_urls), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise WeightUpdateError("; ".join(str(e) for e in errors)) from errors[0]
 
     async def update_lora(self, adapter_dir: Path, version: int, *, lora_name: str) -> float:
         """Load a PEFT adapter directory in place under ``lora_name`` on every engine (``/v1/load_lora_adapter``
@@ -150,8 +287,45 @@ class WeightUpdater:
         body = {"lora_name": lora_name, "lora_path": str(Path(adapter_dir).absolute()), "load_inplace": True}
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers) as http:
             await self._all(http, "/v1/load_lora_adapter", json=body)
-            await self._all(http, "/reset_prefix_cache", optional=True)
+            await self._reset_prefix_caches(http)
         self.served_version = version
+        return time.monotonic() - t0
+
+    # LoRA runs (load_broadcast): the name the adapter is served under, and the model name requests must use
+    # (None = the deployment's base model name, until an adapter has been loaded).
+    lora_name: str = DEFAULT_LORA_NAME
+    served_model: str | None = None
+
+    async def load_broadcast(self, broadcast_dir: Path, version: int) -> float:
+        """Load the trainer's broadcast ``broadcast_dir`` as policy ``version``: full weights via :meth:`update`,
+        or, for a PEFT adapter directory (a LoRA run), in place under ``lora_name`` via :meth:`update_lora`.
+
+        The adapter path keeps the full path's protocol: engines paused together, the adapter copied to the fixed
+        served path (:func:`stage_adapter`) and loaded from there, the version recorded at
+        ``/weight_info``, resumed together (also on failure). After an adapter load ``served_model`` is
+        ``lora_name``, the model name generation requests must carry. Engines need
+        ``commands.lora_engine_args`` and ``commands.LORA_ENGINE_ENV``. Returns seconds from the first pause
+        to the last resume; raises WeightUpdateError naming the engine URL.
+        """
+        broadcast_dir = Path(broadcast_dir).absolute()
+        if not is_lora_adapter(broadcast_dir):
+            return await self.update(broadcast_dir, version)
+        t0 = time.monotonic()
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers) as http:
+            await self._all(http, "/pause", optional=True, params={"mode": self.pause_mode})
+            try:
+                served = await asyncio.to_thread(stage_adapter, broadcast_dir)
+                await self.update_lora(served, version, lora_name=self.lora_name)
+                await self._all(http, "/update_weight_version", optional=True, json={"new_version": str(version)})
+            finally:
+                resumed = await asyncio.gather(
+                    *(self._call(http, u, "/resume", optional=True) for u in self.engine_urls),
+                    return_exceptions=True,
+                )
+            failed = [r for r in resumed if isinstance(r, BaseException)]
+            if failed:
+                raise WeightUpdateError("; ".join(str(e) for e in failed)) from failed[0]
+        self.served_model = self.lora_name
         return time.monotonic() - t0
 
     async def served_versions(self) -> dict[str, str | None]:
@@ -165,6 +339,15 @@ class WeightUpdater:
                 except (httpx.HTTPError, ValueError):
                     out[url] = None
         return out
+
+
+def _reset_succeeded(resp: httpx.Response) -> bool:
+    """False only when the engine says ``{"success": false}`` (vLLM 0.32); any other answer counts as done."""
+    try:
+        data = resp.json()
+    except ValueError:
+        return True
+    return not (isinstance(data, dict) and data.get("success") is False)
 
 
 async def follow_broadcasts(

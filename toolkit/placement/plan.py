@@ -20,7 +20,15 @@ from typing import Any
 from ..config.model import RLConfig
 from ..config.site import SiteConfig
 from ..fsutil import atomic_write_json
-from ..inference.commands import ENGINE_DEFAULTS, CommandError, engine_command, engine_env, router_command
+from ..inference.commands import (
+    ENGINE_DEFAULTS,
+    LORA_ENGINE_ENV,
+    CommandError,
+    engine_command,
+    engine_env,
+    lora_engine_args,
+    router_command,
+)
 from ..rundir import RunDir
 from . import environment as envmod
 from .ports import PortAllocator
@@ -354,6 +362,12 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     eng_defaults: dict[str, Any] = {**ENGINE_DEFAULTS, "dtype": cfg.model.dtype}
     if not gpn:
         eng_defaults["enforce_eager"] = True  # CPU: skip the compile step (start-up 23-30 s instead of 50-68 s)
+    lora = cfg.trainer.model.lora
+    if lora is not None:  # the engines serve the trainer's adapter, loaded in place (inference.weights)
+        try:
+            eng_defaults.update(lora_engine_args(lora.rank))
+        except CommandError as err:
+            raise PlacementError(str(err)) from None
     connector = _kv_connector(cfg, gpn) if pd else None
     kv_extra = {"shared_storage_path": str(run.scratch / "kv")} if connector == "ExampleConnector" else None
     if connector == "NixlConnector" and not gpn:
@@ -378,7 +392,8 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
                 eenv = engine_env(role=("engine" if e.kv_role is None else "prefill" if e.kv_role == "kv_producer"
                                         else "decode"),
                                   omp_bind=None, side_channel_host="{node_addr}" if side else None,
-                                  side_channel_port=side, cpu=not gpn, user_env=None)
+                                  side_channel_port=side, cpu=not gpn,
+                                  user_env=LORA_ENGINE_ENV if lora is not None else None)
                 engine_kinds[kind] = (cmd, cmd.index("--port") + 1, eenv)
             else:
                 cmd0, at, eenv = engine_kinds[kind]

@@ -1,14 +1,29 @@
-"""Optional LoRA training through peft, and merging adapters for the weight broadcast."""
+"""LoRA training through peft: wrapping the policy, and the adapter in PEFT's on-disk format for the broadcast.
+
+A LoRA run broadcasts only the adapter (``adapter_config.json`` + ``adapter_model.safetensors``, PEFT's own names
+``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight``), which vLLM loads in place under one served LoRA
+name (``toolkit.inference.weights``). vLLM applies ``W x + (alpha / r) * B A x`` (Hu et al. 2021, eq. 3; peft's
+``scaling``), the same function peft computes, so trainer and engine logprobs agree (measured on CPU: see
+``tests/integration/test_lora_rl.py``). :func:`merged_state_dict` remains for checks and for engines without
+LoRA support: the base weights with ``W + (alpha / r) * B @ A`` folded in.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 
 
 def apply_lora(model: torch.nn.Module, lora: dict) -> torch.nn.Module:
     """Wrap ``model`` with peft LoRA adapters (``rank``, ``alpha``, ``dropout``, ``target_modules``).
 
-    Only adapter weights stay trainable. Raises ImportError naming the ``train`` extra if peft is missing.
+    Only adapter weights stay trainable; B starts at zero, so the wrapped model computes the base model's function
+    (policy version 0 = the base model). Raises ImportError naming the ``train`` extra if peft is missing.
     """
     try:
         from peft import LoraConfig, get_peft_model
@@ -19,6 +34,58 @@ def apply_lora(model: torch.nn.Module, lora: dict) -> torch.nn.Module:
         target_modules=list(lora["target_modules"]), bias="none", task_type="CAUSAL_LM",
     )
     return get_peft_model(model, cfg)
+
+
+def is_lora_model(model: torch.nn.Module) -> bool:
+    """True for a peft-wrapped model (what :func:`apply_lora` returns)."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter weights under PEFT's saved names, as contiguous CPU tensors (no base weights).
+
+    Shapes: ``lora_A`` is ``(rank, in_features)``, ``lora_B`` ``(out_features, rank)``. Single-process only
+    (a sharded model would give local shards).
+    """
+    from peft import get_peft_model_state_dict
+
+    sd = get_peft_model_state_dict(model)
+    return {k: v.detach().to("cpu").contiguous() for k, v in sd.items()}
+
+
+def adapter_config(model: torch.nn.Module, base_model_dir: str | Path | None = None) -> dict:
+    """The adapter's ``adapter_config.json`` content (peft's ``LoraConfig.to_dict()``), JSON-ready.
+
+    ``base_model_name_or_path`` is set to ``base_model_dir`` when given (vLLM does not need it; PEFT readers do).
+    """
+    cfg = model.peft_config["default"].to_dict()
+    if base_model_dir is not None:
+        cfg["base_model_name_or_path"] = str(base_model_dir)
+    # Sets (target_modules) and enums are not JSON: round-trip through json with str() fallbacks.
+    return json.loads(json.dumps(cfg, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else str(o)))
+
+
+def load_adapter(model: torch.nn.Module, adapter_dir: str | Path) -> None:
+    """Load ``adapter_model.safetensors`` from ``adapter_dir`` into the peft model's active adapter, in place.
+
+    Raises FileNotFoundError when the file is missing, ValueError when the file's names or shapes do not match
+    the model's adapter (a different rank or target modules).
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(adapter_dir) / ADAPTER_WEIGHTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {ADAPTER_WEIGHTS_FILE} in {adapter_dir}")
+    tensors = load_file(str(path))
+    expected = adapter_state_dict(model)
+    if set(tensors) != set(expected):
+        missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+        raise ValueError(f"adapter in {adapter_dir} does not fit the model: missing {missing[:4]}, extra {extra[:4]}")
+    for k, t in tensors.items():
+        if t.shape != expected[k].shape:
+            raise ValueError(f"adapter tensor {k}: shape {tuple(t.shape)} in file, {tuple(expected[k].shape)} in model")
+    set_peft_model_state_dict(model, tensors)
 
 
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

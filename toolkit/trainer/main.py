@@ -1,7 +1,8 @@
 """``srl trainer --run-dir DIR``: the RL trainer process (one process on CPU, or one rank under torchrun).
 
 Per trainer step n (1..max_steps): wait for ``rollouts/step_<n>/`` (READY), pack it into micro-batches, take one
-optimizer step, write the policy as ``broadcasts/step_<n>/`` (STABLE last; policy version n), prune old broadcasts,
+optimizer step, write the policy as ``broadcasts/step_<n>/`` (STABLE last; policy version n; a LoRA run writes
+only the adapter), prune old broadcasts,
 checkpoint every ``ckpt.interval`` steps and at the end, and append one metrics line to ``metrics.jsonl``.
 
 Stop: when ``control/STOP`` exists or SIGTERM/SIGUSR2 arrives (the batch script forwards the pre-timeout signal),
@@ -153,6 +154,8 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
         from toolkit.trainer.lora import apply_lora
 
         model = apply_lora(model, s.lora)
+        if info.world_size > 1:
+            raise NotImplementedError("trainer.model.lora with more than one trainer rank is not supported")
     n_params = num_parameters(model)
     model = tdist.shard_model(model, info)
     optimizer = build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay, betas=s.betas)
@@ -203,11 +206,18 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
             on_policy=torch.as_tensor(batch.policy_version == n - 1),
         )  # fmt: skip
         t_bc = time.perf_counter()
-        weights = full_state_dict(model, info=info)
-        if info.is_main:
-            write_broadcast(run, n, weights, model_config_dict(model), model_dir)
+        if s.lora:  # only the adapter travels; the engines load it in place under one LoRA name
+            from toolkit.trainer.broadcast import write_adapter_broadcast
+            from toolkit.trainer.lora import adapter_config, adapter_state_dict
+
+            write_adapter_broadcast(run, n, adapter_state_dict(model), adapter_config(model, model_dir))
             apply_broadcast_retention(run, s.broadcast_keep)
-        del weights
+        else:
+            weights = full_state_dict(model, info=info)
+            if info.is_main:
+                write_broadcast(run, n, weights, model_config_dict(model), model_dir)
+                apply_broadcast_retention(run, s.broadcast_keep)
+            del weights
         tdist.barrier(info)
         bc_s = time.perf_counter() - t_bc
         step = n
