@@ -392,6 +392,14 @@ def _trainer_findings(metrics: pd.DataFrame, run: RunDir) -> list[Finding]:
             )
             evidence.update(off_policy_kl_steps=len(far), off_policy_kl_max=float(far.max()))
             first_steps.append(int(far.index[0]))
+    if "optim/skipped_update" in tr.columns:
+        # The trainer skips an update whose loss or gradient is NaN/inf (toolkit/trainer/step.py).
+        skipped = tr["optim/skipped_update"].astype(float).fillna(0.0)
+        skipped = skipped[skipped > 0]
+        if len(skipped):
+            problems.append(f"{len(skipped)} update(s) skipped for a NaN/inf loss or gradient")
+            evidence.update(skipped_updates=len(skipped))
+            first_steps.append(int(skipped.index[0]))
     if "optim/grad_norm" in tr.columns:
         spikes = _spikes(tr["optim/grad_norm"].astype(float).dropna())
         if len(spikes):

@@ -36,3 +36,11 @@ def test_off_policy_kl_blow_up_is_trainer_instability(tmp_path):
 def test_small_off_policy_kl_is_healthy(tmp_path):
     rows = [{"loss/mean": 0.01, "off_policy_kl/mean": OFF_POLICY_KL_MAX / 100}] * 4
     assert diagnose(_run(tmp_path, rows)) == []
+
+
+def test_skipped_updates_are_trainer_instability(tmp_path):
+    # What the trainer records when NaN reaches only the gradient (the loss of IPO-masked tokens stays finite).
+    rows = [{"loss/mean": 0.01, "optim/skipped_update": 0.0}] + [{"loss/mean": 0.0, "optim/skipped_update": 1.0}] * 3
+    (f,) = diagnose(_run(tmp_path, rows))
+    assert f.boundary == "trainer instability" and f.evidence["skipped_updates"] == 3
+    assert f.evidence["first_step"] == 2 and "skipped" in f.summary

@@ -267,6 +267,8 @@ class OptimConfig(Section):
     betas: tuple[float, float] = (0.9, 0.999)
     max_norm: float = Field(1.0, gt=0)
     """Gradient clipping (global L2 norm)."""
+    max_nonfinite_steps: int = Field(3, ge=1)
+    """A step whose loss or gradient is NaN/inf skips its update; this many in a row stop the trainer (diverged)."""
 
     @field_validator("betas")
     @classmethod

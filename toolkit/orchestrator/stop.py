@@ -24,13 +24,13 @@ from toolkit.rundir import RunDir
 log = logging.getLogger(__name__)
 
 
-def request_stop(run: RunDir, reason: str) -> None:
-    """Write the stop request with ``reason`` as its content (unless one exists already) and log the reason."""
+def request_stop(run: RunDir, reason: str, *, component: str = "orchestrator") -> None:
+    """Write the stop request ``<component>: <reason>`` (unless one exists already) and log the reason."""
     log.warning("requesting stop: %s", reason)
     if run.stop_request.exists():
         return
     run.control.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run.stop_request, f"orchestrator: {reason}\n")
+    atomic_write_text(run.stop_request, f"{component}: {reason}\n")
 
 
 class ZeroSignalGuard:

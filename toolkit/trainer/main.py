@@ -46,6 +46,7 @@ class TrainerSettings:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     max_norm: float = 1.0
+    max_nonfinite_steps: int = 3
     scheduler: str = "constant"
     warmup_steps: int = 0
     loss: Any = None  # toolkit.trainer.loss.IPOLoss | IcePopLoss; None = IPO defaults
@@ -85,6 +86,7 @@ class TrainerSettings:
             weight_decay=t.optim.weight_decay,
             betas=tuple(t.optim.betas),
             max_norm=t.optim.max_norm,
+            max_nonfinite_steps=t.optim.max_nonfinite_steps,
             scheduler=sched.type,
             warmup_steps=getattr(sched, "warmup_steps", 0),
             loss=loss,
@@ -100,6 +102,10 @@ class TrainerSettings:
             batch_timeout_s=getattr(t, "batch_timeout_s", 3600.0),
             lora=lora,
         )
+
+
+class TrainerDiverged(RuntimeError):
+    """``max_nonfinite_steps`` steps in a row had a NaN/inf loss or gradient (their updates were skipped)."""
 
 
 class StopFlag:
@@ -131,6 +137,7 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     from toolkit.batches import read_batch
     from toolkit.models import resolve_model
     from toolkit.orchestrator.records import recorded_steps
+    from toolkit.orchestrator.stop import request_stop
     from toolkit.trainer import dist as tdist
     from toolkit.trainer.broadcast import apply_broadcast_retention, model_config_dict, write_broadcast
     from toolkit.trainer.checkpoint import load_trainer_state, save_trainer_state
@@ -186,6 +193,8 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
         return time.perf_counter() - t0
 
     step = done
+    nonfinite = 0  # steps in a row whose update was skipped (NaN/inf loss or gradient)
+    diverged = ""
     while step < s.max_steps:
         if tdist.broadcast_flag(stop(), info):
             break
@@ -236,10 +245,27 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
             else:
                 fsutil.append_jsonl(run.metrics, m)
             log.info("step %d loss %.4g grad_norm %.3g %.2fs", n, m["loss/mean"], m["optim/grad_norm"], m["time/step"])
+        nonfinite = nonfinite + 1 if metrics["optim/skipped_update"] else 0
+        if nonfinite:
+            log.warning("step %d: loss %s / grad norm %s not finite: update skipped (%d in a row, stop at %d)",
+                        n, metrics["loss/mean"], metrics["optim/grad_norm"], nonfinite, s.max_nonfinite_steps)  # fmt: skip
+        if nonfinite >= s.max_nonfinite_steps:
+            # Stop the whole run the way a stop request does (the orchestrator saves its part too), so the
+            # checkpoint written below, which holds the last finite weights, is complete and resumable.
+            diverged = (
+                f"loss or gradient not finite for {nonfinite} steps in a row (steps {n - nonfinite + 1}-{n}): the "
+                f"run diverged; the checkpoint of step {n} holds the last finite weights. Lower trainer.optim.lr or "
+                "check the batches (srl diagnose), then resume."
+            )
+            if info.is_main:
+                request_stop(run, diverged, component="trainer")
+            break
     if step > 0 and last_saved != step:
         log.info("stopping after step %d: writing checkpoint", step)
         save(step)
     tdist.shutdown(info)
+    if diverged:
+        raise TrainerDiverged(diverged)
     return step
 
 
@@ -271,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         run_trainer(run, settings, stop=stop)
     except CheckpointSpaceError as e:  # a full disk: say so plainly and stop (the launcher ends the run)
         log.error("%s", e.strerror)
+        return 1
+    except TrainerDiverged as e:
+        log.error("TrainerDiverged: %s", e)
         return 1
     return 0
 

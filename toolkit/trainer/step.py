@@ -8,6 +8,7 @@ multiplies each rank's loss by the world size so the reduced gradient is the gra
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -90,7 +91,8 @@ def train_step(
     ``num_samples`` is the number of samples in the whole batch (``sample_index`` values are below it).
     ``max_norm`` clips the global gradient L2 norm (<= 0 disables clipping; the norm is still reported).
     With ``apply_update=False`` the gradients are left in the parameters (tests compare them) and neither the
-    optimizer nor the scheduler steps. Metrics: loss/mean, entropy/mean, mismatch_kl/{mean,max} (per-sample
+    optimizer nor the scheduler steps. When the global loss or gradient norm is not finite the update is skipped
+    (gradients dropped, weights, optimizer and schedule unchanged) and ``optim/skipped_update`` is 1. Metrics: loss/mean, entropy/mean, mismatch_kl/{mean,max} (per-sample
     means over RL tokens, then mean/max over samples), is_masked/mean, optim/grad_norm, optim/lr,
     perf/throughput (real tokens/s), perf/peak_memory (bytes), perf/packing_efficiency, time/step (s).
 
@@ -142,11 +144,15 @@ def train_step(
     if hasattr(grad_norm, "full_tensor"):  # DTensor under FSDP2
         grad_norm = grad_norm.full_tensor()
     lr = float(optimizer.param_groups[0]["lr"])
+    # A NaN/inf loss or gradient would poison the weights (and, through the broadcast, every engine) for good: skip
+    # the update instead. Both figures are global (all-reduced), so every rank takes the same decision.
+    finite = math.isfinite(float(stats[0])) and math.isfinite(float(grad_norm))
     if apply_update:
-        optimizer.step()
+        if finite:
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        if scheduler is not None:
-            scheduler.step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
@@ -166,6 +172,7 @@ def train_step(
         "is_masked/mean": masked_v / max(n_rl, 1.0),
         "optim/grad_norm": float(grad_norm),
         "optim/lr": lr,
+        "optim/skipped_update": 0.0 if finite else 1.0,
         "perf/throughput": real_v / elapsed if elapsed > 0 else 0.0,
         "perf/peak_memory": float(_max_memory_bytes(device)),
         "perf/packing_efficiency": real_v / processed_v if processed_v else 1.0,
