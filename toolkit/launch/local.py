@@ -188,6 +188,10 @@ def _start(spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[st
         argv = [sys.executable, "-m", "toolkit.cli", *argv[1:]]
     elif argv and argv[0] in ("python", "python3"):
         argv = [sys.executable, *argv[1:]]
+    elif argv and argv[0] == "torchrun":
+        # A multi-rank trainer: torchrun's agent of this interpreter's torch (the console script may not be on
+        # PATH). The agent supervises its ranks: when one dies it stops the others and exits non-zero.
+        argv = [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
     elif argv and argv[0] == "vllm-router":
         # The router's console script sits next to this interpreter in the venv.
         argv = [str(Path(sys.executable).with_name("vllm-router")), *argv[1:]]
@@ -318,8 +322,9 @@ def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child
             raise TimeoutError(f"inference not healthy after {cfg.inference.startup_timeout_s:.0f} s: "
                                f"{sorted(pending.values())} (see logs under {run.latest_logs})")
         time.sleep(_POLL_S)
-    write_ready(run, ready_info(plan, cfg.model.name))
-    print(f"srl: inference ready ({n} endpoint(s))", flush=True)
+    if n:  # nothing to publish for a plan without engines (a trainer-only plan, or inference.external)
+        write_ready(run, ready_info(plan, cfg.model.name))
+        print(f"srl: inference ready ({n} endpoint(s))", flush=True)
     return True
 
 
@@ -348,6 +353,10 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
             c = failed[0]
             print(f"\nsrl: {c.name} exited with status {c.returncode}; stopping the run "
                   f"(log: {Path(c.log.name)})", file=sys.stderr, flush=True)
+            if c.role in _FINITE_ROLES:
+                # Resume loads the newest COMPLETE checkpoint; steps after it are trained again, recorded once.
+                print(f"srl: continue from the newest complete checkpoint with:\n  "
+                      f"{continue_command(sys.argv, run.root.name)}", file=sys.stderr, flush=True)
             return c.returncode or 1
         if finite and all(c.returncode == 0 for c in finite):
             if stop["at"] is not None:
