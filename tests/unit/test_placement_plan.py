@@ -211,6 +211,19 @@ def test_multi_rank_trainer_uses_torchrun_one_task_per_node() -> None:
     assert "29500" not in " ".join(t.command)
 
 
+def test_cpu_node_trainer_ranks_from_cpu_train_ranks() -> None:
+    # The embedded default has no GPUs; gloo ranks under torchrun let FSDP2 and rank faults be exercised there.
+    local = load_site("local")
+    plan = plan_for({"run": {"name": "loc"}, "deployment": {"type": "single_node", "cpu_train_ranks": 2}},
+                    site=local, job_id="local")  # fmt: skip
+    t = plan.process("trainer")
+    assert t.command[0] == "torchrun" and t.nprocs_per_node == 2 and t.num_nodes == 1 and t.gpus == ()
+    assert t.command[t.command.index("--nproc-per-node") + 1] == "2"
+    with pytest.raises(ConfigError, match="deployment.cpu_train_ranks"):
+        make_cfg({"deployment": {"type": "single_node", "gpus_per_node": 8, "num_train_gpus": 4,
+                                 "num_infer_gpus": 4, "cpu_train_ranks": 2}}, site="prime-intellect")  # fmt: skip
+
+
 def test_hetjob_orchestrator_on_its_own_cpu_group() -> None:
     plan = plan_for("hetjob-orchestrator")
     assert [(g.num_nodes, g.gpus_per_node, g.partition) for g in plan.groups] == [(2, 8, "cluster"), (1, 0, "cpu")]

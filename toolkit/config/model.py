@@ -415,6 +415,9 @@ class SingleNodeDeployment(Section):
     """GPUs per node (0 = CPU-only)."""
     num_train_gpus: int = Field(0, ge=0, le=64)
     num_infer_gpus: int = Field(0, ge=0, le=64)
+    cpu_train_ranks: int = Field(1, ge=1, le=64)
+    """CPU-only node (gpus_per_node = 0): trainer processes (gloo ranks, FSDP2) under torchrun. With GPUs the
+    trainer has one rank per GPU of num_train_gpus."""
 
 
 class MultiNodeDeployment(Section):

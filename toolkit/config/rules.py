@@ -189,6 +189,9 @@ def _deployment(cfg: RLConfig, f: Findings) -> None:
                 "deployment.num_train_gpus, deployment.num_infer_gpus",
                 f"{dep.num_train_gpus} + {dep.num_infer_gpus} = {used} GPUs > gpus_per_node {dep.gpus_per_node}",
             )
+        if dep.gpus_per_node and dep.cpu_train_ranks > 1:
+            f.error("deployment.cpu_train_ranks", "is for CPU-only nodes (gpus_per_node = 0); with GPUs the trainer "
+                    "has one rank per GPU: set deployment.num_train_gpus")  # fmt: skip
         if dep.gpus_per_node and dep.num_infer_gpus % tp:
             f.error("inference.vllm.tensor_parallel_size", f"tp {tp} does not divide num_infer_gpus {dep.num_infer_gpus}")
     else:

@@ -434,7 +434,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     # ---- trainer -------------------------------------------------------------------------------------------
     if "trainer" in roles:
         if dep.type == "single_node":
-            nproc = max(1, dep.num_train_gpus)
+            nproc = max(1, dep.num_train_gpus) if gpn else dep.cpu_train_ranks
             tgpus = tuple(range(dep.num_infer_gpus, dep.num_infer_gpus + dep.num_train_gpus)) if gpn else ()
             tnodes = 1
         else:
