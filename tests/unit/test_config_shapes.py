@@ -186,3 +186,19 @@ def test_signal_lead_is_only_checked_when_the_job_requeues(tmp_path):
         load_config([JOBS / "reverse-text" / "rl.toml"], short)
     cfg = load_config([JOBS / "reverse-text" / "rl.toml"], [*short, "--no-slurm.requeue"]).config
     assert cfg.slurm.requeue is False
+
+
+def test_typed_table_without_type_is_the_default_variant():
+    job = [JOBS / "reverse-text" / "rl.toml"]
+    cfg = load_config(job, ["--deployment.cpu-train-ranks", "2", "--trainer.loss.eps", "0.2"]).config
+    assert cfg.deployment.type == "single_node" and cfg.deployment.cpu_train_ranks == 2
+    assert cfg.trainer.loss.type == "ipo" and cfg.trainer.loss.eps == 0.2
+
+
+@pytest.mark.parametrize(("flag", "variant"), [("--deployment.num-train-nodes", "multi_node"),
+                                               ("--trainer.loss.ratio-low", "icepop")])  # fmt: skip
+def test_a_key_of_another_variant_says_which_type_to_set(flag, variant):
+    with pytest.raises(ConfigError) as e:
+        load_config([JOBS / "reverse-text" / "rl.toml"], [flag, "0.5" if "ratio" in flag else "2"])
+    (issue,) = e.value.issues
+    assert f"belongs to type '{variant}'" in issue.message and issue.source == "command line"

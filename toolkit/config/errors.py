@@ -77,7 +77,12 @@ def pydantic_issues(exc: Any, model_cls: type, *, source: str | None = None) -> 
             key = str(loc[-1]) if loc else ""
             hint = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
             msg = f"unknown key '{key}'"
-            if hint:
+            variants = _other_variants_with(model_cls, loc[:-1], key)
+            if variants and isinstance(loc[-2], str) and len(loc) >= 3:
+                where = _loc_to_path(loc[:-2])
+                msg += (f" for {where}.type = '{loc[-2]}'; it belongs to type "
+                        + " or ".join(f"'{v}'" for v in variants) + f": set {where}.type")
+            elif hint:
                 msg += f"; did you mean '{hint[0]}'?"
             if allowed:
                 msg += f" (allowed here: {', '.join(sorted(allowed))})"
@@ -106,6 +111,33 @@ def _allowed_keys(model_cls: type, loc: tuple[Any, ...]) -> list[str]:
 
     from pydantic import BaseModel
 
+    current = _annotation_at(model_cls, loc)
+    if current is None:
+        return []
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    members = [m for m in typing.get_args(current) if isinstance(m, type) and issubclass(m, BaseModel)]
+    return sorted({k for m in members for k in m.model_fields})
+
+
+def _other_variants_with(model_cls: type, loc: tuple[Any, ...], key: str) -> list[str]:
+    """Tags of the union members that accept ``key`` when ``loc`` ends in ``(<union field>, <tag>)``: an unknown key
+    of one variant that another variant has (``deployment.single_node.num_train_nodes``)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    if len(loc) < 2:
+        return []
+    union = _annotation_at(model_cls, loc[:-1])
+    members = [m for m in typing.get_args(union) if isinstance(m, type) and issubclass(m, BaseModel)]
+    return [str(m.model_fields["type"].default) for m in members if key in m.model_fields and "type" in m.model_fields]
+
+
+def _annotation_at(model_cls: type, loc: tuple[Any, ...]) -> Any:
+    """The model class (or union of them) at ``loc`` below ``model_cls``; None when the path leaves the schema."""
+    from pydantic import BaseModel
+
     current: Any = model_cls
     for item in loc:
         if isinstance(item, int):
@@ -114,19 +146,16 @@ def _allowed_keys(model_cls: type, loc: tuple[Any, ...]) -> list[str]:
             # A union member tag inside the location (discriminated unions).
             current = _pick_union_member(current, str(item))
             if current is None:
-                return []
+                return None
             continue
         fld = current.model_fields.get(str(item))
         if fld is None:
             current = _pick_union_member(current, str(item))
             if current is None:
-                return []
+                return None
             continue
         current = _strip(fld.annotation)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    members = [m for m in typing.get_args(current) if isinstance(m, type) and issubclass(m, BaseModel)]
-    return sorted({k for m in members for k in m.model_fields})
+    return current
 
 
 def _strip(annotation: Any) -> Any:

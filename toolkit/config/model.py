@@ -48,6 +48,21 @@ class Section(BaseModel):
                                          "(a bare --flag means true: give the flag a value)")  # fmt: skip
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_variant(cls, data: Any) -> Any:
+        # A table of a typed union (deployment, inference.deployment, trainer.loss, trainer.scheduler) given without
+        # its `type` is the default variant, as when the table is absent: `--deployment.cpu-train-ranks 2` tunes
+        # the default single_node deployment instead of failing on a missing tag.
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                tag, value = field.discriminator, data.get(name)
+                if isinstance(tag, str) and isinstance(value, dict) and tag not in value:
+                    default = getattr(field.default, tag, None)
+                    if default is not None:
+                        data = {**data, name: {tag: default, **value}}
+        return data
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Model and run
