@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
+import signal
+import sys
 
 import torch
 import torch.distributed as dist
 
 from toolkit.trainer.step import DistInfo
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_agent() -> bool:
+    """Under torchrun (``TORCHELASTIC_RUN_ID`` set), ask the kernel to SIGKILL this worker when its agent dies.
+
+    torchrun starts workers in sessions of their own, so Slurm's process-group tracking (``proctrack/pgid``) does
+    not reach them: when Slurm kills the agent after ``KillWait``, a worker still checkpointing would live on as an
+    orphan and write into the run directory next to the requeued job's trainer. prctl(2) ``PR_SET_PDEATHSIG``
+    closes that gap. Returns whether it was set (Linux under torchrun only); exits at once if the agent is already
+    gone (parent is init).
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent or parent == 1:  # the agent died before the request took effect
+        os._exit(1)
+    return True
 
 
 def init_distributed(timeout_s: float = 1800.0) -> tuple[DistInfo, torch.device]:

@@ -148,6 +148,7 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     from toolkit.trainer.packing import plan_micro_batches
     from toolkit.trainer.step import train_step
 
+    tdist.die_with_agent()
     info, device = tdist.init_distributed()
     import socket
 
