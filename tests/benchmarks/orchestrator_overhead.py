@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for loopback_server
 
@@ -48,15 +48,15 @@ TOKENS = [6 + ord("c") - 32, 6 + ord("b") - 32, 6 + ord("a") - 32, 2]
 
 
 async def bare_rate(url: str, n: int, concurrency: int) -> float:
-    """Requests/s of a plain httpx.AsyncClient posting one fixed completion request ``n`` times."""
+    """Requests/s of a plain aiohttp session (the PolicyClient's transport, same connection limit) posting one
+    fixed completion request ``n`` times with ``concurrency`` in flight."""
     body = completion_payload("loopback", list(range(40)), SamplingParams(max_tokens=16))
     sem = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=concurrency)) as http:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
 
         async def one() -> None:
-            async with sem:
-                r = await http.post("/v1/completions", json=body)
-                r.json()
+            async with sem, http.post(url + "/v1/completions", json=body) as r:
+                await r.json()
 
         await asyncio.gather(*(one() for _ in range(min(n, concurrency))))  # warm the connection pool
         t0 = time.perf_counter()

@@ -8,8 +8,12 @@ Per update: a new weights directory is written under ``<run>/broadcasts/step_<n>
 (the trainer's protocol); the page cache of its files is dropped (``posix_fadvise(DONTNEED)``, per file, so other
 processes are unaffected); the clock starts when the marker exists; the follower (``follow_broadcasts``, polling
 every 50 ms) pauses, reloads, resets the prefix cache and resumes the engine; the clock stops when ``/weight_info``
-reports the new version. The baseline reads the same files after dropping their cache the same way. Goal: ratio
+reports the new version and the engine is resumed. The baseline reads the same files after dropping their cache the same way. Goal: ratio
 at most 2x. Fixed per-update costs (HTTP round trips, pause/resume, polling) dominate for small models.
+
+Breakdown (medians, seconds): ``notice`` marker -> the follower starts the update (its polling), each step of
+``WeightUpdater.update`` (``last_steps``: pause, reload = vLLM's ``reload_weights`` behind ``/collective_rpc``,
+reset_prefix_cache, update_weight_version, resume, ...), ``detect`` update done -> ``/weight_info`` shows it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -29,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import httpx
 
 from toolkit.fsutil import write_marker
+from toolkit.inference.admin_token import admin_headers
 from toolkit.inference.serve import start_local_deployment
 from toolkit.inference.weights import WeightUpdater, follow_broadcasts
 from toolkit.models import build_tiny_model
@@ -75,17 +81,30 @@ def build_model(out: Path, seed: int, hidden: int | None, layers: int | None) ->
     return out
 
 
-async def measure(run: RunDir, dep, sources: list[Path], updates: int) -> tuple[list[float], list[float]]:
-    updater = WeightUpdater(dep.engine_urls, timeout_s=600)
+async def measure(
+    run: RunDir, dep, sources: list[Path], updates: int
+) -> tuple[list[float], list[float], dict]:
+    """Per update: STABLE -> serving seconds, plain-read seconds, and the breakdown (name -> list of seconds)."""
+    updater = WeightUpdater(dep.engine_urls, timeout_s=600, admin_token=dep.admin_token)
+    started: dict[int, float] = {}
+    finished: dict[int, float] = {}
+    steps: list[dict[str, float]] = []
+    update = updater.update
+
+    async def timed_update(path: Path, version: int) -> float:  # instrumentation only: records when it ran
+        started[version] = time.monotonic()
+        try:
+            return await update(path, version)
+        finally:
+            finished[version] = time.monotonic()
+            steps.append(dict(getattr(updater, "last_steps", {})))
+
+    updater.update = timed_update
     stop = asyncio.Event()
-    loaded: dict[int, float] = {}
-    follower = asyncio.create_task(
-        follow_broadcasts(
-            run, updater, poll_s=0.05, stop=stop, on_update=lambda s, _: loaded.setdefault(s, 0.0)
-        )
-    )
+    follower = asyncio.create_task(follow_broadcasts(run, updater, poll_s=0.05, stop=stop))
     sync_s, read_s = [], []
-    async with httpx.AsyncClient(timeout=30) as http:
+    breakdown: dict[str, list[float]] = {"notice": [], "detect": []}
+    async with httpx.AsyncClient(timeout=30, headers=admin_headers(dep.admin_token)) as http:
         for step in range(1, updates + 1):
             d = run.broadcast_step(step)
             shutil.copytree(sources[step % len(sources)], d)
@@ -93,17 +112,25 @@ async def measure(run: RunDir, dep, sources: list[Path], updates: int) -> tuple[
             write_marker(d / "STABLE")
             t0 = time.monotonic()
             while True:
-                info = (await http.get(dep.engine_urls[0] + "/weight_info")).json()
-                if info.get("weight_version") == str(step):
+                resp = await http.get(dep.engine_urls[0] + "/weight_info")
+                resp.raise_for_status()  # e.g. 401 without the admin token: never spin on an error answer
+                # serving = the engine reports the version and is resumed (it reports it while still paused)
+                if resp.json().get("weight_version") == str(step) and step in finished:
                     break
                 if follower.done():
                     follower.result()  # surfaces the follower's error
                 await asyncio.sleep(0.005)
-            sync_s.append(time.monotonic() - t0)
+            t1 = time.monotonic()
+            sync_s.append(t1 - t0)
+            breakdown["notice"].append(started[step] - t0)
+            breakdown["detect"].append(t1 - finished[step])
             read_s.append(plain_read_s(d))
     stop.set()
     await follower
-    return sync_s, read_s
+    for st in steps:
+        for name, seconds in st.items():
+            breakdown.setdefault(name, []).append(seconds)
+    return sync_s, read_s, breakdown
 
 
 def main() -> None:
@@ -112,25 +139,37 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=None, help="larger random model: hidden size (e.g. 1024)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra engine argument, e.g. safetensors_load_strategy=prefetch (repeatable)")  # fmt: skip
     args = ap.parse_args()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="srl_weight_sync_"))
     sources = [build_model(root / f"src_{s}", s, args.hidden, args.layers) for s in (0, 1)]
     size = sum(f.stat().st_size for f in sources[0].glob("*.safetensors"))
     run = RunDir(root / "run")
-    dep = start_local_deployment(run, model_path=sources[0], served_model_name="bench", log_dir=root / "logs")
+    # SIGTERM (e.g. from `timeout`) must still stop the engine: the default action would orphan it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    vllm_args = dict(kv.split("=", 1) for kv in args.vllm_arg)
+    dep = start_local_deployment(run, model_path=sources[0], served_model_name="bench", log_dir=root / "logs",
+                                 vllm_args=vllm_args)  # fmt: skip
     try:
-        sync_s, read_s = asyncio.run(measure(run, dep, sources, args.updates))
+        sync_s, read_s, breakdown = asyncio.run(measure(run, dep, sources, args.updates))
     finally:
         dep.stop()
         if args.workdir is None:
             shutil.rmtree(root, ignore_errors=True)
     s, r = statistics.median(sync_s), statistics.median(read_s)
-    print(f"weights: {size / 1e6:.1f} MB; engine start-up {dep.timings['startup_s']:.1f} s")
+    print(
+        f"weights: {size / 1e6:.1f} MB; engine start-up {dep.timings['startup_s']:.1f} s; extra args {vllm_args}"
+    )
     print(
         f"STABLE -> serving new weights: median {s:.3f} s over {len(sync_s)} ({', '.join(f'{x:.3f}' for x in sync_s)})"
     )
     print(f"plain read of the same bytes:  median {r:.4f} s ({size / max(r, 1e-9) / 1e9:.2f} GB/s)")
     print(f"ratio (goal <= 2.0): {s / max(r, 1e-9):.1f}x")
+    print("breakdown, median seconds (first update in brackets where it differs: one-time costs):")
+    for name, xs in breakdown.items():
+        first = f" [{xs[0]:.4f}]" if len(xs) > 1 and abs(xs[0] - statistics.median(xs)) > 0.005 else ""
+        print(f"  {name:24s} {statistics.median(xs):.4f}{first}")
 
 
 if __name__ == "__main__":

@@ -190,9 +190,11 @@ def test_weight_updater_sends_the_token_and_fails_clearly_without_it(tmp_path, m
         asyncio.run(updater.update(tmp_path, 3))
         assert asyncio.run(updater.served_versions()) == {url: None}  # /weight_info reached (no such field)
         n = len(srv.seen)
-        assert [p for _, p, _ in srv.seen] == ["/server_info", "/pause", "/collective_rpc", "/reset_prefix_cache",
-                                               "/update_weight_version", "/resume", "/weight_info"]  # fmt: skip
-        assert srv.seen[2][2] == {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path.absolute())}}
+        seen = [p for _, p, _ in srv.seen if p != "/server_info"]  # KV store lookup: concurrent with the pause
+        assert seen == ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume",
+                        "/weight_info"] and len(srv.seen) == len(seen) + 1  # fmt: skip
+        rpc = next(b for _, p, b in srv.seen if p == "/collective_rpc")
+        assert rpc == {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path.absolute())}}
         for bad in ("wrong", None):  # None: no SRL_ADMIN_TOKEN in this process's environment
             with pytest.raises(WeightUpdateError, match="HTTP 401") as info:
                 asyncio.run(WeightUpdater([url], timeout_s=5, admin_token=bad).update(tmp_path, 4))

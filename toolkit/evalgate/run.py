@@ -297,9 +297,7 @@ async def _gate_async(cfg: Any, run: RunDir, endpoint: Endpoint, headers: dict[s
     from toolkit.inference.client import PolicyClient
 
     client = PolicyClient(endpoint.base_url, endpoint.model, timeout_s=cfg.inference.router.request_timeout_s,
-                          max_connections=max(16, cfg.orchestrator.max_concurrent))  # fmt: skip
-    # PolicyClient has no headers argument; its httpx client's default headers carry the key (memory only).
-    client._http.headers.update(headers)
+                          max_connections=max(16, cfg.orchestrator.max_concurrent), headers=headers)  # fmt: skip
     progress = None
     if rich:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

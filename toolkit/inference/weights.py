@@ -28,7 +28,9 @@ saved untied (``tie_word_embeddings: false`` and an explicit ``lm_head.weight``)
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import ssl
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -131,7 +133,7 @@ class WeightUpdater:
         # command, hence the same store, so one lookup per URL holds for the updater's life.
         self._kv_stores: dict[str, Path | None] = {}
         self.last_retired_kv_entries = 0  # prompt folders made unreachable by the last update
-        # seconds per step of the last successful update(): kv_store_lookup, pause, reload,
+        # seconds per step of the last successful update(): client, kv_store_lookup, pause, reload,
         # retire_reset_version (KV store retired while prefix caches are reset and the version set), resume,
         # kv_store_purge (benchmarks, reload records)
         self.last_steps: dict[str, float] = {}
@@ -178,8 +180,11 @@ class WeightUpdater:
             steps[name] = now - mark
             mark = now
 
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers) as http:
-            stores = await self._kv_file_stores(http)  # before the pause: the first lookup can take seconds
+        async with self._client() as http:
+            lap("client")
+            # Before the pause, not during it: vLLM's first /server_info collects its environment (once per
+            # engine; 0.5 s idle, 8 s on a loaded 2-core host), which must not stall generation.
+            stores = await self._kv_file_stores(http)
             lap("kv_store_lookup")
             t0 = mark
             try:
@@ -216,6 +221,23 @@ class WeightUpdater:
         lap("kv_store_purge")
         self.last_steps = steps
         return seconds
+
+    async def prepare(self) -> list[Path]:
+        """Look up the engines' KV file stores now (what the first :meth:`update` does otherwise, before its
+        pause). vLLM's first ``/server_info`` collects its environment: 0.5-8 s per engine (2-core host,
+        idle to loaded), so a caller that knows its first update is coming (the orchestrator, once inference is
+        ready) takes it off the STABLE-to-serving path. Returns the distinct stores; raises WeightUpdateError."""
+        async with self._client() as http:
+            return await self._kv_file_stores(http)
+
+    def _client(self, timeout_s: float | None = None) -> httpx.AsyncClient:
+        """An HTTP client with the admin headers and the shared TLS context (a fresh httpx client otherwise loads
+        the CA bundle again: ~0.1-0.25 s per update, measured by tests/benchmarks/weight_sync.py)."""
+        return httpx.AsyncClient(
+            timeout=self.timeout_s if timeout_s is None else timeout_s,
+            headers=self._headers,
+            verify=_tls_context(),
+        )
 
     async def _reset_and_version(self, http: httpx.AsyncClient, version: int) -> None:
         await self._reset_prefix_caches(http)
@@ -285,7 +307,7 @@ class WeightUpdater:
         Requests name ``lora_name`` as their model. Returns seconds; raises WeightUpdateError naming the URL."""
         t0 = time.monotonic()
         body = {"lora_name": lora_name, "lora_path": str(Path(adapter_dir).absolute()), "load_inplace": True}
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers) as http:
+        async with self._client() as http:
             await self._all(http, "/v1/load_lora_adapter", json=body)
             await self._reset_prefix_caches(http)
         self.served_version = version
@@ -311,11 +333,14 @@ class WeightUpdater:
         if not is_lora_adapter(broadcast_dir):
             return await self.update(broadcast_dir, version)
         t0 = time.monotonic()
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers) as http:
+        async with self._client() as http:
+            stores = await self._kv_file_stores(http)  # before the pause, as in update()
             await self._all(http, "/pause", optional=True, params={"mode": self.pause_mode})
             try:
                 served = await asyncio.to_thread(stage_adapter, broadcast_dir)
                 await self.update_lora(served, version, lora_name=self.lora_name)
+                # P/D file stores key KV by prompt tokens only, not by adapter: the old adapter's KV must go too.
+                await self._retire_kv_stores(stores)
                 await self._all(http, "/update_weight_version", optional=True, json={"new_version": str(version)})
             finally:
                 resumed = await asyncio.gather(
@@ -326,12 +351,15 @@ class WeightUpdater:
             if failed:
                 raise WeightUpdateError("; ".join(str(e) for e in failed)) from failed[0]
         self.served_model = self.lora_name
-        return time.monotonic() - t0
+        seconds = time.monotonic() - t0
+        for store in stores:
+            await asyncio.to_thread(purge_retired, store)
+        return seconds
 
     async def served_versions(self) -> dict[str, str | None]:
         """Each engine's recorded weight version (``GET /weight_info``), None where unavailable."""
         out: dict[str, str | None] = {}
-        async with httpx.AsyncClient(timeout=10.0, headers=self._headers) as http:
+        async with self._client(10.0) as http:
             for url in self.engine_urls:
                 try:
                     resp = await http.get(url + "/weight_info")
@@ -339,6 +367,13 @@ class WeightUpdater:
                 except (httpx.HTTPError, ValueError):
                     out[url] = None
         return out
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context for every client of this process (httpx's default trust: certifi, SSL_CERT_FILE/DIR),
+    built once: engines may sit behind https."""
+    return httpx.create_ssl_context()
 
 
 def _reset_succeeded(resp: httpx.Response) -> bool:

@@ -110,6 +110,12 @@ class Orchestrator:
             self._admin_token = admin_token_from_env()
         if self.updater is None and self.ocfg.update_weights:
             self.updater = WeightUpdater(ready["engine_urls"], admin_token=self._admin_token)
+            # Look up the engines' KV file stores now (vLLM's first /server_info takes seconds), while the env
+            # workers start, rather than on the first update's STABLE-to-serving path.
+            try:
+                await self.updater.prepare()
+            except Exception as exc:  # noqa: BLE001 - the first update looks them up again and fails loudly there
+                log.warning("could not look up the engines' KV stores yet: %s", exc)
         self.engine_urls = list(ready["engine_urls"])  # watched for restarts (engines.EngineWatch)
         log.info("inference ready: %s (model %s, engines %s)", base_url, ready["model"], ready["engine_urls"])
         return int(ready.get("policy_version") or 0)
