@@ -75,6 +75,28 @@ def test_round_trip_is_exact(tiny_dir, tmp_path):
     assert torch.equal(torch.rand(3), rng_after)
 
 
+def test_optimizer_moments_are_safetensors_and_the_older_layout_still_loads(tiny_dir, tmp_path):
+    torch.manual_seed(0)
+    model, opt, sched = _setup(tiny_dir)
+    _step(model, opt, sched, 1)
+    part = save_trainer_state(RunDir(tmp_path / "new"), 1, model, opt, sched)
+    assert (part / "optimizer.safetensors").stat().st_size > (part / "optimizer.pt").stat().st_size
+    # A checkpoint written before the split: the whole optimizer state pickled in optimizer.pt.
+    old = tmp_path / "old_part"
+    old.mkdir()
+    for f in ("model.safetensors", "trainer_state.pt"):
+        (old / f).write_bytes((part / f).read_bytes())
+    torch.save(opt.state_dict(), old / "optimizer.pt")
+    for source in (part, old):
+        model2, opt2, sched2 = _setup(tiny_dir)
+        load_trainer_state(source, model2, opt2, sched2)
+        want, got = opt.state_dict()["state"], opt2.state_dict()["state"]
+        assert want.keys() == got.keys()
+        for pid in want:
+            for key in want[pid]:
+                assert torch.equal(want[pid][key], got[pid][key]), (source.name, pid, key)
+
+
 def test_broadcast_is_a_loadable_hf_dir(tiny_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 

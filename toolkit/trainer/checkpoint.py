@@ -15,6 +15,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,6 +100,45 @@ def _read_safetensors_into(path: Path, state: dict[str, torch.Tensor]) -> bool:
                     raise ValueError(f"{path}: file ends inside tensor {name}")
                 done += got
     return True
+
+
+_TENSOR_REF = "__safetensors__"  # placeholder key in optimizer.pt for a tensor stored in optimizer.safetensors
+
+
+def _split_optimizer_state(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Optimizer ``state_dict()`` -> (its tensors by name ``state.<param>.<key>``, the rest with each tensor
+    replaced by ``{_TENSOR_REF: name, "dtype": ..., "shape": ...}``). Adam's moments are 2/3 of a checkpoint: as
+    safetensors they are read in place (:func:`_read_safetensors_into`) instead of unpickled and copied."""
+    tensors: dict[str, torch.Tensor] = {}
+    state: dict[Any, dict[str, Any]] = {}
+    for pid, entries in sd["state"].items():
+        state[pid] = {}
+        for key, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                name = f"state.{pid}.{key}"
+                tensors[name] = value.detach().cpu().contiguous()
+                value = {_TENSOR_REF: name, "dtype": value.dtype, "shape": tuple(value.shape)}
+            state[pid][key] = value
+    return tensors, {"state": state, "param_groups": sd["param_groups"]}
+
+
+def _load_optimizer_state(part: Path) -> dict[str, Any]:
+    """The optimizer ``state_dict`` saved in ``part``: ``optimizer.pt`` plus, in the current layout, the tensors
+    of ``optimizer.safetensors`` read straight into freshly allocated tensors (no second copy: AdamW's
+    ``load_state_dict`` keeps a tensor that already has the parameter's dtype and device). Older checkpoints hold
+    everything in ``optimizer.pt``. Raises FileNotFoundError, or ValueError for a file that does not match."""
+    sd = torch.load(part / "optimizer.pt", weights_only=False)
+    st_path = part / "optimizer.safetensors"
+    if not st_path.exists():
+        return sd
+    refs = [(entries, key, v) for entries in sd["state"].values() for key, v in entries.items()
+            if isinstance(v, dict) and _TENSOR_REF in v]  # fmt: skip
+    fresh = {v[_TENSOR_REF]: torch.empty(v["shape"], dtype=v["dtype"]) for _, _, v in refs}
+    if not _read_safetensors_into(st_path, fresh):
+        raise ValueError(f"{st_path} does not hold the tensors {part / 'optimizer.pt'} names")
+    for entries, key, v in refs:
+        entries[key] = fresh[v[_TENSOR_REF]]
+    return sd
 
 
 def _load_weights(path: Path, model: torch.nn.Module) -> None:
@@ -197,7 +237,9 @@ def _save_trainer_state(run, step, model, optimizer, scheduler, *, info: DistInf
         with fsutil.atomic_directory(final) as tmp:
             save_safetensors(tmp / "model.safetensors", {k: v.detach().cpu().contiguous()
                                                         for k, v in model.state_dict().items()})
-            _torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
+            tensors, rest = _split_optimizer_state(optimizer.state_dict())
+            save_safetensors(tmp / "optimizer.safetensors", tensors)
+            _torch_save(rest, tmp / "optimizer.pt")
             _torch_save({**meta, "rng": _rng_state()}, tmp / "trainer_state.pt")
         return final
     import torch.distributed.checkpoint as dcp
@@ -241,7 +283,7 @@ def load_trainer_state(
     meta = torch.load(part / "trainer_state.pt", weights_only=False)
     if info.world_size == 1:
         _load_weights(part / "model.safetensors", model)
-        optimizer.load_state_dict(torch.load(part / "optimizer.pt", weights_only=False))
+        optimizer.load_state_dict(_load_optimizer_state(part))
         _set_rng_state(meta["rng"])
     else:
         import torch.distributed.checkpoint as dcp
