@@ -168,25 +168,19 @@ def _gate(tmp_path: Path, env: str, engine, n: int = 2, r: int = 4) -> tuple[int
 
 
 @pytest.mark.vllm
-def test_harness_crash_is_harness_error(tmp_path, engine, fixtures_on_path):
-    rc, run_dir, wall = _gate(tmp_path, "stalling-harness", engine)
+@pytest.mark.parametrize(
+    ("env", "boundary", "message", "label"),
+    [("stalling-harness", "HarnessError", "timed out", "harness-crash"),
+     ("raising-scorer", "TaskError", "scorer bug on purpose", "task-error")],
+)  # fmt: skip
+def test_errored_rollouts_name_their_boundary(tmp_path, engine, fixtures_on_path, env, boundary, message, label):
+    rc, run_dir, wall = _gate(tmp_path, env, engine)
     assert rc == 1
     first, _ = _first(run_dir)
-    assert first.boundary == "HarnessError", first
+    assert first.boundary == boundary, first
     assert first.evidence["count"] == 8 and first.evidence["first_step"] == 0
-    assert "timed out" in first.evidence["first_message"]
-    print(f"[figure] harness-crash run: {wall:.0f} s wall")
-
-
-@pytest.mark.vllm
-def test_scoring_exception_is_task_error(tmp_path, engine, fixtures_on_path):
-    rc, run_dir, wall = _gate(tmp_path, "raising-scorer", engine)
-    assert rc == 1
-    first, _ = _first(run_dir)
-    assert first.boundary == "TaskError", first
-    assert first.evidence["count"] == 8 and first.evidence["first_step"] == 0
-    assert "scorer bug on purpose" in first.evidence["first_message"]
-    print(f"[figure] task-error run: {wall:.0f} s wall")
+    assert message in first.evidence["first_message"]
+    print(f"[figure] {label} run: {wall:.0f} s wall")
 
 
 @pytest.mark.vllm

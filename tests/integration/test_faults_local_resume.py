@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_records import role_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.vllm, pytest.mark.timeout(3600)]
 
@@ -40,19 +41,7 @@ START_TIMEOUT_S = 900  # engine start-up on a loaded 2-core machine
 
 
 def _steps(run: Path, role: str) -> list[int]:
-    try:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if rec.get("role") == role:
-            out.append(rec["step"])
-    return out
+    return role_steps(run, role)
 
 
 def _start(out: Path, resume: bool) -> subprocess.Popen:

@@ -22,27 +22,23 @@ Figures (wall time per phase) are printed; run with ``-s`` to see them.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from run_records import role_steps, submit_slurm_rl
 
 from toolkit import checkpoints
 from toolkit.launch import slurm
-from toolkit.launch.submit import read_job_ids
 from toolkit.placement import read_plan
 from toolkit.rundir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.slurm, pytest.mark.vllm]
 
-ROOT = Path(__file__).resolve().parents[2]
-JOB = [str(ROOT / "jobs/reverse-text/rl.toml"), str(ROOT / "jobs/reverse-text/slurm.toml")]
 # Shortest shape that leaves steps after a checkpoint to redo: checkpoint every 3 steps, fault after step 4. The
 # trainer cannot reach checkpoint 6 within the fault's latency (one poll, under a second): batch 6 needs the
 # policy of step 5 (max_async_level = 1), so two more steps and a generation lie in between.
@@ -55,23 +51,12 @@ FINISH_S = 900.0
 
 
 def _submit(out: Path, name: str) -> tuple[RunDir, str]:
-    """Run `srl rl` for the Slurm job with the short run shape; return the run directory and the job id."""
-    cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", JOB[0], "@", JOB[1], "--output-dir", str(out),
-           "--run.name", name, "--max-steps", str(MAX_STEPS), "--ckpt.interval", str(INTERVAL)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    run = RunDir(out / name)
-    return run, read_job_ids(run)[-1][0]
-
-
-def _metrics(run: RunDir) -> list[dict]:
-    if not run.metrics.exists():
-        return []
-    return [json.loads(line) for line in run.metrics.read_text().splitlines() if line.strip()]
+    """`srl rl` for the Slurm job with the short run shape."""
+    return submit_slurm_rl(out, name, "--max-steps", str(MAX_STEPS), "--ckpt.interval", str(INTERVAL))
 
 
 def _steps(run: RunDir, role: str) -> list[int]:
-    return [m["step"] for m in _metrics(run) if m["role"] == role and m["step"] > 0]
+    return role_steps(run.root, role, first=1)
 
 
 def _trainer_logs(run: RunDir) -> dict[str, str]:

@@ -21,7 +21,6 @@ Run with ``-s`` to see the measured figures.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -33,6 +32,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: this file also runs as the driver script
+from run_records import role_steps
+
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "jobs/reverse-text/rl.toml"
 MAX_STEPS = 6
@@ -43,19 +45,7 @@ END_WITHIN_S = 60  # "within seconds, not at walltime": generous for a loaded ma
 
 # ---- helpers shared by both tests ------------------------------------------------------------------------------
 def _steps(run: Path, role: str) -> list[int]:
-    try:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being appended
-        if rec.get("role") == role and rec.get("step", 0) > 0:
-            out.append(rec["step"])
-    return out
+    return role_steps(run, role, first=1)
 
 
 def _complete_steps(run: Path) -> list[int]:

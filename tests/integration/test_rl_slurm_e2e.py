@@ -18,25 +18,20 @@ Figures (time to first step, seconds per step, rewards) are printed; run with ``
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from run_records import metrics_lines, submit_slurm_rl
 
 from toolkit.launch import slurm
-from toolkit.launch.submit import read_job_ids
 from toolkit.placement import read_plan
 from toolkit.rundir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.slurm, pytest.mark.vllm]
 
-ROOT = Path(__file__).resolve().parents[2]
-JOB = [str(ROOT / "jobs/reverse-text/rl.toml"), str(ROOT / "jobs/reverse-text/slurm.toml")]
 # Local runs of this job gain +0.05 after about 90 steps and +0.064 after 120 (seeded). On Slurm, runs gained +0.068
 # and +0.057 after 130 steps and +0.058 after 150: the reward plateaus near 0.15 (shared notes), so more steps buy
 # no margin, only time.
@@ -49,19 +44,11 @@ TEARDOWN_S = 60.0
 
 
 def _submit(out: Path, name: str, *extra: str) -> tuple[RunDir, str]:
-    """Run `srl rl` for the Slurm job; return the run directory and the new job id."""
-    cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", JOB[0], "@", JOB[1], "--output-dir", str(out),
-           "--run.name", name, *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    run = RunDir(out / name)
-    return run, read_job_ids(run)[-1][0]
+    return submit_slurm_rl(out, name, *extra)
 
 
 def _metrics(run: RunDir) -> list[dict]:
-    if not run.metrics.exists():
-        return []
-    return [json.loads(line) for line in run.metrics.read_text().splitlines() if line.strip()]
+    return metrics_lines(run.root)
 
 
 def _steps(metrics: list[dict], role: str) -> list[int]:
