@@ -133,6 +133,10 @@ class WeightUpdater:
         # command, hence the same store, so one lookup per URL holds for the updater's life.
         self._kv_stores: dict[str, Path | None] = {}
         self.last_retired_kv_entries = 0  # prompt folders made unreachable by the last update
+        # LoRA runs (load_broadcast): the name the adapter is served under, and the model name requests must use
+        # (None = the deployment's base model name, until an adapter has been loaded).
+        self.lora_name = DEFAULT_LORA_NAME
+        self.served_model: str | None = None
         # seconds per step of the last successful update(): client, kv_store_lookup, pause, reload,
         # retire_reset_version (KV store retired while prefix caches are reset and the version set), resume,
         # kv_store_purge (benchmarks, reload records)
@@ -301,29 +305,13 @@ class WeightUpdater:
         if errors:
             raise WeightUpdateError("; ".join(str(e) for e in errors)) from errors[0]
 
-    async def update_lora(self, adapter_dir: Path, version: int, *, lora_name: str) -> float:
-        """Load a PEFT adapter directory in place under ``lora_name`` on every engine (``/v1/load_lora_adapter``
-        with ``load_inplace``; engines need ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``).
-        Requests name ``lora_name`` as their model. Returns seconds; raises WeightUpdateError naming the URL."""
-        t0 = time.monotonic()
-        body = {"lora_name": lora_name, "lora_path": str(Path(adapter_dir).absolute()), "load_inplace": True}
-        async with self._client() as http:
-            await self._all(http, "/v1/load_lora_adapter", json=body)
-            await self._reset_prefix_caches(http)
-        self.served_version = version
-        return time.monotonic() - t0
-
-    # LoRA runs (load_broadcast): the name the adapter is served under, and the model name requests must use
-    # (None = the deployment's base model name, until an adapter has been loaded).
-    lora_name: str = DEFAULT_LORA_NAME
-    served_model: str | None = None
-
     async def load_broadcast(self, broadcast_dir: Path, version: int) -> float:
         """Load the trainer's broadcast ``broadcast_dir`` as policy ``version``: full weights via :meth:`update`,
-        or, for a PEFT adapter directory (a LoRA run), in place under ``lora_name`` via :meth:`update_lora`.
+        or, for a PEFT adapter directory (a LoRA run), in place under ``lora_name``.
 
         The adapter path keeps the full path's protocol: engines paused together, the adapter copied to the fixed
-        served path (:func:`stage_adapter`) and loaded from there, the version recorded at
+        served path (:func:`stage_adapter`) and loaded from there (``/v1/load_lora_adapter`` with
+        ``load_inplace``), prefix caches reset and KV file stores retired, the version recorded at
         ``/weight_info``, resumed together (also on failure). After an adapter load ``served_model`` is
         ``lora_name``, the model name generation requests must carry. Engines need
         ``commands.lora_engine_args`` and ``commands.LORA_ENGINE_ENV``. Returns seconds from the first pause
@@ -338,10 +326,11 @@ class WeightUpdater:
             await self._all(http, "/pause", optional=True, params={"mode": self.pause_mode})
             try:
                 served = await asyncio.to_thread(stage_adapter, broadcast_dir)
-                await self.update_lora(served, version, lora_name=self.lora_name)
+                body = {"lora_name": self.lora_name, "lora_path": str(served), "load_inplace": True}
+                await self._all(http, "/v1/load_lora_adapter", json=body)
                 # P/D file stores key KV by prompt tokens only, not by adapter: the old adapter's KV must go too.
                 await self._retire_kv_stores(stores)
-                await self._all(http, "/update_weight_version", optional=True, json={"new_version": str(version)})
+                await self._reset_and_version(http, version)
             finally:
                 resumed = await asyncio.gather(
                     *(self._call(http, u, "/resume", optional=True) for u in self.engine_urls),
@@ -350,6 +339,7 @@ class WeightUpdater:
             failed = [r for r in resumed if isinstance(r, BaseException)]
             if failed:
                 raise WeightUpdateError("; ".join(str(e) for e in failed)) from failed[0]
+        self.served_version = version
         self.served_model = self.lora_name
         seconds = time.monotonic() - t0
         for store in stores:
