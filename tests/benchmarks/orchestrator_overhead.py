@@ -70,6 +70,8 @@ def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[f
     run = RunDir(root / "run")
     cfg = RLConfig.model_validate({
         "max_steps": args.steps, "seed": 0,
+        # Fixed tokens give every rollout the same reward: no group has signal, which must not stop the run.
+        "monitors": {"stop": {"max_empty_steps": None}},
         "orchestrator": {
             "batch_size": args.batch_size, "group_size": args.group_size, "max_async_level": args.steps - 1,
             "max_concurrent": args.concurrency,

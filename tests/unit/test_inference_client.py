@@ -107,3 +107,16 @@ def test_supervise_returns_zero_on_stop_file(tmp_path):
     eng.start()
     assert supervise(Deployment(run=run, model="m", engines=[eng]), poll_s=0.05) == 0
     assert eng.proc.poll() is not None
+
+
+def test_proxy_from_the_environment_is_resolved_once_per_endpoint(monkeypatch):
+    from toolkit.inference.client import env_proxy_for
+
+    for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    assert env_proxy_for("http://node01:8000") is None
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.site:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,.cluster.local")
+    assert env_proxy_for("http://node01:8000") == "http://proxy.site:3128"
+    assert env_proxy_for("http://gpu3.cluster.local:8000") is None
+    assert env_proxy_for("https://node01:8000") is None  # no HTTPS_PROXY set

@@ -22,7 +22,7 @@ from typing import Any
 
 from toolkit import errors as srl_errors
 from toolkit.envs.episode import Episode
-from toolkit.envs.protocol import READY_PREFIX, STREAM_LIMIT, encode
+from toolkit.envs.protocol import READY_PREFIX, STREAM_LIMIT, coalesce_writes, encode
 from toolkit.envs.registry import load_tasks
 
 PLAIN_CHAT_HARNESSES = ("default", "null")
@@ -99,7 +99,7 @@ class EnvWorker:
         data = task.data
         return str(data.id if data.id is not None else (data.name if data.name is not None else task.key))
 
-    async def respond(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    async def respond(self, req: dict[str, Any], writer: asyncio.StreamWriter, outbox: list[bytes]) -> None:
         rid = req.get("id")
         try:
             out = {"id": rid, "ok": True, "result": await self.handle(req.get("op", ""), req)}
@@ -113,14 +113,15 @@ class EnvWorker:
                 "error": f"{type(exc).__name__}: {exc}",
             }
         if not writer.is_closing():
-            writer.write(encode(out))
+            coalesce_writes(asyncio.get_running_loop(), writer, outbox, encode(out))
             await writer.drain()
 
     async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         running: set[asyncio.Task] = set()
+        outbox: list[bytes] = []  # responses of one loop iteration, sent together
         try:
             while line := await reader.readline():
-                task = asyncio.create_task(self.respond(json.loads(line), writer))
+                task = asyncio.create_task(self.respond(json.loads(line), writer, outbox))
                 running.add(task)
                 task.add_done_callback(running.discard)
         except (OSError, ConnectionError, ValueError):

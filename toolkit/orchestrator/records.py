@@ -1,4 +1,4 @@
-"""What the orchestrator records: one metrics line per step in ``metrics.jsonl`` and every rollout in the store.
+"""What the orchestrator records per step: one metrics line in ``metrics.jsonl`` (rollouts: ``writer.py``).
 
 Metric names (one line per step, ``role = "orchestrator"``; counts are rollouts unless named groups, lengths are
 tokens, times seconds):
@@ -153,30 +153,3 @@ class MetricsLog:
             append_jsonl(self.run.metrics, {"step": step, "time": time.time(), "role": ROLE, **metrics})
         self.done.add(step)
         return True
-
-
-class StoreRecorder:
-    """Appends rollouts to the run's HDF5 store (``analysis.store.RolloutStoreWriter``), opened lazily."""
-
-    def __init__(self, run: RunDir) -> None:
-        self.path = run.rollout_store
-        self._writer = None
-
-    def append(
-        self, rollouts: Sequence[Rollout], *, step: int, kind: str, ages: Sequence[int] | None
-    ) -> None:
-        """Write ``rollouts`` as rows of ``step``; ``ages`` are off-policy ages (versions) or None."""
-        if not rollouts:
-            return
-        if self._writer is None:
-            from analysis.store import RolloutStoreWriter
-
-            self._writer = RolloutStoreWriter(self.path)
-        self._writer.append(
-            list(rollouts), step=step, kind=kind, off_policy_age=None if ages is None else list(ages)
-        )
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import os
-import signal
-import sys
 
 import torch
 import torch.distributed as dist
 
+from toolkit.procutil import die_with_parent
 from toolkit.trainer.step import DistInfo
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def die_with_agent() -> bool:
@@ -21,19 +17,12 @@ def die_with_agent() -> bool:
 
     torchrun starts workers in sessions of their own, so Slurm's process-group tracking (``proctrack/pgid``) does
     not reach them: when Slurm kills the agent after ``KillWait``, a worker still checkpointing would live on as an
-    orphan and write into the run directory next to the requeued job's trainer. prctl(2) ``PR_SET_PDEATHSIG``
-    closes that gap. Returns whether it was set (Linux under torchrun only); exits at once if the agent is already
-    gone (parent is init).
+    orphan and write into the run directory next to the requeued job's trainer. ``procutil.die_with_parent`` closes
+    that gap. Returns whether it was set (Linux under torchrun only); exits at once if the agent is already gone.
     """
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
         return False
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        return False
-    if os.getppid() != parent or parent == 1:  # the agent died before the request took effect
-        os._exit(1)
-    return True
+    return die_with_parent()
 
 
 def init_distributed(timeout_s: float = 1800.0) -> tuple[DistInfo, torch.device]:
