@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -82,6 +83,27 @@ def test_a_killed_writer_is_reported_and_replaced(tmp_path: Path) -> None:
     finally:
         writer.close()
     assert list(load_rollouts(run.rollout_store)["step"]) == [1, 3]
+
+
+def test_the_writer_outlives_a_stop_signal_sent_to_the_whole_job(tmp_path: Path) -> None:
+    # Slurm signals every process of the step before the time limit; the orchestrator then writes its last batch.
+    run = RunDir(tmp_path / "run")
+    writer = RecordWriter(run.root)
+
+    async def go() -> None:
+        await writer.append_store([_rollout(0)], step=1, kind="train", ages=None)
+        (pid,) = writer._pool._processes
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGINT)
+        await asyncio.sleep(0.2)
+        await writer.append_store([_rollout(1)], step=2, kind="train", ages=None)
+        assert list(writer._pool._processes) == [pid]
+
+    try:
+        asyncio.run(go())
+    finally:
+        writer.close()
+    assert list(load_rollouts(run.rollout_store)["step"]) == [1, 2]
 
 
 def test_the_writer_dies_with_the_orchestrator(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ thread those writes took about a third of the loop's time in ``tests/benchmarks/
 process they run on another core and the loop only pickles the step's rollouts.
 
 One worker process, so writes happen in submission order (a step's store rows, then its batch, then the next
-step's). Errors raised in the child (``OSError`` such as ENOSPC, ``ValueError`` for a malformed batch) are raised
+step's). The child ignores SIGTERM and SIGINT (a stopping orchestrator still writes through it). Errors raised in the child (``OSError`` such as ENOSPC, ``ValueError`` for a malformed batch) are raised
 again in the caller; a child that dies (killed, out of memory) raises ``RecordWriterDied``. The child is started on
 first use with the ``spawn`` method (the orchestrator has running threads: forking it is unsafe) and is killed by
 the kernel if the orchestrator dies (``procutil.die_with_parent``), so it never outlives its run.
@@ -33,8 +33,15 @@ class RecordWriterDied(RuntimeError):
 
 
 def _child_init() -> None:
+    import signal
+
     from toolkit.procutil import die_with_parent
 
+    # Slurm's pre-timeout SIGTERM and a terminal's Ctrl-C reach every process of the job step or process group;
+    # the writer must live on to write the batch and state the stopping orchestrator still sends it. Its lifetime
+    # is the orchestrator's: ``close()``, or SIGKILL from the kernel when the orchestrator is gone.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
 
 
