@@ -77,8 +77,8 @@ def load_sweep(path: Path) -> Sweep:
     if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
         raise ConfigError("sweep.name must be letters, digits, '-' or '_'", source=str(path))
     base = sw.get("base", [])
-    if not isinstance(base, list) or not base or not all(isinstance(b, str) for b in base):
-        raise ConfigError("sweep.base must be a non-empty list of config file paths", source=str(path))
+    if not isinstance(base, list) or not base or not all(isinstance(b, str) and "\x00" not in b for b in base):
+        raise ConfigError("sweep.base must be a non-empty list of config file paths (no NUL bytes)", source=str(path))
     base_files = [(path.parent / b).resolve() for b in base]
     seeds = sw.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):

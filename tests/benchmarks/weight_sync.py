@@ -3,6 +3,7 @@ read of the same bytes from the same filesystem, measured in the same run.
 
     python tests/benchmarks/weight_sync.py                       # tiny model (2.5 MB), 5 updates
     python tests/benchmarks/weight_sync.py --hidden 1024 --layers 8 --updates 3   # ~100M params, ~0.4 GB fp32
+    python tests/benchmarks/weight_sync.py --hidden 1024 --layers 8 --updates 3 --plain-reload  # before/after
 
 Per update: a new weights directory is written under ``<run>/broadcasts/step_<n>/`` and its STABLE marker last
 (the trainer's protocol); the page cache of its files is dropped (``posix_fadvise(DONTNEED)``, per file, so other
@@ -14,6 +15,10 @@ at most 2x. Fixed per-update costs (HTTP round trips, pause/resume, polling) dom
 Breakdown (medians, seconds): ``notice`` marker -> the follower starts the update (its polling), each step of
 ``WeightUpdater.update`` (``last_steps``: pause, reload = vLLM's ``reload_weights`` behind ``/collective_rpc``,
 reset_prefix_cache, update_weight_version, resume, ...), ``detect`` update done -> ``/weight_info`` shows it.
+With srl's worker extension (the default; ``--plain-reload`` starts the engine without it, so the updater uses
+vLLM's plain ``reload_weights``), ``engine.*`` is the reload as timed inside the worker, split into phases:
+``repack`` (CPU: oneDNN re-packing of every linear weight), ``load_copy`` (loaders copying checkpoint tensors in,
+page faults on the files included), ``allocate``, ``count_loaded``, ``finalize``, ``other``.
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ async def measure(
     run: RunDir, dep, sources: list[Path], updates: int
 ) -> tuple[list[float], list[float], dict]:
     """Per update: STABLE -> serving seconds, plain-read seconds, and the breakdown (name -> list of seconds)."""
-    updater = WeightUpdater(dep.engine_urls, timeout_s=600, admin_token=dep.admin_token)
+    updater = WeightUpdater(dep.engine_urls, timeout_s=600, admin_token=dep.admin_token, profile_reload=True)
     started: dict[int, float] = {}
     finished: dict[int, float] = {}
     steps: list[dict[str, float]] = []
@@ -97,7 +102,11 @@ async def measure(
             return await update(path, version)
         finally:
             finished[version] = time.monotonic()
-            steps.append(dict(getattr(updater, "last_steps", {})))
+            st = dict(getattr(updater, "last_steps", {}))
+            for answer in list(getattr(updater, "last_reload", {}).values())[:1]:  # first engine's worker
+                st["engine.total"] = answer["seconds"]
+                st.update({f"engine.{k}": v for k, v in answer.get("phases", {}).items()})
+            steps.append(st)
 
     updater.update = timed_update
     stop = asyncio.Event()
@@ -139,6 +148,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=None, help="larger random model: hidden size (e.g. 1024)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--plain-reload", action="store_true",
+                    help="engine without srl's worker extension: vLLM's reload_weights (the fallback path)")  # fmt: skip
     ap.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="extra engine argument, e.g. safetensors_load_strategy=prefetch (repeatable)")  # fmt: skip
     args = ap.parse_args()
@@ -148,7 +159,9 @@ def main() -> None:
     run = RunDir(root / "run")
     # SIGTERM (e.g. from `timeout`) must still stop the engine: the default action would orphan it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    vllm_args = dict(kv.split("=", 1) for kv in args.vllm_arg)
+    vllm_args: dict = dict(kv.split("=", 1) for kv in args.vllm_arg)
+    if args.plain_reload:
+        vllm_args["worker_extension_cls"] = None  # replaces srl's default: no --worker-extension-cls
     dep = start_local_deployment(run, model_path=sources[0], served_model_name="bench", log_dir=root / "logs",
                                  vllm_args=vllm_args)  # fmt: skip
     try:

@@ -202,3 +202,26 @@ def test_a_key_of_another_variant_says_which_type_to_set(flag, variant):
         load_config([JOBS / "reverse-text" / "rl.toml"], [flag, "0.5" if "ratio" in flag else "2"])
     (issue,) = e.value.issues
     assert f"belongs to type '{variant}'" in issue.message and issue.source == "command line"
+
+
+@pytest.mark.parametrize("text", [
+    'output_dir = "runs\\u0000x"', '[resume]\ndir = "a\\u0000b"', '[inference]\nexternal = "a\\u0000b"',
+    '[trainer.env]\nX = "a\\u0000b"', '[model]\nname = "m\\u0000"',
+])  # fmt: skip
+def test_a_nul_byte_in_any_value_is_a_config_error_naming_the_field(tmp_path, text):
+    # Paths with NUL bytes used to escape as "ValueError: embedded null byte" from the first filesystem call.
+    over = tmp_path / "over.toml"
+    over.write_text(text + "\n")
+    with pytest.raises(ConfigError, match="NUL byte") as e:
+        load_config([JOBS / "reverse-text" / "rl.toml", over], [])
+    key = text.split("\n")[-1].split(" = ")[0]
+    assert key in str(e.value)
+
+
+def test_a_nul_byte_in_a_sweep_base_path_is_a_config_error(tmp_path):
+    from toolkit.sweep import load_sweep
+
+    path = tmp_path / "sweep.toml"
+    path.write_text('[sweep]\nname = "s"\nbase = ["rl\\u0000.toml"]\n[sweep.grid]\n"trainer.optim.lr" = [1e-4]\n')
+    with pytest.raises(ConfigError, match="sweep.base"):
+        load_sweep(path)

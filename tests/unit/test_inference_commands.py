@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
 
 from toolkit.inference.commands import (
+    WORKER_EXTENSION_CLS,
     CommandError,
     default_engine_args,
     engine_command,
@@ -95,6 +96,7 @@ def test_kv_transfer_config_roles_and_connectors():
 def test_default_engine_args_reads_model_dtype(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
     assert default_engine_args(tmp_path, cpu=True) == {"max_logprobs": 20, "logprobs_mode": "processed_logprobs",
+                                                        "worker_extension_cls": WORKER_EXTENSION_CLS,
                                                         "enforce_eager": True,
                                                         "dtype": "bfloat16"}  # fmt: skip
     assert "enforce_eager" not in default_engine_args(tmp_path, cpu=False)

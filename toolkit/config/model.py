@@ -28,12 +28,54 @@ def _numeric_without_bool(annotation: Any) -> bool:
     return bool(kinds & {int, float}) and bool not in kinds
 
 
+def _nul_at(value: Any, where: str = "") -> str | None:
+    """Where a raw config value (string, path, or lists/tables of them, keys included) holds a NUL byte: ``where``
+    extended by ``.key`` / ``[i]`` down to the offending string, or None when it holds none."""
+    if isinstance(value, (str, Path)):
+        return where if "\x00" in str(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _nul_at(k, f"{where}.{k!r}") or _nul_at(v, f"{where}.{k}")
+            if found is not None:
+                return found
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _nul_at(v, f"{where}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _is_table(field: Any) -> bool:
+    """Whether a model field holds a config table (a ``BaseModel``, possibly in a union) rather than plain data."""
+
+    def models(tp: Any) -> bool:
+        return (isinstance(tp, type) and issubclass(tp, BaseModel)) or any(models(a) for a in typing.get_args(tp))
+
+    return field is not None and models(field.annotation)
+
+
 class Section(BaseModel):
     """Base of every config table: unknown keys are errors; values are validated on assignment too."""
 
     model_config = ConfigDict(
         extra="forbid", validate_assignment=True, populate_by_name=True
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul_bytes(cls, data: Any) -> Any:
+        # No path, name, argument or environment value can hold a NUL byte (the OS refuses them); caught here, a
+        # config names the field instead of failing later with "embedded null byte" from a filesystem call.
+        # Nested tables check their own keys when they are validated.
+        if isinstance(data, dict):
+            for key, value in data.items():
+                nested = isinstance(value, dict) and _is_table(cls.model_fields.get(key))  # checked by its own model
+                found = _nul_at(key, repr(key)) or (None if nested else _nul_at(value, str(key)))
+                if found is not None:
+                    raise ValueError(f"{found}: contains a NUL byte (\\x00), which no path, name or argument "
+                                     "can hold")  # fmt: skip
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -63,7 +63,15 @@ DEFAULT_MAX_LOGPROBS = 20  # vLLM's own default; RL needs only the sampled token
 # The importance ratio and the IPO mask need the logprob of the distribution the token was actually drawn from, which
 # is what "processed_logprobs" returns; the trainer divides its logits by the same temperature. With the default
 # raw mode any temperature != 1 would show up as a large mismatch_kl and mask most tokens.
-ENGINE_DEFAULTS: dict[str, Any] = {"max_logprobs": DEFAULT_MAX_LOGPROBS, "logprobs_mode": "processed_logprobs"}
+# worker_extension_cls: srl's reload method (toolkit.inference.worker_ext, imported by vLLM in the engine's worker
+# process only), which WeightUpdater calls instead of plain reload_weights when /server_info shows it (a user value
+# replaces it; the updater then falls back to reload_weights).
+WORKER_EXTENSION_CLS = "toolkit.inference.worker_ext.SrlWorkerExtension"
+ENGINE_DEFAULTS: dict[str, Any] = {
+    "max_logprobs": DEFAULT_MAX_LOGPROBS,
+    "logprobs_mode": "processed_logprobs",
+    "worker_extension_cls": WORKER_EXTENSION_CLS,
+}
 DEFAULT_CPU_KVCACHE_GIB = 1  # GiB of KV cache per CPU engine: ~3.1 GB RSS per engine with the tiny model
 
 
@@ -120,7 +128,7 @@ def default_engine_args(model_path: str | Path, *, cpu: bool) -> dict[str, Any]:
 
     CPU: ``enforce_eager`` (start-up 23-30 s instead of 50-68 s with the compile step), dtype from the model.
     Always: ``ENGINE_DEFAULTS`` (``max_logprobs`` so per-token logprobs can be requested, ``logprobs_mode`` so they
-    are those of the sampling distribution).
+    are those of the sampling distribution, ``worker_extension_cls`` for srl's faster weight reload).
     """
     out: dict[str, Any] = dict(ENGINE_DEFAULTS)
     if cpu:

@@ -5,7 +5,11 @@ on every engine directly (admin calls never go through the router, which would d
 
 1. ``POST /pause?mode=keep``: freeze scheduling; queued and running requests stay and continue after resume
    (the asynchronous-RL choice: in-flight rollouts finish on the new weights instead of being aborted),
-2. ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": DIR}}`` (vLLM dev mode),
+2. ``POST /collective_rpc`` ``{"method": "srl_reload_weights", "kwargs": {"weights_path": DIR}}`` on engines
+   started with srl's worker extension (``toolkit.inference.worker_ext``: vLLM's reload with freed memory kept
+   for reuse, which halves the CPU re-pack of the weights), else ``{"method": "reload_weights", ...}`` (vLLM dev mode). Which one
+   an engine has is read from its ``GET /server_info`` (``parallel_config.worker_extension_cls``) before the first
+   pause; an unknown collective_rpc method would make vLLM 0.32 stop the engine, so it is never tried blindly,
 3. KV file stores of the engines' connectors (vLLM's ExampleConnector, CPU prefill/decode) are retired
    (``toolkit.inference.kv_store``): their files hold KV computed by the old weights, keyed by prompt tokens only,
    and vLLM's cache reset does not touch them. Each engine's store is read once from ``GET /server_info``,
@@ -39,6 +43,7 @@ import httpx
 
 from toolkit.inference.admin_token import admin_headers, admin_token_from_env
 from toolkit.inference.kv_store import kv_store_from_config, purge_retired, retire_kv_store
+from toolkit.inference.worker_ext import EXTENSION_CLS, RELOAD_METHOD, RESULT_MARKER
 from toolkit.rundir import RunDir, numbered_steps
 
 STABLE_MARKER = "STABLE"
@@ -110,7 +115,8 @@ class WeightUpdater:
     (seconds). ``pause_mode`` is vLLM's /pause mode: "keep" (default: freeze, continue after resume), "wait"
     (drain in-flight requests first) or "abort". ``admin_token`` is the deployment's admin token; None reads
     ``SRL_ADMIN_TOKEN`` from this process's environment (set by srl's launchers). Without one, the engines answer
-    401/403 and updates raise WeightUpdateError.
+    401/403 and updates raise WeightUpdateError. ``profile_reload`` asks engines with srl's worker extension for a
+    per-phase breakdown of their reload (``last_reload``; benchmarks).
     """
 
     def __init__(
@@ -120,6 +126,7 @@ class WeightUpdater:
         timeout_s: float = 300.0,
         pause_mode: str = "keep",
         admin_token: str | None = None,
+        profile_reload: bool = False,
     ) -> None:
         if not engine_urls:
             raise ValueError("WeightUpdater needs at least one engine URL")
@@ -133,6 +140,12 @@ class WeightUpdater:
         # command, hence the same store, so one lookup per URL holds for the updater's life.
         self._kv_stores: dict[str, Path | None] = {}
         self.last_retired_kv_entries = 0  # prompt folders made unreachable by the last update
+        # engine URL -> the collective_rpc method that reloads it (RELOAD_METHOD or "reload_weights"), read with
+        # the KV store from /server_info, once per URL (same assumption: a restarted engine runs the same command)
+        self.reload_methods: dict[str, str] = {}
+        self.profile_reload = profile_reload
+        # engine URL -> the worker extension's answer for the last update (seconds, bytes, phases when profiled)
+        self.last_reload: dict[str, dict] = {}
         # LoRA runs (load_broadcast): the name the adapter is served under, and the model name requests must use
         # (None = the deployment's base model name, until an adapter has been loaded).
         self.lora_name = DEFAULT_LORA_NAME
@@ -194,11 +207,7 @@ class WeightUpdater:
             try:
                 await self._all(http, "/pause", optional=True, params={"mode": self.pause_mode})
                 lap("pause")
-                await self._all(
-                    http,
-                    "/collective_rpc",
-                    json={"method": "reload_weights", "kwargs": {"weights_path": str(broadcast_dir)}},
-                )
+                await self._reload_all(http, broadcast_dir)
                 lap("reload")
                 # The file store is retired while the engines' caches are reset (both only need the pause).
                 results = await asyncio.gather(
@@ -243,14 +252,34 @@ class WeightUpdater:
             verify=_tls_context(),
         )
 
+    async def _reload_all(self, http: httpx.AsyncClient, broadcast_dir: Path) -> None:
+        """Reload every engine from ``broadcast_dir`` (engines paused), each with its own method (module doc,
+        step 2). Raises WeightUpdateError naming the engine."""
+        self.last_reload = {}
+
+        async def reload(url: str) -> None:
+            method = self.reload_methods.get(url, "reload_weights")
+            kwargs: dict[str, object] = {"weights_path": str(broadcast_dir)}
+            if method == RELOAD_METHOD and self.profile_reload:
+                kwargs["profile"] = True
+            resp = await self._call(http, url, "/collective_rpc", json={"method": method, "kwargs": kwargs})
+            if method == RELOAD_METHOD and resp is not None:
+                self.last_reload[url] = _extension_answer(url, resp)
+
+        results = await asyncio.gather(*(reload(u) for u in self.engine_urls), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise WeightUpdateError("; ".join(str(e) for e in errors)) from errors[0]
+
     async def _reset_and_version(self, http: httpx.AsyncClient, version: int) -> None:
         await self._reset_prefix_caches(http)
         await self._all(http, "/update_weight_version", optional=True, json={"new_version": str(version)})
 
     async def _kv_file_stores(self, http: httpx.AsyncClient) -> list[Path]:
         """The distinct KV file stores of the engines (usually none, or one shared by all P/D engines); looks up
-        engines not seen before with ``GET /server_info?config_format=json``. An engine without the route (no dev
-        mode, older vLLM: 404/405) counts as storeless. Raises WeightUpdateError on other failures."""
+        engines not seen before with ``GET /server_info?config_format=json``, which also tells whether the engine
+        runs srl's worker extension (``reload_methods``). An engine without the route (no dev mode, older vLLM:
+        404/405) counts as storeless and without the extension. Raises WeightUpdateError on other failures."""
 
         async def lookup(url: str) -> None:
             try:
@@ -259,6 +288,7 @@ class WeightUpdater:
                 raise WeightUpdateError(f"{url}/server_info: {type(exc).__name__}: {exc}") from exc
             if resp.status_code in (404, 405):
                 self._kv_stores[url] = None
+                self.reload_methods[url] = "reload_weights"
                 return
             if resp.status_code >= 400:
                 raise WeightUpdateError(f"{url}/server_info: HTTP {resp.status_code}: {resp.text[:500]}")
@@ -267,6 +297,7 @@ class WeightUpdater:
             except ValueError as exc:
                 raise WeightUpdateError(f"{url}/server_info: not JSON: {resp.text[:200]}") from exc
             self._kv_stores[url] = kv_store_from_config(config) if isinstance(config, dict) else None
+            self.reload_methods[url] = RELOAD_METHOD if _has_extension(config) else "reload_weights"
 
         new = [u for u in self.engine_urls if u not in self._kv_stores]
         results = await asyncio.gather(*(lookup(u) for u in new), return_exceptions=True)
@@ -364,6 +395,32 @@ def _tls_context() -> ssl.SSLContext:
     """One TLS context for every client of this process (httpx's default trust: certifi, SSL_CERT_FILE/DIR),
     built once: engines may sit behind https."""
     return httpx.create_ssl_context()
+
+
+def _has_extension(vllm_config: object) -> bool:
+    """True when a ``/server_info`` ``vllm_config`` shows srl's worker extension loaded in the engine's workers."""
+    if not isinstance(vllm_config, dict):
+        return False
+    parallel = vllm_config.get("parallel_config")
+    return isinstance(parallel, dict) and parallel.get("worker_extension_cls") == EXTENSION_CLS
+
+
+def _extension_answer(url: str, resp: httpx.Response) -> dict:
+    """The first worker's answer to ``srl_reload_weights`` (one per worker; all must carry ``RESULT_MARKER`` and no
+    ``error``). Raises WeightUpdateError otherwise: without the marker there is no proof the weights were loaded."""
+    try:
+        results = resp.json().get("results")
+    except (ValueError, AttributeError):
+        results = None
+    where = f"{url}/collective_rpc {RELOAD_METHOD}"
+    if not isinstance(results, list) or not results:
+        raise WeightUpdateError(f"{where}: unexpected answer {resp.text[:300]!r}")
+    for result in results:
+        if not isinstance(result, dict) or RESULT_MARKER not in result:
+            raise WeightUpdateError(f"{where}: unexpected answer {resp.text[:300]!r}")
+        if "error" in result:
+            raise WeightUpdateError(f"{where}: {result['error']}")
+    return results[0]
 
 
 def _reset_succeeded(resp: httpx.Response) -> bool:

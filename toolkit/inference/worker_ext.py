@@ -6,8 +6,8 @@ node never does): torch and vllm are imported inside the methods.
 
 :meth:`SrlWorkerExtension.srl_reload_weights` runs vLLM's own in-place reload (``reload_weights`` with the
 broadcast directory: same layerwise loading, same fused qkv/gate_up loaders, same LoRA base-layer handling), plus
-two things around it that cut its cost on the CPU backend (measured with tests/benchmarks/weight_sync.py, a 487 MB
-fp32 model on a 2-core host):
+what cuts its cost on the CPU backend (measured with tests/benchmarks/weight_sync.py, a 487 MB fp32 model on a
+2-core host), and an optional per-phase profile:
 
 - **Freed memory is kept in the process** (glibc ``mallopt``): on CPU every linear layer's weight is re-packed
   into oneDNN's blocked layout after loading (``UnquantizedLinearMethod.process_weights_after_loading`` ->
@@ -17,8 +17,10 @@ fp32 model on a 2-core host):
   Raising ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` lets each reload reuse the memory the previous layer and the
   previous version freed: the re-pack of the benchmark model fell from ~0.6 s to ~0.3 s. The cost is that the
   worker's resident memory stays at its high-water mark (model + one layer's temporaries) instead of shrinking.
-- **The broadcast's files are read ahead** (``posix_fadvise(WILLNEED)`` in a background thread), so the disk reads
-  overlap the copying and re-packing of earlier layers instead of stalling on page faults one tensor at a time.
+- Optionally (``readahead=True``, off by default) the broadcast's files are read ahead (``posix_fadvise(WILLNEED)``
+  in a background thread) so disk reads could overlap the re-packing; measured: no gain beyond the noise, neither
+  with vLLM's own ``--safetensors-load-strategy prefetch``, while the benchmark's disk is busy writing back the
+  broadcast just written.
 
 Why not ``model.load_weights`` directly (skipping ``reload_weights``): on CPU the packed layers hold an empty
 ``weight`` (``dispatch_cpu_unquantized_gemm(remove_weight=True)``) and compute from the oneDNN handle, so the
@@ -37,7 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-EXTENSION_CLS = "toolkit.inference.worker_ext.SrlWorkerExtension"  # the --worker-extension-cls value
+# the --worker-extension-cls value (commands.WORKER_EXTENSION_CLS, kept equal by a unit test)
+EXTENSION_CLS = "toolkit.inference.worker_ext.SrlWorkerExtension"
 RELOAD_METHOD = "srl_reload_weights"  # the /collective_rpc method name
 RESULT_MARKER = "srl_reload"  # key every srl_reload_weights result carries (value: EXTENSION_API_VERSION)
 EXTENSION_API_VERSION = 1
@@ -137,7 +140,7 @@ class _PhaseTimer:
         self.seconds: dict[str, float] = collections.defaultdict(float)
         self._saved: list[tuple[Any, str, Any]] = []
 
-    def __enter__(self) -> _PhaseTimer:
+    def __enter__(self) -> _PhaseTimer:  # noqa: PYI034 - Python 3.10 has no typing.Self
         import importlib
 
         for module_name, attr, phase in self.TARGETS:
@@ -179,25 +182,45 @@ class _PhaseTimer:
         return out
 
 
+def _on_cpu() -> bool:
+    """Whether this vLLM process runs the CPU backend (vLLM's platform detection); False when it cannot tell."""
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except Exception:  # noqa: BLE001 - an older/newer vLLM without this API: do not change malloc behaviour
+        return False
+
+
 class SrlWorkerExtension:
     """Methods vLLM adds to its worker class (``--worker-extension-cls toolkit.inference.worker_ext.
     SrlWorkerExtension``); ``self`` is the vLLM worker (``reload_weights``, ``model_runner``, ...)."""
 
     def srl_reload_weights(
-        self, weights_path: str, profile: bool = False, readahead: bool = True, reuse_memory: bool = True
+        self, weights_path: str, profile: bool = False, readahead: bool = False, reuse_memory: bool = True
     ) -> dict[str, Any]:
         """Reload the HF safetensors directory ``weights_path`` in place (vLLM's ``reload_weights``), with freed
-        memory kept for reuse and the files read ahead (module doc).
+        memory kept for reuse and, with ``readahead``, the files read ahead (module doc).
 
         Returns a JSON-able dict: ``srl_reload`` (EXTENSION_API_VERSION, proof the extension ran), ``seconds``
         (wall time in this worker), ``bytes`` (size of the files), ``reuse_memory`` (whether mallopt took effect)
         and, with ``profile``, ``phases``: seconds per phase (repack, allocate, load_copy, count_loaded,
         initialize, finalize, other). ``readahead`` and ``reuse_memory`` exist to measure each measure's effect.
-        Raises FileNotFoundError without safetensors files; vLLM's errors propagate (the HTTP call fails).
+        A directory without safetensors files is answered with ``error`` (the engine stays up, on the old
+        weights); vLLM's errors during the reload propagate, which makes vLLM stop the engine (weights half
+        replaced must not be served).
         """
         t0 = time.perf_counter()
-        files = weight_files(weights_path)
-        reused = keep_freed_memory() if reuse_memory else False
+        try:
+            files = weight_files(weights_path)
+        except OSError as exc:
+            # Answered, not raised: vLLM treats any exception in a collective_rpc method as fatal and kills the
+            # engine; nothing has been touched yet, so the engine keeps serving the old weights and the caller
+            # (WeightUpdater) raises on this answer.
+            return {RESULT_MARKER: EXTENSION_API_VERSION, "error": f"{type(exc).__name__}: {exc}"}
+        # Only the CPU backend re-packs weights in host memory after loading; a GPU worker gains nothing from
+        # keeping freed host memory and would only hold its high-water mark.
+        reused = keep_freed_memory() if reuse_memory and _on_cpu() else False
         if readahead:
             start_readahead(files)
         timer = _PhaseTimer() if profile else None

@@ -1,0 +1,105 @@
+"""srl's vLLM worker extension, the parts that run without an engine, and the updater's choice of reload method."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from toolkit.inference import commands
+from toolkit.inference.weights import WeightUpdateError, _extension_answer, _has_extension
+from toolkit.inference.worker_ext import (
+    EXTENSION_CLS,
+    RELOAD_METHOD,
+    RESULT_MARKER,
+    SrlWorkerExtension,
+    keep_freed_memory,
+    start_readahead,
+    weight_files,
+)
+
+
+def test_engine_defaults_load_the_extension():
+    assert commands.WORKER_EXTENSION_CLS == EXTENSION_CLS
+    assert commands.ENGINE_DEFAULTS["worker_extension_cls"] == EXTENSION_CLS
+    argv = commands.engine_command(model_path="/m", host="127.0.0.1", port=8000, vllm_args={}, tp=1, dp=1,
+                                   served_model_name="m", kv_role=None, kv_connector=None, kv_extra=None,
+                                   defaults=commands.ENGINE_DEFAULTS)  # fmt: skip
+    assert argv[argv.index("--worker-extension-cls") + 1] == EXTENSION_CLS
+    # a user value replaces it (None: no extension, the updater then uses plain reload_weights)
+    argv = commands.engine_command(model_path="/m", host="127.0.0.1", port=8000,
+                                   vllm_args={"worker_extension_cls": None}, tp=1, dp=1, served_model_name="m",
+                                   kv_role=None, kv_connector=None, kv_extra=None,
+                                   defaults=commands.ENGINE_DEFAULTS)  # fmt: skip
+    assert "--worker-extension-cls" not in argv
+
+
+def test_login_node_import_pulls_neither_torch_nor_vllm():
+    code = ("import sys, toolkit.inference.worker_ext, toolkit.inference.weights; "
+            "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_weight_files_natural_order_and_missing(tmp_path):
+    for name in ("model-00010-of-00010.safetensors", "model-00002-of-00010.safetensors", "config.json"):
+        (tmp_path / name).write_bytes(b"x")
+    assert [f.name for f in weight_files(tmp_path)] == [
+        "model-00002-of-00010.safetensors", "model-00010-of-00010.safetensors"]  # fmt: skip
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        weight_files(tmp_path / "nothing")
+
+
+def test_readahead_reads_every_file_and_ignores_vanished_ones(tmp_path):
+    files = [tmp_path / "a.safetensors", tmp_path / "gone.safetensors"]
+    files[0].write_bytes(os.urandom(1 << 16))
+    thread = start_readahead(files)
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_keep_freed_memory_in_a_child_process():
+    # a child: mallopt changes the whole process's allocator for good
+    code = ("from toolkit.inference.worker_ext import keep_freed_memory as k; a = k(); b = k(); "
+            "print(a, b); bytearray(64 << 20)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True"]
+    assert keep_freed_memory.__doc__
+
+
+def test_reload_of_a_directory_without_weights_is_answered_not_raised(tmp_path):
+    class Worker(SrlWorkerExtension):  # never reached: the check comes first
+        def reload_weights(self, **kw):
+            raise AssertionError("reload_weights must not run")
+
+    answer = Worker().srl_reload_weights(str(tmp_path))
+    assert answer[RESULT_MARKER] >= 1 and "no *.safetensors" in answer["error"]
+    json.dumps(answer)  # travels back through /collective_rpc as JSON
+
+
+def test_has_extension_reads_server_info_config():
+    assert _has_extension({"parallel_config": {"worker_extension_cls": EXTENSION_CLS}})
+    assert not _has_extension({"parallel_config": {"worker_extension_cls": ""}})
+    assert not _has_extension({"parallel_config": {"worker_extension_cls": "other.Ext"}})
+    assert not _has_extension({}) and not _has_extension("not a dict") and not _has_extension(None)
+
+
+def _resp(body) -> httpx.Response:
+    return httpx.Response(200, json=body)
+
+
+def test_extension_answer_needs_the_marker_from_every_worker():
+    ok = {RESULT_MARKER: 1, "seconds": 0.5}
+    assert _extension_answer("u", _resp({"results": [ok, ok]})) == ok
+    for bad in ({"results": []}, {"results": [None]}, {"results": [ok, None]}, {"results": ["x"]}, [1], {}):
+        with pytest.raises(WeightUpdateError, match=RELOAD_METHOD):
+            _extension_answer("u", _resp(bad))
+    with pytest.raises(WeightUpdateError, match="FileNotFoundError: gone"):
+        _extension_answer("u", _resp({"results": [{RESULT_MARKER: 1, "error": "FileNotFoundError: gone"}]}))
+    with pytest.raises(WeightUpdateError):
+        _extension_answer("u", httpx.Response(200, content=b"not json"))
