@@ -31,3 +31,14 @@ def _slurm_marker_needs_cluster(request: pytest.FixtureRequest) -> None:
     # A test marked `slurm` gets the cluster without naming the fixture.
     if request.node.get_closest_marker("slurm") is not None:
         request.getfixturevalue("slurm_cluster")
+
+
+# ---- hypothesis: CI replays a fixed set of examples ------------------------------------------------------------
+# Locally every run explores new examples (that is how the NUL-byte path bug was found); CI (.ci/run sets
+# HYPOTHESIS_PROFILE=ci) draws the same examples on every run, so a red CI always means a change broke something.
+import os  # noqa: E402
+
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

@@ -28,8 +28,8 @@ the run; the client's retry budget (:func:`provider_retry_budget_s`) is sized to
 from __future__ import annotations
 
 import asyncio
-import sys
 import logging
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass

@@ -303,7 +303,8 @@ class Orchestrator:
             self.eval_envs, self.client, max_concurrent=self.ocfg.max_concurrent
         )
         version = tracker.served_version
-        await self.writer.append_store(rollouts, step=step, kind="eval", ages=[max(0, step - version)] * len(rollouts))
+        ages = [max(0, step - version)] * len(rollouts)
+        await self.writer.append_store(rollouts, step=step, kind="eval", ages=ages)
         metrics["eval/policy_version"] = float(version)
         metrics["time/eval"] = time.monotonic() - t0
         log.info("eval at step %d (policy %d): %s", step, version,
