@@ -6,10 +6,11 @@ thread those writes took about a third of the loop's time in ``tests/benchmarks/
 process they run on another core and the loop only pickles the step's rollouts.
 
 One worker process, so writes happen in submission order (a step's store rows, then its batch, then the next
-step's). The child ignores SIGTERM and SIGINT (a stopping orchestrator still writes through it). Errors raised in the child (``OSError`` such as ENOSPC, ``ValueError`` for a malformed batch) are raised
+step's). Errors raised in the child (``OSError`` such as ENOSPC, ``ValueError`` for a malformed batch) are raised
 again in the caller; a child that dies (killed, out of memory) raises ``RecordWriterDied``. The child is started on
-first use with the ``spawn`` method (the orchestrator has running threads: forking it is unsafe) and is killed by
-the kernel if the orchestrator dies (``procutil.die_with_parent``), so it never outlives its run.
+first use with the ``spawn`` method (the orchestrator has running threads: forking it is unsafe), ignores SIGTERM
+and SIGINT (a stopping orchestrator still writes its last batch through it) and is killed by the kernel if the
+orchestrator dies (``procutil.die_with_parent``), so it never outlives its run.
 """
 
 from __future__ import annotations
