@@ -14,7 +14,6 @@ import json
 import os
 import random
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -125,51 +124,23 @@ def _split_optimizer_state(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor],
     return tensors, {"state": state, "param_groups": sd["param_groups"]}
 
 
-class _OptimizerStateLoad:
-    """Loading the optimizer ``state_dict`` saved in ``part``, in two halves so that its memory is ready in time.
-
-    ``optimizer.pt`` names the tensors of ``optimizer.safetensors`` (the current layout; older checkpoints hold
-    everything in ``optimizer.pt``). Adam's moments are two model-sized tensors per parameter that a resuming
-    process has never touched: faulting their pages in costs about as much as reading them from disk (0.8 s/GB
-    against 0.4 s/GB for a read into touched memory, tests/benchmarks/checkpoint_io.py). So the constructor
-    allocates them and starts touching them in a background thread (torch releases the GIL in ``zero_``) while the
-    caller reads the model weights; :meth:`read` then reads the file straight into the touched tensors (no second
-    copy: AdamW's ``load_state_dict`` keeps a tensor that already has the parameter's dtype and device).
-    Raises FileNotFoundError, or ValueError for a file that does not match (from :meth:`read`).
-    """
-
-    def __init__(self, part: Path) -> None:
-        self.part = Path(part)
-        self.sd = torch.load(self.part / "optimizer.pt", weights_only=False)
-        self.st_path = self.part / "optimizer.safetensors"
-        self.refs: list[tuple[dict, str, dict]] = []
-        self.fresh: dict[str, torch.Tensor] = {}
-        self._toucher: threading.Thread | None = None
-        if not self.st_path.exists():
-            return
-        self.refs = [(entries, key, v) for entries in self.sd["state"].values() for key, v in entries.items()
-                     if isinstance(v, dict) and _TENSOR_REF in v]  # fmt: skip
-        self.fresh = {v[_TENSOR_REF]: torch.empty(v["shape"], dtype=v["dtype"]) for _, _, v in self.refs}
-        tensors = list(self.fresh.values())
-
-        def touch() -> None:
-            with torch.no_grad():
-                for t in tensors:
-                    t.zero_()
-
-        self._toucher = threading.Thread(target=touch, name="srl-optimizer-touch", daemon=True)
-        self._toucher.start()
-
-    def read(self) -> dict[str, Any]:
-        """The optimizer ``state_dict`` with its tensors read from disk."""
-        if self._toucher is None:
-            return self.sd
-        self._toucher.join()
-        if not _read_safetensors_into(self.st_path, self.fresh):
-            raise ValueError(f"{self.st_path} does not hold the tensors {self.part / 'optimizer.pt'} names")
-        for entries, key, v in self.refs:
-            entries[key] = self.fresh[v[_TENSOR_REF]]
-        return self.sd
+def _load_optimizer_state(part: Path) -> dict[str, Any]:
+    """The optimizer ``state_dict`` saved in ``part``: ``optimizer.pt`` plus, in the current layout, the tensors
+    of ``optimizer.safetensors`` read straight into freshly allocated tensors (no second copy: AdamW's
+    ``load_state_dict`` keeps a tensor that already has the parameter's dtype and device). Older checkpoints hold
+    everything in ``optimizer.pt``. Raises FileNotFoundError, or ValueError for a file that does not match."""
+    sd = torch.load(part / "optimizer.pt", weights_only=False)
+    st_path = part / "optimizer.safetensors"
+    if not st_path.exists():
+        return sd
+    refs = [(entries, key, v) for entries in sd["state"].values() for key, v in entries.items()
+            if isinstance(v, dict) and _TENSOR_REF in v]  # fmt: skip
+    fresh = {v[_TENSOR_REF]: torch.empty(v["shape"], dtype=v["dtype"]) for _, _, v in refs}
+    if not _read_safetensors_into(st_path, fresh):
+        raise ValueError(f"{st_path} does not hold the tensors {part / 'optimizer.pt'} names")
+    for entries, key, v in refs:
+        entries[key] = fresh[v[_TENSOR_REF]]
+    return sd
 
 
 def _load_weights(path: Path, model: torch.nn.Module) -> None:
@@ -313,9 +284,8 @@ def load_trainer_state(
     part = Path(part)
     meta = torch.load(part / "trainer_state.pt", weights_only=False)
     if info.world_size == 1:
-        optim_load = _OptimizerStateLoad(part)  # its memory is touched while the weights are read
         _load_weights(part / "model.safetensors", model)
-        optimizer.load_state_dict(optim_load.read())
+        optimizer.load_state_dict(_load_optimizer_state(part))
         _set_rng_state(meta["rng"])
     else:
         import torch.distributed.checkpoint as dcp
