@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -17,8 +16,6 @@ from toolkit.inference.worker_ext import (
     RELOAD_METHOD,
     RESULT_MARKER,
     SrlWorkerExtension,
-    keep_freed_memory,
-    start_readahead,
     weight_files,
 )
 
@@ -54,14 +51,6 @@ def test_weight_files_natural_order_and_missing(tmp_path):
         weight_files(tmp_path / "nothing")
 
 
-def test_readahead_reads_every_file_and_ignores_vanished_ones(tmp_path):
-    files = [tmp_path / "a.safetensors", tmp_path / "gone.safetensors"]
-    files[0].write_bytes(os.urandom(1 << 16))
-    thread = start_readahead(files)
-    thread.join(10)
-    assert not thread.is_alive()
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
 def test_keep_freed_memory_in_a_child_process():
     # a child: mallopt changes the whole process's allocator for good
@@ -69,7 +58,6 @@ def test_keep_freed_memory_in_a_child_process():
             "print(a, b); bytearray(64 << 20)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True"]
-    assert keep_freed_memory.__doc__
 
 
 def test_reload_of_a_directory_without_weights_is_answered_not_raised(tmp_path):

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,19 @@ def _training(rollouts: list[Rollout]) -> tuple:
     return samples, [r.advantage for r in rollouts], [r.policy_version for r in rollouts], [r.env for r in rollouts]
 
 
-def test_writes_store_rows_then_the_batch_in_order(tmp_path: Path) -> None:
-    run = RunDir(tmp_path / "run")
-    writer = RecordWriter(run.root)
+@pytest.fixture
+def run(tmp_path: Path) -> RunDir:
+    return RunDir(tmp_path / "run")
 
+
+@pytest.fixture
+def writer(run: RunDir) -> Iterator[RecordWriter]:
+    w = RecordWriter(run.root)
+    yield w
+    w.close()
+
+
+def test_writes_store_rows_then_the_batch_in_order(run: RunDir, writer: RecordWriter) -> None:
     async def go() -> None:
         for step in (1, 2):
             rollouts = [_rollout(i, reward=float(i % 2)) for i in range(4)]
@@ -44,10 +54,7 @@ def test_writes_store_rows_then_the_batch_in_order(tmp_path: Path) -> None:
             assert (run.rollout_step(step) / "READY").is_file()
         await writer.append_store([_rollout(9)], step=2, kind="eval", ages=[0])
 
-    try:
-        asyncio.run(go())
-    finally:
-        writer.close()
+    asyncio.run(go())
     df = load_rollouts(run.rollout_store)
     assert list(df["step"]) == [1] * 4 + [2] * 4 + [2]
     assert list(df["kind"].astype(str)) == ["train"] * 8 + ["eval"]
@@ -56,53 +63,36 @@ def test_writes_store_rows_then_the_batch_in_order(tmp_path: Path) -> None:
     assert batch.num_samples == 4 and batch.meta == {"step": 2}
 
 
-def test_filesystem_error_in_the_child_is_raised_in_the_caller(tmp_path: Path) -> None:
-    (tmp_path / "run").write_text("a file where the run directory should be")
-    writer = RecordWriter(tmp_path / "run")
-    try:
-        with pytest.raises(OSError):
-            asyncio.run(writer.append_store([_rollout(0)], step=1, kind="train", ages=None))
-    finally:
-        writer.close()
+def test_filesystem_error_in_the_child_is_raised_in_the_caller(run: RunDir, writer: RecordWriter) -> None:
+    run.root.write_text("a file where the run directory should be")
+    with pytest.raises(OSError):
+        asyncio.run(writer.append_store([_rollout(0)], step=1, kind="train", ages=None))
 
 
-def test_a_killed_writer_is_reported_and_replaced(tmp_path: Path) -> None:
-    run = RunDir(tmp_path / "run")
-    writer = RecordWriter(run.root)
-
+def test_a_killed_writer_is_reported_and_replaced(run: RunDir, writer: RecordWriter) -> None:
     async def go() -> None:
         await writer.append_store([_rollout(0)], step=1, kind="train", ages=None)
-        (pid,) = writer._pool._processes  # the one child
-        os.kill(pid, 9)
+        os.kill(writer.child_pid, 9)
         with pytest.raises(RecordWriterDied, match="died"):
             await writer.append_store([_rollout(1)], step=2, kind="train", ages=None)
         await writer.append_store([_rollout(2)], step=3, kind="train", ages=None)  # a fresh child
 
-    try:
-        asyncio.run(go())
-    finally:
-        writer.close()
+    asyncio.run(go())
     assert list(load_rollouts(run.rollout_store)["step"]) == [1, 3]
 
 
-def test_the_writer_outlives_a_stop_signal_sent_to_the_whole_job(tmp_path: Path) -> None:
+def test_the_writer_outlives_a_stop_signal_sent_to_the_whole_job(run: RunDir, writer: RecordWriter) -> None:
     # Slurm signals every process of the step before the time limit; the orchestrator then writes its last batch.
-    run = RunDir(tmp_path / "run")
-    writer = RecordWriter(run.root)
-
     async def go() -> None:
         await writer.append_store([_rollout(0)], step=1, kind="train", ages=None)
-        (pid,) = writer._pool._processes
+        pid = writer.child_pid
         os.kill(pid, signal.SIGTERM)
         os.kill(pid, signal.SIGINT)
         await asyncio.sleep(0.2)
         await writer.append_store([_rollout(1)], step=2, kind="train", ages=None)
-        assert list(writer._pool._processes) == [pid]
+        assert writer.child_pid == pid
 
-    try:
-        asyncio.run(go())
-    finally:
-        writer.close()
+    asyncio.run(go())
     assert list(load_rollouts(run.rollout_store)["step"]) == [1, 2]
 
 
@@ -115,10 +105,11 @@ from test_orchestrator_writer import _rollout
 from toolkit.orchestrator.writer import RecordWriter
 w = RecordWriter({str(tmp_path / "run")!r})
 asyncio.run(w.append_store([_rollout(0)], step=1, kind="train", ages=None))
-print(list(w._pool._processes)[0], flush=True)
+print(w.child_pid, flush=True)
 os.kill(os.getpid(), 9)
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    # check=False: the parent ends by SIGKILL on purpose
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     child = int(proc.stdout.split()[0])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

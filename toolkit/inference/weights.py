@@ -36,8 +36,9 @@ import functools
 import json
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -171,13 +172,7 @@ class WeightUpdater:
         return resp
 
     async def _all(self, http: httpx.AsyncClient, path: str, *, optional: bool = False, **kw) -> None:
-        results = await asyncio.gather(
-            *(self._call(http, url, path, optional=optional, **kw) for url in self.engine_urls),
-            return_exceptions=True,
-        )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise WeightUpdateError("; ".join(str(e) for e in errors)) from errors[0]
+        await _on_every_engine(self._call(http, url, path, optional=optional, **kw) for url in self.engine_urls)
 
     async def update(self, broadcast_dir: Path, version: int) -> float:
         """Load the HF safetensors directory ``broadcast_dir`` as policy ``version`` into every engine.
@@ -266,10 +261,7 @@ class WeightUpdater:
             if method == RELOAD_METHOD and resp is not None:
                 self.last_reload[url] = _extension_answer(url, resp)
 
-        results = await asyncio.gather(*(reload(u) for u in self.engine_urls), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise WeightUpdateError("; ".join(str(e) for e in errors)) from errors[0]
+        await _on_every_engine(reload(u) for u in self.engine_urls)
 
     async def _reset_and_version(self, http: httpx.AsyncClient, version: int) -> None:
         await self._reset_prefix_caches(http)
@@ -300,10 +292,7 @@ class WeightUpdater:
             self.reload_methods[url] = RELOAD_METHOD if _has_extension(config) else "reload_weights"
 
         new = [u for u in self.engine_urls if u not in self._kv_stores]
-        results = await asyncio.gather(*(lookup(u) for u in new), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise WeightUpdateError("; ".join(str(e) for e in errors)) from errors[0]
+        await _on_every_engine(lookup(u) for u in new)
         return sorted({s for u in self.engine_urls if (s := self._kv_stores[u]) is not None})
 
     async def _retire_kv_stores(self, stores: Sequence[Path]) -> None:
@@ -331,10 +320,7 @@ class WeightUpdater:
                 raise WeightUpdateError(f"{url}/reset_prefix_cache: the engine kept its prefix cache even after "
                                         "preempting its running requests")  # fmt: skip
 
-        results = await asyncio.gather(*(reset(u) for u in self.engine_urls), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise WeightUpdateError("; ".join(str(e) for e in errors)) from errors[0]
+        await _on_every_engine(reset(u) for u in self.engine_urls)
 
     async def load_broadcast(self, broadcast_dir: Path, version: int) -> float:
         """Load the trainer's broadcast ``broadcast_dir`` as policy ``version``: full weights via :meth:`update`,
@@ -395,6 +381,15 @@ def _tls_context() -> ssl.SSLContext:
     """One TLS context for every client of this process (httpx's default trust: certifi, SSL_CERT_FILE/DIR),
     built once: engines may sit behind https."""
     return httpx.create_ssl_context()
+
+
+async def _on_every_engine(calls: Iterable[Awaitable[Any]]) -> None:
+    """Run one call per engine concurrently and let every call finish; raises WeightUpdateError joining the
+    messages of all that failed (each names its engine URL), chained to the first."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise WeightUpdateError("; ".join(str(e) for e in errors)) from errors[0]
 
 
 def _has_extension(vllm_config: object) -> bool:

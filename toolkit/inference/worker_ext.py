@@ -1,8 +1,8 @@
 """vLLM worker extension for faster live weight reloads (``--worker-extension-cls``, vLLM's RLHF mechanism).
 
 vLLM mixes :class:`SrlWorkerExtension` into its worker class inside the engine's worker process; its methods are
-then callable through ``POST /collective_rpc`` by name. Only the worker process imports this module (the login
-node never does): torch and vllm are imported inside the methods.
+then callable through ``POST /collective_rpc`` by name. Elsewhere (the weight updater, login-node code) only
+its constants are used: torch and vllm are imported inside the methods, never at module level.
 
 :meth:`SrlWorkerExtension.srl_reload_weights` runs vLLM's own in-place reload (``reload_weights`` with the
 broadcast directory: same layerwise loading, same fused qkv/gate_up loaders, same LoRA base-layer handling), plus
@@ -17,10 +17,9 @@ what cuts its cost on the CPU backend (measured with tests/benchmarks/weight_syn
   Raising ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` lets each reload reuse the memory the previous layer and the
   previous version freed: the re-pack of the benchmark model fell from ~0.6 s to ~0.3 s. The cost is that the
   worker's resident memory stays at its high-water mark (model + one layer's temporaries) instead of shrinking.
-- Optionally (``readahead=True``, off by default) the broadcast's files are read ahead (``posix_fadvise(WILLNEED)``
-  in a background thread) so disk reads could overlap the re-packing; measured: no gain beyond the noise, neither
-  with vLLM's own ``--safetensors-load-strategy prefetch``, while the benchmark's disk is busy writing back the
-  broadcast just written.
+Tried and dropped (no gain beyond the noise in the benchmark): reading the broadcast's files ahead
+(``posix_fadvise(WILLNEED)`` from a thread, or vLLM's ``--safetensors-load-strategy prefetch``) so that disk reads
+overlap the re-packing; the benchmark's disk is still writing back the broadcast just written.
 
 Why not ``model.load_weights`` directly (skipping ``reload_weights``): on CPU the packed layers hold an empty
 ``weight`` (``dispatch_cpu_unquantized_gemm(remove_weight=True)``) and compute from the oneDNN handle, so the
@@ -32,7 +31,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import ctypes.util
-import os
 import re
 import threading
 import time
@@ -91,31 +89,6 @@ def weight_files(weights_path: str | Path) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {weights_path}")
     return files
-
-
-def start_readahead(files: list[Path]) -> threading.Thread:
-    """Ask the kernel to read ``files`` into the page cache, in order, from a daemon thread; returns the thread.
-
-    ``posix_fadvise(WILLNEED)`` queues asynchronous reads and releases the GIL, so loading proceeds meanwhile;
-    errors (a filesystem without fadvise) are ignored: readahead is only a hint.
-    """
-
-    def run() -> None:
-        for f in files:
-            try:
-                fd = os.open(f, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            except (OSError, AttributeError):
-                pass
-            finally:
-                os.close(fd)
-
-    thread = threading.Thread(target=run, name="srl-readahead", daemon=True)
-    thread.start()
-    return thread
 
 
 class _PhaseTimer:
@@ -196,16 +169,14 @@ class SrlWorkerExtension:
     """Methods vLLM adds to its worker class (``--worker-extension-cls toolkit.inference.worker_ext.
     SrlWorkerExtension``); ``self`` is the vLLM worker (``reload_weights``, ``model_runner``, ...)."""
 
-    def srl_reload_weights(
-        self, weights_path: str, profile: bool = False, readahead: bool = False, reuse_memory: bool = True
-    ) -> dict[str, Any]:
+    def srl_reload_weights(self, weights_path: str, profile: bool = False) -> dict[str, Any]:
         """Reload the HF safetensors directory ``weights_path`` in place (vLLM's ``reload_weights``), with freed
-        memory kept for reuse and, with ``readahead``, the files read ahead (module doc).
+        memory kept for reuse on the CPU backend (module doc).
 
         Returns a JSON-able dict: ``srl_reload`` (EXTENSION_API_VERSION, proof the extension ran), ``seconds``
         (wall time in this worker), ``bytes`` (size of the files), ``reuse_memory`` (whether mallopt took effect)
         and, with ``profile``, ``phases``: seconds per phase (repack, allocate, load_copy, count_loaded,
-        initialize, finalize, other). ``readahead`` and ``reuse_memory`` exist to measure each measure's effect.
+        initialize, finalize, other).
         A directory without safetensors files is answered with ``error`` (the engine stays up, on the old
         weights); vLLM's errors during the reload propagate, which makes vLLM stop the engine (weights half
         replaced must not be served).
@@ -220,9 +191,7 @@ class SrlWorkerExtension:
             return {RESULT_MARKER: EXTENSION_API_VERSION, "error": f"{type(exc).__name__}: {exc}"}
         # Only the CPU backend re-packs weights in host memory after loading; a GPU worker gains nothing from
         # keeping freed host memory and would only hold its high-water mark.
-        reused = keep_freed_memory() if reuse_memory and _on_cpu() else False
-        if readahead:
-            start_readahead(files)
+        reused = keep_freed_memory() if _on_cpu() else False
         timer = _PhaseTimer() if profile else None
         if timer is not None:
             timer.__enter__()

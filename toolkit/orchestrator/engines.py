@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -108,24 +107,6 @@ async def wait_excluding_outage(aw: Any, timeout_s: float | None, client: Any) -
     if timeout_s is None or outage is None:
         return await asyncio.wait_for(aw, timeout_s)
     loop = asyncio.get_running_loop()
-    if sys.version_info >= (3, 11):
-        # ``aw`` runs in the caller's task under a deadline that a timer moves out by the outage's growth: no
-        # extra task and no asyncio.wait per rollout (both showed in the orchestrator's per-rollout CPU).
-        t0, held0 = loop.time(), outage()
-        async with asyncio.timeout(None) as deadline:
-
-            def check() -> None:
-                left = timeout_s - (loop.time() - t0 - (outage() - held0))
-                if left <= 0:
-                    deadline.reschedule(loop.time())  # expire now: cancels ``aw``, raises TimeoutError
-                else:
-                    timer[0] = loop.call_later(left, check)
-
-            timer = [loop.call_later(timeout_s, check)]
-            try:
-                return await aw
-            finally:
-                timer[0].cancel()
     task = asyncio.ensure_future(aw)
     t0, held0 = loop.time(), outage()
     try:
