@@ -55,11 +55,19 @@ def shard_model(model: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
         return model
     from torch.distributed.fsdp import fully_shard
 
-    layers = getattr(getattr(model, "model", model), "layers", None)
-    for layer in layers or []:
+    for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)
     return model
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of a HF causal LM (``model.model.layers``), also inside a peft LoRA wrapper (whose
+    ``base_model.model`` is the causal LM); ``[]`` when the model has no such list."""
+    if hasattr(model, "get_base_model"):  # peft: PeftModel -> LoraModel -> the causal LM
+        model = model.get_base_model()
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    return list(layers) if layers is not None else []
 
 
 def barrier(info: DistInfo) -> None:

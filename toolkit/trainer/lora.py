@@ -44,13 +44,18 @@ def is_lora_model(model: torch.nn.Module) -> bool:
 def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter weights under PEFT's saved names, as contiguous CPU tensors (no base weights).
 
-    Shapes: ``lora_A`` is ``(rank, in_features)``, ``lora_B`` ``(out_features, rank)``. Single-process only
-    (a sharded model would give local shards).
+    Shapes: ``lora_A`` is ``(rank, in_features)``, ``lora_B`` ``(out_features, rank)``. Under FSDP2 (sharded
+    parameters are DTensors) every rank must call this, in step: each tensor is all-gathered (a collective), and
+    every rank gets the whole adapter.
     """
     from peft import get_peft_model_state_dict
 
-    sd = get_peft_model_state_dict(model)
-    return {k: v.detach().to("cpu").contiguous() for k, v in sd.items()}
+    out = {}
+    for k, v in get_peft_model_state_dict(model).items():
+        if hasattr(v, "full_tensor"):  # an FSDP2 shard: gather the whole tensor (same order on every rank)
+            v = v.full_tensor()
+        out[k] = v.detach().to("cpu").contiguous()
+    return out
 
 
 def adapter_config(model: torch.nn.Module, base_model_dir: str | Path | None = None) -> dict:

@@ -161,9 +161,9 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     if s.lora:
         from toolkit.trainer.lora import apply_lora
 
+        # Before sharding: every rank draws the same A matrices (seeded above), then FSDP2 shards them like any
+        # other parameter; the frozen base weights are sharded too and get no gradient.
         model = apply_lora(model, s.lora)
-        if info.world_size > 1:
-            raise NotImplementedError("trainer.model.lora with more than one trainer rank is not supported")
     n_params = num_parameters(model)
     model = tdist.shard_model(model, info)
     optimizer = build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay, betas=s.betas)
@@ -220,8 +220,11 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
             from toolkit.trainer.broadcast import write_adapter_broadcast
             from toolkit.trainer.lora import adapter_config, adapter_state_dict
 
-            write_adapter_broadcast(run, n, adapter_state_dict(model), adapter_config(model, model_dir))
-            apply_broadcast_retention(run, s.broadcast_keep)
+            adapter = adapter_state_dict(model)  # every rank: gathers the sharded adapter
+            if info.is_main:
+                write_adapter_broadcast(run, n, adapter, adapter_config(model, model_dir))
+                apply_broadcast_retention(run, s.broadcast_keep)
+            del adapter
         else:
             weights = full_state_dict(model, info=info)
             if info.is_main:

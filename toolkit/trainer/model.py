@@ -64,7 +64,8 @@ def full_state_dict(model: torch.nn.Module, *, info=None) -> dict[str, torch.Ten
     world = 1 if info is None else info.world_size
     if hasattr(model, "merge_adapter"):  # peft LoRA: broadcast plain weights with the adapters merged
         if world > 1:
-            raise NotImplementedError("LoRA with more than one trainer rank is not supported")
+            raise NotImplementedError("merged weights of a sharded LoRA model are not gathered; a LoRA run broadcasts "
+                                      "the adapter (toolkit.trainer.lora.adapter_state_dict)")
         from toolkit.trainer.lora import merged_state_dict
 
         return merged_state_dict(model)
