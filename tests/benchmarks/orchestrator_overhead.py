@@ -5,7 +5,8 @@ Both run in this one process against the same zero-latency loopback ``/v1/comple
 client-side rate the orchestrator keeps. The orchestrator path is everything a training step does: sampler,
 rendering the prompt to token ids, the env worker's episode (setup, the reply, scoring: reverse-text's LCS
 reward), the policy client, advantages, filtering, the HDF5 store append, the batch write and the metrics line.
-Single-turn rollouts, one completion request each, so a bare request is the fair unit. The rate counts the
+Single-turn rollouts, one completion request each, so a bare request is the fair unit; the bare client sends the
+same prompts (the taskset's examples rendered by the same renderer, ~107 tokens each), so both send the same bytes. The rate counts the
 rollouts of steps 3..N over the wall time between the metrics lines of step 2 and step N, i.e. whole steps
 including their store and batch writes (``time/step`` stops before the writes, so summing it would leave them
 out; the next step's groups are generated while they run); steps 1-2 are warm-up (imports, first template render, HDF5 file
@@ -38,6 +39,7 @@ from loopback_server import LoopbackServer
 from toolkit.config.model import RLConfig
 from toolkit.inference.client import completion_payload
 from toolkit.inference.health import write_ready
+from toolkit.models import resolve_model
 from toolkit.orchestrator.main import Orchestrator
 from toolkit.orchestrator.types import SamplingParams
 from toolkit.rundir import RunDir
@@ -47,20 +49,34 @@ from toolkit.rundir import RunDir
 TOKENS = [6 + ord("c") - 32, 6 + ord("b") - 32, 6 + ord("a") - 32, 2]
 
 
-async def bare_rate(url: str, n: int, concurrency: int) -> float:
-    """Requests/s of a plain aiohttp session (the PolicyClient's transport, same connection limit) posting one
-    fixed completion request ``n`` times with ``concurrency`` in flight."""
-    body = completion_payload("loopback", list(range(40)), SamplingParams(max_tokens=16))
+def rendered_prompts(model_dir: Path, n: int) -> list[list[int]]:
+    """Token ids of the first ``n`` reverse-text training prompts, rendered as the orchestrator renders them (the
+    taskset's first messages through the model's chat template, generation prompt added)."""
+    from types import SimpleNamespace
+
+    from toolkit.envs.episode import initial_messages
+    from toolkit.envs.registry import load_tasks
+    from toolkit.orchestrator.renderer import load_renderer
+
+    tasks = load_tasks(SimpleNamespace(id="reverse-text", split=None, seed=None, select=None, model_extra={}))
+    renderer = load_renderer(SimpleNamespace(name="auto", import_path=None), model_dir)
+    return [renderer.render(initial_messages(t.data), add_generation_prompt=True) for t in tasks[:n]]
+
+
+async def bare_rate(url: str, n: int, concurrency: int, prompts: list[list[int]]) -> float:
+    """Requests/s of a plain aiohttp session (the PolicyClient's transport, same connection limit) posting ``n``
+    completion requests, cycling through ``prompts``, with ``concurrency`` in flight."""
+    bodies = [completion_payload("loopback", p, SamplingParams(max_tokens=16)) for p in prompts]
     sem = asyncio.Semaphore(concurrency)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
 
-        async def one() -> None:
-            async with sem, http.post(url + "/v1/completions", json=body) as r:
+        async def one(i: int) -> None:
+            async with sem, http.post(url + "/v1/completions", json=bodies[i % len(bodies)]) as r:
                 await r.json()
 
-        await asyncio.gather(*(one() for _ in range(min(n, concurrency))))  # warm the connection pool
+        await asyncio.gather(*(one(i) for i in range(min(n, concurrency))))  # warm the connection pool
         t0 = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(n)))
+        await asyncio.gather(*(one(i) for i in range(n)))
         return n / (time.perf_counter() - t0)
 
 
@@ -105,9 +121,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with LoopbackServer(TOKENS) as srv, tempfile.TemporaryDirectory(prefix="srl-bench-") as tmp:
         n = args.batch_size * (args.steps - 2)
-        bare_before = asyncio.run(bare_rate(srv.url, n, args.concurrency))
+        prompts = rendered_prompts(resolve_model(RLConfig().model.name), 256)
+        bare_before = asyncio.run(bare_rate(srv.url, n, args.concurrency, prompts))
         orch, counted = orchestrator_rate(srv.url, args, Path(tmp))
-        bare_after = asyncio.run(bare_rate(srv.url, n, args.concurrency))
+        bare_after = asyncio.run(bare_rate(srv.url, n, args.concurrency, prompts))
     bare = (bare_before + bare_after) / 2  # before and after: machine load drifts during the run
     print(f"bare async client: {bare:.1f} requests/s (before {bare_before:.1f}, after {bare_after:.1f})")
     print(f"orchestrator:      {orch:.1f} rollouts/s ({counted} rollouts, steps 3..{args.steps}, wall time)")
