@@ -13,7 +13,6 @@ Safety rules (field cases B01, B02, B13, B22, B28):
 from __future__ import annotations
 
 import functools
-import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -23,15 +22,16 @@ from typing import Any
 import jinja2
 
 from .config.model import RLConfig
-from .config.site import SiteConfig
+from .config.site import SBATCH_UNSAFE, SiteConfig
 from .fsutil import atomic_write_text
 from .placement.environment import CACHE_VARS
 from .placement.plan import Plan
 from .rundir import RunDir
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
-# sbatch splits an #SBATCH line on whitespace and understands quotes; keep values free of both.
-_SBATCH_UNSAFE = re.compile(r"[\s'\"\\`]")
+# sbatch splits an #SBATCH line on whitespace and understands quotes; keep values free of both (the config
+# validation refuses the same values earlier, naming the field: toolkit.config.site.sbatch_fields).
+_SBATCH_UNSAFE = SBATCH_UNSAFE
 # How long the batch shell waits for components to exit after SIGTERM before SIGKILL, seconds.
 TERM_GRACE_S = 15
 

@@ -192,7 +192,8 @@ def test_b13_signal_lead_below_time_limit():
 def test_b14_default_signal_not_usr1_and_usr1_with_nccl_warns():
     assert validate_dict(cfg()).config.slurm.signal == "USR2"
     gpu = {"type": "single_node", "gpus_per_node": 8, "num_train_gpus": 4, "num_infer_gpus": 4}
-    assert "NCCL" in warnings_of(cfg(slurm={"signal": "USR1"}, deployment=gpu))
+    infer = {"deployment": {"num_replicas": 4}}  # the 4 inference GPUs used by 4 engines (no idle GPU)
+    assert "NCCL" in warnings_of(cfg(slurm={"signal": "USR1"}, deployment=gpu, inference=infer))
 
 
 def test_b02_per_task_gpu_binding_rejected():

@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # Stage timeouts must be finite: the seed's rule "bound every remote stage". 7 days is the ceiling.
 _MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# Seeds reach torch (``manual_seed``: at most 2**64 - 1), numpy generators (no negative seeds) and vLLM's int64
+# request seed: the range all of them take.
+_MAX_SEED = 2**63 - 1
 
 
 def _numeric_without_bool(annotation: Any) -> bool:
@@ -58,8 +61,10 @@ def _is_table(field: Any) -> bool:
 class Section(BaseModel):
     """Base of every config table: unknown keys are errors; values are validated on assignment too."""
 
+    # allow_inf_nan=False: no float field has a meaning for inf or NaN (a NaN threshold never trips, an inf scale
+    # makes every update NaN), so TOML's inf/nan are refused everywhere, naming the field.
     model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, populate_by_name=True
+        extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False
     )
 
     @model_validator(mode="before")
@@ -118,16 +123,18 @@ class ModelConfig(Section):
 
 class RunSection(Section):
     name: str | None = None
-    """Run directory name under ``output_dir``. Default: ``<envs>--<model>--<short id>``. Letters, digits, ``._-``."""
+    """Run directory name under ``output_dir``. Default: ``<envs>--<model>--<short id>``. Letters, digits, ``._+-``."""
 
     @field_validator("name")
     @classmethod
     def _safe_name(cls, v: str | None) -> str | None:
         import re
 
-        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
+        # '+' is allowed: the automatic name joins several env names with it (toolkit.launch.prepare.auto_run_name),
+        # and it is safe in a directory name, a Slurm job name and an #SBATCH line.
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", v):
             raise ValueError(
-                "run.name must be 1-128 characters of letters, digits, '.', '_' or '-' and start with a letter "
+                "run.name must be 1-128 characters of letters, digits, '.', '_', '+' or '-' and start with a letter "
                 "or digit (it becomes a directory name and a Slurm job name)"
             )
         return v
@@ -145,7 +152,7 @@ class SamplingConfig(Section):
     """Top-k truncation (None or 0 = off)."""
     max_completion_tokens: int = Field(128, ge=1, le=1_000_000)
     """Tokens generated per turn at most."""
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=_MAX_SEED)
     """Sampling seed passed to the engine (None = engine's own randomness)."""
 
 
@@ -156,7 +163,7 @@ class SamplingOverride(Section):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0, le=512)
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=_MAX_SEED)
 
 
 class RendererConfig(Section):
@@ -201,7 +208,7 @@ class TasksetConfig(Section):
     id: str = Field(min_length=1)
     """Built-in id (``reverse-text``, ``alphabet-sort``, ``arith``) or an importable module exporting one Taskset."""
     split: Literal["train", "test"] = "train"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=_MAX_SEED)
     """Seed of the taskset's deterministic task generation / ordering."""
     select: SelectConfig = SelectConfig()
 
@@ -359,16 +366,30 @@ class IcePopLoss(Section):
     type: Literal["icepop"] = "icepop"
     ratio_low: float = Field(0.2, gt=0)
     ratio_high: float = Field(5.0, gt=0)
+    """Tokens whose train/inference probability ratio lies outside [ratio_low, ratio_high] are masked."""
+
+    @model_validator(mode="after")
+    def _band(self) -> IcePopLoss:
+        # The band must hold ratio 1 (trainer and engine agree): otherwise every on-policy token is masked and the
+        # run trains on nothing.
+        if not self.ratio_low < 1.0 < self.ratio_high:
+            raise ValueError(f"ratio_low ({self.ratio_low}) < 1 < ratio_high ({self.ratio_high}) is required: "
+                             "tokens whose ratio is 1 (on-policy) must not be masked")  # fmt: skip
+        return self
 
 
 LossConfig = Annotated[IPOLoss | IcePopLoss, Field(discriminator="type")]
 
 
 class LoraConfig(Section):
-    rank: int = Field(8, ge=1, le=1024)
+    rank: int = Field(8, ge=1, le=512)
+    """Adapter rank r. At most 512, vLLM 0.32's largest ``--max-lora-rank`` (the engines serve the adapter)."""
     alpha: float = Field(16.0, gt=0)
+    """Scale numerator: the update is ``(alpha / rank) * B A x``."""
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    """Linear layers of each decoder layer to adapt (peft names; a dotted suffix such as ``self_attn.q_proj`` is
+    allowed). Checked against the model family's projections (``toolkit.config.lora_rules.LORA_TARGETS``)."""
 
 
 class TrainerModelConfig(Section):
@@ -521,9 +542,9 @@ class SlurmConfig(Section):
     requeue: bool = True
     signal: Literal["USR1", "USR2", "TERM", "INT", "HUP", "URG"] = "USR2"
     """Pre-timeout signal sent to the batch shell (``--signal=B:<sig>@<lead>``). Not USR1 with NCCL (field case B14)."""
-    signal_lead_s: int = Field(600, ge=1)
+    signal_lead_s: int = Field(600, ge=1, le=int(_MAX_TIMEOUT_S))
     """Seconds before the time limit at which the signal is sent."""
-    checkpoint_grace_s: int = Field(300, ge=1)
+    checkpoint_grace_s: int = Field(300, ge=1, le=int(_MAX_TIMEOUT_S))
     """How long the batch shell waits for the requested checkpoint before requeueing/ending, seconds."""
     extra_directives: list[str] = []
     """Extra ``#SBATCH`` options, e.g. ``--mail-type=END``."""
@@ -588,6 +609,17 @@ class WandbConfig(Section):
     api_key_var: str = "WANDB_API_KEY"
     """Name of the environment variable holding the key (never the key itself)."""
 
+    @field_validator("api_key_var")
+    @classmethod
+    def _var_name(cls, v: str) -> str:
+        import re
+
+        # A key pasted here would be a secret in the config; the value is never echoed back.
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("must be the name of an environment variable (letters, digits, '_'; not starting with "
+                             "a digit), never the key itself")  # fmt: skip
+        return v
+
 
 class MonitorsConfig(Section):
     file: bool = True
@@ -607,7 +639,7 @@ class RLConfig(Section):
     run: RunSection = RunSection()
     max_steps: int = Field(20, ge=1, le=10_000_000)
     """Trainer steps (policy updates) of the run."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=_MAX_SEED)
     """Seed of everything random in srl (task order, sampling, init)."""
     model: ModelConfig = ModelConfig()
     env_vars: dict[str, str] = {}

@@ -1,5 +1,8 @@
 """Cross-field rules of the run config. Each rule reads the config and reports; none mutates it.
 
+LoRA rules live in :mod:`toolkit.config.lora_rules`, rules for pass-through arguments and references in
+:mod:`toolkit.config.arg_rules`; :func:`check` runs them all.
+
 Sources: the "train-with-environments" seed (whole groups per batch, group_size >= 8 advised, unique env names,
 ratio on all train envs or none, bounded stages), training.md (``max_concurrent >= rollouts_per_example *
 workers_per_env``), and the field cases B02, B13, B14, B18, B19, B20, B22, B28, B29, B30.
@@ -10,7 +13,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from .arg_rules import check_references as _references
+from .arg_rules import check_row_fits_rollout as _row_fits_rollout
+from .arg_rules import check_vllm_table as _vllm_table
 from .errors import Findings
+from .lora_rules import check_lora as _lora
 from .model import RLConfig
 from .slurm_time import parse_slurm_time
 
@@ -26,7 +33,8 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
     ``purpose`` "serve" (``srl inference`` standalone) skips the rules about training envs, groups and async.
     """
     f = Findings()
-    rl_only = (_batch_and_groups, _env_names_and_ratios, _concurrency, _env_pools, _async, _weight_retention)
+    rl_only = (_batch_and_groups, _env_names_and_ratios, _concurrency, _env_pools, _async, _weight_retention,
+               _row_fits_rollout, _trainer_gpus)
     for rule in (
         _model_name,
         _batch_and_groups,
@@ -36,10 +44,15 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
         _async,
         _sampling,
         _deployment,
+        _trainer_gpus,
         _weight_retention,
         _slurm,
         _secrets,
         _legacy_envs,
+        _lora,
+        _vllm_table,
+        _references,
+        _row_fits_rollout,
     ):
         if purpose == "serve" and rule in rl_only:
             continue
@@ -194,6 +207,8 @@ def _deployment(cfg: RLConfig, f: Findings) -> None:
                     "has one rank per GPU: set deployment.num_train_gpus")  # fmt: skip
         if dep.gpus_per_node and dep.num_infer_gpus % tp:
             f.error("inference.vllm.tensor_parallel_size", f"tp {tp} does not divide num_infer_gpus {dep.num_infer_gpus}")
+        elif dep.gpus_per_node:
+            _single_node_gpu_split(cfg, tp, f)
     else:
         if dep.gpus_per_node and dep.gpus_per_node % tp:
             f.error(
@@ -208,10 +223,45 @@ def _deployment(cfg: RLConfig, f: Findings) -> None:
             )
         if cfg.site == "local":
             f.error("site", "a multi_node deployment needs a Slurm site (e.g. --site local-slurm)")
+    # srl's trainer shards every parameter with FSDP2 over all its ranks (toolkit.trainer.dist): no tensor or
+    # context parallelism, no HSDP groups. These fields only change the data-parallel size the plan reports.
+    unused = [(p, v) for p, v in (("trainer.tp", cfg.trainer.tp), ("trainer.cp", cfg.trainer.cp)) if v > 1]
+    if dep.type == "multi_node" and dep.nodes_per_fsdp_group:
+        unused.append(("deployment.nodes_per_fsdp_group", dep.nodes_per_fsdp_group))
+    for path, value in unused:
+        f.warn(path, f"= {value} is not implemented by srl's trainer, which shards with FSDP2 over all trainer "
+               "ranks (every rank data parallel); the value only changes the reported data-parallel size")  # fmt: skip
     try:
         derive_topology(cfg)
     except TopologyError as e:
         f.error("deployment", str(e))
+
+
+def _single_node_gpu_split(cfg: RLConfig, tp: int, f: Findings) -> None:
+    """On one GPU node the plan gives engine k GPUs [k*tp, (k+1)*tp) and the trainer the num_train_gpus after
+    num_infer_gpus; unless the engines use exactly num_infer_gpus, an engine lands on the trainer's GPUs (or GPUs
+    sit idle), and a trainer without GPUs would run on the CPU of a GPU node."""
+    dep = cfg.deployment
+    infer = cfg.inference.deployment
+    if infer.type == "disaggregated":
+        engines, what = infer.num_prefill_replicas + infer.num_decode_replicas, "prefill + decode replicas"
+    else:
+        engines, what = (infer.num_replicas if infer.type == "single_node" else 1), "inference.deployment.num_replicas"
+    need = engines * tp
+    if dep.num_infer_gpus != need:
+        f.error("deployment.num_infer_gpus", f"{dep.num_infer_gpus} GPUs, but {engines} engine(s) ({what}) x "
+                f"tensor_parallel_size {tp} use {need}; set deployment.num_infer_gpus = {need} or change the "
+                "engine count")  # fmt: skip
+
+
+def _trainer_gpus(cfg: RLConfig, f: Findings) -> None:
+    """An RL run on one GPU node needs trainer GPUs: with num_train_gpus = 0 the plan starts one trainer rank with
+    no GPU bound, which would run on the CPU (or on GPUs the engines use). A serving deployment needs none."""
+    dep = cfg.deployment
+    if dep.type == "single_node" and dep.gpus_per_node and dep.num_train_gpus < 1:
+        free = dep.gpus_per_node - dep.num_infer_gpus
+        f.error("deployment.num_train_gpus", f"is 0 on a GPU node (gpus_per_node = {dep.gpus_per_node}): the trainer "
+                f"needs at least one GPU of its own; allowed: 1..{max(1, free)}")  # fmt: skip
 
 
 def _weight_retention(cfg: RLConfig, f: Findings) -> None:
@@ -279,7 +329,41 @@ def env_tables(cfg: RLConfig) -> dict[str, dict[str, str]]:
     return tables
 
 
+def argument_tables(cfg: RLConfig) -> dict[str, dict]:
+    """Every user table whose keys become program arguments, by dotted path: the vLLM pass-through table, each
+    env's taskset fields beyond srl's own, and each legacy env's ``args``. Their values are written into the resolved
+    configs and the placement (and vLLM's onto its command line), so none may carry a secret."""
+    tables: dict[str, dict] = {"inference.vllm": cfg.inference.vllm}
+    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
+        for i, e in enumerate(envs):
+            if e.taskset is not None and e.taskset.model_extra:
+                tables[f"orchestrator.{section}.env[{i}].taskset"] = e.taskset.model_extra
+            if e.args:
+                tables[f"orchestrator.{section}.env[{i}].args"] = e.args
+    return tables
+
+
+# An argument name that carries a credential: api_key/apikey anywhere, or a last word naming one (hf_token,
+# client_secret). Narrower than _SECRET_NAME so that max_num_batched_tokens or return_tokens_as_token_ids pass.
+_SECRET_WORDS = {"token", "secret", "password", "passwd", "credential", "credentials"}
+
+
+def is_secret_argument(key: str) -> bool:
+    """Whether an argument name (snake or kebab case) names a credential, e.g. ``api_key``, ``hf-token``."""
+    norm = str(key).strip().lstrip("-").replace("-", "_").lower()
+    return "api_key" in norm or "apikey" in norm or norm.rsplit("_", 1)[-1] in _SECRET_WORDS
+
+
 def _secrets(cfg: RLConfig, f: Findings) -> None:
+    for path, table in argument_tables(cfg).items():
+        for key in table:
+            if is_secret_argument(key):
+                f.error(
+                    f"{path}.{key}",
+                    "looks like a secret; its value would be written into the run's resolved configs and placement "
+                    "(and a program's command line). Export it in your shell under the name the program reads "
+                    "(e.g. VLLM_API_KEY, HF_TOKEN) and list that name in slurm.secret_env_vars",
+                )
     tables = env_tables(cfg)
     for path, table in tables.items():
         for key in table:

@@ -27,6 +27,9 @@ DEFAULT_EPHEMERAL = (32768, 60999)
 # An absolute path of safe characters, optionally starting with one $VAR / ${VAR} expanded on the compute node.
 _SCRATCH_RE = re.compile(r"(\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|/)[A-Za-z0-9_./-]*")
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_.,:@%+=/-]+")
+# sbatch splits an #SBATCH line on whitespace and understands quotes and backslashes: a value holding any of them
+# (or a newline, which would start a new script line) changes the options. Shared with toolkit.render.
+SBATCH_UNSAFE = re.compile(r"[\s'\"\\`]")
 GPU_REQUEST_STYLES = ("gres", "gpus-per-node", "gpus")
 
 
@@ -237,7 +240,55 @@ def check_run_against_site(cfg: RLConfig, site: SiteConfig, f: Findings) -> None
         f.error("site", f"site '{site.name}' runs processes on this machine; a multi_node deployment needs Slurm")
     if cfg.inference.external and cfg.deployment.type == "single_node" and not site.is_slurm:
         pass  # a local run may use an inference deployment served elsewhere
+    if site.is_slurm:
+        _sbatch_values(cfg, site, f)
+        _node_limit(cfg, site, f)
     _cache_dirs_on_shared_fs(cfg, site, f)
+
+
+def _node_limit(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
+    """The job's nodes (all heterogeneous components) must fit the site's ``limits.max_nodes``; checked before the
+    plan is built, so a count with extra zeros is refused at once instead of placing millions of processes."""
+    from ..placement.topology import TopologyError, derive_topology
+
+    limit = site.limits.max_nodes
+    if limit is None:
+        return
+    try:
+        topo = derive_topology(cfg)
+    except TopologyError:
+        return  # reported by rules._deployment
+    total = topo.num_nodes + (1 if topo.orchestrator_het_group else 0)
+    if total > limit:
+        f.error("deployment", f"the layout needs {total} nodes ({topo.describe()}) but site '{site.name}' allows "
+                f"at most {limit} (limits.max_nodes)")  # fmt: skip
+
+
+def sbatch_fields(cfg: RLConfig, site: SiteConfig) -> dict[str, str]:
+    """Every config value a Slurm batch script prints inside an ``#SBATCH`` line, by the field that sets it.
+
+    The log directory is ``output_dir`` made absolute (the run name is already restricted to safe characters).
+    """
+    s = cfg.slurm
+    out = {f"slurm.{k}": getattr(s, k) for k in ("job_name", "partition", "account", "qos", "constraint",
+                                                "nodelist", "exclude", "time")}  # fmt: skip
+    out.update({f"slurm.extra_directives[{i}]": d for i, d in enumerate(s.extra_directives)})
+    out["output_dir"] = str(Path(cfg.output_dir).expanduser().absolute())
+    if cfg.deployment.type == "multi_node":
+        out["deployment.orchestrator_partition"] = cfg.deployment.orchestrator_partition
+    out[f"site ({site.name}): partitions.default"] = site.partitions.default
+    out[f"site ({site.name}): partitions.cpu"] = site.partitions.cpu
+    out[f"site ({site.name}): accounting.default_account"] = site.accounting.default_account
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _sbatch_values(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
+    # Checked here, before the run directory is written, rather than only while rendering (toolkit.render raises
+    # the same refusal as a RenderError, too late for a clean config error).
+    for path, value in sbatch_fields(cfg, site).items():
+        if SBATCH_UNSAFE.search(value):  # an empty value is left out of the script
+            f.error(path, f"{value!r} cannot go into an #SBATCH line: no whitespace, newlines, quotes, backquotes or "
+                    "backslashes (sbatch would split or re-read the option)")  # fmt: skip
 
 
 _CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE")

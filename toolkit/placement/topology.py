@@ -89,7 +89,9 @@ def derive_topology(cfg: Any) -> Topology:
             infer_tp=tp,
             engines_per_node=engines,
             trainer_gpus=dep.num_train_gpus,
-            trainer_dp=max(1, dep.num_train_gpus // max(1, cfg.trainer.tp * cfg.trainer.cp)),
+            # CPU-only node: cpu_train_ranks gloo ranks under torchrun (the plan's --nproc-per-node), all data parallel.
+            trainer_dp=(max(1, dep.num_train_gpus // max(1, cfg.trainer.tp * cfg.trainer.cp)) if gpn
+                        else dep.cpu_train_ranks),
         )
 
     # multi_node: islands first, then trainer nodes, then (optionally) the orchestrator's own node.

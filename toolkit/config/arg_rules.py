@@ -1,0 +1,106 @@
+"""Rules for values that become program arguments or point at things: the ``[inference.vllm]`` pass-through table,
+paths and addresses that must exist or have a shape, and the trainer's row length against the longest rollout.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import Findings
+from .model import RLConfig
+
+# vLLM options whose values the plan sets for multi-node (data-parallel) engines, beyond commands.PLAN_OWNED_ARGS:
+# a user value would replace the plan's (they are merged as engine defaults) and break the engines' rendezvous.
+_PLAN_DP_ARGS = ("data_parallel_size_local", "data_parallel_address", "data_parallel_rpc_port",
+                 "data_parallel_start_rank", "data_parallel_rank", "headless")  # fmt: skip
+# The only logprobs mode whose values are those of the distribution tokens were sampled from (after temperature
+# and truncation), which the importance ratio and the IPO mask need (commands.ENGINE_DEFAULTS).
+_LOGPROBS_MODE = "processed_logprobs"
+_OPTION_NAME = re.compile(r"-{0,2}[A-Za-z][A-Za-z0-9_-]*")
+
+
+def check_vllm_table(cfg: RLConfig, f: Findings) -> None:
+    """``[inference.vllm]`` keys become ``--options`` and values their arguments (one argv token each, no shell):
+    a key that is not an option name, a text value holding a newline, a data-parallel value the plan sets, or a
+    logprobs mode other than the sampling distribution's would make the engine fail at start or sample wrong
+    logprobs, inside the job. Refused here, naming the key."""
+    for key, value in cfg.inference.vllm.items():
+        where = f"inference.vllm.{key}"
+        norm = str(key).strip().lstrip("-").replace("-", "_").lower()
+        if not _OPTION_NAME.fullmatch(str(key)):
+            f.error("inference.vllm", f"{key!r} is not a vLLM option name (letters, digits, '_' or '-', like "
+                    "max_model_len or max-model-len)")  # fmt: skip
+            continue
+        texts = [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] \
+            if isinstance(value, list) else []  # fmt: skip
+        if any(("\n" in t or "\r" in t) for t in texts):
+            f.error(where, "a value holding a newline is never a valid vLLM argument; give one line")
+        if norm in _PLAN_DP_ARGS:
+            f.error(where, "is set by the placement plan for data-parallel (multi-node) engines; remove it and "
+                    "size engines with [inference.deployment] and deployment.gpus_per_node")  # fmt: skip
+        if norm == "logprobs_mode" and value != _LOGPROBS_MODE:
+            f.error(where, f"{value!r}: srl's importance ratios need the logprobs of the distribution tokens were "
+                    f"sampled from; allowed: ['{_LOGPROBS_MODE}'] (or remove the key)")  # fmt: skip
+
+
+_ADDRESS = re.compile(r"[A-Za-z0-9_.-]+:(\d{1,5})|\[[0-9A-Fa-f:.]+\]:(\d{1,5})")
+_IMPORT_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_references(cfg: RLConfig, f: Findings) -> None:
+    """Values that point at something: they must have its shape, and exist where srl can check it now.
+
+    A ``resume.dir`` without checkpoints would make the fork start silently at step 0 (the trainer treats a run
+    without step directories as a fresh start, B17's class); a missing ``inference.external`` would make the
+    orchestrator wait out its timeout for a deployment that never comes.
+    """
+    from pathlib import Path
+
+    from ..rundir import RunDir
+
+    if cfg.resume.dir is not None:
+        ck = RunDir(Path(cfg.resume.dir).expanduser()).checkpoints
+        if not ck.is_dir() or not any(p.name.startswith("step_") for p in ck.iterdir()):
+            f.error("resume.dir", f"{cfg.resume.dir} holds no checkpoints ({ck} has no step directories): the fork "
+                    "would silently start at step 0; give the run directory that holds them")  # fmt: skip
+    if cfg.inference.external is not None and not Path(cfg.inference.external).expanduser().is_dir():
+        # A warning, not an error: the directory may live on a filesystem this host does not mount.
+        f.warn("inference.external", f"{cfg.inference.external} is not a directory here; the orchestrator waits "
+               "for that deployment's control/inference_ready.json until inference.startup_timeout_s; give the run "
+               "directory of a deployment submitted with `srl inference`")  # fmt: skip
+    tpl = cfg.slurm.template_path
+    if tpl is not None and not Path(tpl).expanduser().is_file():
+        f.error("slurm.template_path", f"{tpl} is not a file")
+    ip = cfg.orchestrator.renderer.import_path
+    if ip is not None and not _IMPORT_PATH.fullmatch(ip):
+        f.error("orchestrator.renderer.import_path", f"{ip!r} is not 'package.module:Class'")
+    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
+        for i, e in enumerate(envs):
+            if e.address is None:
+                continue
+            m = _ADDRESS.fullmatch(e.address)
+            port = int(next(g for g in m.groups() if g is not None)) if m else 0
+            if not 0 < port < 65536:
+                f.error(f"orchestrator.{section}.env[{i}].address", f"{e.address!r} is not host:port (a host name "
+                        "or address, then a port 1-65535)")  # fmt: skip
+
+
+def check_row_fits_rollout(cfg: RLConfig, f: Findings) -> None:
+    """A train rollout may reach min(max_total_tokens, the engines' max_model_len) tokens; the trainer packs each
+    into one row of trainer.seq_len tokens and stops on the first that does not fit (toolkit.trainer.packing)."""
+    mml = vllm_max_model_len(cfg.inference.vllm)
+    for i, e in enumerate(cfg.orchestrator.train.env):
+        longest = min(e.max_total_tokens, mml) if mml else e.max_total_tokens
+        if longest > cfg.trainer.seq_len:
+            f.warn("trainer.seq_len", f"{cfg.trainer.seq_len} tokens < {longest}, the longest rollout env "
+                   f"'{e.env_name}' may produce (orchestrator.train.env[{i}].max_total_tokens"
+                   f"{', inference.vllm.max_model_len' if mml else ''}): the trainer stops at the first such "
+                   "rollout; raise trainer.seq_len or lower the limit")  # fmt: skip
+
+
+def vllm_max_model_len(vllm: dict) -> int | None:
+    """``max_model_len`` of the pass-through table as a positive int, or None (unset, auto, or not a number)."""
+    from ..placement.topology import vllm_arg
+
+    v = vllm_arg(vllm, "max_model_len")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
