@@ -68,6 +68,11 @@ def test_reload_of_a_directory_without_weights_is_answered_not_raised(tmp_path):
     answer = Worker().srl_reload_weights(str(tmp_path))
     assert answer[RESULT_MARKER] >= 1 and "no *.safetensors" in answer["error"]
     json.dumps(answer)  # travels back through /collective_rpc as JSON
+    # Not a path at all (what a hand-made /collective_rpc body can carry): answered too, never raised, since an
+    # exception in a collective_rpc method kills a vLLM engine.
+    for bad in (7, None, ["a", "b"], {"p": 1}):
+        answer = Worker().srl_reload_weights(bad)
+        assert "TypeError" in answer["error"], bad
 
 
 def test_has_extension_reads_server_info_config():

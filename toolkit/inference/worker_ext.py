@@ -183,8 +183,10 @@ class SrlWorkerExtension:
         """
         t0 = time.perf_counter()
         try:
+            if not isinstance(weights_path, (str, Path)):  # e.g. a JSON number or list sent to /collective_rpc
+                raise TypeError(f"weights_path must be a directory path string, got {type(weights_path).__name__}")
             files = weight_files(weights_path)
-        except OSError as exc:
+        except (OSError, TypeError, ValueError) as exc:
             # Answered, not raised: vLLM treats any exception in a collective_rpc method as fatal and kills the
             # engine; nothing has been touched yet, so the engine keeps serving the old weights and the caller
             # (WeightUpdater) raises on this answer.
