@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 USAGE = """usage: srl <command> [...]
 
@@ -24,7 +25,7 @@ RL runs
 Environments, evals, sweeps, reports
   srl eval validate @ run.toml          model-free checks of every taskset and verifier
   srl eval run @ run.toml -n 20 -r 4    first-run gate against a live endpoint
-  srl sweep @ sweep.toml [--dry-run]    parameter sweep as a Slurm job array
+  srl sweep @ sweep.toml [--site S] [--dry-run]   parameter sweep: one Slurm job array (local site: runs here)
   srl report RUN_DIR [...]              HTML + Markdown report (pandas, matplotlib)
   srl diagnose RUN_DIR                  classify failures by the seed's boundaries
 
@@ -147,6 +148,21 @@ def _print_warnings(loaded) -> None:
         print(f"warning: {w}", file=sys.stderr)
 
 
+def _refuse_resume_of_finished_run(run: Any, cfg: Any) -> None:
+    """``--resume`` of a run whose resume point already is its last step would start every component only to stop
+    again: say so instead (ConfigError), before anything is written or started."""
+    from .checkpoints import latest_complete
+    from .config import ConfigError
+
+    step = cfg.resume.step if cfg.resume.step is not None else latest_complete(run)
+    if step is not None and step >= cfg.max_steps:
+        raise ConfigError(
+            f"--resume: {run.root} already finished (checkpoint step {step} is complete, max_steps = {cfg.max_steps}); "
+            f"nothing to resume. To train on, raise max_steps (e.g. --max-steps {cfg.max_steps * 2}); to start over, "
+            "use --clean."
+        )
+
+
 def cmd_rl(args: list[str], full_argv: list[str]) -> int:
     """``srl rl``: validate, write the run directory, then launch locally or submit to Slurm."""
     from .config import load_config
@@ -166,6 +182,8 @@ def cmd_rl(args: list[str], full_argv: list[str]) -> int:
     from .launch.prepare import dry_run_dir, prepare_run, run_dir_for
 
     live = run_dir_for(loaded, resume=flags["resume"])
+    if flags["resume"] and not flags["dry_run"] and live.configs.exists():
+        _refuse_resume_of_finished_run(live, loaded.config)
     if flags["dry_run"] and live.configs.exists() and (flags["resume"] or flags["clean"]):
         shadow = dry_run_dir(live)
         print(f"dry run of the existing run {live.root}: nothing in it is changed; would-be files go to {shadow.root}")

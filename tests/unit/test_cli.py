@@ -123,3 +123,18 @@ def test_continue_command_is_ready_to_paste():
         ".venv/bin/srl rl @ jobs/a.toml --max-steps 5 --run.name r1 --resume"
     assert continue_command(["x/cli.py", "rl", "@", "a b.toml", "--run.name=o", "--clean", "--resume"], "o") == \
         "srl rl @ 'a b.toml' --resume --run.name o"
+
+
+def test_resume_of_a_finished_run_says_so_and_starts_nothing(tmp_path):
+    assert srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "done", "--max-steps", "4").returncode == 0
+    run = tmp_path / "done"
+    for part in ("trainer", "orchestrator"):  # a COMPLETE checkpoint at the last step, as a finished run leaves
+        (run / "checkpoints" / "step_4" / part).mkdir(parents=True)
+    (run / "checkpoints" / "step_4" / "COMPLETE").touch()
+    attempts = sorted(p.name for p in (run / "configs").iterdir())
+    out = srl("rl", "@", JOB, "--resume", "--output-dir", tmp_path, "--run.name", "done", "--max-steps", "4")
+    assert out.returncode == 2 and "already finished" in out.stderr and "--max-steps 8" in out.stderr, out.stderr
+    assert sorted(p.name for p in (run / "configs").iterdir()) == attempts  # no new attempt written
+    # A dry run is not refused: it only shows what a resume would write, in a shadow directory.
+    out = srl("rl", "@", JOB, "--resume", "--dry-run", "--output-dir", tmp_path, "--run.name", "done", "--max-steps", "4")
+    assert out.returncode == 0, out.stderr

@@ -67,4 +67,4 @@ def test_status_of_a_local_run_reads_progress_from_the_run_directory(tmp_path: P
     assert json.loads((run.launcher / "local.json").read_text())["status"] == 130
     assert status_main([str(run.root)]) == 0
     out = capsys.readouterr().out
-    assert "ended with status 130" in out and "stop requested" not in out  # the request was served
+    assert "ended with status 130 (stopped by Ctrl-C)" in out and "stop requested" not in out  # served

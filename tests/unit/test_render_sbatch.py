@@ -172,3 +172,16 @@ def test_array_and_eval_templates() -> None:
     text = render_batch("eval", cfg, PI, run, command=["srl", "eval", "run", "a b"], name_suffix="-eval",
                         gpus_per_node=1)
     assert "#SBATCH --gres=gpu:1" in text and "'a b'" in text
+
+
+def test_shipped_sites_never_pin_another_checkouts_interpreter() -> None:
+    """A site's python is a command name (resolved to the submitting interpreter) or a site-wide install, never a
+    path inside some user's checkout: jobs submitted from a second clone must run that clone's code."""
+    import sys
+
+    from toolkit.render import _python
+
+    for path in sorted((Path(__file__).resolve().parents[2] / "site-configs").glob("*.toml")):
+        site = load_site(path.stem)
+        assert "/work/" not in site.environment.python and ".venv" not in site.environment.python, path.name
+    assert _python(load_site("local-slurm")) == sys.executable

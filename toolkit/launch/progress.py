@@ -72,7 +72,10 @@ def read_local_record(run: RunDir) -> dict[str, Any] | None:
 def _launcher_line(rec: dict[str, Any]) -> str:
     where = f"local launcher pid {rec.get('pid')} on {rec.get('host')}, attempt {rec.get('attempt')}"
     if "status" in rec:
-        return f"{where}: ended with status {rec['status']}"
+        status = rec["status"]
+        # 130 = 128 + SIGINT: the shell's code for a run stopped with Ctrl-C (it checkpointed and stopped).
+        meaning = {0: "finished", 130: "stopped by Ctrl-C"}.get(status, "failed")
+        return f"{where}: ended with status {status} ({meaning})"
     if rec.get("host") != socket.gethostname():
         return f"{where}: state unknown from this host"
     try:
