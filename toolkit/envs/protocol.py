@@ -1,9 +1,14 @@
 """The env worker wire protocol: newline-delimited JSON over TCP, requests multiplexed by id.
 
-Request  ``{"id": n, "op": "health" | "info" | "start" | "step" | "finish" | "close", ...params}``
+Request  ``{"id": n, "op": "health" | "info" | "start" | "start_group" | "step" | "finish" | "close", ...params}``
 Response ``{"id": n, "ok": true, "result": {...}}`` or ``{"id": n, "ok": false, "error_class": C, "error": msg}``
 where C is one of the seed's error classes (``toolkit.errors``). A lost connection means the worker died: the
 client raises ``SandboxError`` (transient, retried by the runtime), the env-server analogue of a lost sandbox.
+
+Round trips per rollout: ``start_group`` starts every episode of a group in one request (``results``: one
+``{"ok", "result" | "error_class", "error"}`` per episode, in order), and a ``step`` sent with ``"finish": true``
+that ends the episode also carries its score (``scored``, same shape), so a single-turn rollout needs one request
+of its own instead of three.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import errors as srl_errors
-from toolkit.envs.protocol import READY_PREFIX, WorkerConnection
+from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, error_from_wire
 from toolkit.orchestrator.engines import wait_excluding_outage
 from toolkit.orchestrator.renderer import CachedRenderer, Renderer, load_renderer
 from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
@@ -100,13 +100,63 @@ class _Worker:
         self.restarting: asyncio.Task | None = None
 
 
-class _RemoteSession:
-    """An ``EnvSession`` backed by one episode on one worker."""
+class _GroupStart:
+    """The first attempt of every rollout of a group starts in one ``start_group`` request on one worker; each
+    session (:meth:`session`) takes its own result, so one episode's setup error fails only that rollout."""
 
-    def __init__(self, runtime: EnvRuntime, worker: _Worker, example_id: int) -> None:
+    def __init__(self, runtime: EnvRuntime, worker: _Worker, example_id: int, size: int) -> None:
         self.runtime, self.worker, self.example_id = runtime, worker, example_id
+        self.sessions = [_RemoteSession(runtime, worker, example_id, group=self, index=k) for k in range(size)]
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> list[dict[str, Any]]:
+        await self.runtime._ready(self.worker)
+        limit = self.runtime.timeouts.get("setup")
+        conn = self.worker.conn
+        try:
+            r = await conn.call("start_group", None if limit is None else limit + GRACE_S, example_id=self.example_id,
+                                episodes=[x.episode for x in self.sessions])  # fmt: skip
+        except asyncio.TimeoutError as exc:
+            self.runtime._schedule_restart(self.worker, conn)
+            raise srl_errors.TaskError(f"env worker did not answer start within {limit} s (+{GRACE_S} s)") from exc
+        return list(r["results"])
+
+    async def outcome(self, index: int) -> dict[str, Any]:
+        """Episode ``index``'s start result. Raises its error class (every session of the group raises when the
+        request as a whole failed, e.g. a lost worker: SandboxError)."""
+        try:
+            # Shielded: a rollout cancelled while waiting (its timeout) must not cancel its group mates' start.
+            results = await asyncio.shield(self.task)
+        except srl_errors.SrlRolloutError as exc:
+            raise type(exc)(str(exc)) from exc  # a fresh exception per rollout (they are raised concurrently)
+        out = results[index]
+        if not out.get("ok"):
+            raise error_from_wire(out.get("error_class", "HarnessError"), out.get("error", ""))
+        return out["result"]
+
+    def started_ok(self, index: int) -> bool:
+        """Whether episode ``index`` is known to exist on the worker (its start finished without error)."""
+        t = self.task
+        if not t.done() or t.cancelled() or t.exception() is not None:
+            return False
+        return bool(t.result()[index].get("ok"))
+
+
+class _RemoteSession:
+    """An ``EnvSession`` backed by one episode on one worker (started alone, or as part of a ``_GroupStart``).
+
+    A single-turn task's step asks for the score in the same request (``finish``), so such a rollout costs one
+    request of its own after the group's start.
+    """
+
+    def __init__(self, runtime: EnvRuntime, worker: _Worker, example_id: int, *, group: _GroupStart | None = None,
+                 index: int = 0) -> None:  # fmt: skip
+        self.runtime, self.worker, self.example_id = runtime, worker, example_id
+        self.group, self.index = group, index
         self.episode = uuid.uuid4().hex
-        self.started = False
+        self.started = False  # the episode exists on the worker and has not been finished
+        self.single_turn = False
+        self.scored: dict[str, Any] | None = None  # the score that came with the last step
 
     async def _call(self, op: str, stage: str | None, **params: Any) -> dict[str, Any]:
         limit = self.runtime.timeouts.get(stage) if stage else None
@@ -122,26 +172,51 @@ class _RemoteSession:
             ) from exc
 
     async def start(self) -> tuple[str, list[dict[str, str]]]:
-        r = await self._call("start", "setup", example_id=self.example_id)
+        if self.group is not None:
+            r = await self.group.outcome(self.index)
+        else:
+            r = await self._call("start", "setup", example_id=self.example_id)
         self.started = True
+        self.single_turn = bool(r.get("single_turn"))
         return r["task_id"], r["messages"]
 
-    async def step(self, reply: str) -> tuple[list[dict[str, str]], bool]:
-        r = await self._call("step", None, reply=reply)
-        return r["messages"], bool(r["done"])
-
-    async def finish(self) -> dict[str, Any]:
+    async def _scoring_call(self, op: str, **params: Any) -> dict[str, Any]:
+        """``op`` bounded by the finalize + scoring timeouts (+ grace): a worker that does not answer in time is
+        replaced and the rollout fails as TaskError."""
         limit = sum(self.runtime.timeouts.get(s) or 0 for s in ("finalize", "scoring"))
         conn = self.worker.conn
         try:
-            return await conn.call("finish", (limit + GRACE_S) if limit else None, episode=self.episode)
+            return await conn.call(op, (limit + GRACE_S) if limit else None, episode=self.episode, **params)
         except asyncio.TimeoutError as exc:
             self.runtime._schedule_restart(self.worker, conn)
             raise srl_errors.TaskError(f"env worker did not finish scoring within {limit} s") from exc
+
+    async def step(self, reply: str) -> tuple[list[dict[str, str]], bool]:
+        if self.single_turn:  # this step ends the episode (no user turn): its score comes with the answer
+            try:
+                r = await self._scoring_call("step", reply=reply, finish=True)
+            finally:
+                self.started = False  # scored and forgotten by the worker, or failed: nothing to close
+            self.scored = r.get("scored")
+        else:
+            r = await self._call("step", None, reply=reply)
+        return r["messages"], bool(r["done"])
+
+    async def finish(self) -> dict[str, Any]:
+        if self.scored is not None:
+            out, self.scored = self.scored, None
+            if not out.get("ok"):
+                raise error_from_wire(out.get("error_class", "HarnessError"), out.get("error", ""))
+            return out["result"]
+        try:
+            return await self._scoring_call("finish")
         finally:
             self.started = False
 
     async def close(self) -> None:
+        if not self.started and self.group is not None and self.scored is None and not self.single_turn:
+            # Cancelled before taking its start result: the episode may exist on the worker all the same.
+            self.started = self.group.started_ok(self.index)
         if self.started and not self.worker.conn.closed:
             try:
                 await self.worker.conn.call("close", 5.0, episode=self.episode)
@@ -313,10 +388,14 @@ class EnvRuntime:
         self._rr += 1
         return min(live, key=lambda w: (w.conn.inflight, (self._rr + live.index(w)) % len(live)))
 
-    async def _attempt(self, example_id: int, client: Any, sampling: SamplingParams) -> Rollout:
-        worker = self._pick_worker()
-        await self._ready(worker)  # it died since the last call (crash) or is being replaced
-        session = _RemoteSession(self, worker, example_id)
+    async def _attempt(self, example_id: int, client: Any, sampling: SamplingParams,
+                       session: _RemoteSession | None = None) -> Rollout:  # fmt: skip
+        if session is None:
+            session = _RemoteSession(self, self._pick_worker(), example_id)
+        worker = session.worker
+        # It died since the last call (crash) or is being replaced: wait here, before the rollout's clock starts
+        # (a group's start request waits for the same restart).
+        await self._ready(worker)
         session_id = f"{self.name}-{example_id}-{session.episode[:12]}"
         try:
             return await wait_excluding_outage(
@@ -343,12 +422,14 @@ class EnvRuntime:
         except srl_errors.SrlRolloutError:
             pass  # connection already lost: the next attempt restarts it
 
-    async def run_rollout(self, example_id: int, *, client: Any, sampling: SamplingParams) -> Rollout:
-        """One rollout with retries of transient failures; an errored Rollout (no samples) when it fails."""
+    async def run_rollout(self, example_id: int, *, client: Any, sampling: SamplingParams,
+                          first: _RemoteSession | None = None) -> Rollout:  # fmt: skip
+        """One rollout with retries of transient failures; an errored Rollout (no samples) when it fails.
+        ``first``: the session of the first attempt (a group's pre-started one); retries start their own."""
         errors: list[str] = []
         for attempt in range(self.retries + 1):
             try:
-                rollout = await self._attempt(example_id, client, sampling)
+                rollout = await self._attempt(example_id, client, sampling, first if attempt == 0 else None)
                 if errors:
                     rollout.metrics["retries"] = float(len(errors))
                 return rollout
@@ -382,8 +463,14 @@ class EnvRuntime:
                 sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + k)
             )
 
-        return list(
-            await asyncio.gather(
-                *(self.run_rollout(example_id, client=client, sampling=nth(k)) for k in range(group_size))
-            )
-        )
+        # The first attempts start together on one worker, in one request (protocol: start_group).
+        group = _GroupStart(self, self._pick_worker(), example_id, group_size)
+        try:
+            return list(await asyncio.gather(*(
+                self.run_rollout(example_id, client=client, sampling=nth(k), first=group.sessions[k])
+                for k in range(group_size)
+            )))  # fmt: skip
+        finally:
+            if not group.task.done():  # every rollout was cancelled before its start result came
+                group.task.cancel()
+            await asyncio.gather(group.task, return_exceptions=True)

@@ -70,14 +70,15 @@ class EnvWorker:
         if op == "info":
             return {"num_examples": len(self.tasks), "task_ids": [self._task_id(t) for t in self.tasks]}
         if op == "start":
-            example_id = int(req["example_id"])
-            if not 0 <= example_id < len(self.tasks):
-                raise srl_errors.TaskError(f"example_id {example_id} out of range [0, {len(self.tasks)})")
-            task = self.tasks[example_id]
-            episode = Episode(task, max_turns=self.max_turns)
-            messages = await self._staged("setup", episode.start())
-            self.episodes[req["episode"]] = episode
-            return {"task_id": self._task_id(task), "messages": messages}
+            return await self._start(int(req["example_id"]), req["episode"])
+        if op == "start_group":
+            # The episodes of one group in one request (one round trip instead of one per rollout); each episode
+            # succeeds or fails on its own, like separate starts.
+            ids = list(req["episodes"])
+            outcomes = await asyncio.gather(
+                *(self._start(int(req["example_id"]), e) for e in ids), return_exceptions=True
+            )
+            return {"results": [_outcome(o) for o in outcomes]}
         episode = self.episodes.get(req.get("episode", ""))
         if op == "close":
             self.episodes.pop(req.get("episode", ""), None)
@@ -86,15 +87,34 @@ class EnvWorker:
             raise srl_errors.HarnessError(f"unknown episode {req.get('episode')!r}")
         if op == "step":
             messages, done = await episode.step(req["reply"])
-            return {"messages": messages, "done": done}
+            out: dict[str, Any] = {"messages": messages, "done": done}
+            if done and req.get("finish"):  # the client asked for the score with the last step (one round trip)
+                out["scored"] = _outcome(await _settled(self._finish(req["episode"], episode)))
+            return out
         if op == "finish":
-            try:
-                await self._staged("finalize", episode.finalize())
-                scored = await self._staged("scoring", episode.score())
-            finally:
-                self.episodes.pop(req["episode"], None)
-            return {**scored, "wants_more": episode.wants_more}
+            return await self._finish(req["episode"], episode)
         raise srl_errors.HarnessError(f"unknown op {op!r}")
+
+    async def _start(self, example_id: int, episode_id: str) -> dict[str, Any]:
+        """Run the setup of a new episode of task ``example_id``. Result: ``task_id``, first ``messages`` and
+        ``single_turn`` (the task has no ``user_turn``: its first step ends it). Raises TaskError."""
+        if not 0 <= example_id < len(self.tasks):
+            raise srl_errors.TaskError(f"example_id {example_id} out of range [0, {len(self.tasks)})")
+        task = self.tasks[example_id]
+        episode = Episode(task, max_turns=self.max_turns)
+        messages = await self._staged("setup", episode.start())
+        self.episodes[episode_id] = episode
+        return {"task_id": self._task_id(task), "messages": messages,
+                "single_turn": not callable(getattr(task, "user_turn", None))}  # fmt: skip
+
+    async def _finish(self, episode_id: str, episode: Episode) -> dict[str, Any]:
+        """Finalize and score an episode (each stage under its timeout) and forget it. Raises TaskError."""
+        try:
+            await self._staged("finalize", episode.finalize())
+            scored = await self._staged("scoring", episode.score())
+        finally:
+            self.episodes.pop(episode_id, None)
+        return {**scored, "wants_more": episode.wants_more}
 
     @staticmethod
     def _task_id(task: Any) -> str:
@@ -102,18 +122,7 @@ class EnvWorker:
         return str(data.id if data.id is not None else (data.name if data.name is not None else task.key))
 
     async def respond(self, req: dict[str, Any], writer: asyncio.StreamWriter, outbox: list[bytes]) -> None:
-        rid = req.get("id")
-        try:
-            out = {"id": rid, "ok": True, "result": await self.handle(req.get("op", ""), req)}
-        except srl_errors.SrlRolloutError as exc:
-            out = {"id": rid, "ok": False, "error_class": exc.error_class, "error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - a bug in the worker itself: reported at the harness boundary
-            out = {
-                "id": rid,
-                "ok": False,
-                "error_class": "HarnessError",
-                "error": f"{type(exc).__name__}: {exc}",
-            }
+        out = {"id": req.get("id"), **_outcome(await _settled(self.handle(req.get("op", ""), req)))}
         if not writer.is_closing():
             coalesce_writes(asyncio.get_running_loop(), writer, outbox, encode(out))
             await writer.drain()
@@ -130,6 +139,24 @@ class EnvWorker:
             pass
         finally:
             writer.close()
+
+
+async def _settled(coro: Any) -> Any:
+    """The result of ``coro``, or the exception it raised (returned, not raised)."""
+    try:
+        return await coro
+    except Exception as exc:  # noqa: BLE001 - every failure is reported to the client by _outcome
+        return exc
+
+
+def _outcome(value: Any) -> dict[str, Any]:
+    """A result or an exception as the wire sees it: ``{"ok": true, "result"}`` or ``{"ok": false, "error_class",
+    "error"}``; an exception that is not a seed error class is a bug in the worker: HarnessError."""
+    if isinstance(value, srl_errors.SrlRolloutError):
+        return {"ok": False, "error_class": value.error_class, "error": str(value)}
+    if isinstance(value, BaseException):
+        return {"ok": False, "error_class": "HarnessError", "error": f"{type(value).__name__}: {value}"}
+    return {"ok": True, "result": value}
 
 
 async def _watch_parent(parent_pid: int) -> None:
