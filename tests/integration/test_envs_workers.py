@@ -115,6 +115,41 @@ def test_external_taskset_runs_through_workers(model_dir, external_on_path):
             assert r.task_id.startswith("count-") and r.reward_components.keys() == {"correct"}
 
 
+def test_env_requests_per_rollout(model_dir):
+    """Round trips to the worker: a single-turn group is one start_group plus one step per rollout (the score comes
+    with the step); a multi-turn rollout adds its further steps and one finish, and no close after a finish."""
+
+    def recorded(rt):
+        calls = []
+        for w in rt.workers:
+            orig = w.conn.call
+
+            async def call(op, *args, _orig=orig, **kwargs):
+                calls.append(op)
+                return await _orig(op, *args, **kwargs)
+
+            w.conn.call = call
+        return calls
+
+    async def go(taskset_id, group_size):
+        rt = EnvRuntime(env_cfg(taskset_id, workers=1), model_path=model_dir, renderer_cfg=None, seed=0)
+        await rt.start()
+        try:
+            calls = recorded(rt)
+            group = await rt.run_group(0, group_size, client=AnswerPolicy(model_dir, "b\na"),
+                                       sampling=SamplingParams(max_tokens=8))  # fmt: skip
+        finally:
+            await rt.aclose()
+        return calls, group
+
+    calls, group = asyncio.run(go("reverse-text", 4))
+    assert all(r.error_class is None and r.num_turns == 1 for r in group)
+    assert sorted(calls) == ["start_group"] + ["step"] * 4
+    calls, group = asyncio.run(go("alphabet-sort", 2))
+    assert all(r.error_class is None and r.num_turns == 2 for r in group), [r.error_message for r in group]
+    assert sorted(calls) == ["finish"] * 2 + ["start_group"] + ["step"] * 4
+
+
 def test_raising_scorer_gives_task_error_without_retry(model_dir, external_on_path):
     async def go():
         rt = EnvRuntime(env_cfg("raising-scorer", retries=3), model_path=model_dir, renderer_cfg=None, seed=0)

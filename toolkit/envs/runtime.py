@@ -102,7 +102,7 @@ class _Worker:
 
 class _GroupStart:
     """The first attempt of every rollout of a group starts in one ``start_group`` request on one worker; each
-    session (:meth:`session`) takes its own result, so one episode's setup error fails only that rollout."""
+    session (``sessions[k]``) takes its own result, so one episode's setup error fails only that rollout."""
 
     def __init__(self, runtime: EnvRuntime, worker: _Worker, example_id: int, size: int) -> None:
         self.runtime, self.worker, self.example_id = runtime, worker, example_id
@@ -157,6 +157,7 @@ class _RemoteSession:
         self.started = False  # the episode exists on the worker and has not been finished
         self.single_turn = False
         self.scored: dict[str, Any] | None = None  # the score that came with the last step
+        self._group_start_pending = group is not None  # its start result not taken yet (close() checks the group)
 
     async def _call(self, op: str, stage: str | None, **params: Any) -> dict[str, Any]:
         limit = self.runtime.timeouts.get(stage) if stage else None
@@ -173,7 +174,12 @@ class _RemoteSession:
 
     async def start(self) -> tuple[str, list[dict[str, str]]]:
         if self.group is not None:
-            r = await self.group.outcome(self.index)
+            try:
+                r = await self.group.outcome(self.index)
+            except srl_errors.SrlRolloutError:
+                self._group_start_pending = False  # no episode on the worker
+                raise
+            self._group_start_pending = False
         else:
             r = await self._call("start", "setup", example_id=self.example_id)
         self.started = True
@@ -214,8 +220,9 @@ class _RemoteSession:
             self.started = False
 
     async def close(self) -> None:
-        if not self.started and self.group is not None and self.scored is None and not self.single_turn:
+        if self._group_start_pending and self.group is not None:
             # Cancelled before taking its start result: the episode may exist on the worker all the same.
+            self._group_start_pending = False
             self.started = self.group.started_ok(self.index)
         if self.started and not self.worker.conn.closed:
             try:
