@@ -184,6 +184,12 @@ def _python(site: SiteConfig) -> str:
     return p if p.startswith("/") else sys.executable
 
 
+def _path_prepend(python: str) -> str | None:
+    """The directory of the job's interpreter, put first on the job's PATH: a virtual environment's ``srl``,
+    ``torchrun`` and ``vllm-router`` live next to its python, and the submitting shell may not have activated it."""
+    return str(Path(python).parent) if python.startswith("/") else None
+
+
 def _container_prefix(site: SiteConfig, run: RunDir) -> list[str]:
     c = site.environment.container
     if c is None:
@@ -217,8 +223,7 @@ def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, a
     python = _python(site)
     return ScriptContext(
         kind=kind, directives=groups, run_root=str(run.root), launcher=str(run.launcher), logs=str(logs),
-        attempt=attempt, python=python,
-        path_prepend=str(Path(site.environment.python).parent) if site.environment.python.startswith("/") else None,
+        attempt=attempt, python=python, path_prepend=_path_prepend(python),
         modules=list(site.environment.modules), setup=list(site.environment.setup),
         scratch=site.filesystem.node_local_scratch.rstrip("/"), cache_vars=dict(CACHE_VARS),
         secret_names=sorted(set(s.secret_env_vars) | ({cfg.monitors.wandb.api_key_var} if cfg.monitors.wandb else set())),
@@ -310,7 +315,7 @@ def render_batch(kind: str, cfg: RLConfig, site: SiteConfig, run: RunDir, *, com
         d.append(f"--array={sbatch_value(array, 'array')}")
     ctx = ScriptContext(
         kind=kind, directives=[d], run_root=str(run.root), launcher=str(run.launcher), logs=str(run.logs),
-        attempt=0, python=_python(site), path_prepend=None, modules=list(site.environment.modules),
+        attempt=0, python=_python(site), path_prepend=_path_prepend(_python(site)), modules=list(site.environment.modules),
         setup=list(site.environment.setup), scratch=site.filesystem.node_local_scratch.rstrip("/"),
         cache_vars=dict(CACHE_VARS), secret_names=sorted(cfg.slurm.secret_env_vars), steps=[],
         stop_file=str(run.stop_request), signal=None, requeue=False, checkpoint_grace_s=0, term_grace_s=TERM_GRACE_S,

@@ -221,7 +221,9 @@ def main(argv: list[str]) -> int:
     if args.site:
         sweep.common = deep_merge(sweep.common, {"site": args.site})
     configs = [point_config(sweep, p, args.output_dir) for p in sweep.points]  # validate all before submitting
-    root = Path(configs[0].config.output_dir)
+    # Absolute: the array tasks read the manifest and write the points' run directories from wherever Slurm
+    # starts them, not from the directory the sweep was submitted from.
+    root = Path(configs[0].config.output_dir).resolve()
     manifest = write_manifest(sweep, root)
     print(f"sweep {sweep.name}: {len(sweep.points)} points, manifest {manifest}")
     site_name = configs[0].config.site

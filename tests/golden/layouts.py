@@ -93,7 +93,9 @@ def render(layout: str, site: str = "prime-intellect") -> str:
     s = load_site(site)
     plan = build_plan(cfg, s, run, job_id="pending")
     text = render_text("rl.sbatch.j2", build_context(cfg, s, run, plan, attempt=1), plan)
-    return text.replace(sys.executable, "/opt/srl/bin/python")
+    # The submitting interpreter and its directory (put first on the job's PATH) are this machine's: normalised.
+    text = text.replace(sys.executable, "/opt/srl/bin/python")
+    return text.replace(f"export PATH={Path(sys.executable).parent}:", "export PATH=/opt/srl/bin:")
 
 
 def check_shell(texts: list[str], tmp_path: Path) -> None:
