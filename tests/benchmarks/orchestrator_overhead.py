@@ -10,8 +10,9 @@ same prompts (the taskset's examples rendered by the same renderer, ~107 tokens 
 rollouts of steps 3..N over the wall time between the metrics lines of step 2 and step N, i.e. whole steps
 including their store and batch writes (``time/step`` stops before the writes, so summing it would leave them
 out; the next step's groups are generated while they run); steps 1-2 are warm-up (imports, first template render, HDF5 file
-creation) and env worker start-up is never counted. The bare client sends as many requests as are counted, at
-the same concurrency (``--concurrency``, the orchestrator's ``max_concurrent``), after warming its pool.
+creation) and env worker start-up is never counted. The bare client sends as many requests as are counted but at
+least 8192 (a window of a few seconds: sub-second windows varied by 2x between runs), at the same concurrency
+(``--concurrency``, the orchestrator's ``max_concurrent``), after warming its pool.
 
     python tests/benchmarks/orchestrator_overhead.py [--steps 8] [--batch-size 64] [--group-size 8]
         [--concurrency 64] [--workers 1]
@@ -120,7 +121,7 @@ def main() -> None:
         p.error("--steps must be >= 3 (steps 1-2 are warm-up)")
     logging.basicConfig(level=logging.WARNING)
     with LoopbackServer(TOKENS) as srv, tempfile.TemporaryDirectory(prefix="srl-bench-") as tmp:
-        n = args.batch_size * (args.steps - 2)
+        n = max(8192, args.batch_size * (args.steps - 2))
         prompts = rendered_prompts(resolve_model(RLConfig().model.name), 256)
         bare_before = asyncio.run(bare_rate(srv.url, n, args.concurrency, prompts))
         orch, counted = orchestrator_rate(srv.url, args, Path(tmp))
