@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import jinja2
 
 from .config.model import RLConfig
-from .config.site import SBATCH_UNSAFE, SiteConfig
+from .config.site import SBATCH_UNSAFE, SiteConfig, job_python
 from .fsutil import atomic_write_text
 from .placement.environment import CACHE_VARS
 from .placement.plan import Plan
@@ -180,8 +179,7 @@ class ScriptContext:
 
 
 def _python(site: SiteConfig) -> str:
-    p = site.environment.python
-    return p if p.startswith("/") else sys.executable
+    return job_python(site)
 
 
 def _path_prepend(python: str) -> str | None:

@@ -353,3 +353,14 @@ def site_rules(cfg: RLConfig, f: Findings) -> None:
         pass  # already reported by rules._deployment
     except PlacementError as e:
         f.error("inference / site ports", str(e))
+
+
+def job_python(site: SiteConfig) -> str:
+    """The interpreter a batch job runs srl with: the site's ``environment.python`` when it is an absolute path (a
+    site-wide install), else the interpreter running srl now (``sys.executable``: the checkout's own environment,
+    which a cluster's shared filesystem makes visible on the compute nodes). Never a bare command name, which a job
+    would resolve against whatever PATH it inherits."""
+    import sys
+
+    p = site.environment.python
+    return p if p.startswith("/") else sys.executable

@@ -119,8 +119,10 @@ def submit_gate(cfg: Any, site: Any, run: RunDir, argv: list[str], *, command: s
     """
     import submitit
 
+    from toolkit.config.site import job_python
+
     folder = run.logs / "eval" / "submitit" / "%j"
-    executor = submitit.SlurmExecutor(folder=folder, python=site.environment.python)
+    executor = submitit.SlurmExecutor(folder=folder, python=job_python(site))
     name = f"{cfg.slurm.job_name or run.root.name}-eval-{command}"[:120]
     executor.update_parameters(**executor_parameters(cfg, site, command=command, job_name=name))
     return executor.submit(job_main, [command, *argv])
