@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -44,8 +45,8 @@ def _site_dir(tmp: Path, bindir: Path) -> Path:
     sites.mkdir()
     text = (REPO / "site-configs" / "local-slurm.toml").read_text()
     text = text.replace('name = "local-slurm"', 'name = "probe-slurm"')
-    text = text.replace('python = "/work/main/.venv/bin/python"',
-                        f'python = "python"\nsetup = ["export PATH={bindir}:$PATH"]')
+    text, n = re.subn(r'(?m)^python = .*$', f'python = "python"\nsetup = ["export PATH={bindir}:$PATH"]', text)
+    assert n == 1, "local-slurm.toml must set [environment] python once"
     (sites / "probe-slurm.toml").write_text(text)
     return sites
 
