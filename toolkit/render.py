@@ -178,10 +178,6 @@ class ScriptContext:
     array: str | None = None
 
 
-def _python(site: SiteConfig) -> str:
-    return job_python(site)
-
-
 def _path_prepend(python: str) -> str | None:
     """The directory of the job's interpreter, put first on the job's PATH: a virtual environment's ``srl``,
     ``torchrun`` and ``vllm-router`` live next to its python, and the submitting shell may not have activated it."""
@@ -218,7 +214,7 @@ def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, a
     wait_files = []
     if plan.external_inference:
         wait_files.append((str(RunDir(Path(plan.external_inference)).inference_ready), cfg.inference.startup_timeout_s))
-    python = _python(site)
+    python = job_python(site)
     return ScriptContext(
         kind=kind, directives=groups, run_root=str(run.root), launcher=str(run.launcher), logs=str(logs),
         attempt=attempt, python=python, path_prepend=_path_prepend(python),
@@ -311,9 +307,10 @@ def render_batch(kind: str, cfg: RLConfig, site: SiteConfig, run: RunDir, *, com
     d += gpu_directives(site, gpus_per_node, nodes)
     if array:
         d.append(f"--array={sbatch_value(array, 'array')}")
+    python = job_python(site)
     ctx = ScriptContext(
         kind=kind, directives=[d], run_root=str(run.root), launcher=str(run.launcher), logs=str(run.logs),
-        attempt=0, python=_python(site), path_prepend=_path_prepend(_python(site)), modules=list(site.environment.modules),
+        attempt=0, python=python, path_prepend=_path_prepend(python), modules=list(site.environment.modules),
         setup=list(site.environment.setup), scratch=site.filesystem.node_local_scratch.rstrip("/"),
         cache_vars=dict(CACHE_VARS), secret_names=sorted(cfg.slurm.secret_env_vars), steps=[],
         stop_file=str(run.stop_request), signal=None, requeue=False, checkpoint_grace_s=0, term_grace_s=TERM_GRACE_S,

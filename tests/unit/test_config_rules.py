@@ -3,37 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from config_cases import config as cfg
+from config_cases import errors_of, warnings_of
 
 from toolkit.config import ConfigError, validate_dict
 from toolkit.config.slurm_time import parse_slurm_time
-
-BASE = {
-    "max_steps": 10,
-    "orchestrator": {
-        "batch_size": 64,
-        "group_size": 8,
-        "train": {"env": [{"taskset": {"id": "reverse-text"}}]},
-        "eval": {"env": [{"taskset": {"id": "reverse-text", "split": "test"}}]},
-    },
-}
-
-
-def cfg(**patch):
-    import copy
-
-    from toolkit.config.compose import deep_merge
-
-    return deep_merge(copy.deepcopy(BASE), patch)
-
-
-def errors_of(data) -> str:
-    with pytest.raises(ConfigError) as e:
-        validate_dict(data)
-    return str(e.value)
-
-
-def warnings_of(data) -> str:
-    return "\n".join(str(w) for w in validate_dict(data).warnings)
 
 
 def test_base_is_valid():
@@ -108,9 +82,7 @@ def test_multi_node_needs_slurm_site():
 
 
 def _slurm_cfg(**patch):
-    from toolkit.config.compose import deep_merge
-
-    return deep_merge(cfg(deployment=MULTI, site="local-slurm"), patch)
+    return cfg({"deployment": MULTI, "site": "local-slurm"}, patch)
 
 
 def _validate_with_sites(data, tmp_path, monkeypatch):

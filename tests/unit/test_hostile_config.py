@@ -23,36 +23,15 @@ import copy
 from pathlib import Path
 
 import pytest
+from config_cases import config as cfg
+from config_cases import errors_of
 
 from toolkit.config import ConfigError, validate_dict
-from toolkit.config.compose import deep_merge
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = {
-    "max_steps": 10,
-    "orchestrator": {
-        "batch_size": 64,
-        "group_size": 8,
-        "train": {"env": [{"taskset": {"id": "reverse-text"}}]},
-        "eval": {"env": [{"taskset": {"id": "reverse-text", "split": "test"}}]},
-    },
-}
 SLURM = {"site": "local-slurm", "deployment": {"type": "multi_node", "gpus_per_node": 0, "num_train_nodes": 1,
                                                "num_infer_nodes": 1}}  # fmt: skip
 CANARY = "sk-canary-0b5e1d7f3a"
-
-
-def cfg(*patches):
-    out = copy.deepcopy(BASE)
-    for p in patches:
-        out = deep_merge(out, copy.deepcopy(p))
-    return out
-
-
-def errors_of(data) -> str:
-    with pytest.raises(ConfigError) as e:
-        validate_dict(data)
-    return str(e.value)
 
 
 BAD_WORDS = ["gpu x", "gpu\ntouch /tmp/PWNED", "a'b", 'a"b', "a\\b", "a`id`", "\t"]

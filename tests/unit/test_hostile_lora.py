@@ -8,37 +8,21 @@ deployment started without LoRA; a multi-rank CPU trainer whose data-parallel si
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
 import pytest
+from config_cases import config, errors_of
 
-from toolkit.config import ConfigError, validate_dict
-from toolkit.config.compose import deep_merge
+from toolkit.config import validate_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA = {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-BASE = {
-    "max_steps": 10,
-    "orchestrator": {
-        "batch_size": 64,
-        "group_size": 8,
-        "train": {"env": [{"taskset": {"id": "reverse-text"}}]},
-        "eval": {"env": [{"taskset": {"id": "reverse-text", "split": "test"}}]},
-    },
-    "trainer": {"model": {"lora": LORA}},
-}
 
 
-def cfg(**patch):
-    return deep_merge(copy.deepcopy(BASE), patch)
-
-
-def errors_of(data) -> str:
-    with pytest.raises(ConfigError) as e:
-        validate_dict(data)
-    return str(e.value)
+def cfg(*patches, **fields):
+    """The base config with the LoRA table, then ``patches`` and ``fields``."""
+    return config({"trainer": {"model": {"lora": LORA}}}, *patches, **fields)
 
 
 def test_lora_base_is_valid():

@@ -179,9 +179,9 @@ def test_shipped_sites_never_pin_another_checkouts_interpreter() -> None:
     path inside some user's checkout: jobs submitted from a second clone must run that clone's code."""
     import sys
 
-    from toolkit.render import _python
+    from toolkit.config.site import job_python
 
     for path in sorted((Path(__file__).resolve().parents[2] / "site-configs").glob("*.toml")):
         site = load_site(path.stem)
         assert "/work/" not in site.environment.python and ".venv" not in site.environment.python, path.name
-    assert _python(load_site("local-slurm")) == sys.executable
+    assert job_python(load_site("local-slurm")) == sys.executable

@@ -24,9 +24,11 @@ def check_vllm_table(cfg: RLConfig, f: Findings) -> None:
     a key that is not an option name, a text value holding a newline, a data-parallel value the plan sets, or a
     logprobs mode other than the sampling distribution's would make the engine fail at start or sample wrong
     logprobs, inside the job. Refused here, naming the key."""
+    from ..inference.commands import option_key
+
     for key, value in cfg.inference.vllm.items():
         where = f"inference.vllm.{key}"
-        norm = str(key).strip().lstrip("-").replace("-", "_").lower()
+        norm = option_key(key)
         if not _OPTION_NAME.fullmatch(str(key)):
             f.error("inference.vllm", f"{key!r} is not a vLLM option name (letters, digits, '_' or '-', like "
                     "max_model_len or max-model-len)")  # fmt: skip

@@ -51,14 +51,14 @@ def check_lora(cfg: RLConfig, f: Findings) -> None:
     update would fail inside the job), target modules outside the model family's projections (peft fails at trainer
     start), and an external inference deployment whose engines were started without such LoRA support.
     """
-    from ..inference.commands import VLLM_LORA_RANKS, lora_engine_args
+    from ..inference.commands import VLLM_LORA_RANKS, lora_engine_args, option_key
 
     lora = cfg.trainer.model.lora
     if lora is None:
         return
     need = lora_engine_args(lora.rank)["max_lora_rank"]  # rank <= 512 is a field bound
     for key, value in cfg.inference.vllm.items():
-        norm = key.strip().lstrip("-").replace("-", "_").lower()
+        norm = option_key(key)
         where = f"inference.vllm.{key}"
         if norm == "enable_lora" and value is not True:
             f.error(where, f"is {value!r} but trainer.model.lora is set: the engines must serve the adapter; "

@@ -350,7 +350,9 @@ _SECRET_WORDS = {"token", "secret", "password", "passwd", "credential", "credent
 
 def is_secret_argument(key: str) -> bool:
     """Whether an argument name (snake or kebab case) names a credential, e.g. ``api_key``, ``hf-token``."""
-    norm = str(key).strip().lstrip("-").replace("-", "_").lower()
+    from ..inference.commands import option_key
+
+    norm = option_key(key)
     return "api_key" in norm or "apikey" in norm or norm.rsplit("_", 1)[-1] in _SECRET_WORDS
 
 

@@ -80,48 +80,43 @@ def _needs_only(fn: Any, available: dict[str, Any]) -> bool:
     return True
 
 
-# Per-task trace identity (``Task.key``, ``Task.hash``: a JSON dump and a sha256 of the task data, twice). Task
-# data is frozen (``vf.TaskData``), so the values never change; an env worker starts thousands of episodes of the
-# same tasks and computes them once per task instead of once per episode.
+def _per_task(cache: weakref.WeakKeyDictionary, task: Any, compute: Any) -> Any:
+    """``compute(task)``, kept in the weakly keyed ``cache`` (a task type that cannot be weakly referenced is computed
+    every time). Task data and config are frozen while a worker serves them, and a worker starts thousands of
+    episodes of the same tasks, so per-task values are computed once per task instead of once per episode."""
+    try:
+        return cache[task]
+    except (KeyError, TypeError):
+        pass
+    value = compute(task)
+    try:
+        cache[task] = value
+    except TypeError:
+        pass
+    return value
+
+
+# ``(Task.key, Task.hash)``: a JSON dump and a sha256 of the task data, twice.
 _IDENTITIES: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
+# ``Task.hooks("stop")`` (verifiers walks the class hierarchy and the config's plugged functions on every call), with
+# the task's own methods kept unbound: a bound one would keep its task, the cache key, alive.
+_STOP_HOOKS: weakref.WeakKeyDictionary[Any, list[tuple[Any, bool]]] = weakref.WeakKeyDictionary()
 _AGENT_CONFIG: list[vf.AgentConfig] = []
 
 
 def _task_identity(task: vf.Task) -> tuple[str, str]:
     """``(task.key, task.hash)``, computed once per task object."""
-    try:
-        return _IDENTITIES[task]
-    except (KeyError, TypeError):
-        pass
-    identity = (task.key, task.hash)
-    try:
-        _IDENTITIES[task] = identity
-    except TypeError:  # a task type that cannot be weakly referenced: computed every time
-        pass
-    return identity
+    return _per_task(_IDENTITIES, task, lambda t: (t.key, t.hash))
 
 
-_STOP_HOOKS: weakref.WeakKeyDictionary[Any, list[tuple[Any, bool]]] = weakref.WeakKeyDictionary()
+def _unbound_stop_hooks(task: vf.Task) -> list[tuple[Any, bool]]:
+    return [(h.__func__, True) if isinstance(h, types.MethodType) and h.__self__ is task else (h, False)
+            for h in task.hooks("stop")]  # fmt: skip
 
 
 def _stop_hooks(task: vf.Task) -> list[Any]:
-    """``task.hooks("stop")``, looked up once per task object (verifiers walks the class hierarchy and the config's
-    plugged functions on every call; a task's class and config do not change while a worker serves it)."""
-    try:
-        cached = _STOP_HOOKS[task]
-    except (KeyError, TypeError):
-        cached = None
-    if cached is not None:  # methods of the task are kept unbound (a bound one would keep the task alive)
-        return [types.MethodType(fn, task) if bound else fn for fn, bound in cached]
-    hooks = task.hooks("stop")
-    try:
-        _STOP_HOOKS[task] = [
-            (h.__func__, True) if isinstance(h, types.MethodType) and h.__self__ is task else (h, False)
-            for h in hooks
-        ]
-    except TypeError:  # not weakly referenceable: looked up every time
-        pass
-    return hooks
+    """``task.hooks("stop")``, looked up once per task object."""
+    return [types.MethodType(fn, task) if bound else fn for fn, bound in _per_task(_STOP_HOOKS, task, _unbound_stop_hooks)]
 
 
 def _default_agent_config() -> vf.AgentConfig:

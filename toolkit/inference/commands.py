@@ -79,8 +79,9 @@ class CommandError(ValueError):
     """A command or environment cannot be built from the given arguments (the message names the offending key)."""
 
 
-def _norm_key(key: str) -> str:
-    return key.strip().lstrip("-").replace("-", "_").lower()
+def option_key(key: str) -> str:
+    """A vLLM option name as one spelling: ``--Max-Model-Len``, ``max-model-len`` -> ``max_model_len``."""
+    return str(key).strip().lstrip("-").replace("-", "_").lower()
 
 
 def vllm_arg_list(args: Mapping[str, Any]) -> list[str]:
@@ -93,7 +94,7 @@ def vllm_arg_list(args: Mapping[str, Any]) -> list[str]:
     """
     out: list[str] = []
     for key, value in args.items():
-        flag = "--" + _norm_key(key).replace("_", "-")
+        flag = "--" + option_key(key).replace("_", "-")
         if value is None or value is False:
             continue
         if value is True:
@@ -206,15 +207,15 @@ def engine_command(
     table sets a plan-owned flag, or when tp/dp/port are out of range.
     """
     for key in vllm_args:
-        owned = PLAN_OWNED_ARGS.get(_norm_key(key))
+        owned = PLAN_OWNED_ARGS.get(option_key(key))
         if owned is not None:
             raise CommandError(f"[inference.vllm] may not set {key!r}: it is plan-owned ({owned})")
     if tp < 1 or dp < 1:
         raise CommandError(f"tp and dp must be >= 1, got tp={tp} dp={dp}")
     if not 0 < int(port) < 65536:
         raise CommandError(f"port out of range: {port}")
-    merged: dict[str, Any] = {_norm_key(k): v for k, v in (defaults or {}).items()}
-    merged.update({_norm_key(k): v for k, v in vllm_args.items()})
+    merged: dict[str, Any] = {option_key(k): v for k, v in (defaults or {}).items()}
+    merged.update({option_key(k): v for k, v in vllm_args.items()})
     plan: dict[str, Any] = {
         "model": str(model_path),
         "served_model_name": served_model_name,

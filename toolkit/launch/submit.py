@@ -93,8 +93,9 @@ def submit_sweep(sweep, manifest: Path, cfg: RLConfig, site: SiteConfig, *, dry_
     ``sweep.max_parallel`` (``--array=a-b%P``); logs are ``%x_%A_%a`` (field case B11). Scripts go next to the
     manifest. Returns the array job ids (or the script paths when ``dry_run``). Raises SubmitError loudly.
     """
+    from ..config.site import job_python
     from ..fsutil import atomic_write_text
-    from ..render import _python, render_batch
+    from ..render import render_batch
 
     root = manifest.parent
     run = RunDir(root)
@@ -110,7 +111,7 @@ def submit_sweep(sweep, manifest: Path, cfg: RLConfig, site: SiteConfig, *, dry_
         offset = first
         array = f"0-{last - first}%{sweep.max_parallel}"
         # The interpreter path, not a bare `srl`: the job's PATH need not contain the venv.
-        command = [_python(site), "-m", "toolkit.cli", "sweep", "run-point", str(manifest), "{task_id}"]
+        command = [job_python(site), "-m", "toolkit.cli", "sweep", "run-point", str(manifest), "{task_id}"]
         if offset:
             command += ["--offset", str(offset)]
         text = render_batch("array", named, site, run, command=command, name_suffix=f"-sweep-{first // size}",

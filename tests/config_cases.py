@@ -1,0 +1,40 @@
+"""The smallest valid rl config as a dict, and helpers to vary and validate it (the config rule tests share them)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from toolkit.config import ConfigError, validate_dict
+from toolkit.config.compose import deep_merge
+
+BASE = {
+    "max_steps": 10,
+    "orchestrator": {
+        "batch_size": 64,
+        "group_size": 8,
+        "train": {"env": [{"taskset": {"id": "reverse-text"}}]},
+        "eval": {"env": [{"taskset": {"id": "reverse-text", "split": "test"}}]},
+    },
+}
+
+
+def config(*patches: dict, **fields) -> dict:
+    """A fresh copy of :data:`BASE` with each patch, then the keyword ``fields``, deep-merged in (inputs untouched)."""
+    out = copy.deepcopy(BASE)
+    for patch in (*patches, fields):
+        out = deep_merge(out, copy.deepcopy(patch))
+    return out
+
+
+def errors_of(data: dict) -> str:
+    """The ConfigError text ``data`` must raise (fails the test when it validates)."""
+    with pytest.raises(ConfigError) as e:
+        validate_dict(data)
+    return str(e.value)
+
+
+def warnings_of(data: dict) -> str:
+    """The warnings of a config that validates, one per line."""
+    return "\n".join(str(w) for w in validate_dict(data).warnings)
