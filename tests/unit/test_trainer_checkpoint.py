@@ -97,6 +97,23 @@ def test_optimizer_moments_are_safetensors_and_the_older_layout_still_loads(tiny
                 assert torch.equal(want[pid][key], got[pid][key]), (source.name, pid, key)
 
 
+def test_load_into_an_optimizer_with_state_overwrites_its_tensors_in_place(tiny_dir, tmp_path):
+    torch.manual_seed(0)
+    model, opt, sched = _setup(tiny_dir)
+    _step(model, opt, sched, 1)
+    part = save_trainer_state(RunDir(tmp_path / "run"), 1, model, opt, sched)
+    saved = {pid: {k: v.clone() for k, v in st.items()} for pid, st in opt.state_dict()["state"].items()}
+    m2 = _step(model, opt, sched, 2)  # moves every moment away from the saved values
+    before = {(pid, k): v.data_ptr() for pid, st in opt.state_dict()["state"].items() for k, v in st.items()}
+    load_trainer_state(part, model, opt, sched)
+    got = opt.state_dict()["state"]
+    for pid, st in saved.items():
+        for k, v in st.items():
+            assert torch.equal(got[pid][k], v), (pid, k)
+            assert got[pid][k].data_ptr() == before[(pid, k)], (pid, k)  # same memory, no second allocation
+    assert _step(model, opt, sched, 2)["loss/mean"] == m2["loss/mean"]
+
+
 def test_broadcast_is_a_loadable_hf_dir(tiny_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from toolkit.trainer.checkpoint import _load_weights, _read_safetensors_into
+from toolkit.trainer import checkpoint
+from toolkit.trainer.checkpoint import _contiguous_spans, _load_weights, _read_safetensors_into
 
 
 class _Mixed(torch.nn.Module):
@@ -46,9 +47,33 @@ def test_layout_mismatch_changes_nothing_and_falls_back_to_strict_load(tmp_path)
         _load_weights(tmp_path / "m.safetensors", model)
 
 
-def test_truncated_file_raises(tmp_path):
+@pytest.mark.parametrize("streams", [1, 3])
+def test_truncated_file_raises(tmp_path, monkeypatch, streams):
+    monkeypatch.setattr(checkpoint, "READ_STREAMS", streams)
+    monkeypatch.setattr(checkpoint, "PARALLEL_READ_BYTES", 0)
     save_file(_source(), str(tmp_path / "m.safetensors"))
     data = (tmp_path / "m.safetensors").read_bytes()
     (tmp_path / "t.safetensors").write_bytes(data[:-8])
     with pytest.raises(ValueError, match="ends inside"):
         _read_safetensors_into(tmp_path / "t.safetensors", _Mixed().state_dict())
+
+
+@pytest.mark.parametrize("streams", [2, 3, 8])
+def test_concurrent_streams_read_the_same_bytes(tmp_path, monkeypatch, streams):
+    monkeypatch.setattr(checkpoint, "READ_STREAMS", streams)
+    monkeypatch.setattr(checkpoint, "PARALLEL_READ_BYTES", 0)  # streams even for a small file
+    g = torch.Generator().manual_seed(1)
+    src = {f"t{i}": torch.randn(int(n), generator=g) for i, n in enumerate(torch.randint(1, 5000, (40,), generator=g))}
+    save_file(src, str(tmp_path / "many.safetensors"))
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    assert _read_safetensors_into(tmp_path / "many.safetensors", dst)
+    for k, v in src.items():
+        assert torch.equal(dst[k], v), k
+
+
+def test_spans_cover_every_job_once_in_file_order():
+    jobs = [(i * 10, f"t{i}", bytes(size)) for i, size in enumerate([5, 1, 1, 1, 9, 2, 2, 3])]
+    for n in (1, 2, 3, 8, 20):
+        spans = _contiguous_spans(jobs, n)
+        assert 1 <= len(spans) <= n and all(spans)
+        assert [job for span in spans for job in span] == jobs
