@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ from toolkit.inference.worker_ext import (
     RELOAD_METHOD,
     RESULT_MARKER,
     SrlWorkerExtension,
+    _ReadAhead,
     weight_files,
 )
 
@@ -96,3 +98,39 @@ def test_extension_answer_needs_the_marker_from_every_worker():
         _extension_answer("u", _resp({"results": [{RESULT_MARKER: 1, "error": "FileNotFoundError: gone"}]}))
     with pytest.raises(WeightUpdateError):
         _extension_answer("u", httpx.Response(200, content=b"not json"))
+
+
+def _pinned_read_ahead(files, cpu):
+    """A _ReadAhead started from a thread pinned to ``cpu`` (as vLLM pins its CPU worker), joined."""
+    box = {}
+
+    def start():
+        os.sched_setaffinity(0, {cpu})
+        box["ahead"] = _ReadAhead(files)
+        box["ahead"].join()
+
+    import threading
+
+    t = threading.Thread(target=start)
+    t.start()
+    t.join()
+    return box["ahead"]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2, reason="needs 2 cores")
+def test_read_ahead_reads_every_byte_on_the_cores_the_worker_does_not_use(tmp_path):
+    files = []
+    for i, size in enumerate((3 << 20, 17 << 20, 0)):  # a chunk boundary inside the second file, an empty one
+        f = tmp_path / f"model-{i}.safetensors"
+        f.write_bytes(os.urandom(size))
+        files.append(f)
+    ahead = _pinned_read_ahead(files, cpu=0)
+    assert ahead.cpus == set(range(os.cpu_count())) - {0}
+    assert ahead.bytes_read == sum(f.stat().st_size for f in files)
+
+
+def test_read_ahead_of_a_vanished_file_ends_quietly(tmp_path):
+    (tmp_path / "a.safetensors").write_bytes(b"x" * 100)
+    ahead = _ReadAhead([tmp_path / "a.safetensors", tmp_path / "gone.safetensors", tmp_path / "a.safetensors"])
+    ahead.join()
+    assert ahead.bytes_read == 100  # stopped at the missing file, raised nothing

@@ -17,9 +17,15 @@ what cuts its cost on the CPU backend (measured with tests/benchmarks/weight_syn
   Raising ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` lets each reload reuse the memory the previous layer and the
   previous version freed: the re-pack of the benchmark model fell from ~0.6 s to ~0.3 s. The cost is that the
   worker's resident memory stays at its high-water mark (model + one layer's temporaries) instead of shrinking.
-Tried and dropped (no gain beyond the noise in the benchmark): reading the broadcast's files ahead
-(``posix_fadvise(WILLNEED)`` from a thread, or vLLM's ``--safetensors-load-strategy prefetch``) so that disk reads
-overlap the re-packing; the benchmark's disk is still writing back the broadcast just written.
+- **The files are read ahead on another core** (:class:`_ReadAhead`): vLLM's loaders fault the memory-mapped files
+  in page by page, and on CPU the worker's thread is pinned to its OpenMP core (``VLLM_CPU_OMP_THREADS_BIND``;
+  vLLM's automatic binding leaves a core for the API server, idle while the engine is paused for the reload), so
+  reads, copies and re-packing took turns on one core. A thread moved to the cores the worker does not use reads
+  the files sequentially into the page cache while the loaders copy and re-pack: STABLE -> serving 1.34-1.37 s ->
+  0.72-0.94 s (medians of 6-8 updates, 487 MB, tests/benchmarks/weight_sync.py). The same read ahead on the worker's own core (the thread
+  inherits its pin) gained nothing, nor did ``posix_fadvise(WILLNEED)`` from the other core (1.04-1.12 s: the
+  kernel's readahead submits the reads, but the worker still waits for most of them) or vLLM's
+  ``--safetensors-load-strategy prefetch``.
 
 Why not ``model.load_weights`` directly (skipping ``reload_weights``): on CPU the packed layers hold an empty
 ``weight`` (``dispatch_cpu_unquantized_gemm(remove_weight=True)``) and compute from the oneDNN handle, so the
@@ -155,6 +161,47 @@ class _PhaseTimer:
         return out
 
 
+class _ReadAhead:
+    """Reads ``files`` sequentially into the page cache from a background thread, on the CPUs this process may use
+    but the calling thread is not pinned to (all CPUs when there are none); see the module doc for why.
+
+    Advisory only: a file that vanishes or cannot be read ends the read ahead silently (vLLM's own read then reports
+    the error). ``join`` waits for the thread (by then vLLM has read the files, so the rest comes from the cache).
+    """
+
+    CHUNK = 16 << 20  # bytes per read call (dd bs=16M)
+
+    def __init__(self, files: list[Path]) -> None:
+        import os
+
+        self.files = files
+        mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()  # this thread's pin
+        self.cpus = set(range(os.cpu_count() or 1)) - mine
+        self.bytes_read = 0
+        self._thread = threading.Thread(target=self._run, name="srl-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import os
+
+        if self.cpus:
+            try:  # pid 0 = this thread on Linux; a cpuset (Slurm cgroup) may refuse the others: then stay put
+                os.sched_setaffinity(0, self.cpus)
+            except OSError:
+                pass
+        buf = bytearray(self.CHUNK)
+        try:
+            for f in self.files:
+                with open(f, "rb", buffering=0) as fh:
+                    while n := fh.readinto(buf):
+                        self.bytes_read += n
+        except OSError:
+            return
+
+    def join(self) -> None:
+        self._thread.join()
+
+
 def _on_cpu() -> bool:
     """Whether this vLLM process runs the CPU backend (vLLM's platform detection); False when it cannot tell."""
     try:
@@ -174,7 +221,8 @@ class SrlWorkerExtension:
         memory kept for reuse on the CPU backend (module doc).
 
         Returns a JSON-able dict: ``srl_reload`` (EXTENSION_API_VERSION, proof the extension ran), ``seconds``
-        (wall time in this worker), ``bytes`` (size of the files), ``reuse_memory`` (whether mallopt took effect)
+        (wall time in this worker), ``bytes`` (size of the files), ``reuse_memory`` (whether mallopt took effect),
+        ``read_ahead_cpus`` (the cores the files were read ahead on; empty: the worker's own)
         and, with ``profile``, ``phases``: seconds per phase (repack, allocate, load_copy, count_loaded,
         initialize, finalize, other).
         A directory without safetensors files is answered with ``error`` (the engine stays up, on the old
@@ -197,9 +245,11 @@ class SrlWorkerExtension:
         timer = _PhaseTimer() if profile else None
         if timer is not None:
             timer.__enter__()
+        ahead = _ReadAhead(files)
         try:
             self.reload_weights(weights_path=str(weights_path))  # type: ignore[attr-defined]
         finally:
+            ahead.join()
             if timer is not None:
                 timer.__exit__(None, None, None)
         seconds = time.perf_counter() - t0
@@ -208,6 +258,7 @@ class SrlWorkerExtension:
             "seconds": seconds,
             "bytes": sum(f.stat().st_size for f in files),
             "reuse_memory": reused,
+            "read_ahead_cpus": sorted(ahead.cpus),
         }
         if timer is not None:
             out["phases"] = timer.phases(seconds)
