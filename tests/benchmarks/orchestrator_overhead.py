@@ -17,7 +17,10 @@ least 8192 (a window of a few seconds: sub-second windows varied by 2x between r
     python tests/benchmarks/orchestrator_overhead.py [--steps 8] [--batch-size 64] [--group-size 8]
         [--concurrency 64] [--workers 1]
 
-Prints both rates and ``ratio = orchestrator / bare`` (goal >= 0.8).
+Prints both rates and ``ratio = orchestrator / bare`` (goal >= 0.8), and where the CPU goes: CPU milliseconds per
+rollout of this process (the orchestrator's loop and policy client), of its child processes (env workers, record
+writer) and of the server, against the same per bare request, over the same windows (psutil, sampled every 0.1 s).
+On a machine with few cores these sums bound the rates: ``cores * 1000 / ms per rollout`` rollouts/s at most.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for loopback_server
 
@@ -81,9 +85,79 @@ async def bare_rate(url: str, n: int, concurrency: int, prompts: list[list[int]]
         return n / (time.perf_counter() - t0)
 
 
-def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[float, int]:
-    """Rollouts/s of the whole orchestrator over steps 3..N (wall time, writes included) and the rollouts
-    counted."""
+class CpuSampler:
+    """CPU seconds (user + system) of this process, its descendants and the server process, sampled every
+    ``period_s`` seconds in a background thread with ``time.time()`` stamps; ``between(t0, t1)`` gives the CPU seconds
+    per group spent between the samples nearest to two wall-clock times (a process that ended keeps its last value)."""
+
+    def __init__(self, server_pid: int, period_s: float = 0.1) -> None:
+        import threading
+
+        self.me, self.server = psutil.Process(), psutil.Process(server_pid)
+        self.period_s = period_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._last: dict[int, float] = {}
+        self._children: list[psutil.Process] = []
+        self._listed_at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _cpu(self, proc: psutil.Process) -> float:
+        try:
+            t = proc.cpu_times()
+            self._last[proc.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+        return self._last.get(proc.pid, 0.0)
+
+    def sample(self) -> None:
+        now = time.time()
+        if now - self._listed_at > 1.0:  # listing children scans /proc: once a second is enough
+            try:
+                self._children = self.me.children(recursive=True)
+            except psutil.Error:
+                pass
+            self._listed_at = now
+        children = self._children
+        known = {p.pid for p in children} | {self.me.pid, self.server.pid}
+        gone = sum(v for pid, v in self._last.items() if pid not in known)  # ended children keep their CPU
+        groups = {"orchestrator process": self._cpu(self.me), "server": self._cpu(self.server),
+                  "child processes": gone + sum(self._cpu(p) for p in children if p.pid != self.server.pid)}
+        self.samples.append((now, groups))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.sample()
+
+    def __enter__(self) -> CpuSampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def between(self, t0: float, t1: float) -> dict[str, float]:
+        def nearest(t: float) -> dict[str, float]:
+            return min(self.samples, key=lambda s: abs(s[0] - t))[1]
+
+        a, b = nearest(t0), nearest(t1)
+        return {k: b[k] - a[k] for k in b}
+
+
+def print_cpu(label: str, cpu: dict[str, float], count: int) -> float:
+    """Print CPU ms per unit for each group and their sum; returns the sum (ms)."""
+    per = {k: 1000 * v / max(count, 1) for k, v in cpu.items()}
+    parts = ", ".join(f"{k} {v:.3f}" for k, v in per.items())
+    print(f"CPU ms per {label}: {parts}; total {sum(per.values()):.3f}")
+    return sum(per.values())
+
+
+def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[float, int, tuple[float, float]]:
+    """Rollouts/s of the whole orchestrator over steps 3..N (wall time, writes included), the rollouts counted,
+    and the window (``time.time()`` of the metrics lines of steps 2 and N)."""
     run = RunDir(root / "run")
     cfg = RLConfig.model_validate({
         "max_steps": args.steps, "seed": 0,
@@ -106,7 +180,7 @@ def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[f
     counted = [by_step[s] for s in range(3, args.steps + 1)]
     rollouts = sum(int(x["rollouts_offered"]) for x in counted)
     wall = by_step[args.steps]["time"] - by_step[2]["time"]
-    return rollouts / wall, rollouts
+    return rollouts / wall, rollouts, (by_step[2]["time"], by_step[args.steps]["time"])
 
 
 def main() -> None:
@@ -123,13 +197,23 @@ def main() -> None:
     with LoopbackServer(TOKENS) as srv, tempfile.TemporaryDirectory(prefix="srl-bench-") as tmp:
         n = max(8192, args.batch_size * (args.steps - 2))
         prompts = rendered_prompts(resolve_model(RLConfig().model.name), 256)
-        bare_before = asyncio.run(bare_rate(srv.url, n, args.concurrency, prompts))
-        orch, counted = orchestrator_rate(srv.url, args, Path(tmp))
-        bare_after = asyncio.run(bare_rate(srv.url, n, args.concurrency, prompts))
+        with CpuSampler(srv.proc.pid) as cpu:
+            t0 = time.time()
+            bare_before = asyncio.run(bare_rate(srv.url, n, args.concurrency, prompts))
+            cpu.sample()
+            bare_cpu = cpu.between(t0, time.time())
+            orch, counted, window = orchestrator_rate(srv.url, args, Path(tmp))
+            orch_cpu = cpu.between(*window)
+            bare_after = asyncio.run(bare_rate(srv.url, n, args.concurrency, prompts))
     bare = (bare_before + bare_after) / 2  # before and after: machine load drifts during the run
     print(f"bare async client: {bare:.1f} requests/s (before {bare_before:.1f}, after {bare_after:.1f})")
     print(f"orchestrator:      {orch:.1f} rollouts/s ({counted} rollouts, steps 3..{args.steps}, wall time)")
     print(f"ratio = {orch / bare:.3f} (goal >= 0.8)")
+    cores = len(psutil.Process().cpu_affinity() or []) or psutil.cpu_count()
+    bare_ms = print_cpu("bare request", {k: v for k, v in bare_cpu.items() if k != "child processes"}, n)
+    orch_ms = print_cpu("orchestrator rollout", orch_cpu, counted)
+    print(f"CPU bound on {cores} cores: bare <= {cores * 1000 / bare_ms:.0f} requests/s, orchestrator <= "
+          f"{cores * 1000 / orch_ms:.0f} rollouts/s")
 
 
 if __name__ == "__main__":
