@@ -34,7 +34,7 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
     """
     f = Findings()
     rl_only = (_batch_and_groups, _env_names_and_ratios, _concurrency, _env_pools, _async, _weight_retention,
-               _row_fits_rollout, _trainer_gpus)
+               _row_fits_rollout, _trainer_gpus, _taskset_ids)
     for rule in (
         _model_name,
         _batch_and_groups,
@@ -53,6 +53,7 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
         _vllm_table,
         _references,
         _row_fits_rollout,
+        _taskset_ids,
     ):
         if purpose == "serve" and rule in rl_only:
             continue
@@ -123,6 +124,34 @@ def _env_names_and_ratios(cfg: RLConfig, f: Findings) -> None:
         f.warn("orchestrator.eval.interval", "eval interval is set but there is no [[orchestrator.eval.env]]")
     if not o.eval.env:
         f.warn("orchestrator.eval.env", "no held-out eval env: the seed advises periodic eval from the start")
+
+
+def _taskset_ids(cfg: RLConfig, f: Findings) -> None:
+    """A taskset id that resolves nowhere fails the orchestrator minutes after submission; say so now. An error
+    when it is one edit away from a built-in id (a typo), else a warning: the job's environment (its PYTHONPATH,
+    a site's setup lines) may provide a module this interpreter cannot see."""
+    import difflib
+    import os
+
+    from toolkit.envs.tasksets import BUILTIN_TASKSETS, taskset_findable, taskset_module_candidates
+
+    extra = [p for v in (cfg.env_vars.get("PYTHONPATH"), cfg.orchestrator.env_vars.get("PYTHONPATH")) if v
+             for p in v.split(os.pathsep) if p]  # fmt: skip
+    builtins = sorted(BUILTIN_TASKSETS)
+    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
+        for i, e in enumerate(envs):
+            if e.taskset is None or taskset_findable(e.taskset.id, extra):
+                continue
+            tried = " or ".join(repr(m) for m in taskset_module_candidates(e.taskset.id))
+            near = difflib.get_close_matches(e.taskset.id, builtins, n=1, cutoff=0.8)
+            where = f"orchestrator.{section}.env[{i}].taskset.id"
+            if near:
+                f.error(where, f"unknown taskset '{e.taskset.id}': did you mean '{near[0]}'? Built-in ids: "
+                               f"{', '.join(builtins)}; any other id must name an importable module ({tried})")  # fmt: skip
+            else:
+                f.warn(where, f"taskset '{e.taskset.id}' is not built in ({', '.join(builtins)}) and no module "
+                              f"{tried} is importable here; the orchestrator will fail at start unless the job's "
+                              "environment provides it (e.g. env_vars.PYTHONPATH)")  # fmt: skip
 
 
 def _concurrency(cfg: RLConfig, f: Findings) -> None:
