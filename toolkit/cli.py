@@ -187,10 +187,10 @@ def cmd_rl(args: list[str], full_argv: list[str]) -> int:
     if flags["dry_run"] and live.configs.exists() and (flags["resume"] or flags["clean"]):
         shadow = dry_run_dir(live)
         print(f"dry run of the existing run {live.root}: nothing in it is changed; would-be files go to {shadow.root}")
-        run, attempt = prepare_run(loaded, argv=["srl", *full_argv], run=shadow)
+        run, attempt = prepare_run(loaded, argv=["srl", *full_argv], run=shadow, dry_run=True)
     else:
         run, attempt = prepare_run(loaded, argv=["srl", *full_argv], resume=flags["resume"], clean=flags["clean"],
-                                   run=live)  # fmt: skip
+                                   run=live, dry_run=flags["dry_run"])  # fmt: skip
     from .launch.dispatch import launch
 
     return launch(loaded.config, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"])

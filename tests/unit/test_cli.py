@@ -57,10 +57,25 @@ def test_dry_run_writes_resolved_configs_and_refuses_existing(tmp_path):
     assert (run / "configs" / "attempt_1" / "command.txt").read_text().startswith("srl rl @")
     assert (run / "configs" / "latest").resolve().name == "attempt_1"
     assert (run / "launcher" / "placement.json").exists()
-    again = srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "r1")
-    assert again.returncode == 2 and "--resume" in again.stderr
+    assert (run / "configs" / "attempt_1" / "DRY_RUN").exists()
+    # Nothing ran in a directory that only held dry runs: the same command again (dry or not) takes it over.
+    again = srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "r1", "--max-steps", "7")
+    assert again.returncode == 0, again.stderr
+    assert [p.name for p in (run / "configs").glob("attempt_*")] == ["attempt_1"]
+    assert json.loads((run / "configs" / "latest" / "resolved" / "rl.json").read_text())["max_steps"] == 7
+    # An attempt that was launched (no dry-run marker) makes the directory a run: refused without --resume.
+    (run / "configs" / "attempt_1" / "DRY_RUN").unlink()
+    refused = srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "r1")
+    assert refused.returncode == 2 and "--resume" in refused.stderr
     resumed = srl("rl", "@", JOB, "--dry-run", "--resume", "--output-dir", tmp_path, "--run.name", "r1")
     assert resumed.returncode == 0 and (run / "configs" / "latest").resolve().name == "attempt_1"
+
+
+def test_a_run_with_metrics_is_never_taken_over_even_if_its_attempts_were_dry(tmp_path):
+    assert srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "r2").returncode == 0
+    (tmp_path / "r2" / "metrics.jsonl").write_text('{"step": 1}\n')
+    refused = srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "r2")
+    assert refused.returncode == 2 and (tmp_path / "r2" / "metrics.jsonl").exists()
 
 
 def test_auto_run_name(tmp_path):

@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     from ..placement.plan import build_plan, write_plan
 
     run, attempt = prepare_run(loaded, argv=["srl", "inference", *argv], resume=flags["resume"],
-                               clean=flags["clean"])
+                               clean=flags["clean"], dry_run=flags["dry_run"])  # fmt: skip
     site = load_site(cfg.site)
     if site.is_slurm:
         plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=("inference", "router"))

@@ -61,17 +61,40 @@ def dry_run_dir(live: RunDir) -> RunDir:
     return shadow
 
 
+DRY_RUN_MARKER = "DRY_RUN"  # in configs/attempt_<n>/: that attempt was only a dry run (nothing was launched)
+
+
+def only_dry_runs(run: RunDir) -> bool:
+    """Whether every attempt of ``run`` was a dry run and it recorded no metrics: nothing ever ran in it, so a
+    real run may take the directory over (a dry run first, then the same command without ``--dry-run``)."""
+    attempts = run.attempts()
+    return bool(attempts) and not run.metrics.exists() and all(
+        (run.config_attempt(a) / DRY_RUN_MARKER).exists() for a in attempts
+    )
+
+
 def prepare_run(
-    loaded: LoadedConfig, *, argv: list[str], resume: bool = False, clean: bool = False, run: RunDir | None = None
+    loaded: LoadedConfig,
+    *,
+    argv: list[str],
+    resume: bool = False,
+    clean: bool = False,
+    run: RunDir | None = None,
+    dry_run: bool = False,
 ) -> tuple[RunDir, int]:
     """Create the run directory for a new attempt and write its configs. Returns ``(run, attempt)``.
 
-    ``run``: the directory to use instead of the one the config names (dry runs of existing runs).
+    ``run``: the directory to use instead of the one the config names (dry runs of existing runs). ``dry_run``
+    marks the attempt as a dry run; a directory that only ever held dry runs is replaced by the next run
+    (dry or not) without ``--resume``/``--clean``.
     Raises ConfigError when the directory exists and neither ``resume`` nor ``clean`` was given (nothing is
     touched then), or when ``resume`` is asked for a run that does not exist.
     """
     run = run or run_dir_for(loaded, resume=resume)
     exists = run.configs.exists()
+    if exists and not resume and only_dry_runs(run):
+        shutil.rmtree(run.root)  # only would-be configs, placement and scripts: nothing was launched from them
+        exists = False
     if exists and not (resume or clean):
         raise ConfigError(
             f"run directory {run.root} already exists; pass --resume to continue it, --clean to delete it and "
@@ -94,6 +117,8 @@ def prepare_run(
     for i, src in enumerate(loaded.inputs):
         shutil.copyfile(src, adir / "inputs" / f"{i:02d}-{Path(src).name}")
     atomic_write_text(adir / "command.txt", shlex.join(argv) + "\n")
+    if dry_run:
+        atomic_write_text(adir / DRY_RUN_MARKER, "srl --dry-run: nothing was launched from this attempt\n")
     cfg = loaded.config
     atomic_write_json(adir / "resolved" / "rl.json", cfg.model_dump(mode="json"))
     for role in ("trainer", "orchestrator", "inference"):
