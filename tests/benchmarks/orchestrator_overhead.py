@@ -19,7 +19,8 @@ least 8192 (a window of a few seconds: sub-second windows varied by 2x between r
 
 Prints both rates and ``ratio = orchestrator / bare`` (goal >= 0.8), and where the CPU goes: CPU milliseconds per
 rollout of this process (the orchestrator's loop and policy client), of its child processes (env workers, record
-writer) and of the server, against the same per bare request, over the same windows (psutil, sampled every 0.1 s).
+writer) and of the server, against the same per bare request, over the same windows (psutil samples taken when the
+metrics lines of steps 2 and N appear, polled every 10 ms; no periodic sampling).
 On a machine with few cores these sums bound the rates: ``cores * 1000 / ms per rollout`` rollouts/s at most.
 """
 
@@ -86,21 +87,13 @@ async def bare_rate(url: str, n: int, concurrency: int, prompts: list[list[int]]
 
 
 class CpuSampler:
-    """CPU seconds (user + system) of this process, its descendants and the server process, sampled every
-    ``period_s`` seconds in a background thread with ``time.time()`` stamps; ``between(t0, t1)`` gives the CPU seconds
-    per group spent between the samples nearest to two wall-clock times (a process that ended keeps its last value)."""
+    """CPU seconds (user + system) of this process, its descendants and the server process, grouped, at the moments
+    ``sample()`` is called. Samples are taken only at window edges (no periodic thread: it would perturb the rates
+    it explains); a process that ended keeps its last value."""
 
-    def __init__(self, server_pid: int, period_s: float = 0.1) -> None:
-        import threading
-
+    def __init__(self, server_pid: int) -> None:
         self.me, self.server = psutil.Process(), psutil.Process(server_pid)
-        self.period_s = period_s
-        self.samples: list[tuple[float, dict[str, float]]] = []
         self._last: dict[int, float] = {}
-        self._children: list[psutil.Process] = []
-        self._listed_at = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _cpu(self, proc: psutil.Process) -> float:
         try:
@@ -110,41 +103,61 @@ class CpuSampler:
             pass
         return self._last.get(proc.pid, 0.0)
 
-    def sample(self) -> None:
-        now = time.time()
-        if now - self._listed_at > 1.0:  # listing children scans /proc: once a second is enough
-            try:
-                self._children = self.me.children(recursive=True)
-            except psutil.Error:
-                pass
-            self._listed_at = now
-        children = self._children
-        known = {p.pid for p in children} | {self.me.pid, self.server.pid}
-        gone = sum(v for pid, v in self._last.items() if pid not in known)  # ended children keep their CPU
-        groups = {"orchestrator process": self._cpu(self.me), "server": self._cpu(self.server),
-                  "child processes": gone + sum(self._cpu(p) for p in children if p.pid != self.server.pid)}
-        self.samples.append((now, groups))
+    def sample(self) -> dict[str, float]:
+        try:
+            children = [p for p in self.me.children(recursive=True) if p.pid != self.server.pid]
+        except psutil.Error:
+            children = []
+        live = {p.pid for p in children}
+        ended = sum(v for pid, v in self._last.items() if pid not in live | {self.me.pid, self.server.pid})
+        return {"orchestrator process": self._cpu(self.me), "server": self._cpu(self.server),
+                "child processes": ended + sum(self._cpu(p) for p in children)}
+
+
+def spent(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """CPU seconds per group between samples ``a`` and ``b``."""
+    return {k: b[k] - a[k] for k in b}
+
+
+class StepWatcher:
+    """Takes ``sampler.sample()`` when the orchestrator's metrics line of each step in ``steps`` appears in
+    ``metrics`` (polled every ``period_s`` seconds from a thread: a file size check, nothing else)."""
+
+    def __init__(self, metrics: Path, steps: tuple[int, ...], sampler: CpuSampler, period_s: float = 0.01) -> None:
+        import threading
+
+        self.metrics, self.steps, self.sampler, self.period_s = metrics, steps, sampler, period_s
+        self.samples: dict[int, dict[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self.sample()
+        size = 0
+        while not self._stop.wait(self.period_s) and len(self.samples) < len(self.steps):
+            try:
+                now = self.metrics.stat().st_size
+            except FileNotFoundError:
+                continue
+            if now == size:
+                continue
+            size = now
+            sample = self.sampler.sample()
+            for line in self.metrics.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:  # a line being written
+                    continue
+                step = rec.get("step")
+                if rec.get("role") == "orchestrator" and step in self.steps and step not in self.samples:
+                    self.samples[step] = sample
 
-    def __enter__(self) -> CpuSampler:
-        self.sample()
+    def __enter__(self) -> StepWatcher:
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.sample()
-
-    def between(self, t0: float, t1: float) -> dict[str, float]:
-        def nearest(t: float) -> dict[str, float]:
-            return min(self.samples, key=lambda s: abs(s[0] - t))[1]
-
-        a, b = nearest(t0), nearest(t1)
-        return {k: b[k] - a[k] for k in b}
 
 
 def print_cpu(label: str, cpu: dict[str, float], count: int) -> float:
@@ -155,16 +168,18 @@ def print_cpu(label: str, cpu: dict[str, float], count: int) -> float:
     return sum(per.values())
 
 
-def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[float, int, tuple[float, float]]:
+def orchestrator_rate(
+    url: str, args: argparse.Namespace, root: Path, sampler: CpuSampler
+) -> tuple[float, int, dict[str, float]]:
     """Rollouts/s of the whole orchestrator over steps 3..N (wall time, writes included), the rollouts counted,
-    and the window (``time.time()`` of the metrics lines of steps 2 and N)."""
+    and the CPU seconds per process group between the metrics lines of steps 2 and N."""
     run = RunDir(root / "run")
     cfg = RLConfig.model_validate({
         "max_steps": args.steps, "seed": 0,
         # Fixed tokens give every rollout the same reward: no group has signal, which must not stop the run.
         "monitors": {"stop": {"max_empty_steps": None}},
         "orchestrator": {
-            "batch_size": args.batch_size, "group_size": args.group_size, "max_async_level": args.steps - 1,
+            "batch_size": args.batch_size, "group_size": args.group_size, "max_async_level": min(args.steps - 1, 64),
             "max_concurrent": args.concurrency,
             "train": {"sampling": {"max_completion_tokens": 16},
                       "env": [{"name": "rev", "taskset": {"id": "reverse-text"}, "pool": {"max_workers": args.workers}}]},
@@ -172,7 +187,8 @@ def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[f
     })  # fmt: skip
     write_ready(run, {"base_url": url, "router_url": None, "engine_urls": [url], "model": "loopback",
                       "policy_version": 0})  # fmt: skip
-    rc = asyncio.run(Orchestrator(cfg, run).run_until_done())
+    with StepWatcher(run.metrics, (2, args.steps), sampler) as watch:
+        rc = asyncio.run(Orchestrator(cfg, run).run_until_done())
     if rc != 0:
         raise SystemExit(f"orchestrator exited {rc}")
     lines = [json.loads(x) for x in run.metrics.read_text().splitlines()]
@@ -180,7 +196,7 @@ def orchestrator_rate(url: str, args: argparse.Namespace, root: Path) -> tuple[f
     counted = [by_step[s] for s in range(3, args.steps + 1)]
     rollouts = sum(int(x["rollouts_offered"]) for x in counted)
     wall = by_step[args.steps]["time"] - by_step[2]["time"]
-    return rollouts / wall, rollouts, (by_step[2]["time"], by_step[args.steps]["time"])
+    return rollouts / wall, rollouts, spent(watch.samples[2], watch.samples[args.steps])
 
 
 def main() -> None:
@@ -197,14 +213,12 @@ def main() -> None:
     with LoopbackServer(TOKENS) as srv, tempfile.TemporaryDirectory(prefix="srl-bench-") as tmp:
         n = max(8192, args.batch_size * (args.steps - 2))
         prompts = rendered_prompts(resolve_model(RLConfig().model.name), 256)
-        with CpuSampler(srv.proc.pid) as cpu:
-            t0 = time.time()
-            bare_before = asyncio.run(bare_rate(srv.url, n, args.concurrency, prompts))
-            cpu.sample()
-            bare_cpu = cpu.between(t0, time.time())
-            orch, counted, window = orchestrator_rate(srv.url, args, Path(tmp))
-            orch_cpu = cpu.between(*window)
-            bare_after = asyncio.run(bare_rate(srv.url, n, args.concurrency, prompts))
+        cpu = CpuSampler(srv.proc.pid)
+        before = cpu.sample()
+        bare_before = asyncio.run(bare_rate(srv.url, n, args.concurrency, prompts))
+        bare_cpu = spent(before, cpu.sample())  # includes the pool warm-up: a few dozen requests of thousands
+        orch, counted, orch_cpu = orchestrator_rate(srv.url, args, Path(tmp), cpu)
+        bare_after = asyncio.run(bare_rate(srv.url, n, args.concurrency, prompts))
     bare = (bare_before + bare_after) / 2  # before and after: machine load drifts during the run
     print(f"bare async client: {bare:.1f} requests/s (before {bare_before:.1f}, after {bare_after:.1f})")
     print(f"orchestrator:      {orch:.1f} rollouts/s ({counted} rollouts, steps 3..{args.steps}, wall time)")
