@@ -177,6 +177,12 @@ def cmd_rl(args: list[str], full_argv: list[str]) -> int:
         from .config import ConfigError
 
         raise ConfigError("give at least one config file: srl rl @ jobs/reverse-text/rl.toml")
+    if flags["resume"] and flags["clean"]:
+        from .config import ConfigError
+
+        # Checked before anything is read or written: prepare_run refuses it too, but a dry run of an existing run
+        # takes another path and would otherwise say nothing.
+        raise ConfigError("--resume and --clean contradict (continue the run, or delete it and start over): give one")
     loaded = load_config(files, overrides)
     _print_warnings(loaded)
     from .launch.prepare import dry_run_dir, prepare_run, run_dir_for

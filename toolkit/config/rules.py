@@ -128,30 +128,40 @@ def _env_names_and_ratios(cfg: RLConfig, f: Findings) -> None:
 
 def _taskset_ids(cfg: RLConfig, f: Findings) -> None:
     """A taskset id that resolves nowhere fails the orchestrator minutes after submission; say so now. An error
-    when it is one edit away from a built-in id (a typo), else a warning: the job's environment (its PYTHONPATH,
-    a site's setup lines) may provide a module this interpreter cannot see."""
+    when it is one edit away from a built-in id (a typo), else a warning saying why it does not resolve: the job's
+    environment (its PYTHONPATH, a site's setup lines) may provide a module this interpreter cannot see. Imports
+    nothing (``toolkit.envs.tasksets.taskset_unresolved_reason`` locates modules by path and import hooks only)."""
     import difflib
     import os
 
-    from toolkit.envs.tasksets import BUILTIN_TASKSETS, taskset_findable, taskset_module_candidates
+    from toolkit.envs.tasksets import BUILTIN_TASKSETS, taskset_module_candidates, taskset_unresolved_reason
 
     extra = [p for v in (cfg.env_vars.get("PYTHONPATH"), cfg.orchestrator.env_vars.get("PYTHONPATH")) if v
              for p in v.split(os.pathsep) if p]  # fmt: skip
     builtins = sorted(BUILTIN_TASKSETS)
     for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
         for i, e in enumerate(envs):
-            if e.taskset is None or taskset_findable(e.taskset.id, extra):
+            if e.taskset is None:
                 continue
-            tried = " or ".join(repr(m) for m in taskset_module_candidates(e.taskset.id))
+            why = taskset_unresolved_reason(e.taskset.id, extra)
+            if why is None:
+                continue
+            tid = _clip(e.taskset.id)
+            tried = " or ".join(repr(_clip(m)) for m in taskset_module_candidates(e.taskset.id))
             near = difflib.get_close_matches(e.taskset.id, builtins, n=1, cutoff=0.8)
             where = f"orchestrator.{section}.env[{i}].taskset.id"
             if near:
-                f.error(where, f"unknown taskset '{e.taskset.id}': did you mean '{near[0]}'? Built-in ids: "
+                f.error(where, f"unknown taskset '{tid}': did you mean '{near[0]}'? Built-in ids: "
                                f"{', '.join(builtins)}; any other id must name an importable module ({tried})")  # fmt: skip
             else:
-                f.warn(where, f"taskset '{e.taskset.id}' is not built in ({', '.join(builtins)}) and no module "
-                              f"{tried} is importable here; the orchestrator will fail at start unless the job's "
+                f.warn(where, f"taskset '{tid}' is not built in ({', '.join(builtins)}) and does not resolve here "
+                              f"({why}; tried {tried}); the orchestrator will fail at start unless the job's "
                               "environment provides it (e.g. env_vars.PYTHONPATH)")  # fmt: skip
+
+
+def _clip(text: str, width: int = 80) -> str:
+    """``text`` cut to ``width`` characters with an ellipsis: an id of thousands of characters stays readable."""
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _concurrency(cfg: RLConfig, f: Findings) -> None:

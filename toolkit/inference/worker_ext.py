@@ -162,44 +162,87 @@ class _PhaseTimer:
 
 
 class _ReadAhead:
-    """Reads ``files`` sequentially into the page cache from a background thread, on the CPUs this process may use
-    but the calling thread is not pinned to (all CPUs when there are none); see the module doc for why.
+    """Reads ``files`` sequentially into the page cache from a background thread, on the CPUs this process was given
+    (:meth:`process_cpus`) but the calling thread is not pinned to; where there are none (a process given one CPU)
+    it stays on the calling thread's CPUs. See the module doc for why.
 
-    Advisory only: a file that vanishes or cannot be read ends the read ahead silently (vLLM's own read then reports
-    the error). ``join`` waits for the thread (by then vLLM has read the files, so the rest comes from the cache).
+    Advisory only, and never the reason a reload fails or hangs: it raises nothing; a file that vanishes or cannot
+    be read ends the read ahead silently (vLLM's own read then reports the error); anything that is not a regular
+    file (a directory, a FIFO, a device such as ``/dev/zero`` behind a ``*.safetensors`` name) is skipped without
+    blocking on it; each file is read up to its size at open. When no thread can be started there is no read
+    ahead. ``join`` waits for the thread (by then vLLM has read the files, so the rest comes from the cache).
     """
 
     CHUNK = 16 << 20  # bytes per read call (dd bs=16M)
 
-    def __init__(self, files: list[Path]) -> None:
+    @staticmethod
+    def affinity() -> set[int]:
+        """The CPUs the calling thread may run on (empty where the platform cannot tell)."""
         import os
 
+        try:
+            return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+        except OSError:
+            return set()
+
+    @staticmethod
+    def process_cpus() -> set[int]:
+        """The CPUs given to this process: its parent's affinity (empty where it cannot be read).
+
+        Why the parent's: the calling thread's own mask is pinned before this code runs. vLLM's CPU worker sets
+        ``OMP_PLACES``/``OMP_PROC_BIND`` for its process, and libgomp pins the main thread to the first place as
+        soon as torch is imported (measured: ``{0, 1}`` -> ``{0}`` at ``import torch``). The parent (vLLM's engine
+        core, or its API server when the worker runs in-process) is not pinned and shares the allocation: a
+        ``taskset`` or Slurm affinity mask applies to the whole process tree. A cgroup cpuset needs no check here:
+        the kernel confines ``sched_setaffinity`` to it."""
+        import os
+
+        try:
+            return set(os.sched_getaffinity(os.getppid()))
+        except (OSError, AttributeError):
+            return set()
+
+    def __init__(self, files: list[Path]) -> None:
         self.files = files
-        mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()  # this thread's pin
-        self.cpus = set(range(os.cpu_count() or 1)) - mine
+        self.cpus = self.process_cpus() - self.affinity()
         self.bytes_read = 0
-        self._thread = threading.Thread(target=self._run, name="srl-read-ahead", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="srl-read-ahead",
+                                                                 daemon=True)  # fmt: skip
+        try:
+            self._thread.start()
+        except RuntimeError:  # "can't start new thread" (a thread or memory limit): the reload goes on without it
+            self._thread = None
 
     def _run(self) -> None:
         import os
+        import stat
 
         if self.cpus:
             try:  # pid 0 = this thread on Linux; a cpuset (Slurm cgroup) may refuse the others: then stay put
                 os.sched_setaffinity(0, self.cpus)
             except OSError:
                 pass
-        buf = bytearray(self.CHUNK)
+        buf = memoryview(bytearray(self.CHUNK))
         try:
             for f in self.files:
-                with open(f, "rb", buffering=0) as fh:
-                    while n := fh.readinto(buf):
+                # O_NONBLOCK: opening a FIFO must not wait for a writer (no effect on regular files).
+                fd = os.open(f, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    left = st.st_size  # a file still growing is read to its size at open, never without end
+                    while left > 0 and (n := os.readv(fd, [buf[: min(self.CHUNK, left)]])):
                         self.bytes_read += n
-        except OSError:
+                        left -= n
+                finally:
+                    os.close(fd)
+        except (OSError, ValueError):
             return
 
     def join(self) -> None:
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def _on_cpu() -> bool:

@@ -7,6 +7,7 @@ of configs survives resumes and requeues. Nothing here launches anything; ``--dr
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -63,14 +64,79 @@ def dry_run_dir(live: RunDir) -> RunDir:
 
 DRY_RUN_MARKER = "DRY_RUN"  # in configs/attempt_<n>/: that attempt was only a dry run (nothing was launched)
 
+# What a dry run leaves in a run directory, and nothing else. Anything outside this (metrics, policy reloads, job
+# ids, an admin token, a local run's progress file, a log, a rollout, a broadcast, a checkpoint, a store, a STOP
+# request or readiness file, scratch, a report, a user's own file) means something ran or someone put it there.
+_DRY_ROOT_FILES = frozenset({"run_meta.json"})
+_DRY_EMPTY_DIRS = ("logs", "rollouts", "broadcasts", "checkpoints", "store", "control", "reports")
+_DRY_LAUNCHER_FILES = frozenset({"placement.json", "ports.json", "site.toml", "pre_run.sh"})
+_ATTEMPT_NAME = re.compile(r"^attempt_[0-9]+$")
+
 
 def only_dry_runs(run: RunDir) -> bool:
-    """Whether every attempt of ``run`` was a dry run and it recorded no metrics: nothing ever ran in it, so a
-    real run may take the directory over (a dry run first, then the same command without ``--dry-run``)."""
-    attempts = run.attempts()
-    return bool(attempts) and not run.metrics.exists() and all(
-        (run.config_attempt(a) / DRY_RUN_MARKER).exists() for a in attempts
-    )
+    """Whether ``run`` holds nothing but what dry runs write, so a real run may take the directory over (a dry run
+    first, then the same command without ``--dry-run``).
+
+    True only when every attempt under ``configs/`` carries the DRY_RUN marker, ``configs/latest`` points at one of
+    them, the launcher holds only rendered files (placement, ports, site copy, batch scripts), the data-plane,
+    log, control and report directories are empty, and the root holds nothing else. A dry run's batch script can
+    be submitted by hand; the job's first log, rollout or control file then keeps the directory. Anything unexpected
+    (a half-written attempt, a symlinked attempt, a file a user added) answers False: the caller then asks for
+    ``--resume`` or ``--clean``, which is safe; a wrong True would delete a run. Never raises for odd contents.
+    """
+    try:
+        return _only_dry_runs(run)
+    except OSError:  # unreadable or vanishing entries: not provably dry
+        return False
+
+
+def _only_dry_runs(run: RunDir) -> bool:
+    root = run.root
+    if not root.is_dir():
+        return False
+    attempts: set[str] = set()
+    for entry in os.scandir(run.configs):
+        if entry.name == "latest":
+            continue
+        # A symlinked attempt (or any other entry) was not written by prepare_run: not provably a dry run.
+        if not (_ATTEMPT_NAME.match(entry.name) and entry.is_dir(follow_symlinks=False)):
+            return False
+        if not (Path(entry.path) / DRY_RUN_MARKER).is_file():
+            return False  # a launched attempt, or one whose writing stopped before the marker
+        attempts.add(entry.name)
+    if not attempts or not run.latest_configs.is_symlink() or os.readlink(run.latest_configs) not in attempts:
+        return False
+    for entry in os.scandir(root):
+        name = entry.name
+        if name == "configs":
+            if entry.is_symlink():
+                return False
+        elif name == "launcher":
+            if entry.is_symlink() or not entry.is_dir():
+                return False
+            for f in os.scandir(entry.path):
+                if not (f.is_file(follow_symlinks=False)
+                        and (f.name in _DRY_LAUNCHER_FILES or f.name.endswith(".sbatch"))):
+                    return False
+        elif name in _DRY_EMPTY_DIRS:
+            if entry.is_symlink() or not entry.is_dir() or any(os.scandir(entry.path)):
+                return False
+        elif not (name in _DRY_ROOT_FILES and entry.is_file(follow_symlinks=False)):
+            return False
+    return True
+
+
+def _delete_run_dir(root: Path) -> None:
+    """Delete a run directory. A symlinked run directory (``outputs/r1 -> /scratch/r1``) keeps its link and is
+    emptied (``shutil.rmtree`` refuses links); links inside are removed, never followed."""
+    if not root.is_symlink():
+        shutil.rmtree(root)
+        return
+    for entry in os.scandir(root):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
 
 
 def prepare_run(
@@ -88,12 +154,15 @@ def prepare_run(
     marks the attempt as a dry run; a directory that only ever held dry runs is replaced by the next run
     (dry or not) without ``--resume``/``--clean``.
     Raises ConfigError when the directory exists and neither ``resume`` nor ``clean`` was given (nothing is
-    touched then), or when ``resume`` is asked for a run that does not exist.
+    touched then), when ``resume`` is asked for a run that does not exist, or when both ``resume`` and ``clean`` are
+    given (continue it or delete it: the two contradict, and deleting a run asked to be resumed loses it).
     """
+    if resume and clean:
+        raise ConfigError("--resume and --clean contradict (continue the run, or delete it and start over): give one")
     run = run or run_dir_for(loaded, resume=resume)
-    exists = run.configs.exists()
+    exists = run.configs.exists() or run.configs.is_symlink()
     if exists and not resume and only_dry_runs(run):
-        shutil.rmtree(run.root)  # only would-be configs, placement and scripts: nothing was launched from them
+        _delete_run_dir(run.root)  # only would-be configs, placement and scripts: nothing was launched from them
         exists = False
     if exists and not (resume or clean):
         raise ConfigError(
@@ -103,7 +172,7 @@ def prepare_run(
     if resume and not exists:
         raise ConfigError(f"--resume: no run at {run.root} (nothing to resume)")
     if clean and exists:
-        shutil.rmtree(run.root)
+        _delete_run_dir(run.root)
     for d in (run.configs, run.launcher, run.logs, run.rollouts, run.broadcasts, run.checkpoints, run.store,
               run.control, run.reports):
         d.mkdir(parents=True, exist_ok=True)

@@ -94,6 +94,56 @@ def _pread_all(fd: int, path: Path, jobs: list) -> None:
             done += got
 
 
+# The largest header the reference reader accepts (safetensors' MAX_HEADER_SIZE, 100 MB): a corrupt length field
+# must not make the reader allocate gigabytes before it finds out.
+_MAX_HEADER_BYTES = 100_000_000
+
+
+def _read_header(f, path: Path) -> tuple[int, dict[str, tuple[str, list[int], int, int]]]:
+    """Parse and check the header of safetensors file ``f`` (opened unbuffered at offset 0).
+
+    Returns ``(data_start, {name: (dtype tag, shape, begin, end)})``, offsets in bytes from ``data_start``. Checked
+    as the reference reader checks it (github.com/huggingface/safetensors, ``Metadata::validate``): a JSON object of
+    ``{dtype, shape, data_offsets}`` entries whose data ranges tile the data section from 0 to the end of the file,
+    in order, without gaps or overlaps. Why: an offset past the end, before the start or into another tensor would
+    otherwise be read silently as that tensor's values; a truncated file is caught before any byte is read.
+    Raises ValueError (message ``... ends inside tensor <name>`` for a truncated file).
+    """
+    size = os.fstat(f.fileno()).st_size
+    n = int.from_bytes(f.read(8), "little")
+    if size < 8 or n > min(size - 8, _MAX_HEADER_BYTES):
+        raise ValueError(f"{path}: not a safetensors file (header length {n}, file size {size} bytes)")
+    try:
+        header = json.loads(f.read(n))
+    except (UnicodeDecodeError, RecursionError) as e:  # JSONDecodeError is a ValueError already
+        raise ValueError(f"{path}: header is not JSON: {type(e).__name__}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: header is not a JSON object")  # noqa: TRY004 - a malformed file, as elsewhere
+    header.pop("__metadata__", None)
+    data_start, data_len = 8 + n, size - 8 - n
+    out: dict[str, tuple[str, list[int], int, int]] = {}
+    for name, spec in header.items():
+        offs = spec.get("data_offsets") if isinstance(spec, dict) else None
+        shape = spec.get("shape") if isinstance(spec, dict) else None
+        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs)
+                and 0 <= offs[0] <= offs[1] and isinstance(shape, list)
+                and all(type(d) is int and d >= 0 for d in shape) and isinstance(spec.get("dtype"), str)):  # fmt: skip
+            raise ValueError(f"{path}: malformed header entry for tensor {name}: {str(spec)[:200]}")
+        out[name] = (spec["dtype"], shape, offs[0], offs[1])
+    expect = 0
+    for name, (_, _, begin, end) in sorted(out.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+        if begin != expect:
+            raise ValueError(f"{path}: tensor {name} starts at byte {begin} of the data, expected {expect} (the "
+                             "header's data ranges overlap or leave a gap)")  # fmt: skip
+        if end > data_len:
+            raise ValueError(f"{path}: file ends inside tensor {name} (data ends at byte {data_len}, the tensor "
+                             f"at {end}): truncated")  # fmt: skip
+        expect = end
+    if expect != data_len:
+        raise ValueError(f"{path}: {data_len - expect} bytes after the last tensor the header names")
+    return data_start, out
+
+
 def _read_safetensors_into(path: Path, state: dict[str, torch.Tensor]) -> bool:
     """Read safetensors file ``path`` straight into the matching tensors of ``state`` (a model's state dict, whose
     tensors share memory with its parameters and buffers); returns False, having changed nothing, unless the file
@@ -104,26 +154,23 @@ def _read_safetensors_into(path: Path, state: dict[str, torch.Tensor]) -> bool:
     read straight into its memory (``preadv``) in file order, by ``READ_STREAMS`` concurrent streams for a large
     file, with no intermediate copy. Format: 8-byte little-endian header length, JSON
     header ``{name: {dtype, shape, data_offsets: [begin, end]}}``, then the data (offsets relative to its start).
-    Raises OSError or ValueError on a short or malformed file.
+    Raises OSError, or ValueError on a malformed or truncated file (found from the header and the file size before
+    anything is written into ``state``; a file that shrinks during the read raises too, part-way).
     """
     with open(path, "rb", buffering=0) as f:
         if hasattr(os, "posix_fadvise"):  # one front-to-back pass: a larger kernel readahead window
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-        header.pop("__metadata__", None)
+        base, header = _read_header(f, path)
         if set(header) != set(state):
             return False
         plan = []
-        for name, spec in header.items():
+        for name, (dtype, shape, begin, end) in header.items():
             t = state[name]
-            begin, end = spec["data_offsets"]
-            if (_ST_DTYPES.get(spec["dtype"]) != t.dtype or list(spec["shape"]) != list(t.shape)
+            if (_ST_DTYPES.get(dtype) != t.dtype or shape != list(t.shape)
                     or t.device.type != "cpu" or not t.is_contiguous()
                     or end - begin != t.numel() * t.element_size()):  # fmt: skip
                 return False
             plan.append((begin, name))
-        base = 8 + n
         jobs = [(base + begin, name, memoryview(state[name].detach().reshape(-1).view(torch.uint8).numpy()))
                 for begin, name in sorted(plan) if state[name].numel()]  # fmt: skip
         total = sum(len(view) for _, _, view in jobs)
@@ -162,7 +209,35 @@ def _reusable(t: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype
             and t.is_contiguous())  # fmt: skip
 
 
-def _load_optimizer_state(part: Path, current: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+# Optimizer state entries that are shaped like their parameter by definition (torch.optim Adam/AdamW/SGD allocate
+# them with ``zeros_like(param)``): a saved one of another shape belongs to another parameter or another model.
+_PARAM_SHAPED = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"})
+
+
+def _check_layout(sd: dict[str, Any], params: list[list[torch.Tensor]], where: Path) -> None:
+    """Raise ValueError unless saved optimizer state ``sd`` (tensors possibly as ``_TENSOR_REF`` placeholders) fits
+    ``params`` (the optimizer's parameters, group by group): as many groups, as many parameters in each, and every
+    parameter-shaped entry with its parameter's shape. Checked before anything is read into the optimizer's own
+    tensors, so a mismatched checkpoint leaves them as they were."""
+    saved = [g["params"] for g in sd["param_groups"]]
+    if [len(g) for g in saved] != [len(g) for g in params]:
+        raise ValueError(f"{where}: the checkpoint's optimizer has parameter groups of sizes "
+                         f"{[len(g) for g in saved]}, this optimizer {[len(g) for g in params]}")  # fmt: skip
+    by_id = {pid: p for ids, ps in zip(saved, params) for pid, p in zip(ids, ps)}
+    for pid, entries in sd["state"].items():
+        p = by_id.get(pid)
+        if p is None:
+            raise ValueError(f"{where}: optimizer state for parameter {pid}, which no parameter group lists")
+        for key, v in entries.items():
+            shape = tuple(v["shape"]) if isinstance(v, dict) and _TENSOR_REF in v else (
+                tuple(v.shape) if isinstance(v, torch.Tensor) else None)  # fmt: skip
+            if key in _PARAM_SHAPED and shape is not None and shape != tuple(p.shape):
+                raise ValueError(f"{where}: optimizer state {key} of parameter {pid} has shape {list(shape)}, the "
+                                 f"parameter {list(p.shape)}: the checkpoint is of another model")  # fmt: skip
+
+
+def _load_optimizer_state(part: Path, current: dict[str, torch.Tensor] | None = None, *,
+                          params: list[list[torch.Tensor]] | None = None) -> dict[str, Any]:  # fmt: skip
     """The optimizer ``state_dict`` saved in ``part``: ``optimizer.pt`` plus, in the current layout, the tensors
     of ``optimizer.safetensors`` read straight into tensors (no second copy: AdamW's ``load_state_dict`` keeps a
     tensor that already has the parameter's dtype and device). ``current`` (names as in
@@ -170,9 +245,13 @@ def _load_optimizer_state(part: Path, current: dict[str, torch.Tensor] | None = 
     overwritten in place, the rest are allocated. Why: a fresh allocation of Adam's moments costs a page fault per
     4 KiB page, about as long as reading the bytes (tests/benchmarks/checkpoint_io.py), and holding old and new state
     at once doubles the peak memory. Older checkpoints hold everything in ``optimizer.pt``. Raises
-    FileNotFoundError, or ValueError for a file that does not match (tensors read in place may then hold part of
-    the file: the caller stops, as for a failed weight load)."""
+    FileNotFoundError, or ValueError for a file that does not match: ``params`` (the optimizer's parameters, group
+    by group) when given, or the safetensors file's own header (checked before any byte is read in place; only a
+    file that shrinks during the read can leave the tensors holding part of it: the caller stops, as for a failed
+    weight load)."""
     sd = torch.load(part / "optimizer.pt", weights_only=False)
+    if params is not None:
+        _check_layout(sd, params, part / "optimizer.pt")
     st_path = part / "optimizer.safetensors"
     if not st_path.exists():
         return sd
@@ -334,7 +413,8 @@ def load_trainer_state(
     if info.world_size == 1:
         _load_weights(part / "model.safetensors", model)
         own_state, _ = _split_optimizer_state(optimizer.state_dict())  # the live tensors, not copies
-        optimizer.load_state_dict(_load_optimizer_state(part, own_state))
+        groups = [list(g["params"]) for g in optimizer.param_groups]
+        optimizer.load_state_dict(_load_optimizer_state(part, own_state, params=groups))
         _set_rng_state(meta["rng"])
     else:
         import torch.distributed.checkpoint as dcp

@@ -1,0 +1,146 @@
+"""Hostile inputs for the dry-run takeover: a directory is replaced by the next run of the same name only when it
+holds nothing but what dry runs write. Anything a launched job, a user or a half-finished write left keeps it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolkit.launch.prepare import DRY_RUN_MARKER, only_dry_runs
+from toolkit.rundir import RunDir
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "jobs" / "reverse-text" / "rl.toml"
+SERVE = ROOT / "jobs" / "serve" / "tiny.toml"
+
+
+def srl(*args):
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, check=False)
+
+
+@pytest.fixture(scope="module")
+def dry_template(tmp_path_factory) -> Path:
+    """One Slurm-site dry run (configs, placement, rendered sbatch script, site copy), copied by each test."""
+    out = tmp_path_factory.mktemp("template")
+    r = srl("rl", "@", JOB, "--dry-run", "--output-dir", out, "--run.name", "r", "--site", "local-slurm")
+    assert r.returncode == 0, r.stderr
+    assert (out / "r" / "launcher" / "rl.sbatch").exists()
+    return out / "r"
+
+
+def _copy(template: Path, dest: Path) -> RunDir:
+    shutil.copytree(template, dest, symlinks=True)
+    return RunDir(dest)
+
+
+def test_a_pure_dry_run_directory_is_recognised(dry_template, tmp_path):
+    assert only_dry_runs(_copy(dry_template, tmp_path / "r"))
+
+
+# What a job started from a dry run's batch script by hand (or anything else that ran) leaves behind.
+LEFT_BY_A_RUN = [
+    "logs/r-123.out", "logs/attempt_1/trainer.log", "rollouts/step_0/READY", "broadcasts/step_1/STABLE",
+    "checkpoints/step_1/COMPLETE", "store/rollouts.h5", "control/STOP", "control/inference_ready.json",
+    "reports/summary.md", "launcher/job_ids.txt", "launcher/admin_token", "launcher/local.json",
+    "metrics.jsonl", "policy_reloads.jsonl", "scratch/kv/0", "notes.txt", "configs/README",
+]
+
+
+@pytest.mark.parametrize("rel", LEFT_BY_A_RUN)
+def test_anything_a_run_or_a_user_left_keeps_the_directory(dry_template, tmp_path, rel):
+    run = _copy(dry_template, tmp_path / "r")
+    (run.root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (run.root / rel).write_text("x")
+    assert not only_dry_runs(run)
+
+
+def test_a_hand_submitted_dry_run_script_whose_job_logged_is_not_deleted(dry_template, tmp_path):
+    run = _copy(dry_template, tmp_path / "r")
+    (run.logs / "r-4242.out").write_text("srl: starting trainer\n")
+    refused = srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "r", "--site", "local-slurm")
+    assert refused.returncode == 2 and "--resume" in refused.stderr and "Traceback" not in refused.stderr
+    assert (run.logs / "r-4242.out").read_text() == "srl: starting trainer\n"
+
+
+@pytest.mark.parametrize("case", ["half_written_attempt", "attempt_is_a_symlink", "latest_points_outside",
+                                  "latest_missing", "marker_is_a_directory", "data_dir_is_a_symlink",
+                                  "empty_configs"])
+def test_odd_configs_are_never_taken_as_dry(dry_template, tmp_path, case):
+    run = _copy(dry_template, tmp_path / "r")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(run.config_attempt(1), elsewhere / "attempt_9")
+    if case == "half_written_attempt":  # a real attempt stopped after its inputs, before anything else
+        (run.config_attempt(2) / "inputs").mkdir(parents=True)
+    elif case == "attempt_is_a_symlink":
+        os.symlink(elsewhere / "attempt_9", run.config_attempt(2))
+    elif case == "latest_points_outside":
+        run.latest_configs.unlink()
+        os.symlink(elsewhere / "attempt_9", run.latest_configs)
+    elif case == "latest_missing":
+        run.latest_configs.unlink()
+    elif case == "marker_is_a_directory":
+        (run.config_attempt(1) / DRY_RUN_MARKER).unlink()
+        (run.config_attempt(1) / DRY_RUN_MARKER).mkdir()
+    elif case == "data_dir_is_a_symlink":  # checkpoints kept on another filesystem
+        run.checkpoints.rmdir()
+        (elsewhere / "ckpt").mkdir()
+        os.symlink(elsewhere / "ckpt", run.checkpoints)
+    elif case == "empty_configs":
+        shutil.rmtree(run.config_attempt(1))
+        run.latest_configs.unlink()
+    assert not only_dry_runs(run)
+    assert (elsewhere / "attempt_9" / DRY_RUN_MARKER).exists()
+
+
+def test_a_symlinked_run_directory_is_taken_over_and_cleaned_without_a_traceback(tmp_path):
+    real = tmp_path / "scratch" / "r"
+    real.parent.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    assert srl("rl", "@", JOB, "--dry-run", "--output-dir", real.parent, "--run.name", "r").returncode == 0
+    os.symlink(real, out / "r")
+    again = srl("rl", "@", JOB, "--dry-run", "--output-dir", out, "--run.name", "r", "--max-steps", "7")
+    assert again.returncode == 0, again.stderr
+    assert (out / "r").is_symlink() and (real / "configs" / "attempt_1" / DRY_RUN_MARKER).exists()
+    # A launched run behind the link: refused without --clean; with --clean emptied (the link stays), no traceback.
+    (real / "metrics.jsonl").write_text('{"step": 1}\n')
+    refused = srl("rl", "@", JOB, "--dry-run", "--output-dir", out, "--run.name", "r")
+    assert refused.returncode == 2 and (real / "metrics.jsonl").exists()
+    assert only_dry_runs(RunDir(out / "r")) is False
+    from toolkit.config import load_config
+    from toolkit.launch.prepare import prepare_run
+
+    loaded = load_config([JOB], ["--output-dir", str(out), "--run.name", "r"])
+    _, attempt = prepare_run(loaded, argv=["srl", "rl"], clean=True)
+    assert attempt == 1 and (out / "r").is_symlink() and not (real / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("cmd,job", [("rl", JOB), ("inference", SERVE)])
+def test_resume_with_clean_is_refused_and_deletes_nothing(tmp_path, cmd, job):
+    assert srl(cmd, "@", job, "--dry-run", "--output-dir", tmp_path, "--run.name", "r").returncode == 0
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 1}\n')
+    for extra in ([], ["--dry-run"]):
+        r = srl(cmd, "@", job, "--output-dir", tmp_path, "--run.name", "r", "--resume", "--clean", *extra)
+        assert r.returncode == 2 and "contradict" in r.stderr and "Traceback" not in r.stderr
+        assert (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("flag", ["--clean", "--resume"])
+def test_inference_dry_run_of_a_live_deployment_changes_nothing(tmp_path, flag):
+    assert srl("inference", "@", SERVE, "--output-dir", tmp_path, "--run.name", "s", "--dry-run").returncode == 0
+    live = tmp_path / "s"
+    (live / "configs" / "attempt_1" / DRY_RUN_MARKER).unlink()  # as if it had been launched ...
+    (live / "logs" / "attempt_1").mkdir()
+    (live / "logs" / "attempt_1" / "inference-0-0.log").write_text("serving\n")  # ... and is serving
+    before = {p.relative_to(live): p.stat().st_mtime_ns for p in live.rglob("*")}
+    r = srl("inference", "@", SERVE, "--output-dir", tmp_path, "--run.name", "s", "--dry-run", flag)
+    assert r.returncode == 0, r.stderr
+    assert "nothing in it is changed" in r.stdout
+    assert {p.relative_to(live): p.stat().st_mtime_ns for p in live.rglob("*")} == before
+    assert (tmp_path / ".dry-run" / "s" / "launcher" / "placement.json").exists()
