@@ -126,3 +126,13 @@ def test_no_thread_to_spare_means_no_read_ahead_and_no_error(tmp_path, monkeypat
     ahead = _ReadAhead([tmp_path / "a.safetensors"])
     ahead.join()
     assert ahead.bytes_read == 0
+
+
+def test_stop_ends_the_read_ahead_after_the_current_chunk(tmp_path, monkeypatch):
+    monkeypatch.setattr(_ReadAhead, "CHUNK", 4096)
+    f = tmp_path / "a.safetensors"
+    f.write_bytes(b"x" * (64 << 20))
+    ahead = _ReadAhead([f, f, f])
+    ahead.stop()
+    ahead.join()
+    assert ahead.bytes_read < 3 * (64 << 20)  # not every byte: stopped part-way (at once, here)

@@ -206,6 +206,7 @@ class _ReadAhead:
         self.files = files
         self.cpus = self.process_cpus() - self.affinity()
         self.bytes_read = 0
+        self._stop = threading.Event()
         self._thread: threading.Thread | None = threading.Thread(target=self._run, name="srl-read-ahead",
                                                                  daemon=True)  # fmt: skip
         try:
@@ -232,13 +233,20 @@ class _ReadAhead:
                     if not stat.S_ISREG(st.st_mode):
                         continue
                     left = st.st_size  # a file still growing is read to its size at open, never without end
-                    while left > 0 and (n := os.readv(fd, [buf[: min(self.CHUNK, left)]])):
+                    while left > 0 and not self._stop.is_set():
+                        n = os.readv(fd, [buf[: min(self.CHUNK, left)]])
+                        if not n:  # truncated meanwhile
+                            break
                         self.bytes_read += n
                         left -= n
                 finally:
                     os.close(fd)
         except (OSError, ValueError):
             return
+
+    def stop(self) -> None:
+        """Stop reading after the current chunk (the reload failed: nobody will read the rest)."""
+        self._stop.set()
 
     def join(self) -> None:
         if self._thread is not None:
@@ -291,6 +299,9 @@ class SrlWorkerExtension:
         ahead = _ReadAhead(files)
         try:
             self.reload_weights(weights_path=str(weights_path))  # type: ignore[attr-defined]
+        except BaseException:
+            ahead.stop()  # a failed reload must not wait for the read ahead of files nobody will read
+            raise
         finally:
             ahead.join()
             if timer is not None:
