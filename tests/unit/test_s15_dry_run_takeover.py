@@ -125,10 +125,24 @@ def test_a_symlinked_run_directory_is_taken_over_and_cleaned_without_a_traceback
 def test_resume_with_clean_is_refused_and_deletes_nothing(tmp_path, cmd, job):
     assert srl(cmd, "@", job, "--dry-run", "--output-dir", tmp_path, "--run.name", "r").returncode == 0
     (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 1}\n')
-    for extra in ([], ["--dry-run"]):
-        r = srl(cmd, "@", job, "--output-dir", tmp_path, "--run.name", "r", "--resume", "--clean", *extra)
-        assert r.returncode == 2 and "contradict" in r.stderr and "Traceback" not in r.stderr
-        assert (tmp_path / "r" / "metrics.jsonl").exists()
+    # Only with --dry-run: the refusal comes before the dry-run branch, and a regression must not launch a real
+    # local run from a unit test (one did, while this test was written, and kept two vLLM servers running).
+    r = srl(cmd, "@", job, "--output-dir", tmp_path, "--run.name", "r", "--resume", "--clean", "--dry-run")
+    assert r.returncode == 2 and "contradict" in r.stderr and "Traceback" not in r.stderr
+    assert (tmp_path / "r" / "metrics.jsonl").exists()
+    assert not (tmp_path / ".dry-run").exists()
+
+
+def test_prepare_run_refuses_resume_with_clean_before_touching_anything(tmp_path):
+    from toolkit.config import ConfigError, load_config
+    from toolkit.launch.prepare import prepare_run
+
+    assert srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "r").returncode == 0
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 1}\n')
+    loaded = load_config([JOB], ["--output-dir", str(tmp_path), "--run.name", "r"])
+    with pytest.raises(ConfigError, match="contradict"):
+        prepare_run(loaded, argv=["srl", "rl"], resume=True, clean=True)
+    assert (tmp_path / "r" / "metrics.jsonl").exists()
 
 
 @pytest.mark.parametrize("flag", ["--clean", "--resume"])
