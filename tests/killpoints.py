@@ -15,6 +15,19 @@ import time
 from collections.abc import Callable
 
 
+def _no_progress_bars() -> None:
+    """In the forked child: no tqdm progress bars. Every tqdm bar takes tqdm's write lock, which holds a
+    multiprocessing semaphore created in the parent and shared through the fork; a child SIGKILLed while holding it
+    leaves it taken, and the parent's next bar (transformers' "Loading weights") waits forever. That deadlocked
+    test_trainer_crash once. transformers then hands out bars that take no lock."""
+    import sys
+
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def kill_at_random(writer: Callable[[], None], *, rng: random.Random, max_delay_s: float) -> None:
     """Fork, run ``writer()`` in the child, SIGKILL the child after ``uniform(0, max_delay_s)`` seconds.
 
@@ -28,6 +41,7 @@ def kill_at_random(writer: Callable[[], None], *, rng: random.Random, max_delay_
         code = 1
         try:
             os.close(r)
+            _no_progress_bars()
             os.write(w, b"!")
             os.close(w)
             writer()
