@@ -177,26 +177,20 @@ def cmd_rl(args: list[str], full_argv: list[str]) -> int:
         from .config import ConfigError
 
         raise ConfigError("give at least one config file: srl rl @ jobs/reverse-text/rl.toml")
-    if flags["resume"] and flags["clean"]:
+    if flags["resume"] and flags["clean"]:  # before the configs are even read
         from .config import ConfigError
+        from .launch.prepare import RESUME_CLEAN_MSG
 
-        # Checked before anything is read or written: prepare_run refuses it too, but a dry run of an existing run
-        # takes another path and would otherwise say nothing.
-        raise ConfigError("--resume and --clean contradict (continue the run, or delete it and start over): give one")
+        raise ConfigError(RESUME_CLEAN_MSG)
     loaded = load_config(files, overrides)
     _print_warnings(loaded)
-    from .launch.prepare import dry_run_dir, prepare_run, run_dir_for
+    from .launch.prepare import prepare_attempt, run_dir_for
 
     live = run_dir_for(loaded, resume=flags["resume"])
     if flags["resume"] and not flags["dry_run"] and live.configs.exists():
         _refuse_resume_of_finished_run(live, loaded.config)
-    if flags["dry_run"] and live.configs.exists() and (flags["resume"] or flags["clean"]):
-        shadow = dry_run_dir(live)
-        print(f"dry run of the existing run {live.root}: nothing in it is changed; would-be files go to {shadow.root}")
-        run, attempt = prepare_run(loaded, argv=["srl", *full_argv], run=shadow, dry_run=True)
-    else:
-        run, attempt = prepare_run(loaded, argv=["srl", *full_argv], resume=flags["resume"], clean=flags["clean"],
-                                   run=live, dry_run=flags["dry_run"])  # fmt: skip
+    run, attempt = prepare_attempt(loaded, live, argv=["srl", *full_argv], dry_run=flags["dry_run"],
+                                   resume=flags["resume"], clean=flags["clean"])  # fmt: skip
     from .launch.dispatch import launch
 
     return launch(loaded.config, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"])

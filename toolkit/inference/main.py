@@ -30,26 +30,14 @@ def main(argv: list[str]) -> int:
     _print_warnings(loaded)
     cfg = loaded.config
     from ..config.site import load_site
-    from ..launch.prepare import dry_run_dir, prepare_run, run_dir_for
+    from ..launch.prepare import prepare_attempt, run_dir_for
     from ..placement.plan import build_plan, write_plan
 
-    if flags["resume"] and flags["clean"]:
-        raise ConfigError(
-            "--resume and --clean contradict (continue the deployment, or delete it and start over): give one"
-        )
-    live = run_dir_for(loaded, resume=flags["resume"])
-    if flags["dry_run"] and live.configs.exists() and (flags["resume"] or flags["clean"]):
-        # A dry run never touches a deployment that exists (it may be serving: other runs read its placement,
-        # ready file and admin token), let alone deletes it for --clean: its would-be files go to a shadow dir.
-        shadow = dry_run_dir(live)
-        print(
-            f"dry run of the existing deployment {live.root}: nothing in it is changed; would-be files go to "
-            f"{shadow.root}"
-        )
-        run, attempt = prepare_run(loaded, argv=["srl", "inference", *argv], run=shadow, dry_run=True)
-    else:
-        run, attempt = prepare_run(loaded, argv=["srl", "inference", *argv], resume=flags["resume"],
-                                   clean=flags["clean"], run=live, dry_run=flags["dry_run"])  # fmt: skip
+    # A dry run never touches a deployment that exists (it may be serving: other runs read its placement, ready
+    # file and admin token), let alone deletes it for --clean.
+    run, attempt = prepare_attempt(loaded, run_dir_for(loaded, resume=flags["resume"]),
+                                   argv=["srl", "inference", *argv], dry_run=flags["dry_run"],
+                                   resume=flags["resume"], clean=flags["clean"])  # fmt: skip
     site = load_site(cfg.site)
     if site.is_slurm:
         plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=("inference", "router"))

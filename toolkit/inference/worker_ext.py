@@ -163,7 +163,7 @@ class _PhaseTimer:
 
 class _ReadAhead:
     """Reads ``files`` sequentially into the page cache from a background thread, on the CPUs this process was given
-    (:meth:`process_cpus`) but the calling thread is not pinned to; where there are none (a process given one CPU)
+    (its parent's affinity, :meth:`cpus_of`) but the calling thread is not pinned to; where there are none (a process given one CPU)
     it stays on the calling thread's CPUs. See the module doc for why.
 
     Advisory only, and never the reason a reload fails or hangs: it raises nothing; a file that vanishes or cannot
@@ -176,20 +176,11 @@ class _ReadAhead:
     CHUNK = 16 << 20  # bytes per read call (dd bs=16M)
 
     @staticmethod
-    def affinity() -> set[int]:
-        """The CPUs the calling thread may run on (empty where the platform cannot tell)."""
-        import os
+    def cpus_of(pid: int) -> set[int]:
+        """The CPUs thread/process ``pid`` may run on (0: the calling thread); empty where it cannot be read.
 
-        try:
-            return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
-        except OSError:
-            return set()
-
-    @staticmethod
-    def process_cpus() -> set[int]:
-        """The CPUs given to this process: its parent's affinity (empty where it cannot be read).
-
-        Why the parent's: the calling thread's own mask is pinned before this code runs. vLLM's CPU worker sets
+        The read ahead uses the parent's minus the calling thread's. Why the parent's for "the CPUs given to this
+        process": the calling thread's own mask is pinned before this code runs. vLLM's CPU worker sets
         ``OMP_PLACES``/``OMP_PROC_BIND`` for its process, and libgomp pins the main thread to the first place as
         soon as torch is imported (measured: ``{0, 1}`` -> ``{0}`` at ``import torch``). The parent (vLLM's engine
         core, or its API server when the worker runs in-process) is not pinned and shares the allocation: a
@@ -198,13 +189,15 @@ class _ReadAhead:
         import os
 
         try:
-            return set(os.sched_getaffinity(os.getppid()))
+            return set(os.sched_getaffinity(pid))
         except (OSError, AttributeError):
             return set()
 
     def __init__(self, files: list[Path]) -> None:
         self.files = files
-        self.cpus = self.process_cpus() - self.affinity()
+        import os
+
+        self.cpus = self.cpus_of(os.getppid()) - self.cpus_of(0)
         self.bytes_read = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = threading.Thread(target=self._run, name="srl-read-ahead",

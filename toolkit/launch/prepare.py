@@ -73,6 +73,25 @@ _DRY_LAUNCHER_FILES = frozenset({"placement.json", "ports.json", "site.toml", "p
 _ATTEMPT_NAME = re.compile(r"^attempt_[0-9]+$")
 
 
+RESUME_CLEAN_MSG = "--resume and --clean contradict (continue the run, or delete it and start over): give one"
+
+
+def prepare_attempt(
+    loaded: LoadedConfig, live: RunDir, *, argv: list[str], dry_run: bool, resume: bool, clean: bool
+) -> tuple[RunDir, int]:
+    """``prepare_run`` for a command's flags: a dry run with ``--resume``/``--clean`` of the existing run ``live``
+    writes its would-be files to :func:`dry_run_dir` and leaves ``live`` untouched (it may be running or serving);
+    otherwise ``prepare_run`` on ``live``. Raises ConfigError as ``prepare_run`` (``--resume`` with ``--clean``
+    included, whichever path)."""
+    if resume and clean:
+        raise ConfigError(RESUME_CLEAN_MSG)
+    if dry_run and live.configs.exists() and (resume or clean):
+        shadow = dry_run_dir(live)
+        print(f"dry run of the existing run {live.root}: nothing in it is changed; would-be files go to {shadow.root}")
+        return prepare_run(loaded, argv=argv, run=shadow, dry_run=True)
+    return prepare_run(loaded, argv=argv, resume=resume, clean=clean, run=live, dry_run=dry_run)
+
+
 def only_dry_runs(run: RunDir) -> bool:
     """Whether ``run`` holds nothing but what dry runs write, so a real run may take the directory over (a dry run
     first, then the same command without ``--dry-run``).
@@ -158,7 +177,7 @@ def prepare_run(
     given (continue it or delete it: the two contradict, and deleting a run asked to be resumed loses it).
     """
     if resume and clean:
-        raise ConfigError("--resume and --clean contradict (continue the run, or delete it and start over): give one")
+        raise ConfigError(RESUME_CLEAN_MSG)
     run = run or run_dir_for(loaded, resume=resume)
     exists = run.configs.exists() or run.configs.is_symlink()
     if exists and not resume and only_dry_runs(run):

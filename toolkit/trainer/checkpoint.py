@@ -144,6 +144,12 @@ def _read_header(f, path: Path) -> tuple[int, dict[str, tuple[str, list[int], in
     return data_start, out
 
 
+def _reusable(t: torch.Tensor | None, shape, dtype: torch.dtype | None) -> bool:
+    """Whether bytes of a tensor of ``shape``/``dtype`` can be read straight into ``t``'s memory."""
+    return (t is not None and t.dtype == dtype and tuple(t.shape) == tuple(shape) and t.device.type == "cpu"
+            and t.is_contiguous())  # fmt: skip
+
+
 def _read_safetensors_into(path: Path, state: dict[str, torch.Tensor]) -> bool:
     """Read safetensors file ``path`` straight into the matching tensors of ``state`` (a model's state dict, whose
     tensors share memory with its parameters and buffers); returns False, having changed nothing, unless the file
@@ -166,9 +172,7 @@ def _read_safetensors_into(path: Path, state: dict[str, torch.Tensor]) -> bool:
         plan = []
         for name, (dtype, shape, begin, end) in header.items():
             t = state[name]
-            if (_ST_DTYPES.get(dtype) != t.dtype or shape != list(t.shape)
-                    or t.device.type != "cpu" or not t.is_contiguous()
-                    or end - begin != t.numel() * t.element_size()):  # fmt: skip
+            if not _reusable(t, shape, _ST_DTYPES.get(dtype)) or end - begin != t.numel() * t.element_size():
                 return False
             plan.append((begin, name))
         jobs = [(base + begin, name, memoryview(state[name].detach().reshape(-1).view(torch.uint8).numpy()))
@@ -202,11 +206,6 @@ def _split_optimizer_state(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor],
                 value = {_TENSOR_REF: name, "dtype": value.dtype, "shape": tuple(value.shape)}
             state[pid][key] = value
     return tensors, {"state": state, "param_groups": sd["param_groups"]}
-
-
-def _reusable(t: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
-    return (t is not None and t.dtype == dtype and tuple(t.shape) == tuple(shape) and t.device.type == "cpu"
-            and t.is_contiguous())  # fmt: skip
 
 
 # Optimizer state entries that are shaped like their parameter by definition (torch.optim Adam/AdamW/SGD allocate
