@@ -158,3 +158,42 @@ def test_inference_dry_run_of_a_live_deployment_changes_nothing(tmp_path, flag):
     assert "nothing in it is changed" in r.stdout
     assert {p.relative_to(live): p.stat().st_mtime_ns for p in live.rglob("*")} == before
     assert (tmp_path / ".dry-run" / "s" / "launcher" / "placement.json").exists()
+
+
+def _failing_squeue(bin_dir: Path) -> dict[str, str]:
+    # Fault injection: a login node whose controller does not answer (the real squeue fails the same way here when
+    # no test cluster runs, but whether one runs is not this test's choice).
+    bin_dir.mkdir()
+    fake = bin_dir / "squeue"
+    fake.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def test_a_dry_run_directory_is_kept_when_slurm_cannot_say_whether_its_script_was_queued(dry_template, tmp_path):
+    run = _copy(dry_template, tmp_path / "out" / "r")
+    before = sorted(p.relative_to(run.root) for p in run.root.rglob("*"))
+    env = _failing_squeue(tmp_path / "bin")
+    r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--output-dir",
+                        str(tmp_path / "out"), "--run.name", "r", "--site", "local-slurm"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60, check=False, env=env)  # fmt: skip
+    assert r.returncode != 0
+    assert "squeue could not say" in r.stderr and "--clean" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.relative_to(run.root) for p in run.root.rglob("*")) == before  # nothing touched
+    # --clean is the user's explicit word: it replaces the directory without asking Slurm.
+    r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--clean",
+                        "--output-dir", str(tmp_path / "out"), "--run.name", "r", "--site", "local-slurm"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60, check=False, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_local_dry_run_directory_is_taken_over_without_asking_slurm(tmp_path):
+    # No batch script was rendered, so nothing can have been submitted: a broken squeue must not matter.
+    env = _failing_squeue(tmp_path / "bin")
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--output-dir",
+                            str(tmp_path / "out"), "--run.name", "r"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=60, check=False, env=env)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    assert not list((tmp_path / "out" / "r" / "launcher").glob("*.sbatch"))

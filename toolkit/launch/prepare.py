@@ -99,7 +99,8 @@ def only_dry_runs(run: RunDir) -> bool:
     True only when every attempt under ``configs/`` carries the DRY_RUN marker, ``configs/latest`` points at one of
     them, the launcher holds only rendered files (placement, ports, site copy, batch scripts), the data-plane,
     log, control and report directories are empty, and the root holds nothing else. A dry run's batch script can
-    be submitted by hand; the job's first log, rollout or control file then keeps the directory. Anything unexpected
+    be submitted by hand; the job's first log, rollout or control file then keeps the directory (while the job is
+    still queued, the directory's files say nothing: ``_dry_run_jobs_queued`` asks Slurm). Anything unexpected
     (a half-written attempt, a symlinked attempt, a file a user added) answers False: the caller then asks for
     ``--resume`` or ``--clean``, which is safe; a wrong True would delete a run. Never raises for odd contents.
     """
@@ -107,6 +108,31 @@ def only_dry_runs(run: RunDir) -> bool:
         return _only_dry_runs(run)
     except OSError:  # unreadable or vanishing entries: not provably dry
         return False
+
+
+def _dry_run_jobs_queued(run: RunDir) -> bool:
+    """False when no Slurm job will write into ``run`` (a dry-run directory may then be taken over). Raises
+    ConfigError naming the jobs when one is queued or running with its logs there (a dry run's batch script
+    submitted by hand, not started yet), or when Slurm cannot be asked: taking the directory over would pull it
+    from under that job."""
+    from . import slurm
+
+    if not any(run.launcher.glob("*.sbatch")):
+        return False  # the dry runs rendered no batch script (local backend): nothing can have been submitted
+    try:
+        jobs = slurm.jobs_logging_under(run.root)
+    except slurm.SlurmCommandError as exc:
+        raise ConfigError(
+            f"run directory {run.root} holds only dry runs, but squeue could not say whether a job submitted from "
+            f"one of them is queued ({exc}); pass --clean to replace it anyway, or set a different run.name"
+        ) from exc
+    if jobs:
+        raise ConfigError(
+            f"run directory {run.root} holds only dry runs, but Slurm job(s) {', '.join(jobs)} submitted from it "
+            "are queued or running and will write into it; cancel them (scancel), pass --resume to continue that "
+            "run, --clean to replace the directory anyway, or set a different run.name"
+        )
+    return False
 
 
 def _only_dry_runs(run: RunDir) -> bool:
@@ -180,7 +206,7 @@ def prepare_run(
         raise ConfigError(RESUME_CLEAN_MSG)
     run = run or run_dir_for(loaded, resume=resume)
     exists = run.configs.exists() or run.configs.is_symlink()
-    if exists and not resume and only_dry_runs(run):
+    if exists and not resume and not clean and only_dry_runs(run) and not _dry_run_jobs_queued(run):
         _delete_run_dir(run.root)  # only would-be configs, placement and scripts: nothing was launched from them
         exists = False
     if exists and not (resume or clean):

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 from ClusterShell.NodeSet import NodeSet
 
@@ -469,6 +470,39 @@ def _from_squeue(job_id: str, timeout_s: float) -> JobState:
     if proc.returncode != 0 or not lines:
         raise SlurmCommandError(cmd, proc.returncode, proc.stderr or "no job record printed")
     return summarize(str(job_id), [parse_squeue_line(ln) for ln in lines])
+
+
+# Job states in which a job may still write to its log files (squeue -t accepts these names).
+_LIVE_STATES = "PENDING,CONFIGURING,RUNNING,COMPLETING,SUSPENDED,REQUEUED,REQUEUE_HOLD,RESIZING,STOPPED,SIGNALING"
+
+
+def jobs_logging_under(root: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """Ids of the calling user's queued or running Slurm jobs whose stdout or stderr file lies under ``root``.
+
+    srl's batch scripts log into their run directory (``--output``/``--error`` under ``<run>/logs``), so a job
+    listed here, e.g. a dry run's script submitted by hand and still pending, will write into ``root``. Returns []
+    where Slurm is not installed (no ``squeue`` on PATH: nothing can be queued). Raises SlurmCommandError when
+    ``squeue`` is installed but fails or times out (the caller cannot tell, and must not assume the directory is
+    free).
+    """
+    import getpass
+    import shutil
+
+    if shutil.which("squeue") is None:
+        return []
+    cmd = ["squeue", "-h", "-u", getpass.getuser(), "-t", _LIVE_STATES, "-O", "JobID:|,STDOUT:|,STDERR:|"]
+    proc = _run(cmd, timeout_s=timeout_s)
+    if proc.returncode != 0:
+        raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
+    base = os.path.realpath(root)
+    jobs = []
+    for line in proc.stdout.splitlines():
+        job_id, *paths = (part.strip() for part in line.split("|"))
+        for path in paths:
+            if path and os.path.isabs(path) and os.path.commonpath([base, os.path.realpath(path)]) == base:
+                jobs.append(job_id)
+                break
+    return jobs
 
 
 def job_state(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> JobState:
