@@ -209,6 +209,10 @@ def main() -> None:
     args = p.parse_args()
     if args.steps < 3:
         p.error("--steps must be >= 3 (steps 1-2 are warm-up)")
+    if args.steps > 65:
+        # No trainer publishes weights here, so policy 0 is all there is; batch n needs a policy no older than
+        # n - 1 - max_async_level, and the config caps max_async_level at 64: step 66 would wait for ever.
+        p.error("--steps must be <= 65 (no trainer runs: step 66 would wait for a policy newer than version 0)")
     logging.basicConfig(level=logging.WARNING)
     with LoopbackServer(TOKENS) as srv, tempfile.TemporaryDirectory(prefix="srl-bench-") as tmp:
         n = max(8192, args.batch_size * (args.steps - 2))
