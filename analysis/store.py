@@ -124,9 +124,17 @@ def _append(group: h5py.Group, name: str, start: int, values: np.ndarray) -> Non
 
     Through h5py's low-level API: an append touches some 35 datasets, and the high-level ``group[name]``,
     ``resize`` and slice assignment cost about 0.3 ms each in Python (tests/benchmarks/orchestrator_overhead.py).
-    HDF5 converts ``values`` (numeric) to the dataset's type as the high-level write would."""
+    HDF5 converts ``values`` (numeric) to the dataset's type as the high-level write would. A sequence that is not
+    an ndarray is converted by numpy to the dataset's type first, as ``ds[a:b] = values`` does (left to HDF5, a
+    list of floats with NaN would be written as INT64_MIN into an integer column instead of raising ValueError).
+    Raises ValueError when ``values`` is not 1-D: the low-level write reads ``len(values)`` elements from the
+    buffer, so a 2-D array would be written flattened and a (n, 0) array would write memory past its end."""
     dsid = h5py.h5d.open(group.id, name.encode())
+    if not isinstance(values, np.ndarray):
+        values = np.asarray(values, dtype=dsid.dtype)
     n = len(values)
+    if values.ndim != 1:
+        raise ValueError(f"{name}: values of shape {values.shape} for a 1-D dataset")
     dsid.set_extent((start + n,))
     if n:
         fspace = dsid.get_space()

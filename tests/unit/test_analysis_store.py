@@ -202,3 +202,151 @@ def test_new_categories_from_another_writer_are_seen(tmp_path: Path) -> None:
     first.append([_rollout(2)], step=1, kind="train")
     first.append([_rollout(3)], step=1, kind="baseline")
     assert load_rollouts(path)["kind"].tolist() == ["train", "eval", "train", "baseline"]
+
+
+# -- the low-level append (h5d.open / set_extent / hyperslab write) against the high-level write it replaced ------
+
+
+def _high_level_append(group: h5py.Group, name: str, start: int, values) -> None:
+    """The append as it was before the low-level API (``git show 8359665~1:analysis/store.py``): the reference
+    the fast path must match byte for byte."""
+    ds = group[name]
+    ds.resize((start + len(values),))
+    if len(values):
+        ds[start : start + len(values)] = values
+
+
+def _retype(path: Path, changes: dict[str, type]) -> None:
+    """Recreate datasets with another dtype and the same rows, chunks and fill: a store another srl version (or a
+    hand-made tool) wrote with types that differ from the values this writer appends."""
+    with h5py.File(path, "a") as f:
+        for name, dtype in changes.items():
+            old = f[name]
+            data, attrs, chunks = old[()], dict(old.attrs), old.chunks
+            del f[name]
+            new = f.create_dataset(name, data=data.astype(dtype), maxshape=(None,), chunks=chunks)
+            new.attrs.update(attrs)
+
+
+_RETYPED = {
+    "columns/truncated": np.uint8,
+    "columns/example_id": np.int32,
+    "columns/reward": np.float32,
+    "columns/kind": np.int64,  # categorical codes wider than int32
+    "tokens/ids": np.int64,
+    "tokens/logprobs": np.float64,
+    "tokens/mask": np.bool_,
+}
+
+
+def _write_scenario(path: Path, retype: bool) -> None:
+    """Appends that exercise every column type: bool, categorical codes with None, int64, float64 with NaN (a
+    dynamic column absent from some rows), float32 logprobs, uint8 mask; an append whose rollouts have no samples
+    (zero tokens), a torn append overwritten by the next one, and an append of nothing."""
+    with RolloutStoreWriter(path) as w:
+        w.append([_rollout(i) for i in range(6)], step=0)
+    if retype:
+        _retype(path, _RETYPED)
+    with RolloutStoreWriter(path) as w:
+        w.append([_rollout(i, samples=[], metrics={}) for i in range(6, 9)], step=1, kind="eval")
+        w.append([_rollout(i, error_class="TaskError", error_message="x" * i, reward=np.nan,
+                           reward_components={"late": -0.0}) for i in range(9, 13)], step=2)  # fmt: skip
+    with h5py.File(path, "a") as f:  # the step-2 append died before committing num_rows
+        f.attrs["num_rows"] = 9
+    with RolloutStoreWriter(path) as w:
+        w.append([_rollout(i, truncated=bool(i % 2)) for i in range(13, 15)], step=3)
+        w.append([], step=4)
+        w.append([_rollout(15, samples=[TrainingSample([], [], [], [])])], step=5)
+
+
+def _dump(path: Path) -> dict[str, object]:
+    """Every dataset's dtype, shape and raw bytes (vlen strings as values), plus the commit attributes; the
+    ``time`` column (the clock at each append) is left out."""
+    out: dict[str, object] = {}
+    with h5py.File(path, "r") as f:
+
+        def visit(name: str, obj: object) -> None:
+            if isinstance(obj, h5py.Dataset) and name != "columns/time":
+                data = obj[()]
+                out[name] = (obj.dtype.str, obj.shape, data.tolist() if obj.dtype.kind == "O" else data.tobytes())
+
+        f.visititems(visit)
+        out["@attrs"] = (int(f.attrs["num_rows"]), f.attrs["counts"].tolist())
+    return out
+
+
+@pytest.mark.parametrize("retype", [False, True], ids=["store-dtypes", "other-dtypes"])
+def test_low_level_append_writes_the_same_bytes_as_the_high_level_write(tmp_path, monkeypatch, retype) -> None:
+    from analysis import store
+
+    _write_scenario(tmp_path / "fast.h5", retype)
+    monkeypatch.setattr(store, "_append", _high_level_append)
+    _write_scenario(tmp_path / "reference.h5", retype)
+    monkeypatch.undo()
+    fast, ref = _dump(tmp_path / "fast.h5"), _dump(tmp_path / "reference.h5")
+    assert sorted(fast) == sorted(ref)
+    for name in ref:
+        assert fast[name] == ref[name], name
+    if retype:
+        assert fast["tokens/mask"][0] == "|b1" and fast["columns/kind"][0] == "<i8"
+
+
+@pytest.mark.parametrize("retype", [False, True], ids=["store-dtypes", "other-dtypes"])
+def test_every_column_type_reads_back_exactly(tmp_path, retype) -> None:
+    path = tmp_path / "rollouts.h5"
+    _write_scenario(path, retype)
+    want = ([_rollout(i) for i in range(6)] + [_rollout(i, samples=[], metrics={}) for i in range(6, 9)]
+            + [_rollout(i, truncated=bool(i % 2)) for i in range(13, 15)]
+            + [_rollout(15, samples=[TrainingSample([], [], [], [])])])  # fmt: skip
+    df = load_rollouts(path, with_tokens=True)
+    assert len(df) == len(want) == 12
+    assert df["step"].tolist() == [0] * 6 + [1] * 3 + [3] * 2 + [5]
+    assert df["kind"].astype(str).tolist() == ["train"] * 6 + ["eval"] * 3 + ["train"] * 3
+    assert df["truncated"].astype(bool).tolist() == [r.truncated for r in want]
+    assert df["truncation_reason"].tolist()[5] == "max_tokens" and pd.isna(df["truncation_reason"][0])
+    assert df["error_class"].isna().all() and df["error_message"].isna().all()  # the torn append's are gone
+    assert df["example_id"].tolist() == [r.example_id for r in want]
+    assert df["reward"].tolist() == [np.float32(r.reward) if retype else r.reward for r in want]
+    # "reward/late" was created by the torn append only: NaN everywhere it was not written
+    assert df["reward/late"].isna().all()
+    assert df["metric/lcs"].isna().tolist() == [False] * 6 + [True] * 3 + [False] * 3
+    for row, r in enumerate(want):
+        assert [p.tolist() for p in df["prompt_ids"][row]] == [s.prompt_ids for s in r.samples]
+        assert [c.tolist() for c in df["completion_ids"][row]] == [s.completion_ids for s in r.samples]
+        assert [m.tolist() for m in df["completion_mask"][row]] == [s.completion_mask for s in r.samples]
+        lps = [lp.tolist() for lp in df["completion_logprobs"][row]]
+        assert lps == [np.asarray(s.completion_logprobs, np.float32).tolist() for s in r.samples]
+    with h5py.File(path, "r") as f:  # nothing of the torn append is left beyond the committed rows
+        assert f["columns"]["step"].shape == (12,) and f["errors"]["row"].shape == (0,)
+        assert f["tokens"]["ids"].shape[0] == int(f.attrs["counts"][2])
+
+
+def test_append_converts_a_list_to_the_dataset_type_as_the_high_level_write(tmp_path: Path) -> None:
+    from analysis.store import _append
+
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        for name, dtype in (("codes", np.int32), ("ints", np.int64), ("flags", np.bool_), ("lp", np.float32)):
+            f.create_dataset(name, shape=(1,), maxshape=(None,), dtype=dtype, chunks=(4,), fillvalue=0)
+        _append(f, "codes", 1, [3, -1, 2**31 - 1])  # python ints into int32 categorical codes
+        _append(f, "flags", 1, [True, 0, 2.5])
+        _append(f, "lp", 1, [-0.1, float("nan")])
+        _append(f, "ints", 1, [])
+        assert f["codes"][:].tolist() == [0, 3, -1, 2**31 - 1] and f["codes"].dtype == np.int32
+        assert f["flags"][:].tolist() == [False, True, False, True]
+        assert f["lp"][1] == np.float32(-0.1) and np.isnan(f["lp"][2])
+        assert f["ints"].shape == (1,)
+        # NaN cannot be an integer: refused, and the column keeps its length (HDF5 itself would write INT64_MIN)
+        with pytest.raises(ValueError):
+            _append(f, "ints", 1, [1.0, float("nan")])
+        assert f["ints"].shape == (1,)
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (3, 2)])
+def test_append_refuses_values_that_are_not_one_dimensional(tmp_path: Path, shape) -> None:
+    from analysis.store import _append
+
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        f.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=np.int32, chunks=(4,))
+        with pytest.raises(ValueError, match="shape"):
+            _append(f, "ids", 0, np.ones(shape, np.int32))
+        assert f["ids"].shape == (0,)

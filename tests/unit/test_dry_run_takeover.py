@@ -197,3 +197,53 @@ def test_a_local_dry_run_directory_is_taken_over_without_asking_slurm(tmp_path):
                            capture_output=True, text=True, cwd=ROOT, timeout=60, check=False, env=env)  # fmt: skip
         assert r.returncode == 0, r.stderr
     assert not list((tmp_path / "out" / "r" / "launcher").glob("*.sbatch"))
+
+
+def _squeue_printing(bin_dir: Path, body: bytes) -> dict[str, str]:
+    # Fault injection: outputs the real squeue cannot be made to print on demand (junk with exit status 0, log
+    # paths of another job that are not UTF-8).
+    bin_dir.mkdir()
+    fake = bin_dir / "squeue"
+    fake.write_bytes(b"#!/bin/sh\n" + body)
+    fake.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+@pytest.mark.parametrize("case", ["junk-exit-0", "not-utf8"])
+def test_a_dry_run_directory_is_kept_when_squeue_output_is_odd(dry_template, tmp_path, case):
+    run = _copy(dry_template, tmp_path / "out" / "r")
+    before = sorted(p.relative_to(run.root) for p in run.root.rglob("*"))
+    logs = os.fsencode(run.logs)
+    body = {
+        # A controller error on stdout with exit 0 is no empty queue.
+        "junk-exit-0": b"echo 'slurm_load_jobs error: Unable to contact slurm controller'\n",
+        # Another job's log path is not UTF-8; the dry run's script, submitted by hand, is still pending.
+        "not-utf8": b"printf '%s\\n' '5|/w|/data/\xfe%j.out|/data/\xfe%j.out|' '6|/w|" + logs + b"/r-%j.out|"
+                    + logs + b"/r-%j.out|'\n",
+    }[case]  # fmt: skip
+    env = _squeue_printing(tmp_path / "bin", body)
+    r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--output-dir",
+                        str(tmp_path / "out"), "--run.name", "r", "--site", "local-slurm"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60, check=False, env=env)  # fmt: skip
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    want = "squeue could not say" if case == "junk-exit-0" else "Slurm job(s) 6 submitted from it"
+    assert want in r.stderr, r.stderr
+    assert sorted(p.relative_to(run.root) for p in run.root.rglob("*")) == before  # nothing touched
+
+
+def test_the_shadow_of_a_dry_run_of_an_existing_run_is_kept_while_slurm_cannot_say(dry_template, tmp_path):
+    # A dry run of an existing run writes to <output_dir>/.dry-run/<name>; its batch script may be submitted by hand
+    # too, so the next such dry run must not delete that directory while Slurm cannot say the job is gone.
+    out = tmp_path / "out"
+    _copy(dry_template, out / "r")
+    (out / "r" / "logs" / "r-1.out").write_text("a launched run\n")  # the live run: not a dry run any more
+    args = ("rl", "@", str(JOB), "--dry-run", "--resume", "--output-dir", str(out), "--run.name", "r", "--site",
+            "local-slurm")
+    first = srl(*args)
+    assert first.returncode == 0, first.stderr
+    shadow = out / ".dry-run" / "r"
+    assert (shadow / "launcher" / "rl.sbatch").exists()
+    r = subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                       timeout=60, check=False, env=_failing_squeue(tmp_path / "bin"))  # fmt: skip
+    assert r.returncode != 0 and "squeue could not say" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (shadow / "launcher" / "rl.sbatch").exists()

@@ -63,6 +63,13 @@ def test_output_dir_that_cannot_hold_slurm_logs_is_a_config_error(out):
     assert validate_dict(cfg({"output_dir": out})).config
 
 
+def test_output_dir_with_a_slurm_filename_pattern_is_a_config_error():
+    # sbatch expands %j, %x, %u... anywhere in --output: the job's logs would go to another directory.
+    text = errors_of(cfg(SLURM, {"output_dir": "/scratch/%u/runs"}))
+    assert "output_dir" in text and "'%'" in text
+    assert validate_dict(cfg({"output_dir": "/tmp/100%/runs"})).config  # no #SBATCH lines on a local site
+
+
 def test_cli_refuses_before_writing_and_without_traceback(tmp_path, capsys):
     from toolkit.cli import main
 

@@ -289,6 +289,12 @@ def _sbatch_values(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
         if SBATCH_UNSAFE.search(value):  # an empty value is left out of the script
             f.error(path, f"{value!r} cannot go into an #SBATCH line: no whitespace, newlines, quotes, backquotes or "
                     "backslashes (sbatch would split or re-read the option)")  # fmt: skip
+    log_dir = sbatch_fields(cfg, site).get("output_dir", "")
+    if "%" in log_dir:
+        # sbatch expands filename patterns (%j, %x, %u, %%...) anywhere in --output/--error, not only in the file
+        # name: the job's logs would land in another directory than the run's.
+        f.error("output_dir", f"{log_dir!r} contains '%', which Slurm expands in the job's log paths (--output); "
+                "choose an output directory without '%'")  # fmt: skip
 
 
 _CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE")

@@ -58,6 +58,8 @@ def dry_run_dir(live: RunDir) -> RunDir:
     ``placement.json`` and attempt numbers are read by running and requeued jobs), let alone delete it for
     ``--clean``. Paths inside the dry-run files refer to this directory, not to the live run."""
     shadow = RunDir(live.root.parent / ".dry-run" / live.root.name)
+    if shadow.root.is_dir():  # an earlier dry run's batch script may have been submitted by hand and still wait
+        _dry_run_jobs_queued(shadow, remedy=f"cancel them (scancel) or delete {shadow.root} yourself")
     shutil.rmtree(shadow.root, ignore_errors=True)
     return shadow
 
@@ -110,7 +112,11 @@ def only_dry_runs(run: RunDir) -> bool:
         return False
 
 
-def _dry_run_jobs_queued(run: RunDir) -> bool:
+_TAKEOVER_REMEDY = ("cancel them (scancel), pass --resume to continue that run, --clean to replace the directory "
+                    "anyway, or set a different run.name")
+
+
+def _dry_run_jobs_queued(run: RunDir, remedy: str = _TAKEOVER_REMEDY) -> bool:
     """False when no Slurm job will write into ``run`` (a dry-run directory may then be taken over). Raises
     ConfigError naming the jobs when one is queued or running with its logs there (a dry run's batch script
     submitted by hand, not started yet), or when Slurm cannot be asked: taking the directory over would pull it
@@ -124,13 +130,12 @@ def _dry_run_jobs_queued(run: RunDir) -> bool:
     except slurm.SlurmCommandError as exc:
         raise ConfigError(
             f"run directory {run.root} holds only dry runs, but squeue could not say whether a job submitted from "
-            f"one of them is queued ({exc}); pass --clean to replace it anyway, or set a different run.name"
+            f"one of them is queued ({exc}); {remedy}"
         ) from exc
     if jobs:
         raise ConfigError(
             f"run directory {run.root} holds only dry runs, but Slurm job(s) {', '.join(jobs)} submitted from it "
-            "are queued or running and will write into it; cancel them (scancel), pass --resume to continue that "
-            "run, --clean to replace the directory anyway, or set a different run.name"
+            f"are queued or running and will write into it; {remedy}"
         )
     return False
 

@@ -152,13 +152,18 @@ def _run(
     timeout_s: float,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    errors: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd``; raise SlurmCommandError if it cannot start or times out. Callers check the exit code."""
+    """Run ``cmd``; raise SlurmCommandError if it cannot start or times out. Callers check the exit code.
+
+    ``errors`` is the decoding error handler of the output (default strict; ``"surrogateescape"`` keeps file
+    names that are not valid UTF-8 as os.fsdecode does)."""
     try:
         return subprocess.run(
             list(cmd),
             capture_output=True,
             text=True,
+            errors=errors,
             timeout=timeout_s,
             env=dict(env) if env is not None else None,
             cwd=cwd,
@@ -166,6 +171,8 @@ def _run(
         )
     except FileNotFoundError as e:
         raise SlurmCommandError(cmd, None, f"{cmd[0]} not found on PATH: {e}", "could not start") from e
+    except OSError as e:  # found but not runnable: no permission, a file that is no program (ENOEXEC)
+        raise SlurmCommandError(cmd, None, f"{cmd[0]}: {e}", "could not start") from e
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
         raise SlurmCommandError(cmd, None, err, f"timed out after {timeout_s:g} s") from e
@@ -474,6 +481,13 @@ def _from_squeue(job_id: str, timeout_s: float) -> JobState:
 
 # Job states in which a job may still write to its log files (squeue -t accepts these names).
 _LIVE_STATES = "PENDING,CONFIGURING,RUNNING,COMPLETING,SUSPENDED,REQUEUED,REQUEUE_HOLD,RESIZING,STOPPED,SIGNALING"
+# squeue --Format for jobs_logging_under; "|" ends each field. WorkDir is where a relative StdOut/StdErr goes.
+_LOG_FIELDS = "JobID:|,WorkDir:|,STDOUT:|,STDERR:|"
+# A JobID as squeue prints it: 12, array tasks 12_3 / 12_[1-3%2], het components 12+1.
+_JOB_ID_RE = re.compile(r"[0-9]+(?:_(?:[0-9]+|\[[^\]|]*\]))?(?:\+[0-9]+)?")
+# Above this many "|" inside one line's paths, splitting it every way costs too much: the job counts as logging
+# under the run (a wrong "busy" only asks for --clean; a wrong "free" deletes what the job needs).
+_MAX_AMBIGUOUS_BARS = 24
 
 
 def jobs_logging_under(root: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str]:
@@ -482,27 +496,101 @@ def jobs_logging_under(root: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> l
     srl's batch scripts log into their run directory (``--output``/``--error`` under ``<run>/logs``), so a job
     listed here, e.g. a dry run's script submitted by hand and still pending, will write into ``root``. Returns []
     where Slurm is not installed (no ``squeue`` on PATH: nothing can be queued). Raises SlurmCommandError when
-    ``squeue`` is installed but fails or times out (the caller cannot tell, and must not assume the directory is
-    free).
+    ``squeue`` is installed but fails, cannot start, times out after ``timeout_s`` seconds or prints lines that
+    are not job records (the caller cannot tell, and must not assume the directory is free). The user is the
+    process's uid (not $USER, which a shell may carry over from someone else). How paths are matched:
+    :func:`jobs_logging_under_in`.
     """
-    import getpass
     import shutil
 
     if shutil.which("squeue") is None:
         return []
-    cmd = ["squeue", "-h", "-u", getpass.getuser(), "-t", _LIVE_STATES, "-O", "JobID:|,STDOUT:|,STDERR:|"]
-    proc = _run(cmd, timeout_s=timeout_s)
+    cmd = ["squeue", "-h", "-u", squeue_user(), "-t", _LIVE_STATES, "-O", _LOG_FIELDS]
+    proc = _run(cmd, timeout_s=timeout_s, errors="surrogateescape")
     if proc.returncode != 0:
         raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
+    try:
+        return jobs_logging_under_in(proc.stdout, root)
+    except ValueError as exc:
+        raise SlurmCommandError(cmd, proc.returncode, str(exc), "printed no job records") from exc
+
+
+def squeue_user() -> str:
+    """The calling process's user for ``squeue -u``: the name of its uid in the user database, or the uid itself
+    when it has no entry (some containers; squeue takes either). Not $USER or $LOGNAME (``getpass.getuser``),
+    which a shell may carry over from someone else, so the listing would miss the caller's own jobs."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def jobs_logging_under_in(squeue_output: str, root: str | os.PathLike[str]) -> list[str]:
+    """The job ids (each once, in squeue's order) of ``squeue -h -O JobID:|,WorkDir:|,STDOUT:|,STDERR:|`` output
+    whose stdout or stderr file may lie under ``root``.
+
+    Both sides are compared with symlinks resolved (a run directory linked to scratch, logs named by either
+    path); ``/out/r2`` is not under ``/out/r``. A relative path is taken from the job's WorkDir. A path that still
+    holds Slurm's filename patterns (``%j``, ``%x``, ``%u``... as squeue shows pending jobs) counts when its part
+    before the first ``%`` could expand to a path under ``root``. A path containing ``|`` makes the line ambiguous:
+    every way of splitting it into the three fields is tried, and any split under ``root`` counts. Empty and
+    ``N/A``-like fields are no paths. Raises ValueError on a line that is not a job record (no job id, fewer
+    fields). When in doubt a job counts: a wrong "free" answer would delete files a queued job needs.
+    """
     base = os.path.realpath(root)
-    jobs = []
-    for line in proc.stdout.splitlines():
-        job_id, *paths = (part.strip() for part in line.split("|"))
-        for path in paths:
-            if path and os.path.isabs(path) and os.path.commonpath([base, os.path.realpath(path)]) == base:
-                jobs.append(job_id)
-                break
-    return jobs
+    jobs: dict[str, None] = {}
+    for line in squeue_output.splitlines():
+        if not line.strip():
+            continue
+        job_id, _, rest = line.partition("|")
+        job_id = job_id.strip()
+        if not _JOB_ID_RE.fullmatch(job_id) or not rest.endswith("|") or rest.count("|") < 3:
+            raise ValueError(f"not a squeue job record: {line!r}")
+        if _fields_under(rest[:-1], base):
+            jobs[job_id] = None
+    return list(jobs)
+
+
+def _fields_under(fields: str, base: str) -> bool:
+    """Whether ``WorkDir|StdOut|StdErr`` (split every possible way when the paths hold ``|``) names a log under
+    ``base`` (a resolved absolute path)."""
+    bars = [i for i, c in enumerate(fields) if c == "|"]
+    if len(bars) > _MAX_AMBIGUOUS_BARS:
+        return True
+    for a in range(len(bars)):
+        for b in range(a + 1, len(bars)):
+            i, j = bars[a], bars[b]
+            workdir, outs = fields[:i], (fields[i + 1 : j], fields[j + 1 :])
+            if any(_log_under(p, workdir, base) for p in outs):
+                return True
+    return False
+
+
+def _log_under(path: str, workdir: str, base: str) -> bool:
+    for p in dict.fromkeys((path, path.strip())):
+        if p.strip() in _NO_VALUE:
+            continue
+        if not os.path.isabs(p):
+            wd = workdir.strip()
+            if not os.path.isabs(wd):
+                return True  # a relative log of a job whose working directory squeue did not say: cannot tell
+            p = os.path.join(wd, p)
+        if _may_expand_under(p, base):
+            return True
+    return False
+
+
+def _may_expand_under(path: str, base: str) -> bool:
+    literal, pattern, _ = path.partition("%")
+    if not pattern:
+        return os.path.commonpath([base, os.path.realpath(path)]) == base
+    # Resolve the directories before the first pattern; the pattern may expand to anything, so the path may lie
+    # under base when that fixed prefix already does, or when base continues it.
+    head, _, partial = literal.rpartition("/")
+    prefix = os.path.join(os.path.realpath(head or "/"), partial)
+    return os.path.commonpath([base, prefix]) == base or (base.rstrip("/") + "/").startswith(prefix)
 
 
 def job_state(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> JobState:
