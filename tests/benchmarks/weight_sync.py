@@ -179,8 +179,8 @@ async def measure(
             read_s.append(plain_read_s(d))
     stop.set()
     await follower
-    # The read right after an update comes while the machine still settles from it (0.48-0.51 s against 0.22-0.26 s
-    # a few seconds later for 487 MB on the development VM); the quiet read is the stricter baseline.
+    # The settled floor: how fast the same bytes read once the disk has had time to write everything back (the
+    # engine never gets that time; the paired read gives the conditions it does get).
     await asyncio.sleep(QUIET_S)
     breakdown["quiet_read"] = [plain_read_s(run.broadcast_step(step)) for step in range(1, updates + 1)]
     for st in steps:
