@@ -226,7 +226,7 @@ def main() -> None:
     print(
         f"STABLE -> serving new weights: median {s:.3f} s over {len(sync_s)} ({', '.join(f'{x:.3f}' for x in sync_s)})"
     )
-    print(f"plain read of the same bytes:  median {r:.4f} s ({size / max(r, 1e-9) / 1e9:.2f} GB/s)")
+    print(f"read right after each update: median {r:.4f} s ({size / max(r, 1e-9) / 1e9:.2f} GB/s)")
     print(f"quiet read ({QUIET_S:.0f} s after the last update, engine idle): median {q:.4f} s")
     print(f"paired read (a copy written, fsynced, dropped and read at once before each update): median {p:.4f} s "
           f"({', '.join(f'{x:.3f}' for x in paired)})")
