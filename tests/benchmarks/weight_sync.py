@@ -156,9 +156,10 @@ async def measure(
     breakdown: dict[str, list[float]] = {"notice": [], "detect": []}
     async with httpx.AsyncClient(timeout=30, headers=admin_headers(dep.admin_token)) as http:
         for step in range(1, updates + 1):
-            breakdown.setdefault("paired_read", []).append(paired_read_s(sources[step % len(sources)], run.root))
+            src = sources[step % len(sources)]
+            breakdown.setdefault("paired_read", []).append(paired_read_s(src, run.root))
             d = run.broadcast_step(step)
-            shutil.copytree(sources[step % len(sources)], d)
+            shutil.copytree(src, d)
             fsync_tree(d)
             drop_cache(d)
             write_marker(d / "STABLE")

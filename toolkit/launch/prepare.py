@@ -59,7 +59,7 @@ def dry_run_dir(live: RunDir) -> RunDir:
     ``--clean``. Paths inside the dry-run files refer to this directory, not to the live run."""
     shadow = RunDir(live.root.parent / ".dry-run" / live.root.name)
     if shadow.root.is_dir():  # an earlier dry run's batch script may have been submitted by hand and still wait
-        _dry_run_jobs_queued(shadow, remedy=f"cancel them (scancel) or delete {shadow.root} yourself")
+        _refuse_if_jobs_queued(shadow, remedy=f"cancel them (scancel) or delete {shadow.root} yourself")
     shutil.rmtree(shadow.root, ignore_errors=True)
     return shadow
 
@@ -102,7 +102,7 @@ def only_dry_runs(run: RunDir) -> bool:
     them, the launcher holds only rendered files (placement, ports, site copy, batch scripts), the data-plane,
     log, control and report directories are empty, and the root holds nothing else. A dry run's batch script can
     be submitted by hand; the job's first log, rollout or control file then keeps the directory (while the job is
-    still queued, the directory's files say nothing: ``_dry_run_jobs_queued`` asks Slurm). Anything unexpected
+    still queued, the directory's files say nothing: ``_refuse_if_jobs_queued`` asks Slurm). Anything unexpected
     (a half-written attempt, a symlinked attempt, a file a user added) answers False: the caller then asks for
     ``--resume`` or ``--clean``, which is safe; a wrong True would delete a run. Never raises for odd contents.
     """
@@ -116,15 +116,15 @@ _TAKEOVER_REMEDY = ("cancel them (scancel), pass --resume to continue that run, 
                     "anyway, or set a different run.name")
 
 
-def _dry_run_jobs_queued(run: RunDir, remedy: str = _TAKEOVER_REMEDY) -> bool:
-    """False when no Slurm job will write into ``run`` (a dry-run directory may then be taken over). Raises
+def _refuse_if_jobs_queued(run: RunDir, remedy: str = _TAKEOVER_REMEDY) -> None:
+    """Return when no Slurm job will write into ``run`` (a dry-run directory may then be taken over). Raise
     ConfigError naming the jobs when one is queued or running with its logs there (a dry run's batch script
     submitted by hand, not started yet), or when Slurm cannot be asked: taking the directory over would pull it
     from under that job."""
     from . import slurm
 
     if not any(run.launcher.glob("*.sbatch")):
-        return False  # the dry runs rendered no batch script (local backend): nothing can have been submitted
+        return  # the dry runs rendered no batch script (local backend): nothing can have been submitted
     try:
         jobs = slurm.jobs_logging_under(run.root)
     except slurm.SlurmCommandError as exc:
@@ -137,7 +137,6 @@ def _dry_run_jobs_queued(run: RunDir, remedy: str = _TAKEOVER_REMEDY) -> bool:
             f"run directory {run.root} holds only dry runs, but Slurm job(s) {', '.join(jobs)} submitted from it "
             f"are queued or running and will write into it; {remedy}"
         )
-    return False
 
 
 def _only_dry_runs(run: RunDir) -> bool:
@@ -211,7 +210,8 @@ def prepare_run(
         raise ConfigError(RESUME_CLEAN_MSG)
     run = run or run_dir_for(loaded, resume=resume)
     exists = run.configs.exists() or run.configs.is_symlink()
-    if exists and not resume and not clean and only_dry_runs(run) and not _dry_run_jobs_queued(run):
+    if exists and not resume and not clean and only_dry_runs(run):
+        _refuse_if_jobs_queued(run)
         _delete_run_dir(run.root)  # only would-be configs, placement and scripts: nothing was launched from them
         exists = False
     if exists and not (resume or clean):

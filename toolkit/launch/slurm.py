@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -501,8 +502,6 @@ def jobs_logging_under(root: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> l
     process's uid (not $USER, which a shell may carry over from someone else). How paths are matched:
     :func:`jobs_logging_under_in`.
     """
-    import shutil
-
     if shutil.which("squeue") is None:
         return []
     cmd = ["squeue", "-h", "-u", squeue_user(), "-t", _LIVE_STATES, "-O", _LOG_FIELDS]
