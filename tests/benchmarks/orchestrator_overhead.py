@@ -18,10 +18,12 @@ least 8192 (a window of a few seconds: sub-second windows varied by 2x between r
         [--concurrency 64] [--workers 1]
 
 Prints both rates and ``ratio = orchestrator / bare`` (goal >= 0.8), and where the CPU goes: CPU milliseconds per
-rollout of this process (the orchestrator's loop and policy client), of its child processes (env workers, record
-writer) and of the server, against the same per bare request, over the same windows (psutil samples taken when the
-metrics lines of steps 2 and N appear, polled every 10 ms; no periodic sampling).
+rollout of this process (the orchestrator's loop and policy client), of its env workers, of its other child
+processes (the record writer) and of the server, against the same per bare request, over the same windows (psutil
+samples taken when the metrics lines of steps 2 and N appear, polled every 10 ms; no periodic sampling).
 On a machine with few cores these sums bound the rates: ``cores * 1000 / ms per rollout`` rollouts/s at most.
+Last, the floor of any design: the bare request's CPU plus one reverse-text episode run in this process (no IPC,
+no records), and the ratio that floor would allow on this machine's cores.
 """
 
 from __future__ import annotations
@@ -86,14 +88,52 @@ async def bare_rate(url: str, n: int, concurrency: int, prompts: list[list[int]]
         return n / (time.perf_counter() - t0)
 
 
+def episode_cpu_ms(n: int = 4000) -> float:
+    """CPU milliseconds of one reverse-text episode run in this process, as an env worker runs it (setup, the
+    reply "cba", finalize, scoring; ``sigcache`` installed and the loaded tasks frozen, as in the worker), with no
+    IPC: the environment's share of a rollout that no orchestrator design can avoid. Call it last: it replaces
+    ``inspect.signature`` in this process (``toolkit.envs.sigcache``)."""
+    import gc
+    from types import SimpleNamespace
+
+    from toolkit.envs import sigcache
+    from toolkit.envs.episode import Episode
+    from toolkit.envs.registry import load_tasks
+
+    tasks = load_tasks(SimpleNamespace(id="reverse-text", split=None, seed=None, select=None, model_extra={}))
+    sigcache.install()
+
+    async def one(task) -> None:
+        episode = Episode(task)
+        await episode.start()
+        await episode.step("cba")
+        await episode.finalize()
+        await episode.score()
+
+    async def run(count: int) -> float:
+        t0 = time.process_time()
+        for i in range(count):
+            await one(tasks[i % len(tasks)])
+        return time.process_time() - t0
+
+    asyncio.run(run(200))  # warm-up: per-task caches, first scoring
+    gc.collect()
+    gc.freeze()
+    return 1000 * asyncio.run(run(n)) / n
+
+
 class CpuSampler:
-    """CPU seconds (user + system) of this process, its descendants and the server process, grouped, at the moments
-    ``sample()`` is called. Samples are taken only at window edges (no periodic thread: it would perturb the rates
-    it explains); a process that ended keeps its last value."""
+    """CPU seconds (user + system) of this process, the server process and this process's descendants, grouped
+    (descendants as ``env workers``, the ``toolkit.envs.server`` processes, and ``other children``: the record
+    writer), at the moments ``sample()`` is called. Samples are taken only at window edges (no periodic thread: it
+    would perturb the rates it explains); a process that ended keeps its last value and group."""
+
+    GROUPS = ("orchestrator process", "server", "env workers", "other children")
 
     def __init__(self, server_pid: int) -> None:
         self.me, self.server = psutil.Process(), psutil.Process(server_pid)
         self._last: dict[int, float] = {}
+        self._group: dict[int, str] = {self.me.pid: "orchestrator process", server_pid: "server"}
 
     def _cpu(self, proc: psutil.Process) -> float:
         try:
@@ -103,15 +143,28 @@ class CpuSampler:
             pass
         return self._last.get(proc.pid, 0.0)
 
+    def _group_of(self, proc: psutil.Process) -> str:
+        if proc.pid not in self._group:
+            try:
+                env = "toolkit.envs.server" in " ".join(proc.cmdline())
+            except psutil.Error:
+                env = False
+            self._group[proc.pid] = "env workers" if env else "other children"
+        return self._group[proc.pid]
+
     def sample(self) -> dict[str, float]:
         try:
             children = [p for p in self.me.children(recursive=True) if p.pid != self.server.pid]
         except psutil.Error:
             children = []
-        live = {p.pid for p in children}
-        ended = sum(v for pid, v in self._last.items() if pid not in live | {self.me.pid, self.server.pid})
-        return {"orchestrator process": self._cpu(self.me), "server": self._cpu(self.server),
-                "child processes": ended + sum(self._cpu(p) for p in children)}
+        out = dict.fromkeys(self.GROUPS, 0.0)
+        for proc in [self.me, self.server, *children]:
+            out[self._group_of(proc)] += self._cpu(proc)
+        live = {p.pid for p in children} | {self.me.pid, self.server.pid}
+        for pid, value in self._last.items():  # ended children keep their last CPU figure
+            if pid not in live:
+                out[self._group[pid]] += value
+        return out
 
 
 def spent(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
@@ -228,10 +281,15 @@ def main() -> None:
     print(f"orchestrator:      {orch:.1f} rollouts/s ({counted} rollouts, steps 3..{args.steps}, wall time)")
     print(f"ratio = {orch / bare:.3f} (goal >= 0.8)")
     cores = len(psutil.Process().cpu_affinity() or []) or psutil.cpu_count()
-    bare_ms = print_cpu("bare request", {k: v for k, v in bare_cpu.items() if k != "child processes"}, n)
+    bare_ms = print_cpu("bare request", {k: bare_cpu[k] for k in ("orchestrator process", "server")}, n)
     orch_ms = print_cpu("orchestrator rollout", orch_cpu, counted)
     print(f"CPU bound on {cores} cores: bare <= {cores * 1000 / bare_ms:.0f} requests/s, orchestrator <= "
           f"{cores * 1000 / orch_ms:.0f} rollouts/s")
+    # The floor of any design: a rollout costs at least the bare request (client and server) plus the env's episode.
+    floor_ms = bare_ms + episode_cpu_ms()
+    print(f"floor per rollout: bare request {bare_ms:.3f} + env episode in process {floor_ms - bare_ms:.3f} = "
+          f"{floor_ms:.3f} ms CPU: at most {cores * 1000 / floor_ms:.0f} rollouts/s on {cores} cores, ratio <= "
+          f"{cores * 1000 / floor_ms / bare:.2f} with no orchestration, IPC or record cost at all")
 
 
 if __name__ == "__main__":

@@ -20,21 +20,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from lora_checks import served_logprob_gaps
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def _token_logprobs(model, ids, torch):
-    """Natural-log probability of each token given the ones before it (index 0: 0.0), shape [T]."""
-    with torch.no_grad():
-        logits = model(input_ids=ids[None]).logits[0].float()
-    lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])[:, 0]
-    return torch.cat([torch.zeros(1), lp])
-
-
 def test_lora_run_serves_the_trainers_adapter(tmp_path):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     pytest.importorskip("peft")
     name = "lora"
     cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(ROOT / "jobs/reverse-text/rl-lora.toml"),
@@ -48,10 +41,7 @@ def test_lora_run_serves_the_trainers_adapter(tmp_path):
     run = tmp_path / name
 
     from toolkit.batches import load_batch_dir
-    from toolkit.models import resolve_model
     from toolkit.rundir import RunDir
-    from toolkit.trainer.lora import apply_lora, load_adapter
-    from toolkit.trainer.model import load_policy
 
     rd = RunDir(run)
     for step in (1, 2, 3):
@@ -76,24 +66,7 @@ def test_lora_run_serves_the_trainers_adapter(tmp_path):
 
     batch = load_batch_dir(rd.rollout_step(3))
     assert set(batch.policy_version.tolist()) == {2}  # on-policy: sampled by the adapter of step 2
-    model_dir = resolve_model("tiny-qwen3")
-    base = load_policy(model_dir)
-    lora_cfg = json.loads((rd.broadcast_step(2) / "adapter_config.json").read_text())
-    policy = apply_lora(load_policy(model_dir), {"rank": lora_cfg["r"], "alpha": lora_cfg["lora_alpha"],
-                                                 "dropout": 0.0, "target_modules": lora_cfg["target_modules"]})
-    load_adapter(policy, rd.broadcast_step(2))
-    base.eval()
-    policy.eval()
-    gap_policy, gap_base, n = 0.0, 0.0, 0
-    for i in range(batch.num_samples):
-        sl = batch.sample_slice(i)
-        ids = torch.as_tensor(batch.input_ids[sl].astype("int64"))
-        mask = torch.as_tensor(batch.loss_mask[sl])
-        infer = torch.as_tensor(batch.inference_logprobs[sl])
-        gap_policy += (_token_logprobs(policy, ids, torch) - infer)[mask].abs().sum().item()
-        gap_base += (_token_logprobs(base, ids, torch) - infer)[mask].abs().sum().item()
-        n += int(mask.sum())
-    gap_policy, gap_base = gap_policy / n, gap_base / n
+    gap_policy, gap_base, n = served_logprob_gaps(run, batch_step=3, adapter_step=2)
     print(f"mean |logprob gap| over {n} sampled tokens: adapter model {gap_policy:.2e}, base model {gap_base:.2e}")
     assert gap_policy < 1e-3
     assert gap_base > 20 * max(gap_policy, 1e-5), "the adapter did not move the policy: the test cannot tell"

@@ -20,6 +20,9 @@ both engines. Then, from the run directory only:
   instead of recomputing it) with N >= one 128-token block, and "External Cache Hit!"; the prefill engine's log
   has no injection (it produces KV). Train prompts are all longer than one block.
 
+``test_rl_prefill_decode_lora`` runs the LoRA job on the same deployment (adapters loaded in place on both
+engines; see its docstring).
+
 Two engines + router + trainer + env workers on 2 cores take several minutes: marked heavy (run by hand).
 """
 
@@ -63,12 +66,9 @@ def _engine_logs(run: Path) -> dict[str, tuple[int, Path]]:
                            run / "logs" / "latest" / p["log_name"]) for p in engines}  # fmt: skip
 
 
-def test_rl_prefill_decode_20_steps(tmp_path):
-    out = tmp_path / "out"
-    run = out / "pd"
-    argv = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-            "@", str(REPO / "jobs/reverse-text/rl-pd.toml"), "--max-steps", str(MAX_STEPS),
-            "--orchestrator.max-async-level", str(MAX_ASYNC_LEVEL), "--output-dir", str(out), "--run.name", "pd"]  # fmt: skip
+def _run_srl(argv: list[str]) -> float:
+    """Run ``srl rl`` as a user would; fails the test on a non-zero status or after RUN_TIMEOUT_S. Returns the
+    wall time (seconds)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # fmt: skip
@@ -82,8 +82,43 @@ def test_rl_prefill_decode_20_steps(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             text, _ = proc.communicate()
         pytest.fail(f"the run did not finish within {RUN_TIMEOUT_S} s:\n{text[-5000:]}")
-    wall_s = time.monotonic() - t0
     assert proc.returncode == 0, text[-5000:]
+    return time.monotonic() - t0
+
+
+def _reloads_on_both_engines(run: Path, logs: dict[str, tuple[int, Path]]) -> list[dict]:
+    """The run's policy reload records, checked: versions strictly increase and each was reported at
+    ``/weight_info`` by the prefill and the decode engine; the orchestrator's log names the same reloads."""
+    ports = {logs["kv_producer"][0]: "prefill", logs["kv_consumer"][0]: "decode"}
+    reloads = [json.loads(line) for line in (run / "policy_reloads.jsonl").read_text().splitlines()]
+    versions = [r["version"] for r in reloads]
+    assert versions == sorted(set(versions)) and versions, versions
+    for r in reloads:
+        by_role = {ports.get(urlparse(url).port): reported for url, reported in r["engines"].items()}
+        assert by_role == {"prefill": str(r["version"]), "decode": str(r["version"])}, r
+        assert sorted(r["roles"].values()) == ["decode", "prefill"], r
+    orch_log = (run / "logs" / "latest" / "orchestrator.log").read_text()
+    logged = [int(v) for v in re.findall(r"policy version (\d+) loaded into inference", orch_log)]
+    assert logged == versions, (logged, versions)
+    return reloads
+
+
+def _kv_injections(logs: dict[str, tuple[int, Path]]) -> tuple[list[int], int]:
+    """Token counts of the decode engine's KV injections (ExampleConnector loading the prefill engine's KV instead
+    of recomputing it) and its external cache hits; the prefill engine must have injected nothing."""
+    decode_log = logs["kv_consumer"][1].read_text(errors="replace")
+    prefill_log = logs["kv_producer"][1].read_text(errors="replace")
+    assert not INJECT_RE.search(prefill_log)
+    return [int(n) for n in INJECT_RE.findall(decode_log)], decode_log.count("External Cache Hit!")
+
+
+def test_rl_prefill_decode_20_steps(tmp_path):
+    out = tmp_path / "out"
+    run = out / "pd"
+    argv = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
+            "@", str(REPO / "jobs/reverse-text/rl-pd.toml"), "--max-steps", str(MAX_STEPS),
+            "--orchestrator.max-async-level", str(MAX_ASYNC_LEVEL), "--output-dir", str(out), "--run.name", "pd"]  # fmt: skip
+    wall_s = _run_srl(argv)
 
     # -- steps, each exactly once; mismatch_kl on every measured step ----------------------------------------
     metrics = _metrics(run)
@@ -96,19 +131,10 @@ def test_rl_prefill_decode_20_steps(tmp_path):
 
     # -- every reload reached both engines before rollouts of that version --------------------------------------
     logs = _engine_logs(run)
-    ports = {logs["kv_producer"][0]: "prefill", logs["kv_consumer"][0]: "decode"}
-    reloads = [json.loads(line) for line in (run / "policy_reloads.jsonl").read_text().splitlines()]
+    reloads = _reloads_on_both_engines(run, logs)
     versions = [r["version"] for r in reloads]
-    assert versions == sorted(set(versions)) and versions, versions
-    for r in reloads:
-        by_role = {ports.get(urlparse(url).port): reported for url, reported in r["engines"].items()}
-        assert by_role == {"prefill": str(r["version"]), "decode": str(r["version"])}, r
-        assert sorted(r["roles"].values()) == ["decode", "prefill"], r
     # The bound of the last step needs policy >= MAX_STEPS - 1 - max_async_level: it must have been loaded.
     assert versions[-1] >= MAX_STEPS - 1 - MAX_ASYNC_LEVEL, versions
-    orch_log = (run / "logs" / "latest" / "orchestrator.log").read_text()
-    logged = [int(v) for v in re.findall(r"policy version (\d+) loaded into inference", orch_log)]
-    assert logged == versions, (logged, versions)
 
     from analysis.store import load_rollouts
 
@@ -123,13 +149,9 @@ def test_rl_prefill_decode_20_steps(tmp_path):
     assert int(train["prompt_len"].min()) > KV_BLOCK_TOKENS  # every prompt spans more than one KV block
 
     # -- the decode engine loaded the prefill engine's KV instead of recomputing it ----------------------------
-    decode_log = logs["kv_consumer"][1].read_text(errors="replace")
-    prefill_log = logs["kv_producer"][1].read_text(errors="replace")
-    injected = [int(n) for n in INJECT_RE.findall(decode_log)]
-    hits = decode_log.count("External Cache Hit!")
+    injected, hits = _kv_injections(logs)
     assert injected and min(injected) >= KV_BLOCK_TOKENS, injected[:20]
     assert hits >= len(used), hits  # at least one external hit per policy version served
-    assert not INJECT_RE.search(prefill_log)
 
     print(f"\n[figure] P/D RL: {MAX_STEPS} steps in {wall_s:.0f} s wall; {len(reloads)} reloads (versions "
           f"{versions[0]}..{versions[-1]}), each reported by prefill and decode /weight_info; rollout versions used "
@@ -137,3 +159,56 @@ def test_rl_prefill_decode_20_steps(tmp_path):
           f"{min(injected)}), external cache hits {hits}, train rollouts {len(train)}, prompt_len "
           f"{int(train['prompt_len'].min())}..{int(train['prompt_len'].max())}; mismatch_kl max {max(kls):.2e} "
           f"on {len(kls)} steps")
+
+
+LORA_STEPS = 4
+
+
+def test_rl_prefill_decode_lora(tmp_path):
+    """LoRA on the disaggregated deployment: both engines serve the trainer's newest adapter, and the KV the decode
+    engine injects was computed by the prefill engine with that adapter.
+
+    ``rl-lora.toml`` overlaid by ``rl-pd.toml``, on-policy, with a learning rate large enough (3e-2) that each
+    adapter moves the policy far from the base model. Checked: every broadcast is an adapter directory; every reload
+    reached prefill and decode; the decode engine injected KV of at least one block; the trainer's mismatch_kl
+    stays < 1e-3; and the last batch's sampling logprobs equal the adapter model's and are far from the base
+    model's. Prefill KV computed without the adapter (or with an older one) would put the decode engine's logprobs
+    between the two and fail the last checks.
+    """
+    pytest.importorskip("peft")
+    from lora_checks import served_logprob_gaps
+
+    out = tmp_path / "out"
+    run = out / "pd-lora"
+    argv = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl-lora.toml"),
+            "@", str(REPO / "jobs/reverse-text/rl-pd.toml"), "--max-steps", str(LORA_STEPS),
+            "--orchestrator.max-async-level", "0", "--orchestrator.batch-size", "16", "--trainer.optim.lr", "3e-2",
+            "--weight-broadcast.keep", str(LORA_STEPS), "--orchestrator.eval.interval", "0",
+            "--output-dir", str(out), "--run.name", "pd-lora"]  # fmt: skip
+    wall_s = _run_srl(argv)
+
+    for step in range(1, LORA_STEPS + 1):
+        files = sorted(p.name for p in (run / "broadcasts" / f"step_{step}").iterdir())
+        assert files == ["STABLE", "adapter_config.json", "adapter_model.safetensors"], (step, files)
+    logs = _engine_logs(run)
+    reloads = _reloads_on_both_engines(run, logs)
+    versions = [r["version"] for r in reloads]
+    assert versions[-1] >= LORA_STEPS - 1, versions  # on-policy: the last batch needs the newest adapter
+
+    metrics = _metrics(run)
+    kls = {m["step"]: m["mismatch_kl/mean"] for m in metrics if m["role"] == "trainer" and "mismatch_kl/mean" in m}
+    assert len([s for s in kls if s >= 2]) >= 2, kls  # measured on batches sampled by adapters
+    assert max(kls.values()) < 1e-3, kls
+
+    injected, hits = _kv_injections(logs)
+    assert injected and min(injected) >= KV_BLOCK_TOKENS, injected[:20]
+    assert hits >= 1
+
+    last = LORA_STEPS
+    gap_adapter, gap_base, n = served_logprob_gaps(run, batch_step=last, adapter_step=last - 1)
+    assert gap_adapter < 1e-3, (gap_adapter, gap_base)
+    assert gap_base > 20 * max(gap_adapter, 1e-5), "the adapter did not move the policy: the test cannot tell"
+    print(f"\n[figure] P/D + LoRA RL: {LORA_STEPS} steps in {wall_s:.0f} s wall; reloads {versions} on prefill and "
+          f"decode; decode KV injections {len(injected)} (min {min(injected)} tokens), external cache hits {hits}; "
+          f"mismatch_kl {kls}; batch {last} vs adapter {last - 1}: mean |logprob gap| {gap_adapter:.2e} over {n} "
+          f"sampled tokens, vs base model {gap_base:.2e}")

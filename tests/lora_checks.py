@@ -1,0 +1,55 @@
+"""Checks shared by the LoRA run tests: which policy the engines really sampled a batch from.
+
+A low mismatch_kl alone cannot tell a served adapter from the base model when the adapter barely moved the policy,
+so :func:`served_logprob_gaps` compares the batch's sampling logprobs with both the trainer's adapter model and the
+base model; the tests require the first gap to be tiny and the second far larger.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _token_logprobs(model, ids, torch):
+    """Natural-log probability of each token given the ones before it (index 0: 0.0), shape [T]."""
+    with torch.no_grad():
+        logits = model(input_ids=ids[None]).logits[0].float()
+    lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])[:, 0]
+    return torch.cat([torch.zeros(1), lp])
+
+
+def served_logprob_gaps(run: Path, batch_step: int, adapter_step: int, model_name: str = "tiny-qwen3"):
+    """Mean |sampling logprob - model logprob| over the sampled tokens of ``rollouts/step_<batch_step>``, for the
+    base model with the adapter broadcast at ``adapter_step`` loaded, and for the base model alone.
+
+    Returns ``(gap_adapter, gap_base, tokens)`` (nats per token, nats per token, count). Imports torch and peft.
+    """
+    import torch
+
+    from toolkit.batches import load_batch_dir
+    from toolkit.models import resolve_model
+    from toolkit.rundir import RunDir
+    from toolkit.trainer.lora import apply_lora, load_adapter
+    from toolkit.trainer.model import load_policy
+
+    rd = RunDir(run)
+    batch = load_batch_dir(rd.rollout_step(batch_step))
+    model_dir = resolve_model(model_name)
+    base = load_policy(model_dir)
+    lora_cfg = json.loads((rd.broadcast_step(adapter_step) / "adapter_config.json").read_text())
+    policy = apply_lora(load_policy(model_dir), {"rank": lora_cfg["r"], "alpha": lora_cfg["lora_alpha"],
+                                                 "dropout": 0.0, "target_modules": lora_cfg["target_modules"]})
+    load_adapter(policy, rd.broadcast_step(adapter_step))
+    base.eval()
+    policy.eval()
+    gap_policy, gap_base, n = 0.0, 0.0, 0
+    for i in range(batch.num_samples):
+        sl = batch.sample_slice(i)
+        ids = torch.as_tensor(batch.input_ids[sl].astype("int64"))
+        mask = torch.as_tensor(batch.loss_mask[sl])
+        infer = torch.as_tensor(batch.inference_logprobs[sl])
+        gap_policy += (_token_logprobs(policy, ids, torch) - infer)[mask].abs().sum().item()
+        gap_base += (_token_logprobs(base, ids, torch) - infer)[mask].abs().sum().item()
+        n += int(mask.sum())
+    return gap_policy / n, gap_base / n, n
