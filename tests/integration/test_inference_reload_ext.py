@@ -9,9 +9,8 @@ serves.
 
 from __future__ import annotations
 
-import os
-
 import asyncio
+import os
 
 import httpx
 import pytest
