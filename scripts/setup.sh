@@ -5,6 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+# srl's code needs Python >= 3.11 (tomllib); say so now rather than fail on an import later.
+if ! .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "srl needs Python >= 3.11, but .venv has $(.venv/bin/python -V 2>&1). Remove .venv and rerun with" \
+         "PYTHON=/path/to/python3.11 (or newer)." >&2
+    exit 1
+fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first, pinned: this exact release has a CPU wheel on disk; a range would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q torch==2.13.0
