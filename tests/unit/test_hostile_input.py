@@ -18,11 +18,11 @@ import math
 import os
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
 import tomli_w
-import tomllib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import copy
 import datetime
+import tomllib
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from .errors import ConfigError, ConfigIssue
 

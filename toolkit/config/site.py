@@ -11,10 +11,10 @@ Light: pydantic and the standard library only (login-node safe).
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import Literal
 
-import tomllib
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError, Findings, pydantic_issues
