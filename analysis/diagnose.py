@@ -77,6 +77,9 @@ ADVICE = {
     "the last complete checkpoint.",
     "Slurm: cancelled": "The job was cancelled (scancel by a user or administrator). Check who cancelled it before "
     "resubmitting.",
+    "Slurm: component failed": "A component of the job (named in the excerpt) exited with an error first, so srl "
+    "stopped the others. Read its log (`srl logs RUN --role <role>`) for the traceback; other findings here name "
+    "a cause when one was recognised. Resume from the last complete checkpoint once it is fixed.",
 }
 
 ERROR_CLASS_RE = re.compile(r"\b(" + "|".join(CLASS_BOUNDARY) + r")\b")
@@ -91,8 +94,25 @@ SLURM_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("GPU out of memory", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA")),
     ("Slurm: node failure", re.compile(r"NODE_FAIL|DUE TO NODE FAILURE")),
     ("Slurm: preemption", re.compile(r"PREEMPTED|DUE TO PREEMPTION|State=PREEMPT")),
-    ("Slurm: cancelled", re.compile(r"\bCANCELLED AT\b|State=CANCELLED")),
+    # "... CANCELLED AT <time> DUE TO JOB REQUEUE ***" is a requeue (srl's own on the pre-timeout signal, or Slurm's),
+    # not a cancel: the job runs again.
+    ("Slurm: cancelled", re.compile(r"\bCANCELLED AT\b(?!.*DUE TO JOB REQUEUE)|State=CANCELLED")),
+    # srl's batch script: the first component to exit decides the job's end; a non-zero status is a failure.
+    ("Slurm: component failed", re.compile(r"srl\[\d+\]: teardown: \S+ exited first \(status [1-9]\d*\)")),
 ]
+# srl's batch script (templates/_lifecycle.sbatch.j2) logs one of these lines, "<date> <time> srl[<job id>]: ...",
+# before it stops its own job steps: after a component exited (teardown), or on the pre-timeout signal (checkpoint,
+# requeue). slurmstepd then writes "*** STEP <job>.<step> ON <node> CANCELLED AT <time> ***" into the log of each step
+# it stopped. Those steps were stopped by srl, not cancelled by a user or administrator: a clean run ends this way.
+# A user's scancel of the job is told apart by the batch script's "received SIGTERM: stopping" (and slurmstepd's
+# "*** JOB <id> ... CANCELLED ***"), which is not an own stop.
+OWN_STOP_RE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) srl\[(\d+)\]: "
+    r"(?:teardown: |received SIG\w+: asking the trainer to checkpoint)"
+)
+STEP_CANCELLED_RE = re.compile(
+    r"\*\*\* STEP (\d+)(?:\+\d+)?\.\S+ ON \S+ CANCELLED AT (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)"
+)
 LOG_SUFFIXES = {".log", ".out", ".err", ".txt"}
 # Mean per-token KL (nats) between a stale batch's sampling policy and the trainer's weights above which updates
 # are too large. Healthy runs of the reverse-text job measure far below it (their mismatch_kl, the same quantity
@@ -171,23 +191,46 @@ def scan_logs(run: RunDir) -> tuple[dict[str, _LogHit], dict[str, _LogHit]]:
     """First occurrence and count of each error class name and each Slurm-level pattern in the run's text logs.
 
     Scans files under ``logs/`` and ``launcher/`` (suffixes .log/.out/.err/.txt), oldest attempt first, so the first
-    occurrence is the earliest one. Symlinked directories (``logs/latest``) are not followed twice.
+    occurrence is the earliest one. Symlinked directories (``logs/latest``) are not followed twice. A job step's
+    "CANCELLED" line at or after its batch script's own stop (``OWN_STOP_RE``: srl stopping the remaining steps of
+    its job) is not counted as a cancel.
     """
     classes: dict[str, _LogHit] = {}
     slurm: dict[str, _LogHit] = {}
+    cancels: list[tuple[Path, int, str]] = []  # decided once every batch log (own stops) has been read
+    own_stops: dict[str, str] = {}  # job id -> earliest own stop, "YYYY-MM-DD HH:MM:SS"
     for path in _log_files(run):
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
                 for lineno, line in enumerate(f, 1):
                     for m in set(ERROR_CLASS_RE.findall(line)):
                         _record(classes, m, path, lineno, line)
+                    own = OWN_STOP_RE.match(line)
+                    if own and own.group(1) < own_stops.get(own.group(2), "9999"):
+                        own_stops[own.group(2)] = own.group(1)
                     for name, pat in SLURM_PATTERNS:
                         if pat.search(line):
-                            _record(slurm, name, path, lineno, line)
+                            if name == "Slurm: cancelled":
+                                cancels.append((path, lineno, line))
+                            else:
+                                _record(slurm, name, path, lineno, line)
                             break
         except OSError:
             continue
+    for path, lineno, line in cancels:
+        if not _stopped_by_srl(line, own_stops):
+            _record(slurm, "Slurm: cancelled", path, lineno, line)
     return classes, slurm
+
+
+def _stopped_by_srl(line: str, own_stops: dict[str, str]) -> bool:
+    """Whether ``line`` is slurmstepd's cancel of one job step that srl's own batch script stopped: a STEP (not JOB)
+    line of a job whose batch log shows an own stop at or before the cancel time (same clock: both are written on
+    the job's nodes in local time, to the second)."""
+    m = STEP_CANCELLED_RE.search(line)
+    if m is None or m.group(1) not in own_stops:
+        return False
+    return m.group(2).replace("T", " ") >= own_stops[m.group(1)]
 
 
 def _record(hits: dict[str, _LogHit], key: str, path: Path, lineno: int, line: str) -> None:

@@ -158,7 +158,8 @@ class Envelope:
                 if self.num_nodes is None
                 else f"{self.num_nodes} node(s) x {self.gpus_per_node} GPU(s)",
             ),
-            ("Wall time", "unknown" if self.wall_seconds is None else f"{self.wall_seconds / 3600:.3f} h"),
+            ("Wall time (first start to last record)",
+             "unknown" if self.wall_seconds is None else f"{self.wall_seconds / 3600:.3f} h"),
             (
                 "GPU-hours (nodes x GPUs/node x wall h)",
                 "unknown" if self.gpu_hours is None else f"{self.gpu_hours:.3f}",

@@ -381,12 +381,31 @@ def _stable_broadcasts(run: RunData) -> list[Path]:
 
 
 def _wall_seconds(run: RunData) -> float | None:
+    """Seconds from the run's first start to its last record (gaps between attempts included).
+
+    The start is the earliest of: the first metrics or store record, the local launcher's ``started``
+    (``launcher/local.json``), and each Slurm job's start (``launcher/job-<id>.env``, written by the batch script
+    when the job starts). Without the starts, engine start-up (minutes) would be left out of the GPU-hours."""
     times: list[float] = []
     if "time" in run.metrics.columns and run.metrics["time"].notna().any():
         t = run.metrics["time"].astype(float)
         times += [float(t.min()), float(t.max())]
     if run.rollouts is not None and "time" in run.rollouts.columns and len(run.rollouts):
         times += [float(run.rollouts["time"].min()), float(run.rollouts["time"].max())]
+    starts: list[float] = []
+    try:
+        local = json.loads((run.run.launcher / "local.json").read_text())
+        starts.append(float(local["started"]))
+        times.append(float(local["ended"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for env_file in run.run.launcher.glob("job-*.env"):
+        try:
+            starts.append(env_file.stat().st_mtime)
+        except OSError:
+            pass
+    if times and starts:
+        times.append(min(starts))
     return (max(times) - min(times)) if len(times) >= 2 else None
 
 

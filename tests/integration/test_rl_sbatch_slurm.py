@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.diagnose import diagnose
 from toolkit.config import load_config
 from toolkit.launch import slurm
 from toolkit.launch.prepare import prepare_run
@@ -134,7 +135,14 @@ def test_recorded_placement_equals_plan(probe_run, capsys):
     assert st.state == "COMPLETED", _batch_log(run)
     capsys.readouterr()
     assert status_main([str(run.root)]) == 0
-    assert f"{job}\trl\tattempt {attempt}\tCOMPLETED" in capsys.readouterr().out  # scontrol, no sacct
+    status = capsys.readouterr().out
+    assert f"{job}\trl\tattempt {attempt}\tCOMPLETED" in status  # scontrol, no sacct
+    # srl's teardown wrote control/STOP for the steps still running; with the job final that is not news.
+    assert run.stop_request.exists() and "stop requested" not in status
+    # Those steps' logs say CANCELLED (slurmstepd), but srl stopped them: diagnose must not report a cancel.
+    cancelled = [p for p in run.logs.rglob("*.log") if re.search(rf"STEP {job}\.\d+ .*CANCELLED", p.read_text())]
+    assert cancelled, "no step of the job was stopped by srl: the diagnose check below tests nothing"
+    assert [f.boundary for f in diagnose(run) if f.boundary.startswith("Slurm")] == []
     assert logs_main([str(run.root), "--role", "trainer"]) == 0
     out = capsys.readouterr().out
     assert "[trainer-0.log] probe trainer" in out and "[trainer-1.log] probe trainer" in out
@@ -179,6 +187,9 @@ def test_killing_one_component_ends_the_job(probe_run, name, victim_name, extra)
     assert st.exit_code not in (None, 0)
     assert elapsed < 20, f"job took {elapsed:.1f} s to end after a component died"
     assert f"{victim_name} exited first" in _batch_log(run)
+    findings = {f.boundary: f for f in diagnose(run)}
+    assert f"teardown: {victim_name} exited first (status" in findings["Slurm: component failed"].evidence["excerpt"]
+    assert "Slurm: cancelled" not in findings  # srl stopped the other steps; nobody cancelled the job
 
 
 def test_signal_checkpoints_and_requeues(probe_run):
@@ -195,6 +206,25 @@ def test_signal_checkpoints_and_requeues(probe_run):
     assert all(r["env"]["SLURM_RESTART_COUNT"] == "1" for r in recs.values())
     log = _batch_log(run)
     assert "received SIGUSR2" in log and "restart 0" in log and "restart 1" in log  # first run's log kept
+    assert "Slurm: cancelled" not in [f.boundary for f in diagnose(run)]  # srl stopped its steps to requeue
+
+
+def test_srl_cancel_stops_the_job_and_prints_how_to_continue(probe_run, capsys):
+    from toolkit.launch.control import cancel_main, status_main
+
+    cfg, run, attempt = probe_run("cancel3", trainer_seconds=120)
+    job = submit_rl(cfg, run, attempt)
+    _wait_records(run, 6, 60)
+    capsys.readouterr()
+    assert cancel_main([str(run.root)]) == 0
+    out = capsys.readouterr().out
+    assert f"cancelled {job}" in out
+    assert f"srl rl --run.name {run.root.name} --resume" in out  # the recorded command (here "srl rl"), resuming
+    st = slurm.wait(job, timeout_s=90)
+    assert st.state == "CANCELLED", (st, _batch_log(run))
+    assert status_main([str(run.root)]) == 0
+    assert f"{job}\trl\tattempt {attempt}\tCANCELLED" in capsys.readouterr().out
+    assert "Slurm: cancelled" in [f.boundary for f in diagnose(run)]  # a user's cancel stays one
 
 
 def test_hetjob_orchestrator_on_its_own_node(probe_run):

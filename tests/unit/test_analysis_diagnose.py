@@ -99,3 +99,60 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main([str(make_run(tmp_path / "ok", steps=2).root)]) == 0
     assert main([str(make_run(tmp_path / "bad", failure="harness", steps=2).root)]) == 1
     assert "HarnessError" in capsys.readouterr().out
+
+
+# Log lines as the local Slurm cluster wrote them (srl's batch log, slurmstepd in a step's log).
+_TEARDOWN = "2026-12-01 11:25:59 srl[25]: teardown: trainer exited first (status 0)\n"
+_STEP_CANCELLED = "slurmstepd-node1: error: *** STEP {job}.0 ON node1 CANCELLED AT 2026-12-01T{time} ***\n"
+
+
+def _slurm_logs(tmp_path: Path, batch_log: str, step_log: str) -> list[str]:
+    run = make_run(tmp_path / "run", steps=3)
+    (run.logs / "run-25.out").write_text(batch_log)
+    (run.logs / "attempt_1" / "inference-0-0.log").write_text("INFO engine serving\n" + step_log)
+    return [f.boundary for f in diagnose(run)]
+
+
+def test_steps_stopped_by_srls_own_teardown_are_not_a_cancel(tmp_path: Path) -> None:
+    """A run that finished: srl's batch script stops the inference step after the trainer's last step, and
+    slurmstepd writes CANCELLED into that step's log. Not a user's scancel (seen on the local cluster)."""
+    assert _slurm_logs(tmp_path, _TEARDOWN, _STEP_CANCELLED.format(job=25, time="11:26:00")) == []
+    # Same second as the teardown line: still srl's own stop.
+    assert _slurm_logs(tmp_path / "b", _TEARDOWN, _STEP_CANCELLED.format(job=25, time="11:25:59")) == []
+
+
+def test_steps_stopped_for_a_requeue_are_not_a_cancel(tmp_path: Path) -> None:
+    batch = ("2026-12-01 11:25:59 srl[25]: received SIGUSR2: asking the trainer to checkpoint\n"
+             "slurmstepd-node1: error: *** JOB 25 ON node1 CANCELLED AT 2026-12-01T11:26:10 DUE TO JOB REQUEUE ***\n")
+    assert _slurm_logs(tmp_path, batch, _STEP_CANCELLED.format(job=25, time="11:26:10")) == []
+
+
+def test_user_scancel_of_the_job_is_a_cancel(tmp_path: Path) -> None:
+    batch = ("slurmstepd-node1: error: *** JOB 25 ON node1 CANCELLED AT 2026-12-01T11:25:58 ***\n"
+             "2026-12-01 11:25:58 srl[25]: received SIGTERM: stopping\n")  # fmt: skip
+    assert _slurm_logs(tmp_path, batch, _STEP_CANCELLED.format(job=25, time="11:25:58")) == ["Slurm: cancelled"]
+    # Without the JOB line (only the steps' lines made it to the logs) the steps' cancel still counts.
+    assert _slurm_logs(tmp_path / "b", batch.splitlines(keepends=True)[1],
+                       _STEP_CANCELLED.format(job=25, time="11:25:58")) == ["Slurm: cancelled"]  # fmt: skip
+
+
+def test_step_cancelled_before_srl_stopped_anything_is_a_cancel(tmp_path: Path) -> None:
+    """`scancel 25.0` by someone: the step is cancelled first, then srl tears the job down because it ended."""
+    batch = "2026-12-01 11:26:05 srl[25]: teardown: inference-0-0 exited first (status 143)\n"
+    assert sorted(_slurm_logs(tmp_path, batch, _STEP_CANCELLED.format(job=25, time="11:26:04"))) == [
+        "Slurm: cancelled", "Slurm: component failed"]
+
+
+def test_a_component_that_failed_first_is_named(tmp_path: Path) -> None:
+    batch = "2026-12-01 11:26:05 srl[25]: teardown: orchestrator exited first (status 1)\n"
+    run = make_run(tmp_path / "run", steps=3)
+    (run.logs / "run-25.out").write_text(batch)
+    (finding,) = diagnose(run)
+    assert finding.boundary == "Slurm: component failed" and finding.severity == "error"
+    assert "orchestrator exited first (status 1)" in finding.evidence["excerpt"]
+    assert finding.evidence["log_file"] == "logs/run-25.out"
+    assert _slurm_logs(tmp_path / "ok", _TEARDOWN, "") == []  # status 0: the run finished
+
+
+def test_another_jobs_teardown_does_not_excuse_a_cancel(tmp_path: Path) -> None:
+    assert _slurm_logs(tmp_path, _TEARDOWN, _STEP_CANCELLED.format(job=26, time="11:27:00")) == ["Slurm: cancelled"]

@@ -44,3 +44,25 @@ def test_sweep_table_groups_seeds_by_point(tmp_path: Path) -> None:
     assert list(table["point"]) == ["lr=1", "lr=2"] and list(table["seeds"]) == [2, 1]
     assert table.loc[1, ["final_low", "final_high"]].isna().all()  # one seed: no interval
     assert len(curves) == 3 * 2
+
+
+def test_wall_time_counts_from_the_job_start_not_the_first_record(tmp_path: Path) -> None:
+    """Engine start-up comes before the first metrics record; the report's wall time (and GPU-hours) include it."""
+    import json
+    import os
+
+    import pytest
+
+    from analysis.report import _wall_seconds
+
+    run = make_run(tmp_path / "run", steps=3)
+    data = load_run(run.root)
+    first, last = float(data.metrics["time"].min()), float(data.metrics["time"].max())
+    assert _wall_seconds(data) == last - first
+    run.launcher.mkdir(exist_ok=True)
+    env_file = run.launcher / "job-25.env"  # written by the batch script when the Slurm job starts
+    env_file.write_text("SRL_JOB_ID=25\n")
+    os.utime(env_file, (first - 90.0, first - 90.0))
+    assert _wall_seconds(load_run(run.root)) == pytest.approx(last - first + 90.0, abs=1.0)  # mtime resolution
+    (run.launcher / "local.json").write_text(json.dumps({"started": first - 300.0, "ended": last + 5.0}))
+    assert _wall_seconds(load_run(run.root)) == last - first + 305.0

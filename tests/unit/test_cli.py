@@ -132,12 +132,27 @@ def test_resume_without_name_continues_the_newest_run_that_trained(tmp_path):
 
 
 def test_continue_command_is_ready_to_paste():
-    from toolkit.launch.local import continue_command
+    from toolkit.launch.progress import continue_command
 
     assert continue_command([".venv/bin/srl", "rl", "@", "jobs/a.toml", "--max-steps", "5"], "r1") == \
         ".venv/bin/srl rl @ jobs/a.toml --max-steps 5 --run.name r1 --resume"
     assert continue_command(["x/cli.py", "rl", "@", "a b.toml", "--run.name=o", "--clean", "--resume"], "o") == \
         "srl rl @ 'a b.toml' --resume --run.name o"
+
+
+def test_continue_command_of_a_run_is_its_newest_attempts_command(tmp_path):
+    """What ``srl cancel`` prints: the newest attempt's recorded command (overrides kept), resuming this run."""
+    from toolkit.launch.progress import continue_command_for
+    from toolkit.rundir import RunDir
+
+    run = RunDir(tmp_path / "r7")
+    assert continue_command_for(run) is None  # no attempt recorded
+    for n, extra in ((1, ""), (2, " --max-steps 400")):
+        run.config_attempt(n).mkdir(parents=True)
+        (run.config_attempt(n) / "command.txt").write_text(f"srl rl @ jobs/a.toml @ jobs/s.toml{extra} --output-dir o\n")
+    assert continue_command_for(run) == "srl rl @ jobs/a.toml @ jobs/s.toml --max-steps 400 --output-dir o --run.name r7 --resume"
+    (run.config_attempt(2) / "command.txt").write_text("srl rl @ 'unclosed\n")  # unreadable: no hint, no error
+    assert continue_command_for(run) is None
 
 
 def test_resume_of_a_finished_run_says_so_and_starts_nothing(tmp_path):

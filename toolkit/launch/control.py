@@ -11,9 +11,11 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..rundir import RunDir
 from . import slurm
+from .progress import continue_command_for
 from .submit import read_job_ids
 
 
@@ -36,21 +38,30 @@ def status_main(args: list[str]) -> int:
     if not run.configs.is_dir():
         print(f"{run.root}: not a run directory (no configs/); give the directory `srl rl` printed", file=sys.stderr)
         return 1
-    print(f"run {run.root}")
-    for line in progress_lines(run, max_steps=resolved_max_steps(run)):
-        print(f"  {line}")
     jobs = read_job_ids(run)
+    states: list[tuple[str, str, str, Any]] = []  # (job id, kind, attempt, JobState | "gone" | error text)
+    for job_id, kind, attempt in jobs:
+        try:
+            states.append((job_id, kind, attempt, slurm.job_state(job_id)))
+        except slurm.JobNotFoundError:
+            states.append((job_id, kind, attempt, "gone"))
+        except slurm.SlurmCommandError as e:
+            states.append((job_id, kind, attempt, str(e)))
+    jobs_final = bool(states) and all(
+        s == "gone" or (not isinstance(s, str) and s.is_terminal) for *_, s in states
+    )
+    print(f"run {run.root}")
+    for line in progress_lines(run, max_steps=resolved_max_steps(run), jobs_final=jobs_final):
+        print(f"  {line}")
     if not jobs:
         print("  no Slurm job recorded (a local run, or never submitted)")
         return 0
-    for job_id, kind, attempt in jobs:
-        try:
-            st = slurm.job_state(job_id)
-        except slurm.JobNotFoundError:
+    for job_id, kind, attempt, st in states:
+        if st == "gone":
             print(f"{job_id}\t{kind}\tattempt {attempt}\tunknown (finished long ago; see {run.logs})")
             continue
-        except slurm.SlurmCommandError as e:
-            print(f"{job_id}\t{kind}\tattempt {attempt}\tcannot read state: {e}", file=sys.stderr)
+        if isinstance(st, str):
+            print(f"{job_id}\t{kind}\tattempt {attempt}\tcannot read state: {st}", file=sys.stderr)
             continue
         bits = [st.state]
         if st.reason:
@@ -97,6 +108,11 @@ def cancel_main(args: list[str]) -> int:
         print(f"cancelled {job_id}")
     if not live:
         print("no running or pending job")
+        return 0
+    # The same command with its overrides, so a resume does not silently fall back to the job file's values.
+    command = continue_command_for(run)
+    if command:
+        print(f"continue it (from its newest complete checkpoint) with:\n  {command}")
     return 0
 
 

@@ -28,7 +28,7 @@ from typing import IO, Any
 from ..config.model import RLConfig
 from ..fsutil import write_marker
 from ..rundir import RunDir, point_symlink
-from .progress import write_local_record
+from .progress import continue_command, write_local_record
 from .restarts import RestartBudget, is_restartable
 
 # Roles whose clean exit means the run is done; inference and router serve until told to stop.
@@ -255,34 +255,6 @@ def _watch_restarts(cfg: RLConfig, children: list[_Child]) -> _Child | None:
                 c.returncode = c.returncode or 1
                 return c
     return None
-
-
-def continue_command(argv: list[str], run_name: str) -> str:
-    """The ready-to-paste command that resumes this run: ``argv`` (this ``srl rl`` invocation) with ``--run.name``
-    set to ``run_name`` and ``--resume`` added, minus ``--clean`` (which would delete the run)."""
-    import shlex
-
-    # As the user typed it (e.g. .venv/bin/srl) when that was the srl script, else plain "srl".
-    out: list[str] = [argv[0] if argv and Path(argv[0]).name == "srl" else "srl"]
-    rest = list(argv[1:])
-    i = 0
-    while i < len(rest):
-        tok = rest[i]
-        if tok == "--clean":
-            i += 1
-            continue
-        if tok in ("--run.name", "--run-name"):
-            i += 2  # replaced below by the actual run name
-            continue
-        if tok.startswith(("--run.name=", "--run-name=")):
-            i += 1
-            continue
-        out.append(tok)
-        i += 1
-    out += ["--run.name", run_name]
-    if "--resume" not in out:
-        out.append("--resume")
-    return shlex.join(out)
 
 
 class ComponentFailed(RuntimeError):

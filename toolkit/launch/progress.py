@@ -85,9 +85,11 @@ def _launcher_line(rec: dict[str, Any]) -> str:
     return f"{where}: running"
 
 
-def progress_lines(run: RunDir, *, max_steps: int | None = None) -> list[str]:
+def progress_lines(run: RunDir, *, max_steps: int | None = None, jobs_final: bool = False) -> list[str]:
     """Human-readable progress of ``run``, one fact per line; ``max_steps`` (from the resolved config) adds the
-    target. Never raises for a partial or missing run directory: missing facts are simply left out."""
+    target. ``jobs_final``: the caller knows every Slurm job of the run is final, so no attempt is running (a
+    leftover stop request is then not news: srl's batch script writes one at every job's end). Never raises for a
+    partial or missing run directory: missing facts are simply left out."""
     from ..checkpoints import latest_complete
     from ..inference.weights import newest_stable_broadcast
 
@@ -112,7 +114,7 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None) -> list[str]:
     stable = newest_stable_broadcast(run)
     if stable is not None:
         lines.append(f"newest published weights (STABLE): step {stable[0]}")
-    ended = launcher is not None and "status" in launcher  # a finished local attempt served the request
+    ended = jobs_final or (launcher is not None and "status" in launcher)  # no running attempt to act on it
     if run.stop_request.exists() and not ended:
         lines.append("stop requested (control/STOP present): a running attempt checkpoints and stops")
     return lines
@@ -124,3 +126,46 @@ def resolved_max_steps(run: RunDir) -> int | None:
         return int(json.loads(run.resolved("rl").read_text())["max_steps"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def continue_command(argv: list[str], run_name: str) -> str:
+    """The ready-to-paste command that resumes this run: ``argv`` (this ``srl rl`` invocation) with ``--run.name``
+    set to ``run_name`` and ``--resume`` added, minus ``--clean`` (which would delete the run)."""
+    import shlex
+
+    # As the user typed it (e.g. .venv/bin/srl) when that was the srl script, else plain "srl".
+    out: list[str] = [argv[0] if argv and Path(argv[0]).name == "srl" else "srl"]
+    rest = list(argv[1:])
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        if tok == "--clean":
+            i += 1
+            continue
+        if tok in ("--run.name", "--run-name"):
+            i += 2  # replaced below by the actual run name
+            continue
+        if tok.startswith(("--run.name=", "--run-name=")):
+            i += 1
+            continue
+        out.append(tok)
+        i += 1
+    out += ["--run.name", run_name]
+    if "--resume" not in out:
+        out.append("--resume")
+    return shlex.join(out)
+
+
+def continue_command_for(run: RunDir) -> str | None:
+    """:func:`continue_command` for the newest attempt of ``run``, from the command it recorded
+    (``configs/attempt_<n>/command.txt``); None when no attempt recorded one."""
+    import shlex
+
+    attempts = run.attempts()
+    if not attempts:
+        return None
+    try:
+        argv = shlex.split((run.config_attempt(attempts[-1]) / "command.txt").read_text())
+    except (OSError, ValueError):
+        return None
+    return continue_command(argv, run.root.name) if argv else None
