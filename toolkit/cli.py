@@ -148,6 +148,36 @@ def _print_warnings(loaded) -> None:
         print(f"warning: {w}", file=sys.stderr)
 
 
+def resume_changes(previous: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted config fields whose value differs between the run's last resolved config (``previous``, the
+    ``rl.json`` of its latest attempt) and the one a ``--resume`` is about to use (``current``), as
+    ``"field: old -> new"``, sorted. Both are ``RLConfig.model_dump(mode="json")`` dicts."""
+    out: list[str] = []
+    for key in sorted(set(previous) | set(current)):
+        a, b = previous.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += resume_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+def _note_resume_changes(run: Any, cfg: Any) -> None:
+    """A resume takes its config from this command line, not from the run: print what differs from the run's last
+    attempt (an override not repeated falls back to the job file's value), so it is a choice, not a surprise."""
+    import json
+
+    try:
+        previous = json.loads(run.resolved("rl").read_text())
+    except (OSError, ValueError):
+        return
+    changes = resume_changes(previous, cfg.model_dump(mode="json"))
+    if changes:
+        shown = changes[:20] + ([f"... and {len(changes) - 20} more"] if len(changes) > 20 else [])
+        print("note: --resume: the config differs from the run's last attempt (overrides are not carried over; "
+              "repeat them to keep them):\n  " + "\n  ".join(shown), file=sys.stderr)
+
+
 def _refuse_resume_of_finished_run(run: Any, cfg: Any) -> None:
     """``--resume`` of a run whose resume point already is its last step would start every component only to stop
     again: say so instead (ConfigError), before anything is written or started."""
@@ -187,6 +217,8 @@ def cmd_rl(args: list[str], full_argv: list[str]) -> int:
     from .launch.prepare import prepare_attempt, run_dir_for
 
     live = run_dir_for(loaded, resume=flags["resume"])
+    if flags["resume"] and live.configs.exists():
+        _note_resume_changes(live, loaded.config)
     if flags["resume"] and not flags["dry_run"] and live.configs.exists():
         _refuse_resume_of_finished_run(live, loaded.config)
     run, attempt = prepare_attempt(loaded, live, argv=["srl", *full_argv], dry_run=flags["dry_run"],

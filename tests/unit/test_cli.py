@@ -155,6 +155,29 @@ def test_continue_command_of_a_run_is_its_newest_attempts_command(tmp_path):
     assert continue_command_for(run) is None
 
 
+def test_resume_changes_lists_dotted_fields():
+    from toolkit.cli import resume_changes
+
+    old = {"max_steps": 400, "trainer": {"optim": {"lr": 1e-3}, "seq_len": 512}, "seed": 0}
+    new = {"max_steps": 200, "trainer": {"optim": {"lr": 1e-3}, "seq_len": 512}, "seed": 0, "extra": None}
+    assert resume_changes(old, new) == ["max_steps: 400 -> 200"]  # None = absent
+    assert resume_changes(old, old) == []
+    assert resume_changes({"a": {"b": 1}}, {"a": 2}) == ["a: {'b': 1} -> 2"]
+
+
+def test_resume_says_which_overrides_it_did_not_repeat(tmp_path):
+    """A resume reads its config from its own command line: an override of the first attempt that is not repeated
+    falls back to the job file's value, and srl says so (the run's last resolved config is the reference)."""
+    args = ["rl", "@", JOB, "--output-dir", tmp_path, "--run.name", "r", "--dry-run"]
+    assert srl(*args, "--max-steps", "40").returncode == 0
+    same = srl(*args, "--max-steps", "40", "--resume")
+    assert same.returncode == 0 and "differs" not in same.stderr
+    dropped = srl(*args, "--resume")
+    assert dropped.returncode == 0, dropped.stderr
+    assert "the config differs from the run's last attempt" in dropped.stderr
+    assert "max_steps: 40 -> " in dropped.stderr
+
+
 def test_resume_of_a_finished_run_says_so_and_starts_nothing(tmp_path):
     assert srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "done", "--max-steps", "4").returncode == 0
     run = tmp_path / "done"
