@@ -39,16 +39,18 @@ def status_main(args: list[str]) -> int:
         print(f"{run.root}: not a run directory (no configs/); give the directory `srl rl` printed", file=sys.stderr)
         return 1
     jobs = read_job_ids(run)
-    states: list[tuple[str, str, str, Any]] = []  # (job id, kind, attempt, JobState | "gone" | error text)
+    # Each job's state: a JobState, None when Slurm no longer knows the job (finished long ago), or the error that
+    # kept it from being read.
+    states: list[tuple[str, str, int, Any]] = []
     for job_id, kind, attempt in jobs:
         try:
             states.append((job_id, kind, attempt, slurm.job_state(job_id)))
         except slurm.JobNotFoundError:
-            states.append((job_id, kind, attempt, "gone"))
+            states.append((job_id, kind, attempt, None))
         except slurm.SlurmCommandError as e:
-            states.append((job_id, kind, attempt, str(e)))
+            states.append((job_id, kind, attempt, e))
     jobs_final = bool(states) and all(
-        s == "gone" or (not isinstance(s, str) and s.is_terminal) for *_, s in states
+        st is None or (isinstance(st, slurm.JobState) and st.is_terminal) for *_, st in states
     )
     print(f"run {run.root}")
     for line in progress_lines(run, max_steps=resolved_max_steps(run), jobs_final=jobs_final):
@@ -57,10 +59,10 @@ def status_main(args: list[str]) -> int:
         print("  no Slurm job recorded (a local run, or never submitted)")
         return 0
     for job_id, kind, attempt, st in states:
-        if st == "gone":
+        if st is None:
             print(f"{job_id}\t{kind}\tattempt {attempt}\tunknown (finished long ago; see {run.logs})")
             continue
-        if isinstance(st, str):
+        if isinstance(st, slurm.SlurmCommandError):
             print(f"{job_id}\t{kind}\tattempt {attempt}\tcannot read state: {st}", file=sys.stderr)
             continue
         bits = [st.state]
