@@ -51,7 +51,9 @@ class ProcessSpec:
     group 0). ``num_nodes``: nodes it spans (one Slurm task per node). ``gpus``: positions in the node's granted GPU
     list, never device ids (B03). ``ports``: name -> port. ``command``: argv with placeholders (module docstring).
     ``env``: variables to set over the inherited environment. ``node_expand``: env keys whose ``$VAR`` is expanded on
-    the node (per-job scratch). ``log_name``: file under ``<run>/logs/attempt_<n>/``. ``healthcheck_url``: GET that
+    the node (per-job scratch). ``log_name``: file under ``<run>/logs/attempt_<n>/``; a process on several nodes
+    writes one per node on Slurm, ``<stem>-<k>.log`` with k its node's position in the process (srun's ``%t``; not
+    the torch rank, which the rendezvous assigns). ``healthcheck_url``: GET that
     answers 200 when ready (None for trainer/orchestrator). ``het_group``: Slurm heterogeneous component.
     """
 
