@@ -26,6 +26,7 @@ from analysis.figures import RUN_FIGURES, fig_sweep, to_png
 from analysis.loaders import RunData, dotted, load_run, role_metrics
 from analysis.stop import StopCriteria, replay
 from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
+from toolkit.launch.progress import read_local_record
 from toolkit.rundir import numbered_steps
 
 MONITORED = [
@@ -393,12 +394,12 @@ def _wall_seconds(run: RunData) -> float | None:
     if run.rollouts is not None and "time" in run.rollouts.columns and len(run.rollouts):
         times += [float(run.rollouts["time"].min()), float(run.rollouts["time"].max())]
     starts: list[float] = []
-    try:
-        local = json.loads((run.run.launcher / "local.json").read_text())
-        starts.append(float(local["started"]))
-        times.append(float(local["ended"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    local = read_local_record(run.run) or {}
+    for key, into in (("started", starts), ("ended", times)):
+        try:
+            into.append(float(local[key]))
+        except (KeyError, TypeError, ValueError):
+            pass
     for env_file in run.run.launcher.glob("job-*.env"):
         try:
             starts.append(env_file.stat().st_mtime)

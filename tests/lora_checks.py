@@ -53,3 +53,23 @@ def served_logprob_gaps(run: Path, batch_step: int, adapter_step: int, model_nam
         gap_base += (_token_logprobs(base, ids, torch) - infer)[mask].abs().sum().item()
         n += int(mask.sum())
     return gap_policy / n, gap_base / n, n
+
+
+ADAPTER_BROADCAST = ["STABLE", "adapter_config.json", "adapter_model.safetensors"]
+
+
+def assert_adapter_broadcasts(run: Path, steps) -> None:
+    """Every broadcast of ``steps`` is a PEFT adapter directory (no full weights), STABLE included."""
+    for step in steps:
+        files = sorted(p.name for p in (Path(run) / "broadcasts" / f"step_{step}").iterdir())
+        assert files == ADAPTER_BROADCAST, (step, files)
+
+
+def assert_serves_adapter(run: Path, batch_step: int, adapter_step: int) -> tuple[float, float, int]:
+    """Batch ``batch_step`` was sampled by the adapter of ``adapter_step``: its sampling logprobs match the adapter
+    model (gap < 1e-3 nats per token) and are far from the base model's (20x the gap, so the adapter really moved
+    the policy and the check can tell them apart). Returns :func:`served_logprob_gaps`'s figures."""
+    gap_adapter, gap_base, n = served_logprob_gaps(run, batch_step=batch_step, adapter_step=adapter_step)
+    assert gap_adapter < 1e-3, (gap_adapter, gap_base)
+    assert gap_base > 20 * max(gap_adapter, 1e-5), "the adapter did not move the policy: the test cannot tell"
+    return gap_adapter, gap_base, n

@@ -219,8 +219,8 @@ def cmd_rl(args: list[str], full_argv: list[str]) -> int:
     live = run_dir_for(loaded, resume=flags["resume"])
     if flags["resume"] and live.configs.exists():
         _note_resume_changes(live, loaded.config)
-    if flags["resume"] and not flags["dry_run"] and live.configs.exists():
-        _refuse_resume_of_finished_run(live, loaded.config)
+        if not flags["dry_run"]:
+            _refuse_resume_of_finished_run(live, loaded.config)
     run, attempt = prepare_attempt(loaded, live, argv=["srl", *full_argv], dry_run=flags["dry_run"],
                                    resume=flags["resume"], clean=flags["clean"])  # fmt: skip
     from .launch.dispatch import launch

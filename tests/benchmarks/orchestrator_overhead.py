@@ -57,16 +57,23 @@ from toolkit.rundir import RunDir
 TOKENS = [6 + ord("c") - 32, 6 + ord("b") - 32, 6 + ord("a") - 32, 2]
 
 
+def reverse_text_tasks() -> list:
+    """The reverse-text training tasks as an env worker loads them (its spec with only the taskset id)."""
+    from toolkit.envs.registry import load_tasks
+    from toolkit.envs.server import taskset_namespace
+
+    return load_tasks(taskset_namespace({"id": "reverse-text"}))
+
+
 def rendered_prompts(model_dir: Path, n: int) -> list[list[int]]:
     """Token ids of the first ``n`` reverse-text training prompts, rendered as the orchestrator renders them (the
     taskset's first messages through the model's chat template, generation prompt added)."""
     from types import SimpleNamespace
 
     from toolkit.envs.episode import initial_messages
-    from toolkit.envs.registry import load_tasks
     from toolkit.orchestrator.renderer import load_renderer
 
-    tasks = load_tasks(SimpleNamespace(id="reverse-text", split=None, seed=None, select=None, model_extra={}))
+    tasks = reverse_text_tasks()
     renderer = load_renderer(SimpleNamespace(name="auto", import_path=None), model_dir)
     return [renderer.render(initial_messages(t.data), add_generation_prompt=True) for t in tasks[:n]]
 
@@ -94,13 +101,11 @@ def episode_cpu_ms(n: int = 4000) -> float:
     IPC: the environment's share of a rollout that no orchestrator design can avoid. Call it last: it replaces
     ``inspect.signature`` in this process (``toolkit.envs.sigcache``)."""
     import gc
-    from types import SimpleNamespace
 
     from toolkit.envs import sigcache
     from toolkit.envs.episode import Episode
-    from toolkit.envs.registry import load_tasks
 
-    tasks = load_tasks(SimpleNamespace(id="reverse-text", split=None, seed=None, select=None, model_extra={}))
+    tasks = reverse_text_tasks()
     sigcache.install()
 
     async def one(task) -> None:

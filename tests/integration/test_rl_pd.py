@@ -176,7 +176,7 @@ def test_rl_prefill_decode_lora(tmp_path):
     between the two and fail the last checks.
     """
     pytest.importorskip("peft")
-    from lora_checks import served_logprob_gaps
+    from lora_checks import assert_adapter_broadcasts, assert_serves_adapter
 
     out = tmp_path / "out"
     run = out / "pd-lora"
@@ -187,9 +187,7 @@ def test_rl_prefill_decode_lora(tmp_path):
             "--output-dir", str(out), "--run.name", "pd-lora"]  # fmt: skip
     wall_s = _run_srl(argv)
 
-    for step in range(1, LORA_STEPS + 1):
-        files = sorted(p.name for p in (run / "broadcasts" / f"step_{step}").iterdir())
-        assert files == ["STABLE", "adapter_config.json", "adapter_model.safetensors"], (step, files)
+    assert_adapter_broadcasts(run, range(1, LORA_STEPS + 1))
     logs = _engine_logs(run)
     reloads = _reloads_on_both_engines(run, logs)
     versions = [r["version"] for r in reloads]
@@ -205,9 +203,7 @@ def test_rl_prefill_decode_lora(tmp_path):
     assert hits >= 1
 
     last = LORA_STEPS
-    gap_adapter, gap_base, n = served_logprob_gaps(run, batch_step=last, adapter_step=last - 1)
-    assert gap_adapter < 1e-3, (gap_adapter, gap_base)
-    assert gap_base > 20 * max(gap_adapter, 1e-5), "the adapter did not move the policy: the test cannot tell"
+    gap_adapter, gap_base, n = assert_serves_adapter(run, batch_step=last, adapter_step=last - 1)
     print(f"\n[figure] P/D + LoRA RL: {LORA_STEPS} steps in {wall_s:.0f} s wall; reloads {versions} on prefill and "
           f"decode; decode KV injections {len(injected)} (min {min(injected)} tokens), external cache hits {hits}; "
           f"mismatch_kl {kls}; batch {last} vs adapter {last - 1}: mean |logprob gap| {gap_adapter:.2e} over {n} "
