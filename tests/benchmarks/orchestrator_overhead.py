@@ -71,7 +71,7 @@ def rendered_prompts(model_dir: Path, n: int) -> list[list[int]]:
     from types import SimpleNamespace
 
     from toolkit.envs.episode import initial_messages
-    from toolkit.orchestrator.renderer import load_renderer
+    from toolkit.models.renderer import load_renderer
 
     tasks = reverse_text_tasks()
     renderer = load_renderer(SimpleNamespace(name="auto", import_path=None), model_dir)

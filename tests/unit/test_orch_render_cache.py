@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("verifiers.v1")
 
-from toolkit.orchestrator.renderer import CachedRenderer, ChatTemplateRenderer, PlainRenderer
+from toolkit.models.renderer import CachedRenderer, ChatTemplateRenderer, PlainRenderer
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from toolkit.orchestrator.renderer import RENDERERS, Renderer, load_renderer
+from toolkit.models.renderer import RENDERERS, Renderer, load_renderer
 
 
 class ByteRenderer:

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 from toolkit.envs.local import LocalSession
 from toolkit.envs.registry import load_tasks
 from toolkit.envs.tasksets.alphabet_sort import expected_lists
-from toolkit.orchestrator.renderer import ChatTemplateRenderer
+from toolkit.models.renderer import ChatTemplateRenderer
 from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
 from toolkit.orchestrator.types import Generation, SamplingParams
 

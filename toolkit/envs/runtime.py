@@ -33,7 +33,7 @@ from typing import Any
 from toolkit import errors as srl_errors
 from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, error_from_wire
 from toolkit.orchestrator.engines import wait_excluding_outage
-from toolkit.orchestrator.renderer import CachedRenderer, Renderer, load_renderer
+from toolkit.models.renderer import CachedRenderer, Renderer, load_renderer
 from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
 from toolkit.orchestrator.types import TRANSIENT_ERRORS, Rollout, SamplingParams
 

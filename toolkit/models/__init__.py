@@ -9,6 +9,8 @@ Public API:
   untie_embeddings(model_dir) -> bool                           rewrite a tied HF directory untied, in place
   resolve_model(name, cache_dir=None) -> Path                   directory or alias -> HF directory
   MODEL_ALIASES: dict[str, str]                                 alias -> one-line description
+  renderer.load_renderer(cfg, model_dir) -> Renderer            chat messages <-> token ids (RL rollouts and SFT data
+                                                                share it, so both see the same ids)
   cmd_build_tiny(dir, seed) / cmd_import_smollm2(dir) -> Path  CLI entry points
 """
 

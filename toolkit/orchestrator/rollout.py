@@ -22,7 +22,7 @@ import time
 from typing import Any, Protocol
 
 from toolkit.errors import HarnessError, ProviderError
-from toolkit.orchestrator.renderer import Renderer
+from toolkit.models.renderer import Renderer
 from toolkit.orchestrator.types import Generation, Rollout, SamplingParams, TrainingSample
 
 
