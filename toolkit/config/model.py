@@ -351,7 +351,25 @@ class LinearWarmupScheduler(Section):
     warmup_steps: int = Field(10, ge=1)
 
 
-SchedulerConfig = Annotated[ConstantScheduler | LinearWarmupScheduler, Field(discriminator="type")]
+class LinearScheduler(Section):
+    """Linear warm-up over ``warmup_steps``, then linear decay to ``min_lr_ratio * lr`` at ``max_steps``."""
+
+    type: Literal["linear"] = "linear"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+
+class CosineScheduler(Section):
+    """Linear warm-up over ``warmup_steps``, then half a cosine down to ``min_lr_ratio * lr`` at ``max_steps``."""
+
+    type: Literal["cosine"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+
+SchedulerConfig = Annotated[
+    ConstantScheduler | LinearWarmupScheduler | LinearScheduler | CosineScheduler, Field(discriminator="type")
+]
 
 
 class IPOLoss(Section):
@@ -389,7 +407,7 @@ class LoraConfig(Section):
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
     """Linear layers of each decoder layer to adapt (peft names; a dotted suffix such as ``self_attn.q_proj`` is
-    allowed). Checked against the model family's projections (``toolkit.config.lora_rules.LORA_TARGETS``)."""
+    allowed). Checked against the model family's projections (``toolkit.preflight.lora.LORA_TARGETS``)."""
 
 
 class TrainerModelConfig(Section):

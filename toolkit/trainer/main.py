@@ -49,6 +49,7 @@ class TrainerSettings:
     max_nonfinite_steps: int = 3
     scheduler: str = "constant"
     warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
     loss: Any = None  # toolkit.trainer.loss.IPOLoss | IcePopLoss; None = IPO defaults
     micro_batch_size: int = 1
     seq_len: int = 2048
@@ -88,7 +89,8 @@ class TrainerSettings:
             max_norm=t.optim.max_norm,
             max_nonfinite_steps=t.optim.max_nonfinite_steps,
             scheduler=sched.type,
-            warmup_steps=getattr(sched, "warmup_steps", 0),
+            warmup_steps=0 if sched.type == "constant" else sched.warmup_steps,
+            min_lr_ratio=sched.min_lr_ratio if sched.type in ("linear", "cosine") else 0.0,
             loss=loss,
             micro_batch_size=t.micro_batch_size,
             seq_len=t.seq_len,
@@ -99,9 +101,87 @@ class TrainerSettings:
             resume_step=cfg.resume.step,
             resume_dir=Path(cfg.resume.dir) if cfg.resume.dir else None,
             broadcast_keep=broadcast_keep(cfg.orchestrator.max_async_level, cfg.weight_broadcast.keep),
-            batch_timeout_s=getattr(t, "batch_timeout_s", 3600.0),
+            batch_timeout_s=t.batch_timeout_s,
             lora=lora,
         )
+
+
+@dataclass
+class TrainingStart:
+    """What :func:`start_training` set up: rank layout, the (sharded) policy, optimizer, schedule, resume point."""
+
+    info: Any
+    device: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    model_dir: Path
+    n_params: int
+    done: int
+    """Last finished step (0 on a fresh start)."""
+    resumed: bool
+    source: RunDir
+    """The run directory the state was loaded from (``resume.dir`` when forking, else the run itself)."""
+    keep_last: int | None
+    keep_interval: int | None
+    parts: tuple[str, ...]
+
+    def save(self, run: RunDir, step: int) -> float:
+        """Checkpoint ``step`` (every rank calls this), mark it COMPLETE, apply retention. Returns seconds taken."""
+        from toolkit.trainer.checkpoint import save_trainer_state
+
+        t0 = time.perf_counter()
+        save_trainer_state(run, step, self.model, self.optimizer, self.scheduler, info=self.info,
+                           keep_last=self.keep_last)
+        if self.info.is_main and checkpoints.mark_complete_if_ready(run, step, self.parts):
+            checkpoints.apply_retention(run, self.keep_last, self.keep_interval, self.parts)
+        return time.perf_counter() - t0
+
+
+def start_training(run: RunDir, s: TrainerSettings, *, parts: tuple[str, ...] = checkpoints.PARTS) -> TrainingStart:
+    """Shared start of the RL and SFT loops: process group, policy (LoRA before sharding), FSDP2, AdamW, the
+    learning-rate schedule, and the newest complete checkpoint (or ``resume.step`` / ``resume.dir``) loaded.
+
+    ``parts``: the checkpoint parts a step needs to be complete (RL: trainer and orchestrator; SFT: trainer).
+    Raises ``toolkit.checkpoints.CheckpointError`` when checkpoints exist but none can be resumed.
+    """
+    import socket
+
+    import torch
+
+    from toolkit.models import resolve_model
+    from toolkit.trainer import dist as tdist
+    from toolkit.trainer.checkpoint import load_trainer_state
+    from toolkit.trainer.metrics import num_parameters
+    from toolkit.trainer.model import load_policy
+    from toolkit.trainer.optim import build_optimizer, build_scheduler
+
+    info, device = tdist.init_distributed()
+    log.info("rank %d of %d (local rank %d) on %s, device %s", info.rank, info.world_size, info.local_rank,
+             os.environ.get("SLURMD_NODENAME") or socket.gethostname(), device)
+    torch.manual_seed(s.seed)
+    model_dir = resolve_model(s.model_name)
+    model = load_policy(model_dir, dtype=s.dtype, device=str(device))
+    if s.lora:
+        from toolkit.trainer.lora import apply_lora
+
+        # Before sharding: every rank draws the same A matrices (seeded above), then FSDP2 shards them like any
+        # other parameter; the frozen base weights are sharded too and get no gradient.
+        model = apply_lora(model, s.lora)
+    n_params = num_parameters(model)
+    model = tdist.shard_model(model, info)
+    optimizer = build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay, betas=s.betas)
+    scheduler = build_scheduler(optimizer, kind=s.scheduler, warmup_steps=s.warmup_steps,
+                                total_steps=s.max_steps, min_lr_ratio=s.min_lr_ratio)
+    source = RunDir(s.resume_dir) if s.resume_dir else run
+    start = checkpoints.resume_step(source, s.resume_step, parts)
+    done = 0
+    if start is not None:
+        done = load_trainer_state(checkpoints.part_dir(source, start, "trainer"), model, optimizer, scheduler, info=info)
+        log.info("resumed from %s step %d", source.checkpoint_step(start), done)
+    return TrainingStart(info=info, device=device, model=model, optimizer=optimizer, scheduler=scheduler,
+                         model_dir=Path(model_dir), n_params=n_params, done=done, resumed=start is not None,
+                         source=source, keep_last=s.keep_last, keep_interval=s.keep_interval, parts=parts)
 
 
 class TrainerDiverged(RuntimeError):
@@ -135,63 +215,35 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     import torch
 
     from toolkit.batches import read_batch
-    from toolkit.models import resolve_model
     from toolkit.orchestrator.records import recorded_steps
     from toolkit.orchestrator.stop import request_stop
     from toolkit.trainer import dist as tdist
     from toolkit.trainer.broadcast import apply_broadcast_retention, model_config_dict, write_broadcast
-    from toolkit.trainer.checkpoint import load_trainer_state, save_trainer_state
     from toolkit.trainer.loss import IPOLoss
-    from toolkit.trainer.metrics import mfu, num_parameters
-    from toolkit.trainer.model import full_state_dict, load_policy
-    from toolkit.trainer.optim import build_optimizer, build_scheduler
+    from toolkit.trainer.metrics import mfu
+    from toolkit.trainer.model import full_state_dict
     from toolkit.trainer.packing import plan_micro_batches
     from toolkit.trainer.step import train_step
 
     tdist.die_with_agent()
-    info, device = tdist.init_distributed()
-    import socket
-
-    log.info("rank %d of %d (local rank %d) on %s, device %s", info.rank, info.world_size, info.local_rank,
-             os.environ.get("SLURMD_NODENAME") or socket.gethostname(), device)
-    stop = stop or StopFlag(run)
-    torch.manual_seed(s.seed)
-    model_dir = resolve_model(s.model_name)
-    model = load_policy(model_dir, dtype=s.dtype, device=str(device))
-    if s.lora:
-        from toolkit.trainer.lora import apply_lora
-
-        # Before sharding: every rank draws the same A matrices (seeded above), then FSDP2 shards them like any
-        # other parameter; the frozen base weights are sharded too and get no gradient.
-        model = apply_lora(model, s.lora)
-    n_params = num_parameters(model)
-    model = tdist.shard_model(model, info)
-    optimizer = build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay, betas=s.betas)
-    scheduler = build_scheduler(optimizer, kind=s.scheduler, warmup_steps=s.warmup_steps)
+    st = start_training(run, s)
+    info, device, model, optimizer, scheduler = st.info, st.device, st.model, st.optimizer, st.scheduler
+    model_dir, n_params, done = st.model_dir, st.n_params, st.done
     loss_cfg = s.loss or IPOLoss()
-
-    source = RunDir(s.resume_dir) if s.resume_dir else run
-    start = checkpoints.resume_step(source, s.resume_step)
-    done = 0
-    if start is not None:
-        done = load_trainer_state(checkpoints.part_dir(source, start, "trainer"), model, optimizer, scheduler, info=info)
-        log.info("resumed from %s step %d", source.checkpoint_step(start), done)
+    source = st.source
+    stop = stop or StopFlag(run)
     if info.is_main:
         for d in (run.rollouts, run.broadcasts, run.checkpoints, run.control):
             d.mkdir(parents=True, exist_ok=True)
         fsutil.remove_stale_temps(run.broadcasts)
     tdist.barrier(info)
-    last_saved = done if start is not None and source is run else None
+    last_saved = done if st.resumed and source is run else None
     # Steps an earlier attempt trained after its last complete checkpoint are trained again on resume (same
     # batches); their metrics lines already exist, and each step is recorded once (issue 7's resume criterion).
     recorded = recorded_steps(run.metrics, "trainer") if info.is_main else set()
 
     def save(step: int) -> float:
-        t0 = time.perf_counter()
-        save_trainer_state(run, step, model, optimizer, scheduler, info=info, keep_last=s.keep_last)
-        if info.is_main and checkpoints.mark_complete_if_ready(run, step):
-            checkpoints.apply_retention(run, s.keep_last, s.keep_interval)
-        return time.perf_counter() - t0
+        return st.save(run, step)
 
     step = done
     nonfinite = 0  # steps in a row whose update was skipped (NaN/inf loss or gradient)

@@ -1,6 +1,8 @@
-"""AdamW and the learning-rate schedules of the trainer (constant, linear warmup)."""
+"""AdamW and the learning-rate schedules of the trainer (constant, linear warm-up, linear and cosine decay)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -22,17 +24,48 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas))
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, *, kind: str = "constant", warmup_steps: int = 0
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Learning-rate multiplier per optimizer step: ``constant`` (1.0) or ``linear_warmup``.
+def lr_multiplier(k: int, *, kind: str, warmup_steps: int = 0, total_steps: int | None = None,
+                  min_lr_ratio: float = 0.0) -> float:
+    """Learning-rate multiplier of optimizer step ``k`` (0-based count of steps already taken).
 
-    ``linear_warmup``: step k (0-based count of optimizer steps taken) uses ``lr * min(1, (k + 1) / warmup_steps)``,
-    so the first step already moves (lr/warmup_steps) and step ``warmup_steps`` reaches the full lr.
-    Raises ValueError on an unknown kind.
+    - ``constant``: 1.
+    - ``linear_warmup``: ``min(1, (k + 1) / warmup_steps)``: the first step already moves (lr / warmup_steps) and
+      step ``warmup_steps`` reaches the full lr.
+    - ``linear`` / ``cosine``: the same warm-up, then a decay from 1 at step ``warmup_steps`` to ``min_lr_ratio``
+      at step ``total_steps``: linearly, or along half a cosine ``m + (1 - m) * (1 + cos(pi * p)) / 2`` with
+      ``p`` the fraction of the decay done (the cosine schedule of Loshchilov & Hutter, "SGDR", 2017, without
+      restarts).
+
+    Raises ValueError on an unknown kind, or a decaying kind without ``total_steps``.
     """
-    if kind == "constant" or (kind == "linear_warmup" and warmup_steps <= 0):
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1.0)
+    warm = min(1.0, (k + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    if kind in ("constant",):
+        return 1.0
     if kind == "linear_warmup":
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup_steps))
-    raise ValueError(f"unknown scheduler type {kind!r} (constant | linear_warmup)")
+        return warm
+    if kind not in ("linear", "cosine"):
+        raise ValueError(f"unknown scheduler type {kind!r} (constant | linear_warmup | linear | cosine)")
+    if total_steps is None:
+        raise ValueError(f"scheduler {kind!r} needs total_steps (the run's max_steps)")
+    if k < warmup_steps:
+        return warm
+    span = max(1, total_steps - warmup_steps)
+    p = min(1.0, (k + 1 - warmup_steps) / span)
+    decay = 1.0 - p if kind == "linear" else (1.0 + math.cos(math.pi * p)) / 2.0
+    return min_lr_ratio + (1.0 - min_lr_ratio) * decay
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, *, kind: str = "constant", warmup_steps: int = 0,
+    total_steps: int | None = None, min_lr_ratio: float = 0.0,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` whose multiplier per optimizer step is :func:`lr_multiplier` (same arguments).
+
+    Raises ValueError as :func:`lr_multiplier` does, before any step is taken.
+    """
+    lr_multiplier(0, kind=kind, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda k: lr_multiplier(k, kind=kind, warmup_steps=warmup_steps, total_steps=total_steps,
+                                min_lr_ratio=min_lr_ratio),
+    )
