@@ -9,7 +9,9 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
     logs/attempt_<n>/    <role>.log ; logs/latest -> attempt_<n>
     rollouts/step_<n>/   one training batch written by the orchestrator (READY marker last)
     broadcasts/step_<n>/ HF safetensors policy weights written by the trainer (STABLE marker last)
-    checkpoints/step_<n>/{trainer/, orchestrator/, COMPLETE}
+    checkpoints/step_<n>/{trainer/, orchestrator/, COMPLETE}   (an SFT run: {trainer/, hf/, COMPLETE})
+    model/               an SFT run's final weights as a Hugging Face directory (what ``model.name`` may name)
+    data_order.jsonl     an SFT run's sample ids per step (resume checks: each step trains the same samples)
     store/rollouts.h5    every rollout (schema in analysis/store.py)
     control/             STOP request file, inference readiness files
     reports/             offline reports
@@ -143,6 +145,21 @@ class RunDir:
     @property
     def run_meta(self) -> Path:
         return self.root / "run_meta.json"
+
+    @property
+    def model_export(self) -> Path:
+        """An SFT run's final weights (HF directory, written atomically at the end); ``model.name`` may name the run
+        directory itself (:func:`toolkit.models.resolve_model` looks here)."""
+        return self.root / "model"
+
+    def checkpoint_hf(self, step: int) -> Path:
+        """The HF-format weights an SFT checkpoint carries next to its trainer state."""
+        return self.checkpoint_step(step) / "hf"
+
+    @property
+    def data_order(self) -> Path:
+        """JSON lines ``{"step", "samples": [ids]}`` appended by the SFT trainer, one per step trained."""
+        return self.root / "data_order.jsonl"
 
     # -- control -------------------------------------------------------------------------------
     @property

@@ -85,9 +85,12 @@ class ChatTemplateRenderer(_TokenizerRenderer):
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"tokenizer at {model_path} has no chat template; use renderer name 'plain'")
 
-    def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> list[int]:
+    def render(self, messages: list[Message], *, add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> list[int]:
+        """Prompt ids through the chat template; ``tools`` (OpenAI function schemas) go to the template as is."""
+        extra = {"tools": tools} if tools else {}
         text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
         )
         return self.encode(text)
 

@@ -77,7 +77,8 @@ def local_model_dir(name: str, cache_dir: Path | None = None) -> Path | None:
 def resolve_model(name: str, cache_dir: Path | None = None) -> Path:
     """Return the HF-format model directory that ``name`` stands for, building an alias on first use.
 
-    ``name`` is an existing directory (returned as given, after checking it holds config.json) or a key of
+    ``name`` is an existing directory (returned as given, after checking it holds config.json), an srl SFT run
+    directory (its final ``model/``), or a key of
     :data:`MODEL_ALIASES`, built into ``cache_dir / name`` (``cache_dir`` defaults to :func:`default_cache_dir`)
     under an exclusive lock ``cache_dir / .{name}.lock``; later calls return the cached directory at once.
     A directory wins over an alias of the same spelling, so ``./tiny-qwen3`` can hold a custom model.
@@ -86,6 +87,13 @@ def resolve_model(name: str, cache_dir: Path | None = None) -> Path:
     directory nor an alias (the message lists the aliases); RuntimeError from a failed alias build.
     """
     path = Path(name).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file() and (path / "run_meta.json").is_file():
+        # An srl SFT run directory: its final weights (RunDir.model_export; rundir is not imported here to keep
+        # this module free of other toolkit packages).
+        if (path / "model" / "config.json").is_file():
+            return path / "model"
+        raise FileNotFoundError(f"run directory {path} has no final model yet (model/config.json): is its SFT run "
+                                "finished? (srl status " + str(path) + ")")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(

@@ -471,8 +471,9 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     if topo.orchestrator_het_group and "orchestrator" in roles:
         groups.append(NodeGroup(1, 1, 0, dep.orchestrator_partition or site.partitions.cpu,  # type: ignore
                                 topo.num_nodes))
-    if external and dep.type == "multi_node":
-        # The inference islands live in another allocation: drop their nodes and shift the others down.
+    if (external or "inference" not in roles and "trainer" in roles) and dep.type == "multi_node":
+        # The inference islands live in another allocation (or a trainer-only plan, an SFT run, has none): drop
+        # their nodes and shift the others down.
         shift = len(topo.inference_nodes)
         for p in procs:
             p.node_index = max(0, p.node_index - shift)

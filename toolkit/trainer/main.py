@@ -340,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.config import load_resolved
 
     run = RunDir(args.run_dir)
+    if run.resolved("sft").is_file():
+        return _main_sft(run, args)
     settings = TrainerSettings.from_config(load_resolved(run.resolved("rl")))
     if args.resume_step is not None:
         settings.resume_step = args.resume_step
@@ -352,6 +354,37 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_trainer(run, settings, stop=stop)
     except CheckpointSpaceError as e:  # a full disk: say so plainly and stop (the launcher ends the run)
+        log.error("%s", e.strerror)
+        return 1
+    except TrainerDiverged as e:
+        log.error("TrainerDiverged: %s", e)
+        return 1
+    return 0
+
+
+def _main_sft(run: RunDir, args: argparse.Namespace) -> int:
+    """The SFT mode of ``srl trainer`` (the run's resolved config is ``sft.json``)."""
+    import json
+
+    from toolkit.config.sft import SFTConfig
+    from toolkit.trainer.sft import run_sft
+    from toolkit.trainer.sft_data import DataError
+
+    cfg = SFTConfig.model_validate(json.loads(run.resolved("sft").read_text()))
+    if args.resume_step is not None:
+        cfg.resume.step = args.resume_step
+    if args.resume_dir is not None:
+        cfg.resume.dir = args.resume_dir
+    stop = StopFlag(run)
+    stop.install()
+    from toolkit.trainer.checkpoint import CheckpointSpaceError
+
+    try:
+        run_sft(run, cfg, stop=stop)
+    except DataError as e:
+        log.error("DataError: %s", e)
+        return 2
+    except CheckpointSpaceError as e:
         log.error("%s", e.strerror)
         return 1
     except TrainerDiverged as e:

@@ -1,0 +1,6 @@
+"""Command implementations that are too large for ``toolkit/cli.py`` (the CLI layer: parse, call a layer, print).
+
+Modules:
+  sft   ``srl sft``: SFT runs (prepare, place the trainer, launch or submit), ``make-data`` (rows from a
+        taskset's reference answers) and ``chain`` (SFT, then RL from its final model; Slurm: afterok)
+"""

@@ -1,0 +1,244 @@
+"""``srl sft``: supervised fine-tuning runs, their data, and the SFT -> RL chain.
+
+    srl sft @ sft.toml [@ overlay.toml ...] [--section.field VALUE ...] [--dry-run] [--resume] [--clean]
+    srl sft make-data OUT.jsonl @ rl.toml [--env NAME] [--taskset.FIELD VALUE ...]
+    srl sft chain @ sft.toml [...] --then @ rl.toml [...]
+
+An SFT run is prepared, placed, launched (locally, or as one Slurm job) and followed (``srl status/logs/cancel``)
+like an RL run whose only role is the trainer; its run directory ends with ``model/`` (the final weights as a
+Hugging Face directory), which ``srl rl`` accepts as ``model.name`` (the run directory itself works too).
+
+``chain`` submits the SFT job and the RL job behind it (``--dependency=afterok``) on a Slurm site, the RL run's
+``model.name`` set to the SFT run directory; locally it runs them one after the other and starts RL only when SFT
+finished. Login-node code: no torch, no vllm.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROLES = ("trainer",)
+
+
+def _usage_error(msg: str) -> Any:
+    from toolkit.config import ConfigError
+
+    return ConfigError(msg)
+
+
+def load(files: list[Path], overrides: list[str]) -> Any:
+    """The validated SFTConfig plus its launch view, with the datasets checked on this machine.
+
+    Raises ConfigError naming the field, or the dataset file, row and column of a bad sample.
+    """
+    from toolkit.config import ConfigError
+    from toolkit.config.sft import load_sft_config
+    from toolkit.trainer.sft_data import DataError, check_dataset
+
+    if not files:
+        raise ConfigError("give at least one config file: srl sft @ jobs/reverse-text/sft.toml")
+    cfg = load_sft_config(files, overrides)
+    try:
+        check_dataset(cfg.data.name, cfg.data.columns)
+        if cfg.val is not None and cfg.val.data is not None:
+            check_dataset(cfg.val.data.name, cfg.val.data.columns)
+    except DataError as e:
+        raise ConfigError(f"data: {e}") from None
+    return cfg
+
+
+def _auto_name(cfg: Any) -> str:
+    import re
+
+    raw = f"sft--{Path(cfg.data.name).stem}--{Path(cfg.model.name).name or 'model'}"
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", raw)[:110]
+
+
+def _run_dir(cfg: Any, resume: bool) -> Any:
+    """The run directory: ``run.name``, or a new ``sft--<data>--<model>--<id>`` (with ``resume``: the newest run of
+    that prefix that recorded metrics)."""
+    from toolkit.rundir import RunDir
+
+    if cfg.run.name is None:
+        prefix = _auto_name(cfg) + "--"
+        name = prefix + uuid.uuid4().hex[:6]
+        if resume:
+            runs = sorted((p for p in Path(cfg.output_dir).glob(prefix + "*") if RunDir(p).metrics.exists()),
+                          key=lambda p: RunDir(p).metrics.stat().st_mtime)  # fmt: skip
+            if runs:
+                name = runs[-1].name
+                print(f"srl: --resume without run.name: continuing {runs[-1]}", file=sys.stderr)
+        cfg.run.name = name
+    return RunDir(Path(cfg.output_dir) / cfg.run.name)
+
+
+def prepare(cfg: Any, argv: list[str], *, dry_run: bool, resume: bool, clean: bool) -> tuple[Any, Any, int]:
+    """Create or reopen the run directory and write this attempt's configs (``resolved/sft.json`` marks the run
+    as SFT for the trainer). Returns ``(launch_view, run, attempt)``. Raises ConfigError as ``srl rl`` does
+    (existing run without --resume/--clean, a finished run resumed, ...)."""
+    from toolkit import checkpoints
+    from toolkit.config import ConfigError, LoadedConfig
+    from toolkit.fsutil import atomic_write_json
+    from toolkit.launch.prepare import prepare_attempt
+    from toolkit.trainer.sft import PARTS
+
+    live = _run_dir(cfg, resume)
+    if resume and not dry_run and live.configs.exists():
+        step = cfg.resume.step or checkpoints.latest_complete(live, PARTS)
+        if step is not None and step >= cfg.max_steps:
+            raise ConfigError(f"--resume: {live.root} already finished (checkpoint step {step}, max_steps = "
+                              f"{cfg.max_steps}); raise max_steps to train on, or use --clean to start over")
+    view = cfg.launch_view()
+    loaded = LoadedConfig(view, inputs=[Path(f) for f in _files(argv)], overrides=[])
+    run, attempt = prepare_attempt(loaded, live, argv=["srl", *argv], dry_run=dry_run, resume=resume, clean=clean)
+    atomic_write_json(run.config_attempt(attempt) / "resolved" / "sft.json", cfg.model_dump(mode="json"))
+    return view, run, attempt
+
+
+def _files(argv: list[str]) -> list[str]:
+    from toolkit.cli import split_config_args
+
+    return [str(f) for f in split_config_args([a for a in argv if a != "sft"])[0]]
+
+
+def launch(view: Any, run: Any, attempt: int, *, dry_run: bool, resume: bool) -> int:
+    """Place the trainer and launch it here, or submit it (dry run: render only). Returns the exit status."""
+    from toolkit.launch.dispatch import launch as dispatch_launch
+    from toolkit.preflight.site import load_site
+
+    return dispatch_launch(view, run, attempt=attempt, dry_run=dry_run, resume=resume, site=load_site(view.site),
+                           roles=ROLES)
+
+
+def submit(view: Any, run: Any, attempt: int) -> str:
+    """Submit the SFT job to the Slurm site of ``view``; returns its job id."""
+    from toolkit.launch.submit import submit_rl
+
+    return submit_rl(view, run, attempt, roles=ROLES)
+
+
+def cmd_run(args: list[str]) -> int:
+    """``srl sft @ ...``: validate, prepare the run directory, launch or submit."""
+    from toolkit.cli import split_config_args
+
+    files, overrides, flags = split_config_args(args)
+    if flags["help"]:
+        print(__doc__)
+        return 0
+    cfg = load(files, overrides)
+    view, run, attempt = prepare(cfg, ["sft", *args], dry_run=flags["dry_run"], resume=flags["resume"],
+                                 clean=flags["clean"])  # fmt: skip
+    if flags["dry_run"]:
+        print(f"dry run: SFT config {run.resolved('sft')}")
+    status = launch(view, run, attempt, dry_run=flags["dry_run"], resume=flags["resume"])
+    if status == 0 and not flags["dry_run"] and not view.site.startswith("local-slurm") and run.model_export.exists():
+        print(f"srl: final model {run.model_export} (use it with: srl rl @ rl.toml --model.name {run.root})")
+    return int(status) if isinstance(status, int) else 0
+
+
+def _take_options(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
+    """Split ``--env NAME`` and ``--taskset.FIELD VALUE`` pairs from the rest (files and config overrides)."""
+    from toolkit.config import ConfigError
+
+    env, fields, rest = None, {}, []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--env" or a.startswith("--taskset."):
+            if i + 1 >= len(args):
+                raise ConfigError(f"{a} needs a value")
+            if a == "--env":
+                env = args[i + 1]
+            else:
+                fields[a.removeprefix("--taskset.").replace("-", "_")] = args[i + 1]
+            i += 2
+            continue
+        rest.append(a)
+        i += 1
+    return env, fields, rest
+
+
+def cmd_make_data(args: list[str]) -> int:
+    """``srl sft make-data OUT @ rl.toml [--env NAME] [--taskset.FIELD VALUE ...]``: a prompt/completion JSONL
+    from the reference answers of a train env's taskset (the same taskset config, so the same prompts)."""
+    from toolkit.cli import split_config_args
+    from toolkit.config import ConfigError, load_config
+    from toolkit.config.compose import _parse_value
+
+    if not args or args[0].startswith(("@", "-")):
+        raise ConfigError("usage: srl sft make-data OUT.jsonl @ rl.toml [--env NAME] [--taskset.FIELD VALUE ...]")
+    out = Path(args[0])
+    env_name, fields, rest = _take_options(args[1:])
+    files, overrides, _ = split_config_args(rest)
+    envs = load_config(files, overrides).config.orchestrator.train.env
+    names = [e.env_name for e in envs]
+    env = next((e for e in envs if e.env_name == env_name), None) if env_name else (envs[0] if envs else None)
+    if env is None or env.taskset is None:
+        raise ConfigError(f"--env: no train env {env_name!r} with a taskset; the config's train envs: {names}")
+    taskset = env.taskset
+    if fields:
+        from pydantic import ValidationError
+
+        from toolkit.config.errors import pydantic_issues
+
+        try:
+            taskset = type(taskset).model_validate({**taskset.model_dump(), **{k: _parse_value(v) for k, v in
+                                                                                fields.items()}})  # fmt: skip
+        except ValidationError as e:
+            raise ConfigError([i for i in pydantic_issues(e, type(taskset))]) from None
+    from toolkit.envs.reference import NoReferenceAnswer, write_reference_dataset
+
+    try:
+        n = write_reference_dataset(taskset, out)
+    except NoReferenceAnswer as e:
+        raise ConfigError(str(e)) from None
+    print(f"wrote {n} rows to {out} (taskset {taskset.id}, split {taskset.split})")
+    return 0
+
+
+def cmd_chain(args: list[str]) -> int:
+    """``srl sft chain @ sft.toml [...] --then @ rl.toml [...]``: SFT, then RL from its final model."""
+    from toolkit.cli import cmd_rl
+    from toolkit.config import ConfigError
+
+    if "--then" not in args:
+        raise ConfigError("usage: srl sft chain @ sft.toml [...] --then @ rl.toml [...]")
+    i = args.index("--then")
+    sft_args, rl_args = args[:i], args[i + 1 :]
+    from toolkit.cli import split_config_args
+
+    files, overrides, flags = split_config_args(sft_args)
+    cfg = load(files, overrides)
+    view, run, attempt = prepare(cfg, ["sft", *sft_args], dry_run=flags["dry_run"], resume=flags["resume"],
+                                 clean=flags["clean"])  # fmt: skip
+    from toolkit.preflight.site import load_site
+
+    site = load_site(view.site)
+    rl_full = [*rl_args, "--model.name", str(run.root)]
+    if flags["dry_run"]:
+        rl_full.append("--dry-run")
+    if site.is_slurm and not flags["dry_run"]:
+        job = submit(view, run, attempt)
+        print(f"srl: SFT job {job}; the RL job waits for it to complete (afterok) and starts from {run.model_export}")
+        return cmd_rl(rl_full, ["rl", *rl_full], dependency=f"afterok:{job}")
+    status = launch(view, run, attempt, dry_run=flags["dry_run"], resume=flags["resume"])
+    if status != 0:
+        print(f"srl: SFT ended with status {status}; RL not started", file=sys.stderr)
+        return int(status)
+    return cmd_rl(rl_full, ["rl", *rl_full])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``srl sft``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "make-data":
+        return cmd_make_data(args[1:])
+    if args and args[0] == "chain":
+        return cmd_chain(args[1:])
+    return cmd_run(args)
+
+
+__all__ = ["cmd_chain", "cmd_make_data", "cmd_run", "load", "main", "prepare"]

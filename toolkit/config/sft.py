@@ -1,0 +1,214 @@
+"""The SFT run config (``srl sft``): the seeds' SFT trainer shape, sharing every section it has in common with RL.
+
+Top level: ``max_steps``, ``seed``, ``output_dir``, ``[run]``, ``[model]``, ``[data]`` (``name`` = a local
+dataset, ``batch_size``, ``seq_len``, ``[data.columns]``), ``[loss_mask]``, ``[val]``, ``[renderer]``,
+``[trainer]`` (``optim``, ``scheduler``, ``micro_batch_size``, ``model.lora``), ``[ckpt]``, ``[resume]``,
+``[deployment]``, ``[inference]``, ``[slurm]``, ``site``, ``[monitors]``, ``[env_vars]``.
+
+The sections shared with RL are the same classes as in :mod:`toolkit.config.model` (one default per knob).
+:meth:`SFTConfig.launch_view` turns the config into the ``RLConfig`` that placement and submission read: an SFT run
+is placed, submitted, supervised, followed and cancelled exactly like an RL run whose only role is the trainer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .model import (
+    _MAX_SEED,
+    CkptConfig,
+    DeploymentConfig,
+    InferenceConfig,
+    ModelConfig,
+    MonitorsConfig,
+    OptimConfig,
+    RendererConfig,
+    ResumeConfig,
+    RLConfig,
+    RunSection,
+    SchedulerConfig,
+    Section,
+    SingleNodeDeployment,
+    SlurmConfig,
+    TrainerConfig,
+    TrainerModelConfig,
+)
+from .model import ConstantScheduler as _Constant
+
+
+class ColumnsConfig(Section):
+    """``[data.columns]``: the dataset's own column names for each column srl reads (renamed at load time)."""
+
+    prompt: str = "prompt"
+    completion: str = "completion"
+    messages: str = "messages"
+    message_loss_mask: str = "message_loss_mask"
+    tools: str = "tools"
+    id: str = "id"
+    """Column holding a sample id (recorded per step so a resumed run can be checked); row number when absent."""
+
+
+class DataConfig(Section):
+    """``[data]``: where the samples come from and how many a step takes."""
+
+    name: Path
+    """A local dataset: a ``.jsonl``/``.json`` or ``.parquet`` file, or a directory of such files (no hub here)."""
+    type: Literal["sft"] = "sft"
+    batch_size: int = Field(32, ge=1, le=1_000_000)
+    """Samples per optimizer step (packed into rows of ``seq_len`` tokens)."""
+    seq_len: int = Field(2048, ge=8, le=1_048_576)
+    """Tokens per packed row; a sample longer than this is an error naming its row (never truncated)."""
+    shuffle: bool = True
+    """Shuffle the samples each epoch (seeded by ``seed`` and the epoch number)."""
+    columns: ColumnsConfig = ColumnsConfig()
+
+
+class ValDataConfig(Section):
+    """``[val.data]``: a validation dataset (same layouts and column names as ``[data]``)."""
+
+    name: Path
+    columns: ColumnsConfig = ColumnsConfig()
+    batch_size: int = Field(32, ge=1, le=1_000_000)
+
+
+class ValConfig(Section):
+    """``[val]``: cross-entropy on held-out samples every ``interval`` steps and at the end."""
+
+    interval: int = Field(50, ge=1)
+    data: ValDataConfig | None = None
+    """Validation dataset; when absent, ``fraction`` of ``[data]`` is held out instead."""
+    fraction: float = Field(0.05, gt=0, lt=1)
+    """Share of the training rows held out when ``data`` is not given (at least one row, chosen by ``seed``)."""
+    max_samples: int | None = Field(256, ge=1)
+    """Validate on at most this many samples (None = all)."""
+
+
+class LossMaskConfig(Section):
+    """``[loss_mask]``: which roles' tokens contribute to the loss (a message mask column can only remove more)."""
+
+    system: bool = False
+    user: bool = False
+    assistant: bool = True
+    tool: bool = False
+
+
+class SFTTrainerConfig(Section):
+    """``[trainer]`` of an SFT run: the RL trainer's optimizer, schedule, micro-batching and LoRA settings."""
+
+    optim: OptimConfig = OptimConfig(lr=1e-4)
+    scheduler: SchedulerConfig = _Constant()
+    micro_batch_size: int = Field(1, ge=1, le=4096)
+    """Packed rows per forward/backward."""
+    model: TrainerModelConfig = TrainerModelConfig()
+    env_vars: dict[str, str] = Field(default_factory=dict)
+
+
+class SFTConfig(Section):
+    """The resolved SFT run config. Produced by :func:`toolkit.config.load_sft_config`."""
+
+    output_dir: Path = Path("outputs")
+    run: RunSection = RunSection()
+    max_steps: int = Field(100, ge=1, le=10_000_000)
+    """Optimizer steps of the run (``data.batch_size`` samples each; epochs repeat the data as needed)."""
+    seed: int = Field(0, ge=0, le=_MAX_SEED)
+    model: ModelConfig = ModelConfig()
+    data: DataConfig
+    loss_mask: LossMaskConfig = LossMaskConfig()
+    val: ValConfig | None = None
+    renderer: RendererConfig = RendererConfig()
+    trainer: SFTTrainerConfig = SFTTrainerConfig()
+    ckpt: CkptConfig = CkptConfig()
+    resume: ResumeConfig = ResumeConfig()
+    deployment: DeploymentConfig = SingleNodeDeployment()
+    inference: InferenceConfig = InferenceConfig()
+    slurm: SlurmConfig = SlurmConfig()
+    site: str = "local"
+    monitors: MonitorsConfig = MonitorsConfig()
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    kind: Literal["sft"] = "sft"
+    """Marks a resolved ``sft.json`` (the trainer runs the SFT loop for it)."""
+
+    @field_validator("env_vars")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        import re
+
+        bad = [k for k in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"environment variable names must be letters, digits and '_': {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _deployment_has_a_trainer(self) -> SFTConfig:
+        dep = self.deployment
+        if dep.type == "multi_node" and dep.orchestrator != "with_inference":
+            raise ValueError("deployment.orchestrator: an SFT run has no orchestrator; leave it at 'with_inference'")
+        return self
+
+    def launch_view(self) -> RLConfig:
+        """The ``RLConfig`` that placement, rendering and submission read for this SFT run (trainer role only).
+
+        Shared sections are passed through unchanged; the trainer's ``seq_len`` is the data's. Raises
+        pydantic.ValidationError only if a shared section is inconsistent (it was validated already).
+        """
+        t = self.trainer
+        return RLConfig(
+            output_dir=self.output_dir,
+            run=self.run,
+            max_steps=self.max_steps,
+            seed=self.seed,
+            model=self.model,
+            env_vars=self.env_vars,
+            trainer=TrainerConfig(optim=t.optim, scheduler=t.scheduler, micro_batch_size=t.micro_batch_size,
+                                  seq_len=self.data.seq_len, model=t.model, env_vars=t.env_vars),
+            inference=self.inference,
+            deployment=self.deployment,
+            slurm=self.slurm,
+            site=self.site,
+            ckpt=self.ckpt,
+            resume=self.resume,
+            monitors=self.monitors,
+        )
+
+
+def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SFTConfig:
+    """Merge SFT TOML ``files`` left to right, apply dotted ``overrides``, validate.
+
+    Relative ``data.name`` / ``val.data.name`` stay relative to the working directory (as ``output_dir`` does).
+    Raises ConfigError listing every problem (field path, allowed values, the file that set it).
+    """
+    from pydantic import ValidationError
+
+    from .compose import deep_merge, origin_of, parse_overrides, read_toml, record_origins
+    from .errors import ConfigError, pydantic_issues
+
+    merged: dict = {}
+    origins: dict[str, str] = {}
+    for path in files:
+        raw = read_toml(Path(path))
+        merged = deep_merge(merged, raw)
+        record_origins(raw, str(path), origins)
+    over = parse_overrides(list(overrides or []))
+    if over:
+        merged = deep_merge(merged, over)
+        record_origins(over, "command line", origins)
+    try:
+        cfg = SFTConfig.model_validate(merged)
+    except ValidationError as e:
+        issues = pydantic_issues(e, SFTConfig)
+        for issue in issues:
+            if issue.source is None:
+                issue.source = origin_of(issue.path, origins)
+        raise ConfigError(issues) from None
+    lora = cfg.trainer.model.lora is not None
+    ranks = cfg.deployment.cpu_train_ranks if cfg.deployment.type == "single_node" else 2
+    if lora and (ranks > 1 or cfg.deployment.type != "single_node"):
+        raise ConfigError("trainer.model.lora: LoRA SFT runs on one trainer rank only (its merged model export is "
+                          "not gathered across ranks); drop trainer.model.lora or use one rank")
+    return cfg
+
+
+__all__ = ["ColumnsConfig", "DataConfig", "LossMaskConfig", "SFTConfig", "SFTTrainerConfig", "ValConfig", "load_sft_config"]

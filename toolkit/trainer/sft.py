@@ -1,0 +1,250 @@
+"""The SFT loop of the trainer: ``srl trainer --run-dir DIR`` runs it when the run's resolved config is ``sft.json``.
+
+Same machinery as RL (:func:`toolkit.trainer.main.start_training`: model loading, LoRA, FSDP2 under torchrun,
+AdamW and schedule, checkpoints with COMPLETE markers, resume, the NaN guard, the stop flag) and the same train
+step: an SFT batch is a trainer batch whose CE mask marks the trained tokens and that has no RL tokens, so the
+step's loss is the masked negative log-likelihood (:mod:`toolkit.trainer.loss`)::
+
+    loss = -(1 / N) * sum over trained tokens t of log p(y_t | y_<t)
+
+with ``N`` the number of trained tokens of the whole step (all micro-batches, all ranks): every trained token
+weighs the same, whatever the packing or sharding.
+
+Per step n: the samples of :func:`toolkit.trainer.sft_data.step_rows` are packed into rows of ``data.seq_len``
+tokens (positions restart per sample, so no attention crosses samples), one optimizer step is taken, a metrics line
+is appended (``loss/mean``, ``loss/perplexity``, ``optim/lr``, ``optim/grad_norm``, ``progress/epoch``,
+``progress/num_samples``, ``progress/num_tokens``, ``perf/throughput``; ``val/loss`` and ``val/perplexity`` every
+``val.interval`` steps and at the end) and the step's sample ids go to ``data_order.jsonl``. Checkpoints (every
+``ckpt.interval`` steps and at the end) carry the weights as a Hugging Face directory (``hf/``) beside the
+trainer state; the end also writes ``<run>/model/``, which ``srl rl`` takes as ``model.name``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from toolkit import fsutil
+from toolkit.rundir import RunDir
+
+log = logging.getLogger("srl.trainer.sft")
+
+PARTS = ("trainer",)
+"""An SFT checkpoint is complete with the trainer part alone (there is no orchestrator)."""
+
+
+def settings_from_sft(cfg: Any) -> Any:
+    """The trainer settings of an ``SFTConfig`` (same fields as an RL run's, read from the SFT sections)."""
+    from toolkit.trainer.main import TrainerSettings
+
+    t, sched = cfg.trainer, cfg.trainer.scheduler
+    return TrainerSettings(
+        model_name=str(cfg.model.name),
+        dtype=cfg.model.dtype,
+        max_steps=cfg.max_steps,
+        seed=cfg.seed,
+        lr=t.optim.lr,
+        weight_decay=t.optim.weight_decay,
+        betas=tuple(t.optim.betas),
+        max_norm=t.optim.max_norm,
+        max_nonfinite_steps=t.optim.max_nonfinite_steps,
+        scheduler=sched.type,
+        warmup_steps=0 if sched.type == "constant" else sched.warmup_steps,
+        min_lr_ratio=sched.min_lr_ratio if sched.type in ("linear", "cosine") else 0.0,
+        micro_batch_size=t.micro_batch_size,
+        seq_len=cfg.data.seq_len,
+        ckpt_interval=cfg.ckpt.interval,
+        keep_last=cfg.ckpt.keep_last,
+        keep_interval=cfg.ckpt.keep_interval,
+        resume_step=cfg.resume.step,
+        resume_dir=Path(cfg.resume.dir) if cfg.resume.dir else None,
+        lora=t.model.lora.model_dump() if t.model.lora is not None else None,
+    )
+
+
+def load_data(cfg: Any, model_dir: Path) -> tuple[Any, Any | None]:
+    """Tokenized train and validation data of an SFT config (validation None without ``[val]``).
+
+    Without ``val.data``, ``val.fraction`` of the rows (at least one, at most all but one) is held out, chosen by
+    ``seed``; the rest trains. Raises ``toolkit.trainer.sft_data.DataError`` naming the file, row and column.
+    """
+    from toolkit.models.renderer import load_renderer
+    from toolkit.trainer.sft_data import DataError, SFTData, load_conversations
+
+    renderer = load_renderer(cfg.renderer, model_dir)
+    convs, wheres = load_conversations(cfg.data.name, cfg.data.columns)
+    data = SFTData.build(convs, renderer, cfg.loss_mask, seq_len=cfg.data.seq_len, source=str(cfg.data.name),
+                         wheres=wheres)
+    val = None
+    if cfg.val is not None:
+        if cfg.val.data is not None:
+            vconvs, vwheres = load_conversations(cfg.val.data.name, cfg.val.data.columns)
+            val = SFTData.build(vconvs, renderer, cfg.loss_mask, seq_len=cfg.data.seq_len,
+                                source=str(cfg.val.data.name), wheres=vwheres)
+        else:
+            if len(data) < 2:
+                raise DataError(f"{cfg.data.name}: {len(data)} row(s) cannot be split into train and validation; "
+                                "give [val.data] or more rows")  # fmt: skip
+            n_val = min(len(data) - 1, max(1, round(cfg.val.fraction * len(data))))
+            perm = np.random.default_rng([cfg.seed, 1_000_003]).permutation(len(data))
+            val, data = data.subset(np.sort(perm[:n_val])), data.subset(np.sort(perm[n_val:]))
+        if cfg.val.max_samples is not None and len(val) > cfg.val.max_samples:
+            val = val.subset(np.arange(cfg.val.max_samples))
+    return data, val
+
+
+def validation_loss(model: Any, val: Any, *, seq_len: int, micro_batch_size: int, info: Any, device: Any) -> float:
+    """Mean NLL (nats per trained token) of ``val`` under ``model``, no gradient; the same on every rank."""
+    import torch
+
+    from toolkit.trainer.packing import plan_micro_batches
+    from toolkit.trainer.sft_data import to_batch
+    from toolkit.trainer.step import _all_reduce_sum, token_logprobs
+
+    batch = to_batch(val, np.arange(len(val)), step=0)
+    mbs = plan_micro_batches(batch, seq_len=seq_len, micro_batch_size=micro_batch_size, rank=info.rank,
+                             world_size=info.world_size)
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    with torch.no_grad():
+        for mb in mbs:
+            mb = mb.to(device)
+            lp, _ = token_logprobs(model, mb, with_entropy=False)
+            total[0] -= torch.where(mb.ce_mask, lp, torch.zeros_like(lp)).sum().double()
+            total[1] += mb.ce_mask.sum()
+    model.train()
+    total = _all_reduce_sum(total, info)
+    return float(total[0] / max(float(total[1]), 1.0))
+
+
+def export_model(model: Any, model_dir: Path, final: Path, *, info: Any) -> None:
+    """Write the (gathered, LoRA-merged) weights with config and tokenizer as a HF directory at ``final``
+    (atomically). Every rank calls this; only the main rank writes."""
+    from toolkit.trainer.broadcast import model_config_dict, write_hf_dir
+    from toolkit.trainer.model import full_state_dict
+
+    weights = full_state_dict(model, info=info)
+    if info.is_main:
+        if final.exists():  # a retrained step after a resume: replace the earlier attempt's export
+            shutil.rmtree(final)
+        write_hf_dir(final, weights, model_config_dict(model), model_dir, marker=None)
+
+
+def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
+    """The SFT loop (module docstring); returns the last finished step.
+
+    Raises DataError before step 1 on bad data, ``toolkit.checkpoints.CheckpointError`` when checkpoints exist but
+    none can be resumed, TrainerDiverged after ``max_nonfinite_steps`` non-finite steps in a row.
+    """
+    from toolkit.orchestrator.records import recorded_steps
+    from toolkit.trainer import dist as tdist
+    from toolkit.trainer.loss import IPOLoss
+    from toolkit.trainer.main import TrainerDiverged, start_training
+    from toolkit.trainer.packing import plan_micro_batches
+    from toolkit.trainer.sft_data import step_rows, to_batch
+    from toolkit.trainer.step import train_step
+
+    tdist.die_with_agent()
+    s = settings_from_sft(cfg)
+    st = start_training(run, s, parts=PARTS)
+    info, device, model = st.info, st.device, st.model
+    t_data = time.perf_counter()
+    data, val = load_data(cfg, st.model_dir)
+    if info.is_main:
+        log.info("data: %d training samples (%d tokens, %d trained) from %s; %s validation samples; %.1fs",
+                 len(data), data.num_tokens, int(data.loss_mask.sum()), cfg.data.name,
+                 len(val) if val is not None else "no", time.perf_counter() - t_data)
+        for d in (run.checkpoints, run.control):
+            d.mkdir(parents=True, exist_ok=True)
+    tdist.barrier(info)
+    d = cfg.data
+    lengths = data.lengths()
+
+    def rows_of(step: int) -> tuple[np.ndarray, float]:
+        return step_rows(len(data), batch_size=d.batch_size, step=step, seed=cfg.seed, shuffle=d.shuffle)
+
+    done = st.done
+    # Tokens trained by earlier steps (progress/num_tokens is cumulative): recomputed from the data order.
+    num_tokens = sum(int(lengths[rows_of(k)[0]].sum()) for k in range(1, done + 1))
+    recorded = recorded_steps(run.metrics, "trainer") if info.is_main else set()
+    last_saved = done if st.resumed and st.source is run else None
+
+    def checkpoint(step: int) -> float:
+        t0 = time.perf_counter()
+        export_model(model, st.model_dir, run.checkpoint_hf(step), info=info)
+        st.save(run, step)
+        return time.perf_counter() - t0
+
+    def validate(step: int) -> dict[str, float]:
+        if val is None:
+            return {}
+        v = validation_loss(model, val, seq_len=d.seq_len, micro_batch_size=s.micro_batch_size, info=info,
+                            device=device)
+        return {"val/loss": v, "val/perplexity": math.exp(min(v, 80.0))}
+
+    step = done
+    nonfinite = 0
+    loss_cfg = IPOLoss()  # no RL tokens in an SFT batch: only the CE term contributes
+    while step < s.max_steps:
+        if tdist.broadcast_flag(stop(), info):
+            break
+        n = step + 1
+        rows, epoch = rows_of(n)
+        batch = to_batch(data, rows, n)
+        mbs = plan_micro_batches(batch, seq_len=d.seq_len, micro_batch_size=s.micro_batch_size, rank=info.rank,
+                                 world_size=info.world_size)
+        metrics = train_step(model, st.optimizer, st.scheduler, mbs, loss_cfg=loss_cfg, max_norm=s.max_norm,
+                             num_samples=batch.num_samples, info=info, device=device)
+        num_tokens += batch.num_tokens
+        step = n
+        ckpt_s = 0.0
+        if (s.ckpt_interval and n % s.ckpt_interval == 0) or n == s.max_steps:
+            ckpt_s = checkpoint(n)
+            last_saved = n
+        extra = validate(n) if cfg.val is not None and (n % cfg.val.interval == 0 or n == s.max_steps) else {}
+        if info.is_main:
+            loss = metrics["loss/mean"]
+            m = {"step": n, "time": time.time(), "role": "trainer",
+                 "loss/mean": loss, "loss/perplexity": math.exp(min(loss, 80.0)) if math.isfinite(loss) else loss,
+                 "optim/lr": metrics["optim/lr"], "optim/grad_norm": metrics["optim/grad_norm"],
+                 "optim/skipped_update": metrics["optim/skipped_update"],
+                 "progress/epoch": epoch, "progress/num_samples": n * d.batch_size, "progress/num_tokens": num_tokens,
+                 "train/ce_tokens": int(batch.ce_mask.sum()),
+                 "perf/throughput": metrics["perf/throughput"], "perf/peak_memory": metrics["perf/peak_memory"],
+                 "perf/packing_efficiency": metrics["perf/packing_efficiency"],
+                 "time/step": metrics["time/step"], "time/save_ckpt": ckpt_s, **extra}  # fmt: skip
+            if n in recorded:
+                log.info("metrics of step %d already recorded by an earlier attempt; not written again", n)
+            else:
+                fsutil.append_jsonl(run.metrics, m)
+                fsutil.append_jsonl(run.data_order, {"step": n, "samples": [data.sample_ids[r] for r in rows]})
+            log.info("step %d loss %.4g grad_norm %.3g lr %.3g epoch %.2f %.2fs%s", n, loss, m["optim/grad_norm"],
+                     m["optim/lr"], epoch, m["time/step"],
+                     f" val/loss {extra['val/loss']:.4g}" if extra else "")  # fmt: skip
+        nonfinite = nonfinite + 1 if metrics["optim/skipped_update"] else 0
+        if nonfinite >= s.max_nonfinite_steps:
+            if step > 0 and last_saved != step:
+                checkpoint(step)
+            tdist.shutdown(info)
+            raise TrainerDiverged(
+                f"loss or gradient not finite for {nonfinite} steps in a row (steps {n - nonfinite + 1}-{n}); the "
+                f"checkpoint of step {n} holds the last finite weights. Lower trainer.optim.lr or check the data."
+            )
+    if step > 0 and last_saved != step:
+        log.info("stopping after step %d: writing checkpoint", step)
+        checkpoint(step)
+    if step >= s.max_steps:
+        export_model(model, st.model_dir, run.model_export, info=info)
+        if info.is_main:
+            log.info("final model written to %s", run.model_export)
+    tdist.shutdown(info)
+    return step
+
+
+__all__ = ["PARTS", "export_model", "load_data", "run_sft", "settings_from_sft", "validation_loss"]

@@ -1,0 +1,402 @@
+"""SFT data: local dataset files -> conversations -> token ids with a loss mask -> per-step trainer batches.
+
+Layouts (a row may use either; ``messages`` wins when a row has both):
+
+- prompt / completion: ``prompt`` is a string (one user message) or a list of messages, ``completion`` a string
+  (one assistant message) or a list of messages; the conversation is prompt then completion.
+- messages: one list of ``{"role", "content"}`` messages (roles system, user, assistant, tool).
+
+Optional columns: ``message_loss_mask`` (one 0/1 or bool per message of the whole conversation; 0 removes that
+message from the loss, 1 keeps the role rule of ``[loss_mask]``), ``tools`` (OpenAI function schemas, a list or
+a JSON string of one, given to the chat template), ``id`` (recorded per step). ``[data.columns]`` renames them.
+
+Tokenization goes through the same renderer as the RL orchestrator (:mod:`toolkit.models.renderer`), message by
+message: the ids of message ``i`` are what rendering ``messages[:i + 1]`` adds to ``messages[:i]``, so a sample's
+ids are exactly the ids of the whole conversation, and an assistant turn's prompt is exactly the prompt RL
+sampling would send. An assistant message's trainable tokens are its content and its end-of-turn token (the
+template's generation prompt before it and anything after the end-of-turn token are not trained: RL never
+samples them). Other roles are trained whole when ``[loss_mask]`` enables them.
+
+Order: epoch ``e`` visits the rows in a permutation drawn from ``(seed, e)`` (or in file order without shuffle);
+step ``n`` (1-based) takes samples ``(n - 1) * batch_size`` to ``n * batch_size - 1`` of the endless sequence of
+epochs. The data position is therefore a function of the step alone: a resumed run trains on exactly the samples
+an uninterrupted run would, with no data state in the checkpoint.
+
+File checks (:func:`check_dataset`) use the standard library and pyarrow only, so the login node reports a bad
+row before anything is submitted; :class:`SFTData` needs transformers (through the renderer) and runs in the
+trainer, which fails before step 1 on a row the tokenizer reveals as bad (longer than ``seq_len``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROLES = ("system", "user", "assistant", "tool")
+_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+class DataError(ValueError):
+    """A dataset problem, naming the file, the row (0-based, within that file) and the column."""
+
+
+def dataset_files(path: Path) -> list[Path]:
+    """The data files of a dataset path: the file itself, or every ``*.jsonl``/``*.json``/``*.parquet`` file of a
+    directory (sorted, one kind only). Raises DataError when there is none, or the kinds are mixed."""
+    path = Path(path)
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in _SUFFIXES)
+    else:
+        raise DataError(f"{path}: no such dataset file or directory (data.name must be a local path; no hub here)")
+    if not files:
+        raise DataError(f"{path}: no .jsonl, .json or .parquet files in this directory")
+    bad = [p for p in files if p.suffix not in _SUFFIXES]
+    if bad:
+        raise DataError(f"{bad[0]}: unsupported file type {bad[0].suffix!r}; allowed: .jsonl, .json, .parquet")
+    kinds = {_SUFFIXES[p.suffix] for p in files}
+    if len(kinds) > 1:
+        raise DataError(f"{path}: mixes JSON and Parquet files; keep one format per dataset")
+    return files
+
+
+def _json_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    """(row, value) of a JSON Lines file (or a ``.json`` file holding one list of rows). Raises DataError on
+    bytes that are not UTF-8 or a line that is not valid JSON, naming the row."""
+    raw = path.read_bytes()
+    if path.suffix == ".json" and raw.lstrip()[:1] == b"[":
+        try:
+            rows = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        yield from enumerate(rows)
+        return
+    row = 0
+    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: row {row} (line {lineno}): not UTF-8 text (byte {e.start} of the line)") from None
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: row {row} (line {lineno}): not valid JSON ({e.msg})") from None
+        yield row, value
+        row += 1
+
+
+def _file_rows(path: Path) -> Iterator[tuple[int, dict]]:
+    """(row, dict) of one data file; Parquet through pyarrow. Raises DataError on unreadable files or rows."""
+    if _SUFFIXES[path.suffix] == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a damaged file
+            raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+        yield from enumerate(table.to_pylist())
+        return
+    for row, value in _json_rows(path):
+        if not isinstance(value, dict):
+            raise DataError(f"{path}: row {row}: expected a JSON object (one sample), got {type(value).__name__}")
+        yield row, value
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One sample as the renderer sees it. ``message_mask`` has one bool per message, or is None."""
+
+    messages: list[dict[str, Any]]
+    message_mask: list[bool] | None
+    tools: list[dict] | None
+    sample_id: str
+
+
+def _as_messages(value: Any, default_role: str, where: str, column: str) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": default_role, "content": value}]
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}, column {column!r}: expected a string or a non-empty list of messages, got "
+                        f"{type(value).__name__ if value is not None else 'null'}")  # fmt: skip
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise DataError(f"{where}, column {column!r}, message {i}: expected an object with role and content")
+        m = {k: v for k, v in m.items() if v is not None}  # Arrow fills keys other rows have with nulls
+        role, content = m.get("role"), m.get("content", "")
+        if role not in ROLES:
+            raise DataError(f"{where}, column {column!r}, message {i}: role {role!r} is not one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise DataError(f"{where}, column {column!r}, message {i}: content must be a string")
+        out.append({**m, "content": content})
+    return out
+
+
+def conversation(row: dict[str, Any], columns: Any, where: str, default_id: str) -> Conversation:
+    """The conversation of one raw row (``columns``: the ``[data.columns]`` names). Raises DataError naming
+    ``where`` (file and row) and the column for a missing column, a bad message, mask or tools value."""
+    c = columns
+    if row.get(c.messages) is not None:
+        messages = _as_messages(row[c.messages], "user", where, c.messages)
+    elif row.get(c.prompt) is not None and row.get(c.completion) is not None:
+        messages = _as_messages(row[c.prompt], "user", where, c.prompt) + _as_messages(
+            row[c.completion], "assistant", where, c.completion
+        )
+    else:
+        have = sorted(k for k, v in row.items() if v is not None)
+        raise DataError(f"{where}: needs a {c.messages!r} column, or both {c.prompt!r} and {c.completion!r} "
+                        f"(set [data.columns] when they have other names); the row has {have}")  # fmt: skip
+    mask = row.get(c.message_loss_mask)
+    if mask is not None:
+        if not isinstance(mask, list) or not all(isinstance(x, (bool, int)) and x in (0, 1) for x in mask):
+            raise DataError(f"{where}, column {c.message_loss_mask!r}: expected a list of 0/1 or booleans")
+        if len(mask) != len(messages):
+            raise DataError(f"{where}, column {c.message_loss_mask!r}: {len(mask)} entries for {len(messages)} "
+                            "messages (one per message of the whole conversation)")  # fmt: skip
+        mask = [bool(x) for x in mask]
+    tools = row.get(c.tools)
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}, column {c.tools!r}: not valid JSON ({e.msg})") from None
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise DataError(f"{where}, column {c.tools!r}: expected a list of function schemas (objects)")
+    sid = row.get(c.id)
+    return Conversation(messages, mask, tools or None, str(sid) if sid is not None else default_id)
+
+
+def read_conversations(path: Path, columns: Any) -> list[Conversation]:
+    """Every conversation of a dataset path, in file order. Raises DataError (file, row, column) on the first
+    bad row, or when the dataset has no rows. Standard library and pyarrow only (login-node safe)."""
+    out: list[Conversation] = []
+    for f in dataset_files(path):
+        for row, value in _file_rows(f):
+            out.append(conversation(value, columns, f"{f}: row {row}", f"{f.name}:{row}"))
+    if not out:
+        raise DataError(f"{path}: the dataset has no rows")
+    return out
+
+
+def check_dataset(path: Path, columns: Any) -> int:
+    """Login-node check of a dataset path (files, UTF-8, JSON, columns, mask lengths). Returns the row count;
+    raises DataError naming the file, row and column of the first problem."""
+    return len(read_conversations(path, columns))
+
+
+def _load_arrow(path: Path) -> Any:
+    """The dataset as a memory-mapped Arrow table through the ``datasets`` library (local files only)."""
+    import datasets
+
+    files = [str(f) for f in dataset_files(path)]
+    builder = "parquet" if files[0].endswith(".parquet") else "json"
+    datasets.disable_progress_bars()
+    return datasets.load_dataset(builder, data_files=files, split="train")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Tokenization
+# ------------------------------------------------------------------------------------------------------------
+def _render(renderer: Any, messages: list[dict], gen: bool, tools: list[dict] | None) -> list[int]:
+    if tools:
+        return list(renderer.render(messages, add_generation_prompt=gen, tools=tools))
+    return list(renderer.render(messages, add_generation_prompt=gen))
+
+
+def tokenize(renderer: Any, conv: Conversation, loss_mask: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids (int32 ``[T]``) and loss mask (bool ``[T]``) of a conversation.
+
+    ``loss_mask``: the ``[loss_mask]`` section (bool per role). Raises DataError when the renderer does not
+    extend the previous messages' ids (a template that rewrites history: its loss attribution is ambiguous),
+    when tools are given to a renderer that cannot take them, or when no token is trained.
+    """
+    if conv.tools and "tools" not in inspect.signature(renderer.render).parameters:
+        raise DataError(f"{where}: the row has tools but renderer {renderer.name!r} cannot render them")
+    stops = set(renderer.stop_token_ids)
+    ids: list[int] = []
+    mask: list[bool] = []
+    for i, m in enumerate(conv.messages):
+        upto = _render(renderer, conv.messages[: i + 1], False, conv.tools)
+        train_role = bool(getattr(loss_mask, m["role"]))
+        if conv.message_mask is not None and not conv.message_mask[i]:
+            train_role = False
+        if m["role"] == "assistant":
+            head = _render(renderer, conv.messages[:i], True, conv.tools)
+        else:
+            head = ids
+        if upto[: len(head)] != head or head[: len(ids)] != ids:
+            raise DataError(f"{where}, message {i}: the renderer's ids for the conversation up to this message do "
+                            "not extend those of the messages before it (the template rewrites earlier turns), "
+                            "so the loss cannot be attributed; use another renderer")  # fmt: skip
+        added_head = head[len(ids) :]
+        body = upto[len(head) :]
+        ids += added_head
+        mask += [False] * len(added_head)
+        if m["role"] == "assistant" and train_role:
+            end = next((k + 1 for k, t in enumerate(body) if t in stops), len(body))
+            mask += [True] * end + [False] * (len(body) - end)
+        else:
+            mask += [train_role] * len(body)
+        ids += body
+    if not ids:
+        raise DataError(f"{where}: the conversation renders to no tokens")
+    mask[0] = False  # the first token has no context to be predicted from
+    if not any(mask):
+        raise DataError(f"{where}: no token is trained (no message of a role enabled in [loss_mask], or all "
+                        "masked by message_loss_mask)")  # fmt: skip
+    return np.asarray(ids, np.int32), np.asarray(mask, bool)
+
+
+@dataclass
+class SFTData:
+    """Tokenized samples of one dataset: ``offsets`` [N+1] into the flat ``input_ids`` / ``loss_mask`` [T]."""
+
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+    offsets: np.ndarray
+    sample_ids: list[str]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @classmethod
+    def build(cls, convs: list[Conversation], renderer: Any, loss_mask: Any, *, seq_len: int, source: str,
+              wheres: list[str] | None = None) -> SFTData:
+        """Tokenize every conversation. Raises DataError (naming the row) for a sample longer than ``seq_len``
+        tokens (it would have to be cut, which trains on a conversation the data does not hold) or any
+        :func:`tokenize` error, before any step runs."""
+        ids, masks, offsets = [], [], [0]
+        for k, conv in enumerate(convs):
+            where = wheres[k] if wheres else f"{source}: sample {conv.sample_id}"
+            t, m = tokenize(renderer, conv, loss_mask, where)
+            if len(t) > seq_len:
+                raise DataError(f"{where}: {len(t)} tokens > data.seq_len = {seq_len}; raise data.seq_len or drop "
+                                "the sample (srl never truncates a sample)")  # fmt: skip
+            ids.append(t)
+            masks.append(m)
+            offsets.append(offsets[-1] + len(t))
+        return cls(np.concatenate(ids), np.concatenate(masks), np.asarray(offsets, np.int64),
+                   [c.sample_id for c in convs], source)
+
+    def subset(self, rows: np.ndarray) -> SFTData:
+        """The samples at ``rows`` (indices), in that order."""
+        ids = [self.input_ids[self.offsets[r] : self.offsets[r + 1]] for r in rows]
+        masks = [self.loss_mask[self.offsets[r] : self.offsets[r + 1]] for r in rows]
+        offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
+        return SFTData(np.concatenate(ids), np.concatenate(masks), offsets, [self.sample_ids[r] for r in rows],
+                       self.source)
+
+
+def load_conversations(path: Path, columns: Any) -> tuple[list[Conversation], list[str]]:
+    """Conversations of a dataset read through ``datasets`` (memory-mapped Arrow), with each row's location.
+
+    JSON files are first checked line by line (:func:`check_dataset`), so a bad row is named instead of failing
+    inside Arrow's schema inference. Raises DataError."""
+    files = dataset_files(path)
+    if _SUFFIXES[files[0].suffix] == "json":
+        check_dataset(path, columns)
+    table = _load_arrow(path)
+    convs, wheres = [], []
+    sizes: list[tuple[Path, int]] = []
+    for f in files:
+        if _SUFFIXES[f.suffix] == "parquet":
+            import pyarrow.parquet as pq
+
+            sizes.append((f, pq.ParquetFile(f).metadata.num_rows))
+        else:
+            sizes.append((f, sum(1 for _ in _json_rows(f))))
+    locations = [(f, r) for f, n in sizes for r in range(n)]
+    if len(table) == 0:
+        raise DataError(f"{path}: the dataset has no rows")
+    for k, row in enumerate(table):
+        f, r = locations[k] if k < len(locations) else (Path(path), k)
+        where = f"{f}: row {r}"
+        convs.append(conversation(row, columns, where, f"{f.name}:{r}"))
+        wheres.append(where)
+    return convs, wheres
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Order and batches
+# ------------------------------------------------------------------------------------------------------------
+def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """Row order of epoch ``epoch`` (0-based) over ``n`` rows: a permutation drawn from ``(seed, epoch)``."""
+    if not shuffle:
+        return np.arange(n)
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def step_rows(n: int, *, batch_size: int, step: int, seed: int, shuffle: bool) -> tuple[np.ndarray, float]:
+    """Rows of 1-based ``step`` and the epoch position after it (e.g. 1.5 = half-way through epoch 2).
+
+    Step ``s`` takes positions ``(s - 1) * batch_size`` .. ``s * batch_size - 1`` of the endless epoch sequence;
+    a step may span two epochs. Raises ValueError for ``n`` < 1 or ``step`` < 1.
+    """
+    if n < 1 or step < 1:
+        raise ValueError(f"need at least one row and step >= 1 (n={n}, step={step})")
+    start = (step - 1) * batch_size
+    rows = np.empty(batch_size, np.int64)
+    cache: dict[int, np.ndarray] = {}
+    for k in range(batch_size):
+        epoch, at = divmod(start + k, n)
+        if epoch not in cache:
+            cache[epoch] = epoch_order(n, seed=seed, epoch=epoch, shuffle=shuffle)
+        rows[k] = cache[epoch][at]
+    return rows, (start + batch_size) / n
+
+
+def to_batch(data: SFTData, rows: np.ndarray, step: int) -> Any:
+    """A trainer :class:`toolkit.batches.Batch` holding ``rows`` of ``data`` with their loss mask as the CE mask
+    (no RL tokens: ``loss_mask`` all False, zero advantages and logprobs)."""
+    from toolkit.batches import Batch
+
+    sub = data.subset(rows)
+    t, s = sub.num_tokens, len(sub)
+    return Batch(
+        step=step,
+        input_ids=sub.input_ids.astype(np.int32),
+        loss_mask=np.zeros(t, bool),
+        inference_logprobs=np.zeros(t, np.float32),
+        advantages=np.zeros(t, np.float32),
+        ce_mask=sub.loss_mask.copy(),
+        offsets=sub.offsets,
+        prompt_lens=np.zeros(s, np.int32),
+        policy_version=np.full(s, step - 1, np.int64),
+        envs=["sft"] * s,
+        meta={"sft": True},
+    )
+
+
+__all__ = [
+    "Conversation",
+    "DataError",
+    "SFTData",
+    "check_dataset",
+    "conversation",
+    "dataset_files",
+    "epoch_order",
+    "load_conversations",
+    "read_conversations",
+    "step_rows",
+    "to_batch",
+    "tokenize",
+]
