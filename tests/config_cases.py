@@ -1,4 +1,7 @@
-"""The smallest valid rl config as a dict, and helpers to vary and validate it (the config rule tests share them)."""
+"""The smallest valid rl config as a dict, and helpers to vary and validate it (the config rule tests share them).
+
+:func:`validate` runs what ``srl rl`` runs on a config: the schema and cross-field rules (``toolkit.config``),
+then the checks of the outside world (``toolkit.preflight``)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import pytest
 
 from toolkit.config import ConfigError, validate_dict
 from toolkit.config.compose import deep_merge
+from toolkit.preflight import Preflight, preflight
 
 BASE = {
     "max_steps": 10,
@@ -28,13 +32,18 @@ def config(*patches: dict, **fields) -> dict:
     return out
 
 
+def validate(data: dict, *, source: str | None = None, purpose: str = "rl") -> Preflight:
+    """``data`` validated and preflighted (``.config``, ``.warnings``, ``.site``, ``.plan``); raises ConfigError."""
+    return preflight(validate_dict(data, source=source, purpose=purpose))
+
+
 def errors_of(data: dict) -> str:
     """The ConfigError text ``data`` must raise (fails the test when it validates)."""
     with pytest.raises(ConfigError) as e:
-        validate_dict(data)
+        validate(data)
     return str(e.value)
 
 
 def warnings_of(data: dict) -> str:
     """The warnings of a config that validates, one per line."""
-    return "\n".join(str(w) for w in validate_dict(data).warnings)
+    return "\n".join(str(w) for w in validate(data).warnings)

@@ -196,6 +196,7 @@ def _refuse_resume_of_finished_run(run: Any, cfg: Any) -> None:
 def cmd_rl(args: list[str], full_argv: list[str]) -> int:
     """``srl rl``: validate, write the run directory, then launch locally or submit to Slurm."""
     from .config import load_config
+    from .preflight import preflight
 
     files, overrides, flags = split_config_args(args)
     if flags["help"]:
@@ -212,8 +213,9 @@ def cmd_rl(args: list[str], full_argv: list[str]) -> int:
         from .launch.prepare import RESUME_CLEAN_MSG
 
         raise ConfigError(RESUME_CLEAN_MSG)
-    loaded = load_config(files, overrides)
-    _print_warnings(loaded)
+    checked = preflight(load_config(files, overrides))
+    loaded = checked.loaded
+    _print_warnings(checked)
     from .launch.prepare import prepare_attempt, run_dir_for
 
     live = run_dir_for(loaded, resume=flags["resume"])
@@ -225,7 +227,8 @@ def cmd_rl(args: list[str], full_argv: list[str]) -> int:
                                    resume=flags["resume"], clean=flags["clean"])  # fmt: skip
     from .launch.dispatch import launch
 
-    return launch(loaded.config, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"])
+    return launch(loaded.config, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"],
+                  site=checked.site)
 
 
 def cmd_config(args: list[str]) -> int:
@@ -233,16 +236,17 @@ def cmd_config(args: list[str]) -> int:
     import tomli_w
 
     from .config import ConfigError, load_config
+    from .preflight import preflight
 
     if not args or args[0] not in ("show", "convert"):
         raise ConfigError("usage: srl config show @ run.toml [...] | srl config convert FILE")
     if args[0] == "show":
         files, overrides, _ = split_config_args(args[1:])
-        loaded = load_config(files, overrides)
+        loaded = preflight(load_config(files, overrides))
     else:
         if len(args) != 2:
             raise ConfigError("usage: srl config convert FILE")
-        loaded = load_config([Path(args[1])])
+        loaded = preflight(load_config([Path(args[1])]))
     _print_warnings(loaded)
     data = loaded.config.model_dump(mode="json", exclude_none=True)
     print(tomli_w.dumps(data), end="")

@@ -29,7 +29,7 @@ from .rundir import RunDir
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 # sbatch splits an #SBATCH line on whitespace and understands quotes; keep values free of both (the config
-# validation refuses the same values earlier, naming the field: toolkit.config.site.sbatch_fields).
+# validation refuses the same values earlier, naming the field: toolkit.preflight.site.sbatch_fields).
 _SBATCH_UNSAFE = SBATCH_UNSAFE
 # How long the batch shell waits for components to exit after SIGTERM before SIGKILL, seconds.
 TERM_GRACE_S = 15
@@ -271,7 +271,7 @@ def render_inference(cfg: RLConfig, run: RunDir, plan: Plan, *, attempt: int | N
 
 def _render_job(cfg: RLConfig, run: RunDir, plan: Plan, kind: str, *, attempt: int | None,
                 site: SiteConfig | None) -> Path:
-    from .config.site import load_site
+    from .preflight.site import load_site
 
     site = site or load_site(plan.site)
     if attempt is None:

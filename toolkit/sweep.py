@@ -34,6 +34,7 @@ from typing import Any
 from .config import ConfigError, ConfigIssue, LoadedConfig, validate_dict
 from .config.compose import _set_path, deep_merge, read_toml
 from .config.convert import to_canonical
+from .preflight import preflight
 
 # Upper bound on points per sweep; far above a Slurm MaxArraySize (1001 by default), so only typos hit it.
 MAX_POINTS = 100_000
@@ -184,7 +185,7 @@ def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None
         raise ConfigError(f"run must be a table, got {merged['run']!r}", source=f"sweep {sweep.name}")
     merged["run"]["name"] = point.point_id
     try:
-        loaded = validate_dict(merged, source=f"sweep point {point.point_id}")
+        loaded = preflight(validate_dict(merged, source=f"sweep point {point.point_id}")).loaded
     except ConfigError as e:
         for issue in e.issues:
             issue.message = f"[{point.point_id} {point.params} seed={point.seed}] {issue.message}"
@@ -227,7 +228,7 @@ def main(argv: list[str]) -> int:
     manifest = write_manifest(sweep, root)
     print(f"sweep {sweep.name}: {len(sweep.points)} points, manifest {manifest}")
     site_name = configs[0].config.site
-    from .config.site import load_site
+    from .preflight.site import load_site
 
     site = load_site(site_name)
     if site.is_slurm:

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from golden.layouts import make_cfg
 
-from toolkit.config.site import load_site
 from toolkit.placement import build_plan
+from toolkit.preflight.site import load_site
 from toolkit.render import build_context, render_text
 from toolkit.rundir import RunDir
 

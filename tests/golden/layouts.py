@@ -1,6 +1,6 @@
 """Run configs of the golden layouts (issue 3) and a helper to build configs for placement/render tests.
 
-Every config is a plain dict merged over a minimal valid run, validated with ``toolkit.config.validate_dict``.
+Every config is a plain dict merged over a minimal valid run, validated with ``config_cases.validate`` (schema, rules, preflight).
 Output paths are fixed (``/shared/runs``) so rendered scripts are byte-stable.
 """
 
@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from toolkit.config import validate_dict
+from config_cases import validate
+
 from toolkit.config.model import RLConfig
-from toolkit.config.site import load_site
 from toolkit.placement import build_plan
+from toolkit.preflight.site import load_site
 from toolkit.render import build_context, render_text
 from toolkit.rundir import RunDir
 
@@ -37,7 +38,7 @@ def merge(a: dict, b: dict) -> dict:
 
 def make_cfg(over: dict | None = None, **kw: Any) -> RLConfig:
     """A validated RLConfig: BASE < ``over`` < keyword tables. Raises ConfigError like ``srl rl`` would."""
-    return validate_dict(merge(merge(BASE, over or {}), kw)).config
+    return validate(merge(merge(BASE, over or {}), kw)).config
 
 
 def multi(train: int, infer: int, **dep: Any) -> dict:

@@ -35,8 +35,8 @@ ADMIN_ROUTES = ["/collective_rpc", "/pause", "/resume", "/reset_prefix_cache", "
 
 def test_engines_and_router_bind_the_node_address_only(tmp_path):
     from toolkit.config import load_config
-    from toolkit.config.site import load_site
     from toolkit.placement import build_plan
+    from toolkit.preflight.site import load_site
     from toolkit.rundir import RunDir
 
     root = Path(__file__).resolve().parents[2]

@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_rl_sbatch_stubs import _bin, stub_site
 
 from toolkit.config import load_config
-from toolkit.config.site import load_site
 from toolkit.launch.prepare import prepare_run
 from toolkit.launch.submit import INFERENCE_ROLES
 from toolkit.placement import build_plan, write_plan
+from toolkit.preflight.site import load_site
 from toolkit.render import render_inference
 
 pytestmark = pytest.mark.slow

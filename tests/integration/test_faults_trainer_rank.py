@@ -110,11 +110,11 @@ def _driver(argv: list[str]) -> int:
     """``python test_faults_trainer_rank.py OVERLAY [--resume] [--trainer-only]``: one local attempt of the job with
     a 2-rank trainer (and only the trainer with ``--trainer-only``); returns the launcher's exit status."""
     from toolkit.config import load_config
-    from toolkit.config.site import load_site
     from toolkit.launch.dispatch import local_plan
     from toolkit.launch.local import run_local
     from toolkit.launch.prepare import prepare_run
     from toolkit.placement.plan import write_plan
+    from toolkit.preflight.site import load_site
 
     resume = "--resume" in argv
     roles = ("trainer",) if "--trainer-only" in argv else None

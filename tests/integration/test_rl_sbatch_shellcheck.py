@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from golden.layouts import LAYOUTS, check_shell, make_cfg, render
 
-from toolkit.config.site import load_site
 from toolkit.placement import build_plan
+from toolkit.preflight.site import load_site
 from toolkit.render import build_context, render_text
 from toolkit.rundir import RunDir
 

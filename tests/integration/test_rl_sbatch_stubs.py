@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from toolkit.config import load_config
-from toolkit.config.site import load_site
 from toolkit.launch.prepare import prepare_run
 from toolkit.placement import build_plan, write_plan
+from toolkit.preflight.site import load_site
 from toolkit.render import render_rl
 
 pytestmark = pytest.mark.slow

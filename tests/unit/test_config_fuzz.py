@@ -6,10 +6,11 @@ import copy
 import tomllib
 from pathlib import Path
 
+from config_cases import validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolkit.config import ConfigError, load_config, validate_dict
+from toolkit.config import ConfigError, load_config
 
 VALID = tomllib.loads((Path(__file__).resolve().parents[2] / "jobs" / "reverse-text" / "rl.toml").read_text())
 
@@ -58,7 +59,7 @@ def mutated(draw):
 @given(mutated())
 def test_mutations_give_clear_errors_or_valid_configs(data):
     try:
-        validate_dict(data)
+        validate(data)
     except ConfigError as e:
         text = e.render()
         assert text.startswith("invalid config")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 from config_cases import config as cfg
-from config_cases import errors_of, warnings_of
+from config_cases import errors_of, validate, warnings_of
 
-from toolkit.config import ConfigError, validate_dict
+from toolkit.config import ConfigError
 from toolkit.config.slurm_time import parse_slurm_time
 
 
 def test_base_is_valid():
-    assert validate_dict(cfg()).config.orchestrator.batch_size == 64
+    assert validate(cfg()).config.orchestrator.batch_size == 64
 
 
 def test_b20_batch_not_whole_groups_names_fields_and_nearest_sizes():
@@ -39,7 +39,7 @@ def test_env_names_unique():
     envs = [{"taskset": {"id": "arith"}}, {"taskset": {"id": "arith"}}]
     assert "used 2 times" in errors_of(cfg(orchestrator={"train": {"env": envs}}))
     envs = [{"name": "a", "taskset": {"id": "arith"}}, {"name": "b", "taskset": {"id": "arith"}}]
-    validate_dict(cfg(orchestrator={"train": {"env": envs}}))
+    validate(cfg(orchestrator={"train": {"env": envs}}))
 
 
 def test_ratio_on_all_or_none():
@@ -66,7 +66,7 @@ def test_infinite_timeout_rejected():
 
 def test_truncated_sampling_needs_bounded_top_k():
     assert "top_k" in errors_of(cfg(orchestrator={"train": {"sampling": {"top_p": 0.9}}}))
-    validate_dict(cfg(orchestrator={"train": {"sampling": {"top_p": 0.9, "top_k": 50}}}))
+    validate(cfg(orchestrator={"train": {"sampling": {"top_p": 0.9, "top_k": 50}}}))
 
 
 def test_single_node_gpu_arithmetic():
@@ -89,7 +89,7 @@ def _validate_with_sites(data, tmp_path, monkeypatch):
     for s in ("local", "local-slurm"):
         (tmp_path / f"{s}.toml").write_text("")
     monkeypatch.setenv("SRL_SITE_CONFIGS", str(tmp_path))
-    return validate_dict(data)
+    return validate(data)
 
 
 def _errors_with_sites(data, tmp_path, monkeypatch):
@@ -158,11 +158,11 @@ def test_slurm_time_rejects(bad):
 def test_b13_signal_lead_below_time_limit():
     assert "signal_lead_s" in errors_of(cfg(slurm={"time": "10", "signal_lead_s": 600}))
     assert "slurm.time" in errors_of(cfg(slurm={"time": "4 hours"}))
-    validate_dict(cfg(slurm={"time": "04:00:00", "requeue": True, "signal": "USR2", "signal_lead_s": 600}))
+    validate(cfg(slurm={"time": "04:00:00", "requeue": True, "signal": "USR2", "signal_lead_s": 600}))
 
 
 def test_b14_default_signal_not_usr1_and_usr1_with_nccl_warns():
-    assert validate_dict(cfg()).config.slurm.signal == "USR2"
+    assert validate(cfg()).config.slurm.signal == "USR2"
     gpu = {"type": "single_node", "gpus_per_node": 8, "num_train_gpus": 4, "num_infer_gpus": 4}
     infer = {"deployment": {"num_replicas": 4}}  # the 4 inference GPUs used by 4 engines (no idle GPU)
     assert "NCCL" in warnings_of(cfg(slurm={"signal": "USR1"}, deployment=gpu, inference=infer))

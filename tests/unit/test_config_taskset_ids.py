@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from config_cases import config, errors_of, warnings_of
+from config_cases import config, errors_of, validate, warnings_of
 
-from toolkit.config import validate_dict
 from toolkit.envs.tasksets import taskset_findable, taskset_module_candidates
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +54,8 @@ def test_the_check_imports_neither_verifiers_nor_the_taskset():
     probe = (
         "import sys; sys.path.insert(0, 'tests')\n"
         "from config_cases import config\n"
-        "from toolkit.config import validate_dict\n"
-        "validate_dict(config({'orchestrator': {'train': {'env': [{'taskset': {'id': 'textarena'}}]}}}))\n"
+        "from config_cases import validate\n"
+        "validate(config({'orchestrator': {'train': {'env': [{'taskset': {'id': 'textarena'}}]}}}))\n"
         "print(sorted(m for m in ('verifiers', 'torch', 'vllm') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60,
@@ -66,5 +65,5 @@ def test_the_check_imports_neither_verifiers_nor_the_taskset():
 
 
 def test_built_in_ids_validate_without_taskset_findings():
-    found = validate_dict(config()).warnings
+    found = validate(config()).warnings
     assert not [w for w in found if "taskset" in str(w) and ".id" in str(w)]

@@ -7,11 +7,11 @@ import json
 import pytest
 
 from toolkit.config import load_config
-from toolkit.config.site import load_site
 from toolkit.evalgate.run import GateThresholds, _env_items, api_headers
 from toolkit.evalgate.slurm import executor_parameters
 from toolkit.evalgate.verdict import GateItem, Verdict, print_verdict, read_verdicts
 from toolkit.orchestrator.types import Rollout, TrainingSample
+from toolkit.preflight.site import load_site
 
 
 def test_verdict_fails_only_on_fail_and_round_trips(tmp_path):

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 from config_cases import config as cfg
-from config_cases import errors_of
+from config_cases import errors_of, validate
 
-from toolkit.config import ConfigError, validate_dict
+from toolkit.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM = {"site": "local-slurm", "deployment": {"type": "multi_node", "gpus_per_node": 0, "num_train_nodes": 1,
@@ -60,14 +60,14 @@ def test_output_dir_that_cannot_hold_slurm_logs_is_a_config_error(out):
     text = errors_of(cfg(SLURM, {"output_dir": out}))
     assert "output_dir" in text and "#SBATCH" in text
     # a local site never writes #SBATCH lines: the same directory is fine there
-    assert validate_dict(cfg({"output_dir": out})).config
+    assert validate(cfg({"output_dir": out})).config
 
 
 def test_output_dir_with_a_slurm_filename_pattern_is_a_config_error():
     # sbatch expands %j, %x, %u... anywhere in --output: the job's logs would go to another directory.
     text = errors_of(cfg(SLURM, {"output_dir": "/scratch/%u/runs"}))
     assert "output_dir" in text and "'%'" in text
-    assert validate_dict(cfg({"output_dir": "/tmp/100%/runs"})).config  # no #SBATCH lines on a local site
+    assert validate(cfg({"output_dir": "/tmp/100%/runs"})).config  # no #SBATCH lines on a local site
 
 
 def test_cli_refuses_before_writing_and_without_traceback(tmp_path, capsys):
@@ -140,11 +140,11 @@ def test_single_node_gpu_split_must_match_the_engines(dep, words):
 
 def test_single_node_gpu_split_that_fits_is_valid():
     dep = {"gpus_per_node": 4, "num_infer_gpus": 2, "num_train_gpus": 2}
-    assert validate_dict(cfg({"deployment": dep, "inference": {"deployment": {"num_replicas": 2}}})).config
+    assert validate(cfg({"deployment": dep, "inference": {"deployment": {"num_replicas": 2}}})).config
     pd = {"type": "disaggregated", "num_prefill_replicas": 1, "num_decode_replicas": 1}
-    assert validate_dict(cfg({"deployment": dep, "inference": {"deployment": pd}})).config
+    assert validate(cfg({"deployment": dep, "inference": {"deployment": pd}})).config
     tp2 = {"deployment": dep, "inference": {"vllm": {"tensor_parallel_size": 2}}}
-    assert validate_dict(cfg(tp2)).config
+    assert validate(cfg(tp2)).config
 
 
 # ---- numbers: non-finite floats, seeds and durations the programs cannot take ----------------------------------
@@ -203,11 +203,11 @@ def test_resume_dir_without_checkpoints_is_refused_not_a_silent_fresh_start(tmp_
         text = errors_of(cfg({"resume": {"dir": str(where)}}))
         assert "resume.dir" in text and "step 0" in text
     (tmp_path / "checkpoints" / "step_5").mkdir(parents=True)
-    assert validate_dict(cfg({"resume": {"dir": str(tmp_path)}})).config
+    assert validate(cfg({"resume": {"dir": str(tmp_path)}})).config
 
 
 def test_missing_external_inference_dir_warns(tmp_path):
-    loaded = validate_dict(cfg({"inference": {"external": str(tmp_path / "nope")}}))
+    loaded = validate(cfg({"inference": {"external": str(tmp_path / "nope")}}))
     assert "inference.external" in "\n".join(str(w) for w in loaded.warnings)
 
 
@@ -235,14 +235,14 @@ def test_valid_references_pass():
     data = cfg(
         {"orchestrator": {"train": {"env": [env]}, "renderer": {"import_path": "my_pkg.render:MyRenderer"}}}
     )
-    assert validate_dict(data).config
+    assert validate(data).config
 
 
 def test_rollouts_longer_than_a_packed_row_warn():
-    text = "\n".join(str(w) for w in validate_dict(cfg({"trainer": {"seq_len": 256}})).warnings)
+    text = "\n".join(str(w) for w in validate(cfg({"trainer": {"seq_len": 256}})).warnings)
     assert "trainer.seq_len" in text and "max_total_tokens" in text
     fits = cfg({"trainer": {"seq_len": 512}, "inference": {"vllm": {"max_model_len": 512}}})
-    assert "trainer.seq_len" not in "\n".join(str(w) for w in validate_dict(fits).warnings)
+    assert "trainer.seq_len" not in "\n".join(str(w) for w in validate(fits).warnings)
 
 
 @pytest.mark.parametrize(
@@ -256,7 +256,7 @@ def test_rollouts_longer_than_a_packed_row_warn():
 def test_trainer_parallelism_srl_does_not_implement_is_not_silent(patch, field):
     slurm = copy.deepcopy(SLURM)
     slurm["deployment"].update(num_train_nodes=2, gpus_per_node=4)
-    loaded = validate_dict(cfg(slurm, patch))
+    loaded = validate(cfg(slurm, patch))
     assert field in "\n".join(str(w) for w in loaded.warnings)
 
 
@@ -274,7 +274,7 @@ def test_argument_names_with_token_words_are_not_secrets(key):
 
 def _issues(data):
     try:
-        return validate_dict(data).warnings
+        return validate(data).warnings
     except ConfigError as e:
         return e.issues
 
@@ -282,7 +282,7 @@ def _issues(data):
 def test_a_gpu_serving_deployment_needs_no_trainer_gpus():
     dep = {"gpus_per_node": 4, "num_infer_gpus": 4, "num_train_gpus": 0}
     data = cfg({"deployment": dep, "inference": {"deployment": {"num_replicas": 4}}})
-    assert validate_dict(data, purpose="serve").config
+    assert validate(data, purpose="serve").config
     assert "deployment.num_train_gpus" in errors_of(data)
 
 

@@ -107,7 +107,7 @@ SITE_BASES = [tomllib.loads(p.read_text()) for p in SITES]
 @SETTINGS
 @given(doc=st.sampled_from(range(len(SITE_BASES))).flatmap(lambda i: mutated_doc(SITE_BASES[i])))
 def test_site_config_never_tracebacks_and_writes_nothing(tmp_path_factory, doc):
-    from toolkit.config.site import load_site
+    from toolkit.preflight.site import load_site
 
     box = tmp_path_factory.mktemp("site")
     path = box / "hostile.toml"
@@ -245,8 +245,9 @@ with open(os.environ["ARGV_LOG"], "a") as f:
 
 @pytest.mark.parametrize("kind", ["array", "eval"])
 def test_batch_scripts_quote_every_injected_string(tmp_path, kind):
-    from toolkit.config import validate_dict
-    from toolkit.config.site import load_site
+    from config_cases import validate
+
+    from toolkit.preflight.site import load_site
     from toolkit.render import RenderError, render_batch
     from toolkit.rundir import RunDir
 
@@ -258,7 +259,7 @@ def test_batch_scripts_quote_every_injected_string(tmp_path, kind):
     for f in (bin_dir / "srun", rec):
         f.chmod(0o755)
     evil_out = tmp_path / "o;touch${IFS}PWNED_OUT;$(touch${IFS}PWNED_OUT2)|&<>*?{a,b}"
-    cfg = validate_dict({"output_dir": str(evil_out), "run": {"name": "r1"},
+    cfg = validate({"output_dir": str(evil_out), "run": {"name": "r1"},
                          "orchestrator": {"train": {"env": [{"taskset": {"id": "reverse-text"}}]}},
                          "slurm": {"secret_env_vars": ["HF_TOKEN"]}}).config  # fmt: skip
     site = load_site("local-slurm")

@@ -12,9 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from config_cases import config, errors_of
-
-from toolkit.config import validate_dict
+from config_cases import config, errors_of, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA = {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
@@ -26,7 +24,7 @@ def cfg(*patches, **fields):
 
 
 def test_lora_base_is_valid():
-    assert validate_dict(cfg()).config.trainer.model.lora.rank == 8
+    assert validate(cfg()).config.trainer.model.lora.rank == 8
 
 
 @pytest.mark.parametrize("rank", [513, 600, 1024])
@@ -52,7 +50,7 @@ def test_engine_table_cannot_undo_lora(vllm, field):
 
 
 def test_engine_rank_above_trainer_rank_is_fine():
-    loaded = validate_dict(cfg(inference={"vllm": {"max_lora_rank": 64}}))
+    loaded = validate(cfg(inference={"vllm": {"max_lora_rank": 64}}))
     assert loaded.config.inference.vllm["max_lora_rank"] == 64
 
 
@@ -65,9 +63,9 @@ def test_target_modules_the_model_lacks_are_refused_with_allowed_values(targets)
 
 def test_target_modules_of_the_model_family_pass():
     mods = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    assert validate_dict(cfg(trainer={"model": {"lora": {"target_modules": mods}}})).config
+    assert validate(cfg(trainer={"model": {"lora": {"target_modules": mods}}})).config
     # peft matches a dotted suffix too
-    assert validate_dict(cfg(trainer={"model": {"lora": {"target_modules": ["self_attn.q_proj"]}}})).config
+    assert validate(cfg(trainer={"model": {"lora": {"target_modules": ["self_attn.q_proj"]}}})).config
 
 
 def test_target_modules_checked_against_a_model_directory(tmp_path):
@@ -76,7 +74,7 @@ def test_target_modules_checked_against_a_model_directory(tmp_path):
     (model / "config.json").write_text(
         json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
     )
-    assert validate_dict(cfg(model={"name": str(model)})).config
+    assert validate(cfg(model={"name": str(model)})).config
     text = errors_of(
         cfg(model={"name": str(model)}, trainer={"model": {"lora": {"target_modules": ["c_attn"]}}})
     )
@@ -86,19 +84,19 @@ def test_target_modules_checked_against_a_model_directory(tmp_path):
 def test_lora_with_external_inference_without_lora_is_refused(tmp_path):
     """An RL run with LoRA against a separately served deployment whose engines were started without LoRA would
     fail at the first policy update (load_lora_adapter refused): refuse it up front."""
-    from toolkit.config.site import load_site
     from toolkit.placement.plan import build_plan, write_plan
+    from toolkit.preflight.site import load_site
     from toolkit.rundir import RunDir
 
-    serve = validate_dict(cfg(trainer={"model": {"lora": None}}), purpose="serve").config
+    serve = validate(cfg(trainer={"model": {"lora": None}}), purpose="serve").config
     ext = RunDir(tmp_path / "served")
     write_plan(ext, build_plan(serve, load_site("local"), ext, roles=("inference", "router")))
     text = errors_of(cfg(inference={"external": str(ext.root)}))
     assert "inference.external" in text and "enable-lora" in text
 
-    lora_serve = validate_dict(cfg(trainer={"model": {"lora": {"rank": 8}}}), purpose="serve").config
+    lora_serve = validate(cfg(trainer={"model": {"lora": {"rank": 8}}}), purpose="serve").config
     write_plan(ext, build_plan(lora_serve, load_site("local"), ext, roles=("inference", "router")))
-    assert validate_dict(cfg(inference={"external": str(ext.root)})).config
+    assert validate(cfg(inference={"external": str(ext.root)})).config
     text = errors_of(cfg(inference={"external": str(ext.root)}, trainer={"model": {"lora": {"rank": 16}}}))
     assert "inference.external" in text and "max-lora-rank" in text
 
@@ -106,11 +104,11 @@ def test_lora_with_external_inference_without_lora_is_refused(tmp_path):
 def test_cpu_train_ranks_reach_the_plans_data_parallel_size(tmp_path):
     """deployment.cpu_train_ranks = 2 runs two FSDP ranks under torchrun; the plan (SRL_TRAINER_DP, the sbatch
     header) must say 2, not 1."""
-    from toolkit.config.site import load_site
     from toolkit.placement.plan import build_plan
+    from toolkit.preflight.site import load_site
     from toolkit.rundir import RunDir
 
-    c = validate_dict(cfg(deployment={"cpu_train_ranks": 2})).config
+    c = validate(cfg(deployment={"cpu_train_ranks": 2})).config
     plan = build_plan(c, load_site("local"), RunDir(tmp_path / "r"))
     t = plan.process("trainer")
     assert t.nprocs_per_node == 2 and "--nproc-per-node" in t.command
@@ -127,8 +125,8 @@ def test_lora_dropout_is_refused():
 
 def test_every_model_alias_has_a_known_family():
     """A new alias without an entry would skip the target-module check with only a warning."""
-    from toolkit.config.lora_rules import ALIAS_MODEL_TYPES, LORA_TARGETS
     from toolkit.models.resolve import MODEL_ALIASES, local_model_dir
+    from toolkit.preflight.lora import ALIAS_MODEL_TYPES, LORA_TARGETS
 
     assert set(ALIAS_MODEL_TYPES) == set(MODEL_ALIASES)
     assert set(ALIAS_MODEL_TYPES.values()) <= set(LORA_TARGETS)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from toolkit.config import load_config
-from toolkit.config.site import load_site
 from toolkit.placement import build_plan
 from toolkit.placement.cpus import cpu_thread_env
+from toolkit.preflight.site import load_site
 from toolkit.rundir import RunDir
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text"

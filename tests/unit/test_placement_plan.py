@@ -10,9 +10,9 @@ import pytest
 from golden.layouts import LAYOUTS, make_cfg, multi
 
 from toolkit.config import ConfigError
-from toolkit.config.site import load_site
 from toolkit.placement import GpuBindingError, Plan, build_plan, fill, read_plan, visible_devices, write_plan
 from toolkit.placement.runtime import ResolveError, group_hostlists, node_addresses
+from toolkit.preflight.site import load_site
 from toolkit.rundir import RunDir
 
 PI = load_site("prime-intellect")
@@ -140,11 +140,10 @@ def test_b09_jit_caches_on_node_local_scratch_per_job_unless_overridden() -> Non
 
 
 def test_b09_cache_dir_on_shared_home_warns() -> None:
+    from config_cases import validate
     from golden.layouts import BASE, merge
 
-    from toolkit.config import validate_dict
-
-    loaded = validate_dict(merge(BASE, {"site": "prime-intellect", "env_vars": {"TRITON_CACHE_DIR": "$HOME/.triton"}}))
+    loaded = validate(merge(BASE, {"site": "prime-intellect", "env_vars": {"TRITON_CACHE_DIR": "$HOME/.triton"}}))
     assert any("shared filesystem" in w.message for w in loaded.warnings)
 
 

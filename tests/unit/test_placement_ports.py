@@ -9,9 +9,10 @@ from golden.layouts import make_cfg, multi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolkit.config.site import FORBIDDEN_PORTS, PortsSection, SiteConfig, ephemeral_port_range, site_findings
+from toolkit.config.site import FORBIDDEN_PORTS, PortsSection, SiteConfig
 from toolkit.placement import build_plan
 from toolkit.placement.ports import PortAllocator, PortError, job_key
+from toolkit.preflight.site import ephemeral_port_range, site_findings
 from toolkit.rundir import RunDir
 
 EPHEMERAL = ephemeral_port_range()

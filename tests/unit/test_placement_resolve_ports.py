@@ -7,9 +7,9 @@ import socket
 from pathlib import Path
 
 from toolkit.config import load_config
-from toolkit.config.site import load_site
 from toolkit.launch.prepare import prepare_run
 from toolkit.placement import build_plan, read_plan, runtime, write_plan
+from toolkit.preflight.site import load_site
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text"
 

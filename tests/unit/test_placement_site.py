@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from golden.layouts import LAYOUTS, make_cfg
 
-from toolkit.config import ConfigError, site_configs_dir
-from toolkit.config.site import load_site
+from toolkit.config import ConfigError
+from toolkit.preflight.site import load_site, site_configs_dir
 
 
 @pytest.mark.parametrize("name", ["local", "local-slurm", "prime-intellect", "generic-hpc"])

@@ -10,8 +10,9 @@ import pytest
 from golden.layouts import LAYOUTS, make_cfg, merge
 
 from toolkit.config import ConfigError
-from toolkit.config.site import GpuSection, load_site
+from toolkit.config.site import GpuSection
 from toolkit.placement import build_plan, write_plan
+from toolkit.preflight.site import load_site
 from toolkit.render import RenderError, build_context, render_batch, render_rl, render_text, sbatch_value
 from toolkit.rundir import RunDir
 
@@ -77,11 +78,10 @@ def test_b13_signal_and_requeue_directives_and_background_wait() -> None:
 def test_b14_default_signal_is_usr2_and_usr1_with_nccl_warns() -> None:
     text = rendered()
     assert "--signal=B:USR2@" in text and "trap 'srl_on_signal USR2' USR2" in text
+    from config_cases import validate
     from golden.layouts import BASE
 
-    from toolkit.config import validate_dict
-
-    loaded = validate_dict(merge(merge(BASE, LAYOUTS["train2-infer1"]), {"site": "prime-intellect",
+    loaded = validate(merge(merge(BASE, LAYOUTS["train2-infer1"]), {"site": "prime-intellect",
                                                                          "slurm": {"signal": "USR1"}}))
     assert any("NCCL" in w.message for w in loaded.warnings)
     text = rendered(slurm={"signal": "USR1"})
@@ -119,11 +119,10 @@ def test_b28_pre_run_command_goes_to_a_file(tmp_path: Path) -> None:
 
 
 def test_b28_pkill_in_pre_run_warns() -> None:
+    from config_cases import validate
     from golden.layouts import BASE
 
-    from toolkit.config import validate_dict
-
-    loaded = validate_dict(merge(BASE, {"site": "prime-intellect", "slurm": {"pre_run_command": "pkill -f vllm"}}))
+    loaded = validate(merge(BASE, {"site": "prime-intellect", "slurm": {"pre_run_command": "pkill -f vllm"}}))
     assert any("pkill" in w.message for w in loaded.warnings)
 
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from config_cases import config
+from config_cases import config, validate
 
-from toolkit.config import ConfigError, validate_dict
+from toolkit.config import ConfigError
 from toolkit.envs.tasksets import taskset_findable, taskset_unresolved_reason
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ def _train(taskset_id: str, **extra) -> dict:
 def _id_findings(data: dict) -> str:
     """The taskset-id warnings of ``data``, or the ConfigError text: anything else raised fails the test."""
     try:
-        return "\n".join(str(w) for w in validate_dict(data).warnings if ".taskset.id" in str(w))
+        return "\n".join(str(w) for w in validate(data).warnings if ".taskset.id" in str(w))
     except ConfigError as e:
         return str(e)
 

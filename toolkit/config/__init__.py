@@ -1,6 +1,18 @@
-"""Load, validate and resolve run configs. Light: imports pydantic and the standard library only (no torch/vllm).
+"""Run configs: schema, composition and the rules that read nothing but the config. Light: pydantic and the
+standard library only (no torch/vllm), and no other toolkit package, so any layer may import it.
 
-Typical use::
+Modules:
+
+- ``model``: the pydantic schema of a run (``RLConfig`` and its sections); ``site``: the schema of a site file.
+- ``compose``: TOML files merged left to right, dotted ``--a.b VALUE`` overrides, where each value came from.
+- ``convert``: other shapes (legacy v0, hosted flat) mapped to the canonical one.
+- ``rules``, ``arg_rules``: cross-field rules (groups and batches, GPUs, Slurm fields, secrets, pass-through args).
+- ``passthrough``: reading the ``[inference.vllm]`` table (one spelling per option name).
+- ``errors``: ``ConfigError`` / ``ConfigIssue`` / ``Findings``; ``schema_help``: ``srl rl --help``;
+  ``slurm_time``: Slurm's time formats.
+
+Checks of the outside world (site files, tasksets, models, run directories, placement) are
+:mod:`toolkit.preflight`'s. Typical use::
 
     loaded = load_config([Path("jobs/reverse-text/rl.toml")], ["--orchestrator.batch-size", "64"])
     cfg = loaded.config          # RLConfig, canonical shape
@@ -10,7 +22,6 @@ Typical use::
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +41,8 @@ __all__ = [
     "RLConfig",
     "load_config",
     "load_resolved",
+    "name_sources",
     "role_view",
-    "site_configs_dir",
     "validate_dict",
 ]
 
@@ -45,18 +56,28 @@ class LoadedConfig:
     notices: list[str] = field(default_factory=list)
     inputs: list[Path] = field(default_factory=list)
     overrides: list[str] = field(default_factory=list)
+    purpose: str = "rl"
+    """"rl" or "serve" (``srl inference``, which skips the rules about training)."""
+    origins: dict[str, str] = field(default_factory=dict)
+    """Field path -> the file (or "command line") that set it last; names the layer of a later finding."""
 
 
-def site_configs_dir() -> Path:
-    """Directory of site TOMLs: ``$SRL_SITE_CONFIGS`` or the repository's ``site-configs/``."""
-    env = os.environ.get("SRL_SITE_CONFIGS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "site-configs"
+def name_sources(issues: list[ConfigIssue], origins: dict[str, str]) -> list[ConfigIssue]:
+    """Fill each issue's ``source`` with the layer(s) that set its field (``origins`` from :func:`load_config`);
+    a field nobody set (a default, a missing one) names none. Returns ``issues``."""
+    for issue in issues:
+        if issue.source is None:
+            sources = [origin_of(p.strip(), origins) for p in issue.path.split(",")]
+            issue.source = ", ".join(dict.fromkeys(s for s in sources if s)) or None
+    return issues
 
 
 def load_config(files: list[Path], overrides: list[str] | None = None, *, purpose: str = "rl") -> LoadedConfig:
-    """Merge ``files`` left to right, apply CLI ``overrides``, map other shapes, validate everything.
+    """Merge ``files`` left to right, apply CLI ``overrides``, map other shapes, validate fields and cross-field
+    rules. ``purpose`` "serve" (``srl inference`` standalone) skips the rules about training envs, groups and async.
 
     Raises ConfigError listing every problem (file, field path, allowed values, fix) before anything is written.
+    What the config points at outside itself is checked next, by :func:`toolkit.preflight.preflight`.
     """
     merged: dict[str, Any] = {}
     notices: list[str] = []
@@ -76,36 +97,26 @@ def load_config(files: list[Path], overrides: list[str] | None = None, *, purpos
     try:
         loaded = validate_dict(merged, purpose=purpose)
     except ConfigError as e:
-        # Name the layer each bad value came from; a field nobody set (a default, a missing one) names none.
-        for issue in e.issues:
-            if issue.source is None:
-                sources = [origin_of(p.strip(), origins) for p in issue.path.split(",")]
-                issue.source = ", ".join(dict.fromkeys(s for s in sources if s)) or None
-        raise ConfigError(e.issues) from None
+        raise ConfigError(name_sources(e.issues, origins)) from None
     loaded.notices = notices + loaded.notices
     loaded.config.notices = list(loaded.notices)
     loaded.inputs = [Path(p) for p in files]
     loaded.overrides = list(overrides or [])
+    loaded.origins = origins
     return loaded
 
 
 def validate_dict(data: dict[str, Any], *, source: str | None = None, purpose: str = "rl") -> LoadedConfig:
-    """Validate an already-merged canonical dict (fields, then cross-field rules, then the site name)."""
+    """Validate an already-merged canonical dict: fields, then the cross-field rules (``purpose`` as in
+    :func:`load_config`). Raises ConfigError listing every problem."""
     try:
         cfg = RLConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(pydantic_issues(e, RLConfig, source=source)) from None
     found = rules.check(cfg, purpose=purpose)
-    sites = sorted(p.stem for p in site_configs_dir().glob("*.toml"))
-    if sites and cfg.site not in sites:
-        found.error("site", f"unknown site '{cfg.site}'; allowed: {', '.join(sites)} (files in {site_configs_dir()})")
-    elif sites:
-        from .site import site_rules  # run-vs-site rules (accounting, GPU style, ports, placement)
-
-        site_rules(cfg, found)
     if found.errors:
         raise ConfigError(found.errors)
-    return LoadedConfig(cfg, warnings=found.warnings)
+    return LoadedConfig(cfg, warnings=found.warnings, purpose=purpose)
 
 
 def load_resolved(path: Path) -> RLConfig:

@@ -1,5 +1,6 @@
 """Rules for values that become program arguments or point at things: the ``[inference.vllm]`` pass-through table,
-paths and addresses that must exist or have a shape, and the trainer's row length against the longest rollout.
+addresses and import paths that must have a shape, and the trainer's row length against the longest rollout.
+Whether the things pointed at exist is checked by :mod:`toolkit.preflight.checks`.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import re
 
 from .errors import Findings
 from .model import RLConfig
+from .passthrough import option_key, vllm_max_model_len
 
 # vLLM options whose values the plan sets for multi-node (data-parallel) engines, beyond commands.PLAN_OWNED_ARGS:
 # a user value would replace the plan's (they are merged as engine defaults) and break the engines' rendezvous.
@@ -24,8 +26,6 @@ def check_vllm_table(cfg: RLConfig, f: Findings) -> None:
     a key that is not an option name, a text value holding a newline, a data-parallel value the plan sets, or a
     logprobs mode other than the sampling distribution's would make the engine fail at start or sample wrong
     logprobs, inside the job. Refused here, naming the key."""
-    from ..inference.commands import option_key
-
     for key, value in cfg.inference.vllm.items():
         where = f"inference.vllm.{key}"
         norm = option_key(key)
@@ -50,29 +50,7 @@ _IMPORT_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A
 
 
 def check_references(cfg: RLConfig, f: Findings) -> None:
-    """Values that point at something: they must have its shape, and exist where srl can check it now.
-
-    A ``resume.dir`` without checkpoints would make the fork start silently at step 0 (the trainer treats a run
-    without step directories as a fresh start, B17's class); a missing ``inference.external`` would make the
-    orchestrator wait out its timeout for a deployment that never comes.
-    """
-    from pathlib import Path
-
-    from ..rundir import RunDir
-
-    if cfg.resume.dir is not None:
-        ck = RunDir(Path(cfg.resume.dir).expanduser()).checkpoints
-        if not ck.is_dir() or not any(p.name.startswith("step_") for p in ck.iterdir()):
-            f.error("resume.dir", f"{cfg.resume.dir} holds no checkpoints ({ck} has no step directories): the fork "
-                    "would silently start at step 0; give the run directory that holds them")  # fmt: skip
-    if cfg.inference.external is not None and not Path(cfg.inference.external).expanduser().is_dir():
-        # A warning, not an error: the directory may live on a filesystem this host does not mount.
-        f.warn("inference.external", f"{cfg.inference.external} is not a directory here; the orchestrator waits "
-               "for that deployment's control/inference_ready.json until inference.startup_timeout_s; give the run "
-               "directory of a deployment submitted with `srl inference`")  # fmt: skip
-    tpl = cfg.slurm.template_path
-    if tpl is not None and not Path(tpl).expanduser().is_file():
-        f.error("slurm.template_path", f"{tpl} is not a file")
+    """Values that point at something must have its shape: ``package.module:Class``, ``host:port``."""
     ip = cfg.orchestrator.renderer.import_path
     if ip is not None and not _IMPORT_PATH.fullmatch(ip):
         f.error("orchestrator.renderer.import_path", f"{ip!r} is not 'package.module:Class'")
@@ -99,10 +77,3 @@ def check_row_fits_rollout(cfg: RLConfig, f: Findings) -> None:
                    f"{', inference.vllm.max_model_len' if mml else ''}): the trainer stops at the first such "
                    "rollout; raise trainer.seq_len or lower the limit")  # fmt: skip
 
-
-def vllm_max_model_len(vllm: dict) -> int | None:
-    """``max_model_len`` of the pass-through table as a positive int, or None (unset, auto, or not a number)."""
-    from ..placement.topology import vllm_arg
-
-    v = vllm_arg(vllm, "max_model_len")
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None

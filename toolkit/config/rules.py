@@ -1,7 +1,8 @@
-"""Cross-field rules of the run config. Each rule reads the config and reports; none mutates it.
+"""Cross-field rules of the run config. Each rule reads the config and reports; none mutates it, and none looks
+outside it (files, models, tasksets, sites and node arithmetic are checked by :mod:`toolkit.preflight`).
 
-LoRA rules live in :mod:`toolkit.config.lora_rules`, rules for pass-through arguments and references in
-:mod:`toolkit.config.arg_rules`; :func:`check` runs them all.
+Rules for pass-through arguments and the shape of references live in :mod:`toolkit.config.arg_rules`;
+:func:`check` runs them all.
 
 Sources: the "train-with-environments" seed (whole groups per batch, group_size >= 8 advised, unique env names,
 ratio on all train envs or none, bounded stages), training.md (``max_concurrent >= rollouts_per_example *
@@ -17,8 +18,8 @@ from .arg_rules import check_references as _references
 from .arg_rules import check_row_fits_rollout as _row_fits_rollout
 from .arg_rules import check_vllm_table as _vllm_table
 from .errors import Findings
-from .lora_rules import check_lora as _lora
 from .model import RLConfig
+from .passthrough import option_key, vllm_arg
 from .slurm_time import parse_slurm_time
 
 # Group-relative algorithms: their advantage is zero for a group of one.
@@ -34,9 +35,8 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
     """
     f = Findings()
     rl_only = (_batch_and_groups, _env_names_and_ratios, _concurrency, _env_pools, _async, _weight_retention,
-               _row_fits_rollout, _trainer_gpus, _taskset_ids)
+               _row_fits_rollout, _trainer_gpus)
     for rule in (
-        _model_name,
         _batch_and_groups,
         _env_names_and_ratios,
         _concurrency,
@@ -49,29 +49,14 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
         _slurm,
         _secrets,
         _legacy_envs,
-        _lora,
         _vllm_table,
         _references,
         _row_fits_rollout,
-        _taskset_ids,
     ):
         if purpose == "serve" and rule in rl_only:
             continue
         rule(cfg, f)
     return f
-
-
-def _model_name(cfg: RLConfig, f: Findings) -> None:
-    from pathlib import Path
-
-    from ..models.resolve import MODEL_ALIASES
-
-    name = cfg.model.name
-    if name in MODEL_ALIASES or (Path(name).expanduser() / "config.json").is_file():
-        return
-    where = "a directory without config.json" if Path(name).expanduser().is_dir() else "neither an alias nor a directory"
-    f.error("model.name", f"'{name}' is {where}; give a HF-format model directory or one of the built-in "
-                          f"aliases: {', '.join(sorted(MODEL_ALIASES))}")
 
 
 def _nearest_multiples(n: int, k: int) -> str:
@@ -124,44 +109,6 @@ def _env_names_and_ratios(cfg: RLConfig, f: Findings) -> None:
         f.warn("orchestrator.eval.interval", "eval interval is set but there is no [[orchestrator.eval.env]]")
     if not o.eval.env:
         f.warn("orchestrator.eval.env", "no held-out eval env: the seed advises periodic eval from the start")
-
-
-def _taskset_ids(cfg: RLConfig, f: Findings) -> None:
-    """A taskset id that resolves nowhere fails the orchestrator minutes after submission; say so now. An error
-    when it is one edit away from a built-in id (a typo), else a warning saying why it does not resolve: the job's
-    environment (its PYTHONPATH, a site's setup lines) may provide a module this interpreter cannot see. Imports
-    nothing (``toolkit.envs.tasksets.taskset_unresolved_reason`` locates modules by path and import hooks only)."""
-    import difflib
-    import os
-
-    from toolkit.envs.tasksets import BUILTIN_TASKSETS, taskset_module_candidates, taskset_unresolved_reason
-
-    extra = [p for v in (cfg.env_vars.get("PYTHONPATH"), cfg.orchestrator.env_vars.get("PYTHONPATH")) if v
-             for p in v.split(os.pathsep) if p]  # fmt: skip
-    builtins = sorted(BUILTIN_TASKSETS)
-    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
-        for i, e in enumerate(envs):
-            if e.taskset is None:
-                continue
-            why = taskset_unresolved_reason(e.taskset.id, extra)
-            if why is None:
-                continue
-            tid = _clip(e.taskset.id)
-            tried = " or ".join(repr(_clip(m)) for m in taskset_module_candidates(e.taskset.id))
-            near = difflib.get_close_matches(e.taskset.id, builtins, n=1, cutoff=0.8)
-            where = f"orchestrator.{section}.env[{i}].taskset.id"
-            if near:
-                f.error(where, f"unknown taskset '{tid}': did you mean '{near[0]}'? Built-in ids: "
-                               f"{', '.join(builtins)}; any other id must name an importable module ({tried})")  # fmt: skip
-            else:
-                f.warn(where, f"taskset '{tid}' is not built in ({', '.join(builtins)}) and does not resolve here "
-                              f"({why}; tried {tried}); the orchestrator will fail at start unless the job's "
-                              "environment provides it (e.g. env_vars.PYTHONPATH)")  # fmt: skip
-
-
-def _clip(text: str, width: int = 80) -> str:
-    """``text`` cut to ``width`` characters with an ellipsis: an id of thousands of characters stays readable."""
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _concurrency(cfg: RLConfig, f: Findings) -> None:
@@ -230,8 +177,6 @@ def _sampling(cfg: RLConfig, f: Findings) -> None:
 
 
 def _deployment(cfg: RLConfig, f: Findings) -> None:
-    from ..placement.topology import TopologyError, derive_topology, vllm_arg
-
     dep = cfg.deployment
     tp = int(vllm_arg(cfg.inference.vllm, "tensor_parallel_size", 1) or 1)
     if dep.type == "single_node":
@@ -270,10 +215,6 @@ def _deployment(cfg: RLConfig, f: Findings) -> None:
     for path, value in unused:
         f.warn(path, f"= {value} is not implemented by srl's trainer, which shards with FSDP2 over all trainer "
                "ranks (every rank data parallel); the value only changes the reported data-parallel size")  # fmt: skip
-    try:
-        derive_topology(cfg)
-    except TopologyError as e:
-        f.error("deployment", str(e))
 
 
 def _single_node_gpu_split(cfg: RLConfig, tp: int, f: Findings) -> None:
@@ -389,8 +330,6 @@ _SECRET_WORDS = {"token", "secret", "password", "passwd", "credential", "credent
 
 def is_secret_argument(key: str) -> bool:
     """Whether an argument name (snake or kebab case) names a credential, e.g. ``api_key``, ``hf-token``."""
-    from ..inference.commands import option_key
-
     norm = option_key(key)
     return "api_key" in norm or "apikey" in norm or norm.rsplit("_", 1)[-1] in _SECRET_WORDS
 

@@ -58,6 +58,7 @@ def main(argv: list[str]) -> int:
     """``srl eval <validate|run> ...``; returns the exit status (see ``USAGE``)."""
     from toolkit.cli import split_config_args
     from toolkit.config import ConfigError, load_config
+    from toolkit.preflight import preflight
 
     if not argv or argv[0] not in ("validate", "run"):
         print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
@@ -73,7 +74,7 @@ def main(argv: list[str]) -> int:
     if args.num_examples < 1 or (command == "run" and args.rollouts_per_example < 1):
         print(f"srl eval {command}: -n and -r must be >= 1", file=sys.stderr)
         return 2
-    loaded = load_config(files, overrides)
+    loaded = preflight(load_config(files, overrides))
     for w in loaded.warnings:
         print(f"warning: {w}", file=sys.stderr)
     cfg = loaded.config
@@ -82,9 +83,7 @@ def main(argv: list[str]) -> int:
 
     run = RunDir(Path(args.run_dir)) if args.run_dir else run_dir_for(loaded)
 
-    from toolkit.config.site import load_site
-
-    site = load_site(cfg.site)
+    site = loaded.site
     if site.is_slurm and not args.in_job:
         return _submit(command, cfg, site, run, files, leftover, args)
 

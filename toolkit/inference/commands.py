@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config.passthrough import option_key
+
 # Short connector names a user may write in the config, mapped to vLLM 0.32's KV connector registry names.
 KV_CONNECTORS: dict[str, str] = {
     "nixl": "NixlConnector",
@@ -77,11 +79,6 @@ DEFAULT_CPU_KVCACHE_GIB = 1  # GiB of KV cache per CPU engine: ~3.1 GB RSS per e
 
 class CommandError(ValueError):
     """A command or environment cannot be built from the given arguments (the message names the offending key)."""
-
-
-def option_key(key: str) -> str:
-    """A vLLM option name as one spelling: ``--Max-Model-Len``, ``max-model-len`` -> ``max_model_len``."""
-    return str(key).strip().lstrip("-").replace("-", "_").lower()
 
 
 def vllm_arg_list(args: Mapping[str, Any]) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..config import load_config
 from ..config.errors import ConfigError
+from ..preflight import preflight
 
 
 def main(argv: list[str]) -> int:
@@ -26,10 +27,10 @@ def main(argv: list[str]) -> int:
     if flags["help"] or not files:
         print(__doc__)
         return 0 if flags["help"] else 2
-    loaded = load_config(files, overrides, purpose="serve")
-    _print_warnings(loaded)
+    checked = preflight(load_config(files, overrides, purpose="serve"))
+    loaded, site = checked.loaded, checked.site
+    _print_warnings(checked)
     cfg = loaded.config
-    from ..config.site import load_site
     from ..launch.prepare import prepare_attempt, run_dir_for
     from ..placement.plan import build_plan, write_plan
 
@@ -38,7 +39,6 @@ def main(argv: list[str]) -> int:
     run, attempt = prepare_attempt(loaded, run_dir_for(loaded, resume=flags["resume"]),
                                    argv=["srl", "inference", *argv], dry_run=flags["dry_run"],
                                    resume=flags["resume"], clean=flags["clean"])  # fmt: skip
-    site = load_site(cfg.site)
     if site.is_slurm:
         plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=("inference", "router"))
     else:

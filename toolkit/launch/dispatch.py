@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from ..config.model import RLConfig
+from ..config.site import SiteConfig
 from ..rundir import RunDir
 
 
@@ -34,12 +35,14 @@ def local_plan(cfg: RLConfig, site: Any, run: RunDir, *, probe: bool = True, tri
     raise RuntimeError(f"no free port block in the site's range after {tries} tries; is the range too small?")
 
 
-def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: bool) -> int:
-    """Plan, then launch locally or submit. Returns the process exit status for ``srl rl``."""
-    from ..config.site import load_site
+def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: bool,
+           site: SiteConfig | None = None) -> int:
+    """Plan, then launch locally or submit. Returns the process exit status for ``srl rl``. ``site``: the one
+    preflight loaded (read again by name when not given)."""
     from ..placement.plan import build_plan, write_plan
+    from ..preflight.site import load_site
 
-    site = load_site(cfg.site)
+    site = site or load_site(cfg.site)
     if site.is_slurm:
         plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID")
     else:

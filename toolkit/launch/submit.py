@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from ..config.model import RLConfig
-from ..config.site import SiteConfig, load_site
+from ..config.site import SiteConfig
 from ..placement.plan import ROLES, Plan, build_plan, write_plan
+from ..preflight.site import load_site
 from ..render import render_inference, render_rl
 from ..rundir import RunDir, point_symlink
 from . import slurm

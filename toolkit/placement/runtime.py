@@ -93,7 +93,7 @@ def node_addresses(hosts: list[str]) -> list[str]:
 def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
     """Rebuild the plan for this allocation (job id, hosts, addresses) and write it. See module docstring."""
     from ..config import load_resolved
-    from ..config.site import load_site
+    from ..preflight.site import load_site
 
     job_id = env.get("SLURM_JOB_ID")
     if not job_id:

@@ -9,13 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
-def vllm_arg(vllm: dict[str, Any], name: str, default: Any = None) -> Any:
-    """Read a pass-through vLLM argument given in snake_case or kebab-case (``tensor_parallel_size``)."""
-    for key in (name, name.replace("_", "-")):
-        if key in vllm:
-            return vllm[key]
-    return default
+from ..config.passthrough import vllm_arg
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,14 @@ peft's ``target_modules`` suffix matching, and the HF decoder layers of the supp
 
 from __future__ import annotations
 
-from .errors import Findings
-from .model import RLConfig
+import json
+from pathlib import Path
+
+from ..config.errors import Findings
+from ..config.model import RLConfig
+from ..config.passthrough import option_key
+from ..inference.commands import VLLM_LORA_RANKS, lora_engine_args
+from ..rundir import RunDir
 
 # LoRA target modules srl can train and vLLM can serve, per HF ``model_type``: the attention and MLP projections of
 # each decoder layer (vLLM serves them through its packed qkv_proj / gate_up_proj LoRA layers, and a packed layer
@@ -23,9 +29,6 @@ ALIAS_MODEL_TYPES = {"tiny-qwen3": "qwen3", "smollm2-135m": "llama"}
 
 def _model_type(name: str) -> str | None:
     """HF ``model_type`` of an alias or a model directory's config.json; None when it cannot be read."""
-    import json
-    from pathlib import Path
-
     if name in ALIAS_MODEL_TYPES:
         return ALIAS_MODEL_TYPES[name]
     try:
@@ -51,8 +54,6 @@ def check_lora(cfg: RLConfig, f: Findings) -> None:
     update would fail inside the job), target modules outside the model family's projections (peft fails at trainer
     start), and an external inference deployment whose engines were started without such LoRA support.
     """
-    from ..inference.commands import VLLM_LORA_RANKS, lora_engine_args, option_key
-
     lora = cfg.trainer.model.lora
     if lora is None:
         return
@@ -96,11 +97,6 @@ def check_lora(cfg: RLConfig, f: Findings) -> None:
 
 def _lora_external(cfg: RLConfig, f: Findings, need: int) -> None:
     """The engines of ``inference.external`` (from its launcher/placement.json, when written) must serve LoRA."""
-    import json
-    from pathlib import Path
-
-    from ..rundir import RunDir
-
     path = RunDir(Path(cfg.inference.external).expanduser()).placement_file
     try:
         processes = json.loads(path.read_text())["processes"]

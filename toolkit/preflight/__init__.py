@@ -1,0 +1,97 @@
+"""Preflight: what a loaded run config points at outside itself, checked before anything is written or started,
+and the placement plan built from it.
+
+Modules:
+
+- ``checks``: the model, taskset ids, the deployment's node arithmetic, files and run directories the config names.
+- ``lora``: LoRA rules that need the model family and an external deployment's engines.
+- ``site``: site files by name (``site-configs/``), checked against this machine; the run-vs-site rules.
+
+Typical use::
+
+    loaded = load_config(files, overrides)   # toolkit.config: schema and cross-field rules
+    checked = preflight(loaded)              # raises ConfigError listing every problem found here
+    checked.site, checked.plan, checked.warnings
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import ConfigError, ConfigIssue, LoadedConfig, RLConfig, name_sources
+from ..config.errors import Findings
+from ..config.site import SiteConfig
+from ..placement.plan import PlacementError, Plan, build_plan
+from ..placement.topology import TopologyError
+from ..rundir import RunDir
+from . import checks
+from .site import check_owned_env, check_run_against_site, load_site, site_configs_dir
+
+__all__ = ["Preflight", "load_site", "preflight", "site_configs_dir"]
+
+
+@dataclass
+class Preflight:
+    """A config that passed preflight: the loaded config, its site, the warnings found here, and the plan."""
+
+    loaded: LoadedConfig
+    site: SiteConfig
+    findings: Findings
+    """Warnings of the preflight checks (errors raise)."""
+    plan: Plan | None
+    """Every process of the run placed on the site (job id "validate"); None when the deployment cannot be laid
+    out on nodes, which :mod:`checks` reports."""
+
+    @property
+    def config(self) -> RLConfig:
+        return self.loaded.config
+
+    @property
+    def warnings(self) -> list[ConfigIssue]:
+        """Every warning: loading's, then preflight's."""
+        return self.loaded.warnings + self.findings.warnings
+
+    @property
+    def notices(self) -> list[str]:
+        return self.loaded.notices
+
+
+def preflight(loaded: LoadedConfig) -> Preflight:
+    """Check ``loaded`` against the world (model, tasksets, files, site, ports) and build its placement plan once.
+
+    Raises ConfigError listing every problem, each naming the file that set the field when known.
+    """
+    cfg = loaded.config
+    f = checks.check(cfg, purpose=loaded.purpose)
+    site, plan = _site_and_plan(cfg, f)
+    if f.errors:
+        raise ConfigError(name_sources(f.errors, loaded.origins))
+    return Preflight(loaded, site, f, plan)
+
+
+def _site_and_plan(cfg: RLConfig, f: Findings) -> tuple[SiteConfig | None, Plan | None]:
+    """Load the site, apply the run-vs-site rules, and build the plan so that pass-through argument and port-range
+    problems surface before anything is written."""
+    sites = sorted(p.stem for p in site_configs_dir().glob("*.toml"))
+    if sites and cfg.site not in sites:
+        f.error("site", f"unknown site '{cfg.site}'; allowed: {', '.join(sites)} (files in {site_configs_dir()})")
+        return None, None
+    try:
+        site = load_site(cfg.site)
+    except ConfigError as e:
+        for issue in e.issues:
+            f.error(f"site ({cfg.site}): {issue.path}".rstrip(": "), issue.message)
+        return None, None
+    check_run_against_site(cfg, site, f)
+    check_owned_env(cfg, f)
+    if f.errors:
+        return site, None
+    try:
+        plan = build_plan(cfg, site, RunDir(Path(cfg.output_dir) / (cfg.run.name or "validate")), job_id="validate")
+    except TopologyError:
+        return site, None  # reported by checks
+    except PlacementError as e:
+        f.error("inference / site ports", str(e))
+        return site, None
+    return site, plan

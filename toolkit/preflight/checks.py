@@ -1,0 +1,106 @@
+"""Checks of what a run config points at outside itself: the model, the taskset modules, the node arithmetic of the
+deployment, and the files and run directories it names. Each check reads the config and reports; none mutates it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+from ..config.errors import Findings
+from ..config.model import RLConfig
+from ..envs.tasksets import BUILTIN_TASKSETS, taskset_module_candidates, taskset_unresolved_reason
+from ..models.resolve import MODEL_ALIASES
+from ..placement.topology import TopologyError, derive_topology
+from ..rundir import RunDir
+from .lora import check_lora
+
+
+def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
+    """Run every check; returns errors and warnings (never raises). ``purpose`` "serve" skips the taskset look-up
+    (a serving deployment runs no environments)."""
+    f = Findings()
+    for rule in (_model_name, _topology, check_lora, _references, _taskset_ids):
+        if purpose == "serve" and rule is _taskset_ids:
+            continue
+        rule(cfg, f)
+    return f
+
+
+def _model_name(cfg: RLConfig, f: Findings) -> None:
+    name = cfg.model.name
+    if name in MODEL_ALIASES or (Path(name).expanduser() / "config.json").is_file():
+        return
+    run = RunDir(Path(name).expanduser())
+    if run.run_meta.is_file():  # an srl SFT run directory: its final model/ (written when that run finishes)
+        if not (run.model_export / "config.json").is_file():
+            f.warn("model.name", f"run directory '{name}' has no final model yet ({run.model_export}); this run "
+                                 "fails at start unless that SFT run finishes first (srl sft chain waits for it)")
+        return
+    where = "a directory without config.json" if Path(name).expanduser().is_dir() else "neither an alias nor a directory"
+    f.error("model.name", f"'{name}' is {where}; give a HF-format model directory or one of the built-in "
+                          f"aliases: {', '.join(sorted(MODEL_ALIASES))}")
+
+
+def _taskset_ids(cfg: RLConfig, f: Findings) -> None:
+    """A taskset id that resolves nowhere fails the orchestrator minutes after submission; say so now. An error
+    when it is one edit away from a built-in id (a typo), else a warning saying why it does not resolve: the job's
+    environment (its PYTHONPATH, a site's setup lines) may provide a module this interpreter cannot see. Imports
+    nothing (``toolkit.envs.tasksets.taskset_unresolved_reason`` locates modules by path and import hooks only)."""
+    extra = [p for v in (cfg.env_vars.get("PYTHONPATH"), cfg.orchestrator.env_vars.get("PYTHONPATH")) if v
+             for p in v.split(os.pathsep) if p]  # fmt: skip
+    builtins = sorted(BUILTIN_TASKSETS)
+    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
+        for i, e in enumerate(envs):
+            if e.taskset is None:
+                continue
+            why = taskset_unresolved_reason(e.taskset.id, extra)
+            if why is None:
+                continue
+            tid = _clip(e.taskset.id)
+            tried = " or ".join(repr(_clip(m)) for m in taskset_module_candidates(e.taskset.id))
+            near = difflib.get_close_matches(e.taskset.id, builtins, n=1, cutoff=0.8)
+            where = f"orchestrator.{section}.env[{i}].taskset.id"
+            if near:
+                f.error(where, f"unknown taskset '{tid}': did you mean '{near[0]}'? Built-in ids: "
+                               f"{', '.join(builtins)}; any other id must name an importable module ({tried})")  # fmt: skip
+            else:
+                f.warn(where, f"taskset '{tid}' is not built in ({', '.join(builtins)}) and does not resolve here "
+                              f"({why}; tried {tried}); the orchestrator will fail at start unless the job's "
+                              "environment provides it (e.g. env_vars.PYTHONPATH)")  # fmt: skip
+
+
+def _clip(text: str, width: int = 80) -> str:
+    """``text`` cut to ``width`` characters with an ellipsis: an id of thousands of characters stays readable."""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _topology(cfg: RLConfig, f: Findings) -> None:
+    """The deployment's node arithmetic must work out (:func:`derive_topology` says why it does not)."""
+    try:
+        derive_topology(cfg)
+    except TopologyError as e:
+        f.error("deployment", str(e))
+
+
+def _references(cfg: RLConfig, f: Findings) -> None:
+    """Files and run directories the config names must exist where srl can check it now.
+
+    A ``resume.dir`` without checkpoints would make the fork start silently at step 0 (the trainer treats a run
+    without step directories as a fresh start, B17's class); a missing ``inference.external`` would make the
+    orchestrator wait out its timeout for a deployment that never comes.
+    """
+    if cfg.resume.dir is not None:
+        ck = RunDir(Path(cfg.resume.dir).expanduser()).checkpoints
+        if not ck.is_dir() or not any(p.name.startswith("step_") for p in ck.iterdir()):
+            f.error("resume.dir", f"{cfg.resume.dir} holds no checkpoints ({ck} has no step directories): the fork "
+                    "would silently start at step 0; give the run directory that holds them")  # fmt: skip
+    if cfg.inference.external is not None and not Path(cfg.inference.external).expanduser().is_dir():
+        # A warning, not an error: the directory may live on a filesystem this host does not mount.
+        f.warn("inference.external", f"{cfg.inference.external} is not a directory here; the orchestrator waits "
+               "for that deployment's control/inference_ready.json until inference.startup_timeout_s; give the run "
+               "directory of a deployment submitted with `srl inference`")  # fmt: skip
+    tpl = cfg.slurm.template_path
+    if tpl is not None and not Path(tpl).expanduser().is_file():
+        f.error("slurm.template_path", f"{tpl} is not a file")
