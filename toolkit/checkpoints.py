@@ -24,6 +24,14 @@ log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = "COMPLETE"
 PARTS: tuple[str, ...] = ("trainer", "orchestrator")
+SFT_PARTS: tuple[str, ...] = ("trainer",)
+"""An SFT run's checkpoints have the trainer part only (there is no orchestrator state to keep)."""
+
+
+def parts_of(run: RunDir) -> tuple[str, ...]:
+    """The parts a complete checkpoint of ``run`` has: :data:`SFT_PARTS` for an SFT run (its latest attempt's
+    resolved config is ``sft.json``), else :data:`PARTS`."""
+    return SFT_PARTS if run.resolved("sft").is_file() else PARTS
 
 
 class CheckpointError(RuntimeError):
@@ -49,11 +57,12 @@ def is_complete(step_dir: Path, parts: tuple[str, ...] = PARTS) -> bool:
     return not missing(step_dir, parts)
 
 
-def mark_complete_if_ready(run: RunDir, step: int, parts: tuple[str, ...] = PARTS) -> bool:
+def mark_complete_if_ready(run: RunDir, step: int, parts: tuple[str, ...] | None = None) -> bool:
     """Write ``COMPLETE`` for ``step`` if every part is present; returns whether the step is complete now.
 
     Idempotent; safe when both components call it at the same time (the marker write is atomic).
     """
+    parts = parts or parts_of(run)
     step_dir = run.checkpoint_step(step)
     if any(not (step_dir / p).is_dir() for p in parts):
         return False
@@ -61,13 +70,15 @@ def mark_complete_if_ready(run: RunDir, step: int, parts: tuple[str, ...] = PART
     return True
 
 
-def complete_steps(run: RunDir, parts: tuple[str, ...] = PARTS) -> list[int]:
+def complete_steps(run: RunDir, parts: tuple[str, ...] | None = None) -> list[int]:
     """Steps with a complete checkpoint, ascending."""
+    parts = parts or parts_of(run)
     return [s for s in numbered_steps(run.checkpoints) if is_complete(run.checkpoint_step(s), parts)]
 
 
-def latest_complete(run: RunDir, parts: tuple[str, ...] = PARTS) -> int | None:
+def latest_complete(run: RunDir, parts: tuple[str, ...] | None = None) -> int | None:
     """Newest complete checkpoint step, or None. Logs a warning naming every newer incomplete step it skips."""
+    parts = parts or parts_of(run)
     steps = numbered_steps(run.checkpoints)
     for s in reversed(steps):
         defects = missing(run.checkpoint_step(s), parts)
@@ -77,8 +88,9 @@ def latest_complete(run: RunDir, parts: tuple[str, ...] = PARTS) -> int | None:
     return None
 
 
-def describe(run: RunDir, parts: tuple[str, ...] = PARTS) -> str:
+def describe(run: RunDir, parts: tuple[str, ...] | None = None) -> str:
     """One line per step directory: ``step_<n>: complete`` or ``step_<n>: missing trainer/, COMPLETE marker``."""
+    parts = parts or parts_of(run)
     lines = []
     for s in numbered_steps(run.checkpoints):
         defects = missing(run.checkpoint_step(s), parts)
@@ -86,7 +98,7 @@ def describe(run: RunDir, parts: tuple[str, ...] = PARTS) -> str:
     return "\n".join(lines)
 
 
-def resume_step(run: RunDir, requested: int | None, parts: tuple[str, ...] = PARTS) -> int | None:
+def resume_step(run: RunDir, requested: int | None, parts: tuple[str, ...] | None = None) -> int | None:
     """The checkpoint step to resume from, or None for a fresh start (no step directories at all).
 
     ``requested`` None means the newest complete checkpoint (incomplete newer ones are skipped with a warning);
@@ -94,6 +106,7 @@ def resume_step(run: RunDir, requested: int | None, parts: tuple[str, ...] = PAR
     first checkpoint, so no trainer state exists to lose). Raises CheckpointError, listing every step directory and what it lacks, when ``requested`` is given and not
     complete, or when step directories exist but none is complete (never a silent restart from step 0, B17).
     """
+    parts = parts or parts_of(run)
     steps = numbered_steps(run.checkpoints)
     if requested is not None:
         step_dir = run.checkpoint_step(requested)
@@ -150,7 +163,7 @@ def _remove(path: Path) -> bool:
 
 
 def apply_retention(
-    run: RunDir, keep_last: int | None, keep_interval: int | None = None, parts: tuple[str, ...] = PARTS
+    run: RunDir, keep_last: int | None, keep_interval: int | None = None, parts: tuple[str, ...] | None = None
 ) -> RetentionResult:
     """Delete checkpoints no longer needed; call only after a new checkpoint became COMPLETE.
 
@@ -159,6 +172,7 @@ def apply_retention(
     written). Deleted: other complete ones and incomplete ones older than the newest complete one (unusable for
     resume). The newest complete checkpoint is never deleted. Deletion failures are warnings.
     """
+    parts = parts or parts_of(run)
     if keep_last is None or keep_last < 1:
         return RetentionResult([], [])
     complete = complete_steps(run, parts)

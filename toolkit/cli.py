@@ -22,6 +22,11 @@ RL runs
   srl config convert FILE               print FILE converted to the canonical shape
   srl status RUN_DIR | srl cancel RUN_DIR | srl logs RUN_DIR [--role R] [--follow]
 
+Supervised fine-tuning
+  srl sft @ sft.toml [@ overlay.toml ...] [--section.field VALUE ...] [--dry-run] [--resume] [--clean]
+  srl sft make-data OUT.jsonl @ rl.toml [--env NAME] [--taskset.FIELD VALUE ...]   SFT rows from reference answers
+  srl sft chain @ sft.toml [...] --then @ rl.toml [...]   SFT, then RL from its final model (Slurm: afterok)
+
 Environments, evals, sweeps, reports
   srl eval validate @ run.toml          model-free checks of every taskset and verifier
   srl eval run @ run.toml -n 20 -r 4    first-run gate against a live endpoint
@@ -51,6 +56,7 @@ _ROLE_COMMANDS = {
     "logs": "toolkit.launch.control:logs_main",
     "model": "toolkit.models.cli:main",
     "launch-local": "toolkit.launch.local:main",
+    "sft": "toolkit.commands.sft:main",
 }
 
 
@@ -193,8 +199,9 @@ def _refuse_resume_of_finished_run(run: Any, cfg: Any) -> None:
         )
 
 
-def cmd_rl(args: list[str], full_argv: list[str]) -> int:
-    """``srl rl``: validate, write the run directory, then launch locally or submit to Slurm."""
+def cmd_rl(args: list[str], full_argv: list[str], *, dependency: str | None = None) -> int:
+    """``srl rl``: validate, write the run directory, then launch locally or submit to Slurm (behind
+    ``dependency``, e.g. ``afterok:<job>``, when given: ``srl sft chain``)."""
     from .config import load_config
     from .preflight import preflight
 
@@ -228,7 +235,7 @@ def cmd_rl(args: list[str], full_argv: list[str]) -> int:
     from .launch.dispatch import launch
 
     return launch(loaded.config, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"],
-                  site=checked.site)
+                  site=checked.site, dependency=dependency)
 
 
 def cmd_config(args: list[str]) -> int:

@@ -20,14 +20,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROLES = ("trainer",)
-
-
-def _usage_error(msg: str) -> Any:
-    from toolkit.config import ConfigError
-
-    return ConfigError(msg)
-
 
 def load(files: list[Path], overrides: list[str]) -> Any:
     """The validated SFTConfig plus its launch view, with the datasets checked on this machine.
@@ -104,20 +96,21 @@ def _files(argv: list[str]) -> list[str]:
     return [str(f) for f in split_config_args([a for a in argv if a != "sft"])[0]]
 
 
-def launch(view: Any, run: Any, attempt: int, *, dry_run: bool, resume: bool) -> int:
-    """Place the trainer and launch it here, or submit it (dry run: render only). Returns the exit status."""
+def launch(cfg: Any, view: Any, run: Any, attempt: int, *, dry_run: bool, resume: bool) -> int:
+    """Place the run's roles (:meth:`SFTConfig.roles`) and launch them here, or submit them (dry run: render
+    only). Returns the exit status."""
     from toolkit.launch.dispatch import launch as dispatch_launch
     from toolkit.preflight.site import load_site
 
     return dispatch_launch(view, run, attempt=attempt, dry_run=dry_run, resume=resume, site=load_site(view.site),
-                           roles=ROLES)
+                           roles=cfg.roles())
 
 
-def submit(view: Any, run: Any, attempt: int) -> str:
+def submit(cfg: Any, view: Any, run: Any, attempt: int) -> str:
     """Submit the SFT job to the Slurm site of ``view``; returns its job id."""
     from toolkit.launch.submit import submit_rl
 
-    return submit_rl(view, run, attempt, roles=ROLES)
+    return submit_rl(view, run, attempt, roles=cfg.roles())
 
 
 def cmd_run(args: list[str]) -> int:
@@ -133,7 +126,7 @@ def cmd_run(args: list[str]) -> int:
                                  clean=flags["clean"])  # fmt: skip
     if flags["dry_run"]:
         print(f"dry run: SFT config {run.resolved('sft')}")
-    status = launch(view, run, attempt, dry_run=flags["dry_run"], resume=flags["resume"])
+    status = launch(cfg, view, run, attempt, dry_run=flags["dry_run"], resume=flags["resume"])
     if status == 0 and not flags["dry_run"] and not view.site.startswith("local-slurm") and run.model_export.exists():
         print(f"srl: final model {run.model_export} (use it with: srl rl @ rl.toml --model.name {run.root})")
     return int(status) if isinstance(status, int) else 0
@@ -221,10 +214,10 @@ def cmd_chain(args: list[str]) -> int:
     if flags["dry_run"]:
         rl_full.append("--dry-run")
     if site.is_slurm and not flags["dry_run"]:
-        job = submit(view, run, attempt)
+        job = submit(cfg, view, run, attempt)
         print(f"srl: SFT job {job}; the RL job waits for it to complete (afterok) and starts from {run.model_export}")
         return cmd_rl(rl_full, ["rl", *rl_full], dependency=f"afterok:{job}")
-    status = launch(view, run, attempt, dry_run=flags["dry_run"], resume=flags["resume"])
+    status = launch(cfg, view, run, attempt, dry_run=flags["dry_run"], resume=flags["resume"])
     if status != 0:
         print(f"srl: SFT ended with status {status}; RL not started", file=sys.stderr)
         return int(status)

@@ -299,7 +299,9 @@ class EvalSection(Section):
 
 
 class OrchestratorConfig(Section):
-    training_mode: Literal["rl"] = "rl"
+    training_mode: Literal["rl", "sft"] = "rl"
+    """``rl``: rollouts train the policy. ``sft`` (set by ``srl sft`` for its online eval): no training rollouts;
+    the orchestrator only evaluates the policy versions an SFT trainer broadcasts at its eval steps."""
     batch_size: int = Field(64, ge=1, le=1_000_000)
     """Rollouts per training step (whole groups)."""
     group_size: int = Field(8, ge=1, le=4096)

@@ -21,10 +21,12 @@ from .model import (
     _MAX_SEED,
     CkptConfig,
     DeploymentConfig,
+    EvalSection,
     InferenceConfig,
     ModelConfig,
     MonitorsConfig,
     OptimConfig,
+    OrchestratorConfig,
     RendererConfig,
     ResumeConfig,
     RLConfig,
@@ -119,6 +121,12 @@ class SFTConfig(Section):
     loss_mask: LossMaskConfig = LossMaskConfig()
     val: ValConfig | None = None
     renderer: RendererConfig = RendererConfig()
+    eval: EvalSection | None = None
+    """Online eval: the shape of an RL run's ``[orchestrator.eval]`` (``interval``, ``[[eval.env]]``, ``sampling``).
+    The base model is evaluated before step 1, then every ``interval`` steps and at the end, through vLLM on the
+    trainer's current weights (the trainer broadcasts them at those steps)."""
+    max_concurrent: int = Field(64, ge=1, le=1_000_000)
+    """Online eval: rollouts in flight at once."""
     trainer: SFTTrainerConfig = SFTTrainerConfig()
     ckpt: CkptConfig = CkptConfig()
     resume: ResumeConfig = ResumeConfig()
@@ -148,8 +156,18 @@ class SFTConfig(Section):
             raise ValueError("deployment.orchestrator: an SFT run has no orchestrator; leave it at 'with_inference'")
         return self
 
+    @property
+    def has_online_eval(self) -> bool:
+        """Whether ``[eval]`` names envs (then inference and an eval-only orchestrator run beside the trainer)."""
+        return self.eval is not None and bool(self.eval.env)
+
+    def roles(self) -> tuple[str, ...]:
+        """The roles placed for this run: the trainer alone, or everything when there is an online eval."""
+        return ("inference", "router", "orchestrator", "trainer") if self.has_online_eval else ("trainer",)
+
     def launch_view(self) -> RLConfig:
-        """The ``RLConfig`` that placement, rendering and submission read for this SFT run (trainer role only).
+        """The ``RLConfig`` that placement, rendering and submission read for this SFT run: the trainer, plus an
+        eval-only orchestrator and inference when ``[eval]`` has envs (:meth:`roles`).
 
         Shared sections are passed through unchanged; the trainer's ``seq_len`` is the data's. Raises
         pydantic.ValidationError only if a shared section is inconsistent (it was validated already).
@@ -164,6 +182,8 @@ class SFTConfig(Section):
             env_vars=self.env_vars,
             trainer=TrainerConfig(optim=t.optim, scheduler=t.scheduler, micro_batch_size=t.micro_batch_size,
                                   seq_len=self.data.seq_len, model=t.model, env_vars=t.env_vars),
+            orchestrator=OrchestratorConfig(training_mode="sft", renderer=self.renderer,
+                                            eval=self.eval or EvalSection(), max_concurrent=self.max_concurrent),
             inference=self.inference,
             deployment=self.deployment,
             slurm=self.slurm,

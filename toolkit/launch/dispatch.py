@@ -36,17 +36,20 @@ def local_plan(cfg: RLConfig, site: Any, run: RunDir, *, probe: bool = True, tri
 
 
 def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: bool,
-           site: SiteConfig | None = None) -> int:
+           site: SiteConfig | None = None, roles: tuple[str, ...] | None = None,
+           dependency: str | None = None) -> int:
     """Plan, then launch locally or submit. Returns the process exit status for ``srl rl``. ``site``: the one
-    preflight loaded (read again by name when not given)."""
+    preflight loaded (read again by name when not given). ``roles``: the roles to place (default all; an SFT
+    run places only the trainer). ``dependency`` (Slurm, e.g. ``afterok:123``) queues the job behind another.
+    Returns 0 after a submission; the job id is printed and recorded in ``launcher/``."""
     from ..placement.plan import build_plan, write_plan
     from ..preflight.site import load_site
 
     site = site or load_site(cfg.site)
     if site.is_slurm:
-        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID")
+        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", **({"roles": roles} if roles else {}))
     else:
-        plan = local_plan(cfg, site, run, probe=not dry_run)
+        plan = local_plan(cfg, site, run, probe=not dry_run, roles=roles)
     write_plan(run, plan)
     if site.is_slurm:
         from .submit import render_rl, submit_rl
@@ -55,7 +58,7 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
             script = render_rl(cfg, run, plan)
             print(f"dry run: resolved configs in {run.latest_configs}/resolved, sbatch script {script}")
             return 0
-        job_id = submit_rl(cfg, run, attempt)
+        job_id = submit_rl(cfg, run, attempt, roles=roles, dependency=dependency)
         print(f"submitted job {job_id}; run directory {run.root}; follow with: srl logs {run.root} --follow")
         return 0
     if dry_run:

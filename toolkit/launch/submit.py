@@ -47,14 +47,15 @@ def _prepare_logs(run: RunDir, attempt: int) -> None:
 
 
 def submit_rl(cfg: RLConfig, run: RunDir, attempt: int, *, site: SiteConfig | None = None,
-              plan: Plan | None = None, dependency: str | None = None) -> str:
+              plan: Plan | None = None, dependency: str | None = None, roles: tuple[str, ...] | None = None) -> str:
     """Render ``<run>/launcher/rl.sbatch`` and submit it; returns the Slurm job id.
 
     ``plan`` defaults to a fresh :func:`build_plan` (job id "pending": ports are re-derived for the real job id
-    when the job starts). ``dependency`` (e.g. ``"afterok:123"``) chains this job after another. Raises
+    when the job starts). ``dependency`` (e.g. ``"afterok:123"``) chains this job after another. ``roles``
+    restricts the job (an SFT run: the trainer only). Raises
     ``toolkit.launch.slurm.SubmitError`` with sbatch's stderr, ``RenderError`` for unsafe values.
     """
-    return _submit(cfg, run, attempt, "rl", ROLES, site=site, plan=plan, dependency=dependency)
+    return _submit(cfg, run, attempt, "rl", roles or ROLES, site=site, plan=plan, dependency=dependency)
 
 
 def submit_inference(cfg: RLConfig, run: RunDir, attempt: int, *, site: SiteConfig | None = None,

@@ -149,7 +149,7 @@ class Orchestrator:
                 self.train_envs[env_cfg.name] = TrainEnv(env_cfg.name, rt, gs, sp)
             log.info("env %s started (%s, %d examples, group size %d)", env_cfg.name,
                      "eval" if is_eval else "train", rt.num_examples, gs)  # fmt: skip
-        if not self.train_envs:
+        if not self.train_envs and self.ocfg.training_mode == "rl":
             raise ValueError("orchestrator.train.env is empty: nothing to train on")
 
     # -- resume -----------------------------------------------------------------------------------------------
@@ -335,6 +335,8 @@ class Orchestrator:
             # (about 15% of the loop's CPU per rollout in tests/benchmarks/orchestrator_overhead.py).
             gc.collect()
             gc.freeze()
+            if self.ocfg.training_mode == "sft":
+                return await self._eval_loop(served)
             return await self._loop(served)
         finally:
             for rt in self.runtimes:
@@ -346,6 +348,43 @@ class Orchestrator:
             aclose = getattr(self.client, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    def eval_points(self) -> list[int]:
+        """Policy versions an SFT run evaluates: 0 (the base model), every ``eval.interval`` steps, the last step."""
+        every = self.ocfg.eval.interval
+        last = self.cfg.max_steps
+        return sorted({0, last, *(range(every, last + 1, every) if every else ())})
+
+    async def _eval_loop(self, served: int) -> int:
+        """The orchestrator of an SFT run (``training_mode = "sft"``): no training rollouts; for each eval point,
+        wait until the trainer's broadcast of that step is served, evaluate, and record the eval under the served
+        policy version (a slow eval may let the trainer move on: the newest broadcast is what gets measured, and
+        its version is the step it is recorded at). Points recorded by an earlier attempt are skipped."""
+        tracker = PolicyTracker(self.run, self.client, self.updater, update_weights=self.ocfg.update_weights,
+                                served_version=served)  # fmt: skip
+        stop_follow = asyncio.Event()
+        watch = self._engine_watch(tracker)
+        bg = [asyncio.create_task(watch.run(stop_follow))] if watch is not None else []
+        try:
+            for point in self.eval_points():
+                if self.metrics.has(point) or self._should_stop():
+                    continue
+                if point > 0:
+                    await tracker.wait_for(point, self._should_stop)
+                else:
+                    await tracker.refresh()
+                if self._should_stop():
+                    break
+                version = tracker.served_version
+                if not self.metrics.has(version):
+                    self.metrics.write(version, await self._eval(version, tracker))
+            log.info("SFT evals done" if not self._should_stop() else "stopped on request")
+            return 0
+        finally:
+            stop_follow.set()
+            for t in bg:
+                t.cancel()
+            await asyncio.gather(*bg, return_exceptions=True)
 
     def _engine_watch(self, tracker: PolicyTracker) -> EngineWatch | None:
         """The watch that holds generation while an engine restarts (None with an injected client without a

@@ -14,7 +14,9 @@ Per step n: the samples of :func:`toolkit.trainer.sft_data.step_rows` are packed
 tokens (positions restart per sample, so no attention crosses samples), one optimizer step is taken, a metrics line
 is appended (``loss/mean``, ``loss/perplexity``, ``optim/lr``, ``optim/grad_norm``, ``progress/epoch``,
 ``progress/num_samples``, ``progress/num_tokens``, ``perf/throughput``; ``val/loss`` and ``val/perplexity`` every
-``val.interval`` steps and at the end) and the step's sample ids go to ``data_order.jsonl``. Checkpoints (every
+``val.interval`` steps and at the end) and the step's sample ids go to ``data_order.jsonl``. With an online eval
+(``[eval]`` envs), the weights of every ``eval.interval``-th step and of the last step are broadcast
+(``broadcasts/step_<n>/``, STABLE last) for the eval-only orchestrator, which evaluates them through vLLM. Checkpoints (every
 ``ckpt.interval`` steps and at the end) carry the weights as a Hugging Face directory (``hf/``) beside the
 trainer state; the end also writes ``<run>/model/``, which ``srl rl`` takes as ``model.name``.
 """
@@ -31,12 +33,10 @@ from typing import Any
 import numpy as np
 
 from toolkit import fsutil
+from toolkit.checkpoints import SFT_PARTS as PARTS
 from toolkit.rundir import RunDir
 
 log = logging.getLogger("srl.trainer.sft")
-
-PARTS = ("trainer",)
-"""An SFT checkpoint is complete with the trainer part alone (there is no orchestrator)."""
 
 
 def settings_from_sft(cfg: Any) -> Any:
@@ -181,6 +181,28 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
         st.save(run, step)
         return time.perf_counter() - t0
 
+    def broadcast(step: int) -> float:
+        # Online eval: the eval-only orchestrator loads this into inference and evaluates it.
+        from toolkit.trainer.broadcast import (
+            apply_broadcast_retention,
+            model_config_dict,
+            write_broadcast,
+        )
+        from toolkit.trainer.model import full_state_dict
+
+        t0 = time.perf_counter()
+        weights = full_state_dict(model, info=info)
+        if info.is_main:
+            write_broadcast(run, step, weights, model_config_dict(model), st.model_dir)
+            apply_broadcast_retention(run, 2)
+        tdist.barrier(info)
+        return time.perf_counter() - t0
+
+    eval_every = cfg.eval.interval if cfg.has_online_eval else 0
+    if info.is_main and cfg.has_online_eval:
+        run.broadcasts.mkdir(parents=True, exist_ok=True)
+        fsutil.remove_stale_temps(run.broadcasts)
+
     def validate(step: int) -> dict[str, float]:
         if val is None:
             return {}
@@ -207,6 +229,7 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
         if (s.ckpt_interval and n % s.ckpt_interval == 0) or n == s.max_steps:
             ckpt_s = checkpoint(n)
             last_saved = n
+        bc_s = broadcast(n) if cfg.has_online_eval and ((eval_every and n % eval_every == 0) or n == s.max_steps) else 0.0
         extra = validate(n) if cfg.val is not None and (n % cfg.val.interval == 0 or n == s.max_steps) else {}
         if info.is_main:
             loss = metrics["loss/mean"]
@@ -218,7 +241,8 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
                  "train/ce_tokens": int(batch.ce_mask.sum()),
                  "perf/throughput": metrics["perf/throughput"], "perf/peak_memory": metrics["perf/peak_memory"],
                  "perf/packing_efficiency": metrics["perf/packing_efficiency"],
-                 "time/step": metrics["time/step"], "time/save_ckpt": ckpt_s, **extra}  # fmt: skip
+                 "time/step": metrics["time/step"], "time/save_ckpt": ckpt_s, "time/broadcast": bc_s,
+                 **extra}  # fmt: skip
             if n in recorded:
                 log.info("metrics of step %d already recorded by an earlier attempt; not written again", n)
             else:
