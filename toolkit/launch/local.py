@@ -84,6 +84,13 @@ class _Progress:
         parts = [f"step {t.get('step', 0)}"]
         if "reward/all/mean" in o:
             parts.append(f"reward {o['reward/all/mean']:.3f} (orch step {o.get('step')})")
+        if "loss/perplexity" in t:  # an SFT run: its loss is the signal (and its held-out loss, when measured)
+            parts.append(f"loss {t['loss/mean']:.4f}")
+            if "val/loss" in t:
+                parts.append(f"val/loss {t['val/loss']:.4f} (step {t.get('step')})")
+        evals = {k: v for k, v in o.items() if k.startswith("eval/") and k.endswith(("avg@4", "/avg@1"))}
+        if evals and "reward/all/mean" not in o:
+            parts += [f"{k} {v:.3f} (step {o.get('step')})" for k, v in sorted(evals.items())]
         if "perf/throughput" in t:
             parts.append(f"{t['perf/throughput']:.0f} tok/s")
         if "mismatch_kl/mean" in t:
@@ -104,8 +111,9 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     plan.hosts = ["localhost"] * plan.num_nodes
     print(f"srl: run directory {run.root}")
     print(f"srl: logs in {logs} ; metrics {run.metrics} ; checkpoints {run.checkpoints}")
-    print("srl: starting inference, trainer and orchestrator (vLLM start-up takes about a minute on CPU) ...",
-          flush=True)
+    roles = [r for r in ("inference", "trainer", "orchestrator") if any(p.role == r for p in plan.processes)]
+    print(f"srl: starting {', '.join(roles)}" + (" (vLLM start-up takes about a minute on CPU)" if "inference" in roles
+          else "") + " ...", flush=True)  # fmt: skip
 
     children: list[_Child] = []
     stop_requested = {"at": None}

@@ -41,7 +41,7 @@ from toolkit.orchestrator.producer import GroupProducer, TrainEnv, sampling_para
 from toolkit.orchestrator.records import MetricsLog, step_metrics
 from toolkit.orchestrator.sampler import EnvSampler
 from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_state
-from toolkit.orchestrator.stop import StopCriteria, request_stop
+from toolkit.orchestrator.stop import StopChecks, request_stop
 from toolkit.orchestrator.writer import RecordWriter
 from toolkit.rundir import RunDir
 
@@ -68,7 +68,7 @@ class Orchestrator:
         self.runtimes: list[Any] = []
         self.metrics = MetricsLog(run, enabled=cfg.monitors.file)
         self.writer = RecordWriter(run.root)  # store rows and batches, written by a child process
-        self.stop_criteria = StopCriteria(cfg.monitors.stop, run.metrics)
+        self.stop_criteria = StopChecks(cfg.monitors.stop, run.metrics)
         self.snapshots: dict[int, dict[str, Any]] = {}  # step -> state after its batch, not yet saved
         self.saved_steps: set[int] = set()
         self.engine_urls: list[str] = []
@@ -369,10 +369,8 @@ class Orchestrator:
             for point in self.eval_points():
                 if self.metrics.has(point) or self._should_stop():
                     continue
-                if point > 0:
+                if point > 0:  # point 0: the engines still serve the base model, whatever was broadcast since
                     await tracker.wait_for(point, self._should_stop)
-                else:
-                    await tracker.refresh()
                 if self._should_stop():
                     break
                 version = tracker.served_version
