@@ -33,6 +33,10 @@ def load(files: list[Path], overrides: list[str]) -> Any:
     if not files:
         raise ConfigError("give at least one config file: srl sft @ jobs/reverse-text/sft.toml")
     cfg = load_sft_config(files, overrides)
+    # Relative dataset paths mean "from here": the trainer runs elsewhere (a Slurm job's directory, another node).
+    cfg.data.name = cfg.data.name.expanduser().absolute()
+    if cfg.val is not None and cfg.val.data is not None:
+        cfg.val.data.name = cfg.val.data.name.expanduser().absolute()
     try:
         check_dataset(cfg.data.name, cfg.data.columns)
         if cfg.val is not None and cfg.val.data is not None:

@@ -1,0 +1,110 @@
+"""``srl sft chain`` on the real local Slurm cluster: a 2-node torchrun SFT job, then the RL job behind it.
+
+- The chain as a user submits it (``jobs/reverse-text/slurm.toml`` overlay on both runs): the SFT job (inference
+  node for its online eval + 2 trainer nodes, gloo ranks) ends COMPLETED with its final model; the RL job was held
+  by Slurm until then (``afterok``), starts from that model (its step-0 eval matches SFT's final eval within
+  sampling noise, far above the random model) and ends COMPLETED.
+- An SFT job that fails (a sample longer than ``data.seq_len``: the trainer refuses it before step 1) leaves the RL
+  job cancelled by Slurm (dependency never satisfied) without it ever running, and ``srl status`` of the RL run
+  says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from toolkit.launch import slurm
+from toolkit.launch.submit import read_job_ids
+from toolkit.rundir import RunDir
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm, pytest.mark.timeout(1800)]
+
+REPO = Path(__file__).resolve().parents[2]
+EVAL = "eval/reverse-text-test/avg@4"
+
+
+def _srl(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], cwd=cwd, text=True, capture_output=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout)  # fmt: skip
+
+
+def _evals(run: Path) -> dict[int, float]:
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return {m["step"]: m[EVAL] for m in lines if EVAL in m}
+
+
+def _logs(run: Path) -> str:
+    parts = [p.read_text() for p in sorted(run.glob("logs/*.out"))]
+    parts += [f"---- {p}\n" + p.read_text()[-3000:] for p in sorted(run.glob("logs/attempt_*/*.log"))]
+    return "\n".join(parts)[-12000:]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("sft-slurm")
+    r = _srl(d, "sft", "make-data", "data/rt.jsonl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
+             "--taskset.num-train-examples", "4000")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def _chain(workdir: Path, name: str, *sft_extra: str) -> subprocess.CompletedProcess:
+    slurm_toml = str(REPO / "jobs/reverse-text/slurm.toml")
+    return _srl(
+        workdir, "sft", "chain", "@", str(REPO / "jobs/reverse-text/sft.toml"), "@", slurm_toml,
+        "--data.name", "data/rt.jsonl", "--max-steps", "250", "--eval.interval", "250", "--run.name", f"{name}-sft",
+        *sft_extra,
+        "--then", "@", str(REPO / "jobs/reverse-text/rl.toml"), "@", str(REPO / "jobs/reverse-text/rl-after-sft.toml"),
+        "@", slurm_toml, "--max-steps", "2", "--orchestrator.eval.interval", "2", "--run.name", f"{name}-rl",
+    )  # fmt: skip
+
+
+def _jobs(run: Path) -> list[str]:
+    return [j for j, _kind, _attempt in read_job_ids(RunDir(run))]
+
+
+def test_chain_runs_sft_on_two_nodes_then_rl_from_its_model(workdir, slurm_cluster):
+    r = _chain(workdir, "ok")
+    assert r.returncode == 0, r.stdout + r.stderr
+    sft, rl = workdir / "outputs" / "ok-sft", workdir / "outputs" / "ok-rl"
+    (sft_job,), (rl_job,) = _jobs(sft), _jobs(rl)
+    # Slurm holds the RL job until the SFT job completes.
+    assert slurm.job_state(rl_job).state in ("PENDING", "RUNNING", "COMPLETED")
+    s = slurm.wait(sft_job, timeout_s=1200, poll_s=2.0)
+    assert s.state == "COMPLETED", _logs(sft)
+    assert (sft / "model" / "config.json").is_file()
+    plan = json.loads((sft / "launcher" / "placement.json").read_text())
+    trainer = next(p for p in plan["processes"] if p["role"] == "trainer")
+    assert trainer["num_nodes"] == 2 and "torchrun" in trainer["command"][0]
+    rl_state = slurm.wait(rl_job, timeout_s=1200, poll_s=2.0)
+    assert rl_state.state == "COMPLETED", _logs(rl)
+    assert rl_state.start_time is None or s.end_time is None or rl_state.start_time >= s.end_time
+    e, f = _evals(rl), _evals(sft)
+    assert f[0] < 0.3 and f[250] >= 0.5, f
+    assert abs(e[0] - f[250]) < 0.15, (f, e)
+
+
+def test_a_failed_sft_job_leaves_the_rl_job_cancelled_by_slurm(workdir, slurm_cluster):
+    # Every sample is longer than 16 tokens: the SFT trainer refuses the data before step 1 and the job fails.
+    r = _chain(workdir, "bad", "--data.seq-len", "16", "--eval.env", "[]")
+    assert r.returncode == 0, r.stdout + r.stderr
+    sft, rl = workdir / "outputs" / "bad-sft", workdir / "outputs" / "bad-rl"
+    (sft_job,), (rl_job,) = _jobs(sft), _jobs(rl)
+    s = slurm.wait(sft_job, timeout_s=600, poll_s=2.0)
+    assert s.state == "FAILED", _logs(sft)
+    assert "data.seq_len = 16" in _logs(sft)
+    deadline = time.monotonic() + 120
+    while slurm.job_state(rl_job).state not in ("CANCELLED", None) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    st = slurm.job_state(rl_job)
+    assert st.state == "CANCELLED", st
+    assert not (rl / "metrics.jsonl").exists()  # it never ran
+    status = _srl(workdir, "status", str(rl))
+    assert "DependencyNeverSatisfied" in status.stdout or "dependency" in status.stdout.lower(), status.stdout
