@@ -24,7 +24,7 @@ from analysis import envelope as env_mod
 from analysis.diagnose import Finding, diagnose, format_findings
 from analysis.figures import RUN_FIGURES, fig_sweep, to_png
 from analysis.loaders import RunData, dotted, load_run, role_metrics
-from analysis.stop import StopCriteria, replay
+from analysis.stop import criteria_from_table, replay
 from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
 from toolkit.launch.progress import read_local_record
 from toolkit.rundir import numbered_steps
@@ -452,8 +452,7 @@ def _stop_criteria(doc: _Doc, run: RunData, steps: pd.DataFrame | None) -> None:
         return
     doc.para("Stop criteria ([monitors.stop]): " + json.dumps(table, sort_keys=True))
     try:
-        # max_empty_steps is the orchestrator's zero-signal guard, not a metrics threshold.
-        criteria = StopCriteria.from_mapping({k: v for k, v in table.items() if k != "max_empty_steps"})
+        criteria = criteria_from_table(table)
     except (TypeError, ValueError) as exc:
         doc.para(f"Cannot evaluate them: {exc}")
         return

@@ -2,8 +2,9 @@
 
 The orchestrator feeds each step's metrics to a :class:`StopMonitor`; when it returns a reason, the orchestrator
 writes a checkpoint, requests a clean stop and logs the reason. Reports replay ``metrics.jsonl`` through the same
-monitor (:func:`replay`) to show whether and when the criteria tripped. Pure Python, no pandas or numpy, so the
-orchestrator imports it for free.
+monitor (:func:`replay`) to show whether and when the criteria tripped. The thresholds and their defaults are the
+config's :class:`toolkit.config.model.StopCriteria`. Pure Python, no pandas or numpy, so the orchestrator imports it
+for free.
 
 Criteria (each off when its threshold is None):
 
@@ -20,49 +21,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
 
-@dataclass(frozen=True)
-class StopCriteria:
-    """Thresholds of ``[monitors.stop]``; shares are fractions (0-1), patience counts are steps."""
+from toolkit.config.errors import pydantic_issues
+from toolkit.config.model import StopCriteria
 
-    max_errored_share: float | None = None
-    errored_patience_steps: int = 3
-    max_mismatch_kl: float | None = None
-    mismatch_kl_patience_steps: int = 2
-    reward_collapse_fraction: float | None = None
-    reward_collapse_patience_steps: int = 5
 
-    @classmethod
-    def from_mapping(cls, table: Mapping[str, Any] | None) -> StopCriteria:
-        """Build from the ``[monitors.stop]`` table. Raises ``ValueError`` naming unknown keys or bad values."""
-        table = dict(table or {})
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(table) - names)
-        if unknown:
-            raise ValueError(f"unknown [monitors.stop] key(s) {unknown}; valid keys: {sorted(names)}")
-        crit = cls(**table)
-        for name in (
-            "errored_patience_steps",
-            "mismatch_kl_patience_steps",
-            "reward_collapse_patience_steps",
-        ):
-            if int(getattr(crit, name)) < 1:
-                raise ValueError(f"monitors.stop.{name} must be >= 1 (steps)")
-        for name in ("max_errored_share", "reward_collapse_fraction"):
-            v = getattr(crit, name)
-            if v is not None and not 0 <= v <= 1:
-                raise ValueError(f"monitors.stop.{name} must be in [0, 1], got {v}")
-        return crit
-
-    @property
-    def enabled(self) -> bool:
-        return any(
-            v is not None
-            for v in (self.max_errored_share, self.max_mismatch_kl, self.reward_collapse_fraction)
-        )
+def criteria_from_table(table: Mapping[str, Any] | None) -> StopCriteria:
+    """Thresholds from a ``[monitors.stop]`` table (a run's resolved config holds every field; a missing one takes
+    the config's default). Raises ``ValueError`` naming unknown keys or bad values."""
+    try:
+        return StopCriteria.model_validate(dict(table or {}))
+    except ValidationError as e:
+        raise ValueError("; ".join(f"monitors.stop.{i}" for i in pydantic_issues(e, StopCriteria))) from None
 
 
 @dataclass

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.stop import StopCriteria, StopMonitor, replay
+from analysis.stop import StopMonitor, criteria_from_table, replay
+from toolkit.config.model import StopCriteria
 
 
 def test_errored_share_needs_patience() -> None:
-    crit = StopCriteria.from_mapping({"max_errored_share": 0.2, "errored_patience_steps": 2})
+    crit = criteria_from_table({"max_errored_share": 0.2, "errored_patience_steps": 2})
     m = StopMonitor(crit)
     assert m.update(0, {"errored_share": 0.5}) is None
     assert m.update(1, {"errored_share": 0.1}) is None  # streak broken
@@ -32,13 +33,16 @@ def test_mismatch_kl_and_reward_collapse() -> None:
     step, reason = replay(crit, steps)
     assert step == 2 and "reward collapsed to 0.25" in reason
     assert replay(StopCriteria(max_mismatch_kl=0.01, mismatch_kl_patience_steps=1), steps)[0] == 3
-    assert replay(StopCriteria(), steps) is None and not StopCriteria().enabled
+    assert replay(StopCriteria(), steps) is None
+    # The config's defaults are the monitor's: the errored-share criterion is on unless switched off.
+    assert StopCriteria().enabled and StopCriteria().max_errored_share == 0.5
+    assert not StopCriteria(max_errored_share=None).enabled
 
 
 def test_bad_table() -> None:
-    with pytest.raises(ValueError, match="unknown .*patience_steps"):
-        StopCriteria.from_mapping({"patience_steps": 3})
-    with pytest.raises(ValueError, match="max_errored_share"):
-        StopCriteria.from_mapping({"max_errored_share": 2})
-    with pytest.raises(ValueError, match=">= 1"):
-        StopCriteria.from_mapping({"errored_patience_steps": 0})
+    with pytest.raises(ValueError, match="unknown key 'patience_steps'"):
+        criteria_from_table({"patience_steps": 3})
+    with pytest.raises(ValueError, match="max_errored_share.*less than or equal to 1"):
+        criteria_from_table({"max_errored_share": 2})
+    with pytest.raises(ValueError, match="errored_patience_steps.*greater than or equal to 1"):
+        criteria_from_table({"errored_patience_steps": 0})

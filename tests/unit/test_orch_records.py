@@ -13,7 +13,7 @@ from toolkit.orchestrator.evaluation import eval_metrics, pass_at_k
 from toolkit.orchestrator.producer import Slots, sampling_params
 from toolkit.orchestrator.records import MetricsLog, recorded_steps, step_metrics
 from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_state
-from toolkit.orchestrator.stop import StopCriteria, ZeroSignalGuard, request_stop
+from toolkit.orchestrator.stop import StopChecks, ZeroSignalGuard, request_stop
 from toolkit.orchestrator.types import Rollout, TrainingSample
 from toolkit.rundir import RunDir
 
@@ -87,7 +87,7 @@ def test_zero_signal_guard_counts_consecutive_empty_steps(caplog):
 
 def test_errored_share_and_mismatch_kl_criteria(tmp_path):
     run = RunDir(tmp_path)
-    sc = StopCriteria(StopCfg(max_errored_share=0.5, errored_patience_steps=2, max_mismatch_kl=0.1,
+    sc = StopChecks(StopCfg(max_errored_share=0.5, errored_patience_steps=2, max_mismatch_kl=0.1,
                               mismatch_kl_patience_steps=1), run.metrics)
 
     def step(n, errored, offered=10):

@@ -387,6 +387,8 @@ class IcePopLoss(Section):
     ratio_low: float = Field(0.2, gt=0)
     ratio_high: float = Field(5.0, gt=0)
     """Tokens whose train/inference probability ratio lies outside [ratio_low, ratio_high] are masked."""
+    adv_tau: float = Field(1.0, gt=0)
+    """Advantage temperature."""
 
     @model_validator(mode="after")
     def _band(self) -> IcePopLoss:
@@ -604,7 +606,8 @@ class WeightBroadcastConfig(Section):
 class StopCriteria(Section):
     """``[monitors.stop]``: the orchestrator checkpoints and stops the run when one of these trips.
 
-    Evaluated by :class:`analysis.stop.StopMonitor` (the same code replays them in reports)."""
+    Evaluated by :class:`analysis.stop.StopMonitor` (the same code replays them in reports); ``max_empty_steps`` by
+    the orchestrator's zero-signal guard."""
 
     max_errored_share: float | None = Field(0.5, ge=0, le=1)
     """Stop when errored rollouts exceed this share of a step ..."""
@@ -620,6 +623,11 @@ class StopCriteria(Section):
     """... for this many consecutive steps."""
     max_empty_steps: int | None = Field(10, ge=1)
     """Stop after this many consecutive steps whose groups all had identical rewards (no signal)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any metrics threshold is set (the zero-signal guard is not one)."""
+        return any(v is not None for v in (self.max_errored_share, self.max_mismatch_kl, self.reward_collapse_fraction))
 
 
 class WandbConfig(Section):

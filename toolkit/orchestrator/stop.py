@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
+from toolkit.config.model import StopCriteria
 from toolkit.fsutil import atomic_write_text
 from toolkit.rundir import RunDir
 
@@ -63,22 +63,21 @@ class ZeroSignalGuard:
         return None
 
 
-class StopCriteria:
+class StopChecks:
     """Evaluates ``monitors.stop`` after each orchestrator step.
 
     The thresholds themselves are checked by :class:`analysis.stop.StopMonitor` (one implementation, replayed by
     reports too); this class feeds it the step's orchestrator metrics plus the newest trainer ``mismatch_kl/mean``
-    read from ``metrics.jsonl``, and keeps the zero-signal guard. ``cfg`` is the ``StopCriteria`` config section.
+    read from ``metrics.jsonl``, and keeps the zero-signal guard.
     """
 
-    def __init__(self, cfg: Any, metrics_path: Path) -> None:
-        from analysis.stop import StopCriteria as Thresholds
+    def __init__(self, cfg: StopCriteria, metrics_path: Path) -> None:
         from analysis.stop import StopMonitor
 
         self.cfg = cfg
         self.metrics_path = Path(metrics_path)
         self.guard = ZeroSignalGuard(cfg.max_empty_steps)
-        self.monitor = StopMonitor(Thresholds.from_mapping(cfg.model_dump(exclude={"max_empty_steps"})))
+        self.monitor = StopMonitor(cfg)
         self._offset = 0  # bytes of metrics.jsonl already scanned for trainer lines
 
     def check(self, step: int, metrics: dict[str, float]) -> str | None:

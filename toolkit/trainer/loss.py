@@ -21,24 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from toolkit.config.model import IcePopLoss, IPOLoss
 
-@dataclass(frozen=True)
-class IPOLoss:
-    """IPO trust region: mask tokens whose sampled-token probability moved by more than ``eps`` (absolute)."""
-
-    eps: float = 0.3
-    adv_tau: float = 1.0
-
-
-@dataclass(frozen=True)
-class IcePopLoss:
-    """IcePop: mask tokens whose ratio pi/mu lies outside ``[ratio_low, ratio_high]``."""
-
-    ratio_low: float = 0.2
-    ratio_high: float = 5.0
-    adv_tau: float = 1.0
-
-
+# The loss settings are the config's classes, so their defaults are defined once: eps, ratio_low/high, adv_tau.
 LossConfig = IPOLoss | IcePopLoss
 
 
