@@ -54,3 +54,10 @@ class TaskError(SrlRolloutError):
     """Task setup, finalize or scoring code failed."""
 
     error_class = "TaskError"
+
+
+class RewardSkippedError(SrlRolloutError):
+    """Scoring finished but left a reward or metric unscored (verifiers skips a signal that needs a runtime when
+    none is given): the reward would read as a silent 0, so the rollout is an error instead."""
+
+    error_class = "RewardSkippedError"

@@ -114,6 +114,7 @@ def episode_cpu_ms(n: int = 4000) -> float:
         await episode.step("cba")
         await episode.finalize()
         await episode.score()
+        await episode.close()
 
     async def run(count: int) -> float:
         t0 = time.process_time()

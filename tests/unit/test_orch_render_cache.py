@@ -88,8 +88,9 @@ def test_episode_identity_matches_the_task():
         for _ in range(2):  # the second episode of a task uses the cached identity
             ep = Episode(task)
             assert (ep.trace.task.key, ep.trace.task.hash) == (task.key, task.hash)
-            assert ep.trace.agent.config == type(ep.trace.agent.config)()
+            assert ep.trace.agent.config == type(ep.trace.agent.config)(runtime=ep.runtime_config)
     a, b = Episode(tasks[0]), Episode(tasks[0])
     assert a.trace.agent.config is not b.trace.agent.config and a.trace.id != b.trace.id
     messages = asyncio.run(a.start())
+    asyncio.run(a.close())
     assert messages[-1]["content"].endswith(tasks[0].data.text)

@@ -214,7 +214,11 @@ class TasksetConfig(Section):
 
 
 class RuntimeConfig(Section):
-    type: Literal["subprocess", "local", "docker", "podman", "apptainer", "prime"] = "subprocess"
+    """verifiers' runtime of an env's episodes (handed to the task's setup, finalize and scoring). Fields beyond
+    these (``image``, ``workdir``, ``allow``, ...) pass to verifiers' runtime config, which validates them."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    type: Literal["subprocess", "local", "docker", "podman", "apptainer", "prime", "modal", "e2b"] = "subprocess"
     """Where harness programs run."""
     cpu: float | None = Field(None, gt=0, le=1024)
     """CPUs per sandbox."""

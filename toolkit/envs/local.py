@@ -11,24 +11,32 @@ from typing import Any
 import verifiers.v1 as vf
 
 from toolkit.envs.episode import Episode
+from toolkit.envs.fidelity import task_identity
 
 
 class LocalSession:
-    """The environment half of one rollout of ``task``, run in this process."""
+    """The environment half of one rollout of ``task``, run in this process. ``runtime_config``: verifiers' runtime
+    config (default subprocess), as an env worker builds it from ``harness.runtime``."""
 
-    def __init__(self, task: vf.Task, *, max_turns: int | None = None) -> None:
-        self.episode = Episode(task, max_turns=max_turns)
+    def __init__(self, task: vf.Task, *, max_turns: int | None = None, runtime_config: Any = None) -> None:
+        self.episode = Episode(task, max_turns=max_turns, runtime_config=runtime_config)
 
     async def start(self) -> tuple[str, list[dict[str, str]]]:
-        data = self.episode.task.data
-        return str(data.id if data.id is not None else self.episode.task.key), await self.episode.start()
+        try:
+            return task_identity(self.episode.task), await self.episode.start()
+        except BaseException:
+            await self.episode.close()
+            raise
 
     async def step(self, reply: str) -> tuple[list[dict[str, str]], bool]:
         return await self.episode.step(reply)
 
     async def finish(self) -> dict[str, Any]:
-        await self.episode.finalize()
-        return {**await self.episode.score(), "wants_more": self.episode.wants_more}
+        try:
+            await self.episode.finalize()
+            return {**await self.episode.score(), "wants_more": self.episode.wants_more}
+        finally:
+            await self.episode.close()
 
     async def close(self) -> None:
-        return None
+        await self.episode.close()

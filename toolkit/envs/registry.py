@@ -120,14 +120,21 @@ def select_config(select: Any, default_seed: int = 0) -> vf.SelectConfig:
     )
 
 
-def load_tasks(taskset_cfg: Any) -> list[vf.Task]:
-    """The selected tasks of a taskset config, in order; ``example_id`` = index in this list.
+def load_selected(taskset_cfg: Any, *, env_name: str | None = None) -> tuple[vf.Taskset, list[vf.Task]]:
+    """``(taskset, selected tasks in order)`` of a taskset config; ``example_id`` = index in the list.
 
-    Raises ValueError for an infinite taskset that ``select`` does not bound (``limit`` or closed idx ranges).
+    ``env_name`` names the env in error messages (default: the taskset id). Raises ValueError for an infinite
+    taskset that ``select`` does not bound (``limit`` or closed idx ranges).
     """
     taskset = build_taskset(taskset_cfg)
     seed = getattr(taskset_cfg, "seed", None) or 0
     view = taskset.select(select_config(getattr(taskset_cfg, "select", None), default_seed=seed))
     if not view.bounded:
         raise ValueError(f"taskset {taskset_cfg.id!r} is infinite: bound it with select.limit")
-    return list(view)
+    return taskset, list(view)
+
+
+def load_tasks(taskset_cfg: Any) -> list[vf.Task]:
+    """The selected tasks of a taskset config, in order; ``example_id`` = index in this list (see
+    :func:`load_selected`)."""
+    return load_selected(taskset_cfg)[1]

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import errors as srl_errors
+from toolkit.envs.fidelity import runtime_fields
 from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, error_from_wire
 from toolkit.orchestrator.engines import wait_excluding_outage
 from toolkit.models.renderer import CachedRenderer, Renderer, load_renderer
@@ -76,7 +77,10 @@ def env_spec(env_cfg: Any) -> dict[str, Any]:
             "select": _plain(getattr(ts, "select", None)),
             "extra": _plain(getattr(ts, "model_extra", None) or {}),
         },
-        "harness": {"id": _get(getattr(env_cfg, "harness", None), "id", "default")},
+        "harness": {
+            "id": _get(getattr(env_cfg, "harness", None), "id", "default"),
+            "runtime": runtime_fields(getattr(getattr(env_cfg, "harness", None), "runtime", None)),
+        },
         "max_turns": getattr(env_cfg, "max_turns", None),
         "timeout": {s: getattr(timeout, s, None) for s in ("setup", "rollout", "finalize", "scoring")},
     }

@@ -5,8 +5,11 @@ selects the tasks once, listens (``--port 0`` = OS-assigned), then prints ``SRL_
 stdout. The orchestrator's ``EnvRuntime`` starts ``pool.max_workers`` of these (or connects to an external one via
 ``address``); each is its own process, so a task that hangs or crashes cannot stall the orchestrator.
 
-Spec (JSON): ``{"name", "taskset": {"id", "split", "seed", "select", "extra"}, "harness": {"id"},
-"max_turns", "timeout": {"setup", "finalize", "scoring"}}``; timeouts are seconds (None = unbounded).
+Spec (JSON): ``{"name", "taskset": {"id", "split", "seed", "select", "extra"}, "harness": {"id", "runtime"},
+"max_turns", "timeout": {"setup", "finalize", "scoring"}}``; timeouts are seconds (None = unbounded); ``runtime``
+holds the fields of verifiers' runtime config (``{"type": "subprocess"}`` when absent). An environment srl cannot
+run as verifiers would (``toolkit.envs.fidelity``) makes the worker exit before it announces itself, with the
+refusal on stderr.
 With ``--parent-pid`` the worker exits when that process is gone, so a killed orchestrator leaves no orphans.
 """
 
@@ -22,13 +25,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from toolkit import errors as srl_errors
-from toolkit.envs import sigcache
+from toolkit.envs import fidelity, sigcache
 from toolkit.envs.episode import Episode
+from toolkit.envs.fidelity import task_identity
 from toolkit.envs.protocol import READY_PREFIX, STREAM_LIMIT, coalesce_writes, encode
-from toolkit.envs.registry import load_tasks
-
-PLAIN_CHAT_HARNESSES = ("default", "null")
-"""Harness ids of the plain chat harness (the seeds' ``default`` is verifiers' ``null``)."""
+from toolkit.envs.registry import load_selected
 
 
 def taskset_namespace(spec_taskset: dict[str, Any]) -> SimpleNamespace:
@@ -46,13 +47,18 @@ class EnvWorker:
     """The episodes of one worker. ``handle`` runs one request; errors come back as seed error classes."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        harness = (spec.get("harness") or {}).get("id", "default")
-        if harness not in PLAIN_CHAT_HARNESSES:
-            raise ValueError(
-                f"harness {harness!r} is not supported by srl's token-in/token-out path; use 'default' (plain chat)"
-            )
+        """Load and select the tasks and refuse what srl cannot run as verifiers would.
+
+        Raises EnvFeatureError (an unsupported harness, runtime, Env class or task feature), ValueError or
+        pydantic.ValidationError (taskset fields), ModuleNotFoundError (an id that resolves nowhere).
+        """
+        harness = spec.get("harness") or {}
+        name = spec.get("name") or spec["taskset"]["id"]
         self.spec = spec
-        self.tasks = load_tasks(taskset_namespace(spec["taskset"]))
+        runtime = harness.get("runtime") or {"type": "subprocess"}
+        self.runtime_config = fidelity.build_runtime_config(name, runtime)
+        taskset, self.tasks = load_selected(taskset_namespace(spec["taskset"]), env_name=name)
+        fidelity.check_loaded(name, taskset, self.tasks, harness.get("id", "default"), self.runtime_config)
         self.max_turns = spec.get("max_turns")
         self.timeout = spec.get("timeout") or {}
         self.episodes: dict[str, Episode] = {}
@@ -81,7 +87,9 @@ class EnvWorker:
             return {"results": [_outcome(o) for o in outcomes]}
         episode = self.episodes.get(req.get("episode", ""))
         if op == "close":
-            self.episodes.pop(req.get("episode", ""), None)
+            dropped = self.episodes.pop(req.get("episode", ""), None)
+            if dropped is not None:
+                await dropped.close()
             return {}
         if episode is None:
             raise srl_errors.HarnessError(f"unknown episode {req.get('episode')!r}")
@@ -101,11 +109,14 @@ class EnvWorker:
         if not 0 <= example_id < len(self.tasks):
             raise srl_errors.TaskError(f"example_id {example_id} out of range [0, {len(self.tasks)})")
         task = self.tasks[example_id]
-        episode = Episode(task, max_turns=self.max_turns)
-        messages = await self._staged("setup", episode.start())
+        episode = Episode(task, max_turns=self.max_turns, runtime_config=self.runtime_config)
+        try:
+            messages = await self._staged("setup", episode.start())
+        except BaseException:
+            await episode.close()
+            raise
         self.episodes[episode_id] = episode
-        return {"task_id": self._task_id(task), "messages": messages,
-                "single_turn": not callable(getattr(task, "user_turn", None))}  # fmt: skip
+        return {"task_id": self._task_id(task), "messages": messages, "single_turn": not episode.multi_turn}
 
     async def _finish(self, episode_id: str, episode: Episode) -> dict[str, Any]:
         """Finalize and score an episode (each stage under its timeout) and forget it. Raises TaskError."""
@@ -114,12 +125,12 @@ class EnvWorker:
             scored = await self._staged("scoring", episode.score())
         finally:
             self.episodes.pop(episode_id, None)
+            await episode.close()
         return {**scored, "wants_more": episode.wants_more}
 
     @staticmethod
     def _task_id(task: Any) -> str:
-        data = task.data
-        return str(data.id if data.id is not None else (data.name if data.name is not None else task.key))
+        return task_identity(task)
 
     async def respond(self, req: dict[str, Any], writer: asyncio.StreamWriter, outbox: list[bytes]) -> None:
         out = {"id": req.get("id"), **_outcome(await _settled(self.handle(req.get("op", ""), req)))}

@@ -73,7 +73,7 @@ def reference_replies(task: Any) -> list[str] | None:
 
 async def score_replies(
     task: Any, replies: Sequence[str], *, max_turns: int | None, setup_s: float | None, scoring_s: float | None,
-    turn_s: float | None = None,
+    turn_s: float | None = None, runtime_config: Any = None,
 ) -> dict[str, Any]:
     """Play ``replies`` as the assistant's turns of one fresh episode of ``task`` and score it.
 
@@ -81,20 +81,25 @@ async def score_replies(
     ``wanted_more``). Returns ``{"reward", "components", "turns", "wanted_more", "scoring_s"}`` (seconds).
     Raises an ``SrlRolloutError`` (TaskError for task code) or asyncio.TimeoutError after ``setup_s`` /
     ``scoring_s`` seconds, or when one turn (the task's ``user_turn``) takes longer than ``turn_s`` seconds.
+    ``runtime_config``: verifiers' runtime config the env's workers use (default subprocess); the episode's runtime
+    is stopped whatever happens.
     """
     from toolkit.envs.episode import Episode
 
-    ep = Episode(task, max_turns=max_turns)
-    await asyncio.wait_for(ep.start(), setup_s)
-    done = False
-    for reply in replies:
-        # A user turn that never returns would hang the gate: the rollout timeout bounds it, as in the workers.
-        _, done = await asyncio.wait_for(ep.step(reply), turn_s)
-        if done:
-            break
-    t0 = time.perf_counter()
-    await asyncio.wait_for(ep.finalize(), scoring_s)
-    scored = await asyncio.wait_for(ep.score(), scoring_s)
+    ep = Episode(task, max_turns=max_turns, runtime_config=runtime_config)
+    try:
+        await asyncio.wait_for(ep.start(), setup_s)
+        done = False
+        for reply in replies:
+            # A user turn that never returns would hang the gate: the rollout timeout bounds it, as in the workers.
+            _, done = await asyncio.wait_for(ep.step(reply), turn_s)
+            if done:
+                break
+        t0 = time.perf_counter()
+        await asyncio.wait_for(ep.finalize(), scoring_s)
+        scored = await asyncio.wait_for(ep.score(), scoring_s)
+    finally:
+        await ep.close()
     return {**scored, "turns": ep.turns, "wanted_more": ep.wants_more or not done, "scoring_s": time.perf_counter() - t0}
 
 

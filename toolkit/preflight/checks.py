@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..config.errors import Findings
 from ..config.model import RLConfig
+from ..envs.fidelity import config_runtime_problem
 from ..envs.tasksets import BUILTIN_TASKSETS, taskset_module_candidates, taskset_unresolved_reason
 from ..models.resolve import MODEL_ALIASES
 from ..placement.topology import TopologyError, derive_topology
@@ -21,8 +22,8 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
     """Run every check; returns errors and warnings (never raises). ``purpose`` "serve" skips the taskset look-up
     (a serving deployment runs no environments)."""
     f = Findings()
-    for rule in (_model_name, _topology, check_lora, _references, _taskset_ids):
-        if purpose == "serve" and rule is _taskset_ids:
+    for rule in (_model_name, _topology, check_lora, _references, _taskset_ids, _env_runtimes):
+        if purpose == "serve" and rule in (_taskset_ids, _env_runtimes):
             continue
         rule(cfg, f)
     return f
@@ -69,6 +70,17 @@ def _taskset_ids(cfg: RLConfig, f: Findings) -> None:
                 f.warn(where, f"taskset '{tid}' is not built in ({', '.join(builtins)}) and does not resolve here "
                               f"({why}; tried {tried}); the orchestrator will fail at start unless the job's "
                               "environment provides it (e.g. env_vars.PYTHONPATH)")  # fmt: skip
+
+
+def _env_runtimes(cfg: RLConfig, f: Findings) -> None:
+    """A runtime type srl cannot provide fails every env worker at start: an error naming the env. A container
+    program missing on this machine is a warning (the compute nodes may have it; the worker checks there)."""
+    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
+        for i, e in enumerate(envs):
+            found = config_runtime_problem(e.harness.runtime)
+            if found is not None:
+                where = f"orchestrator.{section}.env[{i}].harness.runtime.type"
+                (f.error if found[1] else f.warn)(where, f"env '{e.env_name}': {found[0]}")
 
 
 def _clip(text: str, width: int = 80) -> str:

@@ -1,0 +1,167 @@
+"""Environment fidelity: ``harness.runtime`` reaches the env worker and the task, tasks are called the way
+verifiers calls them, and what srl cannot honour is refused when the env loads, naming the env and the feature."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+import verifiers.v1 as vf
+
+from tests.vf_differential import fixtures_on_path
+from toolkit import errors as srl_errors
+from toolkit.envs import fidelity
+from toolkit.envs.episode import Episode
+from toolkit.envs.fidelity import EnvFeatureError
+
+fixtures_on_path()
+
+
+def _spec(
+    taskset: dict, *, runtime: dict | None = None, harness: str = "default", name: str = "my-env"
+) -> dict:
+    ts = {"id": taskset["id"], "split": taskset.get("split"), "seed": 0, "select": None,
+          "extra": {k: v for k, v in taskset.items() if k not in ("id", "split")}}  # fmt: skip
+    return {"name": name, "taskset": ts, "harness": {"id": harness, "runtime": runtime or {"type": "subprocess"}},
+            "max_turns": 1, "timeout": {}}  # fmt: skip
+
+
+def test_env_spec_forwards_harness_runtime():
+    from toolkit.config.model import EnvConfig
+    from toolkit.envs.runtime import env_spec
+
+    cfg = EnvConfig(
+        taskset={"id": "reverse-text"}, harness={"id": "default", "runtime": {"type": "subprocess"}}
+    )
+    spec = env_spec(cfg.model_copy(update={"name": cfg.env_name}))
+    assert spec["harness"] == {"id": "default", "runtime": {"type": "subprocess"}}
+
+
+def test_worker_hands_its_runtime_to_setup_and_scoring():
+    from toolkit.envs.server import EnvWorker
+
+    worker = EnvWorker(_spec({"id": "exec-check", "dataset_split": "test", "num_examples": 2}))
+    assert worker.runtime_config.type == "subprocess"
+
+    async def run() -> dict:
+        started = await worker.handle("start", {"example_id": 0, "episode": "e0"})
+        assert started["task_id"] == "idx:0"  # rows with only idx are named by it
+        episode = worker.episodes["e0"]
+        assert type(episode.runtime).__name__ == "SubprocessRuntime"
+        answer = str(worker.tasks[0].data.answer)
+        await worker.handle("step", {"episode": "e0", "reply": answer})
+        scored = await worker.handle("finish", {"episode": "e0"})
+        assert episode.runtime is None  # stopped with the episode
+        return scored
+
+    scored = asyncio.run(run())
+    assert scored["reward"] == 1.0 and scored["components"] == {"checked": 1.0}
+    assert scored["stop_condition"] == "agent_completed"
+
+
+@pytest.mark.parametrize("runtime,needle", [
+    ({"type": "prime"}, "runtime type 'prime' is a remote sandbox"),
+    ({"type": "modal"}, "runtime type 'modal' is a remote sandbox"),
+    ({"type": "local"}, "runtime type 'local' is not a verifiers runtime"),
+    ({"type": "subprocess", "cpu": 2}, "harness.runtime does not fit verifiers' 'subprocess' runtime config (cpu"),
+])  # fmt: skip
+def test_runtime_srl_cannot_provide_is_refused_naming_env(runtime, needle):
+    with pytest.raises(EnvFeatureError) as err:
+        fidelity.build_runtime_config("my-env", runtime)
+    assert str(err.value).startswith("env 'my-env': harness.runtime") and needle in str(err.value)
+
+
+def test_container_runtime_needs_its_program_on_the_node(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(EnvFeatureError, match="'apptainer' program, which is not on PATH"):
+        fidelity.build_runtime_config("hpc-env", {"type": "apptainer", "image": "docker://python:3.11"})
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    cfg = fidelity.build_runtime_config("hpc-env", {"type": "apptainer", "image": "docker://python:3.11"})
+    assert cfg.type == "apptainer" and cfg.image == "docker://python:3.11"
+
+
+@pytest.mark.parametrize("taskset_id,needle", [
+    ("best-of-two", "exports its own Env class BestOfTwoEnv"),
+    ("guess-user", "exports its own Env class GuessEnv"),
+])  # fmt: skip
+def test_custom_env_class_is_refused_at_load(taskset_id, needle):
+    from toolkit.envs.server import EnvWorker
+
+    with pytest.raises(EnvFeatureError) as err:
+        EnvWorker(_spec({"id": taskset_id}, name="researcher-env"))
+    assert "env 'researcher-env'" in str(err.value) and needle in str(err.value)
+
+
+def test_other_harness_is_refused():
+    from toolkit.envs.server import EnvWorker
+
+    with pytest.raises(EnvFeatureError, match="harness 'bash' is not supported"):
+        EnvWorker(_spec({"id": "reverse-text"}, harness="bash"))
+
+
+class _ImageData(vf.TaskData):
+    pass
+
+
+class _ContainerTask(vf.Task[_ImageData, vf.State, vf.TaskConfig]):
+    NEEDS_CONTAINER = True
+
+
+class _InterceptTask(vf.Task[_ImageData, vf.State, vf.TaskConfig]):
+    @vf.intercept
+    async def rewrite(self, request: vf.Request) -> None:
+        return None
+
+    @vf.stop
+    async def too_long(self, response: vf.Response) -> bool:
+        return False
+
+
+def test_task_features_srl_cannot_honour_are_named():
+    sub = vf.SubprocessConfig()
+    problems = fidelity.task_problems("e", _ContainerTask(_ImageData(prompt="x")), sub)
+    assert any("needs a container runtime" in p for p in problems)
+    problems = fidelity.task_problems("e", _ContainerTask(_ImageData(prompt="x", image="python:3.11")), sub)
+    assert any("requires image 'python:3.11'" in p for p in problems)
+    problems = fidelity.task_problems("e", _InterceptTask(_ImageData(prompt="x")), sub)
+    assert any("@vf.intercept hooks ['rewrite']" in p for p in problems)
+    assert any("@vf.stop too_long takes a Response boundary" in p for p in problems)
+    problems = fidelity.task_problems("e", _ContainerTask.__mro__[1](_ImageData()), sub)
+    assert any("has no prompt and no user to open the conversation" in p for p in problems)
+
+
+class _RuntimeRewardTask(vf.Task[_ImageData, vf.State, vf.TaskConfig]):
+    @vf.reward
+    async def needs_box(self, trace: vf.Trace, runtime: vf.Runtime) -> float:
+        return 1.0
+
+
+def test_a_reward_left_unscored_is_its_own_error_class():
+    async def run() -> None:
+        ep = Episode(_RuntimeRewardTask(_ImageData(prompt="x")))
+        await ep.start()
+        await ep.step("y")
+        await ep.finalize()
+        await ep.close()  # no runtime left: verifiers would skip the reward
+        await ep.score()
+
+    with pytest.raises(srl_errors.RewardSkippedError, match="needs_box"):
+        asyncio.run(run())
+
+
+def test_preflight_refuses_a_runtime_type_srl_never_provides(tmp_path):
+    from toolkit.config import ConfigError, load_config
+    from toolkit.preflight import preflight
+
+    p = tmp_path / "run.toml"
+    p.write_text(
+        '[[orchestrator.train.env]]\nname = "box"\ntaskset = { id = "reverse-text" }\n'
+        'harness = { id = "default", runtime = { type = "modal" } }\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        preflight(load_config([p]))
+    issues = {i.path: i.message for i in err.value.issues}
+    assert issues["orchestrator.train.env[0].harness.runtime.type"].startswith(
+        "env 'box': runtime type 'modal' is a remote sandbox"
+    )

@@ -1,0 +1,259 @@
+"""What srl honours of a verifiers v1 environment, and the refusals for what it cannot run unchanged.
+
+srl drives the policy itself and plays verifiers' single-agent, tool-less chat loop (``SingleAgentEnv`` with the
+``null`` harness) inside its env workers (``toolkit.envs.episode``). Everything an environment can declare beyond
+that loop would change meaning if srl ran it anyway, so it is refused when the env loads, with the env's name and
+the feature in the message (:class:`EnvFeatureError`):
+
+- an ``Env`` subclass exported by the taskset's module (verifiers would run that class's ``run``/``finalize``),
+- a harness bundled with the taskset, or a ``harness.id`` other than the plain chat loop,
+- tool servers (``Task.toolsets`` / ``Taskset.toolsets``), ``@vf.intercept`` hooks, ``@vf.stop`` predicates on a
+  ``Request`` or ``Response`` (they need verifiers' interception server between program and model),
+- a runtime type srl cannot provide on the node (remote sandboxes; a container engine that is not installed),
+- a task/runtime pairing verifiers itself refuses (``NEEDS_CONTAINER`` on subprocess, a task image on subprocess),
+- a task without a prompt and no srl ``user_turn`` hook (nobody opens the conversation).
+
+The runtime (``harness.runtime``) is verifiers' own runtime class built from the config, one per episode, handed
+to the task's ``setup``/``finalize`` and to ``Task.score`` exactly as verifiers' rollout does.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+PLAIN_CHAT_HARNESSES = ("default", "null")
+"""Harness ids of the plain chat loop srl plays (the seeds' ``default`` is verifiers' ``null``)."""
+
+LOCAL_RUNTIME_BINARIES: dict[str, str | None] = {
+    "subprocess": None,
+    "docker": "docker",
+    "podman": "podman",
+    "apptainer": "apptainer",
+}
+"""Runtime types srl provides, each with the program it needs on the node (None: nothing beyond Python)."""
+
+REMOTE_RUNTIME_TYPES = ("prime", "modal", "e2b")
+"""verifiers' remote sandbox runtimes: they need provider credentials and outbound network from the env workers,
+which srl does not arrange on a compute node."""
+
+
+class EnvFeatureError(ValueError):
+    """An environment uses a verifiers feature srl cannot honour; the message names the env and the feature."""
+
+
+def runtime_type_problem(runtime_type: str) -> str | None:
+    """Why srl cannot provide runtime ``runtime_type`` on this node, or None when it can. Imports nothing.
+
+    ``subprocess`` always works; ``docker``/``podman``/``apptainer`` need their program on ``PATH`` (checked here,
+    so the answer is about the node this runs on); remote and unknown types are never provided.
+    """
+    if runtime_type in LOCAL_RUNTIME_BINARIES:
+        binary = LOCAL_RUNTIME_BINARIES[runtime_type]
+        if binary is not None and shutil.which(binary) is None:
+            return f"runtime type '{runtime_type}' needs the '{binary}' program, which is not on PATH on this node"
+        return None
+    if runtime_type in REMOTE_RUNTIME_TYPES:
+        return (
+            f"runtime type '{runtime_type}' is a remote sandbox; srl provides only "
+            f"{', '.join(repr(t) for t in LOCAL_RUNTIME_BINARIES)} (env workers get no provider credentials or "
+            "tunnel)"
+        )
+    return (
+        f"runtime type '{runtime_type}' is not a verifiers runtime; srl provides "
+        f"{', '.join(repr(t) for t in LOCAL_RUNTIME_BINARIES)}"
+    )
+
+
+def config_runtime_problem(runtime_cfg: Any) -> tuple[str, bool] | None:
+    """``(message, is_error)`` for a ``harness.runtime`` section srl cannot provide, judged on this machine
+    without importing verifiers; None when it can. A type srl never provides is an error; a container program
+    missing here is only a warning (the compute nodes may have it; the env worker checks again there)."""
+    rtype = str(runtime_fields(runtime_cfg).get("type"))
+    problem = runtime_type_problem(rtype)
+    if problem is None:
+        return None
+    return problem, rtype not in LOCAL_RUNTIME_BINARIES
+
+
+def runtime_fields(runtime_cfg: Any) -> dict[str, Any]:
+    """srl's ``harness.runtime`` section as the plain fields verifiers' runtime config takes: every field the user
+    set (None values dropped), so a field verifiers' class does not declare is refused, never dropped."""
+    if runtime_cfg is None:
+        return {"type": "subprocess"}
+    if hasattr(runtime_cfg, "model_dump"):
+        raw = runtime_cfg.model_dump()
+    elif isinstance(runtime_cfg, Mapping):
+        raw = dict(runtime_cfg)
+    else:
+        raw = {k: v for k, v in vars(runtime_cfg).items() if not k.startswith("_")}
+    out = {k: v for k, v in raw.items() if v is not None}
+    out.setdefault("type", "subprocess")
+    return out
+
+
+def build_runtime_config(env_name: str, fields: Mapping[str, Any], *, check_node: bool = True) -> Any:
+    """verifiers' runtime config (``verifiers.v1.runtimes.RuntimeConfig``) for ``fields`` (see :func:`runtime_fields`).
+
+    Raises EnvFeatureError naming ``env_name`` when the type cannot be provided here (``check_node`` also asks for
+    the container program on PATH) or when verifiers' config class rejects a field.
+    """
+    from pydantic import TypeAdapter, ValidationError
+    from verifiers.v1.runtimes import RuntimeConfig
+
+    rtype = str(fields.get("type", "subprocess"))
+    problem = runtime_type_problem(rtype)
+    if problem is not None and (check_node or rtype not in LOCAL_RUNTIME_BINARIES):
+        raise EnvFeatureError(f"env '{env_name}': harness.runtime: {problem}")
+    try:
+        return TypeAdapter(RuntimeConfig).validate_python(dict(fields))
+    except ValidationError as exc:
+        issues = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'][1:]) or 'runtime'}: {e['msg']}" for e in exc.errors()
+        )
+        raise EnvFeatureError(
+            f"env '{env_name}': harness.runtime does not fit verifiers' '{rtype}' runtime config ({issues})"
+        ) from None
+
+
+def _exported(module: Any, base: type) -> list[type]:
+    return [
+        obj
+        for name in getattr(module, "__all__", ()) or ()
+        if isinstance(obj := getattr(module, name, None), type) and issubclass(obj, base) and obj is not base
+    ]
+
+
+def env_class_problems(env_name: str, taskset_cls: type, harness_id: str) -> list[str]:
+    """What the taskset's own module declares beyond the plain chat loop: an ``Env`` class, a bundled harness, a
+    harness id other than the plain chat loop. Returns refusal messages (empty: nothing to refuse)."""
+    import importlib
+
+    import verifiers.v1 as vf
+
+    out: list[str] = []
+    if harness_id not in PLAIN_CHAT_HARNESSES:
+        out.append(
+            f"env '{env_name}': harness '{harness_id}' is not supported: srl plays the policy itself through the "
+            f"plain chat loop only (harness.id = {' or '.join(repr(h) for h in PLAIN_CHAT_HARNESSES)})"
+        )
+    module = importlib.import_module(taskset_cls.__module__)
+    for env_cls in _exported(module, vf.Env):
+        out.append(
+            f"env '{env_name}': the taskset's module {module.__name__} exports its own Env class "
+            f"{env_cls.__name__}, which verifiers would run instead of the single-agent loop; srl cannot run an "
+            "Env's run()/setup()/finalize() (repeated attempts, comparisons, several agents, a simulated user) "
+            "and refuses it rather than train a different episode"
+        )
+    for harness_cls in _exported(module, vf.Harness):
+        out.append(
+            f"env '{env_name}': the taskset's module {module.__name__} bundles its own harness "
+            f"{harness_cls.__name__}, which verifiers would run by default; srl runs only the plain chat loop"
+        )
+    return out
+
+
+def _hook_boundary(fn: Any) -> str:
+    from verifiers.v1.session import hook_boundary
+
+    try:
+        return hook_boundary(fn, allow_trace=True).__name__
+    except TypeError as exc:
+        return f"invalid ({exc})"
+
+
+def task_class_problems(env_name: str, taskset: Any, task_cls: type) -> list[str]:
+    """Refusals that hold for every task of the taskset: tool servers, interception hooks, stop predicates that
+    need the model request or response."""
+    out: list[str] = []
+    try:
+        task_tools = task_cls.toolsets(taskset.config.task)
+        shared_tools = type(taskset).toolsets(taskset.config)
+    except Exception as exc:  # noqa: BLE001 - a toolsets() that raises is itself the finding
+        task_tools, shared_tools = [f"toolsets() raised {type(exc).__name__}: {exc}"], []
+    if task_tools or shared_tools:
+        out.append(
+            f"env '{env_name}': {task_cls.__name__} serves tools (Task.toolsets / Taskset.toolsets); srl's chat "
+            "loop has no tool servers, so the model could never call them"
+        )
+    return out
+
+
+def task_problems(env_name: str, task: Any, runtime_config: Any, harness: Any = None) -> list[str]:
+    """Refusals for one task object: interception hooks, request/response stops, a pairing verifiers refuses
+    (with ``harness``, default verifiers' ``null``), a task nobody can open."""
+    from verifiers.v1.utils.compile import resolve_runtime_config, validate_pairing
+    from verifiers.v1.utils.decorators import discover_decorated
+
+    out: list[str] = []
+    name = type(task).__name__
+    intercepts = [fn.__name__ for fn in discover_decorated(task, "intercept")]
+    if intercepts:
+        out.append(
+            f"env '{env_name}': {name} has @vf.intercept hooks {intercepts}; they rewrite model requests inside "
+            "verifiers' interception server, which srl's token-in/token-out loop does not run"
+        )
+    for fn in task.hooks("stop"):
+        kind = _hook_boundary(fn)
+        if kind != "Trace":
+            out.append(
+                f"env '{env_name}': {name}'s @vf.stop {fn.__name__} takes a {kind} boundary; srl checks only "
+                "stops over the Trace (a request/response stop needs verifiers' interception server)"
+            )
+    try:
+        resolved = resolve_runtime_config(runtime_config, task)
+        validate_pairing(harness or _null_harness(), type(task), resolved)
+    except ValueError as exc:
+        out.append(f"env '{env_name}': {exc}")
+    if task.data.prompt is None and not callable(getattr(task, "user_turn", None)):
+        out.append(
+            f"env '{env_name}': task {task_identity(task)!r} has no prompt and no user to open the conversation "
+            "(verifiers needs an Env that drives an interaction for such a task)"
+        )
+    return out
+
+
+def _null_harness() -> Any:
+    from verifiers.v1.harnesses.null import NullHarness, NullHarnessConfig
+
+    return NullHarness(NullHarnessConfig(id="null"))
+
+
+MAX_LISTED = 10
+"""Refusals listed at most in one error (a problem of every task would otherwise print once per task)."""
+
+
+def check_loaded(
+    env_name: str, taskset: Any, tasks: Iterable[Any], harness_id: str, runtime_config: Any
+) -> None:
+    """Refuse, at load, an environment srl cannot run as verifiers would. Checks the taskset's module, its task
+    class and every loaded task. Raises EnvFeatureError listing the distinct refusals (at most ``MAX_LISTED``, then
+    a count of the rest)."""
+    problems = env_class_problems(env_name, type(taskset), harness_id)
+    problems += task_class_problems(env_name, taskset, type(taskset).task_type())
+    seen: set[str] = set(problems)
+    harness = _null_harness()
+    for task in tasks:
+        for p in task_problems(env_name, task, runtime_config, harness):
+            if p not in seen:
+                seen.add(p)
+                problems.append(p)
+    if problems:
+        listed = problems[:MAX_LISTED]
+        if len(problems) > MAX_LISTED:
+            listed.append(f"... and {len(problems) - MAX_LISTED} more")
+        raise EnvFeatureError("\n".join(listed))
+
+
+def task_identity(task: Any) -> str:
+    """A task's id as verifiers' own views name tasks: ``data.id``, else ``data.name``, else ``idx:<n>`` when the
+    taskset set an index, else the content key (``Task.key``). Unique within a taskset when the source's ids are."""
+    data = task.data
+    if data.id is not None:
+        return str(data.id)
+    if data.name is not None:
+        return str(data.name)
+    if data.idx is not None:
+        return f"idx:{data.idx}"
+    return str(task.key)
