@@ -5,8 +5,9 @@ An id that is not built in resolves the way verifiers resolves it (``verifiers.v
 one ``vf.Taskset`` subclass. A researcher's own taskset therefore runs unchanged in srl.
 
 ``load_tasks`` builds the taskset's own config class from the srl taskset config (``id``; ``split`` and ``seed``
-when the config class declares them; every extra typed field as is), applies ``select`` and materialises the
-tasks: the position in that list is the ``example_id`` used everywhere else.
+when set, refused when the config class has no such field; every extra typed field as is), applies ``select``
+and materialises the tasks: the position in that list is the ``example_id`` used everywhere else. An eval env
+never reads rows whose split field says ``train``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import verifiers.v1 as vf
+from pydantic import ValidationError
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import taskset_class as vf_taskset_class
 
@@ -60,21 +62,84 @@ def _extra_fields(taskset_cfg: Any) -> dict[str, Any]:
     return {k: _plain(v) for k, v in extra.items()}
 
 
-def build_taskset(taskset_cfg: Any) -> vf.Taskset:
+class TasksetFieldError(ValueError):
+    """A taskset field srl would otherwise drop or misapply (a ``split`` the taskset's config has no field for, a
+    field its config rejects, an eval env that would read train rows). The message names the taskset's own
+    fields."""
+
+
+_SRL_DEFAULTS = {"split": "train", "seed": 0}
+
+
+def _explicit(taskset_cfg: Any) -> set[str]:
+    """The srl-level fields (``split``, ``seed``) the user set. A config object knows (``model_fields_set``); a bare
+    namespace counts a value other than srl's default as set."""
+    fields_set = getattr(taskset_cfg, "model_fields_set", None)
+    if fields_set is not None:
+        return set(fields_set) & set(_SRL_DEFAULTS)
+    return {k for k, d in _SRL_DEFAULTS.items() if getattr(taskset_cfg, k, None) not in (None, d)}
+
+
+def own_fields(config_cls: type) -> str:
+    """The taskset config's own fields with their defaults, for messages: ``dataset_split = 'train', n = 8``."""
+    base = set(vf.TasksetConfig.model_fields)
+    own = [(n, f.default) for n, f in config_cls.model_fields.items() if n not in base]
+    return ", ".join(f"{n} = {d!r}" for n, d in own) or "none beyond id, task and system_prompt"
+
+
+def split_fields(config: Any) -> dict[str, Any]:
+    """The fields of a built taskset config that pick rows by split (``split`` or a name ending in ``_split``)."""
+    return {n: getattr(config, n) for n in type(config).model_fields if n == "split" or n.endswith("_split")}
+
+
+def build_taskset(taskset_cfg: Any, *, env_name: str | None = None, eval_env: bool = False) -> vf.Taskset:
     """The taskset instance for an srl taskset config (``id``, ``split``, ``seed``, extra typed fields).
 
-    ``split``/``seed`` are passed only to a config class that declares them (an external taskset may not).
-    Raises pydantic.ValidationError for fields the taskset's config rejects.
+    Every field the user set reaches the taskset's own config class or is refused: ``split``/``seed`` go to the
+    fields of that name; one the class does not declare is an error naming the class's own fields (a taskset may
+    call its split ``dataset_split``). Unset, the taskset's own defaults apply, as in verifiers. For an eval env
+    (``eval_env``) a split field that resolves to ``"train"`` is an error: held-out scores must not come from
+    training rows. ``env_name`` prefixes messages. Raises TasksetFieldError.
     """
-    cls = taskset_class(taskset_cfg.id)
+    tid = taskset_cfg.id
+    who = f"env '{env_name}': " if env_name else ""
+    cls = taskset_class(tid)
     config_cls = concrete_type(cls, vf.TasksetConfig, origin=vf.Taskset) or vf.TasksetConfig
-    fields: dict[str, Any] = {"id": taskset_cfg.id}
+    explicit = _explicit(taskset_cfg)
+    fields: dict[str, Any] = {"id": tid}
     for name in ("split", "seed"):
         value = getattr(taskset_cfg, name, None)
-        if value is not None and name in config_cls.model_fields:
-            fields[name] = value
+        if name not in explicit or value is None:
+            continue
+        if name not in config_cls.model_fields:
+            raise TasksetFieldError(
+                f"{who}taskset '{tid}' has no field '{name}' (its config {config_cls.__name__} has: "
+                f"{own_fields(config_cls)}); set the taskset's own field instead of '{name}'"
+            )
+        fields[name] = value
     fields.update(_extra_fields(taskset_cfg))
-    return cls(config_cls(**fields))
+    try:
+        config = config_cls(**fields)
+    except ValidationError as exc:
+        issues = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
+        )
+        raise TasksetFieldError(
+            f"{who}taskset '{tid}' rejects its fields ({issues}); its config {config_cls.__name__} has: "
+            f"{own_fields(config_cls)}"
+        ) from None
+    if eval_env:
+        train = {n: v for n, v in split_fields(config).items() if v == "train"}
+        if train:
+            how = ", ".join(
+                f"{n} = 'train' ({'set in the config' if n in fields else 'the taskset default'})"
+                for n in train
+            )
+            raise TasksetFieldError(
+                f"{who}an eval env would load the taskset's train rows: {how}; set "
+                f"{' / '.join(train)} to a held-out split"
+            )
+    return cls(config)
 
 
 def _match(value: Any) -> dict[str, Any]:
@@ -120,13 +185,15 @@ def select_config(select: Any, default_seed: int = 0) -> vf.SelectConfig:
     )
 
 
-def load_selected(taskset_cfg: Any, *, env_name: str | None = None) -> tuple[vf.Taskset, list[vf.Task]]:
+def load_selected(
+    taskset_cfg: Any, *, env_name: str | None = None, eval_env: bool = False
+) -> tuple[vf.Taskset, list[vf.Task]]:
     """``(taskset, selected tasks in order)`` of a taskset config; ``example_id`` = index in the list.
 
-    ``env_name`` names the env in error messages (default: the taskset id). Raises ValueError for an infinite
-    taskset that ``select`` does not bound (``limit`` or closed idx ranges).
+    ``env_name``/``eval_env``: see :func:`build_taskset`. Raises TasksetFieldError (see there) or ValueError for an
+    infinite taskset that ``select`` does not bound (``limit`` or closed idx ranges).
     """
-    taskset = build_taskset(taskset_cfg)
+    taskset = build_taskset(taskset_cfg, env_name=env_name, eval_env=eval_env)
     seed = getattr(taskset_cfg, "seed", None) or 0
     view = taskset.select(select_config(getattr(taskset_cfg, "select", None), default_seed=seed))
     if not view.bounded:
@@ -134,7 +201,7 @@ def load_selected(taskset_cfg: Any, *, env_name: str | None = None) -> tuple[vf.
     return taskset, list(view)
 
 
-def load_tasks(taskset_cfg: Any) -> list[vf.Task]:
+def load_tasks(taskset_cfg: Any, *, env_name: str | None = None, eval_env: bool = False) -> list[vf.Task]:
     """The selected tasks of a taskset config, in order; ``example_id`` = index in this list (see
     :func:`load_selected`)."""
-    return load_selected(taskset_cfg)[1]
+    return load_selected(taskset_cfg, env_name=env_name, eval_env=eval_env)[1]

@@ -117,14 +117,20 @@ def _task_fingerprint(tasks: Sequence[Any]) -> list[tuple[str, str, str]]:
 
 
 async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_max: float,
-                              max_model_len: int | None, sampling_max_tokens: int | None) -> list[GateItem]:  # fmt: skip
-    from toolkit.envs.registry import load_tasks
+                              max_model_len: int | None, sampling_max_tokens: int | None,
+                              kind: str = "train") -> list[GateItem]:  # fmt: skip
+    from toolkit.envs.registry import load_selected, split_fields
 
     name = env.name
     items: list[GateItem] = []
     t0 = time.perf_counter()
+
+    def load_tasks(taskset_cfg: Any) -> list[Any]:
+        # The rows the env's workers load: same fields, same eval-split rule.
+        return load_selected(taskset_cfg, env_name=name, eval_env=kind == "eval")[1]
+
     try:
-        all_tasks = load_tasks(env.taskset)
+        taskset, all_tasks = load_selected(env.taskset, env_name=name, eval_env=kind == "eval")
     except Exception as exc:  # noqa: BLE001 - any failure to build the taskset is the finding itself
         items.append(GateItem("taskset_loads", name, "FAIL", f"taskset {env.taskset.id!r} failed to load: "
                               f"{type(exc).__name__}: {exc}", {"taskset": env.taskset.id}))  # fmt: skip
@@ -133,7 +139,7 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     tasks = all_tasks[:n]
     ids = [str(t.data.id) for t in all_tasks]
     dupes = sorted({x for x in ids if ids.count(x) > 1})[:5] if len(set(ids)) != len(ids) else []
-    ev = {"taskset": env.taskset.id, "split": env.taskset.split, "tasks_selected": len(all_tasks),
+    ev = {"taskset": env.taskset.id, "split": split_fields(taskset.config), "tasks_selected": len(all_tasks),
           "tasks_checked": len(tasks), "first_ids": ids[:3], "load_s": round(load_s, 3)}  # fmt: skip
     if not tasks:
         items.append(GateItem("taskset_loads", name, "FAIL", "the taskset yields no tasks after select", ev))
@@ -314,6 +320,6 @@ def validate_config(cfg: Any, *, envs: Sequence[str] | None = None, n: int = 20,
         max_tokens = sampling_params(base, env.sampling).max_tokens
         items = asyncio.run(_validate_env_async(env, n=n, success_min=success_min, failure_max=failure_max,
                                                 max_model_len=int(max_model_len) if max_model_len else None,
-                                                sampling_max_tokens=max_tokens))  # fmt: skip
+                                                sampling_max_tokens=max_tokens, kind=kind))  # fmt: skip
         verdict.items.extend(items)
     return verdict
