@@ -125,11 +125,10 @@ def _exported(module: Any, base: type) -> list[type]:
     ]
 
 
-def env_class_problems(env_name: str, taskset_cls: type, harness_id: str) -> list[str]:
-    """What the taskset's own module declares beyond the plain chat loop: an ``Env`` class, a bundled harness, a
-    harness id other than the plain chat loop. Returns refusal messages (empty: nothing to refuse)."""
-    import importlib
-
+def env_class_problems(env_name: str, module: Any, harness_id: str) -> list[str]:
+    """What the taskset's module (the one its id imports) declares beyond the plain chat loop: an ``Env`` class, a
+    bundled harness; and a harness id other than the plain chat loop. Returns refusal messages (empty: nothing to
+    refuse)."""
     import verifiers.v1 as vf
 
     out: list[str] = []
@@ -138,7 +137,6 @@ def env_class_problems(env_name: str, taskset_cls: type, harness_id: str) -> lis
             f"env '{env_name}': harness '{harness_id}' is not supported: srl plays the policy itself through the "
             f"plain chat loop only (harness.id = {' or '.join(repr(h) for h in PLAIN_CHAT_HARNESSES)})"
         )
-    module = importlib.import_module(taskset_cls.__module__)
     for env_cls in _exported(module, vf.Env):
         out.append(
             f"env '{env_name}': the taskset's module {module.__name__} exports its own Env class "
@@ -225,12 +223,15 @@ MAX_LISTED = 10
 
 
 def check_loaded(
-    env_name: str, taskset: Any, tasks: Iterable[Any], harness_id: str, runtime_config: Any
+    env_name: str, taskset: Any, tasks: Iterable[Any], harness_id: str, runtime_config: Any, module: Any = None
 ) -> None:
-    """Refuse, at load, an environment srl cannot run as verifiers would. Checks the taskset's module, its task
-    class and every loaded task. Raises EnvFeatureError listing the distinct refusals (at most ``MAX_LISTED``, then
-    a count of the rest)."""
-    problems = env_class_problems(env_name, type(taskset), harness_id)
+    """Refuse, at load, an environment srl cannot run as verifiers would. Checks the taskset's ``module`` (default:
+    the module defining its class), its task class and every loaded task. Raises EnvFeatureError listing the
+    distinct refusals (at most ``MAX_LISTED``, then a count of the rest)."""
+    import importlib
+
+    module = module if module is not None else importlib.import_module(type(taskset).__module__)
+    problems = env_class_problems(env_name, module, harness_id)
     problems += task_class_problems(env_name, taskset, type(taskset).task_type())
     seen: set[str] = set(problems)
     harness = _null_harness()

@@ -1,8 +1,10 @@
-"""Taskset id resolution and loading: srl's built-in ids first, else verifiers' plugin convention.
+"""Taskset id resolution and loading: verifiers' plugin convention first, srl's built-ins for ids nothing else has.
 
-An id that is not built in resolves the way verifiers resolves it (``verifiers.v1.utils.loaders.taskset_class``):
-``my-task`` imports ``my_task`` (after ``verifiers.v1.tasksets.my_task``), whose ``__all__`` must export exactly
-one ``vf.Taskset`` subclass. A researcher's own taskset therefore runs unchanged in srl.
+An id resolves the way verifiers resolves it (``verifiers.v1.utils.loaders.taskset_class``): ``my-task`` imports
+``my_task`` (after ``verifiers.v1.tasksets.my_task``), whose ``__all__`` must export exactly one ``vf.Taskset``
+subclass. An installed environment whose id is also a built-in's (``reverse-text``, ``alphabet-sort``) therefore
+wins, as it would under verifiers; the built-in serves the id only when nothing else provides it. A researcher's own
+taskset runs unchanged in srl.
 
 ``load_tasks`` builds the taskset's own config class from the srl taskset config (``id``; ``split`` and ``seed``
 when set, refused when the config class has no such field; every extra typed field as is), applies ``select``
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
 
 import verifiers.v1 as vf
@@ -21,26 +24,45 @@ from pydantic import ValidationError
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import taskset_class as vf_taskset_class
 
-from toolkit.envs.tasksets import BUILTIN_TASKSETS
+from toolkit.envs.tasksets import TasksetSource, resolve_taskset_source
+
+
+def taskset_source(taskset_id: str) -> TasksetSource:
+    """Where ``taskset_id`` resolves in this process (see ``toolkit.envs.tasksets.resolve_taskset_source``).
+
+    Raises ModuleNotFoundError (verifiers' message) when nothing provides it.
+    """
+    source = resolve_taskset_source(taskset_id)
+    if source is None:
+        vf_taskset_class(taskset_id)  # raises verifiers' own ModuleNotFoundError, naming what it tried
+        raise ModuleNotFoundError(f"taskset {taskset_id!r} resolves nowhere")
+    return source
+
+
+def taskset_module(taskset_id: str) -> ModuleType:
+    """The module ``taskset_id`` imports (its ``__all__`` is where verifiers looks for a Taskset, an Env and a
+    Harness). Raises ModuleNotFoundError."""
+    return importlib.import_module(taskset_source(taskset_id).module)
 
 
 def taskset_class(taskset_id: str) -> type[vf.Taskset]:
-    """The Taskset subclass for ``taskset_id``.
+    """The Taskset subclass for ``taskset_id``, resolved as verifiers resolves it (an installed environment with a
+    built-in's id wins over the built-in).
 
     Raises ModuleNotFoundError when no module has that name, TypeError when the module does not export exactly
     one Taskset subclass in ``__all__``.
     """
-    module_name = BUILTIN_TASKSETS.get(taskset_id)
-    if module_name is None:
+    source = taskset_source(taskset_id)
+    if source.kind != "builtin":
         return vf_taskset_class(taskset_id)
-    module = importlib.import_module(module_name)
+    module = importlib.import_module(source.module)
     classes = [
         obj
         for name in getattr(module, "__all__", ())
         if isinstance(obj := getattr(module, name, None), type) and issubclass(obj, vf.Taskset)
     ]
     if len(classes) != 1:
-        raise TypeError(f"built-in taskset module {module_name} must export exactly one Taskset subclass")
+        raise TypeError(f"built-in taskset module {source.module} must export exactly one Taskset subclass")
     return classes[0]
 
 

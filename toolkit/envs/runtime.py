@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import random
 import signal
@@ -33,10 +34,12 @@ from typing import Any
 from toolkit import errors as srl_errors
 from toolkit.envs.fidelity import runtime_fields
 from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, error_from_wire
-from toolkit.orchestrator.engines import wait_excluding_outage
 from toolkit.models.renderer import CachedRenderer, Renderer, load_renderer
+from toolkit.orchestrator.engines import wait_excluding_outage
 from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
 from toolkit.orchestrator.types import TRANSIENT_ERRORS, Rollout, SamplingParams
+
+log = logging.getLogger("srl.orchestrator")
 
 # Generous: a worker imports verifiers (~9 s of CPU) and, on a loaded node or a slow shared filesystem, far more.
 WORKER_START_TIMEOUT_S = 600.0
@@ -265,6 +268,8 @@ class EnvRuntime:
         self.workers: list[_Worker] = []
         self.num_examples = 0
         self.task_ids: list[str] = []
+        self.source: str | None = None
+        """Where the worker resolved the taskset id (``TasksetSource.describe``), once started."""
         self._spec = b"{}"
         self._rr = 0
         self._rng = random.Random(seed)
@@ -295,6 +300,10 @@ class EnvRuntime:
             await w.conn.connect()
         info = await self.workers[0].conn.call("info", WORKER_START_TIMEOUT_S)
         self.num_examples, self.task_ids = int(info["num_examples"]), list(info["task_ids"])
+        self.source = info.get("source")
+        if self.source:  # where the worker, on its node and with its PYTHONPATH, found the taskset
+            tid = getattr(getattr(self.env_cfg, "taskset", None), "id", "?")
+            log.info("env %s: taskset %s resolved to %s", self.name, tid, self.source)
 
     async def _spawn(self) -> _Worker:
         proc = await asyncio.create_subprocess_exec(

@@ -30,7 +30,7 @@ from toolkit.envs import fidelity, sigcache
 from toolkit.envs.episode import Episode
 from toolkit.envs.fidelity import task_identity
 from toolkit.envs.protocol import READY_PREFIX, STREAM_LIMIT, coalesce_writes, encode
-from toolkit.envs.registry import load_selected
+from toolkit.envs.registry import load_selected, taskset_module, taskset_source
 
 
 def taskset_namespace(spec_taskset: dict[str, Any]) -> SimpleNamespace:
@@ -63,7 +63,11 @@ class EnvWorker:
         taskset, self.tasks = load_selected(
             taskset_namespace(spec["taskset"]), env_name=name, eval_env=bool(spec.get("eval"))
         )
-        fidelity.check_loaded(name, taskset, self.tasks, harness.get("id", "default"), self.runtime_config)
+        self.source = taskset_source(spec["taskset"]["id"])
+        fidelity.check_loaded(
+            name, taskset, self.tasks, harness.get("id", "default"), self.runtime_config,
+            module=taskset_module(spec["taskset"]["id"]),
+        )  # fmt: skip
         self.max_turns = spec.get("max_turns")
         self.timeout = spec.get("timeout") or {}
         self.episodes: dict[str, Episode] = {}
@@ -79,7 +83,8 @@ class EnvWorker:
         if op == "health":
             return {"episodes": len(self.episodes), "pid": os.getpid()}
         if op == "info":
-            return {"num_examples": len(self.tasks), "task_ids": [self._task_id(t) for t in self.tasks]}
+            return {"num_examples": len(self.tasks), "task_ids": [self._task_id(t) for t in self.tasks],
+                    "source": self.source.describe()}  # fmt: skip
         if op == "start":
             return await self._start(int(req["example_id"]), req["episode"])
         if op == "start_group":

@@ -67,6 +67,11 @@ def preflight(loaded: LoadedConfig) -> Preflight:
     site, plan = _site_and_plan(cfg, f)
     if f.errors:
         raise ConfigError(name_sources(f.errors, loaded.origins))
+    if loaded.purpose != "serve":
+        # Printed with the other notes and kept in the resolved config (configs/attempt_<n>/resolved/rl.json).
+        sources = checks.taskset_notices(cfg)
+        loaded.notices += sources
+        cfg.notices = [*cfg.notices, *sources]
     return Preflight(loaded, site, f, plan)
 
 

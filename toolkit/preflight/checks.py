@@ -11,7 +11,12 @@ from pathlib import Path
 from ..config.errors import Findings
 from ..config.model import RLConfig
 from ..envs.fidelity import config_runtime_problem
-from ..envs.tasksets import BUILTIN_TASKSETS, taskset_module_candidates, taskset_unresolved_reason
+from ..envs.tasksets import (
+    BUILTIN_TASKSETS,
+    resolve_taskset_source,
+    taskset_module_candidates,
+    taskset_unresolved_reason,
+)
 from ..models.resolve import MODEL_ALIASES
 from ..placement.topology import TopologyError, derive_topology
 from ..rundir import RunDir
@@ -70,6 +75,32 @@ def _taskset_ids(cfg: RLConfig, f: Findings) -> None:
                 f.warn(where, f"taskset '{tid}' is not built in ({', '.join(builtins)}) and does not resolve here "
                               f"({why}; tried {tried}); the orchestrator will fail at start unless the job's "
                               "environment provides it (e.g. env_vars.PYTHONPATH)")  # fmt: skip
+
+
+def taskset_notices(cfg: RLConfig) -> list[str]:
+    """One line per env: where its taskset id resolves on this machine (verifiers' order: verifiers' taskset
+    package, an importable module, then srl's built-in), for the dry run and the resolved config. Imports nothing;
+    the env workers resolve the id again on their node and log what they loaded."""
+    extra = _pythonpath(cfg)
+    out = []
+    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
+        for e in envs:
+            if e.taskset is None:
+                continue
+            source = resolve_taskset_source(e.taskset.id, extra)
+            if source is None:
+                continue  # _taskset_ids reports it
+            shadow = " (an installed environment: srl's built-in of that id is not used)" if (
+                source.kind != "builtin" and e.taskset.id in BUILTIN_TASKSETS) else ""  # fmt: skip
+            out.append(f"{section} env '{e.env_name}': taskset '{_clip(e.taskset.id)}' resolves to "
+                       f"{source.describe()}{shadow}")  # fmt: skip
+    return out
+
+
+def _pythonpath(cfg: RLConfig) -> list[str]:
+    """The job's extra import path entries (``env_vars.PYTHONPATH`` of the run and of the orchestrator)."""
+    return [p for v in (cfg.env_vars.get("PYTHONPATH"), cfg.orchestrator.env_vars.get("PYTHONPATH")) if v
+            for p in v.split(os.pathsep) if p]  # fmt: skip
 
 
 def _env_runtimes(cfg: RLConfig, f: Findings) -> None:

@@ -1,11 +1,82 @@
 """srl's built-in verifiers v1 tasksets. Each module exports exactly one Taskset subclass in ``__all__``."""
 
+from dataclasses import dataclass
+
 BUILTIN_TASKSETS: dict[str, str] = {
     "reverse-text": "toolkit.envs.tasksets.reverse_text",
     "alphabet-sort": "toolkit.envs.tasksets.alphabet_sort",
     "arith": "toolkit.envs.tasksets.arith",
 }
-"""Built-in taskset id -> module. These ids win over installed packages of the same name."""
+"""Built-in taskset id -> module. An id resolves as verifiers resolves it first (its own taskset package, then an
+importable module of that name: an installed environment wins); a built-in serves only an id nothing else
+provides (see ``resolve_taskset_source``)."""
+
+
+@dataclass(frozen=True)
+class TasksetSource:
+    """Where a taskset id resolves: ``kind`` is ``"verifiers"`` (verifiers' own taskset package), ``"module"`` (an
+    importable module: an installed environment or one on the job's PYTHONPATH) or ``"builtin"`` (srl's);
+    ``module`` the module imported, ``origin`` its file, ``distribution`` the installed package that provides it
+    (``name version``) when known."""
+
+    kind: str
+    module: str
+    origin: str | None = None
+    distribution: str | None = None
+
+    def describe(self) -> str:
+        """One line for the dry run and the orchestrator log."""
+        where = {"verifiers": "verifiers' taskset package", "module": "module", "builtin": "srl's built-in"}[self.kind]
+        text = f"{where} {self.module}"
+        if self.distribution:
+            text += f" (package {self.distribution})"
+        if self.origin and self.kind != "builtin":
+            text += f" at {self.origin}"
+        return text
+
+
+def resolve_taskset_source(taskset_id: str, extra_paths: list[str] = ()) -> TasksetSource | None:
+    """Where ``taskset_id`` resolves here, in verifiers' order, without importing it: verifiers' own taskset package
+    (``verifiers.v1.tasksets.<module>``), else the top-level ``<module>`` on ``extra_paths`` (the job's PYTHONPATH,
+    searched first), ``sys.path`` or an import hook (an editable install), else srl's built-in of that id. A
+    namespace package (a directory without ``__init__.py``) is not a taskset and does not shadow a built-in.
+    None when nothing resolves. Raises nothing."""
+    module = taskset_module_candidates(taskset_id)[1]
+    parts = module.split(".")
+    try:
+        if all(p.isidentifier() for p in parts):
+            if _in_verifiers_tasksets(parts):
+                return TasksetSource("verifiers", f"verifiers.v1.tasksets.{module}")
+            paths = [p for p in extra_paths if p and "\0" not in p]
+            if len(parts) == 1 and _top_level_reason(module, paths) is None:
+                return TasksetSource("module", module, *_origin_and_distribution(module, paths))
+    except Exception:  # noqa: BLE001, S110 - third-party import hooks may raise anything: the built-in still answers
+        pass
+    if taskset_id in BUILTIN_TASKSETS:
+        return TasksetSource("builtin", BUILTIN_TASKSETS[taskset_id])
+    return None
+
+
+def _origin_and_distribution(module: str, extra_paths: list[str]) -> tuple[str | None, str | None]:
+    """The file a top-level ``module`` would load from and the installed distribution providing it, if any."""
+    import importlib.metadata
+    import importlib.util
+    import sys
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec(module, [*extra_paths, *sys.path]) or importlib.util.find_spec(module)
+    origin = spec.origin if spec is not None else None
+    try:
+        names = importlib.metadata.packages_distributions().get(module) or []
+    except Exception:  # noqa: BLE001 - broken metadata of some other package must not hide the module
+        names = []
+    dist = None
+    if names:
+        try:
+            dist = f"{names[0]} {importlib.metadata.version(names[0])}"
+        except importlib.metadata.PackageNotFoundError:
+            dist = names[0]
+    return origin, dist
 
 
 def taskset_module_candidates(taskset_id: str) -> list[str]:
@@ -36,7 +107,7 @@ def taskset_unresolved_reason(taskset_id: str, extra_paths: list[str] = ()) -> s
     hook (too long a name, a NUL byte, a finder that raises) answers with a reason.
     """
     if taskset_id in BUILTIN_TASKSETS:
-        return None
+        return None  # a built-in always answers, whatever else the id might resolve to
     top = taskset_module_candidates(taskset_id)[1]
     shown = top if len(top) <= 60 else top[:57] + "..."
     parts = top.split(".")
