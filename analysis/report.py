@@ -216,12 +216,15 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
     doc.para(f"Run directory: {run.run.root}. Run id: {run.meta.get('run_id', 'unknown')}.")
 
     doc.heading("1. Version and resolved config", level + 1)
+    # An SFT run's own config is sft.json (its rl.json is only the placement view of it).
+    sft = run.run.resolved("sft")
+    shown = json.loads(sft.read_text()) if sft.is_file() else run.config
     doc.para(
-        f"srl {_version()}. Resolved config: {run.run.resolved('rl')}"
-        + ("" if run.config else " (not found: the run was not started through srl rl).")
+        f"srl {_version()}. Resolved config: {sft if sft.is_file() else run.run.resolved('rl')}"
+        + ("" if shown else " (not found: the run was not started through srl rl or srl sft).")
     )
-    if run.config:
-        doc.pre(json.dumps(run.config, indent=2, sort_keys=True), summary="resolved rl.json")
+    if shown:
+        doc.pre(json.dumps(shown, indent=2, sort_keys=True), summary=f"resolved {'sft' if sft.is_file() else 'rl'}.json")
 
     doc.heading("2. Taskset, harness, runtime, renderer, group, batch and eval settings", level + 1)
     doc.kv(_settings(run.config))
