@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     _print_warnings(checked)
     cfg = loaded.config
     from ..launch.prepare import prepare_attempt, run_dir_for
-    from ..placement.plan import build_plan, write_plan
+    from ..placement.plan import build_plan, run_port_key, write_plan
 
     # A dry run never touches a deployment that exists (it may be serving: other runs read its placement, ready
     # file and admin token), let alone deletes it for --clean.
@@ -40,7 +40,8 @@ def main(argv: list[str]) -> int:
                                    argv=["srl", "inference", *argv], dry_run=flags["dry_run"],
                                    resume=flags["resume"], clean=flags["clean"])  # fmt: skip
     if site.is_slurm:
-        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=("inference", "router"))
+        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=("inference", "router"),
+                          port_key=run_port_key(cfg))
     else:
         from ..launch.dispatch import local_plan
 
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
         if flags["dry_run"]:
             print(f"dry run: {render_inference(cfg, run, plan)}")
             return 0
-        job_id = submit_inference(cfg, run, attempt, site=site)
+        job_id = submit_inference(cfg, run, attempt, site=site, plan=plan)
         print(f"submitted inference job {job_id}; ready file {run.inference_ready}")
         return 0
     if flags["dry_run"]:

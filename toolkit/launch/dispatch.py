@@ -42,12 +42,14 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
     preflight loaded (read again by name when not given). ``roles``: the roles to place (default all; an SFT
     run places only the trainer). ``dependency`` (Slurm, e.g. ``afterok:123``) queues the job behind another.
     Returns 0 after a submission; the job id is printed and recorded in ``launcher/``."""
-    from ..placement.plan import build_plan, write_plan
+    from ..placement.plan import build_plan, run_port_key, write_plan
     from ..preflight.site import load_site
 
     site = site or load_site(cfg.site)
     if site.is_slurm:
-        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", **({"roles": roles} if roles else {}))
+        # Ports and roles are decided here, once: a dry run writes the plan the submitted job then uses.
+        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", port_key=run_port_key(cfg),
+                          **({"roles": roles} if roles else {}))
     else:
         plan = local_plan(cfg, site, run, probe=not dry_run, roles=roles)
     write_plan(run, plan)
@@ -58,7 +60,7 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
             script = render_rl(cfg, run, plan)
             print(f"dry run: resolved configs in {run.latest_configs}/resolved, sbatch script {script}")
             return 0
-        job_id = submit_rl(cfg, run, attempt, roles=roles, dependency=dependency)
+        job_id = submit_rl(cfg, run, attempt, site=site, plan=plan, roles=roles, dependency=dependency)
         print(f"submitted job {job_id}; run directory {run.root}; follow with: srl logs {run.root} --follow")
         return 0
     if dry_run:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..config.model import RLConfig
 from ..config.site import SiteConfig
-from ..placement.plan import ROLES, Plan, build_plan, write_plan
+from ..placement.plan import ROLES, Plan, build_plan, run_port_key, write_plan
 from ..preflight.site import load_site
 from ..render import render_inference, render_rl
 from ..rundir import RunDir, point_symlink
@@ -50,8 +50,8 @@ def submit_rl(cfg: RLConfig, run: RunDir, attempt: int, *, site: SiteConfig | No
               plan: Plan | None = None, dependency: str | None = None, roles: tuple[str, ...] | None = None) -> str:
     """Render ``<run>/launcher/rl.sbatch`` and submit it; returns the Slurm job id.
 
-    ``plan`` defaults to a fresh :func:`build_plan` (job id "pending": ports are re-derived for the real job id
-    when the job starts). ``dependency`` (e.g. ``"afterok:123"``) chains this job after another. ``roles``
+    ``plan`` defaults to a fresh :func:`build_plan` with the run's port block (:func:`run_port_key`); the job fills in
+    its id and hosts when it starts. ``dependency`` (e.g. ``"afterok:123"``) chains this job after another. ``roles``
     restricts the job (an SFT run: the trainer only). Raises
     ``toolkit.launch.slurm.SubmitError`` with sbatch's stderr, ``RenderError`` for unsafe values.
     """
@@ -59,10 +59,11 @@ def submit_rl(cfg: RLConfig, run: RunDir, attempt: int, *, site: SiteConfig | No
 
 
 def submit_inference(cfg: RLConfig, run: RunDir, attempt: int, *, site: SiteConfig | None = None,
-                     dependency: str | None = None) -> str:
+                     plan: Plan | None = None, dependency: str | None = None) -> str:
     """Submit an inference-only deployment (engines + router) that publishes ``control/inference_ready.json``
-    for RL or eval jobs started with ``inference.external = <this run dir>``. Returns the job id."""
-    return _submit(cfg, run, attempt, "inference", INFERENCE_ROLES, site=site, plan=None, dependency=dependency)
+    for RL or eval jobs started with ``inference.external = <this run dir>``; ``plan`` as in :func:`submit_rl`.
+    Returns the job id."""
+    return _submit(cfg, run, attempt, "inference", INFERENCE_ROLES, site=site, plan=plan, dependency=dependency)
 
 
 def _submit(cfg: RLConfig, run: RunDir, attempt: int, kind: str, roles: tuple[str, ...], *,
@@ -71,7 +72,7 @@ def _submit(cfg: RLConfig, run: RunDir, attempt: int, kind: str, roles: tuple[st
     if not site.is_slurm:
         raise ValueError(f"site '{site.name}' has no Slurm; use the local launcher")
     if plan is None:
-        plan = build_plan(cfg, site, run, job_id="pending", roles=roles)
+        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=roles, port_key=run_port_key(cfg))
         write_plan(run, plan)
     render = render_rl if kind == "rl" else render_inference
     script = render(cfg, run, plan, attempt=attempt, site=site)

@@ -113,6 +113,10 @@ class Plan:
     """Host names per node index; filled on the allocation by :mod:`toolkit.placement.runtime` (empty before)."""
     addresses: list[str] = field(default_factory=list)
     """Routable address per node index (Slurm's NodeAddr, else the host name); filled with ``hosts``."""
+    port_key: str | None = None
+    """What picks the port block: a Slurm run's identity (:func:`run_port_key`), decided on the login node and
+    kept by the job (which moves to another block only when a port is taken on its one machine); None: the job
+    id."""
 
     @property
     def is_het(self) -> bool:
@@ -288,12 +292,20 @@ def _router(cfg: RLConfig, pd: bool, engines: list[_Engine], urls: dict[str, str
         raise PlacementError(str(err)) from None
 
 
+def run_port_key(cfg: RLConfig) -> str:
+    """The port-block key of a Slurm run: its directory as the config names it. A dry run (of a new run or, in its
+    shadow directory, of an existing one) and every submission of the run share it, so the plan written on the
+    login node is the plan the job uses; the job itself only fills in its id and hosts."""
+    return str(Path(cfg.output_dir).expanduser().absolute() / (cfg.run.name or ""))
+
+
 def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | int = "local",
                roles: tuple[str, ...] = ROLES, port_key: str | None = None) -> Plan:
     """Place every process of ``cfg`` on ``site`` for job ``job_id``. Pure: reads nothing, starts nothing.
 
-    ``port_key`` picks the port block instead of the job id (the node-side resolve moves a single-machine job to
-    another block when something else already listens on its ports).
+    ``port_key`` picks the port block instead of the job id: a Slurm run's :func:`run_port_key`, so the block is
+    known before the job id (the node-side resolve moves a single-machine job to another block only when something
+    else already listens on its ports).
     ``roles`` restricts the plan (an inference-only deployment passes ``("inference", "router")``). With
     ``inference.external`` set no engines or router are placed; the orchestrator reads that run's router address.
     Raises TopologyError (node arithmetic), PlacementError (bad pass-through values, port range too small) and
@@ -488,4 +500,5 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     return Plan(job_id=job, site=site.name, run_dir=root, num_nodes=groups[0].num_nodes, gpus_per_node=gpn,
                 groups=groups, processes=procs, roles=tuple(roles), ports=ports, port_base=alloc.base or 0,
                 master_node=master, inference_url=inference_url, trainer_dp=topo.trainer_dp,
-                external_inference=str(Path(external).absolute()) if external else None, notes=list(topo.notes))
+                external_inference=str(Path(external).absolute()) if external else None, notes=list(topo.notes),
+                port_key=port_key)

@@ -4,8 +4,8 @@
     Runs once in the batch shell, on the host side (outside any container), before anything is launched. Expands
     ``SLURM_JOB_NODELIST`` (per het group when heterogeneous) in Python, without ``scontrol`` (field case B07),
     looks up each node's routable address (``scontrol show node``'s NodeAddr when scontrol works, else the host
-    name; never ``localhost``), rebuilds the plan for this job id (ports are per job; when every node shares this
-    machine's address and a port is taken, another block), writes placement.json and
+    name; never ``localhost``), rebuilds the plan for this job id with the roles and port block the login node chose
+    (another block only when every node shares this machine's address and a port is taken), writes placement.json and
     ports.json, removes a stale stop request, and writes a shell file with ``SRL_MASTER_ADDR``. Exits 1 with a
     message when the host list is missing or does not match the plan.
 ``python -m toolkit.placement.runtime exec --run-dir R --process NAME``
@@ -102,7 +102,7 @@ def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
     cfg = load_resolved(run.resolved("rl", attempt))
     site_file = run.launcher / "site.toml"
     site = load_site(site_file if site_file.exists() else old.site)
-    plan = build_plan(cfg, site, run, job_id=job_id, roles=old.roles)
+    plan = build_plan(cfg, site, run, job_id=job_id, roles=old.roles, port_key=old.port_key)
     groups = group_hostlists(env, len(plan.groups))
     for g, hosts in zip(plan.groups, groups):
         if len(hosts) != g.num_nodes:
@@ -133,11 +133,14 @@ def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
 
 
 def _free_port_plan(cfg, site, run: RunDir, plan: Plan, job_id: str, addr: str, tries: int = 32) -> Plan:
-    """``plan``, or the same plan on another port block (keyed ``<job id>-<i>``) whose ports are all free on
-    ``addr``. Raises ResolveError after ``tries`` busy blocks."""
+    """``plan``, or the same plan on another port block (keyed ``<its port key or job id>-<i>``) whose ports are
+    all free on ``addr``. The plan keeps the key the login node chose, so the next resolve (a requeue) starts from
+    that block again. Raises ResolveError after ``tries`` busy blocks."""
+    key, base = plan.port_key, plan.port_key or job_id
     for i in range(tries):
         if i:
-            plan = build_plan(cfg, site, run, job_id=job_id, roles=plan.roles, port_key=f"{job_id}-{i}")
+            plan = build_plan(cfg, site, run, job_id=job_id, roles=plan.roles, port_key=f"{base}-{i}")
+            plan.port_key = key
         if ports_free(plan.ports.values(), addr):
             if i:
                 _log(f"ports of block {i - 1} busy on {addr}; using ports from {plan.port_base}")
@@ -153,9 +156,12 @@ def _shell_env(plan: Plan) -> str:
 
 
 def model_path_for(name: str) -> str:
-    """Local directory of model ``name``: itself if it is a directory, else ``srl model path NAME``."""
+    """Local directory of model ``name``: a directory (an SFT run directory gives its final ``model/``), else
+    ``srl model path NAME``. Raises FileNotFoundError for a directory that holds no model."""
     if Path(name).is_dir():
-        return str(Path(name).absolute())
+        from toolkit.models.resolve import resolve_model  # directories only: imports nothing heavy
+
+        return str(resolve_model(name).absolute())
     # This interpreter's srl (the venv's), whatever PATH holds on the node.
     proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "model", "path", name], capture_output=True,
                           text=True, timeout=600, check=False)

@@ -1,0 +1,52 @@
+"""The plan is decided once, on the login node: a dry run writes the placement a submission of the same run uses,
+and the batch job only fills in its id and hosts (toolkit.launch.dispatch, toolkit.placement.runtime.resolve)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from toolkit.cli import main
+from toolkit.launch import slurm
+from toolkit.placement import runtime
+from toolkit.rundir import RunDir
+
+JOBS = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text"
+
+
+def _placement(run: Path) -> dict:
+    return json.loads((run / "launcher" / "placement.json").read_text())
+
+
+def _without_job(plan: dict) -> dict:
+    """``plan`` with its job id and hosts left out, so two placements of one run compare equal. Before the job id
+    is known, values holding it name ``$SLURM_JOB_ID`` and are marked for expansion on the node (``node_expand``);
+    that marking goes with the id."""
+    text = json.dumps({k: v for k, v in plan.items() if k not in ("job_id", "hosts", "addresses")}, sort_keys=True)
+    out = json.loads(text.replace(plan["job_id"], "<job id>"))
+    for p in out["processes"]:
+        p.pop("node_expand")
+    return out
+
+
+def test_dry_run_writes_the_plan_the_submitted_job_uses(tmp_path: Path, monkeypatch) -> None:
+    args = ["rl", "@", str(JOBS / "rl.toml"), "@", str(JOBS / "slurm.toml"), "--site", "local-slurm",
+            "--output-dir", str(tmp_path), "--run.name", "r"]  # fmt: skip
+    assert main([*args, "--dry-run"]) == 0
+    dry = _placement(tmp_path / "r")
+
+    # Submit the same run (sbatch and squeue faked): the dry-run directory is taken over, the job queued.
+    monkeypatch.setattr(slurm, "jobs_logging_under", lambda root: [])
+    monkeypatch.setattr(slurm, "submit", lambda script, **kw: "4242")
+    assert main(args) == 0
+    submitted = _placement(tmp_path / "r")
+    assert submitted == dry
+
+    # The job starts on three emulated nodes: it keeps the login node's ports and roles, and adds its id and hosts.
+    monkeypatch.setattr(runtime, "node_addresses", lambda hosts: [f"10.0.0.{i + 1}" for i in range(len(hosts))])
+    started = runtime.resolve(RunDir(tmp_path / "r"), None, {"SLURM_JOB_ID": "4242",
+                                                              "SLURM_JOB_NODELIST": "node[1-3]"})
+    placed = _placement(tmp_path / "r")
+    assert started.job_id == "4242" and placed["hosts"] == ["node1", "node2", "node3"]
+    assert placed["ports"] == dry["ports"] and placed["roles"] == dry["roles"]
+    assert _without_job(placed) == _without_job(dry)
