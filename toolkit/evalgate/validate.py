@@ -3,8 +3,12 @@ scoring works", seed "train-with-environments").
 
 For every train and eval env of a run config (or the ones named with ``--env``), on its first ``n`` selected tasks:
 
-- ``taskset_loads``: the taskset builds, ``select`` yields tasks, task ids are unique;
-- ``known_successes``: the task's reference solution scores at least ``success_min`` (default 1.0, a full solve);
+- ``taskset_loads``: the taskset builds with the workers' fields and runtime, ``select`` yields tasks, nothing in
+  it is refused (``toolkit.envs.fidelity``), task ids are unique (named as verifiers names tasks: ``id``, else
+  ``name``, else ``idx``; keys as verifiers derives them);
+- ``known_successes``: the environment's own ``Task.validate(runtime)`` (verifiers' check of the ground truth, in
+  a fresh runtime after ``setup``) passes, or, for a task that defines none, its reference solution scores at least
+  ``success_min`` (default 1.0, a full solve);
 - ``known_failures``: an empty reply, a wrong one (another task's reference) and a malformed one (markup and
   control characters) each score below ``success_min``, and the empty reply at most ``failure_max`` (default 0.0);
 - ``deterministic_scoring``: every reply above scores the same twice (reward and each component), and reloading
@@ -17,19 +21,26 @@ turn through the task's ``user_turn`` hook, with the env's ``max_turns``; async 
 ``setup`` and ``scoring`` timeouts (a CPU-bound hang cannot be interrupted in-process; ``srl eval run`` exercises
 the worker path, which kills such workers).
 
-Reference solutions (:func:`reference_replies`), in order: the task's own ``reference_replies()`` method (srl's
-hook: one reply per turn), ``data.answer`` (single turn), or a known built-in shape (alphabet-sort's ``turns``).
-A task with none fails ``known_successes`` with that fix named.
+Reference solutions (:func:`reference_replies`, used only for tasks without their own ``validate``), in order: the
+task's own ``reference_replies()`` method (srl's hook: one reply per turn), ``data.answer`` (single turn), or a
+known built-in shape (alphabet-sort's ``turns``). A task with neither fails ``known_successes`` with the fix named.
+
+Tasks are imported from the same path as the workers: the config's ``env_vars.PYTHONPATH`` (run and orchestrator)
+is put in front of ``sys.path`` and of this process's ``PYTHONPATH`` (programs a runtime starts) while it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from toolkit.envs.fidelity import task_identity
 from toolkit.evalgate.verdict import GateItem, Verdict
 
 # A reply no verifier should accept: chat-template markup, JSON debris, control and replacement characters.
@@ -69,6 +80,52 @@ def reference_replies(task: Any) -> list[str] | None:
 
         return ["\n".join(names) for names in expected_lists(turns)]
     return None
+
+
+def has_own_validate(task: Any) -> bool:
+    """Whether ``task`` overrides verifiers' ``Task.validate`` (its own model-free check of the ground truth)."""
+    import verifiers.v1 as vf
+
+    return type(task).validate is not vf.Task.validate
+
+
+async def run_task_validate(task: Any, runtime_config: Any, *, setup_s: float | None,
+                            total_s: float | None) -> bool | None | str:  # fmt: skip
+    """verifiers' own ground-truth check of ``task``: a fresh runtime (the task's resolved config), ``setup(trace=,
+    runtime=)``, then ``task.validate(runtime)``; the runtime is stopped whatever happens.
+
+    Returns True/False/None as ``validate`` does, or a string describing the error it raised or its timeout
+    (``setup_s``, ``total_s`` seconds).
+    """
+    import verifiers.v1 as vf
+    from verifiers.v1.runtimes import make_runtime
+    from verifiers.v1.state import state_cls
+    from verifiers.v1.utils.decorators import invoke
+
+    from toolkit.envs.episode import task_runtime_config
+
+    runtime = None
+    try:
+        runtime = make_runtime(task_runtime_config(task, runtime_config))
+        runtime.env = dict(task.runtime_env())
+        trace = vf.Trace(task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
+                         state=state_cls(type(task))(),
+                         agent=vf.AgentInfo(config=vf.AgentConfig(runtime=runtime_config), name="validate",
+                                            trainable=False))  # fmt: skip
+        await runtime.start()
+        await asyncio.wait_for(invoke(task.setup, {"trace": trace, "runtime": runtime}), setup_s)
+        result = await asyncio.wait_for(task.validate(runtime), total_s)
+        return None if result is None else bool(result)
+    except asyncio.TimeoutError:
+        return f"timed out (setup {setup_s} s / validate {total_s} s)"
+    except Exception as exc:  # noqa: BLE001 - a raising check is the finding, reported per task
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        if runtime is not None:
+            try:
+                await runtime.stop()
+            except Exception:  # noqa: BLE001, S110 - teardown of a check's runtime never fails the gate
+                pass
 
 
 async def score_replies(
@@ -113,13 +170,14 @@ def _failure_cases(i: int, refs: list[list[str] | None]) -> dict[str, list[str]]
 
 
 def _task_fingerprint(tasks: Sequence[Any]) -> list[tuple[str, str, str]]:
-    return [(str(t.data.id), str(t.data.prompt), str(t.hash)) for t in tasks]
+    return [(task_identity(t), str(t.data.prompt), str(t.hash)) for t in tasks]
 
 
 async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_max: float,
                               max_model_len: int | None, sampling_max_tokens: int | None,
                               kind: str = "train") -> list[GateItem]:  # fmt: skip
-    from toolkit.envs.registry import load_selected, split_fields
+    from toolkit.envs import fidelity
+    from toolkit.envs.registry import load_selected, split_fields, taskset_module, taskset_source
 
     name = env.name
     items: list[GateItem] = []
@@ -137,14 +195,27 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         return items
     load_s = time.perf_counter() - t0
     tasks = all_tasks[:n]
-    ids = [str(t.data.id) for t in all_tasks]
+    ids = [task_identity(t) for t in all_tasks]
+    keys = [t.key for t in all_tasks]
     dupes = sorted({x for x in ids if ids.count(x) > 1})[:5] if len(set(ids)) != len(ids) else []
     ev = {"taskset": env.taskset.id, "split": split_fields(taskset.config), "tasks_selected": len(all_tasks),
           "tasks_checked": len(tasks), "first_ids": ids[:3], "load_s": round(load_s, 3)}  # fmt: skip
+    try:
+        runtime_config = fidelity.build_runtime_config(name, fidelity.runtime_fields(env.harness.runtime))
+        ev["source"] = taskset_source(env.taskset.id).describe()
+        fidelity.check_loaded(name, taskset, all_tasks, env.harness.id, runtime_config,
+                              module=taskset_module(env.taskset.id))  # fmt: skip
+    except fidelity.EnvFeatureError as exc:
+        items.append(GateItem("taskset_loads", name, "FAIL", str(exc), ev))
+        return items
     if not tasks:
         items.append(GateItem("taskset_loads", name, "FAIL", "the taskset yields no tasks after select", ev))
         return items
-    if dupes:
+    if len(set(keys)) != len(keys):
+        twins = sorted({ids[i] for i, k in enumerate(keys) if keys.count(k) > 1})[:5]
+        items.append(GateItem("taskset_loads", name, "FAIL", f"task keys (Task.key, verifiers' identity) are not "
+                              f"unique: {twins} carry the same key", ev))  # fmt: skip
+    elif dupes:
         items.append(GateItem("taskset_loads", name, "FAIL", f"task ids are not unique (e.g. {dupes})", ev))
     elif len(tasks) < n:
         items.append(GateItem("taskset_loads", name, "WARN", f"only {len(tasks)} tasks (asked for {n})", ev))
@@ -152,9 +223,10 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         items.append(GateItem("taskset_loads", name, "PASS", f"{len(all_tasks)} tasks, checked {len(tasks)}", ev))
 
     timeout = env.timeout
-    refs = [reference_replies(t) for t in tasks]
+    own = [has_own_validate(t) for t in tasks]
+    refs = [None if o else reference_replies(t) for t, o in zip(tasks, own, strict=True)]
     kw = {"max_turns": env.max_turns, "setup_s": timeout.setup, "scoring_s": timeout.scoring,
-          "turn_s": timeout.rollout}
+          "turn_s": timeout.rollout, "runtime_config": runtime_config}
 
     async def score(task: Any, replies: list[str]) -> dict[str, Any]:
         try:
@@ -165,31 +237,48 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         except Exception as exc:  # noqa: BLE001 - TaskError and anything the task raised: evidence, not a crash of the gate
             return {"error": f"{type(exc).__name__}: {exc}"}
 
-    # -- known successes ----------------------------------------------------------------------------------------
-    no_ref = [str(t.data.id) for t, r in zip(tasks, refs, strict=True) if r is None]
+    # -- known successes: the task's own validate(runtime), else its reference replies ---------------------------
+    no_ref: list[str] = []
     success: list[dict[str, Any] | None] = []
     bad_success: list[dict[str, Any]] = []
-    for task, ref in zip(tasks, refs, strict=True):
+    validated = 0
+    for task, ref, has_own in zip(tasks, refs, own, strict=True):
+        if has_own:
+            verdict = await run_task_validate(task, runtime_config, setup_s=timeout.setup, total_s=timeout.scoring)
+            success.append(None)
+            if verdict is None:
+                no_ref.append(task_identity(task))  # validate() answered "no model-free check"
+            elif verdict is not True:
+                bad_success.append({"task": task_identity(task), "check": "Task.validate(runtime)",
+                                    "result": verdict})  # fmt: skip
+            else:
+                validated += 1
+            continue
         if ref is None:
+            no_ref.append(task_identity(task))
             success.append(None)
             continue
         s = await score(task, ref)
         success.append(s)
         if "error" in s or s["reward"] < success_min - _EPS:
-            bad_success.append({"task": str(task.data.id), "reply": ref, **_brief(s)})
+            bad_success.append({"task": task_identity(task), "reply": ref, **_brief(s)})
     if no_ref:
         items.append(GateItem("known_successes", name, "FAIL",
-                              f"{len(no_ref)} task(s) have no reference solution; give the task data an `answer` "
-                              "field or the task a `reference_replies()` method", {"tasks": no_ref[:5]}))  # fmt: skip
+                              f"{len(no_ref)} task(s) have no known-correct check; define `Task.validate(runtime)` "
+                              "(verifiers' own check), give the task data an `answer` field or the task a "
+                              "`reference_replies()` method", {"tasks": no_ref[:5]}))  # fmt: skip
     elif bad_success:
         items.append(GateItem("known_successes", name, "FAIL",
-                              f"{len(bad_success)}/{len(tasks)} reference solutions score below {success_min}",
+                              f"{len(bad_success)}/{len(tasks)} known-correct checks fail (Task.validate returned "
+                              f"False or raised, or a reference solution scores below {success_min})",
                               {"examples": bad_success[:3], "success_min": success_min}))  # fmt: skip
     else:
         rewards = [s["reward"] for s in success if s]
-        items.append(GateItem("known_successes", name, "PASS",
-                              f"all {len(rewards)} reference solutions score >= {success_min}",
-                              {"reward_min": min(rewards), "reward_max": max(rewards)}))  # fmt: skip
+        what = [f"{validated} pass Task.validate(runtime)"] if validated else []
+        what += [f"{len(rewards)} reference solutions score >= {success_min}"] if rewards else []
+        items.append(GateItem("known_successes", name, "PASS", "; ".join(what),
+                              {"validated": validated, "reward_min": min(rewards, default=None),
+                               "reward_max": max(rewards, default=None)}))  # fmt: skip
 
     # -- known failures -----------------------------------------------------------------------------------------
     bad_fail: list[dict[str, Any]] = []
@@ -200,7 +289,7 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
             s = await score(task, replies)
             first_scores[(i, case)] = s
             if "error" in s:
-                bad_fail.append({"task": str(task.data.id), "case": case, **_brief(s)})
+                bad_fail.append({"task": task_identity(task), "case": case, **_brief(s)})
                 continue
             fail_rewards[case].append(s["reward"])
             limit = failure_max if case == "empty" else success_min - _EPS
@@ -209,7 +298,7 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
             if ok and ref_reward is not None and s["reward"] >= ref_reward - _EPS:
                 ok = False  # a failure must never score like the reference
             if not ok:
-                bad_fail.append({"task": str(task.data.id), "case": case, "reply": replies, **_brief(s)})
+                bad_fail.append({"task": task_identity(task), "case": case, "reply": replies, **_brief(s)})
     fev = {case: {"max": max(v), "mean": round(sum(v) / len(v), 4)} for case, v in fail_rewards.items() if v}
     if bad_fail:
         cases = sorted({b["case"] for b in bad_fail})
@@ -233,7 +322,7 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
                 continue
             again = await score(task, replies)
             if "error" in again or again["reward"] != before["reward"] or again["components"] != before["components"]:
-                diffs.append({"task": str(task.data.id), "case": case, "first": _brief(before),
+                diffs.append({"task": task_identity(task), "case": case, "first": _brief(before),
                               "second": _brief(again)})  # fmt: skip
     try:
         reload_same = _task_fingerprint(load_tasks(env.taskset)[:n]) == _task_fingerprint(tasks)
@@ -315,11 +404,33 @@ def validate_config(cfg: Any, *, envs: Sequence[str] | None = None, n: int = 20,
     verdict = Verdict("validate", settings={
         "envs": [e.name for e, _ in selected], "n": n, "success_min": success_min, "failure_max": failure_max,
     })  # fmt: skip
-    for env, kind in selected:
-        base = (o.eval.sampling or o.train.sampling) if kind == "eval" else o.train.sampling
-        max_tokens = sampling_params(base, env.sampling).max_tokens
-        items = asyncio.run(_validate_env_async(env, n=n, success_min=success_min, failure_max=failure_max,
-                                                max_model_len=int(max_model_len) if max_model_len else None,
-                                                sampling_max_tokens=max_tokens, kind=kind))  # fmt: skip
-        verdict.items.extend(items)
+    with workers_import_path(cfg):
+        for env, kind in selected:
+            base = (o.eval.sampling or o.train.sampling) if kind == "eval" else o.train.sampling
+            max_tokens = sampling_params(base, env.sampling).max_tokens
+            items = asyncio.run(_validate_env_async(env, n=n, success_min=success_min, failure_max=failure_max,
+                                                    max_model_len=int(max_model_len) if max_model_len else None,
+                                                    sampling_max_tokens=max_tokens, kind=kind))  # fmt: skip
+            verdict.items.extend(items)
     return verdict
+
+
+@contextlib.contextmanager
+def workers_import_path(cfg: Any) -> Iterator[list[str]]:
+    """The env workers' import path while the block runs: ``env_vars.PYTHONPATH`` of the run and of the
+    orchestrator in front of ``sys.path`` and of ``os.environ["PYTHONPATH"]``; both restored afterwards. Yields the
+    entries added."""
+    entries = [p for v in (cfg.env_vars.get("PYTHONPATH"), cfg.orchestrator.env_vars.get("PYTHONPATH")) if v
+               for p in v.split(os.pathsep) if p]  # fmt: skip
+    saved_path, saved_env = list(sys.path), os.environ.get("PYTHONPATH")
+    sys.path[:0] = [p for p in entries if p not in sys.path]
+    if entries:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*entries, *([saved_env] if saved_env else [])])
+    try:
+        yield entries
+    finally:
+        sys.path[:] = saved_path
+        if saved_env is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved_env

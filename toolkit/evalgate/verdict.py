@@ -14,6 +14,7 @@ Light: standard library only (login-node safe).
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,9 +107,8 @@ class Verdict:
             lines.append(f"- **{k}**: `{json.dumps(v, default=str)}`")
         lines += ["", "| env | item | status | detail | evidence |", "|---|---|---|---|---|"]
         for i in self.items:
-            ev = json.dumps(i.evidence, default=str, sort_keys=True).replace("|", "\\|")
-            detail = i.detail.replace("|", "\\|")
-            lines.append(f"| {i.env} | {i.title} | **{i.status}** | {detail} | `{ev}` |")
+            ev = _md_code(json.dumps(i.evidence, default=str, sort_keys=True))
+            lines.append(f"| {_md_cell(i.env)} | {i.title} | **{i.status}** | {_md_cell(i.detail)} | {ev} |")
         return "\n".join(lines) + "\n"
 
     def write(self, reports_dir: Path, stem: str) -> tuple[Path, Path]:
@@ -119,6 +119,24 @@ class Verdict:
         atomic_write_json(js, self.to_dict())
         atomic_write_text(md, self.to_markdown())
         return js, md
+
+
+def _md_cell(text: str) -> str:
+    """``text`` as one Markdown table cell: HTML-escaped, ``|`` escaped, line breaks as ``<br>`` (a raw newline
+    would end the row and scatter a multi-line error over the table)."""
+    import html
+
+    lines = html.escape(str(text), quote=False).replace("|", "\\|").splitlines()
+    return "<br>".join(line.strip() for line in lines) or " "
+
+
+def _md_code(text: str) -> str:
+    """``text`` as inline code inside a table cell: on one line, ``|`` escaped, fenced by more backticks than the
+    longest run of backticks in it."""
+    one_line = " ".join(str(text).splitlines()).replace("|", "\\|")
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", one_line)), default=0) + 1)
+    pad = " " if one_line.startswith("`") or one_line.endswith("`") else ""
+    return f"{fence}{pad}{one_line}{pad}{fence}"
 
 
 def print_verdict(verdict: Verdict, *, rich: bool = True, file: Any = None) -> None:
