@@ -2,7 +2,8 @@
 
 The seed ("train-with-environments", Failure diagnosis) asks to classify before touching hyperparameters:
 valid low reward; ProviderError; HarnessError; ToolsetError/UserError; SandboxError/TunnelError; TaskError; trainer
-instability. srl adds all-zero (and all-one) groups, and Slurm-level causes read from the job's log text.
+instability. srl adds RewardSkippedError (a reward left unscored, which would read as 0), all-zero (and all-one)
+groups, and Slurm-level causes read from the job's log text.
 
 Sources read, all through ``RunDir``: the rollout store's ``error_class``/``reward`` columns, ``metrics.jsonl``
 (trainer stability), and every text file under ``<run>/logs/`` and ``<run>/launcher/`` (error class names in role
@@ -34,6 +35,7 @@ CLASS_BOUNDARY = {
     "SandboxError": "SandboxError/TunnelError",
     "TunnelError": "SandboxError/TunnelError",
     "TaskError": "TaskError",
+    "RewardSkippedError": "RewardSkippedError",
 }
 
 _NOT_HYPERPARAMS = "Learning-rate or other optimizer changes do not fix invalid traces."
@@ -54,6 +56,10 @@ ADVICE = {
     "TaskError": "Task setup, finalize or scoring code raised during rollouts. This is deterministic: retries do "
     "not fix it. Fix the taskset and pass `srl eval validate` (model-free) before training again. "
     + _NOT_HYPERPARAMS,
+    "RewardSkippedError": "Scoring finished but left a reward or metric unscored: verifiers skips a signal that "
+    "needs a runtime when none is handed to Task.score, so the reward would have read as a silent 0 and training "
+    "would have followed a constant. Check that every reward's `runtime` parameter gets one (harness.runtime) and "
+    "that `srl eval validate` passes. " + _NOT_HYPERPARAMS,
     "valid low reward": "Rollouts are valid but reward is low: the task is too hard for this model, or the "
     "prompt/tool contract or rubric does not match. Inspect samples and the step-0 baseline eval; check the "
     "verifier gives the intended reward on known successes before changing the trainer.",

@@ -30,6 +30,7 @@ ERROR_FAILURES = {
     "toolset": ("ToolsetError", "tool server wiki-search did not answer within 30 s"),
     "sandbox": ("SandboxError", "sandbox creation rate limited (429)"),
     "task": ("TaskError", "scoring raised ZeroDivisionError: division by zero"),
+    "reward_skipped": ("RewardSkippedError", "task scoring skipped ['checked']: verifiers leaves a signal unscored"),
 }
 SLURM_LINES = {
     "timeout": "slurmstepd: error: *** JOB 4242 ON node1 CANCELLED AT 2025-01-01T10:00:00 DUE TO TIME LIMIT ***",

@@ -22,6 +22,7 @@ def _boundaries(tmp_path: Path, failure: str | None) -> list[str]:
         ("toolset", "ToolsetError/UserError"),
         ("sandbox", "SandboxError/TunnelError"),
         ("task", "TaskError"),
+        ("reward_skipped", "RewardSkippedError"),
     ],
 )
 def test_error_class_boundary(tmp_path: Path, failure: str, boundary: str) -> None:
@@ -156,3 +157,11 @@ def test_a_component_that_failed_first_is_named(tmp_path: Path) -> None:
 
 def test_another_jobs_teardown_does_not_excuse_a_cancel(tmp_path: Path) -> None:
     assert _slurm_logs(tmp_path, _TEARDOWN, _STEP_CANCELLED.format(job=26, time="11:27:00")) == ["Slurm: cancelled"]
+
+
+def test_skipped_reward_is_its_own_finding_not_a_low_reward(tmp_path: Path) -> None:
+    (finding, *rest) = diagnose(make_run(tmp_path / "run", failure="reward_skipped", steps=4))
+    assert finding.boundary == "RewardSkippedError" and finding.severity == "error"
+    assert "silent 0" in finding.advice
+    assert finding.evidence["classes"] == {"RewardSkippedError": finding.evidence["count"]}
+    assert "TaskError" not in [f.boundary for f in rest]

@@ -18,6 +18,7 @@ ErrorClass = Literal[
     "SandboxError",  # runtime capacity, lifecycle, filesystem, network
     "TunnelError",  # interception tunnel failures
     "TaskError",  # task setup, finalize or scoring implementation
+    "RewardSkippedError",  # scoring finished with a reward or metric unscored (would read as a silent 0)
 ]
 
 # Transient classes: retried with backoff. Deterministic classes are never retried (the seed: retries do not fix
