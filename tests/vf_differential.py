@@ -135,3 +135,23 @@ async def run_srl(task: Any, reply: str, runtime_config: Any) -> Outcome:
         metrics=scored["metrics"],
         stop=scored["stop_condition"],
     )
+
+
+async def run_verifiers_env(model: ScriptedModel, taskset_id: str, role: str, reply: str) -> Any:
+    """One episode of the taskset's own ``Env`` class (verifiers' resolution), every agent seat on the scripted
+    chat harness with a subprocess runtime; returns verifiers' ``Episode``."""
+    fixtures_on_path()
+    import verifiers.v1 as vf
+    from verifiers.v1.clients import ModelContext
+    from verifiers.v1.configs.client import EvalClientConfig
+    from verifiers.v1.utils.loaders import env_config_type, environment_class
+
+    os.environ.setdefault(KEY_VAR, "scripted")
+    seat = {"harness": {"id": "scripted_chat"}, "runtime": {"type": "subprocess"}}
+    config = env_config_type(taskset_id).model_validate({"taskset": {"id": taskset_id}, role: seat})
+    env = environment_class(taskset_id)(config)
+    client = EvalClientConfig(base_url=model.base_url, api_key_var=KEY_VAR)
+    ctx = ModelContext(model="scripted", client=client, sampling=vf.SamplingConfig())
+    model.reply = reply
+    async with env.serving():
+        return await env.run_episode(next(iter(env.taskset)), ctx)

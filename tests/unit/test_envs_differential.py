@@ -71,3 +71,31 @@ def test_same_outcome_as_verifiers(taskset_id, fields, replies):
         assert ours == theirs, f"{taskset_id} task {data.idx} reply {reply!r}"
     if "flaw" not in fields:  # the reference answer is a full solve on both sides, not a shared 0
         assert all(theirs.reward == 1.0 for data, reply, theirs, _ in results if reply == str(data.answer))
+
+
+@pytest.mark.parametrize(
+    "taskset_id,role,check",
+    [
+        # verifiers plays a simulated user for several turns: srl's single-agent loop would score one reply.
+        ("guess-user", "assistant", lambda ep: [t.num_turns for t in ep.traces] == [4]),
+        # verifiers runs two attempts per episode and records the better one: srl would run one.
+        ("best-of-two", "solver", lambda ep: len(ep.traces) == 2 and "best_of_two" in ep.traces[0].metrics),
+    ],
+)
+def test_env_classes_run_by_verifiers_are_refused_by_srl(taskset_id, role, check):
+    from tests.vf_differential import run_verifiers_env
+    from toolkit.envs.fidelity import EnvFeatureError
+    from toolkit.envs.server import EnvWorker
+
+    async def run():
+        async with ScriptedModel() as model:
+            return await run_verifiers_env(model, taskset_id, role, "4")
+
+    episode = asyncio.run(run())
+    assert episode.ok and check(episode)
+    spec = {"name": taskset_id, "taskset": {"id": taskset_id, "split": None, "seed": 0, "select": None, "extra": {}},
+            "harness": {"id": "default"}, "max_turns": 8, "timeout": {}}  # fmt: skip
+    with pytest.raises(
+        EnvFeatureError, match=f"env '{taskset_id}': the taskset's module .* exports its own Env"
+    ):
+        EnvWorker(spec)
