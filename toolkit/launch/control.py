@@ -75,7 +75,22 @@ def status_main(args: list[str]) -> int:
         if st.node_list:
             bits.append("nodes=" + ",".join(st.node_list))
         print(f"{job_id}\t{kind}\tattempt {attempt}\t" + " ".join(bits))
+        why = _dependency_note(st)
+        if why:
+            print(f"  {why}")
     return 0
+
+
+def _dependency_note(st: Any) -> str | None:
+    """A sentence for a job held or cancelled by its dependency (``srl sft chain``: RL behind SFT), else None."""
+    reason = st.reason or ""
+    if st.state == "PENDING" and reason == "Dependency":
+        return "waiting for the job it depends on (e.g. the SFT job of an srl sft chain) to complete"
+    if reason == "DependencyNeverSatisfied":
+        return ("the job it depends on did not complete successfully (e.g. the SFT job of an srl sft chain "
+                "failed), so Slurm " + ("cancelled this job; nothing of it ran" if st.state == "CANCELLED" else
+                                        "will never start it"))  # fmt: skip
+    return None
 
 
 def cancel_main(args: list[str]) -> int:
