@@ -203,7 +203,10 @@ def task_problems(env_name: str, task: Any, runtime_config: Any, harness: Any = 
         resolved = resolve_runtime_config(runtime_config, task)
         validate_pairing(harness or _null_harness(), type(task), resolved)
     except ValueError as exc:
-        out.append(f"env '{env_name}': {exc}")
+        out.append(
+            f"env '{env_name}': {exc} (srl: set harness.runtime.type to 'docker', 'podman' or 'apptainer'; "
+            "remote sandboxes are not provided)"
+        )
     if task.data.prompt is None and not callable(getattr(task, "user_turn", None)):
         out.append(
             f"env '{env_name}': task {task_identity(task)!r} has no prompt and no user to open the conversation "
