@@ -37,12 +37,14 @@ def load(files: list[Path], overrides: list[str]) -> Any:
     cfg.data.name = cfg.data.name.expanduser().absolute()
     if cfg.val is not None and cfg.val.data is not None:
         cfg.val.data.name = cfg.val.data.name.expanduser().absolute()
-    try:
-        check_dataset(cfg.data.name, cfg.data.columns)
-        if cfg.val is not None and cfg.val.data is not None:
-            check_dataset(cfg.val.data.name, cfg.val.data.columns)
-    except DataError as e:
-        raise ConfigError(f"data: {e}") from None
+    from toolkit.config import ConfigIssue
+
+    checks = [("data.name", cfg.data)] + ([("val.data.name", cfg.val.data)] if cfg.val and cfg.val.data else [])
+    for field, section in checks:
+        try:
+            check_dataset(section.name, section.columns)
+        except DataError as e:
+            raise ConfigError([ConfigIssue(field, str(e))]) from None
     return cfg
 
 
