@@ -126,6 +126,28 @@ def _expected_records(plan) -> int:
     return sum(p.num_nodes for p in plan.processes)
 
 
+def test_dry_run_writes_the_placement_the_job_runs(tmp_path, monkeypatch):
+    # The login node decides ports and roles once: the job only adds its id and the hosts Slurm gave it.
+    from plan_checks import without_job
+
+    from toolkit.cli import main
+    from toolkit.launch.submit import read_job_ids
+    from toolkit.rundir import RunDir
+
+    monkeypatch.setenv("SRL_SITE_CONFIGS", str(_site_dir(tmp_path, _probe_bin(tmp_path))))
+    cfg = _config(tmp_path, "plan3")
+    assert main(["rl", "@", str(cfg), "--dry-run"]) == 0
+    run = RunDir(tmp_path / "out" / "plan3")
+    dry = json.loads(run.placement_file.read_text())
+    assert main(["rl", "@", str(cfg)]) == 0  # takes the dry-run directory over and submits
+    job = read_job_ids(run)[-1][0]
+    st = slurm.wait(job, timeout_s=90)
+    assert st.state == "COMPLETED", _batch_log(run)
+    ran = json.loads(run.placement_file.read_text())
+    assert ran["job_id"] == job and len(ran["hosts"]) == 3
+    assert without_job(ran) == without_job(dry)
+
+
 def test_recorded_placement_equals_plan(probe_run, capsys):
     from toolkit.launch.control import logs_main, status_main
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from plan_checks import without_job
+
 from toolkit.cli import main
 from toolkit.launch import slurm
 from toolkit.placement import runtime
@@ -16,17 +18,6 @@ JOBS = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text"
 
 def _placement(run: Path) -> dict:
     return json.loads((run / "launcher" / "placement.json").read_text())
-
-
-def _without_job(plan: dict) -> dict:
-    """``plan`` with its job id and hosts left out, so two placements of one run compare equal. Before the job id
-    is known, values holding it name ``$SLURM_JOB_ID`` and are marked for expansion on the node (``node_expand``);
-    that marking goes with the id."""
-    text = json.dumps({k: v for k, v in plan.items() if k not in ("job_id", "hosts", "addresses")}, sort_keys=True)
-    out = json.loads(text.replace(plan["job_id"], "<job id>"))
-    for p in out["processes"]:
-        p.pop("node_expand")
-    return out
 
 
 def test_dry_run_writes_the_plan_the_submitted_job_uses(tmp_path: Path, monkeypatch) -> None:
@@ -49,4 +40,4 @@ def test_dry_run_writes_the_plan_the_submitted_job_uses(tmp_path: Path, monkeypa
     placed = _placement(tmp_path / "r")
     assert started.job_id == "4242" and placed["hosts"] == ["node1", "node2", "node3"]
     assert placed["ports"] == dry["ports"] and placed["roles"] == dry["roles"]
-    assert _without_job(placed) == _without_job(dry)
+    assert without_job(placed) == without_job(dry)
