@@ -210,7 +210,7 @@ class Orchestrator:
         while True:
             try:
                 return await asyncio.wait_for(producer.queue.get(), QUEUE_POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if self._should_stop():
                     return None
 
