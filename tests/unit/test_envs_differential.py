@@ -33,7 +33,6 @@ def _taskset_ns(taskset_id: str, fields: dict) -> SimpleNamespace:
         id=taskset_id,
         select=None,
         model_extra=extra,
-        model_fields_set={"id", *fields},
         split=own.get("split", "train"),
         seed=own.get("seed", 0),
     )

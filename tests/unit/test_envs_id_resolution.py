@@ -60,9 +60,7 @@ def test_installed_environment_wins_over_the_builtin(installed_reverse_text):
     assert (source.kind, source.module) == ("module", "reverse_text")
     assert source.origin == str(installed_reverse_text / "reverse_text" / "__init__.py")
     assert taskset_class("reverse-text").__name__ == "ShadowTaskset"
-    ns = SimpleNamespace(
-        id="reverse-text", split="train", seed=0, select=None, model_extra={}, model_fields_set={"id"}
-    )
+    ns = SimpleNamespace(id="reverse-text", split="train", seed=0, select=None, model_extra={})
     assert [t.data.id for t in load_tasks(ns)] == ["shadow-0"]
 
 

@@ -94,11 +94,9 @@ _SRL_DEFAULTS = {"split": "train", "seed": 0}
 
 
 def _explicit(taskset_cfg: Any) -> set[str]:
-    """The srl-level fields (``split``, ``seed``) the user set. A config object knows (``model_fields_set``); a bare
-    namespace counts a value other than srl's default as set."""
-    fields_set = getattr(taskset_cfg, "model_fields_set", None)
-    if fields_set is not None:
-        return set(fields_set) & set(_SRL_DEFAULTS)
+    """The srl-level fields (``split``, ``seed``) that carry a value other than srl's default. A value equal to the
+    default cannot be told from an unset one: the resolved config the orchestrator reads back writes every field,
+    so "set" is judged by value, the same way in every process."""
     return {k for k, d in _SRL_DEFAULTS.items() if getattr(taskset_cfg, k, None) not in (None, d)}
 
 
@@ -117,9 +115,10 @@ def split_fields(config: Any) -> dict[str, Any]:
 def build_taskset(taskset_cfg: Any, *, env_name: str | None = None, eval_env: bool = False) -> vf.Taskset:
     """The taskset instance for an srl taskset config (``id``, ``split``, ``seed``, extra typed fields).
 
-    Every field the user set reaches the taskset's own config class or is refused: ``split``/``seed`` go to the
-    fields of that name; one the class does not declare is an error naming the class's own fields (a taskset may
-    call its split ``dataset_split``). Unset, the taskset's own defaults apply, as in verifiers. For an eval env
+    Every field the user set reaches the taskset's own config class or is refused: ``split``/``seed`` other than
+    srl's defaults (``train``, 0) go to the fields of that name; one the class does not declare is an error naming
+    the class's own fields (a taskset may call its split ``dataset_split``). Otherwise the taskset's own defaults
+    apply, as in verifiers. For an eval env
     (``eval_env``) a split field that resolves to ``"train"`` is an error: held-out scores must not come from
     training rows. ``env_name`` prefixes messages. Raises TasksetFieldError.
     """

@@ -71,7 +71,6 @@ def env_spec(env_cfg: Any) -> dict[str, Any]:
     """The JSON spec an env worker is started with (see ``toolkit.envs.server``)."""
     ts = env_cfg.taskset
     timeout = env_cfg.timeout if getattr(env_cfg, "timeout", None) is not None else None
-    fields_set = getattr(ts, "model_fields_set", None)
     return {
         "name": env_cfg.name,
         # Eval env entries are the ones with a num_examples field (EvalEnvConfig): they must not read train rows.
@@ -82,7 +81,6 @@ def env_spec(env_cfg: Any) -> dict[str, Any]:
             "seed": getattr(ts, "seed", None),
             "select": _plain(getattr(ts, "select", None)),
             "extra": _plain(getattr(ts, "model_extra", None) or {}),
-            "fields_set": None if fields_set is None else sorted(set(fields_set) & {"split", "seed"}),
         },
         "harness": {
             "id": _get(getattr(env_cfg, "harness", None), "id", "default"),

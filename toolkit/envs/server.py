@@ -5,9 +5,9 @@ selects the tasks once, listens (``--port 0`` = OS-assigned), then prints ``SRL_
 stdout. The orchestrator's ``EnvRuntime`` starts ``pool.max_workers`` of these (or connects to an external one via
 ``address``); each is its own process, so a task that hangs or crashes cannot stall the orchestrator.
 
-Spec (JSON): ``{"name", "eval", "taskset": {"id", "split", "seed", "select", "extra", "fields_set"},
-"harness": {"id", "runtime"}, "max_turns", "timeout": {"setup", "finalize", "scoring"}}``; timeouts are seconds
-(None = unbounded); ``fields_set`` lists the srl-level taskset fields the user set; ``runtime``
+Spec (JSON): ``{"name", "eval", "taskset": {"id", "split", "seed", "select", "extra"}, "harness": {"id",
+"runtime"}, "max_turns", "timeout": {"setup", "finalize", "scoring"}}``; timeouts are seconds (None = unbounded);
+``eval`` marks an eval env (it must not read train rows); ``runtime``
 holds the fields of verifiers' runtime config (``{"type": "subprocess"}`` when absent). An environment srl cannot
 run as verifiers would (``toolkit.envs.fidelity``) makes the worker exit before it announces itself, with the
 refusal on stderr.
@@ -35,14 +35,12 @@ from toolkit.envs.registry import load_selected, taskset_module, taskset_source
 
 def taskset_namespace(spec_taskset: dict[str, Any]) -> SimpleNamespace:
     """The wire taskset spec as the attribute object ``registry.load_tasks`` reads."""
-    fields_set = spec_taskset.get("fields_set")
     return SimpleNamespace(
         id=spec_taskset["id"],
         split=spec_taskset.get("split"),
         seed=spec_taskset.get("seed"),
         select=spec_taskset.get("select"),
         model_extra=spec_taskset.get("extra") or {},
-        model_fields_set=None if fields_set is None else set(fields_set),
     )
 
 
