@@ -178,3 +178,17 @@ def test_reward_skipped_crosses_the_worker_wire_with_its_class():
     from toolkit.orchestrator.types import TRANSIENT_ERRORS
 
     assert "RewardSkippedError" not in TRANSIENT_ERRORS  # deterministic: a retry would skip it again
+
+
+class _UntypedStopTask(vf.Task[_ImageData, vf.State, vf.TaskConfig]):
+    @vf.stop
+    def done(self, trace) -> bool:
+        return True
+
+
+def test_a_stop_verifiers_cannot_call_is_refused_with_its_reason():
+    (problem,) = fidelity.task_problems("e", _UntypedStopTask(_ImageData(prompt="x")), vf.SubprocessConfig())
+    assert problem == (
+        "env 'e': _UntypedStopTask's @vf.stop done would be refused by verifiers: "
+        "done must have exactly one Request, Response, or Trace parameter"
+    )

@@ -194,7 +194,11 @@ def task_problems(env_name: str, task: Any, runtime_config: Any, harness: Any = 
         )
     for fn in task.hooks("stop"):
         kind = _hook_boundary(fn)
-        if kind != "Trace":
+        if kind.startswith("invalid"):
+            out.append(
+                f"env '{env_name}': {name}'s @vf.stop {fn.__name__} would be refused by verifiers: {kind[9:-1]}"
+            )
+        elif kind != "Trace":
             out.append(
                 f"env '{env_name}': {name}'s @vf.stop {fn.__name__} takes a {kind} boundary; srl checks only "
                 "stops over the Trace (a request/response stop needs verifiers' interception server)"
@@ -226,7 +230,12 @@ MAX_LISTED = 10
 
 
 def check_loaded(
-    env_name: str, taskset: Any, tasks: Iterable[Any], harness_id: str, runtime_config: Any, module: Any = None
+    env_name: str,
+    taskset: Any,
+    tasks: Iterable[Any],
+    harness_id: str,
+    runtime_config: Any,
+    module: Any = None,
 ) -> None:
     """Refuse, at load, an environment srl cannot run as verifiers would. Checks the taskset's ``module`` (default:
     the module defining its class), its task class and every loaded task. Raises EnvFeatureError listing the
