@@ -50,7 +50,7 @@ class TrainerSettings:
     scheduler: str = "constant"
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
-    loss: Any = None  # toolkit.trainer.loss.IPOLoss | IcePopLoss; None = IPO defaults
+    loss: Any = None  # the config's IPOLoss | IcePopLoss (toolkit.trainer.loss.LossConfig); None = IPO defaults
     micro_batch_size: int = 1
     seq_len: int = 2048
     temperature: float = 1.0
@@ -68,14 +68,9 @@ class TrainerSettings:
     def from_config(cls, cfg: Any) -> TrainerSettings:
         """Map a resolved ``RLConfig`` onto settings (attribute names of ``toolkit/config/model.py``)."""
         from toolkit.trainer.broadcast import broadcast_keep
-        from toolkit.trainer.loss import IcePopLoss, IPOLoss
 
         t = cfg.trainer
-        lc = t.loss
-        if lc.type == "icepop":
-            loss = IcePopLoss(ratio_low=lc.ratio_low, ratio_high=lc.ratio_high, adv_tau=getattr(lc, "adv_tau", 1.0))
-        else:
-            loss = IPOLoss(eps=lc.eps, adv_tau=lc.adv_tau)
+        loss = t.loss  # the config's loss class is the trainer's (one default per knob)
         sched = t.scheduler
         lora = t.model.lora.model_dump() if t.model.lora is not None else None
         return cls(
@@ -199,7 +194,7 @@ class StopFlag:
         for sig in (signal.SIGTERM, signal.SIGUSR2):
             signal.signal(sig, self._on_signal)
 
-    def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+    def _on_signal(self, signum, frame) -> None:
         self.signalled = signum
 
     def __call__(self) -> bool:
