@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import batches, checkpoints, fsutil
+from toolkit.lease import exit_when_lease_gone
 from toolkit.orchestrator.buffer import BufferSettings, StepBatch
 from toolkit.orchestrator.engines import EngineWatch, provider_retry_budget_s
 from toolkit.orchestrator.evaluation import EvalEnv, run_eval
@@ -370,7 +371,7 @@ class Orchestrator:
                 if self.metrics.has(point) or self._should_stop():
                     continue
                 if point > 0:  # point 0: the engines still serve the base model, whatever was broadcast since
-                    await tracker.wait_for(point, self._should_stop)
+                    await tracker.load_first_at_least(point, self._should_stop)
                 if self._should_stop():
                     break
                 version = tracker.served_version
@@ -482,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.config import load_resolved
 
     run = RunDir(args.run_dir)
+    # Started by a supervisor: never produce batches once it is gone or the run belongs to another attempt.
+    exit_when_lease_gone(run, "orchestrator")
     cfg = load_resolved(run.resolved("rl"))
     try:
         return asyncio.run(Orchestrator(cfg, run).run_until_done())

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 from toolkit import fsutil
-from toolkit.inference.weights import newest_stable_broadcast
-from toolkit.rundir import RunDir
+from toolkit.inference.weights import STABLE_MARKER, newest_stable_broadcast
+from toolkit.rundir import RunDir, numbered_steps
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,22 @@ class PolicyTracker:
             if self.satisfied(version) or should_stop():
                 return time.monotonic() - t0
             await asyncio.sleep(self.poll_s)
+
+    async def load_first_at_least(self, version: int, should_stop: Callable[[], bool] = lambda: False) -> int:
+        """Block until a STABLE broadcast of a version >= ``version`` exists, then serve the *oldest* such one (not
+        the newest, as :meth:`refresh` does): an SFT run's evals measure the step they were due at while the trainer
+        may already have moved on. Returns the served version (unchanged when ``should_stop()`` ends the wait or a
+        load fails; a failure is logged and retried by the caller's next call)."""
+        while not should_stop():
+            async with self._lock:
+                for step in numbered_steps(self.run.broadcasts):
+                    d = self.run.broadcast_step(step)
+                    if step >= version and (d / STABLE_MARKER).exists():
+                        if step > self.served_version and self.update_weights:
+                            await self._load(step, d)
+                        return self.served_version
+            await asyncio.sleep(self.poll_s)
+        return self.served_version
 
     async def follow(self, stop: asyncio.Event) -> None:
         """Background loop: :meth:`refresh` every ``poll_s`` seconds until ``stop`` is set."""

@@ -194,7 +194,9 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
         weights = full_state_dict(model, info=info)
         if info.is_main:
             write_broadcast(run, step, weights, model_config_dict(model), st.model_dir)
-            apply_broadcast_retention(run, 2)
+            # Four eval points back: the eval-only orchestrator evaluates each point's own weights even when its
+            # evals (or the engine's start-up) fall behind the trainer.
+            apply_broadcast_retention(run, 4)
         tdist.barrier(info)
         return time.perf_counter() - t0
 
