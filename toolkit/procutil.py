@@ -1,11 +1,21 @@
-"""Process helpers shared by the roles (no torch, no vllm: the orchestrator and login-node code import this)."""
+"""Process helpers shared by the roles (no torch, no vllm: the orchestrator and login-node code import this).
+
+- :func:`die_with_parent`: a process asks the kernel to kill it when its parent dies.
+- :func:`kill_with_parent_preexec`: the same, set up by a parent for a child it is about to start.
+- :class:`GroupReaper` (and ``python -m toolkit.procutil reap``): a small watcher that kills a supervisor's process
+  groups when the supervisor dies by any path, SIGKILL included.
+- :func:`process_start_time`: tells a live process from a later one that reused its PID.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import signal
+import subprocess
 import sys
+import time
+from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -27,3 +37,167 @@ def die_with_parent() -> bool:
     if os.getppid() != parent or parent == 1:  # the parent died before the request took effect
         os._exit(1)
     return True
+
+
+def kill_with_parent_preexec() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen`` that makes the child receive SIGKILL when the calling *thread*
+    dies (prctl(2) ``PR_SET_PDEATHSIG``; the kernel ties the signal to the thread that forked, so start children
+    from a thread that lives as long as the supervisor, e.g. the main thread). The child exits at once when the
+    parent died between fork and the request. Returns None off Linux (nothing to set up).
+
+    Everything the child runs is prepared here, in the parent: between fork and exec the child must not import,
+    load libraries or take locks another thread of the parent may hold.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+    sig = int(signal.SIGKILL)
+
+    def _preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return _preexec
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None when the process
+    does not exist or /proc cannot say (not Linux). Two processes with the same PID differ here."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: fields after it start past the last ')'.
+    rest = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int, start_time: int | None = None) -> bool:
+    """Whether process ``pid`` exists (and, with ``start_time``, is the same process that had that start time
+    rather than a later one that reused the PID). A zombie counts as gone. Local to this machine."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        if data[data.rfind(b")") + 2 :].split()[:1] == [b"Z"]:
+            return False
+    except OSError:
+        pass
+    if start_time is not None:
+        now = process_start_time(pid)
+        if now is not None and now != start_time:
+            return False
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_groups(pgids: set[int], grace_s: float) -> None:
+    """SIGTERM each process group in ``pgids``, then SIGKILL the groups still alive after ``grace_s`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for g in pgids:
+            try:
+                os.killpg(g, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if sig == signal.SIGTERM:
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and any(_group_alive(g) for g in pgids):
+                time.sleep(0.1)
+
+
+class GroupReaper:
+    """Kills a supervisor's process groups when the supervisor dies, however it dies.
+
+    The supervisor starts each child in a process group of its own (so it can stop the child's whole tree) and
+    tells the reaper about it with :meth:`add`. The reaper is a separate process in a session of its own (a signal
+    to the supervisor's group does not reach it), reading group ids from a pipe whose only writer is the
+    supervisor: when the supervisor exits or is killed, the kernel closes the pipe, the reaper reads end-of-file
+    and stops every group it was told about (SIGTERM, then SIGKILL after ``grace_s`` seconds). The kernel's
+    parent-death signal only reaches direct children; the engines' worker processes and other grandchildren are
+    in those groups. On a clean stop the supervisor has already stopped the groups; the reaper then finds them gone.
+    """
+
+    def __init__(self, grace_s: float = 3.0) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "toolkit.procutil", "reap", "--grace", str(grace_s)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        """PID of the reaper process."""
+        return self._proc.pid
+
+    def _send(self, line: str) -> None:
+        try:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(line.encode() + b"\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the reaper is gone (killed by someone); the children's parent-death signal still holds
+
+    def add(self, pgid: int) -> None:
+        """Watch process group ``pgid``."""
+        self._send(f"+{pgid}")
+
+    def discard(self, pgid: int) -> None:
+        """Forget ``pgid`` (its group was stopped and reaped: the number may be reused by someone else)."""
+        self._send(f"-{pgid}")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End the reaper: it stops any group still alive, then exits. Waits up to ``timeout_s`` seconds."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            try:
+                self._proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def _reap_main(argv: list[str]) -> int:
+    grace = float(argv[argv.index("--grace") + 1]) if "--grace" in argv else 3.0
+    # The supervisor's Ctrl-C or a TERM to its terminal's group must not end the watcher before it has done its job.
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+    groups: set[int] = set()
+    for raw in sys.stdin.buffer:
+        line = raw.strip()
+        if line[:1] == b"+":
+            groups.add(int(line[1:]))
+        elif line[:1] == b"-":
+            groups.discard(int(line[1:]))
+    kill_groups(groups, grace)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["reap"]:
+        sys.exit(_reap_main(sys.argv[2:]))
+    print("usage: python -m toolkit.procutil reap [--grace SECONDS]", file=sys.stderr)
+    sys.exit(2)

@@ -10,7 +10,10 @@ and must answer /health within ``inference.startup_timeout_s``; the orchestrator
 loads the newest STABLE weights into it before it serves rollouts (``toolkit.orchestrator.engines``: the
 orchestrator owns weight updates, so a launcher-side load would race with them). Ctrl-C (or SIGTERM) writes
 the run's stop request so the trainer checkpoints, waits a bounded grace period, then stops the rest.
-No orphans: every child is killed by process group on every exit path.
+No orphans, whatever ends the launcher: every child is killed by process group on every exit path the launcher
+lives through; when it dies without cleaning up (SIGKILL, the OOM killer), the kernel kills each direct child
+(parent-death signal) and a reaper process (``procutil.GroupReaper``) kills the children's process groups (engine
+workers, torchrun ranks, env workers).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import IO, Any
 
 from ..config.model import RLConfig
 from ..fsutil import write_marker
+from ..procutil import GroupReaper, kill_with_parent_preexec
 from ..rundir import RunDir, point_symlink
 from .progress import continue_command, write_local_record
 from .restarts import RestartBudget, is_restartable
@@ -49,6 +53,7 @@ class _Child:
     health_url: str | None = None
     budget: RestartBudget | None = None
     restarted_at: float | None = None  # monotonic time of the restart still waiting for /health
+    reaper: GroupReaper | None = None  # kills the child's group should the launcher die without doing so
 
 
 @dataclass
@@ -117,6 +122,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
 
     children: list[_Child] = []
     stop_requested = {"at": None}
+    reaper = GroupReaper()
 
     def _on_signal(signum: int, _frame: Any) -> None:
         if stop_requested["at"] is None:
@@ -146,7 +152,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         n_cores = len(os.sched_getaffinity(0))
         for spec in plan.processes:
             extra = cpu_thread_env(plan, spec.name, spec.node_index, n_cores)
-            children.append(_start(spec, plan, model_path, logs, extra))
+            children.append(_start(spec, plan, model_path, logs, extra, reaper))
         if _wait_inference(cfg, run, plan, children, stop_requested):
             status = _supervise(cfg, run, children, stop_requested)
         else:
@@ -161,7 +167,8 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         print(f"srl: {e}", file=sys.stderr, flush=True)
         status = 1
     finally:
-        _stop_all(children)
+        _stop_all(children, reaper)
+        reaper.close()
         restore_admin_token(saved_token)
         for s, h in old.items():
             signal.signal(s, h)
@@ -184,7 +191,8 @@ def _remove_job_scratch(plan: Any) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _start(spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[str, str] | None = None) -> _Child:
+def _start(spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[str, str] | None,
+           reaper: GroupReaper) -> _Child:
     from ..placement.plan import fill
 
     env = dict(os.environ)
@@ -207,13 +215,25 @@ def _start(spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[st
     log.write(f"# srl: starting {spec.name}: {' '.join(argv)}\n".encode())
     log.flush()
     health = fill(spec.healthcheck_url, plan, spec.node_index) if spec.healthcheck_url else None
-    return _Child(spec.name, spec.role, _spawn(argv, env, log), log, argv=argv, env=env, health_url=health)
+    return _Child(spec.name, spec.role, _spawn(argv, env, log, reaper), log, argv=argv, env=env, health_url=health,
+                  reaper=reaper)  # fmt: skip
 
 
-def _spawn(argv: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen:
-    """Start one child in its own process group (killed as a group on every exit path), output to ``log``."""
-    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+def _spawn(argv: list[str], env: dict[str, str], log: IO[bytes], reaper: GroupReaper) -> subprocess.Popen:
+    """Start one child in its own process group (killed as a group on every exit path), output to ``log``.
+
+    The child gets SIGKILL from the kernel when the launcher dies (its parent-death signal), and ``reaper`` learns
+    its group, so the child's own children die with the launcher too. Call from the main thread: the parent-death
+    signal follows the thread that started the child.
+    """
+    # preexec_fn while other threads may run: safe here, the function only makes two system calls through a ctypes
+    # handle prepared in the parent; it imports nothing and takes no lock.
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=kill_with_parent_preexec())  # noqa: PLW1509
+    reaper.add(proc.pid)  # a new session's group id is its leader's PID
+    return proc
+
+
 
 
 def _restart(cfg: RLConfig, c: _Child) -> bool:
@@ -230,9 +250,12 @@ def _restart(cfg: RLConfig, c: _Child) -> bool:
     # The dead leader's workers (vLLM's engine-core process) would keep memory, cores and maybe the port.
     _signal_group(c.proc, signal.SIGKILL)
     c.proc.wait()
+    if c.reaper is not None:
+        c.reaper.discard(c.proc.pid)
     c.log.write(f"# srl: restarting {c.name} after exit status {c.returncode}\n".encode())
     c.log.flush()
-    c.proc = _spawn(c.argv, c.env, c.log)
+    assert c.reaper is not None
+    c.proc = _spawn(c.argv, c.env, c.log, c.reaper)
     c.returncode = None
     c.restarted_at = now
     return True
@@ -360,7 +383,7 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
         time.sleep(_POLL_S)
 
 
-def _stop_all(children: list[_Child], *, term_wait_s: float = 15.0) -> None:
+def _stop_all(children: list[_Child], reaper: GroupReaper | None = None, *, term_wait_s: float = 15.0) -> None:
     """SIGTERM every live child's process group, then SIGKILL what is left after ``term_wait_s`` seconds."""
     for c in children:
         if c.proc.poll() is None:
@@ -375,6 +398,8 @@ def _stop_all(children: list[_Child], *, term_wait_s: float = 15.0) -> None:
         # Kill the whole group even when the leader exited: engines fork workers that would otherwise linger.
         _signal_group(c.proc, signal.SIGKILL)
         c.proc.wait()
+        if reaper is not None:
+            reaper.discard(c.proc.pid)
         c.log.close()
 
 

@@ -1,0 +1,142 @@
+"""Nothing of a run outlives its local supervisor (real launcher, real trainer, real vLLM; nothing faked).
+
+``kill -9`` of the ``srl`` launcher is what the OOM killer, a node agent or Slurm's KillWait does. Every process of
+the run (engine and its engine core, trainer, orchestrator, env workers) must be gone within seconds: the kernel
+kills the launcher's direct children (parent-death signal) and the launcher's reaper kills their process groups.
+The figures (seconds from the kill until no process of the run is left) are printed (``-s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from toolkit.procutil import pid_alive, process_start_time
+
+REPO = Path(__file__).resolve().parents[2]
+LEFT_AFTER_S = 30.0  # the bound the run is held to; the figures are far below it
+
+
+def _children_of() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_bytes()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
+            out.setdefault(ppid, []).append(int(d.name))
+    return out
+
+
+def tree(pid: int) -> dict[int, int | None]:
+    """``pid`` and every descendant, each with its start time (so a reused PID is not taken for it)."""
+    kids, todo, seen = _children_of(), [pid], {}
+    while todo:
+        p = todo.pop()
+        if p not in seen:
+            seen[p] = process_start_time(p)
+            todo += kids.get(p, [])
+    return seen
+
+
+def naming(run: Path) -> dict[int, int | None]:
+    """Processes whose command line names the run directory (a re-parented role would still name it)."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if str(run).encode() in (d / "cmdline").read_bytes():
+                    out[int(d.name)] = process_start_time(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
+def seconds_until_gone(procs: dict[int, int | None], timeout_s: float = LEFT_AFTER_S) -> float:
+    """Seconds until none of ``procs`` is alive; fails naming the survivors after ``timeout_s``."""
+    t0 = time.monotonic()
+    while True:
+        alive = {p: s for p, s in procs.items() if pid_alive(p, s)}
+        if not alive:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            names = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:160] for p in alive if Path(f"/proc/{p}").exists()}
+            pytest.fail(f"{len(alive)} process(es) of the run still alive {timeout_s:.0f} s after kill -9: {names}")
+        time.sleep(0.1)
+
+
+def start(argv: list[str], cwd: Path) -> subprocess.Popen:
+    """``srl ARGV`` as a user starts it, in a session of its own (the test kills it like a node agent would)."""
+    return subprocess.Popen([sys.executable, "-m", "toolkit.cli", *argv], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+
+
+def trainer_steps(run: Path) -> list[int]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x)["step"] for x in path.read_text().splitlines()
+            if x.strip() and json.loads(x).get("role") == "trainer"]  # fmt: skip
+
+
+def wait_for(what: str, cond, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if proc.poll() is not None:
+            pytest.fail(f"launcher exited ({proc.returncode}) before {what}:\n{proc.stdout.read()}")
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.2)
+
+
+def kill_9_and_measure(proc: subprocess.Popen, run: Path) -> float:
+    """kill -9 the launcher; return seconds until no process of its tree or naming ``run`` is left."""
+    procs = {**tree(proc.pid), **naming(run)}
+    procs.pop(proc.pid)
+    assert procs, "the launcher has no children to test"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    took = seconds_until_gone(procs)
+    late = naming(run)  # started after the snapshot (e.g. a worker spawned at that moment)
+    assert not late, late
+    return took
+
+
+@pytest.fixture(scope="module")
+def sft_workdir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("sftkill")
+    r = subprocess.run([sys.executable, "-m", "toolkit.cli", "sft", "make-data", "data/rt.jsonl", "@",
+                        str(REPO / "jobs/reverse-text/rl.toml"), "--taskset.num-train-examples", "200"],
+                       check=False, cwd=d, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def sft_argv(name: str, steps: int = 200) -> list[str]:
+    """A trainer-only SFT run (no online eval, so no engine)."""
+    return ["sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", "data/rt.jsonl", "--max-steps",
+            str(steps), "--ckpt.interval", "2", "--val.interval", "1000", "--data.batch-size", "8",
+            "--eval.env", "[]", "--run.name", name]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_kill_9_of_the_sft_launcher_mid_training_leaves_no_process(sft_workdir):
+    run = sft_workdir / "outputs" / "k9"
+    proc = start(sft_argv("k9"), sft_workdir)
+    wait_for("trainer step 2", lambda: max(trainer_steps(run), default=0) >= 2, proc, 600)
+    took = kill_9_and_measure(proc, run)
+    print(f"\nSFT launcher kill -9 mid-training: no process of the run left after {took:.1f} s")
+    steps = trainer_steps(run)
+    time.sleep(3)
+    assert trainer_steps(run) == steps, "the run went on training after its supervisor died"
+
