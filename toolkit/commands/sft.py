@@ -39,13 +39,39 @@ def load(files: list[Path], overrides: list[str]) -> Any:
         cfg.val.data.name = cfg.val.data.name.expanduser().absolute()
     from toolkit.config import ConfigIssue
 
+    _check_world(cfg)
     checks = [("data.name", cfg.data)] + ([("val.data.name", cfg.val.data)] if cfg.val and cfg.val.data else [])
     for field, section in checks:
         try:
-            check_dataset(section.name, section.columns)
+            rows = check_dataset(section.name, section.columns)
         except DataError as e:
             raise ConfigError([ConfigIssue(field, str(e))]) from None
+        # The trainer holds val.fraction of the rows out; with one row there is nothing left to train on, and
+        # finding that out in the trainer (after the job queued and the model loaded) is too late.
+        if field == "data.name" and cfg.val is not None and cfg.val.data is None and rows < 2:
+            raise ConfigError([ConfigIssue("val.fraction", f"{section.name} has {rows} row; holding out "
+                                           "val.fraction of it leaves nothing to train on; give [val.data], more "
+                                           "rows, or drop [val]")])  # fmt: skip
     return cfg
+
+
+def _check_world(cfg: Any) -> None:
+    """The checks ``srl rl`` runs on what the config points at (model.name, the site, [eval] tasksets), on the
+    SFT run's launch view: a missing model or an unknown site is reported here, before the run directory is
+    written, instead of as a traceback when the trainer starts. Prints warnings; raises ConfigError."""
+    from toolkit.config import ConfigError, ConfigIssue
+    from toolkit.preflight import checks
+    from toolkit.preflight.site import load_site
+
+    found = checks.check(cfg.launch_view())
+    try:
+        load_site(cfg.site)
+    except ConfigError as e:
+        found.errors += [ConfigIssue("site", i.message) for i in e.issues]
+    if found.errors:
+        raise ConfigError(found.errors)
+    for w in found.warnings:
+        print(f"warning: {w}", file=sys.stderr)
 
 
 def _auto_name(cfg: Any) -> str:
@@ -160,6 +186,27 @@ def _take_options(args: list[str]) -> tuple[str | None, dict[str, str], list[str
     return env, fields, rest
 
 
+def _check_output(out: Path) -> None:
+    """Refuse an OUT path that ``srl sft`` could not read back or that cannot be written, before any task loads.
+
+    Raises ConfigError naming the path and the fix.
+    """
+    import os
+
+    from toolkit.config import ConfigError
+
+    if out.suffix != ".jsonl":
+        # The rows are JSON Lines; under another name srl sft would read them as Parquet or refuse the file.
+        raise ConfigError(f"{out}: make-data writes JSON Lines; name the output file *.jsonl")
+    if out.is_dir():
+        raise ConfigError(f"{out}: is a directory; give a file path such as {out / 'sft.jsonl'}")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{out}: cannot be created ({parent} is not a writable directory); choose another path")
+
+
 def cmd_make_data(args: list[str]) -> int:
     """``srl sft make-data OUT @ rl.toml [--env NAME] [--taskset.FIELD VALUE ...]``: a prompt/completion JSONL
     from the reference answers of a train env's taskset (the same taskset config, so the same prompts)."""
@@ -170,8 +217,12 @@ def cmd_make_data(args: list[str]) -> int:
     if not args or args[0].startswith(("@", "-")):
         raise ConfigError("usage: srl sft make-data OUT.jsonl @ rl.toml [--env NAME] [--taskset.FIELD VALUE ...]")
     out = Path(args[0])
+    _check_output(out)
     env_name, fields, rest = _take_options(args[1:])
     files, overrides, _ = split_config_args(rest)
+    if not files:
+        raise ConfigError("give the RL job's config: srl sft make-data OUT.jsonl @ rl.toml (its train env's "
+                          "taskset supplies the prompts and reference answers)")  # fmt: skip
     envs = load_config(files, overrides).config.orchestrator.train.env
     names = [e.env_name for e in envs]
     env = next((e for e in envs if e.env_name == env_name), None) if env_name else (envs[0] if envs else None)
@@ -192,10 +243,32 @@ def cmd_make_data(args: list[str]) -> int:
 
     try:
         n = write_reference_dataset(taskset, out)
-    except NoReferenceAnswer as e:
+    except (NoReferenceAnswer, ValueError, ImportError) as e:  # the taskset's own load errors, e.g. a bad field
         raise ConfigError(str(e)) from None
+    except OSError as e:
+        raise ConfigError(f"{out}: cannot be written ({e.strerror or e}); choose another OUT path") from None
     print(f"wrote {n} rows to {out} (taskset {taskset.id}, split {taskset.split})")
     return 0
+
+
+def _check_rl_args(rl_args: list[str], cfg: Any) -> None:
+    """Validate the RL half of a chain before the SFT run is written or started: a mistake there would otherwise
+    surface only after SFT trained (locally) or after its job was submitted (Slurm), which then runs alone.
+
+    The SFT run's model does not exist yet, so the check stands its base model (``cfg.model.name``, the same
+    architecture) in for it. Raises ConfigError naming the RL field or file.
+    """
+    from toolkit.cli import split_config_args
+    from toolkit.config import ConfigError, load_config
+    from toolkit.preflight import preflight
+
+    files, overrides, _ = split_config_args(rl_args)
+    if not files:
+        raise ConfigError("--then: give the RL job's config after it: srl sft chain @ sft.toml --then @ rl.toml")
+    try:
+        preflight(load_config(files, [*overrides, "--model.name", str(cfg.model.name)]))
+    except ConfigError as e:
+        raise ConfigError([type(i)(f"--then {i.path}".strip(), i.message, i.source) for i in e.issues]) from None
 
 
 def cmd_chain(args: list[str]) -> int:
@@ -211,6 +284,7 @@ def cmd_chain(args: list[str]) -> int:
 
     files, overrides, flags = split_config_args(sft_args)
     cfg = load(files, overrides)
+    _check_rl_args(rl_args, cfg)
     view, run, attempt = prepare(cfg, ["sft", *sft_args], dry_run=flags["dry_run"], resume=flags["resume"],
                                  clean=flags["clean"])  # fmt: skip
     from toolkit.preflight.site import load_site

@@ -42,8 +42,15 @@ def reference_rows(taskset_cfg: Any) -> list[dict[str, Any]]:
 
 
 def write_reference_dataset(taskset_cfg: Any, out: Path) -> int:
-    """Write :func:`reference_rows` as JSON Lines at ``out`` (atomically). Returns the row count."""
+    """Write :func:`reference_rows` as JSON Lines at ``out`` (atomically). Returns the row count.
+
+    Raises ValueError, writing nothing, when the taskset selects no task (an existing ``out`` is kept: an empty
+    file is no dataset ``srl sft`` reads).
+    """
     rows = reference_rows(taskset_cfg)
+    if not rows:
+        raise ValueError(f"taskset {taskset_cfg.id!r} (split {getattr(taskset_cfg, 'split', None)!r}) selects no "
+                         f"task; nothing written to {out} (raise its number of examples)")  # fmt: skip
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fsutil.atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

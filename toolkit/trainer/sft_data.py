@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,9 @@ import numpy as np
 
 ROLES = ("system", "user", "assistant", "tool")
 _SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4")
+# A JSON escape of a UTF-16 surrogate (a pair spells an emoji; a lone one is no character at all).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class DataError(ValueError):
@@ -53,7 +57,20 @@ def dataset_files(path: Path) -> list[Path]:
     if path.is_file():
         files = [path]
     elif path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in _SUFFIXES)
+        try:
+            entries = sorted(p for p in path.iterdir() if p.is_file())
+        except OSError as e:
+            raise DataError(f"{path}: the directory cannot be listed ({e.strerror or e}); check its permissions") from None
+        files = [p for p in entries if p.suffix in _SUFFIXES]
+        # Files that look like data but would not be read: skipping them silently trains on part of the dataset.
+        for p in entries:
+            low = p.name.lower()
+            if p.suffix not in _SUFFIXES and p.suffix.lower() in _SUFFIXES:
+                raise DataError(f"{p}: suffix {p.suffix!r} is not read (only lower-case .jsonl, .json, .parquet); "
+                                "rename the file or move it out of the dataset directory")  # fmt: skip
+            if any(low.endswith(k + c) for k in _SUFFIXES for c in _COMPRESSED):
+                raise DataError(f"{p}: compressed data files are not read; decompress it or move it out of the "
+                                "dataset directory")  # fmt: skip
     else:
         raise DataError(f"{path}: no such dataset file or directory (data.name must be a local path; no hub here)")
     if not files:
@@ -67,18 +84,52 @@ def dataset_files(path: Path) -> list[Path]:
     return files
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Python keeps the last of two equal keys while Arrow refuses the row: the login check and the trainer
+    # would disagree, so a duplicate key is an error here.
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _check_encodable(value: Any, where: str) -> None:
+    """Raise DataError when a string of ``value`` holds a lone surrogate (``\\ud800`` escaped in the JSON): valid
+    JSON, but no UTF-8 text, so Arrow and the tokenizer refuse it."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataError(f"{where}: a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its "
+                        "pair), which is not text; fix or drop the row") from None  # fmt: skip
+
+
 def _json_rows(path: Path) -> Iterator[tuple[int, Any]]:
     """(row, value) of a JSON Lines file (or a ``.json`` file holding one list of rows). Raises DataError on
     bytes that are not UTF-8 or a line that is not valid JSON, naming the row."""
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e}); check its permissions") from None
     if path.suffix == ".json" and raw.lstrip()[:1] == b"[":
         try:
-            rows = json.loads(raw.decode("utf-8"))
+            rows = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        yield from enumerate(rows)
+        except _DuplicateKey as e:
+            raise DataError(f"{path}: an object has the key {e.args[0]!r} twice; keep one") from None
+        escaped = _SURROGATE_ESCAPE.search(raw) is not None
+        for row, value in enumerate(rows):
+            if escaped:
+                _check_encodable(value, f"{path}: row {row}")
+            yield row, value
         return
     row = 0
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
@@ -89,9 +140,14 @@ def _json_rows(path: Path) -> Iterator[tuple[int, Any]]:
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: row {row} (line {lineno}): not UTF-8 text (byte {e.start} of the line)") from None
         try:
-            value = json.loads(text)
+            value = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: row {row} (line {lineno}): not valid JSON ({e.msg})") from None
+        except _DuplicateKey as e:
+            raise DataError(f"{path}: row {row} (line {lineno}): the key {e.args[0]!r} appears twice in one object "
+                            "(readers disagree on which value wins); keep one")  # fmt: skip
+        if _SURROGATE_ESCAPE.search(line):
+            _check_encodable(value, f"{path}: row {row} (line {lineno})")
         yield row, value
         row += 1
 
@@ -195,14 +251,23 @@ def check_dataset(path: Path, columns: Any) -> int:
     return len(read_conversations(path, columns))
 
 
-def _load_arrow(path: Path) -> Any:
-    """The dataset as a memory-mapped Arrow table through the ``datasets`` library (local files only)."""
+def _load_arrow(file: Path) -> Any:
+    """One data file as a memory-mapped Arrow table through the ``datasets`` library (local files only).
+
+    Each file is its own table: files whose columns or column types differ (an extra column, a prompt that is a
+    string in one file and messages in another) are a valid dataset, which one concatenated Arrow schema cannot
+    hold. Raises DataError naming the file when ``datasets`` cannot read it.
+    """
     import datasets
 
-    files = [str(f) for f in dataset_files(path)]
-    builder = "parquet" if files[0].endswith(".parquet") else "json"
+    builder = "parquet" if _SUFFIXES[file.suffix] == "parquet" else "json"
     datasets.disable_progress_bars()
-    return datasets.load_dataset(builder, data_files=files, split="train")
+    try:
+        return datasets.load_dataset(builder, data_files=[str(file)], split="train")
+    except Exception as e:  # noqa: BLE001 - datasets and pyarrow raise many types for an unreadable file
+        cause = e.__cause__ or e.__context__ or e
+        raise DataError(f"{file}: the datasets library cannot read this file ({type(cause).__name__}: "
+                        f"{str(cause)[:300]}); check the file, or convert it to JSON Lines") from None  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -214,6 +279,27 @@ def _render(renderer: Any, messages: list[dict], gen: bool, tools: list[dict] | 
     return list(renderer.render(messages, add_generation_prompt=gen))
 
 
+def _check_rendered(renderer: Any, conv: Conversation, where: str) -> None:
+    """Raise DataError when the renderer drops the row's tools or an assistant message's ``tool_calls``.
+
+    A chat template without tool support renders a tool-calling turn as its (often empty) content: training on
+    it would teach the model to end the turn where the data calls a tool, and nothing would say so.
+    """
+    with_tools = conv.tools and _render(renderer, conv.messages, False, conv.tools)
+    if with_tools and with_tools == _render(renderer, conv.messages, False, None):
+        raise DataError(f"{where}: the row has tools, but renderer {renderer.name!r} (the model's chat template) "
+                        "ignores them; use a model or [renderer] whose template renders tools, or drop the tools "
+                        "column")  # fmt: skip
+    for i, m in enumerate(conv.messages):
+        if m.get("tool_calls"):
+            plain = {k: v for k, v in m.items() if k != "tool_calls"}
+            upto, without = conv.messages[: i + 1], [*conv.messages[:i], plain]
+            if _render(renderer, upto, False, conv.tools) == _render(renderer, without, False, conv.tools):
+                raise DataError(f"{where}, message {i}: renderer {renderer.name!r} (the model's chat template) "
+                                "ignores the message's tool_calls, so the turn would train as its content alone; "
+                                "use a model or [renderer] whose template renders tool calls")  # fmt: skip
+
+
 def tokenize(renderer: Any, conv: Conversation, loss_mask: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
     """Token ids (int32 ``[T]``) and loss mask (bool ``[T]``) of a conversation.
 
@@ -223,6 +309,7 @@ def tokenize(renderer: Any, conv: Conversation, loss_mask: Any, where: str) -> t
     """
     if conv.tools and "tools" not in inspect.signature(renderer.render).parameters:
         raise DataError(f"{where}: the row has tools but renderer {renderer.name!r} cannot render them")
+    _check_rendered(renderer, conv, where)
     stops = set(renderer.stop_token_ids)
     ids: list[int] = []
     mask: list[bool] = []
@@ -314,24 +401,14 @@ def load_conversations(path: Path, columns: Any) -> tuple[list[Conversation], li
     files = dataset_files(path)
     if _SUFFIXES[files[0].suffix] == "json":
         check_dataset(path, columns)
-    table = _load_arrow(path)
     convs, wheres = [], []
-    sizes: list[tuple[Path, int]] = []
     for f in files:
-        if _SUFFIXES[f.suffix] == "parquet":
-            import pyarrow.parquet as pq
-
-            sizes.append((f, pq.ParquetFile(f).metadata.num_rows))
-        else:
-            sizes.append((f, sum(1 for _ in _json_rows(f))))
-    locations = [(f, r) for f, n in sizes for r in range(n)]
-    if len(table) == 0:
+        for r, row in enumerate(_load_arrow(f)):
+            where = f"{f}: row {r}"
+            convs.append(conversation(row, columns, where, f"{f.name}:{r}"))
+            wheres.append(where)
+    if not convs:
         raise DataError(f"{path}: the dataset has no rows")
-    for k, row in enumerate(table):
-        f, r = locations[k] if k < len(locations) else (Path(path), k)
-        where = f"{f}: row {r}"
-        convs.append(conversation(row, columns, where, f"{f.name}:{r}"))
-        wheres.append(where)
     return convs, wheres
 
 

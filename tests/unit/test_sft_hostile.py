@@ -1,0 +1,249 @@
+"""srl sft against hostile and unusual input: each case is refused at the login node with the file, row or field
+and the fix, before anything is written, or read the same way by the login check and the trainer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolkit.config import ConfigError
+from toolkit.config.sft import ColumnsConfig, LossMaskConfig
+from toolkit.trainer.sft_data import (
+    DataError,
+    check_dataset,
+    load_conversations,
+    read_conversations,
+    tokenize,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+RL_TOML = REPO / "jobs" / "reverse-text" / "rl.toml"
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    from toolkit.models import resolve_model
+    from toolkit.models.renderer import load_renderer
+
+    return load_renderer(None, resolve_model("tiny-qwen3"))
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _sft_toml(tmp_path: Path, data: Path, extra: str = "") -> Path:
+    f = tmp_path / "sft.toml"
+    f.write_text(f'max_steps = 2\noutput_dir = "{tmp_path / "outputs"}"\n[model]\nname = "tiny-qwen3"\n'
+                 f'[data]\nname = "{data}"\nbatch_size = 2\nseq_len = 128\n{extra}')  # fmt: skip
+    return f
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Data files: what the login check accepts, the trainer's datasets path reads the same way
+# ------------------------------------------------------------------------------------------------------------
+def test_duplicate_key_is_named_at_login_not_a_trainer_crash(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": "b", "prompt": "c"}\n')
+    with pytest.raises(DataError, match=r"d\.jsonl: row 1 \(line 2\): the key 'prompt' appears twice"):
+        check_dataset(f, ColumnsConfig())
+    g = tmp_path / "d.json"
+    g.write_text('[{"prompt": "a", "completion": "b", "completion": "c"}]')
+    with pytest.raises(DataError, match="'completion' twice"):
+        check_dataset(g, ColumnsConfig())
+
+
+def test_lone_surrogate_escape_is_named_and_a_pair_is_fine(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"prompt": "a", "completion": "ok \\ud83d\\ude00"}\n{"prompt": "a", "completion": "\\ud800"}\n')
+    with pytest.raises(DataError, match=r"row 1 \(line 2\): a string holds a lone UTF-16 surrogate"):
+        check_dataset(f, ColumnsConfig())
+    f.write_text('{"prompt": "a", "completion": "ok \\ud83d\\ude00"}\n')
+    (conv,) = load_conversations(f, ColumnsConfig())[0]
+    assert conv.messages[-1]["content"] == "ok \U0001f600"
+
+
+def test_files_of_one_directory_may_differ_in_columns_and_types(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    j = tmp_path / "j"
+    j.mkdir()
+    _jsonl(j / "a.jsonl", [{"prompt": "a", "completion": "b"}])
+    _jsonl(j / "b.jsonl", [{"prompt": [{"role": "user", "content": "c"}], "completion": "d", "extra": 1}])
+    assert check_dataset(j, ColumnsConfig()) == 2
+    convs, wheres = load_conversations(j, ColumnsConfig())
+    assert [c.messages[0]["content"] for c in convs] == ["a", "c"]
+    assert wheres == [f"{j / 'a.jsonl'}: row 0", f"{j / 'b.jsonl'}: row 0"]
+    p = tmp_path / "p"
+    p.mkdir()
+    pq.write_table(pa.table({"prompt": ["a"], "completion": ["b"]}), p / "a.parquet")
+    pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "c"}]], "completion": ["d"], "x": [1]}),
+                   p / "b.parquet")
+    assert [c.messages[0]["content"] for c in load_conversations(p, ColumnsConfig())[0]] == ["a", "c"]
+
+
+def test_a_file_datasets_cannot_read_is_a_data_error_naming_it(tmp_path):
+    f = tmp_path / "fake.parquet"
+    f.write_text('{"prompt": "a", "completion": "b"}\n')
+    with pytest.raises(DataError, match="fake.parquet: the datasets library cannot read this file"):
+        load_conversations(f, ColumnsConfig())
+
+
+@pytest.mark.parametrize("name", ["b.JSONL", "b.jsonl.gz", "b.Parquet"])
+def test_data_looking_files_a_directory_would_skip_are_refused(tmp_path, name):
+    _jsonl(tmp_path / "a.jsonl", [{"prompt": "a", "completion": "b"}])
+    (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(DataError, match=name.replace(".", r"\.")):
+        check_dataset(tmp_path, ColumnsConfig())
+
+
+def test_unreadable_file_is_a_data_error(tmp_path, monkeypatch):
+    f = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(DataError, match=r"d\.jsonl: cannot be read \(Permission denied\)"):
+        check_dataset(f, ColumnsConfig())
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Tools: a template that drops them would train a tool-calling turn as an empty reply
+# ------------------------------------------------------------------------------------------------------------
+_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+
+
+def test_tools_the_template_ignores_are_refused(renderer, tmp_path):
+    f = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b", "tools": json.dumps(_TOOLS)}])
+    (conv,) = read_conversations(f, ColumnsConfig())
+    with pytest.raises(DataError, match="row 0: the row has tools, but renderer 'auto'"):
+        tokenize(renderer, conv, LossMaskConfig(), "d.jsonl: row 0")
+
+
+def test_tool_calls_the_template_ignores_are_refused(renderer, tmp_path):
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [_CALL]},
+            {"role": "tool", "content": "1", "tool_call_id": "c1"}, {"role": "assistant", "content": "done"}]
+    f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs}])
+    (conv,) = read_conversations(f, ColumnsConfig())
+    with pytest.raises(DataError, match="message 1: renderer 'auto' .* ignores the message's tool_calls"):
+        tokenize(renderer, conv, LossMaskConfig(), "d.jsonl: row 0")
+
+
+def test_a_renderer_that_renders_tools_and_tool_calls_trains_them(renderer, tmp_path):
+    class ToolRenderer:
+        name = "tools"
+        stop_token_ids = renderer.stop_token_ids
+
+        def render(self, messages, *, add_generation_prompt=True, tools=None):
+            msgs = [{"role": m["role"], "content": m["content"] + json.dumps(m.get("tool_calls", ""))}
+                    for m in messages]
+            if tools:
+                msgs = [{"role": "system", "content": json.dumps(tools)}, *msgs]
+            return renderer.render(msgs, add_generation_prompt=add_generation_prompt)
+
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": [_CALL]}]
+    f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs, "tools": _TOOLS}])
+    (conv,) = read_conversations(f, ColumnsConfig())
+    ids, mask = tokenize(ToolRenderer(), conv, LossMaskConfig(), "x")
+    assert '"name": "f"' in renderer.decode([int(t) for t, m in zip(ids, mask, strict=True) if m])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# srl sft: refused at login, before the run directory is written
+# ------------------------------------------------------------------------------------------------------------
+def test_one_row_with_a_held_out_val_split_is_refused_at_login(tmp_path):
+    from toolkit.commands.sft import load
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
+    with pytest.raises(ConfigError, match=r"val\.fraction: .*d\.jsonl has 1 row"):
+        load([_sft_toml(tmp_path, data, "[val]\nfraction = 0.5\n")], [])
+    load([_sft_toml(tmp_path, data)], [])  # without [val], one row trains
+
+
+@pytest.mark.parametrize(("override", "field"), [(["--model.name", "/nonexistent/model"], "model.name"),
+                                                 (["--site", "no-such-site"], "site")])  # fmt: skip
+def test_missing_model_or_unknown_site_is_refused_before_the_run_directory(tmp_path, override, field):
+    from toolkit.cli import main
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
+    cfg = _sft_toml(tmp_path, data)
+    assert main(["sft", "@", str(cfg), "--run.name", "r", "--dry-run", *override]) != 0
+    assert not (tmp_path / "outputs" / "r").exists()
+
+
+def test_local_start_from_an_unfinished_sft_run_is_a_config_error(tmp_path):
+    from toolkit.config import load_config
+    from toolkit.launch.dispatch import launch
+    from toolkit.rundir import RunDir
+
+    sft_run = tmp_path / "sft-run"
+    sft_run.mkdir()
+    (sft_run / "run_meta.json").write_text("{}")
+    cfg = load_config([RL_TOML], ["--model.name", str(sft_run)]).config
+    with pytest.raises(ConfigError, match="model.name: run directory .* has no final model yet"):
+        launch(cfg, RunDir(tmp_path / "rl-run"), attempt=1, dry_run=False, resume=False)
+    assert not (tmp_path / "rl-run").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# srl sft chain: the RL half is checked before the SFT run is written
+# ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rl", [[], ["@", str(RL_TOML), "--orchestrator.batch-size", "-3"],
+                                ["@", str(RL_TOML), "--then", "@", str(RL_TOML)]])  # fmt: skip
+def test_chain_refuses_a_bad_rl_half_before_writing_the_sft_run(tmp_path, rl):
+    from toolkit.commands.sft import cmd_chain
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}] * 2)
+    with pytest.raises(ConfigError, match="--then"):
+        cmd_chain(["@", str(_sft_toml(tmp_path, data)), "--run.name", "s", "--dry-run", "--then", *rl])
+    assert not (tmp_path / "outputs" / "s").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# srl sft make-data
+# ------------------------------------------------------------------------------------------------------------
+def _make_data(out: Path, *extra: str) -> int:
+    from toolkit.commands.sft import cmd_make_data
+
+    return cmd_make_data([str(out), "@", str(RL_TOML), *extra])
+
+
+@pytest.mark.parametrize("name", ["rows.parquet", "rows", "rows.json"])
+def test_make_data_refuses_an_output_srl_sft_would_not_read_as_written(tmp_path, name):
+    with pytest.raises(ConfigError, match=r"name the output file \*\.jsonl"):
+        _make_data(tmp_path / name, "--taskset.num-train-examples", "2")
+    assert not (tmp_path / name).exists()
+
+
+def test_make_data_refuses_a_directory_or_unwritable_output(tmp_path):
+    d = tmp_path / "d.jsonl"
+    d.mkdir()
+    with pytest.raises(ConfigError, match="is a directory"):
+        _make_data(d, "--taskset.num-train-examples", "2")
+    f = _jsonl(tmp_path / "f.jsonl", [])
+    with pytest.raises(ConfigError, match="is not a writable directory"):
+        _make_data(f / "x.jsonl", "--taskset.num-train-examples", "2")
+
+
+def test_make_data_keeps_an_existing_file_when_no_task_is_selected(tmp_path):
+    out = _jsonl(tmp_path / "rows.jsonl", [{"prompt": "a", "completion": "b"}])
+    before = out.read_text()
+    with pytest.raises(ConfigError, match="selects no task; nothing written"):
+        _make_data(out, "--taskset.num-train-examples", "0")
+    assert out.read_text() == before
+
+
+def test_make_data_bad_taskset_field_and_missing_config_are_config_errors(tmp_path):
+    from toolkit.commands.sft import cmd_make_data
+
+    with pytest.raises(ConfigError, match="rejects its fields"):
+        _make_data(tmp_path / "rows.jsonl", "--taskset.no-such-field", "1")
+    with pytest.raises(ConfigError, match="give the RL job's config"):
+        cmd_make_data([str(tmp_path / "rows.jsonl")])
+    assert not (tmp_path / "rows.jsonl").exists()
