@@ -5,7 +5,8 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
     configs/attempt_<n>/{command.txt, inputs/, resolved/{rl,trainer,orchestrator,inference}.json}
     configs/latest -> attempt_<n>
     launcher/            placement.json, ports.json, rendered sbatch scripts, job ids,
-                         admin_token (0600; inference-only deployments)
+                         admin_token (0600; inference-only deployments),
+                         lease.json (who supervises the run now) + lease_history.jsonl (takeovers)
     logs/attempt_<n>/    <role>.log ; logs/latest -> attempt_<n>
     rollouts/step_<n>/   one training batch written by the orchestrator (READY marker last)
     broadcasts/step_<n>/ HF safetensors policy weights written by the trainer (STABLE marker last)
@@ -83,6 +84,16 @@ class RunDir:
         """Mode-0600 file with an inference-only deployment's admin token (``toolkit.inference.admin_token``): the
         one place a token is written, so RL runs using the deployment as ``inference.external`` can reload it."""
         return self.launcher / "admin_token"
+
+    @property
+    def lease_file(self) -> Path:
+        """The run lease: the one supervisor allowed to run the run's processes now (``toolkit.lease``)."""
+        return self.launcher / "lease.json"
+
+    @property
+    def lease_history(self) -> Path:
+        """JSON lines appended by ``toolkit.lease`` whenever a lease is taken over from a dead holder."""
+        return self.launcher / "lease_history.jsonl"
 
     @property
     def logs(self) -> Path:

@@ -20,6 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_rl_sbatch_stubs import _bin, stub_site
 
+from toolkit import lease
 from toolkit.config import load_config
 from toolkit.launch.prepare import prepare_run
 from toolkit.launch.submit import INFERENCE_ROLES
@@ -44,6 +45,8 @@ def test_inference_script_never_executes_injected_values(tmp_path, monkeypatch):
                    f'secret_env_vars = ["HF_TOKEN"]\n[inference.env_vars]\nEVIL = {json.dumps(EVIL_VALUE)}\n')
     loaded = load_config([cfg], purpose="serve")  # what `srl inference` validates
     run, attempt = prepare_run(loaded, argv=["srl", "inference"])
+    # Submission hands the run's lease over to the job (launch/submit.py); here the test runs the job itself.
+    lease.held(run).release()
     site = load_site("stub")
     plan = build_plan(loaded.config, site, run, job_id="pending", roles=INFERENCE_ROLES)
     write_plan(run, plan)

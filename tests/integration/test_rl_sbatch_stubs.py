@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from toolkit import lease
 from toolkit.config import load_config
 from toolkit.launch.prepare import prepare_run
 from toolkit.placement import build_plan, write_plan
@@ -79,6 +80,8 @@ def stub_job(tmp_path, monkeypatch):
                            f'[slurm]\ncheckpoint_grace_s = 5\nsignal_lead_s = 60\n' + toml)
         loaded = load_config([cfgfile])
         run, attempt = prepare_run(loaded, argv=["srl", "rl"])
+        # Submission hands the run's lease over to the job (launch/submit.py); here the test runs the job itself.
+        lease.held(run).release()
         site = load_site("stub")
         plan = build_plan(loaded.config, site, run, job_id="pending")
         write_plan(run, plan)
@@ -177,3 +180,27 @@ def test_shell_metacharacters_never_execute(stub_job, tmp_path) -> None:
     assert "PWNED6" in script.read_text()  # the job name reached the #SBATCH line verbatim (sbatch, not bash)
     pwned = [p for p in tmp_path.rglob("PWNED*")] + [p for p in Path.cwd().glob("PWNED*")]
     assert not pwned, f"injected commands ran: {pwned}"
+
+
+def test_a_job_refuses_a_run_held_by_a_live_supervisor_and_a_requeued_job_takes_over_its_own(stub_job, tmp_path):
+    run, script, env = stub_job("", tmp_path / "out", trainer_seconds=1)
+    other = lease.acquire(run, command="srl rl --resume")  # a live supervisor of the same run (this process)
+    proc = _start(script, env, tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert f"pid {os.getpid()}" in out and "srl rl --resume" in out and "srl cancel" in out
+    assert "nothing was launched" in out and not (tmp_path / "srun.log").exists()
+    other.release()
+
+    # The lease the job's previous incarnation left (still unexpired, on another node): the requeued job takes it.
+    now = time.time()
+    run.lease_file.write_text(json.dumps({"token": "prev", "host": "node9", "pid": 1, "pid_start": None,
+                                          "job_id": "9001", "command": "srl rl (batch job)", "acquired": now - 60,
+                                          "renewed": now - 1, "expires": now + 44}))  # fmt: skip
+    proc = _start(script, env, tmp_path)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    assert "took over the run lease" in out and "the same Slurm job 9001 was requeued" in out
+    trainer = next(json.loads(p.read_text()) for p in (run.root / "probe").glob("*.json") if "trainer" in p.name)
+    assert trainer["env"]["SRL_RUN_LEASE"] not in ("", "prev")  # the components run under the new lease
+    assert not run.lease_file.exists()  # released when the job's shell ended

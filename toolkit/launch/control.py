@@ -8,11 +8,15 @@ these work on clusters without accounting. A job that ended more than MinJobAge 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from .. import lease as leases
 from ..rundir import RunDir
 from . import slurm
 from .progress import continue_command_for
@@ -53,6 +57,10 @@ def status_main(args: list[str]) -> int:
         st is None or (isinstance(st, slurm.JobState) and st.is_terminal) for *_, st in states
     )
     print(f"run {run.root}")
+    holder = leases.read(run)
+    if holder is not None:
+        dead = holder.dead_reason()
+        print(f"  supervised by {holder.describe()}" + (f" -- dead: {dead}" if dead else ""))
     for line in progress_lines(run, max_steps=resolved_max_steps(run), jobs_final=jobs_final):
         print(f"  {line}")
     if not jobs:
@@ -104,8 +112,11 @@ def cancel_main(args: list[str]) -> int:
     a = _run_arg("cancel", args, extra)
     run = RunDir(a.run_dir)
     jobs = read_job_ids(run)
+    holder = leases.read(run)
+    if holder is not None and not holder.job_id and holder.dead_reason() is None:
+        return _cancel_local(run, holder)
     if not jobs:
-        print(f"{run.root}: no Slurm job recorded", file=sys.stderr)
+        print(f"{run.root}: no Slurm job recorded and no live local supervisor", file=sys.stderr)
         return 1
     live = []
     for job_id, _, _ in jobs:
@@ -130,6 +141,22 @@ def cancel_main(args: list[str]) -> int:
     command = continue_command_for(run)
     if command:
         print(f"continue it (from its newest complete checkpoint) with:\n  {command}")
+    return 0
+
+
+def _cancel_local(run: RunDir, holder: leases.Holder) -> int:
+    """Stop a run supervised by a local launcher (the lease holder): SIGTERM asks it to checkpoint and stop, as
+    Ctrl-C does. Only possible from the holder's host; elsewhere, say where it runs. Returns the exit status."""
+    if holder.host != socket.gethostname():
+        print(f"{run.root} is run by {holder.describe()}; stop it on host {holder.host} "
+              f"(srl cancel {run.root} there, or Ctrl-C in its terminal)", file=sys.stderr)  # fmt: skip
+        return 1
+    try:
+        os.kill(holder.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        print("no running supervisor (it ended just now)")
+        return 0
+    print(f"asked the launcher (pid {holder.pid}) to checkpoint and stop; it prints how to continue the run")
     return 0
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .. import lease as leases
+from ..config.errors import ConfigError
 from ..config.model import RLConfig
 from ..fsutil import write_marker
 from ..procutil import GroupReaper, kill_with_parent_preexec
@@ -104,8 +106,19 @@ class _Progress:
 
 
 def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
-    """Start, supervise and stop all plan processes. Returns 0 on success, else the failing component's status."""
+    """Start, supervise and stop all plan processes. Returns 0 on success, else the failing component's status
+    (3 when the run's lease was taken by another supervisor: everything is stopped at once, nothing more written).
+
+    The launcher holds the run's lease (``toolkit.lease``; taken by ``prepare_run`` or here) for as long as it
+    runs, and hands its token to every child in ``SRL_RUN_LEASE``. Raises ConfigError when another live supervisor
+    holds the lease.
+    """
     from ..models import resolve_model
+
+    try:
+        lease = leases.acquire(run, command="srl")
+    except leases.LeaseHeld as e:
+        raise ConfigError(str(e)) from None
 
     logs = run.log_attempt(attempt)
     logs.mkdir(parents=True, exist_ok=True)
@@ -121,11 +134,13 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
           else "") + " ...", flush=True)  # fmt: skip
 
     children: list[_Child] = []
-    stop_requested = {"at": None}
+    stop_requested: dict[str, Any] = {"at": None, "lost": None}
+    # Set from the lease's heartbeat thread; the supervision loops end the run when they see it.
+    lease.on_lost(lambda why: stop_requested.__setitem__("lost", why))
     reaper = GroupReaper()
 
     def _on_signal(signum: int, _frame: Any) -> None:
-        if stop_requested["at"] is None:
+        if stop_requested["at"] is None and stop_requested["lost"] is None:
             stop_requested["at"] = time.monotonic()
             run.control.mkdir(parents=True, exist_ok=True)
             write_marker(run.stop_request)
@@ -151,7 +166,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         # Engines and trainer get their own cores (same split as on a Slurm node; see placement/cpus.py).
         n_cores = len(os.sched_getaffinity(0))
         for spec in plan.processes:
-            extra = cpu_thread_env(plan, spec.name, spec.node_index, n_cores)
+            extra = {**cpu_thread_env(plan, spec.name, spec.node_index, n_cores), leases.LEASE_ENV: lease.token}
             children.append(_start(spec, plan, model_path, logs, extra, reaper))
         if _wait_inference(cfg, run, plan, children, stop_requested):
             status = _supervise(cfg, run, children, stop_requested)
@@ -166,15 +181,31 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     except TimeoutError as e:
         print(f"srl: {e}", file=sys.stderr, flush=True)
         status = 1
+    except LeaseLost as e:
+        print(f"\nsrl: {e}; stopping every process of this attempt now", file=sys.stderr, flush=True)
+        status = 3
     finally:
-        _stop_all(children, reaper)
+        lost = stop_requested["lost"] is not None
+        # The run belongs to someone else once the lease is lost: no grace period, no more writes into it.
+        _stop_all(children, reaper, term_wait_s=0.0 if lost else 15.0)
         reaper.close()
         restore_admin_token(saved_token)
         for s, h in old.items():
             signal.signal(s, h)
-        write_local_record(run, attempt=attempt, status=status)
+        if not lost:
+            write_local_record(run, attempt=attempt, status=status)
         _remove_job_scratch(plan)
+        lease.release()
     return status
+
+
+class LeaseLost(RuntimeError):
+    """The run's lease was taken over by another supervisor while this one ran."""
+
+
+def _check_lease(stop: dict[str, Any]) -> None:
+    if stop.get("lost") is not None:
+        raise LeaseLost(f"the run lease was lost ({stop['lost']})")
 
 
 def _remove_job_scratch(plan: Any) -> None:
@@ -232,8 +263,6 @@ def _spawn(argv: list[str], env: dict[str, str], log: IO[bytes], reaper: GroupRe
                             start_new_session=True, preexec_fn=kill_with_parent_preexec())  # noqa: PLW1509
     reaper.add(proc.pid)  # a new session's group id is its leader's PID
     return proc
-
-
 
 
 def _restart(cfg: RLConfig, c: _Child) -> bool:
@@ -316,6 +345,7 @@ def _wait_inference(cfg: RLConfig, run: RunDir, plan: Any, children: list[_Child
                 c.returncode = c.proc.poll()
             if c.returncode is not None and (c.returncode != 0 or c.role not in _FINITE_ROLES):
                 raise ComponentFailed(c)
+        _check_lease(stop)
         if stop["at"] is not None:
             return False
         for name, url in list(pending.items()):
@@ -336,6 +366,7 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
     tty = sys.stdout.isatty()
     grace = cfg.slurm.checkpoint_grace_s
     while True:
+        _check_lease(stop)
         line = progress.poll()
         if line:
             # One rewritten status line on a terminal; plain lines when output goes to a file or pipe.

@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+from .. import lease as leases
 from ..config import LoadedConfig, role_view
 from ..config.errors import ConfigError
 from ..fsutil import atomic_write_json, atomic_write_text
@@ -71,7 +72,8 @@ DRY_RUN_MARKER = "DRY_RUN"  # in configs/attempt_<n>/: that attempt was only a d
 # request or readiness file, scratch, a report, a user's own file) means something ran or someone put it there.
 _DRY_ROOT_FILES = frozenset({"run_meta.json"})
 _DRY_EMPTY_DIRS = ("logs", "rollouts", "broadcasts", "checkpoints", "store", "control", "reports")
-_DRY_LAUNCHER_FILES = frozenset({"placement.json", "ports.json", "site.toml", "pre_run.sh"})
+# lease.json: the lease of the launch that is about to replace the dry runs (``toolkit.lease``).
+_DRY_LAUNCHER_FILES = frozenset({"placement.json", "ports.json", "site.toml", "pre_run.sh", "lease.json"})
 _ATTEMPT_NAME = re.compile(r"^attempt_[0-9]+$")
 
 
@@ -205,14 +207,45 @@ def prepare_run(
     Raises ConfigError when the directory exists and neither ``resume`` nor ``clean`` was given (nothing is
     touched then), when ``resume`` is asked for a run that does not exist, or when both ``resume`` and ``clean`` are
     given (continue it or delete it: the two contradict, and deleting a run asked to be resumed loses it).
+
+    A launch (not a dry run) first takes the run's lease (``toolkit.lease``), before anything in the directory is
+    changed, and keeps it: the local supervisor this process becomes renews it; a Slurm submission releases it for
+    the job. Raises ConfigError naming the holder when another supervisor is alive on the run.
     """
     if resume and clean:
         raise ConfigError(RESUME_CLEAN_MSG)
     run = run or run_dir_for(loaded, resume=resume)
+    if dry_run:
+        return _prepare_run(loaded, run, argv=argv, resume=resume, clean=clean, dry_run=True)
+    # Before anything in the directory is read for a decision or changed: another supervisor may be running it.
+    created = not run.root.exists()
+    held = _take_lease(run, argv)
+    try:
+        out = _prepare_run(loaded, run, argv=argv, resume=resume, clean=clean, dry_run=False, held=held)
+    except BaseException:
+        held.release()
+        if created:  # a refused new run leaves nothing behind
+            shutil.rmtree(run.root, ignore_errors=True)
+        raise
+    return out
+
+
+def _take_lease(run: RunDir, argv: list[str]) -> leases.Lease:
+    """The run lease for this process (kept by the supervisor it becomes; released by a Slurm submission). Raises
+    ConfigError naming the live holder and how to stop it."""
+    try:
+        return leases.acquire(run, command=shlex.join(argv[:2]))
+    except leases.LeaseHeld as e:
+        raise ConfigError(str(e)) from None
+
+
+def _prepare_run(loaded: LoadedConfig, run: RunDir, *, argv: list[str], resume: bool, clean: bool, dry_run: bool,
+                 held: leases.Lease | None = None) -> tuple[RunDir, int]:
     exists = run.configs.exists() or run.configs.is_symlink()
     if exists and not resume and not clean and only_dry_runs(run):
         _refuse_if_jobs_queued(run)
         _delete_run_dir(run.root)  # only would-be configs, placement and scripts: nothing was launched from them
+        _restore_lease(held)
         exists = False
     if exists and not (resume or clean):
         raise ConfigError(
@@ -223,6 +256,7 @@ def prepare_run(
         raise ConfigError(f"--resume: no run at {run.root} (nothing to resume)")
     if clean and exists:
         _delete_run_dir(run.root)
+        _restore_lease(held)
     for d in (run.configs, run.launcher, run.logs, run.rollouts, run.broadcasts, run.checkpoints, run.store,
               run.control, run.reports):
         d.mkdir(parents=True, exist_ok=True)
@@ -246,6 +280,16 @@ def prepare_run(
     if not run.run_meta.exists():
         atomic_write_json(run.run_meta, {"run_id": uuid.uuid4().hex, "created": time.time(), "name": cfg.run.name})
     return run, attempt
+
+
+def _restore_lease(held: leases.Lease | None) -> None:
+    """Write this launch's lease again after the directory holding it was emptied."""
+    if held is None:
+        return
+    try:
+        held.restore()
+    except leases.LeaseHeld as e:
+        raise ConfigError(str(e)) from None
 
 
 def read_run_meta(run: RunDir) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .. import lease as leases
 from ..config.model import RLConfig
 from ..config.site import SiteConfig
 from ..placement.plan import ROLES, Plan, build_plan, run_port_key, write_plan
@@ -77,6 +78,10 @@ def _submit(cfg: RLConfig, run: RunDir, attempt: int, kind: str, roles: tuple[st
     render = render_rl if kind == "rl" else render_inference
     script = render(cfg, run, plan, attempt=attempt, site=site)
     _prepare_logs(run, attempt)
+    # This process held the run's lease while it prepared the run; the job takes it when it starts.
+    mine = leases.held(run)
+    if mine is not None:
+        mine.release()
     extra = [f"--dependency={dependency}", "--kill-on-invalid-dep=yes"] if dependency else []
     job_id = slurm.submit(script, extra_args=extra, cwd=str(run.root))
     record_job_id(run, job_id, kind, attempt)

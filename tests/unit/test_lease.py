@@ -1,0 +1,209 @@
+"""The run lease (toolkit/lease.py) with real processes: one holder at a time, dead holders taken over (and
+logged), a requeued Slurm job takes over its own lease, and of several launches racing for a stale lease from two
+emulated nodes exactly one wins."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from toolkit import lease
+from toolkit.rundir import RunDir
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A process that takes the lease of RUN at wall time AT and reports; a winner holds it HOLD seconds.
+RACER = textwrap.dedent("""
+    import socket, sys, time
+    from toolkit import lease
+    from toolkit.rundir import RunDir
+    run, at, hold = RunDir(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+    time.sleep(max(0.0, at - time.time()))
+    try:
+        l = lease.acquire(run, command="srl racer")
+    except lease.LeaseHeld as e:
+        print("refused", socket.gethostname(), e.holder.pid, flush=True)
+        sys.exit(0)
+    print("won", socket.gethostname(), l.holder.pid, flush=True)
+    time.sleep(hold)
+""")
+
+
+def _spawn(run: Path, at: float, hold: float, host: str | None = None) -> subprocess.Popen:
+    argv = [sys.executable, "-c", RACER, str(run), str(at), str(hold)]
+    if host:  # another node: a UTS namespace of its own with that host name, same filesystem
+        argv = ["unshare", "--uts", "sh", "-c", f'hostname {host} && exec "$0" "$@"', *argv]
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+
+
+def _stale(run: RunDir, **over) -> lease.Holder:
+    now = time.time()
+    h = lease.Holder(token="old", host="node-z", pid=4242, pid_start=None, job_id=None, command="srl rl",
+                     acquired=now - 600, renewed=now - 300, expires=now - 255)  # fmt: skip
+    h = lease.Holder(**{**asdict(h), **over})
+    run.launcher.mkdir(parents=True, exist_ok=True)
+    run.lease_file.write_text(json.dumps(asdict(h)))
+    return h
+
+
+def test_a_live_holder_is_named_and_refuses_others_then_its_death_frees_the_run(tmp_path):
+    run = RunDir(tmp_path / "r")
+    holder = _spawn(run.root, time.time(), 60)
+    assert holder.stdout.readline().startswith("won")
+    with pytest.raises(lease.LeaseHeld) as e:
+        lease.acquire(run)
+    msg = str(e.value)
+    assert f"pid {holder.pid}" in msg and "srl racer" in msg and f"srl cancel {run.root}" in msg
+    rec = lease.read(run)
+    assert rec.host == os.uname().nodename and rec.pid == holder.pid and rec.expires > time.time()
+    holder.kill()
+    holder.wait()
+    mine = lease.acquire(run)  # same host, PID gone: no need to wait for the expiry
+    try:
+        assert lease.read(run).token == mine.token
+        hist = [json.loads(x) for x in run.lease_history.read_text().splitlines()]
+        assert hist[-1]["from"]["pid"] == holder.pid and "gone" in hist[-1]["reason"]
+    finally:
+        mine.release()
+    assert not run.lease_file.exists()
+
+
+def test_another_hosts_lease_counts_until_it_expires(tmp_path):
+    run = RunDir(tmp_path / "r")
+    _stale(run, expires=time.time() + 30)  # renewed recently on another node
+    with pytest.raises(lease.LeaseHeld, match="node-z"):
+        lease.acquire(run)
+    _stale(run)  # expired 255 s ago
+    got = lease.acquire(run)
+    try:
+        assert "expired" in json.loads(run.lease_history.read_text().splitlines()[-1])["reason"]
+    finally:
+        got.release()
+
+
+def test_a_requeued_job_takes_over_its_own_lease_but_not_another_jobs(tmp_path):
+    run = RunDir(tmp_path / "r")
+    _stale(run, expires=time.time() + 40, job_id="77")
+    with pytest.raises(lease.LeaseHeld, match="Slurm job 77"):
+        lease.acquire(run, job_id="78")
+    got = lease.acquire(run, job_id="77")
+    try:
+        assert lease.read(run).job_id == "77" and lease.read(run).token == got.token
+    finally:
+        got.release()
+
+
+def test_an_unreadable_lease_file_is_taken_over(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.launcher.mkdir(parents=True)
+    run.lease_file.write_text("{not json")
+    lease.acquire(run).release()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or subprocess.run(
+    ["unshare", "--uts", "true"], check=False, capture_output=True).returncode != 0,
+    reason="needs unshare --uts (root) to emulate two nodes")  # fmt: skip
+def test_launches_from_two_nodes_racing_for_a_stale_lease_exactly_one_wins(tmp_path):
+    for round_ in range(3):
+        run = RunDir(tmp_path / f"r{round_}")
+        _stale(run)
+        at = time.time() + 2.5  # every racer has imported by then: they hit the file together
+        procs = [_spawn(run.root, at, 4.0, host=f"node-{'ab'[i % 2]}") for i in range(8)]
+        outs = [p.communicate(timeout=60)[0].split() for p in procs]
+        assert all(p.returncode == 0 for p in procs), [p.stderr.read() if p.stderr else "" for p in procs]
+        winners = [o for o in outs if o[0] == "won"]
+        assert len(winners) == 1, outs
+        # Every loser names the winner (not the stale holder).
+        assert all(o[2] == winners[0][2] for o in outs if o[0] == "refused"), outs
+        hist = run.lease_history.read_text().splitlines()
+        assert len(hist) == 1, hist  # taken over exactly once
+
+
+def test_renewal_notices_a_takeover_and_a_role_watch_exits(tmp_path, monkeypatch):
+    monkeypatch.setattr(lease, "RENEW_S", 0.1)
+    run = RunDir(tmp_path / "r")
+    mine = lease.acquire(run)
+    lost: list[str] = []
+    gone: list[str] = []
+    mine.on_lost(lost.append)
+    lease.watch(run, mine.token, gone.append, interval_s=0.1)
+    time.sleep(0.5)
+    assert not lost and not gone  # renewed, ours
+    _stale(run, token="theirs", host=os.uname().nodename, pid=os.getppid(), pid_start=None,
+           expires=time.time() + 60, command="srl rl --resume")  # another launch took it
+    deadline = time.time() + 5
+    while (not lost or not gone) and time.time() < deadline:
+        time.sleep(0.05)
+    assert lost and "srl rl --resume" in lost[0]
+    assert gone and "belongs to" in gone[0]
+    mine.release()
+    assert lease.read(run).token == "theirs"  # a lost lease is never deleted by its former holder
+
+
+def test_a_role_started_under_a_lease_exits_when_its_supervisor_dies(tmp_path):
+    run = RunDir(tmp_path / "r")
+    sup = _spawn(run.root, time.time(), 60)
+    assert sup.stdout.readline().startswith("won")
+    token = lease.read(run).token
+    role = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from toolkit import lease
+        from toolkit.rundir import RunDir
+        lease.WATCH_S = 0.2
+        lease.exit_when_lease_gone(RunDir({str(run.root)!r}), "trainer")
+        time.sleep(60)
+    """)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), lease.LEASE_ENV: token},
+        stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(1.5)
+    assert role.poll() is None  # supervisor alive: the role runs
+    sup.kill()
+    sup.wait()
+    t0 = time.monotonic()
+    assert role.wait(timeout=10) == 3
+    assert time.monotonic() - t0 < 5
+    assert "is dead" in role.stderr.read()
+
+
+def test_srl_rl_and_resume_are_refused_while_a_live_supervisor_holds_the_run(tmp_path, capsys):
+    from toolkit.cli import main
+
+    out = tmp_path / "out"
+    run = RunDir(out / "held")
+    holder = _spawn(run.root, time.time(), 60)
+    assert holder.stdout.readline().startswith("won")
+    try:
+        for extra in ([], ["--resume"], ["--clean"]):
+            rc = main(["rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "--output-dir", str(out),
+                       "--run.name", "held", *extra])  # fmt: skip
+            err = capsys.readouterr().err
+            assert rc == 2, err
+            assert f"pid {holder.pid}" in err and f"srl cancel {run.root}" in err, err
+            assert not run.configs.exists()  # nothing written, nothing deleted
+        assert lease.read(run).pid == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_srl_cancel_stops_a_local_supervisor_and_status_names_it(tmp_path, capsys):
+    from toolkit.launch.control import cancel_main, status_main
+
+    run = RunDir(tmp_path / "r")
+    run.configs.mkdir(parents=True)
+    holder = _spawn(run.root, time.time(), 60)
+    assert holder.stdout.readline().startswith("won")
+    assert status_main([str(run.root)]) == 0
+    assert f"supervised by srl racer (pid {holder.pid}" in capsys.readouterr().out
+    assert cancel_main([str(run.root)]) == 0
+    assert f"asked the launcher (pid {holder.pid})" in capsys.readouterr().out
+    assert holder.wait(timeout=10) == -15  # SIGTERM: the launcher's own stop path (checkpoint, then stop)

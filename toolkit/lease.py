@@ -1,0 +1,376 @@
+"""The run lease: at most one supervisor runs a run directory at a time.
+
+Whoever supervises a run (the local launcher, ``srl sweep run-point`` inside an array task, the login-node command
+while it prepares a Slurm submission) holds ``<run>/launcher/lease.json``. The record names the holder (host, PID
+and its start time, Slurm job id, command) and an expiry; a heartbeat thread renews it every ``RENEW_S`` seconds.
+A launch that finds a live holder is refused (:class:`LeaseHeld` names it); a dead holder's lease is taken over and
+the takeover appended to ``launcher/lease_history.jsonl``.
+
+A holder is dead when its expiry has passed (``TTL_S`` after its last renewal: the only test that works across
+hosts), or, on the holder's own host, when its PID is gone or belongs to a later process. A Slurm job that was
+requeued takes over the lease its previous incarnation left (same job id: that incarnation is over).
+
+Why files and renames, not ``flock``: locks are unreliable on the shared filesystems runs live on (NFS, Lustre),
+while creating a file with ``link(2)`` (fails when the name exists) and ``rename(2)`` are atomic there. A stale
+record is taken over by renaming it to a name only the taker uses and checking that what it moved is the record it
+judged stale: of several launches racing for one stale lease, exactly one moves it and creates the next one.
+
+Roles started under a lease get its token in ``SRL_RUN_LEASE`` and watch it (:func:`watch`): when the lease
+belongs to someone else, or its holder is dead, they exit instead of writing into a run they no longer belong to.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .fsutil import append_jsonl
+from .procutil import pid_alive, process_start_time
+from .rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+LEASE_ENV = "SRL_RUN_LEASE"  # the token of the lease a role was started under
+RENEW_S = 5.0  # seconds between renewals
+# Seconds a record stays valid after its last renewal. Generous against clock skew between hosts and attribute
+# caching of shared filesystems; on the holder's own host a dead PID is noticed at once, without waiting for it.
+TTL_S = 45.0
+WATCH_S = 5.0  # seconds between a role's looks at the lease
+
+
+class LeaseHeld(RuntimeError):
+    """Another supervisor holds the run's lease and is alive. ``holder`` is its record; ``run`` the run."""
+
+    def __init__(self, run: RunDir, holder: Holder):
+        self.run, self.holder = run, holder
+        super().__init__(f"run {run.root} is being run by {holder.describe()}; stop it with: srl cancel {run.root} "
+                         "(or wait for it to end)")  # fmt: skip
+
+
+class LeaseLost(RuntimeError):
+    """This process's lease was taken over or removed by someone else."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One lease record. Times are Unix seconds (the holder's clock)."""
+
+    token: str
+    host: str
+    pid: int
+    pid_start: int | None
+    job_id: str | None
+    command: str
+    acquired: float
+    renewed: float
+    expires: float
+
+    def describe(self) -> str:
+        """``srl (pid P on host H, Slurm job J, since ..., renewed N s ago)`` for messages."""
+        where = f"pid {self.pid} on host {self.host}" + (f", Slurm job {self.job_id}" if self.job_id else "")
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired))
+        return f"{self.command} ({where}, since {since}, renewed {max(0.0, time.time() - self.renewed):.0f} s ago)"
+
+    def dead_reason(self, now: float | None = None) -> str | None:
+        """Why this holder is dead (a sentence), or None while it is alive."""
+        now = time.time() if now is None else now
+        if self.host == _host() and not pid_alive(self.pid, self.pid_start):
+            return f"its process {self.pid} on this host is gone"
+        if now > self.expires:
+            return f"its lease expired {now - self.expires:.0f} s ago (last renewed {now - self.renewed:.0f} s ago)"
+        return None
+
+
+def _host() -> str:
+    return socket.gethostname()
+
+
+def read(run: RunDir) -> Holder | None:
+    """The run's current lease record, or None when there is none. An unreadable or foreign-format file reads as
+    a holder that expired long ago (it can be taken over)."""
+    try:
+        raw = run.lease_file.read_bytes()
+    except FileNotFoundError:
+        return None
+    return _parse(raw)
+
+
+def _parse(raw: bytes) -> Holder:
+    try:
+        return Holder(**json.loads(raw))
+    except (ValueError, TypeError):
+        return Holder(token="?", host="?", pid=0, pid_start=None, job_id=None, command="an unreadable lease file",
+                      acquired=0.0, renewed=0.0, expires=0.0)  # fmt: skip
+
+
+class Lease:
+    """A lease this process holds on one run directory; renewed by a daemon thread until :meth:`release`."""
+
+    def __init__(self, run: RunDir, holder: Holder):
+        self.run = run
+        self.holder = holder
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._on_lost: list[Callable[[str], None]] = []
+        self.lost: str | None = None  # why the lease was lost, once it was
+
+    @property
+    def token(self) -> str:
+        """The lease's token, handed to roles in ``SRL_RUN_LEASE``."""
+        return self.holder.token
+
+    def on_lost(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` (from the heartbeat thread) if the lease is ever taken from this process."""
+        self._on_lost.append(callback)
+        if self.lost is not None:
+            callback(self.lost)
+
+    def start(self) -> Lease:
+        """Start renewing every ``RENEW_S`` seconds (idempotent). Returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._beat, name="srl-lease", daemon=True)
+            self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(RENEW_S):
+            try:
+                self.renew()
+            except LeaseLost as e:
+                self._lose(str(e))
+                return
+            except OSError as e:  # a filesystem hiccup: try again at the next beat; expiry bounds the damage
+                log.warning("could not renew the run lease %s: %s", self.run.lease_file, e)
+
+    def _lose(self, reason: str) -> None:
+        self.lost = reason
+        print(f"srl: lost the run lease of {self.run.root}: {reason}", file=sys.stderr, flush=True)
+        for cb in self._on_lost:
+            cb(reason)
+
+    def renew(self) -> None:
+        """Push the expiry ``TTL_S`` seconds ahead. Raises LeaseLost when the record is no longer ours, OSError
+        when the file cannot be written."""
+        cur = read(self.run)
+        if cur is None:
+            raise LeaseLost(f"{self.run.lease_file} was removed")
+        if cur.token != self.token:
+            raise LeaseLost(f"it is now held by {cur.describe()}")
+        now = time.time()
+        self.holder = Holder(**{**asdict(self.holder), "renewed": now, "expires": now + TTL_S})
+        _write(self.run.lease_file, self.holder, create=False)
+
+    def restore(self) -> None:
+        """Write the record again after its directory was emptied (``--clean``). Raises LeaseHeld when another
+        launch created a lease in between."""
+        self.run.launcher.mkdir(parents=True, exist_ok=True)
+        if not _write(self.run.lease_file, self.holder, create=True):
+            cur = read(self.run)
+            if cur is not None and cur.token != self.token:
+                raise LeaseHeld(self.run, cur)
+
+    def release(self) -> None:
+        """Stop renewing and remove the record if it is still ours (idempotent)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=RENEW_S + 1)
+        _held.pop(self.run.root, None)
+        cur = read(self.run)
+        if cur is not None and cur.token == self.token and self.lost is None:
+            try:
+                self.run.lease_file.unlink()
+            except FileNotFoundError:
+                pass
+
+
+# The leases this process holds, by run root: a launch acquires once (before it writes the run directory) and the
+# supervisor it becomes keeps using that lease.
+_held: dict[Path, Lease] = {}
+
+
+def held(run: RunDir) -> Lease | None:
+    """The lease this process holds on ``run``, if any."""
+    return _held.get(run.root)
+
+
+def acquire(run: RunDir, *, command: str = "srl", job_id: str | None = None) -> Lease:
+    """Take the run's lease for this process and start renewing it; return the one this process already holds.
+
+    ``job_id``: this process's Slurm job id (default ``$SLURM_JOB_ID``); a record left by the same job (a requeued
+    job's previous incarnation) is taken over even before it expires. A dead holder's record is taken over and the
+    takeover printed and appended to ``launcher/lease_history.jsonl``. Raises :class:`LeaseHeld` naming a live
+    holder; OSError when the run directory cannot be written.
+    """
+    mine = _held.get(run.root)
+    if mine is not None:
+        return mine
+    job_id = job_id if job_id is not None else (os.environ.get("SLURM_JOB_ID") or None)
+    now = time.time()
+    me = Holder(token=uuid.uuid4().hex, host=_host(), pid=os.getpid(), pid_start=process_start_time(os.getpid()),
+                job_id=job_id, command=command, acquired=now, renewed=now, expires=now + TTL_S)  # fmt: skip
+    run.launcher.mkdir(parents=True, exist_ok=True)
+    for _ in range(8):
+        if _write(run.lease_file, me, create=True):
+            lease = Lease(run, me)
+            _held[run.root] = lease
+            return lease.start()
+        try:
+            raw = run.lease_file.read_bytes()
+        except FileNotFoundError:
+            continue  # released or moved away by a racer just now: try to create it again
+        cur = _parse(raw)
+        why = f"the same Slurm job {job_id} was requeued" if job_id and cur.job_id == job_id else cur.dead_reason()
+        if why is None:
+            raise LeaseHeld(run, cur)
+        _take_over(run, raw, cur, me, why)
+    raise LeaseHeld(run, read(run) or me)  # kept losing races to other launches: one of them runs it
+
+
+def _take_over(run: RunDir, raw: bytes, stale: Holder, me: Holder, why: str) -> None:
+    """Move the stale record ``raw`` out of the way (exactly one racer can), or raise LeaseHeld when what was moved
+    is a fresh record another launch wrote meanwhile (it is put back)."""
+    grabbed = run.lease_file.with_name(f".lease.{me.token}.stale")
+    try:
+        os.rename(run.lease_file, grabbed)
+    except FileNotFoundError:
+        return  # another launch moved it first; the caller tries to create the lease and finds out who won
+    got = grabbed.read_bytes()
+    if got != raw:  # not the record judged stale: its holder renewed it, or a racer had already replaced it
+        try:
+            os.link(grabbed, run.lease_file)
+        except FileExistsError:
+            pass
+        grabbed.unlink()
+        raise LeaseHeld(run, _parse(got))
+    grabbed.unlink()
+    print(f"srl: took over the run lease of {run.root} from {stale.describe()}: {why}", file=sys.stderr, flush=True)
+    try:
+        append_jsonl(run.lease_history, {"time": time.time(), "event": "takeover", "reason": why,
+                                         "from": asdict(stale), "to": asdict(me)})  # fmt: skip
+    except OSError as e:
+        log.warning("could not record the lease takeover in %s: %s", run.lease_history, e)
+
+
+def _write(path: Path, holder: Holder, *, create: bool) -> bool:
+    """Write ``holder`` to ``path`` through a temporary file. ``create``: only if ``path`` does not exist (returns
+    False when it does), else replace it. Readers never see a partial record."""
+    tmp = path.with_name(f".lease.{holder.token}.{uuid.uuid4().hex[:6]}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(asdict(holder), f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        if not create:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)  # atomic create-if-absent, also on NFS
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def release_all() -> None:
+    """Release every lease this process holds (also run at interpreter exit)."""
+    for lease in list(_held.values()):
+        lease.release()
+
+
+atexit.register(release_all)
+
+
+def watch(run: RunDir, token: str, on_gone: Callable[[str], None], *,
+          interval_s: float | None = None) -> threading.Thread:
+    """Start a daemon thread that calls ``on_gone(reason)`` once, when the lease ``token`` of ``run`` is no longer
+    valid: the record names another holder, was removed, or its holder is dead. Looks every ``interval_s``
+    seconds (default ``WATCH_S``). For roles: a process started under one supervisor must never write into a run
+    that another attempt owns, nor run on without its supervisor. Returns the thread."""
+    every = WATCH_S if interval_s is None else interval_s
+
+    def _loop() -> None:
+        while True:
+            time.sleep(every)
+            try:
+                cur = read(run)
+            except OSError:
+                continue
+            if cur is None:
+                reason = f"the run lease {run.lease_file} is gone (its supervisor ended)"
+            elif cur.token != token:
+                reason = f"the run now belongs to {cur.describe()}"
+            else:
+                dead = cur.dead_reason()
+                if dead is None:
+                    continue
+                reason = f"the supervisor {cur.describe()} is dead: {dead}"
+            on_gone(reason)
+            return
+
+    t = threading.Thread(target=_loop, name="srl-lease-watch", daemon=True)
+    t.start()
+    return t
+
+
+def exit_when_lease_gone(run: RunDir, role: str) -> threading.Thread | None:
+    """For a role's entry point: when started under a lease (``SRL_RUN_LEASE`` set), exit this process with
+    status 3 as soon as that lease is no longer valid (see :func:`watch`), without writing anything more. Returns
+    the watching thread, or None when the role runs without a lease (started by hand)."""
+    token = os.environ.get(LEASE_ENV)
+    if not token:
+        return None
+
+    def _gone(reason: str) -> None:
+        print(f"srl {role}: stopping at once: {reason}", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    return watch(run, token, _gone)
+
+
+def _hold_main(argv: list[str]) -> int:
+    """``python -m toolkit.lease hold --run-dir RUN``: hold the lease for a supervisor that is not Python (a Slurm
+    batch script). Prints the token on stdout once held (exit 2 with the holder named on stderr when refused), then
+    renews until stdin reaches end-of-file (the supervisor exited, however) and releases. SIGTERM and SIGINT are
+    ignored: a cancelled job's teardown, which lets the trainer checkpoint, still runs under this lease."""
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(prog="python -m toolkit.lease hold")
+    ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--command", default="srl batch job")
+    args = ap.parse_args(argv)
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)
+    try:
+        lease = acquire(RunDir(args.run_dir), command=args.command)
+    except LeaseHeld as e:
+        print(f"srl: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(lease.token, flush=True)
+    done = threading.Event()
+    lease.on_lost(lambda _why: done.set())
+    threading.Thread(target=lambda: (sys.stdin.buffer.read(), done.set()), daemon=True).start()
+    done.wait()
+    lease.release()
+    return 3 if lease.lost else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["hold"]:
+        sys.exit(_hold_main(sys.argv[2:]))
+    print("usage: python -m toolkit.lease hold --run-dir RUN [--command TEXT]", file=sys.stderr)
+    sys.exit(2)
