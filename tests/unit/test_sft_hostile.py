@@ -247,3 +247,31 @@ def test_make_data_bad_taskset_field_and_missing_config_are_config_errors(tmp_pa
     with pytest.raises(ConfigError, match="give the RL job's config"):
         cmd_make_data([str(tmp_path / "rows.jsonl")])
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Columns and roles: a dataset that would train nothing, or the wrong thing, is refused at login
+# ------------------------------------------------------------------------------------------------------------
+def test_two_roles_naming_one_column_are_refused(tmp_path):
+    from toolkit.config.sft import load_sft_config
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
+    with pytest.raises(ConfigError, match="data.columns .*prompt and completion both name the column 'completion'"):
+        load_sft_config([_sft_toml(tmp_path, data)], ["--data.columns.prompt", "completion"])
+    # a swap is two distinct columns: allowed
+    cfg = load_sft_config([_sft_toml(tmp_path, data)], ["--data.columns.prompt", "completion",
+                                                        "--data.columns.completion", "prompt"])  # fmt: skip
+    assert cfg.data.columns.prompt == "completion"
+
+
+def test_a_row_without_a_trained_message_is_refused_at_login(tmp_path):
+    from toolkit.commands.sft import load
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}, {"messages": "hello"}])
+    with pytest.raises(ConfigError, match=r"d\.jsonl: row 1: no message is trained \(roles \['user'\]"):
+        load([_sft_toml(tmp_path, data)], [])
+    # the same row trains when [loss_mask] enables user turns
+    load([_sft_toml(tmp_path, data, "[loss_mask]\nuser = true\n")], [])
+    masked = _jsonl(tmp_path / "m.jsonl", [{"prompt": "a", "completion": "b", "message_loss_mask": [1, 0]}])
+    with pytest.raises(ConfigError, match=r"m\.jsonl: row 0: no message is trained"):
+        load([_sft_toml(tmp_path, masked)], [])

@@ -43,7 +43,7 @@ def load(files: list[Path], overrides: list[str]) -> Any:
     checks = [("data.name", cfg.data)] + ([("val.data.name", cfg.val.data)] if cfg.val and cfg.val.data else [])
     for field, section in checks:
         try:
-            rows = check_dataset(section.name, section.columns)
+            rows = check_dataset(section.name, section.columns, cfg.loss_mask)
         except DataError as e:
             raise ConfigError([ConfigIssue(field, str(e))]) from None
         # The trainer holds val.fraction of the rows out; with one row there is nothing left to train on, and

@@ -52,6 +52,17 @@ class ColumnsConfig(Section):
     id: str = "id"
     """Column holding a sample id (recorded per step so a resumed run can be checked); row number when absent."""
 
+    @model_validator(mode="after")
+    def _distinct(self) -> ColumnsConfig:
+        # Two roles read from one column would, e.g., train the prompt as its own reply, and nothing would fail.
+        seen: dict[str, str] = {}
+        for field, column in self.model_dump().items():
+            if column in seen:
+                raise ValueError(f"{seen[column]} and {field} both name the column {column!r}; each role needs a "
+                                 "column of its own")  # fmt: skip
+            seen[column] = field
+        return self
+
 
 class DataConfig(Section):
     """``[data]``: where the samples come from and how many a step takes."""

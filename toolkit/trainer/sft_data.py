@@ -245,10 +245,31 @@ def read_conversations(path: Path, columns: Any) -> list[Conversation]:
     return out
 
 
-def check_dataset(path: Path, columns: Any) -> int:
+def check_dataset(path: Path, columns: Any, loss_mask: Any = None) -> int:
     """Login-node check of a dataset path (files, UTF-8, JSON, columns, mask lengths). Returns the row count;
-    raises DataError naming the file, row and column of the first problem."""
-    return len(read_conversations(path, columns))
+    raises DataError naming the file, row and column of the first problem.
+
+    With ``loss_mask`` (the ``[loss_mask]`` section), a row with no message of a trained role (after its
+    ``message_loss_mask``) is an error too: the trainer would refuse it only after the job started.
+    """
+    count = 0
+    for f in dataset_files(path):
+        for row, value in _file_rows(f):
+            where = f"{f}: row {row}"
+            conv = conversation(value, columns, where, f"{f.name}:{row}")
+            if loss_mask is not None and not any(
+                getattr(loss_mask, m["role"]) and (conv.message_mask is None or conv.message_mask[i])
+                for i, m in enumerate(conv.messages)
+            ):
+                roles = [m["role"] for m in conv.messages]
+                raise DataError(f"{where}: no message is trained (roles {roles}; [loss_mask] trains "
+                                f"{[r for r in ROLES if getattr(loss_mask, r)]}, after message_loss_mask); "
+                                "a completion or assistant message is missing, or [data.columns] names the "
+                                "wrong column")  # fmt: skip
+            count += 1
+    if not count:
+        raise DataError(f"{path}: the dataset has no rows")
+    return count
 
 
 def _load_arrow(file: Path) -> Any:
