@@ -242,7 +242,7 @@ def cmd_config(args: list[str]) -> int:
     """``srl config show @ ...`` and ``srl config convert FILE``."""
     import tomli_w
 
-    from .config import ConfigError, load_config
+    from .config import ConfigError, load_config, toml_data
     from .preflight import preflight
 
     if not args or args[0] not in ("show", "convert"):
@@ -255,8 +255,7 @@ def cmd_config(args: list[str]) -> int:
             raise ConfigError("usage: srl config convert FILE")
         loaded = preflight(load_config([Path(args[1])]))
     _print_warnings(loaded)
-    data = loaded.config.model_dump(mode="json", exclude_none=True)
-    print(tomli_w.dumps(data), end="")
+    print(tomli_w.dumps(toml_data(loaded.config)), end="")
     return 0
 
 

@@ -124,15 +124,19 @@ def test_override_none_means_null():
 
 
 def test_canonical_round_trip_is_stable():
+    import tomllib
+
     import tomli_w
 
-    from toolkit.config import validate_dict
+    from toolkit.config import toml_data, validate_dict
 
-    cfg = load("hosted_flat.toml").config
-    dumped = cfg.model_dump(mode="json", exclude_none=True)
-    again = validate_dict(dumped).config
-    assert again.model_dump() == cfg.model_dump()
-    assert tomli_w.dumps(dumped)
+    # A mapped shape plus a null whose default is not null: the TOML text `srl config convert` prints, parsed again,
+    # validates to the same config.
+    cfg = load("hosted_flat.toml", "--ckpt.keep-last", "None").config
+    text = tomli_w.dumps(toml_data(cfg))
+    again = validate_dict(tomllib.loads(text)).config
+    assert again.ckpt.keep_last is None
+    assert again.model_dump(exclude={"notices"}) == cfg.model_dump(exclude={"notices"})
 
 
 @pytest.mark.parametrize("flag", ["--trainer.optim.lr", "--max-steps", "--orchestrator.batch-size"])

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from . import rules
 from .compose import deep_merge, origin_of, parse_overrides, read_toml, record_origins
 from .convert import to_canonical
 from .errors import ConfigError, ConfigIssue, pydantic_issues
-from .model import RLConfig
+from .model import NULL_SPELLING, RLConfig
 
 __all__ = [
     "ConfigError",
@@ -43,6 +43,7 @@ __all__ = [
     "load_resolved",
     "name_sources",
     "role_view",
+    "toml_data",
     "validate_dict",
 ]
 
@@ -122,6 +123,43 @@ def validate_dict(data: dict[str, Any], *, source: str | None = None, purpose: s
 def load_resolved(path: Path) -> RLConfig:
     """Load a resolved ``rl.json`` written by ``srl rl`` (already validated; validated again, cheaply)."""
     return RLConfig.model_validate(json.loads(Path(path).read_text()))
+
+
+def toml_data(cfg: RLConfig) -> dict[str, Any]:
+    """``cfg`` as the data of a TOML file that :func:`load_config` reads back into an equal config (what
+    ``srl config show`` and ``srl config convert`` print, through ``tomli_w``).
+
+    TOML has no null: a null field is left out where null is its default, and written as ``"None"`` (the spelling
+    overrides use, which the schema reads as null) where it is not, e.g. ``ckpt.keep_last``, whose default is 2.
+    ``notices`` is left out: it says what loading the input mapped, and loading the output maps nothing.
+    """
+    data = _toml_table(cfg)
+    data.pop("notices", None)
+    return data
+
+
+def _toml_table(model: BaseModel) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, dumped in model.model_dump(mode="json").items():
+        value = getattr(model, key, None)
+        field = type(model).model_fields.get(key)
+        if value is None:
+            # An extra key (a taskset's own field) or a field whose default is null reloads as null when absent.
+            if field is not None and field.get_default(call_default_factory=True) is not None:
+                out[key] = NULL_SPELLING
+        else:
+            out[key] = _toml_value(value, dumped)
+    return out
+
+
+def _toml_value(value: Any, dumped: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return _toml_table(value)
+    if isinstance(value, (list, tuple)):
+        return [_toml_value(v, d) for v, d in zip(value, dumped, strict=True) if v is not None]
+    if isinstance(value, dict):
+        return {k: _toml_value(value[k], d) for k, d in dumped.items() if value.get(k) is not None}
+    return dumped
 
 
 # Sections each role receives in resolved/<role>.json (torchtitan-style: a role sees only its own part, plus the

@@ -49,6 +49,23 @@ def _nul_at(value: Any, where: str = "") -> str | None:
     return None
 
 
+# The command line's spelling of null (``--ckpt.keep-last None``). TOML has no null, so a file uses it too, and
+# ``srl config show`` writes it for a null field whose default is not null.
+NULL_SPELLING = "None"
+
+
+def _null_spelling_means_null(annotation: Any) -> bool:
+    """True when ``annotation`` takes null and no member of it could take the text ``"None"`` as a value (text,
+    a path, a Literal naming it), so reading that text as null is unambiguous."""
+    args = typing.get_args(annotation)
+    if type(None) not in args:
+        return False
+    for member in args:
+        if member in (str, Path) or (typing.get_origin(member) is Literal and NULL_SPELLING in typing.get_args(member)):
+            return False
+    return True
+
+
 def _is_table(field: Any) -> bool:
     """Whether a model field holds a config table (a ``BaseModel``, possibly in a union) rather than plain data."""
 
@@ -93,6 +110,17 @@ class Section(BaseModel):
                     if isinstance(data.get(key), bool) and _numeric_without_bool(field.annotation):
                         raise ValueError(f"{key}: expects a number, got a boolean "
                                          "(a bare --flag means true: give the flag a value)")  # fmt: skip
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_spelling(cls, data: Any) -> Any:
+        # Without this, `keep_last = "None"` in a file would be a type error, and a reloaded `srl config show` would
+        # have to leave the field out, which brings back its default (keep_last 2: old checkpoints get deleted).
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                if data.get(name) == NULL_SPELLING and _null_spelling_means_null(field.annotation):
+                    data = {**data, name: None}
         return data
 
     @model_validator(mode="before")
