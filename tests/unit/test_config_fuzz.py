@@ -10,7 +10,7 @@ from config_cases import validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolkit.config import ConfigError, load_config
+from toolkit.config import ConfigError, RLConfig, load_config
 
 VALID = tomllib.loads((Path(__file__).resolve().parents[2] / "jobs" / "reverse-text" / "rl.toml").read_text())
 
@@ -33,7 +33,9 @@ weird = st.one_of(
 
 @st.composite
 def mutated(draw):
+    """(mutated config, the top-level keys under which something was changed)."""
     data = copy.deepcopy(VALID)
+    touched: set[str] = set()
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(PATHS))
         node = data
@@ -49,21 +51,32 @@ def mutated(draw):
         elif action == "delete":
             node.pop(path[-1], None)
         elif action == "unknown":
-            node[draw(st.text(min_size=1, max_size=12))] = draw(weird)
+            key = draw(st.text(min_size=1, max_size=12))
+            node[key] = draw(weird)
+            path = (*path[:-1], key)
         else:
             node[path[-1]] = {}
-    return data
+        touched.add(path[0])
+    return data, touched
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated())
-def test_mutations_give_clear_errors_or_valid_configs(data):
+def test_mutations_give_clear_errors_or_valid_configs(case):
+    data, touched = case
     try:
         validate(data)
     except ConfigError as e:
         text = e.render()
-        assert text.startswith("invalid config")
-        assert all(str(i) for i in e.issues)
+        assert text.startswith("invalid config") and e.issues
+        for issue in e.issues:
+            # What: a message of its own. Where: a field path through a top-level key of the config (a check of
+            # the whole table names the key in its message instead).
+            assert issue.message.strip() and issue.message.strip() != issue.path.strip(), issue
+            assert any(k in (issue.path or issue.message) for k in [*data, *RLConfig.model_fields]), issue
+            assert f"  - {issue}" in text, issue
+        # The config was valid before the mutation, so at least one problem lies where something changed.
+        assert any(k in (i.path or i.message) for i in e.issues for k in touched), (touched, text)
 
 
 @settings(max_examples=100, deadline=None)

@@ -13,8 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from toolkit import checkpoints as ck
-from toolkit.config import load_config
+from toolkit.config import load_config, load_resolved
 from toolkit.launch.prepare import prepare_run, read_run_meta
+from toolkit.placement import build_plan
+from toolkit.preflight.site import load_site
+from toolkit.rundir import RunDir
+from toolkit.trainer.main import TrainerSettings, _parse
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +31,7 @@ def _complete_checkpoint(run, step: int) -> None:
     assert ck.mark_complete_if_ready(run, step)
 
 
-def test_b15_restart_without_flag_resumes_latest_complete_and_keeps_run_id(tmp_path, monkeypatch):
+def test_b15_restart_without_flag_resumes_latest_complete_and_keeps_run_id(tmp_path):
     files = [ROOT / "jobs/reverse-text/rl.toml", ROOT / "jobs/reverse-text/slurm.toml"]
     over = ["--output-dir", str(tmp_path), "--run.name", "b15"]
     loaded = load_config(files, over)
@@ -37,9 +41,19 @@ def test_b15_restart_without_flag_resumes_latest_complete_and_keeps_run_id(tmp_p
     _complete_checkpoint(run, 20)
     (run.checkpoint_step(30) / "trainer").mkdir(parents=True)  # the node died while step 30 was being written
 
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    assert loaded.config.resume.step is None
-    assert ck.resume_step(run, loaded.config.resume.step) == 20
+    # The requeued batch script starts the trainer with the same command line, and the trainer reads the attempt's
+    # resolved config: both are all it has (nothing in srl reads SLURM_RESTART_COUNT beyond the log line), so
+    # its start point must follow from them and the checkpoints alone.
+    plan = build_plan(loaded.config, load_site("local-slurm"), run, job_id="1")
+    (trainer,) = [p for p in plan.processes if p.role == "trainer"]
+    argv = list(trainer.command)
+    args = _parse(argv[argv.index("--run-dir"):])
+    assert args.resume_step is None and args.resume_dir is None
+    settings = TrainerSettings.from_config(load_resolved(RunDir(args.run_dir).resolved("rl")))
+    assert settings.resume_step is None and settings.resume_dir is None
+    assert ck.resume_step(run, settings.resume_step, ck.parts_of(run)) == 20
+    orchestrator = load_resolved(run.resolved("rl"))
+    assert ck.resume_step(run, orchestrator.resume.step) == 20
 
     again, second = prepare_run(load_config(files, over), argv=over, resume=True)
     assert again.root == run.root and second == first + 1
