@@ -12,7 +12,8 @@
 #   .ci/setup-slurm.sh stop      cancel every job, stop the daemons this layout owns (by PID file, checked).
 #   .ci/setup-slurm.sh status    exit 0 when slurmctld answers and all 4 nodes respond, else 1.
 # Environment: SRL_SLURM_WAIT_S (default 60) bounds every wait.
-# Exit codes: 0 ok; 1 failure (message names the daemon and its log); 3 cannot install (not root, no apt).
+# Exit codes: 0 ok; 1 failure (message names the daemon and its log); 3 cannot install (not root, no apt, or
+# installed but not on PATH).
 set -euo pipefail
 
 NODES=(node1 node2 node3 node4)
@@ -84,6 +85,13 @@ install_packages() {
     command -v sbatch >/dev/null || missing+=(slurm-client)
     command -v munged >/dev/null || missing+=(munge)
     ((${#missing[@]})) || return 0
+    # Installed but off this PATH: apt-get would change nothing and every later step would fail on a missing command.
+    local pkg status
+    for pkg in "${missing[@]}"; do
+        status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) || continue
+        [[ $status != "install ok installed" ]] ||
+            { log "ERROR: package $pkg is installed but its programs are not on PATH ($PATH)"; exit 3; }
+    done
     command -v apt-get >/dev/null || { log "ERROR: ${missing[*]} missing and no apt-get to install them"; exit 3; }
     log "installing ${missing[*]} (apt)"
     export DEBIAN_FRONTEND=noninteractive

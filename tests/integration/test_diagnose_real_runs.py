@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-pytest.importorskip("verifiers.v1")
+need_module("verifiers.v1")
 
 from analysis.diagnose import Finding, diagnose, format_findings
 from analysis.store import load_rollouts
@@ -95,7 +96,7 @@ def test_slurm_time_limit_is_named_from_the_job_log(slurm_cluster, tmp_path):
 # ---- diverging trainer (srl rl with its own engine) ---------------------------------------------------------
 @pytest.mark.vllm
 def test_diverging_trainer_is_trainer_instability(tmp_path):
-    pytest.importorskip("vllm")
+    need_module("vllm")
     t0 = time.monotonic()
     proc = _srl("rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "--max-steps", "6",
                 "--trainer.optim.lr", "1.0", "--trainer.optim.max-norm", "1e9",
@@ -141,7 +142,7 @@ def test_provider_down_is_provider_error(tmp_path):
 # ---- one shared engine for the env failures -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    pytest.importorskip("vllm")
+    need_module("vllm")
     from toolkit.inference.serve import start_local_deployment
     from toolkit.models import resolve_model
 

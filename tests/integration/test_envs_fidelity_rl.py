@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
-pytest.importorskip("verifiers.v1")
+need_module("verifiers.v1")
 
 from analysis.store import load_rollouts
 from toolkit.rundir import RunDir

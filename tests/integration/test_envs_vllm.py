@@ -18,11 +18,12 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
-pytest.importorskip("vllm")
-pytest.importorskip("verifiers.v1")
+need_module("vllm")
+need_module("verifiers.v1")
 
 from toolkit.envs.runtime import EnvRuntime
 from toolkit.inference.client import PolicyClient

@@ -14,9 +14,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from prereqs import need_module
 
-pytest.importorskip("verifiers.v1")
-pytest.importorskip("transformers")
+need_module("verifiers.v1")
+need_module("transformers")
 
 from toolkit.envs.runtime import EnvRuntime
 from toolkit.errors import ProviderError

@@ -8,9 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-pytest.importorskip("vllm")
+need_module("vllm")
 
 from analysis.store import load_rollouts
 from toolkit.evalgate import main

@@ -16,7 +16,6 @@ import asyncio
 import http.server
 import json
 import subprocess
-import sys
 import threading
 import time
 import typing
@@ -24,10 +23,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prereqs import ROUTER, need_module, need_router
 
 pytestmark = pytest.mark.slow
 
-ROUTER = Path(sys.executable).with_name("vllm-router")
 OPENAI_ROUTES = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models")]
 ADMIN_ROUTES = ["/collective_rpc", "/pause", "/resume", "/reset_prefix_cache", "/sleep", "/wake_up",
                 "/update_weights", "/v1/load_lora_adapter", "/start_profile", "/is_sleeping", "/server_info"]
@@ -74,8 +73,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def router_over_recorder():
-    if not ROUTER.exists():
-        pytest.skip("vllm-router is not installed in this venv")
+    need_router()
     from toolkit.inference.commands import router_command
     from toolkit.inference.serve import free_port
 
@@ -115,12 +113,14 @@ def test_router_forwards_openai_routes(router_over_recorder):
         assert _call(url, method, path) == 200
     assert [p for _, p in seen if p != "/health"] == [p for _, p in OPENAI_ROUTES]  # the positive control
     seen.clear()
-    for path in ADMIN_ROUTES:
-        _call(url, "POST", path)
+    answers = {path: _call(url, "POST", path) for path in ADMIN_ROUTES}
     leaked = sorted({p for _, p in seen if p in ADMIN_ROUTES})
-    # Why the engines guard themselves: the router passes admin paths on (no assertion: a router that stops doing
-    # so would be welcome, not a failure).
     print(f"\n[figure] admin routes forwarded by the router itself: {len(leaked)}/{len(ADMIN_ROUTES)}")
+    # Why every engine carries AdminGuard: the router passes every admin path on to a worker, whose answer comes
+    # back. If this ever fails, the router has started filtering paths: the guard stays (the engines' ports are
+    # reachable without the router), but the module doc and this measurement need revisiting.
+    assert leaked == sorted(ADMIN_ROUTES), leaked
+    assert answers == dict.fromkeys(ADMIN_ROUTES, 200), answers
 
 
 def _completion_logprobs(url: str) -> list[float]:
@@ -133,9 +133,8 @@ def _completion_logprobs(url: str) -> list[float]:
 @pytest.mark.vllm
 @pytest.mark.timeout(1200)
 def test_guarded_engine_behind_router_refuses_admin_routes_but_reloads_with_token(tmp_path):
-    pytest.importorskip("vllm")
-    if not ROUTER.exists():
-        pytest.skip("vllm-router is not installed in this venv")
+    need_module("vllm")
+    need_router()
     from toolkit.fsutil import write_marker
     from toolkit.inference.admin_token import ADMIN_TOKEN_HEADER
     from toolkit.inference.serve import start_local_deployment

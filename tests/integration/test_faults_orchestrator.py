@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-pytest.importorskip("verifiers.v1")
+need_module("verifiers.v1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loopback_server import LoopbackServer

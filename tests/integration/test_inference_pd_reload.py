@@ -16,11 +16,12 @@ import random
 
 import httpx
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
+torch = need_module("torch")
+need_module("vllm")
 
 from toolkit.inference.client import PolicyClient
 from toolkit.inference.queues import parse_metric

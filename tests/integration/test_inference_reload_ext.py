@@ -14,11 +14,12 @@ import os
 
 import httpx
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
+torch = need_module("torch")
+need_module("vllm")
 
 from toolkit.inference.admin_token import admin_headers
 from toolkit.inference.client import PolicyClient

@@ -12,10 +12,11 @@ import time
 
 import httpx
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
 
-pytest.importorskip("vllm")
+need_module("vllm")
 
 from toolkit.errors import ProviderError
 from toolkit.inference.client import PolicyClient

@@ -21,14 +21,15 @@ from pathlib import Path
 
 import pytest
 from lora_checks import assert_adapter_broadcasts, assert_serves_adapter
+from prereqs import need_module
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def test_lora_run_serves_the_trainers_adapter(tmp_path):
-    pytest.importorskip("torch")
-    pytest.importorskip("peft")
+    need_module("torch")
+    need_module("peft")
     name = "lora"
     cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(ROOT / "jobs/reverse-text/rl-lora.toml"),
            "--output-dir", str(tmp_path), "--run.name", name, "--max-steps", "3",

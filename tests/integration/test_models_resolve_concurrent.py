@@ -7,10 +7,11 @@ import sys
 import time
 
 import pytest
+from prereqs import need_module
 
 pytestmark = pytest.mark.slow
 
-pytest.importorskip("torch")
+need_module("torch")
 
 # Each worker signals it is ready, then waits for a go file so both pass the "not built yet" check at about the same time, then prints
 # the inode of the directory it was handed and the inode of model.safetensors inside it.

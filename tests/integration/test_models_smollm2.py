@@ -6,11 +6,12 @@ import json
 import time
 
 import pytest
+from prereqs import missing, need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = need_module("torch")
+transformers = need_module("transformers")
 
 from toolkit.models.smollm2 import find_smollm2_gguf, import_smollm2
 
@@ -20,7 +21,7 @@ def smol_dir(tmp_path_factory):
     try:
         find_smollm2_gguf()
     except RuntimeError as err:
-        pytest.skip(str(err))
+        missing(str(err))
     start = time.monotonic()
     out = import_smollm2(tmp_path_factory.mktemp("smol") / "smollm2")
     print(f"import_smollm2 took {time.monotonic() - start:.1f} s")

@@ -13,12 +13,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-pytest.importorskip("vllm")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+need_module("vllm")
+torch = need_module("torch")
+transformers = need_module("transformers")
 
 from toolkit.models import build_tiny_model
 

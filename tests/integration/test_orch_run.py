@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
-pytest.importorskip("verifiers.v1")
+need_module("verifiers.v1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loopback_server import LoopbackServer
@@ -42,7 +43,7 @@ def _orch_lines(run: RunDir) -> list[dict]:
 
 
 def _store_rows(run: RunDir):
-    h5py = pytest.importorskip("h5py")
+    h5py = need_module("h5py")
     with h5py.File(run.rollout_store, "r") as f:
         return int(f.attrs["num_rows"])
 
@@ -57,7 +58,7 @@ def external_on_path(monkeypatch):
 
 @pytest.mark.vllm
 def test_multi_env_run_on_vllm(tmp_path, external_on_path):
-    pytest.importorskip("vllm")
+    need_module("vllm")
     from toolkit.inference.serve import start_local_deployment
     from toolkit.models import build_tiny_model
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from prereqs import need_chromium
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
@@ -17,14 +17,9 @@ from analysis_runs import make_run
 
 from analysis.report import build_report
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.slow
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install -y chromium)"
-    ),
-]
+CHROMIUM = need_chromium()
 
 
 def _screenshot(html: Path, png: Path, profile: Path) -> np.ndarray:

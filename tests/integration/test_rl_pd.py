@@ -39,6 +39,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.heavy, pytest.mark.timeout(3600)]
 
@@ -175,7 +176,7 @@ def test_rl_prefill_decode_lora(tmp_path):
     model's. Prefill KV computed without the adapter (or with an older one) would put the decode engine's logprobs
     between the two and fail the last checks.
     """
-    pytest.importorskip("peft")
+    need_module("peft")
     from lora_checks import assert_adapter_broadcasts, assert_serves_adapter
 
     out = tmp_path / "out"

@@ -8,8 +8,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from prereqs import need_module
 
-pytest.importorskip("verifiers.v1")
+need_module("verifiers.v1")
 
 from toolkit.envs.local import LocalSession
 from toolkit.envs.registry import load_tasks, taskset_class

@@ -6,8 +6,9 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from prereqs import need_module
 
-pytest.importorskip("verifiers.v1")
+need_module("verifiers.v1")
 
 from toolkit.envs.local import LocalSession
 from toolkit.envs.registry import load_tasks

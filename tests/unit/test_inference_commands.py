@@ -9,6 +9,7 @@ import time
 from collections import Counter
 
 import pytest
+from prereqs import need_module
 
 from toolkit.inference.commands import (
     WORKER_EXTENSION_CLS,
@@ -150,7 +151,7 @@ def test_router_command_aggregated_and_pd():
 
 def test_router_command_parses_with_the_real_router_cli():
     """vllm-router's own argument parser accepts what we render (fails if a flag is renamed upstream)."""
-    pytest.importorskip("vllm_router")
+    need_module("vllm_router")
     code = (
         "import sys; from vllm_router.launch_router import parse_router_args; "
         "a = parse_router_args(sys.argv[1:]); print(a.policy, a.request_timeout_secs, a.vllm_pd_disaggregation)"

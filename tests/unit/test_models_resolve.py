@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prereqs import need_module
 
 from toolkit.models import MODEL_ALIASES, resolve_model
 from toolkit.models.resolve import default_cache_dir
@@ -51,7 +52,7 @@ def test_cache_dir_comes_from_env(monkeypatch, tmp_path):
 
 
 def test_alias_builds_once_into_cache(tmp_path):
-    pytest.importorskip("torch")
+    need_module("torch")
     first = resolve_model("tiny-qwen3", cache_dir=tmp_path)
     assert first == tmp_path / "tiny-qwen3" and (first / "model.safetensors").is_file()
     stamp = (first / "model.safetensors").stat().st_mtime_ns

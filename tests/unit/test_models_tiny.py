@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from prereqs import need_module
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = need_module("torch")
+transformers = need_module("transformers")
 
 from toolkit.models.tiny import CHARACTERS, SPECIAL_TOKENS, build_tiny_model
 

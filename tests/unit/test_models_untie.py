@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from prereqs import need_module
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = need_module("torch")
+transformers = need_module("transformers")
 
 from toolkit.models.tiny import build_tiny_model
 from toolkit.models.untie import INDEX_FILE, is_tied, untie_embeddings

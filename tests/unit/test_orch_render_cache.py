@@ -7,9 +7,10 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from prereqs import need_module
 
-pytest.importorskip("transformers")
-pytest.importorskip("verifiers.v1")
+need_module("transformers")
+need_module("verifiers.v1")
 
 from toolkit.models.renderer import CachedRenderer, ChatTemplateRenderer, PlainRenderer
 

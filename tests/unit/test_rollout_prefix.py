@@ -11,9 +11,10 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from prereqs import need_module
 
-pytest.importorskip("verifiers.v1")
-pytest.importorskip("transformers")
+need_module("verifiers.v1")
+need_module("transformers")
 
 from toolkit.envs.local import LocalSession
 from toolkit.envs.registry import load_tasks

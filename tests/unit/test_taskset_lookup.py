@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from config_cases import config, validate
+from prereqs import missing
 
 from toolkit.config import ConfigError
 from toolkit.envs.tasksets import taskset_findable, taskset_unresolved_reason
@@ -102,5 +103,5 @@ def test_an_editable_install_resolves_through_its_import_hook(tmp_path):
     assert out.returncode == 0, out.stderr
     hook_only, installed = out.stdout.split("\n")[0].split()
     if installed != "True":
-        pytest.skip("srl's analysis package is not installed in this interpreter")
+        missing("srl's analysis package is not installed in this interpreter (scripts/setup.sh installs it)")
     assert out.stdout.split("\n")[1] == "None False", (hook_only, out.stdout)

@@ -8,8 +8,9 @@ import struct
 from itertools import pairwise
 
 import pytest
+from prereqs import need_module
 
-torch = pytest.importorskip("torch")
+torch = need_module("torch")
 from safetensors import safe_open
 from safetensors.torch import load_file
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from prereqs import need_module
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
+torch = need_module("torch")
+need_module("transformers")
+need_module("peft")
 
 from safetensors.torch import load_file
 
