@@ -86,6 +86,9 @@ ADVICE = {
     "Slurm: component failed": "A component of the job (named in the excerpt) exited with an error first, so srl "
     "stopped the others. Read its log (`srl logs RUN --role <role>`) for the traceback; other findings here name "
     "a cause when one was recognised. Resume from the last complete checkpoint once it is fixed.",
+    "local: launcher failed": "The local run ended with a non-zero status: a component (its log is named in the "
+    "excerpt) exited with an error, so srl stopped the others. Fix what the excerpt says (a data or config error "
+    "fails the same way again), then rerun; `--resume` continues from the last complete checkpoint.",
 }
 
 ERROR_CLASS_RE = re.compile(r"\b(" + "|".join(CLASS_BOUNDARY) + r")\b")
@@ -179,6 +182,7 @@ def diagnose(
     if rollouts is not None and len(rollouts):
         findings += _reward_findings(rollouts, low_reward, group_share)
     findings += _trainer_findings(load_metrics(run), run)
+    findings += _local_findings(run)
     for boundary, hit in slurm_hits.items():
         findings.append(
             Finding(
@@ -191,6 +195,48 @@ def diagnose(
         )
     findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
     return findings
+
+
+# The first line of a role log that says why it failed: a logged error (``srl.trainer ERROR DataError: ...``) or
+# the start of a traceback.
+_LOG_ERROR_RE = re.compile(r"\s(?:ERROR|CRITICAL)\s|^Traceback \(most recent call last\)")
+
+
+def _local_findings(run: RunDir) -> list[Finding]:
+    """A local run whose launcher ended with a failure status (``launcher/local.json``), with the first error line
+    of that attempt's role logs. A local run has no batch log, so without this its failure (a trainer refusing a
+    data row, a crash at start-up) reads as "no failures found". Ctrl-C (130) is no failure."""
+    from toolkit.launch.progress import read_local_record
+
+    rec = read_local_record(run)
+    status = rec.get("status") if rec else None
+    if not isinstance(status, int) or status in (0, 130):
+        return []
+    attempt = rec.get("attempt")
+    evidence: dict[str, Any] = {"status": status, "attempt": attempt}
+    logs = run.log_attempt(attempt) if isinstance(attempt, int) else None
+    hit = None
+    for path in sorted(logs.glob("*.log")) if logs is not None and logs.is_dir() else []:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for lineno, line in enumerate(f, 1):
+                    if _LOG_ERROR_RE.search(line):
+                        hit = _LogHit(path, lineno, line.strip()[:300])
+                        break
+        except OSError:
+            continue
+        if hit is not None:
+            break
+    evidence.update(_where(hit, run))
+    return [
+        Finding(
+            boundary="local: launcher failed",
+            severity="error",
+            summary=f"the local launcher of attempt {attempt} ended with status {status}",
+            evidence=evidence,
+            advice=ADVICE["local: launcher failed"],
+        )
+    ]
 
 
 def scan_logs(run: RunDir) -> tuple[dict[str, _LogHit], dict[str, _LogHit]]:
@@ -498,7 +544,8 @@ def _spikes(series: pd.Series, factor: float = 10.0, window: int = 10) -> pd.Ser
 def format_findings(findings: list[Finding]) -> str:
     """Plain-text rendering (no rich markup): one block per finding with evidence lines and advice."""
     if not findings:
-        return "No failures found: no errored rollouts, no trainer instability, no Slurm-level causes in the logs.\n"
+        return ("No failures found: no errored rollouts, no trainer instability, no failed launcher, no Slurm-level "
+                "causes in the logs.\n")
     lines = []
     for i, f in enumerate(findings, 1):
         lines.append(f"{i}. [{f.severity.upper()}] {f.boundary}: {f.summary}")

@@ -275,3 +275,25 @@ def test_a_row_without_a_trained_message_is_refused_at_login(tmp_path):
     masked = _jsonl(tmp_path / "m.jsonl", [{"prompt": "a", "completion": "b", "message_loss_mask": [1, 0]}])
     with pytest.raises(ConfigError, match=r"m\.jsonl: row 0: no message is trained"):
         load([_sft_toml(tmp_path, masked)], [])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# srl diagnose on a local run whose trainer refused its data
+# ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("status", "found"), [(2, True), (130, False), (0, False)])
+def test_diagnose_reports_a_failed_local_launcher_with_the_error_line(tmp_path, status, found):
+    from analysis.diagnose import diagnose
+
+    run = tmp_path / "run"
+    (run / "launcher").mkdir(parents=True)
+    (run / "logs" / "attempt_1").mkdir(parents=True)
+    (run / "launcher" / "local.json").write_text(json.dumps({"pid": 1, "host": "h", "attempt": 1,
+                                                             "status": status}))  # fmt: skip
+    (run / "logs" / "attempt_1" / "trainer.log").write_text(
+        "x srl.trainer INFO rank 0 of 1\nx srl.trainer ERROR DataError: d.jsonl: 1 row(s) cannot be split\n")
+    findings = [f for f in diagnose(run) if f.boundary == "local: launcher failed"]
+    assert bool(findings) is found
+    if found:
+        ev = findings[0].evidence
+        assert ev["status"] == 2 and ev["log_file"] == "logs/attempt_1/trainer.log" and ev["log_line"] == 2
+        assert "DataError: d.jsonl" in ev["excerpt"]
