@@ -229,6 +229,14 @@ class Episode:
             first = initial_messages(self.task.data)
         except Exception as exc:
             raise as_srl_error(exc, srl_errors.TaskError, "task setup") from exc
+        if runtime is not None:
+            # verifiers applies the runtime's execution policy (egress rules) once setup is done; what runs in the
+            # runtime afterwards (finalize, scoring) runs under it. No program of srl's calls out from the
+            # runtime, so no routes are opened for one.
+            try:
+                await runtime.prepare_execution([])
+            except Exception as exc:
+                raise as_srl_error(exc, srl_errors.SandboxError, "runtime execution policy") from exc
         for m in first:
             self._append(m["role"], m["content"])
         return list(self.messages)
