@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import checkpoints, fsutil
+from toolkit.lease import exit_when_lease_gone
 from toolkit.rundir import RunDir
 
 log = logging.getLogger("srl.trainer")
@@ -335,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.config import load_resolved
 
     run = RunDir(args.run_dir)
+    # Started by a supervisor: never train on once it is gone or the run belongs to another attempt.
+    exit_when_lease_gone(run, "trainer")
     if run.resolved("sft").is_file():
         return _main_sft(run, args)
     settings = TrainerSettings.from_config(load_resolved(run.resolved("rl")))

@@ -1,0 +1,100 @@
+"""A trainer or orchestrator started under one lease stops at once when the run's lease now belongs to another
+supervisor (real role processes; the takeover is a real lease record of a live process, as a second launch
+writes it). A leftover role must never write into a run that another attempt owns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from run_records import role_steps
+
+from toolkit import lease
+from toolkit.rundir import RunDir
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _role(role: str, run: RunDir, token: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "toolkit.cli", role, "--run-dir", str(run.root)], cwd=REPO,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", lease.LEASE_ENV: token},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def _take_over(run: RunDir) -> None:
+    """What a second launch's record looks like: a live process on this host (this test), a fresh expiry."""
+    now = time.time()
+    rec = lease.Holder(token=uuid.uuid4().hex, host=os.uname().nodename, pid=os.getpid(), pid_start=None,
+                       job_id=None, command="srl rl --resume", acquired=now, renewed=now, expires=now + 600)
+    tmp = run.lease_file.with_name("lease.json.test")
+    tmp.write_text(json.dumps(asdict(rec)))
+    os.replace(tmp, run.lease_file)
+
+
+def _exits_within(proc: subprocess.Popen, seconds: float) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the role ran on under a foreign lease for {seconds} s:\n{proc.communicate()[0][-3000:]}")
+    return proc.returncode, out, time.monotonic() - t0
+
+
+def test_a_training_sft_trainer_exits_when_the_lease_is_taken_by_another_supervisor(tmp_path):
+    from toolkit.cli import split_config_args
+    from toolkit.commands.sft import load, prepare
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Reverse: {w}", "completion": w[::-1]}) + "\n"
+                            for w in ("abc", "hello", "lease", "srl", "trainer", "tokens") * 20))  # fmt: skip
+    args = ["@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", str(data), "--max-steps", "500",
+            "--data.batch-size", "4", "--val.interval", "1000", "--ckpt.interval", "1000", "--eval.env", "[]",
+            "--output-dir", str(tmp_path / "out"), "--run.name", "fl"]  # fmt: skip
+    files, overrides, _ = split_config_args(args)
+    _view, run, _attempt = prepare(load(files, overrides), ["sft", *args], dry_run=False, resume=False, clean=False)
+    mine = lease.held(run)  # this test is the supervisor: lease A
+    trainer = _role("trainer", run, mine.token)
+    deadline = time.monotonic() + 300
+    while max(role_steps(run.root, "trainer"), default=0) < 2:
+        assert trainer.poll() is None, trainer.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "the trainer did not reach step 2"
+        time.sleep(0.2)
+    _take_over(run)
+    rc, out, took = _exits_within(trainer, 3 * lease.WATCH_S)
+    assert rc == 3, out[-3000:]
+    assert "the run now belongs to srl rl --resume" in out
+    steps = role_steps(run.root, "trainer")
+    time.sleep(1)
+    assert role_steps(run.root, "trainer") == steps
+    assert steps[-1] < 500
+    print(f"\ntrainer stopped {took:.1f} s after the takeover (after step {steps[-1]})")
+    mine.release()
+
+
+def test_an_orchestrator_exits_when_the_lease_is_taken_by_another_supervisor(tmp_path):
+    from toolkit.config import load_config
+    from toolkit.launch.prepare import prepare_run
+
+    loaded = load_config([REPO / "jobs/reverse-text/rl.toml"],
+                         ["--output-dir", str(tmp_path / "out"), "--run.name", "fo"])  # fmt: skip
+    run, _ = prepare_run(loaded, argv=["srl", "rl"])
+    mine = lease.held(run)
+    orch = _role("orchestrator", run, mine.token)
+    time.sleep(20)  # imported, waiting for inference that never comes (nothing else is started)
+    assert orch.poll() is None, orch.communicate()[0][-3000:]
+    _take_over(run)
+    rc, out, took = _exits_within(orch, 3 * lease.WATCH_S)
+    assert rc == 3 and "the run now belongs to srl rl --resume" in out, out[-3000:]
+    print(f"\norchestrator stopped {took:.1f} s after the takeover")
+    mine.release()
+
