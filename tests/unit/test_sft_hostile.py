@@ -297,3 +297,20 @@ def test_diagnose_reports_a_failed_local_launcher_with_the_error_line(tmp_path, 
         ev = findings[0].evidence
         assert ev["status"] == 2 and ev["log_file"] == "logs/attempt_1/trainer.log" and ev["log_line"] == 2
         assert "DataError: d.jsonl" in ev["excerpt"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# --resume after the data changed: refused, not trained on a sequence no uninterrupted run sees
+# ------------------------------------------------------------------------------------------------------------
+def test_resume_refuses_when_the_data_order_of_the_newest_step_changed(tmp_path):
+    from toolkit.rundir import RunDir
+    from toolkit.trainer.sft import check_resumed_order
+
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    check_resumed_order(run, lambda step: ["x"])  # no data order yet (the first attempt): nothing to compare
+    run.data_order.write_text('{"step": 1, "samples": ["a", "b"]}\n{"step": 2, "samples": ["c", "d"]}\n{"step": 3, "sa')
+    order = {1: ["a", "b"], 2: ["c", "d"]}
+    check_resumed_order(run, order.__getitem__)  # same data: the resume goes on
+    with pytest.raises(DataError, match=r"--resume: step 2 trained samples \['c', 'd'\].*gives \['e', 'd'\]"):
+        check_resumed_order(run, {1: ["a", "b"], 2: ["e", "d"]}.__getitem__)

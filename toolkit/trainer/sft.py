@@ -23,6 +23,7 @@ trainer state; the end also writes ``<run>/model/``, which ``srl rl`` takes as `
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import shutil
@@ -136,6 +137,40 @@ def export_model(model: Any, model_dir: Path, final: Path, *, info: Any) -> None
         write_hf_dir(final, weights, model_config_dict(model), model_dir, marker=None)
 
 
+def check_resumed_order(run: RunDir, samples_of: Any) -> None:
+    """Raise DataError when the newest step of ``data_order.jsonl`` lists other samples than ``samples_of(step)``
+    (the sample ids this attempt's data, batch size, seed and split give that step).
+
+    A resumed run trains step ``n`` on samples chosen from the step alone; when the dataset file, ``data.batch_size``,
+    ``seed``, ``data.shuffle`` or the validation split changed between attempts, the same step picks other samples
+    and the run would go on training on a sequence no uninterrupted run sees, without a word. Checked on every rank
+    (the file is in the shared run directory), so all ranks stop together.
+    """
+    from toolkit.trainer.sft_data import DataError
+
+    last = None
+    try:
+        with open(run.data_order, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a crash mid-write
+                if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                    last = rec if last is None or rec["step"] >= last["step"] else last
+    except OSError:
+        return
+    if last is None:
+        return
+    now = samples_of(last["step"])
+    if list(last.get("samples") or []) != list(now):
+        raise DataError(f"--resume: step {last['step']} trained samples {last.get('samples', [])[:3]}... "
+                        f"({run.data_order}), but this attempt's data gives {list(now)[:3]}...: the dataset, "
+                        "data.batch_size, data.shuffle, seed or the validation split changed since the run started. "
+                        "Restore them to resume, or start a new run from this one's weights (model.name = "
+                        f"{run.checkpoints}/step_<n>/hf)")  # fmt: skip
+
+
 def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
     """The SFT loop (module docstring); returns the last finished step.
 
@@ -170,6 +205,8 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
         return step_rows(len(data), batch_size=d.batch_size, step=step, seed=cfg.seed, shuffle=d.shuffle)
 
     done = st.done
+    if st.resumed and st.source is run:
+        check_resumed_order(run, lambda k: [data.sample_ids[r] for r in rows_of(k)[0]])
     # Tokens trained by earlier steps (progress/num_tokens is cumulative): recomputed from the data order.
     num_tokens = sum(int(lengths[rows_of(k)[0]].sum()) for k in range(1, done + 1))
     recorded = recorded_steps(run.metrics, "trainer") if info.is_main else set()
@@ -273,4 +310,4 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
     return step
 
 
-__all__ = ["PARTS", "export_model", "load_data", "run_sft", "settings_from_sft", "validation_loss"]
+__all__ = ["PARTS", "check_resumed_order", "export_model", "load_data", "run_sft", "settings_from_sft", "validation_loss"]
