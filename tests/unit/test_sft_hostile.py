@@ -314,3 +314,17 @@ def test_resume_refuses_when_the_data_order_of_the_newest_step_changed(tmp_path)
     check_resumed_order(run, order.__getitem__)  # same data: the resume goes on
     with pytest.raises(DataError, match=r"--resume: step 2 trained samples \['c', 'd'\].*gives \['e', 'd'\]"):
         check_resumed_order(run, {1: ["a", "b"], 2: ["e", "d"]}.__getitem__)
+
+
+def test_parquet_string_that_is_not_utf8_is_named_at_login_and_in_the_trainer(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = pa.array([b"ok", b"\xff\xfe"], pa.binary())
+    bad = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())  # a writer that skipped UTF-8 validation
+    f = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["p", "q"], "completion": bad}), f)
+    with pytest.raises(DataError, match=r"d\.parquet: row 1, column 'completion': .* not UTF-8"):
+        check_dataset(f, ColumnsConfig())
+    with pytest.raises(DataError, match=r"d\.parquet: row 1: .* not UTF-8"):
+        load_conversations(f, ColumnsConfig())

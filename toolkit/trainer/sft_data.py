@@ -152,6 +152,14 @@ def _json_rows(path: Path) -> Iterator[tuple[int, Any]]:
         row += 1
 
 
+def _decodes(column: Any, i: int) -> bool:
+    try:
+        column[i].as_py()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _file_rows(path: Path) -> Iterator[tuple[int, dict]]:
     """(row, dict) of one data file; Parquet through pyarrow. Raises DataError on unreadable files or rows."""
     if _SUFFIXES[path.suffix] == "parquet":
@@ -161,7 +169,15 @@ def _file_rows(path: Path) -> Iterator[tuple[int, dict]]:
             table = pq.read_table(path)
         except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a damaged file
             raise DataError(f"{path}: not a readable Parquet file ({e})") from None
-        yield from enumerate(table.to_pylist())
+        try:
+            rows = table.to_pylist()
+        except UnicodeDecodeError:
+            # Parquet writers need not validate UTF-8: find the cell to name it (this path only runs on bad data).
+            row, column = next(((i, c) for c in table.column_names for i in range(len(table))
+                                if not _decodes(table[c], i)), ("?", "?"))  # fmt: skip
+            raise DataError(f"{path}: row {row}, column {column!r}: a string holds bytes that are not UTF-8 text; "
+                            "fix the writer's encoding or drop the row") from None  # fmt: skip
+        yield from enumerate(rows)
         return
     for row, value in _json_rows(path):
         if not isinstance(value, dict):
@@ -424,8 +440,15 @@ def load_conversations(path: Path, columns: Any) -> tuple[list[Conversation], li
         check_dataset(path, columns)
     convs, wheres = [], []
     for f in files:
-        for r, row in enumerate(_load_arrow(f)):
+        table = _load_arrow(f)
+        rows = iter(table)
+        for r in range(len(table)):
             where = f"{f}: row {r}"
+            try:
+                row = next(rows)
+            except UnicodeDecodeError:
+                raise DataError(f"{where}: a string holds bytes that are not UTF-8 text; fix the writer's encoding "
+                                "or drop the row") from None  # fmt: skip
             convs.append(conversation(row, columns, where, f"{f.name}:{r}"))
             wheres.append(where)
     if not convs:
