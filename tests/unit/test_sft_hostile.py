@@ -328,3 +328,12 @@ def test_parquet_string_that_is_not_utf8_is_named_at_login_and_in_the_trainer(tm
         check_dataset(f, ColumnsConfig())
     with pytest.raises(DataError, match=r"d\.parquet: row 1: .* not UTF-8"):
         load_conversations(f, ColumnsConfig())
+
+
+def test_chain_refuses_a_dry_run_flag_that_only_reaches_the_rl_half(tmp_path):
+    from toolkit.commands.sft import cmd_chain
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}] * 2)
+    with pytest.raises(ConfigError, match="put --dry-run before --then"):
+        cmd_chain(["@", str(_sft_toml(tmp_path, data)), "--run.name", "s", "--then", "@", str(RL_TOML), "--dry-run"])
+    assert not (tmp_path / "outputs" / "s").exists()

@@ -283,6 +283,10 @@ def cmd_chain(args: list[str]) -> int:
     from toolkit.cli import split_config_args
 
     files, overrides, flags = split_config_args(sft_args)
+    if "--dry-run" in rl_args and not flags["dry_run"]:
+        # Written last on the line, it reads as "dry-run the chain", but the SFT run would train for real.
+        raise ConfigError("--dry-run after --then dry-runs the RL run only while SFT trains for real; put --dry-run "
+                          "before --then to dry-run both")  # fmt: skip
     cfg = load(files, overrides)
     _check_rl_args(rl_args, cfg)
     view, run, attempt = prepare(cfg, ["sft", *sft_args], dry_run=flags["dry_run"], resume=flags["resume"],
