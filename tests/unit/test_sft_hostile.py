@@ -337,3 +337,11 @@ def test_chain_refuses_a_dry_run_flag_that_only_reaches_the_rl_half(tmp_path):
     with pytest.raises(ConfigError, match="put --dry-run before --then"):
         cmd_chain(["@", str(_sft_toml(tmp_path, data)), "--run.name", "s", "--then", "@", str(RL_TOML), "--dry-run"])
     assert not (tmp_path / "outputs" / "s").exists()
+
+
+def test_make_data_warns_when_it_writes_the_split_the_rl_job_evaluates_on(tmp_path, capsys):
+    assert _make_data(tmp_path / "train.jsonl", "--taskset.num-train-examples", "2") == 0
+    assert "eval answers" not in capsys.readouterr().err
+    assert _make_data(tmp_path / "test.jsonl", "--taskset.split", "test") == 0
+    assert "eval env(s) ['reverse-text-test'] of this config evaluate on taskset 'reverse-text' split 'test'" in (
+        capsys.readouterr().err)

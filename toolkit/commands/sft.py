@@ -223,7 +223,8 @@ def cmd_make_data(args: list[str]) -> int:
     if not files:
         raise ConfigError("give the RL job's config: srl sft make-data OUT.jsonl @ rl.toml (its train env's "
                           "taskset supplies the prompts and reference answers)")  # fmt: skip
-    envs = load_config(files, overrides).config.orchestrator.train.env
+    rl_cfg = load_config(files, overrides).config
+    envs = rl_cfg.orchestrator.train.env
     names = [e.env_name for e in envs]
     env = next((e for e in envs if e.env_name == env_name), None) if env_name else (envs[0] if envs else None)
     if env is None or env.taskset is None:
@@ -239,6 +240,13 @@ def cmd_make_data(args: list[str]) -> int:
                                                                                 fields.items()}})  # fmt: skip
         except ValidationError as e:
             raise ConfigError([i for i in pydantic_issues(e, type(taskset))]) from None
+    # Reference answers of the split the RL job evaluates on would make its eval measure memorisation.
+    held_out = [e.env_name for e in rl_cfg.orchestrator.eval.env if e.taskset is not None
+                and e.taskset.id == taskset.id and getattr(e.taskset, "split", None) == getattr(taskset, "split", None)]
+    if held_out:
+        print(f"warning: eval env(s) {held_out} of this config evaluate on taskset {taskset.id!r} split "
+              f"{getattr(taskset, 'split', None)!r} too; SFT on these rows trains on the eval answers",
+              file=sys.stderr)  # fmt: skip
     from toolkit.envs.reference import NoReferenceAnswer, write_reference_dataset
 
     try:
