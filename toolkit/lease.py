@@ -17,6 +17,10 @@ judged stale: of several launches racing for one stale lease, exactly one moves 
 
 Roles started under a lease get its token in ``SRL_RUN_LEASE`` and watch it (:func:`watch`): when the lease
 belongs to someone else, or its holder is dead, they exit instead of writing into a run they no longer belong to.
+
+The same kind of lease, in an inference deployment's directory (``launcher/policy_owner.json``), names the one run
+whose weights the deployment serves (:func:`acquire_policy_owner`, taken by that run's orchestrator): two runs
+loading their weights into one engine would each train on rollouts sampled with the other's policy.
 """
 
 from __future__ import annotations
@@ -49,12 +53,11 @@ WATCH_S = 5.0  # seconds between a role's looks at the lease
 
 
 class LeaseHeld(RuntimeError):
-    """Another supervisor holds the run's lease and is alive. ``holder`` is its record; ``run`` the run."""
+    """Another live process holds the lease. ``holder`` is its record; ``slot`` the lease (path, what it guards)."""
 
-    def __init__(self, run: RunDir, holder: Holder):
-        self.run, self.holder = run, holder
-        super().__init__(f"run {run.root} is being run by {holder.describe()}; stop it with: srl cancel {run.root} "
-                         "(or wait for it to end)")  # fmt: skip
+    def __init__(self, slot: _Slot, holder: Holder):
+        self.slot, self.holder = slot, holder
+        super().__init__(slot.refusal(holder))
 
 
 class LeaseLost(RuntimeError):
@@ -74,6 +77,7 @@ class Holder:
     acquired: float
     renewed: float
     expires: float
+    run: str = ""  # the run directory the holder supervises (a policy owner: its own run, not the deployment)
 
     def describe(self) -> str:
         """``srl (pid P on host H, Slurm job J, since ..., renewed N s ago)`` for messages."""
@@ -91,15 +95,59 @@ class Holder:
         return None
 
 
+_HOLDER_FIELDS = frozenset(Holder.__dataclass_fields__)
+
+
 def _host() -> str:
     return socket.gethostname()
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """One lease file: the run lease of a run, or the policy-owner lease of an inference deployment."""
+
+    path: Path
+    history: Path
+    what: str  # "run <dir>" or "inference deployment <dir>"
+    owner: bool  # a policy-owner lease
+
+    def refusal(self, holder: Holder) -> str:
+        if not self.owner:
+            return (f"{self.what} is being run by {holder.describe()}; stop it with: srl cancel "
+                    f"{self.path.parent.parent} (or wait for it to end)")  # fmt: skip
+        return (f"{self.what} already serves the weights of run {holder.run} ({holder.describe()}); two runs loading "
+                "their weights into one deployment would each train on rollouts of the other's policy. Stop that "
+                f"run (srl cancel {holder.run}) or give this run a deployment of its own")  # fmt: skip
+
+
+def _run_slot(run: RunDir) -> _Slot:
+    return _Slot(run.lease_file, run.lease_history, f"run {run.root}", owner=False)
+
+
+def _owner_slot(deployment: RunDir) -> _Slot:
+    return _Slot(deployment.policy_owner_file, deployment.lease_history, f"inference deployment {deployment.root}",
+                 owner=True)  # fmt: skip
 
 
 def read(run: RunDir) -> Holder | None:
     """The run's current lease record, or None when there is none. An unreadable or foreign-format file reads as
     a holder that expired long ago (it can be taken over)."""
+    return _read(run.lease_file)
+
+
+def read_policy_owner(deployment: RunDir) -> Holder | None:
+    """The record of the run whose weights inference deployment ``deployment`` serves, or None."""
+    return _read(deployment.policy_owner_file)
+
+
+def owner_refusal(deployment: RunDir, owner: Holder) -> str:
+    """The message refusing a second run on ``deployment`` whose weights ``owner``'s run already serves."""
+    return _owner_slot(deployment).refusal(owner)
+
+
+def _read(path: Path) -> Holder | None:
     try:
-        raw = run.lease_file.read_bytes()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
     return _parse(raw)
@@ -107,17 +155,20 @@ def read(run: RunDir) -> Holder | None:
 
 def _parse(raw: bytes) -> Holder:
     try:
-        return Holder(**json.loads(raw))
-    except (ValueError, TypeError):
+        data = json.loads(raw)
+        # Fields a later srl may add are ignored, so a newer holder's record never reads as unreadable (stale).
+        return Holder(**{k: v for k, v in data.items() if k in _HOLDER_FIELDS})
+    except (ValueError, TypeError, AttributeError):
         return Holder(token="?", host="?", pid=0, pid_start=None, job_id=None, command="an unreadable lease file",
                       acquired=0.0, renewed=0.0, expires=0.0)  # fmt: skip
 
 
 class Lease:
-    """A lease this process holds on one run directory; renewed by a daemon thread until :meth:`release`."""
+    """A lease this process holds (on a run, or as a deployment's policy owner); renewed by a daemon thread until
+    :meth:`release`."""
 
-    def __init__(self, run: RunDir, holder: Holder):
-        self.run = run
+    def __init__(self, slot: _Slot, holder: Holder):
+        self.slot = slot
         self.holder = holder
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -150,57 +201,57 @@ class Lease:
                 self._lose(str(e))
                 return
             except OSError as e:  # a filesystem hiccup: try again at the next beat; expiry bounds the damage
-                log.warning("could not renew the run lease %s: %s", self.run.lease_file, e)
+                log.warning("could not renew the lease %s: %s", self.slot.path, e)
 
     def _lose(self, reason: str) -> None:
         self.lost = reason
-        print(f"srl: lost the run lease of {self.run.root}: {reason}", file=sys.stderr, flush=True)
+        print(f"srl: lost the lease of {self.slot.what}: {reason}", file=sys.stderr, flush=True)
         for cb in self._on_lost:
             cb(reason)
 
     def renew(self) -> None:
         """Push the expiry ``TTL_S`` seconds ahead. Raises LeaseLost when the record is no longer ours, OSError
         when the file cannot be written."""
-        cur = read(self.run)
+        cur = _read(self.slot.path)
         if cur is None:
-            raise LeaseLost(f"{self.run.lease_file} was removed")
+            raise LeaseLost(f"{self.slot.path} was removed")
         if cur.token != self.token:
             raise LeaseLost(f"it is now held by {cur.describe()}")
         now = time.time()
         self.holder = Holder(**{**asdict(self.holder), "renewed": now, "expires": now + TTL_S})
-        _write(self.run.lease_file, self.holder, create=False)
+        _write(self.slot.path, self.holder, create=False)
 
     def restore(self) -> None:
         """Write the record again after its directory was emptied (``--clean``). Raises LeaseHeld when another
         launch created a lease in between."""
-        self.run.launcher.mkdir(parents=True, exist_ok=True)
-        if not _write(self.run.lease_file, self.holder, create=True):
-            cur = read(self.run)
+        self.slot.path.parent.mkdir(parents=True, exist_ok=True)
+        if not _write(self.slot.path, self.holder, create=True):
+            cur = _read(self.slot.path)
             if cur is not None and cur.token != self.token:
-                raise LeaseHeld(self.run, cur)
+                raise LeaseHeld(self.slot, cur)
 
     def release(self) -> None:
         """Stop renewing and remove the record if it is still ours (idempotent)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=RENEW_S + 1)
-        _held.pop(self.run.root, None)
-        cur = read(self.run)
+        _held.pop(self.slot.path, None)
+        cur = _read(self.slot.path)
         if cur is not None and cur.token == self.token and self.lost is None:
             try:
-                self.run.lease_file.unlink()
+                self.slot.path.unlink()
             except FileNotFoundError:
                 pass
 
 
-# The leases this process holds, by run root: a launch acquires once (before it writes the run directory) and the
+# The leases this process holds, by lease file: a launch acquires once (before it writes the run directory) and the
 # supervisor it becomes keeps using that lease.
 _held: dict[Path, Lease] = {}
 
 
 def held(run: RunDir) -> Lease | None:
     """The lease this process holds on ``run``, if any."""
-    return _held.get(run.root)
+    return _held.get(run.lease_file)
 
 
 def acquire(run: RunDir, *, command: str = "srl", job_id: str | None = None) -> Lease:
@@ -211,54 +262,67 @@ def acquire(run: RunDir, *, command: str = "srl", job_id: str | None = None) -> 
     takeover printed and appended to ``launcher/lease_history.jsonl``. Raises :class:`LeaseHeld` naming a live
     holder; OSError when the run directory cannot be written.
     """
-    mine = _held.get(run.root)
+    return _acquire(_run_slot(run), run, command=command, job_id=job_id)
+
+
+def acquire_policy_owner(deployment: RunDir, owner: RunDir, *, command: str, job_id: str | None = None) -> Lease:
+    """Become the one run whose weights inference deployment ``deployment`` serves (``owner``: the run that will
+    load its weights there), as :func:`acquire` does for a run. Raises :class:`LeaseHeld` naming the run that owns
+    the deployment while it lives."""
+    return _acquire(_owner_slot(deployment), owner, command=command, job_id=job_id)
+
+
+def _acquire(slot: _Slot, run: RunDir, *, command: str, job_id: str | None) -> Lease:
+    mine = _held.get(slot.path)
     if mine is not None:
         return mine
     job_id = job_id if job_id is not None else (os.environ.get("SLURM_JOB_ID") or None)
     now = time.time()
     me = Holder(token=uuid.uuid4().hex, host=_host(), pid=os.getpid(), pid_start=process_start_time(os.getpid()),
-                job_id=job_id, command=command, acquired=now, renewed=now, expires=now + TTL_S)  # fmt: skip
-    run.launcher.mkdir(parents=True, exist_ok=True)
+                job_id=job_id, command=command, acquired=now, renewed=now, expires=now + TTL_S,
+                run=str(run.root))  # fmt: skip
+    slot.path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(8):
-        if _write(run.lease_file, me, create=True):
-            lease = Lease(run, me)
-            _held[run.root] = lease
+        if _write(slot.path, me, create=True):
+            lease = Lease(slot, me)
+            _held[slot.path] = lease
             return lease.start()
         try:
-            raw = run.lease_file.read_bytes()
+            raw = slot.path.read_bytes()
         except FileNotFoundError:
             continue  # released or moved away by a racer just now: try to create it again
         cur = _parse(raw)
         why = f"the same Slurm job {job_id} was requeued" if job_id and cur.job_id == job_id else cur.dead_reason()
         if why is None:
-            raise LeaseHeld(run, cur)
-        _take_over(run, raw, cur, me, why)
-    raise LeaseHeld(run, read(run) or me)  # kept losing races to other launches: one of them runs it
+            raise LeaseHeld(slot, cur)
+        _take_over(slot, raw, cur, me, why)
+    raise LeaseHeld(slot, _read(slot.path) or me)  # kept losing races to other launches: one of them runs it
 
 
-def _take_over(run: RunDir, raw: bytes, stale: Holder, me: Holder, why: str) -> None:
+def _take_over(slot: _Slot, raw: bytes, stale: Holder, me: Holder, why: str) -> None:
     """Move the stale record ``raw`` out of the way (exactly one racer can), or raise LeaseHeld when what was moved
     is a fresh record another launch wrote meanwhile (it is put back)."""
-    grabbed = run.lease_file.with_name(f".lease.{me.token}.stale")
+    grabbed = slot.path.with_name(f".lease.{me.token}.stale")
     try:
-        os.rename(run.lease_file, grabbed)
+        os.rename(slot.path, grabbed)
     except FileNotFoundError:
         return  # another launch moved it first; the caller tries to create the lease and finds out who won
     got = grabbed.read_bytes()
     if got != raw:  # not the record judged stale: its holder renewed it, or a racer had already replaced it
         try:
-            os.link(grabbed, run.lease_file)
+            os.link(grabbed, slot.path)
         except FileExistsError:
             pass
         grabbed.unlink()
-        raise LeaseHeld(run, _parse(got))
+        raise LeaseHeld(slot, _parse(got))
     grabbed.unlink()
-    print(f"srl: took over the run lease of {run.root} from {stale.describe()}: {why}", file=sys.stderr, flush=True)
+    kind = "the policy-owner lease" if slot.owner else "the run lease"
+    print(f"srl: took over {kind} of {slot.what} from {stale.describe()}: {why}", file=sys.stderr, flush=True)
     try:
-        append_jsonl(run.lease_history, {"time": time.time(), "event": "takeover", "reason": why,
-                                         "from": asdict(stale), "to": asdict(me)})  # fmt: skip
+        append_jsonl(slot.history, {"time": time.time(), "event": "policy owner takeover" if slot.owner else
+                                    "takeover", "reason": why, "from": asdict(stale), "to": asdict(me)})  # fmt: skip
     except OSError as e:
-        log.warning("could not record the lease takeover in %s: %s", run.lease_history, e)
+        log.warning("could not record the lease takeover in %s: %s", slot.history, e)
 
 
 def _write(path: Path, holder: Holder, *, create: bool) -> bool:

@@ -6,7 +6,8 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
     configs/latest -> attempt_<n>
     launcher/            placement.json, ports.json, rendered sbatch scripts, job ids,
                          admin_token (0600; inference-only deployments),
-                         lease.json (who supervises the run now) + lease_history.jsonl (takeovers)
+                         lease.json (who supervises the run now) + lease_history.jsonl (takeovers),
+                         policy_owner.json (a deployment: the run whose weights it serves)
     logs/attempt_<n>/    <role>.log ; logs/latest -> attempt_<n>
     rollouts/step_<n>/   one training batch written by the orchestrator (READY marker last)
     broadcasts/step_<n>/ HF safetensors policy weights written by the trainer (STABLE marker last)
@@ -89,6 +90,11 @@ class RunDir:
     def lease_file(self) -> Path:
         """The run lease: the one supervisor allowed to run the run's processes now (``toolkit.lease``)."""
         return self.launcher / "lease.json"
+
+    @property
+    def policy_owner_file(self) -> Path:
+        """An inference deployment's policy-owner lease: the one run whose weights it serves (``toolkit.lease``)."""
+        return self.launcher / "policy_owner.json"
 
     @property
     def lease_history(self) -> Path:

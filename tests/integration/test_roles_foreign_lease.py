@@ -98,3 +98,22 @@ def test_an_orchestrator_exits_when_the_lease_is_taken_by_another_supervisor(tmp
     print(f"\norchestrator stopped {took:.1f} s after the takeover")
     mine.release()
 
+
+def test_an_orchestrator_refuses_a_deployment_that_serves_another_runs_weights(tmp_path):
+    """The launch-time check has a window (two launches at once); the orchestrator's own lease closes it."""
+    from toolkit.config import load_config
+    from toolkit.launch.prepare import prepare_run
+
+    dep = RunDir(tmp_path / "serve")
+    loaded = load_config([REPO / "jobs/reverse-text/rl.toml"], ["--output-dir", str(tmp_path / "out"), "--run.name",
+                                                               "late", "--inference.external", str(dep.root)])  # fmt: skip
+    run, _ = prepare_run(loaded, argv=["srl", "rl"])
+    first = RunDir(tmp_path / "out" / "first")
+    owner = lease.acquire_policy_owner(dep, first, command="srl orchestrator")  # the other run got there first
+    orch = _role("orchestrator", run, lease.held(run).token)
+    rc, out, _ = _exits_within(orch, 120)
+    assert rc == 2, out[-3000:]
+    assert f"already serves the weights of run {first.root}" in out and f"srl cancel {first.root}" in out
+    assert lease.read_policy_owner(dep).token == owner.token
+    owner.release()
+    lease.held(run).release()

@@ -207,3 +207,57 @@ def test_srl_cancel_stops_a_local_supervisor_and_status_names_it(tmp_path, capsy
     assert cancel_main([str(run.root)]) == 0
     assert f"asked the launcher (pid {holder.pid})" in capsys.readouterr().out
     assert holder.wait(timeout=10) == -15  # SIGTERM: the launcher's own stop path (checkpoint, then stop)
+
+
+OWNER = textwrap.dedent("""
+    import sys, time
+    from toolkit import lease
+    from toolkit.rundir import RunDir
+    try:
+        l = lease.acquire_policy_owner(RunDir(sys.argv[1]), RunDir(sys.argv[2]), command="srl orchestrator")
+    except lease.LeaseHeld as e:
+        print("refused", e, flush=True)
+        sys.exit(0)
+    print("won", flush=True)
+    time.sleep(60)
+""")
+
+
+def _owner(deployment: Path, run: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", OWNER, str(deployment), str(run)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+
+
+def test_a_deployment_serves_one_policy_owner_and_a_second_run_is_refused_naming_the_first(tmp_path, capsys):
+    dep = tmp_path / "serve"
+    a = _owner(dep, tmp_path / "out" / "run-a")
+    assert a.stdout.readline().strip() == "won"
+    try:
+        b = _owner(dep, tmp_path / "out" / "run-b")
+        line = b.communicate(timeout=30)[0]
+        assert line.startswith("refused"), line
+        assert f"inference deployment {dep} already serves the weights of run {tmp_path / 'out' / 'run-a'}" in line
+        assert f"srl cancel {tmp_path / 'out' / 'run-a'}" in line and f"pid {a.pid}" in line
+        owner = lease.read_policy_owner(RunDir(dep))
+        assert owner.pid == a.pid and owner.run == str(tmp_path / "out" / "run-a")
+
+        # srl rl refuses the second run before it starts anything (its orchestrator would be refused anyway).
+        from toolkit.cli import main
+
+        rc = main(["rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "--output-dir", str(tmp_path / "out"),
+                   "--run.name", "run-b", "--inference.external", str(dep)])  # fmt: skip
+        err = capsys.readouterr().err
+        assert rc == 2 and "already serves the weights of run" in err, err
+        assert not (tmp_path / "out" / "run-b" / "configs").exists()
+    finally:
+        a.kill()
+        a.wait()
+    # Its owner dead, the deployment takes a new one (and logs the takeover).
+    c = _owner(dep, tmp_path / "out" / "run-b")
+    try:
+        assert c.stdout.readline().strip() == "won"
+        hist = [json.loads(x) for x in RunDir(dep).lease_history.read_text().splitlines()]
+        assert hist[-1]["event"] == "policy owner takeover" and hist[-1]["from"]["pid"] == a.pid
+    finally:
+        c.kill()
+        c.wait()

@@ -221,6 +221,7 @@ def prepare_run(
     created = not run.root.exists()
     held = _take_lease(run, argv)
     try:
+        _refuse_owned_deployment(loaded, run)
         out = _prepare_run(loaded, run, argv=argv, resume=resume, clean=clean, dry_run=False, held=held)
     except BaseException:
         held.release()
@@ -228,6 +229,18 @@ def prepare_run(
             shutil.rmtree(run.root, ignore_errors=True)
         raise
     return out
+
+
+def _refuse_owned_deployment(loaded: LoadedConfig, run: RunDir) -> None:
+    """Raise ConfigError when the external inference deployment this run would load its weights into already
+    serves another live run's weights (its orchestrator holds the deployment's policy-owner lease; it takes the
+    lease itself when it starts, so this early look only saves a launch that would be refused)."""
+    cfg = loaded.config
+    if not cfg.inference.external or not cfg.orchestrator.update_weights:
+        return
+    owner = leases.read_policy_owner(RunDir(Path(cfg.inference.external)))
+    if owner is not None and owner.run != str(run.root) and owner.dead_reason() is None:
+        raise ConfigError(f"inference.external: {leases.owner_refusal(RunDir(Path(cfg.inference.external)), owner)}")
 
 
 def _take_lease(run: RunDir, argv: list[str]) -> leases.Lease:

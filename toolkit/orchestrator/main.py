@@ -26,13 +26,14 @@ import gc
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from toolkit import batches, checkpoints, fsutil
+from toolkit import batches, checkpoints, fsutil, lease
 from toolkit.lease import exit_when_lease_gone
 from toolkit.orchestrator.buffer import BufferSettings, StepBatch
 from toolkit.orchestrator.engines import EngineWatch, provider_retry_budget_s
@@ -487,6 +488,11 @@ def main(argv: list[str] | None = None) -> int:
     exit_when_lease_gone(run, "orchestrator")
     cfg = load_resolved(run.resolved("rl"))
     try:
+        owner = own_external_deployment(cfg, run)
+    except lease.LeaseHeld as exc:
+        log.error("%s", exc)
+        return 2
+    try:
         return asyncio.run(Orchestrator(cfg, run).run_until_done())
     except checkpoints.CheckpointError as exc:
         log.error("%s", exc)
@@ -494,6 +500,28 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         log.exception("orchestrator failed")
         return 1
+    finally:
+        if owner is not None:
+            owner.release()
+
+
+def own_external_deployment(cfg: Any, run: RunDir) -> lease.Lease | None:
+    """Become the one run whose weights the external inference deployment serves (``inference.external``), before
+    loading any weights into it; None when this run starts its own engines or never loads weights. Should the
+    ownership ever pass to another run, this process exits at once (status 3): a weight load from here would
+    replace that run's policy. LoRA runs take it too: every run's adapter is served under one name, so a second
+    adapter would replace the first. Raises ``lease.LeaseHeld`` naming the run that owns the deployment."""
+    if not cfg.inference.external or not cfg.orchestrator.update_weights:
+        return None
+    owner = lease.acquire_policy_owner(RunDir(cfg.inference.external), run, command="srl orchestrator")
+
+    def _lost(reason: str) -> None:
+        log.error("the external deployment's policy ownership is gone (%s); stopping at once", reason)
+        os._exit(3)
+
+    owner.on_lost(_lost)
+    log.info("policy owner of the external deployment %s (%s)", cfg.inference.external, owner.slot.path)
+    return owner
 
 
 if __name__ == "__main__":
