@@ -345,3 +345,11 @@ def test_make_data_warns_when_it_writes_the_split_the_rl_job_evaluates_on(tmp_pa
     assert _make_data(tmp_path / "test.jsonl", "--taskset.split", "test") == 0
     assert "eval env(s) ['reverse-text-test'] of this config evaluate on taskset 'reverse-text' split 'test'" in (
         capsys.readouterr().err)
+
+
+def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path):
+    from toolkit.commands.sft import load
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
+    with pytest.raises(ConfigError, match=r"output_dir: .*d\.jsonl/runs: cannot hold run directories"):
+        load([_sft_toml(tmp_path, data)], ["--output-dir", str(data / "runs")])

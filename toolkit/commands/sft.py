@@ -15,6 +15,7 @@ finished. Login-node code: no torch, no vllm.
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -68,6 +69,11 @@ def _check_world(cfg: Any) -> None:
         load_site(cfg.site)
     except ConfigError as e:
         found.errors += [ConfigIssue("site", i.message) for i in e.issues]
+    out = Path(cfg.output_dir).expanduser().absolute()
+    first = next((p for p in (out, *out.parents) if p.exists()), out)
+    if not first.is_dir() or not os.access(first, os.W_OK | os.X_OK):
+        found.errors.append(ConfigIssue("output_dir", f"{out}: cannot hold run directories ({first} is not a "
+                                        "writable directory); give another output_dir"))  # fmt: skip
     if found.errors:
         raise ConfigError(found.errors)
     for w in found.warnings:
@@ -191,8 +197,6 @@ def _check_output(out: Path) -> None:
 
     Raises ConfigError naming the path and the fix.
     """
-    import os
-
     from toolkit.config import ConfigError
 
     if out.suffix != ".jsonl":
