@@ -353,3 +353,11 @@ def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path):
     data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
     with pytest.raises(ConfigError, match=r"output_dir: .*d\.jsonl/runs: cannot hold run directories"):
         load([_sft_toml(tmp_path, data)], ["--output-dir", str(data / "runs")])
+
+
+def test_openai_style_message_weight_is_refused_not_ignored(tmp_path):
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "bad", "weight": 0},
+            {"role": "user", "content": "b"}, {"role": "assistant", "content": "good", "weight": 1}]
+    f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs}])
+    with pytest.raises(DataError, match=r"row 0, column 'messages', message 1: has a 'weight' key"):
+        check_dataset(f, ColumnsConfig())

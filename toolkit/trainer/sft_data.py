@@ -211,6 +211,12 @@ def _as_messages(value: Any, default_role: str, where: str, column: str) -> list
             raise DataError(f"{where}, column {column!r}, message {i}: role {role!r} is not one of {', '.join(ROLES)}")
         if not isinstance(content, str):
             raise DataError(f"{where}, column {column!r}, message {i}: content must be a string")
+        if "weight" in m:
+            # OpenAI's fine-tuning format excludes a message from the loss with "weight": 0; ignoring the key
+            # would train exactly the messages the data says not to.
+            raise DataError(f"{where}, column {column!r}, message {i}: has a 'weight' key (OpenAI fine-tuning "
+                            "format), which srl does not read; move the weights to a message_loss_mask column "
+                            "(one 0/1 per message) and drop the key")  # fmt: skip
         out.append({**m, "content": content})
     return out
 
