@@ -227,7 +227,7 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
         doc.pre(json.dumps(shown, indent=2, sort_keys=True), summary=f"resolved {'sft' if sft.is_file() else 'rl'}.json")
 
     doc.heading("2. Taskset, harness, runtime, renderer, group, batch and eval settings", level + 1)
-    doc.kv(_settings(run.config))
+    doc.kv(_sft_settings(shown) if sft.is_file() else _settings(run.config))
     envs = _env_rows(run.config)
     if not envs.empty:
         doc.table(envs)
@@ -308,6 +308,37 @@ def _settings(cfg: dict[str, Any]) -> list[tuple[str, Any]]:
         "orchestrator.eval.interval",
         "trainer.optim",
         "trainer.loss",
+        "deployment",
+        "ckpt",
+    ]
+    rows = [
+        (k, json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
+        for k in keys
+        if (v := dotted(cfg, k)) is not None
+    ]
+    return rows or [("resolved config", "not available")]
+
+
+def _sft_settings(cfg: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Section 2 of an SFT run, from its ``sft.json``: the launch view's RL fields (group size, sampling, loss,
+    orchestrator batch size) are placeholders there and would misreport the run."""
+    keys = [
+        "model.name",
+        "max_steps",
+        "seed",
+        "data.name",
+        "data.batch_size",
+        "data.seq_len",
+        "data.shuffle",
+        "data.columns",
+        "loss_mask",
+        "val",
+        "renderer.name",
+        "eval.interval",
+        "trainer.optim",
+        "trainer.scheduler",
+        "trainer.micro_batch_size",
+        "trainer.model.lora",
         "deployment",
         "ckpt",
     ]

@@ -361,3 +361,16 @@ def test_openai_style_message_weight_is_refused_not_ignored(tmp_path):
     f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs}])
     with pytest.raises(DataError, match=r"row 0, column 'messages', message 1: has a 'weight' key"):
         check_dataset(f, ColumnsConfig())
+
+
+def test_report_of_an_sft_run_shows_its_own_settings_not_the_rl_placeholders(tmp_path):
+    from analysis.report import build_report
+    from toolkit.cli import main
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}] * 2)
+    assert main(["sft", "@", str(_sft_toml(tmp_path, data)), "--run.name", "r", "--dry-run"]) == 0
+    paths = build_report([tmp_path / "outputs" / "r"], tmp_path / "report", run_figures=False)
+    md = paths.markdown.read_text()
+    section = md.split("### 2.", 1)[1].split("### 3.", 1)[0]
+    assert "| data.batch_size | 2 |" in section and "| data.seq_len | 128 |" in section
+    assert "group_size" not in section and "trainer.loss" not in section
