@@ -374,3 +374,14 @@ def test_report_of_an_sft_run_shows_its_own_settings_not_the_rl_placeholders(tmp
     section = md.split("### 2.", 1)[1].split("### 3.", 1)[0]
     assert "| data.batch_size | 2 |" in section and "| data.seq_len | 128 |" in section
     assert "group_size" not in section and "trainer.loss" not in section
+
+
+def test_a_dangling_symlink_or_directory_named_like_data_is_refused_not_skipped(tmp_path):
+    _jsonl(tmp_path / "a.jsonl", [{"prompt": "a", "completion": "b"}])
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "unmounted" / "b.jsonl")
+    with pytest.raises(DataError, match=r"b\.jsonl: named like a data file but is a broken or looping symlink"):
+        check_dataset(tmp_path, ColumnsConfig())
+    (tmp_path / "b.jsonl").unlink()
+    (tmp_path / "part.parquet").mkdir()  # a Spark-style dataset directory
+    with pytest.raises(DataError, match=r"part\.parquet: named like a data file but is a directory"):
+        check_dataset(tmp_path, ColumnsConfig())

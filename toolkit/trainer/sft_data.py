@@ -58,9 +58,14 @@ def dataset_files(path: Path) -> list[Path]:
         files = [path]
     elif path.is_dir():
         try:
-            entries = sorted(p for p in path.iterdir() if p.is_file())
+            listed = sorted(path.iterdir())
         except OSError as e:
             raise DataError(f"{path}: the directory cannot be listed ({e.strerror or e}); check its permissions") from None
+        for p in listed:
+            if p.suffix.lower() in _SUFFIXES and not p.is_file():
+                what = "a directory (give it as data.name itself)" if p.is_dir() else "a broken or looping symlink"
+                raise DataError(f"{p}: named like a data file but is {what}; it would not be read")
+        entries = [p for p in listed if p.is_file()]
         files = [p for p in entries if p.suffix in _SUFFIXES]
         # Files that look like data but would not be read: skipping them silently trains on part of the dataset.
         for p in entries:
