@@ -12,6 +12,7 @@ logs; slurmstepd's ``DUE TO TIME LIMIT``, ``oom-kill``, ``NODE_FAIL``, ``PREEMPT
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -206,10 +207,13 @@ def _local_findings(run: RunDir) -> list[Finding]:
     """A local run whose launcher ended with a failure status (``launcher/local.json``), with the first error line
     of that attempt's role logs. A local run has no batch log, so without this its failure (a trainer refusing a
     data row, a crash at start-up) reads as "no failures found". Ctrl-C (130) is no failure."""
-    from toolkit.launch.progress import read_local_record
-
-    rec = read_local_record(run)
-    status = rec.get("status") if rec else None
+    # launcher/local.json (toolkit.launch.progress.write_local_record), read here directly: analysis reads run
+    # files and imports no launcher code.
+    try:
+        rec = json.loads((run.launcher / "local.json").read_text())
+    except (OSError, ValueError):
+        return []
+    status = rec.get("status") if isinstance(rec, dict) else None
     if not isinstance(status, int) or status in (0, 130):
         return []
     attempt = rec.get("attempt")
