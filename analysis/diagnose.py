@@ -7,7 +7,8 @@ groups, and Slurm-level causes read from the job's log text.
 
 Sources read, all through ``RunDir``: the rollout store's ``error_class``/``reward`` columns, ``metrics.jsonl``
 (trainer stability), and every text file under ``<run>/logs/`` and ``<run>/launcher/`` (error class names in role
-logs; slurmstepd's ``DUE TO TIME LIMIT``, ``oom-kill``, ``NODE_FAIL``, ``PREEMPT``, ``CANCELLED`` lines).
+logs; slurmstepd's ``DUE TO TIME LIMIT``, ``oom-kill``, ``NODE_FAIL``, ``PREEMPT``, ``CANCELLED`` lines), and a
+local run's ``launcher/local.json`` (its exit status, with the first error line of that attempt's role logs).
 """
 
 from __future__ import annotations
