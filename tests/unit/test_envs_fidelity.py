@@ -192,3 +192,22 @@ def test_a_stop_verifiers_cannot_call_is_refused_with_its_reason():
         "env 'e': _UntypedStopTask's @vf.stop done would be refused by verifiers: "
         "done must have exactly one Request, Response, or Trace parameter"
     )
+
+
+class _StopAtOnceTask(vf.Task[_ImageData, vf.State, vf.TaskConfig]):
+    @vf.stop
+    async def never_start(self, trace: vf.Trace) -> bool:
+        return True
+
+    @vf.reward
+    async def replied(self, trace: vf.Trace) -> float:
+        return float(bool(trace.last_reply))
+
+
+def test_a_stop_that_fires_before_the_first_turn_fails_the_episode():
+    # verifiers refuses the first model call: no reply, scored on nothing. srl always samples the first turn, so
+    # the episode is an error instead of a reply verifiers would never have asked for.
+    ep = Episode(_StopAtOnceTask(_ImageData(prompt="hi")))
+    with pytest.raises(srl_errors.TaskError, match="@vf.stop never_start fired before the first model turn"):
+        asyncio.run(ep.start())
+    assert ep.stop_condition == "never_start"

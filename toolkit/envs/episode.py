@@ -11,9 +11,10 @@ environment half of an episode inside an env worker, calling the task the way ve
   ``setup(self, runtime)`` and ``setup(self, trace, runtime)`` both work;
 - ``Task.score(trace, runtime)``: rewards and metrics that declare a ``runtime`` parameter are scored, never
   skipped; a reward or metric still unscored afterwards is ``RewardSkippedError``, not a silent 0;
-- ``@vf.stop`` predicates over the ``Trace`` checked before each further model turn, with verifiers' typed call
+- ``@vf.stop`` predicates over the ``Trace`` checked before each model turn, with verifiers' typed call
   (``call_hook``); the trace carries verifiers' stop condition names (``agent_completed``, the stop's name,
-  ``max_turns``, ``user_closed``).
+  ``max_turns``, ``user_closed``). One that fires before the first turn fails the episode (TaskError): verifiers
+  would end it with no reply, srl's loop always samples the first turn.
 
 Multi-turn is srl's own extension: after each assistant reply the harness calls the task's
 ``user_turn(trace) -> str | None`` if it defines one (None ends the episode, ``user_closed``). A task without
@@ -237,6 +238,19 @@ class Episode:
                 await runtime.prepare_execution([])
             except Exception as exc:
                 raise as_srl_error(exc, srl_errors.SandboxError, "runtime execution policy") from exc
+        # verifiers checks the stops before every model call, the first included; a stop that fires here would end
+        # its episode without any reply. srl samples every episode's first turn, so such an episode is an error
+        # rather than a reply verifiers would never have asked for.
+        try:
+            stopped = await self._stopped()
+        except Exception as exc:
+            raise as_srl_error(exc, srl_errors.TaskError, "task stop") from exc
+        if stopped is not None:
+            self.trace.stop(stopped)
+            raise srl_errors.TaskError(
+                f"@vf.stop {stopped} fired before the first model turn: verifiers would end this episode without a "
+                "reply, and srl does not run an episode without one"
+            )
         for m in first:
             self._append(m["role"], m["content"])
         return list(self.messages)
