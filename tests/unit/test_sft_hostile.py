@@ -385,3 +385,15 @@ def test_a_dangling_symlink_or_directory_named_like_data_is_refused_not_skipped(
     (tmp_path / "part.parquet").mkdir()  # a Spark-style dataset directory
     with pytest.raises(DataError, match=r"part\.parquet: named like a data file but is a directory"):
         check_dataset(tmp_path, ColumnsConfig())
+
+
+def test_an_assistant_message_with_null_content_and_no_tool_calls_is_refused(tmp_path):
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": None}]
+    f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs}])
+    with pytest.raises(DataError, match=r"row 0, column 'messages', message 1: an assistant message without content"):
+        check_dataset(f, ColumnsConfig())
+    # an empty string is an explicit (if odd) reply, and a tool-calling turn may have no content
+    msgs[1] = {"role": "assistant", "content": ""}
+    assert check_dataset(_jsonl(f, [{"messages": msgs}]), ColumnsConfig()) == 1
+    msgs[1] = {"role": "assistant", "content": None, "tool_calls": [_CALL]}
+    assert check_dataset(_jsonl(f, [{"messages": msgs}]), ColumnsConfig()) == 1

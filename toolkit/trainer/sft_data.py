@@ -216,6 +216,10 @@ def _as_messages(value: Any, default_role: str, where: str, column: str) -> list
             raise DataError(f"{where}, column {column!r}, message {i}: role {role!r} is not one of {', '.join(ROLES)}")
         if not isinstance(content, str):
             raise DataError(f"{where}, column {column!r}, message {i}: content must be a string")
+        if role == "assistant" and "content" not in m and not m.get("tool_calls"):
+            # A null reply would train the model to end its turn at once; it is missing data, not an answer.
+            raise DataError(f"{where}, column {column!r}, message {i}: an assistant message without content (null "
+                            "or missing) and without tool_calls; fill it in or drop the row")  # fmt: skip
         if "weight" in m:
             # OpenAI's fine-tuning format excludes a message from the loss with "weight": 0; ignoring the key
             # would train exactly the messages the data says not to.
