@@ -397,3 +397,13 @@ def test_an_assistant_message_with_null_content_and_no_tool_calls_is_refused(tmp
     assert check_dataset(_jsonl(f, [{"messages": msgs}]), ColumnsConfig()) == 1
     msgs[1] = {"role": "assistant", "content": None, "tool_calls": [_CALL]}
     assert check_dataset(_jsonl(f, [{"messages": msgs}]), ColumnsConfig()) == 1
+
+
+def test_a_json_array_saved_as_jsonl_is_named_as_such(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('[\n  {"prompt": "a", "completion": "b"}\n]\n')
+    with pytest.raises(DataError, match="looks like one JSON document, not one sample per line"):
+        check_dataset(f, ColumnsConfig())
+    g = tmp_path / "d.json"
+    g.write_text(f.read_text())  # the same array as a .json file is a dataset
+    assert check_dataset(g, ColumnsConfig()) == 1

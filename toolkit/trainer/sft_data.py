@@ -147,7 +147,10 @@ def _json_rows(path: Path) -> Iterator[tuple[int, Any]]:
         try:
             value = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}: row {row} (line {lineno}): not valid JSON ({e.msg})") from None
+            # A file that is one JSON document (an array, a pretty-printed object) fails on its first line: say so.
+            hint = ("; the file looks like one JSON document, not one sample per line: write it as JSON Lines, or "
+                    "as one array in a .json file" if row == 0 and text.strip() in ("[", "{") else "")  # fmt: skip
+            raise DataError(f"{path}: row {row} (line {lineno}): not valid JSON ({e.msg}){hint}") from None
         except _DuplicateKey as e:
             raise DataError(f"{path}: row {row} (line {lineno}): the key {e.args[0]!r} appears twice in one object "
                             "(readers disagree on which value wins); keep one")  # fmt: skip
