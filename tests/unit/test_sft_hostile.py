@@ -407,3 +407,15 @@ def test_a_json_array_saved_as_jsonl_is_named_as_such(tmp_path):
     g = tmp_path / "d.json"
     g.write_text(f.read_text())  # the same array as a .json file is a dataset
     assert check_dataset(g, ColumnsConfig()) == 1
+
+
+def test_local_sft_from_an_unfinished_sft_run_is_refused_before_its_run_directory(tmp_path):
+    from toolkit.commands.sft import cmd_run
+
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / "run_meta.json").write_text("{}")  # an SFT run directory whose run has not written model/ yet
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
+    with pytest.raises(ConfigError, match="model.name: run directory .* has no final model yet"):
+        cmd_run(["@", str(_sft_toml(tmp_path, data)), "--model.name", str(first), "--run.name", "second"])
+    assert not (tmp_path / "outputs" / "second").exists()

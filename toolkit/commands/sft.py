@@ -80,6 +80,16 @@ def _check_world(cfg: Any) -> None:
         print(f"warning: {w}", file=sys.stderr)
 
 
+def _check_model_now(cfg: Any, *, dry_run: bool) -> None:
+    """A run that starts here and now (local site, no dry run) needs its model now: an SFT run directory without
+    its final model is refused before the run directory is written (a Slurm job may still queue behind it)."""
+    from toolkit.launch.dispatch import check_local_model
+    from toolkit.preflight.site import load_site
+
+    if not dry_run and not load_site(cfg.site).is_slurm:
+        check_local_model(cfg.launch_view())
+
+
 def _auto_name(cfg: Any) -> str:
     import re
 
@@ -160,6 +170,7 @@ def cmd_run(args: list[str]) -> int:
         print(__doc__)
         return 0
     cfg = load(files, overrides)
+    _check_model_now(cfg, dry_run=flags["dry_run"])
     view, run, attempt = prepare(cfg, ["sft", *args], dry_run=flags["dry_run"], resume=flags["resume"],
                                  clean=flags["clean"])  # fmt: skip
     if flags["dry_run"]:
@@ -300,6 +311,7 @@ def cmd_chain(args: list[str]) -> int:
         raise ConfigError("--dry-run after --then dry-runs the RL run only while SFT trains for real; put --dry-run "
                           "before --then to dry-run both")  # fmt: skip
     cfg = load(files, overrides)
+    _check_model_now(cfg, dry_run=flags["dry_run"])
     _check_rl_args(rl_args, cfg)
     view, run, attempt = prepare(cfg, ["sft", *sft_args], dry_run=flags["dry_run"], resume=flags["resume"],
                                  clean=flags["clean"])  # fmt: skip

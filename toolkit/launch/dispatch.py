@@ -35,7 +35,7 @@ def local_plan(cfg: RLConfig, site: Any, run: RunDir, *, probe: bool = True, tri
     raise RuntimeError(f"no free port block in the site's range after {tries} tries; is the range too small?")
 
 
-def _check_local_model(cfg: RLConfig) -> None:
+def check_local_model(cfg: RLConfig) -> None:
     """Raise ConfigError (field model.name) when a local run's model cannot be resolved now.
 
     The login checks only warn about an SFT run directory without its final model (a Slurm job may queue
@@ -62,7 +62,7 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
 
     site = site or load_site(cfg.site)
     if not site.is_slurm and not dry_run:
-        _check_local_model(cfg)
+        check_local_model(cfg)
     if site.is_slurm:
         # Ports and roles are decided here, once: a dry run writes the plan the submitted job then uses.
         plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", port_key=run_port_key(cfg),
