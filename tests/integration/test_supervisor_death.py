@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_records import role_steps
 
 from toolkit.procutil import pid_alive, process_start_time
 
@@ -89,13 +90,13 @@ def trainer_steps(run: Path) -> list[int]:
             if x.strip() and json.loads(x).get("role") == "trainer"]  # fmt: skip
 
 
-def wait_for(what: str, cond, proc: subprocess.Popen, timeout_s: float) -> None:
+def wait_for(what: str, cond, proc: subprocess.Popen, timeout_s: float, every_s: float = 0.2) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
         if proc.poll() is not None:
             pytest.fail(f"launcher exited ({proc.returncode}) before {what}:\n{proc.stdout.read()}")
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.2)
+        time.sleep(every_s)
 
 
 def kill_9_and_measure(proc: subprocess.Popen, run: Path) -> float:
@@ -140,3 +141,80 @@ def test_kill_9_of_the_sft_launcher_mid_training_leaves_no_process(sft_workdir):
     time.sleep(3)
     assert trainer_steps(run) == steps, "the run went on training after its supervisor died"
 
+
+RL_STEPS = 6
+
+
+def rl_argv(out: Path, *extra: str) -> list[str]:
+    return ["rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "--max-steps", str(RL_STEPS), "--ckpt.interval", "2",
+            "--output-dir", str(out), "--run.name", "k9", *extra]  # fmt: skip
+
+
+def _incomplete_checkpoints(checkpoints: Path) -> set[str]:
+    """Checkpoint entries being written: a step's temporary directory, or its directory without COMPLETE."""
+    try:
+        entries = list(checkpoints.iterdir())
+    except FileNotFoundError:
+        return set()
+    return {e.name for e in entries
+            if e.name.startswith(".step_") or (e.name.startswith("step_") and not (e / "COMPLETE").exists())}
+
+
+def _has_engine(proc: subprocess.Popen) -> bool:
+    for p in tree(proc.pid):
+        try:
+            if b"vllm.entrypoints" in Path(f"/proc/{p}/cmdline").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+@pytest.mark.vllm
+@pytest.mark.timeout(2400)
+def test_rl_kill_9_at_three_moments_leaves_nothing_and_resume_is_refused_while_live(tmp_path):
+    """The main job, killed at engine start-up, mid-training and during a checkpoint; --resume refused while the
+    launcher lives, accepted after its death, and the run ends with every step recorded exactly once."""
+    out = tmp_path / "out"
+    run = out / "k9"
+    figures = {}
+
+    # 1. kill -9 while vLLM starts (engine process up, not yet ready).
+    proc = start(rl_argv(out), REPO)
+    wait_for("engine process", lambda: _has_engine(proc), proc, 300)
+    time.sleep(5)
+    assert not (run / "control" / "inference_ready.json").exists(), "engine ready too soon to test its start-up"
+    figures["kill -9 at engine start-up: s until no process"] = kill_9_and_measure(proc, run)
+
+    # 2. --resume after that kill works at once (the dead holder's lease is taken over); kill -9 mid-training.
+    proc = start(rl_argv(out, "--resume"), REPO)
+    wait_for("trainer step 3", lambda: max(role_steps(run, "trainer"), default=0) >= 3, proc, 1200)
+    rival = subprocess.run([sys.executable, "-m", "toolkit.cli", *rl_argv(out, "--resume")], cwd=REPO, check=False,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert rival.returncode == 2, rival.stdout + rival.stderr
+    assert f"pid {proc.pid}" in rival.stderr and f"srl cancel {run}" in rival.stderr, rival.stderr
+    assert len(list((run / "configs").glob("attempt_*"))) == 2, "a refused --resume must not start an attempt"
+    figures["kill -9 mid-training: s until no process"] = kill_9_and_measure(proc, run)
+    steps = role_steps(run, "trainer")
+    time.sleep(5)
+    assert role_steps(run, "trainer") == steps, "the run went on training after its supervisor died"
+
+    # 3. --resume with a checkpoint every step; kill -9 while one is being written (its COMPLETE not yet there).
+    left = _incomplete_checkpoints(run / "checkpoints")  # what the kill mid-training left half-written
+    proc = start(rl_argv(out, "--resume", "--ckpt.interval", "1"), REPO)
+    wait_for("a checkpoint in flight", lambda: _incomplete_checkpoints(run / "checkpoints") - left, proc, 1200,
+             0.005)  # fmt: skip
+    figures["kill -9 during a checkpoint: s until no process"] = kill_9_and_measure(proc, run)
+
+    # 4. --resume to the end: every step exactly once.
+    proc = start(rl_argv(out, "--resume"), REPO)
+    text = proc.communicate(timeout=1500)[0]
+    assert proc.returncode == 0, text
+    assert "took over the run lease" in text, text
+    assert role_steps(run, "trainer") == list(range(1, RL_STEPS + 1))
+    assert role_steps(run, "orchestrator", first=1) == list(range(1, RL_STEPS + 1))
+    hist = [json.loads(x) for x in (run / "launcher" / "lease_history.jsonl").read_text().splitlines()]
+    assert len(hist) == 3 and all("gone" in h["reason"] for h in hist)  # one takeover per killed launcher
+    print("\n" + "\n".join(f"{k}: {v:.1f}" for k, v in figures.items()))
