@@ -26,6 +26,7 @@ loading their weights into one engine would each train on rollouts sampled with 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -171,6 +172,7 @@ class Lease:
         self.slot = slot
         self.holder = holder
         self._stop = threading.Event()
+        self._mutex = threading.Lock()  # a renewal never runs while the holder rewrites the record itself
         self._thread: threading.Thread | None = None
         self._on_lost: list[Callable[[str], None]] = []
         self.lost: str | None = None  # why the lease was lost, once it was
@@ -212,23 +214,28 @@ class Lease:
     def renew(self) -> None:
         """Push the expiry ``TTL_S`` seconds ahead. Raises LeaseLost when the record is no longer ours, OSError
         when the file cannot be written."""
-        cur = _read(self.slot.path)
-        if cur is None:
-            raise LeaseLost(f"{self.slot.path} was removed")
-        if cur.token != self.token:
-            raise LeaseLost(f"it is now held by {cur.describe()}")
-        now = time.time()
-        self.holder = Holder(**{**asdict(self.holder), "renewed": now, "expires": now + TTL_S})
-        _write(self.slot.path, self.holder, create=False)
-
-    def restore(self) -> None:
-        """Write the record again after its directory was emptied (``--clean``). Raises LeaseHeld when another
-        launch created a lease in between."""
-        self.slot.path.parent.mkdir(parents=True, exist_ok=True)
-        if not _write(self.slot.path, self.holder, create=True):
+        with self._mutex:
             cur = _read(self.slot.path)
-            if cur is not None and cur.token != self.token:
-                raise LeaseHeld(self.slot, cur)
+            if cur is None:
+                raise LeaseLost(f"{self.slot.path} was removed")
+            if cur.token != self.token:
+                raise LeaseLost(f"it is now held by {cur.describe()}")
+            now = time.time()
+            self.holder = Holder(**{**asdict(self.holder), "renewed": now, "expires": now + TTL_S})
+            _write(self.slot.path, self.holder, create=False)
+
+    @contextlib.contextmanager
+    def emptying(self) -> Iterator[None]:
+        """Around deleting the directory that holds the record (``--clean``): no renewal runs meanwhile (it would
+        find the record gone and give the lease up), and the record is written again afterwards. Raises LeaseHeld
+        when another launch created a lease in between."""
+        with self._mutex:
+            yield
+            self.slot.path.parent.mkdir(parents=True, exist_ok=True)
+            if not _write(self.slot.path, self.holder, create=True):
+                cur = _read(self.slot.path)
+                if cur is not None and cur.token != self.token:
+                    raise LeaseHeld(self.slot, cur)
 
     def release(self) -> None:
         """Stop renewing and remove the record if it is still ours (idempotent)."""

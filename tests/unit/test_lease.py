@@ -261,3 +261,21 @@ def test_a_deployment_serves_one_policy_owner_and_a_second_run_is_refused_naming
     finally:
         c.kill()
         c.wait()
+
+
+def test_clean_keeps_the_launchs_own_lease_while_it_deletes_the_run(tmp_path, monkeypatch):
+    from toolkit.config import load_config
+    from toolkit.launch.prepare import prepare_run
+
+    monkeypatch.setattr(lease, "RENEW_S", 0.01)  # renewals race the deletion as often as they can
+    over = ["--output-dir", str(tmp_path / "out"), "--run.name", "c"]
+    run, _ = prepare_run(load_config([REPO / "jobs/reverse-text/rl.toml"], over), argv=["srl", "rl"])
+    lease.held(run).release()
+    for _ in range(5):
+        again, attempt = prepare_run(load_config([REPO / "jobs/reverse-text/rl.toml"], over), argv=["srl", "rl"],
+                                     clean=True)  # fmt: skip
+        mine = lease.held(again)
+        time.sleep(0.05)
+        assert attempt == 1 and mine is not None and mine.lost is None
+        assert lease.read(again).token == mine.token
+        mine.release()

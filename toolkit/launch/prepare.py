@@ -257,8 +257,7 @@ def _prepare_run(loaded: LoadedConfig, run: RunDir, *, argv: list[str], resume: 
     exists = run.configs.exists() or run.configs.is_symlink()
     if exists and not resume and not clean and only_dry_runs(run):
         _refuse_if_jobs_queued(run)
-        _delete_run_dir(run.root)  # only would-be configs, placement and scripts: nothing was launched from them
-        _restore_lease(held)
+        _delete_keeping_lease(run, held)  # only would-be configs, placement and scripts: nothing was launched
         exists = False
     if exists and not (resume or clean):
         raise ConfigError(
@@ -268,8 +267,7 @@ def _prepare_run(loaded: LoadedConfig, run: RunDir, *, argv: list[str], resume: 
     if resume and not exists:
         raise ConfigError(f"--resume: no run at {run.root} (nothing to resume)")
     if clean and exists:
-        _delete_run_dir(run.root)
-        _restore_lease(held)
+        _delete_keeping_lease(run, held)
     for d in (run.configs, run.launcher, run.logs, run.rollouts, run.broadcasts, run.checkpoints, run.store,
               run.control, run.reports):
         d.mkdir(parents=True, exist_ok=True)
@@ -295,12 +293,15 @@ def _prepare_run(loaded: LoadedConfig, run: RunDir, *, argv: list[str], resume: 
     return run, attempt
 
 
-def _restore_lease(held: leases.Lease | None) -> None:
-    """Write this launch's lease again after the directory holding it was emptied."""
+def _delete_keeping_lease(run: RunDir, held: leases.Lease | None) -> None:
+    """Delete the run directory; this launch's lease (in it) is written again right after. Raises ConfigError when
+    another launch took the lease meanwhile."""
     if held is None:
+        _delete_run_dir(run.root)
         return
     try:
-        held.restore()
+        with held.emptying():
+            _delete_run_dir(run.root)
     except leases.LeaseHeld as e:
         raise ConfigError(str(e)) from None
 
