@@ -31,7 +31,7 @@ EVAL = "eval/reverse-text-test/avg@4"
 
 
 def _srl(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], cwd=cwd, text=True, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], cwd=cwd, text=True, capture_output=True, check=False,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout)  # fmt: skip
 
 
