@@ -218,3 +218,28 @@ def test_rl_kill_9_at_three_moments_leaves_nothing_and_resume_is_refused_while_l
     hist = [json.loads(x) for x in (run / "launcher" / "lease_history.jsonl").read_text().splitlines()]
     assert len(hist) == 3 and all("gone" in h["reason"] for h in hist)  # one takeover per killed launcher
     print("\n" + "\n".join(f"{k}: {v:.1f}" for k, v in figures.items()))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_process_group_kill_after_killwait_leaves_no_process(sft_workdir):
+    """What Slurm does to a job step on a site that tracks processes by process group (proctrack/pgid), e.g. to a
+    sweep's array task running a local launcher: SIGTERM to the launcher's process group, SIGKILL after KillWait.
+    The launcher's children live in process groups of their own, out of reach of both signals."""
+    kill_wait_s = 5.0
+    run = sft_workdir / "outputs" / "pgkill"
+    proc = start(sft_argv("pgkill"), sft_workdir)
+    wait_for("trainer step 2", lambda: max(trainer_steps(run), default=0) >= 2, proc, 600)
+    procs = {**tree(proc.pid), **naming(run)}
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    time.sleep(kill_wait_s)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the launcher had already stopped the run within KillWait
+    proc.wait()
+    seconds_until_gone(procs)
+    assert not naming(run)
+    print(f"\nprocess-group TERM, KILL after {kill_wait_s:.0f} s: no process of the run left "
+          f"{time.monotonic() - t0:.1f} s after the TERM")
