@@ -65,42 +65,47 @@ class TrainerSettings:
     lora: dict | None = None
     extra: dict = field(default_factory=dict)
 
+    @staticmethod
+    def shared_fields(cfg: Any, t: Any, *, seq_len: int) -> dict[str, Any]:
+        """The settings RL and SFT runs read alike: ``cfg`` is an ``RLConfig`` or ``SFTConfig``, ``t`` its trainer
+        section (optimizer, schedule, micro-batching, LoRA), ``seq_len`` the packed row length in tokens."""
+        sched = t.scheduler
+        return {
+            "model_name": str(cfg.model.name),
+            "dtype": cfg.model.dtype,
+            "max_steps": cfg.max_steps,
+            "seed": cfg.seed,
+            "lr": t.optim.lr,
+            "weight_decay": t.optim.weight_decay,
+            "betas": tuple(t.optim.betas),
+            "max_norm": t.optim.max_norm,
+            "max_nonfinite_steps": t.optim.max_nonfinite_steps,
+            "scheduler": sched.type,
+            "warmup_steps": 0 if sched.type == "constant" else sched.warmup_steps,
+            "min_lr_ratio": sched.min_lr_ratio if sched.type in ("linear", "cosine") else 0.0,
+            "micro_batch_size": t.micro_batch_size,
+            "seq_len": seq_len,
+            "ckpt_interval": cfg.ckpt.interval,
+            "keep_last": cfg.ckpt.keep_last,
+            "keep_interval": cfg.ckpt.keep_interval,
+            "resume_step": cfg.resume.step,
+            "resume_dir": Path(cfg.resume.dir) if cfg.resume.dir else None,
+            "lora": t.model.lora.model_dump() if t.model.lora is not None else None,
+        }
+
     @classmethod
     def from_config(cls, cfg: Any) -> TrainerSettings:
         """Map a resolved ``RLConfig`` onto settings (attribute names of ``toolkit/config/model.py``)."""
         from toolkit.trainer.broadcast import broadcast_keep
 
         t = cfg.trainer
-        loss = t.loss  # the config's loss class is the trainer's (one default per knob)
-        sched = t.scheduler
-        lora = t.model.lora.model_dump() if t.model.lora is not None else None
         return cls(
-            model_name=str(cfg.model.name),
-            dtype=cfg.model.dtype,
-            max_steps=cfg.max_steps,
-            seed=cfg.seed,
-            lr=t.optim.lr,
-            weight_decay=t.optim.weight_decay,
-            betas=tuple(t.optim.betas),
-            max_norm=t.optim.max_norm,
-            max_nonfinite_steps=t.optim.max_nonfinite_steps,
-            scheduler=sched.type,
-            warmup_steps=0 if sched.type == "constant" else sched.warmup_steps,
-            min_lr_ratio=sched.min_lr_ratio if sched.type in ("linear", "cosine") else 0.0,
-            loss=loss,
-            micro_batch_size=t.micro_batch_size,
-            seq_len=t.seq_len,
+            **cls.shared_fields(cfg, t, seq_len=t.seq_len),
+            loss=t.loss,  # the config's loss class is the trainer's (one default per knob)
             temperature=cfg.orchestrator.train.sampling.temperature,
-            ckpt_interval=cfg.ckpt.interval,
-            keep_last=cfg.ckpt.keep_last,
-            keep_interval=cfg.ckpt.keep_interval,
-            resume_step=cfg.resume.step,
-            resume_dir=Path(cfg.resume.dir) if cfg.resume.dir else None,
             broadcast_keep=broadcast_keep(cfg.orchestrator.max_async_level, cfg.weight_broadcast.keep),
             batch_timeout_s=t.batch_timeout_s,
-            lora=lora,
         )
-
 
 @dataclass
 class TrainingStart:
@@ -347,11 +352,21 @@ def main(argv: list[str] | None = None) -> int:
         settings.resume_dir = args.resume_dir
     stop = StopFlag(run)
     stop.install()
+    return _exit_status(lambda: run_trainer(run, settings, stop=stop))
+
+
+def _exit_status(loop: Any) -> int:
+    """Run ``loop`` and map how it ended to the process's exit status: 0 done (or stopped on request), 1 a full
+    disk or a diverged run, 2 bad SFT data; each said plainly in the log (the launcher ends the run)."""
     from toolkit.trainer.checkpoint import CheckpointSpaceError
+    from toolkit.trainer.sft_data import DataError
 
     try:
-        run_trainer(run, settings, stop=stop)
-    except CheckpointSpaceError as e:  # a full disk: say so plainly and stop (the launcher ends the run)
+        loop()
+    except DataError as e:
+        log.error("DataError: %s", e)
+        return 2
+    except CheckpointSpaceError as e:
         log.error("%s", e.strerror)
         return 1
     except TrainerDiverged as e:
@@ -366,7 +381,6 @@ def _main_sft(run: RunDir, args: argparse.Namespace) -> int:
 
     from toolkit.config.sft import SFTConfig
     from toolkit.trainer.sft import run_sft
-    from toolkit.trainer.sft_data import DataError
 
     cfg = SFTConfig.model_validate(json.loads(run.resolved("sft").read_text()))
     if args.resume_step is not None:
@@ -375,20 +389,7 @@ def _main_sft(run: RunDir, args: argparse.Namespace) -> int:
         cfg.resume.dir = args.resume_dir
     stop = StopFlag(run)
     stop.install()
-    from toolkit.trainer.checkpoint import CheckpointSpaceError
-
-    try:
-        run_sft(run, cfg, stop=stop)
-    except DataError as e:
-        log.error("DataError: %s", e)
-        return 2
-    except CheckpointSpaceError as e:
-        log.error("%s", e.strerror)
-        return 1
-    except TrainerDiverged as e:
-        log.error("TrainerDiverged: %s", e)
-        return 1
-    return 0
+    return _exit_status(lambda: run_sft(run, cfg, stop=stop))
 
 
 if __name__ == "__main__":

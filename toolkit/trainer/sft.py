@@ -41,32 +41,10 @@ log = logging.getLogger("srl.trainer.sft")
 
 
 def settings_from_sft(cfg: Any) -> Any:
-    """The trainer settings of an ``SFTConfig`` (same fields as an RL run's, read from the SFT sections)."""
+    """The trainer settings of an ``SFTConfig`` (the fields RL runs read alike; rows of ``data.seq_len`` tokens)."""
     from toolkit.trainer.main import TrainerSettings
 
-    t, sched = cfg.trainer, cfg.trainer.scheduler
-    return TrainerSettings(
-        model_name=str(cfg.model.name),
-        dtype=cfg.model.dtype,
-        max_steps=cfg.max_steps,
-        seed=cfg.seed,
-        lr=t.optim.lr,
-        weight_decay=t.optim.weight_decay,
-        betas=tuple(t.optim.betas),
-        max_norm=t.optim.max_norm,
-        max_nonfinite_steps=t.optim.max_nonfinite_steps,
-        scheduler=sched.type,
-        warmup_steps=0 if sched.type == "constant" else sched.warmup_steps,
-        min_lr_ratio=sched.min_lr_ratio if sched.type in ("linear", "cosine") else 0.0,
-        micro_batch_size=t.micro_batch_size,
-        seq_len=cfg.data.seq_len,
-        ckpt_interval=cfg.ckpt.interval,
-        keep_last=cfg.ckpt.keep_last,
-        keep_interval=cfg.ckpt.keep_interval,
-        resume_step=cfg.resume.step,
-        resume_dir=Path(cfg.resume.dir) if cfg.resume.dir else None,
-        lora=t.model.lora.model_dump() if t.model.lora is not None else None,
-    )
+    return TrainerSettings(**TrainerSettings.shared_fields(cfg, cfg.trainer, seq_len=cfg.data.seq_len))
 
 
 def load_data(cfg: Any, model_dir: Path) -> tuple[Any, Any | None]:
