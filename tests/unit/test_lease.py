@@ -279,3 +279,31 @@ def test_clean_keeps_the_launchs_own_lease_while_it_deletes_the_run(tmp_path, mo
         assert attempt == 1 and mine is not None and mine.lost is None
         assert lease.read(again).token == mine.token
         mine.release()
+
+
+def test_a_run_with_a_queued_slurm_job_is_refused_until_the_job_is_cancelled(tmp_path, monkeypatch):
+    """A queued (or requeued, pending) job holds no lease yet; a second launch is refused naming it."""
+    from toolkit.config import ConfigError, load_config
+    from toolkit.launch.prepare import prepare_run
+
+    over = ["--output-dir", str(tmp_path / "out"), "--run.name", "q"]
+    run, _ = prepare_run(load_config([REPO / "jobs/reverse-text/rl.toml"], over), argv=["srl", "rl"])
+    lease.held(run).release()
+    (run.launcher / "rl.sbatch").write_text("#!/bin/bash\n")  # it was submitted once
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    queued = tmp_path / "queued"
+    queued.write_text(f"4711|{run.root}|{run.root}/logs/q-4711.out|{run.root}/logs/q-4711.out|\n")
+    (bindir / "squeue").write_text(f"#!/bin/sh\ncat {queued}\n")
+    (bindir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    with pytest.raises(ConfigError) as e:
+        prepare_run(load_config([REPO / "jobs/reverse-text/rl.toml"], over), argv=["srl", "rl"], resume=True)
+    msg = e.value.render()
+    assert "Slurm job(s) 4711 queued or running" in msg and f"srl cancel {run.root}" in msg, msg
+    assert lease.read(run) is None and run.attempts() == [1]  # the refused launch left nothing behind
+    queued.write_text("")  # cancelled
+    again, attempt = prepare_run(load_config([REPO / "jobs/reverse-text/rl.toml"], over), argv=["srl", "rl"],
+                                 resume=True)  # fmt: skip
+    assert attempt == 2
+    lease.held(again).release()

@@ -221,6 +221,7 @@ def prepare_run(
     created = not run.root.exists()
     held = _take_lease(run, argv)
     try:
+        _refuse_if_run_jobs_live(run)
         _refuse_owned_deployment(loaded, run)
         out = _prepare_run(loaded, run, argv=argv, resume=resume, clean=clean, dry_run=False, held=held)
     except BaseException:
@@ -229,6 +230,24 @@ def prepare_run(
             shutil.rmtree(run.root, ignore_errors=True)
         raise
     return out
+
+
+def _refuse_if_run_jobs_live(run: RunDir) -> None:
+    """Raise ConfigError when a Slurm job submitted for ``run`` is still queued or running (a queued or requeued
+    job holds no lease until it starts, and would then run the run a second time). Only for runs that were ever
+    submitted; when Slurm cannot be asked, say so and go on (the lease still guards a job that starts)."""
+    from . import slurm
+
+    if not run.launcher.is_dir() or not any(run.launcher.glob("*.sbatch")):
+        return
+    try:
+        jobs = slurm.jobs_logging_under(run.root)
+    except slurm.SlurmCommandError as exc:
+        print(f"note: could not ask Slurm whether a job of {run.root} is queued ({exc})", file=sys.stderr)
+        return
+    if jobs:
+        raise ConfigError(f"run {run.root} has Slurm job(s) {', '.join(jobs)} queued or running, which will run it; "
+                          f"stop them first: srl cancel {run.root}")  # fmt: skip
 
 
 def _refuse_owned_deployment(loaded: LoadedConfig, run: RunDir) -> None:
