@@ -398,6 +398,11 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
                       flush=True)
                 return 130
             else:
+                # A component may have ended the run early (a stop criterion, the zero-signal guard): say which and
+                # why, so an early end never reads as reaching max_steps.
+                why = _stop_reason(run)
+                if why:
+                    print(f"\nsrl: run stopped early by {why}", flush=True)
                 print(f"\nsrl: run finished; report with: srl report {run.root}", flush=True)
             return 0
         done_other = [c for c in children if c.role not in _FINITE_ROLES and c.returncode is not None]
@@ -412,6 +417,15 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
                 print("\nsrl: checkpoint grace period over; stopping", file=sys.stderr)
                 return 130
         time.sleep(_POLL_S)
+
+
+def _stop_reason(run: RunDir) -> str | None:
+    """What a component wrote into the run's stop request (``<component>: <reason>``), or None without one."""
+    try:
+        text = run.stop_request.read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return text or None
 
 
 def _stop_all(children: list[_Child], reaper: GroupReaper | None = None, *, term_wait_s: float = 15.0) -> None:
