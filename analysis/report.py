@@ -311,6 +311,11 @@ def _settings(cfg: dict[str, Any]) -> list[tuple[str, Any]]:
         "deployment",
         "ckpt",
     ]
+    return _setting_rows(cfg, keys)
+
+
+def _setting_rows(cfg: dict[str, Any], keys: list[str]) -> list[tuple[str, Any]]:
+    """(dotted key, value) rows of the ``keys`` the resolved config sets; tables and lists as sorted JSON."""
     rows = [
         (k, json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
         for k in keys
@@ -342,12 +347,7 @@ def _sft_settings(cfg: dict[str, Any]) -> list[tuple[str, Any]]:
         "deployment",
         "ckpt",
     ]
-    rows = [
-        (k, json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
-        for k in keys
-        if (v := dotted(cfg, k)) is not None
-    ]
-    return rows or [("resolved config", "not available")]
+    return _setting_rows(cfg, keys)
 
 
 def _env_rows(cfg: dict[str, Any]) -> pd.DataFrame:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from sft_rows import tiny_renderer, write_jsonl
 
 from toolkit.config.sft import ColumnsConfig, LossMaskConfig, load_sft_config
 from toolkit.trainer.sft_data import (
@@ -23,15 +21,10 @@ from toolkit.trainer.sft_data import (
 
 @pytest.fixture(scope="module")
 def renderer():
-    from toolkit.models import resolve_model
-    from toolkit.models.renderer import load_renderer
-
-    return load_renderer(None, resolve_model("tiny-qwen3"))
+    return tiny_renderer()
 
 
-def _jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+_jsonl = write_jsonl
 
 
 def _text(renderer, ids, mask) -> str:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from sft_rows import tiny_renderer, write_jsonl
 
 from toolkit.config import ConfigError
 from toolkit.config.sft import ColumnsConfig, LossMaskConfig
@@ -24,15 +25,10 @@ RL_TOML = REPO / "jobs" / "reverse-text" / "rl.toml"
 
 @pytest.fixture(scope="module")
 def renderer():
-    from toolkit.models import resolve_model
-    from toolkit.models.renderer import load_renderer
-
-    return load_renderer(None, resolve_model("tiny-qwen3"))
+    return tiny_renderer()
 
 
-def _jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+_jsonl = write_jsonl
 
 
 def _sft_toml(tmp_path: Path, data: Path, extra: str = "") -> Path:

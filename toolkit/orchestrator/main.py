@@ -381,10 +381,7 @@ class Orchestrator:
             log.info("SFT evals done" if not self._should_stop() else "stopped on request")
             return 0
         finally:
-            stop_follow.set()
-            for t in bg:
-                t.cancel()
-            await asyncio.gather(*bg, return_exceptions=True)
+            await _stop_background(stop_follow, bg)
 
     def _engine_watch(self, tracker: PolicyTracker) -> EngineWatch | None:
         """The watch that holds generation while an engine restarts (None with an injected client without a
@@ -464,10 +461,15 @@ class Orchestrator:
                 log.info("all %d steps written", self.cfg.max_steps)
             return 0
         finally:
-            stop_follow.set()
-            for t in bg:
-                t.cancel()
-            await asyncio.gather(*bg, return_exceptions=True)
+            await _stop_background(stop_follow, bg)
+
+
+async def _stop_background(stop: asyncio.Event, tasks: list[asyncio.Task]) -> None:
+    """End the loop's background tasks (policy follower, engine watch, producer): signal, cancel, await all."""
+    stop.set()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def main(argv: list[str] | None = None) -> int:
