@@ -12,11 +12,12 @@ import shutil
 import time
 
 import pytest
+from prereqs import need_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
+torch = need_module("torch")
+need_module("vllm")
 
 from toolkit.fsutil import write_marker
 from toolkit.inference.client import PolicyClient
