@@ -68,18 +68,17 @@ def test_killed_env_worker_is_replaced_and_the_run_completes(tmp_path):
             killed.append(worker.proc.pid)
             os.kill(worker.proc.pid, signal.SIGKILL)  # mid-run, rollouts in flight
             replaced = None
-            while replaced is None and not task.done():  # the runtime restarts the dead worker in the background
-                w = orch.train_envs["rev"].runtime.workers[0]
-                if w.proc is not None and w.proc.pid != killed[0] and w.proc.returncode is None:
-                    replaced = w.proc.pid
+            # The runtime restarts the dead worker in the background, into the same worker slot.
+            while replaced is None and not task.done():
+                proc = worker.proc
+                if proc is not None and proc.pid != killed[0] and proc.returncode is None:
+                    replaced = proc.pid
                 await asyncio.sleep(0.05)
             rc = await asyncio.wait_for(task, 600)
-            if replaced is None:
-                # On a loaded machine the rest of the run can finish between two polls; the worker that served it
-                # is still the runtime's (stopped by now, its pid kept).
-                w = orch.train_envs["rev"].runtime.workers[0]
-                if w.proc is not None and w.proc.pid != killed[0]:
-                    replaced = w.proc.pid
+            if replaced is None and worker.proc is not None and worker.proc.pid != killed[0]:
+                # On a loaded machine the rest of the run can finish between two polls: the worker slot (closed
+                # with the runtime by now, which drops its list) still holds the replacement's process.
+                replaced = worker.proc.pid
             return rc, replaced
 
         rc, new_pid = asyncio.run(go())
