@@ -61,7 +61,7 @@ def test_a_training_sft_trainer_exits_when_the_lease_is_taken_by_another_supervi
             "--data.batch-size", "4", "--val.interval", "1000", "--ckpt.interval", "1000", "--eval.env", "[]",
             "--output-dir", str(tmp_path / "out"), "--run.name", "fl"]  # fmt: skip
     files, overrides, _ = split_config_args(args)
-    _view, run, _attempt = prepare(load(files, overrides), ["sft", *args], dry_run=False, resume=False, clean=False)
+    _view, run, _attempt = prepare(load(files, overrides), ["sft", *args], files=files, dry_run=False, resume=False, clean=False)
     mine = lease.held(run)  # this test is the supervisor: lease A
     trainer = _role("trainer", run, mine.token)
     deadline = time.monotonic() + 300

@@ -115,7 +115,8 @@ def _run_dir(cfg: Any, resume: bool) -> Any:
     return RunDir(Path(cfg.output_dir) / cfg.run.name)
 
 
-def prepare(cfg: Any, argv: list[str], *, dry_run: bool, resume: bool, clean: bool) -> tuple[Any, Any, int]:
+def prepare(cfg: Any, argv: list[str], *, files: list[Path], dry_run: bool, resume: bool,
+            clean: bool) -> tuple[Any, Any, int]:
     """Create or reopen the run directory and write this attempt's configs (``resolved/sft.json`` marks the run
     as SFT for the trainer). Returns ``(launch_view, run, attempt)``. Raises ConfigError as ``srl rl`` does
     (existing run without --resume/--clean, a finished run resumed, ...)."""
@@ -132,16 +133,10 @@ def prepare(cfg: Any, argv: list[str], *, dry_run: bool, resume: bool, clean: bo
             raise ConfigError(f"--resume: {live.root} already finished (checkpoint step {step}, max_steps = "
                               f"{cfg.max_steps}); raise max_steps to train on, or use --clean to start over")
     view = cfg.launch_view()
-    loaded = LoadedConfig(view, inputs=[Path(f) for f in _files(argv)], overrides=[])
+    loaded = LoadedConfig(view, inputs=[Path(f) for f in files], overrides=[])
     run, attempt = prepare_attempt(loaded, live, argv=["srl", *argv], dry_run=dry_run, resume=resume, clean=clean)
     atomic_write_json(run.config_attempt(attempt) / "resolved" / "sft.json", cfg.model_dump(mode="json"))
     return view, run, attempt
-
-
-def _files(argv: list[str]) -> list[str]:
-    from toolkit.cli import split_config_args
-
-    return [str(f) for f in split_config_args([a for a in argv if a != "sft"])[0]]
 
 
 def launch(cfg: Any, view: Any, run: Any, attempt: int, *, dry_run: bool, resume: bool) -> int:
@@ -171,7 +166,7 @@ def cmd_run(args: list[str]) -> int:
         return 0
     cfg = load(files, overrides)
     _check_model_now(cfg, dry_run=flags["dry_run"])
-    view, run, attempt = prepare(cfg, ["sft", *args], dry_run=flags["dry_run"], resume=flags["resume"],
+    view, run, attempt = prepare(cfg, ["sft", *args], files=files, dry_run=flags["dry_run"], resume=flags["resume"],
                                  clean=flags["clean"])  # fmt: skip
     if flags["dry_run"]:
         print(f"dry run: SFT config {run.resolved('sft')}")
@@ -313,7 +308,7 @@ def cmd_chain(args: list[str]) -> int:
     cfg = load(files, overrides)
     _check_model_now(cfg, dry_run=flags["dry_run"])
     _check_rl_args(rl_args, cfg)
-    view, run, attempt = prepare(cfg, ["sft", *sft_args], dry_run=flags["dry_run"], resume=flags["resume"],
+    view, run, attempt = prepare(cfg, ["sft", *sft_args], files=files, dry_run=flags["dry_run"], resume=flags["resume"],
                                  clean=flags["clean"])  # fmt: skip
     from toolkit.preflight.site import load_site
 

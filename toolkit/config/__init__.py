@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from . import rules
-from .compose import deep_merge, origin_of, parse_overrides, read_toml, record_origins
+from .compose import merge_layers, origin_of
 from .convert import to_canonical
 from .errors import ConfigError, ConfigIssue, pydantic_issues
 from .model import NULL_SPELLING, RLConfig
@@ -80,21 +80,7 @@ def load_config(files: list[Path], overrides: list[str] | None = None, *, purpos
     Raises ConfigError listing every problem (file, field path, allowed values, fix) before anything is written.
     What the config points at outside itself is checked next, by :func:`toolkit.preflight.preflight`.
     """
-    merged: dict[str, Any] = {}
-    notices: list[str] = []
-    origins: dict[str, str] = {}  # field path -> the file (or "command line") that set it last
-    for path in files:
-        raw = read_toml(Path(path))
-        canon, got = to_canonical(raw, source=str(path))
-        notices += got
-        merged = deep_merge(merged, canon)
-        record_origins(canon, str(path), origins)
-    over = parse_overrides(list(overrides or []))
-    if over:
-        over, got = to_canonical(over, source="command line")
-        notices += got
-        merged = deep_merge(merged, over)
-        record_origins(over, "command line", origins)
+    merged, origins, notices = merge_layers(files, overrides, shape=to_canonical)
     try:
         loaded = validate_dict(merged, purpose=purpose)
     except ConfigError as e:

@@ -126,3 +126,28 @@ def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
         node = nxt
     node[path[-1]] = value
 
+
+def merge_layers(
+    files: list[Path], overrides: list[str] | None = None, *, shape: Any = None
+) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """Merge TOML ``files`` left to right, then the dotted command-line ``overrides`` on top.
+
+    ``shape`` (optional) maps each layer to the canonical shape first: ``shape(tree, source=...)`` returns
+    ``(tree, notices)``. Returns ``(merged, origins, notices)``: ``origins`` maps each field path to the file (or
+    "command line") that set it last. Raises ConfigError for an unreadable file or a malformed override.
+    """
+    merged: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    notices: list[str] = []
+    layers = [(read_toml(Path(p)), str(p)) for p in files]
+    over = parse_overrides(list(overrides or []))
+    if over:
+        layers.append((over, "command line"))
+    for tree, source in layers:
+        if shape is not None:
+            tree, got = shape(tree, source=source)
+            notices += got
+        merged = deep_merge(merged, tree)
+        record_origins(tree, source, origins)
+    return merged, origins, notices
+

@@ -213,27 +213,15 @@ def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SF
     """
     from pydantic import ValidationError
 
-    from .compose import deep_merge, origin_of, parse_overrides, read_toml, record_origins
+    from . import name_sources
+    from .compose import merge_layers
     from .errors import ConfigError, pydantic_issues
 
-    merged: dict = {}
-    origins: dict[str, str] = {}
-    for path in files:
-        raw = read_toml(Path(path))
-        merged = deep_merge(merged, raw)
-        record_origins(raw, str(path), origins)
-    over = parse_overrides(list(overrides or []))
-    if over:
-        merged = deep_merge(merged, over)
-        record_origins(over, "command line", origins)
+    merged, origins, _ = merge_layers(files, overrides)
     try:
         cfg = SFTConfig.model_validate(merged)
     except ValidationError as e:
-        issues = pydantic_issues(e, SFTConfig)
-        for issue in issues:
-            if issue.source is None:
-                issue.source = origin_of(issue.path, origins)
-        raise ConfigError(issues) from None
+        raise ConfigError(name_sources(pydantic_issues(e, SFTConfig), origins)) from None
     lora = cfg.trainer.model.lora is not None
     ranks = cfg.deployment.cpu_train_ranks if cfg.deployment.type == "single_node" else 2
     if lora and (ranks > 1 or cfg.deployment.type != "single_node"):
