@@ -20,6 +20,7 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
     metrics.jsonl        one JSON object per line: step, time, role, metrics
     policy_reloads.jsonl one JSON object per live weight reload: version, time, each engine's reported version
     run_meta.json        run id, created time; kept across attempts and requeues
+    ending.json          how the latest attempt ended (``toolkit.run.ending``); absent while it runs
 
 Nothing else in srl builds these paths by hand: roles and offline tools take a ``RunDir``.
 """
@@ -162,6 +163,11 @@ class RunDir:
     @property
     def run_meta(self) -> Path:
         return self.root / "run_meta.json"
+
+    @property
+    def ending(self) -> Path:
+        """How the latest attempt ended, written and read only through ``toolkit.run.ending``."""
+        return self.root / "ending.json"
 
     @property
     def model_export(self) -> Path:

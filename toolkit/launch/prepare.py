@@ -293,6 +293,9 @@ def _prepare_run(loaded: LoadedConfig, run: RunDir, *, argv: list[str], resume: 
     # A stale stop request from an earlier attempt would end the new one at once.
     if run.stop_request.exists():
         run.stop_request.unlink()
+    from ..run import ending
+
+    ending.clear(run)  # the earlier attempt's ending; this one's is recorded when it ends
     attempt = run.next_attempt()
     adir = run.config_attempt(attempt)
     (adir / "inputs").mkdir(parents=True)

@@ -19,14 +19,21 @@ from pathlib import Path
 
 from toolkit.config.model import StopCriteria
 from toolkit.fsutil import atomic_write_text
+from toolkit.run import ending
 from toolkit.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 
 def request_stop(run: RunDir, reason: str, *, component: str = "orchestrator") -> None:
-    """Write the stop request ``<component>: <reason>`` (unless one exists already) and log the reason."""
+    """Record the stop criterion in the run's ending (``toolkit.run.ending``), then write the stop request
+    ``<component>: <reason>`` (unless one exists already) and log the reason."""
     log.warning("requesting stop: %s", reason)
+    parsed = ending.criterion_of(f"{component}: {reason}")
+    if parsed is not None and not (run.stop_request.exists() and ending.read(run) is None):
+        # Before the stop request, so a supervisor that sees the request also finds the criterion; a request
+        # already there without a record is a user's stop, which this criterion does not overrule.
+        ending.record_criterion(run, parsed[1], reason, role=component)
     if run.stop_request.exists():
         return
     run.control.mkdir(parents=True, exist_ok=True)

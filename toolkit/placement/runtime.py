@@ -127,6 +127,9 @@ def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
     write_plan(run, plan)
     if run.stop_request.exists():
         run.stop_request.unlink()  # left by the previous run of a requeued job
+    from ..run import ending
+
+    ending.clear(run)  # a requeued job's previous ending (preempted)
     if any(p.role == "inference" for p in plan.processes) and run.inference_ready.exists():
         run.inference_ready.unlink()  # its URLs point at the previous allocation's engines
     return plan

@@ -1,0 +1,292 @@
+"""How a run ended: ``<run>/ending.json``, written by whoever decides it, read by launchers, ``srl status`` and
+reports, and the exit status each ending maps to.
+
+Causes and exit statuses (README lists the same table):
+
+======  ==============  ==================================================================================
+status  cause           meaning
+======  ==============  ==================================================================================
+0       ``completed``   the trainer reached ``max_steps``
+1       ``failed``      a role (trainer, orchestrator, an engine, the router) failed; ``role`` names it
+3       ``lease-lost``  another supervisor took the run over; this attempt stopped at once
+4       ``no-signal``   the zero-signal guard stopped the run (``monitors.stop.max_empty_steps``)
+5       ``criterion``   another stop criterion stopped it: trainer divergence, errored share, mismatch KL,
+                        reward collapse (``criterion`` names it, ``reason`` says why)
+6       ``time-limit``  the Slurm time limit (or a preemption) ended the job and it was not requeued
+130     ``user``        stopped on request: Ctrl-C, ``srl cancel`` or a signal to the job
+======  ==============  ==================================================================================
+
+Status 2 stays the CLI's "bad config or command line" (nothing ran). A requeued job (``preempted``) exits 0 so
+Slurm runs it again; its next attempt clears the record.
+
+Who writes: a role that stops the run for a criterion calls :func:`record_criterion` before it writes the stop
+request (the first criterion recorded wins); the supervisor (local launcher or batch job) calls :func:`settle`
+once every process has ended, with what only it knows (a failed process, a signal, a lost lease), and prints
+:meth:`Ending.line` last. :func:`clear` runs at the start of every attempt. Stdlib only: safe on the login node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolkit.fsutil import atomic_write_json
+from toolkit.rundir import RunDir
+
+COMPLETED = "completed"
+FAILED = "failed"
+LEASE_LOST = "lease-lost"
+NO_SIGNAL = "no-signal"
+CRITERION = "criterion"
+TIME_LIMIT = "time-limit"
+PREEMPTED = "preempted"
+USER = "user"
+
+# One place for the numbers: the CLI, the batch script and README's table all follow this mapping.
+EXIT_STATUS = {COMPLETED: 0, PREEMPTED: 0, FAILED: 1, LEASE_LOST: 3, NO_SIGNAL: 4, CRITERION: 5, TIME_LIMIT: 6,
+               USER: 130}  # fmt: skip
+CAUSES = tuple(EXIT_STATUS)
+
+# Criterion names (the ``criterion`` field).
+ZERO_SIGNAL_GUARD = "zero-signal guard"
+DIVERGENCE = "divergence"
+STOP_CRITERIA = "monitors.stop"
+
+# Bytes read from the end of metrics.jsonl for the newest trainer step (one record is < 4 KiB).
+_TAIL_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run's latest attempt ended.
+
+    ``cause`` is one of :data:`CAUSES`; ``reason`` says why in words (the criterion's message, a process's exit
+    status and log); ``criterion`` names the stop criterion (:data:`ZERO_SIGNAL_GUARD`, :data:`DIVERGENCE`,
+    :data:`STOP_CRITERIA`), ``role`` the role that decided or failed; ``step`` is the newest trainer step recorded
+    in ``metrics.jsonl`` (None before the first); ``time`` is seconds since the epoch.
+    """
+
+    cause: str
+    reason: str = ""
+    criterion: str | None = None
+    role: str | None = None
+    step: int | None = None
+    time: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if self.cause not in EXIT_STATUS:
+            raise ValueError(f"unknown run ending cause {self.cause!r}; one of {', '.join(CAUSES)}")
+
+    @property
+    def exit_status(self) -> int:
+        """The process exit status of this ending (:func:`exit_status`)."""
+        return exit_status(self)
+
+    def summary(self) -> str:
+        """One phrase: ``reached max_steps (step 200)``, ``stopped by the zero-signal guard at step 12: ...``."""
+        at = f" at step {self.step}" if self.step is not None else ""
+        why = f": {self.reason}" if self.reason else ""
+        if self.cause == COMPLETED:
+            return f"reached max_steps (step {self.step})" if self.step is not None else "reached max_steps"
+        if self.cause == USER:
+            return f"stopped by the user{at}{why or ' (Ctrl-C or srl cancel)'}"
+        if self.cause in (NO_SIGNAL, CRITERION):
+            return f"stopped by the {self.criterion or 'stop criteria'}{at}{why}"
+        if self.cause == FAILED:
+            return f"failed in {self.role or 'an unknown role'}{at}{why}"
+        if self.cause == TIME_LIMIT:
+            return f"ended by the Slurm time limit{at}{why}"
+        if self.cause == PREEMPTED:
+            return f"preempted{at}; requeued{why}"
+        return f"stopped{at}: another supervisor took the run over{why}"
+
+    def line(self) -> str:
+        """The supervisor's last line: ``srl: run ended: <summary> (exit status N)``."""
+        return f"srl: run ended: {self.summary()} (exit status {self.exit_status})"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Ending:
+        """Raises ValueError for a record that is not an ending."""
+        if not isinstance(obj, dict) or "cause" not in obj:
+            raise ValueError("not a run ending record")
+        known = {k: obj[k] for k in ("cause", "reason", "criterion", "role", "step", "time") if k in obj}
+        return cls(**known)
+
+
+def exit_status(ending: Ending | None) -> int:
+    """The exit status a command (the local launcher, the Slurm batch job) returns for ``ending``: 0 only when the
+    run reached ``max_steps`` (or was requeued); a stop criterion is never 0 and never 1 (a failure). None (no
+    ending could be decided) is 1."""
+    return 1 if ending is None else EXIT_STATUS[ending.cause]
+
+
+def path(run: RunDir) -> Path:
+    """``<run>/ending.json``."""
+    return run.ending
+
+
+def read(run: RunDir) -> Ending | None:
+    """The recorded ending of ``run``'s latest attempt; None while it runs, before it ever ran, or when the record
+    is unreadable."""
+    try:
+        return Ending.from_json(json.loads(path(run).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write(run: RunDir, ending: Ending) -> Ending:
+    """Write ``ending`` (atomically, replacing any earlier record); returns it."""
+    atomic_write_json(path(run), ending.to_json())
+    return ending
+
+
+def clear(run: RunDir) -> None:
+    """Forget the previous attempt's ending (a new attempt starts)."""
+    try:
+        path(run).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def record_criterion(run: RunDir, criterion: str, reason: str, *, role: str) -> Ending:
+    """Record that ``role`` stops the run for ``criterion`` (:data:`ZERO_SIGNAL_GUARD` maps to ``no-signal``,
+    anything else to ``criterion``), unless a criterion was recorded first (that one is kept and returned)."""
+    earlier = read(run)
+    if earlier is not None and earlier.cause in (NO_SIGNAL, CRITERION):
+        return earlier
+    cause = NO_SIGNAL if criterion == ZERO_SIGNAL_GUARD else CRITERION
+    return write(run, Ending(cause, reason, criterion=criterion, role=role, step=newest_trainer_step(run)))
+
+
+def criterion_of(stop_text: str) -> tuple[str, str, str] | None:
+    """``(role, criterion, reason)`` of a stop request's text ``<role>: <reason>`` (as written by
+    ``toolkit.orchestrator.stop.request_stop``); None for an empty request (a user's or a launcher's)."""
+    text = stop_text.strip()
+    if not text:
+        return None
+    role, _, reason = text.partition(": ")
+    if not reason:
+        role, reason = "", text
+    if reason.startswith(ZERO_SIGNAL_GUARD):
+        return role, ZERO_SIGNAL_GUARD, reason
+    return role, (DIVERGENCE if role == "trainer" else STOP_CRITERIA), reason
+
+
+def settle(
+    run: RunDir,
+    *,
+    failed: str | None = None,
+    failed_reason: str = "",
+    user_stop: bool = False,
+    time_limit: bool = False,
+    requeued: bool = False,
+    lease_lost: bool = False,
+) -> Ending:
+    """Decide and record how the attempt ended, once every process has ended; returns the ending.
+
+    ``failed`` names the process (or role) whose failure ended the run, ``failed_reason`` says how (exit status,
+    log). The decision, first match wins: a lost lease (nothing is written: the run is someone else's now); a
+    requeue; a criterion recorded by a role (its own non-zero exit, as a diverged trainer's, is part of that
+    stop, not a failure); a failure; the time limit; a user's stop; a stop request whose text names a criterion
+    (a role that wrote it without a record); otherwise the run completed.
+    """
+    step = newest_trainer_step(run)
+    if lease_lost:
+        return Ending(LEASE_LOST, step=step)
+    if requeued:
+        return write(run, Ending(PREEMPTED, "the job's pre-timeout signal came; it checkpointed and requeued",
+                                 step=step))  # fmt: skip
+    recorded = read(run)
+    if recorded is not None and recorded.cause in (NO_SIGNAL, CRITERION):
+        if failed is None or _role_of(failed) == recorded.role:
+            return write(run, Ending(**{**recorded.to_json(), "step": step}))
+    if failed is not None:
+        return write(run, Ending(FAILED, failed_reason, role=failed, step=step))
+    if time_limit:
+        return write(run, Ending(TIME_LIMIT, "the job was not requeued; resume it with --resume", step=step))
+    stop_text = _read_text(run.stop_request)
+    parsed = criterion_of(stop_text) if stop_text is not None else None
+    if user_stop or (stop_text is not None and parsed is None):
+        return write(run, Ending(USER, step=step))
+    if parsed is not None:
+        role, criterion, reason = parsed
+        cause = NO_SIGNAL if criterion == ZERO_SIGNAL_GUARD else CRITERION
+        return write(run, Ending(cause, reason, criterion=criterion, role=role or None, step=step))
+    return write(run, Ending(COMPLETED, step=step))
+
+
+def newest_trainer_step(run: RunDir) -> int | None:
+    """The newest trainer ``step`` in ``metrics.jsonl`` (its last 256 KiB), None without one."""
+    try:
+        with open(run.metrics, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _TAIL_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # the first line of the tail is usually cut
+        if isinstance(rec, dict) and rec.get("role") == "trainer" and isinstance(rec.get("step"), int):
+            return rec["step"]
+    return None
+
+
+def _role_of(process: str) -> str:
+    """``trainer-1`` -> ``trainer``: a multi-node role's processes carry its name and a node index."""
+    head, _, tail = process.rpartition("-")
+    return head if head and tail.isdigit() else process
+
+
+def _read_text(p: Path) -> str | None:
+    try:
+        return p.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _past_time_limit(now: float | None = None) -> bool:
+    """True when this Slurm job is at its time limit (Slurm's ``SLURM_JOB_END_TIME``, within a minute): the
+    signal that ended it was the time limit's, not ``scancel``'s or ``srl cancel``'s."""
+    end = os.environ.get("SLURM_JOB_END_TIME", "")
+    try:
+        return (time.time() if now is None else now) >= int(end) - 60
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m toolkit.run.ending settle --run-dir D [...]``: the batch job's last step. Records the ending,
+    prints its line and returns its exit status."""
+    ap = argparse.ArgumentParser(prog="python -m toolkit.run.ending")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("settle", help="decide, record and print how the run ended; exit with its status")
+    s.add_argument("--run-dir", required=True, type=Path)
+    s.add_argument("--failed", default=None, help="process whose exit ended the run (when it exited non-zero)")
+    s.add_argument("--status", type=int, default=None, help="that process's exit status")
+    s.add_argument("--signal", default=None, help="signal the job received (TERM, INT, ...)")
+    s.add_argument("--requeued", action="store_true")
+    a = ap.parse_args(argv)
+    run = RunDir(a.run_dir)
+    failed = a.failed if a.failed and a.status not in (None, 0) else None
+    timed_out = a.signal is not None and _past_time_limit()
+    ending = settle(run, failed=failed, failed_reason=f"exit status {a.status}" if failed else "",
+                    user_stop=a.signal is not None and not timed_out, time_limit=timed_out,
+                    requeued=a.requeued)  # fmt: skip
+    print(ending.line(), flush=True)
+    return ending.exit_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
