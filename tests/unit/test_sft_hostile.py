@@ -415,3 +415,39 @@ def test_local_sft_from_an_unfinished_sft_run_is_refused_before_its_run_director
     with pytest.raises(ConfigError, match="model.name: run directory .* has no final model yet"):
         cmd_run(["@", str(_sft_toml(tmp_path, data)), "--model.name", str(first), "--run.name", "second"])
     assert not (tmp_path / "outputs" / "second").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The cross-field rules srl rl applies hold for srl sft too (one rule set, run on the SFT run's launch view)
+# ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("extra", "field", "says"), [
+    ('[slurm]\nextra_directives = ["--nodes=4"]\n', "slurm.extra_directives", "set by srl"),
+    ('[env_vars]\nHF_TOKEN = "hf_abc"\n', "env_vars.HF_TOKEN", "looks like a secret"),
+    ('[env_vars]\n"BAD-NAME" = "1"\n', "env_vars.BAD-NAME", "not a valid environment variable name"),
+    ('[trainer.env_vars]\n"1X" = "1"\n', "trainer.env_vars.1X", "not a valid environment variable name"),
+    ('[slurm]\ntime = "ninety minutes"\n', "slurm.time", ""),
+    ('[[eval.env]]\ntaskset = { id = "reverse-text" }\n[[eval.env]]\ntaskset = { id = "reverse-text" }\n',
+     "eval.env", "used 2 times"),
+])  # fmt: skip
+def test_rl_rules_refuse_the_same_values_in_an_sft_config(tmp_path, extra, field, says):
+    from toolkit.config.sft import load_sft_config
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
+    with pytest.raises(ConfigError) as e:
+        load_sft_config([_sft_toml(tmp_path, data, extra)])
+    issue = next(i for i in e.value.issues if i.path == field)
+    assert says in issue.message
+    assert issue.source and issue.source.endswith("sft.toml"), "the finding names the file that set the field"
+
+
+def test_preflight_findings_on_the_launch_view_name_the_sft_fields(tmp_path, capsys):
+    """A finding of preflight about the eval env is reported under [eval], the table the user wrote."""
+    from toolkit.commands.sft import load
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
+    toml = _sft_toml(tmp_path, data, '[[eval.env]]\ntaskset = { id = "revers-text" }\n')
+    with pytest.raises(ConfigError) as e:
+        load([toml], [])
+    paths = [i.path for i in e.value.issues]
+    assert any(p.startswith("eval.env[0]") for p in paths), paths
+    assert not any(p.startswith("orchestrator.") for p in paths), paths

@@ -57,26 +57,29 @@ def load(files: list[Path], overrides: list[str]) -> Any:
 
 
 def _check_world(cfg: Any) -> None:
-    """The checks ``srl rl`` runs on what the config points at (model.name, the site, [eval] tasksets), on the
-    SFT run's launch view: a missing model or an unknown site is reported here, before the run directory is
-    written, instead of as a traceback when the trainer starts. Prints warnings; raises ConfigError."""
+    """The preflight ``srl rl`` runs (model.name, site, ports, placement, [eval] tasksets and runtimes), on the SFT
+    run's launch view, plus a writable output_dir: a missing model or an unknown site is reported here, before the
+    run directory is written, instead of as a traceback when the trainer starts. Prints warnings; raises
+    ConfigError naming the SFT config's fields."""
     from toolkit.config import ConfigError, ConfigIssue
-    from toolkit.preflight import checks
-    from toolkit.preflight.site import load_site
+    from toolkit.config.sft import in_sft_terms, launch_loaded
+    from toolkit.preflight import preflight
 
-    found = checks.check(cfg.launch_view())
+    errors: list[ConfigIssue] = []
+    warnings: list[ConfigIssue] = []
     try:
-        load_site(cfg.site)
+        checked = preflight(launch_loaded(cfg))
+        warnings = checked.warnings
     except ConfigError as e:
-        found.errors += [ConfigIssue("site", i.message) for i in e.issues]
+        errors = e.issues
     out = Path(cfg.output_dir).expanduser().absolute()
     first = next((p for p in (out, *out.parents) if p.exists()), out)
     if not first.is_dir() or not os.access(first, os.W_OK | os.X_OK):
-        found.errors.append(ConfigIssue("output_dir", f"{out}: cannot hold run directories ({first} is not a "
-                                        "writable directory); give another output_dir"))  # fmt: skip
-    if found.errors:
-        raise ConfigError(found.errors)
-    for w in found.warnings:
+        errors.append(ConfigIssue("output_dir", f"{out}: cannot hold run directories ({first} is not a "
+                                  "writable directory); give another output_dir"))  # fmt: skip
+    if errors:
+        raise ConfigError(in_sft_terms(errors))
+    for w in in_sft_terms(warnings):
         print(f"warning: {w}", file=sys.stderr)
 
 

@@ -29,16 +29,17 @@ _SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)",
 
 
 def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
-    """Run every rule; returns errors and warnings (never raises).
+    """Run every rule that applies to ``purpose``; returns errors and warnings (never raises).
 
-    ``purpose`` "serve" (``srl inference`` standalone) skips the rules about training envs, groups and async.
+    ``purpose``: "rl" (every rule); "serve" (``srl inference`` standalone: no training envs, groups, async or
+    trainer); "sft" (the launch view of an SFT run, :meth:`toolkit.config.sft.SFTConfig.launch_view`: a trainer and
+    at most eval envs, so the rules about train envs, groups, async and rollout lengths do not apply).
+    Raises ValueError for another ``purpose``.
     """
-    f = Findings()
-    rl_only = (_batch_and_groups, _env_names_and_ratios, _concurrency, _env_pools, _async, _weight_retention,
-               _row_fits_rollout, _trainer_gpus)
-    for rule in (
+    rules = (
         _batch_and_groups,
-        _env_names_and_ratios,
+        _train_envs,
+        _env_names,
         _concurrency,
         _env_pools,
         _async,
@@ -52,10 +53,15 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
         _vllm_table,
         _references,
         _row_fits_rollout,
-    ):
-        if purpose == "serve" and rule in rl_only:
-            continue
-        rule(cfg, f)
+    )
+    rl_only = {_batch_and_groups, _train_envs, _concurrency, _async, _weight_retention, _row_fits_rollout}
+    skipped = {"rl": set(), "serve": rl_only | {_env_pools, _trainer_gpus}, "sft": rl_only}
+    if purpose not in skipped:
+        raise ValueError(f"purpose must be one of {sorted(skipped)}, not {purpose!r}")
+    f = Findings()
+    for rule in rules:
+        if rule not in skipped[purpose]:
+            rule(cfg, f)
     return f
 
 
@@ -86,10 +92,22 @@ def _batch_and_groups(cfg: RLConfig, f: Findings) -> None:
             )
 
 
-def _env_names_and_ratios(cfg: RLConfig, f: Findings) -> None:
+def _train_envs(cfg: RLConfig, f: Findings) -> None:
     o = cfg.orchestrator
     if not o.train.env:
         f.error("orchestrator.train.env", "at least one [[orchestrator.train.env]] is required")
+    ratios = [e.ratio is not None for e in o.train.env]
+    if any(ratios) and not all(ratios):
+        missing = [e.env_name for e in o.train.env if e.ratio is None]
+        f.error("orchestrator.train.env[].ratio", f"set ratio on every train env or on none; missing on {missing}")
+    if o.eval.interval and not o.eval.env:
+        f.warn("orchestrator.eval.interval", "eval interval is set but there is no [[orchestrator.eval.env]]")
+    if not o.eval.env:
+        f.warn("orchestrator.eval.env", "no held-out eval env: the seed advises periodic eval from the start")
+
+
+def _env_names(cfg: RLConfig, f: Findings) -> None:
+    o = cfg.orchestrator
     for section, envs in (("train", o.train.env), ("eval", o.eval.env)):
         names = Counter(e.env_name for e in envs)
         for name, n in names.items():
@@ -101,14 +119,6 @@ def _env_names_and_ratios(cfg: RLConfig, f: Findings) -> None:
         for i, e in enumerate(envs):
             if e.taskset is None and not e.legacy:
                 f.error(f"orchestrator.{section}.env[{i}].taskset", "missing: give taskset = {{ id = \"...\" }}")
-    ratios = [e.ratio is not None for e in o.train.env]
-    if any(ratios) and not all(ratios):
-        missing = [e.env_name for e in o.train.env if e.ratio is None]
-        f.error("orchestrator.train.env[].ratio", f"set ratio on every train env or on none; missing on {missing}")
-    if o.eval.interval and not o.eval.env:
-        f.warn("orchestrator.eval.interval", "eval interval is set but there is no [[orchestrator.eval.env]]")
-    if not o.eval.env:
-        f.warn("orchestrator.eval.env", "no held-out eval env: the seed advises periodic eval from the start")
 
 
 def _concurrency(cfg: RLConfig, f: Findings) -> None:

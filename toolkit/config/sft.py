@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from .model import (
     _MAX_SEED,
@@ -84,7 +84,6 @@ class ValDataConfig(Section):
 
     name: Path
     columns: ColumnsConfig = ColumnsConfig()
-    batch_size: int = Field(32, ge=1, le=1_000_000)
 
 
 class ValConfig(Section):
@@ -149,16 +148,8 @@ class SFTConfig(Section):
     env_vars: dict[str, str] = Field(default_factory=dict)
     kind: Literal["sft"] = "sft"
     """Marks a resolved ``sft.json`` (the trainer runs the SFT loop for it)."""
-
-    @field_validator("env_vars")
-    @classmethod
-    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        import re
-
-        bad = [k for k in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
-        if bad:
-            raise ValueError(f"environment variable names must be letters, digits and '_': {bad}")
-        return v
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+    _warnings: list = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _deployment_has_a_trainer(self) -> SFTConfig:
@@ -205,15 +196,49 @@ class SFTConfig(Section):
         )
 
 
+# Where a field of the launch view comes from in the SFT config, for the paths the two spell differently
+# (longest prefix first); every other path is the same in both.
+_VIEW_TO_SFT = (
+    ("orchestrator.max_concurrent", "max_concurrent"),
+    ("orchestrator.renderer", "renderer"),
+    ("orchestrator.eval", "eval"),
+    ("trainer.seq_len", "data.seq_len"),
+)
+
+
+def sft_path(view_path: str) -> str:
+    """The SFT config's spelling of a field path of :meth:`SFTConfig.launch_view` (``orchestrator.eval.env[0]``
+    -> ``eval.env[0]``, ``trainer.seq_len`` -> ``data.seq_len``); a comma-separated list maps item by item."""
+    out = []
+    for part in view_path.split(","):
+        p = part.strip()
+        for view, sft in _VIEW_TO_SFT:
+            if p == view or p.startswith(view + ".") or p.startswith(view + "["):
+                p = sft + p[len(view):]
+                break
+        out.append(p)
+    return ", ".join(out)
+
+
+def in_sft_terms(issues: list) -> list:
+    """``issues`` (ConfigIssue) found on the launch view, renamed to the SFT config's field paths. Returns them."""
+    for issue in issues:
+        issue.path = sft_path(issue.path)
+    return issues
+
+
 def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SFTConfig:
-    """Merge SFT TOML ``files`` left to right, apply dotted ``overrides``, validate.
+    """Merge SFT TOML ``files`` left to right, apply dotted ``overrides``, validate the fields, then the same
+    cross-field rules ``srl rl`` applies (:func:`toolkit.config.rules.check`, purpose "sft") on the launch view:
+    Slurm directives, secrets, environment variable names, the deployment, eval envs.
 
     Relative ``data.name`` / ``val.data.name`` stay relative to the working directory (as ``output_dir`` does).
-    Raises ConfigError listing every problem (field path, allowed values, the file that set it).
+    Raises ConfigError listing every problem (SFT field path, allowed values, the file that set it). The rules'
+    warnings are kept for :func:`launch_loaded`.
     """
     from pydantic import ValidationError
 
-    from . import name_sources
+    from . import name_sources, rules
     from .compose import merge_layers
     from .errors import ConfigError, pydantic_issues
 
@@ -227,7 +252,30 @@ def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SF
     if lora and (ranks > 1 or cfg.deployment.type != "single_node"):
         raise ConfigError("trainer.model.lora: LoRA SFT runs on one trainer rank only (its merged model export is "
                           "not gathered across ranks); drop trainer.model.lora or use one rank")
+    found = rules.check(cfg.launch_view(), purpose="sft")
+    if found.errors:
+        raise ConfigError(name_sources(in_sft_terms(found.errors), origins))
+    cfg._origins = origins
+    cfg._warnings = name_sources(in_sft_terms(found.warnings), origins)
     return cfg
 
 
-__all__ = ["ColumnsConfig", "DataConfig", "LossMaskConfig", "SFTConfig", "SFTTrainerConfig", "ValConfig", "load_sft_config"]
+def launch_loaded(cfg: SFTConfig):  # -> LoadedConfig (imported lazily: the package imports this module)
+    """The launch view of ``cfg`` as a :class:`toolkit.config.LoadedConfig` (purpose "sft"), for
+    :func:`toolkit.preflight.preflight`: its warnings so far, and field origins in the view's paths so a finding
+    names the file that set the field. Map findings back with :func:`in_sft_terms`."""
+    from . import LoadedConfig
+
+    back = {sft: view for view, sft in _VIEW_TO_SFT}
+    origins = {}
+    for path, src in cfg._origins.items():
+        view = next((v + path[len(s):] for s, v in back.items()
+                     if path == s or path.startswith(s + ".") or path.startswith(s + "[")), path)  # fmt: skip
+        origins[view] = src
+    return LoadedConfig(cfg.launch_view(), warnings=list(cfg._warnings), purpose="sft", origins=origins)
+
+
+__all__ = [
+    "ColumnsConfig", "DataConfig", "LossMaskConfig", "SFTConfig", "SFTTrainerConfig", "ValConfig", "in_sft_terms",
+    "launch_loaded", "load_sft_config", "sft_path",
+]
