@@ -63,8 +63,12 @@ def test_status_of_a_local_run_reads_progress_from_the_run_directory(tmp_path: P
     write_marker(run.stop_request)
     assert status_main([str(run.root)]) == 0
     assert "stop requested" in capsys.readouterr().out
+    from toolkit.run import ending
+
+    ending.settle(run, user_stop=True)  # what the launcher records as it ends
     write_local_record(run, attempt=1, status=130)
     assert json.loads((run.launcher / "local.json").read_text())["status"] == 130
     assert status_main([str(run.root)]) == 0
     out = capsys.readouterr().out
-    assert "ended with status 130 (stopped by Ctrl-C)" in out and "stop requested" not in out  # served
+    assert "ended with status 130" in out and "stop requested" not in out  # served
+    assert "ended: stopped by the user at step 2 (Ctrl-C or srl cancel) (exit status 130)" in out

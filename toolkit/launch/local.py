@@ -33,6 +33,7 @@ from ..config.errors import ConfigError
 from ..config.model import RLConfig
 from ..fsutil import write_marker
 from ..procutil import GroupReaper, kill_with_parent_preexec
+from ..run import ending
 from ..rundir import RunDir, point_symlink
 from .progress import continue_command, write_local_record
 from .restarts import RestartBudget, is_restartable
@@ -106,8 +107,9 @@ class _Progress:
 
 
 def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
-    """Start, supervise and stop all plan processes. Returns 0 on success, else the failing component's status
-    (3 when the run's lease was taken by another supervisor: everything is stopped at once, nothing more written).
+    """Start, supervise and stop all plan processes. Returns the exit status of how the run ended
+    (``toolkit.run.ending``: 0 only when it reached max_steps; 3 when the run's lease was taken by another
+    supervisor: everything is stopped at once, nothing more written), whose line it prints last.
 
     The launcher holds the run's lease (``toolkit.lease``; taken by ``prepare_run`` or here) for as long as it
     runs, and hands its token to every child in ``SRL_RUN_LEASE``. Raises ConfigError when another live supervisor
@@ -148,6 +150,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
 
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     status = 1
+    failure: str | None = None  # what failed when no process did (inference never became healthy)
     write_local_record(run, attempt=attempt)  # read by `srl status`
     from ..inference.health import clear_ready
 
@@ -180,22 +183,29 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         status = e.child.returncode or 1
     except TimeoutError as e:
         print(f"srl: {e}", file=sys.stderr, flush=True)
-        status = 1
+        status, failure = 1, str(e)
     except LeaseLost as e:
         print(f"\nsrl: {e}; stopping every process of this attempt now", file=sys.stderr, flush=True)
         status = 3
     finally:
         lost = stop_requested["lost"] is not None
+        # Decided before the teardown, whose kills would read as failures.
+        try:
+            end = _settle(run, children, status, stop_requested, failure)
+        except OSError as e:  # a full disk must not keep the teardown from running
+            end = ending.Ending(ending.FAILED, f"could not record how the run ended: {e}")
         # The run belongs to someone else once the lease is lost: no grace period, no more writes into it.
         _stop_all(children, reaper, term_wait_s=0.0 if lost else 15.0)
         reaper.close()
         restore_admin_token(saved_token)
         for s, h in old.items():
             signal.signal(s, h)
+        status = end.exit_status
         if not lost:
             write_local_record(run, attempt=attempt, status=status)
         _remove_job_scratch(plan)
         lease.release()
+        print(f"\n{end.line()}", flush=True)
     return status
 
 
@@ -398,12 +408,8 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
                       flush=True)
                 return 130
             else:
-                # A component may have ended the run early (a stop criterion, the zero-signal guard): say which and
-                # why, so an early end never reads as reaching max_steps.
-                why = _stop_reason(run)
-                if why:
-                    print(f"\nsrl: run stopped early by {why}", flush=True)
-                print(f"\nsrl: run finished; report with: srl report {run.root}", flush=True)
+                # How it ended (max_steps or a stop criterion) is the last line run_local prints.
+                print(f"\nsrl: report with: srl report {run.root}", flush=True)
             return 0
         done_other = [c for c in children if c.role not in _FINITE_ROLES and c.returncode is not None]
         if done_other and stop["at"] is None:
@@ -419,13 +425,22 @@ def _supervise(cfg: RLConfig, run: RunDir, children: list[_Child], stop: dict[st
         time.sleep(_POLL_S)
 
 
-def _stop_reason(run: RunDir) -> str | None:
-    """What a component wrote into the run's stop request (``<component>: <reason>``), or None without one."""
-    try:
-        text = run.stop_request.read_text(errors="replace").strip()
-    except OSError:
-        return None
-    return text or None
+def _settle(run: RunDir, children: list[_Child], status: int, stop: dict[str, Any], failure: str | None) -> Any:
+    """Decide and record how the run ended (``toolkit.run.ending.settle``) from the supervision's outcome:
+    ``status`` as supervision returned it, the children's exit statuses, a user's stop, a lost lease."""
+    if stop.get("lost") is not None:
+        return ending.settle(run, lease_lost=True)
+    if stop.get("at") is not None:
+        return ending.settle(run, user_stop=True)
+    if status == 0:
+        return ending.settle(run)
+    bad = [c for c in children if c.returncode not in (None, 0)]
+    # A server (engine, router) has no clean exit while the run needs it.
+    bad += [c for c in children if c.role not in _FINITE_ROLES and c.returncode == 0]
+    if bad:
+        c = bad[0]
+        return ending.settle(run, failed=c.name, failed_reason=f"exit status {c.returncode} (log: {c.log.name})")
+    return ending.settle(run, failed="inference", failed_reason=failure or f"supervision ended with status {status}")
 
 
 def _stop_all(children: list[_Child], reaper: GroupReaper | None = None, *, term_wait_s: float = 15.0) -> None:

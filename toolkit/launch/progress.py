@@ -72,10 +72,8 @@ def read_local_record(run: RunDir) -> dict[str, Any] | None:
 def _launcher_line(rec: dict[str, Any]) -> str:
     where = f"local launcher pid {rec.get('pid')} on {rec.get('host')}, attempt {rec.get('attempt')}"
     if "status" in rec:
-        status = rec["status"]
-        # 130 = 128 + SIGINT: the shell's code for a run stopped with Ctrl-C (it checkpointed and stopped).
-        meaning = {0: "finished", 130: "stopped by Ctrl-C"}.get(status, "failed")
-        return f"{where}: ended with status {status} ({meaning})"
+        # What the status means is the run's ending line (``ending:``), recorded with it.
+        return f"{where}: ended with status {rec['status']}"
     if rec.get("host") != socket.gethostname():
         return f"{where}: state unknown from this host"
     try:
@@ -92,11 +90,15 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None, jobs_final: boo
     partial or missing run directory: missing facts are simply left out."""
     from ..checkpoints import latest_complete
     from ..inference.weights import newest_stable_broadcast
+    from ..run import ending
 
     lines: list[str] = []
     launcher = read_local_record(run)
     if launcher is not None:
         lines.append(_launcher_line(launcher))
+    end = ending.read(run)
+    if end is not None:
+        lines.append(f"ended: {end.summary()} (exit status {end.exit_status})")
     last = last_metrics(run)
     now = time.time()
     of = f" of {max_steps}" if max_steps else ""

@@ -206,9 +206,9 @@ def settle(
         return write(run, Ending(PREEMPTED, "the job's pre-timeout signal came; it checkpointed and requeued",
                                  step=step))  # fmt: skip
     recorded = read(run)
-    if recorded is not None and recorded.cause in (NO_SIGNAL, CRITERION):
-        if failed is None or _role_of(failed) == recorded.role:
-            return write(run, Ending(**{**recorded.to_json(), "step": step}))
+    by_criterion = recorded is not None and recorded.cause in (NO_SIGNAL, CRITERION)
+    if recorded is not None and by_criterion and (failed is None or _role_of(failed) == recorded.role):
+        return write(run, Ending(**{**recorded.to_json(), "step": step}))
     if failed is not None:
         return write(run, Ending(FAILED, failed_reason, role=failed, step=step))
     if time_limit:
