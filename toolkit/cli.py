@@ -33,6 +33,7 @@ Environments, evals, sweeps, reports
   srl sweep @ sweep.toml [--site S] [--dry-run]   parameter sweep: one Slurm job array (local site: runs here)
   srl report RUN_DIR [...]              HTML + Markdown report (pandas, matplotlib)
   srl diagnose RUN_DIR                  classify failures by the seed's boundaries
+  srl export RUN_DIR [--step N] DIR     a checkpoint as a Hugging Face model directory (LoRA merged)
 
 Models and roles
   srl model build-tiny DIR [--seed N] | srl model import-smollm2 DIR
@@ -57,55 +58,16 @@ _ROLE_COMMANDS = {
     "model": "toolkit.models.cli:main",
     "launch-local": "toolkit.launch.local:main",
     "sft": "toolkit.commands.sft:main",
+    "export": "toolkit.commands.export:main",
 }
 
 
-_OWN_FLAGS = ("--dry-run", "--resume", "--clean", "--help", "-h")
-
-
-def _refuse_misspelt_flag(tok: str) -> None:
-    """Raise ConfigError for a near miss of srl's own flags (``--dryrun``, ``--resum``): as a config override it
-    would only get a confusing "unknown config key" hint. Dotted names and ``--key=value`` are overrides."""
-    import difflib
-
-    if not tok.startswith("--") or "." in tok or "=" in tok:
-        return
-    close = difflib.get_close_matches(tok.replace("_", "-"), _OWN_FLAGS[:-1], n=1, cutoff=0.8)
-    if close:
-        from .config import ConfigError
-
-        raise ConfigError(f"unknown option {tok}; did you mean {close[0]}? (srl's own flags: "
-                          f"{', '.join(_OWN_FLAGS[:-1])}; config overrides look like --section.field VALUE)")  # fmt: skip
-
-
 def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str, bool]]:
-    """Split ``@ FILE`` pairs, srl's own flags and config overrides.
+    """The one parser of every run-shaped command (:func:`toolkit.config.cli_args.split_config_args`): ``@``
+    files, srl's own flags, dotted overrides. Imported when called, so ``srl --help`` loads no config schema."""
+    from .config.cli_args import split_config_args as split
 
-    Returns ``(files, overrides, flags)``; flags are dry_run, resume, clean, help. ``--site X`` is an override.
-    """
-    files: list[Path] = []
-    rest: list[str] = []
-    flags = {"dry_run": False, "resume": False, "clean": False, "help": False}
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if tok == "@":
-            if i + 1 >= len(argv):
-                from .config import ConfigError
-
-                raise ConfigError("'@' must be followed by a TOML file path")
-            files.append(Path(argv[i + 1]))
-            i += 2
-            continue
-        if tok.startswith("@") and len(tok) > 1:
-            files.append(Path(tok[1:]))
-        elif tok in _OWN_FLAGS:
-            flags[{"-h": "help", "--help": "help"}.get(tok, tok[2:].replace("-", "_"))] = True
-        else:
-            _refuse_misspelt_flag(tok)
-            rest.append(tok)
-        i += 1
-    return files, rest, flags
+    return split(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
