@@ -1,0 +1,56 @@
+"""The command line of every run-shaped command (``srl rl``, ``srl sft``, ``srl sweep``, ``srl inference``,
+``srl eval``, ``srl config show``): ``@ FILE`` layers, srl's own flags, and dotted config overrides.
+
+One splitter for all of them, so they compose alike: files merge left to right, ``--section.field VALUE``
+overrides win, and ``--site NAME`` / ``--output-dir DIR`` are overrides of the config's ``site`` and
+``output_dir`` like any other field.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from .errors import ConfigError
+
+OWN_FLAGS = ("--dry-run", "--resume", "--clean", "--help", "-h")
+
+
+def refuse_misspelt_flag(tok: str) -> None:
+    """Raise ConfigError for a near miss of srl's own flags (``--dryrun``, ``--resum``): as a config override it
+    would only get a confusing "unknown config key" hint. Dotted names and ``--key=value`` are overrides."""
+    if not tok.startswith("--") or "." in tok or "=" in tok:
+        return
+    close = difflib.get_close_matches(tok.replace("_", "-"), OWN_FLAGS[:-1], n=1, cutoff=0.8)
+    if close:
+        raise ConfigError(f"unknown option {tok}; did you mean {close[0]}? (srl's own flags: "
+                          f"{', '.join(OWN_FLAGS[:-1])}; config overrides look like --section.field VALUE)")  # fmt: skip
+
+
+def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str, bool]]:
+    """Split ``@ FILE`` pairs (or ``@FILE``), srl's own flags and config overrides.
+
+    Returns ``(files, overrides, flags)`` in command-line order; flags are dry_run, resume, clean, help.
+    ``--site X`` and ``--output-dir X`` are overrides. Raises ConfigError for a dangling ``@`` or a misspelt flag.
+    """
+    files: list[Path] = []
+    rest: list[str] = []
+    flags = {"dry_run": False, "resume": False, "clean": False, "help": False}
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "@":
+            if i + 1 >= len(argv):
+                raise ConfigError("'@' must be followed by a TOML file path")
+            files.append(Path(argv[i + 1]))
+            i += 2
+            continue
+        if tok.startswith("@") and len(tok) > 1:
+            files.append(Path(tok[1:]))
+        elif tok in OWN_FLAGS:
+            flags[{"-h": "help", "--help": "help"}.get(tok, tok[2:].replace("-", "_"))] = True
+        else:
+            refuse_misspelt_flag(tok)
+            rest.append(tok)
+        i += 1
+    return files, rest, flags
