@@ -16,6 +16,9 @@ checkpoint present when the first run ended, finish with state COMPLETED, record
 step in metrics.jsonl exactly once (steps after that checkpoint are trained again), and keep the first run's
 logs (component logs are appended, the batch log holds both runs).
 
+(a) is in the default selection (CI): one run of the main job on Slurm with a 2-node trainer that ends COMPLETED with
+every step once, through a requeue (about 3 minutes on two cores). (b) is heavy (``scripts/test.sh -m heavy``).
+
 Figures (wall time per phase) are printed; run with ``-s`` to see them.
 """
 
@@ -37,7 +40,7 @@ from toolkit.launch import slurm
 from toolkit.placement import read_plan
 from toolkit.rundir import RunDir
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.slurm, pytest.mark.vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm]
 
 # Shortest shape that leaves steps after a checkpoint to redo: checkpoint every 3 steps, fault after step 4. The
 # trainer cannot reach checkpoint 6 within the fault's latency (one poll, under a second): batch 6 needs the
@@ -136,6 +139,22 @@ def _check_resumed_run(run: RunDir, job: str, resumed_from: int, logs_before: di
     return st
 
 
+def _check_two_node_trainer(run: RunDir, job: str) -> None:
+    """The job's placement: engine and orchestrator on the first node, the trainer as torchrun on the two others,
+    one rank on each (the ranks' own log lines say so)."""
+    plan = read_plan(run)
+    assert plan.job_id == job and len(set(plan.hosts)) == 3, plan.hosts
+    trainer, orch = plan.process("trainer"), plan.process("orchestrator")
+    assert [p.node_index for p in plan.processes if p.role == "inference"] == [0] and orch.node_index == 0
+    assert trainer.node_indices == (1, 2) and trainer.nprocs_per_node == 1 and trainer.command[0] == "torchrun"
+    # "srl.trainer INFO rank R of W (local rank L) on NODE, device cpu", once per rank
+    lines = [line.split("INFO rank ", 1)[1] for text in _trainer_logs(run).values() for line in text.splitlines()
+             if "srl.trainer INFO rank " in line]  # fmt: skip
+    ranks = sorted(line.split(" (")[0] for line in lines)
+    hosts = {line.rsplit(" on ", 1)[1].split(",")[0] for line in lines}
+    assert ranks == ["0 of 2", "1 of 2"] and hosts == {plan.hosts[1], plan.hosts[2]}, (ranks, hosts)
+
+
 def _scontrol(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30, check=False)
 
@@ -187,6 +206,7 @@ def test_scontrol_requeue_from_outside_resumes_each_step_once(tmp_path: Path) ->
     run, job = _submit(tmp_path, "requeue")
     try:
         t_first = _wait_past_checkpoint(run, job)
+        _check_two_node_trainer(run, job)
         logs_before = _trainer_logs(run)
         slurm.requeue(job)
         t_fault = time.monotonic()
@@ -206,6 +226,7 @@ def test_scontrol_requeue_from_outside_resumes_each_step_once(tmp_path: Path) ->
           f"{time.monotonic() - t0:.0f} s in all")
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(FIRST_RUN_S + REQUEUE_S + FINISH_S + 300)
 def test_node_down_requeues_and_resumes_each_step_once(tmp_path: Path) -> None:
     t0 = time.monotonic()
