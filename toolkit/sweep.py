@@ -20,19 +20,18 @@ manifest (``<output_dir>/<sweep>/manifest.json``), in its own run directory keye
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
-import os
 import random
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, ConfigIssue, LoadedConfig, validate_dict
-from .config.compose import _set_path, deep_merge, read_toml
+from .config import ConfigError, ConfigIssue, LoadedConfig, name_sources, validate_dict
+from .config.cli_args import split_config_args
+from .config.compose import _set_path, deep_merge, merge_layers, parse_overrides, read_toml, record_origins
 from .config.convert import to_canonical
 from .preflight import preflight
 
@@ -52,11 +51,16 @@ class SweepPoint:
 
 @dataclass
 class Sweep:
+    """A parsed sweep: its points, the layers every point shares (``base_files``, ``common`` = ``[config]``,
+    command-line ``overlays`` and dotted ``overrides``) and ``max_parallel``, the most tasks running at once."""
+
     name: str
     base_files: list[Path]
     points: list[SweepPoint]
     max_parallel: int
     common: dict[str, Any]
+    overlays: list[Path] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
 
 
 def load_sweep(path: Path) -> Sweep:
@@ -168,12 +172,19 @@ def _check_distribution(key: str, kind: str, arg: Any, source: str) -> None:
 
 
 def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None) -> LoadedConfig:
-    """The full validated run config of one point (run name = point id, under ``<output_dir>/<sweep name>``)."""
-    merged: dict[str, Any] = {}
-    for f in sweep.base_files:
-        canon, _ = to_canonical(read_toml(f), source=str(f))
-        merged = deep_merge(merged, canon)
+    """The full validated run config of one point (run name = point id, under ``<output_dir>/<sweep name>``).
+
+    Layers, later wins: the sweep's ``base`` files, its ``[config]`` table, the overlay files and dotted overrides
+    of the command line (every point gets them), the point's own axis values, its seed. ``output_dir`` (a path)
+    replaces the merged ``output_dir``. Raises ConfigError naming the point, its values and the field.
+    """
+    merged, origins, _ = merge_layers(sweep.base_files, shape=to_canonical)
     merged = deep_merge(merged, sweep.common)
+    record_origins(sweep.common, f"{sweep.name} [config]", origins)
+    if sweep.overlays or sweep.overrides:
+        top, top_origins, _ = merge_layers(sweep.overlays, sweep.overrides, shape=to_canonical)
+        merged = deep_merge(merged, top)
+        origins.update(top_origins)
     for key, value in point.params.items():
         _set_path(merged, key.split("."), value)
     merged["seed"] = point.seed
@@ -185,59 +196,118 @@ def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None
         raise ConfigError(f"run must be a table, got {merged['run']!r}", source=f"sweep {sweep.name}")
     merged["run"]["name"] = point.point_id
     try:
-        loaded = preflight(validate_dict(merged, source=f"sweep point {point.point_id}")).loaded
+        checked = preflight(validate_dict(merged, source=f"sweep point {point.point_id}"))
     except ConfigError as e:
-        for issue in e.issues:
+        for issue in name_sources(e.issues, origins):
             issue.message = f"[{point.point_id} {point.params} seed={point.seed}] {issue.message}"
         raise
-    loaded.inputs = list(sweep.base_files)
+    loaded = checked.loaded
+    loaded.inputs = [*sweep.base_files, *sweep.overlays]
+    loaded.overrides = list(sweep.overrides)
     return loaded
 
 
-def write_manifest(sweep: Sweep, root: Path) -> Path:
-    """``manifest.json``: array index -> point id, params, seed, run directory."""
+def check_overrides(sweep: Sweep) -> None:
+    """Refuse command-line overrides of what the sweep varies itself (an axis, or ``seed`` of ``sweep.seeds``):
+    which value a point would run with is then ambiguous. Raises ConfigError naming the field."""
+    flat: list[str] = []
+
+    def walk(tree: dict[str, Any], prefix: str) -> None:
+        for k, v in tree.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat.append(f"{prefix}{k}")
+
+    walk(parse_overrides(sweep.overrides), "")
+    axes = {k.replace("-", "_") for p in sweep.points for k in p.params} | {"seed"}
+    clash = sorted(set(flat) & axes)
+    if clash:
+        raise ConfigError([ConfigIssue(k, "is varied by the sweep itself (an axis of [sweep], or sweep.seeds); "
+                                       "change it in the sweep file, not on the command line", "command line")
+                           for k in clash])  # fmt: skip
+
+
+def write_manifest(sweep: Sweep, root: Path, command: list[str] | None = None) -> Path:
+    """``manifest.json``: array index -> point id, params, seed, run directory; the layers every point shares
+    (base files, ``[config]``, overlays, overrides) and the ``srl sweep`` command line that submitted it."""
     from .fsutil import atomic_write_json
 
     root.mkdir(parents=True, exist_ok=True)
     data = {"name": sweep.name, "base": [str(p) for p in sweep.base_files], "common": sweep.common,
+            "overlays": [str(p) for p in sweep.overlays], "overrides": list(sweep.overrides),
+            "command": list(command or []), "max_parallel": sweep.max_parallel,
             "points": [{**asdict(p), "run_dir": str(root / p.point_id)} for p in sweep.points]}
     path = root / "manifest.json"
     atomic_write_json(path, data)
     return path
 
 
+HELP = """usage: srl sweep @ sweep.toml [@ overlay.toml ...] [--section.field VALUE ...] [--site S] [--output-dir D]
+                 [--dry-run] [--resume] [--clean]
+
+The first file is the sweep ([sweep] axes, seeds, max_parallel, base run configs; [config] for every point). Further
+files are run-config overlays, merged onto every point after the base files and [config], and dotted overrides
+apply to every point too (an override of a swept field is refused). Each point is a full run under
+<output_dir>/<sweep name>/<point id>, validated before anything is submitted.
+
+On a Slurm site each point runs as an `srl rl` batch job would, inside a job array task that requests the point's
+whole allocation (nodes, GPUs, partition, time, account); points of different shapes go into separate arrays that
+together never run more than max_parallel tasks. Tasks requeue on preemption and at the pre-timeout signal and
+resume their own point. On the local site the points run here, max_parallel at a time.
+
+  --dry-run   write the manifest, every point's run directory and the array scripts; submit nothing
+  --resume    continue a sweep: finished points are skipped, the others resume from their newest checkpoint
+  --clean     delete the points' run directories and start over
+Follow it with `srl status <sweep dir>`; stop it with `srl cancel <sweep dir>`.
+"""
+
+
 def main(argv: list[str]) -> int:
-    """``srl sweep @ sweep.toml [--dry-run] [--output-dir D]`` and ``srl sweep run-point MANIFEST INDEX``."""
-    if argv and argv[0] == "run-point":
-        offset = int(argv[4]) if len(argv) > 4 and argv[3] == "--offset" else 0
-        return run_point(Path(argv[1]), int(argv[2]) + offset)
-    parser = argparse.ArgumentParser(prog="srl sweep")
-    parser.add_argument("at", choices=["@"])
-    parser.add_argument("file", type=Path)
-    parser.add_argument("--dry-run", action="store_true")
-    parser.add_argument("--output-dir", type=Path)
-    parser.add_argument("--site", help="site-configs/ name (overrides the configs' site)")
-    args = parser.parse_args(argv)
-    sweep = load_sweep(args.file)
-    if args.site:
-        sweep.common = deep_merge(sweep.common, {"site": args.site})
-    configs = [point_config(sweep, p, args.output_dir) for p in sweep.points]  # validate all before submitting
+    """``srl sweep @ sweep.toml [@ overlay.toml ...] [--a.b VALUE ...] [--site S] [--output-dir D] [--dry-run]
+    [--resume] [--clean]``: the same command line as ``srl rl`` (:func:`toolkit.config.cli_args.split_config_args`).
+    Returns the exit status; raises ConfigError before anything is written for a bad sweep or point."""
+    files, overrides, flags = split_config_args(argv)
+    if flags["help"]:
+        print(HELP)
+        return 0
+    if not files:
+        raise ConfigError("give the sweep file: srl sweep @ jobs/reverse-text/sweep.toml [@ overlay.toml ...]")
+    if flags["resume"] and flags["clean"]:
+        raise ConfigError("--resume and --clean contradict (continue the sweep, or delete it and start over): give one")
+    sweep = load_sweep(files[0])
+    sweep.overlays = [f.resolve() for f in files[1:]]
+    sweep.overrides = list(overrides)
+    check_overrides(sweep)
+    configs = [point_config(sweep, p) for p in sweep.points]  # validate all before writing or submitting
     # Absolute: the array tasks read the manifest and write the points' run directories from wherever Slurm
     # starts them, not from the directory the sweep was submitted from.
-    root = Path(configs[0].config.output_dir).resolve()
-    manifest = write_manifest(sweep, root)
-    print(f"sweep {sweep.name}: {len(sweep.points)} points, manifest {manifest}")
-    site_name = configs[0].config.site
+    root = Path(configs[0].config.output_dir).expanduser().resolve()
     from .preflight.site import load_site
 
-    site = load_site(site_name)
+    site = load_site(configs[0].config.site)
+    sites = {c.config.site for c in configs}
+    if len(sites) > 1:
+        raise ConfigError(f"the points of one sweep run on one site; they name {sorted(sites)} (is site a sweep axis?)")
     if site.is_slurm:
-        from .launch.submit import submit_sweep
+        from .launch.sweeps import prepare_points, refuse_if_sweep_live, submit_arrays
 
-        ids = submit_sweep(sweep, manifest, configs[0].config, site, dry_run=args.dry_run)
-        print(("rendered" if args.dry_run else "submitted") + f" array job(s): {', '.join(map(str, ids))}")
+        if not flags["dry_run"]:
+            refuse_if_sweep_live(root)
+        manifest = write_manifest(sweep, root, command=argv)
+        print(f"sweep {sweep.name}: {len(sweep.points)} points, manifest {manifest}")
+        prepared = prepare_points(sweep, configs, site, root, argv=["srl", "sweep", *argv],
+                                  dry_run=flags["dry_run"], resume=flags["resume"], clean=flags["clean"])
+        ids = submit_arrays(sweep.name, prepared, site, root, max_parallel=sweep.max_parallel,
+                            dry_run=flags["dry_run"])
+        if not ids:
+            print("every point of the sweep has finished; nothing to submit")
+            return 0
+        print(("rendered" if flags["dry_run"] else "submitted") + f" array job(s): {', '.join(map(str, ids))}")
         return 0
-    if args.dry_run:
+    manifest = write_manifest(sweep, root, command=argv)
+    print(f"sweep {sweep.name}: {len(sweep.points)} points, manifest {manifest}")
+    if flags["dry_run"]:
         return 0
     return _run_local(manifest, len(sweep.points), sweep.max_parallel)
 
@@ -258,31 +328,34 @@ def _run_local(manifest: Path, n: int, parallel: int) -> int:
     return 1 if failed else 0
 
 
+def sweep_from_manifest(manifest: Path) -> Sweep:
+    """The Sweep a manifest was written from (points, shared layers); raises ConfigError when it is unreadable."""
+    try:
+        data = json.loads(Path(manifest).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read the sweep manifest {manifest}: {e}") from None
+    points = [SweepPoint(p["index"], p["point_id"], p["params"], p["seed"]) for p in data["points"]]
+    return Sweep(data["name"], [Path(b) for b in data["base"]], points, int(data.get("max_parallel", 1)),
+                 data["common"], [Path(o) for o in data.get("overlays", [])], list(data.get("overrides", [])))
+
+
 def run_point(manifest: Path, index: int) -> int:
-    """Run one point of a sweep (what array task ``index`` executes)."""
-    data = json.loads(Path(manifest).read_text())
-    p = data["points"][index]
-    sweep = Sweep(data["name"], [Path(b) for b in data["base"]], [], 1, data["common"])
-    point = SweepPoint(p["index"], p["point_id"], p["params"], p["seed"])
-    loaded = point_config(sweep, point, Path(p["run_dir"]).parent.parent)
+    """Run point ``index`` of a local sweep here, as a local run in its own run directory (no Slurm site)."""
+    sweep = sweep_from_manifest(manifest)
+    point = sweep.points[index]
+    root = Path(manifest).parent
+    loaded = point_config(sweep, point, root.parent)
     cfg = loaded.config
-    # Inside an array task the point runs as a local run on the task's node.
-    cfg.site = "local"
     from .launch.dispatch import launch
     from .launch.prepare import prepare_run
     from .rundir import RunDir
 
-    resume = RunDir(Path(p["run_dir"])).configs.exists()
+    run_dir = RunDir(root / point.point_id)
+    resume = run_dir.configs.exists()
     run, attempt = prepare_run(loaded, argv=["srl", "sweep", "run-point", str(manifest), str(index)], resume=resume)
     meta = json.loads(run.run_meta.read_text())
-    meta.update({"sweep": data["name"], "sweep_point": point.params, "seed": point.seed, "point_id": point.point_id,
+    meta.update({"sweep": sweep.name, "sweep_point": point.params, "seed": point.seed, "point_id": point.point_id,
                  "sweep_index": point.index})
-    # Which array task ran this point, so offline tools can join the task's log (%x_%A_%a) to its point (B11).
-    # Absent outside Slurm (local sweeps run points through submitit).
-    if os.environ.get("SLURM_ARRAY_JOB_ID"):
-        meta.update({"array_job_id": os.environ["SLURM_ARRAY_JOB_ID"],
-                     "array_task_id": int(os.environ.get("SLURM_ARRAY_TASK_ID", "-1")),
-                     "slurm_job_id": os.environ.get("SLURM_JOB_ID")})
     from .fsutil import atomic_write_json
 
     atomic_write_json(run.run_meta, meta)

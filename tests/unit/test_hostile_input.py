@@ -178,9 +178,9 @@ def recorder(monkeypatch):
     """Replace the two ways a sweep starts work (Slurm array submission, local runs) by recorders."""
     calls: list[str] = []
     from toolkit import sweep
-    from toolkit.launch import submit
+    from toolkit.launch import sweeps
 
-    monkeypatch.setattr(submit, "submit_sweep", lambda *a, **k: calls.append("submit_sweep") or ["1"])
+    monkeypatch.setattr(sweeps, "submit_arrays", lambda *a, **k: calls.append("submit_arrays") or ["1"])
     monkeypatch.setattr(sweep, "_run_local", lambda *a, **k: calls.append("run_local") or 0)
     return calls
 

@@ -55,17 +55,18 @@ def test_array_script_names_logs_by_array_job_and_task(tmp_path: Path) -> None:
     assert d["array"] == "0-2%2"
     assert d["output"] == d["error"] == f"{root}/logs/%x_%A_%a.out"
     assert d["job-name"] == "b11-sweep-0"  # named after the sweep, not after its first point
-    # Each task runs the manifest point of its own index; nothing in the task's paths uses the per-task job id.
-    assert "run-point" in text and "${SLURM_ARRAY_TASK_ID}" in text
-    assert "%j" not in text and "SLURM_JOB_ID}/" not in text.split("srl_cmd=", 1)[1]
+    # Each task runs the point of its own index (its own run directory, keyed by point id); nothing in the task's
+    # paths uses the per-task job id, which only names the point's batch log.
+    assert "srl_points=( p000 p001 p002 )" in text and "${SLURM_ARRAY_TASK_ID:-0}" in text
+    assert "%j" not in text and "SLURM_JOB_ID}/" not in text
     manifest = json.loads((root / "manifest.json").read_text())
     assert [(p["index"], p["point_id"], p["params"]["trainer.optim.lr"], p["run_dir"]) for p in manifest["points"]] \
         == [(i, f"p{i:03d}", lr, str(root / f"p{i:03d}")) for i, lr in enumerate([1e-6, 3e-6, 1e-5])]
 
 
 def make_sweep_runs(tmp_path: Path, ran: tuple[int, ...] = (0, 2)) -> Path:
-    """A 3-point sweep root with its manifest; only the points in ``ran`` have run directories (as run_point
-    writes them, array job 77). Returns the sweep root."""
+    """A 3-point sweep root with its manifest; only the points in ``ran`` have run directories (with the run meta
+    a submission writes, array job 77). Returns the sweep root."""
     sweep = load_sweep(_sweep_file(tmp_path))
     root = tmp_path / "out" / "b11"
     write_manifest(sweep, root)

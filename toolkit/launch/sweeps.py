@@ -1,0 +1,414 @@
+"""Sweeps on Slurm: every point an ``srl rl`` batch job, run inside job array tasks that fit its allocation.
+
+On the login node each point gets its own run directory, plan and batch script (``<point>/launcher/rl.sbatch``,
+exactly what ``srl rl`` would submit for it). Points are grouped by allocation shape (the script's ``#SBATCH``
+lines: nodes, GPUs per node, partition, time, account, requeue and signal, het groups); each shape becomes one or
+more job arrays whose task ``i`` executes the batch script of its ``i``-th point, so the task runs the same plan
+and the same supervisor as ``srl rl`` (lease, resolved hosts, components, pre-timeout checkpoint and requeue).
+Slurm has no heterogeneous job arrays: a point whose plan uses a het group runs as its own plain job.
+
+``max_parallel`` bounds the tasks running at once over the whole sweep: arrays are spread over at most
+``max_parallel`` lanes; the lanes share the throttle out (each array's ``%N`` is its lane's share) and an array
+starts after the previous array of its lane ended (``--dependency=afterany``). See :func:`plan_arrays`.
+
+Files in the sweep root: ``manifest.json`` (written by ``toolkit.sweep``), ``array_<k>.sbatch`` (one per array or
+plain job), ``arrays.jsonl`` (one line per submission: job id, points, throttle, dependency) and
+``logs/<sweep>-sweep-<k>_<array id>_<task>.out`` (one line per task start, naming the point's own batch log).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import lease as leases
+from ..config import ConfigError, LoadedConfig
+from ..config.site import SiteConfig
+from ..fsutil import atomic_write_json, atomic_write_text
+from ..placement.plan import build_plan, run_port_key, write_plan
+from ..render import _env, build_context, job_name, render_rl, sbatch_value
+from ..rundir import RunDir
+from . import slurm
+from .prepare import prepare_attempt
+from .submit import _prepare_logs, read_job_ids, record_job_id
+
+# Directives that name a job and its logs: a point's script has its own, the array script has the sweep's.
+_PER_JOB = ("--job-name=", "--output=", "--error=")
+
+
+@dataclass
+class PreparedPoint:
+    """A point ready to run: its run directory and attempt, its batch script, its allocation ``shape`` (the
+    script's ``#SBATCH`` lines per het group, minus name and logs) and the log file name prefix (its job name)."""
+
+    index: int
+    point_id: str
+    run: RunDir
+    attempt: int
+    script: Path
+    shape: tuple[tuple[str, ...], ...]
+    log_prefix: str
+
+
+@dataclass
+class ArrayChunk:
+    """One submission: ``points`` (indices into the prepared list, task ``i`` runs ``points[i]``) of one shape;
+    ``array`` False for a plain job (a het-group point); ``throttle`` its ``%N``; ``after`` the chunk (index)
+    whose job must end first (``afterany``), None to start at once; ``lane`` the lane it runs in."""
+
+    shape: int
+    points: list[int]
+    array: bool
+    throttle: int
+    lane: int
+    after: int | None = None
+    job_id: str | None = field(default=None, compare=False)
+
+
+def plan_arrays(shapes: list[tuple[int, bool]], max_parallel: int, max_array_size: int) -> list[ArrayChunk]:
+    """Split shapes into submissions that never run more than ``max_parallel`` tasks at once, together.
+
+    ``shapes``: per shape, its number of points and whether it may be an array (False: het jobs, one plain job per
+    point). Each shape is cut into chunks of at most ``max_array_size`` tasks. Chunks go to
+    ``L = min(max_parallel, chunks)`` lanes, each to the lane with the fewest points so far; lane ``j``'s throttle
+    is ``max_parallel // L`` plus one for the first ``max_parallel % L`` lanes (the throttles sum to
+    ``max_parallel``), and a chunk waits for the previous chunk of its lane. Only one chunk per lane is ever
+    running, so at most ``max_parallel`` tasks run. Raises ValueError for ``max_parallel`` or
+    ``max_array_size`` < 1.
+    """
+    if max_parallel < 1 or max_array_size < 1:
+        raise ValueError("max_parallel and max_array_size must be >= 1")
+    chunks: list[ArrayChunk] = []
+    first = 0
+    for shape, (n, can_array) in enumerate(shapes):
+        size = max_array_size if can_array else 1
+        for start in range(0, n, size):
+            pts = list(range(first + start, first + min(n, start + size)))
+            chunks.append(ArrayChunk(shape, pts, can_array, 1, 0))
+        first += n
+    if not chunks:
+        return []
+    lanes = min(max_parallel, len(chunks))
+    load = [0] * lanes
+    last: list[int | None] = [None] * lanes
+    for i, c in enumerate(chunks):
+        lane = min(range(lanes), key=lambda j: (load[j], j))
+        c.lane = lane
+        c.throttle = max_parallel // lanes + (1 if lane < max_parallel % lanes else 0)
+        c.after = last[lane]
+        last[lane] = i
+        load[lane] += len(c.points)
+    return chunks
+
+
+def refuse_if_sweep_live(root: Path) -> None:
+    """Raise ConfigError when an array task (or plain job) of the sweep at ``root`` is queued or running: a
+    second submission would run its points twice. A note, not an error, when Slurm cannot be asked."""
+    if not (root / "manifest.json").exists():
+        return
+    try:
+        jobs = slurm.jobs_logging_under(root)
+    except slurm.SlurmCommandError as exc:
+        print(f"note: could not ask Slurm whether a job of the sweep {root} is queued ({exc})", file=sys.stderr)
+        return
+    if jobs:
+        raise ConfigError(f"sweep {root} has Slurm job(s) {', '.join(jobs)} queued or running; stop them first "
+                          f"(srl cancel {root}) or wait until they end")  # fmt: skip
+
+
+def finished(run: RunDir, max_steps: int) -> bool:
+    """Whether the point's run has a complete checkpoint at ``max_steps`` (nothing left to train)."""
+    from ..checkpoints import latest_complete
+
+    step = latest_complete(run) if run.configs.exists() else None
+    return step is not None and step >= max_steps
+
+
+def _shape(directives: list[list[str]]) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(d for d in group if not d.startswith(_PER_JOB)) for group in directives)
+
+
+def prepare_points(sweep: Any, configs: list[LoadedConfig], site: SiteConfig, root: Path, *, argv: list[str],
+                   dry_run: bool, resume: bool, clean: bool) -> list[PreparedPoint]:
+    """Write each point's run directory, plan and batch script, as ``srl rl`` (``--dry-run``) would.
+
+    With ``resume``: a point whose run finished is left out, an existing one gets a resumed attempt, a missing one
+    a first attempt. Every plan is built before any point is written. A point that cannot run on the site (more
+    nodes or GPUs per node than it has) was already refused, naming the point, by the preflight of its config
+    (``toolkit.sweep.point_config``). Raises ConfigError (an existing point without ``--resume``/``--clean``, a live
+    holder of a point's lease) at the point concerned.
+    """
+    out: list[PreparedPoint] = []
+    plans = []
+    for point, loaded in zip(sweep.points, configs):
+        cfg = loaded.config
+        run = RunDir(root / point.point_id)
+        plans.append(build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", port_key=run_port_key(cfg)))
+    for point, loaded, plan in zip(sweep.points, configs, plans):
+        cfg = loaded.config
+        live = RunDir(root / point.point_id)
+        if resume and finished(live, cfg.max_steps):
+            print(f"  {point.point_id}: finished (checkpoint at step {cfg.max_steps}); skipped")
+            continue
+        run, attempt = prepare_attempt(loaded, live, argv=argv, dry_run=dry_run,
+                                       resume=resume and live.configs.exists(), clean=clean)  # fmt: skip
+        meta = json.loads(run.run_meta.read_text())
+        meta.update({"sweep": sweep.name, "sweep_point": point.params, "seed": point.seed,
+                     "point_id": point.point_id, "sweep_index": point.index, "sweep_root": str(root)})
+        atomic_write_json(run.run_meta, meta)
+        write_plan(run, plan)
+        script = render_rl(cfg, run, plan, attempt=attempt, site=site)
+        ctx = build_context(cfg, site, run, plan, attempt=attempt)
+        if not dry_run:
+            _prepare_logs(run, attempt)
+            mine = leases.held(run)  # taken while the run was prepared; the array task takes it when it starts
+            if mine is not None:
+                mine.release()
+        out.append(PreparedPoint(point.index, point.point_id, run, attempt, script, _shape(ctx.directives),
+                                 job_name(cfg)))
+    return out
+
+
+@dataclass
+class _ArrayContext:
+    """What ``array.sbatch.j2`` prints: directives per het group, the sweep root, the points in task order."""
+
+    sweep: str
+    index: int
+    directives: list[list[str]]
+    root: str
+    points: list[str]
+    logs: list[str]
+    array: bool
+
+
+def render_array(sweep_name: str, index: int, chunk: ArrayChunk, prepared: list[PreparedPoint], root: Path) -> str:
+    """The batch script of one chunk: the chunk's shape, named ``<sweep>-sweep-<index>``, logs
+    ``<root>/logs/%x_%A_%a.out`` (plain jobs ``%x-%j.out``), ``--array=0-<n-1>%<throttle>``. Raises RenderError
+    for a value that cannot go into an ``#SBATCH`` line."""
+    pts = [prepared[i] for i in chunk.points]
+    name = sbatch_value(f"{sweep_name}-sweep-{index}", "sweep.name")
+    log = sbatch_value(str(root / "logs" / ("%x_%A_%a.out" if chunk.array else "%x-%j.out")), "sweep root")
+    groups = [list(g) for g in pts[0].shape]
+    groups[0] = [f"--job-name={name}", f"--output={log}", f"--error={log}", *groups[0]]
+    if chunk.array:
+        groups[0].append(f"--array=0-{len(pts) - 1}%{chunk.throttle}")
+    ctx = _ArrayContext(sweep_name, index, groups, str(root), [p.point_id for p in pts],
+                        [f"{p.log_prefix}-" for p in pts], chunk.array)
+    return _env().get_template("sweep.sbatch.j2").render(ctx=ctx)
+
+
+def submit_arrays(sweep_name: str, prepared: list[PreparedPoint], site: SiteConfig, root: Path, *,
+                  max_parallel: int, dry_run: bool = False) -> list[str]:
+    """Group ``prepared`` points by shape, plan the submissions (:func:`plan_arrays`), render
+    ``<root>/array_<k>.sbatch`` for each and, unless ``dry_run``, submit them in order (each behind its lane's
+    previous one). Records ``arrays.jsonl`` and, in each point's ``launcher/job_ids.txt``, its task as
+    ``<array id>_<task>``. Returns the job ids (the script paths when ``dry_run``). Raises SubmitError."""
+    by_shape: dict[tuple[tuple[str, ...], ...], list[int]] = {}
+    for i, p in enumerate(prepared):
+        by_shape.setdefault(p.shape, []).append(i)
+    order = [i for idxs in by_shape.values() for i in idxs]
+    ordered = [prepared[i] for i in order]
+    shapes = [(len(idxs), len(shape) == 1) for shape, idxs in by_shape.items()]
+    chunks = plan_arrays(shapes, max_parallel, site.limits.max_array_size)
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    for old in root.glob("array_*.sbatch"):
+        old.unlink()
+    out: list[str] = []
+    for k, chunk in enumerate(chunks):
+        script = root / f"array_{k}.sbatch"
+        atomic_write_text(script, render_array(sweep_name, k, chunk, ordered, root))
+        if dry_run:
+            out.append(str(script))
+            continue
+        extra = [f"--dependency=afterany:{chunks[chunk.after].job_id}"] if chunk.after is not None else []
+        chunk.job_id = slurm.submit(script, extra_args=extra, cwd=str(root))
+        out.append(chunk.job_id)
+        for task, i in enumerate(chunk.points):
+            p = ordered[i]
+            record_job_id(p.run, f"{chunk.job_id}_{task}" if chunk.array else chunk.job_id, "rl", p.attempt)
+            meta = json.loads(p.run.run_meta.read_text())
+            meta.update({"array_job_id": chunk.job_id, "array_task_id": task if chunk.array else None})
+            atomic_write_json(p.run.run_meta, meta)
+        rec = {"job_id": chunk.job_id, "script": script.name, "array": chunk.array, "throttle": chunk.throttle,
+               "after": chunks[chunk.after].job_id if chunk.after is not None else None,
+               "points": [ordered[i].point_id for i in chunk.points], "time": time.time()}
+        with open(root / "arrays.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+        how = f"array 0-{len(chunk.points) - 1}%{chunk.throttle}" if chunk.array else "plain job (het groups)"
+        after = f", after {rec['after']}" if rec["after"] else ""
+        print(f"  {chunk.job_id}: {how}{after}: {' '.join(rec['points'])} ({' '.join(ordered[chunk.points[0]].shape[0])})",
+              file=sys.stderr)
+    return out
+
+
+# ---- srl status / srl cancel of a sweep root --------------------------------------------------------------------
+
+def is_sweep_root(path: Path) -> bool:
+    """Whether ``path`` is a sweep's root (it holds ``manifest.json`` and is no run directory itself)."""
+    return (path / "manifest.json").is_file() and not (path / "configs").is_dir()
+
+
+def read_arrays(root: Path) -> list[dict[str, Any]]:
+    """The submissions recorded in ``arrays.jsonl``, oldest first ([] when none)."""
+    try:
+        lines = (root / "arrays.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(ln) for ln in lines if ln.strip()]
+
+
+def _task_indices(spec: str) -> list[int]:
+    """Task ids of a pending block as squeue/scontrol print it (``2-5%1``, ``1,3-4``); [] when unreadable."""
+    out: list[int] = []
+    for part in spec.split("%", 1)[0].split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?(?::(\d+))?", part.strip())
+        if m:
+            a, b, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+            out += list(range(a, b + 1, step))
+    return out
+
+
+def _job_states(root: Path) -> dict[str, Any]:
+    """``"<array id>_<task>"`` (or a plain job id) -> JobState for every submission Slurm still knows."""
+    states: dict[str, Any] = {}
+    for rec in read_arrays(root):
+        try:
+            st = slurm.job_state(rec["job_id"])
+        except slurm.SlurmCommandError:
+            continue
+        if not rec.get("array"):
+            states[rec["job_id"]] = st
+            continue
+        for t in st.array_tasks or (st,):
+            task = t.job_id.split("_", 1)[1] if "_" in t.job_id else ""
+            ids = [int(task)] if task.isdigit() else _task_indices(task.strip("[]"))
+            for i in ids:
+                states[f"{rec['job_id']}_{i}"] = t
+    return states
+
+
+@dataclass
+class PointStatus:
+    """One row of ``srl status <sweep>``."""
+
+    point_id: str
+    params: dict[str, Any]
+    state: str
+    step: int | None
+    reward: float | None
+    task: str | None
+    requeues: int
+
+
+def sweep_status(root: Path) -> list[PointStatus]:
+    """Every point of the sweep: Slurm state of its newest task (or, once Slurm forgot it, what its run directory
+    says: finished / stopped / not started), last trainer step, last reward, array task, requeues."""
+    from .progress import last_metrics, resolved_max_steps
+
+    manifest = json.loads((root / "manifest.json").read_text())
+    states = _job_states(root)
+    rows = []
+    for p in manifest["points"]:
+        run = RunDir(Path(p["run_dir"]))
+        jobs = read_job_ids(run) if run.launcher.is_dir() else []
+        task = jobs[-1][0] if jobs else None
+        st = states.get(task) if task else None
+        last = last_metrics(run)
+        step = last.get("trainer", {}).get("step")
+        reward = last.get("orchestrator", {}).get("reward/all/mean")
+        max_steps = resolved_max_steps(run)
+        if st is not None:
+            state = st.state
+        elif max_steps is not None and finished(run, max_steps):
+            state = "FINISHED"
+        elif task is None:
+            state = "NOT SUBMITTED"
+        else:
+            state = "ENDED" if step is not None else "UNKNOWN"
+        requeues = st.restart_count if st is not None else 0
+        rows.append(PointStatus(p["point_id"], p["params"], state, step, None if reward is None else float(reward),
+                                task, requeues))
+    return rows
+
+
+def status_main(root: Path) -> int:
+    """Print ``srl status`` of a sweep root: one line per point. Returns 0."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    rows = sweep_status(root)
+    print(f"sweep {manifest['name']} at {root}: {len(rows)} points")
+    print("point\tstate\tstep\treward\tarray task\trequeues\tparams")
+    for r in rows:
+        reward = "-" if r.reward is None else f"{r.reward:.4f}"
+        params = " ".join(f"{k}={v}" for k, v in r.params.items()) or "-"
+        print(f"{r.point_id}\t{r.state}\t{'-' if r.step is None else r.step}\t{reward}\t{r.task or '-'}\t"
+              f"{r.requeues}\t{params} seed={_seed(manifest, r.point_id)}")
+    for rec in read_arrays(root):
+        print(f"job {rec['job_id']}: " + ("array" if rec.get("array") else "plain job") +
+              f" of {len(rec['points'])} point(s), throttle {rec.get('throttle')}" +
+              (f", after {rec['after']}" if rec.get("after") else ""))
+    return 0
+
+
+def _seed(manifest: dict[str, Any], point_id: str) -> Any:
+    return next(p["seed"] for p in manifest["points"] if p["point_id"] == point_id)
+
+
+def continue_command(root: Path) -> str:
+    """The ``srl sweep ... --resume`` that continues the sweep at ``root`` (its recorded command line, minus
+    ``--dry-run``/``--clean``/``--resume``)."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    argv = [a for a in manifest.get("command", []) if a not in ("--dry-run", "--clean", "--resume")]
+    return "srl sweep " + shlex.join(argv) + " --resume"
+
+
+def cancel_main(root: Path, *, grace_s: float = 300.0) -> int:
+    """``srl cancel <sweep root>``: cancel the sweep's pending tasks, ask its running points to checkpoint and
+    stop (their STOP request), wait up to ``grace_s`` seconds for them to end, cancel what is left, and print how
+    to continue the sweep. Returns 0 (1 when nothing of the sweep was ever submitted)."""
+    arrays = read_arrays(root)
+    if not arrays:
+        print(f"{root}: no array job recorded (a dry run, or a local sweep)", file=sys.stderr)
+        return 1
+    live = []
+    for rec in arrays:
+        try:
+            if not slurm.job_state(rec["job_id"]).is_terminal:
+                live.append(rec["job_id"])
+        except slurm.SlurmCommandError:
+            continue
+    if not live:
+        print("no running or pending task")
+    else:
+        # Pending tasks first, so none starts while the running points checkpoint.
+        for job in live:
+            slurm._run(["scancel", "--state=PENDING", job], timeout_s=slurm.DEFAULT_TIMEOUT_S)
+        running = [r for r in sweep_status(root) if r.state in ("RUNNING", "COMPLETING", "CONFIGURING")]
+        for r in running:
+            run = RunDir(root / r.point_id)
+            run.control.mkdir(parents=True, exist_ok=True)
+            run.stop_request.touch()
+            print(f"{r.point_id} (task {r.task}, step {r.step}): asked to checkpoint and stop")
+        deadline = time.monotonic() + grace_s
+        while running and time.monotonic() < deadline:
+            states = _job_states(root)
+            if all(states.get(r.task) is None or states[r.task].is_terminal for r in running):
+                break
+            time.sleep(1.0)
+        for job in live:
+            slurm.cancel(job)
+            print(f"cancelled {job}")
+    print(f"continue the sweep (finished points are skipped, the others resume from their newest checkpoint):\n"
+          f"  {continue_command(root)}")
+    return 0
+
+
+__all__ = ["ArrayChunk", "PointStatus", "PreparedPoint", "cancel_main", "continue_command",
+           "finished", "is_sweep_root", "plan_arrays", "prepare_points", "read_arrays", "refuse_if_sweep_live",
+           "render_array", "status_main", "submit_arrays", "sweep_status"]
