@@ -108,3 +108,72 @@ def test_a_failed_sft_job_leaves_the_rl_job_cancelled_by_slurm(workdir, slurm_cl
     assert not (rl / "metrics.jsonl").exists()  # it never ran
     status = _srl(workdir, "status", str(rl))
     assert "did not complete successfully" in status.stdout and "nothing of it ran" in status.stdout, status.stdout
+
+
+def _trainer_steps(run: Path) -> list[int]:
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [m["step"] for m in map(json.loads, filter(str.strip, lines)) if m.get("role") == "trainer"]
+
+
+def _sft_job(workdir: Path, name: str, *extra: str) -> str:
+    r = _srl(workdir, "sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "@", str(REPO / "jobs/reverse-text/slurm.toml"),
+             "--data.name", "data/rt.jsonl", "--max-steps", "40", "--data.batch-size", "8", "--ckpt.interval", "5",
+             "--val.interval", "20", "--eval.env", "[]", "--run.name", name, *extra)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    return _jobs(workdir / "outputs" / name)[-1]
+
+
+def test_scancelled_sft_job_resumed_trains_exactly_the_uninterrupted_samples(workdir, slurm_cluster):
+    """A 2-node SFT job cancelled mid-run (``scancel``: no checkpoint on the way out) and resumed with
+    ``srl sft ... --resume`` ends as an uninterrupted twin does: every step recorded once, the same samples per step,
+    the same final weights (2 gloo ranks on CPU are deterministic)."""
+    twin_job = _sft_job(workdir, "twin")
+    s = slurm.wait(twin_job, timeout_s=900, poll_s=2.0)
+    twin = workdir / "outputs" / "twin"
+    assert s.state == "COMPLETED", _logs(twin)
+    assert _trainer_steps(twin) == list(range(1, 41))
+
+    run = workdir / "outputs" / "cut"
+    job = _sft_job(workdir, "cut")
+    deadline = time.monotonic() + 900
+    while max(_trainer_steps(run), default=0) < 12:
+        st = slurm.job_state(job)
+        assert not st.is_terminal, f"job {job} ended ({st.state}) before step 12:\n{_logs(run)}"
+        assert time.monotonic() < deadline, "no trainer step 12 within 900 s"
+        time.sleep(0.5)
+    slurm.cancel(job)
+    assert slurm.wait(job, timeout_s=120, poll_s=0.5).state == "CANCELLED"
+    cut_at = max(_trainer_steps(run))
+    assert cut_at < 40, "the job finished before it was cancelled: nothing to resume"
+
+    # The lease of the cancelled job expires or is seen dead; the resume takes over and continues from the last
+    # complete checkpoint (steps after it are trained again on the same samples, and recorded once).
+    deadline = time.monotonic() + 120
+    while True:
+        r = _srl(workdir, "sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "@",
+                 str(REPO / "jobs/reverse-text/slurm.toml"), "--data.name", "data/rt.jsonl", "--max-steps", "40",
+                 "--data.batch-size", "8", "--ckpt.interval", "5", "--val.interval", "20", "--eval.env", "[]",
+                 "--run.name", "cut", "--resume")  # fmt: skip
+        if r.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(5)
+    assert r.returncode == 0, r.stdout + r.stderr
+    resumed = _jobs(run)[-1]
+    assert resumed != job
+    s = slurm.wait(resumed, timeout_s=900, poll_s=2.0)
+    assert s.state == "COMPLETED", _logs(run)
+    print(f"\ncancelled at step {cut_at}; resumed as job {resumed}")
+
+    assert _trainer_steps(run) == list(range(1, 41)), "a step lost or recorded twice"
+    order = [json.loads(x) for x in (run / "data_order.jsonl").read_text().splitlines() if x.strip()]
+    twin_order = [json.loads(x) for x in (twin / "data_order.jsonl").read_text().splitlines() if x.strip()]
+    assert order == twin_order
+    from safetensors.numpy import load_file
+
+    wa, wb = load_file(twin / "model" / "model.safetensors"), load_file(run / "model" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    worst = max(float(abs(wa[k] - wb[k]).max()) for k in wa)
+    assert worst < 1e-5, worst
