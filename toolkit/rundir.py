@@ -20,6 +20,7 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
     metrics.jsonl        one JSON object per line: step, time, role, metrics
     policy_reloads.jsonl one JSON object per live weight reload: version, time, each engine's reported version
     run_meta.json        run id, created time; kept across attempts and requeues
+    wandb/               ``[monitors.wandb]``: W&B's own files (``offline-run-*`` per attempt), the mirror's cursor
     ending.json          how the latest attempt ended (``toolkit.run.ending``); absent while it runs
 
 Nothing else in srl builds these paths by hand: roles and offline tools take a ``RunDir``.
@@ -168,6 +169,15 @@ class RunDir:
     def ending(self) -> Path:
         """How the latest attempt ended, written and read only through ``toolkit.run.ending``."""
         return self.root / "ending.json"
+
+    @property
+    def wandb(self) -> Path:
+        """W&B's directory of the run (``toolkit.trainer.wandb_mirror``): one ``offline-run-*`` per attempt."""
+        return self.root / "wandb"
+
+    def wandb_offline_runs(self) -> list[Path]:
+        """The run's W&B offline directories, oldest first (their names start with the attempt's start time)."""
+        return sorted(self.wandb.glob("offline-run-*")) if self.wandb.is_dir() else []
 
     @property
     def model_export(self) -> Path:

@@ -663,9 +663,15 @@ class StopCriteria(Section):
 
 
 class WandbConfig(Section):
+    """``[monitors.wandb]``: every ``metrics.jsonl`` line of the run in one W&B run (id = the srl run id; a sweep's
+    points grouped by sweep name); W&B's files stay in ``<run>/wandb/``."""
+
     project: str | None = None
+    """W&B project (default ``srl``)."""
     name: str | None = None
+    """W&B run name (default the run directory's name)."""
     offline: bool = True
+    """Write W&B's files only (compute nodes often have no internet); upload later with ``wandb sync``."""
     api_key_var: str = "WANDB_API_KEY"
     """Name of the environment variable holding the key (never the key itself)."""
 
@@ -686,6 +692,13 @@ class MonitorsConfig(Section):
     """Append metrics to ``<run>/metrics.jsonl``."""
     wandb: WandbConfig | None = None
     stop: StopCriteria = StopCriteria()
+
+    @model_validator(mode="after")
+    def _wandb_mirrors_the_file(self) -> MonitorsConfig:
+        # W&B receives the lines of metrics.jsonl (toolkit.trainer.wandb_mirror): without the file it gets nothing.
+        if self.wandb is not None and not self.file:
+            raise ValueError("monitors.wandb logs the lines of metrics.jsonl to W&B: it needs monitors.file = true")
+        return self
 
 
 # ----------------------------------------------------------------------------------------------------------------

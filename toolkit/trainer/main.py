@@ -63,6 +63,8 @@ class TrainerSettings:
     broadcast_keep: int = 2
     batch_timeout_s: float = 3600.0
     lora: dict | None = None
+    wandb: dict | None = None
+    """``monitors.wandb`` as a dict (None: no W&B); the main rank mirrors ``metrics.jsonl`` into it."""
     extra: dict = field(default_factory=dict)
 
     @staticmethod
@@ -105,6 +107,7 @@ class TrainerSettings:
             temperature=cfg.orchestrator.train.sampling.temperature,
             broadcast_keep=broadcast_keep(cfg.orchestrator.max_async_level, cfg.weight_broadcast.keep),
             batch_timeout_s=t.batch_timeout_s,
+            wandb=cfg.monitors.wandb.model_dump() if cfg.monitors.wandb is not None else None,
         )
 
 @dataclass
@@ -242,6 +245,11 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     # Steps an earlier attempt trained after its last complete checkpoint are trained again on resume (same
     # batches); their metrics lines already exist, and each step is recorded once (issue 7's resume criterion).
     recorded = recorded_steps(run.metrics, "trainer") if info.is_main else set()
+    mirror = None
+    if info.is_main and s.wandb is not None:
+        from toolkit.trainer.wandb_mirror import WandbMirror
+
+        mirror = WandbMirror.start(run, s.wandb)
 
     def save(step: int) -> float:
         return st.save(run, step)
@@ -301,6 +309,8 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
                 log.info("metrics of step %d already recorded by an earlier attempt; not written again", n)
             else:
                 fsutil.append_jsonl(run.metrics, m)
+            if mirror is not None:
+                mirror.pump()  # this line and the orchestrator's lines written since the last step
             log.info("step %d loss %.4g grad_norm %.3g %.2fs", n, m["loss/mean"], m["optim/grad_norm"], m["time/step"])
         nonfinite = nonfinite + 1 if metrics["optim/skipped_update"] else 0
         if nonfinite:
@@ -320,6 +330,8 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     if step > 0 and last_saved != step:
         log.info("stopping after step %d: writing checkpoint", step)
         save(step)
+    if mirror is not None:
+        mirror.close(orchestrator_step=step or None)
     tdist.shutdown(info)
     if diverged:
         raise TrainerDiverged(diverged)

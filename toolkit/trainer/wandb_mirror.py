@@ -1,0 +1,193 @@
+"""``[monitors.wandb]``: every ``metrics.jsonl`` line of a run (trainer and orchestrator) in one W&B run.
+
+One writer. The trainer's main rank mirrors the whole ``metrics.jsonl`` (its own lines and the orchestrator's) into
+W&B, instead of each role logging for itself. Why: two processes can share a W&B run only in W&B's ``shared`` mode,
+which is an online mode (wandb 0.31: ``Settings(mode="shared")`` excludes ``mode="offline"``); two offline writers
+with one run id leave two offline directories whose histories collide on their step numbers when synced. The
+trainer's main rank lives until the run's last trainer step, after the orchestrator's lines for those steps are
+written (its line of step n follows batch n within milliseconds; :meth:`WandbMirror.close` waits a little for it).
+Mirroring the file also makes W&B hold exactly what ``metrics.jsonl`` holds, resumes included (each step is written
+there once).
+
+In W&B each key is ``<role>/<metrics.jsonl key>`` (``trainer/loss/mean``, ``orchestrator/reward/all/mean``,
+``orchestrator/eval/<env>/avg@4``; both roles write ``time/step``), plotted against ``<role>/step``. The W&B step
+is the line's index in ``metrics.jsonl``: increasing, and the same in every attempt, so a resumed run continues the
+same W&B run (id = the srl run id of ``run_meta.json``) without repeating or dropping a line. Which lines are
+mirrored already is kept in ``<run>/wandb/srl-mirror.json``.
+
+Offline by default (compute nodes often have no internet): the W&B files stay in ``<run>/wandb/``, one
+``offline-run-*`` directory per attempt, uploaded later with ``wandb sync``. Online mode reads the API key from the
+environment variable named by ``api_key_var`` only, and passes it to wandb in memory (never ``wandb login``, which
+writes it to ``~/.netrc``). A failing W&B never stops training: the mirror logs the error and turns itself off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from toolkit import fsutil
+from toolkit.rundir import RunDir
+
+log = logging.getLogger("srl.trainer.wandb")
+
+ROLES = ("trainer", "orchestrator")
+CURSOR_FILE = "srl-mirror.json"
+
+
+def wandb_key(role: str, key: str) -> str:
+    """The W&B name of ``metrics.jsonl`` key ``key`` of a line written by ``role``."""
+    return f"{role}/{key}"
+
+
+def sweep_group(run: RunDir) -> str | None:
+    """The sweep a run belongs to (its W&B group): the name in the sweep manifest of the run's parent directory
+    (``srl sweep`` puts each point's run under ``<output_dir>/<sweep name>/``), else None."""
+    manifest = run.root.parent / "manifest.json"
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    return str(name) if name else None
+
+
+class WandbMirror:
+    """Mirrors new complete lines of ``run.metrics`` into one W&B run (see the module docstring)."""
+
+    def __init__(self, run: RunDir, wb_run: Any, cursor: dict[str, int]) -> None:
+        self.run = run
+        self.wb_run = wb_run
+        self.offset = int(cursor.get("offset", 0))
+        self.lines = int(cursor.get("lines", 0))
+
+    @property
+    def directory(self) -> Path:
+        return self.run.wandb
+
+    @classmethod
+    def start(cls, run: RunDir, cfg: dict[str, Any]) -> WandbMirror | None:
+        """Open (or continue) the run's W&B run; ``cfg`` is ``monitors.wandb`` as a dict (project, name, offline,
+        api_key_var). Returns None, after logging why, when wandb is missing or fails to start."""
+        try:
+            import wandb
+        except ImportError:
+            log.error("monitors.wandb is set but wandb is not installed (pip install 'srl[train]'); not logging to W&B")
+            return None
+        meta = json.loads(run.run_meta.read_text()) if run.run_meta.is_file() else {}
+        run_id = str(meta.get("run_id") or run.root.name)
+        offline = bool(cfg.get("offline", True))
+        key = None
+        if not offline:
+            var = cfg.get("api_key_var") or "WANDB_API_KEY"
+            key = os.environ.get(var)
+            if not key:
+                log.error("monitors.wandb.offline = false but $%s is not set: logging offline instead", var)
+                offline = True
+        directory = run.wandb
+        directory.mkdir(parents=True, exist_ok=True)
+        settings: dict[str, Any] = {"console": "off", "x_disable_stats": True, "save_code": False,
+                                    "disable_git": True, "silent": True}  # fmt: skip
+        if key:
+            settings["api_key"] = key
+        try:
+            wb_run = wandb.init(
+                project=cfg.get("project") or "srl", name=cfg.get("name") or run.root.name, id=run_id,
+                group=sweep_group(run), dir=str(run.root), mode="offline" if offline else "online",
+                resume="allow", config=_run_config(run), settings=wandb.Settings(**settings),
+            )  # fmt: skip
+            for role in ROLES:
+                wb_run.define_metric(wandb_key(role, "step"))
+                wb_run.define_metric(wandb_key(role, "*"), step_metric=wandb_key(role, "step"))
+        except Exception:
+            log.exception("W&B did not start; not logging to W&B (training goes on)")
+            return None
+        cursor_path = directory / CURSOR_FILE
+        try:
+            cursor = json.loads(cursor_path.read_text())
+        except (OSError, ValueError):
+            cursor = {}
+        log.info("logging metrics to W&B run %s (%s; files in %s)", run_id, "offline" if offline else "online",
+                 directory)  # fmt: skip
+        mirror = cls(run, wb_run, cursor)
+        mirror.pump()
+        return mirror
+
+    def pump(self) -> int:
+        """Log every complete line added to ``metrics.jsonl`` since the last call; returns how many."""
+        if self.wb_run is None:
+            return 0
+        try:
+            with open(self.run.metrics, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return 0
+        end = data.rfind(b"\n")
+        if end < 0:
+            return 0  # nothing, or a line still being written
+        n = 0
+        try:
+            for raw in data[: end + 1].splitlines():
+                index = self.lines
+                self.lines += 1
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue  # a torn line of a killed writer: the file's readers skip it too
+                if not isinstance(line, dict):
+                    continue
+                role = str(line.get("role", "unknown"))
+                row = {wandb_key(role, k): v for k, v in line.items() if k != "role"}
+                self.wb_run.log(row, step=index)
+                n += 1
+        except Exception:
+            log.exception("logging to W&B failed; not logging to W&B any more (training goes on)")
+            self.wb_run = None
+            return n
+        finally:
+            self.offset += end + 1
+            fsutil.atomic_write_json(self.directory / CURSOR_FILE, {"offset": self.offset, "lines": self.lines})
+        return n
+
+    def close(self, *, orchestrator_step: int | None = None, wait_s: float = 10.0) -> Path | None:
+        """Mirror the last lines and finish the W&B run. ``orchestrator_step``: first wait up to ``wait_s`` seconds
+        for the orchestrator's line of that step (written just after the batch the trainer trained last). Returns
+        the offline directory of this attempt (None online or when W&B was off)."""
+        from toolkit.orchestrator.records import recorded_steps
+
+        if self.wb_run is None:
+            return None
+        deadline = time.monotonic() + wait_s
+        while (orchestrator_step is not None and time.monotonic() < deadline
+               and orchestrator_step not in recorded_steps(self.run.metrics, "orchestrator")):
+            time.sleep(0.2)
+        self.pump()
+        if self.wb_run is None:
+            return None
+        wb_run, self.wb_run = self.wb_run, None
+        offline = wb_run.settings.mode == "offline" or getattr(wb_run.settings, "_offline", False)
+        sync_dir = Path(wb_run.settings.sync_dir) if offline else None
+        try:
+            wb_run.finish()
+        except Exception:
+            log.exception("finishing the W&B run failed")
+        if sync_dir is not None:
+            log.info("W&B files of this attempt: %s; upload with: wandb sync %s", sync_dir, sync_dir)
+        return sync_dir
+
+
+def _run_config(run: RunDir) -> dict[str, Any]:
+    """The run's resolved config for W&B's config panel, without ``env_vars`` (values a user may not want to
+    publish; secrets belong in ``slurm.secret_env_vars``, by name, but nothing forces that)."""
+    try:
+        cfg = json.loads(run.resolved("rl").read_text())
+    except (OSError, ValueError):
+        return {}
+    cfg.pop("env_vars", None)
+    return cfg
+
