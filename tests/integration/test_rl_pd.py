@@ -1,14 +1,15 @@
-"""The reverse-text RL run on a disaggregated deployment (issue 7): one prefill and one decode engine with
-ExampleConnector behind vllm-router in P/D mode, prompts padded past one 128-token KV block.
+"""The reverse-text RL run on a disaggregated deployment: one prefill and one decode engine with ExampleConnector
+behind vllm-router in P/D mode, prompts padded past one 128-token KV block.
 
-``srl rl @ jobs/reverse-text/rl.toml @ jobs/reverse-text/rl-pd.toml --max-steps 20 --orchestrator.max-async-level 0``
-is started as a user would and must finish (status 0). ``max_async_level = 0`` because mismatch_kl is measured on
+``srl rl @ jobs/reverse-text/rl.toml @ jobs/reverse-text/rl-pd.toml --max-steps N --orchestrator.max-async-level 0``
+is started as a user would and must finish (status 0): N = 3 in the default selection (CI), N = 20 in the heavy
+one. ``max_async_level = 0`` because mismatch_kl is measured on
 on-policy samples only (sampled by exactly the weights the trainer holds): with the job's level 1 every batch after
 step 1 is one version old, so mismatch_kl would be measured on step 1 alone, on the base model, and would say
 nothing about the reloaded weights. Fully on-policy, every step's batch comes from the version just reloaded into
 both engines. Then, from the run directory only:
 
-- ``metrics.jsonl``: trainer and orchestrator steps 1..20, each exactly once; ``mismatch_kl/mean`` < 1e-3 on every
+- ``metrics.jsonl``: trainer and orchestrator steps 1..N, each exactly once; ``mismatch_kl/mean`` < 1e-3 on every
   trainer step it is measured, and it is measured on most steps;
 - ``launcher/placement.json``: one prefill engine (kv_producer), one decode engine (kv_consumer), a router;
 - ``policy_reloads.jsonl`` (written by the orchestrator's PolicyTracker after each reload, before the client tags
@@ -23,7 +24,8 @@ both engines. Then, from the run directory only:
 ``test_rl_prefill_decode_lora`` runs the LoRA job on the same deployment (adapters loaded in place on both
 engines; see its docstring).
 
-Two engines + router + trainer + env workers on 2 cores take several minutes: marked heavy (run by hand).
+Two engines + router + trainer + env workers on 2 cores: the 3-step run takes about N minutes, the 20-step run and
+the LoRA run several minutes each (marked heavy: ``scripts/test.sh -m heavy``).
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ from urllib.parse import urlparse
 
 import pytest
 from prereqs import need_module
+from run_records import served_version
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.heavy, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parents[2]
-MAX_STEPS = 20
 MAX_ASYNC_LEVEL = 0  # overrides the job's 1 (module docstring)
 KV_BLOCK_TOKENS = 128  # vLLM's CPU block size: only whole blocks move through the connector
 RUN_TIMEOUT_S = 2400  # start-up of two engines plus 20 steps on a loaded 2-core machine
@@ -96,7 +98,8 @@ def _reloads_on_both_engines(run: Path, logs: dict[str, tuple[int, Path]]) -> li
     assert versions == sorted(set(versions)) and versions, versions
     for r in reloads:
         by_role = {ports.get(urlparse(url).port): reported for url, reported in r["engines"].items()}
-        assert by_role == {"prefill": str(r["version"]), "decode": str(r["version"])}, r
+        v = served_version(run, r["version"])
+        assert by_role == {"prefill": v, "decode": v}, r
         assert sorted(r["roles"].values()) == ["decode", "prefill"], r
     orch_log = (run / "logs" / "latest" / "orchestrator.log").read_text()
     logged = [int(v) for v in re.findall(r"policy version (\d+) loaded into inference", orch_log)]
@@ -113,11 +116,12 @@ def _kv_injections(logs: dict[str, tuple[int, Path]]) -> tuple[list[int], int]:
     return [int(n) for n in INJECT_RE.findall(decode_log)], decode_log.count("External Cache Hit!")
 
 
-def test_rl_prefill_decode_20_steps(tmp_path):
+@pytest.mark.parametrize("max_steps", [3, pytest.param(20, marks=pytest.mark.heavy)], ids=lambda n: f"{n}-steps")
+def test_rl_prefill_decode(tmp_path, max_steps):
     out = tmp_path / "out"
     run = out / "pd"
     argv = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-            "@", str(REPO / "jobs/reverse-text/rl-pd.toml"), "--max-steps", str(MAX_STEPS),
+            "@", str(REPO / "jobs/reverse-text/rl-pd.toml"), "--max-steps", str(max_steps),
             "--orchestrator.max-async-level", str(MAX_ASYNC_LEVEL), "--output-dir", str(out), "--run.name", "pd"]  # fmt: skip
     wall_s = _run_srl(argv)
 
@@ -125,22 +129,22 @@ def test_rl_prefill_decode_20_steps(tmp_path):
     metrics = _metrics(run)
     for role in ("trainer", "orchestrator"):
         steps = sorted(m["step"] for m in metrics if m["role"] == role and m["step"] > 0)
-        assert steps == list(range(1, MAX_STEPS + 1)), (role, steps)
+        assert steps == list(range(1, max_steps + 1)), (role, steps)
     kls = [m["mismatch_kl/mean"] for m in metrics if m["role"] == "trainer" and "mismatch_kl/mean" in m]
-    assert len(kls) >= MAX_STEPS // 2, f"mismatch_kl measured on {len(kls)} steps only"
+    assert len(kls) >= max_steps // 2, f"mismatch_kl measured on {len(kls)} steps only"
     assert max(kls) < 1e-3, kls
 
     # -- every reload reached both engines before rollouts of that version --------------------------------------
     logs = _engine_logs(run)
     reloads = _reloads_on_both_engines(run, logs)
     versions = [r["version"] for r in reloads]
-    # The bound of the last step needs policy >= MAX_STEPS - 1 - max_async_level: it must have been loaded.
-    assert versions[-1] >= MAX_STEPS - 1 - MAX_ASYNC_LEVEL, versions
+    # The bound of the last step needs policy >= max_steps - 1 - max_async_level: it must have been loaded.
+    assert versions[-1] >= max_steps - 1 - MAX_ASYNC_LEVEL, versions
 
     from analysis.store import load_rollouts
 
     train = load_rollouts(run / "store" / "rollouts.h5", ["time", "policy_version", "prompt_len"], kind="train")
-    assert len(train) >= MAX_STEPS * 32  # batch_size 32 rollouts per step
+    assert len(train) >= max_steps * 32  # batch_size 32 rollouts per step
     loaded_at = {r["version"]: r["time"] for r in reloads}
     used = sorted(int(v) for v in set(train["policy_version"]) if v > 0)
     assert used and set(used) <= set(loaded_at), (used, versions)
@@ -154,7 +158,7 @@ def test_rl_prefill_decode_20_steps(tmp_path):
     assert injected and min(injected) >= KV_BLOCK_TOKENS, injected[:20]
     assert hits >= len(used), hits  # at least one external hit per policy version served
 
-    print(f"\n[figure] P/D RL: {MAX_STEPS} steps in {wall_s:.0f} s wall; {len(reloads)} reloads (versions "
+    print(f"\n[figure] P/D RL: {max_steps} steps in {wall_s:.0f} s wall; {len(reloads)} reloads (versions "
           f"{versions[0]}..{versions[-1]}), each reported by prefill and decode /weight_info; rollout versions used "
           f"{used[0]}..{used[-1]}; decode KV injections {len(injected)} ({sum(injected)} tokens, min "
           f"{min(injected)}), external cache hits {hits}, train rollouts {len(train)}, prompt_len "
@@ -165,6 +169,7 @@ def test_rl_prefill_decode_20_steps(tmp_path):
 LORA_STEPS = 4
 
 
+@pytest.mark.heavy
 def test_rl_prefill_decode_lora(tmp_path):
     """LoRA on the disaggregated deployment: both engines serve the trainer's newest adapter, and the KV the decode
     engine injects was computed by the prefill engine with that adapter.
