@@ -24,8 +24,8 @@ both engines. Then, from the run directory only:
 ``test_rl_prefill_decode_lora`` runs the LoRA job on the same deployment (adapters loaded in place on both
 engines; see its docstring).
 
-Two engines + router + trainer + env workers on 2 cores: the 3-step run takes about 1.5 minutes (93 s measured), the 20-step run and
-the LoRA run several minutes each (marked heavy: ``scripts/test.sh -m heavy``).
+Two engines + router + trainer + env workers on 2 cores: the 3-step run takes about 1.5 minutes (93 s measured),
+the 20-step run and the LoRA run several minutes each (marked heavy: ``scripts/test.sh -m heavy``).
 """
 
 from __future__ import annotations
