@@ -19,8 +19,9 @@ lengths (prompts 20-200 tokens, completions log-normal around 150, 8-700). Two s
 MFU = model FLOPs of the real tokens / step time / peak bf16 FLOP/s of the device. Model FLOPs per step: 6 x the
 matmul parameters (every Linear, the output layer included; not the embedding lookup) x real tokens, plus causal
 attention 6 x layers x (query heads x head_dim) x sum over samples of length^2 (packed samples attend only within
-themselves). Padding is not counted. Peak: H100/H200 989 TFLOP/s, A100 312 (dense bf16); ``--peak-tflops``
-overrides, and without a known peak MFU is printed as n/a.
+themselves). Padding is not counted. The trainer's own ``perf/mfu`` (6 x all parameters x tokens/s) is printed
+next to it. Peak: srl's table (``toolkit.trainer.metrics.peak_flops``: H100/H200 989 TFLOP/s dense bf16);
+``--peak-tflops`` overrides, and without a known peak MFU is printed as n/a.
 
 Write rates (one checkpoint and one broadcast of the plain model after a step, so Adam's state exists), each
 fsynced as srl writes them: ``toolkit.trainer.checkpoint.save_trainer_state`` (weights + optimizer state) and
@@ -56,6 +57,7 @@ from toolkit.rundir import RunDir
 from toolkit.trainer.broadcast import model_config_dict, write_broadcast
 from toolkit.trainer.checkpoint import save_trainer_state
 from toolkit.trainer.dist import decoder_layers
+from toolkit.trainer.metrics import peak_flops
 from toolkit.trainer.model import full_state_dict, load_policy, torch_dtype
 from toolkit.trainer.optim import build_optimizer
 from toolkit.trainer.packing import packing_efficiency, plan_micro_batches
@@ -65,8 +67,6 @@ from toolkit.trainer.step import train_step
 GPU_SHAPE = {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
              "head_dim": 128, "intermediate_size": 3072, "max_position_embeddings": 32768, "vocab_size": 32768}  # fmt: skip
 CPU_SHAPE = {**TINY_SHAPE, "vocab_size": 101}
-# Dense bf16 peak FLOP/s by device name fragment (vendor data sheets, SXM parts).
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 
 
 def build_model_dir(out: Path, shape: dict, dtype: torch.dtype, seed: int = 0) -> Path:
@@ -106,16 +106,14 @@ def step_flops(model_cfg, n_matmul: int, lengths: list[int]) -> float:
     return 6.0 * n_matmul * sum(lengths) + 6.0 * model_cfg.num_hidden_layers * d_attn * sum(n * n for n in lengths)
 
 
-def peak_flops(device: torch.device, override_tflops: float | None) -> tuple[float | None, str]:
+def device_peak(device: torch.device, override_tflops: float | None) -> tuple[float | None, str]:
+    """Peak bf16 FLOP/s (srl's table, ``toolkit.trainer.metrics.peak_flops``, or the override) and its source."""
     if override_tflops:
         return override_tflops * 1e12, f"{override_tflops:g} TFLOP/s (--peak-tflops)"
     if device.type != "cuda":
         return None, "unknown for CPU (give --peak-tflops)"
-    name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_BF16.items():
-        if key in name:
-            return value, f"{value / 1e12:g} TFLOP/s ({name}, dense bf16)"
-    return None, f"unknown for {name} (give --peak-tflops)"
+    peak, name = peak_flops(device), torch.cuda.get_device_name(device)
+    return peak, (f"{peak / 1e12:g} TFLOP/s ({name}, dense bf16)" if peak else f"unknown for {name} (--peak-tflops)")
 
 
 def init_one_rank(device: torch.device) -> None:
@@ -192,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     batch, lengths = rl_like_batch(samples, shape["vocab_size"])
     mbs = plan_micro_batches(batch, seq_len=seq_len, micro_batch_size=a.micro_batch_size)
     flops = step_flops(plain.config, n_matmul, lengths)
-    peak, peak_text = peak_flops(device, a.peak_tflops)
+    peak, peak_text = device_peak(device, a.peak_tflops)
     print(f"batch: {samples} samples, {batch.num_tokens} real tokens, {len(mbs)} micro-batches of "
           f"{a.micro_batch_size} x {seq_len}, packing efficiency {packing_efficiency(mbs):.3f}; "
           f"{flops / 1e12:.4g} TFLOP per step; peak {peak_text}", flush=True)
@@ -201,8 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         step = statistics.median(times)
         achieved = flops / step
         mfu = f"{achieved / peak:.1%}" if peak else "n/a"
+        # What the trainer logs as perf/mfu: 6 x all parameters x tokens/s, attention left out.
+        logged = f"{6 * n_params * batch.num_tokens / step / peak:.1%}" if peak else "n/a"
         print(f"MFU {name}: {mfu} ({achieved / 1e12:.4g} TFLOP/s achieved, step {step:.3f} s median of "
-              f"{len(times)}, {batch.num_tokens / step:,.0f} tokens/s)", flush=True)
+              f"{len(times)}, {batch.num_tokens / step:,.0f} tokens/s; the trainer's perf/mfu formula gives "
+              f"{logged})", flush=True)
 
     report("plain", time_steps(plain, mbs, batch.num_samples, device, warmup, steps))
 
