@@ -122,7 +122,7 @@ def timed(fn: Callable[..., object], *args: object) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-mb", type=float, default=50.0, help="fp32 weight bytes of the model, MB (default 50)")
     ap.add_argument("--hidden", type=int, default=512, help="block width d (default 512: 8 MB per block)")
@@ -194,7 +194,8 @@ def main() -> None:
           f"{fresh / rows[1][2]:.2f}; Adam's moments are allocated, a page fault per 4 KiB page)")
     met = min(ratios) >= GOAL
     print(f"GOAL (every ratio >= {GOAL}): {'met' if met else 'NOT met'} (lowest {min(ratios):.2f})")
+    return 0 if met else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -27,7 +27,7 @@ def wall(argv: list[str], repeat: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
@@ -48,7 +48,8 @@ def main() -> None:
     print(f"srl --help          : {help_s:.3f} s = {help_s / base:.1f}x baseline, +{help_s - base:.3f} s")
     print(f"srl rl ... --dry-run: {dry_s:.3f} s = {dry_s / base:.1f}x baseline, +{dry_s - base:.3f} s "
           f"(goal: under +1 s) -> {'PASS' if dry_s - base < 1.0 else 'FAIL'}")
+    return 0 if dry_s - base < 1.0 else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

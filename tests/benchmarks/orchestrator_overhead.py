@@ -258,7 +258,7 @@ def orchestrator_rate(
     return rollouts / wall, rollouts, spent(watch.samples[2], watch.samples[args.steps])
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=64)
@@ -285,7 +285,8 @@ def main() -> None:
     bare = (bare_before + bare_after) / 2  # before and after: machine load drifts during the run
     print(f"bare async client: {bare:.1f} requests/s (before {bare_before:.1f}, after {bare_after:.1f})")
     print(f"orchestrator:      {orch:.1f} rollouts/s ({counted} rollouts, steps 3..{args.steps}, wall time)")
-    print(f"ratio = {orch / bare:.3f} (goal >= 0.8)")
+    ok = orch / bare >= 0.8
+    print(f"ratio = {orch / bare:.3f} (goal >= 0.8): {'met' if ok else 'NOT met'}")
     cores = len(psutil.Process().cpu_affinity() or []) or psutil.cpu_count()
     bare_ms = print_cpu("bare request", {k: bare_cpu[k] for k in ("orchestrator process", "server")}, n)
     orch_ms = print_cpu("orchestrator rollout", orch_cpu, counted)
@@ -296,7 +297,8 @@ def main() -> None:
     print(f"floor per rollout: bare request {bare_ms:.3f} + env episode in process {floor_ms - bare_ms:.3f} = "
           f"{floor_ms:.3f} ms CPU: at most {cores * 1000 / floor_ms:.0f} rollouts/s on {cores} cores, ratio <= "
           f"{cores * 1000 / floor_ms / bare:.2f} with no orchestration, IPC or record cost at all")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,6 +8,7 @@ Goals (issue 5): ratio >= 0.9, packing efficiency >= 0.95.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,7 +51,7 @@ def plain_step(model, opt, mbs):
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--samples", type=int, default=64)
@@ -74,10 +75,13 @@ def main() -> None:
                 base_t.append(b)
         real = batch.num_tokens
         srl_tps, base_tps = real / np.median(srl_t), real / np.median(base_t)
+        ok = eff >= 0.95 and srl_tps / base_tps >= 0.9
         print(f"tokens/step {real}  micro-batches {len(mbs)}  packing efficiency {eff:.3f} (goal >= 0.95)")
         print(f"srl train step {srl_tps:,.0f} tok/s  plain loop {base_tps:,.0f} tok/s  "
               f"ratio {srl_tps / base_tps:.3f} (goal >= 0.9)")
+        print(f"goals: {'met' if ok else 'NOT met'}")
+        return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -190,7 +190,7 @@ async def measure(
     return sync_s, read_s, breakdown
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--updates", type=int, default=5)
     ap.add_argument("--hidden", type=int, default=None, help="larger random model: hidden size (e.g. 1024)")
@@ -231,14 +231,17 @@ def main() -> None:
     print(f"quiet read ({QUIET_S:.0f} s after the last update, engine idle): median {q:.4f} s")
     print(f"paired read (a copy written, fsynced, dropped and read at once before each update): median {p:.4f} s "
           f"({', '.join(f'{x:.3f}' for x in paired)})")
-    print(f"ratio (goal <= 2.0): {s / max(p, 1e-9):.1f}x against the paired read (the engine's conditions), "
+    ok = s / max(p, 1e-9) <= 2.0
+    print(f"ratio (goal <= 2.0: {'met' if ok else 'NOT met'}): {s / max(p, 1e-9):.1f}x against the paired read "
+          "(the engine's conditions), "
           f"{s / max(r, 1e-9):.1f}x against the read right after each update, {s / max(q, 1e-9):.1f}x against the "
           "quiet read")
     print("breakdown, median seconds (first update in brackets where it differs: one-time costs):")
     for name, xs in breakdown.items():
         first = f" [{xs[0]:.4f}]" if len(xs) > 1 and abs(xs[0] - statistics.median(xs)) > 0.005 else ""
         print(f"  {name:24s} {statistics.median(xs):.4f}{first}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
