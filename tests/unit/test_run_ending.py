@@ -97,3 +97,9 @@ def test_batch_job_entry_point_exits_with_the_endings_status(run):
                         "--signal", "TERM"], capture_output=True, text=True, check=False,
                        env={"SLURM_JOB_END_TIME": "1", "PATH": "/usr/bin"})  # fmt: skip
     assert r.returncode == 6 and "time limit" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "toolkit.run.ending", "settle", "--run-dir", str(run.root),
+                        "--signal", "USR2"], capture_output=True, text=True, check=False)  # fmt: skip
+    assert r.returncode == 6, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "toolkit.run.ending", "settle", "--run-dir", str(run.root),
+                        "--signal", "TERM"], capture_output=True, text=True, check=False)  # fmt: skip
+    assert r.returncode == 130 and "stopped by the user" in r.stdout, r.stdout + r.stderr

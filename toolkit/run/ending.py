@@ -280,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     run = RunDir(a.run_dir)
     failed = a.failed if a.failed and a.status not in (None, 0) else None
-    timed_out = a.signal is not None and _past_time_limit()
+    # TERM and INT come from scancel / srl cancel, or from Slurm at the time limit itself; any other signal is the
+    # site's pre-timeout signal (slurm.signal) of a job that is not requeued.
+    timed_out = a.signal is not None and (a.signal not in ("TERM", "INT") or _past_time_limit())
     ending = settle(run, failed=failed, failed_reason=f"exit status {a.status}" if failed else "",
                     user_stop=a.signal is not None and not timed_out, time_limit=timed_out,
                     requeued=a.requeued)  # fmt: skip
