@@ -1,8 +1,11 @@
 """The rendered rl.sbatch on the real local Slurm cluster, every component replaced by a probe (probe/probe.py).
 
-Checks the issue's "done when" items: recorded placement equals placement.json; killing one component ends the
-whole job within seconds with a non-zero state; the pre-timeout signal checkpoints (probe marker) and requeues,
-the job runs again with SLURM_RESTART_COUNT=1 and its earlier batch log is kept.
+Checks: recorded placement equals placement.json; killing one component ends the whole job within seconds with a
+non-zero state; the pre-timeout signal checkpoints (probe marker) and requeues, the job runs again with
+SLURM_RESTART_COUNT=1 and its earlier batch log is kept. A probe accepts any argv, so the tests that place every
+kind of component (aggregated and prefill/decode engines, router, torchrun and single-process trainer,
+orchestrator) also hand each argv a probe received to the real program's own parser (tests/argv_checks.py: vLLM's,
+torchrun's, vllm-router's, srl's roles'): a command line the real program would refuse fails here.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def _site_dir(tmp: Path, bindir: Path) -> Path:
 
 
 def _config(tmp: Path, name: str, extra: str = "", train_nodes: int = 2, orchestrator: str = "with_inference",
-            tail: str = "") -> Path:
+            tail: str = "", infer_nodes: int = 1) -> Path:
     model = tmp / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text("{}")  # a HF-format directory as far as config validation looks; probes never load it
@@ -72,7 +75,7 @@ tensor_parallel_size = 2
 [deployment]
 type = "multi_node"
 gpus_per_node = 4
-num_infer_nodes = 1
+num_infer_nodes = {infer_nodes}
 num_train_nodes = {train_nodes}
 orchestrator = "{orchestrator}"
 [slurm]
@@ -120,6 +123,19 @@ def _wait_records(run, n: int, timeout_s: float, restart: str = "0") -> dict:
 
 def _batch_log(run) -> str:
     return "\n".join(p.read_text() for p in sorted(run.logs.glob("*.out")))
+
+
+def _assert_real_parsers_accept(run) -> None:
+    """Each distinct command line the probes of ``run`` received (placeholders expanded by the job), under the name
+    of the program the plan starts (the probe's own argv[0] is probe.py), is accepted by that program's parser."""
+    from argv_checks import assert_argvs_accepted
+
+    plan = read_plan(run)
+    argvs = {}
+    for rec in _records(run).values():
+        argv = [plan.process(rec["process"]).command[0], *rec["argv"][1:]]
+        argvs[json.dumps(argv)] = argv
+    assert_argvs_accepted(list(argvs.values()))
 
 
 def _expected_records(plan) -> int:
@@ -188,6 +204,7 @@ def test_recorded_placement_equals_plan(probe_run, capsys):
     assert rec["env"]["MASTER_ADDR"] == plan.addresses[plan.master_node]
     assert f"{plan.addresses[plan.master_node]}:{trainer.ports['rdzv']}" in rec["argv"]
     assert "/srl-" + job + "/triton" in rec["env"]["TRITON_CACHE_DIR"]
+    _assert_real_parsers_accept(run)
 
 
 # An engine is restarted by default (inference.max_restarts, tests/integration/test_faults_engine_restart_sbatch.py);
@@ -267,6 +284,26 @@ def test_hetjob_orchestrator_on_its_own_node(probe_run):
     for p in plan.processes:
         for i in p.node_indices:
             assert (p.name, plan.hosts[i], "0") in recs
+    _assert_real_parsers_accept(run)
+
+
+def test_prefill_decode_placement_and_its_command_lines(probe_run):
+    # One prefill and one decode engine (ExampleConnector) behind the router in P/D mode, 2 trainer nodes: the
+    # whole 4-node cluster. Engines get a --kv-transfer-config JSON that vLLM validates on parsing.
+    pd = ('[inference.deployment]\ntype = "disaggregated"\nnum_prefill_replicas = 1\nprefill_nodes_per_replica = 1\n'
+          'num_decode_replicas = 1\ndecode_nodes_per_replica = 1\nkv_connector = "ExampleConnector"\n')
+    cfg, run, attempt = probe_run("pd", trainer_seconds=3, infer_nodes=2, tail=pd)
+    job = submit_rl(cfg, run, attempt)
+    st = slurm.wait(job, timeout_s=120)
+    assert st.state == "COMPLETED", _batch_log(run)
+    plan = read_plan(run)
+    recs = _records(run)
+    assert len(recs) == _expected_records(plan) and len(set(plan.hosts)) == 4, (sorted(recs), plan.hosts)
+    kv = {p.kv_role: p for p in plan.processes if p.role == "inference"}
+    assert sorted(kv) == ["kv_consumer", "kv_producer"] and kv["kv_producer"].node_index != kv["kv_consumer"].node_index
+    router = recs[("router", plan.hosts[plan.process("router").node_index], "0")]
+    assert "--vllm-pd-disaggregation" in router["argv"]
+    _assert_real_parsers_accept(run)
 
 
 def test_two_allocations_inference_job_then_rl_job(probe_run, tmp_path):
@@ -289,6 +326,7 @@ def test_two_allocations_inference_job_then_rl_job(probe_run, tmp_path):
         recs = _records(run)
         orch = recs[("orchestrator", plan.hosts[plan.process("orchestrator").node_index], "0")]
         assert orch["env"]["SRL_INFERENCE_RUN_DIR"] == str(irun.root)
+        _assert_real_parsers_accept(irun)  # the inference job's engines and router
         assert slurm.job_state(ijob).state == "RUNNING"  # the deployment outlives the RL job
     finally:
         slurm.cancel(ijob)
