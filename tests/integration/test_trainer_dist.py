@@ -92,6 +92,14 @@ def _worker(argv):
         m, grads = _grads(argv[2], info.rank, info.world_size, lora=mode == "lora-grads")
         if info.rank == 0:
             torch.save({"metrics": m, "grads": grads}, out)
+    if mode == "lora-merged":
+        from toolkit.trainer.model import full_state_dict
+
+        model = tdist.shard_model(_policy(argv[2], lora=True), info)
+        merged = full_state_dict(model, info=info)
+        assert (merged is None) == (info.rank != 0)
+        if info.rank == 0:
+            torch.save(merged, out)
     tdist.shutdown(info)
 
 
@@ -127,6 +135,32 @@ def test_two_rank_gradient_equals_one_rank(tiny_dir, tmp_path, mode):
     assert set(two["grads"]) == set(g1)
     worst = max(float((two["grads"][k] - g1[k]).abs().max()) for k in g1)
     assert worst < 1e-5, worst
+
+
+@pytest.mark.slow
+def test_two_rank_lora_model_exports_the_whole_merged_model(tiny_dir, tmp_path):
+    """An SFT run with LoRA on 2 ranks ends with a full model: the adapters gathered from their shards and folded
+    into the gathered base weights give the 1-rank merge, and a forward of that merge equals the adapted model's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from toolkit.trainer.lora import merged_state_dict
+
+    out = tmp_path / "merged.pt"
+    _torchrun([__file__, "lora-merged", str(out), str(tiny_dir)])
+    two = torch.load(out)
+    adapted = _policy(str(tiny_dir), lora=True)
+    one = merged_state_dict(adapted)
+    assert set(two) == set(one) and not any("lora_" in k or "base_layer" in k for k in one)
+    assert max(float((two[k] - one[k]).abs().max()) for k in one) < 1e-6
+    plain = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    changed = [k for k in one if not torch.equal(one[k], plain.state_dict()[k])]
+    assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight", "down_proj.weight")) for k in changed)
+    plain.load_state_dict(two)
+    ids = torch.tensor([[5, 17, 42, 9, 3, 77]])
+    with torch.no_grad():
+        want, got = adapted(input_ids=ids).logits, plain(input_ids=ids).logits
+    assert float((want - got).abs().max()) < 1e-4
 
 
 def _trainer_run(root: Path, tiny_dir: Path, *, lora: dict | None = None):

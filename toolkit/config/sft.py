@@ -247,11 +247,6 @@ def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SF
         cfg = SFTConfig.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(name_sources(pydantic_issues(e, SFTConfig), origins)) from None
-    lora = cfg.trainer.model.lora is not None
-    ranks = cfg.deployment.cpu_train_ranks if cfg.deployment.type == "single_node" else 2
-    if lora and (ranks > 1 or cfg.deployment.type != "single_node"):
-        raise ConfigError("trainer.model.lora: LoRA SFT runs on one trainer rank only (its merged model export is "
-                          "not gathered across ranks); drop trainer.model.lora or use one rank")
     found = rules.check(cfg.launch_view(), purpose="sft")
     if found.errors:
         raise ConfigError(name_sources(in_sft_terms(found.errors), origins))

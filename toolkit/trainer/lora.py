@@ -93,18 +93,32 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path) -> None:
     set_peft_model_state_dict(model, tensors)
 
 
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Base-model weights with the adapters merged in (``W + scale * B @ A``), under the base model's HF names.
+def merged_state_dict(model: torch.nn.Module, *, is_main: bool = True) -> dict[str, torch.Tensor] | None:
+    """Base-model weights with the adapters folded in (``W + scaling * B @ A``, peft's ``scaling`` = alpha / r),
+    under the base model's HF names, as contiguous CPU tensors; the model is not changed.
 
-    Merges in place, copies, and unmerges, so training continues on the unmerged weights. Single-process only.
+    Under FSDP2 (sharded parameters are DTensors) every rank must call this, in step: each tensor is all-gathered
+    (a collective, same order on every rank); only the rank with ``is_main`` gets the dict, the others None.
+    The product is taken in float32 and cast to the weight's dtype.
     """
-    model.merge_adapter()
-    try:
-        out = {}
-        for name, t in model.get_base_model().state_dict().items():
+
+    def whole(t: torch.Tensor) -> torch.Tensor:
+        return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+
+    base = model.get_base_model()
+    adapted = {name: mod for name, mod in base.named_modules()
+               if hasattr(mod, "lora_A") and "default" in getattr(mod, "lora_A", {})}  # fmt: skip
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, t in base.state_dict().items():
             if "lora_" in name:
                 continue
-            out[name.replace(".base_layer.", ".")] = t.detach().to("cpu").clone()
-        return out
-    finally:
-        model.unmerge_adapter()
+            w = whole(t)
+            owner, _, leaf = name.rpartition(".base_layer.")
+            if leaf == "weight" and owner in adapted:
+                mod = adapted[owner]
+                a, b = whole(mod.lora_A["default"].weight), whole(mod.lora_B["default"].weight)
+                w = w + (b.float() @ a.float() * mod.scaling["default"]).to(w.dtype)
+            if is_main:
+                out[name.replace(".base_layer.", ".")] = w.to("cpu").contiguous().clone()
+    return out if is_main else None

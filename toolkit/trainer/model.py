@@ -62,13 +62,10 @@ def full_state_dict(model: torch.nn.Module, *, info=None) -> dict[str, torch.Ten
     A peft LoRA model gives its merged base weights (what vLLM loads as a full model).
     """
     world = 1 if info is None else info.world_size
-    if hasattr(model, "merge_adapter"):  # peft LoRA: broadcast plain weights with the adapters merged
-        if world > 1:
-            raise NotImplementedError("merged weights of a sharded LoRA model are not gathered; a LoRA run broadcasts "
-                                      "the adapter (toolkit.trainer.lora.adapter_state_dict)")
+    if hasattr(model, "merge_adapter"):  # peft LoRA: plain weights with the adapters merged
         from toolkit.trainer.lora import merged_state_dict
 
-        return merged_state_dict(model)
+        return merged_state_dict(model, is_main=info is None or info.is_main)
     if world > 1:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
