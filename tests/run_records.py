@@ -34,6 +34,15 @@ def metrics_lines(run_root: Path) -> list[dict]:
     return out
 
 
+def served_version(run_root: Path, version: int) -> str:
+    """What an engine reports (``/weight_info``, reload records) for policy ``version`` of the run at ``run_root``:
+    ``"<run id>:<version>"``."""
+    from toolkit.inference.versions import format_version
+    from toolkit.orchestrator.policy import run_identity
+
+    return format_version(run_identity(RunDir(run_root)), version)
+
+
 def role_steps(run_root: Path, role: str, *, first: int = 0) -> list[int]:
     """Steps >= ``first`` of ``role``'s metrics lines, in file order, repeats kept (step 0 is the baseline eval)."""
     return [m["step"] for m in metrics_lines(run_root) if m.get("role") == role and m.get("step", -1) >= first]

@@ -20,7 +20,12 @@ belongs to someone else, or its holder is dead, they exit instead of writing int
 
 The same kind of lease, in an inference deployment's directory (``launcher/policy_owner.json``), names the one run
 whose weights the deployment serves (:func:`acquire_policy_owner`, taken by that run's orchestrator): two runs
-loading their weights into one engine would each train on rollouts sampled with the other's policy.
+loading their weights into one engine would each train on rollouts sampled with the other's policy. Runs that train
+LoRA adapters may share a deployment, each loading only its own adapter (named after its run id): each holds a
+LoRA-tenant lease (``launcher/lora_tenants/<run id>.json``, :func:`acquire_lora_tenant`). A full-weight owner and a
+LoRA tenant exclude each other (a full-weight load changes the base model under every adapter): each takes its own
+record first and then looks for the other kind, giving its record back when it finds one, so of two racing launches
+at most one is accepted.
 """
 
 from __future__ import annotations
@@ -110,12 +115,18 @@ class _Slot:
     path: Path
     history: Path
     what: str  # "run <dir>" or "inference deployment <dir>"
-    owner: bool  # a policy-owner lease
+    owner: bool  # a policy-owner lease (or a LoRA-tenant lease)
+    tenant: bool = False  # a LoRA-tenant lease
 
     def refusal(self, holder: Holder) -> str:
         if not self.owner:
             return (f"{self.what} is being run by {holder.describe()}; stop it with: srl cancel "
                     f"{self.path.parent.parent} (or wait for it to end)")  # fmt: skip
+        if self.tenant:
+            return (f"{self.what} serves the LoRA adapter of run {holder.run} ({holder.describe()}); loading full "
+                    "weights would change the base model under that run's adapter (only LoRA runs, each with its "
+                    f"own adapter, may share a deployment). Stop that run (srl cancel {holder.run}) or give this run "
+                    "a deployment of its own")  # fmt: skip
         return (f"{self.what} already serves the weights of run {holder.run} ({holder.describe()}); two runs loading "
                 "their weights into one deployment would each train on rollouts of the other's policy. Stop that "
                 f"run (srl cancel {holder.run}) or give this run a deployment of its own")  # fmt: skip
@@ -130,6 +141,11 @@ def _owner_slot(deployment: RunDir) -> _Slot:
                  owner=True)  # fmt: skip
 
 
+def _tenant_slot(deployment: RunDir, run_id: str) -> _Slot:
+    return _Slot(deployment.lora_tenants / f"{run_id}.json", deployment.lease_history,
+                 f"inference deployment {deployment.root}", owner=True, tenant=True)  # fmt: skip
+
+
 def read(run: RunDir) -> Holder | None:
     """The run's current lease record, or None when there is none. An unreadable or foreign-format file reads as
     a holder that expired long ago (it can be taken over)."""
@@ -139,6 +155,29 @@ def read(run: RunDir) -> Holder | None:
 def read_policy_owner(deployment: RunDir) -> Holder | None:
     """The record of the run whose weights inference deployment ``deployment`` serves, or None."""
     return _read(deployment.policy_owner_file)
+
+
+def live_lora_tenants(deployment: RunDir) -> list[Holder]:
+    """The live records of the runs whose LoRA adapters inference deployment ``deployment`` serves."""
+    try:
+        paths = sorted(deployment.lora_tenants.glob("*.json"))
+    except OSError:
+        return []
+    return [h for p in paths if (h := _read(p)) is not None and h.dead_reason() is None]
+
+
+def deployment_refusal(deployment: RunDir, run: RunDir, *, lora: bool) -> str | None:
+    """Why run ``run`` may not load its weights into inference deployment ``deployment`` now (None: it may):
+    another live run owns its full weights, or, for a full-weight run (``lora`` false), another live run has its
+    LoRA adapter there. A look only (the orchestrator takes the lease itself); for refusing early at launch."""
+    owner = read_policy_owner(deployment)
+    if owner is not None and owner.run != str(run.root) and owner.dead_reason() is None:
+        return owner_refusal(deployment, owner)
+    if not lora:
+        for tenant in live_lora_tenants(deployment):
+            if tenant.run != str(run.root):
+                return _tenant_slot(deployment, "?").refusal(tenant)
+    return None
 
 
 def owner_refusal(deployment: RunDir, owner: Holder) -> str:
@@ -275,8 +314,27 @@ def acquire(run: RunDir, *, command: str = "srl", job_id: str | None = None) -> 
 def acquire_policy_owner(deployment: RunDir, owner: RunDir, *, command: str, job_id: str | None = None) -> Lease:
     """Become the one run whose weights inference deployment ``deployment`` serves (``owner``: the run that will
     load its weights there), as :func:`acquire` does for a run. Raises :class:`LeaseHeld` naming the run that owns
-    the deployment while it lives."""
-    return _acquire(_owner_slot(deployment), owner, command=command, job_id=job_id)
+    the deployment while it lives, or a live run whose LoRA adapter it serves (the record is then given back)."""
+    lease = _acquire(_owner_slot(deployment), owner, command=command, job_id=job_id)
+    others = [t for t in live_lora_tenants(deployment) if t.run != str(owner.root)]
+    if others:
+        lease.release()
+        raise LeaseHeld(_tenant_slot(deployment, "?"), others[0])
+    return lease
+
+
+def acquire_lora_tenant(deployment: RunDir, owner: RunDir, run_id: str, *, command: str,
+                        job_id: str | None = None) -> Lease:  # fmt: skip
+    """Become one of the runs whose LoRA adapter inference deployment ``deployment`` serves (``owner``: the run,
+    ``run_id`` its id, which names its adapter and its record). Other LoRA runs may hold theirs meanwhile. Raises
+    :class:`LeaseHeld` naming a live run that loads full weights there (the record is then given back), or the
+    live process of this same run that holds it."""
+    lease = _acquire(_tenant_slot(deployment, run_id), owner, command=command, job_id=job_id)
+    full = read_policy_owner(deployment)
+    if full is not None and full.run != str(owner.root) and full.dead_reason() is None:
+        lease.release()
+        raise LeaseHeld(_owner_slot(deployment), full)
+    return lease
 
 
 def _acquire(slot: _Slot, run: RunDir, *, command: str, job_id: str | None) -> Lease:

@@ -8,6 +8,7 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
                          admin_token (0600; inference-only deployments),
                          lease.json (who supervises the run now) + lease_history.jsonl (takeovers),
                          policy_owner.json (a deployment: the run whose weights it serves)
+                         lora_tenants/<run id>.json (a deployment: the runs whose adapters it serves)
     logs/attempt_<n>/    <role>.log ; logs/latest -> attempt_<n>
     rollouts/step_<n>/   one training batch written by the orchestrator (READY marker last)
     broadcasts/step_<n>/ HF safetensors policy weights written by the trainer (STABLE marker last)
@@ -97,6 +98,12 @@ class RunDir:
     def policy_owner_file(self) -> Path:
         """An inference deployment's policy-owner lease: the one run whose weights it serves (``toolkit.lease``)."""
         return self.launcher / "policy_owner.json"
+
+    @property
+    def lora_tenants(self) -> Path:
+        """An inference deployment's LoRA-tenant leases, one ``<run id>.json`` per run whose adapter it serves
+        (``toolkit.lease``)."""
+        return self.launcher / "lora_tenants"
 
     @property
     def lease_history(self) -> Path:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_records import served_version
 from test_faults_local_resume import REPO, START_TIMEOUT_S, _finish, _steps, _wait_trainer_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.vllm, pytest.mark.timeout(3000)]
@@ -87,7 +88,7 @@ def test_engine_kill_is_survived_by_a_restart_with_the_newest_stable_weights(tmp
     # The restored version is the newest STABLE one when it was loaded, and the restarted engine reports it.
     assert r["version"] >= max(stable_at_kill, 1), (r, stable_at_kill)
     assert r["time"] > killed_at
-    assert set(r["engines"].values()) == {str(r["version"])}, r
+    assert set(r["engines"].values()) == {served_version(run, r["version"])}, r
     newer = [x for x in reloads if x["time"] < r["time"] and x["version"] > r["version"]]
     assert not newer, "a restore must never go back to an older version"
     orch = next((run / "logs" / "attempt_1").glob("orchestrator*.log")).read_text()

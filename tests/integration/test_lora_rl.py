@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from lora_checks import assert_adapter_broadcasts, assert_serves_adapter
 from prereqs import need_module
+from run_records import served_version
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -55,7 +56,7 @@ def test_lora_run_serves_the_trainers_adapter(tmp_path):
     loaded = {r["version"] for r in reloads}
     assert {1, 2} <= loaded, reloads
     for r in reloads:
-        assert set(r["engines"].values()) == {str(r["version"])}, r
+        assert set(r["engines"].values()) == {served_version(run, r["version"])}, r
 
     metrics = [json.loads(line) for line in rd.metrics.read_text().splitlines()]
     kl = {m["step"]: m["mismatch_kl/mean"] for m in metrics if m["role"] == "trainer" and "mismatch_kl/mean" in m}

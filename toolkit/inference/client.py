@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from toolkit.errors import ProviderError
+from toolkit.inference.versions import ADAPTER_VERSION_HEADER, VERSION_HEADER, judge, split_header
 from toolkit.orchestrator.types import Generation, SamplingParams
 
 SESSION_HEADER = "X-Session-ID"
@@ -110,7 +111,10 @@ class PolicyClient:
     since the request began (backoff capped at ``MAX_BACKOFF_S``), time spent waiting at a closed serving gate
     included. ``has_router`` enables ``finish_session`` (vllm-router's ``/finish_session``).
     ``policy_version`` is the version the client believes is served; the weight updater's owner sets it after each
-    successful update, and every Generation carries it.
+    successful update. ``run_id`` (the run whose policy this client samples; ``lora``: a run that trains an adapter)
+    turns on the owner check: a Generation then carries the version its engine reported (``versions.judge``), and
+    ``foreign_version`` when any of its tokens came from another run's weights; without it (or from an engine
+    without srl's middleware) it carries the believed version.
     """
 
     def __init__(
@@ -126,7 +130,11 @@ class PolicyClient:
         max_connections: int = 256,
         retry_budget_s: float | None = None,
         headers: dict[str, str] | None = None,
+        run_id: str | None = None,
+        lora: bool = False,
     ) -> None:
+        self.run_id = run_id
+        self.lora = lora
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
@@ -196,10 +204,10 @@ class PolicyClient:
                                 f"after {limit:.0f} s") from None  # fmt: skip
 
     async def _post(self, path: str, *, json: dict | None = None, headers: dict | None = None,
-                    ) -> tuple[dict[str, Any], int]:  # fmt: skip
-        """POST with retries; returns the JSON body of the response and the policy version believed served when
+                    ) -> tuple[dict[str, Any], int, Any]:  # fmt: skip
+        """POST with retries; returns the JSON body of the response, the policy version believed served when
         the answered attempt was sent (after any wait at the gate, so a restore that happened meanwhile is
-        reflected)."""
+        reflected) and the response's headers."""
         deadline = None if self.retry_budget_s is None else time.monotonic() + self.retry_budget_s
         last: str = ""
         attempt = 0
@@ -207,10 +215,11 @@ class PolicyClient:
             await self._wait_open(deadline)
             epoch = self._epoch
             version = self.policy_version
-            status, text, data = 0, "", None
+            status, text, data, answer_headers = 0, "", None, None
             try:
                 async with self._session().post(self.base_url + path, json=json, headers=headers) as resp:
                     status = resp.status
+                    answer_headers = resp.headers
                     if status < 400 and epoch == self._epoch:
                         data = await resp.json(content_type=None)
                     else:
@@ -227,7 +236,7 @@ class PolicyClient:
                 elif status >= 400:
                     raise ProviderError(f"{self.base_url}{path} rejected the request: HTTP {status}: {text[:500]}")
                 else:
-                    return data, version
+                    return data, version, answer_headers
             attempt += 1
             delay = self.backoff_s * 2 ** (attempt - 1)
             if deadline is None:
@@ -252,12 +261,16 @@ class PolicyClient:
         Raises ProviderError after the retries are spent or on a non-retryable rejection.
         """
         t0 = time.monotonic()
-        data, version = await self._post(  # version: believed served when the answered request was sent
+        data, version, answer_headers = await self._post(  # version: believed served when the request was sent
             "/v1/completions",
             json=completion_payload(self.model, prompt_ids, sampling),
             headers={SESSION_HEADER: session_id},
         )
         gen = parse_completion(data, version)
+        adapter = answer_headers.get(ADAPTER_VERSION_HEADER)
+        verdict = judge(self.run_id, version, split_header(answer_headers.get(VERSION_HEADER)),
+                        None if adapter is None else split_header(adapter), lora=self.lora)  # fmt: skip
+        gen.policy_version, gen.foreign_version = verdict.version, verdict.foreign
         gen.latency_s = time.monotonic() - t0
         return gen
 

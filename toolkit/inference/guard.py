@@ -1,6 +1,7 @@
 """ASGI middleware loaded into every vLLM engine: admin routes need the run's admin token (issue 9 item 7).
 
-Loaded with ``--middleware toolkit.inference.guard.AdminGuard`` (``commands.engine_command`` adds it; vLLM 0.32
+It also wraps ``versions.WeightVersionTag`` (which weight versions the engine serves; completions are tagged with
+them). Loaded with ``--middleware toolkit.inference.guard.AdminGuard`` (``commands.engine_command`` adds it; vLLM 0.32
 imports the path and calls ``app.add_middleware(AdminGuard)``, which makes it the outermost layer, so it runs before
 routing, vLLM's own ``--api-key`` check and CORS). Pure ASGI without third-party imports: it is importable anywhere.
 
@@ -37,6 +38,7 @@ import os
 from typing import Any
 
 from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER
+from toolkit.inference.versions import WeightVersionTag
 
 OPEN_PATHS = frozenset({
     "/health", "/ping", "/version", "/metrics",
@@ -60,7 +62,8 @@ class AdminGuard:
     """
 
     def __init__(self, app: Any, token: str | None = None) -> None:
-        self.app = app
+        # The weight-version record sits just inside the guard: it sees only the loads the guard admitted.
+        self.app = WeightVersionTag(app)
         if token is None:
             token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
         self._token = token.encode() if token else None

@@ -19,7 +19,8 @@ on every engine directly (admin calls never go through the router, which would d
    hold cache blocks, which is the normal case with ``mode=keep``; the updater then asks again with
    ``reset_running_requests=true``: vLLM preempts those requests and they recompute their KV on the new weights
    after resume. A reset refused twice raises WeightUpdateError,
-5. ``POST /update_weight_version`` (recorded by the engine, readable at ``/weight_info``); step 3 runs
+5. ``POST /update_weight_version`` (recorded by the engine, readable at ``/weight_info``) with the owner's version
+   ``"<run id>:<step>"`` (``versions.format_version``: a step alone cannot tell two runs apart); step 3 runs
    concurrently with steps 4-5 (all need only the pause),
 6. ``POST /resume``; retired KV files are then deleted, outside the pause window.
 
@@ -44,6 +45,7 @@ import httpx
 
 from toolkit.inference.admin_token import admin_headers, admin_token_from_env
 from toolkit.inference.kv_store import kv_store_from_config, purge_retired, retire_kv_store
+from toolkit.inference.versions import VERSION_HEADER, VERSIONS_PATH, format_version, lora_name
 from toolkit.inference.worker_ext import EXTENSION_CLS, RELOAD_METHOD, RESULT_MARKER
 from toolkit.rundir import RunDir, numbered_steps
 
@@ -117,7 +119,9 @@ class WeightUpdater:
     (drain in-flight requests first) or "abort". ``admin_token`` is the deployment's admin token; None reads
     ``SRL_ADMIN_TOKEN`` from this process's environment (set by srl's launchers). Without one, the engines answer
     401/403 and updates raise WeightUpdateError. ``profile_reload`` asks engines with srl's worker extension for a
-    per-phase breakdown of their reload (``last_reload``; benchmarks).
+    per-phase breakdown of their reload (``last_reload``; benchmarks). ``run_id``: the run whose weights these
+    are; versions are recorded as ``"<run id>:<step>"`` and a LoRA run's adapter is served as ``srl-lora-<run id>``
+    (None: bare step numbers and one fixed adapter name, for tools outside a run).
     """
 
     def __init__(
@@ -128,6 +132,7 @@ class WeightUpdater:
         pause_mode: str = "keep",
         admin_token: str | None = None,
         profile_reload: bool = False,
+        run_id: str | None = None,
     ) -> None:
         if not engine_urls:
             raise ValueError("WeightUpdater needs at least one engine URL")
@@ -149,7 +154,8 @@ class WeightUpdater:
         self.last_reload: dict[str, dict] = {}
         # LoRA runs (load_broadcast): the name the adapter is served under, and the model name requests must use
         # (None = the deployment's base model name, until an adapter has been loaded).
-        self.lora_name = DEFAULT_LORA_NAME
+        self.run_id = run_id
+        self.lora_name = lora_name(run_id) if run_id else DEFAULT_LORA_NAME
         self.served_model: str | None = None
         # seconds per step of the last successful update(): client, kv_store_lookup, pause, reload,
         # retire_reset_version (KV store retired while prefix caches are reset and the version set), resume,
@@ -263,9 +269,13 @@ class WeightUpdater:
 
         await _on_every_engine(reload(u) for u in self.engine_urls)
 
-    async def _reset_and_version(self, http: httpx.AsyncClient, version: int) -> None:
+    async def _reset_and_version(self, http: httpx.AsyncClient, version: int | None) -> None:
+        """Reset the prefix caches, then record ``version`` as the base weights' version (None: leave it; an
+        adapter load carries its own version)."""
         await self._reset_prefix_caches(http)
-        await self._all(http, "/update_weight_version", optional=True, json={"new_version": str(version)})
+        if version is not None:
+            await self._all(http, "/update_weight_version", optional=True,
+                            json={"new_version": format_version(self.run_id, version)})  # fmt: skip
 
     async def _kv_file_stores(self, http: httpx.AsyncClient) -> list[Path]:
         """The distinct KV file stores of the engines (usually none, or one shared by all P/D engines); looks up
@@ -330,7 +340,9 @@ class WeightUpdater:
         served path (:func:`stage_adapter`) and loaded from there (``/v1/load_lora_adapter`` with
         ``load_inplace``), prefix caches reset and KV file stores retired, the version recorded at
         ``/weight_info``, resumed together (also on failure). After an adapter load ``served_model`` is
-        ``lora_name``, the model name generation requests must carry. Engines need
+        ``lora_name``, the model name generation requests must carry. The adapter's version travels in header
+        ``X-SRL-Weight-Version`` of the load (the engine's middleware records it per adapter); the base weights'
+        version is left alone, so LoRA runs sharing a deployment never overwrite each other's. Engines need
         ``commands.lora_engine_args`` and ``commands.LORA_ENGINE_ENV``. Returns seconds from the first pause
         to the last resume; raises WeightUpdateError naming the engine URL.
         """
@@ -344,10 +356,11 @@ class WeightUpdater:
             try:
                 served = await asyncio.to_thread(stage_adapter, broadcast_dir)
                 body = {"lora_name": self.lora_name, "lora_path": str(served), "load_inplace": True}
-                await self._all(http, "/v1/load_lora_adapter", json=body)
+                tag = {VERSION_HEADER: format_version(self.run_id, version)}
+                await self._all(http, "/v1/load_lora_adapter", json=body, headers=tag)
                 # P/D file stores key KV by prompt tokens only, not by adapter: the old adapter's KV must go too.
                 await self._retire_kv_stores(stores)
-                await self._reset_and_version(http, version)
+                await self._reset_and_version(http, None)
             finally:
                 resumed = await asyncio.gather(
                     *(self._call(http, u, "/resume", optional=True) for u in self.engine_urls),
@@ -364,14 +377,21 @@ class WeightUpdater:
         return seconds
 
     async def served_versions(self) -> dict[str, str | None]:
-        """Each engine's recorded weight version (``GET /weight_info``), None where unavailable."""
+        """Each engine's recorded weight version, None where unavailable: of the base weights (``GET
+        /weight_info``), or, once this updater has loaded an adapter, of that adapter (``GET /srl/weight_versions``,
+        srl's engine middleware)."""
         out: dict[str, str | None] = {}
         async with self._client(10.0) as http:
             for url in self.engine_urls:
                 try:
-                    resp = await http.get(url + "/weight_info")
-                    out[url] = resp.json().get("weight_version") if resp.status_code == 200 else None
-                except (httpx.HTTPError, ValueError):
+                    if self.served_model:
+                        resp = await http.get(url + VERSIONS_PATH)
+                        data = resp.json() if resp.status_code == 200 else {}
+                        out[url] = (data.get("adapters") or {}).get(self.served_model)
+                    else:
+                        resp = await http.get(url + "/weight_info")
+                        out[url] = resp.json().get("weight_version") if resp.status_code == 200 else None
+                except (httpx.HTTPError, ValueError, AttributeError):
                     out[url] = None
         return out
 

@@ -252,14 +252,15 @@ def _refuse_if_run_jobs_live(run: RunDir) -> None:
 
 def _refuse_owned_deployment(loaded: LoadedConfig, run: RunDir) -> None:
     """Raise ConfigError when the external inference deployment this run would load its weights into already
-    serves another live run's weights (its orchestrator holds the deployment's policy-owner lease; it takes the
-    lease itself when it starts, so this early look only saves a launch that would be refused)."""
+    serves another live run's weights, or a full-weight run would join a live LoRA run there (the orchestrator takes
+    the deployment's lease itself when it starts, so this early look only saves a launch that would be refused)."""
     cfg = loaded.config
     if not cfg.inference.external or not cfg.orchestrator.update_weights:
         return
-    owner = leases.read_policy_owner(RunDir(Path(cfg.inference.external)))
-    if owner is not None and owner.run != str(run.root) and owner.dead_reason() is None:
-        raise ConfigError(f"inference.external: {leases.owner_refusal(RunDir(Path(cfg.inference.external)), owner)}")
+    lora = cfg.trainer.model.lora is not None
+    why = leases.deployment_refusal(RunDir(Path(cfg.inference.external)), run, lora=lora)
+    if why is not None:
+        raise ConfigError(f"inference.external: {why}")
 
 
 def _take_lease(run: RunDir, argv: list[str]) -> leases.Lease:

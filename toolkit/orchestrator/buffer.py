@@ -3,10 +3,12 @@
 Groups are offered in the order they finish. For each group the builder:
 
 1. sets errored rollouts aside (never trained on; counted per env);
-2. drops the whole group when its policy is older than the off-policy bound (``off_policy``);
-3. computes advantages over the group's valid rollouts (see :mod:`toolkit.orchestrator.advantages`);
-4. drops groups without signal when difficulty filtering is on (see :mod:`toolkit.orchestrator.filtering`);
-5. adds the group to the batch.
+2. drops the whole group when an engine reported that any of its tokens came from another run's weights
+   (``foreign_policy``: never trained on, and its rewards would skew the group's baseline);
+3. drops the whole group when its policy is older than the off-policy bound (``off_policy``);
+4. computes advantages over the group's valid rollouts (see :mod:`toolkit.orchestrator.advantages`);
+5. drops groups without signal when difficulty filtering is on (see :mod:`toolkit.orchestrator.filtering`);
+6. adds the group to the batch.
 
 The batch holds ``batch_size`` rollouts. Groups are whole except possibly the last: when a group does not fit
 (errored rollouts make groups uneven), it is cut to the rollouts still needed, keeping the advantages computed over
@@ -63,6 +65,8 @@ class StepBatch:
     signal_groups: int = 0
     """Kept groups whose rewards differ (non-zero advantages)."""
     trimmed_rollouts: int = 0
+    foreign_versions: list[str] = field(default_factory=list)
+    """The foreign weight version that made each ``foreign_policy`` group be dropped (for the log line)."""
 
     @property
     def remaining(self) -> int:
@@ -87,6 +91,10 @@ class StepBatch:
             if r.error_class is not None:
                 self.errored[r.env] += 1
                 self.error_classes[r.error_class] += 1
+        foreign = next((r.foreign_version for r in group if r.foreign_version is not None), None)
+        if foreign is not None:
+            self.foreign_versions.append(foreign)
+            return self._drop("foreign_policy", valid)
         version = min((r.policy_version for r in valid), default=0)
         if (
             valid

@@ -38,7 +38,13 @@ from toolkit.lease import exit_when_lease_gone
 from toolkit.orchestrator.buffer import BufferSettings, StepBatch
 from toolkit.orchestrator.engines import EngineWatch, provider_retry_budget_s
 from toolkit.orchestrator.evaluation import EvalEnv, run_eval
-from toolkit.orchestrator.policy import PolicyTracker, may_launch_ahead, min_policy_version, off_policy_age
+from toolkit.orchestrator.policy import (
+    PolicyTracker,
+    may_launch_ahead,
+    min_policy_version,
+    off_policy_age,
+    run_identity,
+)
 from toolkit.orchestrator.producer import GroupProducer, TrainEnv, sampling_params
 from toolkit.orchestrator.records import MetricsLog, step_metrics
 from toolkit.orchestrator.sampler import EnvSampler
@@ -74,6 +80,10 @@ class Orchestrator:
         self.snapshots: dict[int, dict[str, Any]] = {}  # step -> state after its batch, not yet saved
         self.saved_steps: set[int] = set()
         self.engine_urls: list[str] = []
+        # Versions this run loads are "<run id>:<step>"; completions an engine reports with another run's versions
+        # are dropped (toolkit.inference.versions).
+        self.run_id = run_identity(run)
+        self.lora = cfg.trainer.model.lora is not None
         self._admin_token: str | None = None  # set from the readiness of inference (_connect_inference)
         self._sigterm = False
         k = self.ocfg.max_async_level
@@ -100,6 +110,7 @@ class Orchestrator:
                 has_router=bool(ready.get("router_url")), max_connections=max(16, self.ocfg.max_concurrent),
                 retry_budget_s=provider_retry_budget_s(self.cfg.inference.startup_timeout_s,
                                                        self.cfg.inference.max_restarts),
+                run_id=self.run_id, lora=self.lora,
             )  # fmt: skip
         # Admin token for the engines' admin routes (weight updates, the engine watch): own engines take the
         # launcher's SRL_ADMIN_TOKEN, an external deployment its token file.
@@ -113,7 +124,7 @@ class Orchestrator:
         else:
             self._admin_token = admin_token_from_env()
         if self.updater is None and self.ocfg.update_weights:
-            self.updater = WeightUpdater(ready["engine_urls"], admin_token=self._admin_token)
+            self.updater = WeightUpdater(ready["engine_urls"], admin_token=self._admin_token, run_id=self.run_id)
             # Look up the engines' KV file stores now (vLLM's first /server_info takes seconds), while the env
             # workers start, rather than on the first update's STABLE-to-serving path.
             try:
@@ -246,7 +257,12 @@ class Orchestrator:
             taken += 1
             env = self.train_envs.get(group[0].env) if group else None
             kept_before, signal_before = batch.groups_kept, batch.signal_groups
-            batch.offer(group, max_completion_tokens=env.sampling.max_tokens if env else None)
+            dropped = batch.offer(group, max_completion_tokens=env.sampling.max_tokens if env else None)
+            if dropped == "foreign_policy":
+                log.warning("step %d: dropped a group of %d rollouts: the engine sampled them with weights of "
+                            "another run (version %s; this run's versions are %s:<step>); they are never trained "
+                            "on (off_policy/foreign_dropped)", step, len(group), batch.foreign_versions[-1],
+                            self.run_id)  # fmt: skip
             window["offered"] += 1
             window["kept"] += batch.groups_kept - kept_before
             window["signal"] += batch.signal_groups - signal_before
@@ -511,11 +527,16 @@ def own_external_deployment(cfg: Any, run: RunDir) -> lease.Lease | None:
     """Become the one run whose weights the external inference deployment serves (``inference.external``), before
     loading any weights into it; None when this run starts its own engines or never loads weights. Should the
     ownership ever pass to another run, this process exits at once (status 3): a weight load from here would
-    replace that run's policy. LoRA runs take it too: every run's adapter is served under one name, so a second
-    adapter would replace the first. Raises ``lease.LeaseHeld`` naming the run that owns the deployment."""
+    replace that run's policy. A LoRA run takes a LoRA-tenant lease instead: its adapter is served under a name of
+    its own (``srl-lora-<run id>``), so LoRA runs may share a deployment, but not with a full-weight run. Raises
+    ``lease.LeaseHeld`` naming the run that excludes this one."""
     if not cfg.inference.external or not cfg.orchestrator.update_weights:
         return None
-    owner = lease.acquire_policy_owner(RunDir(cfg.inference.external), run, command="srl orchestrator")
+    deployment = RunDir(cfg.inference.external)
+    if cfg.trainer.model.lora is not None:
+        owner = lease.acquire_lora_tenant(deployment, run, run_identity(run), command="srl orchestrator")
+    else:
+        owner = lease.acquire_policy_owner(deployment, run, command="srl orchestrator")
 
     def _lost(reason: str) -> None:
         log.error("the external deployment's policy ownership is gone (%s); stopping at once", reason)

@@ -40,6 +40,15 @@ from toolkit.rundir import RunDir, numbered_steps
 log = logging.getLogger(__name__)
 
 
+def run_identity(run: RunDir) -> str:
+    """The run's id (``run_meta.json``, kept across attempts), which every weight version it loads carries; the
+    directory name for a run directory without one (written by hand, tests)."""
+    try:
+        return str(json.loads(run.run_meta.read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return run.root.name
+
+
 def min_policy_version(step: int, max_async_level: int) -> int:
     """Oldest policy version allowed in the batch of trainer step ``step`` (>= 0): ``step - 1 - max_async_level``."""
     return max(0, step - 1 - max_async_level)

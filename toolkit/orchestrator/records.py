@@ -11,6 +11,8 @@ tokens, times seconds):
 - ``seq_len/mean`` (prompt + completion tokens of the batch's samples per rollout), ``completion_len/mean``
   (policy-sampled tokens), ``num_turns/mean``;
 - ``off_policy/{mean,max}`` (age in policy versions of the batch's rollouts), ``off_policy/dropped`` (rollouts);
+  ``off_policy/foreign_dropped``: rollouts dropped because an engine sampled them (in part) with another run's
+  weights (also ``filter/dropped_{groups,rollouts}/foreign_policy``);
 - ``filter/dropped_groups/<reason>``, ``filter/dropped_rollouts/<reason>``, ``filter/groups_offered``,
   ``filter/groups_kept``, ``filter/signal_groups``, ``filter/trimmed_rollouts``;
 - ``time/step``, ``time/wait_for_policy``, ``policy/served_version``;
@@ -88,6 +90,7 @@ def step_metrics(batch: StepBatch) -> dict[str, float]:
     out["off_policy/mean"] = _mean(ages)
     out["off_policy/max"] = float(max(ages, default=0))
     out["off_policy/dropped"] = float(batch.dropped_rollouts.get("off_policy", 0))
+    out["off_policy/foreign_dropped"] = float(batch.dropped_rollouts.get("foreign_policy", 0))
     for reason, n in sorted(batch.dropped_groups.items()):
         out[f"filter/dropped_groups/{reason}"] = float(n)
         out[f"filter/dropped_rollouts/{reason}"] = float(batch.dropped_rollouts[reason])

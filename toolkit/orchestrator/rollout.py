@@ -94,6 +94,7 @@ async def run_rollout(
     current: TrainingSample | None = None
     previous: list[int] | None = None  # previous prompt + completion ids
     versions: list[int] = []
+    foreign: str | None = None  # the first version of another run's weights an engine reported
     turns = 0
     truncated_reason: str | None = None
     while True:
@@ -129,6 +130,7 @@ async def run_rollout(
                 f"policy returned {len(gen.token_ids)} tokens but {len(gen.logprobs)} logprobs"
             )
         versions.append(gen.policy_version)
+        foreign = foreign or gen.foreign_version
         current.completion_ids.extend(gen.token_ids)
         current.completion_mask.extend([True] * len(gen.token_ids))
         current.completion_logprobs.extend(float(x) for x in gen.logprobs)
@@ -169,5 +171,6 @@ async def run_rollout(
         truncated=truncated_reason is not None,
         truncation_reason=truncated_reason,
         policy_version=min(versions) if versions else 0,
+        foreign_version=foreign,
         timings=timings,
     )

@@ -44,6 +44,8 @@ class Generation:
 
     ``logprobs[i]`` is the sampling logprob (natural log) of ``token_ids[i]`` under the served policy.
     ``finish_reason`` is "stop" or "length". ``policy_version`` is the weight version the engine served.
+    ``foreign_version``: set when the engine reported that some of its tokens came from weights of another run
+    (that version; see ``toolkit.inference.versions``): never trained on.
     """
 
     token_ids: list[int]
@@ -51,6 +53,7 @@ class Generation:
     finish_reason: str
     policy_version: int
     latency_s: float = 0.0
+    foreign_version: str | None = None
 
 
 @dataclass
@@ -91,6 +94,7 @@ class Rollout:
     error_class: str | None = None  # one of ErrorClass, None when the rollout is valid
     error_message: str | None = None
     policy_version: int = 0
+    foreign_version: str | None = None  # a version of another run's weights that sampled some of its tokens
     group_id: int = -1
     advantage: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
