@@ -20,6 +20,8 @@ line is appended to ``run.policy_reloads`` (``policy_reloads.jsonl``)::
     {"version": v, "time": unix s, "seconds": pause-to-resume s,
      "engines": {engine_url: version string from its /weight_info, or null}, "roles": {engine_url: role}}
 
+``engines`` shows ``"<run id>:<version>"`` (``toolkit.inference.versions``): of the base weights, or, in a LoRA run, of
+its adapter, whose name the record adds (``"adapter": "srl-lora-<run id>"``).
 ``roles`` ("engine", "prefill", "decode") comes from the inference readiness file (empty if unreadable). So a reader
 can check that every engine (both sides of a prefill/decode deployment) served ``v`` before rollouts tagged ``v``.
 """
@@ -176,6 +178,8 @@ class PolicyTracker:
         except (OSError, ValueError):
             roles = {}
         record = {"version": version, "time": t, "seconds": seconds, "engines": engines, "roles": roles}
+        if self.updater.served_model:  # a LoRA run: the adapter it loaded (named after the run)
+            record["adapter"] = self.updater.served_model
         if restore:
             record["restore"] = True
         try:
