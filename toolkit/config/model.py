@@ -505,6 +505,16 @@ class DisaggregatedInference(Section):
         )
 
 
+def implied_infer_nodes(infer: Any) -> int:
+    """Nodes one inference replica of ``[inference.deployment]`` needs: 1 (single_node), ``num_nodes``
+    (multi_node), prefill plus decode nodes (disaggregated)."""
+    if infer.type == "multi_node":
+        return int(infer.num_nodes)
+    if infer.type == "disaggregated":
+        return int(infer.nodes_per_island)
+    return 1
+
+
 InferenceDeploymentConfig = Annotated[
     SingleNodeInference | MultiNodeInference | DisaggregatedInference, Field(discriminator="type")
 ]
@@ -556,7 +566,9 @@ class MultiNodeDeployment(Section):
     type: Literal["multi_node"] = "multi_node"
     gpus_per_node: int = Field(8, ge=0, le=64)
     num_train_nodes: int = Field(1, ge=1, le=100_000)
-    num_infer_nodes: int = Field(1, ge=1, le=100_000)
+    num_infer_nodes: int | None = Field(None, ge=1, le=100_000)
+    """Inference nodes in all; default: what ``[inference.deployment]`` needs per replica (a disaggregated
+    layout: its prefill and decode nodes) x ``num_infer_replicas``. A value given must equal that."""
     num_infer_replicas: int = Field(1, ge=1, le=100_000)
     """Inference islands (each with the nodes ``[inference.deployment]`` implies)."""
     nodes_per_fsdp_group: int | None = Field(None, ge=1)
@@ -730,3 +742,12 @@ class RLConfig(Section):
     monitors: MonitorsConfig = MonitorsConfig()
     notices: list[str] = []
     """What srl mapped from other shapes (legacy/hosted) while loading; informational."""
+
+    @model_validator(mode="after")
+    def _derive_infer_nodes(self) -> RLConfig:
+        # Fills the one value left out; an explicit count is compared with this in the placement's topology,
+        # where a mismatch is an error showing both numbers. Idempotent: a resolved config loads back the same.
+        dep = self.deployment
+        if isinstance(dep, MultiNodeDeployment) and dep.num_infer_nodes is None:
+            dep.num_infer_nodes = implied_infer_nodes(self.inference.deployment) * dep.num_infer_replicas
+        return self

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.model import implied_infer_nodes
 from ..config.passthrough import vllm_arg
 
 
@@ -89,17 +90,13 @@ def derive_topology(cfg: Any) -> Topology:
         )
 
     # multi_node: islands first, then trainer nodes, then (optionally) the orchestrator's own node.
-    if infer.type == "single_node":
-        per_island = 1
-    elif infer.type == "multi_node":
-        per_island = infer.num_nodes
-    else:
-        per_island = infer.nodes_per_island
+    per_island = implied_infer_nodes(infer)
     implied_infer = per_island * dep.num_infer_replicas
-    if dep.num_infer_nodes != implied_infer:
+    if dep.num_infer_nodes is not None and dep.num_infer_nodes != implied_infer:
         raise TopologyError(
             f"deployment.num_infer_nodes = {dep.num_infer_nodes}, but [inference.deployment] ({infer.type}) implies "
-            f"{per_island} node(s) per replica x {dep.num_infer_replicas} replica(s) = {implied_infer}"
+            f"{per_island} node(s) per replica x {dep.num_infer_replicas} replica(s) = {implied_infer}; leave "
+            "num_infer_nodes out to have it derived"
         )
     islands = []
     cursor = 0
