@@ -54,6 +54,10 @@ def test_offline_files_hold_metrics_jsonl_and_a_resume_continues_the_same_run(tm
     second = mirror.close(orchestrator_step=2)
     assert second is not None and second != first
     assert run.wandb_offline_runs() == [first, second]
+    from toolkit.launch.progress import progress_lines
+
+    # `srl status` (and the local launcher at the end of a run) print the upload command, oldest attempt first.
+    assert f"W&B files saved offline; upload with: wandb sync {first} {second}" in progress_lines(run)
 
     rec1, rows1 = read_offline_run(first)
     rec2, rows2 = read_offline_run(second)

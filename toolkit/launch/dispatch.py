@@ -84,19 +84,10 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
         print(f"dry run: resolved configs in {run.latest_configs}/resolved; placement {run.placement_file}")
         return 0
     from .local import run_local
+    from .progress import wandb_sync_command
 
     rc = run_local(cfg, run, plan, attempt=attempt)
-    hint = wandb_sync_hint(run)
-    if hint:
-        print(hint, flush=True)
+    sync = wandb_sync_command(run)
+    if sync:
+        print(f"srl: W&B files saved offline; upload with: {sync}", flush=True)
     return rc
-
-
-def wandb_sync_hint(run: RunDir) -> str | None:
-    """The command that uploads a run's offline W&B files (``[monitors.wandb]``), or None when there are none."""
-    import shlex
-
-    dirs = run.wandb_offline_runs()
-    if not dirs:
-        return None
-    return "srl: W&B files saved offline; upload with: wandb sync " + " ".join(shlex.quote(str(d)) for d in dirs)

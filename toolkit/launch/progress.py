@@ -119,7 +119,19 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None, jobs_final: boo
     ended = jobs_final or (launcher is not None and "status" in launcher)  # no running attempt to act on it
     if run.stop_request.exists() and not ended:
         lines.append("stop requested (control/STOP present): a running attempt checkpoints and stops")
+    sync = wandb_sync_command(run)
+    if sync:
+        lines.append(f"W&B files saved offline; upload with: {sync}")
     return lines
+
+
+def wandb_sync_command(run: RunDir) -> str | None:
+    """``wandb sync DIR ...`` for the run's offline W&B directories (``[monitors.wandb]``, one per attempt, oldest
+    first so the W&B run's history arrives in order), or None when there are none."""
+    import shlex
+
+    dirs = run.wandb_offline_runs()
+    return ("wandb sync " + " ".join(shlex.quote(str(d)) for d in dirs)) if dirs else None
 
 
 def resolved_max_steps(run: RunDir) -> int | None:
