@@ -607,7 +607,8 @@ class SlurmConfig(Section):
     exclude: str | None = None
     requeue: bool = True
     signal: Literal["USR1", "USR2", "TERM", "INT", "HUP", "URG"] = "USR2"
-    """Pre-timeout signal sent to the batch shell (``--signal=B:<sig>@<lead>``). Not USR1 with NCCL (field case B14)."""
+    """Pre-timeout signal sent to the batch shell (``--signal=B:<sig>@<lead>``). Not USR1 with NCCL,
+    which handles SIGUSR1 itself."""
     signal_lead_s: int = Field(600, ge=1, le=int(_MAX_TIMEOUT_S))
     """Seconds before the time limit at which the signal is sent."""
     checkpoint_grace_s: int = Field(300, ge=1, le=int(_MAX_TIMEOUT_S))
@@ -644,7 +645,8 @@ class ResumeConfig(Section):
 class WeightBroadcastConfig(Section):
     type: Literal["filesystem"] = "filesystem"
     keep: int | None = Field(None, ge=1)
-    """Recent broadcasts kept; default and minimum ``max_async_level + 1`` (field case B18)."""
+    """Recent broadcasts kept; default and minimum ``max_async_level + 1``, so an engine up
+    to ``max_async_level`` steps behind can still load the policy it needs."""
 
 
 class StopCriteria(Section):

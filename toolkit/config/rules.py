@@ -83,7 +83,8 @@ def _batch_and_groups(cfg: RLConfig, f: Findings) -> None:
             f.error(path, f"group-relative advantage ({algo}) needs group_size >= 2; with 1 every advantage is zero")
             continue
         if g < 8:
-            f.warn(path, f"group_size {g} is small; the seed advises 8 or more (16 is a common baseline)")
+            f.warn(path, f"group_size {g} is small: with fewer than 8 rollouts per task, few groups have differing rewards "
+                   "to learn from (16 is a common baseline)")
         if o.batch_size % g:
             f.error(
                 f"orchestrator.batch_size, {path}",
@@ -103,7 +104,8 @@ def _train_envs(cfg: RLConfig, f: Findings) -> None:
     if o.eval.interval and not o.eval.env:
         f.warn("orchestrator.eval.interval", "eval interval is set but there is no [[orchestrator.eval.env]]")
     if not o.eval.env:
-        f.warn("orchestrator.eval.env", "no held-out eval env: the seed advises periodic eval from the start")
+        f.warn("orchestrator.eval.env", "no held-out eval env: without one nothing tells whether the run "
+               "generalizes; add [[orchestrator.eval.env]] with a held-out split and set orchestrator.eval.interval")
 
 
 def _env_names(cfg: RLConfig, f: Findings) -> None:

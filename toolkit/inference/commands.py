@@ -278,7 +278,8 @@ def engine_env(
             allow_loopback and side_channel_host not in ("0.0.0.0", "::")
         ):
             raise CommandError(
-                f"NIXL side-channel host {side_channel_host!r} is not routable from other nodes (field case B08): "
+                f"NIXL side-channel host {side_channel_host!r} is not routable from other nodes (the "
+                "other engine of a prefill/decode pair connects to it there): "
                 "use the engine node's own address"
             )
         env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = side_channel_host
