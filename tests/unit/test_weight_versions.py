@@ -53,11 +53,17 @@ def _app(gate: dict) -> Starlette:
                                                                    "logprobs": {"token_logprobs": [-0.5]}}]})
 
     async def admin(request):
-        await request.body()
+        body = await request.body()
         status = gate.get("fail", 200)
+        if status == 200 and request.url.path == "/update_weight_version":  # what vLLM keeps for /weight_info
+            gate["version"] = json.loads(body)["new_version"]
         return JSONResponse({"ok": status == 200}, status_code=status)
 
+    async def weight_info(request):
+        return JSONResponse({"weight_version": gate.get("version", "default")})
+
     return Starlette(routes=[Route("/v1/completions", completion, methods=["POST"]),
+                             Route("/weight_info", weight_info, methods=["GET"]),
                              Route("/{path:path}", admin, methods=["GET", "POST"])])  # fmt: skip
 
 
@@ -193,7 +199,7 @@ def test_updaters_and_clients_of_two_runs_on_one_engine(tmp_path):
 
     with _Server({}) as url:
         out = asyncio.run(go(url))
-    assert out["info_a"] == {url: None}  # the stand-in has no /weight_info of its own
+    assert out["info_a"] == {url: "A:1"}
     assert (out["a1"].policy_version, out["a1"].foreign_version) == (1, None)
     assert out["b1"].foreign_version == "B:1"
     assert out["info_l"] == {url: "L:2"}
@@ -250,3 +256,21 @@ def test_a_dead_lora_tenant_does_not_block_a_full_weight_run(tmp_path):
     (dep.lora_tenants / "gone.json").write_text(json.dumps(dead))
     assert lease.live_lora_tenants(dep) == []
     lease.acquire_policy_owner(dep, RunDir(tmp_path / "full"), command="srl orchestrator").release()
+
+
+def test_a_run_on_a_deployment_another_run_changed_loads_its_base_model_first(tmp_path):
+    async def go(url: str) -> list:
+        a, b = (WeightUpdater([url], timeout_s=5, admin_token=TOKEN, run_id=r) for r in ("A", "B"))
+        out = [await a.reset_base(tmp_path)]  # vLLM's "default": the base model already
+        await a.update(tmp_path, 3)
+        out.append(await a.reset_base(tmp_path))  # its own weights (a resumed run): kept
+        out.append(await b.reset_base(tmp_path))  # run A's weights: B loads its base model
+        out.append(await b.served_versions())
+        out.append(await b.reset_base(tmp_path))
+        return out
+
+    with _Server({}) as url:
+        first, own, other, info, again = asyncio.run(go(url))
+    assert first is None and own is None and again is None
+    assert isinstance(other, float) and info == {url: "base"}
+    assert judge("B", 0, ["base"]) == Verdict(0) and judge("B", 0, ["base"], None, lora=True) == Verdict(0)

@@ -45,7 +45,14 @@ import httpx
 
 from toolkit.inference.admin_token import admin_headers, admin_token_from_env
 from toolkit.inference.kv_store import kv_store_from_config, purge_retired, retire_kv_store
-from toolkit.inference.versions import VERSION_HEADER, VERSIONS_PATH, format_version, lora_name
+from toolkit.inference.versions import (
+    BASE_VERSIONS,
+    VERSION_HEADER,
+    VERSIONS_PATH,
+    format_version,
+    lora_name,
+    parse_version,
+)
 from toolkit.inference.worker_ext import EXTENSION_CLS, RELOAD_METHOD, RESULT_MARKER
 from toolkit.rundir import RunDir, numbered_steps
 
@@ -180,8 +187,11 @@ class WeightUpdater:
     async def _all(self, http: httpx.AsyncClient, path: str, *, optional: bool = False, **kw) -> None:
         await _on_every_engine(self._call(http, url, path, optional=optional, **kw) for url in self.engine_urls)
 
-    async def update(self, broadcast_dir: Path, version: int) -> float:
+    async def update(self, broadcast_dir: Path, version: int, *, label: str | None = None) -> float:
         """Load the HF safetensors directory ``broadcast_dir`` as policy ``version`` into every engine.
+
+        ``label``: the version string the engines record instead of ``"<run id>:<version>"`` (``"base"``: the
+        deployment's base model loaded back, see :meth:`reset_base`).
 
         Returns the wall time in seconds from the first pause to the last resume. Raises WeightUpdateError naming
         the engine URL on any failure; engines are resumed (best effort) before it propagates, so a failed update
@@ -213,7 +223,7 @@ class WeightUpdater:
                 # The file store is retired while the engines' caches are reset (both only need the pause).
                 results = await asyncio.gather(
                     self._retire_kv_stores(stores),
-                    self._reset_and_version(http, version),
+                    self._reset_and_version(http, label or format_version(self.run_id, version)),
                     return_exceptions=True,
                 )
                 errors = [r for r in results if isinstance(r, BaseException)]
@@ -269,13 +279,27 @@ class WeightUpdater:
 
         await _on_every_engine(reload(u) for u in self.engine_urls)
 
-    async def _reset_and_version(self, http: httpx.AsyncClient, version: int | None) -> None:
+    async def _reset_and_version(self, http: httpx.AsyncClient, version: str | None) -> None:
         """Reset the prefix caches, then record ``version`` as the base weights' version (None: leave it; an
         adapter load carries its own version)."""
         await self._reset_prefix_caches(http)
         if version is not None:
-            await self._all(http, "/update_weight_version", optional=True,
-                            json={"new_version": format_version(self.run_id, version)})  # fmt: skip
+            await self._all(http, "/update_weight_version", optional=True, json={"new_version": version})
+
+    async def reset_base(self, model_dir: Path) -> float | None:
+        """Load ``model_dir`` (the run's base model) into engines whose base weights are another run's, and record
+        them as ``"base"``; do nothing when every engine serves the base model or this run's own weights. For a run
+        that starts on an external deployment another run used before: without it, every rollout would be sampled
+        with that run's weights and dropped. Returns the load's seconds, or None when nothing was loaded. Raises
+        WeightUpdateError."""
+        versions = await self.served_versions()
+        foreign = sorted({v for v in versions.values()
+                          if v is not None and v not in BASE_VERSIONS and _owner(v) != self.run_id})  # fmt: skip
+        if not foreign:
+            return None
+        seconds = await self.update(Path(model_dir), 0, label="base")
+        self.served_version = None
+        return seconds
 
     async def _kv_file_stores(self, http: httpx.AsyncClient) -> list[Path]:
         """The distinct KV file stores of the engines (usually none, or one shared by all P/D engines); looks up
@@ -436,6 +460,11 @@ def _extension_answer(url: str, resp: httpx.Response) -> dict:
         if "error" in result:
             raise WeightUpdateError(f"{where}: {result['error']}")
     return results[0]
+
+
+def _owner(version: str) -> str | None:
+    parsed = parse_version(version)
+    return parsed[0] if parsed else None
 
 
 def _reset_succeeded(resp: httpx.Response) -> bool:

@@ -131,9 +131,23 @@ class Orchestrator:
                 await self.updater.prepare()
             except Exception as exc:  # noqa: BLE001 - the first update looks them up again and fails loudly there
                 log.warning("could not look up the engines' KV stores yet: %s", exc)
+            if self.cfg.inference.external:
+                await self._claim_base_weights()
         self.engine_urls = list(ready["engine_urls"])  # watched for restarts (engines.EngineWatch)
         log.info("inference ready: %s (model %s, engines %s)", base_url, ready["model"], ready["engine_urls"])
         return int(ready.get("policy_version") or 0)
+
+    async def _claim_base_weights(self) -> None:
+        """On an external deployment that serves another run's weights (a run that used it before this one): load
+        this run's base model first, so this run's first rollouts are sampled with its own policy version 0 (the
+        engine then reports "base"), not with that run's weights (all of which would be dropped)."""
+        from toolkit.models.resolve import resolve_model
+
+        path = await asyncio.to_thread(resolve_model, self.cfg.model.name)
+        seconds = await self.updater.reset_base(Path(path))
+        if seconds is not None:
+            log.warning("the external deployment %s served weights of another run; loaded this run's base model "
+                        "%s into it (%.2f s)", self.cfg.inference.external, path, seconds)  # fmt: skip
 
     async def _start_envs(self) -> None:
         from toolkit.envs.runtime import EnvRuntime
