@@ -32,7 +32,7 @@ Environments, evals, sweeps, reports
   srl eval run @ run.toml -n 20 -r 4    first-run gate against a live endpoint
   srl sweep @ sweep.toml [--site S] [--dry-run]   parameter sweep: one Slurm job array (local site: runs here)
   srl report RUN_DIR [...]              HTML + Markdown report (pandas, matplotlib)
-  srl diagnose RUN_DIR                  name why a run failed (environment, provider, trainer, Slurm, ...) with evidence
+  srl diagnose RUN_DIR                  name why a run failed, with its evidence
   srl export RUN_DIR [--step N] DIR     a checkpoint as a Hugging Face model directory (LoRA merged)
 
 Models and roles

@@ -1,0 +1,45 @@
+"""Help texts and messages speak the user's language: no references to documents, issues or internal case numbers
+that a user of srl does not have."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from config_cases import warnings_of
+from golden.layouts import BASE, merge
+
+from toolkit.config.schema_help import schema_help
+
+# "the seed's boundaries", "field case B14", "(B18)", "issue 9 item 7", "shared/seeds/...".
+FOREIGN = re.compile(r"\bthe seeds?\b|\bseed's|\bseeds'|field case|\bB\d\d\b|\bissue \d|shared/(seeds|notes)", re.I)
+
+COMMANDS = [["--help"], ["rl", "--help"], ["sft", "--help"], ["sft", "chain", "--help"], ["diagnose", "--help"],
+            ["report", "--help"], ["status", "--help"], ["cancel", "--help"], ["logs", "--help"], ["eval", "--help"],
+            ["sweep", "--help"], ["model", "--help"], ["config"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
+def test_help_texts_name_nothing_the_user_does_not_have(argv):
+    r = subprocess.run([sys.executable, "-m", "toolkit.cli", *argv], capture_output=True, text=True, timeout=120,
+                       check=False)  # fmt: skip
+    text = r.stdout + r.stderr
+    assert text.strip(), argv
+    assert not FOREIGN.findall(text), [line for line in text.splitlines() if FOREIGN.search(line)]
+
+
+def test_usage_says_what_diagnose_does():
+    from toolkit.cli import USAGE
+
+    line = next(x for x in USAGE.splitlines() if "srl diagnose" in x)
+    assert "why a run failed" in line and len(line) <= 110
+
+
+def test_config_warnings_say_why():
+    over = {"orchestrator": {"group_size": 4, "batch_size": 8, "eval": {"env": []}}}
+    text = warnings_of(merge(BASE, over))
+    assert "group_size 4 is small" in text and "held-out eval env" in text, text
+    assert not FOREIGN.search(text), text
+    assert not FOREIGN.search(schema_help())
