@@ -14,7 +14,9 @@ What the engine reports, and where:
 - every completion answer (``/v1/completions``, ``/v1/chat/completions``) gets two headers: ``X-SRL-Weight-Version``,
   the base weights' versions between the request's arrival and its answer (comma-separated, oldest first: one
   unless a load happened meanwhile), and, for a request naming a loaded adapter, ``X-SRL-Adapter-Version``, the
-  same for that adapter.
+  same for that adapter. A streamed answer's headers go out when it starts, so they name the versions up to then.
+  Behind vllm-router or an engine without this middleware the headers may be missing: the orchestrator then
+  falls back to the version it believes is served.
 - ``GET /srl/weight_versions`` (an admin route): ``{"base": version, "adapters": {name: version}}``.
 
 :class:`WeightVersionTag` keeps that record; it is the ASGI middleware just inside ``guard.AdminGuard`` (which wraps
