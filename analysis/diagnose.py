@@ -1,4 +1,4 @@
-"""Failure diagnosis: classify what went wrong in a run into the seed's boundaries, with evidence and advice.
+"""Failure diagnosis: classify what went wrong in a run into failure boundaries, with evidence and advice.
 
 The seed ("train-with-environments", Failure diagnosis) asks to classify before touching hyperparameters:
 valid low reward; ProviderError; HarnessError; ToolsetError/UserError; SandboxError/TunnelError; TaskError; trainer
@@ -28,7 +28,7 @@ from analysis.store import load_rollouts
 from analysis.summary import group_stats
 from toolkit.rundir import RunDir
 
-# Boundary of each recorded error class (the seed groups toolset with user, sandbox with tunnel).
+# Boundary of each recorded error class (toolset goes with user, sandbox with tunnel: each pair fails at one boundary).
 CLASS_BOUNDARY = {
     "ProviderError": "ProviderError",
     "HarnessError": "HarnessError",
@@ -136,7 +136,7 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 class Finding:
     """One diagnosed failure.
 
-    ``boundary`` is the seed's class ("TaskError", "trainer instability", "Slurm: time limit", ...);
+    ``boundary`` is the failure class ("TaskError", "trainer instability", "Slurm: time limit", ...);
     ``severity`` "error" | "warning" | "info"; ``evidence`` holds counts, ``first_step``, and ``log_file`` /
     ``log_line`` (1-based) / ``excerpt`` of the first log occurrence when one was found; ``advice`` is what to do.
     """

@@ -1,7 +1,7 @@
 """Offline reports: ``build_report(run_dirs, out_dir)`` writes an HTML report (figures embedded as base64 PNG), a
 Markdown twin (figures as PNG files next to it), and CSV tables.
 
-Each run gets the seed's deliverable sections ("train-with-environments", Deliverable): 1. version and resolved
+Each run gets the deliverable sections of a run report: 1. version and resolved
 config; 2. taskset, harness, runtime, renderer, group, batch and eval settings; 3. pre-training validation evidence
 (the step-0 eval); 4. resource and cost envelope; 5. monitoring and stop criteria; 6. failures with their boundary
 (:mod:`analysis.diagnose`). When runs carry a ``sweep_point`` in ``run_meta.json``, a sweep section compares the
@@ -590,7 +590,7 @@ def _sweep_section(doc: _Doc, runs: list[RunData]) -> None:
                 "point": _point_label(r.meta),
                 "seed": (r.meta.get("sweep_point") or {}).get("seed", r.meta.get("seed")),
                 "array_index": r.meta.get("array_task_id", r.meta.get("sweep_index")),
-                # The array task as Slurm names it (its log is <logs>/%x_<array job>_<task>.out); B11.
+                # The array task as Slurm names it (its log is <logs>/%x_<array job>_<task>.out).
                 "array_task": (f"{r.meta['array_job_id']}_{r.meta.get('array_task_id')}"
                                if r.meta.get("array_job_id") else None),
             }

@@ -9,8 +9,8 @@ for free.
 Criteria (each off when its threshold is None):
 
 - errored rollouts: ``errored_share`` (errored / all rollouts of the step, 0-1) above ``max_errored_share`` for
-  ``errored_patience_steps`` consecutive steps. Errors are an environment or provider failure (the seed's
-  boundaries); training on the remaining rollouts wastes the allocation.
+  ``errored_patience_steps`` consecutive steps. Errors are an environment or provider failure (outside
+  the policy); training on the remaining rollouts wastes the allocation.
 - mismatch KL: trainer ``mismatch_kl/mean`` above ``max_mismatch_kl`` for ``mismatch_kl_patience_steps``
   consecutive steps: the trainer and inference policies have drifted apart.
 - reward collapse: ``reward/all/mean`` below ``reward_collapse_fraction`` x the best value so far for

@@ -1,6 +1,6 @@
 """pandas summaries of the rollout store: per group, per (env, step), per env, and errors by class.
 
-Definitions (the seed's monitoring list, "train-with-environments"):
+Definitions (what to monitor in an RL run):
 
 - A rollout is *valid* when it has no error class; errored rollouts never count towards rewards (they never enter
   a training batch either).

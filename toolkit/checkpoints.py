@@ -5,9 +5,9 @@ Layout: ``<run>/checkpoints/step_<n>/{trainer/, orchestrator/, COMPLETE}``. Each
 :func:`mark_complete_if_ready`; whichever component finishes second sees both parts and writes ``COMPLETE``.
 Both rename before they look, so at least one of them sees both parts.
 
-A step is usable for resume only with ``COMPLETE`` *and* every part present (field case B16: "latest" must never
-mean "highest-numbered directory"). When step directories exist but none is usable, resume fails loudly instead of
-starting from step 0 (field case B17).
+A step is usable for resume only with ``COMPLETE`` *and* every part present ("latest" must never mean
+"highest-numbered directory": that one may be half-written). When step directories exist but none is usable,
+resume fails loudly instead of starting from step 0.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def resume_step(run: RunDir, requested: int | None, parts: tuple[str, ...] | Non
     ``requested`` None means the newest complete checkpoint (incomplete newer ones are skipped with a warning);
     None also when the only step directories hold nothing but orchestrator parts (written ahead of the trainer's
     first checkpoint, so no trainer state exists to lose). Raises CheckpointError, listing every step directory and what it lacks, when ``requested`` is given and not
-    complete, or when step directories exist but none is complete (never a silent restart from step 0, B17).
+    complete, or when step directories exist but none is complete (never a silent restart from step 0).
     """
     parts = parts or parts_of(run)
     steps = numbered_steps(run.checkpoints)

@@ -15,7 +15,7 @@ Sweep file (TOML)::
 
 Every point is validated as a full run config before anything is submitted. Array task ``i`` runs point ``i`` of the
 manifest (``<output_dir>/<sweep>/manifest.json``), in its own run directory keyed by point id, never by
-``SLURM_JOB_ID`` (field case B11).
+``SLURM_JOB_ID``.
 """
 
 from __future__ import annotations

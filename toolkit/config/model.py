@@ -1,6 +1,6 @@
-"""The run config: one typed tree for the whole RL run, in the native v1 shape of the seed documents.
+"""The run config: one typed tree for the whole RL run, in the native v1 shape of prime-rl's environment configs.
 
-Shape source: the "train-with-environments" seed (native prime-rl environment shape: ``[orchestrator]``,
+Shape: prime-rl's native environment config (``[orchestrator]``,
 ``[orchestrator.renderer]``, ``[orchestrator.train.sampling]``, ``[[orchestrator.train.env]]`` with ``taskset``,
 ``harness``, ``timeout``, ``pool``, ``ratio``, ``address``; ``[orchestrator.eval]`` and ``[[orchestrator.eval.env]]``).
 
@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# Stage timeouts must be finite: the seed's rule "bound every remote stage". 7 days is the ceiling.
+# Stage timeouts must be finite: an unbounded remote stage can hang a run forever. 7 days is the ceiling.
 _MAX_TIMEOUT_S = 7 * 24 * 3600.0
 # Seeds reach torch (``manual_seed``: at most 2**64 - 1), numpy generators (no negative seeds) and vLLM's int64
 # request seed: the range all of them take.
@@ -498,7 +498,7 @@ class DisaggregatedInference(Section):
 
     @property
     def nodes_per_island(self) -> int:
-        """Nodes one P/D island uses (from nodes per replica, never from worker counts: field case B30)."""
+        """Nodes one P/D island uses (from nodes per replica, never from worker counts)."""
         return (
             self.prefill_nodes_per_replica * self.num_prefill_replicas
             + self.decode_nodes_per_replica * self.num_decode_replicas

@@ -1,4 +1,4 @@
-"""The SFT run config (``srl sft``): the seeds' SFT trainer shape, sharing every section it has in common with RL.
+"""The SFT run config (``srl sft``): prime-rl's SFT trainer shape, sharing every section it has in common with RL.
 
 Top level: ``max_steps``, ``seed``, ``output_dir``, ``[run]``, ``[model]``, ``[data]`` (``name`` = a local
 dataset, ``batch_size``, ``seq_len``, ``[data.columns]``), ``[loss_mask]``, ``[val]``, ``[renderer]``,

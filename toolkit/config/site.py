@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from .errors import ConfigError, pydantic_issues
 from .model import Section
 
-# Framework defaults that srl never hands out: torchrun's master port and vLLM's HTTP port (field case B05).
+# Framework defaults that srl never hands out: torchrun's master port and vLLM's HTTP port.
 FORBIDDEN_PORTS = frozenset({29500, 8000})
 # An absolute path of safe characters, optionally starting with one $VAR / ${VAR} expanded on the compute node.
 _SCRATCH_RE = re.compile(r"(\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|/)[A-Za-z0-9_./-]*")
@@ -75,7 +75,7 @@ class FilesystemSection(Section):
     shared_root: str | None = None
     """Shared storage root for runs (checkpoints, weights, rollouts, logs)."""
     home_is_shared: bool = True
-    """``$HOME`` is on a shared filesystem (NFS): never put JIT caches there (field case B09)."""
+    """``$HOME`` is on a shared filesystem (NFS): never put JIT caches there."""
     node_local_scratch: str = "/tmp"
     """Node-local scratch for per-job JIT/compile caches: an absolute path or ``$VAR[/sub]`` expanded on the node."""
 

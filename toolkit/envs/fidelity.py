@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 PLAIN_CHAT_HARNESSES = ("default", "null")
-"""Harness ids of the plain chat loop srl plays (the seeds' ``default`` is verifiers' ``null``)."""
+"""Harness ids of the plain chat loop srl plays (prime-rl's ``default`` is verifiers' ``null``)."""
 
 LOCAL_RUNTIME_BINARIES: dict[str, str | None] = {
     "subprocess": None,

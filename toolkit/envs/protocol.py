@@ -2,7 +2,7 @@
 
 Request  ``{"id": n, "op": "health" | "info" | "start" | "start_group" | "step" | "finish" | "close", ...params}``
 Response ``{"id": n, "ok": true, "result": {...}}`` or ``{"id": n, "ok": false, "error_class": C, "error": msg}``
-where C is one of the seed's error classes (``toolkit.errors``). A lost connection means the worker died: the
+where C is one of srl's error classes (``toolkit.errors``). A lost connection means the worker died: the
 client raises ``SandboxError`` (transient, retried by the runtime), the env-server analogue of a lost sandbox.
 
 Round trips per rollout: ``start_group`` starts every episode of a group in one request (``results``: one

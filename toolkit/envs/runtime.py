@@ -3,7 +3,7 @@
 ``start()`` spawns ``pool.max_workers`` env worker processes (``toolkit.envs.server``) or, when ``env_cfg.address``
 is set, connects to externally managed ones (``"host:port"``, a comma-separated list, or a list). ``run_group``
 runs ``group_size`` rollouts of one task concurrently, token-in/token-out through the given policy client, with
-the seed's boundaries:
+these bounds:
 
 - stage timeouts (seconds) from ``env_cfg.timeout``: ``setup``, ``finalize`` and ``scoring`` bound the worker's
   task hooks (expiry = TaskError); ``rollout`` bounds the whole episode (expiry = HarnessError, the harness turns

@@ -1,4 +1,4 @@
-"""``srl eval validate`` and ``srl eval run``: the first-run gate of the seed, before any RL.
+"""``srl eval validate`` and ``srl eval run``: the first-run gate, before any RL.
 
     srl eval validate @ run.toml [--env NAME ...] [-n 20]
     srl eval run @ run.toml -m MODEL -n 20 -r 4 [--shuffle] [--base-url URL --api-key-var NAME]

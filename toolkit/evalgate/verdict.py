@@ -1,6 +1,6 @@
 """Gate verdicts: one PASS/FAIL/WARN/SKIP line per gate item and env, with its evidence, as JSON and Markdown.
 
-The first-run gate of the seed ("train-with-environments", First-run gate) requires, before any RL: correct
+The first-run gate requires, before any RL: correct
 prompt/tool/user traces; intended reward on known successes and failures; mixed reward on the target base model;
 bounded turn/token/time/resource use; low infrastructure error and truncation rates; a working env-server path.
 Each requirement is one or more :class:`GateItem` keys (``ITEM_TITLES``). A verdict fails when any item fails;

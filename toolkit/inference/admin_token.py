@@ -1,4 +1,4 @@
-"""The run's admin token: what lets srl (and only srl) call the engines' admin routes (issue 9 item 7).
+"""The run's admin token: what lets srl (and only srl) call the engines' admin routes.
 
 vLLM engines run with ``VLLM_SERVER_DEV_MODE=1`` because live weight reload needs ``/collective_rpc``, ``/pause``,
 ``/resume``, ... vllm-router forwards every path to a worker, so these routes are guarded in each engine by

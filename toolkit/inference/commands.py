@@ -46,7 +46,7 @@ PLAN_OWNED_ARGS: dict[str, str] = {
     "kv_transfer_config": "kv_transfer_config (use [inference].kv_connector and the P/D deployment)",
 }
 
-# Environment variables the plan owns per engine (B08: a user value here would reintroduce a wrong side channel).
+# Environment variables the plan owns per engine (a user value here would reintroduce a wrong side channel).
 PLAN_OWNED_ENV = (
     "VLLM_NIXL_SIDE_CHANNEL_HOST",
     "VLLM_NIXL_SIDE_CHANNEL_PORT",
@@ -259,7 +259,7 @@ def engine_env(
     - CPU: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) and ``VLLM_CPU_OMP_THREADS_BIND`` (cores, e.g. "0" or "0-3") so two
       engines on one host do not fight over the same cores.
     - NixlConnector: ``VLLM_NIXL_SIDE_CHANNEL_HOST``/``_PORT``. The host must be the engine's own routable node
-      address (field case B08: vLLM's default "localhost" breaks every cross-node handshake), so loopback and
+      address (vLLM's default "localhost" breaks every cross-node handshake), so loopback and
       wildcard addresses raise CommandError unless ``allow_loopback`` (single-host tests).
     - ``user_env`` (per-role env vars from the config) is added last; it may not set plan-owned variables.
     ``role`` is one of "engine", "prefill", "decode".

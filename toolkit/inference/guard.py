@@ -1,4 +1,4 @@
-"""ASGI middleware loaded into every vLLM engine: admin routes need the run's admin token (issue 9 item 7).
+"""ASGI middleware loaded into every vLLM engine: admin routes need the run's admin token.
 
 It also wraps ``versions.WeightVersionTag`` (which weight versions the engine serves; completions are tagged with
 them). Loaded with ``--middleware toolkit.inference.guard.AdminGuard`` (``commands.engine_command`` adds it; vLLM 0.32

@@ -6,7 +6,7 @@ an island's nodes in order, prefill first, ``tp * dp`` GPUs each.
 
 Ports: every engine on a host gets its own HTTP port and its own NIXL side-channel port range. vLLM's
 NixlConnector listens on ``VLLM_NIXL_SIDE_CHANNEL_PORT + data_parallel_index``, so ranges are ``dp`` wide and must
-not overlap between co-located engines (field case B08 and vLLM PR 24249: co-located P and D must differ in every
+not overlap between co-located engines (vLLM: co-located P and D must differ in every
 port; the side-channel host must be the node's own routable address, never localhost).
 """
 

@@ -21,7 +21,7 @@ def local_plan(cfg: RLConfig, site: Any, run: RunDir, *, probe: bool = True, tri
 
     Slurm jobs get distinct ports from their job ids; local runs have none, so the block is keyed by the run id
     and, when ``probe`` is set, moved on until every port is free. Without this a second local run would talk to
-    the first run's engine on the same port (field case B05). Raises RuntimeError when no free block is found.
+    the first run's engine on the same port. Raises RuntimeError when no free block is found.
     """
     from ..placement.plan import build_plan
     from ..placement.ports import ports_free

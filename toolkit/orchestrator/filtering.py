@@ -1,7 +1,7 @@
 """Online difficulty filtering: which groups carry learning signal.
 
-The seed's rule: dropping exact all-0 and all-1 groups fits binary rewards; for continuous rewards use thresholds
-on the group mean that match the signal, never equality with 0 and 1. So:
+Dropping exact all-0 and all-1 groups only fits binary rewards; a continuous reward almost never repeats exactly,
+so groups are judged by thresholds on their spread and mean, never by equality with 0 and 1. So:
 
 - ``uniform``: every valid reward in the group is the same (spread <= ``SPREAD_TOL``). Such a group has zero
   group-relative advantage under either estimator, whatever the reward scale. Reported split by value as

@@ -1,6 +1,6 @@
 """Which training env and which task the next group uses: ratio sampling of envs, epoch-shuffled tasks.
 
-Envs are drawn independently with probability ``ratio_e / sum(ratio)`` (the seed: "ratios are relative"; no ratio
+Envs are drawn independently with probability ``ratio_e / sum(ratio)`` (ratios are relative weights; no ratio
 on any env = equal weights). Within an env, tasks are visited in a fresh permutation per epoch, so every task is
 used once before any is repeated. Everything is a function of the run seed and the number of draws, and the whole
 state (env RNG plus each env's epoch and position) is JSON, saved with checkpoints and restored on resume.

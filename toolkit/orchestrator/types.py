@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-# Error classes of the seed's failure taxonomy ("train-with-environments", Failure diagnosis).
+# Error classes of a rollout failure: each names the boundary where it happened (what to fix differs per class).
 ErrorClass = Literal[
     "ProviderError",  # inference endpoint, model, capacity or request dialect
     "HarnessError",  # harness program install/launch/non-zero exit
@@ -21,8 +21,8 @@ ErrorClass = Literal[
     "RewardSkippedError",  # scoring finished with a reward or metric unscored (would read as a silent 0)
 ]
 
-# Transient classes: retried with backoff. Deterministic classes are never retried (the seed: retries do not fix
-# deterministic taskset or harness errors).
+# Transient classes: retried with backoff. Deterministic classes are never retried (a retry cannot fix a
+# deterministic taskset or harness error; it only hides it and burns the allocation).
 TRANSIENT_ERRORS: frozenset[str] = frozenset({"ProviderError", "SandboxError", "TunnelError"})
 
 

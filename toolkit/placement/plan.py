@@ -49,7 +49,7 @@ class ProcessSpec:
 
     ``node_index``: first node (position in the allocation's host list; for het group 1, positions continue after
     group 0). ``num_nodes``: nodes it spans (one Slurm task per node). ``gpus``: positions in the node's granted GPU
-    list, never device ids (B03). ``ports``: name -> port. ``command``: argv with placeholders (module docstring).
+    list, never device ids. ``ports``: name -> port. ``command``: argv with placeholders (module docstring).
     ``env``: variables to set over the inherited environment. ``node_expand``: env keys whose ``$VAR`` is expanded on
     the node (per-job scratch). ``log_name``: file under ``<run>/logs/attempt_<n>/``; a process on several nodes
     writes one per node on Slurm, ``<stem>-<k>.log`` with k its node's position in the process (srun's ``%t``; not
@@ -349,7 +349,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
 
     defaults = envmod.srl_defaults(site.filesystem.node_local_scratch, job)
     # SRL_PREEMPT_SIGNAL: the one pre-timeout signal shared by the #SBATCH directive, the batch-shell trap and any
-    # handler in the trainer (field case B14).
+    # handler in the trainer.
     owned_common = {"SRL_RUN_DIR": root, "SRL_JOB_ID": job, "SRL_PORTS_FILE": str(run.ports_file),
                     "SRL_PREEMPT_SIGNAL": cfg.slurm.signal, "SRL_STOP_FILE": str(run.stop_request)}
     procs: list[ProcessSpec] = []

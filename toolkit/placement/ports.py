@@ -1,6 +1,6 @@
 """Port allocation per job: a block of the site's range chosen from the job id, distinct offsets per host.
 
-Why a block per job id: two jobs on one shared node (field case B05) must not collide, and a leftover process of a
+Why a block per job id: two jobs on one shared node must not collide, and a leftover process of a
 previous job must not hold our port. Consecutive Slurm job ids get consecutive blocks, so neighbouring jobs never
 share one; blocks wrap around the range after ``range // block`` jobs. Inside a block every service and every engine
 on a host gets its own offset (side-channel ports included, vLLM PR 24249). The site range is validated to lie

@@ -1,6 +1,6 @@
 """Node arithmetic of a deployment, derived once and used by validation, placement and templates.
 
-Field cases B29 and B30 come from two places computing the same count with different formulas; here every count
+Two places computing the same count with different formulas disagree sooner or later; here every count
 (total nodes, role node ranges, trainer data-parallel size, engines per node) is computed in one function.
 """
 
@@ -28,7 +28,7 @@ class Topology:
     """Derived node layout of one RL job.
 
     ``num_nodes`` is what ``#SBATCH --nodes`` requests. Node indices are positions in the allocation's host list.
-    ``trainer_dp`` = trainer GPUs / (tp * cp) (field case B29); on CPU (no GPUs) trainer nodes / (tp * cp), one rank
+    ``trainer_dp`` = trainer GPUs / (tp * cp); on CPU (no GPUs) trainer nodes / (tp * cp), one rank
     per node. GPU counts are per node.
     """
 

@@ -131,7 +131,7 @@ def _references(cfg: RLConfig, f: Findings) -> None:
     """Files and run directories the config names must exist where srl can check it now.
 
     A ``resume.dir`` without checkpoints would make the fork start silently at step 0 (the trainer treats a run
-    without step directories as a fresh start, B17's class); a missing ``inference.external`` would make the
+    without step directories as a fresh start); a missing ``inference.external`` would make the
     orchestrator wait out its timeout for a deployment that never comes.
     """
     if cfg.resume.dir is not None:

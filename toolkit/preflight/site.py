@@ -88,7 +88,7 @@ def check_run_against_site(cfg: RLConfig, site: SiteConfig, f: Findings) -> None
     - GPUs per node must not exceed the site's nodes;
     - a single-node deployment on ``local`` needs no GPUs; multi-node needs a Slurm site;
     - a hetjob orchestrator needs a CPU partition (``deployment.orchestrator_partition`` or the site's);
-    - JIT caches set by the user on the shared filesystem get a warning (field case B09).
+    - JIT caches set by the user on the shared filesystem get a warning.
     """
     s = cfg.slurm
     if site.is_slurm:

@@ -8,7 +8,7 @@ temporary name, ``STABLE`` is the last file written, and the directory is rename
 ``STABLE`` sees complete weights (the file is policy version n).
 
 Retention keeps at least ``max_async_level + 1`` STABLE broadcasts, because the orchestrator may still sample with
-a policy that many versions old (field case B18); older ones are deleted only once a newer one is STABLE, and a
+a policy that many versions old; older ones are deleted only once a newer one is STABLE, and a
 failed deletion is a warning, never a crash (NFS ``rmtree`` may fail with "directory not empty").
 """
 
@@ -188,7 +188,7 @@ def latest_stable(run: RunDir) -> int | None:
 
 
 def broadcast_keep(max_async_level: int, keep: int | None = None) -> int:
-    """How many STABLE broadcasts to keep: ``keep`` but never fewer than ``max_async_level + 1`` (B18)."""
+    """How many STABLE broadcasts to keep: ``keep`` but never fewer than ``max_async_level + 1``."""
     floor = max_async_level + 1
     return max(floor, keep or floor)
 

@@ -1,6 +1,6 @@
 """RL loss of the trainer: IPO (default) or IcePop for the RL term, plus an optional CE term.
 
-Source: the seeds' prime-rl docs (``shared/seeds/004_*.txt``), pages "Algorithms § Loss" (docs.primeintellect.ai/
+Source: prime-rl's documentation, pages "Algorithms § Loss" (docs.primeintellect.ai/
 prime-rl/algorithms#loss, the three-component sum with one global token count per component) and "IPO"
 (docs.primeintellect.ai/prime-rl/ipo, masking by probability instead of ratio). With pi the trainer policy, mu the
 policy that sampled the rollout (its logprobs come with the batch), A_t the token advantage and N the global count

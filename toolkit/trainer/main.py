@@ -243,7 +243,7 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     tdist.barrier(info)
     last_saved = done if st.resumed and source is run else None
     # Steps an earlier attempt trained after its last complete checkpoint are trained again on resume (same
-    # batches); their metrics lines already exist, and each step is recorded once (issue 7's resume criterion).
+    # batches); their metrics lines already exist, and each step is recorded once.
     recorded = recorded_steps(run.metrics, "trainer") if info.is_main else set()
     mirror = None
     if info.is_main and s.wandb is not None:
