@@ -33,11 +33,16 @@ def _run_arg(prog: str, args: list[str], extra=None) -> argparse.Namespace:
 
 def status_main(args: list[str]) -> int:
     """Print the run's progress (from its run directory: steps, reward, checkpoints, published weights, the local
-    launcher) and each submitted Slurm job with its state, exit code, nodes and restart count. Exit 1 when the
-    directory is not a run directory."""
+    launcher) and each submitted Slurm job with its state, exit code, nodes and restart count; for a sweep's root,
+    one line per point (:func:`toolkit.launch.sweeps.status_main`). Exit 1 when the directory is not a run
+    directory."""
     from .progress import progress_lines, resolved_max_steps
 
     a = _run_arg("status", args)
+    from . import sweeps
+
+    if sweeps.is_sweep_root(a.run_dir):
+        return sweeps.status_main(a.run_dir)
     run = RunDir(a.run_dir)
     if not run.configs.is_dir():
         print(f"{run.root}: not a run directory (no configs/); give the directory `srl rl` printed", file=sys.stderr)
@@ -110,6 +115,11 @@ def cancel_main(args: list[str]) -> int:
         ap.add_argument("--grace", type=float, default=300.0)
 
     a = _run_arg("cancel", args, extra)
+    from . import sweeps
+
+    if sweeps.is_sweep_root(a.run_dir):
+        # Every array of the sweep; running points checkpoint first (their stop request), within --grace.
+        return sweeps.cancel_main(a.run_dir, grace_s=a.grace)
     run = RunDir(a.run_dir)
     jobs = read_job_ids(run)
     holder = leases.read(run)
