@@ -30,7 +30,8 @@ Supervised fine-tuning
 Environments, evals, sweeps, reports
   srl eval validate @ run.toml          model-free checks of every taskset and verifier
   srl eval run @ run.toml -n 20 -r 4    first-run gate against a live endpoint
-  srl sweep @ sweep.toml [--site S] [--dry-run]   parameter sweep: one Slurm job array (local site: runs here)
+  srl sweep @ sweep.toml [@ overlay.toml ...] [--section.field VALUE ...] [--dry-run] [--resume] [--clean]
+                                        parameter sweep: every point an srl rl job in a Slurm array task sized to it
   srl report RUN_DIR [...]              HTML + Markdown report (pandas, matplotlib)
   srl diagnose RUN_DIR                  name why a run failed, with its evidence
   srl export RUN_DIR [--step N] DIR     a checkpoint as a Hugging Face model directory (LoRA merged)

@@ -6,16 +6,19 @@ Sweep file (TOML)::
     name = "lr-sweep"
     base = ["../reverse-text/rl.toml"]        # run configs, relative to this file, merged left to right
     seeds = [0, 1, 2]                         # a sweep axis; sets the top-level `seed`
-    max_parallel = 2                          # array throttle (%P)
+    max_parallel = 2                          # most points running at once, over all arrays
     [sweep.grid]                              # cartesian product over dotted config paths
     "trainer.optim.lr" = [1e-4, 5e-4]
     [sweep.zip]                               # lists of equal length, varied together
     [sweep.random]                            # random points: samples = N, path = {uniform|log_uniform|choice}
     [config]                                  # plain config tables applied to every point
 
-Every point is validated as a full run config before anything is submitted. Array task ``i`` runs point ``i`` of the
-manifest (``<output_dir>/<sweep>/manifest.json``), in its own run directory keyed by point id, never by
-``SLURM_JOB_ID``.
+Every point is validated as a full run config (the base files, ``[config]``, then the command line's overlay files
+and dotted overrides, then the point's own values) before anything is written or submitted. Each point runs in its
+own run directory ``<output_dir>/<sweep>/<point id>``, keyed by point id, never by ``SLURM_JOB_ID`` (a requeued
+task may get a new one). On a Slurm site every point runs as the ``srl rl`` batch job it would be on its own, inside a job array task
+that requests its whole allocation (``toolkit.launch.sweeps``); locally the points run here, ``max_parallel`` at
+a time.
 """
 
 from __future__ import annotations
