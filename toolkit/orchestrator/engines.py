@@ -36,6 +36,9 @@ from typing import Any
 
 import httpx
 
+# The weight updater writes the versions the engines report; its module exposes the format it writes them in.
+from toolkit.inference.weights import format_version
+
 log = logging.getLogger(__name__)
 
 OK, DOWN, RESTARTED = "ok", "down", "restarted"
@@ -59,23 +62,26 @@ class Probe:
     version: str | None = None
 
 
-def expected_versions(served_version: int) -> frozenset[str]:
+def expected_versions(served_version: int, run_id: str | None = None) -> frozenset[str]:
     """The ``weight_version`` strings an engine serving policy ``served_version`` may report (version 0 is the
-    base model, which a freshly started engine reports as ``"default"``)."""
-    return frozenset({"default", "0"}) if served_version == 0 else frozenset({str(served_version)})
+    base model, which a freshly started engine reports as ``"default"``). A run's own loads record
+    ``"<run id>:<step>"`` (``toolkit.inference.versions.format_version``), so with ``run_id`` that string counts too."""
+    own = {format_version(run_id, served_version)}
+    return frozenset({"default", "0", *own}) if served_version == 0 else frozenset({str(served_version), *own})
 
 
-def next_state(previous: str, probe: Probe, served_version: int, tolerated: str | None = None) -> str:
+def next_state(previous: str, probe: Probe, served_version: int, tolerated: str | None = None,
+               run_id: str | None = None) -> str:
     """Engine state after ``probe`` (OK, DOWN or RESTARTED) given the ``previous`` one. See the module doc.
     ``tolerated``: a version string accepted besides the expected ones (what an external engine reported when the
-    orchestrator started, e.g. a version left by an earlier run)."""
+    orchestrator started, e.g. a version left by an earlier run); ``run_id``: see :func:`expected_versions`."""
     if probe.reachable is None:
         return previous
     if not probe.reachable:
         return DOWN
     if previous in (DOWN, RESTARTED):
         return RESTARTED  # back after an outage: its weights are unknown until restored
-    if probe.version is not None and probe.version not in expected_versions(served_version) \
+    if probe.version is not None and probe.version not in expected_versions(served_version, run_id) \
             and probe.version != tolerated:
         return RESTARTED
     return OK
@@ -159,14 +165,16 @@ class EngineWatch:
         """Probe every engine once and hold, restore or release accordingly."""
         async with self.tracker.lock:
             served = self.tracker.served_version
+            run_id = getattr(getattr(self.tracker, "updater", None), "run_id", None)  # the run's loads name it
             probes = await asyncio.gather(*(probe_engine(http, u, self.probe_timeout_s) for u in self.engine_urls))
             for url, probe in zip(self.engine_urls, probes, strict=True):
-                if self._first and probe.reachable and probe.version not in (None, *expected_versions(served)):
+                if self._first and probe.reachable and probe.version not in (None, *expected_versions(served, run_id)):
                     log.warning("engine %s reports weight version %r while policy version %d is expected; "
                                 "taking it as served", url, probe.version, served)  # fmt: skip
                     self._tolerated[url] = (served, probe.version)
                 tol = self._tolerated.get(url)
-                self.states[url] = next_state(self.states[url], probe, served, tol[1] if tol and tol[0] == served else None)
+                self.states[url] = next_state(self.states[url], probe, served, tol[1] if tol and tol[0] == served else None,
+                                              run_id)
             self._first = False
         bad = {u: s for u, s in self.states.items() if s != OK}
         if not bad:
