@@ -1,0 +1,171 @@
+"""Two LoRA RL runs share one standalone deployment (real vLLM, real runs, nothing faked; 92 s on a 2-core host).
+
+`srl inference @ jobs/serve/tiny.toml` with LoRA on (two adapter slots), then two
+`srl rl @ jobs/reverse-text/rl-lora.toml --inference.external <its run dir>` at once (different seeds, a large
+learning rate so each adapter moves its policy far from the base model and from the other's). Checked:
+
+- both runs end with every step; each reload record names that run's own adapter (``srl-lora-<run id>``) and
+  the engine reported that run's own version of it; the deployment ends serving both adapters, each at its run's
+  last version, and its base weights untouched;
+- each run's rollouts match its own policy: the trainer's mismatch_kl (trainer vs engine logprobs of the same
+  tokens, on-policy) stays below 1e-3 on the steps sampled with adapters, and no rollout was dropped as sampled
+  with another run's weights;
+- while they run, a full-weight run on the same deployment is refused, naming a LoRA run and ``srl cancel``,
+  and writes nothing;
+- after they end, the real engine tags completions: a client of run A sees its own adapter version, and after a
+  full-weight load by another run id, the same client marks what it samples as foreign (``versions.judge``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prereqs import need_module
+from run_records import metrics_lines, role_steps, served_version
+
+from toolkit.rundir import RunDir
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1500)]
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 3
+
+
+def _srl(*argv: str, log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "toolkit.cli", *argv], cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+
+
+def _until(what: str, cond, procs: dict[str, tuple[subprocess.Popen, Path]], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        for name, (p, log) in procs.items():
+            if p.poll() is not None:
+                pytest.fail(f"{name} exited ({p.returncode}) before {what}:\n{log.read_text()[-4000:]}")
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.5)
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGINT)
+    try:
+        p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def _lora_run(out: Path, name: str, seed: int, dep: Path) -> list[str]:
+    return ["rl", "@", str(REPO / "jobs/reverse-text/rl-lora.toml"), "--output-dir", str(out), "--run.name", name,
+            "--inference.external", str(dep), "--max-steps", str(STEPS), "--seed", str(seed),
+            "--orchestrator.max-async-level", "0", "--orchestrator.batch-size", "16",
+            "--orchestrator.max-concurrent", "16", "--trainer.optim.lr", "3e-2",
+            "--orchestrator.eval.interval", "0"]  # fmt: skip
+
+
+def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
+    need_module("torch")
+    need_module("peft")
+    from toolkit.inference.admin_token import for_external
+    from toolkit.inference.client import PolicyClient
+    from toolkit.inference.versions import VERSIONS_PATH, lora_name
+    from toolkit.inference.weights import WeightUpdater
+    from toolkit.models.resolve import resolve_model
+    from toolkit.orchestrator.policy import run_identity
+    from toolkit.orchestrator.types import SamplingParams
+
+    t0 = time.monotonic()
+    out = tmp_path / "out"
+    out.mkdir()
+    dep = out / "serve"
+    serve = _srl("inference", "@", str(REPO / "jobs/serve/tiny.toml"), "--output-dir", str(out), "--run.name",
+                 "serve", "--trainer.model.lora.rank", "8", "--inference.vllm.max-loras", "2",
+                 log=tmp_path / "serve.log")  # fmt: skip
+    procs = {"srl inference": (serve, tmp_path / "serve.log")}
+    runs = {"a": 1, "b": 2}
+    try:
+        _until("deployment ready", lambda: RunDir(dep).inference_ready.exists(), procs, 600)
+        for name, seed in runs.items():
+            log = tmp_path / f"{name}.log"
+            procs[name] = (_srl(*_lora_run(out, name, seed, dep), log=log), log)
+        tenants = RunDir(dep).lora_tenants
+        _until("both runs hold their LoRA-tenant leases", lambda: len(list(tenants.glob("*.json"))) == 2, procs,
+               600)  # fmt: skip
+
+        full = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
+                               "--output-dir", str(out), "--run.name", "full", "--inference.external", str(dep),
+                               "--max-steps", "2"], cwd=REPO, check=False, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        assert full.returncode == 2, full.stdout + full.stderr
+        assert "serves the LoRA adapter of run" in full.stderr and "srl cancel" in full.stderr, full.stderr
+        assert not (out / "full" / "configs").exists()
+
+        for name in runs:
+            p, log = procs[name]
+            try:
+                p.wait(timeout=900)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"run {name} did not end within 900 s:\n{log.read_text()[-4000:]}")
+            assert p.returncode == 0, log.read_text()[-4000:]
+        runs_s = time.monotonic() - t0
+
+        ids = {name: run_identity(RunDir(out / name)) for name in runs}
+        assert ids["a"] != ids["b"]
+        for name in runs:
+            run = out / name
+            assert role_steps(run, "trainer") == list(range(1, STEPS + 1))
+            reloads = [json.loads(x) for x in (run / "policy_reloads.jsonl").read_text().splitlines()]
+            assert {r["version"] for r in reloads} >= {1, 2}, reloads
+            for r in reloads:  # this run's adapter only, at this run's version
+                assert r["adapter"] == lora_name(ids[name]), r
+                assert set(r["engines"].values()) == {served_version(run, r["version"])}, r
+            lines = metrics_lines(run)
+            kl = {m["step"]: m["mismatch_kl/mean"] for m in lines if m["role"] == "trainer" and "mismatch_kl/mean" in m}
+            print(f"run {name}: mismatch_kl by step {kl}")
+            assert all(kl[s] < 1e-3 for s in range(2, STEPS + 1)), kl
+            orch = [m for m in lines if m["role"] == "orchestrator" and m["step"] >= 1]
+            assert orch and all(m["off_policy/foreign_dropped"] == 0 for m in orch), orch
+        assert list(tenants.glob("*.json")) == []  # both released the deployment
+
+        # The real engine's record and tags, read by the real client and updater.
+        engine = json.loads(RunDir(dep).inference_ready.read_text())["engine_urls"][0]
+        token = for_external(RunDir(dep))
+
+        async def probe() -> dict:
+            import httpx
+
+            got = {}
+            async with httpx.AsyncClient(headers={"X-SRL-Admin-Token": token}) as http:
+                got["record"] = (await http.get(engine + VERSIONS_PATH)).json()
+            client = PolicyClient(engine, lora_name(ids["a"]), run_id=ids["a"], lora=True)
+            sp = SamplingParams(max_tokens=4)
+            got["own"] = await client.generate([1, 2, 3], sp, session_id="probe")
+            intruder = WeightUpdater([engine], admin_token=token, run_id="intruder")
+            await intruder.update(Path(resolve_model("tiny-qwen3")), 1)  # full weights of another run
+            got["after"] = await client.generate([1, 2, 3], sp, session_id="probe")
+            await client.aclose()
+            return got
+
+        got = asyncio.run(probe())
+        last = {name: max(json.loads(x)["version"] for x in (out / name / "policy_reloads.jsonl").read_text()
+                                                                .splitlines()) for name in runs}  # fmt: skip
+        assert got["record"] == {"base": "default", "adapters": {
+            lora_name(ids[n]): served_version(out / n, last[n]) for n in runs}}, got["record"]  # fmt: skip
+        assert got["own"].foreign_version is None and got["own"].policy_version == last["a"]
+        assert got["after"].foreign_version == "intruder:1", got["after"]
+        print(f"two LoRA runs of {STEPS} steps on one deployment: {runs_s:.0f} s from `srl inference` to both ended; "
+              f"test {time.monotonic() - t0:.0f} s")  # fmt: skip
+    finally:
+        for p, _ in reversed(list(procs.values())):
+            _stop(p)
