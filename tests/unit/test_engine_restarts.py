@@ -16,7 +16,7 @@ from toolkit.config.model import InferenceConfig
 from toolkit.errors import ProviderError
 from toolkit.inference.client import PolicyClient
 from toolkit.inference.serve import free_port
-from toolkit.launch.restarts import RestartBudget, is_restartable
+from toolkit.launch.supervisor import RestartBudget, is_restartable
 from toolkit.orchestrator.engines import (
     DOWN,
     OK,
@@ -70,7 +70,7 @@ def test_retry_budget_outlasts_one_restart_only_when_restarts_are_on():
 
 # -- orchestrator engine states --------------------------------------------------------------------------------
 def test_engine_states():
-    assert expected_versions(0) == {"default", "0"} and expected_versions(3) == {"3"}
+    assert expected_versions(0) == {"default", "base", "0"} and expected_versions(3) == {"3"}
     assert next_state(OK, Probe(True, "3"), 3) == OK
     assert next_state(OK, Probe(True, None), 3) == OK  # no /weight_info route: only a DOWN phase tells
     assert next_state(OK, Probe(False), 3) == DOWN

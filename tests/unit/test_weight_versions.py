@@ -274,3 +274,32 @@ def test_a_run_on_a_deployment_another_run_changed_loads_its_base_model_first(tm
     assert first is None and own is None and again is None
     assert isinstance(other, float) and info == {url: "base"}
     assert judge("B", 0, ["base"]) == Verdict(0) and judge("B", 0, ["base"], None, lora=True) == Verdict(0)
+
+
+def test_the_engine_watch_of_a_lora_run_probes_its_adapters_version(tmp_path):
+    """A LoRA load leaves the base weights' version at "default": the watch must read the adapter's, or it takes
+    the engine for restarted after every load and loads the adapter again and again."""
+    import httpx
+
+    from toolkit.orchestrator.engines import OK, RESTARTED, next_state, probe_engine
+
+    adapter = tmp_path / "broadcasts" / "step_2"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"x")
+
+    async def go(url: str) -> list:
+        lo = WeightUpdater([url], timeout_s=5, admin_token=TOKEN, run_id="L")
+        async with httpx.AsyncClient(headers=ADMIN) as http:
+            before = await probe_engine(http, url, 5, lora_name("L"))
+            await lo.load_broadcast(adapter, 2)
+            after = await probe_engine(http, url, 5, lo.served_model)
+            base = await probe_engine(http, url, 5)
+        return [before, after, base]
+
+    with _Server({}) as url:
+        before, after, base = asyncio.run(go(url))
+    assert before.version == "missing" and next_state(OK, before, 2, run_id="L") == RESTARTED  # a restarted engine
+    assert after.version == "L:2" and next_state(OK, after, 2, run_id="L") == OK
+    assert base.version == "default"  # what the watch read before, which never matched version 2
+    assert next_state(OK, type(base)(True, "base"), 0, run_id="B") == OK  # the base model loaded back

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 # The weight updater writes the versions the engines report; its module exposes the format it writes them in.
-from toolkit.inference.weights import format_version
+from toolkit.inference.weights import VERSIONS_PATH, format_version
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ def expected_versions(served_version: int, run_id: str | None = None) -> frozens
     base model, which a freshly started engine reports as ``"default"``). A run's own loads record
     ``"<run id>:<step>"`` (``toolkit.inference.versions.format_version``), so with ``run_id`` that string counts too."""
     own = {format_version(run_id, served_version)}
-    return frozenset({"default", "0", *own}) if served_version == 0 else frozenset({str(served_version), *own})
+    if served_version == 0:  # "base": the base model loaded back by a run that found another run's weights
+        return frozenset({"default", "base", "0", *own})
+    return frozenset({str(served_version), *own})
 
 
 def next_state(previous: str, probe: Probe, served_version: int, tolerated: str | None = None,
@@ -87,10 +89,12 @@ def next_state(previous: str, probe: Probe, served_version: int, tolerated: str 
     return OK
 
 
-async def probe_engine(http: httpx.AsyncClient, url: str, timeout_s: float) -> Probe:
-    """``GET <url>/weight_info`` within ``timeout_s`` seconds, classified as a :class:`Probe`."""
+async def probe_engine(http: httpx.AsyncClient, url: str, timeout_s: float, adapter: str | None = None) -> Probe:
+    """``GET <url>/weight_info`` within ``timeout_s`` seconds, classified as a :class:`Probe`. With ``adapter`` (a
+    LoRA run once its adapter is served), the version of that adapter instead (``GET /srl/weight_versions``; a
+    LoRA load leaves the base weights' version alone), ``"missing"`` when the engine does not hold it (restarted)."""
     try:
-        resp = await http.get(f"{url}/weight_info", timeout=timeout_s)
+        resp = await http.get(f"{url}{VERSIONS_PATH if adapter else '/weight_info'}", timeout=timeout_s)
     except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
         return Probe(False)
     except httpx.HTTPError:  # timeouts: busy, or bound but not serving yet
@@ -98,8 +102,9 @@ async def probe_engine(http: httpx.AsyncClient, url: str, timeout_s: float) -> P
     if resp.status_code != 200:
         return Probe(True)  # answers, but without the route (older vLLM) or refusing our token
     try:
-        version = resp.json().get("weight_version")
-    except ValueError:
+        data = resp.json()
+        version = (data.get("adapters") or {}).get(adapter, "missing") if adapter else data.get("weight_version")
+    except (ValueError, AttributeError):
         version = None
     return Probe(True, None if version is None else str(version))
 
@@ -165,8 +170,11 @@ class EngineWatch:
         """Probe every engine once and hold, restore or release accordingly."""
         async with self.tracker.lock:
             served = self.tracker.served_version
-            run_id = getattr(getattr(self.tracker, "updater", None), "run_id", None)  # the run's loads name it
-            probes = await asyncio.gather(*(probe_engine(http, u, self.probe_timeout_s) for u in self.engine_urls))
+            updater = getattr(self.tracker, "updater", None)
+            run_id = getattr(updater, "run_id", None)  # the run's loads name it
+            adapter = getattr(updater, "served_model", None)  # a LoRA run: its adapter's version is the policy's
+            probes = await asyncio.gather(*(probe_engine(http, u, self.probe_timeout_s, adapter)
+                                            for u in self.engine_urls))  # fmt: skip
             for url, probe in zip(self.engine_urls, probes, strict=True):
                 if self._first and probe.reachable and probe.version not in (None, *expected_versions(served, run_id)):
                     log.warning("engine %s reports weight version %r while policy version %d is expected; "
