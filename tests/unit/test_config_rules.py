@@ -32,7 +32,7 @@ def test_b20_per_env_group_size_checked_too():
 
 
 def test_small_group_warns():
-    assert "8 or more" in warnings_of(cfg(orchestrator={"group_size": 4}))
+    assert "fewer than 8 rollouts per task" in warnings_of(cfg(orchestrator={"group_size": 4}))
 
 
 def test_env_names_unique():

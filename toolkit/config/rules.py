@@ -172,12 +172,25 @@ def _async(cfg: RLConfig, f: Findings) -> None:
         )
 
 
+# Lowest train sampling temperature: the trainer divides logits by it (0 gives NaN logprobs from the first step),
+# and vLLM samples greedily below 1e-5, where the engine's logprobs no longer describe what it drew.
+MIN_TRAIN_TEMPERATURE = 0.01
+
+
 def _sampling(cfg: RLConfig, f: Findings) -> None:
     checks = [("orchestrator.train.sampling", cfg.orchestrator.train.sampling)]
     for i, env in enumerate(cfg.orchestrator.train.env):
         if env.sampling is not None:
             checks.append((f"orchestrator.train.env[{i}].sampling", env.sampling))
     for path, s in checks:
+        if s.temperature is not None and s.temperature < MIN_TRAIN_TEMPERATURE:
+            f.error(
+                f"{path}.temperature",
+                f"train sampling needs temperature >= {MIN_TRAIN_TEMPERATURE} (got {s.temperature:g}): the loss "
+                "weighs each token by its logprob under the sampled distribution, which the trainer gets by dividing "
+                "the logits by the temperature; 0 is greedy decoding (no distribution to learn from) and near 0 the "
+                "engine decodes greedily too. Use 1.0 to train on the policy itself (eval sampling may use 0)",
+            )
         top_p = s.top_p if s.top_p is not None else 1.0
         truncated = top_p < 1.0 or (s.top_k not in (None, 0))
         if truncated and not (s.top_k is not None and 0 < s.top_k <= 512):
