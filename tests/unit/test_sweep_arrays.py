@@ -200,3 +200,21 @@ def test_array_script_runs_its_tasks_point_script_with_hostile_paths(tmp_path: P
                        cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False)
     assert r.returncode == 2 and "no point" in r.stderr
     assert not list(tmp_path.rglob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
+
+
+def test_status_and_continue_command_of_a_dry_run_sweep(tmp_path: Path, capsys) -> None:
+    from toolkit.launch.control import status_main
+    from toolkit.launch.sweeps import _task_indices, continue_command
+
+    f = _sweep(tmp_path, f'base = ["{ROOT}/jobs/reverse-text/rl.toml"]\nseeds = [0, 1]\n')
+    argv = ["@", str(f), "--max-steps", "4", "--site", "local-slurm", "--output-dir", str(tmp_path / "o"), "--dry-run"]
+    assert main(argv) == 0
+    root = tmp_path / "o" / "s"
+    capsys.readouterr()
+    assert status_main([str(root)]) == 0
+    rows = [ln.split("\t") for ln in capsys.readouterr().out.splitlines() if ln.startswith("p00")]
+    assert [(r[0], r[1], r[4], r[6]) for r in rows] == [("p000", "NOT SUBMITTED", "-", "- seed=0"),
+                                                        ("p001", "NOT SUBMITTED", "-", "- seed=1")]
+    assert continue_command(root) == f"srl sweep @ {f} --max-steps 4 --site local-slurm --output-dir {tmp_path / 'o'} " \
+                                     "--resume"
+    assert _task_indices("2-5%1") == [2, 3, 4, 5] and _task_indices("1,3-4") == [1, 3, 4] and _task_indices("x") == []
