@@ -17,9 +17,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Write one complete checkpoint of a run (RL or SFT) as a Hugging Face model directory that "
         "transformers and vLLM load as is. A LoRA run's adapter is merged into its base model.",
     )
-    p.add_argument("run", type=Path, help="the run directory (outputs/<run name>)")
+    p.add_argument("run", type=Path, metavar="RUN", help="the run directory (outputs/<run name>)")
     p.add_argument("out", type=Path, metavar="DIR", help="where to write the model (a new or empty directory)")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step to export (default: the newest complete)")
+    p.add_argument("--step", type=int, default=None, metavar="N", help="checkpoint step to export (default: the newest complete)")
     return p
 
 
