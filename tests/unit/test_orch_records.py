@@ -11,10 +11,12 @@ from toolkit.config.model import StopCriteria as StopCfg
 from toolkit.orchestrator.buffer import BufferSettings, StepBatch
 from toolkit.orchestrator.evaluation import eval_metrics, pass_at_k
 from toolkit.orchestrator.producer import Slots, sampling_params
-from toolkit.orchestrator.records import MetricsLog, recorded_steps, step_metrics
+from toolkit.orchestrator.records import MetricsLog, step_metrics
 from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_state
-from toolkit.orchestrator.stop import StopChecks, ZeroSignalGuard, request_stop
+from toolkit.orchestrator.stop import StopChecks, ZeroSignalGuard
 from toolkit.orchestrator.types import Rollout, TrainingSample
+from toolkit.run.control import request_stop
+from toolkit.run.metrics import recorded_steps
 from toolkit.rundir import RunDir
 
 
@@ -68,7 +70,7 @@ def test_metrics_lines_written_once_across_attempts(tmp_path):
     assert text[-2] == '{"step": 4, "role": "orch'  # the torn line stays alone on its line
     lines = [json.loads(l) for l in text if l.endswith("}")]
     orch = [l["step"] for l in lines if l.get("role") == "orchestrator"]
-    assert sorted(orch) == [1, 2, 3] and recorded_steps(run.metrics) == {1, 2, 3}
+    assert sorted(orch) == [1, 2, 3] and recorded_steps(run.metrics, "orchestrator") == {1, 2, 3}
 
 
 def test_zero_signal_guard_counts_consecutive_empty_steps(caplog):

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from toolkit.orchestrator.stop import ZeroSignalGuard, request_stop
+from toolkit.orchestrator.stop import ZeroSignalGuard
 from toolkit.run import ending
+from toolkit.run.control import request_stop
 from toolkit.rundir import RunDir
 
 

@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..fsutil import atomic_write_json
+from ..run import metrics
 from ..rundir import RunDir
-
-# Bytes read from the end of metrics.jsonl: enough for the last records of every role (one record is < 4 KiB).
-_TAIL_BYTES = 256 * 1024
 
 
 def local_record_path(run: RunDir) -> Path:
@@ -41,22 +39,10 @@ def write_local_record(run: RunDir, *, attempt: int, status: int | None = None) 
 def last_metrics(run: RunDir) -> dict[str, dict[str, Any]]:
     """The last ``metrics.jsonl`` record of each role (``{"trainer": {...}, "orchestrator": {...}}``); eval-only
     records are skipped so the orchestrator's entry carries its reward. Empty when there are no metrics yet."""
-    try:
-        with open(run.metrics, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - _TAIL_BYTES))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return {}
     out: dict[str, dict[str, Any]] = {}
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # the first line of the tail is usually cut
-        role = rec.get("role") if isinstance(rec, dict) else None
-        if role and (role != "orchestrator" or "reward/all/mean" in rec):
+    for rec in metrics.tail(run.metrics):
+        role = rec.get("role")
+        if role and (role != metrics.ORCHESTRATOR or metrics.REWARD_MEAN in rec):
             out[role] = rec
     return out
 

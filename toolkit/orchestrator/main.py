@@ -49,8 +49,9 @@ from toolkit.orchestrator.producer import GroupProducer, TrainEnv, sampling_para
 from toolkit.orchestrator.records import MetricsLog, step_metrics
 from toolkit.orchestrator.sampler import EnvSampler
 from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_state
-from toolkit.orchestrator.stop import StopChecks, request_stop
+from toolkit.orchestrator.stop import StopChecks
 from toolkit.orchestrator.writer import RecordWriter
+from toolkit.run.control import request_stop
 from toolkit.rundir import RunDir
 
 log = logging.getLogger("srl.orchestrator")

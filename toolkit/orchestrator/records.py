@@ -24,17 +24,16 @@ orchestrator when it starts and refuses to write them again.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from toolkit.fsutil import append_jsonl
 from toolkit.orchestrator.buffer import StepBatch
 from toolkit.orchestrator.types import Rollout
+from toolkit.run.metrics import recorded_steps
 from toolkit.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -101,23 +100,6 @@ def step_metrics(batch: StepBatch) -> dict[str, float]:
     return out
 
 
-def recorded_steps(path: Path, role: str = ROLE) -> set[int]:
-    """Steps that already have a metrics line of ``role`` in ``path`` (a torn last line is ignored)."""
-    steps: set[int] = set()
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(obj, dict) and obj.get("role") == role and isinstance(obj.get("step"), int):
-                    steps.add(obj["step"])
-    except FileNotFoundError:
-        pass
-    return steps
-
-
 class MetricsLog:
     """Appends the orchestrator's per-step lines to ``run.metrics``, each step at most once across attempts.
 
@@ -127,7 +109,7 @@ class MetricsLog:
     def __init__(self, run: RunDir, *, enabled: bool = True) -> None:
         self.run = run
         self.enabled = enabled
-        self.done = recorded_steps(run.metrics)
+        self.done = recorded_steps(run.metrics, ROLE)
         self._end_torn_line()
 
     def _end_torn_line(self) -> None:

@@ -6,38 +6,20 @@ a stopped run is resumable, and the reason is in the file and in the log.
 
 - errored share, mismatch KL and reward collapse: thresholds with patience, checked by ``analysis.stop`` (the
   trainer's ``mismatch_kl/mean`` is read from ``metrics.jsonl``);
-- zero signal (issue "faults" item 8): a step whose kept groups all had identical rewards, or whose groups were all
+- zero signal: a step whose kept groups all had identical rewards, or whose groups were all
   filtered out, is *empty*; every empty step is warned about with its counts, and ``max_empty_steps`` in a row stop
   the run (None: warn only).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 from toolkit.config.model import StopCriteria
-from toolkit.fsutil import atomic_write_text
-from toolkit.run import ending
-from toolkit.rundir import RunDir
+from toolkit.run import metrics as metrics_file
 
 log = logging.getLogger(__name__)
-
-
-def request_stop(run: RunDir, reason: str, *, component: str = "orchestrator") -> None:
-    """Record the stop criterion in the run's ending (``toolkit.run.ending``), then write the stop request
-    ``<component>: <reason>`` (unless one exists already) and log the reason."""
-    log.warning("requesting stop: %s", reason)
-    parsed = ending.criterion_of(f"{component}: {reason}")
-    if parsed is not None and not (run.stop_request.exists() and ending.read(run) is None):
-        # Before the stop request, so a supervisor that sees the request also finds the criterion; a request
-        # already there without a record is a user's stop, which this criterion does not overrule.
-        ending.record_criterion(run, parsed[1], reason, role=component)
-    if run.stop_request.exists():
-        return
-    run.control.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run.stop_request, f"{component}: {reason}\n")
 
 
 class ZeroSignalGuard:
@@ -85,7 +67,7 @@ class StopChecks:
         self.metrics_path = Path(metrics_path)
         self.guard = ZeroSignalGuard(cfg.max_empty_steps)
         self.monitor = StopMonitor(cfg)
-        self._offset = 0  # bytes of metrics.jsonl already scanned for trainer lines
+        self._trainer_lines = metrics_file.Follower(self.metrics_path)
 
     def check(self, step: int, metrics: dict[str, float]) -> str | None:
         """Feed one step (orchestrator metrics incl. ``errored_rollouts`` and ``rollouts_offered``); returns the
@@ -102,22 +84,9 @@ class StopChecks:
 
     def _newest_trainer_kl(self) -> float | None:
         """The newest trainer mismatch_kl/mean appended since the last call (None when none arrived)."""
-        try:
-            with open(self.metrics_path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return None
-        end = data.rfind(b"\n") + 1  # a line still being written is read next time
-        self._offset += end
         newest = None
-        for raw in data[:end].splitlines():
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict) and obj.get("role") == "trainer":
-                kl = obj.get("mismatch_kl/mean")
-                if isinstance(kl, (int, float)):
-                    newest = float(kl)
+        for rec in self._trainer_lines.new():
+            kl = rec.get("mismatch_kl/mean")
+            if rec.get("role") == metrics_file.TRAINER and isinstance(kl, (int, float)):
+                newest = float(kl)
         return newest

@@ -39,6 +39,8 @@ from typing import Any
 from toolkit.fsutil import atomic_write_json
 from toolkit.rundir import RunDir
 
+from . import metrics
+
 COMPLETED = "completed"
 FAILED = "failed"
 LEASE_LOST = "lease-lost"
@@ -57,9 +59,6 @@ CAUSES = tuple(EXIT_STATUS)
 ZERO_SIGNAL_GUARD = "zero-signal guard"
 DIVERGENCE = "divergence"
 STOP_CRITERIA = "monitors.stop"
-
-# Bytes read from the end of metrics.jsonl for the newest trainer step (one record is < 4 KiB).
-_TAIL_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -225,22 +224,8 @@ def settle(
 
 
 def newest_trainer_step(run: RunDir) -> int | None:
-    """The newest trainer ``step`` in ``metrics.jsonl`` (its last 256 KiB), None without one."""
-    try:
-        with open(run.metrics, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - _TAIL_BYTES))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # the first line of the tail is usually cut
-        if isinstance(rec, dict) and rec.get("role") == "trainer" and isinstance(rec.get("step"), int):
-            return rec["step"]
-    return None
+    """The newest trainer ``step`` in ``metrics.jsonl`` (its last lines), None without one."""
+    return metrics.newest_step(run.metrics)
 
 
 def _role_of(process: str) -> str:

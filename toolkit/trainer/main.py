@@ -219,8 +219,8 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     import torch
 
     from toolkit.batches import read_batch
-    from toolkit.orchestrator.records import recorded_steps
-    from toolkit.orchestrator.stop import request_stop
+    from toolkit.run.control import request_stop
+    from toolkit.run.metrics import recorded_steps
     from toolkit.trainer import dist as tdist
     from toolkit.trainer.broadcast import apply_broadcast_retention, model_config_dict, write_broadcast
     from toolkit.trainer.loss import IPOLoss

@@ -155,7 +155,7 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
     Raises DataError before step 1 on bad data, ``toolkit.checkpoints.CheckpointError`` when checkpoints exist but
     none can be resumed, TrainerDiverged after ``max_nonfinite_steps`` non-finite steps in a row.
     """
-    from toolkit.orchestrator.records import recorded_steps
+    from toolkit.run.metrics import recorded_steps
     from toolkit.trainer import dist as tdist
     from toolkit.trainer.loss import IPOLoss
     from toolkit.trainer.main import TrainerDiverged, start_training

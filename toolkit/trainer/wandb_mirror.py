@@ -158,7 +158,7 @@ class WandbMirror:
         """Mirror the last lines and finish the W&B run. ``orchestrator_step``: first wait up to ``wait_s`` seconds
         for the orchestrator's line of that step (written just after the batch the trainer trained last). Returns
         the offline directory of this attempt (None online or when W&B was off)."""
-        from toolkit.orchestrator.records import recorded_steps
+        from toolkit.run.metrics import recorded_steps
 
         if self.wb_run is None:
             return None

@@ -1,0 +1,102 @@
+"""``metrics.jsonl``: one JSON object per line, appended by the trainer's main rank and by the orchestrator.
+
+Every line has ``role`` ("trainer", "orchestrator") and ``step``, then metric name -> number. Writers append whole
+lines with one ``write`` each (:func:`append`), so two processes never interleave; a writer killed mid-line leaves
+a torn last line, which every reader here skips. A resumed or requeued run trains some steps again but records
+each (role, step) once: writers ask :func:`recorded_steps` first.
+
+Readers: :func:`records` (the whole file), :func:`tail` (the newest lines only, for status and the launcher's
+ending), :class:`Follower` (lines as they are appended, for the launcher's progress line and the W&B mirror).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from toolkit.fsutil import append_jsonl
+
+TRAINER = "trainer"
+ORCHESTRATOR = "orchestrator"
+REWARD_MEAN = "reward/all/mean"
+"""The orchestrator's mean reward of a step's batch (0-1 for most tasksets)."""
+TAIL_BYTES = 256 * 1024
+"""How much of the file's end :func:`tail` reads: far more than one step's lines of every role."""
+
+
+def append(path: Path, record: dict[str, Any]) -> None:
+    """Append ``record`` (with ``role`` and ``step``) as one line. Raises OSError."""
+    append_jsonl(path, record)
+
+
+def _parse(line: str | bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(line)
+    except ValueError:  # a torn line of a killed writer (or the cut first line of a tail)
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every well-formed line of ``path`` in file order; nothing when the file does not exist."""
+    if not Path(path).exists():
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip() and (rec := _parse(line)) is not None:
+                yield rec
+
+
+def tail(path: Path, max_bytes: int = TAIL_BYTES) -> list[dict[str, Any]]:
+    """The well-formed lines among the last ``max_bytes`` of ``path``, oldest first; [] when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    return [rec for line in data.splitlines() if (rec := _parse(line)) is not None]
+
+
+def recorded_steps(path: Path, role: str) -> set[int]:
+    """Steps that already have a line of ``role`` in ``path``."""
+    return {r["step"] for r in records(path) if r.get("role") == role and isinstance(r.get("step"), int)}
+
+
+def newest_step(path: Path, role: str = TRAINER) -> int | None:
+    """The newest ``step`` of ``role`` among the file's last lines (:func:`tail`), None without one."""
+    for rec in reversed(tail(path)):
+        if rec.get("role") == role and isinstance(rec.get("step"), int):
+            return rec["step"]
+    return None
+
+
+class Follower:
+    """Reads the lines appended to ``path`` since the last call, complete lines only (a line still being written
+    is read on a later call). ``lines`` counts every complete line consumed, torn ones included."""
+
+    def __init__(self, path: Path, offset: int = 0) -> None:
+        self.path = Path(path)
+        self.offset = offset
+        self.lines = 0
+
+    def new(self) -> list[dict[str, Any]]:
+        """The well-formed lines appended since the previous call (in order); [] when there are none yet."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        out = []
+        for line in complete.splitlines():
+            self.lines += 1
+            if (rec := _parse(line)) is not None:
+                out.append(rec)
+        return out
