@@ -1,7 +1,8 @@
 """Offline reports: ``build_report(run_dirs, out_dir)`` writes an HTML report (figures embedded as base64 PNG), a
 Markdown twin (figures as PNG files next to it), and CSV tables.
 
-Each run gets the deliverable sections of a run report: 1. version and resolved
+Each run opens with its outcome (:func:`_outcome`: how it ended, steps, wall time, eval first -> best -> last, the
+reward and eval figures, the top diagnosis findings), then the deliverable sections of a run report: 1. version and resolved
 config; 2. taskset, harness, runtime, renderer, group, batch and eval settings; 3. pre-training validation evidence
 (the step-0 eval); 4. resource and cost envelope; 5. monitoring and stop criteria; 6. failures with their boundary
 (:mod:`analysis.diagnose`). When runs carry a ``sweep_point`` in ``run_meta.json``, a sweep section compares the
@@ -27,7 +28,13 @@ from analysis.loaders import RunData, dotted, load_run, role_metrics
 from analysis.stop import criteria_from_table, replay
 from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
 from toolkit.launch.progress import read_local_record
+from toolkit.run import ending as ending_mod
 from toolkit.rundir import numbered_steps
+
+# Figures shown in a run's outcome, at the top of its section (and not again under Figures).
+OUTCOME_FIGURES = ("reward", "eval")
+# Diagnosis findings shown in the outcome (all of them are in section 6).
+TOP_FINDINGS = 3
 
 MONITORED = [
     ("orchestrator", "reward/all/mean"),
@@ -94,20 +101,20 @@ class _Doc:
         shown = df if len(df) <= max_rows else df.tail(max_rows)
         if len(df) > max_rows:
             self.para(f"(last {max_rows} of {len(df)} rows; full table in tables/{name}.csv)")
-        self.html.append(
-            shown.to_html(
-                index=False,
-                float_format=lambda v: f"{v:.4g}",
-                na_rep="",
-                border=0,
-                classes="tbl",
-                escape=True,
-            )
+        table = shown.to_html(
+            index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0, classes="tbl", escape=True
         )
+        # A wide table scrolls inside its own box instead of running off the page.
+        self.html.append(f'<div class="scroll">{table}</div>')
         self.md += [_md_table(shown), ""]
 
     def kv(self, rows: list[tuple[str, Any]]) -> None:
         self.table(pd.DataFrame(rows, columns=["setting", "value"]).astype(str))
+
+    def raw(self, html_text: str, md_lines: list[str]) -> None:
+        """Append HTML (already escaped) and its Markdown twin."""
+        self.html.append(html_text)
+        self.md += md_lines
 
     def figure(self, name: str, fig: Any) -> None:
         png = to_png(fig)
@@ -213,6 +220,8 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
     level = 2
     doc.heading(f"Run {run.name}", level)
     steps = step_summary(run.rollouts) if run.rollouts is not None else None
+    findings: list[Finding] = diagnose(run.run)
+    _outcome(doc, run, steps, findings, key, figures=figures)
     doc.para(f"Run directory: {run.run.root}. Run id: {run.meta.get('run_id', 'unknown')}.")
 
     doc.heading("1. Version and resolved config", level + 1)
@@ -268,6 +277,8 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
     doc.heading("Figures", level + 1)
     drawn = 0
     for name, make in RUN_FIGURES.items() if figures else ():
+        if name in OUTCOME_FIGURES:
+            continue  # drawn in the outcome at the top
         fig = make(steps, run.metrics)
         if fig is not None:
             doc.figure(key(name), fig)
@@ -278,8 +289,70 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
         doc.para("No rollouts or metrics recorded yet.")
 
     doc.heading("6. Failures and their boundary", level + 1)
-    findings: list[Finding] = diagnose(run.run)
     doc.pre(format_findings(findings))
+
+
+def _outcome(doc: _Doc, run: RunData, steps: pd.DataFrame | None, findings: list[Finding], key: Any, *,
+             figures: bool) -> None:  # fmt: skip
+    """The run's outcome first: how it ended, steps, wall time, eval first -> best -> last, reward, the reward and
+    eval figures side by side, and the top diagnosis findings."""
+    doc.raw('<section class="outcome" id="outcome">', [])
+    doc.heading("Outcome", 3)
+    doc.kv(outcome_rows(run))
+    if figures:
+        drawn = []
+        for name in OUTCOME_FIGURES:
+            fig = RUN_FIGURES[name](steps, run.metrics)
+            if fig is not None:
+                drawn.append((key(name), fig))
+        if drawn:
+            doc.raw('<div class="figrow">', [])
+            for name, fig in drawn:
+                doc.figure(name, fig)
+            doc.raw("</div>", [])
+    top = findings[:TOP_FINDINGS]
+    if top:
+        more = f" (all {len(findings)} in section 6)" if len(findings) > len(top) else ""
+        doc.para(f"Top findings of srl diagnose{more}:")
+        items = [f"[{f.severity.upper()}] {f.boundary}: {f.summary}" for f in top]
+        doc.raw("<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>", [f"- {i}" for i in items] + [""])
+    else:
+        doc.para("srl diagnose found no failures.")
+    doc.raw("</section>", [])
+
+
+def outcome_rows(run: RunData) -> list[tuple[str, str]]:
+    """(label, value) rows of a run's outcome: how it ended (``toolkit.run.ending``), trainer steps of
+    ``max_steps``, wall time, each eval metric first -> best -> last with steps, train reward first -> last."""
+    end = ending_mod.read(run.run)
+    if end is not None:
+        ended = f"{end.summary()} (exit status {end.exit_status})"
+    else:
+        ended = "not recorded (still running, or its supervisor was killed)"
+    rows = [("how the run ended", ended)]
+    trainer = role_metrics(run.metrics, "trainer")
+    max_steps = run.config.get("max_steps") if run.config else None
+    done = int(trainer.index.max()) if len(trainer.index) else 0
+    rows.append(("trainer steps", f"{done} of {max_steps}" if max_steps else str(done)))
+    wall = _wall_seconds(run)
+    if wall is not None:
+        h, rem = divmod(round(wall), 3600)
+        rows.append(("wall time", f"{h}:{rem // 60:02d}:{rem % 60:02d} (h:mm:ss)"))
+    orch = role_metrics(run.metrics, "orchestrator")
+    for col in sorted(c for c in orch.columns if c.startswith("eval/")):
+        s = orch[col].astype(float).dropna()
+        if s.empty:
+            continue
+        best = s.idxmax()
+        value = (f"{s.iloc[0]:.3g} (step {s.index[0]}) -> {s.max():.3g} (step {best}) -> {s.iloc[-1]:.3g} "
+                 f"(step {s.index[-1]})")  # fmt: skip
+        rows.append((f"{col} first -> best -> last", value))
+    if "reward/all/mean" in orch.columns:
+        r = orch["reward/all/mean"].astype(float).dropna()
+        if not r.empty:
+            rows.append(("train reward first -> last",
+                         f"{r.iloc[0]:.3g} (step {r.index[0]}) -> {r.iloc[-1]:.3g} (step {r.index[-1]})"))  # fmt: skip
+    return rows
 
 
 def _version() -> str:
@@ -404,7 +477,7 @@ def _validation(doc: _Doc, run: RunData, key: Any) -> None:
             found = True
     if not found:
         doc.para(
-            "No baseline eval recorded. The seed requires validating the taskset and scoring before training: "
+            "No baseline eval recorded. Validate the taskset and its scoring before training: "
             "run `srl eval validate` and `srl eval run`, and keep periodic eval with a step-0 baseline."
         )
 
@@ -622,7 +695,13 @@ _CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#22
 table.tbl{border-collapse:collapse;font-size:12px;margin:0.5em 0}
 table.tbl td,table.tbl th{border:1px solid #ccc;padding:2px 6px;text-align:right}
 pre{background:#f6f6f6;padding:0.6em;overflow-x:auto;font-size:12px}
-figure img{max-width:100%}"""
+div.scroll{max-width:100%;overflow-x:auto}
+figure{margin:0.5em 0}
+figure img{max-width:100%}
+section.outcome{border:1px solid #ccc;padding:0 1em;margin:0.5em 0 1em}
+section.outcome h3{margin:0.5em 0}
+div.figrow{display:flex;gap:1em}
+div.figrow figure{flex:1 1 0;min-width:0}"""
 
 
 def _write(doc: _Doc, title: str) -> None:

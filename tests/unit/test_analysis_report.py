@@ -9,14 +9,23 @@ from analysis_runs import make_run
 
 from analysis.loaders import load_run
 from analysis.report import build_report, sweep_table
+from toolkit.run import ending
+from toolkit.rundir import RunDir
 
 
 def test_sections_and_tables_without_figures(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", failure="provider", steps=3)
+    ending.settle(RunDir(run.root), failed="orchestrator", failed_reason="exit status 1")
     paths = build_report([run.root], tmp_path / "out", run_figures=False)
     md = paths.markdown.read_text()
     headings = [line for line in md.splitlines() if line.startswith("### ")]
-    assert headings[:5] == [
+    # The outcome comes first: how the run ended, its steps, eval first -> best -> last, top findings.
+    assert headings[0] == "### Outcome"
+    outcome = md[md.index("### Outcome"):md.index("### 1.")]
+    assert "failed in orchestrator at step 2: exit status 1 (exit status 1)" in outcome
+    assert "trainer steps" in outcome and " first -> best -> last " in outcome and "(step 0) ->" in outcome
+    assert "Top findings of srl diagnose" in outcome and "ProviderError" in outcome
+    assert headings[1:6] == [
         "### 1. Version and resolved config",
         "### 2. Taskset, harness, runtime, renderer, group, batch and eval settings",
         "### 3. Pre-training validation evidence",
