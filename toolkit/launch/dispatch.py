@@ -90,4 +90,9 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
     sync = wandb_sync_command(run)
     if sync:
         print(f"srl: W&B files saved offline; upload with: {sync}", flush=True)
+        from ..run import ending
+
+        end = ending.read(run)
+        if end is not None:
+            print(end.line(), flush=True)  # how the run ended stays the last line
     return rc
