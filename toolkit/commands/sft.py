@@ -176,6 +176,11 @@ def cmd_run(args: list[str]) -> int:
     status = launch(cfg, view, run, attempt, dry_run=flags["dry_run"], resume=flags["resume"])
     if status == 0 and not flags["dry_run"] and not view.site.startswith("local-slurm") and run.model_export.exists():
         print(f"srl: final model {run.model_export} (use it with: srl rl @ rl.toml --model.name {run.root})")
+        from toolkit.run import ending
+
+        end = ending.read(run)
+        if end is not None:
+            print(end.line(), flush=True)  # how the run ended stays the last line
     return int(status) if isinstance(status, int) else 0
 
 
