@@ -1,4 +1,4 @@
-"""Two LoRA RL runs share one standalone deployment (real vLLM, real runs, nothing faked; 92 s on a 2-core host).
+"""Two LoRA RL runs share one standalone deployment (real vLLM, real runs, nothing faked; about 95 s on a 2-core host).
 
 `srl inference @ jobs/serve/tiny.toml` with LoRA on (two adapter slots), then two
 `srl rl @ jobs/reverse-text/rl-lora.toml --inference.external <its run dir>` at once (different seeds, a large
@@ -127,6 +127,7 @@ def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
             assert role_steps(run, "trainer") == list(range(1, STEPS + 1))
             reloads = [json.loads(x) for x in (run / "policy_reloads.jsonl").read_text().splitlines()]
             assert {r["version"] for r in reloads} >= {1, 2}, reloads
+            assert not [r for r in reloads if r.get("restore")], reloads  # the engine watch saw no restart
             for r in reloads:  # this run's adapter only, at this run's version
                 assert r["adapter"] == lora_name(ids[name]), r
                 assert set(r["engines"].values()) == {served_version(run, r["version"])}, r
