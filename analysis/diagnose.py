@@ -111,7 +111,7 @@ SLURM_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     # srl's batch script: the first component to exit decides the job's end; a non-zero status is a failure.
     ("Slurm: component failed", re.compile(r"srl\[\d+\]: teardown: \S+ exited first \(status [1-9]\d*\)")),
 ]
-# srl's batch script (templates/_lifecycle.sbatch.j2) logs one of these lines, "<date> <time> srl[<job id>]: ...",
+# srl's batch job (toolkit/launch/supervisor.py) logs one of these lines, "<date> <time> srl[<job id>]: ...",
 # before it stops its own job steps: after a component exited (teardown), or on the pre-timeout signal (checkpoint,
 # requeue). slurmstepd then writes "*** STEP <job>.<step> ON <node> CANCELLED AT <time> ***" into the log of each step
 # it stopped. Those steps were stopped by srl, not cancelled by a user or administrator: a clean run ends this way.

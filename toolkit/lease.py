@@ -468,38 +468,3 @@ def exit_when_lease_gone(run: RunDir, role: str) -> threading.Thread | None:
         os._exit(3)
 
     return watch(run, token, _gone)
-
-
-def _hold_main(argv: list[str]) -> int:
-    """``python -m toolkit.lease hold --run-dir RUN``: hold the lease for a supervisor that is not Python (a Slurm
-    batch script). Prints the token on stdout once held (exit 2 with the holder named on stderr when refused), then
-    renews until stdin reaches end-of-file (the supervisor exited, however) and releases. SIGTERM and SIGINT are
-    ignored: a cancelled job's teardown, which lets the trainer checkpoint, still runs under this lease."""
-    import argparse
-    import signal
-
-    ap = argparse.ArgumentParser(prog="python -m toolkit.lease hold")
-    ap.add_argument("--run-dir", required=True, type=Path)
-    ap.add_argument("--command", default="srl batch job")
-    args = ap.parse_args(argv)
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, signal.SIG_IGN)
-    try:
-        lease = acquire(RunDir(args.run_dir), command=args.command)
-    except LeaseHeld as e:
-        print(f"srl: {e}", file=sys.stderr, flush=True)
-        return 2
-    print(lease.token, flush=True)
-    done = threading.Event()
-    lease.on_lost(lambda _why: done.set())
-    threading.Thread(target=lambda: (sys.stdin.buffer.read(), done.set()), daemon=True).start()
-    done.wait()
-    lease.release()
-    return 3 if lease.lost else 0
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["hold"]:
-        sys.exit(_hold_main(sys.argv[2:]))
-    print("usage: python -m toolkit.lease hold --run-dir RUN [--command TEXT]", file=sys.stderr)
-    sys.exit(2)

@@ -23,7 +23,7 @@ import jinja2
 from .config.model import RLConfig
 from .config.site import SBATCH_UNSAFE, SiteConfig, job_python
 from .fsutil import atomic_write_text
-from .placement.environment import CACHE_VARS
+from .placement.environment import container_prefix
 from .placement.plan import Plan
 from .rundir import RunDir
 
@@ -31,9 +31,6 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 # sbatch splits an #SBATCH line on whitespace and understands quotes; keep values free of both (the config
 # validation refuses the same values earlier, naming the field: toolkit.preflight.site.sbatch_fields).
 _SBATCH_UNSAFE = SBATCH_UNSAFE
-# How long the batch shell waits for components to exit after SIGTERM before SIGKILL, seconds.
-TERM_GRACE_S = 15
-
 
 class RenderError(ValueError):
     """A value cannot be rendered safely (the message names the field)."""
@@ -129,20 +126,6 @@ def group_directives(cfg: RLConfig, site: SiteConfig, plan: Plan) -> list[list[s
 
 
 @dataclass
-class Step:
-    """One ``srun`` of the script: a plan process placed on ``num_nodes`` nodes from ``relative`` in its group."""
-
-    name: str
-    role: str
-    het_group: int
-    relative: int
-    num_nodes: int
-    log: str
-    summary: str
-    """One comment line: nodes, GPU positions, ports (only generated names and integers)."""
-
-
-@dataclass
 class ScriptContext:
     """Everything a template may print. Templates get ``ctx`` (this) and ``plan``."""
 
@@ -150,30 +133,16 @@ class ScriptContext:
     directives: list[list[str]]
     run_root: str
     launcher: str
-    logs: str
     attempt: int
     python: str
     path_prepend: str | None
     modules: list[str]
     setup: list[str]
-    scratch: str
-    cache_vars: dict[str, str]
-    secret_names: list[str]
-    steps: list[Step]
-    stop_file: str
-    signal: str | None
-    requeue: bool
-    checkpoint_grace_s: int
-    term_grace_s: int
-    pre_run_script: str | None
-    container: list[str]
-    wait_files: list[tuple[str, float]] = field(default_factory=list)
-    engine_max_restarts: int = 0
-    """Restarts of a dead inference engine's job step (``inference.max_restarts``; 0 = its death ends the job)."""
-    engine_restart_window_s: int | None = None
-    """Only restarts within this many seconds count (``inference.restart_window_s``; None = the whole job)."""
-    ready_file: str | None = None
-    ready_timeout_s: int = 0
+    steps: list[str] = field(default_factory=list)
+    """One comment line per plan process: nodes, GPU positions, ports (only generated names and integers)."""
+    container: list[str] = field(default_factory=list)
+    step_options: list[str] = field(default_factory=list)
+    """Quoted options of a command job's supervisor line (eval, array): scratch and secret names."""
     command: list[str] = field(default_factory=list)
     array: str | None = None
 
@@ -184,52 +153,31 @@ def _path_prepend(python: str) -> str | None:
     return str(Path(python).parent) if python.startswith("/") else None
 
 
-def _container_prefix(site: SiteConfig, run: RunDir) -> list[str]:
-    c = site.environment.container
-    if c is None:
-        return []
-    argv = ["apptainer", "exec", "--nv", "--bind", str(run.root)]
-    for b in c.binds:
-        argv += ["--bind", b]
-    return argv + [c.image]
-
-
 def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, attempt: int,
                   kind: str = "rl") -> ScriptContext:
     """Compute every value the rl/inference templates print. Raises RenderError for unsafe #SBATCH values."""
     s = cfg.slurm
-    logs = run.log_attempt(attempt)
     name = job_name(cfg, "" if kind == "rl" else f"-{kind}")
     groups = group_directives(cfg, site, plan)
     groups[0] = common_directives(cfg, site, run, name=name, log_pattern="%x-%j.out", requeue=s.requeue) + groups[0]
     steps = []
     for p in plan.processes:
-        first = plan.groups[p.het_group].first_node
-        log = p.log_name if p.num_nodes == 1 else p.log_name.replace(".log", "-%t.log")
         nodes = f"{p.node_index}" if p.num_nodes == 1 else f"{p.node_index}-{p.node_index + p.num_nodes - 1}"
         ports = " ".join(f"{k}={v}" for k, v in sorted(p.ports.items()))
-        summary = f"{p.name}: node {nodes}, GPU positions {list(p.gpus)}, ports {ports}".rstrip()
-        steps.append(Step(p.name, p.role, p.het_group, p.node_index - first, p.num_nodes, str(logs / log), summary))
-    pre = str(run.launcher / "pre_run.sh") if s.pre_run_command else None
-    wait_files = []
-    if plan.external_inference:
-        wait_files.append((str(RunDir(Path(plan.external_inference)).inference_ready), cfg.inference.startup_timeout_s))
+        steps.append(f"{p.name}: node {nodes}, GPU positions {list(p.gpus)}, ports {ports}".rstrip())
     python = job_python(site)
+    secrets = set(s.secret_env_vars) | ({cfg.monitors.wandb.api_key_var} if cfg.monitors.wandb else set())
     return ScriptContext(
-        kind=kind, directives=groups, run_root=str(run.root), launcher=str(run.launcher), logs=str(logs),
-        attempt=attempt, python=python, path_prepend=_path_prepend(python),
-        modules=list(site.environment.modules), setup=list(site.environment.setup),
-        scratch=site.filesystem.node_local_scratch.rstrip("/"), cache_vars=dict(CACHE_VARS),
-        secret_names=sorted(set(s.secret_env_vars) | ({cfg.monitors.wandb.api_key_var} if cfg.monitors.wandb else set())),
-        steps=steps, stop_file=str(run.stop_request), signal=s.signal if s.requeue else None, requeue=s.requeue,
-        checkpoint_grace_s=int(s.checkpoint_grace_s), term_grace_s=TERM_GRACE_S, pre_run_script=pre,
-        container=_container_prefix(site, run), wait_files=wait_files,
-        ready_file=str(run.inference_ready) if any(p.role == "inference" for p in plan.processes) else None,
-        ready_timeout_s=int(cfg.inference.startup_timeout_s),
-        engine_max_restarts=int(cfg.inference.max_restarts),
-        engine_restart_window_s=(None if cfg.inference.restart_window_s is None
-                                 else max(1, int(cfg.inference.restart_window_s))),
+        kind=kind, directives=groups, run_root=str(run.root), launcher=str(run.launcher), attempt=attempt,
+        python=python, path_prepend=_path_prepend(python), modules=list(site.environment.modules),
+        setup=list(site.environment.setup), steps=steps, step_options=_step_options(site, secrets),
     )
+
+
+def _step_options(site: SiteConfig, secrets: set[str]) -> list[str]:
+    """The supervisor line's options every job script carries: node-local scratch (``$VAR`` expanded by the job)
+    and the secret variables it needs, by name only (sbatch propagates their values)."""
+    return [f"--scratch {_quote(site.filesystem.node_local_scratch)}", *(f"--secret {_quote(n)}" for n in sorted(secrets))]
 
 
 def render_text(template: str | Path, ctx: ScriptContext, plan: Plan | None) -> str:
@@ -282,9 +230,9 @@ def _render_job(cfg: RLConfig, run: RunDir, plan: Plan, kind: str, *, attempt: i
     run.launcher.mkdir(parents=True, exist_ok=True)
     if site.source:
         atomic_write_text(run.launcher / "site.toml", Path(site.source).read_text())
-    if ctx.pre_run_script:
-        # Written to a file so no process's command line ever carries its text (field case B28).
-        _write(Path(ctx.pre_run_script), "#!/bin/bash\n" + (cfg.slurm.pre_run_command or "") + "\n")
+    if cfg.slurm.pre_run_command:
+        # The batch job's supervisor runs it from this file, so no process's command line ever carries its text.
+        _write(run.launcher / "pre_run.sh", "#!/bin/bash\n" + cfg.slurm.pre_run_command + "\n")
     return _write(run.launcher / f"{kind}.sbatch", text)
 
 
@@ -309,11 +257,8 @@ def render_batch(kind: str, cfg: RLConfig, site: SiteConfig, run: RunDir, *, com
         d.append(f"--array={sbatch_value(array, 'array')}")
     python = job_python(site)
     ctx = ScriptContext(
-        kind=kind, directives=[d], run_root=str(run.root), launcher=str(run.launcher), logs=str(run.logs),
-        attempt=0, python=python, path_prepend=_path_prepend(python), modules=list(site.environment.modules),
-        setup=list(site.environment.setup), scratch=site.filesystem.node_local_scratch.rstrip("/"),
-        cache_vars=dict(CACHE_VARS), secret_names=sorted(cfg.slurm.secret_env_vars), steps=[],
-        stop_file=str(run.stop_request), signal=None, requeue=False, checkpoint_grace_s=0, term_grace_s=TERM_GRACE_S,
-        pre_run_script=None, container=_container_prefix(site, run), command=list(command), array=array,
+        kind=kind, directives=[d], run_root=str(run.root), launcher=str(run.launcher), attempt=0, python=python,
+        path_prepend=_path_prepend(python), modules=list(site.environment.modules), setup=list(site.environment.setup),
+        container=container_prefix(site, run.root), step_options=_step_options(site, set(cfg.slurm.secret_env_vars)), command=list(command), array=array,
     )
     return render_text(f"{kind}.sbatch.j2", ctx, None)

@@ -4,6 +4,7 @@ secrets by name (B22), pre-run command in a file (B28), validated #SBATCH values
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,15 @@ def test_b01_gpus_total_style() -> None:
 
 
 def test_b02_torchrun_step_one_task_per_node_never_gpus_per_task() -> None:
+    from toolkit.launch.supervisor import step_argv
+
     text = rendered()
     assert "--gpus-per-task" not in text
-    step = next(ln for ln in text.splitlines() if ln.startswith("srl_start trainer "))
-    assert "--nodes=2 --ntasks=2 --ntasks-per-node=1" in step
+    cfg = make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect")
+    run = RunDir("/shared/runs/x")
+    plan = build_plan(cfg, PI, run, job_id="1")
+    step = " ".join(step_argv(plan, plan.process("trainer"), run, Path("/l/t.log"), python="py", container=[]))
+    assert "--nodes=2 --ntasks=2 --ntasks-per-node=1" in step and "--gpus-per-task" not in step
     with pytest.raises(ConfigError, match="per-task GPU binding"):
         make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect",
                  slurm={"extra_directives": ["--gpus-per-task=1", "--ntasks-per-node=4"]})
@@ -68,16 +74,15 @@ def test_b13_signal_and_requeue_directives_and_background_wait() -> None:
     lines = sbatch_lines(text)
     assert "#SBATCH --signal=B:USR2@600" in lines and "#SBATCH --requeue" in lines
     assert "#SBATCH --open-mode=append" in lines
-    assert "trap 'srl_on_signal USR2' USR2" in text
-    assert "sleep 1 & wait $!" in text  # the shell waits, so the trap runs at once
-    assert 'scontrol requeue "$SLURM_JOB_ID"' in text
+    # B: the signal goes to the batch shell, which is the supervisor itself (exec), so its handler runs at once.
+    assert text.rstrip().splitlines()[-1].startswith('exec "$SRL_PYTHON" -m toolkit.launch.supervisor ')
     with pytest.raises(ConfigError, match="must be below the time limit"):
         make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect", slurm={"time": "00:10:00", "signal_lead_s": 600})
 
 
 def test_b14_default_signal_is_usr2_and_usr1_with_nccl_warns() -> None:
     text = rendered()
-    assert "--signal=B:USR2@" in text and "trap 'srl_on_signal USR2' USR2" in text
+    assert "--signal=B:USR2@" in text
     from config_cases import validate
     from golden.layouts import BASE
 
@@ -85,10 +90,11 @@ def test_b14_default_signal_is_usr2_and_usr1_with_nccl_warns() -> None:
                                                                          "slurm": {"signal": "USR1"}}))
     assert any("NCCL" in w.message for w in loaded.warnings)
     text = rendered(slurm={"signal": "USR1"})
-    assert "--signal=B:USR1@" in text and "trap 'srl_on_signal USR1' USR1" in text
+    assert "--signal=B:USR1@" in text
     cfg = make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect", slurm={"signal": "USR1"})
     plan = build_plan(cfg, PI, RunDir("/shared/runs/x"), job_id=1)
-    assert plan.process("trainer").env["SRL_PREEMPT_SIGNAL"] == "USR1"  # directive, trap and trainer agree
+    assert plan.process("trainer").env["SRL_PREEMPT_SIGNAL"] == "USR1"  # directive, supervisor and trainer agree
+    assert cfg.slurm.signal == "USR1"  # what the supervisor handles (toolkit.launch.supervisor reads the config)
 
 
 def test_b15_logs_append_absolute_under_run_logs() -> None:
@@ -101,7 +107,7 @@ def test_b22_secret_values_never_rendered(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "dummy-secret-123")
     monkeypatch.setenv("HF_TOKEN", "dummy-hf-456")
     text = rendered({"slurm": {"secret_env_vars": ["HF_TOKEN", "WANDB_API_KEY"]}}, tmp=tmp_path)
-    assert "HF_TOKEN" in text and "WANDB_API_KEY" in text
+    assert "--secret HF_TOKEN --secret WANDB_API_KEY" in text  # by name: the job warns when one is not set
     for f in (tmp_path / "golden-t2i1" / "launcher").iterdir():
         body = f.read_text()
         assert "dummy-secret-123" not in body and "dummy-hf-456" not in body, f
@@ -114,8 +120,7 @@ def test_b28_pre_run_command_goes_to_a_file(tmp_path: Path) -> None:
     assert "pkill" not in text and "bash -c" not in text
     pre = tmp_path / "golden-t2i1" / "launcher" / "pre_run.sh"
     assert "pkill -9 -f vllm" in pre.read_text()
-    assert f"bash {pre}" in text
-    assert "pkill" not in (Path(__file__).resolve().parents[2] / "templates" / "_lifecycle.sbatch.j2").read_text()
+    assert "pkill" not in (Path(__file__).resolve().parents[2] / "toolkit" / "launch" / "supervisor.py").read_text()
 
 
 def test_b28_pkill_in_pre_run_warns() -> None:
@@ -142,8 +147,13 @@ def test_accounting_sites_get_account_others_never() -> None:
     text = rendered({"deployment": {"gpus_per_node": 4}, "inference": {"vllm": {"tensor_parallel_size": 4}}},
                     site=hpc, slurm={"account": "proj123"})
     assert "#SBATCH --account=proj123" in text and "module load cuda/12.4" in text
-    assert 'export TRITON_CACHE_DIR="$TMPDIR/srl-${SLURM_JOB_ID}/triton"' in text  # B09
-    assert "apptainer exec --nv" in text
+    from toolkit.launch.supervisor import job_environment
+    from toolkit.placement.environment import container_prefix
+
+    env = job_environment(RunDir("/shared/runs/x"), kind="rl", scratch=hpc.filesystem.node_local_scratch,
+                          secrets=[], env={"SLURM_JOB_ID": "42"})  # B09: $TMPDIR as the job's shell expanded it
+    assert env["TRITON_CACHE_DIR"] == os.path.expandvars("$TMPDIR") + "/srl-42/triton"
+    assert container_prefix(hpc, "/shared/runs/x")[:3] == ["apptainer", "exec", "--nv"]
 
 
 def test_user_template_gets_the_same_variables(tmp_path: Path) -> None:

@@ -96,3 +96,15 @@ def visible_devices(positions: Sequence[int], inherited: str | None, gpus_per_no
             f"(CUDA_VISIBLE_DEVICES={inherited!r})"
         )
     return ",".join(devices[p] for p in positions)
+
+
+def container_prefix(site, run_root: str) -> list[str]:
+    """The argv prefix that runs a job step inside the site's container (``environment.container``: apptainer with
+    the run directory and the site's binds), or [] for a site without one."""
+    c = site.environment.container
+    if c is None:
+        return []
+    argv = ["apptainer", "exec", "--nv", "--bind", str(run_root)]
+    for b in c.binds:
+        argv += ["--bind", b]
+    return argv + [c.image]

@@ -1,21 +1,17 @@
-"""Node-side helpers the batch script calls, so the script itself holds no logic: resolve, exec, waits.
+"""Node-side helpers of the Slurm batch job's supervisor (:mod:`toolkit.launch.supervisor`): resolve, exec.
 
-``python -m toolkit.placement.runtime resolve --run-dir R --attempt N --env-file F``
-    Runs once in the batch shell, on the host side (outside any container), before anything is launched. Expands
-    ``SLURM_JOB_NODELIST`` (per het group when heterogeneous) in Python, without ``scontrol`` (field case B07),
-    looks up each node's routable address (``scontrol show node``'s NodeAddr when scontrol works, else the host
-    name; never ``localhost``), rebuilds the plan for this job id with the roles and port block the login node chose
-    (another block only when every node shares this machine's address and a port is taken), writes placement.json and
-    ports.json, removes a stale stop request, and writes a shell file with ``SRL_MASTER_ADDR``. Exits 1 with a
-    message when the host list is missing or does not match the plan.
+:func:`resolve` runs once in the batch job, on the host side (outside any container), before anything is launched.
+It expands ``SLURM_JOB_NODELIST`` (per het group when heterogeneous) in Python, without ``scontrol``, looks up each
+node's routable address (``scontrol show node``'s NodeAddr when scontrol works, else the host name; never
+``localhost``), rebuilds the plan for this job id with the roles and port block the login node chose (another block
+only when every node shares this machine's address and a port is taken), writes placement.json and ports.json and
+removes a stale stop request. It raises ResolveError when the host list is missing or does not match the plan.
+
 ``python -m toolkit.placement.runtime exec --run-dir R --process NAME``
     Runs as the Slurm step of one process: fills the command's placeholders, sets ``CUDA_VISIBLE_DEVICES`` from the
-    positions in the GPU set this step was granted (B03), applies the process's environment, on CPU-only plans the
+    positions in the GPU set this step was granted, applies the process's environment, on CPU-only plans the
     thread split of :mod:`toolkit.placement.cpus`, and ``exec``s the program (no shell, so no value is ever
     re-parsed).
-``wait-checkpoint --run-dir R --since EPOCH --timeout S``: exit 0 once a ``checkpoints/step_*/COMPLETE`` marker
-    newer than EPOCH exists, 1 after S seconds.
-``wait-file --path P --timeout S``: exit 0 once P exists, 1 after S seconds (an external inference deployment).
 """
 
 from __future__ import annotations
@@ -25,10 +21,8 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from ..fsutil import atomic_write_text
 from ..rundir import RunDir, numbered_steps
 from .cpus import cpu_thread_env
 from .environment import visible_devices
@@ -151,7 +145,8 @@ def _free_port_plan(cfg, site, run: RunDir, plan: Plan, job_id: str, addr: str, 
     raise ResolveError(f"no free port block on {addr} after {tries} tries")
 
 
-def _shell_env(plan: Plan) -> str:
+def shell_env(plan: Plan) -> str:
+    """``launcher/job-<id>.env``: the job's hosts and rendezvous address as shell assignments (read by reports)."""
     lines = [f"SRL_JOB_HOSTS={shlex.quote(','.join(plan.hosts))}"]
     if plan.master_node is not None:
         lines.append(f"SRL_MASTER_ADDR={shlex.quote(plan.addresses[plan.master_node])}")
@@ -218,16 +213,6 @@ def newest_complete_since(run: RunDir, since: float) -> int | None:
     return None
 
 
-def _wait(check, timeout_s: float, poll_s: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if check():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
-
-
 def ready_info(plan: Plan, model: str) -> dict:
     """The readiness record (keys of ``toolkit.inference.health.write_ready``) with this allocation's addresses:
     ``base_url`` (router, else the only engine), ``router_url``, ``engine_urls``, ``roles``, ``model``,
@@ -252,77 +237,15 @@ def ready_info(plan: Plan, model: str) -> dict:
     }
 
 
-def publish_ready(run: RunDir, timeout_s: float) -> bool:
-    """Wait until every engine and the router answer their health URL, then write ``control/inference_ready.json``
-    (:func:`ready_info`) atomically. Returns False after ``timeout_s`` seconds without all of them."""
-    import urllib.request
-
-    from ..config import load_resolved
-    from ..inference.health import write_ready
-
-    plan = read_plan(run)
-    urls = [fill(p.healthcheck_url, plan, p.node_index) for p in plan.processes if p.healthcheck_url]
-
-    def healthy(url: str) -> bool:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    if not _wait(lambda: all(healthy(u) for u in urls), timeout_s, poll_s=2.0):
-        return False
-    write_ready(run, ready_info(plan, load_resolved(run.resolved("rl")).model.name))
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m toolkit.placement.runtime")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("resolve")
-    r.add_argument("--run-dir", required=True)
-    r.add_argument("--attempt", type=int)
-    r.add_argument("--env-file", required=True)
     e = sub.add_parser("exec")
     e.add_argument("--run-dir", required=True)
     e.add_argument("--process", required=True)
-    w = sub.add_parser("wait-checkpoint")
-    w.add_argument("--run-dir", required=True)
-    w.add_argument("--since", type=float, required=True)
-    w.add_argument("--timeout", type=float, required=True)
-    f = sub.add_parser("wait-file")
-    f.add_argument("--path", required=True)
-    f.add_argument("--timeout", type=float, required=True)
-    pr = sub.add_parser("publish-ready")
-    pr.add_argument("--run-dir", required=True)
-    pr.add_argument("--timeout", type=float, required=True)
     a = ap.parse_args(argv)
-    env = dict(os.environ)
     try:
-        if a.cmd == "resolve":
-            run = RunDir(Path(a.run_dir))
-            plan = resolve(run, a.attempt, env)
-            atomic_write_text(Path(a.env_file), _shell_env(plan))
-            for p in plan.processes:
-                hosts = ",".join(plan.hosts[i] for i in p.node_indices)
-                _log(f"{p.name}: nodes {list(p.node_indices)} ({hosts}) gpus {list(p.gpus)} ports {p.ports}")
-            return 0
-        if a.cmd == "exec":
-            exec_process(RunDir(Path(a.run_dir)), a.process, env)
-        if a.cmd == "wait-checkpoint":
-            run = RunDir(Path(a.run_dir))
-            ok = _wait(lambda: newest_complete_since(run, a.since) is not None, a.timeout)
-            _log(f"checkpoint {'complete' if ok else f'not complete after {a.timeout:g} s'}")
-            return 0 if ok else 1
-        if a.cmd == "publish-ready":
-            ok = publish_ready(RunDir(Path(a.run_dir)), a.timeout)
-            _log("inference ready" if ok else f"inference not healthy after {a.timeout:g} s")
-            return 0 if ok else 1
-        if a.cmd == "wait-file":
-            ok = _wait(lambda: Path(a.path).exists(), a.timeout)
-            if not ok:
-                _log(f"{a.path} did not appear within {a.timeout:g} s")
-            return 0 if ok else 1
+        exec_process(RunDir(Path(a.run_dir)), a.process, dict(os.environ))
     except (ResolveError, KeyError, OSError) as err:
         _log(f"error: {err}")
         return 1

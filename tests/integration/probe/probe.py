@@ -1,7 +1,9 @@
 """Probe that stands in for every srl component in Slurm placement tests (installed as python, srl, torchrun and
 vllm-router on PATH). It records where it runs and what it was given, then behaves like its role:
 
-- inference engines and the router serve ``GET /health`` on their planned host and port until terminated;
+- inference engines and the router serve ``GET /health`` on their planned host and port until terminated; an engine
+  started again in the same attempt (a restart: its record exists already) first waits
+  ``probe/engine_restart_delay_s`` seconds (default 0), so a test can tell a health check from none;
 - the orchestrator waits for the stop request, then exits 0;
 - the trainer exits 0 after ``probe/trainer_seconds`` seconds (default 4); when a stop request appears first it
   writes ``checkpoints/step_1/COMPLETE`` (the checkpoint marker) and exits 0.
@@ -36,6 +38,7 @@ out = run / "probe"
 out.mkdir(exist_ok=True)
 tmp = out / f".{name}@{node}#{restart}.json.tmp"
 tmp.write_text(json.dumps(rec, indent=1))
+restarted = (out / f"{name}@{node}#{restart}.json").exists()
 tmp.rename(out / f"{name}@{node}#{restart}.json")
 print(f"probe {name} ({role}) on {node}, restart {restart}", flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -52,6 +55,9 @@ if role in ("inference", "router"):
         def log_message(self, *args):
             pass
 
+    delay = out / "engine_restart_delay_s"
+    if restarted and role == "inference" and delay.exists():
+        time.sleep(float(delay.read_text()))
     host = sys.argv[sys.argv.index("--host") + 1]
     port = int(sys.argv[sys.argv.index("--port") + 1])
     http.server.ThreadingHTTPServer((host, port), Health).serve_forever()

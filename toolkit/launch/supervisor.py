@@ -1,0 +1,623 @@
+"""The one supervisor of a run's processes: local children (``srl rl`` on this machine) or ``srun`` job steps (inside
+the Slurm batch job). Both start the plan's processes, wait for the engines, restart a dead engine and health-check
+it, stop everything when a process ends, and hold the run's lease.
+
+Inside a Slurm batch job the rendered script only sets up the environment and runs::
+
+    exec "$SRL_PYTHON" -m toolkit.launch.supervisor --run-dir RUN --attempt N [--kind rl|inference] \
+        [--scratch DIR] [--secret VAR]...
+
+or, for a job that runs one command (an eval job, an array task; see :func:`run_command`)::
+
+    exec "$SRL_PYTHON" -m toolkit.launch.supervisor --run-dir DIR --name NAME [--scratch DIR] [--secret VAR]... \
+        -- srun ... ARGV...
+
+``--run-dir``: the run directory (``placement.json``, the resolved config ``configs/attempt_<N>/resolved/rl.toml``,
+``launcher/site.toml``); ``--attempt``: the config attempt whose config the job runs (default: the newest);
+``--kind``: ``rl`` (default) or ``inference`` (an inference-only deployment: its admin token is kept in
+``launcher/admin_token`` for the runs that use it); ``--scratch DIR`` (node-local scratch for JIT caches, ``$VAR``
+expanded) and ``--secret VAR`` (repeated: variables the job needs, warned about when unset). The job then, in order: takes the run's lease (another live
+supervisor of the run ends the job with status 1, nothing launched; a requeued job takes over its own), resolves
+this allocation's hosts into the plan (:func:`toolkit.placement.runtime.resolve`), runs the pre-run command file
+once per node, waits for an external inference deployment, starts each process as an ``srun`` job step (its child),
+waits until every engine answers /health and publishes the addresses, and supervises:
+
+- an engine step that dies is restarted (``inference.max_restarts`` within ``inference.restart_window_s``) and must
+  answer /health again within ``inference.startup_timeout_s``, exactly as in a local run;
+- the first other step that ends ends the job: the stop request is written, the trainer and orchestrator get
+  ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (TERM, KILL after 15 s); an
+  orchestrator that finishes before the trainer leaves it its last batches;
+- the pre-timeout signal (``slurm.signal``): stop request, wait (bounded) for a new COMPLETE checkpoint,
+  ``scontrol requeue``, stop the steps;
+- SIGTERM/SIGINT (scancel, or the time limit): stop request, stop the steps.
+
+Exit status of the job: how the run ended, decided, recorded and printed last by :mod:`toolkit.run.ending` (0 when
+the trainer reached max_steps or the job was requeued; see its table), or 1 when nothing could be launched.
+Every line it logs reads ``<date> <time> srl[<job id>]: ...`` (``analysis.diagnose`` reads them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from .. import lease as leases
+from ..fsutil import write_marker
+from ..procutil import GroupReaper, kill_with_parent_preexec
+from ..rundir import RunDir
+
+# Roles whose clean exit means the run is done; inference and router serve until told to stop.
+FINITE_ROLES = ("trainer", "orchestrator")
+# Roles restarted when they die. An engine holds no state the run cannot rebuild: it serves the newest STABLE
+# broadcast (or the base model), which the orchestrator pushes into it again once it answers
+# (toolkit.orchestrator.engines), and rollouts in flight on it are retried by the policy client. The trainer and
+# the orchestrator are the run's state (a crash ends the run; --resume continues from the newest checkpoint); a
+# router death usually means a configuration or port problem that a restart would only repeat.
+RESTARTABLE_ROLES = ("inference",)
+# Seconds between supervision polls; small so a crash ends the run promptly.
+POLL_S = 0.5
+# Seconds a stopped process gets between SIGTERM and SIGKILL.
+TERM_GRACE_S = 15.0
+
+
+def is_restartable(role: str) -> bool:
+    """Whether a process of ``role`` is restarted when it dies (only inference engines; see RESTARTABLE_ROLES)."""
+    return role in RESTARTABLE_ROLES
+
+
+@dataclass
+class RestartBudget:
+    """Counts restarts of one process, like systemd's ``StartLimitBurst``: at most ``max_restarts`` (>= 0) within
+    any ``window_s`` seconds (None: in the whole attempt). Times are ``time.monotonic()`` seconds supplied by the
+    caller, so the policy is testable without sleeping."""
+
+    max_restarts: int
+    window_s: float | None = None
+    times: list[float] = field(default_factory=list)
+
+    def _recent(self, now: float) -> list[float]:
+        return list(self.times) if self.window_s is None else [t for t in self.times if now - t < self.window_s]
+
+    def used(self, now: float) -> int:
+        """Restarts that count against the budget at ``now`` (those within the window)."""
+        return len(self._recent(now))
+
+    def try_restart(self, now: float) -> bool:
+        """Record a restart at ``now`` and return True when the budget allows one; False (nothing recorded) when
+        ``max_restarts`` restarts already happened within the window."""
+        self.times = self._recent(now)
+        if len(self.times) >= self.max_restarts:
+            return False
+        self.times.append(now)
+        return True
+
+
+@dataclass
+class Child:
+    """One supervised process: a plan process on this machine, or the ``srun`` of its job step."""
+
+    name: str
+    role: str
+    proc: subprocess.Popen
+    log: IO[bytes] | None  # the child's output file (local); None for a job step (srun writes its own log)
+    log_path: Path
+    argv: list[str]  # what was started, reused verbatim by a restart
+    env: dict[str, str]
+    own_group: bool  # started in a process group of its own (local): signalled and killed as a group
+    health_url: str | None = None
+    returncode: int | None = None
+    budget: RestartBudget | None = None
+    restarted_at: float | None = None  # monotonic time of the restart still waiting for /health
+
+    def poll(self) -> int | None:
+        """The exit status once the process has ended (a Popen status: negative for a signal), else None."""
+        if self.returncode is None:
+            self.returncode = self.proc.poll()
+        return self.returncode
+
+
+class ComponentFailed(RuntimeError):
+    """A supervised process exited while the run needed it; ``child`` names it."""
+
+    def __init__(self, child: Child):
+        self.child = child
+        super().__init__(f"{child.name} exited with status {child.returncode} (log: {child.log_path})")
+
+
+class Supervisor:
+    """Starts, watches, restarts and stops the processes of one attempt of a run.
+
+    ``say(text, error=False)`` prints the supervisor's messages (the local launcher's ``srl: ...`` lines, the batch
+    job's ``srl[<job>]: ...`` lines). ``signal_handler(signum)`` is called from the signal handlers installed by
+    :meth:`handle_signals`. ``own_groups``: start each child in its own process group with a reaper that kills the
+    groups should the supervisor die (local); job steps stay in the batch job's group, which Slurm tracks.
+    """
+
+    def __init__(self, cfg: Any, run: RunDir, plan: Any, *, say: Callable[..., None], own_groups: bool,
+                 restart_before_ready: bool = False):
+        self.cfg, self.run, self.plan, self.say = cfg, run, plan, say
+        # An engine that dies before every engine first answered: restarted like any later death (a batch job,
+        # whose engines may start on a node still busy with a previous job), or the end of the run (a local run:
+        # an engine that cannot start at all is a configuration problem a restart would only repeat).
+        self.restart_before_ready = restart_before_ready
+        self.children: list[Child] = []
+        self.reaper = GroupReaper() if own_groups else None
+        self.lost: str | None = None  # why the lease was lost (set from the lease's heartbeat thread)
+        self.signalled: int | None = None  # the first signal received
+        self.stop_at: float | None = None  # monotonic time of the first stop request
+
+    # -- starting --------------------------------------------------------------------------------------------
+    def start(self, name: str, role: str, argv: list[str], env: dict[str, str], log_path: Path,
+              health_url: str | None = None) -> Child:
+        """Start one process (``argv`` with environment ``env``), output appended to ``log_path`` for a local
+        child; returns it. Call from the main thread: the parent-death signal follows the thread that started it."""
+        log = None
+        if self.reaper is not None:
+            log = open(log_path, "ab")  # noqa: SIM115 - held open for the child's lifetime
+            log.write(f"# srl: starting {name}: {' '.join(argv)}\n".encode())
+            log.flush()
+        child = Child(name, role, self._spawn(argv, env, log), log, log_path, argv, env, self.reaper is not None,
+                      health_url=health_url)  # fmt: skip
+        self.children.append(child)
+        return child
+
+    def _spawn(self, argv: list[str], env: dict[str, str], log: IO[bytes] | None) -> subprocess.Popen:
+        # The child gets SIGKILL from the kernel when the supervisor dies (its parent-death signal); a local child
+        # also gets its own process group, which the reaper learns, so its own children die with the supervisor
+        # too. preexec_fn while other threads may run is safe here: the function only makes two system calls
+        # through a ctypes handle prepared in the parent; it imports nothing and takes no lock.
+        own = self.reaper is not None
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT if own else None,
+                                stdin=subprocess.DEVNULL, start_new_session=own,
+                                preexec_fn=kill_with_parent_preexec())  # noqa: PLW1509
+        if self.reaper is not None:
+            self.reaper.add(proc.pid)  # a new session's group id is its leader's PID
+        return proc
+
+    # -- signals and the lease -------------------------------------------------------------------------------
+    def handle_signals(self, signals: tuple[int, ...], on_signal: Callable[[int], None] | None = None) -> dict:
+        """Record the first of ``signals`` (``self.signalled``, ``self.stop_at``) and call ``on_signal`` with it;
+        returns the previous handlers for :meth:`restore_signals`."""
+
+        def _handler(signum: int, _frame: Any) -> None:
+            if self.signalled is None and self.lost is None:
+                self.signalled, self.stop_at = signum, time.monotonic()
+                if on_signal is not None:
+                    on_signal(signum)
+
+        return {s: signal.signal(s, _handler) for s in signals}
+
+    @staticmethod
+    def restore_signals(old: dict) -> None:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+    def watch_lease(self, lease: leases.Lease) -> None:
+        """End the run when ``lease`` passes to another supervisor (see :meth:`check_lease`)."""
+        lease.on_lost(lambda why: setattr(self, "lost", why))
+
+    def check_lease(self) -> None:
+        """Raise LeaseLost once the lease was lost."""
+        if self.lost is not None:
+            raise LeaseLost(f"the run lease was lost ({self.lost})")
+
+    def request_stop(self) -> None:
+        """Write the run's stop request: the trainer checkpoints and every role exits."""
+        self.run.control.mkdir(parents=True, exist_ok=True)
+        write_marker(self.run.stop_request)
+
+    # -- readiness and restarts ------------------------------------------------------------------------------
+    def wait_ready(self, model: str, *, interrupt: Callable[[], bool]) -> bool:
+        """Block until every engine (and the router) answers /health, then publish the addresses for the
+        orchestrator and other runs (``control/inference_ready.json``). Returns True once ready (or when the plan
+        has no engines), False when ``interrupt()`` turned true first.
+
+        Every child is watched meanwhile: a trainer or orchestrator that dies during the (slow) engine start-up
+        ends the run at once. Raises ComponentFailed, LeaseLost, or TimeoutError after
+        ``inference.startup_timeout_s``.
+        """
+        from ..inference.health import is_healthy, write_ready
+        from ..placement.runtime import ready_info
+
+        pending = {c.name: c.health_url.removesuffix("/health")
+                   for c in self.children if c.role in ("inference", "router") and c.health_url}
+        n = len(pending)
+        timeout = self.cfg.inference.startup_timeout_s
+        deadline = time.monotonic() + timeout
+        while pending:
+            if self.restart_before_ready and (ended := self.watch_restarts()) is not None:
+                raise ComponentFailed(ended)
+            for c in self.children:
+                if c.poll() is not None and (c.returncode != 0 or c.role not in FINITE_ROLES):
+                    raise ComponentFailed(c)
+            self.check_lease()
+            if interrupt():
+                return False
+            for name, url in list(pending.items()):
+                if is_healthy(url):
+                    del pending[name]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"inference not healthy after {timeout:.0f} s: {sorted(pending.values())} "
+                                   f"(see logs under {self.run.latest_logs})")
+            time.sleep(POLL_S)
+        if n:  # nothing to publish for a plan without engines (a trainer-only plan, or inference.external)
+            write_ready(self.run, ready_info(self.plan, self.cfg.model.name))
+            self.say(f"inference ready ({n} endpoint(s))")
+        return True
+
+    def _restart(self, c: Child) -> bool:
+        """Restart the dead engine ``c`` in place when its budget allows (returns True); False when used up."""
+        inf = self.cfg.inference
+        now = time.monotonic()
+        if c.budget is None:
+            c.budget = RestartBudget(inf.max_restarts, inf.restart_window_s)
+        if not c.budget.try_restart(now):
+            return False
+        window = f" within {inf.restart_window_s:.0f} s" if inf.restart_window_s is not None else ""
+        self.say(f"{c.name} exited with status {c.returncode}; restarting it (restart {c.budget.used(now)} of "
+                 f"{inf.max_restarts}{window}; log: {c.log_path})", error=True)  # fmt: skip
+        # The dead leader's workers (vLLM's engine-core process) would keep memory, cores and maybe the port.
+        self._signal(c, signal.SIGKILL)
+        c.proc.wait()
+        if self.reaper is not None:
+            self.reaper.discard(c.proc.pid)
+        if c.log is not None:
+            c.log.write(f"# srl: restarting {c.name} after exit status {c.returncode}\n".encode())
+            c.log.flush()
+        c.proc = self._spawn(c.argv, c.env, c.log)
+        c.returncode, c.restarted_at = None, now
+        return True
+
+    def watch_restarts(self) -> Child | None:
+        """Restart engines that died; report restarted ones that answer /health again. Returns a child that ends
+        the run (restart budget used, or not healthy within ``inference.startup_timeout_s``), else None."""
+        from ..inference.health import is_healthy
+
+        inf = self.cfg.inference
+        for c in self.children:
+            if not is_restartable(c.role) or inf.max_restarts == 0:
+                continue
+            if c.poll() is not None:
+                if not self._restart(c):
+                    self.say(f"{c.name} exited with status {c.returncode}; restart budget used "
+                             f"({inf.max_restarts} restart(s)); stopping the run", error=True)  # fmt: skip
+                    return c
+            elif c.restarted_at is not None and c.health_url:
+                took = time.monotonic() - c.restarted_at
+                if is_healthy(c.health_url.removesuffix("/health"), timeout_s=1.0):
+                    c.restarted_at = None
+                    self.say(f"{c.name} healthy again {took:.1f} s after its restart; the orchestrator loads the "
+                             "newest STABLE weights into it before it serves rollouts")  # fmt: skip
+                elif took > inf.startup_timeout_s:
+                    self.say(f"restarted {c.name} not healthy after {took:.0f} s; stopping the run", error=True)
+                    c.returncode = c.returncode or 1
+                    return c
+        return None
+
+    # -- stopping --------------------------------------------------------------------------------------------
+    def alive(self, roles: tuple[str, ...] = FINITE_ROLES) -> list[Child]:
+        """Children of ``roles`` still running."""
+        return [c for c in self.children if c.role in roles and c.poll() is None]
+
+    def stop_all(self, term_wait_s: float = TERM_GRACE_S) -> None:
+        """SIGTERM every live child (its process group, for a local child), SIGKILL what is left after
+        ``term_wait_s`` seconds, and close the reaper."""
+        for c in self.children:
+            if c.proc.poll() is None:
+                self._signal(c, signal.SIGTERM)
+        deadline = time.monotonic() + term_wait_s
+        for c in self.children:
+            try:
+                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for c in self.children:
+            # Kill a local child's whole group even when the leader exited: engines fork workers that would
+            # otherwise linger.
+            self._signal(c, signal.SIGKILL)
+            c.proc.wait()
+            c.poll()
+            if self.reaper is not None:
+                self.reaper.discard(c.proc.pid)
+            if c.log is not None:
+                c.log.close()
+        if self.reaper is not None:
+            self.reaper.close()
+
+    @staticmethod
+    def _signal(c: Child, sig: int) -> None:
+        try:
+            if c.own_group:
+                os.killpg(c.proc.pid, sig)
+            elif c.proc.poll() is None:
+                c.proc.send_signal(sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class LeaseLost(RuntimeError):
+    """The run's lease was taken over by another supervisor while this one ran."""
+
+
+# ---- inside the Slurm batch job --------------------------------------------------------------------------------
+
+
+def _job_log(msg: str, *, error: bool = False) -> None:  # error: accepted like the local say(); one batch log
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    print(f"{stamp} srl[{os.environ.get('SLURM_JOB_ID', '?')}]: {msg}", file=sys.stderr, flush=True)
+
+
+def job_environment(run: RunDir, *, kind: str, scratch: str, secrets: list[str], env: dict[str, str]) -> dict[str, str]:
+    """What the batch job adds to its steps' environment, given the job's own ``env``: the engines' admin token
+    (fresh per attempt; an inference-only deployment keeps it in ``launcher/admin_token``, 0600, for the runs that
+    use it) and JIT/compile caches on node-local ``scratch`` (``<scratch>/srl-<job id>/<cache>``, ``$VAR`` expanded;
+    a cache set in the config's env_vars still wins for its process). Checkpoints, weights, rollouts and logs stay
+    on the shared filesystem. Warns about each of ``secrets`` (variable names) missing from ``env``; secret values
+    reach the steps by inheritance only and are never written."""
+    from ..inference.admin_token import ADMIN_TOKEN_ENV, for_local_deployment
+    from ..placement.environment import CACHE_VARS
+
+    out = {ADMIN_TOKEN_ENV: for_local_deployment(run, publish=kind == "inference")}
+    base = f"{os.path.expandvars(scratch.rstrip('/'))}/srl-{env.get('SLURM_JOB_ID', '')}"
+    out.update({var: f"{base}/{sub}" for var, sub in CACHE_VARS.items()})
+    for name in sorted(set(secrets)):
+        if not env.get(name):
+            _job_log(f"warning: {name} is not set in the job's environment")
+    return out
+
+
+def step_log(plan: Any, spec: Any, logs: Path) -> Path:
+    """The log file of plan process ``spec``'s job step (``%t``, the node rank, for a step on several nodes)."""
+    return logs / (spec.log_name if spec.num_nodes == 1 else spec.log_name.replace(".log", "-%t.log"))
+
+
+def step_argv(plan: Any, spec: Any, run: RunDir, log: Path, *, python: str, container: list[str]) -> list[str]:
+    """The ``srun`` command of plan process ``spec``'s job step: one task per node from its first node, output
+    appended to ``log``; the step execs the process through :mod:`toolkit.placement.runtime`."""
+    # --overlap: steps share nodes without waiting on each other ("step creation temporarily disabled").
+    first = plan.groups[spec.het_group].first_node
+    het = [f"--het-group={spec.het_group}"] if plan.is_het else []
+    return ["srun", "--overlap", "--kill-on-bad-exit=1", "--open-mode=append", f"--output={log}", f"--error={log}",
+            *het, f"--nodes={spec.num_nodes}", f"--ntasks={spec.num_nodes}", "--ntasks-per-node=1",
+            f"--relative={spec.node_index - first}", *container, python, "-m", "toolkit.placement.runtime", "exec",
+            "--run-dir", str(run.root), "--process", spec.name]  # fmt: skip
+
+
+def settle_job(run: RunDir, *, failed: str | None = None, status: int | None = None, signalled: str | None = None,
+               requeued: bool = False, lost: bool = False) -> int:
+    """Decide, record and print how the job's run ended (:mod:`toolkit.run.ending`: a failed step ``failed`` with
+    exit ``status``, a received signal, a requeue, a lost lease); returns the job's exit status."""
+    from ..run import ending
+
+    if lost:  # the run is someone else's now: nothing is recorded
+        end = ending.settle(run, lease_lost=True)
+        print(end.line(), flush=True)
+        return end.exit_status
+    argv = ["settle", "--run-dir", str(run.root)]
+    if failed is not None:
+        argv += ["--failed", failed, "--status", str(status)]
+    if signalled is not None:
+        argv += ["--signal", signalled]
+    return ending.main(argv + (["--requeued"] if requeued else []))
+
+
+def _first_ending(sup: Supervisor) -> Child | None:
+    """The step whose exit ends the job, if any: any step that exited, except an orchestrator that finished
+    cleanly while the trainer still trains on its last batches."""
+    trainer_alive = any(c.role == "trainer" for c in sup.alive())
+    for c in sup.children:
+        if c.poll() is None:
+            continue
+        if c.role == "orchestrator" and c.returncode == 0 and trainer_alive:
+            continue
+        return c
+    return None
+
+
+def _wait(check: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def run_job(run: RunDir, *, attempt: int | None, kind: str, scratch: str = "/tmp", secrets: list[str] | None = None,
+            env: dict[str, str] | None = None) -> int:
+    """Supervise this Slurm batch job's run (see the module docstring; ``scratch`` and ``secrets``: see
+    :func:`job_environment`); returns the job's exit status."""
+    from ..config import load_resolved
+    from ..placement.runtime import ResolveError, resolve, shell_env
+    from ..preflight.site import load_site
+
+    env = dict(os.environ if env is None else env)
+    job = env.get("SLURM_JOB_ID", "?")
+    _job_log(f"job {job} restart {env.get('SLURM_RESTART_COUNT', '0')} on {env.get('SLURM_JOB_NODELIST', '?')}")
+    # This job is the run's one supervisor while it lives; a requeued job takes over the lease it left.
+    try:
+        lease = leases.acquire(run, command=f"srl {kind} (batch job)")
+    except leases.LeaseHeld as e:
+        _job_log(f"srl: {e}")
+        _job_log("another supervisor holds this run (see above); nothing was launched")
+        return 1
+    try:
+        # Hosts, addresses, ports and the rendezvous host are resolved here, on the host side, in Python (no
+        # scontrol inside containers, no localhost fallback). Nothing is launched if this fails.
+        try:
+            plan = resolve(run, attempt, env)
+        except (ResolveError, KeyError, OSError) as e:
+            _job_log(f"error: {e}")
+            _job_log("cannot resolve this allocation's placement; nothing was launched")
+            return 1
+        from ..fsutil import atomic_write_text
+
+        atomic_write_text(run.launcher / f"job-{job}.env", shell_env(plan))  # when the job started (srl report)
+        for p in plan.processes:
+            hosts = ",".join(plan.hosts[i] for i in p.node_indices)
+            _job_log(f"{p.name}: nodes {list(p.node_indices)} ({hosts}) gpus {list(p.gpus)} ports {p.ports}")
+        _job_log(f"hosts: {','.join(plan.hosts)}")
+        cfg = load_resolved(run.resolved("rl", attempt))
+        site_file = run.launcher / "site.toml"
+        site = load_site(site_file if site_file.exists() else plan.site)
+        extra = job_environment(run, kind=kind, scratch=scratch, secrets=secrets or [], env=env)
+        step_env = {**env, **extra, leases.LEASE_ENV: lease.token}
+        return _supervise_job(cfg, site, run, plan, lease, step_env, attempt=attempt)
+    finally:
+        lease.release()
+
+
+def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Lease, env: dict[str, str], *,
+                   attempt: int | None) -> int:
+    from ..placement.environment import container_prefix
+    from ..placement.plan import fill
+    from ..placement.runtime import newest_complete_since
+
+    s = cfg.slurm
+    python = env.get("SRL_PYTHON") or sys.executable
+    container = container_prefix(site, run.root)
+    pre_run = run.launcher / "pre_run.sh"
+    if s.pre_run_command and pre_run.exists():
+        # From a file, once per node: the command's text never appears on a command line.
+        het = ["--het-group=0"] if plan.is_het else []
+        rc = subprocess.run(["srun", "--overlap", "--ntasks-per-node=1", *het, "bash", str(pre_run)], env=env,
+                            check=False).returncode  # fmt: skip
+        if rc:
+            _job_log(f"pre-run command failed with status {rc}")
+    if plan.external_inference:
+        ready = RunDir(Path(plan.external_inference)).inference_ready
+        timeout = cfg.inference.startup_timeout_s
+        if not _wait(ready.exists, timeout):
+            _job_log(f"the external inference deployment never became ready ({ready} missing after {timeout:g} s)")
+            return 1
+    logs = run.log_attempt(attempt or (run.attempts() or [1])[-1])
+    logs.mkdir(parents=True, exist_ok=True)
+    sup = Supervisor(cfg, run, plan, say=_job_log, own_groups=False, restart_before_ready=True)
+    sup.watch_lease(lease)
+    preempt = getattr(signal, f"SIG{s.signal}") if s.requeue else None
+    sup.handle_signals(tuple(x for x in (preempt, signal.SIGTERM, signal.SIGINT) if x is not None))
+    first: Child | None = None
+    try:
+        for spec in plan.processes:
+            log = step_log(plan, spec, logs)
+            health = fill(spec.healthcheck_url, plan, spec.node_index) if spec.healthcheck_url else None
+            c = sup.start(spec.name, spec.role, step_argv(plan, spec, run, log, python=python, container=container),
+                          env, log, health_url=health)  # fmt: skip
+            _job_log(f"started {spec.name} (srun pid {c.proc.pid}, log {log})")
+        try:
+            sup.wait_ready(cfg.model.name, interrupt=lambda: sup.signalled is not None)
+        except ComponentFailed as e:
+            first = e.child
+        except TimeoutError as e:
+            _job_log(str(e))  # ends the job like a failed step
+            return _teardown(sup, None, 1)
+        while first is None and sup.signalled is None:
+            sup.check_lease()
+            # Once a role asked the run to stop, a dead engine is not restarted: its exit ends the job.
+            first = (None if run.stop_request.exists() else sup.watch_restarts()) or _first_ending(sup)
+            if first is None:
+                time.sleep(POLL_S)
+    except LeaseLost as e:
+        _job_log(f"{e}; stopping every step of this attempt now")
+        sup.stop_all(term_wait_s=0.0)
+        return settle_job(run, lost=True)
+    # The handlers stay: a later signal (the time limit's TERM while the trainer checkpoints) must not kill the
+    # supervisor before it has stopped its steps.
+    if sup.signalled is not None and sup.signalled == preempt:
+        # Pre-timeout signal: checkpoint, wait for its COMPLETE marker (bounded), then requeue this job.
+        _job_log(f"received SIG{s.signal}: asking the trainer to checkpoint")
+        since = time.time()
+        sup.request_stop()
+        grace = s.checkpoint_grace_s
+        if _wait(lambda: newest_complete_since(run, since) is not None, grace):
+            _job_log("checkpoint complete")
+        else:
+            _job_log(f"no complete checkpoint within {grace:g} s; requeueing anyway (resume uses the newest "
+                     "complete one)")  # fmt: skip
+        from .slurm import SlurmCommandError, requeue
+
+        try:
+            requeue(env.get("SLURM_JOB_ID", ""))
+        except SlurmCommandError as e:
+            _job_log(f"scontrol requeue failed: {e}")
+        sup.stop_all()
+        return settle_job(run, requeued=True)
+    if sup.signalled is not None:
+        name = signal.Signals(sup.signalled).name
+        _job_log(f"received {name}: stopping")
+        sup.request_stop()
+        sup.stop_all()
+        # scancel / srl cancel, or the time limit: toolkit.run.ending tells them apart.
+        return settle_job(run, signalled=name.removeprefix("SIG"))
+    assert first is not None
+    return _teardown(sup, first, _status(first.returncode))
+
+
+def _status(rc: int | None) -> int:
+    """A step's exit status as the shell reports it (srun reports a step killed by a signal as 128 + its number)."""
+    return 1 if rc is None else (128 - rc if rc < 0 else rc)
+
+
+def _teardown(sup: Supervisor, first: Child | None, status: int) -> int:
+    """Stop the job after ``first`` ended (None: the engines never became ready): decide how the run ended (before
+    the teardown's own stop request and kills, which would read as failures), write the stop request, give the
+    trainer and orchestrator a bounded wait to checkpoint and exit, then stop every remaining step. Returns the
+    job's exit status."""
+    name = first.name if first is not None else "inference-readiness"
+    _job_log(f"teardown: {name} exited first (status {status})")
+    from ..run import ending
+
+    end = ending.settle(sup.run, failed=name if status else None, failed_reason=f"exit status {status}")
+    sup.request_stop()
+    _wait(lambda: not sup.alive(), sup.cfg.slurm.checkpoint_grace_s)
+    sup.stop_all()
+    print(end.line(), flush=True)
+    return end.exit_status
+
+
+def run_command(run: RunDir, argv: list[str], *, name: str, scratch: str, secrets: list[str]) -> int:
+    """Run one command (an eval job's ``srun``, an array task's) with the job's environment (see
+    :func:`job_environment`), forwarding SIGTERM and SIGINT to it; logs and returns its exit status."""
+    env = dict(os.environ)
+    env.update(job_environment(run, kind="command", scratch=scratch, secrets=secrets, env=env))
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=kill_with_parent_preexec())  # noqa: PLW1509
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, lambda signum, _f: proc.send_signal(signal.SIGTERM))
+    rc = proc.wait()
+    rc = 128 - rc if rc < 0 else rc
+    _job_log(f"{name} exited with status {rc}")
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The batch job's entry point; see the module docstring. Returns the job's exit status.
+
+    ``--run-dir RUN [--attempt N] [--kind rl|inference]`` supervises a run's plan. ``--run-dir DIR --name NAME
+    [--scratch DIR] [--secret VAR]... -- ARGV...`` runs one command instead (eval jobs, array tasks):
+    :func:`run_command`.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args[args.index("--") + 1 :] if "--" in args else []
+    ap = argparse.ArgumentParser(prog="python -m toolkit.launch.supervisor")
+    ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--attempt", type=int, default=None)
+    ap.add_argument("--kind", choices=("rl", "inference"), default="rl")
+    ap.add_argument("--name", default="command")
+    ap.add_argument("--scratch", default="/tmp")
+    ap.add_argument("--secret", action="append", default=[])
+    a = ap.parse_args(args[: args.index("--")] if "--" in args else args)
+    if command:
+        return run_command(RunDir(a.run_dir), command, name=a.name, scratch=a.scratch, secrets=a.secret)
+    return run_job(RunDir(a.run_dir), attempt=a.attempt, kind=a.kind, scratch=a.scratch, secrets=a.secret)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
