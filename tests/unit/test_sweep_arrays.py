@@ -218,3 +218,20 @@ def test_status_and_continue_command_of_a_dry_run_sweep(tmp_path: Path, capsys) 
     assert continue_command(root) == f"srl sweep @ {f} --max-steps 4 --site local-slurm --output-dir {tmp_path / 'o'} " \
                                      "--resume"
     assert _task_indices("2-5%1") == [2, 3, 4, 5] and _task_indices("1,3-4") == [1, 3, 4] and _task_indices("x") == []
+
+
+def test_points_with_a_het_group_run_as_plain_jobs(tmp_path: Path) -> None:
+    """Slurm has no heterogeneous job arrays: a point whose orchestrator has its own node (het group 1) is one
+    plain job with both groups, one per point."""
+    f = _sweep(tmp_path, f'base = ["{ROOT}/jobs/reverse-text/rl.toml", "{ROOT}/jobs/reverse-text/slurm.toml"]\n'
+                         'max_parallel = 1\n[sweep.grid]\n"trainer.optim.lr" = [1e-4, 3e-4]\n[config.deployment]\n'
+                         'num_train_nodes = 1\norchestrator = "own_node"\norchestrator_partition = "debug"\n')
+    assert main(["@", str(f), "--output-dir", str(tmp_path / "o"), "--dry-run"]) == 0
+    root = tmp_path / "o" / "s"
+    for k, pid in ((0, "p000"), (1, "p001")):
+        text = (root / f"array_{k}.sbatch").read_text()
+        d = _directives(text)
+        assert d.count("hetjob") == 1 and not any(x.startswith("--array") for x in d), d
+        assert d[d.index("hetjob") - 3:] == ["--nodes=2", "--ntasks-per-node=1", "--partition=debug", "hetjob",
+                                             "--nodes=1", "--ntasks-per-node=1", "--partition=debug"], d
+        assert f"srl_points=( {pid} )" in text and f"--output={root}/logs/%x-%j.out" in d
