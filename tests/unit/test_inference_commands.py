@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import time
-from collections import Counter
 
 import pytest
 from prereqs import need_module
@@ -20,7 +19,6 @@ from toolkit.inference.commands import (
     router_command,
     vllm_arg_list,
 )
-from toolkit.inference.pd import PD_PRESETS, Island, pd_engine_specs, pd_router_commands, pd_slots
 from toolkit.inference.queues import parse_metric
 from toolkit.inference.serve import cpu_binds
 from toolkit.rundir import RunDir
@@ -163,52 +161,6 @@ def test_router_command_parses_with_the_real_router_cli():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["sticky_least_loaded", "120", "True"]
-
-
-def test_two_island_three_to_one_nixl_gpu_layout():
-    """2 islands x 2 nodes x 8 GPUs, tp=4: each island runs 3 prefill + 1 decode engine (preset "agentic")."""
-    p, d = PD_PRESETS["agentic"]
-    islands = [Island(("10.0.0.1", "10.0.0.2"), p, d), Island(("10.0.1.1", "10.0.1.2"), p, d)]
-    slots = pd_slots(islands, tp=4)
-    specs = pd_engine_specs(slots, model_path="/w", served_model_name="pol", vllm_args={"max_model_len": 32768},
-                            tp=4, prefill_env={"UCX_NET_DEVICES": "mlx5_0:1"}, decode_env={"D": "1"})  # fmt: skip
-    assert Counter((s.island, s.role) for s in slots) == {(0, "prefill"): 3, (0, "decode"): 1,
-                                                          (1, "prefill"): 3, (1, "decode"): 1}  # fmt: skip
-    by_host: dict[str, list] = {}
-    for spec in specs:
-        s, env = spec.slot, spec.env
-        cfg = json.loads(_flag(spec.argv, "--kv-transfer-config"))
-        assert cfg["kv_connector"] == "NixlConnector"
-        assert cfg["kv_role"] == ("kv_producer" if s.role == "prefill" else "kv_consumer")
-        assert _flag(spec.argv, "--host") == s.host and _flag(spec.argv, "--tensor-parallel-size") == "4"
-        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == s.host  # own node's address (B08)
-        assert env["VLLM_SERVER_DEV_MODE"] == "1" and len(env["CUDA_VISIBLE_DEVICES"].split(",")) == 4
-        assert ("UCX_NET_DEVICES" in env) == (s.role == "prefill") and ("D" in env) == (s.role == "decode")
-        by_host.setdefault(s.host, []).append(spec)
-    for host, group in by_host.items():
-        assert len(group) == 2  # two tp=4 engines per 8-GPU node
-        assert len({g.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for g in group}) == 2, host
-        assert len({_flag(g.argv, "--port") for g in group}) == 2, host
-        assert set(group[0].env["CUDA_VISIBLE_DEVICES"].split(",")).isdisjoint(
-            group[1].env["CUDA_VISIBLE_DEVICES"].split(",")
-        )
-    # the decode engine of island 0 shares a node with a prefill engine: ports must still differ
-    routers = pd_router_commands(slots, router_port=9000)
-    assert set(routers) == {0, 1}
-    for island, argv in routers.items():
-        prefill = [argv[i + 1] for i, a in enumerate(argv) if a == "--prefill"]
-        decode = [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"]
-        assert len(prefill) == 3 and len(decode) == 1
-        assert all(
-            u.split("//")[1].startswith(f"10.0.{island}.") for u in prefill + decode
-        )  # no cross-island KV
-
-
-def test_pd_slots_side_channel_ranges_are_dp_wide_and_refuse_overflow():
-    slots = pd_slots([Island(("n1",), 1, 1, gpus_per_node=8)], tp=2, dp=2)
-    assert [s.side_channel_port for s in slots] == [5600, 5602]  # vLLM adds the DP index to the base port
-    with pytest.raises(CommandError, match="do not fit"):
-        pd_slots([Island(("n1",), 3, 1, gpus_per_node=8)], tp=4)
 
 
 def test_cpu_binds_are_disjoint():

