@@ -127,3 +127,26 @@ def test_bad_data_is_refused_before_anything_is_written(workdir):
     assert r.returncode == 2
     assert "bad.jsonl: row 1 (line 2): not valid JSON" in r.stderr
     assert not (workdir / "outputs" / "bad").exists()
+
+
+def test_sft_run_logs_its_metrics_to_wandb_offline(workdir):
+    """``[monitors.wandb]`` on an SFT run: the trainer mirrors every metrics.jsonl line into one offline W&B run in
+    the run directory (read back with W&B's own reader), and the launcher prints the sync command."""
+    from prereqs import need_module
+    from wandb_records import read_offline_run, same_values, unprefixed
+
+    need_module("wandb")
+    r = _srl("sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", "data/rt.jsonl", "--max-steps", "4",
+             "--data.batch-size", "8", "--val.interval", "2", "--eval.env", "[]", "--monitors.wandb.project",
+             "srl-sft-test", "--run.name", "wb", cwd=workdir)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = workdir / "outputs" / "wb"
+    lines = _lines(run / "metrics.jsonl")
+    assert [m["step"] for m in lines] == [1, 2, 3, 4] and "val/loss" in lines[1]
+    (attempt,) = sorted((run / "wandb").glob("offline-run-*"))
+    rec, rows = read_offline_run(attempt)
+    assert rec["project"] == "srl-sft-test"
+    assert len(rows) == len(lines)
+    for row, line in zip(rows, lines, strict=True):
+        assert same_values(unprefixed(row), line), (row, line)
+    assert "wandb sync" in r.stdout and str(attempt) in r.stdout, r.stdout[-2000:]

@@ -93,6 +93,7 @@ class TrainerSettings:
             "resume_step": cfg.resume.step,
             "resume_dir": Path(cfg.resume.dir) if cfg.resume.dir else None,
             "lora": t.model.lora.model_dump() if t.model.lora is not None else None,
+            "wandb": cfg.monitors.wandb.model_dump() if cfg.monitors.wandb is not None else None,
         }
 
     @classmethod
@@ -107,7 +108,6 @@ class TrainerSettings:
             temperature=cfg.orchestrator.train.sampling.temperature,
             broadcast_keep=broadcast_keep(cfg.orchestrator.max_async_level, cfg.weight_broadcast.keep),
             batch_timeout_s=t.batch_timeout_s,
-            wandb=cfg.monitors.wandb.model_dump() if cfg.monitors.wandb is not None else None,
         )
 
 @dataclass

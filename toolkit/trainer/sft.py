@@ -189,6 +189,11 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
     num_tokens = sum(int(lengths[rows_of(k)[0]].sum()) for k in range(1, done + 1))
     recorded = recorded_steps(run.metrics, "trainer") if info.is_main else set()
     last_saved = done if st.resumed and st.source is run else None
+    mirror = None
+    if info.is_main and s.wandb is not None:
+        from toolkit.trainer.wandb_mirror import WandbMirror
+
+        mirror = WandbMirror.start(run, s.wandb)
 
     def checkpoint(step: int) -> float:
         t0 = time.perf_counter()
@@ -265,6 +270,8 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
             else:
                 fsutil.append_jsonl(run.metrics, m)
                 fsutil.append_jsonl(run.data_order, {"step": n, "samples": [data.sample_ids[r] for r in rows]})
+            if mirror is not None:
+                mirror.pump()  # this step's line and the eval lines written since the last step
             log.info("step %d loss %.4g grad_norm %.3g lr %.3g epoch %.2f %.2fs%s", n, loss, m["optim/grad_norm"],
                      m["optim/lr"], epoch, m["time/step"],
                      f" val/loss {extra['val/loss']:.4g}" if extra else "")  # fmt: skip
@@ -284,6 +291,10 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
         export_model(model, st.model_dir, run.model_export, info=info)
         if info.is_main:
             log.info("final model written to %s", run.model_export)
+    if mirror is not None:
+        # The eval of the last step is written by the eval-only orchestrator after this broadcast; wait for it a
+        # while so W&B gets the run's final score too.
+        mirror.close(orchestrator_step=step if cfg.has_online_eval and step else None, wait_s=120.0)
     tdist.shutdown(info)
     return step
 
