@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 import time
 
 import pytest
@@ -138,35 +139,84 @@ def test_live_reload_serves_exactly_the_new_weights(deployment):
 
 
 def test_reload_while_requests_in_flight_keeps_them(deployment):
-    """pause(mode=keep) freezes running requests; they finish after resume instead of being aborted."""
-    dep, run, _base, _ = deployment
+    """pause(mode=keep) freezes running requests; they finish after resume instead of being aborted, and the
+    tokens after the reload come from the new weights.
+
+    Weights A (the base model) are served and four 200-token requests run untouched, to time them on this
+    machine (twice; the second run counts); the same requests then start again and, a third of that time later, the weights become B (broadcast
+    step_1). Each request must show both: its first tokens have exactly A's logprobs (transformers, fp32) and from
+    some token on they stop matching A. A reload before the requests ran (no token from A) or after they finished
+    (every token from A) fails, so does one that aborted them (finish reason) or restarted them.
+    """
+    dep, run, base, _ = deployment
+    n, max_tokens = 4, 200
 
     async def go():
+        updater = WeightUpdater(dep.engine_urls, timeout_s=120)
+        await updater.update(base, 5)  # A; also the one-time /server_info lookup, kept out of the reload below
         async with PolicyClient(dep.base_url, "tiny", timeout_s=120) as client:
-            sp = SamplingParams(max_tokens=200, seed=1)
-            tasks = [asyncio.create_task(client.generate(PROMPT, sp, session_id=f"s{i}")) for i in range(4)]
-            await asyncio.sleep(0.3)
-            await WeightUpdater(dep.engine_urls).update(run.broadcast_step(1), 4)
-            return await asyncio.gather(*tasks)
+            sp = SamplingParams(max_tokens=max_tokens, seed=1)
+            for _ in range(2):  # the second run is timed: a fresh engine's first requests are slower
+                t0 = time.monotonic()
+                await asyncio.gather(*(client.generate(PROMPT, sp, session_id=f"c{i}") for i in range(n)))
+                took = time.monotonic() - t0
+            tasks = [asyncio.create_task(client.generate(PROMPT, sp, session_id=f"s{i}")) for i in range(n)]
+            await asyncio.sleep(took / 3)
+            done_before = sum(t.done() for t in tasks)
+            await updater.update(run.broadcast_step(1), 6)  # B, mid-flight
+            return took, done_before, await asyncio.gather(*tasks), await updater.served_versions()
 
-    gens = asyncio.run(go())
-    assert all(len(g.token_ids) == 200 and g.finish_reason == "length" for g in gens)
+    took, done_before, gens, versions = asyncio.run(go())
+    assert done_before == 0, f"{done_before} of {n} requests had finished before the reload ({took:.2f} s each run)"
+    assert versions == {dep.engines[0].url: "6"}
+    assert all(g.finish_reason in ("length", "stop") for g in gens), [g.finish_reason for g in gens]  # not aborted
+    switched_at = []
+    for g in gens:
+        under_a = hf_logprobs(base, PROMPT, g.token_ids)
+        matches = [abs(a - b) < 1e-4 for a, b in zip(g.logprobs, under_a)]
+        k = matches.index(False) if False in matches else len(matches)  # tokens sampled before the reload
+        switched_at.append(k)
+        assert 1 <= k < len(g.token_ids), f"{k} of the request's {len(g.token_ids)} tokens came from weights A"
+        assert abs(g.logprobs[-1] - under_a[-1]) > 1e-3  # the last token came from other weights
+    print(f"\n[figure] reload mid-flight ({took / 3:.2f} s into {n} requests that take {took:.2f} s): the weights "
+          f"changed after token {min(switched_at)}..{max(switched_at)} of {max_tokens}")
+
+
+def _sample_queue(dep, stop: threading.Event, samples: list[dict]) -> None:
+    while not stop.is_set():
+        q = queue_depths({"engine": dep.engine_urls})["engine"]
+        samples.append({"running": q["running"], "waiting": q["waiting"]})
+        time.sleep(0.01)
 
 
 def test_throughput_and_queue_depths(deployment):
+    """32 concurrent requests are batched by the engine (its own metrics count several running at once), the queue
+    depths srl reads show them while they run and drain to zero after; the throughput is printed."""
     dep = deployment[0]
+    n, max_tokens = 32, 256
+    samples: list[dict] = []
+    stop = threading.Event()
 
     async def go():
         async with PolicyClient(dep.base_url, "tiny", timeout_s=120) as client:
-            sp = SamplingParams(max_tokens=32, seed=None)
+            sp = SamplingParams(max_tokens=max_tokens, seed=None)
             t0 = time.monotonic()
-            gens = await asyncio.gather(*(client.generate(PROMPT, sp, session_id=f"t{i}") for i in range(16)))
+            gens = await asyncio.gather(*(client.generate(PROMPT, sp, session_id=f"t{i}") for i in range(n)))
             return gens, time.monotonic() - t0
 
-    gens, dt = asyncio.run(go())
-    n = sum(len(g.token_ids) for g in gens)
-    print(f"\n[figure] throughput 16 x 32 tokens: {n / dt:.0f} tokens/s ({dt:.2f} s)")
-    assert 16 <= n <= 16 * 32  # a random model may sample its end-of-sequence token early
-    assert all(len(g.token_ids) == 32 or g.finish_reason == "stop" for g in gens)
+    sampler = threading.Thread(target=_sample_queue, args=(dep, stop, samples), daemon=True)
+    sampler.start()
+    try:
+        gens, dt = asyncio.run(go())
+    finally:
+        stop.set()
+        sampler.join(timeout=30)
+    tokens = sum(len(g.token_ids) for g in gens)
+    peak = max(s["running"] for s in samples)
+    print(f"\n[figure] throughput {n} x {max_tokens} tokens: {tokens / dt:.0f} tokens/s ({dt:.2f} s); "
+          f"{len(samples)} queue samples, at most {peak:.0f} running at once")
+    assert n <= tokens <= n * max_tokens  # a random model may sample its end-of-sequence token early
+    assert all(len(g.token_ids) == max_tokens or g.finish_reason == "stop" for g in gens)
+    assert peak >= n // 4, f"at most {peak} requests ran at once: not batched ({samples[:20]})"
     q = queue_depths({"engine": dep.engine_urls})
     assert q["engine"]["waiting"] == 0.0 and q["engine"]["engines"][dep.engine_urls[0]]["running"] == 0.0
