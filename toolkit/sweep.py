@@ -89,10 +89,11 @@ def load_sweep(path: Path) -> Sweep:
         raise ConfigError("sweep.base must be a non-empty list of config file paths (no NUL bytes)", source=str(path))
     base_files = [(path.parent / b).resolve() for b in base]
     seeds = sw.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                           for s in seeds):
         raise ConfigError("sweep.seeds must be a non-empty list of integers", source=str(path))
     max_parallel = sw.get("max_parallel", 4)
-    if not isinstance(max_parallel, int) or max_parallel < 1:
+    if not isinstance(max_parallel, int) or isinstance(max_parallel, bool) or max_parallel < 1:
         raise ConfigError("sweep.max_parallel must be an integer >= 1", source=str(path))
     combos = _expand(sw, str(path))
     points = []

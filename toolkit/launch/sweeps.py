@@ -78,8 +78,8 @@ def plan_arrays(shapes: list[tuple[int, bool]], max_parallel: int, max_array_siz
     point). Each shape is cut into chunks of at most ``max_array_size`` tasks. Chunks go to
     ``L = min(max_parallel, chunks)`` lanes, each to the lane with the fewest points so far; lane ``j``'s throttle
     is ``max_parallel // L`` plus one for the first ``max_parallel % L`` lanes (the throttles sum to
-    ``max_parallel``), and a chunk waits for the previous chunk of its lane. Only one chunk per lane is ever
-    running, so at most ``max_parallel`` tasks run. Raises ValueError for ``max_parallel`` or
+    ``max_parallel``; none is above its chunk's size), and a chunk waits for the previous chunk of its lane. Only
+    one chunk per lane is ever running, so at most ``max_parallel`` tasks run. Raises ValueError for ``max_parallel`` or
     ``max_array_size`` < 1.
     """
     if max_parallel < 1 or max_array_size < 1:
@@ -100,7 +100,9 @@ def plan_arrays(shapes: list[tuple[int, bool]], max_parallel: int, max_array_siz
     for i, c in enumerate(chunks):
         lane = min(range(lanes), key=lambda j: (load[j], j))
         c.lane = lane
-        c.throttle = max_parallel // lanes + (1 if lane < max_parallel % lanes else 0)
+        # Never above the chunk's own size: Slurm refuses a %N it cannot hold (a 32-bit limit), and a larger
+        # throttle than tasks runs nothing more.
+        c.throttle = min(len(c.points), max_parallel // lanes + (1 if lane < max_parallel % lanes else 0))
         c.after = last[lane]
         last[lane] = i
         load[lane] += len(c.points)
