@@ -36,3 +36,54 @@ def test_huge_max_parallel_throttle_stays_within_the_array():
     assert [(len(c.points), c.throttle) for c in chunks] == [(6, 6)]
     chunks = plan_arrays([(3, True), (2, True)], 10**12, 1001)
     assert [c.throttle for c in chunks] == [3, 2]
+
+
+def _run_with_empty_checkpoint(root: Path, weights: bool = False):
+    from toolkit.rundir import RunDir
+
+    run = RunDir(root)
+    run.resolved("rl").parent.mkdir(parents=True)
+    run.resolved("rl").write_text("{}")
+    for part in ("trainer", "orchestrator"):
+        (run.checkpoint_step(1) / part).mkdir(parents=True)
+    if weights:
+        (run.checkpoint_step(1) / "trainer" / "model.safetensors").write_bytes(b"")
+    (run.checkpoint_step(1) / "COMPLETE").write_text("")
+    return run
+
+
+@pytest.mark.parametrize("how", ["symlinked run", "dotdot run", "symlinked target"])
+def test_export_refuses_a_target_inside_the_run_reached_through_a_link_or_dotdot(tmp_path, how):
+    # Only the literal path was compared: `srl export link outputs/run/x` went on to load the weights and write
+    # the export into the run directory it reads.
+    from toolkit.trainer.export import ExportError, export_checkpoint
+
+    run = _run_with_empty_checkpoint(tmp_path / "outputs" / "run", weights=True)
+    (tmp_path / "link").symlink_to(run.root)
+    run_arg, out = {"symlinked run": (tmp_path / "link", run.root / "x"),
+                    "dotdot run": (run.root / ".." / "run", run.root / "x"),
+                    "symlinked target": (run.root, tmp_path / "link" / "x")}[how]
+    with pytest.raises(ExportError, match="is inside the run directory"):
+        export_checkpoint(run_arg, out)
+    assert not (run.root / "x").exists()
+
+
+def test_export_refusals_before_loading_weights(tmp_path):
+    from toolkit.trainer.export import ExportError, export_checkpoint
+
+    # A complete-marked checkpoint whose trainer weights are gone: a FileNotFoundError traceback after the
+    # model was built; now one line naming the part.
+    run = _run_with_empty_checkpoint(tmp_path / "run")
+    with pytest.raises(ExportError, match=r"step 1 .* marked complete but .*trainer holds neither"):
+        export_checkpoint(run.root, tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    # A sweep root (or any directory without a resolved config) is named as not a run.
+    sweep_root = tmp_path / "sweep"
+    (sweep_root / "p000").mkdir(parents=True)
+    with pytest.raises(ExportError, match="not an srl run directory"):
+        export_checkpoint(sweep_root, tmp_path / "new")
+    # A DIR that cannot be created fails before the weights are loaded (not after minutes of loading).
+    good = _run_with_empty_checkpoint(tmp_path / "good", weights=True)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ExportError, match="cannot create"):
+        export_checkpoint(good.root, tmp_path / "afile" / "model")

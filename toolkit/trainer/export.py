@@ -117,24 +117,42 @@ def load_checkpoint_policy(run: RunDir, step: int) -> tuple[Any, Path, bool]:
 def export_checkpoint(run_dir: Path, out: Path, step: int | None = None) -> Exported:
     """Write checkpoint ``step`` (default: the newest complete one) of the run at ``run_dir`` as a HF model
     directory at ``out`` (created; it may exist only as an empty directory). A LoRA run's adapter is merged into
-    its base weights. Raises ExportError before loading anything when the run, the step or ``out`` is unusable.
+    its base weights. Raises ExportError before loading anything when the run, the step or ``out`` is unusable
+    (``out`` inside the run directory, also through a symlink or ``..``; a place that cannot be created).
     """
-    from toolkit.trainer.broadcast import model_config_dict, write_hf_dir
-
-    run = RunDir(run_dir)
+    # Resolved: a RUN or DIR reached through a symlink or ``..`` must still be seen inside the run directory.
+    run = RunDir(Path(run_dir).resolve())
     if not run.root.is_dir():
-        raise ExportError(f"{run.root}: no such run directory")
-    out = Path(out).absolute()
+        raise ExportError(f"{run_dir}: no such run directory")
+    out = Path(out).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not an empty directory; give a new or empty directory")
     if run.root == out or run.root in out.parents:
         raise ExportError(f"{out} is inside the run directory {run.root}; export somewhere else")
+    if not run.resolved("rl").is_file() and not run.resolved("sft").is_file():
+        raise ExportError(f"{run.root} is not an srl run directory (no {run.resolved('rl')}); give outputs/<run "
+                          "name> (a sweep's runs are outputs/<sweep>/<point id>)")
     step = pick_step(run, step)
-    model, model_dir, lora = load_checkpoint_policy(run, step)
-    if lora:
-        model = model.merge_and_unload()  # W + (alpha / r) * B A folded into each target layer; plain HF modules
-    weights = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    if out.is_dir():
+    part = checkpoints.part_dir(run, step, "trainer")
+    if not (part / "model.safetensors").is_file() and not (part / "dcp").is_dir():
+        raise ExportError(f"checkpoint step {step} of {run.root} is marked complete but {part} holds neither "
+                          "model.safetensors nor dcp/ (deleted or copied in part?)")
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # now, not after minutes of loading: an unusable DIR fails first
+    except OSError as e:
+        raise ExportError(f"cannot create {out}: {e.strerror or e}") from None
+    try:
+        from toolkit.trainer.broadcast import model_config_dict, write_hf_dir
+
+        model, model_dir, lora = load_checkpoint_policy(run, step)
+        if lora:
+            model = model.merge_and_unload()  # W + (alpha / r) * B A folded into each target layer; plain HF modules
+        weights = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         out.rmdir()  # empty (checked above): the atomic writer renames its finished directory into this place
-    write_hf_dir(out, weights, model_config_dict(model), model_dir, marker=None)
+        write_hf_dir(out, weights, model_config_dict(model), model_dir, marker=None)
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
     return Exported(path=out, step=step, merged_lora=lora)
