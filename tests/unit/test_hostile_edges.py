@@ -87,3 +87,30 @@ def test_export_refusals_before_loading_weights(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ExportError, match="cannot create"):
         export_checkpoint(good.root, tmp_path / "afile" / "model")
+
+
+def _bare_run(root: Path):
+    from toolkit.rundir import RunDir
+
+    run = RunDir(root)
+    run.resolved("rl").parent.mkdir(parents=True)
+    return run
+
+
+def test_status_of_damaged_run_files_says_so_instead_of_crashing(tmp_path):
+    from toolkit.launch.progress import progress_lines
+
+    # A cut-off ending.json was left out without a word: the run looked as if it had never ended.
+    run = _bare_run(tmp_path / "half")
+    run.ending.write_text('{"cause": "completed", "step": 3')
+    assert any("unreadable" in line and "ending.json" in line for line in progress_lines(run))
+    # Metrics lines with a non-number time or reward, and a launcher record that is not an object, raised
+    # ValueError / AttributeError out of srl status.
+    run = _bare_run(tmp_path / "odd")
+    run.metrics.write_text('{"role": "trainer", "step": 2, "time": "x"}\n'
+                           '{"role": "orchestrator", "step": 2, "reward/all/mean": "abc"}\n')
+    run.launcher.mkdir(parents=True, exist_ok=True)
+    (run.launcher / "local.json").write_text("[1, 2]")
+    lines = progress_lines(run)
+    assert any(line.startswith("trainer: step 2") for line in lines), lines
+    assert any(line.startswith("orchestrator: step 2, reward nan") for line in lines), lines

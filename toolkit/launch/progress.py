@@ -47,12 +47,21 @@ def last_metrics(run: RunDir) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _number(value: Any, default: float) -> float:
+    """``value`` as a float, ``default`` when it is missing or not a number (a damaged metrics line)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
 def read_local_record(run: RunDir) -> dict[str, Any] | None:
     """The local launcher record (``write_local_record``), None when there is none or it is unreadable."""
     try:
-        return json.loads(local_record_path(run).read_text())
+        rec = json.loads(local_record_path(run).read_text())
     except (OSError, ValueError):
         return None
+    return rec if isinstance(rec, dict) else None
 
 
 def _launcher_line(rec: dict[str, Any]) -> str:
@@ -85,16 +94,19 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None, jobs_final: boo
     end = ending.read(run)
     if end is not None:
         lines.append(f"ended: {end.summary()} (exit status {end.exit_status})")
+    elif run.ending.exists():
+        # Left out silently, a cut-off or hand-edited record read as a run that never ended.
+        lines.append(f"ended: unknown ({run.ending} is unreadable or not a run ending record)")
     last = last_metrics(run)
     now = time.time()
     of = f" of {max_steps}" if max_steps else ""
     if "trainer" in last:
         t = last["trainer"]
-        age = now - float(t.get("time", now))
+        age = now - _number(t.get("time"), now)
         lines.append(f"trainer: step {t.get('step')}{of}, last record {age:.0f} s ago")
     if "orchestrator" in last:
         o = last["orchestrator"]
-        lines.append(f"orchestrator: step {o.get('step')}{of}, reward {float(o['reward/all/mean']):.4f}")
+        lines.append(f"orchestrator: step {o.get('step')}{of}, reward {_number(o['reward/all/mean'], float('nan')):.4f}")
     if not last:
         lines.append("no metrics yet (starting, or never started)")
     ckpt = latest_complete(run)
