@@ -114,3 +114,23 @@ def test_status_of_damaged_run_files_says_so_instead_of_crashing(tmp_path):
     lines = progress_lines(run)
     assert any(line.startswith("trainer: step 2") for line in lines), lines
     assert any(line.startswith("orchestrator: step 2, reward nan") for line in lines), lines
+
+
+def _env_sampling(base: dict, env: dict) -> dict:
+    from config_cases import config
+
+    return config({"orchestrator": {"train": {"sampling": base,
+                                              "env": [{"taskset": {"id": "reverse-text"}, "sampling": env}]}}})
+
+
+def test_per_env_sampling_is_checked_as_the_env_samples_it():
+    # The per-env override was checked alone: an inherited top_k did not count (a valid env refused), and an
+    # override top_k = 0 switched off the top_k that the inherited top_p < 1 needs (an invalid env accepted).
+    from config_cases import errors_of, validate
+
+    validate(_env_sampling({"top_k": 50}, {"top_p": 0.9}))
+    assert "orchestrator.train.env[0].sampling.top_k" in errors_of(_env_sampling({"top_k": 50, "top_p": 0.9},
+                                                                                 {"top_k": 0}))
+    # An env that only changes max_completion_tokens samples as the train sampling: one error, at its field.
+    text = errors_of(_env_sampling({"temperature": 0.0}, {"max_completion_tokens": 4}))
+    assert "orchestrator.train.sampling.temperature" in text and "env[0].sampling.temperature" not in text

@@ -178,10 +178,15 @@ MIN_TRAIN_TEMPERATURE = 0.01
 
 
 def _sampling(cfg: RLConfig, f: Findings) -> None:
-    checks = [("orchestrator.train.sampling", cfg.orchestrator.train.sampling)]
+    base = cfg.orchestrator.train.sampling
+    checks = [("orchestrator.train.sampling", base)]
     for i, env in enumerate(cfg.orchestrator.train.env):
-        if env.sampling is not None:
-            checks.append((f"orchestrator.train.env[{i}].sampling", env.sampling))
+        own = env.sampling.model_dump(exclude_none=True) if env.sampling is not None else {}
+        if own.keys() & {"temperature", "top_p", "top_k"}:
+            # What the env samples with: its set fields over the train sampling (the orchestrator merges them the
+            # same way), so an inherited top_k counts and an override cannot switch off what top_p < 1 needs.
+            # An env that sets none of them samples as the train sampling, checked above.
+            checks.append((f"orchestrator.train.env[{i}].sampling", base.model_copy(update=own)))
     for path, s in checks:
         if s.temperature is not None and s.temperature < MIN_TRAIN_TEMPERATURE:
             f.error(
