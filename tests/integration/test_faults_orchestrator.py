@@ -28,6 +28,7 @@ from toolkit import batches
 from toolkit.config.model import RLConfig
 from toolkit.inference.health import write_ready
 from toolkit.orchestrator.main import Orchestrator
+from toolkit.run import ending
 from toolkit.rundir import RunDir
 
 
@@ -103,4 +104,9 @@ def test_zero_signal_guard_warns_with_counts_and_stops(tmp_path, caplog):
     assert len(warnings) == 2 and "2 groups offered" in warnings[0] and "0 with differing rewards" in warnings[0]
     reason = run.stop_request.read_text()
     assert "zero-signal guard" in reason and "2 consecutive steps" in reason
+    # The orchestrator recorded why the run ends; the supervisor's settle keeps it and exits with status 4.
+    recorded = ending.read(run)
+    assert recorded is not None and (recorded.cause, recorded.criterion, recorded.role) == (
+        "no-signal", "zero-signal guard", "orchestrator")
+    assert ending.settle(run).exit_status == 4
     print(f"\n[figure] zero-signal: stopped after steps {steps}; stop request: {reason.strip()}")
