@@ -134,3 +134,17 @@ def test_per_env_sampling_is_checked_as_the_env_samples_it():
     # An env that only changes max_completion_tokens samples as the train sampling: one error, at its field.
     text = errors_of(_env_sampling({"temperature": 0.0}, {"max_completion_tokens": 4}))
     assert "orchestrator.train.sampling.temperature" in text and "env[0].sampling.temperature" not in text
+
+
+def test_derived_inference_nodes_past_the_bound_name_the_layout_not_num_infer_nodes():
+    # A P/D layout of 60000 + 60000 nodes was refused as "num_infer_nodes: Input should be less than or equal to
+    # 100000", a field the user had left out; a single huge count was not bounded at all.
+    from config_cases import config, errors_of
+
+    multi = {"site": "local-slurm", "deployment": {"type": "multi_node", "gpus_per_node": 0, "num_train_nodes": 1}}
+    pd = {"type": "disaggregated", "prefill_nodes_per_replica": 60000, "decode_nodes_per_replica": 60000}
+    text = errors_of(config(multi, {"inference": {"deployment": pd}}))
+    assert "[inference.deployment] (disaggregated) implies 120000 node(s) per replica" in text, text
+    assert "less than or equal" not in text
+    text = errors_of(config(multi, {"inference": {"deployment": {**pd, "prefill_nodes_per_replica": 10**20}}}))
+    assert "inference.deployment.disaggregated.prefill_nodes_per_replica" in text, text

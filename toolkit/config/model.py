@@ -485,10 +485,10 @@ class MultiNodeInference(Section):
 
 class DisaggregatedInference(Section):
     type: Literal["disaggregated"] = "disaggregated"
-    prefill_nodes_per_replica: int = Field(1, ge=1)
-    num_prefill_replicas: int = Field(1, ge=1)
-    decode_nodes_per_replica: int = Field(1, ge=1)
-    num_decode_replicas: int = Field(1, ge=1)
+    prefill_nodes_per_replica: int = Field(1, ge=1, le=100_000)
+    num_prefill_replicas: int = Field(1, ge=1, le=100_000)
+    decode_nodes_per_replica: int = Field(1, ge=1, le=100_000)
+    num_decode_replicas: int = Field(1, ge=1, le=100_000)
     kv_connector: Literal["auto", "NixlConnector", "ExampleConnector", "LMCacheConnectorV1", "MooncakeConnector"] = (
         "auto"
     )
@@ -562,11 +562,14 @@ class SingleNodeDeployment(Section):
     trainer has one rank per GPU of num_train_gpus."""
 
 
+_MAX_INFER_NODES = 100_000
+
+
 class MultiNodeDeployment(Section):
     type: Literal["multi_node"] = "multi_node"
     gpus_per_node: int = Field(8, ge=0, le=64)
     num_train_nodes: int = Field(1, ge=1, le=100_000)
-    num_infer_nodes: int | None = Field(None, ge=1, le=100_000)
+    num_infer_nodes: int | None = Field(None, ge=1, le=_MAX_INFER_NODES)
     """Inference nodes in all; default: what ``[inference.deployment]`` needs per replica (a disaggregated
     layout: its prefill and decode nodes) x ``num_infer_replicas``. A value given must equal that."""
     num_infer_replicas: int = Field(1, ge=1, le=100_000)
@@ -751,5 +754,12 @@ class RLConfig(Section):
         # where a mismatch is an error showing both numbers. Idempotent: a resolved config loads back the same.
         dep = self.deployment
         if isinstance(dep, MultiNodeDeployment) and dep.num_infer_nodes is None:
-            dep.num_infer_nodes = implied_infer_nodes(self.inference.deployment) * dep.num_infer_replicas
+            per, infer = implied_infer_nodes(self.inference.deployment), self.inference.deployment
+            if per * dep.num_infer_replicas > _MAX_INFER_NODES:
+                # Assigned as is, the bound of num_infer_nodes fired naming a field the user never set.
+                raise ValueError(
+                    f"[inference.deployment] ({infer.type}) implies {per} node(s) per replica x "
+                    f"{dep.num_infer_replicas} replica(s) (deployment.num_infer_replicas) = "
+                    f"{per * dep.num_infer_replicas} inference nodes; at most {_MAX_INFER_NODES}")
+            dep.num_infer_nodes = per * dep.num_infer_replicas
         return self
