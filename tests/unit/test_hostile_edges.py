@@ -148,3 +148,17 @@ def test_derived_inference_nodes_past_the_bound_name_the_layout_not_num_infer_no
     assert "less than or equal" not in text
     text = errors_of(config(multi, {"inference": {"deployment": {**pd, "prefill_nodes_per_replica": 10**20}}}))
     assert "inference.deployment.disaggregated.prefill_nodes_per_replica" in text, text
+
+
+def test_sft_launch_view_refusal_is_a_config_error_not_a_traceback(tmp_path):
+    # The RL config built for an SFT run has checks of its own; one failing there escaped load_sft_config as a
+    # pydantic ValidationError traceback.
+    from toolkit.config.sft import load_sft_config
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "abc", "completion": "cba"}\n' * 4)
+    with pytest.raises(ConfigError, match=r"\[inference.deployment\] \(disaggregated\) implies 120000"):
+        load_sft_config([RT / "sft.toml"], [
+            f"--data.name={data}", "--site=local-slurm", "--deployment.type=multi_node",
+            "--inference.deployment.type=disaggregated", "--inference.deployment.prefill_nodes_per_replica=60000",
+            "--inference.deployment.decode_nodes_per_replica=60000"])

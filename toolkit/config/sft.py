@@ -247,7 +247,13 @@ def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SF
         cfg = SFTConfig.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(name_sources(pydantic_issues(e, SFTConfig), origins)) from None
-    found = rules.check(cfg.launch_view(), purpose="sft")
+    try:
+        view = cfg.launch_view()
+    except ValidationError as e:
+        # The RL config's own checks (e.g. inference nodes derived from [inference.deployment]): named in the
+        # SFT config's terms, not a traceback.
+        raise ConfigError(name_sources(in_sft_terms(pydantic_issues(e, RLConfig)), origins)) from None
+    found = rules.check(view, purpose="sft")
     if found.errors:
         raise ConfigError(name_sources(in_sft_terms(found.errors), origins))
     cfg._origins = origins
