@@ -162,3 +162,11 @@ def test_sft_launch_view_refusal_is_a_config_error_not_a_traceback(tmp_path):
             f"--data.name={data}", "--site=local-slurm", "--deployment.type=multi_node",
             "--inference.deployment.type=disaggregated", "--inference.deployment.prefill_nodes_per_replica=60000",
             "--inference.deployment.decode_nodes_per_replica=60000"])
+
+
+def test_env_without_taskset_shows_the_toml_to_write():
+    # The hint was a plain string written with f-string escapes: it printed 'taskset = {{ id = "..." }}'.
+    from config_cases import config, errors_of
+
+    text = errors_of(config({"orchestrator": {"eval": {"env": [{"name": "x"}]}}}))
+    assert 'orchestrator.eval.env[0].taskset' in text and 'taskset = { id = "..." }' in text, text

@@ -120,7 +120,7 @@ def _env_names(cfg: RLConfig, f: Findings) -> None:
                 )
         for i, e in enumerate(envs):
             if e.taskset is None and not e.legacy:
-                f.error(f"orchestrator.{section}.env[{i}].taskset", "missing: give taskset = {{ id = \"...\" }}")
+                f.error(f"orchestrator.{section}.env[{i}].taskset", "missing: give taskset = { id = \"...\" }")
 
 
 def _concurrency(cfg: RLConfig, f: Findings) -> None:
