@@ -170,3 +170,41 @@ def test_env_without_taskset_shows_the_toml_to_write():
 
     text = errors_of(config({"orchestrator": {"eval": {"env": [{"name": "x"}]}}}))
     assert 'orchestrator.eval.env[0].taskset' in text and 'taskset = { id = "..." }' in text, text
+
+
+def _dry_sweep_root(tmp_path: Path) -> Path:
+    from toolkit.sweep import main
+
+    f = _sweep_file(tmp_path, "max_parallel = 1")
+    assert main(["@", str(f), "@", str(RT / "slurm.toml"), "--output-dir", str(tmp_path / "out"), "--dry-run"]) == 0
+    return tmp_path / "out" / "s"
+
+
+@pytest.mark.parametrize("manifest", ['{"name": "s", "points": [', '{"name": "s"}', "[]"])
+def test_status_of_a_sweep_with_a_damaged_manifest_names_the_file(tmp_path, capsys, manifest):
+    # A cut-off or foreign manifest.json raised JSONDecodeError / KeyError / TypeError out of srl status.
+    from toolkit.cli import main as srl
+
+    root = _dry_sweep_root(tmp_path)
+    (root / "manifest.json").write_text(manifest)
+    capsys.readouterr()
+    assert srl(["status", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert str(root / "manifest.json") in err and "Traceback" not in err
+
+
+def test_sweep_status_and_cancel_survive_a_cut_off_arrays_record(tmp_path, capsys):
+    # A half-written last line of arrays.jsonl (submission interrupted) raised JSONDecodeError out of srl status
+    # and srl cancel; a damaged manifest made srl cancel end in a traceback after it had cancelled the arrays.
+    from toolkit.launch.sweeps import cancel_main, status_main
+
+    root = _dry_sweep_root(tmp_path)
+    (root / "arrays.jsonl").write_text('{"job_id": "4242424", "array": true, "points": ["p000"]}\n{"job_id": "42')
+    capsys.readouterr()
+    assert status_main(root) == 0
+    out = capsys.readouterr()
+    assert "job 4242424: array of 1 point(s)" in out.out and "line 2 is not a submission record" in out.err
+    (root / "manifest.json").write_text('{"name": "s", "points": [')
+    assert cancel_main(root, grace_s=0) == 0
+    err = capsys.readouterr().err
+    assert "cannot read the sweep manifest" in err and "--resume" in err

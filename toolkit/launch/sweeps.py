@@ -252,18 +252,47 @@ def submit_arrays(sweep_name: str, prepared: list[PreparedPoint], site: SiteConf
 
 # ---- srl status / srl cancel of a sweep root --------------------------------------------------------------------
 
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The sweep's ``manifest.json`` (name, points with their id, params, seed and run directory, the command).
+    Raises ConfigError naming the file when it is cut off, not a manifest, or lacks a point's fields."""
+    path = root / "manifest.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read the sweep manifest {path}: {e}") from None
+    points = data.get("points") if isinstance(data, dict) else None
+    if not (isinstance(data, dict) and isinstance(data.get("name"), str) and isinstance(points, list)
+            and all(isinstance(p, dict) and {"point_id", "params", "seed", "run_dir"} <= p.keys() for p in points)):
+        raise ConfigError(f"{path} is not a sweep manifest (it needs name and points, each with point_id, params, "
+                          "seed and run_dir); `srl sweep ... --dry-run` writes it again")
+    return data
+
+
 def is_sweep_root(path: Path) -> bool:
     """Whether ``path`` is a sweep's root (it holds ``manifest.json`` and is no run directory itself)."""
     return (path / "manifest.json").is_file() and not (path / "configs").is_dir()
 
 
 def read_arrays(root: Path) -> list[dict[str, Any]]:
-    """The submissions recorded in ``arrays.jsonl``, oldest first ([] when none)."""
+    """The submissions recorded in ``arrays.jsonl``, oldest first ([] when none). A line that is not a record
+    with a ``job_id`` (cut off while written) is left out with a note on stderr: it names no job to act on."""
     try:
         lines = (root / "arrays.jsonl").read_text().splitlines()
     except OSError:
         return []
-    return [json.loads(ln) for ln in lines if ln.strip()]
+    out = []
+    for n, ln in enumerate(lines, 1):
+        if not ln.strip():
+            continue
+        try:
+            rec = json.loads(ln)
+        except ValueError:
+            rec = None
+        if isinstance(rec, dict) and "job_id" in rec:
+            out.append(rec)
+        else:
+            print(f"note: {root / 'arrays.jsonl'} line {n} is not a submission record; left out", file=sys.stderr)
+    return out
 
 
 def _task_indices(spec: str) -> list[int]:
@@ -314,7 +343,7 @@ def sweep_status(root: Path) -> list[PointStatus]:
     says: finished / stopped / not started), last trainer step, last reward, array task, requeues."""
     from .progress import last_metrics, resolved_max_steps
 
-    manifest = json.loads((root / "manifest.json").read_text())
+    manifest = read_manifest(root)
     states = _job_states(root)
     rows = []
     for p in manifest["points"]:
@@ -342,7 +371,7 @@ def sweep_status(root: Path) -> list[PointStatus]:
 
 def status_main(root: Path) -> int:
     """Print ``srl status`` of a sweep root: one line per point. Returns 0."""
-    manifest = json.loads((root / "manifest.json").read_text())
+    manifest = read_manifest(root)
     rows = sweep_status(root)
     print(f"sweep {manifest['name']} at {root}: {len(rows)} points")
     print("point\tstate\tstep\treward\tarray task\trequeues\tparams")
@@ -353,7 +382,7 @@ def status_main(root: Path) -> int:
               f"{r.requeues}\t{params} seed={_seed(manifest, r.point_id)}")
     for rec in read_arrays(root):
         print(f"job {rec['job_id']}: " + ("array" if rec.get("array") else "plain job") +
-              f" of {len(rec['points'])} point(s), throttle {rec.get('throttle')}" +
+              f" of {len(rec.get('points') or [])} point(s), throttle {rec.get('throttle')}" +
               (f", after {rec['after']}" if rec.get("after") else ""))
     return 0
 
@@ -365,7 +394,7 @@ def _seed(manifest: dict[str, Any], point_id: str) -> Any:
 def continue_command(root: Path) -> str:
     """The ``srl sweep ... --resume`` that continues the sweep at ``root`` (its recorded command line, minus
     ``--dry-run``/``--clean``/``--resume``)."""
-    manifest = json.loads((root / "manifest.json").read_text())
+    manifest = read_manifest(root)
     argv = [a for a in manifest.get("command", []) if a not in ("--dry-run", "--clean", "--resume")]
     return "srl sweep " + shlex.join(argv) + " --resume"
 
@@ -391,7 +420,12 @@ def cancel_main(root: Path, *, grace_s: float = 300.0) -> int:
         # Pending tasks first, so none starts while the running points checkpoint.
         for job in live:
             slurm._run(["scancel", "--state=PENDING", job], timeout_s=slurm.DEFAULT_TIMEOUT_S)
-        running = [r for r in sweep_status(root) if r.state in ("RUNNING", "COMPLETING", "CONFIGURING")]
+        try:
+            running = [r for r in sweep_status(root) if r.state in ("RUNNING", "COMPLETING", "CONFIGURING")]
+        except ConfigError as e:
+            # Cancelling must still work: without the points, running ones cannot checkpoint first.
+            print(f"{e.issues[0].message}: running points are cancelled without a checkpoint", file=sys.stderr)
+            running = []
         for r in running:
             run = RunDir(root / r.point_id)
             run.control.mkdir(parents=True, exist_ok=True)
@@ -406,8 +440,13 @@ def cancel_main(root: Path, *, grace_s: float = 300.0) -> int:
         for job in live:
             slurm.cancel(job)
             print(f"cancelled {job}")
+    try:
+        again = continue_command(root)
+    except ConfigError as e:
+        print(f"{e.issues[0].message}; continue the sweep with its srl sweep command line and --resume", file=sys.stderr)
+        return 0
     print(f"continue the sweep (finished points are skipped, the others resume from their newest checkpoint):\n"
-          f"  {continue_command(root)}")
+          f"  {again}")
     return 0
 
 
