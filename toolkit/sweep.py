@@ -212,23 +212,30 @@ def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None
 
 
 def check_overrides(sweep: Sweep) -> None:
-    """Refuse command-line overrides of what the sweep varies itself (an axis, or ``seed`` of ``sweep.seeds``):
-    which value a point would run with is then ambiguous. Raises ConfigError naming the field."""
-    flat: list[str] = []
+    """Refuse command-line overrides of what the sweep varies itself (an axis, or ``seed`` of ``sweep.seeds``)
+    and overlay files that set an axis: the point's own value would silently win over them. An overlay's ``seed``
+    is let through (whole run configs such as rl-lora.toml set one; the points' seeds replace it). Raises
+    ConfigError naming the field and the file (or the command line) that set it."""
+    flat: dict[str, str] = {}
 
-    def walk(tree: dict[str, Any], prefix: str) -> None:
+    def walk(tree: dict[str, Any], prefix: str, source: str) -> None:
         for k, v in tree.items():
             if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
+                walk(v, f"{prefix}{k}.", source)
             else:
-                flat.append(f"{prefix}{k}")
+                flat[f"{prefix}{k}"] = source
 
-    walk(parse_overrides(sweep.overrides), "")
+    for f in sweep.overlays:
+        walk(to_canonical(read_toml(f), source=str(f))[0], "", str(f))
+    flat.pop("seed", None)
+    walk(parse_overrides(sweep.overrides), "", "command line")
     axes = {k.replace("-", "_") for p in sweep.points for k in p.params} | {"seed"}
-    clash = sorted(set(flat) & axes)
+    # An axis that is a whole table (``deployment = [{...}, ...]``) replaces it: every field under it clashes too.
+    clash = sorted(k for k in flat if any(k == a or k.startswith(a + ".") for a in axes))
     if clash:
         raise ConfigError([ConfigIssue(k, "is varied by the sweep itself (an axis of [sweep], or sweep.seeds); "
-                                       "change it in the sweep file, not on the command line", "command line")
+                                       "change it in the sweep file, not in an overlay or on the command line",
+                                       flat[k])
                            for k in clash])  # fmt: skip
 
 
@@ -252,7 +259,7 @@ HELP = """usage: srl sweep @ sweep.toml [@ overlay.toml ...] [--section.field VA
 
 The first file is the sweep ([sweep] axes, seeds, max_parallel, base run configs; [config] for every point). Further
 files are run-config overlays, merged onto every point after the base files and [config], and dotted overrides
-apply to every point too (an override of a swept field is refused). Each point is a full run under
+apply to every point too (one that sets a swept field is refused). Each point is a full run under
 <output_dir>/<sweep name>/<point id>, validated before anything is submitted.
 
 On a Slurm site each point runs as an `srl rl` batch job would, inside a job array task that requests the point's

@@ -208,3 +208,33 @@ def test_sweep_status_and_cancel_survive_a_cut_off_arrays_record(tmp_path, capsy
     assert cancel_main(root, grace_s=0) == 0
     err = capsys.readouterr().err
     assert "cannot read the sweep manifest" in err and "--resume" in err
+
+
+def test_sweep_overlay_that_sets_an_axis_is_refused_like_an_override(tmp_path):
+    # `srl sweep @ sweep.toml @ overlay.toml` with the overlay setting a swept field ran every point with its axis
+    # value and ignored the overlay without a word (the same field as --trainer.optim.lr was refused).
+    from toolkit.sweep import check_overrides
+
+    sweep = load_sweep(_sweep_file(tmp_path, ""))
+    overlay = tmp_path / "overlay.toml"
+    overlay.write_text("seed = 3\n[trainer.optim]\nlr = 0.5\n")
+    sweep.overlays = [overlay]
+    with pytest.raises(ConfigError, match=rf"trainer\.optim\.lr \[{overlay}\]: is varied by the sweep"):
+        check_overrides(sweep)
+    overlay.write_text("seed = 3\nmax_steps = 5\n")  # a whole run config's seed is let through
+    check_overrides(sweep)
+
+
+def test_sweep_overlay_field_under_a_table_axis_is_refused(tmp_path):
+    from toolkit.sweep import check_overrides
+
+    f = tmp_path / "sweep.toml"
+    f.write_text(f'[sweep]\nname = "t"\nbase = ["{RT / "rl.toml"}"]\n[sweep.grid]\n'
+                 'deployment = [{ type = "single_node" }, { type = "single_node", cpu_train_ranks = 2 }]\n')
+    sweep = load_sweep(f)
+    sweep.overlays = [RT / "slurm.toml"]  # sets deployment.type, deployment.num_train_nodes, ...: all replaced
+    with pytest.raises(ConfigError, match=r"deployment\.type \[.*slurm\.toml\]: is varied by the sweep"):
+        check_overrides(sweep)
+    sweep.overlays, sweep.overrides = [], ["--deployment.cpu_train_ranks", "2"]
+    with pytest.raises(ConfigError, match=r"deployment\.cpu_train_ranks \[command line\]"):
+        check_overrides(sweep)
