@@ -27,6 +27,7 @@ import itertools
 import json
 import math
 import random
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -82,8 +83,11 @@ def load_sweep(path: Path) -> Sweep:
         raise ConfigError([ConfigIssue(f"sweep.{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})",
                                        str(path)) for k in sorted(bad)])
     name = sw.get("name")
-    if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
-        raise ConfigError("sweep.name must be letters, digits, '-' or '_'", source=str(path))
+    # ASCII only, starting with a letter or digit, as run.name: str.isalnum() let '²' or '٣' into Slurm job names
+    # and directory names, and a leading '-' reads as an option to the commands that take the sweep directory.
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}", name):
+        raise ConfigError(f"sweep.name must be 1-128 ASCII letters, digits, '-' or '_', starting with a letter or "
+                          f"digit (got {name!r})", source=str(path))
     base = sw.get("base", [])
     if not isinstance(base, list) or not base or not all(isinstance(b, str) and "\x00" not in b for b in base):
         raise ConfigError("sweep.base must be a non-empty list of config file paths (no NUL bytes)", source=str(path))

@@ -29,6 +29,16 @@ def test_sweep_refuses_booleans_for_counts_and_seeds(tmp_path, line):
         load_sweep(_sweep_file(tmp_path, line))
 
 
+@pytest.mark.parametrize("name", ["ab\u00b2", "x\u0663", "-x", "_x", "a" * 129])
+def test_sweep_name_is_ascii_and_starts_with_a_letter_or_digit(tmp_path, name):
+    # str.isalnum() let superscripts and Arabic-Indic digits into job and directory names, and '-x' read as an
+    # option where the sweep directory is an argument.
+    f = _sweep_file(tmp_path, "").read_text().replace('name = "s"', f'name = "{name}"')
+    (tmp_path / "sweep.toml").write_text(f)
+    with pytest.raises(ConfigError, match="sweep.name must be"):
+        load_sweep(tmp_path / "sweep.toml")
+
+
 def test_huge_max_parallel_throttle_stays_within_the_array():
     # max_parallel = 99999999999999999 rendered --array=0-5%99999999999999999, which sbatch refuses after every
     # point's run directory was written.
