@@ -248,3 +248,18 @@ def test_sweep_overlay_field_under_a_table_axis_is_refused(tmp_path):
     sweep.overlays, sweep.overrides = [], ["--deployment.cpu_train_ranks", "2"]
     with pytest.raises(ConfigError, match=r"deployment\.cpu_train_ranks \[command line\]"):
         check_overrides(sweep)
+
+
+@pytest.mark.parametrize("what", ["file", "plain directory", "missing"])
+def test_cancel_of_something_that_is_no_run_says_so(tmp_path, capsys, what):
+    # srl cancel /etc/passwd raised NotADirectoryError (its lease path); a plain directory got "no Slurm job
+    # recorded" as if it were a run.
+    from toolkit.launch.control import cancel_main
+
+    target = tmp_path / "x"
+    if what == "file":
+        target.write_text("")
+    elif what == "plain directory":
+        target.mkdir()
+    assert cancel_main([str(target)]) == 1
+    assert "not a run directory" in capsys.readouterr().err

@@ -13,6 +13,9 @@ from toolkit.rundir import RunDir, point_symlink
 def test_no_job_recorded(tmp_path: Path, capsys) -> None:
     assert status_main([str(tmp_path)]) == 1
     assert cancel_main([str(tmp_path)]) == 1
+    assert "not a run directory" in capsys.readouterr().err
+    (tmp_path / "configs").mkdir()
+    assert cancel_main([str(tmp_path)]) == 1
     assert "no Slurm job recorded" in capsys.readouterr().err
 
 

@@ -121,6 +121,10 @@ def cancel_main(args: list[str]) -> int:
         # Every array of the sweep; running points checkpoint first (their stop request), within --grace.
         return sweeps.cancel_main(a.run_dir, grace_s=a.grace)
     run = RunDir(a.run_dir)
+    if not run.configs.is_dir():
+        # As srl status: a file (its lease path is no path) or a directory that is no run has nothing to cancel.
+        print(f"{run.root}: not a run directory (no configs/); give the directory `srl rl` printed", file=sys.stderr)
+        return 1
     jobs = read_job_ids(run)
     holder = leases.read(run)
     if holder is not None and not holder.job_id and holder.dead_reason() is None:
