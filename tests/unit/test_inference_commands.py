@@ -115,7 +115,7 @@ def test_engine_env_cpu_and_nixl():
 
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "0.0.0.0", "::1"])
 def test_engine_env_refuses_unroutable_side_channel_host(host):  # field case B08
-    with pytest.raises(CommandError, match="B08"):
+    with pytest.raises(CommandError, match="not routable from other nodes"):
         engine_env(role="decode", omp_bind=None, side_channel_host=host, side_channel_port=5600, cpu=False,
                    user_env={})  # fmt: skip
 
