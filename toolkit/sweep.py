@@ -298,6 +298,10 @@ def main(argv: list[str]) -> int:
     # Absolute: the array tasks read the manifest and write the points' run directories from wherever Slurm
     # starts them, not from the directory the sweep was submitted from.
     root = Path(configs[0].config.output_dir).expanduser().resolve()
+    if (root / "configs").is_dir():
+        # A run of the same name lives there: its files would hide the sweep from srl status and srl cancel.
+        raise ConfigError(f"{root} is a run directory (it has configs/), not a sweep's; give the sweep another "
+                          "sweep.name or --output-dir")
     from .preflight.site import load_site
 
     site = load_site(configs[0].config.site)

@@ -263,3 +263,24 @@ def test_cancel_of_something_that_is_no_run_says_so(tmp_path, capsys, what):
         target.mkdir()
     assert cancel_main([str(target)]) == 1
     assert "not a run directory" in capsys.readouterr().err
+
+
+def test_a_sweep_and_a_run_of_the_same_name_do_not_share_a_directory(tmp_path):
+    # Either way round, the second one's files went into the first's directory: srl status and srl cancel then
+    # saw a run where a sweep was, or the reverse.
+    from toolkit.config import load_config
+    from toolkit.launch.prepare import prepare_run
+    from toolkit.sweep import main as sweep_main
+
+    out = tmp_path / "out"
+    (out / "s" / "configs").mkdir(parents=True)  # a run named like the sweep
+    f = _sweep_file(tmp_path, "")
+    with pytest.raises(ConfigError, match="is a run directory"):
+        sweep_main(["@", str(f), "--site", "local-slurm", "--output-dir", str(out), "--dry-run"])
+    assert not (out / "s" / "manifest.json").exists()
+    (out / "s" / "configs").rmdir()
+    assert sweep_main(["@", str(f), "--site", "local-slurm", "--output-dir", str(out), "--dry-run"]) == 0
+    loaded = load_config([RT / "rl.toml"], ["--run.name", "s", "--output-dir", str(out)])
+    with pytest.raises(ConfigError, match="is a sweep's directory"):
+        prepare_run(loaded, argv=["srl", "rl"], dry_run=True)
+    assert not (out / "s" / "configs").exists()

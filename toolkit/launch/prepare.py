@@ -215,6 +215,10 @@ def prepare_run(
     if resume and clean:
         raise ConfigError(RESUME_CLEAN_MSG)
     run = run or run_dir_for(loaded, resume=resume)
+    if (run.root / "manifest.json").is_file() and not run.configs.is_dir():
+        # A sweep's root: run files there would hide the sweep from srl status and srl cancel.
+        raise ConfigError(f"{run.root} is a sweep's directory (it has manifest.json), not a run's; set a different "
+                          "run.name or output_dir")
     if dry_run:
         return _prepare_run(loaded, run, argv=argv, resume=resume, clean=clean, dry_run=True)
     # Before anything in the directory is read for a decision or changed: another supervisor may be running it.
