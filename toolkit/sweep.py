@@ -136,7 +136,8 @@ def _expand(sw: dict[str, Any], source: str) -> list[dict[str, Any]]:
 
 
 def _random_points(rnd: Any, source: str) -> list[dict[str, Any]]:
-    if not isinstance(rnd, dict) or not isinstance(rnd.get("samples"), int) or rnd["samples"] < 1:
+    samples = rnd.get("samples") if isinstance(rnd, dict) else None
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise ConfigError("sweep.random needs samples = N (>= 1)", source=source)
     seed = rnd.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):

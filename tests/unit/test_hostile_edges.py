@@ -22,10 +22,11 @@ def _sweep_file(tmp_path: Path, sweep_lines: str) -> Path:
     return f
 
 
-@pytest.mark.parametrize("line", ["max_parallel = true", "seeds = [true, false]"])
+@pytest.mark.parametrize("line", ["max_parallel = true", "seeds = [true, false]",
+                                  '[sweep.random]\nsamples = true\n"trainer.optim.max_norm" = { choice = [1.0] }'])
 def test_sweep_refuses_booleans_for_counts_and_seeds(tmp_path, line):
-    # TOML true is a Python int subclass: it ran as max_parallel 1 / seeds 1, 0 without a word.
-    with pytest.raises(ConfigError, match=r"sweep\.(max_parallel|seeds)"):
+    # TOML true is a Python int subclass: it ran as max_parallel 1 / seeds 1, 0 / one random sample without a word.
+    with pytest.raises(ConfigError, match=r"sweep\.(max_parallel|seeds|random)"):
         load_sweep(_sweep_file(tmp_path, line))
 
 
