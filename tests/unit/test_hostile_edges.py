@@ -285,3 +285,17 @@ def test_a_sweep_and_a_run_of_the_same_name_do_not_share_a_directory(tmp_path):
     with pytest.raises(ConfigError, match="is a sweep's directory"):
         prepare_run(loaded, argv=["srl", "rl"], dry_run=True)
     assert not (out / "s" / "configs").exists()
+
+
+def test_status_of_a_moved_sweep_reads_its_points_where_they_are(tmp_path):
+    # The manifest's absolute run_dir was read: a sweep directory moved (or reached through another mount) showed
+    # every point as not submitted, or the old copy's state.
+    from toolkit.launch.sweeps import sweep_status
+    from toolkit.rundir import RunDir
+
+    root = _dry_sweep_root(tmp_path)
+    moved = tmp_path / "moved"
+    root.rename(moved)
+    RunDir(moved / "p001").metrics.write_text('{"role": "trainer", "step": 7, "time": 1}\n')
+    rows = {r.point_id: r for r in sweep_status(moved)}
+    assert rows["p001"].step == 7 and rows["p000"].step is None

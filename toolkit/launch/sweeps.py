@@ -347,7 +347,7 @@ def sweep_status(root: Path) -> list[PointStatus]:
     states = _job_states(root)
     rows = []
     for p in manifest["points"]:
-        run = RunDir(Path(p["run_dir"]))
+        run = RunDir(root / p["point_id"])  # where points live (<root>/<point id>), also after the sweep moved
         jobs = read_job_ids(run) if run.launcher.is_dir() else []
         task = jobs[-1][0] if jobs else None
         st = states.get(task) if task else None
