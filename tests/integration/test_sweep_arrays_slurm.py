@@ -122,7 +122,7 @@ deployment = [{ type = "single_node", gpus_per_node = 4, num_infer_gpus = 2, num
     assert status_main([str(root)]) == 0
     out = capsys.readouterr().out
     for pid, task in (("p000", f"{jobs[0]}_0"), ("p001", f"{jobs[1]}_0"), ("p002", f"{jobs[1]}_1")):
-        assert re.search(rf"^{pid}\tCOMPLETED\t.*\t{task}\t0\t", out, re.M), out
+        assert re.search(rf"^{pid}\tCOMPLETED\t.*\t{task}\t0\t", out, re.MULTILINE), out
     with capsys.disabled():
         print(f"\n1/3/3-node sweep: 2 arrays, at most {most} tasks running (max_parallel 2), {wall:.0f} s")
 
@@ -149,3 +149,51 @@ deployment = [{ type = "single_node", gpus_per_node = 4, num_infer_gpus = 2, num
     with capsys.disabled():
         print(f"\n5 points, MaxArraySize 2: {len(jobs)} arrays, at most {most} tasks running (max_parallel 3), "
               f"{wall:.0f} s")
+
+
+def test_srl_cancel_of_a_sweep_checkpoints_running_points_and_prints_how_to_continue(tmp_path, probe_site, capsys):
+    """Two 3-node points, one at a time: while p000 runs (its probe trainer would run 120 s), ``srl cancel <sweep>``
+    removes the pending p001, asks p000 to checkpoint and stop (the probe trainer writes its checkpoint marker when
+    it sees the stop request) and prints the ``srl sweep ... --resume`` that continues the sweep."""
+    from toolkit.launch.control import cancel_main, status_main
+
+    base = _config(tmp_path, "base")
+    f = tmp_path / "c.toml"
+    f.write_text(f'[sweep]\nname = "cx"\nbase = ["{base}"]\nmax_parallel = 1\n[sweep.grid]\n'
+                 '"trainer.optim.lr" = [1e-4, 2e-4]\n')
+    argv = ["sweep", "@", str(f), "--output-dir", str(tmp_path / "out")]
+    # A dry run writes the points; the probe trainer reads how long to run from each, then the sweep is submitted
+    # with --resume (continuing the dry-run points).
+    for extra in (["--dry-run"], ["--resume"]):
+        proc = subprocess.run([sys.executable, "-m", "toolkit.cli", *argv, *extra], cwd=REPO, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        if extra == ["--dry-run"]:
+            for pid in ("p000", "p001"):
+                (tmp_path / "out" / "cx" / pid / "probe").mkdir()
+                (tmp_path / "out" / "cx" / pid / "probe" / "trainer_seconds").write_text("120")
+    root = tmp_path / "out" / "cx"
+    p0, p1 = RunDir(root / "p000"), RunDir(root / "p001")
+    deadline = time.monotonic() + 120
+    while not any((p0.root / "probe").glob("trainer@*.json")):
+        assert time.monotonic() < deadline, _logs(root)
+        time.sleep(0.2)
+    capsys.readouterr()
+    t0 = time.monotonic()
+    assert cancel_main([str(root), "--grace", "60"]) == 0
+    took = time.monotonic() - t0
+    out = capsys.readouterr().out
+    assert "p000" in out and "asked to checkpoint and stop" in out, out
+    assert f"srl sweep @ {f} --output-dir {tmp_path / 'out'} --resume" in out, out
+    assert (p0.checkpoints / "step_1" / "COMPLETE").exists()  # the probe trainer's checkpoint on the stop request
+    assert not any((p1.root / "probe").glob("*@*.json"))  # the pending point never started
+    (task0, _, _), = _read_ids(p0)[-1:]
+    # Ended by its stop request within the grace period, not killed by the cancel: the job's exit status is the
+    # run's ending (a user's stop), not Slurm's CANCELLED.
+    st0 = slurm.job_state(task0)
+    assert st0.state in ("COMPLETED", "FAILED") and st0.signal == 0, st0
+    assert status_main([str(root)]) == 0
+    rows = {ln.split("\t")[0]: ln.split("\t") for ln in capsys.readouterr().out.splitlines() if ln.startswith("p00")}
+    assert rows["p000"][1] == st0.state and rows["p001"][1] == "CANCELLED", rows
+    with capsys.disabled():
+        print(f"\nsrl cancel of a sweep: running point checkpointed and stopped, pending point cancelled, {took:.0f} s")
