@@ -29,7 +29,7 @@ from analysis.stop import criteria_from_table, replay
 from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
 from toolkit.launch.progress import read_local_record
 from toolkit.run import ending as ending_mod
-from toolkit.rundir import numbered_steps
+from toolkit.rundir import STABLE_MARKER, numbered_steps
 
 # Figures shown in a run's outcome, at the top of its section (and not again under Figures).
 OUTCOME_FIGURES = ("reward", "eval")
@@ -485,7 +485,7 @@ def _validation(doc: _Doc, run: RunData, key: Any) -> None:
 def _stable_broadcasts(run: RunData) -> list[Path]:
     """The run's complete weight broadcasts (STABLE marker present), newest first."""
     dirs = [run.run.broadcast_step(s) for s in reversed(numbered_steps(run.run.broadcasts))]
-    return [d for d in dirs if (d / "STABLE").exists()]
+    return [d for d in dirs if (d / STABLE_MARKER).exists()]
 
 
 def _wall_seconds(run: RunData) -> float | None:

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit import fsutil
-from toolkit.rundir import RunDir, numbered_steps
+from toolkit.rundir import COMPLETE_MARKER, RunDir, numbered_steps
 
 log = logging.getLogger(__name__)
 
-COMPLETE_MARKER = "COMPLETE"
 PARTS: tuple[str, ...] = ("trainer", "orchestrator")
 SFT_PARTS: tuple[str, ...] = ("trainer",)
 """An SFT run's checkpoints have the trainer part only (there is no orchestrator state to keep)."""

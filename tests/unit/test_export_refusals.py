@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.checkpoints import COMPLETE_MARKER
-from toolkit.rundir import RunDir
+from toolkit.rundir import COMPLETE_MARKER, RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from toolkit.inference.commands import LORA_ENGINE_ENV, CommandError, lora_engine_args
 from toolkit.inference.weights import is_lora_adapter
 from toolkit.models.tiny import build_tiny_model
-from toolkit.rundir import RunDir
-from toolkit.trainer.broadcast import STABLE_MARKER, write_adapter_broadcast
+from toolkit.rundir import STABLE_MARKER, RunDir
+from toolkit.trainer.broadcast import write_adapter_broadcast
 from toolkit.trainer.lora import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,

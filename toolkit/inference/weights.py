@@ -54,9 +54,8 @@ from toolkit.inference.versions import (
     parse_version,
 )
 from toolkit.inference.worker_ext import EXTENSION_CLS, RELOAD_METHOD, RESULT_MARKER
-from toolkit.rundir import RunDir, numbered_steps
+from toolkit.rundir import STABLE_MARKER, RunDir, numbered_steps
 
-STABLE_MARKER = "STABLE"
 # A LoRA run's broadcasts are PEFT adapter directories (toolkit.trainer.lora); engines serve them under this name.
 LORA_ADAPTER_CONFIG = "adapter_config.json"
 DEFAULT_LORA_NAME = "srl-policy-lora"

@@ -36,8 +36,8 @@ from collections.abc import Callable
 from typing import Any
 
 from toolkit import fsutil
-from toolkit.inference.weights import STABLE_MARKER, newest_stable_broadcast
-from toolkit.rundir import RunDir, numbered_steps
+from toolkit.inference.weights import newest_stable_broadcast
+from toolkit.rundir import STABLE_MARKER, RunDir, numbered_steps
 
 log = logging.getLogger(__name__)
 

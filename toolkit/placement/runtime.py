@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..rundir import RunDir, numbered_steps
+from ..rundir import COMPLETE_MARKER, RunDir, numbered_steps
 from .cpus import cpu_thread_env
 from .environment import visible_devices
 from .plan import Plan, build_plan, fill, read_plan, write_plan
@@ -204,7 +204,7 @@ def exec_process(run: RunDir, name: str, env: dict[str, str]) -> None:
 def newest_complete_since(run: RunDir, since: float) -> int | None:
     """Step of the newest ``checkpoints/step_*/COMPLETE`` written at or after ``since`` (epoch seconds)."""
     for step in reversed(numbered_steps(run.checkpoints)):
-        marker = run.checkpoint_step(step) / "COMPLETE"
+        marker = run.checkpoint_step(step) / COMPLETE_MARKER
         try:
             if marker.stat().st_mtime >= since:
                 return step

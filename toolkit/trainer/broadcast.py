@@ -25,11 +25,10 @@ from pathlib import Path
 import torch
 
 from toolkit import fsutil
-from toolkit.rundir import RunDir, numbered_steps
+from toolkit.rundir import STABLE_MARKER, RunDir, numbered_steps
 
 log = logging.getLogger(__name__)
 
-STABLE_MARKER = "STABLE"
 WEIGHTS_FILE = "model.safetensors"
 # Files of a HF model directory that describe tokenisation and generation rather than weights.
 _TOKENIZER_GLOBS = (
