@@ -391,21 +391,16 @@ def step_argv(plan: Any, spec: Any, run: RunDir, log: Path, *, python: str, cont
             "--run-dir", str(run.root), "--process", spec.name]  # fmt: skip
 
 
-def settle_job(run: RunDir, *, failed: str | None = None, status: int | None = None, signalled: str | None = None,
-               requeued: bool = False, lost: bool = False) -> int:
-    """Decide, record and print how the job's run ended (:mod:`toolkit.run.ending`: a failed step ``failed`` with
-    exit ``status``, a received signal, a requeue, a lost lease); returns the job's exit status."""
+def settle_job(run: RunDir, *, signalled: str | None = None, requeued: bool = False, lost: bool = False) -> int:
+    """Decide, record and print how the job's run ended after a signal (``TERM``, ``INT``...), a requeue or a lost
+    lease (:mod:`toolkit.run.ending`, which tells a cancel from the time limit); returns the job's exit status."""
     from ..run import ending
 
     if lost:  # the run is someone else's now: nothing is recorded
         end = ending.settle(run, lease_lost=True)
         print(end.line(), flush=True)
         return end.exit_status
-    argv = ["settle", "--run-dir", str(run.root)]
-    if failed is not None:
-        argv += ["--failed", failed, "--status", str(status)]
-    if signalled is not None:
-        argv += ["--signal", signalled]
+    argv = ["settle", "--run-dir", str(run.root), *(["--signal", signalled] if signalled else [])]
     return ending.main(argv + (["--requeued"] if requeued else []))
 
 
