@@ -38,7 +38,7 @@ import os
 from typing import Any
 
 from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER
-from toolkit.inference.versions import WeightVersionTag
+from toolkit.inference.versions import WeightVersionTag, route_path
 
 OPEN_PATHS = frozenset({
     "/health", "/ping", "/version", "/metrics",
@@ -88,10 +88,7 @@ class AdminGuard:
         if scope["type"] not in ("http", "websocket"):  # lifespan events
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        root = scope.get("root_path") or ""
-        if root and path.startswith(root):
-            path = path[len(root) :] or "/"
+        path = route_path(scope)
         supplied = next((v for k, v in scope.get("headers") or () if k == _HEADER_KEY), None)
         refusal = self.check(path, supplied)
         if refusal is None:

@@ -114,6 +114,16 @@ def judge(run_id: str | None, believed: int, base: Iterable[str], adapter: Itera
     return Verdict(min(steps) if steps else believed)
 
 
+def route_path(scope: dict) -> str:
+    """The route an ASGI request asks for: ``scope["path"]`` without the app's ``root_path`` prefix (a server
+    mounted under a prefix still routes ``/v1/completions``)."""
+    path = scope["path"]
+    root = scope.get("root_path") or ""
+    if root and path.startswith(root):
+        path = path[len(root) :] or "/"
+    return path
+
+
 class _Book:
     """Versions per key (None: the base weights; a name: that adapter), each with the sequence number of its load,
     so a request can list every version set between its arrival and its answer."""
@@ -181,10 +191,7 @@ class WeightVersionTag:
         if scope["type"] != "http" or scope.get("method") not in ("POST", "GET"):
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        root = scope.get("root_path") or ""
-        if root and path.startswith(root):
-            path = path[len(root) :] or "/"
+        path = route_path(scope)
         if path == VERSIONS_PATH and scope["method"] == "GET":
             await self._answer_versions(send)
             return

@@ -239,19 +239,25 @@ def prepare_run(
 def _refuse_if_run_jobs_live(run: RunDir) -> None:
     """Raise ConfigError when a Slurm job submitted for ``run`` is still queued or running (a queued or requeued
     job holds no lease until it starts, and would then run the run a second time). Only for runs that were ever
-    submitted; when Slurm cannot be asked, say so and go on (the lease still guards a job that starts)."""
+    submitted (:func:`refuse_live_jobs`)."""
+    if run.launcher.is_dir() and any(run.launcher.glob("*.sbatch")):
+        refuse_live_jobs(run.root, "run")
+
+
+def refuse_live_jobs(root: Path, what: str) -> None:
+    """Raise ConfigError naming the queued or running Slurm jobs that log under ``root`` (a run or sweep directory,
+    ``what`` says which): a second launch would run it twice. When Slurm cannot be asked, say so and go on (the
+    lease still guards a job that starts)."""
     from . import slurm
 
-    if not run.launcher.is_dir() or not any(run.launcher.glob("*.sbatch")):
-        return
     try:
-        jobs = slurm.jobs_logging_under(run.root)
+        jobs = slurm.jobs_logging_under(root)
     except slurm.SlurmCommandError as exc:
-        print(f"note: could not ask Slurm whether a job of {run.root} is queued ({exc})", file=sys.stderr)
+        print(f"note: could not ask Slurm whether a job of the {what} {root} is queued ({exc})", file=sys.stderr)
         return
     if jobs:
-        raise ConfigError(f"run {run.root} has Slurm job(s) {', '.join(jobs)} queued or running, which will run it; "
-                          f"stop them first: srl cancel {run.root}")  # fmt: skip
+        raise ConfigError(f"{what} {root} has Slurm job(s) {', '.join(jobs)} queued or running, which will run it; "
+                          f"stop them first: srl cancel {root}")  # fmt: skip
 
 
 def _refuse_owned_deployment(loaded: LoadedConfig, run: RunDir) -> None:

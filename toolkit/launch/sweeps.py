@@ -35,7 +35,7 @@ from ..placement.plan import build_plan, run_port_key, write_plan
 from ..render import _env, build_context, job_name, render_rl, sbatch_value
 from ..rundir import RunDir
 from . import slurm
-from .prepare import prepare_attempt
+from .prepare import prepare_attempt, refuse_live_jobs
 from .submit import _prepare_logs, read_job_ids, record_job_id
 
 # Directives that name a job and its logs: a point's script has its own, the array script has the sweep's.
@@ -112,16 +112,8 @@ def plan_arrays(shapes: list[tuple[int, bool]], max_parallel: int, max_array_siz
 def refuse_if_sweep_live(root: Path) -> None:
     """Raise ConfigError when an array task (or plain job) of the sweep at ``root`` is queued or running: a
     second submission would run its points twice. A note, not an error, when Slurm cannot be asked."""
-    if not (root / "manifest.json").exists():
-        return
-    try:
-        jobs = slurm.jobs_logging_under(root)
-    except slurm.SlurmCommandError as exc:
-        print(f"note: could not ask Slurm whether a job of the sweep {root} is queued ({exc})", file=sys.stderr)
-        return
-    if jobs:
-        raise ConfigError(f"sweep {root} has Slurm job(s) {', '.join(jobs)} queued or running; stop them first "
-                          f"(srl cancel {root}) or wait until they end")  # fmt: skip
+    if (root / "manifest.json").exists():
+        refuse_live_jobs(root, "sweep")
 
 
 def finished(run: RunDir, max_steps: int) -> bool:
