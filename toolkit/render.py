@@ -1,7 +1,7 @@
 """Render sbatch scripts from a placement plan (Jinja2, StrictUndefined). Templates stay thin: every value they print
 is computed here, typed and validated; no arithmetic or placement logic happens in bash.
 
-Safety rules (field cases B01, B02, B13, B22, B28):
+Safety rules (each closes a way a rendered script has gone wrong on a cluster):
 - ``#SBATCH`` lines are built here as whole options; each value is checked (no whitespace, quotes, backslashes or
   newlines, which would change how sbatch splits the line). Bash never executes ``#SBATCH`` lines.
 - Every value printed into the script body passes the ``q`` filter (``shlex.quote``).
@@ -73,7 +73,7 @@ def _env() -> jinja2.Environment:
 
 
 def gpu_directives(site: SiteConfig, gpus_per_node: int, num_nodes: int) -> list[str]:
-    """The single GPU request of one (het) group in the site's style; [] for CPU groups (field case B01)."""
+    """The single GPU request of one (het) group in the site's style; [] for CPU groups."""
     if gpus_per_node <= 0:
         return []
     style = site.gpu.request_style

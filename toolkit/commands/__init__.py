@@ -3,4 +3,5 @@
 Modules:
   sft   ``srl sft``: SFT runs (prepare, place the trainer, launch or submit), ``make-data`` (rows from a
         taskset's reference answers) and ``chain`` (SFT, then RL from its final model; Slurm: afterok)
+  export  ``srl export RUN [--step N] DIR``: argument checks before any weights load (the export is the trainer's)
 """

@@ -3,7 +3,9 @@ standard library only (no torch/vllm), and no other toolkit package, so any laye
 
 Modules:
 
-- ``model``: the pydantic schema of a run (``RLConfig`` and its sections); ``site``: the schema of a site file.
+- ``model``: the pydantic schema of a run (``RLConfig`` and its sections); ``site``: the schema of a site file;
+  ``sft``: the SFT run config (``SFTConfig``) and its launch view, checked by the same rules.
+- ``cli_args``: the command line of every run-shaped command (``@`` files, srl's flags, dotted overrides).
 - ``compose``: TOML files merged left to right, dotted ``--a.b VALUE`` overrides, where each value came from.
 - ``convert``: other shapes (legacy v0, hosted flat) mapped to the canonical one.
 - ``rules``, ``arg_rules``: cross-field rules (groups and batches, GPUs, Slurm fields, secrets, pass-through args).

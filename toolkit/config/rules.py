@@ -4,9 +4,10 @@ outside it (files, models, tasksets, sites and node arithmetic are checked by :m
 Rules for pass-through arguments and the shape of references live in :mod:`toolkit.config.arg_rules`;
 :func:`check` runs them all.
 
-Sources: the "train-with-environments" seed (whole groups per batch, group_size >= 8 advised, unique env names,
-ratio on all train envs or none, bounded stages), training.md (``max_concurrent >= rollouts_per_example *
-workers_per_env``), and the field cases B02, B13, B14, B18, B19, B20, B22, B28, B29, B30.
+What they encode: whole groups per batch (group_size >= 8 advised), unique env names, a ratio on all train envs or
+none, bounded stages, ``max_concurrent >= group_size * pool.max_workers`` (a smaller limit starves the env
+workers), retained broadcasts covering the off-policy window, Slurm options srl owns itself, and secrets by name
+only.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .slurm_time import parse_slurm_time
 
 # Group-relative algorithms: their advantage is zero for a group of one.
 _GROUP_RELATIVE = {"grpo", "max_rl"}
-# Env var names that carry credentials; their values must never be written to configs or scripts (B22).
+# Env var names that carry credentials; their values must never be written to configs or scripts.
 _SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 
 

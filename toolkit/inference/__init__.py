@@ -12,4 +12,8 @@ Modules:
   serve     start_local_deployment -> Deployment, supervise: ``srl inference`` on one host
   guard     AdminGuard: ASGI middleware in every engine; admin/dev routes need the run's admin token
   admin_token  SRL_ADMIN_TOKEN / X-SRL-Admin-Token: creating, passing and (inference-only runs) publishing it
+  versions  weight versions that name their owner run; the engine-side record that tags each completion
+  worker_ext  vLLM worker extension for fast in-place weight reloads
+  multinode  one engine spread over several nodes (data parallel across nodes)
+  main      ``srl inference``: a standalone deployment, locally or as a Slurm job
 """

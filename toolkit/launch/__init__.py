@@ -1,0 +1,14 @@
+"""Launching and following runs: the layer between a checked config (:mod:`toolkit.preflight`) and the roles.
+
+Modules:
+  prepare     the run directory of a new attempt (lease, configs, command line); refusals of a second launch
+  dispatch    a prepared run to its launcher: the local supervisor, or a Slurm submission (dry run: render only)
+  local       ``srl rl`` on this machine: the supervisor over local child processes, the progress line, the ending
+  supervisor  the one supervisor of a run's processes, local children or ``srun`` job steps inside the batch job
+              (start order, readiness, engine restarts, stop/checkpoint/requeue, teardown, exit status)
+  submit      rendering the batch script into ``<run>/launcher/`` and ``sbatch`` (dependencies, job ids)
+  sweeps      sweeps on Slurm: each point an ``srl rl`` batch job inside job arrays grouped by allocation shape
+  slurm       Slurm from the login node: sbatch, squeue/sacct states, scancel, scontrol requeue
+  control     ``srl status``, ``srl cancel`` and ``srl logs`` of a run or sweep directory
+  progress    what a run has done so far, from its run directory alone (steps, reward, ending, W&B sync line)
+"""

@@ -12,6 +12,9 @@ Public API:
   renderer.load_renderer(cfg, model_dir) -> Renderer            chat messages <-> token ids (RL rollouts and SFT data
                                                                 share it, so both see the same ids)
   cmd_build_tiny(dir, seed) / cmd_import_smollm2(dir) -> Path  CLI entry points
+
+Modules: ``tiny`` (the tiny model), ``smollm2`` (SmolLM2 from a wheel), ``untie``, ``resolve`` (names and
+aliases), ``renderer`` (chat messages <-> token ids), ``cli`` (``srl model``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,19 @@
+"""The orchestrator role: rollouts from the environments, scored into groups, batched for the trainer.
+
+Modules:
+  main        ``srl orchestrator --run-dir RUN``: the async loop (train batches, eval, weight updates, stops)
+  producer    keeps groups in flight within ``max_concurrent`` and the off-policy bound
+  sampler     which env and task the next group uses (ratios, epoch-shuffled tasks; resumable)
+  rollout     one rollout, token-in/token-out through the policy client
+  advantages  group-relative advantages of one group
+  filtering   which groups carry learning signal (uniform rewards, thresholds)
+  buffer      a trainer step's batch from finished groups
+  policy      the served policy version and the off-policy bound
+  engines     the engine watch: a restarted engine gets the current weights before it serves a rollout
+  evaluation  periodic held-out eval: avg@k and pass@k per eval env
+  stop        stop criteria and the zero-signal guard
+  records     the orchestrator's metrics line per step
+  writer      rollout store appends and training batches, written by a child process
+  state       the orchestrator's part of a checkpoint
+  types       generations, rollouts, groups, training samples, error classes
+"""

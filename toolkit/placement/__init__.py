@@ -2,6 +2,14 @@
 
 Public API: :func:`build_plan`, :func:`write_plan`, :func:`read_plan`, :class:`Plan`, :class:`ProcessSpec`,
 :func:`derive_topology`, :func:`visible_devices`. Login-node safe (no torch, no vLLM).
+
+Modules:
+  topology     node arithmetic of a deployment, derived once
+  plan         the plan: every process with its node, GPUs, ports, command and environment (JSON round trip)
+  ports        a port block per run, distinct offsets per host
+  environment  per-process environment layers, JIT caches on node-local scratch, GPU binding
+  cpus         CPU threads and cores per process on CPU-only plans
+  runtime      node-side helpers of the batch job's supervisor (hosts of the job, exec of a process)
 """
 
 from .environment import GpuBindingError, visible_devices

@@ -4,7 +4,7 @@ Layers, lowest first (a later layer wins): srl defaults < ``[env_vars]`` < compo
 orchestrator, inference) < prefill/decode role vars < values srl must own (ports, run ids, rendezvous, side channel).
 Owned names are rejected in user layers at validation time (:data:`OWNED_NAMES`), so a user can never silently
 override them. ``CUDA_VISIBLE_DEVICES`` is owned too; it is computed on the node from the GPU set Slurm granted
-(:func:`visible_devices`), never assumed to be 0..N-1 (field case B03).
+(:func:`visible_devices`), never assumed to be 0..N-1.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-# Compile/JIT caches that must live on node-local disk (field case B09): Triton, torch inductor, vLLM, FlashInfer.
+# Compile/JIT caches that must live on node-local disk: Triton, torch inductor, vLLM, FlashInfer.
 CACHE_VARS = {
     "TRITON_CACHE_DIR": "triton",
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
@@ -79,7 +79,7 @@ def visible_devices(positions: Sequence[int], inherited: str | None, gpus_per_no
     """``CUDA_VISIBLE_DEVICES`` for a process given its GPU positions and the node's granted device list.
 
     ``inherited`` is the step's ``CUDA_VISIBLE_DEVICES`` (e.g. ``"2,5,7,9"`` on a shared node); positions index into
-    it, so ``[0, 1]`` gives ``"2,5"`` and ``[2, 3]`` gives ``"7,9"`` (field case B03). When nothing is inherited
+    it, so ``[0, 1]`` gives ``"2,5"`` and ``[2, 3]`` gives ``"7,9"``. When nothing is inherited
     (no Slurm, a plain machine) the list is ``0..gpus_per_node-1``. Empty positions give ``""`` (no GPU).
     Raises GpuBindingError when a position is beyond the visible list, naming both counts.
     """
