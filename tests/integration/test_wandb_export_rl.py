@@ -167,6 +167,9 @@ def test_export_of_a_full_weight_checkpoint_gives_the_trainers_logprobs(full_run
     assert "no checkpoint of step 9; complete checkpoints: 1, 2, 3, 4" in (tmp_path / "nine.out").read_text()
 
 
+# Its own 3-step LoRA run (about 100 s): kept out of CI's default selection for time (scripts/test.sh -m heavy); the
+# LoRA merge itself is checked in CI by test_trainer_dist's 2-rank merged export and tests/unit/test_trainer_lora.
+@pytest.mark.heavy
 def test_export_of_a_lora_checkpoint_merges_the_adapter(tmp_path):
     need_module("vllm")
     need_module("peft")
