@@ -108,14 +108,18 @@ def _trainer_policy(run: Path, step: int):
     return model.eval(), resolve_model(s.model_name)
 
 
+# The probe leaves with os._exit once its answer is printed: vLLM's engine threads can abort the interpreter's own
+# shutdown on CPU ("terminate called without an active exception", status -6) after the work is done, which says
+# nothing about the exported model.
 _VLLM_PROBE = """
-import json, sys
+import json, os, sys
 from vllm import LLM, SamplingParams
 llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, max_model_len=256, seed=0)
 ids = json.loads(sys.argv[2])
 out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0))
 lps = [d[t].logprob for d, t in zip(out[0].prompt_logprobs[1:], ids[1:])]
-print("LOGPROBS " + json.dumps(lps))
+print("LOGPROBS " + json.dumps(lps), flush=True)
+os._exit(0)
 """
 
 
