@@ -70,6 +70,9 @@ def test_reverse_text_learns_and_weights_sync(tmp_path):
     assert len(steps) == len(set(steps)), "each trainer step is recorded exactly once"
 
 
+# About 5 minutes: with the heavy tests (scripts/test.sh -m heavy), so CI's whole run stays under 60 minutes; the
+# learning test above stays in CI.
+@pytest.mark.heavy
 def test_negative_control_without_weight_updates_does_not_learn(tmp_path):
     metrics = _run(tmp_path, "frozen", "--no-orchestrator.update-weights")
     gain = _gain(metrics)
