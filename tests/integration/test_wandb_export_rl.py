@@ -108,18 +108,14 @@ def _trainer_policy(run: Path, step: int):
     return model.eval(), resolve_model(s.model_name)
 
 
-# The probe leaves with os._exit once its answer is printed: vLLM's engine threads can abort the interpreter's own
-# shutdown on CPU ("terminate called without an active exception", status -6) after the work is done, which says
-# nothing about the exported model.
 _VLLM_PROBE = """
-import json, os, sys
+import json, sys
 from vllm import LLM, SamplingParams
 llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, max_model_len=256, seed=0)
 ids = json.loads(sys.argv[2])
 out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0))
 lps = [d[t].logprob for d, t in zip(out[0].prompt_logprobs[1:], ids[1:])]
 print("LOGPROBS " + json.dumps(lps), flush=True)
-os._exit(0)
 """
 
 
@@ -128,7 +124,10 @@ def _vllm_prompt_logprobs(model_dir: Path, ids: list[int], log: Path) -> list[fl
     r = subprocess.run([sys.executable, "-c", _VLLM_PROBE, str(model_dir), json.dumps(ids)], capture_output=True,
                        text=True, timeout=600, env=env, check=False)  # fmt: skip
     log.write_text(r.stdout + r.stderr)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    # vLLM's engine threads can abort the interpreter's own shutdown on CPU ("terminate called without an active
+    # exception", status -6) after the answer is printed; that says nothing about the exported model.
+    answered = any(x.startswith("LOGPROBS ") for x in r.stdout.splitlines())
+    assert r.returncode == 0 or (answered and r.returncode == -6), (r.stdout + r.stderr)[-4000:]
     (line,) = [x for x in r.stdout.splitlines() if x.startswith("LOGPROBS ")]
     return json.loads(line[len("LOGPROBS "):])
 
