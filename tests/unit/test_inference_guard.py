@@ -7,10 +7,9 @@ import asyncio
 import importlib
 import json
 import stat
-import threading
-import time
 
 import pytest
+from asgi_server import ServedApp
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -19,7 +18,6 @@ from starlette.testclient import TestClient
 from toolkit.inference import admin_token as at
 from toolkit.inference.commands import GUARD_MIDDLEWARE, engine_command
 from toolkit.inference.guard import OPEN_PATHS, AdminGuard, is_open
-from toolkit.inference.serve import free_port
 from toolkit.inference.weights import WeightUpdateError, WeightUpdater
 from toolkit.rundir import RunDir
 
@@ -156,30 +154,14 @@ def test_token_helpers(tmp_path, monkeypatch):
     assert [p.name for p in run.launcher.iterdir()] == ["admin_token"]  # no temp file left
 
 
-class _Server:
+class _Server(ServedApp):
     """uvicorn serving the guarded stand-in app in a thread (real HTTP for the real WeightUpdater)."""
 
     def __init__(self, token: str | None):
-        import uvicorn
-
         self.seen: list = []
         app = _app(self.seen)
         app.add_middleware(AdminGuard, token=token)
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        super().__init__(app)
 
 
 def test_weight_updater_sends_the_token_and_fails_clearly_without_it(tmp_path, monkeypatch):

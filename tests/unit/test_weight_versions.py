@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from asgi_server import ServedApp
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -20,7 +21,6 @@ from toolkit import lease
 from toolkit.inference.admin_token import ADMIN_TOKEN_HEADER
 from toolkit.inference.client import PolicyClient
 from toolkit.inference.guard import AdminGuard
-from toolkit.inference.serve import free_port
 from toolkit.inference.versions import (
     ADAPTER_VERSION_HEADER,
     VERSION_HEADER,
@@ -145,29 +145,13 @@ def test_judge(base, adapter, lora, want):
     assert judge(None, 9, base, adapter, lora=lora) == Verdict(9)  # no owner check outside a run
 
 
-class _Server:
+class _Server(ServedApp):
     """uvicorn serving the guarded stand-in app in a thread."""
 
     def __init__(self, gate: dict):
-        import uvicorn
-
         app = _app(gate)
         app.add_middleware(AdminGuard, token=TOKEN)
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        super().__init__(app)
 
 
 def test_updaters_and_clients_of_two_runs_on_one_engine(tmp_path):
