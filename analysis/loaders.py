@@ -1,6 +1,6 @@
 """Offline loaders: a run directory's ``metrics.jsonl``, resolved config, run meta and rollout store as pandas.
 
-Every path comes from :class:`toolkit.rundir.RunDir`. Nothing here imports torch.
+Every path comes from :class:`toolkit.run.layout.RunDir`. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.store import load_rollouts
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 KEY_COLUMNS = ("role", "step", "time")
 

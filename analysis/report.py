@@ -29,7 +29,7 @@ from analysis.stop import criteria_from_table, replay
 from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
 from toolkit.launch.progress import read_local_record
 from toolkit.run import ending as ending_mod
-from toolkit.rundir import STABLE_MARKER, numbered_steps
+from toolkit.run.layout import STABLE_MARKER, numbered_steps
 
 # Figures shown in a run's outcome, at the top of its section (and not again under Figures).
 OUTCOME_FIGURES = ("reward", "eval")
@@ -721,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     parser = argparse.ArgumentParser(prog="srl report", description="Offline report of one or more runs.")
     parser.add_argument("run_dirs", type=Path, nargs="+", help="run directories, or a sweep root (all its points)")

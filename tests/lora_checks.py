@@ -29,7 +29,7 @@ def served_logprob_gaps(run: Path, batch_step: int, adapter_step: int, model_nam
 
     from toolkit.batches import load_batch_dir
     from toolkit.models import resolve_model
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
     from toolkit.trainer.lora import apply_lora, load_adapter
     from toolkit.trainer.model import load_policy
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from toolkit.launch.submit import read_job_ids
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_JOB = [str(ROOT / "jobs/reverse-text/rl.toml"), str(ROOT / "jobs/reverse-text/slurm.toml")]

@@ -41,7 +41,7 @@ from safetensors.numpy import save as st_save
 
 from toolkit import fsutil
 from toolkit.orchestrator.types import TrainingSample
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 FORMAT_VERSION = 1
 BATCH_FILE = "batch.safetensors"

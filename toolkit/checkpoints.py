@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit import fsutil
-from toolkit.rundir import COMPLETE_MARKER, RunDir, numbered_steps
+from toolkit.run.layout import COMPLETE_MARKER, RunDir, numbered_steps
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from .fsutil import append_jsonl
 from .procutil import pid_alive, process_start_time
-from .rundir import RunDir
+from .run.layout import RunDir
 
 log = logging.getLogger(__name__)
 

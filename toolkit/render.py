@@ -25,7 +25,7 @@ from .config.site import SBATCH_UNSAFE, SiteConfig, job_python
 from .fsutil import atomic_write_text
 from .placement.environment import container_prefix
 from .placement.plan import Plan
-from .rundir import RunDir
+from .run.layout import RunDir
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 # sbatch splits an #SBATCH line on whitespace and understands quotes; keep values free of both (the config

@@ -368,7 +368,7 @@ def run_point(manifest: Path, index: int) -> int:
     cfg = loaded.config
     from .launch.dispatch import launch
     from .launch.prepare import prepare_run
-    from .rundir import RunDir
+    from .run.layout import RunDir
 
     run_dir = RunDir(root / point.point_id)
     resume = run_dir.configs.exists()

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 from toolkit import checkpoints
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 from toolkit.trainer.broadcast import write_broadcast
 from toolkit.trainer.checkpoint import load_trainer_state, save_trainer_state
 from toolkit.trainer.optim import build_optimizer

@@ -50,7 +50,7 @@ from toolkit.inference.health import write_ready
 from toolkit.models import resolve_model
 from toolkit.orchestrator.main import Orchestrator
 from toolkit.orchestrator.types import SamplingParams
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 # Tiny model's character tokenizer (toolkit/models/tiny.py): 4 specials, "\n", "\t", then chr(c) = 6 + c - 32.
 # "cba" then <|im_end|> (id 2). Fixed tokens: the server does no work.

@@ -22,7 +22,7 @@ from golden.layouts import make_cfg
 from toolkit.placement import build_plan
 from toolkit.preflight.site import load_site
 from toolkit.render import build_context, render_text
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 SIZES = (8, 16, 128, 1024)
 GOAL_1024_S = 0.5

@@ -53,7 +53,7 @@ from toolkit.inference.admin_token import admin_headers
 from toolkit.inference.serve import start_local_deployment
 from toolkit.inference.weights import WeightUpdater, follow_broadcasts
 from toolkit.models import build_tiny_model
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def drop_cache(directory: Path) -> None:

@@ -19,7 +19,7 @@ from toolkit.config.model import RLConfig
 from toolkit.placement import build_plan
 from toolkit.preflight.site import load_site
 from toolkit.render import build_context, render_text
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 BASE: dict[str, Any] = {
     "output_dir": "/shared/runs",

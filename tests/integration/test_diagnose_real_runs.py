@@ -32,7 +32,7 @@ need_module("verifiers.v1")
 
 from analysis.diagnose import Finding, diagnose, format_findings
 from analysis.store import load_rollouts
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "diagnose_taskset"

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 need_module("verifiers.v1")
 
 from analysis.store import load_rollouts
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "vf_envs"

@@ -60,7 +60,7 @@ def test_eval_run_local_server_writes_store_and_verdict(tmp_path, capsys):
 def test_eval_run_against_base_url_with_key_variable(tmp_path, capsys, monkeypatch):
     from toolkit.inference.serve import start_local_deployment
     from toolkit.models import resolve_model
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     model = resolve_model("tiny-qwen3")
     secret = "srl-test-key-0123456789"

@@ -24,7 +24,7 @@ def _run_dir(root: Path, model_dir: Path):
     from toolkit.batches import write_batch
     from toolkit.config.model import RLConfig
     from toolkit.orchestrator.types import TrainingSample
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     run = RunDir(root)
     cfg = RLConfig.model_validate({

@@ -16,7 +16,7 @@ import pytest
 from run_records import role_steps
 
 from toolkit import lease
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.vllm, pytest.mark.timeout(2400)]
 

@@ -36,7 +36,7 @@ def test_engines_and_router_bind_the_node_address_only(tmp_path):
     from toolkit.config import load_config
     from toolkit.placement import build_plan
     from toolkit.preflight.site import load_site
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     root = Path(__file__).resolve().parents[2]
     loaded = load_config([root / "jobs/reverse-text/rl.toml", root / "jobs/reverse-text/slurm.toml"],
@@ -140,7 +140,7 @@ def test_guarded_engine_behind_router_refuses_admin_routes_but_reloads_with_toke
     from toolkit.inference.serve import start_local_deployment
     from toolkit.inference.weights import WeightUpdateError, WeightUpdater
     from toolkit.models import build_tiny_model
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     base = build_tiny_model(tmp_path / "base", seed=0)
     run = RunDir(tmp_path / "run")

@@ -29,7 +29,7 @@ from toolkit.config.model import RLConfig
 from toolkit.inference.health import write_ready
 from toolkit.orchestrator.main import Orchestrator
 from toolkit.run import ending
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def _cfg(max_steps: int, max_empty_steps: int | None) -> RLConfig:

@@ -38,7 +38,7 @@ from run_records import role_steps, submit_slurm_rl
 from toolkit import checkpoints
 from toolkit.launch import slurm
 from toolkit.placement import read_plan
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm]
 

@@ -23,7 +23,7 @@ from killpoints import kill_at_random
 
 from toolkit import batches, fsutil
 from toolkit.orchestrator.types import TrainingSample
-from toolkit.rundir import RunDir, numbered_steps
+from toolkit.run.layout import RunDir, numbered_steps
 
 pytestmark = pytest.mark.slow
 

@@ -153,7 +153,7 @@ def test_local_launcher_ends_run_when_a_rank_dies_while_ranks_wait_for_a_batch(t
     from toolkit.batches import write_batch
     from toolkit.models.tiny import build_tiny_model
     from toolkit.orchestrator.types import TrainingSample
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     model = build_tiny_model(tmp_path / "model", seed=0)
     out = tmp_path / "out"
@@ -254,7 +254,7 @@ def test_slurm_kill_rank_on_second_trainer_node_fails_job_within_seconds(tmp_pat
     from toolkit.launch import slurm
     from toolkit.launch.submit import read_job_ids
     from toolkit.placement import read_plan
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "@", str(REPO / "jobs/reverse-text/slurm.toml"),

@@ -28,7 +28,7 @@ from toolkit.inference.serve import start_local_deployment
 from toolkit.inference.weights import WeightUpdater, newest_stable_broadcast
 from toolkit.models import build_tiny_model
 from toolkit.orchestrator.types import SamplingParams
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 PROMPT = [5, 17, 23, 42, 8, 9, 30, 31]
 

@@ -21,7 +21,7 @@ from toolkit.inference.queues import parse_metric, queue_depths
 from toolkit.inference.serve import start_local_deployment
 from toolkit.models import build_tiny_model
 from toolkit.orchestrator.types import SamplingParams
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def hf_greedy(model_dir, prompt: list[int], n: int) -> list[int]:

@@ -29,7 +29,7 @@ from toolkit.inference.serve import start_local_deployment
 from toolkit.inference.weights import WeightUpdater
 from toolkit.models import build_tiny_model
 from toolkit.orchestrator.types import SamplingParams
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 TOL = 1e-4  # fp32 vLLM vs fp32 transformers agree to ~1e-5 (shared/notes/cpu-inference-and-models.md)
 

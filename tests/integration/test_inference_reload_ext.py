@@ -28,7 +28,7 @@ from toolkit.inference.weights import WeightUpdateError, WeightUpdater
 from toolkit.inference.worker_ext import RELOAD_METHOD, RESULT_MARKER
 from toolkit.models import build_tiny_model
 from toolkit.orchestrator.types import SamplingParams
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 PROMPT = [5, 17, 23, 42, 8, 9, 30, 31]
 

@@ -25,7 +25,7 @@ from toolkit.inference.queues import parse_metric
 from toolkit.inference.serve import start_local_deployment
 from toolkit.models import build_tiny_model
 from toolkit.orchestrator.types import SamplingParams
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def served_counts(urls: list[str]) -> list[float]:

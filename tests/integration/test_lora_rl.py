@@ -43,7 +43,7 @@ def test_lora_run_serves_the_trainers_adapter(tmp_path):
     run = tmp_path / name
 
     from toolkit.batches import load_batch_dir
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     rd = RunDir(run)
     assert_adapter_broadcasts(run, (1, 2, 3))

@@ -31,7 +31,7 @@ from toolkit.config.model import RLConfig
 from toolkit.fsutil import write_marker
 from toolkit.inference.health import write_ready
 from toolkit.orchestrator.main import Orchestrator
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "external_taskset"
 

@@ -97,7 +97,7 @@ def _positions(html: Path, profile: Path) -> dict:
 
 def test_first_screen_holds_the_outcome_and_a_figure(tmp_path: Path) -> None:
     from toolkit.run import ending
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     run = make_run(tmp_path / "run", steps=6)
     run.control.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from golden.layouts import LAYOUTS, check_shell, make_cfg, render
 from toolkit.placement import build_plan
 from toolkit.preflight.site import load_site
 from toolkit.render import build_context, render_text
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 pytestmark = pytest.mark.slow
 

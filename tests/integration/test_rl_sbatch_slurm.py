@@ -148,7 +148,7 @@ def test_dry_run_writes_the_placement_the_job_runs(tmp_path, monkeypatch):
 
     from toolkit.cli import main
     from toolkit.launch.submit import read_job_ids
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     monkeypatch.setenv("SRL_SITE_CONFIGS", str(_site_dir(tmp_path, _probe_bin(tmp_path))))
     cfg = _config(tmp_path, "plan3")

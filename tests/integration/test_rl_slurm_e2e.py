@@ -28,7 +28,7 @@ from run_records import metrics_lines, submit_slurm_rl
 
 from toolkit.launch import slurm
 from toolkit.placement import read_plan
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.slurm, pytest.mark.vllm]
 

@@ -31,7 +31,7 @@ import pytest
 from prereqs import need_module
 from run_records import metrics_lines, role_steps, served_version
 
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1500)]
 

@@ -17,7 +17,7 @@ import pytest
 from toolkit import lease
 from toolkit.launch import slurm
 from toolkit.launch.submit import read_job_ids
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(1800)]
 

@@ -24,7 +24,7 @@ import pytest
 from test_rl_sbatch_slurm import _config, _probe_bin, _site_dir
 
 from toolkit.launch import slurm
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(600)]
 

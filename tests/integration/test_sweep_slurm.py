@@ -36,7 +36,7 @@ import pandas as pd
 import pytest
 
 from toolkit.launch import slurm
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.slurm, pytest.mark.vllm]
 

@@ -27,7 +27,7 @@ def test_sigkill_during_saves_never_breaks_resume(tmp_path):
     from toolkit import checkpoints as ck
     from toolkit.models.tiny import build_tiny_model
     from toolkit.orchestrator.state import load_state, save_state
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
     from toolkit.trainer.checkpoint import load_trainer_state, save_trainer_state
     from toolkit.trainer.model import load_policy
     from toolkit.trainer.optim import build_optimizer, build_scheduler

@@ -168,7 +168,7 @@ def _trainer_run(root: Path, tiny_dir: Path, *, lora: dict | None = None):
     from toolkit.batches import write_batch
     from toolkit.config.model import RLConfig
     from toolkit.orchestrator.types import TrainingSample
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     run = RunDir(root)
     cfg = RLConfig.model_validate({

@@ -88,7 +88,7 @@ def _trainer_policy(run: Path, step: int):
     optimizer and schedule too, and the trainer part loaded with load_trainer_state."""
     from toolkit.config import load_resolved
     from toolkit.models import resolve_model
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
     from toolkit.trainer.checkpoint import load_trainer_state
     from toolkit.trainer.main import TrainerSettings
     from toolkit.trainer.model import load_policy

@@ -19,7 +19,7 @@ from typing import Any
 from analysis.store import RolloutStoreWriter
 from toolkit.fsutil import append_jsonl, atomic_write_json
 from toolkit.orchestrator.types import Rollout, TrainingSample
-from toolkit.rundir import RunDir, point_symlink
+from toolkit.run.layout import RunDir, point_symlink
 
 ERROR_FAILURES = {
     "provider": (

@@ -6,7 +6,7 @@ import math
 
 from analysis.diagnose import OFF_POLICY_KL_MAX, diagnose
 from toolkit.fsutil import append_jsonl
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def _run(tmp_path, rows):

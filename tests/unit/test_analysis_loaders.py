@@ -10,7 +10,7 @@ from analysis_runs import make_run
 
 from analysis.loaders import load_metrics, load_run, role_metrics
 from toolkit.fsutil import append_jsonl
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def test_one_row_per_role_and_step_later_wins(tmp_path: Path) -> None:

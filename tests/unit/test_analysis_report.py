@@ -10,7 +10,7 @@ from analysis_runs import make_run
 from analysis.loaders import load_run
 from analysis.report import build_report, sweep_table
 from toolkit.run import ending
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def test_sections_and_tables_without_figures(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from toolkit import batches
 from toolkit.orchestrator.types import TrainingSample
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def _samples():

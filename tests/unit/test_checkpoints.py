@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from toolkit import checkpoints as ck
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def _make(run: RunDir, step: int, parts=("trainer", "orchestrator"), complete=True):
@@ -72,7 +72,7 @@ def test_retention_keeps_last_interval_and_in_progress(tmp_path):
     _make(run, 7, parts=("trainer",), complete=False)  # being written now: must survive
     res = ck.apply_retention(run, keep_last=2, keep_interval=3)
     assert sorted(res.deleted) == [1, 2, 4]
-    from toolkit.rundir import numbered_steps
+    from toolkit.run.layout import numbered_steps
 
     assert numbered_steps(run.checkpoints) == [3, 5, 6, 7]
     assert ck.apply_retention(run, keep_last=None).deleted == []

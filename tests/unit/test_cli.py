@@ -143,7 +143,7 @@ def test_continue_command_is_ready_to_paste():
 def test_continue_command_of_a_run_is_its_newest_attempts_command(tmp_path):
     """What ``srl cancel`` prints: the newest attempt's recorded command (overrides kept), resuming this run."""
     from toolkit.launch.progress import continue_command_for
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     run = RunDir(tmp_path / "r7")
     assert continue_command_for(run) is None  # no attempt recorded

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from toolkit.launch.prepare import DRY_RUN_MARKER, only_dry_runs
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "reverse-text" / "rl.toml"

@@ -257,7 +257,7 @@ def test_watch_holds_while_down_and_restores_newest_stable_before_release(tmp_pa
     from toolkit.inference.weights import WeightUpdater
     from toolkit.orchestrator.engines import EngineWatch
     from toolkit.orchestrator.policy import PolicyTracker
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     run = RunDir(tmp_path)
     for step in (1, 3):

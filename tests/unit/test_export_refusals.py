@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.rundir import COMPLETE_MARKER, RunDir
+from toolkit.run.layout import COMPLETE_MARKER, RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from toolkit.config import load_config, load_resolved
 from toolkit.launch.prepare import prepare_run, read_run_meta
 from toolkit.placement import build_plan
 from toolkit.preflight.site import load_site
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 from toolkit.trainer.main import TrainerSettings, _parse
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -50,7 +50,7 @@ def test_huge_max_parallel_throttle_stays_within_the_array():
 
 
 def _run_with_empty_checkpoint(root: Path, weights: bool = False):
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     run = RunDir(root)
     run.resolved("rl").parent.mkdir(parents=True)
@@ -101,7 +101,7 @@ def test_export_refusals_before_loading_weights(tmp_path):
 
 
 def _bare_run(root: Path):
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     run = RunDir(root)
     run.resolved("rl").parent.mkdir(parents=True)
@@ -291,7 +291,7 @@ def test_status_of_a_moved_sweep_reads_its_points_where_they_are(tmp_path):
     # The manifest's absolute run_dir was read: a sweep directory moved (or reached through another mount) showed
     # every point as not submitted, or the old copy's state.
     from toolkit.launch.sweeps import sweep_status
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     root = _dry_sweep_root(tmp_path)
     moved = tmp_path / "moved"

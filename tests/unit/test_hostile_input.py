@@ -249,7 +249,7 @@ def test_batch_scripts_quote_every_injected_string(tmp_path, kind):
 
     from toolkit.preflight.site import load_site
     from toolkit.render import RenderError, render_batch
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

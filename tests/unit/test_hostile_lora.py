@@ -86,7 +86,7 @@ def test_lora_with_external_inference_without_lora_is_refused(tmp_path):
     fail at the first policy update (load_lora_adapter refused): refuse it up front."""
     from toolkit.placement.plan import build_plan, write_plan
     from toolkit.preflight.site import load_site
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     serve = validate(cfg(trainer={"model": {"lora": None}}), purpose="serve").config
     ext = RunDir(tmp_path / "served")
@@ -106,7 +106,7 @@ def test_cpu_train_ranks_reach_the_plans_data_parallel_size(tmp_path):
     header) must say 2, not 1."""
     from toolkit.placement.plan import build_plan
     from toolkit.preflight.site import load_site
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     c = validate(cfg(deployment={"cpu_train_ranks": 2})).config
     plan = build_plan(c, load_site("local"), RunDir(tmp_path / "r"))

@@ -108,7 +108,7 @@ def test_admin_token_is_made_at_job_start_and_never_written_by_srl(tmp_path, can
         script = (out / ("rl" if kind == "rl" else "srv") / "launcher" / f"{kind}.sbatch").read_text()
         assert "SRL_ADMIN_TOKEN" not in script and ADMIN_CANARY not in script
     from toolkit.launch.supervisor import job_environment
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     def token(kind: str, run: RunDir) -> str:
         return job_environment(run, kind=kind, scratch="/tmp", secrets=[], env={"SLURM_JOB_ID": "5"})["SRL_ADMIN_TOKEN"]

@@ -14,7 +14,7 @@ from toolkit.inference.client import PolicyClient, completion_payload, parse_com
 from toolkit.inference.serve import free_port
 from toolkit.inference.weights import WeightUpdateError, WeightUpdater, newest_stable_broadcast
 from toolkit.orchestrator.types import SamplingParams
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def test_payload_asks_for_token_ids_and_sampled_logprobs():

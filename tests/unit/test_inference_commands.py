@@ -21,7 +21,7 @@ from toolkit.inference.commands import (
 )
 from toolkit.inference.queues import parse_metric
 from toolkit.inference.serve import cpu_binds
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 BASE = {
     "model_path": "/m",

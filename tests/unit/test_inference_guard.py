@@ -19,7 +19,7 @@ from toolkit.inference import admin_token as at
 from toolkit.inference.commands import GUARD_MIDDLEWARE, engine_command
 from toolkit.inference.guard import OPEN_PATHS, AdminGuard, is_open
 from toolkit.inference.weights import WeightUpdateError, WeightUpdater
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 TOKEN = "tok-" + "x" * 40
 ADMIN = ["/collective_rpc", "/pause", "/resume", "/reset_prefix_cache", "/update_weight_version", "/sleep",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from toolkit import lease
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 RACER = textwrap.dedent("""
     import socket, sys, time
     from toolkit import lease
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
     run, at, hold = RunDir(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
     time.sleep(max(0.0, at - time.time()))
     try:
@@ -158,7 +158,7 @@ def test_a_role_started_under_a_lease_exits_when_its_supervisor_dies(tmp_path):
     role = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
         from toolkit import lease
-        from toolkit.rundir import RunDir
+        from toolkit.run.layout import RunDir
         lease.WATCH_S = 0.2
         lease.exit_when_lease_gone(RunDir({str(run.root)!r}), "trainer")
         time.sleep(60)
@@ -212,7 +212,7 @@ def test_srl_cancel_stops_a_local_supervisor_and_status_names_it(tmp_path, capsy
 OWNER = textwrap.dedent("""
     import sys, time
     from toolkit import lease
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
     try:
         l = lease.acquire_policy_owner(RunDir(sys.argv[1]), RunDir(sys.argv[2]), command="srl orchestrator")
     except lease.LeaseHeld as e:

@@ -13,7 +13,7 @@ from toolkit.orchestrator.policy import (
     min_policy_version,
     off_policy_age,
 )
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 @pytest.mark.parametrize(

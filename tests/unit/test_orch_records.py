@@ -17,7 +17,7 @@ from toolkit.orchestrator.stop import StopChecks, ZeroSignalGuard
 from toolkit.orchestrator.types import Rollout, TrainingSample
 from toolkit.run.control import request_stop
 from toolkit.run.metrics import recorded_steps
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def _r(env, reward, *, version=0, error=None, truncated=False, turns=1):

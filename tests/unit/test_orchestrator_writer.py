@@ -19,7 +19,7 @@ from analysis.store import load_rollouts
 from toolkit.batches import load_batch_dir
 from toolkit.orchestrator.types import Rollout, TrainingSample
 from toolkit.orchestrator.writer import RecordWriter, RecordWriterDied
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def _rollout(i: int, *, reward: float = 0.5) -> Rollout:

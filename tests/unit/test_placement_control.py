@@ -7,7 +7,7 @@ from pathlib import Path
 
 from toolkit.launch.control import cancel_main, logs_main, status_main
 from toolkit.launch.submit import read_job_ids, record_job_id
-from toolkit.rundir import RunDir, point_symlink
+from toolkit.run.layout import RunDir, point_symlink
 
 
 def test_no_job_recorded(tmp_path: Path, capsys) -> None:

@@ -9,7 +9,7 @@ from toolkit.config import load_config
 from toolkit.placement import build_plan
 from toolkit.placement.cpus import cpu_thread_env
 from toolkit.preflight.site import load_site
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text"
 

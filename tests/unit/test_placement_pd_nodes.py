@@ -8,7 +8,7 @@ from golden.layouts import make_cfg
 from toolkit.config import ConfigError
 from toolkit.placement import build_plan
 from toolkit.preflight.site import load_site
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 PD = {"type": "disaggregated", "num_prefill_replicas": 1, "prefill_nodes_per_replica": 1,
       "num_decode_replicas": 2, "decode_nodes_per_replica": 1}  # fmt: skip

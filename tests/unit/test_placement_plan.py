@@ -13,7 +13,7 @@ from toolkit.config import ConfigError
 from toolkit.placement import GpuBindingError, Plan, build_plan, fill, read_plan, visible_devices, write_plan
 from toolkit.placement.runtime import ResolveError, group_hostlists, node_addresses
 from toolkit.preflight.site import load_site
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 PI = load_site("prime-intellect")
 

@@ -13,7 +13,7 @@ from toolkit.config.site import FORBIDDEN_PORTS, PortsSection, SiteConfig
 from toolkit.placement import build_plan
 from toolkit.placement.ports import PortAllocator, PortError, job_key
 from toolkit.preflight.site import ephemeral_port_range, site_findings
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 EPHEMERAL = ephemeral_port_range()
 

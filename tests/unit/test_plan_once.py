@@ -11,7 +11,7 @@ from plan_checks import without_job
 from toolkit.cli import main
 from toolkit.launch import slurm
 from toolkit.placement import runtime
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text"
 

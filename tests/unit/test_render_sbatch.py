@@ -15,7 +15,7 @@ from toolkit.config.site import GpuSection
 from toolkit.placement import build_plan, write_plan
 from toolkit.preflight.site import load_site
 from toolkit.render import RenderError, build_context, render_batch, render_rl, render_text, sbatch_value
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 PI = load_site("prime-intellect")
 

@@ -12,7 +12,7 @@ import pytest
 from toolkit.orchestrator.stop import ZeroSignalGuard
 from toolkit.run import ending
 from toolkit.run.control import request_stop
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 @pytest.fixture

@@ -176,7 +176,7 @@ def test_missing_model_or_unknown_site_is_refused_before_the_run_directory(tmp_p
 def test_local_start_from_an_unfinished_sft_run_is_a_config_error(tmp_path):
     from toolkit.config import load_config
     from toolkit.launch.dispatch import launch
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     sft_run = tmp_path / "sft-run"
     sft_run.mkdir()
@@ -299,7 +299,7 @@ def test_diagnose_reports_a_failed_local_launcher_with_the_error_line(tmp_path, 
 # --resume after the data changed: refused, not trained on a sequence no uninterrupted run sees
 # ------------------------------------------------------------------------------------------------------------
 def test_resume_refuses_when_the_data_order_of_the_newest_step_changed(tmp_path):
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
     from toolkit.trainer.sft import check_resumed_order
 
     run = RunDir(tmp_path / "run")

@@ -174,7 +174,7 @@ def test_array_script_runs_its_tasks_point_script_with_hostile_paths(tmp_path: P
     """Task i executes points[i]'s own batch script in the point's directory, its output appended to the point's
     batch log; a root path full of shell syntax reaches bash as one word, and a task without a point exits 2."""
     from toolkit.launch.sweeps import ArrayChunk, PreparedPoint
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     root = tmp_path / "o;touch${IFS}PWNED;$(touch PWNED2)'q\"|&*"
     pts = []

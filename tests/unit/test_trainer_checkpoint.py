@@ -13,7 +13,7 @@ from toolkit import checkpoints as ck
 from toolkit.batches import samples_to_batch
 from toolkit.models.tiny import build_tiny_model
 from toolkit.orchestrator.types import TrainingSample
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 from toolkit.trainer import broadcast as bc
 from toolkit.trainer.checkpoint import load_trainer_state, save_trainer_state
 from toolkit.trainer.loss import IPOLoss
@@ -168,7 +168,7 @@ def test_b18_retention_follows_async_window(tmp_path):
     _fake_broadcast(run, 12, stable=False)  # being written
     res = bc.apply_broadcast_retention(run, keep)
     assert res.deleted == [1, 2]
-    from toolkit.rundir import numbered_steps
+    from toolkit.run.layout import numbered_steps
 
     assert numbered_steps(run.broadcasts) == list(range(3, 13))
 

@@ -10,7 +10,7 @@ import struct
 import pytest
 import torch
 
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 from toolkit.trainer import checkpoint
 from toolkit.trainer.checkpoint import (
     _load_optimizer_state,

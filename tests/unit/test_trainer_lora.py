@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from toolkit.inference.commands import LORA_ENGINE_ENV, CommandError, lora_engine_args
 from toolkit.inference.weights import is_lora_adapter
 from toolkit.models.tiny import build_tiny_model
-from toolkit.rundir import STABLE_MARKER, RunDir
+from toolkit.run.layout import STABLE_MARKER, RunDir
 from toolkit.trainer.broadcast import write_adapter_broadcast
 from toolkit.trainer.lora import (
     ADAPTER_CONFIG_FILE,
@@ -134,6 +134,6 @@ def test_stage_adapter_keeps_one_served_path_with_the_newest_adapter(tiny_dir, t
     assert stage_adapter(d2) == served  # the same path for every version: engines re-read it, never an old one
     assert (served / ADAPTER_WEIGHTS_FILE).read_bytes() == (d2 / ADAPTER_WEIGHTS_FILE).read_bytes()
     assert sorted(p.name for p in served.iterdir()) == [ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE]
-    from toolkit.rundir import numbered_steps
+    from toolkit.run.layout import numbered_steps
 
     assert numbered_steps(run.broadcasts) == [1, 2]  # not taken for a broadcast step

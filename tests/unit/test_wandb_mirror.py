@@ -11,7 +11,7 @@ from prereqs import need_module
 from wandb_records import read_offline_run, same_values, unprefixed
 
 from toolkit.fsutil import append_jsonl
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def _run(tmp_path, name="r1") -> RunDir:

@@ -35,7 +35,7 @@ from toolkit.inference.weights import WeightUpdater
 from toolkit.orchestrator.buffer import BufferSettings, StepBatch
 from toolkit.orchestrator.records import step_metrics
 from toolkit.orchestrator.types import Rollout, SamplingParams, TrainingSample
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 TOKEN = "tok-" + "v" * 40
 ADMIN = {ADMIN_TOKEN_HEADER: TOKEN}

@@ -103,7 +103,7 @@ def _auto_name(cfg: Any) -> str:
 def _run_dir(cfg: Any, resume: bool) -> Any:
     """The run directory: ``run.name``, or a new ``sft--<data>--<model>--<id>`` (with ``resume``: the newest run of
     that prefix that recorded metrics)."""
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     if cfg.run.name is None:
         prefix = _auto_name(cfg) + "--"

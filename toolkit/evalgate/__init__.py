@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
         print(f"warning: {w}", file=sys.stderr)
     cfg = loaded.config
     from toolkit.launch.prepare import run_dir_for
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     run = RunDir(Path(args.run_dir)) if args.run_dir else run_dir_for(loaded)
 

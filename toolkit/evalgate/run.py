@@ -35,7 +35,7 @@ from typing import Any
 
 from toolkit.evalgate.validate import env_list, validate_config
 from toolkit.evalgate.verdict import GATE_STEM, VALIDATE_STEM, GateItem, Verdict
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 @dataclass

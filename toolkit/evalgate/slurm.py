@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.evalgate.verdict import GATE_STEM, VALIDATE_STEM, Verdict
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 class GateFailed(RuntimeError):

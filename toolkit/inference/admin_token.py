@@ -28,7 +28,7 @@ import secrets
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 ADMIN_TOKEN_ENV = "SRL_ADMIN_TOKEN"
 ADMIN_TOKEN_HEADER = "X-SRL-Admin-Token"

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from toolkit.fsutil import atomic_write_json
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 class EngineStartError(RuntimeError):

@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
 def _queues(argv: list[str]) -> int:
     if len(argv) != 1:
         raise ConfigError("usage: srl inference queues RUN_DIR")
-    from ..rundir import RunDir
+    from ..run.layout import RunDir
     from .queues import run_queue_depths
 
     run = RunDir(Path(argv[0]))

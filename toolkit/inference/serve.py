@@ -28,7 +28,7 @@ from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, ensure_admin_token
 from toolkit.inference.commands import default_engine_args, engine_command, engine_env, router_command
 from toolkit.inference.health import clear_ready, wait_healthy, write_ready
 from toolkit.inference.weights import WeightUpdater, newest_stable_broadcast
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -54,7 +54,7 @@ from toolkit.inference.versions import (
     parse_version,
 )
 from toolkit.inference.worker_ext import EXTENSION_CLS, RELOAD_METHOD, RESULT_MARKER
-from toolkit.rundir import STABLE_MARKER, RunDir, numbered_steps
+from toolkit.run.layout import STABLE_MARKER, RunDir, numbered_steps
 
 # A LoRA run's broadcasts are PEFT adapter directories (toolkit.trainer.lora); engines serve them under this name.
 LORA_ADAPTER_CONFIG = "adapter_config.json"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import lease as leases
-from ..rundir import RunDir
+from ..run.layout import RunDir
 from . import slurm
 from .progress import continue_command_for
 from .submit import read_job_ids

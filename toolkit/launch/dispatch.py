@@ -12,7 +12,7 @@ from typing import Any
 
 from ..config.model import RLConfig
 from ..config.site import SiteConfig
-from ..rundir import RunDir
+from ..run.layout import RunDir
 
 
 def local_plan(cfg: RLConfig, site: Any, run: RunDir, *, probe: bool = True, tries: int = 64,

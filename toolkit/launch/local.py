@@ -32,7 +32,7 @@ from .. import lease as leases
 from ..config.errors import ConfigError
 from ..config.model import RLConfig
 from ..run import ending
-from ..rundir import RunDir, point_symlink
+from ..run.layout import RunDir, point_symlink
 from .progress import continue_command, write_local_record
 from .supervisor import FINITE_ROLES, POLL_S, ComponentFailed, LeaseLost, Supervisor
 

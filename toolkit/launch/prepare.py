@@ -20,7 +20,7 @@ from .. import lease as leases
 from ..config import LoadedConfig, role_view
 from ..config.errors import ConfigError
 from ..fsutil import atomic_write_json, atomic_write_text
-from ..rundir import RunDir, point_symlink
+from ..run.layout import RunDir, point_symlink
 
 
 def auto_run_name(loaded: LoadedConfig) -> str:

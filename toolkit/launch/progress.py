@@ -17,7 +17,7 @@ from typing import Any
 
 from ..fsutil import atomic_write_json
 from ..run import metrics
-from ..rundir import RunDir
+from ..run.layout import RunDir
 
 
 def local_record_path(run: RunDir) -> Path:

@@ -17,7 +17,7 @@ from ..config.site import SiteConfig
 from ..placement.plan import ROLES, Plan, build_plan, run_port_key, write_plan
 from ..preflight.site import load_site
 from ..render import render_inference, render_rl
-from ..rundir import RunDir, point_symlink
+from ..run.layout import RunDir, point_symlink
 from . import slurm
 
 INFERENCE_ROLES = ("inference", "router")

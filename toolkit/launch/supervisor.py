@@ -52,7 +52,7 @@ from typing import IO, Any
 from .. import lease as leases
 from ..fsutil import write_marker
 from ..procutil import GroupReaper, kill_with_parent_preexec
-from ..rundir import RunDir
+from ..run.layout import RunDir
 
 # Roles whose clean exit means the run is done; inference and router serve until told to stop.
 FINITE_ROLES = ("trainer", "orchestrator")

@@ -33,7 +33,7 @@ from ..config.site import SiteConfig
 from ..fsutil import atomic_write_json, atomic_write_text
 from ..placement.plan import build_plan, run_port_key, write_plan
 from ..render import _env, build_context, job_name, render_rl, sbatch_value
-from ..rundir import RunDir
+from ..run.layout import RunDir
 from . import slurm
 from .prepare import prepare_attempt, refuse_live_jobs
 from .submit import _prepare_logs, read_job_ids, record_job_id

@@ -52,7 +52,7 @@ from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_stat
 from toolkit.orchestrator.stop import StopChecks
 from toolkit.orchestrator.writer import RecordWriter
 from toolkit.run.control import request_stop
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 log = logging.getLogger("srl.orchestrator")
 QUEUE_POLL_S = 0.2

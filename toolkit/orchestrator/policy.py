@@ -37,7 +37,7 @@ from typing import Any
 
 from toolkit import fsutil
 from toolkit.inference.weights import newest_stable_broadcast
-from toolkit.rundir import STABLE_MARKER, RunDir, numbered_steps
+from toolkit.run.layout import STABLE_MARKER, RunDir, numbered_steps
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from toolkit.fsutil import append_jsonl
 from toolkit.orchestrator.buffer import StepBatch
 from toolkit.orchestrator.types import Rollout
 from toolkit.run.metrics import recorded_steps
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 log = logging.getLogger(__name__)
 ROLE = "orchestrator"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import checkpoints, fsutil
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 PART = "orchestrator"
 STATE_FILE = "state.json"

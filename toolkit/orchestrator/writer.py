@@ -68,7 +68,7 @@ def _persist_step(run_root: str, step: int, recorded: list[Rollout], ages: list[
                   training: tuple[list[TrainingSample], list[float], list[int], list[str]],
                   meta: dict[str, Any]) -> None:  # fmt: skip
     from toolkit import batches
-    from toolkit.rundir import RunDir
+    from toolkit.run.layout import RunDir
 
     run = RunDir(Path(run_root))
     if recorded:
@@ -124,7 +124,7 @@ class RecordWriter:
         """Append ``rollouts`` to the run's store as rows of ``step`` labelled ``kind`` ("train"/"eval")."""
         if not rollouts:
             return
-        from toolkit.rundir import RunDir
+        from toolkit.run.layout import RunDir
 
         store = str(RunDir(self.run_root).rollout_store)
         await self._run(_store_append, store, list(rollouts), step, kind, None if ages is None else list(ages))

@@ -29,7 +29,7 @@ from ..inference.commands import (
     lora_engine_args,
     router_command,
 )
-from ..rundir import RunDir
+from ..run.layout import RunDir
 from . import environment as envmod
 from .ports import PortAllocator
 from .topology import Topology, derive_topology

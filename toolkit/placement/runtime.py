@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..rundir import COMPLETE_MARKER, RunDir, numbered_steps
+from ..run.layout import COMPLETE_MARKER, RunDir, numbered_steps
 from .cpus import cpu_thread_env
 from .environment import visible_devices
 from .plan import Plan, build_plan, fill, read_plan, write_plan

@@ -24,7 +24,7 @@ from ..config.errors import Findings
 from ..config.site import SiteConfig
 from ..placement.plan import PlacementError, Plan, build_plan
 from ..placement.topology import TopologyError
-from ..rundir import RunDir
+from ..run.layout import RunDir
 from . import checks
 from .site import check_owned_env, check_run_against_site, load_site, site_configs_dir
 

@@ -19,7 +19,7 @@ from ..envs.tasksets import (
 )
 from ..models.resolve import MODEL_ALIASES
 from ..placement.topology import TopologyError, derive_topology
-from ..rundir import RunDir
+from ..run.layout import RunDir
 from .lora import check_lora
 
 

@@ -14,7 +14,7 @@ from ..config.errors import Findings
 from ..config.model import RLConfig
 from ..config.passthrough import option_key
 from ..inference.commands import VLLM_LORA_RANKS, lora_engine_args
-from ..rundir import RunDir
+from ..run.layout import RunDir
 
 # LoRA target modules srl can train and vLLM can serve, per HF ``model_type``: the attention and MLP projections of
 # each decoder layer (vLLM serves them through its packed qkv_proj / gate_up_proj LoRA layers, and a packed layer

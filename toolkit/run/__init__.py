@@ -1,8 +1,7 @@
 """The run directory protocol: for each artifact of a run directory, its writer and its reader.
 
+- ``layout``: every path of a run directory (``RunDir``) and the STABLE / COMPLETE / READY markers.
 - ``ending``: how a run (its latest attempt) ended, ``ending.json``, and the exit status that ending maps to.
 - ``metrics``: ``metrics.jsonl``, its writer, its readers (whole file, tail, follower) and shared metric names.
 - ``control``: the stop request in ``control/`` that asks every role to stop (with the criterion that fired).
-
-The paths themselves are still listed in ``toolkit.rundir``.
 """

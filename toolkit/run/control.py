@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from toolkit.fsutil import atomic_write_text
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 from . import ending
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.fsutil import atomic_write_json
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 from . import metrics
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from toolkit import fsutil
-from toolkit.rundir import STABLE_MARKER, RunDir, numbered_steps
+from toolkit.run.layout import STABLE_MARKER, RunDir, numbered_steps
 
 log = logging.getLogger(__name__)
 

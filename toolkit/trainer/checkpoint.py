@@ -24,7 +24,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from toolkit import checkpoints, fsutil
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 from toolkit.trainer.broadcast import save_safetensors
 from toolkit.trainer.step import DistInfo
 

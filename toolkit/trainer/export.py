@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import checkpoints
-from toolkit.rundir import RunDir, numbered_steps
+from toolkit.run.layout import RunDir, numbered_steps
 
 log = logging.getLogger(__name__)
 

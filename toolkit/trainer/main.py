@@ -26,7 +26,7 @@ from typing import Any
 
 from toolkit import checkpoints, fsutil
 from toolkit.lease import exit_when_lease_gone
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 log = logging.getLogger("srl.trainer")
 

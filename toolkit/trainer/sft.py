@@ -35,7 +35,7 @@ import numpy as np
 
 from toolkit import fsutil
 from toolkit.checkpoints import SFT_PARTS as PARTS
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 log = logging.getLogger("srl.trainer.sft")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import fsutil
-from toolkit.rundir import RunDir
+from toolkit.run.layout import RunDir
 
 log = logging.getLogger("srl.trainer.wandb")
 
