@@ -29,5 +29,5 @@ fi
 # The Slurm fixture in tests/conftest.py starts (and stops) the local test cluster itself when a test needs it.
 # Default: every test except the "heavy" end-to-end fault runs (scripts/test.sh -m heavy runs those), so the suite
 # fits CI's 90 minutes on 2 cores.
-if [ $# -eq 0 ]; then set -- -m "not heavy" --durations=25; fi
+if [ $# -eq 0 ]; then set -- -m "not heavy" --durations=60; fi
 exec .venv/bin/python -m pytest "$@"
