@@ -58,7 +58,7 @@ if (
 
     import pandas as pd
 
-    from toolkit.orchestrator.types import Rollout
+    from toolkit.run.types import Rollout
 
 SCHEMA_VERSION = 1
 
@@ -500,7 +500,7 @@ def read_rollouts(path: Path, start: int = 0, stop: int | None = None) -> list[R
     Inverse of :meth:`RolloutStoreWriter.append` up to float64 rounding of rewards and float32 of logprobs;
     ``metrics`` are restored from ``metric/<name>`` columns (NaN entries, i.e. names a rollout lacked, dropped).
     """
-    from toolkit.orchestrator.types import Rollout, TrainingSample
+    from toolkit.run.types import Rollout, TrainingSample
 
     df = load_rollouts(path, with_tokens=True).iloc[start:stop]
     dyn = {p: [c for c in df.columns if c.startswith(p)] for p in DYNAMIC_PREFIXES}

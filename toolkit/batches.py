@@ -40,8 +40,8 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from toolkit import fsutil
-from toolkit.orchestrator.types import TrainingSample
 from toolkit.run.layout import RunDir
+from toolkit.run.types import TrainingSample
 
 FORMAT_VERSION = 1
 BATCH_FILE = "batch.safetensors"

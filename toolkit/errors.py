@@ -1,4 +1,4 @@
-"""Error classes of srl, one per failure boundary (see ``toolkit.orchestrator.types.ErrorClass``).
+"""Error classes of srl, one per failure boundary (see ``toolkit.run.types.ErrorClass``).
 
 Every rollout failure is tagged with exactly one class. Transient classes (provider, sandbox, tunnel) are retried
 with backoff; deterministic ones (harness, toolset, user simulator, task) are not, because a retry cannot fix them.

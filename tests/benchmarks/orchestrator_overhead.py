@@ -49,8 +49,8 @@ from toolkit.inference.client import completion_payload
 from toolkit.inference.health import write_ready
 from toolkit.models import resolve_model
 from toolkit.orchestrator.main import Orchestrator
-from toolkit.orchestrator.types import SamplingParams
 from toolkit.run.layout import RunDir
+from toolkit.run.types import SamplingParams
 
 # Tiny model's character tokenizer (toolkit/models/tiny.py): 4 specials, "\n", "\t", then chr(c) = 6 + c - 32.
 # "cba" then <|im_end|> (id 2). Fixed tokens: the server does no work.

@@ -32,7 +32,7 @@ import pandas as pd
 
 from analysis.store import RolloutStoreWriter, load_rollouts
 from analysis.summary import env_summary, group_stats, step_summary
-from toolkit.orchestrator.types import Rollout, TrainingSample
+from toolkit.run.types import Rollout, TrainingSample
 
 REPORT_COLUMNS = [
     "step",

@@ -18,7 +18,7 @@ import torch
 
 from toolkit.batches import samples_to_batch
 from toolkit.models.tiny import build_tiny_model
-from toolkit.orchestrator.types import TrainingSample
+from toolkit.run.types import TrainingSample
 from toolkit.trainer.loss import IPOLoss
 from toolkit.trainer.model import load_policy
 from toolkit.trainer.optim import build_optimizer

@@ -52,8 +52,8 @@ import torch.distributed as dist
 from toolkit.batches import samples_to_batch
 from toolkit.config.model import IPOLoss
 from toolkit.models.tiny import TINY_SHAPE, quiet_transformers
-from toolkit.orchestrator.types import TrainingSample
 from toolkit.run.layout import RunDir
+from toolkit.run.types import TrainingSample
 from toolkit.trainer.broadcast import model_config_dict, write_broadcast
 from toolkit.trainer.checkpoint import save_trainer_state
 from toolkit.trainer.dist import decoder_layers

@@ -28,7 +28,7 @@ need_module("verifiers.v1")
 from toolkit.envs.runtime import EnvRuntime
 from toolkit.inference.client import PolicyClient
 from toolkit.models.tiny import build_tiny_model
-from toolkit.orchestrator.types import SamplingParams
+from toolkit.run.types import SamplingParams
 
 
 def free_port() -> int:

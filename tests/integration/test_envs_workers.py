@@ -21,7 +21,7 @@ need_module("transformers")
 
 from toolkit.envs.runtime import EnvRuntime
 from toolkit.errors import ProviderError
-from toolkit.orchestrator.types import Generation, SamplingParams
+from toolkit.run.types import Generation, SamplingParams
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "external_taskset"
 

@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.slow]
 def _run_dir(root: Path, model_dir: Path):
     from toolkit.batches import write_batch
     from toolkit.config.model import RLConfig
-    from toolkit.orchestrator.types import TrainingSample
     from toolkit.run.layout import RunDir
+    from toolkit.run.types import TrainingSample
 
     run = RunDir(root)
     cfg = RLConfig.model_validate({

@@ -43,8 +43,8 @@ def test_checkpoint_on_full_disk_fails_clearly_and_keeps_previous(tmp_path, smal
     from toolkit import batches, checkpoints
     from toolkit.models.tiny import build_tiny_model
     from toolkit.orchestrator.state import save_state
-    from toolkit.orchestrator.types import TrainingSample
     from toolkit.run.layout import RunDir
+    from toolkit.run.types import TrainingSample
     from toolkit.trainer.checkpoint import CheckpointSpaceError, checkpoint_bytes
     from toolkit.trainer.main import TrainerSettings, run_trainer
     from toolkit.trainer.model import load_policy

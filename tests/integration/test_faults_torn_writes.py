@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from killpoints import kill_at_random
 
 from toolkit import batches, fsutil
-from toolkit.orchestrator.types import TrainingSample
 from toolkit.run.layout import RunDir, numbered_steps
+from toolkit.run.types import TrainingSample
 
 pytestmark = pytest.mark.slow
 

@@ -152,8 +152,8 @@ def test_local_launcher_ends_run_when_a_rank_dies_while_ranks_wait_for_a_batch(t
 
     from toolkit.batches import write_batch
     from toolkit.models.tiny import build_tiny_model
-    from toolkit.orchestrator.types import TrainingSample
     from toolkit.run.layout import RunDir
+    from toolkit.run.types import TrainingSample
 
     model = build_tiny_model(tmp_path / "model", seed=0)
     out = tmp_path / "out"

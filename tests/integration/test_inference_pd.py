@@ -16,12 +16,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
 torch = need_module("torch")
 need_module("vllm")
 
+from local_engines import start_local_deployment
+
 from toolkit.inference.client import PolicyClient
 from toolkit.inference.queues import parse_metric, queue_depths
-from toolkit.inference.serve import start_local_deployment
 from toolkit.models import build_tiny_model
-from toolkit.orchestrator.types import SamplingParams
 from toolkit.run.layout import RunDir
+from toolkit.run.types import SamplingParams
 
 
 def hf_greedy(model_dir, prompt: list[int], n: int) -> list[int]:

@@ -23,13 +23,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
 torch = need_module("torch")
 need_module("vllm")
 
+from local_engines import start_local_deployment
+
 from toolkit.inference.client import PolicyClient
 from toolkit.inference.queues import parse_metric
-from toolkit.inference.serve import start_local_deployment
 from toolkit.inference.weights import WeightUpdater
 from toolkit.models import build_tiny_model
-from toolkit.orchestrator.types import SamplingParams
 from toolkit.run.layout import RunDir
+from toolkit.run.types import SamplingParams
 
 TOL = 1e-4  # fp32 vLLM vs fp32 transformers agree to ~1e-5 (shared/notes/cpu-inference-and-models.md)
 

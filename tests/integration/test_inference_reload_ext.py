@@ -21,14 +21,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 torch = need_module("torch")
 need_module("vllm")
 
+from local_engines import start_local_deployment
+
 from toolkit.inference.admin_token import admin_headers
 from toolkit.inference.client import PolicyClient
-from toolkit.inference.serve import start_local_deployment
 from toolkit.inference.weights import WeightUpdateError, WeightUpdater
 from toolkit.inference.worker_ext import RELOAD_METHOD, RESULT_MARKER
 from toolkit.models import build_tiny_model
-from toolkit.orchestrator.types import SamplingParams
 from toolkit.run.layout import RunDir
+from toolkit.run.types import SamplingParams
 
 PROMPT = [5, 17, 23, 42, 8, 9, 30, 31]
 

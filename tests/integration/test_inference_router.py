@@ -18,14 +18,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 need_module("vllm")
 
+from local_engines import start_local_deployment
+
 from toolkit.errors import ProviderError
 from toolkit.inference.client import PolicyClient
 from toolkit.inference.health import is_healthy
 from toolkit.inference.queues import parse_metric
-from toolkit.inference.serve import start_local_deployment
 from toolkit.models import build_tiny_model
-from toolkit.orchestrator.types import SamplingParams
 from toolkit.run.layout import RunDir
+from toolkit.run.types import SamplingParams
 
 
 def served_counts(urls: list[str]) -> list[float]:

@@ -83,7 +83,7 @@ def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
     from toolkit.inference.weights import WeightUpdater
     from toolkit.models.resolve import resolve_model
     from toolkit.orchestrator.policy import run_identity
-    from toolkit.orchestrator.types import SamplingParams
+    from toolkit.run.types import SamplingParams
 
     t0 = time.monotonic()
     out = tmp_path / "out"

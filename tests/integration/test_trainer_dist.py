@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _batch():
     from toolkit.batches import samples_to_batch
-    from toolkit.orchestrator.types import TrainingSample
+    from toolkit.run.types import TrainingSample
 
     rng = np.random.default_rng(3)
     samples, adv = [], []
@@ -167,8 +167,8 @@ def _trainer_run(root: Path, tiny_dir: Path, *, lora: dict | None = None):
     """A run directory with a resolved config (3 steps, checkpoint every 2) and the batches of steps 1-3."""
     from toolkit.batches import write_batch
     from toolkit.config.model import RLConfig
-    from toolkit.orchestrator.types import TrainingSample
     from toolkit.run.layout import RunDir
+    from toolkit.run.types import TrainingSample
 
     run = RunDir(root)
     cfg = RLConfig.model_validate({

@@ -1,6 +1,6 @@
 """Build run directories for the analysis tests the way a run writes them.
 
-Rollouts go through ``RolloutStoreWriter`` as ``toolkit.orchestrator.types.Rollout`` objects, metrics through
+Rollouts go through ``RolloutStoreWriter`` as ``toolkit.run.types.Rollout`` objects, metrics through
 ``toolkit.fsutil.append_jsonl`` and logs as text files under ``RunDir`` paths, so the readers under test see exactly
 the bytes a run would leave. ``failure`` injects one failure kind (the faults a healthy simulated run cannot
 produce by itself): provider, harness, toolset, sandbox, task, all_zero, low_reward, trainer, or a Slurm cause
@@ -18,8 +18,8 @@ from typing import Any
 
 from analysis.store import RolloutStoreWriter
 from toolkit.fsutil import append_jsonl, atomic_write_json
-from toolkit.orchestrator.types import Rollout, TrainingSample
 from toolkit.run.layout import RunDir, point_symlink
+from toolkit.run.types import Rollout, TrainingSample
 
 ERROR_FAILURES = {
     "provider": (

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from analysis.store import BASE_COLUMNS, RolloutStoreWriter, load_rollouts, read_rollouts, store_columns
-from toolkit.orchestrator.types import Rollout, TrainingSample
+from toolkit.run.types import Rollout, TrainingSample
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,7 +139,7 @@ def test_killed_writer_keeps_committed_appends(tmp_path: Path) -> None:
         import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
         from analysis.store import RolloutStoreWriter
-        from toolkit.orchestrator.types import Rollout, TrainingSample
+        from toolkit.run.types import Rollout, TrainingSample
         w = RolloutStoreWriter({str(path)!r})
         for step in range(3):
             w.append([Rollout(env="e", task_id="t", example_id=0, reward=step,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from toolkit import batches
-from toolkit.orchestrator.types import TrainingSample
 from toolkit.run.layout import RunDir
+from toolkit.run.types import TrainingSample
 
 
 def _samples():

@@ -11,11 +11,11 @@ import threading
 import time
 
 import pytest
+from local_engines import free_port
 
 from toolkit.config.model import InferenceConfig
 from toolkit.errors import ProviderError
 from toolkit.inference.client import PolicyClient
-from toolkit.inference.serve import free_port
 from toolkit.launch.supervisor import RestartBudget, is_restartable
 from toolkit.orchestrator.engines import (
     DOWN,
@@ -27,7 +27,7 @@ from toolkit.orchestrator.engines import (
     provider_retry_budget_s,
     wait_excluding_outage,
 )
-from toolkit.orchestrator.types import SamplingParams
+from toolkit.run.types import SamplingParams
 
 
 # -- launcher restart budget -----------------------------------------------------------------------------------

@@ -175,7 +175,7 @@ def test_reward_skipped_crosses_the_worker_wire_with_its_class():
     assert wire["error_class"] == "RewardSkippedError"
     exc = error_from_wire(wire["error_class"], wire["error"])
     assert isinstance(exc, srl_errors.RewardSkippedError) and exc.error_class == "RewardSkippedError"
-    from toolkit.orchestrator.types import TRANSIENT_ERRORS
+    from toolkit.run.types import TRANSIENT_ERRORS
 
     assert "RewardSkippedError" not in TRANSIENT_ERRORS  # deterministic: a retry would skip it again
 

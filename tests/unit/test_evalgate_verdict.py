@@ -10,8 +10,8 @@ from toolkit.config import load_config
 from toolkit.evalgate.run import GateThresholds, _env_items, api_headers
 from toolkit.evalgate.slurm import executor_parameters
 from toolkit.evalgate.verdict import GateItem, Verdict, print_verdict, read_verdicts
-from toolkit.orchestrator.types import Rollout, TrainingSample
 from toolkit.preflight.site import load_site
+from toolkit.run.types import Rollout, TrainingSample
 
 
 def test_verdict_fails_only_on_fail_and_round_trips(tmp_path):

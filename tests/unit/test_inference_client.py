@@ -13,7 +13,7 @@ from toolkit.fsutil import write_marker
 from toolkit.inference.client import PolicyClient, completion_payload, parse_completion
 from toolkit.inference.serve import free_port
 from toolkit.inference.weights import WeightUpdateError, WeightUpdater, newest_stable_broadcast
-from toolkit.orchestrator.types import SamplingParams
+from toolkit.run.types import SamplingParams
 from toolkit.run.layout import RunDir
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from toolkit.orchestrator.buffer import BufferSettings, StepBatch
-from toolkit.orchestrator.types import Rollout, TrainingSample
+from toolkit.run.types import Rollout, TrainingSample
 
 
 def _rollout(env, reward, *, version=0, error=None, n_tokens=3, example=0):

@@ -14,10 +14,10 @@ from toolkit.orchestrator.producer import Slots, sampling_params
 from toolkit.orchestrator.records import MetricsLog, step_metrics
 from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_state
 from toolkit.orchestrator.stop import StopChecks, ZeroSignalGuard
-from toolkit.orchestrator.types import Rollout, TrainingSample
 from toolkit.run.control import request_stop
-from toolkit.run.metrics import recorded_steps
 from toolkit.run.layout import RunDir
+from toolkit.run.metrics import recorded_steps
+from toolkit.run.types import Rollout, TrainingSample
 
 
 def _r(env, reward, *, version=0, error=None, truncated=False, turns=1):

@@ -17,9 +17,9 @@ import pytest
 
 from analysis.store import load_rollouts
 from toolkit.batches import load_batch_dir
-from toolkit.orchestrator.types import Rollout, TrainingSample
 from toolkit.orchestrator.writer import RecordWriter, RecordWriterDied
 from toolkit.run.layout import RunDir
+from toolkit.run.types import Rollout, TrainingSample
 
 
 def _rollout(i: int, *, reward: float = 0.5) -> Rollout:

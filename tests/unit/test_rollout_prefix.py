@@ -21,7 +21,7 @@ from toolkit.envs.registry import load_tasks
 from toolkit.envs.tasksets.alphabet_sort import expected_lists
 from toolkit.models.renderer import ChatTemplateRenderer
 from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
-from toolkit.orchestrator.types import Generation, SamplingParams
+from toolkit.run.types import Generation, SamplingParams
 
 # A Qwen3-style template: earlier assistant turns lose their "<think>...</think>" part, i.e. the template
 # rewrites history, so a reasoning turn's tokens are not a prefix of the next prompt.

@@ -23,7 +23,7 @@ from toolkit.batches import samples_to_batch
 from toolkit.config import ConfigError
 from toolkit.config.rules import MIN_TRAIN_TEMPERATURE
 from toolkit.models.tiny import build_tiny_model
-from toolkit.orchestrator.types import TrainingSample
+from toolkit.run.types import TrainingSample
 from toolkit.trainer.loss import IPOLoss
 from toolkit.trainer.model import load_policy
 from toolkit.trainer.packing import plan_micro_batches

@@ -12,7 +12,7 @@ import torch
 from toolkit import checkpoints as ck
 from toolkit.batches import samples_to_batch
 from toolkit.models.tiny import build_tiny_model
-from toolkit.orchestrator.types import TrainingSample
+from toolkit.run.types import TrainingSample
 from toolkit.run.layout import RunDir
 from toolkit.trainer import broadcast as bc
 from toolkit.trainer.checkpoint import load_trainer_state, save_trainer_state

@@ -34,8 +34,8 @@ from toolkit.inference.versions import (
 from toolkit.inference.weights import WeightUpdater
 from toolkit.orchestrator.buffer import BufferSettings, StepBatch
 from toolkit.orchestrator.records import step_metrics
-from toolkit.orchestrator.types import Rollout, SamplingParams, TrainingSample
 from toolkit.run.layout import RunDir
+from toolkit.run.types import Rollout, SamplingParams, TrainingSample
 
 TOKEN = "tok-" + "v" * 40
 ADMIN = {ADMIN_TOKEN_HEADER: TOKEN}

@@ -37,7 +37,7 @@ from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, error_from_wir
 from toolkit.models.renderer import CachedRenderer, Renderer, load_renderer
 from toolkit.orchestrator.engines import wait_excluding_outage
 from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
-from toolkit.orchestrator.types import TRANSIENT_ERRORS, Rollout, SamplingParams
+from toolkit.run.types import TRANSIENT_ERRORS, Rollout, SamplingParams
 
 log = logging.getLogger("srl.orchestrator")
 

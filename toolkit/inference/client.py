@@ -29,7 +29,7 @@ import aiohttp
 
 from toolkit.errors import ProviderError
 from toolkit.inference.versions import ADAPTER_VERSION_HEADER, VERSION_HEADER, judge, split_header
-from toolkit.orchestrator.types import Generation, SamplingParams
+from toolkit.run.types import Generation, SamplingParams
 
 SESSION_HEADER = "X-Session-ID"
 

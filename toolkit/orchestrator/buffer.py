@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from toolkit.orchestrator.advantages import compute_advantages
 from toolkit.orchestrator.filtering import drop_reason, is_uniform
 from toolkit.orchestrator.policy import is_stale, off_policy_age
-from toolkit.orchestrator.types import Rollout, TrainingSample
+from toolkit.run.types import Rollout, TrainingSample
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolkit.orchestrator.producer import Slots
-from toolkit.orchestrator.types import Rollout, SamplingParams
+from toolkit.run.types import Rollout, SamplingParams
 
 CORRECT_AT = 1.0
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolkit.orchestrator.sampler import EnvSampler
-from toolkit.orchestrator.types import Rollout, SamplingParams
+from toolkit.run.types import Rollout, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ from typing import Any
 
 from toolkit.fsutil import append_jsonl
 from toolkit.orchestrator.buffer import StepBatch
-from toolkit.orchestrator.types import Rollout
-from toolkit.run.metrics import recorded_steps
 from toolkit.run.layout import RunDir
+from toolkit.run.metrics import recorded_steps
+from toolkit.run.types import Rollout
 
 log = logging.getLogger(__name__)
 ROLE = "orchestrator"

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from toolkit.errors import HarnessError, ProviderError
 from toolkit.models.renderer import Renderer
-from toolkit.orchestrator.types import Generation, Rollout, SamplingParams, TrainingSample
+from toolkit.run.types import Generation, Rollout, SamplingParams, TrainingSample
 
 
 class PolicyLike(Protocol):

@@ -22,7 +22,7 @@ from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from toolkit.orchestrator.types import Rollout, TrainingSample
+from toolkit.run.types import Rollout, TrainingSample
 
 # One store writer per path in the child process (the store's schema check happens once, at the first append).
 _STORES: dict[str, Any] = {}

@@ -4,4 +4,6 @@
 - ``ending``: how a run (its latest attempt) ended, ``ending.json``, and the exit status that ending maps to.
 - ``metrics``: ``metrics.jsonl``, its writer, its readers (whole file, tail, follower) and shared metric names.
 - ``control``: the stop request in ``control/`` that asks every role to stop (with the criterion that fired).
+- ``types``: the records a run produces and passes between roles (``Generation``, ``Rollout``, ``TrainingSample``,
+  ``SamplingParams``) and the rollout error classes.
 """

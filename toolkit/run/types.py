@@ -1,7 +1,8 @@
-"""Data that flows through the orchestrator: generations -> rollouts -> groups -> training samples.
+"""The records a run produces: generations -> rollouts -> training samples, and the sampling settings of a request.
 
-These are plain dataclasses (no torch) so that env workers, the orchestrator, the trainer's batch reader and
-offline analysis can share them.
+Plain dataclasses (no torch), kept with the run directory because they are what its batches and rollout store hold
+and every role passes them on: the policy client returns generations, env workers and the orchestrator build
+rollouts, the trainer reads training samples from batches and offline analysis reads rollouts back from the store.
 """
 
 from __future__ import annotations
