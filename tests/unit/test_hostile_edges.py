@@ -204,6 +204,10 @@ def test_status_of_a_sweep_with_a_damaged_manifest_names_the_file(tmp_path, caps
     assert str(root / "manifest.json") in err and "Traceback" not in err
 
 
+# srl cancel asks the real scancel to cancel the recorded array: with the test cluster up that answers at once; with
+# no controller the Slurm client retries for about a minute, too long for the quick selection.
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_sweep_status_and_cancel_survive_a_cut_off_arrays_record(tmp_path, capsys):
     # A half-written last line of arrays.jsonl (submission interrupted) raised JSONDecodeError out of srl status
     # and srl cancel; a damaged manifest made srl cancel end in a traceback after it had cancelled the arrays.
