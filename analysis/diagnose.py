@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.loaders import load_metrics, role_metrics
-from analysis.store import load_rollouts
 from analysis.summary import group_stats
 from toolkit.run.layout import RunDir
+from toolkit.run.store import load_rollouts
 
 # Boundary of each recorded error class (toolset goes with user, sandbox with tunnel: each pair fails at one boundary).
 CLASS_BOUNDARY = {

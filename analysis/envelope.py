@@ -21,7 +21,7 @@ CHECKPOINT_BYTES_PER_PARAM = 12.0
 # momentum and variance 12 = 16 bytes (Rajbhandari et al. 2020, "ZeRO", section 3.1: 2P + 2P + 12P).
 TRAINER_STATE_BYTES_PER_PARAM = 16.0
 # Rollout store: bytes per token (int32 id 4 + float32 logprob 4 + uint8 mask 1) and per rollout row (17 fixed
-# 8-byte columns plus a few dynamic ones, ~32 columns x 8 bytes), from analysis/store.py's layout.
+# 8-byte columns plus a few dynamic ones, ~32 columns x 8 bytes), from toolkit/run/store.py's layout.
 STORE_BYTES_PER_TOKEN = 9.0
 STORE_BYTES_PER_ROW = 256.0
 
@@ -48,7 +48,7 @@ def checkpoint_disk_bytes(
 
 def store_growth_bytes(rollouts: float, mean_tokens_per_rollout: float) -> float:
     """Rollout-store bytes for ``rollouts`` rows of ``mean_tokens_per_rollout`` tokens (prompt + completion):
-    ``rollouts x (STORE_BYTES_PER_ROW + STORE_BYTES_PER_TOKEN x tokens)`` (uncompressed layout of analysis/store.py).
+    ``rollouts x (STORE_BYTES_PER_ROW + STORE_BYTES_PER_TOKEN x tokens)`` (uncompressed layout of toolkit/run/store.py).
     """
     return float(rollouts) * (STORE_BYTES_PER_ROW + STORE_BYTES_PER_TOKEN * float(mean_tokens_per_rollout))
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.store import load_rollouts
 from toolkit.run.layout import RunDir
+from toolkit.run.store import load_rollouts
 
 KEY_COLUMNS = ("role", "step", "time")
 

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd
 
-from analysis.store import RolloutStoreWriter, load_rollouts
 from analysis.summary import env_summary, group_stats, step_summary
+from toolkit.run.store import RolloutStoreWriter, load_rollouts
 from toolkit.run.types import Rollout, TrainingSample
 
 REPORT_COLUMNS = [

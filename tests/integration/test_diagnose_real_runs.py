@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 need_module("verifiers.v1")
 
 from analysis.diagnose import Finding, diagnose, format_findings
-from analysis.store import load_rollouts
+from toolkit.run.store import load_rollouts
 from toolkit.run.layout import RunDir
 
 REPO = Path(__file__).resolve().parents[2]

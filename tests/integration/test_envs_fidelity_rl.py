@@ -16,8 +16,8 @@ from prereqs import need_module
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 need_module("verifiers.v1")
 
-from analysis.store import load_rollouts
 from toolkit.run.layout import RunDir
+from toolkit.run.store import load_rollouts
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "vf_envs"

@@ -13,7 +13,7 @@ from prereqs import need_module
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 need_module("vllm")
 
-from analysis.store import load_rollouts
+from toolkit.run.store import load_rollouts
 from toolkit.evalgate import main
 
 REPO = Path(__file__).resolve().parents[2]

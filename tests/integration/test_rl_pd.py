@@ -141,7 +141,7 @@ def test_rl_prefill_decode(tmp_path, max_steps):
     # The bound of the last step needs policy >= max_steps - 1 - max_async_level: it must have been loaded.
     assert versions[-1] >= max_steps - 1 - MAX_ASYNC_LEVEL, versions
 
-    from analysis.store import load_rollouts
+    from toolkit.run.store import load_rollouts
 
     train = load_rollouts(run / "store" / "rollouts.h5", ["time", "policy_version", "prompt_len"], kind="train")
     assert len(train) >= max_steps * 32  # batch_size 32 rollouts per step

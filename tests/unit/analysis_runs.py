@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from analysis.store import RolloutStoreWriter
 from toolkit.fsutil import append_jsonl, atomic_write_json
 from toolkit.run.layout import RunDir, point_symlink
+from toolkit.run.store import RolloutStoreWriter
 from toolkit.run.types import Rollout, TrainingSample
 
 ERROR_FAILURES = {

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_analysis_imports_no_torch() -> None:
     code = (
         "import sys\n"
-        "import analysis, analysis.store, analysis.loaders, analysis.summary, analysis.figures, analysis.report, "
+        "import analysis, toolkit.run.store, analysis.loaders, analysis.summary, analysis.figures, analysis.report, "
         "analysis.diagnose, analysis.envelope, analysis.stop\n"
         "bad = [m for m in ('torch', 'vllm', 'matplotlib.pyplot') if m in sys.modules]\n"
         "assert not bad, bad\n"

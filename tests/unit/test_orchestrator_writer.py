@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.store import load_rollouts
 from toolkit.batches import load_batch_dir
 from toolkit.orchestrator.writer import RecordWriter, RecordWriterDied
 from toolkit.run.layout import RunDir
+from toolkit.run.store import load_rollouts
 from toolkit.run.types import Rollout, TrainingSample
 
 

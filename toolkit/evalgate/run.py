@@ -294,7 +294,7 @@ def _local_prompts(env: Any, n_all: int | None = None) -> dict[str, str]:
 async def _gate_async(cfg: Any, run: RunDir, endpoint: Endpoint, headers: dict[str, str], *, envs: list,
                       n: int, r: int, shuffle: bool, th: GateThresholds, rich: bool,
                       verdict: Verdict) -> None:  # fmt: skip
-    from analysis.store import RolloutStoreWriter, load_rollouts
+    from toolkit.run.store import RolloutStoreWriter, load_rollouts
     from toolkit.inference.client import PolicyClient
 
     client = PolicyClient(endpoint.base_url, endpoint.model, timeout_s=cfg.inference.router.request_timeout_s,

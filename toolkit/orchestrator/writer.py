@@ -48,15 +48,15 @@ def _child_init() -> None:
     # step's unpickled rollouts trigger collections that would otherwise walk them every time (-10% CPU per step).
     import gc
 
-    import analysis.store  # noqa: F401
     import toolkit.batches  # noqa: F401
+    import toolkit.run.store  # noqa: F401
 
     gc.collect()
     gc.freeze()
 
 
 def _store_append(store_path: str, rollouts: list[Rollout], step: int, kind: str, ages: list[int] | None) -> None:
-    from analysis.store import RolloutStoreWriter
+    from toolkit.run.store import RolloutStoreWriter
 
     writer = _STORES.get(store_path)
     if writer is None:

@@ -15,7 +15,7 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
     checkpoints/step_<n>/{trainer/, orchestrator/, COMPLETE}   (an SFT run: {trainer/, hf/, COMPLETE})
     model/               an SFT run's final weights as a Hugging Face directory (what ``model.name`` may name)
     data_order.jsonl     an SFT run's sample ids per step (resume checks: each step trains the same samples)
-    store/rollouts.h5    every rollout (schema in analysis/store.py)
+    store/rollouts.h5    every rollout (schema, writer and readers in store.py)
     control/             STOP request file, inference readiness files
     reports/             offline reports
     metrics.jsonl        one JSON object per line: step, time, role, metrics

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.store import BASE_COLUMNS, RolloutStoreWriter, load_rollouts, read_rollouts, store_columns
+from toolkit.run.store import BASE_COLUMNS, RolloutStoreWriter, load_rollouts, read_rollouts, store_columns
 from toolkit.run.types import Rollout, TrainingSample
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,7 +138,7 @@ def test_killed_writer_keeps_committed_appends(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
-        from analysis.store import RolloutStoreWriter
+        from toolkit.run.store import RolloutStoreWriter
         from toolkit.run.types import Rollout, TrainingSample
         w = RolloutStoreWriter({str(path)!r})
         for step in range(3):
@@ -277,7 +277,7 @@ def _dump(path: Path) -> dict[str, object]:
 
 @pytest.mark.parametrize("retype", [False, True], ids=["store-dtypes", "other-dtypes"])
 def test_low_level_append_writes_the_same_bytes_as_the_high_level_write(tmp_path, monkeypatch, retype) -> None:
-    from analysis import store
+    from toolkit.run import store
 
     _write_scenario(tmp_path / "fast.h5", retype)
     monkeypatch.setattr(store, "_append", _high_level_append)
@@ -322,7 +322,7 @@ def test_every_column_type_reads_back_exactly(tmp_path, retype) -> None:
 
 
 def test_append_converts_a_list_to_the_dataset_type_as_the_high_level_write(tmp_path: Path) -> None:
-    from analysis.store import _append
+    from toolkit.run.store import _append
 
     with h5py.File(tmp_path / "s.h5", "w") as f:
         for name, dtype in (("codes", np.int32), ("ints", np.int64), ("flags", np.bool_), ("lp", np.float32)):
@@ -343,7 +343,7 @@ def test_append_converts_a_list_to_the_dataset_type_as_the_high_level_write(tmp_
 
 @pytest.mark.parametrize("shape", [(3, 0), (3, 2)])
 def test_append_refuses_values_that_are_not_one_dimensional(tmp_path: Path, shape) -> None:
-    from analysis.store import _append
+    from toolkit.run.store import _append
 
     with h5py.File(tmp_path / "s.h5", "w") as f:
         f.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=np.int32, chunks=(4,))
