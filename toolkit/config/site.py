@@ -28,7 +28,6 @@ _SCRATCH_RE = re.compile(r"(\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|/)[A-Za-z0-9_./-]*")
 # (or a newline, which would start a new script line) changes the options. Shared by toolkit.render and
 # toolkit.preflight.site.
 SBATCH_UNSAFE = re.compile(r"[\s'\"\\`]")
-GPU_REQUEST_STYLES = ("gres", "gpus-per-node", "gpus")
 
 
 class GpuSection(Section):

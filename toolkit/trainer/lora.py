@@ -36,11 +36,6 @@ def apply_lora(model: torch.nn.Module, lora: dict) -> torch.nn.Module:
     return get_peft_model(model, cfg)
 
 
-def is_lora_model(model: torch.nn.Module) -> bool:
-    """True for a peft-wrapped model (what :func:`apply_lora` returns)."""
-    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
-
-
 def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter weights under PEFT's saved names, as contiguous CPU tensors (no base weights).
 
