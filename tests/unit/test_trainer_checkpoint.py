@@ -11,9 +11,10 @@ import torch
 
 from toolkit import checkpoints as ck
 from toolkit.batches import samples_to_batch
+from toolkit.inference.weights import newest_stable_broadcast
 from toolkit.models.tiny import build_tiny_model
-from toolkit.run.types import TrainingSample
 from toolkit.run.layout import RunDir
+from toolkit.run.types import TrainingSample
 from toolkit.trainer import broadcast as bc
 from toolkit.trainer.checkpoint import load_trainer_state, save_trainer_state
 from toolkit.trainer.loss import IPOLoss
@@ -121,7 +122,7 @@ def test_broadcast_is_a_loadable_hf_dir(tiny_dir, tmp_path):
     model, opt, sched = _setup(tiny_dir)
     _step(model, opt, sched, 1)
     path = bc.write_broadcast(run, 1, full_state_dict(model), bc.model_config_dict(model), tiny_dir)
-    assert bc.is_stable(path) and bc.latest_stable(run) == 1
+    assert bc.is_stable(path) and newest_stable_broadcast(run) == (1, path)  # what engines look for
     names = {p.name for p in path.iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "STABLE"} <= names
     assert json.loads((path / "config.json").read_text())["tie_word_embeddings"] is False

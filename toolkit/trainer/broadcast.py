@@ -178,14 +178,6 @@ def is_stable(step_dir: Path) -> bool:
     return (Path(step_dir) / STABLE_MARKER).is_file()
 
 
-def latest_stable(run: RunDir) -> int | None:
-    """Newest STABLE broadcast step (= policy version), or None."""
-    for s in reversed(numbered_steps(run.broadcasts)):
-        if is_stable(run.broadcast_step(s)):
-            return s
-    return None
-
-
 def broadcast_keep(max_async_level: int, keep: int | None = None) -> int:
     """How many STABLE broadcasts to keep: ``keep`` but never fewer than ``max_async_level + 1``."""
     floor = max_async_level + 1
