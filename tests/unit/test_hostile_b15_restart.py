@@ -10,11 +10,12 @@ requeue after losing a node runs in ``tests/integration/test_faults_requeue_slur
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from toolkit import checkpoints as ck
 from toolkit.config import load_config, load_resolved
-from toolkit.launch.prepare import prepare_run, read_run_meta
+from toolkit.launch.prepare import prepare_run
 from toolkit.placement import build_plan
 from toolkit.preflight.site import load_site
 from toolkit.run.layout import RunDir
@@ -36,7 +37,7 @@ def test_b15_restart_without_flag_resumes_latest_complete_and_keeps_run_id(tmp_p
     over = ["--output-dir", str(tmp_path), "--run.name", "b15"]
     loaded = load_config(files, over)
     run, first = prepare_run(loaded, argv=over)
-    run_id = read_run_meta(run)["run_id"]
+    run_id = json.loads(run.run_meta.read_text())["run_id"]
     _complete_checkpoint(run, 10)
     _complete_checkpoint(run, 20)
     (run.checkpoint_step(30) / "trainer").mkdir(parents=True)  # the node died while step 30 was being written
@@ -57,7 +58,7 @@ def test_b15_restart_without_flag_resumes_latest_complete_and_keeps_run_id(tmp_p
 
     again, second = prepare_run(load_config(files, over), argv=over, resume=True)
     assert again.root == run.root and second == first + 1
-    assert read_run_meta(run)["run_id"] == run_id
+    assert json.loads(run.run_meta.read_text())["run_id"] == run_id
 
 
 def test_b15_batch_script_is_requeueable_and_appends_logs(tmp_path, capsys):

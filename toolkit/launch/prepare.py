@@ -6,7 +6,6 @@ of configs survives resumes and requeues. Nothing here launches anything; ``--dr
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -337,8 +336,3 @@ def _delete_keeping_lease(run: RunDir, held: leases.Lease | None) -> None:
             _delete_run_dir(run.root)
     except leases.LeaseHeld as e:
         raise ConfigError(str(e)) from None
-
-
-def read_run_meta(run: RunDir) -> dict:
-    """The run's persistent metadata (run id kept across attempts and requeues)."""
-    return json.loads(run.run_meta.read_text())
