@@ -23,7 +23,6 @@ import jinja2
 from .config.model import RLConfig
 from .config.site import SBATCH_UNSAFE, SiteConfig, job_python
 from .fsutil import atomic_write_text
-from .placement.environment import container_prefix
 from .placement.plan import Plan
 from .run.layout import RunDir
 
@@ -48,11 +47,6 @@ def _quote(value: Any) -> str:
     return shlex.quote(str(value))
 
 
-def _quote_task(value: Any) -> str:
-    """Quote an array-task argument, turning ``{task_id}`` into an expansion of ``$SLURM_ARRAY_TASK_ID``."""
-    return '"${SLURM_ARRAY_TASK_ID}"'.join(shlex.quote(part) for part in str(value).split("{task_id}"))
-
-
 @functools.lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -68,7 +62,6 @@ def _env() -> jinja2.Environment:
     )
     env.filters["q"] = _quote
     env.filters["sbatch"] = sbatch_value
-    env.filters["q_task"] = _quote_task
     return env
 
 
@@ -140,11 +133,8 @@ class ScriptContext:
     setup: list[str]
     steps: list[str] = field(default_factory=list)
     """One comment line per plan process: nodes, GPU positions, ports (only generated names and integers)."""
-    container: list[str] = field(default_factory=list)
     step_options: list[str] = field(default_factory=list)
-    """Quoted options of a command job's supervisor line (eval, array): scratch and secret names."""
-    command: list[str] = field(default_factory=list)
-    array: str | None = None
+    """Quoted options of the supervisor line: scratch and secret names."""
 
 
 def _path_prepend(python: str) -> str | None:
@@ -234,31 +224,3 @@ def _render_job(cfg: RLConfig, run: RunDir, plan: Plan, kind: str, *, attempt: i
         # The batch job's supervisor runs it from this file, so no process's command line ever carries its text.
         _write(run.launcher / "pre_run.sh", "#!/bin/bash\n" + cfg.slurm.pre_run_command + "\n")
     return _write(run.launcher / f"{kind}.sbatch", text)
-
-
-def render_batch(kind: str, cfg: RLConfig, site: SiteConfig, run: RunDir, *, command: list[str],
-                 name_suffix: str, nodes: int = 1, gpus_per_node: int = 0, array: str | None = None) -> str:
-    """Render ``eval.sbatch.j2`` or ``array.sbatch.j2``: one command (argv) on ``nodes`` nodes.
-
-    For arrays, ``array`` is the ``--array`` value (e.g. ``0-99%8``), logs use ``%x_%A_%a`` and the command may
-    contain ``{task_id}``, replaced by ``$SLURM_ARRAY_TASK_ID`` at run time. Returns the script text.
-    """
-    if kind not in ("eval", "array"):
-        raise RenderError(f"unknown batch kind {kind!r}")
-    name = job_name(cfg, name_suffix)
-    pattern = "%x_%A_%a.out" if array else "%x-%j.out"
-    d = common_directives(cfg, site, run, name=name, log_pattern=pattern, requeue=False)
-    d += [f"--nodes={nodes}", "--ntasks-per-node=1"]
-    part = cfg.slurm.partition or site.partitions.default
-    if part:
-        d.append(f"--partition={sbatch_value(part, 'slurm.partition (or the site partition)')}")
-    d += gpu_directives(site, gpus_per_node, nodes)
-    if array:
-        d.append(f"--array={sbatch_value(array, 'array')}")
-    python = job_python(site)
-    ctx = ScriptContext(
-        kind=kind, directives=[d], run_root=str(run.root), launcher=str(run.launcher), attempt=0, python=python,
-        path_prepend=_path_prepend(python), modules=list(site.environment.modules), setup=list(site.environment.setup),
-        container=container_prefix(site, run.root), step_options=_step_options(site, set(cfg.slurm.secret_env_vars)), command=list(command), array=array,
-    )
-    return render_text(f"{kind}.sbatch.j2", ctx, None)

@@ -32,16 +32,3 @@ def test_every_render_passes_shellcheck(tmp_path: Path) -> None:
     texts = [render(layout) for layout in sorted(LAYOUTS)]
     texts += [_other_site("local-slurm"), _other_site("generic-hpc")]
     check_shell(texts, tmp_path)
-
-
-def test_eval_and_array_renders_pass_shellcheck(tmp_path: Path) -> None:
-    from toolkit.render import render_batch
-
-    cfg = make_cfg(site="generic-hpc", run={"name": "ev"}, slurm={"account": "p"})
-    s = load_site("generic-hpc")
-    run = RunDir("/shared/runs/ev")
-    texts = [render_batch("eval", cfg, s, run, command=["srl", "eval", "run", "$(x)"], name_suffix="-eval",
-                          gpus_per_node=1),
-             render_batch("array", cfg, s, run, command=["srl", "rl", "@", "t_{task_id}.toml"], name_suffix="-sw",
-                          array="0-9%2")]
-    check_shell(texts, tmp_path)

@@ -14,7 +14,7 @@ from toolkit.config import ConfigError
 from toolkit.config.site import GpuSection
 from toolkit.placement import build_plan, write_plan
 from toolkit.preflight.site import load_site
-from toolkit.render import RenderError, build_context, render_batch, render_rl, render_text, sbatch_value
+from toolkit.render import RenderError, build_context, render_rl, render_text, sbatch_value
 from toolkit.run.layout import RunDir
 
 PI = load_site("prime-intellect")
@@ -169,18 +169,6 @@ def test_placement_json_lists_every_process(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "golden-t2i1" / "launcher" / "placement.json").read_text())
     assert [p["name"] for p in data["processes"]] == ["inference-0-0", "trainer", "orchestrator"]
     assert {"role", "node_index", "gpus", "ports", "command", "env"} <= set(data["processes"][0])
-
-
-def test_array_and_eval_templates() -> None:
-    cfg = make_cfg(site="prime-intellect", run={"name": "sweep1"})
-    run = RunDir("/shared/runs/sweep1")
-    text = render_batch("array", cfg, PI, run, command=["srl", "rl", "@", "/x/task_{task_id}.toml"],
-                        name_suffix="-sweep", array="0-99%8")
-    assert "#SBATCH --array=0-99%8" in text and "%x_%A_%a.out" in text
-    assert '/x/task_"${SLURM_ARRAY_TASK_ID}".toml' in text
-    text = render_batch("eval", cfg, PI, run, command=["srl", "eval", "run", "a b"], name_suffix="-eval",
-                        gpus_per_node=1)
-    assert "#SBATCH --gres=gpu:1" in text and "'a b'" in text
 
 
 def test_shipped_sites_never_pin_another_checkouts_interpreter() -> None:

@@ -171,7 +171,7 @@ def prepare_points(sweep: Any, configs: list[LoadedConfig], site: SiteConfig, ro
 
 @dataclass
 class _ArrayContext:
-    """What ``array.sbatch.j2`` prints: directives per het group, the sweep root, the points in task order."""
+    """What ``sweep.sbatch.j2`` prints: directives per het group, the sweep root, the points in task order."""
 
     sweep: str
     index: int
