@@ -9,7 +9,7 @@ from pathlib import Path
 
 from config_cases import config, errors_of, validate, warnings_of
 
-from toolkit.envs.tasksets import taskset_findable, taskset_module_candidates
+from toolkit.envs.tasksets import taskset_module_candidates, taskset_unresolved_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,15 +39,15 @@ def test_a_module_on_the_jobs_pythonpath_or_sys_path_resolves(tmp_path, monkeypa
         _train("my-own-task", orchestrator={"env_vars": {"PYTHONPATH": str(tmp_path)}})
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert taskset_findable("owner/My-Own-Task@1.0")  # hub id: owner and version dropped, as verifiers does
+    assert taskset_unresolved_reason("owner/My-Own-Task@1.0") is None  # hub id: owner and version dropped, as verifiers does
     assert "my_own_task" not in sys.modules
 
 
 def test_verifiers_own_tasksets_and_built_ins_resolve():
-    assert taskset_findable("reverse-text") and taskset_findable("arith")
-    assert taskset_findable("textarena")  # shipped in verifiers.v1.tasksets
+    assert taskset_unresolved_reason("reverse-text") is None and taskset_unresolved_reason("arith") is None
+    assert taskset_unresolved_reason("textarena") is None  # shipped in verifiers.v1.tasksets
     assert taskset_module_candidates("team/Text-Arena@2") == ["verifiers.v1.tasksets.text_arena", "text_arena"]
-    assert not taskset_findable("no such task") and not taskset_findable("../etc")
+    assert taskset_unresolved_reason("no such task") and taskset_unresolved_reason("../etc")
 
 
 def test_the_check_imports_neither_verifiers_nor_the_taskset():

@@ -12,7 +12,7 @@ from config_cases import config, validate
 from prereqs import missing
 
 from toolkit.config import ConfigError
-from toolkit.envs.tasksets import taskset_findable, taskset_unresolved_reason
+from toolkit.envs.tasksets import taskset_unresolved_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 BOMB = "raise SystemExit('imported by validation')\n"
@@ -50,7 +50,7 @@ def test_odd_pythonpath_values_never_raise(path):
 
 def test_a_pythonpath_entry_with_a_nul_byte_does_not_hide_the_next_one(tmp_path):
     (tmp_path / "my_own_task.py").write_text(BOMB)
-    assert taskset_findable("my-own-task", ["bad\0path", str(tmp_path)])
+    assert taskset_unresolved_reason("my-own-task", ["bad\0path", str(tmp_path)]) is None
     assert "my_own_task" not in sys.modules
 
 

@@ -87,12 +87,6 @@ def taskset_module_candidates(taskset_id: str) -> list[str]:
     return [f"verifiers.v1.tasksets.{module}", module]
 
 
-def taskset_findable(taskset_id: str, extra_paths: list[str] = ()) -> bool:
-    """Whether ``taskset_id`` would resolve here without importing anything (see ``taskset_unresolved_reason``).
-    Raises nothing."""
-    return taskset_unresolved_reason(taskset_id, extra_paths) is None
-
-
 def taskset_unresolved_reason(taskset_id: str, extra_paths: list[str] = ()) -> str | None:
     """None when ``taskset_id`` would resolve here, else why not (a phrase for a config finding).
 
