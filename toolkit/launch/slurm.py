@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -369,20 +369,7 @@ def summarize(job_id: str, records: Sequence[JobState]) -> JobState:
         return records[0]
     if all("+" in r.job_id for r in records):
         comps = tuple(sorted(records, key=lambda r: int(r.job_id.split("+", 1)[1])))
-        lead = comps[0]
-        return JobState(
-            job_id=job_id,
-            state=lead.state,
-            reason=lead.reason,
-            exit_code=lead.exit_code,
-            signal=lead.signal,
-            restart_count=lead.restart_count,
-            node_list=lead.node_list,
-            start_time=lead.start_time,
-            end_time=lead.end_time,
-            het_components=comps,
-            raw=lead.raw,
-        )
+        return replace(comps[0], job_id=job_id, het_components=comps)
     if all("_" in r.job_id for r in records):
         tasks = tuple(sorted(records, key=_array_sort_key))
         present = {t.state for t in tasks}
