@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any
 
-from toolkit.inference.serve import free_port
+from local_engines import free_port
 
 
 class ServedApp:

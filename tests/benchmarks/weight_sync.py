@@ -48,9 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import httpx
 
+from tests.local_engines import start_local_deployment
 from toolkit.fsutil import write_marker
 from toolkit.inference.admin_token import admin_headers
-from toolkit.inference.serve import start_local_deployment
 from toolkit.inference.weights import WeightUpdater, follow_broadcasts
 from toolkit.models import build_tiny_model
 from toolkit.run.layout import RunDir

@@ -143,7 +143,8 @@ def test_provider_down_is_provider_error(tmp_path):
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     need_module("vllm")
-    from toolkit.inference.serve import start_local_deployment
+    from local_engines import start_local_deployment
+
     from toolkit.models import resolve_model
 
     model = resolve_model("tiny-qwen3")

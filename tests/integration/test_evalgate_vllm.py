@@ -52,30 +52,29 @@ def test_eval_run_local_server_writes_store_and_verdict(tmp_path, capsys):
     assert (run_dir / "reports" / "eval_gate.md").exists() and (run_dir / "reports" / "eval_validate.json").exists()
     # The server was stopped: no readiness file, and its engine process is gone.
     assert not (run_dir / "control" / "inference_ready.json").exists()
-    log = (run_dir / "logs" / "eval" / "engine_0.log").read_text()
+    log = (run_dir / "logs" / "eval" / "inference-0-0.log").read_text()
     pid = int(log.split("Started server process [")[1].split("]")[0])
     assert not _alive(pid)
 
 
 def test_eval_run_against_base_url_with_key_variable(tmp_path, capsys, monkeypatch):
-    from toolkit.inference.serve import start_local_deployment
+    from toolkit.config import load_config
+    from toolkit.launch.local import serve_local
     from toolkit.models import resolve_model
     from toolkit.run.layout import RunDir
 
     model = resolve_model("tiny-qwen3")
     secret = "srl-test-key-0123456789"
     monkeypatch.setenv("SRL_GATE_TEST_KEY", secret)
-    server_run = RunDir(tmp_path / "server")
-    # vLLM itself checks the key (--api-key), so a request without the right header would fail as ProviderError.
-    dep = start_local_deployment(server_run, model_path=model, served_model_name="tiny", log_dir=tmp_path / "logs",
-                                 vllm_args={"max_model_len": 512, "api_key": secret}, load_newest_stable=False)
-    try:
+    # vLLM itself checks the key (VLLM_API_KEY, inherited by the engine), so a request without the right header
+    # would fail as ProviderError.
+    monkeypatch.setenv("VLLM_API_KEY", secret)
+    server = load_config([EVAL_TOML], ["--inference.vllm.max_model_len", "512"]).config  # serves "tiny-qwen3"
+    with serve_local(server, RunDir(tmp_path / "server"), logs=tmp_path / "logs") as served:
         run_dir = tmp_path / "gate"
-        main(["run", "@", str(EVAL_TOML), "-m", "tiny", "--tokenizer", str(model), "-n", "2", "-r", "2",
-              "--env", "reverse-text", "--base-url", dep.base_url + "/v1", "--api-key-var", "SRL_GATE_TEST_KEY",
+        main(["run", "@", str(EVAL_TOML), "-m", "tiny-qwen3", "--tokenizer", str(model), "-n", "2", "-r", "2",
+              "--env", "reverse-text", "--base-url", served.base_url + "/v1", "--api-key-var", "SRL_GATE_TEST_KEY",
               "--run-dir", str(run_dir), "--no-rich"])
-    finally:
-        dep.stop()
     out = capsys.readouterr().out
     items = _items(run_dir)
     assert items["error_rate"]["status"] == "PASS", items["error_rate"]
@@ -88,3 +87,34 @@ def test_eval_run_against_base_url_with_key_variable(tmp_path, capsys, monkeypat
     assert json.loads((run_dir / "reports" / "eval_gate.json").read_text())["settings"]["api_key_var"] == \
         "SRL_GATE_TEST_KEY"
     assert os.environ["SRL_GATE_TEST_KEY"] == secret
+
+
+def _serving(run_dir: Path) -> list[int]:
+    """PIDs of live processes started for ``run_dir`` (the launcher gives each its run directory in SRL_RUN_DIR)."""
+    mark = f"SRL_RUN_DIR={run_dir}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and mark in (proc / "environ").read_bytes().split(b"\0") and _alive(int(proc.name)):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_eval_run_local_server_never_healthy_fails_clearly(tmp_path, capsys):
+    """An engine that does not answer /health within inference.startup_timeout_s: the command says so, naming the
+    engine's log, within the timeout, and the engine is stopped (no process of the run is left)."""
+    import time
+
+    run_dir = tmp_path / "gate"
+    t0 = time.monotonic()
+    rc = main(["run", "@", str(EVAL_TOML), "-n", "1", "-r", "2", "--env", "reverse-text", "--run-dir", str(run_dir),
+               "--no-rich", "--inference.startup_timeout_s", "2"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "the local vLLM server did not start: inference not healthy after 2 s" in err, err
+    assert str(run_dir / "logs" / "eval" / "inference-0-0.log") in err
+    assert time.monotonic() - t0 < 60
+    assert not (run_dir / "control" / "inference_ready.json").exists()
+    assert _serving(run_dir) == []

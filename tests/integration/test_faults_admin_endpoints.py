@@ -74,8 +74,9 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def router_over_recorder():
     need_router()
+    from local_engines import free_port
+
     from toolkit.inference.commands import router_command
-    from toolkit.inference.serve import free_port
 
     backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
@@ -135,9 +136,10 @@ def _completion_logprobs(url: str) -> list[float]:
 def test_guarded_engine_behind_router_refuses_admin_routes_but_reloads_with_token(tmp_path):
     need_module("vllm")
     need_router()
+    from local_engines import start_local_deployment
+
     from toolkit.fsutil import write_marker
     from toolkit.inference.admin_token import ADMIN_TOKEN_HEADER
-    from toolkit.inference.serve import start_local_deployment
     from toolkit.inference.weights import WeightUpdateError, WeightUpdater
     from toolkit.models import build_tiny_model
     from toolkit.run.layout import RunDir

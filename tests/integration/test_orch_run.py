@@ -59,7 +59,8 @@ def external_on_path(monkeypatch):
 @pytest.mark.vllm
 def test_multi_env_run_on_vllm(tmp_path, external_on_path):
     need_module("vllm")
-    from toolkit.inference.serve import start_local_deployment
+    from local_engines import start_local_deployment
+
     from toolkit.models import build_tiny_model
 
     base = build_tiny_model(tmp_path / "base", seed=0)

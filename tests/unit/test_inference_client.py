@@ -7,14 +7,14 @@ import json
 import time
 
 import pytest
+from local_engines import free_port
 
 from toolkit.errors import ProviderError, SrlRolloutError
 from toolkit.fsutil import write_marker
 from toolkit.inference.client import PolicyClient, completion_payload, parse_completion
-from toolkit.inference.serve import free_port
 from toolkit.inference.weights import WeightUpdateError, WeightUpdater, newest_stable_broadcast
-from toolkit.run.types import SamplingParams
 from toolkit.run.layout import RunDir
+from toolkit.run.types import SamplingParams
 
 
 def test_payload_asks_for_token_ids_and_sampled_logprobs():
@@ -81,32 +81,6 @@ def test_newest_stable_broadcast_skips_unmarked_and_temp_dirs(tmp_path):
     write_marker(run.broadcast_step(3) / "STABLE")
     (run.broadcasts / ".step_7.tmp-1-abc").mkdir()
     assert newest_stable_broadcast(run) == (3, run.broadcast_step(3))
-
-
-def test_supervise_reports_a_dead_child_and_stops_the_rest(tmp_path):
-    """Real child processes (sleep / false) stand in for an engine and a router: only process handling is tested."""
-    from toolkit.inference.serve import Deployment, ManagedProcess, supervise
-
-    run = RunDir(tmp_path / "run")
-    alive = ManagedProcess("engine_0", "engine", "http://h:1", ["sleep", "30"], {}, tmp_path / "e.log")
-    dying = ManagedProcess("router", "router", "http://h:2", ["false"], {}, tmp_path / "r.log")
-    alive.start()
-    dying.start()
-    dep = Deployment(run=run, model="m", engines=[alive], router=dying)
-    assert supervise(dep, poll_s=0.05) == 1
-    assert alive.proc.poll() is not None  # stopped by its process group, no orphan
-
-
-def test_supervise_returns_zero_on_stop_file(tmp_path):
-    from toolkit.inference.serve import Deployment, ManagedProcess, supervise
-
-    run = RunDir(tmp_path / "run")
-    run.control.mkdir(parents=True)
-    run.stop_request.touch()
-    eng = ManagedProcess("engine_0", "engine", "http://h:1", ["sleep", "30"], {}, tmp_path / "e.log")
-    eng.start()
-    assert supervise(Deployment(run=run, model="m", engines=[eng]), poll_s=0.05) == 0
-    assert eng.proc.poll() is not None
 
 
 def test_proxy_from_the_environment_is_resolved_once_per_endpoint(monkeypatch):

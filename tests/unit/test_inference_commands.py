@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from local_engines import cpu_binds
 from prereqs import need_module
 
 from toolkit.inference.commands import (
@@ -20,7 +21,6 @@ from toolkit.inference.commands import (
     vllm_arg_list,
 )
 from toolkit.inference.queues import parse_metric
-from toolkit.inference.serve import cpu_binds
 from toolkit.run.layout import RunDir
 
 BASE = {
@@ -191,9 +191,10 @@ def test_ready_file_roundtrip_and_timeout(tmp_path):
 
 
 def test_run_queue_depths_groups_by_role_and_reports_unreachable(tmp_path):
+    from local_engines import free_port
+
     from toolkit.inference.health import write_ready
     from toolkit.inference.queues import run_queue_depths
-    from toolkit.inference.serve import free_port
 
     run = RunDir(tmp_path / "run")
     p, d = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"

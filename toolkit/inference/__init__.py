@@ -4,12 +4,11 @@ Importing this package is light (no vllm, no torch); ``commands`` is pure and lo
 
 Modules:
   commands  engine_command / engine_env / router_command / default_engine_args: argv and env builders
-  health    wait_healthy, write_ready / read_ready / clear_ready: readiness through <run>/control
+  health    is_healthy, write_ready / read_ready / clear_ready: readiness through <run>/control
   client    PolicyClient: token ids in, token ids + sampling logprobs out (the orchestrator's client)
   weights   WeightUpdater, newest_stable_broadcast, follow_broadcasts: live reload from broadcasts/step_<n>
   kv_store  retire_kv_store / purge_retired: the ExampleConnector's KV files are retired on every reload
   queues    queue_depths, run_queue_depths: waiting requests per role (``srl inference queues``)
-  serve     start_local_deployment -> Deployment, supervise: ``srl inference`` on one host
   guard     AdminGuard: ASGI middleware in every engine; admin/dev routes need the run's admin token
   admin_token  SRL_ADMIN_TOKEN / X-SRL-Admin-Token: creating, passing and (inference-only runs) publishing it
   versions  weight versions that name their owner run; the engine-side record that tags each completion

@@ -9,9 +9,8 @@ Life of a token (32 random bytes, URL-safe base64 or hex):
 
 - it travels only in the environment variable ``SRL_ADMIN_TOKEN``: never on a command line, in a config, in
   placement.json, an sbatch script, a log or a report;
-- local runs (``toolkit.launch.local.run_local``) create a fresh one in the launcher process and their children
-  (engines, orchestrator) inherit it; ``serve.start_local_deployment`` reuses the caller's ``SRL_ADMIN_TOKEN`` or
-  creates one and exports it into the calling process, so in-process ``WeightUpdater``s find it;
+- local runs and local servers (``toolkit.launch.local``: ``run_local``, ``serve_local``) create a fresh one in
+  the launcher process and their children (engines, orchestrator) inherit it;
 - Slurm jobs create one in the batch script at job start (bash, from /dev/urandom) and export it; every ``srun``
   job step inherits it. A requeued RL job creates a new one: all its components restart with it;
 - the one exception to "environment only": an inference-only deployment (``srl inference``, local or Slurm) also

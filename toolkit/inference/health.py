@@ -1,4 +1,4 @@
-"""Readiness of a deployment: wait for engines' /health, and tell the orchestrator through the run directory.
+"""Readiness of a deployment: an engine's /health, and telling the orchestrator through the run directory.
 
 The launcher writes ``<run>/control/inference_ready.json`` once every engine (and the router) answers; the
 orchestrator, possibly on another node, reads it to learn the URLs. A stale file from an earlier attempt is removed
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +18,6 @@ import httpx
 
 from toolkit.fsutil import atomic_write_json
 from toolkit.run.layout import RunDir
-
-
-class EngineStartError(RuntimeError):
-    """An engine or router process exited, or did not answer /health in time. The message names the URL."""
-
-
-def _procs_by_url(urls: Sequence[str], proc: Any) -> dict[str, subprocess.Popen]:
-    if proc is None:
-        return {}
-    if isinstance(proc, Mapping):
-        return dict(proc)
-    if isinstance(proc, (list, tuple)):
-        return dict(zip(urls, proc, strict=True))
-    return {url: proc for url in urls}
 
 
 def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
@@ -43,54 +28,10 @@ def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def wait_healthy(
-    urls: Sequence[str],
-    timeout_s: float,
-    *,
-    proc: subprocess.Popen | Sequence[subprocess.Popen] | Mapping[str, subprocess.Popen] | None = None,
-    interval_s: float = 0.5,
-    log_paths: Mapping[str, Path] | None = None,
-) -> float:
-    """Block until every URL answers ``/health`` with 200; returns the seconds waited.
-
-    ``proc`` is the process serving the URLs (one for all, one per URL in order, or a url->process mapping): if it
-    exits first, EngineStartError names the URL, the exit code and (when ``log_paths`` has it) the log's tail.
-    Raises EngineStartError after ``timeout_s`` seconds naming the URLs still not healthy.
-    """
-    t0 = time.monotonic()
-    procs = _procs_by_url(urls, proc)
-    pending = list(urls)
-    while pending:
-        for url in list(pending):
-            p = procs.get(url)
-            if p is not None and p.poll() is not None:
-                tail = _log_tail(log_paths.get(url)) if log_paths else ""
-                raise EngineStartError(
-                    f"process serving {url} exited with code {p.returncode} before healthy{tail}"
-                )
-            if is_healthy(url):
-                pending.remove(url)
-        if not pending:
-            break
-        if time.monotonic() - t0 > timeout_s:
-            raise EngineStartError(f"not healthy after {timeout_s:.0f} s: {', '.join(pending)}")
-        time.sleep(interval_s)
-    return time.monotonic() - t0
-
-
-def _log_tail(path: Path | None, n_chars: int = 2000) -> str:
-    if path is None:
-        return ""
-    with contextlib.suppress(OSError):
-        text = Path(path).read_text(errors="replace")
-        return f"\n--- tail of {path} ---\n{text[-n_chars:]}"
-    return ""
-
-
 def write_ready(run: RunDir, info: Mapping[str, Any]) -> Path:
     """Atomically write the readiness file ``run.inference_ready``; returns its path.
 
-    ``info`` keys (by convention of ``serve.Deployment.ready_info``): ``base_url`` (what clients call: the router,
+    ``info`` keys (``toolkit.placement.runtime.ready_info``): ``base_url`` (what clients call: the router,
     or the only engine), ``router_url`` (or None), ``engine_urls`` (all engines, for admin calls), ``roles``
     (engine URL -> "engine" | "prefill" | "decode"), ``model`` (served model name), ``policy_version``.
     A ``written_at`` UNIX time is added.

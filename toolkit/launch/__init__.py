@@ -3,9 +3,11 @@
 Modules:
   prepare     the run directory of a new attempt (lease, configs, command line); refusals of a second launch
   dispatch    a prepared run to its launcher: the local supervisor, or a Slurm submission (dry run: render only)
-  local       ``srl rl`` on this machine: the supervisor over local child processes, the progress line, the ending
+  local       ``srl rl`` on this machine: the supervisor over local child processes, the progress line, the ending;
+              ``serve_local``: a config's engines (and router) served here for a block of code (the eval gate)
   supervisor  the one supervisor of a run's processes, local children or ``srun`` job steps inside the batch job
               (start order, readiness, engine restarts, stop/checkpoint/requeue, teardown, exit status)
+  rendezvous  why a multi-node trainer's torchrun rendezvous failed: the trainer nodes that never joined
   submit      rendering the batch script into ``<run>/launcher/`` and ``sbatch`` (dependencies, job ids)
   sweeps      sweeps on Slurm: each point an ``srl rl`` batch job inside job arrays grouped by allocation shape
   slurm       Slurm from the login node: sbatch, squeue/sacct states, scancel, scontrol requeue

@@ -15,6 +15,9 @@ No orphans, whatever ends the launcher: every child is killed by process group o
 lives through; when it dies without cleaning up (SIGKILL, the OOM killer), the kernel kills each direct child
 (parent-death signal) and a reaper process (``procutil.GroupReaper``) kills the children's process groups (engine
 workers, torchrun ranks, env workers).
+
+:func:`serve_local` starts only a config's engines (and router) the same way, for a block of code: the eval gate's
+local server.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,8 @@ from typing import Any
 from .. import lease as leases
 from ..config.errors import ConfigError
 from ..config.model import RLConfig
+from ..inference.admin_token import ADMIN_TOKEN_ENV, for_local_deployment, restore_admin_token
+from ..inference.health import clear_ready
 from ..run import ending
 from ..run.layout import RunDir, point_symlink
 from .progress import continue_command, write_local_record
@@ -104,9 +111,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     point_symlink(run.latest_logs, logs.name)
     model_path = str(resolve_model(cfg.model.name))
-    # Every node of a local plan is this machine.
-    plan.addresses = ["127.0.0.1"] * plan.num_nodes
-    plan.hosts = ["localhost"] * plan.num_nodes
+    _on_this_machine(plan)
     print(f"srl: run directory {run.root}")
     print(f"srl: logs in {logs} ; metrics {run.metrics} ; checkpoints {run.checkpoints}")
     roles = [r for r in ("inference", "trainer", "orchestrator") if any(p.role == r for p in plan.processes)]
@@ -125,25 +130,10 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     status = 1
     failure: str | None = None  # what failed when no process did (inference never became healthy)
     write_local_record(run, attempt=attempt)  # read by `srl status`
-    from ..inference.health import clear_ready
-
-    clear_ready(run)  # an earlier attempt's URLs may point at dead engines
-    from ..inference.admin_token import ADMIN_TOKEN_ENV, for_local_deployment, restore_admin_token
-
-    # The engines' admin token (inference/guard.py), fresh per run: every child (engines, orchestrator, restarted
-    # ones too) inherits it from this process's environment. An inference-only deployment also publishes it in
-    # <run>/launcher/admin_token (0600) for RL runs that use it as inference.external.
-    saved_token = os.environ.get(ADMIN_TOKEN_ENV)
-    if any(p.role == "inference" for p in plan.processes):
-        os.environ[ADMIN_TOKEN_ENV] = for_local_deployment(run, publish="orchestrator" not in plan.roles)
+    # An inference-only deployment publishes its admin token for the RL runs that use it as inference.external.
+    saved_token = _export_admin_token(run, plan, publish="orchestrator" not in plan.roles)
     try:
-        from ..placement.cpus import cpu_thread_env
-
-        # Engines and trainer get their own cores (same split as on a Slurm node; see placement/cpus.py).
-        n_cores = len(os.sched_getaffinity(0))
-        for spec in plan.processes:
-            extra = {**cpu_thread_env(plan, spec.name, spec.node_index, n_cores), leases.LEASE_ENV: lease.token}
-            _start(sup, spec, plan, model_path, logs, extra)
+        _start_all(sup, plan, model_path, logs, {leases.LEASE_ENV: lease.token})
         if sup.wait_ready(cfg.model.name, interrupt=lambda: sup.stop_at is not None):
             status = _supervise(cfg, run, sup)
         else:
@@ -196,6 +186,83 @@ def _remove_job_scratch(plan: Any) -> None:
     for d in dirs:
         if d.name.startswith("srl-local-"):  # only what srl created for a local attempt
             shutil.rmtree(d, ignore_errors=True)
+
+
+def _on_this_machine(plan: Any) -> None:
+    """Make every node of a local plan this machine."""
+    plan.addresses = ["127.0.0.1"] * plan.num_nodes
+    plan.hosts = ["localhost"] * plan.num_nodes
+
+
+def _export_admin_token(run: RunDir, plan: Any, *, publish: bool) -> str | None:
+    """Put the engines' admin token (inference/guard.py), fresh per run, in this process's environment, where every
+    child (engines, orchestrator, restarted ones too) inherits it; ``publish`` also keeps it in
+    ``<run>/launcher/admin_token`` (0600). Returns the previous value for ``restore_admin_token``."""
+    saved = os.environ.get(ADMIN_TOKEN_ENV)
+    if any(p.role == "inference" for p in plan.processes):
+        os.environ[ADMIN_TOKEN_ENV] = for_local_deployment(run, publish=publish)
+    return saved
+
+
+def _start_all(sup: Supervisor, plan: Any, model_path: str, logs: Path, extra_env: dict[str, str]) -> None:
+    """Start every process of ``plan`` on this machine, engines and trainer on their own cores (the same split as on
+    a Slurm node; see placement/cpus.py)."""
+    from ..placement.cpus import cpu_thread_env
+
+    clear_ready(sup.run)  # an earlier attempt's URLs may point at dead engines
+    n_cores = len(os.sched_getaffinity(0))
+    for spec in plan.processes:
+        _start(sup, spec, plan, model_path, logs, {**cpu_thread_env(plan, spec.name, spec.node_index, n_cores),
+                                                   **extra_env})  # fmt: skip
+
+
+@dataclass
+class Served:
+    """A deployment started by :func:`serve_local`: its readiness record (``base_url``, ``engine_urls``,
+    ``router_url``, ``roles``, ``model``; see ``toolkit.placement.runtime.ready_info``), the engines' admin token,
+    and the supervisor whose children are its processes."""
+
+    ready: dict[str, Any]
+    admin_token: str
+    sup: Supervisor
+
+    @property
+    def base_url(self) -> str:
+        """What clients call (the router, else the only engine), without ``/v1``."""
+        return self.ready["base_url"]
+
+
+@contextmanager
+def serve_local(cfg: RLConfig, run: RunDir, *, logs: Path, site: Any = None, publish_token: bool = False,
+                say: Any = None) -> Iterator[Served]:
+    """Serve ``cfg``'s inference deployment (engines, and a router when it has several engines or P/D) on this
+    machine through the supervisor, as ``srl inference`` does: yields once every engine answers /health (the ready
+    file is written), then stops every process (and their workers) and removes the ready file.
+
+    ``logs``: the processes' log directory (``<process>.log``); ``site``: the site whose port range the plan uses
+    (default ``cfg.site``); ``publish_token``: keep the admin token in ``<run>/launcher/admin_token`` for other
+    runs. Raises ComponentFailed (a process exited during start-up; names its log) or TimeoutError (not healthy
+    within ``inference.startup_timeout_s``; names the logs).
+    """
+    from ..models import resolve_model
+    from ..placement.runtime import ready_info
+    from ..preflight.site import load_site
+    from .dispatch import local_plan
+
+    plan = local_plan(cfg, site or load_site(cfg.site), run, roles=("inference", "router"))
+    _on_this_machine(plan)
+    logs.mkdir(parents=True, exist_ok=True)
+    sup = Supervisor(cfg, run, plan, say=say or _say, own_groups=True)
+    saved = _export_admin_token(run, plan, publish=publish_token)
+    try:
+        _start_all(sup, plan, str(resolve_model(cfg.model.name)), logs, {})
+        sup.wait_ready(cfg.model.name, interrupt=lambda: False)
+        yield Served(ready_info(plan, cfg.model.name), os.environ[ADMIN_TOKEN_ENV], sup)
+    finally:
+        sup.stop_all()
+        clear_ready(run)
+        restore_admin_token(saved)
+        _remove_job_scratch(plan)
 
 
 def _start(sup: Supervisor, spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[str, str]) -> None:

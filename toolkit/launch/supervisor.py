@@ -245,8 +245,9 @@ class Supervisor:
                 if is_healthy(url):
                     del pending[name]
             if time.monotonic() > deadline:
+                logs = sorted(str(c.log_path) for c in self.children if c.name in pending)
                 raise TimeoutError(f"inference not healthy after {timeout:.0f} s: {sorted(pending.values())} "
-                                   f"(see logs under {self.run.latest_logs})")
+                                   f"(see {', '.join(logs)})")
             time.sleep(POLL_S)
         if n:  # nothing to publish for a plan without engines (a trainer-only plan, or inference.external)
             write_ready(self.run, ready_info(self.plan, self.cfg.model.name))

@@ -1,10 +1,11 @@
-"""``srl inference`` for one host: start engines (+ vllm-router), wait healthy, load the newest weights, report ready.
+"""Engines started directly for tests of the inference internals: one engine, several behind a router, P/D pairs.
 
-Used by the local CPU launcher and by tests; Slurm job steps start the same commands (``commands``/``pd``) through
-their templates. Each child runs in its own session (process group) so ``Deployment.stop`` can end an engine and
-the worker processes it forked (vLLM starts three per engine) without touching anything else, and without
-orphans. Children are started with ``start_new_session`` and stopped by PID: SIGTERM to the group, SIGKILL after a
-grace period.
+``start_local_deployment`` starts vLLM engines (and vllm-router) as children of the test process with the same
+command and environment builders as the plan (``toolkit.inference.commands``), waits for /health and can load the
+newest STABLE broadcast first; ``Deployment.stop`` ends each child's process group (vLLM's worker processes too).
+srl itself starts engines only through the supervisor (``toolkit.launch.local.serve_local`` and ``srl inference``
+locally, the batch job's supervisor on Slurm); this fixture gives tests shapes a plan does not produce (a router in
+front of one engine, a served name other than the model path).
 """
 
 from __future__ import annotations
@@ -26,9 +27,67 @@ from typing import Any
 
 from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, ensure_admin_token
 from toolkit.inference.commands import default_engine_args, engine_command, engine_env, router_command
-from toolkit.inference.health import clear_ready, wait_healthy, write_ready
+from toolkit.inference.health import clear_ready, is_healthy, write_ready
 from toolkit.inference.weights import WeightUpdater, newest_stable_broadcast
 from toolkit.run.layout import RunDir
+
+
+class EngineStartError(RuntimeError):
+    """An engine or router process exited, or did not answer /health in time. The message names the URL."""
+
+
+def _procs_by_url(urls: Sequence[str], proc: Any) -> dict[str, subprocess.Popen]:
+    if proc is None:
+        return {}
+    if isinstance(proc, Mapping):
+        return dict(proc)
+    if isinstance(proc, (list, tuple)):
+        return dict(zip(urls, proc, strict=True))
+    return {url: proc for url in urls}
+
+
+def wait_healthy(
+    urls: Sequence[str],
+    timeout_s: float,
+    *,
+    proc: subprocess.Popen | Sequence[subprocess.Popen] | Mapping[str, subprocess.Popen] | None = None,
+    interval_s: float = 0.5,
+    log_paths: Mapping[str, Path] | None = None,
+) -> float:
+    """Block until every URL answers ``/health`` with 200; returns the seconds waited.
+
+    ``proc`` is the process serving the URLs (one for all, one per URL in order, or a url->process mapping): if it
+    exits first, EngineStartError names the URL, the exit code and (when ``log_paths`` has it) the log's tail.
+    Raises EngineStartError after ``timeout_s`` seconds naming the URLs still not healthy.
+    """
+    t0 = time.monotonic()
+    procs = _procs_by_url(urls, proc)
+    pending = list(urls)
+    while pending:
+        for url in list(pending):
+            p = procs.get(url)
+            if p is not None and p.poll() is not None:
+                tail = _log_tail(log_paths.get(url)) if log_paths else ""
+                raise EngineStartError(
+                    f"process serving {url} exited with code {p.returncode} before healthy{tail}"
+                )
+            if is_healthy(url):
+                pending.remove(url)
+        if not pending:
+            break
+        if time.monotonic() - t0 > timeout_s:
+            raise EngineStartError(f"not healthy after {timeout_s:.0f} s: {', '.join(pending)}")
+        time.sleep(interval_s)
+    return time.monotonic() - t0
+
+
+def _log_tail(path: Path | None, n_chars: int = 2000) -> str:
+    if path is None:
+        return ""
+    with contextlib.suppress(OSError):
+        text = Path(path).read_text(errors="replace")
+        return f"\n--- tail of {path} ---\n{text[-n_chars:]}"
+    return ""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -295,32 +354,3 @@ def start_local_deployment(
         raise
     return dep
 
-
-def supervise(dep: Deployment, *, poll_s: float = 1.0, stop_file: Path | None = None) -> int:
-    """Block while the deployment serves (the body of ``srl inference`` after start-up); returns an exit code.
-
-    Returns 0 on SIGTERM/SIGINT (Slurm's end-of-job signal) or when ``stop_file`` (default ``run.stop_request``)
-    appears; returns 1 when any engine or the router exits on its own (the log path is printed), so a job step
-    fails visibly instead of serving from a partial deployment. The deployment is stopped in every case.
-    """
-    stop_file = dep.run.stop_request if stop_file is None else stop_file
-    stopping = {"sig": None}
-
-    def _on_signal(signum: int, _frame: object) -> None:
-        stopping["sig"] = signum
-
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while stopping["sig"] is None and not stop_file.exists():
-            dead = [p for p in dep._all() if p.proc is not None and p.proc.poll() is not None]
-            if dead:
-                for p in dead:
-                    print(f"srl inference: {p.name} ({p.url}) exited with code {p.proc.returncode}; see {p.log_path}",
-                          file=sys.stderr)  # fmt: skip
-                return 1
-            time.sleep(poll_s)
-        return 0
-    finally:
-        dep.stop()
-        for s, handler in old.items():
-            signal.signal(s, handler)
