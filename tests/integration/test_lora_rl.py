@@ -25,7 +25,10 @@ from prereqs import need_module
 from run_records import served_version
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+# About 65 s: runs with the heavy tests (scripts/test.sh -m heavy) to keep CI's whole run under 60 minutes. CI checks
+# the adapter broadcasts, the reloads and that each batch was sampled by the trainer's adapter in
+# tests/integration/test_shared_deployment_lora.py (two LoRA runs on one deployment, same job, same checks).
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.heavy]
 
 
 def test_lora_run_serves_the_trainers_adapter(tmp_path):

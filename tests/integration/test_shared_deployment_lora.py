@@ -7,6 +7,8 @@ learning rate so each adapter moves its policy far from the base model and from 
 - both runs end with every step; each reload record names that run's own adapter (``srl-lora-<run id>``) and
   the engine reported that run's own version of it; the deployment ends serving both adapters, each at its run's
   last version, and its base weights untouched;
+- each broadcast is a PEFT adapter directory, and each run's last batch was sampled by its own adapter (sampling
+  logprobs equal its trainer's peft model with the previous step's adapter, far from the base model's);
 - each run's rollouts match its own policy: the trainer's mismatch_kl (trainer vs engine logprobs of the same
   tokens, on-policy) stays below 1e-3 on the steps sampled with adapters, and no rollout was dropped as sampled
   with another run's weights;
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lora_checks import assert_adapter_broadcasts, assert_serves_adapter
 from prereqs import need_module
 from run_records import metrics_lines, role_steps, served_version
 
@@ -71,7 +74,7 @@ def _lora_run(out: Path, name: str, seed: int, dep: Path) -> list[str]:
             "--inference.external", str(dep), "--max-steps", str(STEPS), "--seed", str(seed),
             "--orchestrator.max-async-level", "0", "--orchestrator.batch-size", "16",
             "--orchestrator.max-concurrent", "16", "--trainer.optim.lr", "3e-2",
-            "--orchestrator.eval.interval", "0"]  # fmt: skip
+            "--orchestrator.eval.interval", "0", "--weight-broadcast.keep", str(STEPS)]  # fmt: skip
 
 
 def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
@@ -137,6 +140,13 @@ def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
             assert all(kl[s] < 1e-3 for s in range(2, STEPS + 1)), kl
             orch = [m for m in lines if m["role"] == "orchestrator" and m["step"] >= 1]
             assert orch and all(m["off_policy/foreign_dropped"] == 0 for m in orch), orch
+            # Each broadcast is the adapter alone, and the last batch was sampled by this run's own adapter of the
+            # step before (the trainer's peft model's logprobs, far from the base model's and so from the other
+            # run's adapter, trained with another seed).
+            assert_adapter_broadcasts(run, range(1, STEPS + 1))
+            gap_own, gap_base, n = assert_serves_adapter(run, batch_step=STEPS, adapter_step=STEPS - 1)
+            print(f"run {name}: batch {STEPS} vs adapter step {STEPS - 1}: {gap_own:.2e} nats/token, vs base "
+                  f"{gap_base:.2e}, {n} tokens")
         assert list(tenants.glob("*.json")) == []  # both released the deployment
 
         # The real engine's record and tags, read by the real client and updater.
