@@ -25,7 +25,7 @@ from analysis import envelope as env_mod
 from analysis.diagnose import Finding, diagnose, format_findings
 from analysis.figures import RUN_FIGURES, fig_sweep, to_png
 from analysis.loaders import RunData, dotted, load_run, role_metrics
-from analysis.stop import criteria_from_table, replay
+from toolkit.run.stop import criteria_from_table, replay
 from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
 from toolkit.launch.progress import read_local_record
 from toolkit.run import ending as ending_mod

@@ -13,7 +13,7 @@ def test_analysis_imports_no_torch() -> None:
     code = (
         "import sys\n"
         "import analysis, toolkit.run.store, analysis.loaders, analysis.summary, analysis.figures, analysis.report, "
-        "analysis.diagnose, analysis.envelope, analysis.stop\n"
+        "analysis.diagnose, analysis.envelope\n"
         "bad = [m for m in ('torch', 'vllm', 'matplotlib.pyplot') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -22,10 +22,11 @@ def test_analysis_imports_no_torch() -> None:
 
 
 def test_stop_criteria_import_is_free() -> None:
-    """The orchestrator imports analysis.stop on its hot path: no pandas, numpy or h5py behind it."""
+    """The orchestrator imports the stop criteria (toolkit.run.stop) on its hot path: no pandas, numpy or h5py behind
+    it."""
     code = (
         "import sys\n"
-        "import analysis.stop\n"
+        "import toolkit.run.stop\n"
         "bad = [m for m in ('pandas', 'numpy', 'h5py', 'matplotlib') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

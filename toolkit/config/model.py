@@ -655,8 +655,8 @@ class WeightBroadcastConfig(Section):
 class StopCriteria(Section):
     """``[monitors.stop]``: the orchestrator checkpoints and stops the run when one of these trips.
 
-    Evaluated by :class:`analysis.stop.StopMonitor` (the same code replays them in reports); ``max_empty_steps`` by
-    the orchestrator's zero-signal guard."""
+    Evaluated by :class:`toolkit.run.stop.StopMonitor` (the same code replays them in reports);
+    ``max_empty_steps`` by the orchestrator's zero-signal guard."""
 
     max_errored_share: float | None = Field(0.5, ge=0, le=1)
     """Stop when errored rollouts exceed this share of a step ..."""

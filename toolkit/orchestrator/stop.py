@@ -4,7 +4,7 @@ Each criterion looks at consecutive steps and, when it fires, returns a reason. 
 reason into the run's stop request (``control/STOP``), which makes the trainer checkpoint and both roles exit 0:
 a stopped run is resumable, and the reason is in the file and in the log.
 
-- errored share, mismatch KL and reward collapse: thresholds with patience, checked by ``analysis.stop`` (the
+- errored share, mismatch KL and reward collapse: thresholds with patience, checked by ``toolkit.run.stop`` (the
   trainer's ``mismatch_kl/mean`` is read from ``metrics.jsonl``);
 - zero signal: a step whose kept groups all had identical rewards, or whose groups were all
   filtered out, is *empty*; every empty step is warned about with its counts, and ``max_empty_steps`` in a row stop
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from toolkit.config.model import StopCriteria
 from toolkit.run import metrics as metrics_file
+from toolkit.run.stop import StopMonitor
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +56,12 @@ class ZeroSignalGuard:
 class StopChecks:
     """Evaluates ``monitors.stop`` after each orchestrator step.
 
-    The thresholds themselves are checked by :class:`analysis.stop.StopMonitor` (one implementation, replayed by
+    The thresholds themselves are checked by :class:`toolkit.run.stop.StopMonitor` (one implementation, replayed by
     reports too); this class feeds it the step's orchestrator metrics plus the newest trainer ``mismatch_kl/mean``
     read from ``metrics.jsonl``, and keeps the zero-signal guard.
     """
 
     def __init__(self, cfg: StopCriteria, metrics_path: Path) -> None:
-        from analysis.stop import StopMonitor
-
         self.cfg = cfg
         self.metrics_path = Path(metrics_path)
         self.guard = ZeroSignalGuard(cfg.max_empty_steps)

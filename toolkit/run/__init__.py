@@ -4,6 +4,8 @@
 - ``ending``: how a run (its latest attempt) ended, ``ending.json``, and the exit status that ending maps to.
 - ``metrics``: ``metrics.jsonl``, its writer, its readers (whole file, tail, follower) and shared metric names.
 - ``control``: the stop request in ``control/`` that asks every role to stop (with the criterion that fired).
+- ``stop``: the stop criteria (``[monitors.stop]``) over per-step metrics: the orchestrator checks them live, reports
+  replay ``metrics.jsonl`` through the same monitor.
 - ``store``: the rollout store ``store/rollouts.h5`` (HDF5 schema, the appending writer, readers to a DataFrame or
   back to rollouts), written by the orchestrator and the eval gate, read by reports and ``srl diagnose``.
 - ``types``: the records a run produces and passes between roles (``Generation``, ``Rollout``, ``TrainingSample``,

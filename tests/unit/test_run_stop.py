@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.stop import StopMonitor, criteria_from_table, replay
 from toolkit.config.model import StopCriteria
+from toolkit.run.stop import StopMonitor, criteria_from_table, replay
 
 
 def test_errored_share_needs_patience() -> None:
