@@ -143,19 +143,15 @@ def test_provider_down_is_provider_error(tmp_path):
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     need_module("vllm")
-    from local_engines import start_local_deployment
-
+    from toolkit.config import load_config
+    from toolkit.launch.local import serve_local
     from toolkit.models import resolve_model
 
     model = resolve_model("tiny-qwen3")
     root = tmp_path_factory.mktemp("engine")
-    dep = start_local_deployment(RunDir(root / "run"), model_path=model, served_model_name="tiny",
-                                 log_dir=root / "logs", vllm_args={"max_model_len": 512}, load_newest_stable=False,
-                                 startup_timeout_s=600)  # fmt: skip
-    try:
-        yield dep.base_url + "/v1", model
-    finally:
-        dep.stop()
+    # The engine srl starts for the gate's config (its plan, through the supervisor): serves "tiny-qwen3".
+    with serve_local(load_config([EVAL_TOML]).config, RunDir(root / "run"), logs=root / "logs") as served:
+        yield served.base_url + "/v1", model
 
 
 def _gate(tmp_path: Path, env: str, engine, n: int = 2, r: int = 4) -> tuple[int, Path, float]:
@@ -164,7 +160,7 @@ def _gate(tmp_path: Path, env: str, engine, n: int = 2, r: int = 4) -> tuple[int
     base_url, model = engine
     run_dir = tmp_path / env
     t0 = time.monotonic()
-    rc = main(["run", "@", str(EVAL_TOML), "--env", env, "-n", str(n), "-r", str(r), "-m", "tiny",
+    rc = main(["run", "@", str(EVAL_TOML), "--env", env, "-n", str(n), "-r", str(r), "-m", "tiny-qwen3",
                "--tokenizer", str(model), "--base-url", base_url, "--run-dir", str(run_dir), "--no-rich"])  # fmt: skip
     return rc, run_dir, time.monotonic() - t0
 

@@ -59,8 +59,7 @@ def external_on_path(monkeypatch):
 @pytest.mark.vllm
 def test_multi_env_run_on_vllm(tmp_path, external_on_path):
     need_module("vllm")
-    from local_engines import start_local_deployment
-
+    from toolkit.launch.local import serve_local
     from toolkit.models import build_tiny_model
 
     base = build_tiny_model(tmp_path / "base", seed=0)
@@ -80,9 +79,8 @@ def test_multi_env_run_on_vllm(tmp_path, external_on_path):
         },
         "monitors": {"stop": {"max_errored_share": None}},
     })  # fmt: skip
-    dep = start_local_deployment(run, model_path=base, served_model_name="tiny", log_dir=tmp_path / "logs",
-                                 num_engines=1, startup_timeout_s=900)  # fmt: skip
-    try:
+    # The engine is the one srl starts for this config (its plan, through the supervisor), as in a run.
+    with serve_local(cfg, run, logs=tmp_path / "logs"):
 
         async def go():
             orch = Orchestrator(cfg, run)
@@ -97,8 +95,6 @@ def test_multi_env_run_on_vllm(tmp_path, external_on_path):
             return await asyncio.wait_for(task, 900)
 
         assert asyncio.run(go()) == 0
-    finally:
-        dep.stop()
     lines = _orch_lines(run)
     assert sorted(x["step"] for x in lines) == [0, 1, 2, 3]
     by_step = {x["step"]: x for x in lines}
