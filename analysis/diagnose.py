@@ -13,7 +13,6 @@ local run's ``launcher/local.json`` (its exit status, with the first error line 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import pandas as pd
 
 from analysis.loaders import load_metrics, role_metrics
 from analysis.summary import group_stats
+from toolkit.run.launcher import read_local_record
 from toolkit.run.layout import RunDir
 from toolkit.run.store import load_rollouts
 
@@ -208,13 +208,8 @@ def _local_findings(run: RunDir) -> list[Finding]:
     """A local run whose launcher ended with a failure status (``launcher/local.json``), with the first error line
     of that attempt's role logs. A local run has no batch log, so without this its failure (a trainer refusing a
     data row, a crash at start-up) reads as "no failures found". Ctrl-C (130) is no failure."""
-    # launcher/local.json (toolkit.launch.progress.write_local_record), read here directly: analysis reads run
-    # files and imports no launcher code.
-    try:
-        rec = json.loads((run.launcher / "local.json").read_text())
-    except (OSError, ValueError):
-        return []
-    status = rec.get("status") if isinstance(rec, dict) else None
+    rec = read_local_record(run)
+    status = rec.get("status") if rec is not None else None
     if not isinstance(status, int) or status in (0, 130):
         return []
     attempt = rec.get("attempt")

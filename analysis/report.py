@@ -25,11 +25,12 @@ from analysis import envelope as env_mod
 from analysis.diagnose import Finding, diagnose, format_findings
 from analysis.figures import RUN_FIGURES, fig_sweep, to_png
 from analysis.loaders import RunData, dotted, load_run, role_metrics
-from toolkit.run.stop import criteria_from_table, replay
 from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
-from toolkit.launch.progress import read_local_record
 from toolkit.run import ending as ending_mod
+from toolkit.run.launcher import read_local_record
 from toolkit.run.layout import STABLE_MARKER, numbered_steps
+from toolkit.run.stop import criteria_from_table, replay
+from toolkit.run.verdict import read_verdicts
 
 # Figures shown in a run's outcome, at the top of its section (and not again under Figures).
 OUTCOME_FIGURES = ("reward", "eval")
@@ -449,7 +450,6 @@ def _env_rows(cfg: dict[str, Any]) -> pd.DataFrame:
 
 
 def _validation(doc: _Doc, run: RunData, key: Any) -> None:
-    from toolkit.evalgate.verdict import read_verdicts
 
     found = False
     for name, verdict in read_verdicts(run.run.reports).items():

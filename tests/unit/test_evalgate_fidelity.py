@@ -91,7 +91,7 @@ def test_refused_environment_fails_taskset_loads_with_the_refusal(tmp_path):
 
 
 def test_multi_line_errors_stay_in_their_markdown_row():
-    from toolkit.evalgate.verdict import GateItem, Verdict
+    from toolkit.run.verdict import GateItem, Verdict
 
     v = Verdict(
         "validate", [GateItem("taskset_loads", "a|b", "FAIL", "first line\nsecond | line", {"e": "x`y"})]

@@ -1,35 +1,17 @@
-"""Gate verdicts: pass/fail logic, JSON round trip, Markdown twin, Slurm job parameters, API key handling."""
+"""Gate verdicts: printing, live gate items from rollouts, Slurm job parameters, API key handling (the verdict
+files themselves: test_run_verdict.py)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from toolkit.config import load_config
+from toolkit.evalgate import print_verdict
 from toolkit.evalgate.run import GateThresholds, _env_items, api_headers
 from toolkit.evalgate.slurm import executor_parameters
-from toolkit.evalgate.verdict import GateItem, Verdict, print_verdict, read_verdicts
 from toolkit.preflight.site import load_site
 from toolkit.run.types import Rollout, TrainingSample
-
-
-def test_verdict_fails_only_on_fail_and_round_trips(tmp_path):
-    v = Verdict("run", settings={"n": 2})
-    v.add(GateItem("taskset_loads", "a", "PASS", "ok", {"tasks": 3}))
-    v.add(GateItem("truncation_rate", "a", "WARN", "high-ish"))
-    v.add(GateItem("mixed_reward", "a", "SKIP", "nothing"))
-    assert v.passed
-    v.add(GateItem("error_rate", "b", "FAIL", "50% | errored", {"rate": 0.5}))
-    assert not v.passed and [i.key for i in v.failed()] == ["error_rate"]
-    js, md = v.write(tmp_path, "eval_gate")
-    data = json.loads(js.read_text())
-    assert data["passed"] is False and data["items"][3]["title"].startswith("infrastructure error rate")
-    again = Verdict.from_dict(data)
-    assert again.to_dict() == v.to_dict()
-    text = md.read_text()
-    assert "FAILED (1 item(s))" in text and "50% \\| errored" in text  # table cells escape pipes
-    assert read_verdicts(tmp_path)["run"].items[3].evidence == {"rate": 0.5}
+from toolkit.run.verdict import GateItem, Verdict
 
 
 def test_plain_print_names_failed_items(capsys):

@@ -45,7 +45,7 @@ def test_status_of_a_local_run_reads_progress_from_the_run_directory(tmp_path: P
     import os
 
     from toolkit.fsutil import append_jsonl, write_marker
-    from toolkit.launch.progress import write_local_record
+    from toolkit.run.launcher import write_local_record
 
     run = RunDir(tmp_path / "r")
     run.configs.mkdir(parents=True)

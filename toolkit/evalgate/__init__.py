@@ -5,11 +5,11 @@
     ... [--site local-slurm] [--chain-before] [--run-dir DIR] [--no-rich] [config overrides]
 
 ``validate`` is model-free (``validate.py``); ``run`` evaluates against a live endpoint (``run.py``); both print a
-verdict per gate item (``verdict.py``), write it to ``<run>/reports/`` and exit 1 when a gate item fails (2 for a
-usage or config error). With a Slurm site either one runs as a submitit job (``slurm.py``); ``--chain-before``
-prints the job id and returns at once so a training job can depend on it (``--dependency=afterok:<id>``).
+verdict per gate item, write it to ``<run>/reports/`` (``toolkit.run.verdict``) and exit 1 when a gate item fails
+(2 for a usage or config error). With a Slurm site either one runs as a submitit job (``slurm.py``);
+``--chain-before`` prints the job id and returns at once so a training job can depend on it (``--dependency=afterok:<id>``).
 
-Public API: ``main(argv) -> int``; ``validate.validate_config``; ``run.run_gate``; ``slurm.submit_gate``.
+Public API: ``main(argv) -> int``; ``print_verdict``; ``validate.validate_config``; ``run.run_gate``; ``slurm.submit_gate``.
 Light at import (no torch, no vllm): every heavy import happens inside the command that needs it.
 """
 
@@ -19,6 +19,10 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolkit.run.verdict import Verdict
 
 __all__ = ["main"]
 
@@ -92,16 +96,40 @@ def main(argv: list[str]) -> int:
     return _run(cfg, run, args)
 
 
-def _print(verdict, args, run, stem: str) -> None:
-    from toolkit.evalgate.verdict import print_verdict
+def print_verdict(verdict: Verdict, *, rich: bool = True, file: Any = None) -> None:
+    """Print one line per item (a rich table when ``rich``), then the overall result."""
+    import sys
 
+    out = file or sys.stdout
+    if rich:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(file=out, width=160)
+        table = Table(title=f"srl eval {verdict.command}: first-run gate", show_lines=False)
+        for col in ("env", "item", "status", "detail"):
+            table.add_column(col, overflow="fold")
+        colour = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}
+        for i in verdict.items:
+            table.add_row(i.env, i.title, f"[{colour[i.status]}]{i.status}[/]", i.detail)
+        console.print(table)
+        console.print("[bold green]GATE PASSED[/]" if verdict.passed else
+                      f"[bold red]GATE FAILED[/]: {', '.join(f'{i.env}/{i.key}' for i in verdict.failed())}")
+        return
+    for i in verdict.items:
+        print(f"{i.status:4s}  {i.env}  {i.key}: {i.detail}", file=out)
+    print("GATE PASSED" if verdict.passed else
+          f"GATE FAILED: {', '.join(f'{i.env}/{i.key}' for i in verdict.failed())}", file=out)
+
+
+def _print(verdict, args, run, stem: str) -> None:
     print_verdict(verdict, rich=not args.no_rich)
     print(f"verdict: {run.reports / (stem + '.json')} and .md")
 
 
 def _validate(cfg, run, args) -> int:
     from toolkit.evalgate.validate import validate_config
-    from toolkit.evalgate.verdict import VALIDATE_STEM
+    from toolkit.run.verdict import VALIDATE_STEM
 
     try:
         verdict = validate_config(cfg, envs=args.env, n=args.num_examples, success_min=args.success_min,
@@ -117,8 +145,8 @@ def _validate(cfg, run, args) -> int:
 
 def _run(cfg, run, args) -> int:
     from toolkit.evalgate.run import GateThresholds, run_gate
-    from toolkit.evalgate.verdict import GATE_STEM
     from toolkit.launch.supervisor import ComponentFailed
+    from toolkit.run.verdict import GATE_STEM
 
     th = GateThresholds(max_error_rate=args.max_error_rate, max_truncation_rate=args.max_truncation_rate,
                         min_mixed_share=args.min_mixed_share, success_min=args.success_min,
@@ -141,7 +169,6 @@ def _run(cfg, run, args) -> int:
 def _submit(command, cfg, site, run, files, leftover, args) -> int:
     """Submit the gate as a Slurm job; wait for its verdict unless ``--chain-before``."""
     from toolkit.evalgate import slurm as gate_slurm
-    from toolkit.evalgate.verdict import print_verdict
 
     # The job re-runs this command on a node: absolute config paths, a fixed run directory, no resubmission.
     job_argv: list[str] = []

@@ -9,7 +9,7 @@ Every selected env is started exactly as the orchestrator starts it (``EnvRuntim
 timeouts, retries), ``n`` examples (the first ones after ``select``, or a seeded shuffle) are rolled out ``r`` times
 each with the env's training sampling (eval envs: the eval sampling), every rollout goes to the run's store
 (``<run>/store/rollouts.h5``, kind "eval", step 0), and each env gets one verdict line per gate item
-(``toolkit.evalgate.verdict.ITEM_TITLES``), after the model-free items of ``srl eval validate``:
+(``toolkit.run.verdict.ITEM_TITLES``), after the model-free items of ``srl eval validate``:
 
 - ``env_server``: the workers start and answer, load the same tasks as this process, and no rollout lost its worker;
 - ``traces_recorded``: every valid rollout has its prompt (the task's prompt text is in the decoded prompt ids), at
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.evalgate.validate import env_list, validate_config
-from toolkit.evalgate.verdict import GATE_STEM, VALIDATE_STEM, GateItem, Verdict
+from toolkit.run.verdict import GATE_STEM, VALIDATE_STEM, GateItem, Verdict
 from toolkit.run.layout import RunDir
 
 

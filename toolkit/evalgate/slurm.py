@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolkit.evalgate.verdict import GATE_STEM, VALIDATE_STEM, Verdict
 from toolkit.run.layout import RunDir
+from toolkit.run.verdict import GATE_STEM, VALIDATE_STEM, Verdict, read_verdict
 
 
 class GateFailed(RuntimeError):
@@ -52,18 +52,6 @@ def _latest_verdict(argv: list[str]) -> Verdict | None:
         return None
     stem = VALIDATE_STEM if argv and argv[0] == "validate" else GATE_STEM
     return read_verdict(RunDir(run_dir), stem)
-
-
-def read_verdict(run: RunDir, stem: str, *, newer_than: float = 0.0) -> Verdict | None:
-    """The verdict ``<run>/reports/<stem>.json`` if it exists and was created after ``newer_than`` (unix s)."""
-    import json
-
-    path = run.reports / f"{stem}.json"
-    try:
-        v = Verdict.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return v if v.created >= newer_than else None
 
 
 def executor_parameters(cfg: Any, site: Any, *, command: str, job_name: str) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from toolkit.envs.fidelity import task_identity
-from toolkit.evalgate.verdict import GateItem, Verdict
+from toolkit.run.verdict import GateItem, Verdict
 
 # A reply no verifier should accept: chat-template markup, JSON debris, control and replacement characters.
 MALFORMED_REPLY = "<|im_end|>}{\x00\ufffd ### [[ ]] \t\n<|endoftext|>"

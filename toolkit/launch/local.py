@@ -39,8 +39,9 @@ from ..config.model import RLConfig
 from ..inference.admin_token import ADMIN_TOKEN_ENV, for_local_deployment, restore_admin_token
 from ..inference.health import clear_ready
 from ..run import ending
+from ..run.launcher import write_local_record
 from ..run.layout import RunDir, point_symlink
-from .progress import continue_command, write_local_record
+from .progress import continue_command
 from .supervisor import FINITE_ROLES, POLL_S, ComponentFailed, LeaseLost, Supervisor
 
 

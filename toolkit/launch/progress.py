@@ -2,8 +2,8 @@
 
 The run directory is the one source every role writes to, so progress is read from it rather than from Slurm:
 the last ``metrics.jsonl`` record of each role, the newest complete checkpoint, the newest STABLE weight broadcast,
-a pending stop request, and for local runs the launcher record (``launcher/local.json``: pid, host, attempt, and once
-it ended, its exit status). Nothing here imports torch or vllm.
+a pending stop request, and for local runs the launcher record (``launcher/local.json``,
+:mod:`toolkit.run.launcher`). Nothing here imports torch or vllm.
 """
 
 from __future__ import annotations
@@ -15,25 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..fsutil import atomic_write_json
 from ..run import metrics
+from ..run.launcher import read_local_record
 from ..run.layout import RunDir
-
-
-def local_record_path(run: RunDir) -> Path:
-    """``<run>/launcher/local.json``: written by the local launcher at start and at exit."""
-    return run.launcher / "local.json"
-
-
-def write_local_record(run: RunDir, *, attempt: int, status: int | None = None) -> None:
-    """Record the local launcher of ``attempt`` (this process); with ``status`` set, record that it ended."""
-    path = local_record_path(run)
-    rec: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "attempt": attempt}
-    if status is None:
-        rec["started"] = time.time()
-    else:
-        rec = {**rec, **(read_local_record(run) or {}), "ended": time.time(), "status": status}
-    atomic_write_json(path, rec)
 
 
 def last_metrics(run: RunDir) -> dict[str, dict[str, Any]]:
@@ -53,15 +37,6 @@ def _number(value: Any, default: float) -> float:
         return float(value)
     except (TypeError, ValueError):
         return default
-
-
-def read_local_record(run: RunDir) -> dict[str, Any] | None:
-    """The local launcher record (``write_local_record``), None when there is none or it is unreadable."""
-    try:
-        rec = json.loads(local_record_path(run).read_text())
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 def _launcher_line(rec: dict[str, Any]) -> str:

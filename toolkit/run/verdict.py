@@ -7,8 +7,8 @@ Each requirement is one or more :class:`GateItem` keys (``ITEM_TITLES``). A verd
 WARN marks something worth reading that does not block training, SKIP an item that could not be measured.
 
 Files: ``<run>/reports/eval_validate.{json,md}`` (``srl eval validate``) and ``<run>/reports/eval_gate.{json,md}``
-(``srl eval run``); reports read them back with :func:`read_verdicts` as pre-training validation evidence.
-Light: standard library only (login-node safe).
+(``srl eval run``), written by the eval gate (``toolkit.evalgate``); reports read them back with
+:func:`read_verdicts` as pre-training validation evidence. Light: standard library only (login-node safe).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from toolkit.fsutil import atomic_write_json, atomic_write_text
+from toolkit.run.layout import RunDir
 
 Status = Literal["PASS", "FAIL", "WARN", "SKIP"]
 
@@ -139,32 +140,6 @@ def _md_code(text: str) -> str:
     return f"{fence}{pad}{one_line}{pad}{fence}"
 
 
-def print_verdict(verdict: Verdict, *, rich: bool = True, file: Any = None) -> None:
-    """Print one line per item (a rich table when ``rich``), then the overall result."""
-    import sys
-
-    out = file or sys.stdout
-    if rich:
-        from rich.console import Console
-        from rich.table import Table
-
-        console = Console(file=out, width=160)
-        table = Table(title=f"srl eval {verdict.command}: first-run gate", show_lines=False)
-        for col in ("env", "item", "status", "detail"):
-            table.add_column(col, overflow="fold")
-        colour = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}
-        for i in verdict.items:
-            table.add_row(i.env, i.title, f"[{colour[i.status]}]{i.status}[/]", i.detail)
-        console.print(table)
-        console.print("[bold green]GATE PASSED[/]" if verdict.passed else
-                      f"[bold red]GATE FAILED[/]: {', '.join(f'{i.env}/{i.key}' for i in verdict.failed())}")
-        return
-    for i in verdict.items:
-        print(f"{i.status:4s}  {i.env}  {i.key}: {i.detail}", file=out)
-    print("GATE PASSED" if verdict.passed else
-          f"GATE FAILED: {', '.join(f'{i.env}/{i.key}' for i in verdict.failed())}", file=out)
-
-
 def read_verdicts(reports_dir: Path) -> dict[str, Verdict]:
     """The gate verdicts recorded in a run's ``reports/`` directory: ``{"validate": V, "run": V}`` for the files
     present (a missing or unreadable file is left out, never an error: reports must not die on it)."""
@@ -176,3 +151,14 @@ def read_verdicts(reports_dir: Path) -> dict[str, Verdict]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
+
+
+def read_verdict(run: RunDir, stem: str, *, newer_than: float = 0.0) -> Verdict | None:
+    """The verdict ``<run>/reports/<stem>.json`` if it exists and was created after ``newer_than`` (unix s), else
+    None (also when the file is unreadable)."""
+    path = run.reports / f"{stem}.json"
+    try:
+        v = Verdict.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return v if v.created >= newer_than else None

@@ -1,0 +1,43 @@
+"""The local launcher record ``launcher/local.json``: which process runs a local run's attempt, and how it ended.
+
+Written by the local launcher when an attempt starts (pid, host, attempt, start time) and again when it exits (the
+same fields plus end time and exit status); read by ``srl status``, reports and ``srl diagnose``. A Slurm run has
+no such record (Slurm knows its jobs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from toolkit.fsutil import atomic_write_json
+from toolkit.run.layout import RunDir
+
+
+def local_record_path(run: RunDir) -> Path:
+    """``<run>/launcher/local.json``: written by the local launcher at start and at exit."""
+    return run.launcher / "local.json"
+
+
+def write_local_record(run: RunDir, *, attempt: int, status: int | None = None) -> None:
+    """Record the local launcher of ``attempt`` (this process); with ``status`` set, record that it ended."""
+    path = local_record_path(run)
+    rec: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "attempt": attempt}
+    if status is None:
+        rec["started"] = time.time()
+    else:
+        rec = {**rec, **(read_local_record(run) or {}), "ended": time.time(), "status": status}
+    atomic_write_json(path, rec)
+
+
+def read_local_record(run: RunDir) -> dict[str, Any] | None:
+    """The local launcher record (``write_local_record``), None when there is none or it is unreadable."""
+    try:
+        rec = json.loads(local_record_path(run).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
