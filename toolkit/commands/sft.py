@@ -260,10 +260,10 @@ def cmd_make_data(args: list[str]) -> int:
             raise ConfigError([i for i in pydantic_issues(e, type(taskset))]) from None
     # Reference answers of the split the RL job evaluates on would make its eval measure memorisation.
     held_out = [e.env_name for e in rl_cfg.orchestrator.eval.env if e.taskset is not None
-                and e.taskset.id == taskset.id and getattr(e.taskset, "split", None) == getattr(taskset, "split", None)]
+                and e.taskset.id == taskset.id and e.taskset.split == taskset.split]
     if held_out:
         print(f"warning: eval env(s) {held_out} of this config evaluate on taskset {taskset.id!r} split "
-              f"{getattr(taskset, 'split', None)!r} too; SFT on these rows trains on the eval answers",
+              f"{taskset.split!r} too; SFT on these rows trains on the eval answers",
               file=sys.stderr)  # fmt: skip
     from toolkit.envs.reference import NoReferenceAnswer, write_reference_dataset
 

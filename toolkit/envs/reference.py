@@ -49,7 +49,7 @@ def write_reference_dataset(taskset_cfg: Any, out: Path) -> int:
     """
     rows = reference_rows(taskset_cfg)
     if not rows:
-        raise ValueError(f"taskset {taskset_cfg.id!r} (split {getattr(taskset_cfg, 'split', None)!r}) selects no "
+        raise ValueError(f"taskset {taskset_cfg.id!r} (split {taskset_cfg.split!r}) selects no "
                          f"task; nothing written to {out} (raise its number of examples)")  # fmt: skip
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

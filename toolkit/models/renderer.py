@@ -176,10 +176,9 @@ def load_renderer(renderer_cfg: Any, model_path: Path | str) -> Renderer:
     ``import_path`` wins over ``name``. Raises ValueError for an unknown name, TypeError for a class that lacks
     ``render``/``decode``/``stop_token_ids``/``name``.
     """
-    import_path = getattr(renderer_cfg, "import_path", None) if renderer_cfg is not None else None
-    name = (getattr(renderer_cfg, "name", None) if renderer_cfg is not None else None) or "auto"
-    if import_path:
-        renderer = _import_object(import_path)(model_path)
+    name = (renderer_cfg.name if renderer_cfg is not None else None) or "auto"
+    if renderer_cfg is not None and renderer_cfg.import_path:
+        renderer = _import_object(renderer_cfg.import_path)(model_path)
     elif name in RENDERERS:
         renderer = RENDERERS[name](model_path)
     else:

@@ -27,7 +27,7 @@ OMP_THREADS = "OMP_NUM_THREADS"
 
 def _host_nodes(plan: Any, node: int) -> set[int]:
     """Node indices on the same machine as ``node`` (same address; just ``node`` when addresses are unknown)."""
-    addrs = getattr(plan, "addresses", None) or []
+    addrs = plan.addresses
     if node >= len(addrs):
         return {node}
     return {i for i, a in enumerate(addrs) if a == addrs[node]}
