@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,6 @@ class TrainerSettings:
     lora: dict | None = None
     wandb: dict | None = None
     """``monitors.wandb`` as a dict (None: no W&B); the main rank mirrors ``metrics.jsonl`` into it."""
-    extra: dict = field(default_factory=dict)
 
     @staticmethod
     def shared_fields(cfg: Any, t: Any, *, seq_len: int) -> dict[str, Any]:
