@@ -7,7 +7,7 @@ read of the same bytes from the same filesystem, measured in the same run.
 
 Per update: a new weights directory is written under ``<run>/broadcasts/step_<n>/``, its files fsynced, and its
 STABLE marker last (the trainer's protocol); the page cache of its files is dropped (``posix_fadvise(DONTNEED)``, per file, so other
-processes are unaffected); the clock starts when the marker exists; the follower (``follow_broadcasts``, polling
+processes are unaffected); the clock starts when the marker exists; the follower (``follow_broadcasts`` below, polling
 every 50 ms) pauses, reloads, resets the prefix cache and resumes the engine; the clock stops when ``/weight_info``
 reports the new version and the engine is resumed. Goal: ratio at most 2x. Fixed per-update costs (HTTP round trips,
 pause/resume, polling) dominate for small models.
@@ -51,7 +51,7 @@ import httpx
 from tests.local_engines import start_local_deployment
 from toolkit.fsutil import write_marker
 from toolkit.inference.admin_token import admin_headers
-from toolkit.inference.weights import WeightUpdater, follow_broadcasts
+from toolkit.inference.weights import WeightUpdater, newest_stable_broadcast
 from toolkit.models import build_tiny_model
 from toolkit.run.layout import RunDir
 
@@ -125,6 +125,18 @@ def build_model(out: Path, seed: int, hidden: int | None, layers: int | None) ->
         f.unlink()
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
     return out
+
+
+async def follow_broadcasts(run: RunDir, updater: WeightUpdater, *, poll_s: float, stop: asyncio.Event) -> None:
+    """Load each newer STABLE broadcast into the engines (the newest only, when several landed since the last
+    poll), every ``poll_s`` seconds until ``stop`` is set."""
+    last = -1
+    while not stop.is_set():
+        found = newest_stable_broadcast(run)
+        if found is not None and found[0] > last:
+            last = found[0]
+            await updater.update(found[1], last)
+        await asyncio.sleep(poll_s)
 
 
 async def measure(

@@ -473,27 +473,3 @@ def _reset_succeeded(resp: httpx.Response) -> bool:
     except ValueError:
         return True
     return not (isinstance(data, dict) and data.get("success") is False)
-
-
-async def follow_broadcasts(
-    run: RunDir,
-    updater: WeightUpdater,
-    *,
-    after_step: int = -1,
-    poll_s: float = 0.5,
-    stop: asyncio.Event | None = None,
-    on_update=None,
-) -> None:
-    """Poll ``run.broadcasts`` and load each newer STABLE broadcast (skipping intermediate ones when several
-    landed since the last poll: only the newest matters). ``on_update(step, seconds)`` is called after each load.
-    Returns when ``stop`` is set; WeightUpdateError propagates."""
-    last = after_step
-    while stop is None or not stop.is_set():
-        found = newest_stable_broadcast(run)
-        if found is not None and found[0] > last:
-            step, path = found
-            seconds = await updater.update(path, step)
-            last = step
-            if on_update is not None:
-                on_update(step, seconds)
-        await asyncio.sleep(poll_s)
