@@ -12,9 +12,7 @@ from local_engines import cpu_binds
 from prereqs import need_module
 
 from toolkit.inference.commands import (
-    WORKER_EXTENSION_CLS,
     CommandError,
-    default_engine_args,
     engine_command,
     engine_env,
     router_command,
@@ -90,16 +88,6 @@ def test_kv_transfer_config_roles_and_connectors():
                              "kv_extra": {"kv_buffer_device": "cpu"}}, vllm_args={})  # fmt: skip
     assert json.loads(_flag(argv, "--kv-transfer-config")) == {
         "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu"}  # fmt: skip
-
-
-def test_default_engine_args_reads_model_dtype(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
-    assert default_engine_args(tmp_path, cpu=True) == {"max_logprobs": 20, "logprobs_mode": "processed_logprobs",
-                                                        "worker_extension_cls": WORKER_EXTENSION_CLS,
-                                                        "enforce_eager": True,
-                                                        "dtype": "bfloat16"}  # fmt: skip
-    assert "enforce_eager" not in default_engine_args(tmp_path, cpu=False)
-    assert default_engine_args(tmp_path / "missing", cpu=True)["dtype"] == "auto"
 
 
 def test_engine_env_cpu_and_nixl():

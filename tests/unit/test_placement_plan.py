@@ -10,6 +10,7 @@ import pytest
 from golden.layouts import LAYOUTS, make_cfg, multi
 
 from toolkit.config import ConfigError
+from toolkit.inference.commands import WORKER_EXTENSION_CLS
 from toolkit.placement import GpuBindingError, Plan, build_plan, fill, read_plan, visible_devices, write_plan
 from toolkit.placement.runtime import ResolveError, group_hostlists, node_addresses
 from toolkit.preflight.site import load_site
@@ -200,6 +201,11 @@ def test_local_site_everything_on_node_zero() -> None:
     eng = plan.process("inference-0-0")
     assert "--enforce-eager" in eng.command and "{model_path}" in eng.command
     assert eng.healthcheck_url.endswith("/health")
+    # Sampling logprobs of the sampling distribution, srl's fast weight reload, the config's dtype.
+    after = {flag: eng.command[eng.command.index(flag) + 1] for flag in
+             ("--max-logprobs", "--logprobs-mode", "--worker-extension-cls", "--dtype")}  # fmt: skip
+    assert after == {"--max-logprobs": "20", "--logprobs-mode": "processed_logprobs",
+                     "--worker-extension-cls": WORKER_EXTENSION_CLS, "--dtype": "float32"}  # fmt: skip
 
 
 def test_multi_rank_trainer_uses_torchrun_one_task_per_node() -> None:

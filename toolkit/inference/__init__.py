@@ -3,7 +3,7 @@
 Importing this package is light (no vllm, no torch); ``commands`` is pure and login-node safe.
 
 Modules:
-  commands  engine_command / engine_env / router_command / default_engine_args: argv and env builders
+  commands  engine_command / engine_env / router_command / ENGINE_DEFAULTS: argv and env builders
   health    is_healthy, write_ready / read_ready / clear_ready: readiness through <run>/control
   client    PolicyClient: token ids in, token ids + sampling logprobs out (the orchestrator's client)
   weights   WeightUpdater, newest_stable_broadcast: live reload from broadcasts/step_<n>

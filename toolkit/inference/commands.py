@@ -106,35 +106,6 @@ def vllm_arg_list(args: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def model_dtype(model_path: str | Path) -> str:
-    """The dtype a HF model directory declares in config.json (``torch_dtype`` or ``dtype``), default "auto".
-
-    Serving in the checkpoint's own dtype keeps sampling logprobs equal to the trainer's (fp32 tiny model: exact to
-    ~1e-5, shared/notes/cpu-inference-and-models.md). Raises nothing: an unreadable config gives "auto".
-    """
-    cfg = Path(model_path) / "config.json"
-    try:
-        data = json.loads(cfg.read_text())
-    except (OSError, ValueError):
-        return "auto"
-    dtype = data.get("dtype") or data.get("torch_dtype") or (data.get("text_config") or {}).get("dtype")
-    return str(dtype) if dtype else "auto"
-
-
-def default_engine_args(model_path: str | Path, *, cpu: bool) -> dict[str, Any]:
-    """Defaults under the user's ``[inference.vllm]`` table (the user's values win).
-
-    CPU: ``enforce_eager`` (start-up 23-30 s instead of 50-68 s with the compile step), dtype from the model.
-    Always: ``ENGINE_DEFAULTS`` (``max_logprobs`` so per-token logprobs can be requested, ``logprobs_mode`` so they
-    are those of the sampling distribution, ``worker_extension_cls`` for srl's faster weight reload).
-    """
-    out: dict[str, Any] = dict(ENGINE_DEFAULTS)
-    if cpu:
-        out["enforce_eager"] = True
-        out["dtype"] = model_dtype(model_path)
-    return out
-
-
 # vLLM 0.32's allowed --max-lora-rank values (vllm/config/lora.py MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Runtime adapter loading (/v1/load_lora_adapter, /v1/unload_lora_adapter) is off in vLLM unless this is set.
@@ -196,7 +167,7 @@ def engine_command(
 ) -> list[str]:
     """argv of one vLLM OpenAI-compatible server (one replica; ``tp`` x ``dp`` GPUs on GPU nodes).
 
-    ``vllm_args`` is the user's pass-through table; ``defaults`` (e.g. ``default_engine_args``) go under it. Plan
+    ``vllm_args`` is the user's pass-through table; ``defaults`` (e.g. ``ENGINE_DEFAULTS``) go under it. Plan
     values (model, host, port, tp, dp, served name, KV transfer config) come last, after
     ``--middleware GUARD_MIDDLEWARE`` (always; a user's own ``middleware`` entries are kept, vLLM appends them).
     ``kv_role`` None means a plain
