@@ -77,18 +77,26 @@ def config_runtime_problem(runtime_cfg: Any) -> tuple[str, bool] | None:
     return problem, rtype not in LOCAL_RUNTIME_BINARIES
 
 
+def plain_data(value: Any) -> Any:
+    """A pydantic model, namespace, mapping or list/tuple as plain data (dicts and lists, recursively); any other
+    value (None included) as it is."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    if isinstance(value, Mapping):
+        return {k: plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return {k: plain_data(v) for k, v in vars(value).items() if not k.startswith("_")}
+    return value
+
+
 def runtime_fields(runtime_cfg: Any) -> dict[str, Any]:
     """srl's ``harness.runtime`` section as the plain fields verifiers' runtime config takes: every field the user
     set (None values dropped), so a field verifiers' class does not declare is refused, never dropped."""
     if runtime_cfg is None:
         return {"type": "subprocess"}
-    if hasattr(runtime_cfg, "model_dump"):
-        raw = runtime_cfg.model_dump()
-    elif isinstance(runtime_cfg, Mapping):
-        raw = dict(runtime_cfg)
-    else:
-        raw = {k: v for k, v in vars(runtime_cfg).items() if not k.startswith("_")}
-    out = {k: v for k, v in raw.items() if v is not None}
+    out = {k: v for k, v in plain_data(runtime_cfg).items() if v is not None}
     out.setdefault("type", "subprocess")
     return out
 

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import taskset_class as vf_taskset_class
 
+from toolkit.envs.fidelity import plain_data
 from toolkit.envs.tasksets import TasksetSource, resolve_taskset_source
 
 
@@ -66,22 +67,9 @@ def taskset_class(taskset_id: str) -> type[vf.Taskset]:
     return classes[0]
 
 
-def _plain(value: Any) -> Any:
-    """A pydantic model / namespace / mapping as plain data (dicts and lists)."""
-    if value is None:
-        return None
-    if hasattr(value, "model_dump"):
-        return value.model_dump()
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if hasattr(value, "__dict__") and not isinstance(value, type):
-        return {k: _plain(v) for k, v in vars(value).items() if not k.startswith("_")}
-    return value
-
-
 def _extra_fields(taskset_cfg: Any) -> dict[str, Any]:
-    extra = getattr(taskset_cfg, "model_extra", None) or {}
-    return {k: _plain(v) for k, v in extra.items()}
+    extra = taskset_cfg.model_extra or {}
+    return {k: plain_data(v) for k, v in extra.items()}
 
 
 class TasksetFieldError(ValueError):
@@ -97,7 +85,7 @@ def _explicit(taskset_cfg: Any) -> set[str]:
     """The srl-level fields (``split``, ``seed``) that carry a value other than srl's default. A value equal to the
     default cannot be told from an unset one: the resolved config the orchestrator reads back writes every field,
     so "set" is judged by value, the same way in every process."""
-    return {k for k, d in _SRL_DEFAULTS.items() if getattr(taskset_cfg, k, None) not in (None, d)}
+    return {k for k, d in _SRL_DEFAULTS.items() if getattr(taskset_cfg, k) not in (None, d)}
 
 
 def own_fields(config_cls: type) -> str:
@@ -129,7 +117,7 @@ def build_taskset(taskset_cfg: Any, *, env_name: str | None = None, eval_env: bo
     explicit = _explicit(taskset_cfg)
     fields: dict[str, Any] = {"id": tid}
     for name in ("split", "seed"):
-        value = getattr(taskset_cfg, name, None)
+        value = getattr(taskset_cfg, name)
         if name not in explicit or value is None:
             continue
         if name not in config_cls.model_fields:
@@ -169,7 +157,7 @@ def _match(value: Any) -> dict[str, Any]:
     A list mixes positions (ints or "start:stop" strings) and task ids (other strings); a mapping is taken
     as TaskMatchConfig fields (idx, ids, keys, names).
     """
-    value = _plain(value)
+    value = plain_data(value)
     if not value:
         return {}
     if isinstance(value, Mapping):
@@ -191,7 +179,7 @@ def select_config(select: Any, default_seed: int = 0) -> vf.SelectConfig:
     ``shuffle`` may be a bool (seeded by ``select.seed`` or else ``default_seed``, the taskset seed) or an int
     seed. Order of application is verifiers': include, exclude, shuffle, skip, limit.
     """
-    sel = _plain(select) or {}
+    sel = plain_data(select) or {}
     shuffle = sel.get("shuffle", False)
     seed = sel.get("seed")
     if isinstance(shuffle, int) and not isinstance(shuffle, bool):
@@ -215,8 +203,7 @@ def load_selected(
     infinite taskset that ``select`` does not bound (``limit`` or closed idx ranges).
     """
     taskset = build_taskset(taskset_cfg, env_name=env_name, eval_env=eval_env)
-    seed = getattr(taskset_cfg, "seed", None) or 0
-    view = taskset.select(select_config(getattr(taskset_cfg, "select", None), default_seed=seed))
+    view = taskset.select(select_config(taskset_cfg.select, default_seed=taskset_cfg.seed or 0))
     if not view.bounded:
         raise ValueError(f"taskset {taskset_cfg.id!r} is infinite: bound it with select.limit")
     return taskset, list(view)

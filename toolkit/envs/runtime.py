@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import errors as srl_errors
-from toolkit.envs.fidelity import runtime_fields
+from toolkit.envs.fidelity import plain_data, runtime_fields
 from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, error_from_wire
 from toolkit.models.renderer import CachedRenderer, Renderer, load_renderer
 from toolkit.orchestrator.engines import wait_excluding_outage
@@ -48,46 +48,28 @@ BACKOFF_MAX_S = 30.0
 GRACE_S = 5.0  # client-side slack over the worker's own stage timeout before the worker is presumed hung
 
 
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    value = getattr(obj, name, default) if obj is not None else default
-    return default if value is None else value
-
-
-def _plain(value: Any) -> Any:
-    if value is None:
-        return None
-    if hasattr(value, "model_dump"):
-        return value.model_dump()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "__dict__") and not isinstance(value, type):
-        return {k: _plain(v) for k, v in vars(value).items() if not k.startswith("_")}
-    return value
+def _timeouts(env_cfg: Any) -> dict[str, float | None]:
+    """Seconds allowed per stage of an episode (``env_cfg.timeout``)."""
+    return {s: getattr(env_cfg.timeout, s) for s in ("setup", "rollout", "finalize", "scoring")}
 
 
 def env_spec(env_cfg: Any) -> dict[str, Any]:
     """The JSON spec an env worker is started with (see ``toolkit.envs.server``)."""
     ts = env_cfg.taskset
-    timeout = env_cfg.timeout if getattr(env_cfg, "timeout", None) is not None else None
     return {
         "name": env_cfg.name,
         # Eval env entries are the ones with a num_examples field (EvalEnvConfig): they must not read train rows.
         "eval": getattr(env_cfg, "num_examples", None) is not None,
         "taskset": {
             "id": ts.id,
-            "split": getattr(ts, "split", None),
-            "seed": getattr(ts, "seed", None),
-            "select": _plain(getattr(ts, "select", None)),
-            "extra": _plain(getattr(ts, "model_extra", None) or {}),
+            "split": ts.split,
+            "seed": ts.seed,
+            "select": plain_data(ts.select),
+            "extra": plain_data(ts.model_extra or {}),
         },
-        "harness": {
-            "id": _get(getattr(env_cfg, "harness", None), "id", "default"),
-            "runtime": runtime_fields(getattr(getattr(env_cfg, "harness", None), "runtime", None)),
-        },
-        "max_turns": getattr(env_cfg, "max_turns", None),
-        "timeout": {s: getattr(timeout, s, None) for s in ("setup", "rollout", "finalize", "scoring")},
+        "harness": {"id": env_cfg.harness.id, "runtime": runtime_fields(env_cfg.harness.runtime)},
+        "max_turns": env_cfg.max_turns,
+        "timeout": _timeouts(env_cfg),
     }
 
 
@@ -254,14 +236,9 @@ class EnvRuntime:
         self.model_path = Path(model_path)
         self.renderer_cfg = renderer_cfg
         self.seed = seed
-        timeout = getattr(env_cfg, "timeout", None)
-        self.timeouts: dict[str, float | None] = {
-            s: getattr(timeout, s, None) for s in ("setup", "rollout", "finalize", "scoring")
-        }
-        self.retries = int(getattr(env_cfg, "retries", 0) or 0)
-        self.limits = RolloutLimits(
-            getattr(env_cfg, "max_turns", None), getattr(env_cfg, "max_total_tokens", None)
-        )
+        self.timeouts: dict[str, float | None] = _timeouts(env_cfg)
+        self.retries: int = env_cfg.retries
+        self.limits = RolloutLimits(env_cfg.max_turns, env_cfg.max_total_tokens)
         self.renderer: Renderer | None = None
         self.workers: list[_Worker] = []
         self.num_examples = 0
@@ -280,13 +257,13 @@ class EnvRuntime:
         """
         # Cached: a group's rollouts open with the same conversation (one template render per group).
         self.renderer = CachedRenderer(load_renderer(self.renderer_cfg, self.model_path))
-        address = getattr(self.env_cfg, "address", None)
+        address = self.env_cfg.address
         if address:
             for host, port in _addresses(address):
                 self.workers.append(_Worker(host, port, None))
         else:
             self._spec = json.dumps(env_spec(self.env_cfg)).encode()
-            n = int(_get(getattr(self.env_cfg, "pool", None), "max_workers", 1))
+            n = self.env_cfg.pool.max_workers
             started = await asyncio.gather(*(self._spawn() for _ in range(max(1, n))), return_exceptions=True)
             self.workers = [
                 w for w in started if isinstance(w, _Worker)
