@@ -12,7 +12,9 @@ What "accepted" means per program (the argv's first word, a path or a bare name)
 - ``python -m MODULE ARGS`` and ``srl ROLE ARGS`` for srl's roles: the real entry point runs up to its argument
   parser (``srl`` through ``toolkit.cli.main``, so an unknown command is refused too), and nothing after it;
 - ``torchrun ARGS``: torch's own ``get_args_parser`` and ``config_from_args`` (what torchrun does before it starts
-  workers), then the worker command it would run (``python -m MODULE ...``), checked as above;
+  workers), the c10d rendezvous's ``--rdzv-conf`` keys and timeouts as torch reads them (a key torch does not read
+  is refused: torch would ignore it silently), then the worker command it would run (``python -m MODULE ...``),
+  checked as above;
 - ``vllm-router ARGS``: the router's ``parse_router_args`` (its argparse front end and ``RouterArgs``).
 Any other program is refused as unknown, so a new kind of command needs a check here before its tests pass.
 
@@ -119,6 +121,34 @@ def _check_srl(args: list[str]) -> str:
     return "" if ns is not None else why
 
 
+# The --rdzv-conf keys torch's c10d rendezvous reads (dynamic_rendezvous.create_handler and the c10d backend), plus
+# the two torchrun adds itself; torch ignores any other key, so a misspelled one would leave its default in force.
+_C10D_RDZV_KEYS = {"join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout", "keep_alive_interval",
+                   "keep_alive_max_attempt", "read_timeout", "is_host", "store_type", "timeout", "rank"}
+
+
+def _rdzv_conf_problem(config) -> str:
+    """The c10d rendezvous settings of torchrun launch config ``config`` as torch parses them ("" when accepted)."""
+    if config.rdzv_backend != "c10d":
+        return ""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout, _get_timeout
+
+    conf = dict(config.rdzv_configs)
+    unknown = sorted(set(conf) - _C10D_RDZV_KEYS)
+    if unknown:
+        return f"--rdzv-conf: torch's c10d rendezvous reads no key {', '.join(unknown)}"
+    try:
+        params = RendezvousParameters(config.rdzv_backend, config.rdzv_endpoint, config.run_id, config.min_nodes,
+                                      config.max_nodes, **conf)  # fmt: skip
+        RendezvousTimeout(*(_get_timeout(params, k) for k in ("join", "last_call", "close", "heartbeat")))
+        if (params.get_as_int("read_timeout", 60) or 0) <= 0:
+            return "--rdzv-conf: read_timeout must be a positive integer"
+    except ValueError as e:
+        return f"--rdzv-conf: {e}"
+    return ""
+
+
 def _check_torchrun(args: list[str]) -> str:
     """torchrun's parser and launch config, then the worker command it would start."""
     from torch.distributed.run import config_from_args, get_args_parser
@@ -135,6 +165,8 @@ def _check_torchrun(args: list[str]) -> str:
         return f"torchrun: exit {e.code}: {_last_lines(err.getvalue())}"
     except Exception as e:  # noqa: BLE001
         return f"torchrun: {type(e).__name__}: {e}"
+    if why := _rdzv_conf_problem(_config):
+        return f"torchrun: {why}"
     if not isinstance(cmd, str) or Path(cmd).name not in PYTHONS or "-m" not in cmd_args:
         return f"torchrun would start {cmd!r} {cmd_args!r}: not a python -m worker this check knows"
     i = cmd_args.index("-m")

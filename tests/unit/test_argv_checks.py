@@ -13,6 +13,9 @@ GOOD = [
     ["srl", "trainer", "--run-dir", "/runs/a"],
     ["torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
      "10.0.0.1:29500", "--rdzv-id", "srl-7", "-m", "toolkit.trainer.main", "--run-dir", "/runs/a"],
+    ["torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+     "10.0.0.1:29500", "--rdzv-id", "srl-7", "--rdzv-conf", "join_timeout=300,read_timeout=60", "-m",
+     "toolkit.trainer.main", "--run-dir", "/runs/a"],
     ["vllm-router", "--host", "10.0.0.1", "--port", "8000", "--policy", "round_robin", "--worker-urls",
      "http://10.0.0.2:8001"],
 ]  # fmt: skip
@@ -23,6 +26,12 @@ BAD = {
     "torchrun --nnodes 3:2 -m toolkit.trainer.main --run-dir /runs/a": "min_nodes must be > 0 and <= max_nodes",
     "torchrun --nnodes 1 -m toolkit.trainer.main --rundir /runs/a": "torchrun's worker toolkit.trainer.main",
     "torchrun --nnodes 1 -m toolkit.trainer.nowhere": "no module named toolkit.trainer.nowhere",
+    "torchrun --nnodes 2 --rdzv-backend c10d --rdzv-conf join_timout=300 -m toolkit.trainer.main --run-dir /r":
+        "reads no key join_timout",
+    "torchrun --nnodes 2 --rdzv-backend c10d --rdzv-conf join_timeout=0 -m toolkit.trainer.main --run-dir /r":
+        "must be positive",
+    "torchrun --nnodes 2 --rdzv-backend c10d --rdzv-conf join_timeout=1.5 -m toolkit.trainer.main --run-dir /r":
+        "'join_timeout' does not represent a valid integer",
     "vllm-router --policy fastest": "invalid choice: 'fastest'",
     "mpirun -n 2 python": "unknown program 'mpirun'",
 }

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from golden.layouts import LAYOUTS, make_cfg, multi
+from golden.layouts import LAYOUTS, make_cfg, merge, multi
 
 from toolkit.config import ConfigError
 from toolkit.inference.commands import WORKER_EXTENSION_CLS
@@ -214,6 +214,30 @@ def test_multi_rank_trainer_uses_torchrun_one_task_per_node() -> None:
     assert t.command[0] == "torchrun" and t.num_nodes == 2 and t.nprocs_per_node == 8
     assert t.command[t.command.index("--nproc-per-node") + 1] == "8"
     assert "29500" not in " ".join(t.command)
+
+
+def test_multi_node_trainer_rendezvous_gives_up_within_the_deployment_timeout() -> None:
+    from argv_checks import argv_problems
+
+    t = plan_for("train2-infer1").process("trainer")
+    assert t.command[t.command.index("--rdzv-conf") + 1] == "join_timeout=300,read_timeout=60"  # the default
+    over = merge(LAYOUTS["train2-infer1"], {"deployment": {"trainer_rendezvous_timeout_s": 15}})
+    t = plan_for(over).process("trainer")
+    # A short timeout also shortens torchrun's wait for the store on the first trainer node (2 tries of it).
+    assert t.command[t.command.index("--rdzv-conf") + 1] == "join_timeout=15,read_timeout=7"
+    argv = [a.replace("{master_addr}", "10.0.0.1") for a in t.command]
+    assert argv_problems([argv]) == []  # torchrun's own parser and rendezvous settings accept it
+    # One node: nobody to wait for, torchrun's defaults stand.
+    single = plan_for({"run": {"name": "loc"}, "deployment": {"type": "single_node", "cpu_train_ranks": 2}},
+                      site=load_site("local"), job_id="local").process("trainer")  # fmt: skip
+    assert single.command[0] == "torchrun" and "--rdzv-conf" not in single.command
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, "soon", True])
+def test_trainer_rendezvous_timeout_must_be_whole_positive_seconds(bad) -> None:
+    over = merge(LAYOUTS["train2-infer1"], {"deployment": {"trainer_rendezvous_timeout_s": bad}})
+    with pytest.raises(ConfigError, match=r"deployment\.(multi_node\.)?trainer_rendezvous_timeout_s"):
+        make_cfg(over)
 
 
 def test_cpu_node_trainer_ranks_from_cpu_train_ranks() -> None:

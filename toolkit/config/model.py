@@ -582,6 +582,10 @@ class MultiNodeDeployment(Section):
     """Run the orchestrator as a separate heterogeneous-job component on this (CPU) partition."""
     nodes: int | None = Field(None, ge=1)
     """Explicit total node count; must equal the derived one (a check, never a trim)."""
+    trainer_rendezvous_timeout_s: int = Field(300, gt=0, le=int(_MAX_TIMEOUT_S))
+    """How long the trainer nodes' torchrun agents wait for each other, seconds (torchrun's ``join_timeout``). A
+    node that has not joined by then fails the run with a message naming it, instead of waiting to the time
+    limit. Whole seconds: torchrun reads it as an integer."""
 
 
 DeploymentConfig = Annotated[SingleNodeDeployment | MultiNodeDeployment, Field(discriminator="type")]

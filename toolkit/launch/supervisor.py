@@ -26,7 +26,9 @@ waits until every engine answers /health and publishes the addresses, and superv
   answer /health again within ``inference.startup_timeout_s``, exactly as in a local run;
 - the first other step that ends ends the job: the stop request is written, the trainer and orchestrator get
   ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (TERM, KILL after 15 s); an
-  orchestrator that finishes before the trainer leaves it its last batches;
+  orchestrator that finishes before the trainer leaves it its last batches; a multi-node trainer whose torchrun
+  rendezvous did not complete (``deployment.trainer_rendezvous_timeout_s``) ends it with a reason naming the
+  trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`);
 - the pre-timeout signal (``slurm.signal``): stop request, wait (bounded) for a new COMPLETE checkpoint,
   ``scontrol requeue``, stop the steps;
 - SIGTERM/SIGINT (scancel, or the time limit): stop request, stop the steps.
@@ -53,6 +55,7 @@ from .. import lease as leases
 from ..fsutil import write_marker
 from ..procutil import GroupReaper, kill_with_parent_preexec
 from ..run.layout import RunDir
+from . import rendezvous
 
 # Roles whose clean exit means the run is done; inference and router serve until told to stop.
 FINITE_ROLES = ("trainer", "orchestrator")
@@ -501,6 +504,10 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
     preempt = getattr(signal, f"SIG{s.signal}") if s.requeue else None
     sup.handle_signals(tuple(x for x in (preempt, signal.SIGTERM, signal.SIGINT) if x is not None))
     first: Child | None = None
+    # Where this start of each multi-node torchrun step begins in its node logs: a failed rendezvous is explained
+    # from what this start wrote (the logs are appended across requeues).
+    rdzv_logs = {spec.name: rendezvous.StepLogs.mark(rendezvous.node_logs(logs, spec))
+                 for spec in plan.processes if rendezvous.is_torchrun_step(spec)}  # fmt: skip
     try:
         for spec in plan.processes:
             log = step_log(plan, spec, logs)
@@ -554,7 +561,7 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
         # scancel / srl cancel, or the time limit: toolkit.run.ending tells them apart.
         return settle_job(run, signalled=name.removeprefix("SIG"))
     assert first is not None
-    return _teardown(sup, first, _status(first.returncode))
+    return _teardown(sup, first, _status(first.returncode), reason=_failure_reason(plan, first, rdzv_logs))
 
 
 def _status(rc: int | None) -> int:
@@ -562,16 +569,28 @@ def _status(rc: int | None) -> int:
     return 1 if rc is None else (128 - rc if rc < 0 else rc)
 
 
-def _teardown(sup: Supervisor, first: Child | None, status: int) -> int:
+def _failure_reason(plan: Any, first: Child, rdzv_logs: dict[str, rendezvous.StepLogs]) -> str | None:
+    """What to tell the user about step ``first``'s failure beyond its exit status: for a multi-node torchrun step
+    whose rendezvous did not complete, the trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`)."""
+    logs = rdzv_logs.get(first.name)
+    if first.returncode in (0, None) or logs is None:
+        return None
+    return rendezvous.rendezvous_failure(plan, plan.process(first.name), logs.texts(), logs.paths)
+
+
+def _teardown(sup: Supervisor, first: Child | None, status: int, reason: str | None = None) -> int:
     """Stop the job after ``first`` ended (None: the engines never became ready): decide how the run ended (before
     the teardown's own stop request and kills, which would read as failures), write the stop request, give the
-    trainer and orchestrator a bounded wait to checkpoint and exit, then stop every remaining step. Returns the
-    job's exit status."""
+    trainer and orchestrator a bounded wait to checkpoint and exit, then stop every remaining step. ``reason``: why
+    ``first`` failed, in words, when more is known than its exit status (recorded as the ending's reason). Returns
+    the job's exit status."""
     name = first.name if first is not None else "inference-readiness"
     _job_log(f"teardown: {name} exited first (status {status})")
+    if status and reason:
+        _job_log(f"{name} failed: {reason}", error=True)
     from ..run import ending
 
-    end = ending.settle(sup.run, failed=name if status else None, failed_reason=f"exit status {status}")
+    end = ending.settle(sup.run, failed=name if status else None, failed_reason=reason or f"exit status {status}")
     sup.request_stop()
     _wait(lambda: not sup.alive(), sup.cfg.slurm.checkpoint_grace_s)
     sup.stop_all()

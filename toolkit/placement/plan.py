@@ -39,6 +39,21 @@ ROLES = ("inference", "router", "orchestrator", "trainer")
 _PLAN_TP_KEYS = ("tensor_parallel_size", "tensor-parallel-size", "tp")
 
 
+# torchrun's own wait for the rendezvous store (``read_timeout``, 60 s by default) bounds a node's attempts to reach
+# the first trainer node: measured with torch 2.13, a node that cannot reach it gives up after about twice that.
+_RDZV_READ_TIMEOUT_S = 60
+
+
+def rendezvous_conf(join_timeout_s: int) -> str:
+    """torchrun's ``--rdzv-conf`` value for a multi-node trainer whose rendezvous must complete (or fail) within
+    ``join_timeout_s`` seconds (> 0): ``join_timeout`` is how long the nodes that arrived wait for the others;
+    ``read_timeout`` (the store's, torchrun's default of 60 s, lowered to half the join timeout for short ones) is
+    how long a node keeps trying to reach the first trainer node, which hosts the store, so a run whose first
+    trainer node is the missing one also fails within the timeout."""
+    read = min(_RDZV_READ_TIMEOUT_S, max(1, join_timeout_s // 2))
+    return f"join_timeout={join_timeout_s},read_timeout={read}"
+
+
 class PlacementError(ValueError):
     """The config cannot be placed on this site (bad pass-through arguments, too few ports, ...)."""
 
@@ -451,14 +466,17 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
             nproc = max(1, dep.num_train_gpus) if gpn else dep.cpu_train_ranks
             tgpus = tuple(range(dep.num_infer_gpus, dep.num_infer_gpus + dep.num_train_gpus)) if gpn else ()
             tnodes = 1
+            conf: list[str] = []  # one node: nobody to wait for
         else:
             nproc = max(1, gpn)
             tgpus = tuple(range(gpn))
             tnodes = len(topo.trainer_nodes)
+            # A node that never joins ends the rendezvous within the deployment's timeout, naming it (toolkit.launch.rendezvous).
+            conf = ["--rdzv-conf", rendezvous_conf(dep.trainer_rendezvous_timeout_s)] if tnodes > 1 else []
         rdzv = ports["trainer.rdzv"]
         if nproc * tnodes > 1:
             tcmd = ["torchrun", "--nnodes", str(tnodes), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"{{master_addr}}:{rdzv}", "--rdzv-id", f"srl-{job}",
+                    "--rdzv-endpoint", f"{{master_addr}}:{rdzv}", "--rdzv-id", f"srl-{job}", *conf,
                     "-m", "toolkit.trainer.main", "--run-dir", root]
         else:
             tcmd = ["srl", "trainer", "--run-dir", root]

@@ -30,6 +30,14 @@ from .plan import Plan, build_plan, fill, read_plan, write_plan
 from .ports import ports_free
 
 _LOOPBACK = ("localhost", "127.0.0.1", "0.0.0.0", "::1", "")
+# The line each node of a multi-node torchrun step writes to its own log just before it becomes torchrun: a node's
+# log without it never started its torchrun (toolkit.launch.rendezvous names such nodes when the rendezvous fails).
+TORCHRUN_STARTING = "starting torchrun"
+
+
+def torchrun_starting_line(position: int, nodes: int, host: str) -> str:
+    """The marker line of the ``position``-th node (0-based, srun's ``%t``) of a ``nodes``-node torchrun step."""
+    return f"srl-runtime: trainer node {position} of {nodes} ({host}): {TORCHRUN_STARTING}"
 
 
 class ResolveError(RuntimeError):
@@ -197,7 +205,11 @@ def exec_process(run: RunDir, name: str, env: dict[str, str]) -> None:
     out["SRL_NODE_INDEX"] = str(node)
     # CPU-only plans: engines bind their own cores, trainer ranks get the rest (nodes sharing an address share cores).
     out.update(cpu_thread_env(plan, name, node, len(os.sched_getaffinity(0))))
+    if argv[0] == "torchrun" and spec.num_nodes > 1 and node in spec.node_indices:
+        host = plan.hosts[node] if node < len(plan.hosts) else me or "?"
+        print(torchrun_starting_line(spec.node_indices.index(node), spec.num_nodes, host), file=sys.stderr)
     sys.stdout.flush()
+    sys.stderr.flush()
     os.execvpe(argv[0], argv, out)
 
 
