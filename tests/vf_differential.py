@@ -2,7 +2,7 @@
 
 verifiers' side: ``verifiers.v1.Agent.run`` (what ``SingleAgentEnv`` runs per episode) with the
 ``scripted_chat`` harness (tests/fixtures/vf_envs), a subprocess runtime, and a local chat-completions server that
-answers with the scripted reply. srl's side: ``toolkit.envs.local.LocalSession`` (the env worker's ``Episode``)
+answers with the scripted reply. srl's side: ``toolkit.envs.episode.Episode`` (as the env worker plays it)
 with the same runtime config. Both return an :class:`Outcome` that compares messages, reward, reward components,
 metrics and the stop condition (or the error class).
 """
@@ -111,25 +111,24 @@ async def run_verifiers(agent: Any, model: ScriptedModel, task: Any, reply: str)
 
 
 async def run_srl(task: Any, reply: str, runtime_config: Any) -> Outcome:
-    """The same rollout through srl's episode (``LocalSession``), the policy replaced by ``reply``."""
-    from toolkit.envs.local import LocalSession
+    """The same rollout through srl's episode (``Episode``, as an env worker plays it), the policy replaced by
+    ``reply``."""
+    from toolkit.envs.episode import Episode
     from toolkit.errors import SrlRolloutError
 
-    session = LocalSession(task, max_turns=1, runtime_config=runtime_config)
-    messages: list[dict[str, str]] = []
+    episode = Episode(task, max_turns=1, runtime_config=runtime_config)
     try:
-        _, first = await session.start()
-        messages += first
-        _, done = await session.step(reply)
+        await episode.start()
+        _, done = await episode.step(reply)
         assert done, "a single-turn task ends after its reply"
-        scored = await session.finish()
+        await episode.finalize()
+        scored = await episode.score()
     except SrlRolloutError as exc:
-        await session.close()
-        messages = session.episode.messages
-        return Outcome([(m["role"], m["content"]) for m in messages], None, error=exc.error_class)
-    messages = session.episode.messages
+        return Outcome([(m["role"], m["content"]) for m in episode.messages], None, error=exc.error_class)
+    finally:
+        await episode.close()
     return Outcome(
-        messages=[(m["role"], m["content"]) for m in messages],
+        messages=[(m["role"], m["content"]) for m in episode.messages],
         reward=scored["reward"],
         components=scored["components"],
         metrics=scored["metrics"],

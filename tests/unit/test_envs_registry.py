@@ -12,7 +12,7 @@ from prereqs import need_module
 
 need_module("verifiers.v1")
 
-from toolkit.envs.local import LocalSession
+from toolkit.envs.episode import Episode
 from toolkit.envs.registry import load_tasks, taskset_class
 from toolkit.errors import TaskError
 
@@ -37,6 +37,18 @@ def test_builtin_ids_resolve():
         assert taskset_class(id_).__name__ == cls
 
 
+async def _score(task, reply: str) -> dict:
+    """One episode of ``task`` answered with ``reply``, as an env worker plays it: its score dict."""
+    episode = Episode(task)
+    try:
+        await episode.start()
+        await episode.step(reply)
+        await episode.finalize()
+        return await episode.score()
+    finally:
+        await episode.close()
+
+
 def test_unknown_id_fails_clearly():
     with pytest.raises(ModuleNotFoundError, match="no-such-taskset"):
         taskset_class("no-such-taskset")
@@ -48,14 +60,8 @@ def test_external_taskset_resolves_with_typed_fields(external_path):
     assert len(tasks) == 5 and all("'p'" in t.data.prompt for t in tasks)
     task = tasks[0]
 
-    async def go(reply: str) -> float:
-        s = LocalSession(task)
-        await s.start()
-        await s.step(reply)
-        return (await s.finish())["reward"]
-
-    assert asyncio.run(go(str(task.data.answer))) == 1.0
-    assert asyncio.run(go(str(task.data.answer + 1))) == 0.0
+    assert asyncio.run(_score(task, str(task.data.answer)))["reward"] == 1.0
+    assert asyncio.run(_score(task, str(task.data.answer + 1)))["reward"] == 0.0
 
 
 def test_external_rejects_unknown_field(external_path):
@@ -66,11 +72,5 @@ def test_external_rejects_unknown_field(external_path):
 def test_raising_scorer_is_task_error(external_path):
     task = load_tasks(ts("raising-scorer"))[0]
 
-    async def go():
-        s = LocalSession(task)
-        await s.start()
-        await s.step("anything")
-        await s.finish()
-
     with pytest.raises(TaskError, match="scorer bug on purpose"):
-        asyncio.run(go())
+        asyncio.run(_score(task, "anything"))

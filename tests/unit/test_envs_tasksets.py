@@ -10,7 +10,8 @@ from prereqs import need_module
 
 need_module("verifiers.v1")
 
-from toolkit.envs.local import LocalSession
+from local_session import LocalSession
+
 from toolkit.envs.registry import load_tasks
 from toolkit.envs.tasksets.alphabet_sort import expected_lists
 from toolkit.envs.tasksets.common import lcs_ratio

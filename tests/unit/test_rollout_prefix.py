@@ -16,7 +16,8 @@ from prereqs import need_module
 need_module("verifiers.v1")
 need_module("transformers")
 
-from toolkit.envs.local import LocalSession
+from local_session import LocalSession
+
 from toolkit.envs.registry import load_tasks
 from toolkit.envs.tasksets.alphabet_sort import expected_lists
 from toolkit.models.renderer import ChatTemplateRenderer

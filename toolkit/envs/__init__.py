@@ -6,7 +6,6 @@ Modules:
   runtime    ``EnvRuntime``: the orchestrator's handle on one env and its worker processes
   server     an env worker process (one env's taskset; the environment half of episodes)
   protocol   the worker wire protocol (newline-delimited JSON over TCP)
-  local      the same environment half in-process, without a worker
   episode    one episode of the plain chat harness, turn by turn
   registry   taskset id resolution and loading (verifiers' convention first, then srl's built-ins)
   tasksets   srl's built-in tasksets (reverse-text, arith, alphabet-sort) and taskset look-up without imports

@@ -1,8 +1,5 @@
-"""An in-process ``EnvSession`` over ``Episode``: the same environment half as an env worker, without a process.
-
-For tests, offline validation of a taskset (``srl`` model-free checks) and debugging; training runs use workers
-(``EnvRuntime``) so that a misbehaving task cannot stall the orchestrator.
-"""
+"""An in-process ``EnvSession`` over ``Episode`` for tests: the environment half of an env worker
+(``toolkit.envs.server``) without its process or stage timeouts, so a rollout loop can be driven in one process."""
 
 from __future__ import annotations
 
