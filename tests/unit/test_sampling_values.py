@@ -76,7 +76,9 @@ def _engine_like_batch(model, *, temperature: float, top_p: float, top_k: int | 
                 probs = torch.softmax(logits, -1)
                 order = torch.argsort(probs, descending=True)
                 before = torch.cumsum(probs[order], 0) - probs[order]  # mass ranked above each token
-                drop = order[before >= top_p]
+                # The top token always stays, as in the engine: a top_p below float32's smallest value
+                # (5e-324) compares as 0 and would otherwise drop every token.
+                drop = order[1:][before[1:] >= top_p]
                 logits[drop] = -math.inf
             logp = torch.log_softmax(logits, -1)
             tok = int(torch.multinomial(logp.exp(), 1, generator=g))
