@@ -9,6 +9,7 @@ which runs as root: tests/prereqs.py).
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import pytest
@@ -46,6 +47,7 @@ def test_checkpoint_on_full_disk_fails_clearly_and_keeps_previous(tmp_path, smal
     from toolkit.run.layout import RunDir
     from toolkit.run.types import TrainingSample
     from toolkit.trainer.checkpoint import CheckpointSpaceError, checkpoint_bytes
+    from toolkit.config.model import RLConfig
     from toolkit.trainer.main import TrainerSettings, run_trainer
     from toolkit.trainer.model import load_policy
 
@@ -62,8 +64,10 @@ def test_checkpoint_on_full_disk_fails_clearly_and_keeps_previous(tmp_path, smal
         batches.write_batch(run, step, samples, [1.0, -1.0, 0.5, -0.5], policy_versions=[step - 1] * 4,
                             envs=["rev"] * 4, meta={})  # fmt: skip
         save_state(run, step, {"sampler": {}})  # the orchestrator's part is there; COMPLETE follows the trainer's
-    settings = TrainerSettings(model_name=str(model_dir), max_steps=3, ckpt_interval=1, keep_last=1,
-                               broadcast_keep=2, batch_timeout_s=5, seq_len=64, micro_batch_size=1, lr=1e-3)
+    # The default RL config's settings (what srl rl hands the trainer), with this test's run shape.
+    settings = dataclasses.replace(TrainerSettings.from_config(RLConfig()), model_name=str(model_dir), max_steps=3,
+                                   ckpt_interval=1, keep_last=1, broadcast_keep=2, batch_timeout_s=5, seq_len=64,
+                                   micro_batch_size=1, lr=1e-3)  # fmt: skip
     with pytest.raises(CheckpointSpaceError) as info:
         run_trainer(run, settings)
     msg = str(info.value)

@@ -7,6 +7,7 @@ trainer, without waiting for a real divergence, which the fp32 tiny model does n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -25,6 +26,7 @@ def test_nonfinite_steps_skip_updates_then_stop_with_a_resumable_checkpoint(tmp_
     from toolkit.run.layout import RunDir
     from toolkit.run.types import TrainingSample
     from toolkit.trainer.checkpoint import load_trainer_state
+    from toolkit.config.model import RLConfig
     from toolkit.trainer.main import TrainerDiverged, TrainerSettings, run_trainer
     from toolkit.trainer.model import load_policy
     from toolkit.trainer.optim import build_optimizer
@@ -37,9 +39,10 @@ def test_nonfinite_steps_skip_updates_then_stop_with_a_resumable_checkpoint(tmp_
         samples = [TrainingSample([5, 6, 7], [8 + i, 9, 10], [True] * 3, [-4.6] * 3) for i in range(4)]  # near the random model: not IPO-masked
         batches.write_batch(run, step, samples, adv, policy_versions=[step - 1] * 4, envs=["rev"] * 4, meta={})
         save_state(run, step, {"sampler": {}})  # the orchestrator's part, so the trainer's save completes a step
-    settings = TrainerSettings(model_name=str(model_dir), max_steps=6, max_nonfinite_steps=3, ckpt_interval=None,
-                               keep_last=2, broadcast_keep=2, batch_timeout_s=10, seq_len=64, micro_batch_size=1,
-                               lr=1e-2)  # fmt: skip
+    # The default RL config's settings (what srl rl hands the trainer), with this test's run shape.
+    settings = dataclasses.replace(TrainerSettings.from_config(RLConfig()), model_name=str(model_dir), max_steps=6,
+                                   max_nonfinite_steps=3, ckpt_interval=None, keep_last=2, broadcast_keep=2,
+                                   batch_timeout_s=10, seq_len=64, micro_batch_size=1, lr=1e-2)  # fmt: skip
     with pytest.raises(TrainerDiverged, match=r"not finite for 3 steps in a row \(steps 2-4\)"):
         run_trainer(run, settings)
 

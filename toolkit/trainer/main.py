@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,40 +32,45 @@ from toolkit.run.layout import RunDir
 log = logging.getLogger("srl.trainer")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainerSettings:
-    """Everything the trainer loop needs, as plain values (built from the resolved config by :meth:`from_config`).
+    """Everything the trainer loop needs, as plain values: a frozen view of the resolved config, built by
+    :meth:`from_config` (RL) or ``toolkit.trainer.sft.settings_from_sft`` (SFT). No field has a default of its own:
+    each value comes from the config class that declares the knob's one default.
 
     Units: ``batch_timeout_s`` seconds; ``seq_len`` tokens per packed row; ``micro_batch_size`` rows.
     ``ckpt_interval`` None = checkpoint only at the end and on stop; ``keep_last`` None = keep all checkpoints.
+    ``loss``, ``temperature``, ``broadcast_keep`` and ``batch_timeout_s`` are the RL loop's (None in an SFT run,
+    whose loop reads none of them).
     """
 
     model_name: str
     max_steps: int
-    dtype: str = "float32"
-    seed: int = 0
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_norm: float = 1.0
-    max_nonfinite_steps: int = 3
-    scheduler: str = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    loss: Any = None  # the config's IPOLoss | IcePopLoss (toolkit.trainer.loss.LossConfig); None = IPO defaults
-    micro_batch_size: int = 1
-    seq_len: int = 2048
-    temperature: float = 1.0
-    ckpt_interval: int | None = None
-    keep_last: int | None = 2
-    keep_interval: int | None = None
-    resume_step: int | None = None
-    resume_dir: Path | None = None
-    broadcast_keep: int = 2
-    batch_timeout_s: float = 3600.0
-    lora: dict | None = None
-    wandb: dict | None = None
+    dtype: str
+    seed: int
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    max_norm: float
+    max_nonfinite_steps: int
+    scheduler: str
+    warmup_steps: int
+    min_lr_ratio: float
+    micro_batch_size: int
+    seq_len: int
+    ckpt_interval: int | None
+    keep_last: int | None
+    keep_interval: int | None
+    resume_step: int | None
+    resume_dir: Path | None
+    lora: dict | None
+    wandb: dict | None
     """``monitors.wandb`` as a dict (None: no W&B); the main rank mirrors ``metrics.jsonl`` into it."""
+    loss: Any = None
+    """The config's ``IPOLoss | IcePopLoss`` (the loss classes are the config's)."""
+    temperature: float | None = None
+    broadcast_keep: int | None = None
+    batch_timeout_s: float | None = None
 
     @staticmethod
     def shared_fields(cfg: Any, t: Any, *, seq_len: int) -> dict[str, Any]:
@@ -222,17 +228,19 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     from toolkit.run.metrics import recorded_steps
     from toolkit.trainer import dist as tdist
     from toolkit.trainer.broadcast import apply_broadcast_retention, model_config_dict, write_broadcast
-    from toolkit.trainer.loss import IPOLoss
     from toolkit.trainer.metrics import mfu
     from toolkit.trainer.model import full_state_dict
     from toolkit.trainer.packing import plan_micro_batches
     from toolkit.trainer.step import train_step
 
+    unset = [f for f in ("loss", "temperature", "broadcast_keep", "batch_timeout_s") if getattr(s, f) is None]
+    if unset:
+        raise ValueError(f"TrainerSettings for an RL run lacks {', '.join(unset)} (build it with from_config)")
     tdist.die_with_agent()
     st = start_training(run, s)
     info, device, model, optimizer, scheduler = st.info, st.device, st.model, st.optimizer, st.scheduler
     model_dir, n_params, done = st.model_dir, st.n_params, st.done
-    loss_cfg = s.loss or IPOLoss()
+    loss_cfg = s.loss
     source = st.source
     stop = stop or StopFlag(run)
     if info.is_main:
@@ -358,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         return _main_sft(run, args)
     settings = TrainerSettings.from_config(load_resolved(run.resolved("rl")))
     if args.resume_step is not None:
-        settings.resume_step = args.resume_step
+        settings = dataclasses.replace(settings, resume_step=args.resume_step)
     if args.resume_dir is not None:
-        settings.resume_dir = args.resume_dir
+        settings = dataclasses.replace(settings, resume_dir=args.resume_dir)
     stop = StopFlag(run)
     stop.install()
     return _exit_status(lambda: run_trainer(run, settings, stop=stop))
