@@ -7,11 +7,6 @@ Inside a Slurm batch job the rendered script only sets up the environment and ru
     exec "$SRL_PYTHON" -m toolkit.launch.supervisor --run-dir RUN --attempt N [--kind rl|inference] \
         [--scratch DIR] [--secret VAR]...
 
-or, for a job that runs one command (an eval job, an array task; see :func:`run_command`)::
-
-    exec "$SRL_PYTHON" -m toolkit.launch.supervisor --run-dir DIR --name NAME [--scratch DIR] [--secret VAR]... \
-        -- srun ... ARGV...
-
 ``--run-dir``: the run directory (``placement.json``, the resolved config ``configs/attempt_<N>/resolved/rl.toml``,
 ``launcher/site.toml``); ``--attempt``: the config attempt whose config the job runs (default: the newest);
 ``--kind``: ``rl`` (default) or ``inference`` (an inference-only deployment: its admin token is kept in
@@ -598,39 +593,18 @@ def _teardown(sup: Supervisor, first: Child | None, status: int, reason: str | N
     return end.exit_status
 
 
-def run_command(run: RunDir, argv: list[str], *, name: str, scratch: str, secrets: list[str]) -> int:
-    """Run one command (an eval job's ``srun``, an array task's) with the job's environment (see
-    :func:`job_environment`), forwarding SIGTERM and SIGINT to it; logs and returns its exit status."""
-    env = dict(os.environ)
-    env.update(job_environment(run, kind="command", scratch=scratch, secrets=secrets, env=env))
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=kill_with_parent_preexec())  # noqa: PLW1509
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, lambda signum, _f: proc.send_signal(signal.SIGTERM))
-    rc = proc.wait()
-    rc = 128 - rc if rc < 0 else rc
-    _job_log(f"{name} exited with status {rc}")
-    return rc
-
-
 def main(argv: list[str] | None = None) -> int:
     """The batch job's entry point; see the module docstring. Returns the job's exit status.
 
-    ``--run-dir RUN [--attempt N] [--kind rl|inference]`` supervises a run's plan. ``--run-dir DIR --name NAME
-    [--scratch DIR] [--secret VAR]... -- ARGV...`` runs one command instead (eval jobs, array tasks):
-    :func:`run_command`.
+    ``--run-dir RUN [--attempt N] [--kind rl|inference]`` supervises a run's plan.
     """
-    args = list(sys.argv[1:] if argv is None else argv)
-    command = args[args.index("--") + 1 :] if "--" in args else []
     ap = argparse.ArgumentParser(prog="python -m toolkit.launch.supervisor")
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--attempt", type=int, default=None)
     ap.add_argument("--kind", choices=("rl", "inference"), default="rl")
-    ap.add_argument("--name", default="command")
     ap.add_argument("--scratch", default="/tmp")
     ap.add_argument("--secret", action="append", default=[])
-    a = ap.parse_args(args[: args.index("--")] if "--" in args else args)
-    if command:
-        return run_command(RunDir(a.run_dir), command, name=a.name, scratch=a.scratch, secrets=a.secret)
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     return run_job(RunDir(a.run_dir), attempt=a.attempt, kind=a.kind, scratch=a.scratch, secrets=a.secret)
 
 
