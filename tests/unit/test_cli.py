@@ -191,3 +191,18 @@ def test_resume_of_a_finished_run_says_so_and_starts_nothing(tmp_path):
     # A dry run is not refused: it only shows what a resume would write, in a shadow directory.
     out = srl("rl", "@", JOB, "--resume", "--dry-run", "--output-dir", tmp_path, "--run.name", "done", "--max-steps", "4")
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("where", ["file", "pseudo-fs"])
+@pytest.mark.parametrize("command", ["rl", "sft", "sweep", "inference"])
+def test_an_output_dir_that_cannot_hold_runs_is_refused_naming_it(tmp_path, command, where):
+    # A file on the way, or a filesystem where nothing can be created (/proc, where root passes every permission
+    # check): srl rl and srl sweep ended in a NotADirectoryError / FileNotFoundError traceback at the first mkdir.
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "runs" if where == "file" else Path("/proc/srl-test-nope")
+    job = {"rl": JOB, "sft": ROOT / "jobs/reverse-text/sft.toml", "sweep": ROOT / "jobs/reverse-text/sweep.toml",
+           "inference": ROOT / "jobs/serve/tiny.toml"}[command]
+    r = srl(command, "@", job, "--output-dir", out, "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "output_dir" in r.stderr and "cannot hold run directories" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written

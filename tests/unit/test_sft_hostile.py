@@ -347,7 +347,7 @@ def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path):
     from toolkit.commands.sft import load
 
     data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
-    with pytest.raises(ConfigError, match=r"output_dir: .*d\.jsonl/runs: cannot hold run directories"):
+    with pytest.raises(ConfigError, match=r"output_dir \[command line\]: .*d\.jsonl/runs: cannot hold run directories"):
         load([_sft_toml(tmp_path, data)], ["--output-dir", str(data / "runs")])
 
 

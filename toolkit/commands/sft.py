@@ -58,7 +58,7 @@ def load(files: list[Path], overrides: list[str]) -> Any:
 
 def _check_world(cfg: Any) -> None:
     """The preflight ``srl rl`` runs (model.name, site, ports, placement, [eval] tasksets and runtimes), on the SFT
-    run's launch view, plus a writable output_dir: a missing model or an unknown site is reported here, before the
+    run's launch view (a writable output_dir among them): a missing model or an unknown site is reported here, before the
     run directory is written, instead of as a traceback when the trainer starts. Prints warnings; raises
     ConfigError naming the SFT config's fields."""
     from toolkit.config import ConfigError, ConfigIssue
@@ -72,11 +72,6 @@ def _check_world(cfg: Any) -> None:
         warnings = checked.warnings
     except ConfigError as e:
         errors = e.issues
-    out = Path(cfg.output_dir).expanduser().absolute()
-    first = next((p for p in (out, *out.parents) if p.exists()), out)
-    if not first.is_dir() or not os.access(first, os.W_OK | os.X_OK):
-        errors.append(ConfigIssue("output_dir", f"{out}: cannot hold run directories ({first} is not a "
-                                  "writable directory); give another output_dir"))  # fmt: skip
     if errors:
         raise ConfigError(in_sft_terms(errors))
     for w in in_sft_terms(warnings):

@@ -297,9 +297,12 @@ def _prepare_run(loaded: LoadedConfig, run: RunDir, *, argv: list[str], resume: 
         raise ConfigError(f"--resume: no run at {run.root} (nothing to resume)")
     if clean and exists:
         _delete_keeping_lease(run, held)
-    for d in (run.configs, run.launcher, run.logs, run.rollouts, run.broadcasts, run.checkpoints, run.store,
-              run.control, run.reports):
-        d.mkdir(parents=True, exist_ok=True)
+    try:
+        for d in (run.configs, run.launcher, run.logs, run.rollouts, run.broadcasts, run.checkpoints, run.store,
+                  run.control, run.reports):
+            d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # preflight checked output_dir; the filesystem can still change or fill up since
+        raise ConfigError(f"output_dir: cannot create the run directory {run.root}: {e.strerror or e}") from e
     # A stale stop request from an earlier attempt would end the new one at once.
     if run.stop_request.exists():
         run.stop_request.unlink()

@@ -27,11 +27,31 @@ def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
     """Run every check; returns errors and warnings (never raises). ``purpose`` "serve" skips the taskset look-up
     (a serving deployment runs no environments)."""
     f = Findings()
-    for rule in (_model_name, _topology, check_lora, _references, _taskset_ids, _env_runtimes):
+    for rule in (_output_dir, _model_name, _topology, check_lora, _references, _taskset_ids, _env_runtimes):
         if purpose == "serve" and rule in (_taskset_ids, _env_runtimes):
             continue
         rule(cfg, f)
     return f
+
+
+def _output_dir(cfg: RLConfig, f: Findings) -> None:
+    """``output_dir`` must be able to hold run directories: its nearest existing ancestor is a directory in which a
+    directory can be made. Checked by making (and removing) an empty one there, because permission bits say
+    nothing on read-only mounts or pseudo filesystems (``/proc``, where even root cannot create anything)."""
+    import tempfile
+
+    out = Path(cfg.output_dir).expanduser().absolute()
+    first = next((p for p in (out, *out.parents) if p.exists() or p.is_symlink()), out)
+    why = None
+    if not first.is_dir():
+        why = f"{first} is not a directory"
+    else:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".srl-probe-", dir=first))
+        except OSError as e:
+            why = f"cannot create a directory in {first} ({e.strerror or e})"
+    if why:
+        f.error("output_dir", f"{out}: cannot hold run directories: {why}; give another output_dir")
 
 
 def _model_name(cfg: RLConfig, f: Findings) -> None:
