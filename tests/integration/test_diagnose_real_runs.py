@@ -31,8 +31,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 need_module("verifiers.v1")
 
 from analysis.diagnose import Finding, diagnose, format_findings
-from toolkit.run.store import load_rollouts
 from toolkit.run.layout import RunDir
+from toolkit.run.store import load_rollouts
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "diagnose_taskset"

@@ -13,8 +13,8 @@ from prereqs import need_module
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 need_module("vllm")
 
-from toolkit.run.store import load_rollouts
 from toolkit.evalgate import main
+from toolkit.run.store import load_rollouts
 
 REPO = Path(__file__).resolve().parents[2]
 EVAL_TOML = REPO / "jobs" / "reverse-text" / "eval.toml"

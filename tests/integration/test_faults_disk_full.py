@@ -42,12 +42,12 @@ def test_checkpoint_on_full_disk_fails_clearly_and_keeps_previous(tmp_path, smal
     import torch
 
     from toolkit import batches, checkpoints
+    from toolkit.config.model import RLConfig
     from toolkit.models.tiny import build_tiny_model
     from toolkit.orchestrator.state import save_state
     from toolkit.run.layout import RunDir
     from toolkit.run.types import TrainingSample
     from toolkit.trainer.checkpoint import CheckpointSpaceError, checkpoint_bytes
-    from toolkit.config.model import RLConfig
     from toolkit.trainer.main import TrainerSettings, run_trainer
     from toolkit.trainer.model import load_policy
 

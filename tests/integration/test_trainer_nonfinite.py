@@ -21,12 +21,12 @@ def test_nonfinite_steps_skip_updates_then_stop_with_a_resumable_checkpoint(tmp_
     import torch
 
     from toolkit import batches, checkpoints
+    from toolkit.config.model import RLConfig
     from toolkit.models.tiny import build_tiny_model
     from toolkit.orchestrator.state import save_state
     from toolkit.run.layout import RunDir
     from toolkit.run.types import TrainingSample
     from toolkit.trainer.checkpoint import load_trainer_state
-    from toolkit.config.model import RLConfig
     from toolkit.trainer.main import TrainerDiverged, TrainerSettings, run_trainer
     from toolkit.trainer.model import load_policy
     from toolkit.trainer.optim import build_optimizer

@@ -86,7 +86,7 @@ class WorkerConnection:
             self._reader, self._writer = await asyncio.wait_for(
                 asyncio.open_connection(self.host, self.port, limit=STREAM_LIMIT), timeout
             )
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise srl_errors.SandboxError(f"env worker {self.address} unreachable: {exc}") from exc
         self._reader_task = asyncio.create_task(self._read_loop())
 
@@ -126,7 +126,7 @@ class WorkerConnection:
             coalesce_writes(loop, self._writer, self._outbox, encode({"id": rid, "op": op, **params}))
             await self._writer.drain()
             msg = await (fut if timeout is None else asyncio.wait_for(asyncio.shield(fut), timeout))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise  # a subclass of OSError on Python >= 3.11: must not be read as a lost connection
         except (OSError, ConnectionError) as exc:
             raise srl_errors.SandboxError(f"env worker {self.address}: {exc}") from exc

@@ -107,7 +107,7 @@ class _GroupStart:
         try:
             r = await conn.call("start_group", None if limit is None else limit + GRACE_S, example_id=self.example_id,
                                 episodes=[x.episode for x in self.sessions])  # fmt: skip
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             self.runtime._schedule_restart(self.worker, conn)
             raise srl_errors.TaskError(f"env worker did not answer start within {limit} s (+{GRACE_S} s)") from exc
         return list(r["results"])
@@ -157,7 +157,7 @@ class _RemoteSession:
             return await conn.call(
                 op, None if limit is None else limit + GRACE_S, episode=self.episode, **params
             )
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             self.runtime._schedule_restart(self.worker, conn)
             raise srl_errors.TaskError(
                 f"env worker did not answer {op} within {limit} s (+{GRACE_S} s)"
@@ -184,7 +184,7 @@ class _RemoteSession:
         conn = self.worker.conn
         try:
             return await conn.call(op, (limit + GRACE_S) if limit else None, episode=self.episode, **params)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             self.runtime._schedule_restart(self.worker, conn)
             raise srl_errors.TaskError(f"env worker did not finish scoring within {limit} s") from exc
 
@@ -218,7 +218,7 @@ class _RemoteSession:
         if self.started and not self.worker.conn.closed:
             try:
                 await self.worker.conn.call("close", 5.0, episode=self.episode)
-            except (srl_errors.SrlRolloutError, asyncio.TimeoutError):
+            except (TimeoutError, srl_errors.SrlRolloutError):
                 pass
 
 
@@ -292,7 +292,7 @@ class EnvRuntime:
         proc.stdin.close()
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), WORKER_START_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             line = b""
         except BaseException:  # cancelled while starting: do not leave the child behind
             proc.kill()
@@ -360,7 +360,7 @@ class EnvRuntime:
         proc.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
 
@@ -404,7 +404,7 @@ class EnvRuntime:
                 ),
                 self.timeouts.get("rollout"), client,
             )  # fmt: skip
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             await self._restart_if_unresponsive(worker)
             raise srl_errors.HarnessError(f"rollout timed out after {self.timeouts['rollout']} s") from exc
         finally:
@@ -416,7 +416,7 @@ class EnvRuntime:
         conn = worker.conn
         try:
             await conn.call("health", GRACE_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._schedule_restart(worker, conn)
         except srl_errors.SrlRolloutError:
             pass  # connection already lost: the next attempt restarts it

@@ -74,7 +74,7 @@ class EnvWorker:
         limit = self.timeout.get(stage)
         try:
             return await asyncio.wait_for(coro, limit)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise srl_errors.TaskError(f"task {stage} timed out after {limit} s") from exc
 
     async def handle(self, op: str, req: dict[str, Any]) -> dict[str, Any]:

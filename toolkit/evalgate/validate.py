@@ -116,7 +116,7 @@ async def run_task_validate(task: Any, runtime_config: Any, *, setup_s: float | 
         await asyncio.wait_for(invoke(task.setup, {"trace": trace, "runtime": runtime}), setup_s)
         result = await asyncio.wait_for(task.validate(runtime), total_s)
         return None if result is None else bool(result)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return f"timed out (setup {setup_s} s / validate {total_s} s)"
     except Exception as exc:  # noqa: BLE001 - a raising check is the finding, reported per task
         return f"{type(exc).__name__}: {exc}"
@@ -231,7 +231,7 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     async def score(task: Any, replies: list[str]) -> dict[str, Any]:
         try:
             return await score_replies(task, replies, **kw)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return {"error": f"timed out (setup {timeout.setup} s / turn {timeout.rollout} s / scoring "
                              f"{timeout.scoring} s)"}
         except Exception as exc:  # noqa: BLE001 - TaskError and anything the task raised: evidence, not a crash of the gate

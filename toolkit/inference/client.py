@@ -199,7 +199,7 @@ class PolicyClient:
         limit = self.timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             await asyncio.wait_for(self._open.wait(), limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ProviderError(f"{self.base_url}: inference still unavailable (held for a restarting engine) "
                                 f"after {limit:.0f} s") from None  # fmt: skip
 
@@ -283,7 +283,7 @@ class PolicyClient:
             async with self._session().post(self.base_url + "/finish_session", params={"session_id": session_id},
                                             timeout=aiohttp.ClientTimeout(total=10.0)) as resp:  # fmt: skip
                 await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             pass
 
     async def aclose(self) -> None:

@@ -133,7 +133,7 @@ async def wait_excluding_outage(aw: Any, timeout_s: float | None, client: Any) -
         raise
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    raise asyncio.TimeoutError
+    raise TimeoutError
 
 
 class EngineWatch:
@@ -220,5 +220,5 @@ class EngineWatch:
                     log.exception("engine watch check failed")
                 try:
                     await asyncio.wait_for(stop.wait(), self.poll_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass

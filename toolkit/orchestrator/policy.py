@@ -226,5 +226,5 @@ class PolicyTracker:
             await self.refresh()
             try:
                 await asyncio.wait_for(stop.wait(), self.poll_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

@@ -15,12 +15,12 @@ resume keep the metrics line of their first attempt (one line per step in ``metr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
 import sys
 import time
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
