@@ -206,10 +206,15 @@ def cmd_config(args: list[str]) -> int:
     import tomli_w
 
     from .config import ConfigError, load_config, toml_data
+    from .config.cli_args import print_help_if_asked
     from .preflight import preflight
 
+    usage = ("usage: srl config show @ run.toml [...]    print the resolved (canonical) config as TOML\n"
+             "       srl config convert FILE             print FILE converted to the canonical shape")
+    if print_help_if_asked(args, usage):
+        return 0
     if not args or args[0] not in ("show", "convert"):
-        raise ConfigError("usage: srl config show @ run.toml [...] | srl config convert FILE")
+        raise ConfigError(usage)
     if args[0] == "show":
         files, overrides, _ = split_config_args(args[1:])
         loaded = preflight(load_config(files, overrides))

@@ -206,3 +206,13 @@ def test_an_output_dir_that_cannot_hold_runs_is_refused_naming_it(tmp_path, comm
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and "output_dir" in r.stderr and "cannot hold run directories" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written
+
+
+@pytest.mark.parametrize("command", [["sft", "chain"], ["sft", "make-data"], ["config"], ["config", "show"],
+                                     ["config", "convert"], ["inference", "queues"]])  # fmt: skip
+def test_subcommand_help_prints_its_usage(tmp_path, command):
+    # --help was read as a config file, an output path or a run directory: "invalid config", exit 2.
+    r = srl(*command, "--help", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("usage: srl " + " ".join(command[:2] if command[0] != "config" else ["config"]))
+    assert r.stderr == "" and list(tmp_path.iterdir()) == []

@@ -225,10 +225,15 @@ def cmd_make_data(args: list[str]) -> int:
     from the reference answers of a train env's taskset (the same taskset config, so the same prompts)."""
     from toolkit.cli import split_config_args
     from toolkit.config import ConfigError, load_config
+    from toolkit.config.cli_args import print_help_if_asked
     from toolkit.config.compose import _parse_value
 
+    usage = "usage: srl sft make-data OUT.jsonl @ rl.toml [--env NAME] [--taskset.FIELD VALUE ...]"
+    if print_help_if_asked(args, usage + "\n\nWrites a prompt/completion JSONL of the reference answers of a train "
+                           "env's taskset\n(the RL job's own prompts), for an SFT warm-up (srl sft)."):
+        return 0
     if not args or args[0].startswith(("@", "-")):
-        raise ConfigError("usage: srl sft make-data OUT.jsonl @ rl.toml [--env NAME] [--taskset.FIELD VALUE ...]")
+        raise ConfigError(usage)
     out = Path(args[0])
     _check_output(out)
     env_name, fields, rest = _take_options(args[1:])
@@ -296,9 +301,15 @@ def cmd_chain(args: list[str]) -> int:
     """``srl sft chain @ sft.toml [...] --then @ rl.toml [...]``: SFT, then RL from its final model."""
     from toolkit.cli import cmd_rl
     from toolkit.config import ConfigError
+    from toolkit.config.cli_args import print_help_if_asked
 
+    usage = "usage: srl sft chain @ sft.toml [...] --then @ rl.toml [...]"
+    if print_help_if_asked(args, usage + "\n\nRuns the SFT run, then the RL run from its final model (on Slurm: "
+                           "two jobs, the RL one\nstarting only after the SFT one succeeded). Options before --then "
+                           "are srl sft's,\nafter it srl rl's (srl sft --help, srl rl --help)."):
+        return 0
     if "--then" not in args:
-        raise ConfigError("usage: srl sft chain @ sft.toml [...] --then @ rl.toml [...]")
+        raise ConfigError(usage)
     i = args.index("--then")
     sft_args, rl_args = args[:i], args[i + 1 :]
     from toolkit.cli import split_config_args

@@ -16,6 +16,16 @@ from .errors import ConfigError
 OWN_FLAGS = ("--dry-run", "--resume", "--clean", "--help", "-h")
 
 
+def print_help_if_asked(argv: list[str], usage: str) -> bool:
+    """For a subcommand with a fixed usage (``srl sft make-data``, ``srl config show``, ...): when ``argv`` holds
+    ``-h`` or ``--help``, print ``usage`` to stdout and return True (the caller exits 0) instead of reading the flag
+    as a config file, an output path or a run directory."""
+    if "-h" in argv or "--help" in argv:
+        print(usage)
+        return True
+    return False
+
+
 def refuse_misspelt_flag(tok: str) -> None:
     """Raise ConfigError for a near miss of srl's own flags (``--dryrun``, ``--resum``): as a config override it
     would only get a confusing "unknown config key" hint. Dotted names and ``--key=value`` are overrides."""

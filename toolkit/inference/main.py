@@ -67,8 +67,14 @@ def main(argv: list[str]) -> int:
 
 
 def _queues(argv: list[str]) -> int:
+    from ..config.cli_args import print_help_if_asked
+
+    usage = "usage: srl inference queues RUN_DIR"
+    if print_help_if_asked(argv, usage + "\n\nPrints the waiting requests per engine role of a running deployment "
+                           "(JSON): which side\nof prefill/decode to grow."):
+        return 0
     if len(argv) != 1:
-        raise ConfigError("usage: srl inference queues RUN_DIR")
+        raise ConfigError(usage)
     from ..run.layout import RunDir
     from .queues import run_queue_depths
 
