@@ -48,36 +48,32 @@ class StopMonitor:
     _streaks: dict[str, int] = field(default_factory=lambda: {"errored": 0, "kl": 0, "reward": 0})
     _best_reward: float = -math.inf
 
+    def _streak(self, name: str, over: bool, patience: int) -> bool:
+        """Count one more step over the limit (``over``) or restart the count; True once it reaches ``patience``."""
+        self._streaks[name] = self._streaks[name] + 1 if over else 0
+        return self._streaks[name] >= patience
+
     def update(self, step: int, metrics: Mapping[str, float]) -> str | None:
         """Feed one step's metrics (keys ``errored_share``, ``mismatch_kl/mean``, ``reward/all/mean``; missing keys
         leave their streak unchanged). Returns the stop reason when a criterion trips, else None."""
         c = self.criteria
         reasons = []
         share = _num(metrics.get("errored_share"))
-        if c.max_errored_share is not None and share is not None:
-            self._streaks["errored"] = self._streaks["errored"] + 1 if share > c.max_errored_share else 0
-            if self._streaks["errored"] >= c.errored_patience_steps:
-                reasons.append(
-                    f"errored rollouts {share:.0%} > {c.max_errored_share:.0%} for "
-                    f"{self._streaks['errored']} steps"
-                )
+        if (c.max_errored_share is not None and share is not None
+                and self._streak("errored", share > c.max_errored_share, c.errored_patience_steps)):
+            reasons.append(f"errored rollouts {share:.0%} > {c.max_errored_share:.0%} for "
+                           f"{self._streaks['errored']} steps")  # fmt: skip
         kl = _num(metrics.get("mismatch_kl/mean"))
-        if c.max_mismatch_kl is not None and kl is not None:
-            self._streaks["kl"] = self._streaks["kl"] + 1 if kl > c.max_mismatch_kl else 0
-            if self._streaks["kl"] >= c.mismatch_kl_patience_steps:
-                reasons.append(
-                    f"mismatch_kl {kl:.3g} > {c.max_mismatch_kl:g} for {self._streaks['kl']} steps"
-                )
+        if (c.max_mismatch_kl is not None and kl is not None
+                and self._streak("kl", kl > c.max_mismatch_kl, c.mismatch_kl_patience_steps)):
+            reasons.append(f"mismatch_kl {kl:.3g} > {c.max_mismatch_kl:g} for {self._streaks['kl']} steps")
         reward = _num(metrics.get("reward/all/mean"))
         if c.reward_collapse_fraction is not None and reward is not None:
             self._best_reward = max(self._best_reward, reward)
             collapsed = self._best_reward > 0 and reward < c.reward_collapse_fraction * self._best_reward
-            self._streaks["reward"] = self._streaks["reward"] + 1 if collapsed else 0
-            if self._streaks["reward"] >= c.reward_collapse_patience_steps:
-                reasons.append(
-                    f"reward collapsed to {reward:.3g} (< {c.reward_collapse_fraction:g} x best "
-                    f"{self._best_reward:.3g}) for {self._streaks['reward']} steps"
-                )
+            if self._streak("reward", collapsed, c.reward_collapse_patience_steps):
+                reasons.append(f"reward collapsed to {reward:.3g} (< {c.reward_collapse_fraction:g} x best "
+                               f"{self._best_reward:.3g}) for {self._streaks['reward']} steps")  # fmt: skip
         return f"step {step}: " + "; ".join(reasons) if reasons else None
 
 
