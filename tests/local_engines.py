@@ -29,8 +29,8 @@ from typing import Any
 from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, ensure_admin_token
 from toolkit.inference.commands import ENGINE_DEFAULTS, engine_command, engine_env, router_command
 from toolkit.inference.health import clear_ready, is_healthy, write_ready
-from toolkit.inference.weights import WeightUpdater, newest_stable_broadcast
-from toolkit.run.layout import RunDir
+from toolkit.inference.weights import WeightUpdater
+from toolkit.run.layout import RunDir, newest_stable_broadcast
 
 
 class EngineStartError(RuntimeError):

@@ -78,7 +78,7 @@ class Batch:
 
     @property
     def num_tokens(self) -> int:
-        return int(len(self.input_ids))
+        return len(self.input_ids)
 
     @property
     def lengths(self) -> np.ndarray:

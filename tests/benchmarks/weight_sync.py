@@ -51,9 +51,9 @@ import httpx
 from tests.local_engines import start_local_deployment
 from toolkit.fsutil import write_marker
 from toolkit.inference.admin_token import admin_headers
-from toolkit.inference.weights import WeightUpdater, newest_stable_broadcast
+from toolkit.inference.weights import WeightUpdater
 from toolkit.models import build_tiny_model
-from toolkit.run.layout import RunDir
+from toolkit.run.layout import RunDir, newest_stable_broadcast
 
 
 def drop_cache(directory: Path) -> None:

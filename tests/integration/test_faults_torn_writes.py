@@ -90,8 +90,8 @@ def test_sigkill_during_broadcasts_never_exposes_partial_weights(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from toolkit.inference.weights import newest_stable_broadcast
     from toolkit.models.tiny import build_tiny_model
+    from toolkit.run.layout import newest_stable_broadcast
     from toolkit.trainer.broadcast import (
         WEIGHTS_FILE,
         apply_broadcast_retention,

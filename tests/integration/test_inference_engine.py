@@ -26,9 +26,9 @@ from toolkit.fsutil import write_marker
 from toolkit.inference.client import PolicyClient
 from toolkit.inference.health import read_ready
 from toolkit.inference.queues import queue_depths
-from toolkit.inference.weights import WeightUpdater, newest_stable_broadcast
+from toolkit.inference.weights import WeightUpdater
 from toolkit.models import build_tiny_model
-from toolkit.run.layout import RunDir
+from toolkit.run.layout import RunDir, newest_stable_broadcast
 from toolkit.run.types import SamplingParams
 
 PROMPT = [5, 17, 23, 42, 8, 9, 30, 31]

@@ -14,7 +14,7 @@ from golden.layouts import BASE, merge
 from toolkit.config.schema_help import schema_help
 
 # "the seed's boundaries", "field case B14", "(B18)", "issue 9 item 7", "shared/seeds/...".
-FOREIGN = re.compile(r"\bthe seeds?\b|\bseed's|\bseeds'|field case|\bB\d\d\b|\bissue \d|shared/(seeds|notes)", re.I)
+FOREIGN = re.compile(r"\bthe seeds?\b|\bseed's|\bseeds'|field case|\bB\d\d\b|\bissue \d|shared/(seeds|notes)", re.IGNORECASE)
 
 COMMANDS = [["--help"], ["rl", "--help"], ["sft", "--help"], ["sft", "chain", "--help"], ["diagnose", "--help"],
             ["report", "--help"], ["status", "--help"], ["cancel", "--help"], ["logs", "--help"], ["eval", "--help"],

@@ -12,8 +12,8 @@ from local_engines import free_port
 from toolkit.errors import ProviderError, SrlRolloutError
 from toolkit.fsutil import write_marker
 from toolkit.inference.client import PolicyClient, completion_payload, parse_completion
-from toolkit.inference.weights import WeightUpdateError, WeightUpdater, newest_stable_broadcast
-from toolkit.run.layout import RunDir
+from toolkit.inference.weights import WeightUpdateError, WeightUpdater
+from toolkit.run.layout import RunDir, newest_stable_broadcast
 from toolkit.run.types import SamplingParams
 
 

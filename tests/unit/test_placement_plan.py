@@ -286,7 +286,7 @@ def test_engine_spanning_two_nodes_runs_headless_on_the_second() -> None:
     assert eng.node_indices == (0, 1)
     head = node_engine_argv([fill(a, plan, 0, "/m") for a in eng.command], eng.node_indices, 0)
     second = node_engine_argv([fill(a, plan, 1, "/m") for a in eng.command], eng.node_indices, 1)
-    flag = lambda argv, f: argv[argv.index(f) + 1]  # noqa: E731
+    flag = lambda argv, f: argv[argv.index(f) + 1]
     assert "vllm.entrypoints.openai.api_server" in head and "--headless" not in head
     assert flag(head, "--data-parallel-size") == "4" and flag(head, "--data-parallel-size-local") == "2"
     assert second[second.index("vllm.entrypoints.cli.main") + 1] == "serve"

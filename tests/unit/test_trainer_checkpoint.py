@@ -11,9 +11,8 @@ import torch
 
 from toolkit import checkpoints as ck
 from toolkit.batches import samples_to_batch
-from toolkit.inference.weights import newest_stable_broadcast
 from toolkit.models.tiny import build_tiny_model
-from toolkit.run.layout import RunDir
+from toolkit.run.layout import RunDir, newest_stable_broadcast
 from toolkit.run.types import TrainingSample
 from toolkit.trainer import broadcast as bc
 from toolkit.trainer.checkpoint import load_trainer_state, save_trainer_state

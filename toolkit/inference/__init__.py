@@ -6,7 +6,7 @@ Modules:
   commands  engine_command / engine_env / router_command / ENGINE_DEFAULTS: argv and env builders
   health    is_healthy, write_ready / read_ready / clear_ready: readiness through <run>/control
   client    PolicyClient: token ids in, token ids + sampling logprobs out (the orchestrator's client)
-  weights   WeightUpdater, newest_stable_broadcast: live reload from broadcasts/step_<n>
+  weights   WeightUpdater: live reload from broadcasts/step_<n>
   kv_store  retire_kv_store / purge_retired: the ExampleConnector's KV files are retired on every reload
   queues    queue_depths, run_queue_depths: waiting requests per role (``srl inference queues``)
   guard     AdminGuard: ASGI middleware in every engine; admin/dev routes need the run's admin token

@@ -54,7 +54,6 @@ from toolkit.inference.versions import (
     parse_version,
 )
 from toolkit.inference.worker_ext import EXTENSION_CLS, RELOAD_METHOD, RESULT_MARKER
-from toolkit.run.layout import STABLE_MARKER, RunDir, numbered_steps
 
 # A LoRA run's broadcasts are PEFT adapter directories (toolkit.trainer.lora); engines serve them under this name.
 LORA_ADAPTER_CONFIG = "adapter_config.json"
@@ -66,15 +65,6 @@ _ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 class WeightUpdateError(RuntimeError):
     """A weight update failed on an engine; the message names the engine URL and the step that failed."""
-
-
-def newest_stable_broadcast(run: RunDir) -> tuple[int, Path] | None:
-    """The newest ``broadcasts/step_<n>`` holding a STABLE marker, as ``(n, dir)``, or None when there is none."""
-    for step in reversed(numbered_steps(run.broadcasts)):
-        d = run.broadcast_step(step)
-        if (d / STABLE_MARKER).exists():
-            return step, d
-    return None
 
 
 def is_lora_adapter(broadcast_dir: Path) -> bool:

@@ -59,8 +59,8 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None, jobs_final: boo
     leftover stop request is then not news: srl's batch script writes one at every job's end). Never raises for a
     partial or missing run directory: missing facts are simply left out."""
     from ..checkpoints import latest_complete
-    from ..inference.weights import newest_stable_broadcast
     from ..run import ending
+    from ..run.layout import newest_stable_broadcast
 
     lines: list[str] = []
     launcher = read_local_record(run)

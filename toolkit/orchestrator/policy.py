@@ -36,8 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from toolkit import fsutil
-from toolkit.inference.weights import newest_stable_broadcast
-from toolkit.run.layout import STABLE_MARKER, RunDir, numbered_steps
+from toolkit.run.layout import STABLE_MARKER, RunDir, newest_stable_broadcast, numbered_steps
 
 log = logging.getLogger(__name__)
 

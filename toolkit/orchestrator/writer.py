@@ -48,7 +48,7 @@ def _child_init() -> None:
     # step's unpickled rollouts trigger collections that would otherwise walk them every time (-10% CPU per step).
     import gc
 
-    import toolkit.batches  # noqa: F401
+    import toolkit.batches
     import toolkit.run.store  # noqa: F401
 
     gc.collect()

@@ -1,6 +1,7 @@
 """The run directory protocol: for each artifact of a run directory, its writer and its reader.
 
-- ``layout``: every path of a run directory (``RunDir``) and the STABLE / COMPLETE / READY markers.
+- ``layout``: every path of a run directory (``RunDir``), the STABLE / COMPLETE / READY markers and the newest
+  STABLE broadcast (``newest_stable_broadcast``: what engines load and ``srl status`` reports).
 - ``ending``: how a run (its latest attempt) ended, ``ending.json``, and the exit status that ending maps to.
 - ``metrics``: ``metrics.jsonl``, its writer, its readers (whole file, tail, follower) and shared metric names.
 - ``control``: the stop request in ``control/`` that asks every role to stop (with the criterion that fired).

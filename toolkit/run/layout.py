@@ -241,6 +241,16 @@ def numbered_steps(parent: Path) -> list[int]:
     return sorted(_numbered(parent, _STEP_RE))
 
 
+def newest_stable_broadcast(run: RunDir) -> tuple[int, Path] | None:
+    """The newest ``broadcasts/step_<n>`` holding a STABLE marker, as ``(n, dir)``, or None when there is none
+    (what engines load at start and what ``srl status`` reports as the newest policy)."""
+    for step in reversed(numbered_steps(run.broadcasts)):
+        d = run.broadcast_step(step)
+        if (d / STABLE_MARKER).exists():
+            return step, d
+    return None
+
+
 def _numbered(parent: Path, pattern: re.Pattern[str]) -> list[int]:
     if not parent.is_dir():
         return []
