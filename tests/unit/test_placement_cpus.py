@@ -54,3 +54,15 @@ def test_gpu_plans_get_nothing() -> None:
     plan.gpus_per_node = 4
     assert cpu_thread_env(plan, "trainer", 1, 2) == {}
 
+
+
+def test_an_inference_only_plan_gives_its_engines_every_core() -> None:
+    # srl inference and the eval gate's server: nothing else of the plan runs on the host, so no core is held back
+    # (holding one back halved the gate's engine on 2 cores: start-up and sampling took about twice as long).
+    cfg = load_config([Path(__file__).resolve().parents[2] / "jobs" / "serve" / "tiny.toml"], purpose="serve").config
+    plan = build_plan(cfg, load_site("local"), RunDir(Path("/tmp/srl-cpus-test")), job_id="7",
+                      roles=("inference", "router"))
+    engines = [p.name for p in plan.processes if p.role == "inference"]
+    assert engines and not [p for p in plan.processes if p.role in ("trainer", "orchestrator")]
+    assert cpu_thread_env(plan, engines[0], 0, 2) == {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    assert cpu_thread_env(plan, engines[0], 0, 16) == {"VLLM_CPU_OMP_THREADS_BIND": "0-15"}

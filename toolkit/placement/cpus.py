@@ -12,7 +12,8 @@ cores), so the split is computed over every process of the host, not only over t
 each node has its own address and the split is per node.
 
 Split of ``n_cores`` cores on one host with ``E`` engines and ``R`` trainer ranks :
-each engine gets ``per = max(1, (n_cores - 1) // E)`` cores (``1`` when ``n_cores <= E``), bound with
+each engine gets ``per = max(1, (n_cores - 1) // E)`` cores (``1`` when ``n_cores <= E``; ``n_cores // E`` when
+neither a trainer rank nor the orchestrator runs on the host, as in an inference-only deployment), bound with
 ``VLLM_CPU_OMP_THREADS_BIND``; the trainer ranks share the rest, ``max(1, (n_cores - per * E) // R)`` threads each
 (``OMP_NUM_THREADS``). Values a user set in the config's env tables are kept.
 """
@@ -47,7 +48,11 @@ def cpu_thread_env(plan: Any, name: str, node: int, n_cores: int) -> dict[str, s
     host = _host_nodes(plan, node)
     engines = [p.name for p in plan.processes if p.role == "inference" and host & set(p.node_indices)]
     ranks = sum(p.nprocs_per_node * len(host & set(p.node_indices)) for p in plan.processes if p.role == "trainer")
-    per = max(1, (n_cores - 1) // len(engines)) if engines and n_cores > len(engines) else 1
+    # One core is kept for the trainer ranks and the orchestrator when the host runs any of them; an inference-only
+    # plan (srl inference, the eval gate's server) gives its engines every core.
+    orchestrator = any(p.role == "orchestrator" and host & set(p.node_indices) for p in plan.processes)
+    reserve = 1 if ranks or orchestrator else 0
+    per = max(1, (n_cores - reserve) // len(engines)) if engines and n_cores > len(engines) - 1 + reserve else 1
     if spec.role == "inference" and name in engines and OMP_BIND not in spec.env:
         lo = (engines.index(name) * per) % n_cores
         hi = min(n_cores - 1, lo + per - 1)
