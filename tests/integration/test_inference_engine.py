@@ -12,6 +12,7 @@ import shutil
 import threading
 import time
 
+import httpx
 import pytest
 from prereqs import need_module
 
@@ -25,7 +26,7 @@ from local_engines import start_local_deployment
 from toolkit.fsutil import write_marker
 from toolkit.inference.client import PolicyClient
 from toolkit.inference.health import read_ready
-from toolkit.inference.queues import queue_depths
+from toolkit.inference.queues import parse_metric, queue_depths
 from toolkit.inference.weights import WeightUpdater
 from toolkit.models import build_tiny_model
 from toolkit.run.layout import RunDir, newest_stable_broadcast
@@ -143,11 +144,13 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
     """pause(mode=keep) freezes running requests; they finish after resume instead of being aborted, and the
     tokens after the reload come from the new weights.
 
-    Weights A (the base model) are served and four 200-token requests run untouched, to time them on this
-    machine (twice; the second run counts); the same requests then start again and, a third of that time later, the weights become B (broadcast
-    step_1). Each request must show both: its first tokens have exactly A's logprobs (transformers, fp32) and from
-    some token on they stop matching A. A reload before the requests ran (no token from A) or after they finished
-    (every token from A) fails, so does one that aborted them (finish reason) or restarted them.
+    Weights A (the base model) are served and four 200-token requests run untouched (twice: a fresh engine's first
+    requests are slower); the same requests then start again and, once the engine has generated a quarter of their
+    tokens (its own ``vllm:generation_tokens`` counter, so the moment does not depend on how busy the machine is),
+    the weights become B (broadcast step_1). Each request must show both: its first tokens have exactly A's
+    logprobs (transformers, fp32) and from some token on they stop matching A. A reload before the requests ran (no
+    token from A) or after they finished (every token from A) fails, so does one that aborted them (finish reason) or
+    restarted them.
     """
     dep, run, base, _ = deployment
     n, max_tokens = 4, 200
@@ -161,8 +164,19 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
                 t0 = time.monotonic()
                 await asyncio.gather(*(client.generate(PROMPT, sp, session_id=f"c{i}") for i in range(n)))
                 took = time.monotonic() - t0
-            tasks = [asyncio.create_task(client.generate(PROMPT, sp, session_id=f"s{i}")) for i in range(n)]
-            await asyncio.sleep(took / 3)
+            metrics_url = dep.engines[0].url + "/metrics"
+            async with httpx.AsyncClient(timeout=10) as http:
+
+                async def generated() -> float:
+                    total = parse_metric((await http.get(metrics_url)).text, "vllm:generation_tokens_total")
+                    assert total is not None, f"{metrics_url} has no vllm:generation_tokens_total"
+                    return total
+
+                start = await generated()
+                tasks = [asyncio.create_task(client.generate(PROMPT, sp, session_id=f"s{i}")) for i in range(n)]
+                deadline = time.monotonic() + 2 * took
+                while await generated() - start < n * max_tokens / 4 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
             done_before = sum(t.done() for t in tasks)
             await updater.update(run.broadcast_step(1), 6)  # B, mid-flight
             return took, done_before, await asyncio.gather(*tasks), await updater.served_versions()
@@ -179,7 +193,7 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
         switched_at.append(k)
         assert 1 <= k < len(g.token_ids), f"{k} of the request's {len(g.token_ids)} tokens came from weights A"
         assert abs(g.logprobs[-1] - under_a[-1]) > 1e-3  # the last token came from other weights
-    print(f"\n[figure] reload mid-flight ({took / 3:.2f} s into {n} requests that take {took:.2f} s): the weights "
+    print(f"\n[figure] reload mid-flight (a quarter of the tokens of {n} requests that take {took:.2f} s): the weights "
           f"changed after token {min(switched_at)}..{max(switched_at)} of {max_tokens}")
 
 
