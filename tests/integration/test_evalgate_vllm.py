@@ -57,6 +57,9 @@ def test_eval_run_local_server_writes_store_and_verdict(tmp_path, capsys):
     assert not _alive(pid)
 
 
+# About 65 s (a server of its own, then the gate): with the heavy tests (scripts/test.sh -m heavy), to keep CI's whole
+# run under 60 minutes; CI runs the gate against its local server above and the API key header in unit tests.
+@pytest.mark.heavy
 def test_eval_run_against_base_url_with_key_variable(tmp_path, capsys, monkeypatch):
     from toolkit.config import load_config
     from toolkit.launch.local import serve_local

@@ -36,6 +36,10 @@ def hf_greedy(model_dir, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt) :]
 
 
+# About 50 s: with the heavy tests (scripts/test.sh -m heavy), to keep CI's whole run under 60 minutes. CI runs RL
+# on the same prefill/decode deployment (test_rl_pd.py: KV injected on the decode engine, and the engines' logprobs
+# equal the trainer's, mismatch_kl < 1e-3) and the reload test on it (test_inference_pd_reload.py).
+@pytest.mark.heavy
 def test_prefill_decode_with_example_connector(tmp_path):
     model = build_tiny_model(tmp_path / "model", seed=0)
     run = RunDir(tmp_path / "run")

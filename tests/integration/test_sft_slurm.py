@@ -126,6 +126,10 @@ def _sft_job(workdir: Path, name: str, *extra: str) -> str:
     return _jobs(workdir / "outputs" / name)[-1]
 
 
+# About 60 s: with the heavy tests (scripts/test.sh -m heavy), to keep CI's whole run under 60 minutes. CI checks
+# exact SFT resume locally (test_sft_run.py: stopped and resumed, the same samples per step) and a Slurm requeue
+# resuming each step once (test_faults_requeue_slurm.py).
+@pytest.mark.heavy
 def test_scancelled_sft_job_resumed_trains_exactly_the_uninterrupted_samples(workdir, slurm_cluster):
     """A 2-node SFT job cancelled mid-run (``scancel``: no checkpoint on the way out) and resumed with
     ``srl sft ... --resume`` ends as an uninterrupted twin does: every step recorded once, the same samples per step,
