@@ -63,6 +63,10 @@ def fixtures_on_path(monkeypatch):
 
 
 # ---- Slurm timeout (own engine, inside the job) -------------------------------------------------------------
+# About 80-100 s (a job that runs into its 1-minute limit): with the heavy tests (scripts/test.sh -m heavy), to keep
+# CI's whole run under 60 minutes. CI checks the classification of Slurm's time-limit record and the run ending's
+# time-limit status in tests/unit/test_analysis_diagnose.py and tests/unit/test_run_ending.py.
+@pytest.mark.heavy
 @pytest.mark.slurm
 @pytest.mark.vllm
 def test_slurm_time_limit_is_named_from_the_job_log(slurm_cluster, tmp_path):
