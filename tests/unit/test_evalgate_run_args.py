@@ -19,8 +19,8 @@ def _eval_run(*args: object, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["-m", "{tmp}/empty"], "-m {tmp}/empty: a directory without config.json; give a HF-format model directory"),
-    (["-m", "{tmp}/nowhere/model"], "-m {tmp}/nowhere/model: not found"),
+    (["-m", "{tmp}/empty"], "-m: '{tmp}/empty' is a directory without config.json; give a HF-format model directory"),
+    (["-m", "{tmp}/nowhere/model"], "-m: '{tmp}/nowhere/model' is neither an alias nor a directory"),
     (["--max-error-rate", "2"], "--max-error-rate is a share of rollouts or groups, 0 to 1 (got 2)"),
     (["--min-mixed-share", "-0.1"], "--min-mixed-share is a share of rollouts or groups, 0 to 1 (got -0.1)"),
     (["--base-url", "notaurl"], "--base-url must be an http:// or https:// URL (got 'notaurl')"),

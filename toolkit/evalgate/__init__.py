@@ -124,12 +124,11 @@ def _check_run_args(args: argparse.Namespace) -> str | None:
         if url.scheme not in ("http", "https") or not url.netloc:
             return f"--base-url must be an http:// or https:// URL (got {args.base_url!r})"
     elif args.model is not None:
-        from toolkit.models.resolve import MODEL_ALIASES
+        from toolkit.preflight.checks import unusable_model
 
-        if args.model not in MODEL_ALIASES and not (Path(args.model).expanduser() / "config.json").is_file():
-            where = "a directory without config.json" if Path(args.model).expanduser().is_dir() else "not found"
-            return (f"-m {args.model}: {where}; give a HF-format model directory or one of the built-in aliases: "
-                    f"{', '.join(sorted(MODEL_ALIASES))}")
+        why = unusable_model(args.model)
+        if why:
+            return f"-m: {why}"
     return None
 
 

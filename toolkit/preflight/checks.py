@@ -54,19 +54,28 @@ def _output_dir(cfg: RLConfig, f: Findings) -> None:
         f.error("output_dir", f"{out}: cannot hold run directories: {why}; give another output_dir")
 
 
+def unusable_model(name: str) -> str | None:
+    """Why ``name`` (``model.name``, or ``srl eval run -m``) names no model, ending with what to give instead; None
+    for a built-in alias, a HF-format directory or an srl SFT run directory (its final ``model/``)."""
+    path = Path(name).expanduser()
+    if name in MODEL_ALIASES or (path / "config.json").is_file() or RunDir(path).run_meta.is_file():
+        return None
+    where = "a directory without config.json" if path.is_dir() else "neither an alias nor a directory"
+    return (f"'{name}' is {where}; give a HF-format model directory or one of the built-in aliases: "
+            f"{', '.join(sorted(MODEL_ALIASES))}")
+
+
 def _model_name(cfg: RLConfig, f: Findings) -> None:
     name = cfg.model.name
-    if name in MODEL_ALIASES or (Path(name).expanduser() / "config.json").is_file():
+    why = unusable_model(name)
+    if why:
+        f.error("model.name", why)
         return
     run = RunDir(Path(name).expanduser())
-    if run.run_meta.is_file():  # an srl SFT run directory: its final model/ (written when that run finishes)
-        if not (run.model_export / "config.json").is_file():
-            f.warn("model.name", f"run directory '{name}' has no final model yet ({run.model_export}); this run "
-                                 "fails at start unless that SFT run finishes first (srl sft chain waits for it)")
-        return
-    where = "a directory without config.json" if Path(name).expanduser().is_dir() else "neither an alias nor a directory"
-    f.error("model.name", f"'{name}' is {where}; give a HF-format model directory or one of the built-in "
-                          f"aliases: {', '.join(sorted(MODEL_ALIASES))}")
+    # An srl SFT run directory: its final model/ is written when that run finishes.
+    if run.run_meta.is_file() and not (run.model_export / "config.json").is_file():
+        f.warn("model.name", f"run directory '{name}' has no final model yet ({run.model_export}); this run "
+                             "fails at start unless that SFT run finishes first (srl sft chain waits for it)")
 
 
 def _taskset_ids(cfg: RLConfig, f: Findings) -> None:
