@@ -8,9 +8,9 @@ from pathlib import Path
 
 from golden.layouts import LAYOUTS, make_cfg, merge
 
-from toolkit.launch.rendezvous import StepLogs, is_torchrun_step, node_logs, rendezvous_failure
+from toolkit.launch.rendezvous import StepLogs, node_logs, rendezvous_failure
 from toolkit.placement import build_plan
-from toolkit.placement.runtime import torchrun_starting_line
+from toolkit.placement.runtime import is_multinode_torchrun, torchrun_starting_line
 from toolkit.preflight.site import load_site
 from toolkit.run.layout import RunDir
 
@@ -27,7 +27,7 @@ def _trainer(tmp_path: Path, train_nodes: int = 3):
     plan.hosts = [f"gpu-{i:02d}" for i in range(plan.num_nodes)]
     plan.addresses = [f"10.0.0.{i}" for i in range(plan.num_nodes)]
     spec = plan.process("trainer")
-    assert is_torchrun_step(spec) and spec.node_indices == (1, 2, 3)
+    assert is_multinode_torchrun(spec) and spec.node_indices == (1, 2, 3)
     return plan, spec
 
 

@@ -28,12 +28,6 @@ RDZV_CONNECTION = "RendezvousConnectionError"
 TIMEOUT_FIELD = "deployment.trainer_rendezvous_timeout_s"
 
 
-def is_torchrun_step(spec: Any) -> bool:
-    """Whether plan process ``spec`` is a torchrun step over several nodes (the only kind with a rendezvous that can
-    miss a node)."""
-    return bool(spec.command) and spec.command[0] == "torchrun" and spec.num_nodes > 1
-
-
 def node_logs(logs: Path, spec: Any) -> list[Path]:
     """The per-node log files of multi-node process ``spec`` under the attempt's log directory ``logs``, in srun's
     task order (node ``spec.node_index + k`` writes the k-th)."""

@@ -48,6 +48,7 @@ from typing import IO, Any
 
 from .. import lease as leases
 from ..fsutil import write_marker
+from ..placement.runtime import is_multinode_torchrun
 from ..procutil import GroupReaper, kill_with_parent_preexec
 from ..run.layout import RunDir
 from . import rendezvous
@@ -502,7 +503,7 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
     # Where this start of each multi-node torchrun step begins in its node logs: a failed rendezvous is explained
     # from what this start wrote (the logs are appended across requeues).
     rdzv_logs = {spec.name: rendezvous.StepLogs.mark(rendezvous.node_logs(logs, spec))
-                 for spec in plan.processes if rendezvous.is_torchrun_step(spec)}  # fmt: skip
+                 for spec in plan.processes if is_multinode_torchrun(spec)}  # fmt: skip
     try:
         for spec in plan.processes:
             log = step_log(plan, spec, logs)

@@ -22,6 +22,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..run.layout import COMPLETE_MARKER, RunDir, numbered_steps
 from .cpus import cpu_thread_env
@@ -33,6 +34,12 @@ _LOOPBACK = ("localhost", "127.0.0.1", "0.0.0.0", "::1", "")
 # The line each node of a multi-node torchrun step writes to its own log just before it becomes torchrun: a node's
 # log without it never started its torchrun (toolkit.launch.rendezvous names such nodes when the rendezvous fails).
 TORCHRUN_STARTING = "starting torchrun"
+
+
+def is_multinode_torchrun(spec: Any) -> bool:
+    """Whether plan process ``spec`` is a torchrun step over several nodes (the only kind with a rendezvous that can
+    miss a node, and whose nodes write the marker line)."""
+    return bool(spec.command) and spec.command[0] == "torchrun" and spec.num_nodes > 1
 
 
 def torchrun_starting_line(position: int, nodes: int, host: str) -> str:
@@ -205,7 +212,7 @@ def exec_process(run: RunDir, name: str, env: dict[str, str]) -> None:
     out["SRL_NODE_INDEX"] = str(node)
     # CPU-only plans: engines bind their own cores, trainer ranks get the rest (nodes sharing an address share cores).
     out.update(cpu_thread_env(plan, name, node, len(os.sched_getaffinity(0))))
-    if argv[0] == "torchrun" and spec.num_nodes > 1 and node in spec.node_indices:
+    if is_multinode_torchrun(spec) and node in spec.node_indices:
         host = plan.hosts[node] if node < len(plan.hosts) else me or "?"
         print(torchrun_starting_line(spec.node_indices.index(node), spec.num_nodes, host), file=sys.stderr)
     sys.stdout.flush()
