@@ -134,7 +134,7 @@ class ScriptContext:
     steps: list[str] = field(default_factory=list)
     """One comment line per plan process: nodes, GPU positions, ports (only generated names and integers)."""
     step_options: list[str] = field(default_factory=list)
-    """Quoted options of the supervisor line: scratch and secret names."""
+    """Quoted options of the supervisor line: the secret variables' names."""
 
 
 def _path_prepend(python: str) -> str | None:
@@ -160,14 +160,14 @@ def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, a
     return ScriptContext(
         kind=kind, directives=groups, run_root=str(run.root), launcher=str(run.launcher), attempt=attempt,
         python=python, path_prepend=_path_prepend(python), modules=list(site.environment.modules),
-        setup=list(site.environment.setup), steps=steps, step_options=_step_options(site, secrets),
+        setup=list(site.environment.setup), steps=steps, step_options=_step_options(secrets),
     )
 
 
-def _step_options(site: SiteConfig, secrets: set[str]) -> list[str]:
-    """The supervisor line's options every job script carries: node-local scratch (``$VAR`` expanded by the job)
-    and the secret variables it needs, by name only (sbatch propagates their values)."""
-    return [f"--scratch {_quote(site.filesystem.node_local_scratch)}", *(f"--secret {_quote(n)}" for n in sorted(secrets))]
+def _step_options(secrets: set[str]) -> list[str]:
+    """The supervisor line's options: the secret variables the job needs, by name only (sbatch propagates their
+    values)."""
+    return [f"--secret {_quote(n)}" for n in sorted(secrets)]
 
 
 def render_text(template: str | Path, ctx: ScriptContext, plan: Plan | None) -> str:

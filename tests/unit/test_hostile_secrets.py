@@ -111,7 +111,7 @@ def test_admin_token_is_made_at_job_start_and_never_written_by_srl(tmp_path, can
     from toolkit.run.layout import RunDir
 
     def token(kind: str, run: RunDir) -> str:
-        return job_environment(run, kind=kind, scratch="/tmp", secrets=[], env={"SLURM_JOB_ID": "5"})["SRL_ADMIN_TOKEN"]
+        return job_environment(run, kind=kind, secrets=[], env={"SLURM_JOB_ID": "5"})["SRL_ADMIN_TOKEN"]
 
     rl_run, srv_run = RunDir(tmp_path / "jobrl"), RunDir(tmp_path / "jobsrv")
     t1, t2 = token("rl", rl_run), token("rl", rl_run)

@@ -4,14 +4,14 @@ it, stop everything when a process ends, and hold the run's lease.
 
 Inside a Slurm batch job the rendered script only sets up the environment and runs::
 
-    exec "$SRL_PYTHON" -m toolkit.launch.supervisor --run-dir RUN --attempt N [--kind rl|inference] \
-        [--scratch DIR] [--secret VAR]...
+    exec "$SRL_PYTHON" -m toolkit.launch.supervisor --run-dir RUN --attempt N [--kind rl|inference] [--secret VAR]...
 
 ``--run-dir``: the run directory (``placement.json``, the resolved config ``configs/attempt_<N>/resolved/rl.toml``,
 ``launcher/site.toml``); ``--attempt``: the config attempt whose config the job runs (default: the newest);
 ``--kind``: ``rl`` (default) or ``inference`` (an inference-only deployment: its admin token is kept in
-``launcher/admin_token`` for the runs that use it); ``--scratch DIR`` (node-local scratch for JIT caches, ``$VAR``
-expanded) and ``--secret VAR`` (repeated: variables the job needs, warned about when unset). The job then, in order: takes the run's lease (another live
+``launcher/admin_token`` for the runs that use it); ``--secret VAR`` (repeated: variables the job needs, warned
+about when unset). JIT caches on node-local scratch come with each process's environment in the plan
+(:func:`toolkit.placement.environment.srl_defaults`). The job then, in order: takes the run's lease (another live
 supervisor of the run ends the job with status 1, nothing launched; a requeued job takes over its own), resolves
 this allocation's hosts into the plan (:func:`toolkit.placement.runtime.resolve`), runs the pre-run command file
 once per node, waits for an external inference deployment, starts each process as an ``srun`` job step (its child),
@@ -355,23 +355,17 @@ def _job_log(msg: str, *, error: bool = False) -> None:  # error: accepted like 
     print(f"{stamp} srl[{os.environ.get('SLURM_JOB_ID', '?')}]: {msg}", file=sys.stderr, flush=True)
 
 
-def job_environment(run: RunDir, *, kind: str, scratch: str, secrets: list[str], env: dict[str, str]) -> dict[str, str]:
+def job_environment(run: RunDir, *, kind: str, secrets: list[str], env: dict[str, str]) -> dict[str, str]:
     """What the batch job adds to its steps' environment, given the job's own ``env``: the engines' admin token
     (fresh per attempt; an inference-only deployment keeps it in ``launcher/admin_token``, 0600, for the runs that
-    use it) and JIT/compile caches on node-local ``scratch`` (``<scratch>/srl-<job id>/<cache>``, ``$VAR`` expanded;
-    a cache set in the config's env_vars still wins for its process). Checkpoints, weights, rollouts and logs stay
-    on the shared filesystem. Warns about each of ``secrets`` (variable names) missing from ``env``; secret values
-    reach the steps by inheritance only and are never written."""
+    use it). Warns about each of ``secrets`` (variable names) missing from ``env``; secret values reach the steps by
+    inheritance only and are never written."""
     from ..inference.admin_token import ADMIN_TOKEN_ENV, for_local_deployment
-    from ..placement.environment import CACHE_VARS
 
-    out = {ADMIN_TOKEN_ENV: for_local_deployment(run, publish=kind == "inference")}
-    base = f"{os.path.expandvars(scratch.rstrip('/'))}/srl-{env.get('SLURM_JOB_ID', '')}"
-    out.update({var: f"{base}/{sub}" for var, sub in CACHE_VARS.items()})
     for name in sorted(set(secrets)):
         if not env.get(name):
             _job_log(f"warning: {name} is not set in the job's environment")
-    return out
+    return {ADMIN_TOKEN_ENV: for_local_deployment(run, publish=kind == "inference")}
 
 
 def step_log(plan: Any, spec: Any, logs: Path) -> Path:
@@ -426,10 +420,10 @@ def _wait(check: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
-def run_job(run: RunDir, *, attempt: int | None, kind: str, scratch: str = "/tmp", secrets: list[str] | None = None,
+def run_job(run: RunDir, *, attempt: int | None, kind: str, secrets: list[str] | None = None,
             env: dict[str, str] | None = None) -> int:
-    """Supervise this Slurm batch job's run (see the module docstring; ``scratch`` and ``secrets``: see
-    :func:`job_environment`); returns the job's exit status."""
+    """Supervise this Slurm batch job's run (see the module docstring; ``secrets``: see :func:`job_environment`);
+    returns the job's exit status."""
     from ..config import load_resolved
     from ..placement.runtime import ResolveError, resolve, shell_env
     from ..preflight.site import load_site
@@ -463,7 +457,7 @@ def run_job(run: RunDir, *, attempt: int | None, kind: str, scratch: str = "/tmp
         cfg = load_resolved(run.resolved("rl", attempt))
         site_file = run.launcher / "site.toml"
         site = load_site(site_file if site_file.exists() else plan.site)
-        extra = job_environment(run, kind=kind, scratch=scratch, secrets=secrets or [], env=env)
+        extra = job_environment(run, kind=kind, secrets=secrets or [], env=env)
         step_env = {**env, **extra, leases.LEASE_ENV: lease.token}
         return _supervise_job(cfg, site, run, plan, lease, step_env, attempt=attempt)
     finally:
@@ -603,10 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--attempt", type=int, default=None)
     ap.add_argument("--kind", choices=("rl", "inference"), default="rl")
-    ap.add_argument("--scratch", default="/tmp")
     ap.add_argument("--secret", action="append", default=[])
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    return run_job(RunDir(a.run_dir), attempt=a.attempt, kind=a.kind, scratch=a.scratch, secrets=a.secret)
+    return run_job(RunDir(a.run_dir), attempt=a.attempt, kind=a.kind, secrets=a.secret)
 
 
 if __name__ == "__main__":
