@@ -129,19 +129,24 @@ max_parallel = 1
 
         # ---- p001 takes the free slot (max_parallel 1): a plain scancel of its running task leaves nothing of its
         # run behind
-        _wait("p001 at step 2", lambda: max(_steps(p1, "trainer"), default=0) >= 2, root)
+        # Polled fast and cancelled at once: the point's later steps take a second or two each, and a cancel that
+        # came after its last checkpoint would leave nothing for --resume to do.
+        _wait("p001 at step 2", lambda: max(_steps(p1, "trainer"), default=0) >= 2, root, poll_s=0.1)
         st = slurm.job_state(_task(p1))
         assert st.state == "RUNNING" and len(st.node_list) == 3, st
         assert slurm.job_state(_task(p0)).state == "PENDING"  # never two points at once
         assert _naming(p1), "no process of p001's run found while it trains"
         t2 = time.monotonic()
         slurm.cancel(_task(p1))
+        cancel_step = max(_steps(p1, "trainer"), default=0)
         slurm.wait(_task(p1), timeout_s=120, poll_s=0.5)
         while _naming(p1) and time.monotonic() - t2 < KILL_WAIT_S + 30:
             time.sleep(0.2)
         left = _naming(p1)
         assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left if Path(f"/proc/{p}").exists()]
         figures["scancel -> no process of p001"] = time.monotonic() - t2
+        cut = latest_complete(p1)
+        assert cut is None or cut < MAX_STEPS, f"p001 finished (checkpoint {cut}) before the cancel at step {cancel_step}"
 
         # ---- p000 comes back as the same point and finishes from its checkpoint
         t1 = time.monotonic()
@@ -157,7 +162,7 @@ max_parallel = 1
         r = _srl(*argv, "--resume")
         assert r.returncode == 0, r.stdout + r.stderr
         assert "p000: finished" in r.stdout, r.stdout
-        assert _task(p1) != f"{array}_1"
+        assert "p001: finished" not in r.stdout and _task(p1) != f"{array}_1", r.stdout + r.stderr
         t3 = time.monotonic()
         _wait("p001 finished after --resume", lambda: slurm.job_state(_task(p1)).state == "COMPLETED", root)
         figures["p001 resume -> done"] = time.monotonic() - t3
@@ -177,4 +182,5 @@ max_parallel = 1
     assert rows["p000"][2] == rows["p001"][2] == str(MAX_STEPS), r.stdout
     log = "".join(p.read_text() for p in p0.logs.glob("*.out"))
     assert "restart 0" in log and "restart 1" in log, log[-3000:]
-    print("\n" + "; ".join(f"{k}: {v:.0f} s" for k, v in figures.items()) + f"; total {time.monotonic() - t0:.0f} s")
+    print("\n" + "; ".join(f"{k}: {v:.0f} s" for k, v in figures.items())
+          + f"; p001 cancelled at trainer step {cancel_step}; total {time.monotonic() - t0:.0f} s")
