@@ -189,6 +189,13 @@ def test_numbers_the_programs_cannot_use_are_refused(patch, field):
         ({"data_parallel_size_local": 4}, ["inference.vllm.data_parallel_size_local", "plan"]),
         ({"data-parallel-rpc-port": 4000}, ["inference.vllm.data-parallel-rpc-port", "plan"]),
         ({"logprobs_mode": "raw_logprobs"}, ["inference.vllm.logprobs_mode", "processed_logprobs"]),
+        ({"max-loras": "abc"}, ["inference.vllm.max-loras", "whole number >= 1"]),
+        ({"max_num_seqs": 0}, ["inference.vllm.max_num_seqs", "whole number >= 1"]),
+        ({"tensor_parallel_size": 1.5}, ["inference.vllm.tensor_parallel_size", "whole number"]),
+        ({"tensor_parallel_size": "abc"}, ["inference.vllm.tensor_parallel_size", "whole number >= 1"]),
+        ({"seed": True}, ["inference.vllm.seed", "whole number >= 0"]),
+        ({"gpu_memory_utilization": 1.5}, ["inference.vllm.gpu_memory_utilization", "(0, 1]"]),
+        ({"gpu-memory-utilization": "most"}, ["inference.vllm.gpu-memory-utilization", "(0, 1]"]),
     ],
 )
 def test_vllm_table_values_that_break_the_engine_or_the_plan(vllm, words):

@@ -19,6 +19,12 @@ _PLAN_DP_ARGS = ("data_parallel_size_local", "data_parallel_address", "data_para
 # and truncation), which the importance ratio and the IPO mask need (commands.ENGINE_DEFAULTS).
 _LOGPROBS_MODE = "processed_logprobs"
 _OPTION_NAME = re.compile(r"-{0,2}[A-Za-z][A-Za-z0-9_-]*")
+# Common vLLM options that take a whole number (>= 1, seed >= 0): a value of another kind makes the engine exit at
+# start-up with an argparse error, inside the job, after the queue wait. max_model_len is not here: it also takes
+# words ("auto") and suffixes ("32k").
+_WHOLE_NUMBER_OPTIONS = ("max_loras", "max_lora_rank", "max_cpu_loras", "max_num_seqs", "max_num_batched_tokens",
+                         "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "block_size",
+                         "max_logprobs", "seed")  # fmt: skip
 
 
 def check_vllm_table(cfg: RLConfig, f: Findings) -> None:
@@ -40,9 +46,27 @@ def check_vllm_table(cfg: RLConfig, f: Findings) -> None:
         if norm in _PLAN_DP_ARGS:
             f.error(where, "is set by the placement plan for data-parallel (multi-node) engines; remove it and "
                     "size engines with [inference.deployment] and deployment.gpus_per_node")  # fmt: skip
+        if norm in _WHOLE_NUMBER_OPTIONS and not _is_whole(value, 0 if norm == "seed" else 1):
+            f.error(where, f"{value!r} is not a whole number >= {0 if norm == 'seed' else 1}")
+        if norm == "gpu_memory_utilization" and not (_is_number(value) and 0 < float(value) <= 1):
+            f.error(where, f"{value!r} is not a fraction of the GPU's memory in (0, 1]")
         if norm == "logprobs_mode" and value != _LOGPROBS_MODE:
             f.error(where, f"{value!r}: srl's importance ratios need the logprobs of the distribution tokens were "
                     f"sampled from; allowed: ['{_LOGPROBS_MODE}'] (or remove the key)")  # fmt: skip
+
+
+def _is_whole(value: object, low: int) -> bool:
+    """An int (not a bool) or a string of digits (a CLI override's text), at least ``low``."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_number(value: object) -> bool:
+    try:
+        return not isinstance(value, bool) and float(value) == float(value)  # type: ignore[arg-type]  # NaN: False
+    except (TypeError, ValueError):
+        return False
 
 
 _ADDRESS = re.compile(r"[A-Za-z0-9_.-]+:(\d{1,5})|\[[0-9A-Fa-f:.]+\]:(\d{1,5})")

@@ -23,3 +23,12 @@ def vllm_max_model_len(vllm: dict) -> int | None:
     """``max_model_len`` of the pass-through table as a positive int, or None (unset, auto, or not a number)."""
     v = vllm_arg(vllm, "max_model_len")
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def vllm_tp(vllm: dict[str, Any]) -> int:
+    """``tensor_parallel_size`` of the pass-through table: 1 when unset, or when it is not a whole number >= 1
+    (the config check refuses that value, naming the key; the deployment rules run on the default meanwhile)."""
+    v = vllm_arg(vllm, "tensor_parallel_size", 1)
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1

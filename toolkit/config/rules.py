@@ -20,7 +20,7 @@ from .arg_rules import check_row_fits_rollout as _row_fits_rollout
 from .arg_rules import check_vllm_table as _vllm_table
 from .errors import Findings
 from .model import RLConfig
-from .passthrough import option_key, vllm_arg
+from .passthrough import option_key, vllm_tp
 from .slurm_time import parse_slurm_time
 
 # Group-relative algorithms: their advantage is zero for a group of one.
@@ -209,7 +209,7 @@ def _sampling(cfg: RLConfig, f: Findings) -> None:
 
 def _deployment(cfg: RLConfig, f: Findings) -> None:
     dep = cfg.deployment
-    tp = int(vllm_arg(cfg.inference.vllm, "tensor_parallel_size", 1) or 1)
+    tp = vllm_tp(cfg.inference.vllm)
     if dep.type == "single_node":
         used = dep.num_train_gpus + dep.num_infer_gpus
         if used > dep.gpus_per_node:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.model import implied_infer_nodes
-from ..config.passthrough import vllm_arg
+from ..config.passthrough import vllm_tp
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def derive_topology(cfg: Any) -> Topology:
     """Derive the node layout from an ``RLConfig``. Raises TopologyError with both numbers when counts disagree."""
     dep = cfg.deployment
     infer = cfg.inference.deployment
-    tp = int(vllm_arg(cfg.inference.vllm, "tensor_parallel_size", 1) or 1)
+    tp = vllm_tp(cfg.inference.vllm)
     gpn = dep.gpus_per_node
 
     if dep.type == "single_node":
