@@ -216,6 +216,31 @@ def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None
     return loaded
 
 
+# Failing points whose problems are listed in full; a sweep with a bad axis value can fail on every point.
+_POINTS_SHOWN = 5
+
+
+def point_configs(sweep: Sweep, output_dir: Path | None = None) -> list[LoadedConfig]:
+    """:func:`point_config` of every point, in order. Raises one ConfigError with the problems of every failing
+    point (of the first five, and how many more fail), so one edit fixes them all."""
+    out, issues, failing = [], [], []
+    for point in sweep.points:
+        try:
+            out.append(point_config(sweep, point, output_dir))
+        except ConfigError as e:
+            failing.append(point.point_id)
+            if len(failing) <= _POINTS_SHOWN:
+                issues += e.issues
+    if failing:
+        if len(failing) > _POINTS_SHOWN:
+            issues.append(ConfigIssue("", f"{len(failing) - _POINTS_SHOWN} more of the {len(sweep.points)} points "
+                                      f"fail ({', '.join(failing[_POINTS_SHOWN:_POINTS_SHOWN + 10])}"
+                                      f"{', ...' if len(failing) > _POINTS_SHOWN + 10 else ''})",
+                                      f"sweep {sweep.name}"))  # fmt: skip
+        raise ConfigError(issues)
+    return out
+
+
 def check_overrides(sweep: Sweep) -> None:
     """Refuse command-line overrides of what the sweep varies itself (an axis, or ``seed`` of ``sweep.seeds``)
     and overlay files that set an axis: the point's own value would silently win over them. An overlay's ``seed``
@@ -295,7 +320,7 @@ def main(argv: list[str]) -> int:
     sweep.overlays = [f.resolve() for f in files[1:]]
     sweep.overrides = list(overrides)
     check_overrides(sweep)
-    configs = [point_config(sweep, p) for p in sweep.points]  # validate all before writing or submitting
+    configs = point_configs(sweep)  # every point validated before anything is written or submitted
     # Absolute: the array tasks read the manifest and write the points' run directories from wherever Slurm
     # starts them, not from the directory the sweep was submitted from.
     root = Path(configs[0].config.output_dir).expanduser().resolve()

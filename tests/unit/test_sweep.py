@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from toolkit.config import ConfigError
-from toolkit.sweep import load_sweep, point_config, write_manifest
+from toolkit.sweep import load_sweep, point_config, point_configs, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,9 +55,26 @@ base = ["{ROOT}/jobs/reverse-text/rl.toml"]
 """)
     sweep = load_sweep(f)
     with pytest.raises(ConfigError) as e:
-        [point_config(sweep, p, tmp_path) for p in sweep.points]
+        point_configs(sweep, tmp_path)
     assert "p001" in str(e.value) and "batch_size" in str(e.value)
     assert not (tmp_path / "bad").exists()
+
+
+def test_every_failing_point_is_named_at_once(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text(f"""
+[sweep]
+name = "bad"
+base = ["{ROOT}/jobs/reverse-text/rl.toml"]
+[sweep.grid]
+"orchestrator.batch_size" = [64, 100, 63, 65, 66, 67, 68, 69]
+""")
+    with pytest.raises(ConfigError) as e:
+        point_configs(load_sweep(f), tmp_path)
+    text = str(e.value)
+    assert [pid for pid in ("p001", "p002", "p003", "p004", "p005") if f"[{pid} " in text] == \
+        ["p001", "p002", "p003", "p004", "p005"], text  # the first five failing points in full
+    assert "[p000 " not in text and "2 more of the 8 points fail (p006, p007)" in text, text
 
 
 @pytest.mark.parametrize("body", ['[sweep]\nname="x"\n', '[sweep]\nname="x"\nbase=["a.toml"]\nseeds="0"\n',
