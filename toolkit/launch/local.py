@@ -3,14 +3,16 @@
 
 The same commands and environments the Slurm templates run (from the plan) are started as child processes, each in
 its own process group, with output teed to ``<run>/logs/attempt_<n>/<log_name>``. One progress line shows step,
-reward and throughput from ``metrics.jsonl``. When any component exits, everything stops: exit status 0 only when
-the trainer and orchestrator finished cleanly; otherwise non-zero, naming the component. The exception is an
-inference engine that dies after start-up: it is restarted with the same command, environment and port up to
-``inference.max_restarts`` times within ``inference.restart_window_s`` (``supervisor.py`` says why only engines),
-and must answer /health within ``inference.startup_timeout_s``; the orchestrator holds generation meanwhile and
-loads the newest STABLE weights into it before it serves rollouts (``toolkit.orchestrator.engines``: the
-orchestrator owns weight updates, so a launcher-side load would race with them). Ctrl-C (or SIGTERM) writes
-the run's stop request so the trainer checkpoints, waits a bounded grace period, then stops the rest.
+reward and throughput from ``metrics.jsonl``. The run ends as a batch job's does (``Supervisor.watch`` and
+``Supervisor.end``): the first process that exits ends it (an orchestrator that finished leaves the trainer its last
+batches), the trainer and orchestrator get ``slurm.checkpoint_grace_s`` to checkpoint and exit after the stop
+request, then the rest is stopped; the exit status says how it ended (``toolkit.run.ending``). An inference engine
+that dies after start-up is restarted instead, up to ``inference.max_restarts`` times within
+``inference.restart_window_s`` (``supervisor.py`` says why only engines), and must answer /health within
+``inference.startup_timeout_s``; the orchestrator holds generation meanwhile and loads the newest STABLE weights
+into it before it serves rollouts (``toolkit.orchestrator.engines``: the orchestrator owns weight updates, so a
+launcher-side load would race with them). Ctrl-C (or SIGTERM) writes the run's stop request so the trainer
+checkpoints, waits the same bounded grace period, then stops the rest.
 No orphans, whatever ends the launcher: every child is killed by process group on every exit path the launcher
 lives through; when it dies without cleaning up (SIGKILL, the OOM killer), the kernel kills each direct child
 (parent-death signal) and a reaper process (``procutil.GroupReaper``) kills the children's process groups (engine
@@ -22,14 +24,12 @@ local server.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,37 +38,26 @@ from ..config.errors import ConfigError
 from ..config.model import RLConfig
 from ..inference.admin_token import ADMIN_TOKEN_ENV, for_local_deployment, restore_admin_token
 from ..inference.health import clear_ready
-from ..run import ending
+from ..run import ending, metrics
 from ..run.launcher import write_local_record
 from ..run.layout import RunDir, point_symlink
 from .progress import continue_command
-from .supervisor import FINITE_ROLES, POLL_S, ComponentFailed, LeaseLost, Supervisor
+from .supervisor import FINITE_ROLES, Child, ComponentFailed, LeaseLost, Supervisor
 
 
-@dataclass
 class _Progress:
-    """Tails metrics.jsonl and renders one status line."""
+    """Follows metrics.jsonl and renders one status line per trainer step."""
 
-    path: Path
-    offset: int = 0
-    last: dict[str, Any] = field(default_factory=dict)
-    shown: int = -1
+    def __init__(self, path: Path) -> None:
+        self.follower = metrics.Follower(path)
+        self.last: dict[str, dict[str, Any]] = {}
+        self.shown = -1
 
     def poll(self) -> str | None:
-        if not self.path.exists():
-            return None
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        recs = self.follower.new()
+        for rec in recs:
             self.last.setdefault(rec.get("role", "?"), {}).update(rec)
-        if not complete:
+        if not recs:
             return None
         step = self.last.get("trainer", {}).get("step", 0)
         if step == self.shown:
@@ -90,6 +79,13 @@ class _Progress:
         if "mismatch_kl/mean" in t:
             parts.append(f"mismatch_kl {t['mismatch_kl/mean']:.1e}")
         return " | ".join(parts)
+
+    def show(self) -> None:
+        """Print the new status line, if any: rewritten in place on a terminal, one line per step into a file."""
+        line = self.poll()
+        if line:
+            print(f"\r\x1b[2K{line}" if sys.stdout.isatty() else line, end="" if sys.stdout.isatty() else "\n",
+                  flush=True)  # fmt: skip
 
 
 def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
@@ -128,47 +124,64 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         print(f"\nsrl: {signal.Signals(signum).name}: asking the trainer to checkpoint and stop ...", flush=True)
 
     old = sup.handle_signals((signal.SIGINT, signal.SIGTERM), _on_signal)
-    status = 1
-    failure: str | None = None  # what failed when no process did (inference never became healthy)
+    first: Child | None = None
+    failure = "the launcher stopped before the run started"  # why, when no process ended it
     write_local_record(run, attempt=attempt)  # read by `srl status`
     # An inference-only deployment publishes its admin token for the RL runs that use it as inference.external.
     saved_token = _export_admin_token(run, plan, publish="orchestrator" not in plan.roles)
     try:
         _start_all(sup, plan, model_path, logs, {leases.LEASE_ENV: lease.token})
         if sup.wait_ready(cfg.model.name, interrupt=lambda: sup.stop_at is not None):
-            status = _supervise(cfg, run, sup)
+            first = sup.watch(on_poll=_Progress(run.metrics).show)
         else:
-            # Nothing was generated or trained yet, so there is nothing to checkpoint: stop at once instead of
-            # waiting (up to the checkpoint grace period) for roles that are still importing torch.
             print("\nsrl: stopped before inference was ready; nothing to checkpoint", flush=True)
-            status = 130
     except ComponentFailed as e:
-        print(f"srl: {e}; stopping the run", file=sys.stderr, flush=True)
-        status = e.child.returncode or 1
+        first = e.child
     except TimeoutError as e:
         print(f"srl: {e}", file=sys.stderr, flush=True)
-        status, failure = 1, str(e)
+        failure = str(e)
     except LeaseLost as e:
         print(f"\nsrl: {e}; stopping every process of this attempt now", file=sys.stderr, flush=True)
-        status = 3
     finally:
-        lost = sup.lost is not None
-        # Decided before the teardown, whose kills would read as failures.
-        try:
-            end = _settle(run, sup, status, failure)
-        except OSError as e:  # a full disk must not keep the teardown from running
-            end = ending.Ending(ending.FAILED, f"could not record how the run ended: {e}")
-        # The run belongs to someone else once the lease is lost: no grace period, no more writes into it.
-        sup.stop_all(term_wait_s=0.0 if lost else 15.0)
+        end = _end(sup, first, failure)
         restore_admin_token(saved_token)
         sup.restore_signals(old)
-        status = end.exit_status
-        if not lost:
-            write_local_record(run, attempt=attempt, status=status)
+        if sup.lost is None:
+            write_local_record(run, attempt=attempt, status=end.exit_status)
         _remove_job_scratch(plan)
         lease.release()
         print(f"\n{end.line()}", flush=True)
-    return status
+    return end.exit_status
+
+
+def _end(sup: Supervisor, first: Child | None, failure: str) -> Any:
+    """Stop every process and return how the run ended (:mod:`toolkit.run.ending`): a lost lease (no grace, nothing
+    more written: the run is someone else's), a user's stop (the trainer gets ``slurm.checkpoint_grace_s`` to
+    checkpoint), else :meth:`Supervisor.end` after ``first`` (None: ``failure``)."""
+    grace = sup.cfg.slurm.checkpoint_grace_s
+    try:
+        if sup.lost is not None:
+            sup.stop_all(term_wait_s=0.0)
+            return ending.settle(sup.run, lease_lost=True)
+        if sup.stop_at is not None:
+            sup.stop_after(grace)  # decided after: the trainer's last checkpointed step is the run's
+            end = ending.settle(sup.run, user_stop=True)
+            print(f"\nsrl: stopped on request; continue with:\n  {continue_command(sys.argv, sup.run.root.name)}",
+                  flush=True)  # fmt: skip
+            return end
+        if first is not None and first.returncode != 0:
+            _say(f"{first.name} exited with status {first.returncode}; stopping the run (log: {first.log_path})",
+                 error=True)  # fmt: skip
+            if first.role in FINITE_ROLES:
+                # Resume loads the newest COMPLETE checkpoint; steps after it are trained again, recorded once.
+                _say(f"continue from the newest complete checkpoint with:\n  "
+                     f"{continue_command(sys.argv, sup.run.root.name)}", error=True)  # fmt: skip
+        elif first is not None and first.role in FINITE_ROLES:
+            _say(f"report with: srl report {sup.run.root}")
+        return sup.end(first, reason=None if first else failure, grace_s=grace)
+    except OSError as e:  # a full disk must not keep the teardown from running
+        sup.stop_all()
+        return ending.Ending(ending.FAILED, f"could not record how the run ended: {e}")
 
 
 def _say(text: str, *, error: bool = False) -> None:
@@ -288,79 +301,3 @@ def _start(sup: Supervisor, spec: Any, plan: Any, model_path: str, logs: Path, e
         argv = [str(Path(sys.executable).with_name("vllm-router")), *argv[1:]]
     health = fill(spec.healthcheck_url, plan, spec.node_index) if spec.healthcheck_url else None
     sup.start(spec.name, spec.role, argv, env, logs / spec.log_name, health_url=health)
-
-
-def _supervise(cfg: RLConfig, run: RunDir, sup: Supervisor) -> int:
-    """Watch the started run until it ends; returns the launcher's status before the ending is settled (0: the
-    trainer and orchestrator finished, 130: stopped on request, else the failing process's status)."""
-    progress = _Progress(run.metrics)
-    tty = sys.stdout.isatty()
-    grace = cfg.slurm.checkpoint_grace_s
-    children = sup.children
-    while True:
-        sup.check_lease()
-        line = progress.poll()
-        if line:
-            # One rewritten status line on a terminal; plain lines when output goes to a file or pipe.
-            if tty:
-                print(f"\r\x1b[2K{line}", end="", flush=True)
-            else:
-                print(line, flush=True)
-        for c in children:
-            c.poll()
-        stopping = sup.stop_at is not None
-        if not stopping:
-            ended = sup.watch_restarts()
-            if ended is not None:
-                return ended.returncode or 1
-        finite = [c for c in children if c.role in FINITE_ROLES]
-        failed = [c for c in children if c.returncode not in (None, 0)]
-        if failed and not stopping:
-            c = failed[0]
-            print(f"\nsrl: {c.name} exited with status {c.returncode}; stopping the run "
-                  f"(log: {c.log_path})", file=sys.stderr, flush=True)
-            if c.role in FINITE_ROLES:
-                # Resume loads the newest COMPLETE checkpoint; steps after it are trained again, recorded once.
-                print(f"srl: continue from the newest complete checkpoint with:\n  "
-                      f"{continue_command(sys.argv, run.root.name)}", file=sys.stderr, flush=True)
-            return c.returncode or 1
-        if finite and all(c.returncode == 0 for c in finite):
-            if stopping:
-                print(f"\nsrl: stopped on request; continue with:\n  {continue_command(sys.argv, run.root.name)}",
-                      flush=True)
-                return 130
-            else:
-                # How it ended (max_steps or a stop criterion) is the last line run_local prints.
-                print(f"\nsrl: report with: srl report {run.root}", flush=True)
-            return 0
-        done_other = [c for c in children if c.role not in FINITE_ROLES and c.returncode is not None]
-        if done_other and not stopping:
-            c = done_other[0]
-            print(f"\nsrl: {c.name} exited unexpectedly (status {c.returncode}); stopping", file=sys.stderr)
-            return 1
-        if stopping:
-            if failed or all(c.returncode is not None for c in finite):
-                return 130 if any(c.returncode for c in finite) else 0
-            if time.monotonic() - sup.stop_at > grace:
-                print("\nsrl: checkpoint grace period over; stopping", file=sys.stderr)
-                return 130
-        time.sleep(POLL_S)
-
-
-def _settle(run: RunDir, sup: Supervisor, status: int, failure: str | None) -> Any:
-    """Decide and record how the run ended (``toolkit.run.ending.settle``) from the supervision's outcome:
-    ``status`` as supervision returned it, the children's exit statuses, a user's stop, a lost lease."""
-    children = sup.children
-    if sup.lost is not None:
-        return ending.settle(run, lease_lost=True)
-    if sup.stop_at is not None:
-        return ending.settle(run, user_stop=True)
-    if status == 0:
-        return ending.settle(run)
-    bad = [c for c in children if c.returncode not in (None, 0)]
-    # A server (engine, router) has no clean exit while the run needs it.
-    bad += [c for c in children if c.role not in FINITE_ROLES and c.returncode == 0]
-    if bad:
-        c = bad[0]
-        return ending.settle(run, failed=c.name, failed_reason=f"exit status {c.returncode} (log: {c.log_path})")
-    return ending.settle(run, failed="inference", failed_reason=failure or f"supervision ended with status {status}")

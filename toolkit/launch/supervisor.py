@@ -152,6 +152,7 @@ class Supervisor:
         self.lost: str | None = None  # why the lease was lost (set from the lease's heartbeat thread)
         self.signalled: int | None = None  # the first signal received
         self.stop_at: float | None = None  # monotonic time of the first stop request
+        self.ready = False  # every engine answered /health once: from then on there is work to checkpoint
 
     # -- starting --------------------------------------------------------------------------------------------
     def start(self, name: str, role: str, argv: list[str], env: dict[str, str], log_path: Path,
@@ -251,6 +252,7 @@ class Supervisor:
         if n:  # nothing to publish for a plan without engines (a trainer-only plan, or inference.external)
             write_ready(self.run, ready_info(self.plan, self.cfg.model.name))
             self.say(f"inference ready ({n} endpoint(s))")
+        self.ready = True
         return True
 
     def _restart(self, c: Child) -> bool:
@@ -301,6 +303,56 @@ class Supervisor:
                     c.returncode = c.returncode or 1
                     return c
         return None
+
+    def first_ending(self) -> Child | None:
+        """The process whose exit ends the run, if any: any that exited, except an orchestrator that finished
+        cleanly while the trainer still trains on its last batches."""
+        trainer_alive = any(c.role == "trainer" for c in self.alive())
+        for c in self.children:
+            if c.poll() is None:
+                continue
+            if c.role == "orchestrator" and c.returncode == 0 and trainer_alive:
+                continue
+            return c
+        return None
+
+    def watch(self, on_poll: Callable[[], None] | None = None) -> Child | None:
+        """Supervise the started processes until one ends the run (:meth:`first_ending`; returned) or a signal
+        came (None; see :meth:`handle_signals`). Dead engines are restarted meanwhile, except once a role asked the
+        run to stop: then an engine's exit ends it. ``on_poll`` runs every poll (the local progress line). Raises
+        LeaseLost."""
+        while self.signalled is None:
+            self.check_lease()
+            if on_poll is not None:
+                on_poll()
+            first = (None if self.run.stop_request.exists() else self.watch_restarts()) or self.first_ending()
+            if first is not None:
+                return first
+            time.sleep(POLL_S)
+        return None
+
+    def end(self, first: Child | None, *, reason: str | None = None, grace_s: float) -> Any:
+        """Stop the run after ``first`` ended it (None: it ended before every engine answered; ``reason`` says
+        why): decide and record how it ended (:mod:`toolkit.run.ending`; before the stop request and kills below,
+        which would read as failures), write the stop request, give the trainer and orchestrator ``grace_s``
+        seconds to checkpoint and exit, then stop every process. ``first`` failed when its status is non-zero or
+        it serves (an engine or router has no clean exit while the run needs it). Returns the ending."""
+        from ..run import ending
+
+        failed = first is None or first.returncode != 0 or first.role not in FINITE_ROLES
+        why = reason or (f"exit status {exit_status(first.returncode)} (log: {first.log_path})" if first else "")
+        end = ending.settle(self.run, failed=(first.name if first else "inference") if failed else None,
+                            failed_reason=why)  # fmt: skip
+        self.request_stop()
+        self.stop_after(grace_s)
+        return end
+
+    def stop_after(self, grace_s: float) -> None:
+        """Give the trainer and orchestrator up to ``grace_s`` seconds to exit (after a stop request: they
+        checkpoint first), then stop every process (:meth:`stop_all`). No wait before the engines were ready:
+        nothing was generated or trained, and roles still importing torch would only delay the stop."""
+        _wait(lambda: not self.alive(), grace_s if self.ready else 0.0)
+        self.stop_all()
 
     # -- stopping --------------------------------------------------------------------------------------------
     def alive(self, roles: tuple[str, ...] = FINITE_ROLES) -> list[Child]:
@@ -396,19 +448,6 @@ def settle_job(run: RunDir, *, signalled: str | None = None, requeued: bool = Fa
         return end.exit_status
     argv = ["settle", "--run-dir", str(run.root), *(["--signal", signalled] if signalled else [])]
     return ending.main(argv + (["--requeued"] if requeued else []))
-
-
-def _first_ending(sup: Supervisor) -> Child | None:
-    """The step whose exit ends the job, if any: any step that exited, except an orchestrator that finished
-    cleanly while the trainer still trains on its last batches."""
-    trainer_alive = any(c.role == "trainer" for c in sup.alive())
-    for c in sup.children:
-        if c.poll() is None:
-            continue
-        if c.role == "orchestrator" and c.returncode == 0 and trainer_alive:
-            continue
-        return c
-    return None
 
 
 def _wait(check: Callable[[], bool], timeout_s: float) -> bool:
@@ -509,15 +548,10 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
             sup.wait_ready(cfg.model.name, interrupt=lambda: sup.signalled is not None)
         except ComponentFailed as e:
             first = e.child
-        except TimeoutError as e:
-            _job_log(str(e))  # ends the job like a failed step
-            return _teardown(sup, None, 1)
-        while first is None and sup.signalled is None:
-            sup.check_lease()
-            # Once a role asked the run to stop, a dead engine is not restarted: its exit ends the job.
-            first = (None if run.stop_request.exists() else sup.watch_restarts()) or _first_ending(sup)
-            if first is None:
-                time.sleep(POLL_S)
+        except TimeoutError as e:  # ends the job like a failed step
+            return _teardown(sup, None, 1, reason=str(e))
+        if first is None:
+            first = sup.watch()
     except LeaseLost as e:
         _job_log(f"{e}; stopping every step of this attempt now")
         sup.stop_all(term_wait_s=0.0)
@@ -551,11 +585,12 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
         # scancel / srl cancel, or the time limit: toolkit.run.ending tells them apart.
         return settle_job(run, signalled=name.removeprefix("SIG"))
     assert first is not None
-    return _teardown(sup, first, _status(first.returncode), reason=_failure_reason(plan, first, rdzv_logs))
+    return _teardown(sup, first, exit_status(first.returncode), reason=_failure_reason(plan, first, rdzv_logs))
 
 
-def _status(rc: int | None) -> int:
-    """A step's exit status as the shell reports it (srun reports a step killed by a signal as 128 + its number)."""
+def exit_status(rc: int | None) -> int:
+    """A process's exit status as the shell reports it (a Popen status of -N, killed by signal N, is 128 + N, as
+    srun reports a step killed by a signal)."""
     return 1 if rc is None else (128 - rc if rc < 0 else rc)
 
 
@@ -569,21 +604,14 @@ def _failure_reason(plan: Any, first: Child, rdzv_logs: dict[str, rendezvous.Ste
 
 
 def _teardown(sup: Supervisor, first: Child | None, status: int, reason: str | None = None) -> int:
-    """Stop the job after ``first`` ended (None: the engines never became ready): decide how the run ended (before
-    the teardown's own stop request and kills, which would read as failures), write the stop request, give the
-    trainer and orchestrator a bounded wait to checkpoint and exit, then stop every remaining step. ``reason``: why
-    ``first`` failed, in words, when more is known than its exit status (recorded as the ending's reason). Returns
-    the job's exit status."""
-    name = first.name if first is not None else "inference-readiness"
+    """End the job after ``first`` ended (None: the engines never became ready) with ``status`` (:meth:`Supervisor.end`,
+    ``slurm.checkpoint_grace_s`` for the trainer and orchestrator); ``reason``: why ``first`` failed, in words,
+    when more is known than its exit status. Returns the job's exit status."""
+    name = first.name if first is not None else "inference"
     _job_log(f"teardown: {name} exited first (status {status})")
     if status and reason:
         _job_log(f"{name} failed: {reason}", error=True)
-    from ..run import ending
-
-    end = ending.settle(sup.run, failed=name if status else None, failed_reason=reason or f"exit status {status}")
-    sup.request_stop()
-    _wait(lambda: not sup.alive(), sup.cfg.slurm.checkpoint_grace_s)
-    sup.stop_all()
+    end = sup.end(first, reason=reason, grace_s=sup.cfg.slurm.checkpoint_grace_s)
     print(end.line(), flush=True)
     return end.exit_status
 
