@@ -298,3 +298,40 @@ def test_engine_spanning_two_nodes_runs_headless_on_the_second() -> None:
     assert node_engine_argv(head, (0,), 0) == head
     with pytest.raises(ValueError, match="not one of the engine's nodes"):
         node_engine_argv(head, eng.node_indices, 5)
+
+
+def test_local_jit_caches_persist_in_one_private_directory_per_user(tmp_path: Path) -> None:
+    """Local runs share one per-user cache directory under node-local scratch (a warm vLLM cache starts engines
+    faster); Slurm jobs keep per-job caches (the test above). The directory is refused unless it is this user's
+    alone: compiled kernels are executed from there."""
+    import os
+    import stat
+
+    from toolkit.placement.environment import local_cache_root, private_cache_root
+
+    plan = plan_for("single-node", site=load_site("local"), job_id="local-abc-1")
+    want = f"/tmp/srl-cache-{os.getuid()}"
+    assert want == local_cache_root("/tmp/")
+    assert {p.env["VLLM_CACHE_ROOT"] for p in plan.processes} == {f"{want}/vllm"}
+    assert all("VLLM_CACHE_ROOT" not in p.node_expand for p in plan.processes)
+
+    mine = tmp_path / "srl-cache-x"
+    private_cache_root(mine)
+    private_cache_root(mine)  # an existing directory of one's own is accepted
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(PermissionError, match=f"{shared}.*only you"):
+        private_cache_root(shared)
+    (tmp_path / "link").symlink_to(mine)
+    with pytest.raises(PermissionError, match="link"):
+        private_cache_root(tmp_path / "link")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(PermissionError, match="file"):
+        private_cache_root(tmp_path / "file")
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    os.chown(other, 12345, 12345)  # a directory another user made first (the tests run as root)
+    with pytest.raises(PermissionError, match="other"):
+        private_cache_root(other)

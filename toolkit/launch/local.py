@@ -99,6 +99,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     """
     from ..models import resolve_model
 
+    _on_this_machine(plan)
     try:
         lease = leases.acquire(run, command="srl")
     except leases.LeaseHeld as e:
@@ -108,7 +109,6 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     point_symlink(run.latest_logs, logs.name)
     model_path = str(resolve_model(cfg.model.name))
-    _on_this_machine(plan)
     print(f"srl: run directory {run.root}")
     print(f"srl: logs in {logs} ; metrics {run.metrics} ; checkpoints {run.checkpoints}")
     roles = [r for r in ("inference", "trainer", "orchestrator") if any(p.role == r for p in plan.processes)]
@@ -148,7 +148,6 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         sup.restore_signals(old)
         if sup.lost is None:
             write_local_record(run, attempt=attempt, status=end.exit_status)
-        _remove_job_scratch(plan)
         lease.release()
         print(f"\n{end.line()}", flush=True)
     return end.exit_status
@@ -188,24 +187,20 @@ def _say(text: str, *, error: bool = False) -> None:
     print(f"\nsrl: {text}", file=sys.stderr if error else sys.stdout, flush=True)
 
 
-def _remove_job_scratch(plan: Any) -> None:
-    """Delete this attempt's JIT-cache directories (``<node_local_scratch>/srl-local-<run id>-<attempt>``, see
-    ``placement.environment.srl_defaults``). On a cluster the node-local scratch goes with the job; a local attempt
-    has to clean up after itself or every run leaves one behind in /tmp."""
-    import shutil
-
-    from ..placement.environment import CACHE_VARS
-
-    dirs = {Path(p.env[k]).parent for p in plan.processes for k in CACHE_VARS if p.env.get(k)}
-    for d in dirs:
-        if d.name.startswith("srl-local-"):  # only what srl created for a local attempt
-            shutil.rmtree(d, ignore_errors=True)
-
-
 def _on_this_machine(plan: Any) -> None:
-    """Make every node of a local plan this machine."""
+    """Make every node of a local plan this machine, and check its JIT-cache directory: local caches persist
+    between runs under a predictable name (``placement.environment.srl_defaults``), so it is refused, before
+    anything starts, unless it is this user's alone. Raises ConfigError naming the directory."""
+    from ..placement.environment import CACHE_VARS, private_cache_root
+
     plan.addresses = ["127.0.0.1"] * plan.num_nodes
     plan.hosts = ["localhost"] * plan.num_nodes
+    for root in {Path(v).parent for p in plan.processes for k in CACHE_VARS if (v := p.env.get(k))}:
+        if root.name.startswith("srl-cache-"):
+            try:
+                private_cache_root(root)
+            except OSError as e:
+                raise ConfigError(str(e)) from None
 
 
 def _export_admin_token(run: RunDir, plan: Any, *, publish: bool) -> str | None:
@@ -276,7 +271,6 @@ def serve_local(cfg: RLConfig, run: RunDir, *, logs: Path, site: Any = None, pub
         sup.stop_all()
         clear_ready(run)
         restore_admin_token(saved)
-        _remove_job_scratch(plan)
 
 
 def _start(sup: Supervisor, spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[str, str]) -> None:

@@ -362,7 +362,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     except ValueError as e:
         raise PlacementError(str(e)) from None
 
-    defaults = envmod.srl_defaults(site.filesystem.node_local_scratch, job)
+    defaults = envmod.srl_defaults(site.filesystem.node_local_scratch, job, per_job=site.is_slurm)
     # SRL_PREEMPT_SIGNAL: the one pre-timeout signal shared by the #SBATCH directive, the batch-shell trap and any
     # handler in the trainer.
     owned_common = {"SRL_RUN_DIR": root, "SRL_JOB_ID": job, "SRL_PORTS_FILE": str(run.ports_file),

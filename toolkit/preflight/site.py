@@ -17,7 +17,7 @@ from ..config.errors import ConfigError, Findings
 from ..config.model import RLConfig
 from ..config.rules import env_tables
 from ..config.site import SBATCH_UNSAFE, SiteConfig, read_site
-from ..placement.environment import is_owned
+from ..placement.environment import CACHE_VARS, is_owned
 from ..placement.topology import TopologyError, derive_topology
 
 # Linux's default when /proc cannot be read (net.ipv4.ip_local_port_range).
@@ -164,14 +164,11 @@ def _sbatch_values(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
                 "choose an output directory without '%'")  # fmt: skip
 
 
-_CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE")
-
-
 def _cache_dirs_on_shared_fs(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
     layers = env_tables(cfg)
     shared = [r for r in (site.filesystem.shared_root,) if r]
     for path, table in layers.items():
-        for key in _CACHE_VARS:
+        for key in CACHE_VARS:
             val = table.get(key)
             if val is None:
                 continue
