@@ -22,11 +22,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.loaders import load_metrics, role_metrics
+from analysis.loaders import load_metrics, read_store, require_run_dir, role_metrics
 from analysis.summary import group_stats
 from toolkit.run.launcher import read_local_record
 from toolkit.run.layout import RunDir
-from toolkit.run.store import load_rollouts
 
 # Boundary of each recorded error class (toolset goes with user, sandbox with tunnel: each pair fails at one boundary).
 CLASS_BOUNDARY = {
@@ -91,6 +90,9 @@ ADVICE = {
     "local: launcher failed": "The local run ended with a non-zero status: a component (its log is named in the "
     "excerpt) exited with an error, so srl stopped the others. Fix what the excerpt says (a data or config error "
     "fails the same way again), then rerun; `--resume` continues from the last complete checkpoint.",
+    "unreadable run file": "A file of the run exists but cannot be read (the rollout store torn by a full disk or a "
+    "killed writer, or overwritten), so the findings that need it are missing. Check the filesystem's free space "
+    "and the orchestrator log around the run's end; the metrics and logs are read regardless.",
 }
 
 ERROR_CLASS_RE = re.compile(r"\b(" + "|".join(CLASS_BOUNDARY) + r")\b")
@@ -168,17 +170,22 @@ def diagnose(
     ``low_reward``: mean valid reward at or below this is "valid low reward" (rewards on a 0-1 scale).
     ``group_share``: share of train groups all-zero (all-one) above which groups are flagged.
     ``error_share``: share of errored rollouts of a class above which it is reported (0 = any).
-    Raises ``FileNotFoundError`` if ``run_dir`` does not exist.
+    A run file that exists but cannot be read (a torn rollout store) is an error finding naming it.
+    Raises ``FileNotFoundError`` if ``run_dir`` does not exist or is not a run directory.
     """
-    run = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
-    if not run.root.is_dir():
-        raise FileNotFoundError(f"run directory {run.root} does not exist")
+    run = require_run_dir(run_dir)
     class_hits, slurm_hits = scan_logs(run)
     findings: list[Finding] = []
-    rollouts = None
-    if run.rollout_store.exists():
-        rollouts = load_rollouts(
-            run.rollout_store, ["step", "kind", "env", "group_id", "reward", "error_class", "error_message"]
+    columns = ["step", "kind", "env", "group_id", "reward", "error_class", "error_message"]
+    rollouts, problem = read_store(run, columns)
+    if problem:
+        findings.append(
+            Finding(
+                boundary="unreadable run file",
+                severity="error",
+                summary=problem,
+                advice=ADVICE["unreadable run file"],
+            )
         )
     findings += _error_findings(rollouts, class_hits, run, error_share)
     if rollouts is not None and len(rollouts):

@@ -25,14 +25,16 @@ def load_metrics(run_dir: Path | RunDir) -> pd.DataFrame:
     and metric values, either flat (``"reward/all/mean": 0.4``) or nested under ``"metrics"``. When a (role, step)
     appears more than once (a resumed or requeued run repeats steps; eval metrics are logged on their own line),
     the lines are merged and, per metric, the later line's value wins. A line that is not
-    valid JSON (a writer killed mid-line) is skipped; the count is in ``df.attrs["skipped_lines"]``.
-    Returns an empty frame with the key columns when the file is missing or empty.
+    valid JSON (a writer killed mid-line, bytes that are not UTF-8) is skipped; the count is in
+    ``df.attrs["skipped_lines"]``. Returns an empty frame with the key columns when the file is missing or empty
+    (or something other than a file stands in its place).
     """
     path = _rundir(run_dir).metrics
     records: list[dict[str, Any]] = []
     skipped = 0
-    if path.exists():
-        with open(path, encoding="utf-8") as f:
+    if path.is_file():
+        # Undecodable bytes become U+FFFD, so a garbage line fails json.loads and is counted like a torn one.
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 if not line.strip():
                     continue
@@ -74,7 +76,7 @@ def read_json(path: Path) -> dict[str, Any]:
     """JSON object at ``path``, or ``{}`` when it is missing or unreadable (reports must not die on a bad file)."""
     try:
         obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not UTF-8
         return {}
     return obj if isinstance(obj, dict) else {}
 
@@ -83,8 +85,9 @@ def read_json(path: Path) -> dict[str, Any]:
 class RunData:
     """Everything offline tools read from one run directory.
 
-    ``rollouts`` is the store without token columns (None when the run has no store); ``config`` is the resolved
-    ``rl.json`` of the latest attempt ({} when absent); ``meta`` is ``run_meta.json`` ({} when absent).
+    ``rollouts`` is the store without token columns (None when the run has no store or it cannot be read);
+    ``config`` is the resolved ``rl.json`` of the latest attempt ({} when absent); ``meta`` is ``run_meta.json``
+    ({} when absent); ``problems`` says, per run file that exists but cannot be read, which file and why.
     """
 
     run: RunDir
@@ -93,19 +96,19 @@ class RunData:
     config: dict[str, Any] = field(default_factory=dict)
     metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
     rollouts: pd.DataFrame | None = None
+    problems: list[str] = field(default_factory=list)
 
 
 def load_run(run_dir: Path | RunDir, *, rollout_columns: list[str] | None = None) -> RunData:
     """Load the metrics, store, resolved config and run meta of one run directory.
 
     ``rollout_columns`` limits the store columns read (default all, tokens never). Raises ``FileNotFoundError``
-    when ``run_dir`` is not a directory.
+    when ``run_dir`` is not a run directory (see :func:`require_run_dir`).
     """
-    run = _rundir(run_dir)
-    if not run.root.is_dir():
-        raise FileNotFoundError(f"run directory {run.root} does not exist")
-    rollouts = load_rollouts(run.rollout_store, rollout_columns) if run.rollout_store.exists() else None
+    run = require_run_dir(run_dir)
+    rollouts, problem = read_store(run, rollout_columns)
     return RunData(
+        problems=[problem] if problem else [],
         run=run,
         name=run.root.name,
         meta=read_json(run.run_meta),
@@ -113,6 +116,40 @@ def load_run(run_dir: Path | RunDir, *, rollout_columns: list[str] | None = None
         metrics=load_metrics(run),
         rollouts=rollouts,
     )
+
+
+def require_run_dir(run_dir: Path | RunDir) -> RunDir:
+    """The ``RunDir`` of ``run_dir``. Raises ``FileNotFoundError`` with a one-line message when the path does not
+    exist, is not a directory, or holds none of a run's files (configs/, logs/, launcher/, metrics.jsonl,
+    run_meta.json, the rollout store): offline tools must not report "no failures" on, or write reports into, a
+    directory that is no run."""
+    run = _rundir(run_dir)
+    if not run.root.exists():
+        raise FileNotFoundError(f"run directory {run.root} does not exist")
+    if not run.root.is_dir():
+        raise FileNotFoundError(f"{run.root} is not a directory; give the run directory `srl rl` printed")
+    if not any(
+        p.exists()
+        for p in (run.configs, run.logs, run.launcher, run.metrics, run.run_meta, run.rollout_store)
+    ):
+        raise FileNotFoundError(
+            f"{run.root} is not a run directory (no configs/, logs/, launcher/, metrics.jsonl, run_meta.json or "
+            "rollout store); "
+            "give the run directory `srl rl` printed, or a sweep root"
+        )
+    return run
+
+
+def read_store(run: RunDir, columns: list[str] | None = None) -> tuple[pd.DataFrame | None, str | None]:
+    """``(rollouts, problem)``: the rollout store's columns (None when the run has none) and, when the file exists
+    but cannot be read (torn by a full disk, overwritten), ``problem`` naming the file and the reader's error, with
+    rollouts None, so a report or diagnosis of exactly such a run still comes out."""
+    if not run.rollout_store.exists():
+        return None, None
+    try:
+        return load_rollouts(run.rollout_store, columns), None
+    except (OSError, KeyError, ValueError) as exc:  # h5py raises OSError for a file that is not HDF5
+        return None, f"rollout store {run.rollout_store} cannot be read ({exc})"
 
 
 def dotted(obj: dict[str, Any], path: str, default: Any = None) -> Any:

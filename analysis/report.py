@@ -24,7 +24,7 @@ import pandas as pd
 from analysis import envelope as env_mod
 from analysis.diagnose import Finding, diagnose, format_findings
 from analysis.figures import RUN_FIGURES, fig_sweep, to_png
-from analysis.loaders import RunData, dotted, load_run, role_metrics
+from analysis.loaders import RunData, dotted, load_run, read_json, role_metrics
 from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
 from toolkit.run import ending as ending_mod
 from toolkit.run.launcher import read_local_record
@@ -156,8 +156,8 @@ def build_report(run_dirs: list[Path], out_dir: Path, *, run_figures: bool = Tru
         raise ValueError("build_report needs at least one run directory")
     run_dirs = expand_sweep_dirs(run_dirs)
     out_dir = Path(out_dir)
+    runs = [load_run(Path(r)) for r in run_dirs]  # first: a path that is no run gets no reports/ written into it
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = [load_run(Path(r)) for r in run_dirs]
     doc = _Doc(out_dir)
     title = runs[0].name if len(runs) == 1 else f"{len(runs)} runs"
     doc.heading(f"srl report: {title}", 1)
@@ -202,7 +202,7 @@ def _manifest_points(manifest: Path) -> list[dict[str, Any]] | None:
     """The ``points`` list of a sweep manifest, or None when the file is not one (then the directory is a run)."""
     try:
         data = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not UTF-8
         return None
     points = data.get("points") if isinstance(data, dict) else None
     if not isinstance(points, list) or not all(isinstance(pt, dict) and "run_dir" in pt for pt in points):
@@ -228,7 +228,7 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
     doc.heading("1. Version and resolved config", level + 1)
     # An SFT run's own config is sft.json (its rl.json is only the placement view of it).
     sft = run.run.resolved("sft")
-    shown = json.loads(sft.read_text()) if sft.is_file() else run.config
+    shown = read_json(sft) if sft.is_file() else run.config
     doc.para(
         f"srl {_version()}. Resolved config: {sft if sft.is_file() else run.run.resolved('rl')}"
         + ("" if shown else " (not found: the run was not started through srl rl or srl sft).")
