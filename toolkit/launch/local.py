@@ -59,20 +59,20 @@ class _Progress:
             self.last.setdefault(rec.get("role", "?"), {}).update(rec)
         if not recs:
             return None
-        step = self.last.get("trainer", {}).get("step", 0)
+        step = self.last.get(metrics.TRAINER, {}).get("step", 0)
         if step == self.shown:
             return None  # one line per trainer step
         self.shown = step
-        o, t = self.last.get("orchestrator", {}), self.last.get("trainer", {})
+        o, t = self.last.get(metrics.ORCHESTRATOR, {}), self.last.get(metrics.TRAINER, {})
         parts = [f"step {t.get('step', 0)}"]
-        if "reward/all/mean" in o:
-            parts.append(f"reward {o['reward/all/mean']:.3f} (orch step {o.get('step')})")
+        if metrics.REWARD_MEAN in o:
+            parts.append(f"reward {o[metrics.REWARD_MEAN]:.3f} (orch step {o.get('step')})")
         if "loss/perplexity" in t:  # an SFT run: its loss is the signal (and its held-out loss, when measured)
             parts.append(f"loss {t['loss/mean']:.4f}")
             if "val/loss" in t:
                 parts.append(f"val/loss {t['val/loss']:.4f} (step {t.get('step')})")
         evals = {k: v for k, v in o.items() if k.startswith("eval/") and k.endswith(("avg@4", "/avg@1"))}
-        if evals and "reward/all/mean" not in o:
+        if evals and metrics.REWARD_MEAN not in o:
             parts += [f"{k} {v:.3f} (step {o.get('step')})" for k, v in sorted(evals.items())]
         if "perf/throughput" in t:
             parts.append(f"{t['perf/throughput']:.0f} tok/s")
