@@ -34,6 +34,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -193,14 +194,36 @@ def _read(path: Path) -> Holder | None:
     return _parse(raw)
 
 
+def _well_typed(h: Holder) -> bool:
+    """Whether every field has the type srl writes (a hand-edited or foreign record may not: a string PID or
+    expiry made every reader of the lease die with a TypeError, and a NaN expiry read as a holder alive forever)."""
+
+    def number(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    def whole(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    return (
+        all(isinstance(v, str) for v in (h.token, h.host, h.command, h.run))
+        and whole(h.pid)
+        and (h.pid_start is None or whole(h.pid_start))
+        and (h.job_id is None or isinstance(h.job_id, str))
+        and all(number(v) for v in (h.acquired, h.renewed, h.expires))
+    )
+
+
 def _parse(raw: bytes) -> Holder:
     try:
         data = json.loads(raw)
         # Fields a later srl may add are ignored, so a newer holder's record never reads as unreadable (stale).
-        return Holder(**{k: v for k, v in data.items() if k in _HOLDER_FIELDS})
+        holder = Holder(**{k: v for k, v in data.items() if k in _HOLDER_FIELDS})
+        if _well_typed(holder):
+            return holder
     except (ValueError, TypeError, AttributeError):
-        return Holder(token="?", host="?", pid=0, pid_start=None, job_id=None, command="an unreadable lease file",
-                      acquired=0.0, renewed=0.0, expires=0.0)  # fmt: skip
+        pass
+    return Holder(token="?", host="?", pid=0, pid_start=None, job_id=None, command="an unreadable lease file",
+                  acquired=0.0, renewed=0.0, expires=0.0)  # fmt: skip
 
 
 class Lease:

@@ -165,6 +165,13 @@ def _cancel_local(run: RunDir, holder: leases.Holder) -> int:
         print(f"{run.root} is run by {holder.describe()}; stop it on host {holder.host} "
               f"(srl cancel {run.root} there, or Ctrl-C in its terminal)", file=sys.stderr)  # fmt: skip
         return 1
+    if holder.pid_start is None or holder.pid <= 1:
+        # Without the start time the PID cannot be told from a later process that reused it (or from init, in a
+        # hand-edited record): signalling it could stop something that is not srl.
+        print(f"{run.root}: its lease names pid {holder.pid} without the process's start time, so srl cannot "
+              f"confirm that pid {holder.pid} is the launcher; stop it in its terminal (Ctrl-C) or check "
+              f"`ps -p {holder.pid}` and signal it yourself", file=sys.stderr)  # fmt: skip
+        return 1
     try:
         os.kill(holder.pid, signal.SIGTERM)
     except ProcessLookupError:
