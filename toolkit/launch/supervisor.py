@@ -305,13 +305,15 @@ class Supervisor:
         return None
 
     def first_ending(self) -> Child | None:
-        """The process whose exit ends the run, if any: any that exited, except an orchestrator that finished
-        cleanly while the trainer still trains on its last batches."""
-        trainer_alive = any(c.role == "trainer" for c in self.alive())
+        """The process whose exit ends the run, if any: any that exited, except a trainer or orchestrator that
+        finished cleanly while the other still works: an RL orchestrator that wrote its last batch leaves the
+        trainer to train on it, and an SFT trainer that wrote its final weights leaves the orchestrator to
+        evaluate them."""
+        finite_alive = bool(self.alive())
         for c in self.children:
             if c.poll() is None:
                 continue
-            if c.role == "orchestrator" and c.returncode == 0 and trainer_alive:
+            if c.role in FINITE_ROLES and c.returncode == 0 and finite_alive:
                 continue
             return c
         return None

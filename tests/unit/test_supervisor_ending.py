@@ -1,0 +1,65 @@
+"""Which exit ends a run (``Supervisor.first_ending``), with real short-lived child processes: the same rule for a
+local run and a Slurm batch job."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from toolkit.launch.supervisor import Supervisor
+from toolkit.run.layout import RunDir
+
+
+def _sup(tmp_path: Path, **roles: str) -> Supervisor:
+    """A supervisor whose children are ``python -c CODE`` processes, one per ``role=CODE``."""
+    sup = Supervisor(None, RunDir(tmp_path / "run"), None, say=lambda *a, **k: None, own_groups=False)
+    for role, code in roles.items():
+        sup.start(role, role, [sys.executable, "-c", code], dict(os.environ), tmp_path / f"{role}.log")
+    return sup
+
+
+def _settle(sup: Supervisor, *roles: str) -> None:
+    """Wait until the children of ``roles`` have exited."""
+    for c in sup.children:
+        if c.role in roles:
+            c.proc.wait(timeout=30)
+
+
+def test_a_finished_sft_trainer_leaves_the_orchestrator_its_final_eval(tmp_path: Path) -> None:
+    sup = _sup(tmp_path, trainer="pass", orchestrator="import time; time.sleep(2)")
+    try:
+        _settle(sup, "trainer")
+        assert sup.first_ending() is None  # the orchestrator still evaluates the final weights
+        _settle(sup, "orchestrator")
+        assert sup.first_ending() is not None and sup.first_ending().returncode == 0
+    finally:
+        sup.stop_all(term_wait_s=0.0)
+
+
+def test_a_finished_rl_orchestrator_leaves_the_trainer_its_last_batches(tmp_path: Path) -> None:
+    sup = _sup(tmp_path, orchestrator="pass", trainer="import time; time.sleep(60)")
+    try:
+        _settle(sup, "orchestrator")
+        time.sleep(0.2)
+        assert sup.first_ending() is None
+    finally:
+        sup.stop_all(term_wait_s=0.0)
+
+
+def test_a_failed_role_or_any_server_exit_ends_the_run(tmp_path: Path) -> None:
+    sup = _sup(tmp_path, orchestrator="raise SystemExit(3)", trainer="import time; time.sleep(60)")
+    try:
+        _settle(sup, "orchestrator")
+        first = sup.first_ending()
+        assert first is not None and (first.role, first.returncode) == ("orchestrator", 3)
+    finally:
+        sup.stop_all(term_wait_s=0.0)
+    sup = _sup(tmp_path, inference="pass", trainer="import time; time.sleep(60)")
+    try:
+        _settle(sup, "inference")
+        first = sup.first_ending()
+        assert first is not None and (first.role, first.returncode) == ("inference", 0)  # an engine has no clean exit
+    finally:
+        sup.stop_all(term_wait_s=0.0)
