@@ -20,8 +20,9 @@ waits until every engine answers /health and publishes the addresses, and superv
 - an engine step that dies is restarted (``inference.max_restarts`` within ``inference.restart_window_s``) and must
   answer /health again within ``inference.startup_timeout_s``, exactly as in a local run;
 - the first other step that ends ends the job: the stop request is written, the trainer and orchestrator get
-  ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (TERM, KILL after 15 s); an
-  orchestrator that finishes before the trainer leaves it its last batches; a multi-node trainer whose torchrun
+  ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (TERM, KILL after 15 s); a
+  trainer or orchestrator that finished cleanly waits for the other (the trainer's last batches, an SFT run's final
+  eval); a multi-node trainer whose torchrun
   rendezvous did not complete (``deployment.trainer_rendezvous_timeout_s``) ends it with a reason naming the
   trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`);
 - the pre-timeout signal (``slurm.signal``): stop request, wait (bounded) for a new COMPLETE checkpoint,
