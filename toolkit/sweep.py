@@ -96,6 +96,9 @@ def load_sweep(path: Path) -> Sweep:
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
                                                            for s in seeds):
         raise ConfigError("sweep.seeds must be a non-empty list of integers", source=str(path))
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"sweep.seeds lists a seed more than once ({seeds}): those points would run twice",
+                          source=str(path))
     max_parallel = sw.get("max_parallel", 4)
     if not isinstance(max_parallel, int) or isinstance(max_parallel, bool) or max_parallel < 1:
         raise ConfigError("sweep.max_parallel must be an integer >= 1", source=str(path))
@@ -121,6 +124,7 @@ def _expand(sw: dict[str, Any], source: str) -> list[dict[str, Any]]:
     lengths = {len(v) for v in zipped.values()}
     if len(lengths) > 1:
         raise ConfigError(f"sweep.zip lists must have equal lengths (got {sorted(lengths)})", source=source)
+    _refuse_repeated_points(grid, zipped, source)
     # Count before expanding: a typo'd grid (10 axes x 10 values) must be an error, not 10**10 dicts in memory.
     n_random = rnd.get("samples", 1) if isinstance(rnd, dict) and isinstance(rnd.get("samples"), int) else 1
     n_points = math.prod(len(v) for v in grid.values()) * (len(next(iter(zipped.values()))) if zipped else 1)
@@ -133,6 +137,29 @@ def _expand(sw: dict[str, Any], source: str) -> list[dict[str, Any]]:
     if rnd is not None:
         combos = [{**c, **r} for c in combos for r in _random_points(rnd, source)]
     return combos
+
+
+def _refuse_repeated_points(grid: dict[str, list], zipped: dict[str, list], source: str) -> None:
+    """Raise ConfigError for axes that would run a point twice or whose values would be silently replaced: a
+    ``seed`` axis (each point's seed comes from sweep.seeds, set after the axes), a path in both grid and zip
+    (zip's value won), a grid axis listing a value twice, or two equal rows of the zip lists."""
+    for key, table in (("grid", grid), ("zip", zipped)):
+        if "seed" in table:
+            raise ConfigError(f"sweep.{key}.seed: seeds are varied by sweep.seeds = [...] (each point's seed is set "
+                              "from it, so a seed axis here would be replaced); list the seeds there", source=source)
+    both = sorted(set(grid) & set(zipped))
+    if both:
+        raise ConfigError(f"{', '.join(both)}: in both sweep.grid and sweep.zip (the zip value would win); "
+                          "keep each path in one of them", source=source)
+    for key, values in grid.items():
+        seen = [json.dumps(v, sort_keys=True) for v in values]
+        if len(set(seen)) != len(seen):
+            raise ConfigError(f"sweep.grid.{key} lists a value more than once ({values}): its points would run "
+                              "twice; give each value once", source=source)
+    rows = [json.dumps(row, sort_keys=True) for row in zip(*zipped.values())]
+    if len(set(rows)) != len(rows):
+        raise ConfigError(f"sweep.zip has two equal rows over {', '.join(zipped)}: those points would run twice; "
+                          "give each combination once", source=source)
 
 
 def _random_points(rnd: Any, source: str) -> list[dict[str, Any]]:
