@@ -277,6 +277,22 @@ def cmd_make_data(args: list[str]) -> int:
     return 0
 
 
+def _refuse_chain_misuse(rl_args: list[str]) -> None:
+    """Raise ConfigError, before anything is read or written, for a second ``--then`` (a chain has one RL half;
+    it read as an unknown config key 'then') and for ``--model.name`` in the RL half (the chain sets the RL model
+    to the SFT run's final model, so the value would be silently replaced)."""
+    from toolkit.config import ConfigError
+
+    if "--then" in rl_args:
+        raise ConfigError("--then is given twice: a chain is one SFT run, then one RL run "
+                          "(srl sft chain @ sft.toml [...] --then @ rl.toml [...])")  # fmt: skip
+    for tok in rl_args:
+        if tok.split("=", 1)[0].replace("-", "_") == "__model.name":
+            raise ConfigError("--then ... --model.name: the RL half of a chain starts from the SFT run's final "
+                              "model, so srl sets model.name itself; give the base model to the SFT half "
+                              "(before --then), or run srl rl on its own to start from another model")  # fmt: skip
+
+
 def _check_rl_args(rl_args: list[str], cfg: Any) -> None:
     """Validate the RL half of a chain before the SFT run is written or started: a mistake there would otherwise
     surface only after SFT trained (locally) or after its job was submitted (Slurm), which then runs alone.
@@ -312,6 +328,7 @@ def cmd_chain(args: list[str]) -> int:
         raise ConfigError(usage)
     i = args.index("--then")
     sft_args, rl_args = args[:i], args[i + 1 :]
+    _refuse_chain_misuse(rl_args)
     from toolkit.cli import split_config_args
 
     files, overrides, flags = split_config_args(sft_args)
