@@ -24,6 +24,11 @@ def _eval_run(*args: object, cwd: Path) -> subprocess.CompletedProcess:
     (["--max-error-rate", "2"], "--max-error-rate is a share of rollouts or groups, 0 to 1 (got 2)"),
     (["--min-mixed-share", "-0.1"], "--min-mixed-share is a share of rollouts or groups, 0 to 1 (got -0.1)"),
     (["--base-url", "notaurl"], "--base-url must be an http:// or https:// URL (got 'notaurl')"),
+    # a broken IPv6 host raised a ValueError traceback; a space in the host or port 99999 ran the gate until its
+    # timeouts or failed it on reward shares instead of naming the URL
+    (["--base-url", "http://[::1"], "--base-url must be an http:// or https:// URL (got 'http://[::1')"),
+    (["--base-url", "http://a b:8000"], "--base-url must be an http:// or https:// URL (got 'http://a b:8000')"),
+    (["--base-url", "http://127.0.0.1:99999"], "URL (got 'http://127.0.0.1:99999'): a host without spaces"),
 ])  # fmt: skip
 def test_bad_options_are_refused_before_anything_is_written(tmp_path, args, says):
     (tmp_path / "empty").mkdir()

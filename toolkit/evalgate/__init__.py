@@ -120,9 +120,17 @@ def _check_run_args(args: argparse.Namespace) -> str | None:
     if args.base_url is not None:
         from urllib.parse import urlsplit
 
-        url = urlsplit(args.base_url)
-        if url.scheme not in ("http", "https") or not url.netloc:
-            return f"--base-url must be an http:// or https:// URL (got {args.base_url!r})"
+        # urlsplit raises ValueError on a broken IPv6 host ("http://[::1") and .port on a port outside
+        # 0-65535; a host with whitespace parses but no request can reach it (the gate ran until its timeouts).
+        try:
+            url = urlsplit(args.base_url)
+            ok = (url.scheme in ("http", "https") and bool(url.hostname) and url.port != 0
+                  and not any(c.isspace() for c in args.base_url))  # fmt: skip
+        except ValueError:
+            ok = False
+        if not ok:
+            return (f"--base-url must be an http:// or https:// URL (got {args.base_url!r}): a host without spaces "
+                    "and, if given, a port 1-65535")  # fmt: skip
     elif args.model is not None:
         from toolkit.preflight.checks import unusable_model
 
