@@ -26,7 +26,8 @@ from .slurm_time import parse_slurm_time
 # Group-relative algorithms: their advantage is zero for a group of one.
 _GROUP_RELATIVE = {"grpo", "max_rl"}
 # Env var names that carry credentials; their values must never be written to configs or scripts.
-_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+# A variable named ..._KEY (WANDB_KEY, OPENAI_KEY, SSH_KEY) or KEY holds a key as surely as ..._API_KEY does.
+_SECRET_NAME = re.compile(r"(API_?KEY|(?:^|_)KEY$|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 
 
 def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
@@ -320,9 +321,11 @@ def _slurm(cfg: RLConfig, f: Findings) -> None:
             "slurm.pre_run_command",
             "pkill/killall by pattern can match srl's own job steps; srl already cleans up its own processes by PID",
         )
-    for name in s.secret_env_vars:
+    for i, name in enumerate(s.secret_env_vars):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            f.error("slurm.secret_env_vars", f"'{name}' is not an environment variable name")
+            # Not echoed: what stands here instead of a name is often the pasted secret itself.
+            f.error("slurm.secret_env_vars", f"item {i + 1} is not an environment variable name (letters, digits, "
+                    "'_'; not starting with a digit): list the names of exported variables, never their values")
 
 
 def env_tables(cfg: RLConfig) -> dict[str, dict[str, str]]:

@@ -1,0 +1,32 @@
+"""Secrets travel by name only: an env_vars entry named like a key (..._KEY) is refused like ..._API_KEY, and a
+value pasted into slurm.secret_env_vars in place of a name is refused without being echoed back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolkit.config import ConfigError, load_config
+
+RL = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text" / "rl.toml"
+
+
+@pytest.mark.parametrize("name", ["WANDB_KEY", "OPENAI_KEY", "trainer.env-vars.SSH_KEY", "KEY"])
+def test_key_named_env_var_is_refused(name: str) -> None:
+    path = name if "." in name else f"env-vars.{name}"
+    with pytest.raises(ConfigError) as exc:
+        load_config([RL], [f"--{path}", "value"])
+    assert "looks like a secret" in str(exc.value)
+
+
+@pytest.mark.parametrize("name", ["MONKEY", "KEYBOARD_LAYOUT", "OMP_NUM_THREADS"])
+def test_other_names_pass(name: str) -> None:
+    load_config([RL], [f"--env-vars.{name}", "x"])
+
+
+def test_pasted_secret_in_secret_env_vars_is_not_echoed() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config([RL], ["--slurm.secret-env-vars", '["WANDB_API_KEY", "sk-live-abc123"]'])
+    text = str(exc.value)
+    assert "slurm.secret_env_vars" in text and "item 2" in text and "sk-live-abc123" not in text
