@@ -15,13 +15,23 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 # Stage timeouts must be finite: an unbounded remote stage can hang a run forever. 7 days is the ceiling.
 _MAX_TIMEOUT_S = 7 * 24 * 3600.0
 # Seeds reach torch (``manual_seed``: at most 2**64 - 1), numpy generators (no negative seeds) and vLLM's int64
 # request seed: the range all of them take.
 _MAX_SEED = 2**63 - 1
+
+
+def _number_as_text(v: Any) -> Any:
+    """An environment variable's value is text: ``--env-vars.OMP_NUM_THREADS 4`` (or ``= 4`` in TOML) reads as
+    the number 4 and was refused as "not a valid string". Booleans stay refused (true/1/True would be a guess)."""
+    return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+# The value of one environment variable (env_vars tables): text, numbers taken as their decimal text.
+EnvValue = Annotated[str, BeforeValidator(_number_as_text)]
 
 
 def _numeric_without_bool(annotation: Any) -> bool:
@@ -350,7 +360,7 @@ class OrchestratorConfig(Section):
     train: TrainSection = TrainSection()
     buffer: BufferConfig = BufferConfig()
     eval: EvalSection = EvalSection()
-    env_vars: dict[str, str] = {}
+    env_vars: dict[str, EnvValue] = {}
     update_weights: bool = True
     """Debug: when false the orchestrator never reloads new policy weights into inference (negative control)."""
 
@@ -465,7 +475,7 @@ class TrainerConfig(Section):
     """Context-parallel degree of the trainer."""
     batch_timeout_s: float = Field(3600.0, gt=0, le=_MAX_TIMEOUT_S)
     """How long the trainer waits for the orchestrator's next batch, seconds."""
-    env_vars: dict[str, str] = {}
+    env_vars: dict[str, EnvValue] = {}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -493,8 +503,8 @@ class DisaggregatedInference(Section):
         "auto"
     )
     """``auto`` = NixlConnector on GPU sites, ExampleConnector (shared files in the run's scratch) on CPU."""
-    prefill_env_vars: dict[str, str] = {}
-    decode_env_vars: dict[str, str] = {}
+    prefill_env_vars: dict[str, EnvValue] = {}
+    decode_env_vars: dict[str, EnvValue] = {}
 
     @property
     def nodes_per_island(self) -> int:
@@ -534,7 +544,7 @@ class InferenceConfig(Section):
     """Passed verbatim to the vLLM server (any ``vllm serve`` argument, snake or kebab case)."""
     deployment: InferenceDeploymentConfig = SingleNodeInference()
     router: RouterConfig = RouterConfig()
-    env_vars: dict[str, str] = {}
+    env_vars: dict[str, EnvValue] = {}
     startup_timeout_s: float = Field(900.0, gt=0, le=_MAX_TIMEOUT_S)
     """Bound on engine start-up until /health answers, seconds (also bounds each restart, and how long the
     orchestrator holds generation requests for an engine that is restarting)."""
@@ -736,7 +746,7 @@ class RLConfig(Section):
     seed: int = Field(0, ge=0, le=_MAX_SEED)
     """Seed of everything random in srl (task order, sampling, init)."""
     model: ModelConfig = ModelConfig()
-    env_vars: dict[str, str] = {}
+    env_vars: dict[str, EnvValue] = {}
     """Environment for every process (lowest user layer)."""
     orchestrator: OrchestratorConfig = OrchestratorConfig()
     trainer: TrainerConfig = TrainerConfig()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import typing
 from typing import Any
 
@@ -46,7 +47,9 @@ def _attribute_docs() -> dict[tuple[str, str], str]:
 
 def _type_name(annotation: Any) -> str:
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
-    return text or str(annotation).replace("typing.", "").replace("pathlib.", "")
+    text = text or str(annotation).replace("typing.", "").replace("pathlib.", "")
+    # Annotated[str, BeforeValidator(...)] (an env var's value) reads as its plain type; the validator is internal.
+    return re.sub(r"Annotated\[(\w+), [^\[\]]*\]", r"\1", text)
 
 
 def _default_text(fld: Any) -> str:

@@ -21,6 +21,7 @@ from .model import (
     _MAX_SEED,
     CkptConfig,
     DeploymentConfig,
+    EnvValue,
     EvalSection,
     InferenceConfig,
     ModelConfig,
@@ -115,7 +116,7 @@ class SFTTrainerConfig(Section):
     micro_batch_size: int = Field(1, ge=1, le=4096)
     """Packed rows per forward/backward."""
     model: TrainerModelConfig = TrainerModelConfig()
-    env_vars: dict[str, str] = Field(default_factory=dict)
+    env_vars: dict[str, EnvValue] = Field(default_factory=dict)
 
 
 class SFTConfig(Section):
@@ -145,7 +146,7 @@ class SFTConfig(Section):
     slurm: SlurmConfig = SlurmConfig()
     site: str = "local"
     monitors: MonitorsConfig = MonitorsConfig()
-    env_vars: dict[str, str] = Field(default_factory=dict)
+    env_vars: dict[str, EnvValue] = Field(default_factory=dict)
     kind: Literal["sft"] = "sft"
     """Marks a resolved ``sft.json`` (the trainer runs the SFT loop for it)."""
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
