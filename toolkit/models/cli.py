@@ -19,6 +19,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("name")
     args = parser.parse_args(argv)
 
+    if args.cmd in ("build-tiny", "import-smollm2"):
+        why = _not_replaceable(args.dir)
+        if why:
+            print(f"srl model {args.cmd}: {why}", file=sys.stderr)
+            return 2
     from . import MODEL_ALIASES, cmd_build_tiny, cmd_import_smollm2, resolve_model
 
     try:
@@ -34,3 +39,16 @@ def main(argv: list[str]) -> int:
         return 2
     print(out)
     return 0
+
+
+def _not_replaceable(out: Path) -> str | None:
+    """Why ``out`` must not be replaced by a model directory (None: it may be). The builders replace an existing
+    directory whole, which is right for a model being rebuilt but deleted a file or a directory of other files given
+    by mistake (``srl model build-tiny notes.txt`` left a model where the file was)."""
+    if not out.exists() and not out.is_symlink():
+        return None
+    if out.is_dir() and not out.is_symlink() and ((out / "config.json").is_file() or not any(out.iterdir())):
+        return None
+    what = "a directory of other files" if out.is_dir() else "not a directory"
+    return (f"{out} exists and is {what}; srl replaces the directory it builds into, so give a new or empty "
+            "directory (or a model directory to rebuild)")
