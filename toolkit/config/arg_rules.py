@@ -21,7 +21,7 @@ _LOGPROBS_MODE = "processed_logprobs"
 _OPTION_NAME = re.compile(r"-{0,2}[A-Za-z][A-Za-z0-9_-]*")
 # Common vLLM options that take a whole number (>= 1, seed >= 0): a value of another kind makes the engine exit at
 # start-up with an argparse error, inside the job, after the queue wait. max_model_len is not here: it also takes
-# words ("auto") and suffixes ("32k").
+# words ("auto") and suffixes ("32k"), checked on its own below.
 _WHOLE_NUMBER_OPTIONS = ("max_loras", "max_lora_rank", "max_cpu_loras", "max_num_seqs", "max_num_batched_tokens",
                          "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "block_size",
                          "max_logprobs", "seed")  # fmt: skip
@@ -48,6 +48,9 @@ def check_vllm_table(cfg: RLConfig, f: Findings) -> None:
                     "size engines with [inference.deployment] and deployment.gpus_per_node")  # fmt: skip
         if norm in _WHOLE_NUMBER_OPTIONS and not _is_whole(value, 0 if norm == "seed" else 1):
             f.error(where, f"{value!r} is not a whole number >= {0 if norm == 'seed' else 1}")
+        if norm == "max_model_len" and not _is_model_len(value):
+            f.error(where, f"{value!r} is not a context length vLLM reads: a whole number >= 1 (or with a suffix, "
+                    "like 32k or 32K), -1 or 'auto' (fit the GPU's memory)")  # fmt: skip
         if norm == "gpu_memory_utilization" and not (_is_number(value) and 0 < float(value) <= 1):
             f.error(where, f"{value!r} is not a fraction of the GPU's memory in (0, 1]")
         if norm == "logprobs_mode" and value != _LOGPROBS_MODE:
@@ -60,6 +63,17 @@ def _is_whole(value: object, low: int) -> bool:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+# vLLM's own reading of --max-model-len: digits, a k/m/g/t (decimal, may have a fraction) or K/M/G/T (binary,
+# whole) suffix, -1 or "auto".
+_MODEL_LEN = re.compile(r"\d+|\d+(\.\d+)?[kmgt]|\d+[KMGT]|-1|auto")
+
+
+def _is_model_len(value: object) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value >= 1 or value == -1
+    return isinstance(value, str) and bool(_MODEL_LEN.fullmatch(value.strip())) and value.strip() not in ("0",)
 
 
 def _is_number(value: object) -> bool:
