@@ -267,7 +267,7 @@ def test_cancel_of_something_that_is_no_run_says_so(tmp_path, capsys, what):
     elif what == "plain directory":
         target.mkdir()
     assert cancel_main([str(target)]) == 1
-    assert "not a run directory" in capsys.readouterr().err
+    assert ("does not exist" if what == "missing" else "not a run directory") in capsys.readouterr().err
 
 
 def test_a_sweep_and_a_run_of_the_same_name_do_not_share_a_directory(tmp_path):

@@ -8,6 +8,7 @@ these work on clusters without accounting. A job that ended more than MinJobAge 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import socket
@@ -31,6 +32,25 @@ def _run_arg(prog: str, args: list[str], extra=None) -> argparse.Namespace:
     return ap.parse_args(args)
 
 
+def _not_a_run(run: RunDir) -> str:
+    """Why ``run`` is not a run directory, in words: a path that does not exist is not "a directory without
+    configs/"."""
+    if not run.root.exists():
+        return f"{run.root} does not exist; give the run directory `srl rl` printed"
+    return f"{run.root}: not a run directory (no configs/); give the directory `srl rl` printed"
+
+
+def _grace_seconds(text: str) -> float:
+    """``--grace``: finite seconds >= 0 (argparse type). 'nan' skipped the wait and 'inf' waited forever."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be seconds >= 0 (got {text!r})")
+    return value
+
+
 def status_main(args: list[str]) -> int:
     """Print the run's progress (from its run directory: steps, reward, checkpoints, published weights, the local
     launcher) and each submitted Slurm job with its state, exit code, nodes and restart count; for a sweep's root,
@@ -45,7 +65,7 @@ def status_main(args: list[str]) -> int:
         return sweeps.status_main(a.run_dir)
     run = RunDir(a.run_dir)
     if not run.configs.is_dir():
-        print(f"{run.root}: not a run directory (no configs/); give the directory `srl rl` printed", file=sys.stderr)
+        print(_not_a_run(run), file=sys.stderr)
         return 1
     jobs = read_job_ids(run)
     # Each job's state: a JobState, None when Slurm no longer knows the job (finished long ago), or the error that
@@ -112,7 +132,7 @@ def cancel_main(args: list[str]) -> int:
 
     def extra(ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--graceful", action="store_true")
-        ap.add_argument("--grace", type=float, default=300.0)
+        ap.add_argument("--grace", type=_grace_seconds, default=300.0)
 
     a = _run_arg("cancel", args, extra)
     from . import sweeps
@@ -123,7 +143,7 @@ def cancel_main(args: list[str]) -> int:
     run = RunDir(a.run_dir)
     if not run.configs.is_dir():
         # As srl status: a file (its lease path is no path) or a directory that is no run has nothing to cancel.
-        print(f"{run.root}: not a run directory (no configs/); give the directory `srl rl` printed", file=sys.stderr)
+        print(_not_a_run(run), file=sys.stderr)
         return 1
     jobs = read_job_ids(run)
     holder = leases.read(run)
