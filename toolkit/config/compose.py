@@ -21,7 +21,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     """Parse one TOML file. Raises ConfigError naming the file (and TOML's line/column) on any problem."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark (Windows editors) is no TOML error
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}", source=str(path)) from None
     except (OSError, UnicodeDecodeError) as e:
