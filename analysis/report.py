@@ -205,7 +205,9 @@ def _manifest_points(manifest: Path) -> list[dict[str, Any]] | None:
     except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not UTF-8
         return None
     points = data.get("points") if isinstance(data, dict) else None
-    if not isinstance(points, list) or not all(isinstance(pt, dict) and "run_dir" in pt for pt in points):
+    if not isinstance(points, list) or not all(
+        isinstance(pt, dict) and "run_dir" in pt and isinstance(pt.get("index", 0), int) for pt in points
+    ):
         return None
     return sorted(points, key=lambda pt: pt.get("index", 0))
 
@@ -733,6 +735,10 @@ def main(argv: list[str] | None = None) -> int:
         paths = build_report(args.run_dirs, out, run_figures=not args.no_run_figures)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # --out names a file, or a place where nothing can be created
+        why = exc.strerror or exc
+        print(f"error: cannot write the report into {out}: {why}; give --out a directory", file=sys.stderr)
         return 2
     print(f"wrote {paths.html}\nwrote {paths.markdown}")
     return 0

@@ -87,3 +87,23 @@ def test_binary_resolved_sft_config_does_not_crash_the_report(good_run: Path, tm
     (run / "configs" / "attempt_1" / "resolved" / "sft.json").write_bytes(b"\x9a\xff")
     (run / "run_meta.json").write_bytes(b"\x9a\xff")
     assert report_mod.main([str(run), "--no-run-figures"]) == 0
+
+
+def test_report_out_that_is_a_file_is_refused(good_run: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out.txt"
+    out.write_text("keep")
+    assert report_mod.main([str(good_run), "--out", str(out), "--no-run-figures"]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "--out" in err
+    assert out.read_text() == "keep"
+
+
+def test_sweep_manifest_with_a_bad_index_is_not_a_traceback(good_run: Path, tmp_path: Path, capsys) -> None:
+    import json
+
+    root = tmp_path / "sweep"
+    root.mkdir()
+    points = [{"run_dir": str(good_run), "index": "a"}, {"run_dir": str(good_run), "index": 1}]
+    (root / "manifest.json").write_text(json.dumps({"points": points}))
+    assert report_mod.main([str(root), "--no-run-figures"]) == 2
+    assert "not a run directory" in capsys.readouterr().err
