@@ -82,5 +82,10 @@ def _queues(argv: list[str]) -> int:
     if not run.inference_ready.exists():
         print(f"srl inference queues: {run.inference_ready} not found (is the deployment up?)", file=sys.stderr)
         return 2
-    print(json.dumps(run_queue_depths(run), indent=2, sort_keys=True))
+    try:
+        depths = run_queue_depths(run)
+    except ValueError as e:
+        print(f"srl inference queues: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(depths, indent=2, sort_keys=True))
     return 0

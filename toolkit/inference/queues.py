@@ -89,12 +89,22 @@ def queue_depths(
 def run_queue_depths(run: Any, *, timeout_s: float = 5.0) -> dict[str, Any]:
     """``srl inference queues <run>``: queue depths of the engines listed in the run's readiness file.
 
-    ``run`` is a ``RunDir``. Raises FileNotFoundError when the deployment has not reported ready.
+    ``run`` is a ``RunDir``. Raises FileNotFoundError when the deployment has not reported ready, ValueError naming
+    the file when it is not a readiness record (torn, overwritten, another program's file).
     """
     import json
 
-    info = json.loads(run.inference_ready.read_text())
+    path = run.inference_ready
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # bad JSON or bytes that are not UTF-8
+        raise ValueError(f"{path} is not a readiness record ({e})") from None
+    urls = info.get("engine_urls") if isinstance(info, dict) else None
+    roles = info.get("roles") if isinstance(info, dict) else None
+    if not (isinstance(urls, list) and all(isinstance(u, str) for u in urls)) or not isinstance(roles or {}, dict):
+        raise ValueError(f"{path} is not a readiness record (it needs engine_urls, a list of URLs); the deployment "
+                         "rewrites it when it next starts")  # fmt: skip
     by_role: dict[str, list[str]] = {}
-    for url in info["engine_urls"]:
-        by_role.setdefault(info.get("roles", {}).get(url, "engine"), []).append(url)
+    for url in urls:
+        by_role.setdefault(str((roles or {}).get(url, "engine")), []).append(url)
     return queue_depths(by_role, timeout_s=timeout_s)
