@@ -67,13 +67,16 @@ def test_single_run_report(tmp_path: Path) -> None:
 
 
 def test_report_of_run_without_store_or_config(tmp_path: Path) -> None:
-    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "logs").mkdir(parents=True)  # a run that has only just started: nothing recorded yet
     paths = build_report([tmp_path / "bare"], tmp_path / "out")
     md = paths.markdown.read_text()
     assert "No baseline eval recorded" in md and "No rollouts or metrics recorded yet" in md
     assert paths.figures == {}
     with pytest.raises(FileNotFoundError):
         build_report([tmp_path / "missing"], tmp_path / "out2")
+    (tmp_path / "empty").mkdir()  # no run file at all: a wrong path, not a run
+    with pytest.raises(FileNotFoundError, match="is not a run directory"):
+        build_report([tmp_path / "empty"], tmp_path / "out3")
 
 
 def test_sweep_report_table_with_intervals(tmp_path: Path) -> None:
