@@ -350,3 +350,35 @@ def test_append_refuses_values_that_are_not_one_dimensional(tmp_path: Path, shap
         with pytest.raises(ValueError, match="shape"):
             _append(f, "ids", 0, np.ones(shape, np.int32))
         assert f["ids"].shape == (0,)
+
+
+def test_a_damaged_store_fails_at_once_and_a_locked_one_is_waited_for(tmp_path, monkeypatch):
+    """Only HDF5's file-lock error is retried: a truncated file's message ("sblock->base_addr") once matched a bare
+    "lock" and every open of a damaged store waited out the retries."""
+    from toolkit.run import store as store_mod
+
+    damaged = tmp_path / "damaged.h5"
+    with h5py.File(damaged, "w") as f:
+        f["x"] = list(range(1000))
+    damaged.write_bytes(damaged.read_bytes()[:1000])
+    sleeps: list[float] = []
+    monkeypatch.setattr(store_mod.time, "sleep", sleeps.append)
+    with pytest.raises(OSError, match="truncated"):
+        store_mod._open(damaged, "r")
+    assert sleeps == []
+    monkeypatch.undo()
+
+    locked = tmp_path / "locked.h5"
+    h5py.File(locked, "w").close()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import h5py, sys, time\n"
+        f"f = h5py.File({str(locked)!r}, 'a', locking=True)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(1.0)\n"
+        "f.close()\n")], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with store_mod._open(locked, "r") as f:  # retried until the holder lets go
+            assert f is not None
+    finally:
+        holder.wait(timeout=30)

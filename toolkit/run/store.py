@@ -112,7 +112,9 @@ def _open(path: Path, mode: str) -> h5py.File:
                 return h5py.File(path, "r", locking="best-effort")
             return h5py.File(path, mode, libver="latest", locking="best-effort")
         except (BlockingIOError, OSError) as exc:
-            locked = "lock" in str(exc).lower() or isinstance(exc, BlockingIOError)
+            # HDF5 says "unable to lock file, errno = 11"; a bare "lock" would also match a truncated file's
+            # "sblock->base_addr" and wait out the retries on a file that will never open.
+            locked = "unable to lock" in str(exc).lower() or isinstance(exc, BlockingIOError)
             if not locked or time.monotonic() > deadline:
                 raise
             time.sleep(delay)
