@@ -7,14 +7,17 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from toolkit.launch.supervisor import Supervisor
 from toolkit.run.layout import RunDir
 
 
-def _sup(tmp_path: Path, **roles: str) -> Supervisor:
-    """A supervisor whose children are ``python -c CODE`` processes, one per ``role=CODE``."""
-    sup = Supervisor(None, RunDir(tmp_path / "run"), None, say=lambda *a, **k: None, own_groups=False)
+def _sup(tmp_path: Path, grace_s: float = 60.0, **roles: str) -> Supervisor:
+    """A supervisor whose children are ``python -c CODE`` processes, one per ``role=CODE``; ``grace_s`` is the
+    run's ``slurm.checkpoint_grace_s``."""
+    cfg = SimpleNamespace(slurm=SimpleNamespace(checkpoint_grace_s=grace_s))
+    sup = Supervisor(cfg, RunDir(tmp_path / "run"), None, say=lambda *a, **k: None, own_groups=False)
     for role, code in roles.items():
         sup.start(role, role, [sys.executable, "-c", code], dict(os.environ), tmp_path / f"{role}.log")
     return sup
@@ -38,12 +41,25 @@ def test_a_finished_sft_trainer_leaves_the_orchestrator_its_final_eval(tmp_path:
         sup.stop_all(term_wait_s=0.0)
 
 
+def test_an_orchestrator_that_outlives_the_trainer_by_the_grace_period_is_stopped(tmp_path: Path) -> None:
+    sup = _sup(tmp_path, grace_s=0.5, trainer="pass", orchestrator="import time; time.sleep(60)")
+    try:
+        _settle(sup, "trainer")
+        assert sup.first_ending() is None  # its exit is seen now: the grace period starts
+        time.sleep(0.6)
+        first = sup.first_ending()
+        assert first is not None and (first.role, first.returncode) == ("trainer", 0)
+    finally:
+        sup.stop_all(term_wait_s=0.0)
+
+
 def test_a_finished_rl_orchestrator_leaves_the_trainer_its_last_batches(tmp_path: Path) -> None:
-    sup = _sup(tmp_path, orchestrator="pass", trainer="import time; time.sleep(60)")
+    sup = _sup(tmp_path, grace_s=0.1, orchestrator="pass", trainer="import time; time.sleep(60)")
     try:
         _settle(sup, "orchestrator")
-        time.sleep(0.2)
         assert sup.first_ending() is None
+        time.sleep(0.2)
+        assert sup.first_ending() is None  # however long the trainer takes
     finally:
         sup.stop_all(term_wait_s=0.0)
 

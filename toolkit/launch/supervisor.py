@@ -20,9 +20,9 @@ waits until every engine answers /health and publishes the addresses, and superv
 - an engine step that dies is restarted (``inference.max_restarts`` within ``inference.restart_window_s``) and must
   answer /health again within ``inference.startup_timeout_s``, exactly as in a local run;
 - the first other step that ends ends the job: the stop request is written, the trainer and orchestrator get
-  ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (TERM, KILL after 15 s); a
-  trainer or orchestrator that finished cleanly waits for the other (the trainer's last batches, an SFT run's final
-  eval); a multi-node trainer whose torchrun
+  ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (TERM, KILL after 15 s); an
+  orchestrator that finished cleanly waits for the trainer's last steps, a trainer that finished gives the
+  orchestrator ``slurm.checkpoint_grace_s`` for an SFT run's final eval; a multi-node trainer whose torchrun
   rendezvous did not complete (``deployment.trainer_rendezvous_timeout_s``) ends it with a reason naming the
   trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`);
 - the pre-timeout signal (``slurm.signal``): stop request, wait (bounded) for a new COMPLETE checkpoint,
@@ -154,6 +154,7 @@ class Supervisor:
         self.signalled: int | None = None  # the first signal received
         self.stop_at: float | None = None  # monotonic time of the first stop request
         self.ready = False  # every engine answered /health once: from then on there is work to checkpoint
+        self._clean_exit_at: dict[str, float] = {}  # monotonic time a finite role was first seen exited with 0
 
     # -- starting --------------------------------------------------------------------------------------------
     def start(self, name: str, role: str, argv: list[str], env: dict[str, str], log_path: Path,
@@ -307,15 +308,18 @@ class Supervisor:
 
     def first_ending(self) -> Child | None:
         """The process whose exit ends the run, if any: any that exited, except a trainer or orchestrator that
-        finished cleanly while the other still works: an RL orchestrator that wrote its last batch leaves the
-        trainer to train on it, and an SFT trainer that wrote its final weights leaves the orchestrator to
-        evaluate them."""
+        finished cleanly while the other still works. An orchestrator that wrote its last batch leaves the trainer
+        to train on it, however long that takes; a trainer that wrote its final weights leaves the orchestrator
+        ``slurm.checkpoint_grace_s`` from its exit (an SFT run's eval of those weights), then ends the run."""
         finite_alive = bool(self.alive())
+        now = time.monotonic()
         for c in self.children:
             if c.poll() is None:
                 continue
             if c.role in FINITE_ROLES and c.returncode == 0 and finite_alive:
-                continue
+                since = self._clean_exit_at.setdefault(c.name, now)
+                if c.role == "orchestrator" or now - since < self.cfg.slurm.checkpoint_grace_s:
+                    continue
             return c
         return None
 
