@@ -144,8 +144,8 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
     """pause(mode=keep) freezes running requests; they finish after resume instead of being aborted, and the
     tokens after the reload come from the new weights.
 
-    Weights A (the base model) are served and four 200-token requests run untouched (twice: a fresh engine's first
-    requests are slower); the same requests then start again and, once the engine has generated a quarter of their
+    Weights A (the base model) are served and four 480-token requests run untouched (twice: a fresh engine's first
+    requests are slower); the same requests then start again and, once the engine has generated an eighth of their
     tokens (its own ``vllm:generation_tokens`` counter, so the moment does not depend on how busy the machine is),
     the weights become B (broadcast step_1). Each request must show both: its first tokens have exactly A's
     logprobs (transformers, fp32) and from some token on they stop matching A. A reload before the requests ran (no
@@ -153,7 +153,7 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
     restarted them.
     """
     dep, run, base, _ = deployment
-    n, max_tokens = 4, 200
+    n, max_tokens = 4, 480  # long requests: on an idle machine 4 x 200 tokens took 1.2 s, less than the reload's set-up
 
     async def go():
         updater = WeightUpdater(dep.engine_urls, timeout_s=120)
@@ -175,7 +175,7 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
                 start = await generated()
                 tasks = [asyncio.create_task(client.generate(PROMPT, sp, session_id=f"s{i}")) for i in range(n)]
                 deadline = time.monotonic() + 2 * took
-                while await generated() - start < n * max_tokens / 4 and time.monotonic() < deadline:
+                while await generated() - start < n * max_tokens / 8 and time.monotonic() < deadline:
                     await asyncio.sleep(0.01)
             done_before = sum(t.done() for t in tasks)
             await updater.update(run.broadcast_step(1), 6)  # B, mid-flight
@@ -193,7 +193,7 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
         switched_at.append(k)
         assert 1 <= k < len(g.token_ids), f"{k} of the request's {len(g.token_ids)} tokens came from weights A"
         assert abs(g.logprobs[-1] - under_a[-1]) > 1e-3  # the last token came from other weights
-    print(f"\n[figure] reload mid-flight (a quarter of the tokens of {n} requests that take {took:.2f} s): the weights "
+    print(f"\n[figure] reload mid-flight (an eighth of the tokens of {n} requests that take {took:.2f} s): the weights "
           f"changed after token {min(switched_at)}..{max(switched_at)} of {max_tokens}")
 
 
@@ -251,9 +251,10 @@ def test_throughput_and_queue_depths(deployment):
     assert n <= tokens <= n * max_tokens  # a random model may sample its end-of-sequence token early
     assert all(len(g.token_ids) == max_tokens or g.finish_reason == "stop" for g in gens)
     assert tokens1 - tokens0 >= tokens, (tokens0, tokens1, tokens)
-    # One request at a time would generate one token per iteration; batched, an iteration decodes every running
-    # request (fewer as the ones that stop early leave, so well below n on average).
-    assert per_iteration >= 4, f"{per_iteration:.2f} tokens per engine iteration: not batched"
+    # One request at a time generates at most one token per engine iteration; above one, iterations decoded
+    # several requests together. How many depends on how the requests' arrivals and early stops overlap (13.6 on
+    # a loaded machine, 2.4 on an idle one), so the bound is the one that separates batched from sequential.
+    assert per_iteration >= 1.5, f"{per_iteration:.2f} tokens per engine iteration: not batched"
     assert peak >= 1, f"no queue read showed a running request while {n} ran for {dt:.1f} s: {samples[:20]}"
     q = queue_depths({"engine": dep.engine_urls})
     assert q["engine"]["waiting"] == 0.0 and q["engine"]["engines"][dep.engine_urls[0]]["running"] == 0.0
