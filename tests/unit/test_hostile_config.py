@@ -300,3 +300,8 @@ def test_site_node_limit_is_enforced_before_placing():
     big["deployment"].update(num_train_nodes=5)
     text = errors_of(cfg(big))
     assert "limits.max_nodes" in text and "6" in text and "4" in text
+
+
+@pytest.mark.parametrize("vllm", [{"seed": 0}, {"max-loras": "4"}, {"max_num_seqs": 1}, {"gpu_memory_utilization": 1}])
+def test_vllm_table_whole_numbers_and_fractions_that_are_fine(vllm):
+    validate(cfg({"inference": {"vllm": vllm}}))  # raises ConfigError if refused

@@ -9,7 +9,7 @@ import re
 
 from .errors import Findings
 from .model import RLConfig
-from .passthrough import option_key, vllm_max_model_len
+from .passthrough import option_key, vllm_max_model_len, whole_number
 
 # vLLM options whose values the plan sets for multi-node (data-parallel) engines, beyond commands.PLAN_OWNED_ARGS:
 # a user value would replace the plan's (they are merged as engine defaults) and break the engines' rendezvous.
@@ -46,8 +46,9 @@ def check_vllm_table(cfg: RLConfig, f: Findings) -> None:
         if norm in _PLAN_DP_ARGS:
             f.error(where, "is set by the placement plan for data-parallel (multi-node) engines; remove it and "
                     "size engines with [inference.deployment] and deployment.gpus_per_node")  # fmt: skip
-        if norm in _WHOLE_NUMBER_OPTIONS and not _is_whole(value, 0 if norm == "seed" else 1):
-            f.error(where, f"{value!r} is not a whole number >= {0 if norm == 'seed' else 1}")
+        low, n = (0 if norm == "seed" else 1), whole_number(value)
+        if norm in _WHOLE_NUMBER_OPTIONS and (n is None or n < low):
+            f.error(where, f"{value!r} is not a whole number >= {low}")
         if norm == "max_model_len" and not _is_model_len(value):
             f.error(where, f"{value!r} is not a context length vLLM reads: a whole number >= 1 (or with a suffix, "
                     "like 32k or 32K), -1 or 'auto' (fit the GPU's memory)")  # fmt: skip
@@ -56,13 +57,6 @@ def check_vllm_table(cfg: RLConfig, f: Findings) -> None:
         if norm == "logprobs_mode" and value != _LOGPROBS_MODE:
             f.error(where, f"{value!r}: srl's importance ratios need the logprobs of the distribution tokens were "
                     f"sampled from; allowed: ['{_LOGPROBS_MODE}'] (or remove the key)")  # fmt: skip
-
-
-def _is_whole(value: object, low: int) -> bool:
-    """An int (not a bool) or a string of digits (a CLI override's text), at least ``low``."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 # vLLM's own reading of --max-model-len: digits, a k/m/g/t (decimal, may have a fraction) or K/M/G/T (binary,

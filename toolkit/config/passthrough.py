@@ -25,10 +25,16 @@ def vllm_max_model_len(vllm: dict) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
+def whole_number(value: Any) -> int | None:
+    """A pass-through value as a whole number: an int (not a bool) or a string of digits (a CLI override's text);
+    None for anything else."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def vllm_tp(vllm: dict[str, Any]) -> int:
     """``tensor_parallel_size`` of the pass-through table: 1 when unset, or when it is not a whole number >= 1
     (the config check refuses that value, naming the key; the deployment rules run on the default meanwhile)."""
-    v = vllm_arg(vllm, "tensor_parallel_size", 1)
-    if isinstance(v, str) and v.strip().isdigit():
-        v = int(v)
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1
+    v = whole_number(vllm_arg(vllm, "tensor_parallel_size", 1))
+    return v if v is not None and v >= 1 else 1

@@ -4,8 +4,9 @@
 The same commands and environments the Slurm templates run (from the plan) are started as child processes, each in
 its own process group, with output teed to ``<run>/logs/attempt_<n>/<log_name>``. One progress line shows step,
 reward and throughput from ``metrics.jsonl``. The run ends as a batch job's does (``Supervisor.watch`` and
-``Supervisor.end``): the first process that exits ends it (an orchestrator that finished cleanly waits for the trainer's
-last steps; a trainer that finished gives the orchestrator ``slurm.checkpoint_grace_s`` for an SFT run's final eval), the trainer and orchestrator get ``slurm.checkpoint_grace_s`` to checkpoint and exit after the stop
+``Supervisor.end``): the first process that exits ends it (an orchestrator that finished cleanly waits for the
+trainer's last steps; a trainer that finished gives the orchestrator ``slurm.checkpoint_grace_s`` for an SFT run's
+final eval), the trainer and orchestrator get ``slurm.checkpoint_grace_s`` to checkpoint and exit after the stop
 request, then the rest is stopped; the exit status says how it ended (``toolkit.run.ending``). An inference engine
 that dies after start-up is restarted instead, up to ``inference.max_restarts`` times within
 ``inference.restart_window_s`` (``supervisor.py`` says why only engines), and must answer /health within
@@ -83,9 +84,10 @@ class _Progress:
     def show(self) -> None:
         """Print the new status line, if any: rewritten in place on a terminal, one line per step into a file."""
         line = self.poll()
-        if line:
-            print(f"\r\x1b[2K{line}" if sys.stdout.isatty() else line, end="" if sys.stdout.isatty() else "\n",
-                  flush=True)  # fmt: skip
+        if line and sys.stdout.isatty():
+            print(f"\r\x1b[2K{line}", end="", flush=True)
+        elif line:
+            print(line, flush=True)
 
 
 def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
