@@ -159,13 +159,12 @@ def _end(sup: Supervisor, first: Child | None, failure: str) -> Any:
     """Stop every process and return how the run ended (:mod:`toolkit.run.ending`): a lost lease (no grace, nothing
     more written: the run is someone else's), a user's stop (the trainer gets ``slurm.checkpoint_grace_s`` to
     checkpoint), else :meth:`Supervisor.end` after ``first`` (None: ``failure``)."""
-    grace = sup.cfg.slurm.checkpoint_grace_s
     try:
         if sup.lost is not None:
             sup.stop_all(term_wait_s=0.0)
             return ending.settle(sup.run, lease_lost=True)
         if sup.stop_at is not None:
-            sup.stop_after(grace)  # decided after: the trainer's last checkpointed step is the run's
+            sup.stop_after()  # decided after: the trainer's last checkpointed step is the run's
             end = ending.settle(sup.run, user_stop=True)
             print(f"\nsrl: stopped on request; continue with:\n  {continue_command(sys.argv, sup.run.root.name)}",
                   flush=True)  # fmt: skip
@@ -179,7 +178,7 @@ def _end(sup: Supervisor, first: Child | None, failure: str) -> Any:
                      f"{continue_command(sys.argv, sup.run.root.name)}", error=True)  # fmt: skip
         elif first is not None and first.role in FINITE_ROLES:
             _say(f"report with: srl report {sup.run.root}")
-        return sup.end(first, reason=None if first else failure, grace_s=grace)
+        return sup.end(first, reason=None if first else failure)
     except OSError as e:  # a full disk must not keep the teardown from running
         sup.stop_all()
         return ending.Ending(ending.FAILED, f"could not record how the run ended: {e}")

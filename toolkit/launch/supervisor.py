@@ -338,11 +338,10 @@ class Supervisor:
             time.sleep(POLL_S)
         return None
 
-    def end(self, first: Child | None, *, reason: str | None = None, grace_s: float) -> Any:
+    def end(self, first: Child | None, *, reason: str | None = None) -> Any:
         """Stop the run after ``first`` ended it (None: it ended before every engine answered; ``reason`` says
         why): decide and record how it ended (:mod:`toolkit.run.ending`; before the stop request and kills below,
-        which would read as failures), write the stop request, give the trainer and orchestrator ``grace_s``
-        seconds to checkpoint and exit, then stop every process. ``first`` failed when its status is non-zero or
+        which would read as failures), write the stop request, then :meth:`stop_after`. ``first`` failed when its status is non-zero or
         it serves (an engine or router has no clean exit while the run needs it). Returns the ending."""
         from ..run import ending
 
@@ -351,14 +350,14 @@ class Supervisor:
         end = ending.settle(self.run, failed=(first.name if first else "inference") if failed else None,
                             failed_reason=why)  # fmt: skip
         self.request_stop()
-        self.stop_after(grace_s)
+        self.stop_after()
         return end
 
-    def stop_after(self, grace_s: float) -> None:
-        """Give the trainer and orchestrator up to ``grace_s`` seconds to exit (after a stop request: they
+    def stop_after(self) -> None:
+        """Give the trainer and orchestrator up to ``slurm.checkpoint_grace_s`` seconds to exit (after a stop request: they
         checkpoint first), then stop every process (:meth:`stop_all`). No wait before the engines were ready:
         nothing was generated or trained, and roles still importing torch would only delay the stop."""
-        _wait(lambda: not self.alive(), grace_s if self.ready else 0.0)
+        _wait(lambda: not self.alive(), self.cfg.slurm.checkpoint_grace_s if self.ready else 0.0)
         self.stop_all()
 
     # -- stopping --------------------------------------------------------------------------------------------
@@ -618,7 +617,7 @@ def _teardown(sup: Supervisor, first: Child | None, status: int, reason: str | N
     _job_log(f"teardown: {name} exited first (status {status})")
     if status and reason:
         _job_log(f"{name} failed: {reason}", error=True)
-    end = sup.end(first, reason=reason, grace_s=sup.cfg.slurm.checkpoint_grace_s)
+    end = sup.end(first, reason=reason)
     print(end.line(), flush=True)
     return end.exit_status
 
