@@ -51,9 +51,8 @@ from urllib.parse import quote, unquote
 import h5py
 import numpy as np
 
-if (
-    TYPE_CHECKING
-):  # pandas is imported lazily: the writer runs inside the orchestrator, which does not need it.
+# pandas is imported lazily: the writer runs inside the orchestrator, which does not need it.
+if TYPE_CHECKING:
     from typing import Self
 
     import pandas as pd
@@ -402,12 +401,6 @@ def _flatten(parts: list[Iterable[Any]], dtype: Any, total: int) -> np.ndarray:
 # -- readers -----------------------------------------------------------------------------------------------------
 
 
-def store_columns(path: Path) -> list[str]:
-    """Names of the per-rollout columns in the store at ``path`` (base columns first, then dynamic ones sorted)."""
-    with _open(Path(path), "r") as f:
-        return _column_names(f)
-
-
 def _column_names(f: h5py.File) -> list[str]:
     present = {unquote(k) for k in f["columns"]}
     base = [c for c in BASE_COLUMNS if c in present]
@@ -494,55 +487,3 @@ def _read_tokens(f: h5py.File, n: int) -> dict[str, list[list[np.ndarray]]]:
         out["completion_logprobs"][r].append(lps[s + p : s + k])
         out["completion_mask"][r].append(mask[s + p : s + k])
     return out
-
-
-def read_rollouts(path: Path, start: int = 0, stop: int | None = None) -> list[Rollout]:
-    """Rebuild ``Rollout`` objects for rows ``[start, stop)`` of the store (tokens included).
-
-    Inverse of :meth:`RolloutStoreWriter.append` up to float64 rounding of rewards and float32 of logprobs;
-    ``metrics`` are restored from ``metric/<name>`` columns (NaN entries, i.e. names a rollout lacked, dropped).
-    """
-    from toolkit.run.types import Rollout, TrainingSample
-
-    df = load_rollouts(path, with_tokens=True).iloc[start:stop]
-    dyn = {p: [c for c in df.columns if c.startswith(p)] for p in DYNAMIC_PREFIXES}
-    out = []
-    for rec in df.to_dict("records"):
-        samples = [
-            TrainingSample(
-                prompt_ids=p.tolist(),
-                completion_ids=c.tolist(),
-                completion_mask=m.tolist(),
-                completion_logprobs=lp.tolist(),
-            )
-            for p, c, lp, m in zip(
-                rec["prompt_ids"], rec["completion_ids"], rec["completion_logprobs"], rec["completion_mask"]
-            )
-        ]
-        extra = {
-            attr: {c[len(p) :]: float(rec[c]) for c in dyn[p] if not np.isnan(rec[c])}
-            for p, attr in DYNAMIC_PREFIXES.items()
-        }
-        out.append(
-            Rollout(
-                env=rec["env"],
-                task_id=rec["task_id"],
-                example_id=int(rec["example_id"]),
-                samples=samples,
-                reward=float(rec["reward"]),
-                num_turns=int(rec["num_turns"]),
-                truncated=bool(rec["truncated"]),
-                truncation_reason=_none_if_nan(rec["truncation_reason"]),
-                error_class=_none_if_nan(rec["error_class"]),
-                error_message=_none_if_nan(rec["error_message"]),
-                policy_version=int(rec["policy_version"]),
-                group_id=int(rec["group_id"]),
-                advantage=float(rec["advantage"]),
-                **extra,
-            )
-        )
-    return out
-
-
-def _none_if_nan(v: Any) -> Any:
-    return None if isinstance(v, float) and np.isnan(v) else v
