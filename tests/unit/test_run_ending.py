@@ -4,8 +4,6 @@ and the exit status each ending maps to."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -86,21 +84,12 @@ def test_statuses_are_distinct_per_cause():
         ending.Ending("finished")
 
 
-def test_batch_job_entry_point_exits_with_the_endings_status(run):
-    request_stop(run, "zero-signal guard: 10 consecutive steps")
-    r = subprocess.run([sys.executable, "-m", "toolkit.run.ending", "settle", "--run-dir", str(run.root),
-                        "--failed", "trainer-0", "--status", "0"], capture_output=True, text=True, check=False)
-    assert r.returncode == 4, r.stderr
-    assert r.stdout.strip().splitlines()[-1].startswith("srl: run ended: stopped by the zero-signal guard")
-    ending.clear(run)
-    run.stop_request.unlink()
-    r = subprocess.run([sys.executable, "-m", "toolkit.run.ending", "settle", "--run-dir", str(run.root),
-                        "--signal", "TERM"], capture_output=True, text=True, check=False,
-                       env={"SLURM_JOB_END_TIME": "1", "PATH": "/usr/bin"})  # fmt: skip
-    assert r.returncode == 6 and "time limit" in r.stdout, r.stdout + r.stderr
-    r = subprocess.run([sys.executable, "-m", "toolkit.run.ending", "settle", "--run-dir", str(run.root),
-                        "--signal", "USR2"], capture_output=True, text=True, check=False)  # fmt: skip
-    assert r.returncode == 6, r.stdout + r.stderr
-    r = subprocess.run([sys.executable, "-m", "toolkit.run.ending", "settle", "--run-dir", str(run.root),
-                        "--signal", "TERM"], capture_output=True, text=True, check=False)  # fmt: skip
-    assert r.returncode == 130 and "stopped by the user" in r.stdout, r.stdout + r.stderr
+def test_batch_job_signals_map_to_user_stop_or_time_limit(run, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_END_TIME", "1")
+    end = ending.settle_after_signal(run, "TERM")
+    assert end.exit_status == 6 and "time limit" in end.line()
+    monkeypatch.delenv("SLURM_JOB_END_TIME")
+    assert ending.settle_after_signal(run, "USR2").exit_status == 6
+    end = ending.settle_after_signal(run, "TERM")
+    assert end.exit_status == 130 and "stopped by the user" in end.line()
+    assert ending.settle_after_signal(run, None, requeued=True).exit_status == 0

@@ -450,10 +450,10 @@ def settle_job(run: RunDir, *, signalled: str | None = None, requeued: bool = Fa
 
     if lost:  # the run is someone else's now: nothing is recorded
         end = ending.settle(run, lease_lost=True)
-        print(end.line(), flush=True)
-        return end.exit_status
-    argv = ["settle", "--run-dir", str(run.root), *(["--signal", signalled] if signalled else [])]
-    return ending.main(argv + (["--requeued"] if requeued else []))
+    else:
+        end = ending.settle_after_signal(run, signalled, requeued=requeued)
+    print(end.line(), flush=True)
+    return end.exit_status
 
 
 def _wait(check: Callable[[], bool], timeout_s: float) -> bool:

@@ -27,10 +27,8 @@ once every process has ended, with what only it knows (a failed process, a signa
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -128,30 +126,25 @@ def exit_status(ending: Ending | None) -> int:
     return 1 if ending is None else EXIT_STATUS[ending.cause]
 
 
-def path(run: RunDir) -> Path:
-    """``<run>/ending.json``."""
-    return run.ending
-
-
 def read(run: RunDir) -> Ending | None:
     """The recorded ending of ``run``'s latest attempt; None while it runs, before it ever ran, or when the record
     is unreadable."""
     try:
-        return Ending.from_json(json.loads(path(run).read_text()))
+        return Ending.from_json(json.loads(run.ending.read_text()))
     except (OSError, ValueError, TypeError):
         return None
 
 
 def write(run: RunDir, ending: Ending) -> Ending:
     """Write ``ending`` (atomically, replacing any earlier record); returns it."""
-    atomic_write_json(path(run), ending.to_json())
+    atomic_write_json(run.ending, ending.to_json())
     return ending
 
 
 def clear(run: RunDir) -> None:
     """Forget the previous attempt's ending (a new attempt starts)."""
     try:
-        path(run).unlink()
+        run.ending.unlink()
     except FileNotFoundError:
         pass
 
@@ -163,7 +156,7 @@ def record_criterion(run: RunDir, criterion: str, reason: str, *, role: str) -> 
     if earlier is not None and earlier.cause in (NO_SIGNAL, CRITERION):
         return earlier
     cause = NO_SIGNAL if criterion == ZERO_SIGNAL_GUARD else CRITERION
-    return write(run, Ending(cause, reason, criterion=criterion, role=role, step=newest_trainer_step(run)))
+    return write(run, Ending(cause, reason, criterion=criterion, role=role, step=metrics.newest_step(run.metrics)))
 
 
 def criterion_of(stop_text: str) -> tuple[str, str, str] | None:
@@ -198,7 +191,7 @@ def settle(
     stop, not a failure); a failure; the time limit; a user's stop; a stop request whose text names a criterion
     (a role that wrote it without a record); otherwise the run completed.
     """
-    step = newest_trainer_step(run)
+    step = metrics.newest_step(run.metrics)
     if lease_lost:
         return Ending(LEASE_LOST, step=step)
     if requeued:
@@ -221,11 +214,6 @@ def settle(
         cause = NO_SIGNAL if criterion == ZERO_SIGNAL_GUARD else CRITERION
         return write(run, Ending(cause, reason, criterion=criterion, role=role or None, step=step))
     return write(run, Ending(COMPLETED, step=step))
-
-
-def newest_trainer_step(run: RunDir) -> int | None:
-    """The newest trainer ``step`` in ``metrics.jsonl`` (its last lines), None without one."""
-    return metrics.newest_step(run.metrics)
 
 
 def _role_of(process: str) -> str:
@@ -251,29 +239,10 @@ def _past_time_limit(now: float | None = None) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m toolkit.run.ending settle --run-dir D [...]``: the batch job's last step. Records the ending,
-    prints its line and returns its exit status."""
-    ap = argparse.ArgumentParser(prog="python -m toolkit.run.ending")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("settle", help="decide, record and print how the run ended; exit with its status")
-    s.add_argument("--run-dir", required=True, type=Path)
-    s.add_argument("--failed", default=None, help="process whose exit ended the run (when it exited non-zero)")
-    s.add_argument("--status", type=int, default=None, help="that process's exit status")
-    s.add_argument("--signal", default=None, help="signal the job received (TERM, INT, ...)")
-    s.add_argument("--requeued", action="store_true")
-    a = ap.parse_args(argv)
-    run = RunDir(a.run_dir)
-    failed = a.failed if a.failed and a.status not in (None, 0) else None
+def settle_after_signal(run: RunDir, signal: str | None, *, requeued: bool = False) -> Ending:
+    """:func:`settle` for a Slurm batch job stopped by ``signal`` (``TERM``, ``INT``, ``USR1``..., without ``SIG``;
+    None when none came) or requeued; returns the ending."""
     # TERM and INT come from scancel / srl cancel, or from Slurm at the time limit itself; any other signal is the
     # site's pre-timeout signal (slurm.signal) of a job that is not requeued.
-    timed_out = a.signal is not None and (a.signal not in ("TERM", "INT") or _past_time_limit())
-    ending = settle(run, failed=failed, failed_reason=f"exit status {a.status}" if failed else "",
-                    user_stop=a.signal is not None and not timed_out, time_limit=timed_out,
-                    requeued=a.requeued)  # fmt: skip
-    print(ending.line(), flush=True)
-    return ending.exit_status
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    timed_out = signal is not None and (signal not in ("TERM", "INT") or _past_time_limit())
+    return settle(run, user_stop=signal is not None and not timed_out, time_limit=timed_out, requeued=requeued)
