@@ -178,7 +178,7 @@ def make_run(
     atomic_write_json(run.run_meta, {"run_id": f"r{seed}", "created": 1.7e9, **(meta or {})})
     run.log_attempt(1).mkdir(parents=True)
     point_symlink(run.latest_logs, "attempt_1")
-    orch_log = run.role_log("orchestrator", 1)
+    orch_log = run.log_attempt(1) / "orchestrator.log"
     orch_lines = ["INFO orchestrator started", "INFO connected to router http://node1:8000"]
     t0 = time.time()  # the store stamps rows with the wall clock; metrics must share its time base
     gid = 0
@@ -231,7 +231,7 @@ def make_run(
             )
             append_jsonl(run.metrics, _trainer_metrics(step, t0, failure, rng))
     orch_log.write_text("\n".join(orch_lines) + "\n")
-    run.role_log("trainer", 1).write_text("INFO trainer started\nINFO step 0 done\n")
+    (run.log_attempt(1) / "trainer.log").write_text("INFO trainer started\nINFO step 0 done\n")
     if failure in SLURM_LINES:
         (run.log_attempt(1) / "slurm-4242.out").write_text(f"INFO srl launching\n{SLURM_LINES[failure]}\n")
     return run

@@ -126,10 +126,6 @@ class RunDir:
     def latest_logs(self) -> Path:
         return self.logs / "latest"
 
-    def role_log(self, role: str, attempt: int | None = None) -> Path:
-        base = self.latest_logs if attempt is None else self.log_attempt(attempt)
-        return base / f"{role}.log"
-
     # -- data plane ----------------------------------------------------------------------------
     @property
     def rollouts(self) -> Path:
