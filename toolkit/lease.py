@@ -44,6 +44,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import AllowInfNan, Strict, StrictInt, StrictStr, TypeAdapter
 
 from .fsutil import append_jsonl
 from .procutil import pid_alive, process_start_time
@@ -57,6 +60,9 @@ RENEW_S = 5.0  # seconds between renewals
 # caching of shared filesystems; on the holder's own host a dead PID is noticed at once, without waiting for it.
 TTL_S = 45.0
 WATCH_S = 5.0  # seconds between a role's looks at the lease
+# A Unix time in a record: a string or NaN expiry (a hand-edited or foreign record) made every reader of the lease
+# die with a TypeError, or read as a holder alive forever.
+_Seconds = Annotated[float, Strict(), AllowInfNan(False)]
 
 
 class LeaseHeld(RuntimeError):
@@ -73,18 +79,19 @@ class LeaseLost(RuntimeError):
 
 @dataclass(frozen=True)
 class Holder:
-    """One lease record. Times are Unix seconds (the holder's clock)."""
+    """One lease record. Times are Unix seconds (the holder's clock). The strict types are checked when a record
+    is read (:func:`_parse`), not when srl builds one."""
 
-    token: str
-    host: str
-    pid: int
-    pid_start: int | None
-    job_id: str | None
-    command: str
-    acquired: float
-    renewed: float
-    expires: float
-    run: str = ""  # the run directory the holder supervises (a policy owner: its own run, not the deployment)
+    token: StrictStr
+    host: StrictStr
+    pid: StrictInt
+    pid_start: StrictInt | None
+    job_id: StrictStr | None
+    command: StrictStr
+    acquired: _Seconds
+    renewed: _Seconds
+    expires: _Seconds
+    run: StrictStr = ""  # the run directory the holder supervises (a policy owner: its own run, not the deployment)
 
     def describe(self) -> str:
         """``srl (pid P on host H, Slurm job J, since ..., renewed N s ago)`` for messages."""
@@ -102,7 +109,8 @@ class Holder:
         return None
 
 
-_HOLDER_FIELDS = frozenset(Holder.__dataclass_fields__)
+# Fields a later srl may add are ignored, so a newer holder's record never reads as unreadable (stale).
+_RECORD = TypeAdapter(Holder)
 
 
 def _host() -> str:
@@ -173,17 +181,12 @@ def deployment_refusal(deployment: RunDir, run: RunDir, *, lora: bool) -> str | 
     LoRA adapter there. A look only (the orchestrator takes the lease itself); for refusing early at launch."""
     owner = read_policy_owner(deployment)
     if owner is not None and owner.run != str(run.root) and owner.dead_reason() is None:
-        return owner_refusal(deployment, owner)
+        return _owner_slot(deployment).refusal(owner)
     if not lora:
         for tenant in live_lora_tenants(deployment):
             if tenant.run != str(run.root):
                 return _tenant_slot(deployment, "?").refusal(tenant)
     return None
-
-
-def owner_refusal(deployment: RunDir, owner: Holder) -> str:
-    """The message refusing a second run on ``deployment`` whose weights ``owner``'s run already serves."""
-    return _owner_slot(deployment).refusal(owner)
 
 
 def _read(path: Path) -> Holder | None:
@@ -194,36 +197,12 @@ def _read(path: Path) -> Holder | None:
     return _parse(raw)
 
 
-def _well_typed(h: Holder) -> bool:
-    """Whether every field has the type srl writes (a hand-edited or foreign record may not: a string PID or
-    expiry made every reader of the lease die with a TypeError, and a NaN expiry read as a holder alive forever)."""
-
-    def number(v: object) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-    def whole(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    return (
-        all(isinstance(v, str) for v in (h.token, h.host, h.command, h.run))
-        and whole(h.pid)
-        and (h.pid_start is None or whole(h.pid_start))
-        and (h.job_id is None or isinstance(h.job_id, str))
-        and all(number(v) for v in (h.acquired, h.renewed, h.expires))
-    )
-
-
 def _parse(raw: bytes) -> Holder:
     try:
-        data = json.loads(raw)
-        # Fields a later srl may add are ignored, so a newer holder's record never reads as unreadable (stale).
-        holder = Holder(**{k: v for k, v in data.items() if k in _HOLDER_FIELDS})
-        if _well_typed(holder):
-            return holder
-    except (ValueError, TypeError, AttributeError):
-        pass
-    return Holder(token="?", host="?", pid=0, pid_start=None, job_id=None, command="an unreadable lease file",
-                  acquired=0.0, renewed=0.0, expires=0.0)  # fmt: skip
+        return _RECORD.validate_python(json.loads(raw))
+    except ValueError:  # not JSON, or a record with a missing or mistyped field (pydantic's ValidationError)
+        return Holder(token="?", host="?", pid=0, pid_start=None, job_id=None, command="an unreadable lease file",
+                      acquired=0.0, renewed=0.0, expires=0.0)  # fmt: skip
 
 
 class Lease:
