@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel
 
 
 @dataclass
@@ -86,11 +89,11 @@ def pydantic_issues(exc: Any, model_cls: type, *, source: str | None = None) -> 
                 msg += f"; did you mean '{hint[0]}'?"
             if allowed:
                 msg += f" (allowed here: {', '.join(sorted(allowed))})"
-        elif kind == "union_tag_invalid" or kind == "union_tag_not_found":
-            ctx = err.get("ctx", {})
-            msg = f"{msg}" if not ctx else f"'type' must be one of {ctx.get('expected_tags', '?')}"
+        elif kind in ("union_tag_invalid", "union_tag_not_found"):
+            if err.get("ctx"):
+                msg = f"'type' must be one of {err['ctx'].get('expected_tags', '?')}"
         elif kind.startswith("literal_error"):
-            msg = f"{msg}"
+            pass  # pydantic's message already lists the allowed values
         elif kind == "value_error":
             msg = msg.removeprefix("Value error, ")
             # Model-level checks name their field first ("lr: expects a number ..."): move it into the path.
@@ -105,73 +108,54 @@ def pydantic_issues(exc: Any, model_cls: type, *, source: str | None = None) -> 
     return issues
 
 
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
 def _allowed_keys(model_cls: type, loc: tuple[Any, ...]) -> list[str]:
     """Field names of the (nested) model at ``loc``; best effort through lists, dicts and unions."""
-    import typing
-
-    from pydantic import BaseModel
-
     current = _annotation_at(model_cls, loc)
     if current is None:
         return []
-    if isinstance(current, type) and issubclass(current, BaseModel):
+    if _is_model(current):
         return list(current.model_fields)
-    members = [m for m in typing.get_args(current) if isinstance(m, type) and issubclass(m, BaseModel)]
-    return sorted({k for m in members for k in m.model_fields})
+    return sorted({k for m in typing.get_args(current) if _is_model(m) for k in m.model_fields})
 
 
 def _other_variants_with(model_cls: type, loc: tuple[Any, ...], key: str) -> list[str]:
     """Tags of the union members that accept ``key`` when ``loc`` ends in ``(<union field>, <tag>)``: an unknown key
     of one variant that another variant has (``deployment.single_node.num_train_nodes``)."""
-    import typing
-
-    from pydantic import BaseModel
-
     if len(loc) < 2:
         return []
     union = _annotation_at(model_cls, loc[:-1])
-    members = [m for m in typing.get_args(union) if isinstance(m, type) and issubclass(m, BaseModel)]
+    members = [m for m in typing.get_args(union) if _is_model(m)]
     return [str(m.model_fields["type"].default) for m in members if key in m.model_fields and "type" in m.model_fields]
 
 
 def _annotation_at(model_cls: type, loc: tuple[Any, ...]) -> Any:
     """The model class (or union of them) at ``loc`` below ``model_cls``; None when the path leaves the schema."""
-    from pydantic import BaseModel
-
     current: Any = model_cls
     for item in loc:
         if isinstance(item, int):
             continue
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        fld = current.model_fields.get(str(item)) if _is_model(current) else None
+        if fld is None:
             # A union member tag inside the location (discriminated unions).
             current = _pick_union_member(current, str(item))
             if current is None:
                 return None
-            continue
-        fld = current.model_fields.get(str(item))
-        if fld is None:
-            current = _pick_union_member(current, str(item))
-            if current is None:
-                return None
-            continue
-        current = _strip(fld.annotation)
+        else:
+            current = _strip(fld.annotation)
     return current
 
 
 def _strip(annotation: Any) -> Any:
     """Unwrap Optional / list / Annotated to the model class inside, if any."""
-    import typing
-
-    from pydantic import BaseModel
-
     origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _strip(typing.get_args(annotation)[0])
-    if origin in (list, tuple):
+    if origin in (typing.Annotated, list, tuple):
         return _strip(typing.get_args(annotation)[0])
     if origin is not None:
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        models = [a for a in typing.get_args(annotation) if _is_model(a)]
         if len(models) == 1:
             return models[0]
         if models:
@@ -180,12 +164,8 @@ def _strip(annotation: Any) -> Any:
 
 
 def _pick_union_member(annotation: Any, tag: str) -> Any:
-    import typing
-
-    from pydantic import BaseModel
-
     for member in typing.get_args(annotation):
-        if isinstance(member, type) and issubclass(member, BaseModel):
+        if _is_model(member):
             t = member.model_fields.get("type")
             if t is not None and t.default == tag:
                 return member
