@@ -454,7 +454,7 @@ def _env_rows(cfg: dict[str, Any]) -> pd.DataFrame:
 def _validation(doc: _Doc, run: RunData, key: Any) -> None:
 
     found = False
-    for name, verdict in read_verdicts(run.run.reports).items():
+    for name, verdict in read_verdicts(run.run).items():
         doc.para(f"First-run gate `srl eval {name}`: {'PASSED' if verdict.passed else 'FAILED'}.")
         doc.table(pd.DataFrame([{"env": i.env, "item": i.title, "status": i.status, "detail": i.detail}
                                 for i in verdict.items]), name=key(f"gate_{name}"))

@@ -82,10 +82,6 @@ class Verdict:
     def failed(self) -> list[GateItem]:
         return [i for i in self.items if i.status == "FAIL"]
 
-    def add(self, item: GateItem) -> GateItem:
-        self.items.append(item)
-        return item
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "command": self.command,
@@ -140,19 +136,6 @@ def _md_code(text: str) -> str:
     return f"{fence}{pad}{one_line}{pad}{fence}"
 
 
-def read_verdicts(reports_dir: Path) -> dict[str, Verdict]:
-    """The gate verdicts recorded in a run's ``reports/`` directory: ``{"validate": V, "run": V}`` for the files
-    present (a missing or unreadable file is left out, never an error: reports must not die on it)."""
-    out: dict[str, Verdict] = {}
-    for name, stem in (("validate", VALIDATE_STEM), ("run", GATE_STEM)):
-        path = Path(reports_dir) / f"{stem}.json"
-        try:
-            out[name] = Verdict.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return out
-
-
 def read_verdict(run: RunDir, stem: str, *, newer_than: float = 0.0) -> Verdict | None:
     """The verdict ``<run>/reports/<stem>.json`` if it exists and was created after ``newer_than`` (unix s), else
     None (also when the file is unreadable)."""
@@ -162,3 +145,10 @@ def read_verdict(run: RunDir, stem: str, *, newer_than: float = 0.0) -> Verdict 
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return v if v.created >= newer_than else None
+
+
+def read_verdicts(run: RunDir) -> dict[str, Verdict]:
+    """The gate verdicts recorded in a run's ``reports/`` directory: ``{"validate": V, "run": V}`` for the files
+    present (a missing or unreadable file is left out, never an error: reports must not die on it)."""
+    found = {"validate": read_verdict(run, VALIDATE_STEM), "run": read_verdict(run, GATE_STEM)}
+    return {name: v for name, v in found.items() if v is not None}
