@@ -57,23 +57,6 @@ def pick_step(run: RunDir, step: int | None) -> int:
     raise ExportError(f"{run.root} has no checkpoint of step {step}; complete checkpoints: {listing}")
 
 
-def _settings(run: RunDir) -> Any:
-    """The run's trainer settings, read from its latest resolved config (RL ``rl.json`` or SFT ``sft.json``)."""
-    import json
-
-    if run.resolved("sft").is_file():
-        from toolkit.config.sft import SFTConfig
-        from toolkit.trainer.sft import settings_from_sft
-
-        return settings_from_sft(SFTConfig.model_validate(json.loads(run.resolved("sft").read_text())))
-    if not run.resolved("rl").is_file():
-        raise ExportError(f"{run.root} is not an srl run directory (no {run.resolved('rl')})")
-    from toolkit.config import load_resolved
-    from toolkit.trainer.main import TrainerSettings
-
-    return TrainerSettings.from_config(load_resolved(run.resolved("rl")))
-
-
 def load_checkpoint_policy(run: RunDir, step: int) -> tuple[Any, Path, bool]:
     """The policy of checkpoint ``step`` as the trainer holds it: ``(model, base model directory, is_lora)``.
 
@@ -86,15 +69,12 @@ def load_checkpoint_policy(run: RunDir, step: int) -> tuple[Any, Path, bool]:
 
     from toolkit.models import resolve_model
     from toolkit.trainer.checkpoint import _load_weights
+    from toolkit.trainer.main import TrainerSettings, load_run_config
     from toolkit.trainer.model import load_policy
 
-    s = _settings(run)
+    s = TrainerSettings.from_config(load_run_config(run))
     model_dir = Path(resolve_model(s.model_name))
-    model = load_policy(model_dir, dtype=s.dtype, device="cpu")
-    if s.lora:
-        from toolkit.trainer.lora import apply_lora
-
-        model = apply_lora(model, s.lora)
+    model = load_policy(model_dir, dtype=s.dtype, device="cpu", lora=s.lora)
     part = checkpoints.part_dir(run, step, "trainer")
     if (part / "model.safetensors").is_file():
         _load_weights(part / "model.safetensors", model)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -35,7 +36,7 @@ log = logging.getLogger("srl.trainer")
 @dataclass(frozen=True)
 class TrainerSettings:
     """Everything the trainer loop needs, as plain values: a frozen view of the resolved config, built by
-    :meth:`from_config` (RL) or ``toolkit.trainer.sft.settings_from_sft`` (SFT). No field has a default of its own:
+    :meth:`from_config` from an RL or SFT config. No field has a default of its own:
     each value comes from the config class that declares the knob's one default.
 
     Units: ``batch_timeout_s`` seconds; ``seq_len`` tokens per packed row; ``micro_batch_size`` rows.
@@ -72,12 +73,16 @@ class TrainerSettings:
     broadcast_keep: int | None = None
     batch_timeout_s: float | None = None
 
-    @staticmethod
-    def shared_fields(cfg: Any, t: Any, *, seq_len: int) -> dict[str, Any]:
-        """The settings RL and SFT runs read alike: ``cfg`` is an ``RLConfig`` or ``SFTConfig``, ``t`` its trainer
-        section (optimizer, schedule, micro-batching, LoRA), ``seq_len`` the packed row length in tokens."""
+    @classmethod
+    def from_config(cls, cfg: Any) -> TrainerSettings:
+        """Map a resolved ``RLConfig`` or ``SFTConfig`` onto settings (attribute names of ``toolkit/config/``). An
+        SFT run packs rows of ``data.seq_len`` tokens and leaves the RL loop's fields None."""
+        from toolkit.config.sft import SFTConfig
+        from toolkit.trainer.broadcast import broadcast_keep
+
+        t = cfg.trainer
         sched = t.scheduler
-        return {
+        shared = {
             "model_name": str(cfg.model.name),
             "dtype": cfg.model.dtype,
             "max_steps": cfg.max_steps,
@@ -91,7 +96,6 @@ class TrainerSettings:
             "warmup_steps": 0 if sched.type == "constant" else sched.warmup_steps,
             "min_lr_ratio": sched.min_lr_ratio if sched.type in ("linear", "cosine") else 0.0,
             "micro_batch_size": t.micro_batch_size,
-            "seq_len": seq_len,
             "ckpt_interval": cfg.ckpt.interval,
             "keep_last": cfg.ckpt.keep_last,
             "keep_interval": cfg.ckpt.keep_interval,
@@ -100,20 +104,28 @@ class TrainerSettings:
             "lora": t.model.lora.model_dump() if t.model.lora is not None else None,
             "wandb": cfg.monitors.wandb.model_dump() if cfg.monitors.wandb is not None else None,
         }
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> TrainerSettings:
-        """Map a resolved ``RLConfig`` onto settings (attribute names of ``toolkit/config/model.py``)."""
-        from toolkit.trainer.broadcast import broadcast_keep
-
-        t = cfg.trainer
+        if isinstance(cfg, SFTConfig):
+            return cls(**shared, seq_len=cfg.data.seq_len)
         return cls(
-            **cls.shared_fields(cfg, t, seq_len=t.seq_len),
+            **shared,
+            seq_len=t.seq_len,
             loss=t.loss,  # the config's loss class is the trainer's (one default per knob)
             temperature=cfg.orchestrator.train.sampling.temperature,
             broadcast_keep=broadcast_keep(cfg.orchestrator.max_async_level, cfg.weight_broadcast.keep),
             batch_timeout_s=t.batch_timeout_s,
         )
+
+
+def load_run_config(run: RunDir) -> Any:
+    """The run's latest resolved config: the ``SFTConfig`` of ``sft.json`` when that file exists, else the
+    ``RLConfig`` of ``rl.json``. Raises FileNotFoundError when neither exists, ValidationError on a bad file."""
+    from toolkit.config import load_resolved
+    from toolkit.config.sft import SFTConfig
+
+    if run.resolved("sft").is_file():
+        return SFTConfig.model_validate(json.loads(run.resolved("sft").read_text()))
+    return load_resolved(run.resolved("rl"))
+
 
 @dataclass
 class TrainingStart:
@@ -170,13 +182,9 @@ def start_training(run: RunDir, s: TrainerSettings, *, parts: tuple[str, ...] = 
              os.environ.get("SLURMD_NODENAME") or socket.gethostname(), device)
     torch.manual_seed(s.seed)
     model_dir = resolve_model(s.model_name)
-    model = load_policy(model_dir, dtype=s.dtype, device=str(device))
-    if s.lora:
-        from toolkit.trainer.lora import apply_lora
-
-        # Before sharding: every rank draws the same A matrices (seeded above), then FSDP2 shards them like any
-        # other parameter; the frozen base weights are sharded too and get no gradient.
-        model = apply_lora(model, s.lora)
+    # LoRA before sharding: every rank draws the same A matrices (seeded above), then FSDP2 shards them like any
+    # other parameter; the frozen base weights are sharded too and get no gradient.
+    model = load_policy(model_dir, dtype=s.dtype, device=str(device), lora=s.lora)
     n_params = num_parameters(model)
     model = tdist.shard_model(model, info)
     optimizer = build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay, betas=s.betas)
@@ -357,20 +365,21 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``srl trainer``. Returns the process exit code (0 also after a stop request)."""
     args = _parse(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from toolkit.config import load_resolved
+    from toolkit.trainer.sft import run_sft
 
     run = RunDir(args.run_dir)
     # Started by a supervisor: never train on once it is gone or the run belongs to another attempt.
     exit_when_lease_gone(run, "trainer")
-    if run.resolved("sft").is_file():
-        return _main_sft(run, args)
-    settings = TrainerSettings.from_config(load_resolved(run.resolved("rl")))
+    cfg = load_run_config(run)  # sft.json: the SFT mode of ``srl trainer``
+    settings = TrainerSettings.from_config(cfg)
     if args.resume_step is not None:
         settings = dataclasses.replace(settings, resume_step=args.resume_step)
     if args.resume_dir is not None:
         settings = dataclasses.replace(settings, resume_dir=args.resume_dir)
     stop = StopFlag(run)
     stop.install()
+    if run.resolved("sft").is_file():
+        return _exit_status(lambda: run_sft(run, cfg, settings, stop=stop))
     return _exit_status(lambda: run_trainer(run, settings, stop=stop))
 
 
@@ -392,23 +401,6 @@ def _exit_status(loop: Any) -> int:
         log.error("TrainerDiverged: %s", e)
         return 1
     return 0
-
-
-def _main_sft(run: RunDir, args: argparse.Namespace) -> int:
-    """The SFT mode of ``srl trainer`` (the run's resolved config is ``sft.json``)."""
-    import json
-
-    from toolkit.config.sft import SFTConfig
-    from toolkit.trainer.sft import run_sft
-
-    cfg = SFTConfig.model_validate(json.loads(run.resolved("sft").read_text()))
-    if args.resume_step is not None:
-        cfg.resume.step = args.resume_step
-    if args.resume_dir is not None:
-        cfg.resume.dir = args.resume_dir
-    stop = StopFlag(run)
-    stop.install()
-    return _exit_status(lambda: run_sft(run, cfg, stop=stop))
 
 
 if __name__ == "__main__":

@@ -40,11 +40,13 @@ def untie_output_embeddings(model: torch.nn.Module) -> bool:
     return tied
 
 
-def load_policy(model_dir: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu") -> torch.nn.Module:
-    """Load a causal LM from a HF directory (safetensors) with untied output embeddings, on ``device``.
+def load_policy(model_dir: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu",
+                lora: dict | None = None) -> torch.nn.Module:  # fmt: skip
+    """Load a causal LM from a HF directory (safetensors) with untied output embeddings, on ``device``, wrapped
+    in peft LoRA adapters when ``lora`` (``trainer.model.lora`` as a dict) is given.
 
     Uses SDPA attention (packed rows rely on position-id resets, which transformers turns into a block-diagonal
-    mask). Raises OSError if the directory is not a model.
+    mask). Raises OSError if the directory is not a model, ImportError for ``lora`` without peft.
     """
     from transformers import AutoModelForCausalLM
 
@@ -52,7 +54,12 @@ def load_policy(model_dir: str | Path, *, dtype: str | torch.dtype = "float32", 
         str(model_dir), dtype=torch_dtype(dtype), attn_implementation="sdpa"
     )
     untie_output_embeddings(model)
-    return model.to(device)
+    model = model.to(device)
+    if lora:
+        from toolkit.trainer.lora import apply_lora
+
+        model = apply_lora(model, lora)
+    return model
 
 
 def full_state_dict(model: torch.nn.Module, *, info=None) -> dict[str, torch.Tensor] | None:

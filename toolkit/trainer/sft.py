@@ -40,13 +40,6 @@ from toolkit.run.layout import RunDir
 log = logging.getLogger("srl.trainer.sft")
 
 
-def settings_from_sft(cfg: Any) -> Any:
-    """The trainer settings of an ``SFTConfig`` (the fields RL runs read alike; rows of ``data.seq_len`` tokens)."""
-    from toolkit.trainer.main import TrainerSettings
-
-    return TrainerSettings(**TrainerSettings.shared_fields(cfg, cfg.trainer, seq_len=cfg.data.seq_len))
-
-
 def load_data(cfg: Any, model_dir: Path) -> tuple[Any, Any | None]:
     """Tokenized train and validation data of an SFT config (validation None without ``[val]``).
 
@@ -149,8 +142,9 @@ def check_resumed_order(run: RunDir, samples_of: Any) -> None:
                         f"{run.checkpoints}/step_<n>/hf)")  # fmt: skip
 
 
-def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
-    """The SFT loop (module docstring); returns the last finished step.
+def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any) -> int:
+    """The SFT loop (module docstring) of ``cfg`` (an ``SFTConfig``) with its trainer settings ``s``
+    (``TrainerSettings.from_config(cfg)``, resume overrides applied); returns the last finished step.
 
     Raises DataError before step 1 on bad data, ``toolkit.checkpoints.CheckpointError`` when checkpoints exist but
     none can be resumed, TrainerDiverged after ``max_nonfinite_steps`` non-finite steps in a row.
@@ -164,7 +158,6 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
     from toolkit.trainer.step import train_step
 
     tdist.die_with_agent()
-    s = settings_from_sft(cfg)
     st = start_training(run, s, parts=PARTS)
     info, device, model = st.info, st.device, st.model
     t_data = time.perf_counter()
@@ -299,4 +292,4 @@ def run_sft(run: RunDir, cfg: Any, *, stop: Any) -> int:
     return step
 
 
-__all__ = ["PARTS", "check_resumed_order", "export_model", "load_data", "run_sft", "settings_from_sft", "validation_loss"]
+__all__ = ["PARTS", "check_resumed_order", "export_model", "load_data", "run_sft", "validation_loss"]
