@@ -27,18 +27,19 @@ from .placement.plan import Plan
 from .run.layout import RunDir
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
-# sbatch splits an #SBATCH line on whitespace and understands quotes; keep values free of both (the config
-# validation refuses the same values earlier, naming the field: toolkit.preflight.site.sbatch_fields).
-_SBATCH_UNSAFE = SBATCH_UNSAFE
+
 
 class RenderError(ValueError):
     """A value cannot be rendered safely (the message names the field)."""
 
 
 def sbatch_value(value: Any, what: str = "value") -> str:
-    """Validate one ``#SBATCH`` option value. Raises RenderError naming ``what``."""
+    """Validate one ``#SBATCH`` option value. Raises RenderError naming ``what``.
+
+    The config checks refuse the same values earlier, naming the field (``toolkit.preflight.site.sbatch_fields``).
+    """
     s = str(value)
-    if not s or _SBATCH_UNSAFE.search(s):
+    if not s or SBATCH_UNSAFE.search(s):
         raise RenderError(f"{what} {s!r} cannot go into an #SBATCH line (no whitespace, quotes or backslashes)")
     return s
 
@@ -97,13 +98,10 @@ def common_directives(cfg: RLConfig, site: SiteConfig, run: RunDir, *, name: str
         if val:
             d.append(f"--{key}={sbatch_value(val, f'slurm.{key}')}")
     if requeue:
-        d.append("--requeue")
-        d.append(f"--signal=B:{s.signal}@{int(s.signal_lead_s)}")
+        d += ["--requeue", f"--signal=B:{s.signal}@{int(s.signal_lead_s)}"]
     else:
         d.append("--no-requeue")
-    for extra in s.extra_directives:
-        d.append(sbatch_value(extra, "slurm.extra_directives entry"))
-    return d
+    return d + [sbatch_value(extra, "slurm.extra_directives entry") for extra in s.extra_directives]
 
 
 def group_directives(cfg: RLConfig, site: SiteConfig, plan: Plan) -> list[list[str]]:
@@ -137,12 +135,6 @@ class ScriptContext:
     """Quoted options of the supervisor line: the secret variables' names."""
 
 
-def _path_prepend(python: str) -> str | None:
-    """The directory of the job's interpreter, put first on the job's PATH: a virtual environment's ``srl``,
-    ``torchrun`` and ``vllm-router`` live next to its python, and the submitting shell may not have activated it."""
-    return str(Path(python).parent) if python.startswith("/") else None
-
-
 def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, attempt: int,
                   kind: str = "rl") -> ScriptContext:
     """Compute every value the rl/inference templates print. Raises RenderError for unsafe #SBATCH values."""
@@ -156,26 +148,23 @@ def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, a
         ports = " ".join(f"{k}={v}" for k, v in sorted(p.ports.items()))
         steps.append(f"{p.name}: node {nodes}, GPU positions {list(p.gpus)}, ports {ports}".rstrip())
     python = job_python(site)
+    # The secret variables the job needs, by name only (sbatch propagates their values).
     secrets = set(s.secret_env_vars) | ({cfg.monitors.wandb.api_key_var} if cfg.monitors.wandb else set())
     return ScriptContext(
         kind=kind, directives=groups, run_root=str(run.root), launcher=str(run.launcher), attempt=attempt,
-        python=python, path_prepend=_path_prepend(python), modules=list(site.environment.modules),
-        setup=list(site.environment.setup), steps=steps, step_options=_step_options(secrets),
+        # The interpreter's directory goes first on the job's PATH: a virtual environment's srl, torchrun and
+        # vllm-router live next to its python, and the submitting shell may not have activated it.
+        python=python, path_prepend=str(Path(python).parent) if python.startswith("/") else None,
+        modules=list(site.environment.modules), setup=list(site.environment.setup), steps=steps,
+        step_options=[f"--secret {_quote(n)}" for n in sorted(secrets)],
     )
-
-
-def _step_options(secrets: set[str]) -> list[str]:
-    """The supervisor line's options: the secret variables the job needs, by name only (sbatch propagates their
-    values)."""
-    return [f"--secret {_quote(n)}" for n in sorted(secrets)]
 
 
 def render_text(template: str | Path, ctx: ScriptContext, plan: Plan | None) -> str:
     """Render ``template`` (a name in ``templates/`` or an absolute path, e.g. ``slurm.template_path``)."""
-    env = _env()
     name = str(template)
     try:
-        tpl = env.get_template(str(Path(name).absolute()) if Path(name).is_absolute() or "/" in name else name)
+        tpl = _env().get_template(str(Path(name).absolute()) if Path(name).is_absolute() or "/" in name else name)
     except jinja2.TemplateNotFound as e:
         raise RenderError(f"template {name} not found") from e
     try:
