@@ -13,7 +13,9 @@ resume fails loudly instead of starting from step 0.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,16 +151,27 @@ class RetentionResult:
     failed: list[int]
 
 
-def _remove(path: Path) -> bool:
-    # Rename first so a half-deleted directory never looks like a step (NFS rmtree can fail "not empty").
-    try:
-        doomed = path.with_name(f".{path.name}.tmp-delete")
-        path.rename(doomed)
-        shutil.rmtree(doomed)
-        return True
-    except OSError as e:
-        log.warning("could not delete %s: %s (retried at the next retention pass)", path, e)
-        return False
+def delete_steps(steps: list[int], step_dir: Callable[[int], Path]) -> RetentionResult:
+    """Delete the directory ``step_dir(s)`` of each of ``steps`` (what checkpoint or broadcast retention drops).
+
+    Each is renamed to a dot-name first, so a half-deleted directory never looks like a step (NFS ``rmtree`` can
+    fail with "directory not empty"). A failure is a warning; the renamed leftovers are retried at every call.
+    """
+    result = RetentionResult([], [])
+    for s in steps:
+        path = step_dir(s)
+        try:
+            doomed = path.with_name(f".{path.name}.tmp-delete-{os.getpid()}")
+            path.rename(doomed)
+            shutil.rmtree(doomed)
+            result.deleted.append(s)
+        except OSError as e:
+            log.warning("could not delete %s: %s (retried at the next retention pass)", path, e)
+            result.failed.append(s)
+    # Only our own renamed-for-deletion leftovers: other dot-temps may belong to a writer that is still running.
+    for leftover in step_dir(0).parent.glob(".step_*.tmp-delete*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    return result
 
 
 def apply_retention(
@@ -181,16 +194,5 @@ def apply_retention(
     keep = set(complete[-keep_last:]) | {newest}
     if keep_interval:
         keep |= {s for s in complete if s % keep_interval == 0}
-    deleted, failed = [], []
-    for s in numbered_steps(run.checkpoints):
-        if s >= newest or s in keep:
-            continue
-        (deleted if _remove(run.checkpoint_step(s)) else failed).append(s)
-    _retry_failed_deletes(run.checkpoints)
-    return RetentionResult(deleted, failed)
-
-
-def _retry_failed_deletes(parent: Path) -> None:
-    # Only our own renamed-for-deletion leftovers: other dot-temps may belong to a writer that is still running.
-    for entry in parent.glob(".step_*.tmp-delete"):
-        shutil.rmtree(entry, ignore_errors=True)
+    doomed = [s for s in numbered_steps(run.checkpoints) if s < newest and s not in keep]
+    return delete_steps(doomed, run.checkpoint_step)

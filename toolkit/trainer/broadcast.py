@@ -19,12 +19,13 @@ import logging
 import os
 import shutil
 import struct
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from toolkit import fsutil
+from toolkit.checkpoints import RetentionResult, delete_steps
 from toolkit.run.layout import STABLE_MARKER, RunDir, numbered_steps
 
 log = logging.getLogger(__name__)
@@ -184,13 +185,7 @@ def broadcast_keep(max_async_level: int, keep: int | None = None) -> int:
     return max(floor, keep or floor)
 
 
-@dataclass
-class BroadcastRetention:
-    deleted: list[int]
-    failed: list[int]
-
-
-def apply_broadcast_retention(run: RunDir, keep: int) -> BroadcastRetention:
+def apply_broadcast_retention(run: RunDir, keep: int) -> RetentionResult:
     """Delete broadcast dirs older than the ``keep`` newest STABLE ones; failures are logged, not raised.
 
     Nothing is deleted until ``keep`` STABLE broadcasts exist, and directories newer than the oldest kept one
@@ -198,21 +193,31 @@ def apply_broadcast_retention(run: RunDir, keep: int) -> BroadcastRetention:
     """
     stable = [s for s in numbered_steps(run.broadcasts) if is_stable(run.broadcast_step(s))]
     if keep < 1 or len(stable) <= keep:
-        return BroadcastRetention([], [])
-    oldest_kept = stable[-keep]
-    deleted, failed = [], []
-    for s in numbered_steps(run.broadcasts):
-        if s >= oldest_kept:
-            continue
-        path = run.broadcast_step(s)
-        try:
-            doomed = path.with_name(f".{path.name}.tmp-delete-{os.getpid()}")
-            path.rename(doomed)  # gone from step scans at once, even if rmtree fails half-way below
-            shutil.rmtree(doomed)
-            deleted.append(s)
-        except OSError as e:
-            log.warning("could not delete old broadcast %s: %s", path, e)
-            failed.append(s)
-    for leftover in run.broadcasts.glob(".step_*.tmp-delete-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    return BroadcastRetention(deleted, failed)
+        return RetentionResult([], [])
+    doomed = [s for s in numbered_steps(run.broadcasts) if s < stable[-keep]]
+    return delete_steps(doomed, run.broadcast_step)
+
+
+def broadcast_policy(run: RunDir, step: int, model: torch.nn.Module, base_model_dir: Path, *, info: Any,
+                     keep: int, adapter_only: bool = False) -> None:  # fmt: skip
+    """Write ``model`` as policy version ``step``, then keep the ``keep`` newest STABLE broadcasts.
+
+    Every rank calls this (the weights are gathered from their shards); only the main rank (``info.is_main``)
+    writes. ``adapter_only`` (a LoRA RL run): only the adapter travels (:func:`write_adapter_broadcast`), which
+    the engines load in place under one LoRA name; else the full, LoRA-merged weights (:func:`write_broadcast`).
+    Raises OSError.
+    """
+    if adapter_only:
+        from toolkit.trainer.lora import adapter_config, adapter_state_dict
+
+        adapter = adapter_state_dict(model)
+        if info.is_main:
+            write_adapter_broadcast(run, step, adapter, adapter_config(model, base_model_dir))
+    else:
+        from toolkit.trainer.model import full_state_dict
+
+        weights = full_state_dict(model, info=info)
+        if info.is_main:
+            write_broadcast(run, step, weights, model_config_dict(model), base_model_dir)
+    if info.is_main:
+        apply_broadcast_retention(run, keep)

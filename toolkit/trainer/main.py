@@ -235,9 +235,8 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     from toolkit.run.control import request_stop
     from toolkit.run.metrics import recorded_steps
     from toolkit.trainer import dist as tdist
-    from toolkit.trainer.broadcast import apply_broadcast_retention, model_config_dict, write_broadcast
+    from toolkit.trainer.broadcast import broadcast_policy
     from toolkit.trainer.metrics import mfu
-    from toolkit.trainer.model import full_state_dict
     from toolkit.trainer.packing import plan_micro_batches
     from toolkit.trainer.step import train_step
 
@@ -292,21 +291,7 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
             on_policy=torch.as_tensor(batch.policy_version == n - 1),
         )  # fmt: skip
         t_bc = time.perf_counter()
-        if s.lora:  # only the adapter travels; the engines load it in place under one LoRA name
-            from toolkit.trainer.broadcast import write_adapter_broadcast
-            from toolkit.trainer.lora import adapter_config, adapter_state_dict
-
-            adapter = adapter_state_dict(model)  # every rank: gathers the sharded adapter
-            if info.is_main:
-                write_adapter_broadcast(run, n, adapter, adapter_config(model, model_dir))
-                apply_broadcast_retention(run, s.broadcast_keep)
-            del adapter
-        else:
-            weights = full_state_dict(model, info=info)
-            if info.is_main:
-                write_broadcast(run, n, weights, model_config_dict(model), model_dir)
-                apply_broadcast_retention(run, s.broadcast_keep)
-            del weights
+        broadcast_policy(run, n, model, model_dir, info=info, keep=s.broadcast_keep, adapter_only=bool(s.lora))
         tdist.barrier(info)
         bc_s = time.perf_counter() - t_bc
         step = n

@@ -195,21 +195,12 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any) -> int:
         return time.perf_counter() - t0
 
     def broadcast(step: int) -> float:
-        # Online eval: the eval-only orchestrator loads this into inference and evaluates it.
-        from toolkit.trainer.broadcast import (
-            apply_broadcast_retention,
-            model_config_dict,
-            write_broadcast,
-        )
-        from toolkit.trainer.model import full_state_dict
+        # Online eval: the eval-only orchestrator loads this into inference and evaluates it. Four eval points are
+        # kept, so it evaluates each point's own weights even when its evals (or the engine's start-up) fall behind.
+        from toolkit.trainer.broadcast import broadcast_policy
 
         t0 = time.perf_counter()
-        weights = full_state_dict(model, info=info)
-        if info.is_main:
-            write_broadcast(run, step, weights, model_config_dict(model), st.model_dir)
-            # Four eval points back: the eval-only orchestrator evaluates each point's own weights even when its
-            # evals (or the engine's start-up) fall behind the trainer.
-            apply_broadcast_retention(run, 4)
+        broadcast_policy(run, step, model, st.model_dir, info=info, keep=4)
         tdist.barrier(info)
         return time.perf_counter() - t0
 
