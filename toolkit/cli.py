@@ -63,14 +63,6 @@ _ROLE_COMMANDS = {
 }
 
 
-def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str, bool]]:
-    """The one parser of every run-shaped command (:func:`toolkit.config.cli_args.split_config_args`): ``@``
-    files, srl's own flags, dotted overrides. Imported when called, so ``srl --help`` loads no config schema."""
-    from .config.cli_args import split_config_args as split
-
-    return split(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -166,6 +158,7 @@ def cmd_rl(args: list[str], full_argv: list[str], *, dependency: str | None = No
     """``srl rl``: validate, write the run directory, then launch locally or submit to Slurm (behind
     ``dependency``, e.g. ``afterok:<job>``, when given: ``srl sft chain``)."""
     from .config import load_config
+    from .config.cli_args import split_config_args
     from .preflight import preflight
 
     files, overrides, flags = split_config_args(args)
@@ -206,7 +199,7 @@ def cmd_config(args: list[str]) -> int:
     import tomli_w
 
     from .config import ConfigError, load_config, toml_data
-    from .config.cli_args import print_help_if_asked
+    from .config.cli_args import print_help_if_asked, split_config_args
     from .preflight import preflight
 
     usage = ("usage: srl config show @ run.toml [...]    print the resolved (canonical) config as TOML\n"

@@ -51,7 +51,7 @@ def _exits_within(proc: subprocess.Popen, seconds: float) -> tuple[int, str, flo
 
 
 def test_a_training_sft_trainer_exits_when_the_lease_is_taken_by_another_supervisor(tmp_path):
-    from toolkit.cli import split_config_args
+    from toolkit.config.cli_args import split_config_args
     from toolkit.commands.sft import load, prepare
 
     data = tmp_path / "d.jsonl"

@@ -61,20 +61,15 @@ def _check_world(cfg: Any) -> None:
     run's launch view (a writable output_dir among them): a missing model or an unknown site is reported here, before the
     run directory is written, instead of as a traceback when the trainer starts. Prints warnings; raises
     ConfigError naming the SFT config's fields."""
-    from toolkit.config import ConfigError, ConfigIssue
+    from toolkit.config import ConfigError
     from toolkit.config.sft import in_sft_terms, launch_loaded
     from toolkit.preflight import preflight
 
-    errors: list[ConfigIssue] = []
-    warnings: list[ConfigIssue] = []
     try:
         checked = preflight(launch_loaded(cfg))
-        warnings = checked.warnings
     except ConfigError as e:
-        errors = e.issues
-    if errors:
-        raise ConfigError(in_sft_terms(errors))
-    for w in in_sft_terms(warnings):
+        raise ConfigError(in_sft_terms(e.issues)) from None
+    for w in in_sft_terms(checked.warnings):
         print(f"warning: {w}", file=sys.stderr)
 
 
@@ -147,16 +142,9 @@ def launch(cfg: Any, view: Any, run: Any, attempt: int, *, dry_run: bool, resume
                            roles=cfg.roles())
 
 
-def submit(cfg: Any, view: Any, run: Any, attempt: int) -> str:
-    """Submit the SFT job to the Slurm site of ``view``; returns its job id."""
-    from toolkit.launch.submit import submit_rl
-
-    return submit_rl(view, run, attempt, roles=cfg.roles())
-
-
 def cmd_run(args: list[str]) -> int:
     """``srl sft @ ...``: validate, prepare the run directory, launch or submit."""
-    from toolkit.cli import split_config_args
+    from toolkit.config.cli_args import split_config_args
 
     files, overrides, flags = split_config_args(args)
     if flags["help"]:
@@ -223,9 +211,8 @@ def _check_output(out: Path) -> None:
 def cmd_make_data(args: list[str]) -> int:
     """``srl sft make-data OUT @ rl.toml [--env NAME] [--taskset.FIELD VALUE ...]``: a prompt/completion JSONL
     from the reference answers of a train env's taskset (the same taskset config, so the same prompts)."""
-    from toolkit.cli import split_config_args
     from toolkit.config import ConfigError, load_config
-    from toolkit.config.cli_args import print_help_if_asked
+    from toolkit.config.cli_args import print_help_if_asked, split_config_args
     from toolkit.config.compose import _parse_value
 
     usage = "usage: srl sft make-data OUT.jsonl @ rl.toml [--env NAME] [--taskset.FIELD VALUE ...]"
@@ -257,7 +244,7 @@ def cmd_make_data(args: list[str]) -> int:
             taskset = type(taskset).model_validate({**taskset.model_dump(), **{k: _parse_value(v) for k, v in
                                                                                 fields.items()}})  # fmt: skip
         except ValidationError as e:
-            raise ConfigError([i for i in pydantic_issues(e, type(taskset))]) from None
+            raise ConfigError(list(pydantic_issues(e, type(taskset)))) from None
     # Reference answers of the split the RL job evaluates on would make its eval measure memorisation.
     held_out = [e.env_name for e in rl_cfg.orchestrator.eval.env if e.taskset is not None
                 and e.taskset.id == taskset.id and e.taskset.split == taskset.split]
@@ -300,8 +287,8 @@ def _check_rl_args(rl_args: list[str], cfg: Any) -> None:
     The SFT run's model does not exist yet, so the check stands its base model (``cfg.model.name``, the same
     architecture) in for it. Raises ConfigError naming the RL field or file.
     """
-    from toolkit.cli import split_config_args
     from toolkit.config import ConfigError, load_config
+    from toolkit.config.cli_args import split_config_args
     from toolkit.preflight import preflight
 
     files, overrides, _ = split_config_args(rl_args)
@@ -317,7 +304,8 @@ def cmd_chain(args: list[str]) -> int:
     """``srl sft chain @ sft.toml [...] --then @ rl.toml [...]``: SFT, then RL from its final model."""
     from toolkit.cli import cmd_rl
     from toolkit.config import ConfigError
-    from toolkit.config.cli_args import print_help_if_asked
+    from toolkit.config.cli_args import print_help_if_asked, split_config_args
+    from toolkit.launch.submit import submit_rl
 
     usage = "usage: srl sft chain @ sft.toml [...] --then @ rl.toml [...]"
     if print_help_if_asked(args, usage + "\n\nRuns the SFT run, then the RL run from its final model (on Slurm: "
@@ -329,8 +317,6 @@ def cmd_chain(args: list[str]) -> int:
     i = args.index("--then")
     sft_args, rl_args = args[:i], args[i + 1 :]
     _refuse_chain_misuse(rl_args)
-    from toolkit.cli import split_config_args
-
     files, overrides, flags = split_config_args(sft_args)
     if "--dry-run" in rl_args and not flags["dry_run"]:
         # Written last on the line, it reads as "dry-run the chain", but the SFT run would train for real.
@@ -348,7 +334,7 @@ def cmd_chain(args: list[str]) -> int:
     if flags["dry_run"]:
         rl_full.append("--dry-run")
     if site.is_slurm and not flags["dry_run"]:
-        job = submit(cfg, view, run, attempt)
+        job = submit_rl(view, run, attempt, roles=cfg.roles())
         print(f"srl: SFT job {job}; the RL job waits for it to complete (afterok) and starts from {run.model_export}")
         return cmd_rl(rl_full, ["rl", *rl_full], dependency=f"afterok:{job}")
     status = launch(cfg, view, run, attempt, dry_run=flags["dry_run"], resume=flags["resume"])

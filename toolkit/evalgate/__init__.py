@@ -70,8 +70,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """``srl eval <validate|run> ...``; returns the exit status (see ``USAGE``)."""
-    from toolkit.cli import split_config_args
     from toolkit.config import ConfigError, load_config
+    from toolkit.config.cli_args import split_config_args
     from toolkit.preflight import preflight
 
     if not argv or argv[0] not in ("validate", "run"):

@@ -21,7 +21,8 @@ from ..preflight import preflight
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "queues":
         return _queues(argv[1:])
-    from ..cli import _print_warnings, split_config_args
+    from ..cli import _print_warnings
+    from ..config.cli_args import split_config_args
 
     files, overrides, flags = split_config_args(argv)
     if flags["help"] or not files:
