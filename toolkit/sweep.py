@@ -35,7 +35,7 @@ from typing import Any
 
 from .config import ConfigError, ConfigIssue, LoadedConfig, name_sources, validate_dict
 from .config.cli_args import split_config_args
-from .config.compose import _set_path, deep_merge, merge_layers, parse_overrides, read_toml, record_origins
+from .config.compose import deep_merge, merge_layers, parse_overrides, read_toml, record_origins, subtable
 from .config.convert import to_canonical
 from .preflight import preflight
 
@@ -222,7 +222,8 @@ def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None
         merged = deep_merge(merged, top)
         origins.update(top_origins)
     for key, value in point.params.items():
-        _set_path(merged, key.split("."), value)
+        *parents, leaf = key.split(".")
+        subtable(merged, *parents)[leaf] = value
     merged["seed"] = point.seed
     base_out = output_dir or merged.get("output_dir", "outputs")
     if not isinstance(base_out, (str, Path)) or not str(base_out):

@@ -100,7 +100,7 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
         path = [p.replace("-", "_") for p in key.split(".")]
         if not all(p and (p.replace("_", "").isalnum()) for p in path):
             raise ConfigError(f"bad override key '{key}': use dotted names like orchestrator.batch-size")
-        _set_path(out, path, value)
+        subtable(out, *path[:-1])[path[-1]] = value
     return out
 
 
@@ -116,15 +116,14 @@ def _parse_value(raw: str) -> Any:
     return raw if isinstance(value, (datetime.date, datetime.time)) else value
 
 
-def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+def subtable(tree: dict[str, Any], *path: str) -> dict[str, Any]:
+    """The table at ``path`` below ``tree``, made (or put in place of a non-table value) where missing."""
     node = tree
-    for part in path[:-1]:
-        nxt = node.get(part)
-        if not isinstance(nxt, dict):
-            nxt = {}
-            node[part] = nxt
-        node = nxt
-    node[path[-1]] = value
+    for part in path:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    return node
 
 
 def merge_layers(

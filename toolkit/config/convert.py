@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .compose import subtable
 from .errors import ConfigError, ConfigIssue
 
 _NATIVE_V1_FIELDS = {"taskset", "harness", "runtime", "timeout", "pool", "max_turns", "max_total_tokens", "retries"}
@@ -35,17 +36,6 @@ def to_canonical(raw: dict[str, Any], *, source: str | None = None) -> tuple[dic
     return data, notices
 
 
-def _table(data: dict[str, Any], *path: str) -> dict[str, Any]:
-    node = data
-    for p in path:
-        nxt = node.get(p)
-        if not isinstance(nxt, dict):
-            nxt = {}
-            node[p] = nxt
-        node = nxt
-    return node
-
-
 def _hosted_flat(data: dict[str, Any], notices: list[str], where: str) -> None:
     if isinstance(data.get("model"), str):
         data["model"] = {"name": data["model"]}
@@ -60,26 +50,24 @@ def _hosted_flat(data: dict[str, Any], notices: list[str], where: str) -> None:
     }
     for key, dest in moves.items():
         if key in data:
-            _table(data, *dest[:-1])[dest[-1]] = data.pop(key)
+            subtable(data, *dest[:-1])[dest[-1]] = data.pop(key)
             notices.append(f"hosted shape{where}: {key} -> {'.'.join(dest)}")
     if isinstance(data.get("sampling"), dict):
         sampling = data.pop("sampling")
         if "max_tokens" in sampling:
             sampling["max_completion_tokens"] = sampling.pop("max_tokens")
-        target = _table(data, "orchestrator", "train", "sampling")
-        target.update(sampling)
+        subtable(data, "orchestrator", "train", "sampling").update(sampling)
         notices.append(f"hosted shape{where}: [sampling] -> [orchestrator.train.sampling] (max_tokens -> "
                        "max_completion_tokens)")
     if isinstance(data.get("env"), list):
         envs = data.pop("env")
-        _table(data, "orchestrator", "train").setdefault("env", []).extend(envs)
+        subtable(data, "orchestrator", "train").setdefault("env", []).extend(envs)
         notices.append(f"hosted shape{where}: [[env]] -> [[orchestrator.train.env]]")
     if isinstance(data.get("wandb"), dict):
-        _table(data, "monitors")["wandb"] = data.pop("wandb")
+        subtable(data, "monitors")["wandb"] = data.pop("wandb")
         notices.append(f"hosted shape{where}: [wandb] -> [monitors.wandb]")
     if isinstance(data.get("buffer"), dict):
-        buf = data.pop("buffer")
-        _table(data, "orchestrator", "buffer").update(buf)
+        subtable(data, "orchestrator", "buffer").update(data.pop("buffer"))
         notices.append(f"older name{where}: [buffer] -> [orchestrator.buffer]")
 
 
@@ -92,10 +80,10 @@ def _older_names(data: dict[str, Any], notices: list[str], where: str) -> None:
         notices.append(f"older name{where}: orchestrator.rollouts_per_example -> orchestrator.group_size")
     for key in _BUFFER_KEYS:
         if key in orch:
-            _table(orch, "buffer")[key] = orch.pop(key)
+            subtable(orch, "buffer")[key] = orch.pop(key)
             notices.append(f"older name{where}: orchestrator.{key} -> orchestrator.buffer.{key}")
-    if "sampling" in orch and isinstance(orch["sampling"], dict):
-        _table(orch, "train", "sampling").update(orch.pop("sampling"))
+    if isinstance(orch.get("sampling"), dict):
+        subtable(orch, "train", "sampling").update(orch.pop("sampling"))
         notices.append(f"older name{where}: [orchestrator.sampling] -> [orchestrator.train.sampling]")
     sampling = orch.get("train", {}).get("sampling") if isinstance(orch.get("train"), dict) else None
     if isinstance(sampling, dict) and "max_tokens" in sampling:
