@@ -402,11 +402,11 @@ def _run_local(manifest: Path, n: int, parallel: int) -> int:
 
 
 def sweep_from_manifest(manifest: Path) -> Sweep:
-    """The Sweep a manifest was written from (points, shared layers); raises ConfigError when it is unreadable."""
-    try:
-        data = json.loads(Path(manifest).read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read the sweep manifest {manifest}: {e}") from None
+    """The Sweep a manifest (``<sweep root>/manifest.json``) was written from (points, shared layers); raises
+    ConfigError when it is unreadable (:func:`toolkit.launch.sweeps.read_manifest`)."""
+    from .launch.sweeps import read_manifest
+
+    data = read_manifest(Path(manifest).parent)
     points = [SweepPoint(p["index"], p["point_id"], p["params"], p["seed"]) for p in data["points"]]
     return Sweep(data["name"], [Path(b) for b in data["base"]], points, int(data.get("max_parallel", 1)),
                  data["common"], [Path(o) for o in data.get("overlays", [])], list(data.get("overrides", [])))
@@ -421,17 +421,13 @@ def run_point(manifest: Path, index: int) -> int:
     cfg = loaded.config
     from .launch.dispatch import launch
     from .launch.prepare import prepare_run
+    from .launch.sweeps import point_meta, update_run_meta
     from .run.layout import RunDir
 
     run_dir = RunDir(root / point.point_id)
     resume = run_dir.configs.exists()
     run, attempt = prepare_run(loaded, argv=["srl", "sweep", "run-point", str(manifest), str(index)], resume=resume)
-    meta = json.loads(run.run_meta.read_text())
-    meta.update({"sweep": sweep.name, "sweep_point": point.params, "seed": point.seed, "point_id": point.point_id,
-                 "sweep_index": point.index})
-    from .fsutil import atomic_write_json
-
-    atomic_write_json(run.run_meta, meta)
+    update_run_meta(run, {"sweep": sweep.name, **point_meta(point)})
     return launch(cfg, run, attempt=attempt, dry_run=False, resume=resume)
 
 

@@ -124,6 +124,17 @@ def finished(run: RunDir, max_steps: int) -> bool:
     return step is not None and step >= max_steps
 
 
+def update_run_meta(run: RunDir, fields: dict[str, Any]) -> None:
+    """Add ``fields`` to the run's ``run_meta.json`` (a sweep point's id, values and array task)."""
+    meta = json.loads(run.run_meta.read_text())
+    atomic_write_json(run.run_meta, {**meta, **fields})
+
+
+def point_meta(point: Any) -> dict[str, Any]:
+    """What a point's ``run_meta.json`` records of its sweep point: id, axis values, seed, array index."""
+    return {"sweep_point": point.params, "seed": point.seed, "point_id": point.point_id, "sweep_index": point.index}
+
+
 def _shape(directives: list[list[str]]) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(d for d in group if not d.startswith(_PER_JOB)) for group in directives)
 
@@ -152,10 +163,7 @@ def prepare_points(sweep: Any, configs: list[LoadedConfig], site: SiteConfig, ro
             continue
         run, attempt = prepare_attempt(loaded, live, argv=argv, dry_run=dry_run,
                                        resume=resume and live.configs.exists(), clean=clean)  # fmt: skip
-        meta = json.loads(run.run_meta.read_text())
-        meta.update({"sweep": sweep.name, "sweep_point": point.params, "seed": point.seed,
-                     "point_id": point.point_id, "sweep_index": point.index, "sweep_root": str(root)})
-        atomic_write_json(run.run_meta, meta)
+        update_run_meta(run, {"sweep": sweep.name, **point_meta(point), "sweep_root": str(root)})
         write_plan(run, plan)
         script = render_rl(cfg, run, plan, attempt=attempt, site=site)
         ctx = build_context(cfg, site, run, plan, attempt=attempt)
@@ -227,9 +235,7 @@ def submit_arrays(sweep_name: str, prepared: list[PreparedPoint], site: SiteConf
         for task, i in enumerate(chunk.points):
             p = ordered[i]
             record_job_id(p.run, f"{chunk.job_id}_{task}" if chunk.array else chunk.job_id, "rl", p.attempt)
-            meta = json.loads(p.run.run_meta.read_text())
-            meta.update({"array_job_id": chunk.job_id, "array_task_id": task if chunk.array else None})
-            atomic_write_json(p.run.run_meta, meta)
+            update_run_meta(p.run, {"array_job_id": chunk.job_id, "array_task_id": task if chunk.array else None})
         rec = {"job_id": chunk.job_id, "script": script.name, "array": chunk.array, "throttle": chunk.throttle,
                "after": chunks[chunk.after].job_id if chunk.after is not None else None,
                "points": [ordered[i].point_id for i in chunk.points], "time": time.time()}
