@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, ensure_admin_token
+from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, admin_token_from_env, new_admin_token
 from toolkit.inference.commands import ENGINE_DEFAULTS, engine_command, engine_env, router_command
 from toolkit.inference.health import clear_ready, is_healthy, write_ready
 from toolkit.inference.weights import WeightUpdater
@@ -314,7 +314,9 @@ def start_local_deployment(
         kv_store.mkdir(parents=True)
         kv_extra = {"shared_storage_path": str(kv_store)}
 
-    token = admin_token or ensure_admin_token()
+    token = admin_token or admin_token_from_env()
+    if token is None:  # exported, so a WeightUpdater built later in this process finds it
+        token = os.environ[ADMIN_TOKEN_ENV] = new_admin_token()
     engines: list[ManagedProcess] = []
     counters: dict[str, int] = {}
     user_env = {"engine": engine_env_vars, "prefill": prefill_env_vars, "decode": decode_env_vars}

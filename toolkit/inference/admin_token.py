@@ -45,17 +45,6 @@ def admin_token_from_env(environ: Mapping[str, str] | None = None) -> str | None
     return value or None
 
 
-def ensure_admin_token(environ: MutableMapping[str, str] | None = None) -> str:
-    """The token in ``environ`` (default ``os.environ``); when there is none, a new one is created and exported
-    there, so this process's later admin calls and its children use the same one."""
-    env = os.environ if environ is None else environ
-    token = admin_token_from_env(env)
-    if token is None:
-        token = new_admin_token()
-        env[ADMIN_TOKEN_ENV] = token
-    return token
-
-
 def admin_headers(token: str | None) -> dict[str, str]:
     """HTTP headers carrying ``token`` to an engine's admin route; empty when ``token`` is None."""
     return {ADMIN_TOKEN_HEADER: token} if token else {}
