@@ -20,6 +20,7 @@ from pydantic import Field, PrivateAttr, model_validator
 from .model import (
     _MAX_SEED,
     CkptConfig,
+    ConstantScheduler,
     DeploymentConfig,
     EnvValue,
     EvalSection,
@@ -39,7 +40,6 @@ from .model import (
     TrainerConfig,
     TrainerModelConfig,
 )
-from .model import ConstantScheduler as _Constant
 
 
 class ColumnsConfig(Section):
@@ -112,7 +112,7 @@ class SFTTrainerConfig(Section):
     """``[trainer]`` of an SFT run: the RL trainer's optimizer, schedule, micro-batching and LoRA settings."""
 
     optim: OptimConfig = OptimConfig(lr=1e-4)
-    scheduler: SchedulerConfig = _Constant()
+    scheduler: SchedulerConfig = ConstantScheduler()
     micro_batch_size: int = Field(1, ge=1, le=4096)
     """Packed rows per forward/backward."""
     model: TrainerModelConfig = TrainerModelConfig()
@@ -207,18 +207,19 @@ _VIEW_TO_SFT = (
 )
 
 
+def _renamed(path: str, pairs) -> str:
+    """``path`` with the first ``(old, new)`` prefix of ``pairs`` that covers it (whole path, or up to a ``.`` or
+    ``[``) replaced by ``new``; unchanged when none does."""
+    for old, new in pairs:
+        if path == old or path.startswith((old + ".", old + "[")):
+            return new + path[len(old):]
+    return path
+
+
 def sft_path(view_path: str) -> str:
     """The SFT config's spelling of a field path of :meth:`SFTConfig.launch_view` (``orchestrator.eval.env[0]``
     -> ``eval.env[0]``, ``trainer.seq_len`` -> ``data.seq_len``); a comma-separated list maps item by item."""
-    out = []
-    for part in view_path.split(","):
-        p = part.strip()
-        for view, sft in _VIEW_TO_SFT:
-            if p == view or p.startswith(view + ".") or p.startswith(view + "["):
-                p = sft + p[len(view):]
-                break
-        out.append(p)
-    return ", ".join(out)
+    return ", ".join(_renamed(part.strip(), _VIEW_TO_SFT) for part in view_path.split(","))
 
 
 def in_sft_terms(issues: list) -> list:
@@ -268,12 +269,8 @@ def launch_loaded(cfg: SFTConfig):  # -> LoadedConfig (imported lazily: the pack
     names the file that set the field. Map findings back with :func:`in_sft_terms`."""
     from . import LoadedConfig
 
-    back = {sft: view for view, sft in _VIEW_TO_SFT}
-    origins = {}
-    for path, src in cfg._origins.items():
-        view = next((v + path[len(s):] for s, v in back.items()
-                     if path == s or path.startswith(s + ".") or path.startswith(s + "[")), path)  # fmt: skip
-        origins[view] = src
+    back = [(sft, view) for view, sft in _VIEW_TO_SFT]
+    origins = {_renamed(path, back): src for path, src in cfg._origins.items()}
     return LoadedConfig(cfg.launch_view(), warnings=list(cfg._warnings), purpose="sft", origins=origins)
 
 
