@@ -61,6 +61,8 @@ DEFAULT_LORA_NAME = "srl-policy-lora"
 # Where engines read the served adapter from: one fixed directory next to the broadcasts (see stage_adapter).
 LORA_SERVED_DIR = "lora_served"
 _ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# vLLM's /pause mode: queued and running requests stay and continue after resume (module doc, step 1).
+_PAUSE = {"mode": "keep"}
 
 
 class WeightUpdateError(RuntimeError):
@@ -111,8 +113,7 @@ class WeightUpdater:
     """Pushes new policy weights into every engine of a deployment.
 
     ``engine_urls`` are the engines' own base URLs (never the router). ``timeout_s`` bounds each admin call
-    (seconds). ``pause_mode`` is vLLM's /pause mode: "keep" (default: freeze, continue after resume), "wait"
-    (drain in-flight requests first) or "abort". ``admin_token`` is the deployment's admin token; None reads
+    (seconds). ``admin_token`` is the deployment's admin token; None reads
     ``SRL_ADMIN_TOKEN`` from this process's environment (set by srl's launchers). Without one, the engines answer
     401/403 and updates raise WeightUpdateError. ``profile_reload`` asks engines with srl's worker extension for a
     per-phase breakdown of their reload (``last_reload``; benchmarks). ``run_id``: the run whose weights these
@@ -125,7 +126,6 @@ class WeightUpdater:
         engine_urls: Sequence[str],
         *,
         timeout_s: float = 300.0,
-        pause_mode: str = "keep",
         admin_token: str | None = None,
         profile_reload: bool = False,
         run_id: str | None = None,
@@ -135,8 +135,6 @@ class WeightUpdater:
         self._headers = admin_headers(admin_token or admin_token_from_env())  # kept out of repr and messages
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
         self.timeout_s = timeout_s
-        self.pause_mode = pause_mode
-        self.served_version: int | None = None
         self._optional_missing: set[tuple[str, str]] = set()  # (url, path) the engine does not offer
         # engine URL -> its connector's KV file store (None: no file store). A restarted engine runs the same
         # command, hence the same store, so one lookup per URL holds for the updater's life.
@@ -176,6 +174,12 @@ class WeightUpdater:
     async def _all(self, http: httpx.AsyncClient, path: str, *, optional: bool = False, **kw) -> None:
         await _on_every_engine(self._call(http, url, path, optional=optional, **kw) for url in self.engine_urls)
 
+    async def _resume_all(self, http: httpx.AsyncClient) -> list[BaseException]:
+        """Resume every engine, each one tried even when another fails; returns the failures."""
+        results = await asyncio.gather(*(self._call(http, u, "/resume", optional=True) for u in self.engine_urls),
+                                       return_exceptions=True)  # fmt: skip
+        return [r for r in results if isinstance(r, BaseException)]
+
     async def update(self, broadcast_dir: Path, version: int, *, label: str | None = None) -> float:
         """Load the HF safetensors directory ``broadcast_dir`` as policy ``version`` into every engine.
 
@@ -205,7 +209,7 @@ class WeightUpdater:
             lap("kv_store_lookup")
             t0 = mark
             try:
-                await self._all(http, "/pause", optional=True, params={"mode": self.pause_mode})
+                await self._all(http, "/pause", optional=True, params=_PAUSE)
                 lap("pause")
                 await self._reload_all(http, broadcast_dir)
                 lap("reload")
@@ -220,15 +224,11 @@ class WeightUpdater:
                     raise errors[0]
                 lap("retire_reset_version")
             except BaseException:
-                await asyncio.gather(
-                    *(self._call(http, u, "/resume", optional=True) for u in self.engine_urls),
-                    return_exceptions=True,
-                )
+                await self._resume_all(http)
                 raise
             await self._all(http, "/resume", optional=True)
             lap("resume")
         seconds = mark - t0
-        self.served_version = version
         for store in stores:  # after resume: deleting many KV files must not lengthen the pause
             await asyncio.to_thread(purge_retired, store)
         lap("kv_store_purge")
@@ -286,9 +286,7 @@ class WeightUpdater:
                           if v is not None and v not in BASE_VERSIONS and _owner(v) != self.run_id})  # fmt: skip
         if not foreign:
             return None
-        seconds = await self.update(Path(model_dir), 0, label="base")
-        self.served_version = None
-        return seconds
+        return await self.update(Path(model_dir), 0, label="base")
 
     async def _kv_file_stores(self, http: httpx.AsyncClient) -> list[Path]:
         """The distinct KV file stores of the engines (usually none, or one shared by all P/D engines); looks up
@@ -365,7 +363,7 @@ class WeightUpdater:
         t0 = time.monotonic()
         async with self._client() as http:
             stores = await self._kv_file_stores(http)  # before the pause, as in update()
-            await self._all(http, "/pause", optional=True, params={"mode": self.pause_mode})
+            await self._all(http, "/pause", optional=True, params=_PAUSE)
             try:
                 served = await asyncio.to_thread(stage_adapter, broadcast_dir)
                 body = {"lora_name": self.lora_name, "lora_path": str(served), "load_inplace": True}
@@ -375,14 +373,9 @@ class WeightUpdater:
                 await self._retire_kv_stores(stores)
                 await self._reset_and_version(http, None)
             finally:
-                resumed = await asyncio.gather(
-                    *(self._call(http, u, "/resume", optional=True) for u in self.engine_urls),
-                    return_exceptions=True,
-                )
-            failed = [r for r in resumed if isinstance(r, BaseException)]
+                failed = await self._resume_all(http)
             if failed:
                 raise WeightUpdateError("; ".join(str(e) for e in failed)) from failed[0]
-        self.served_version = version
         self.served_model = self.lora_name
         seconds = time.monotonic() - t0
         for store in stores:
