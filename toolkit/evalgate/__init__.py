@@ -142,28 +142,25 @@ def _check_run_args(args: argparse.Namespace) -> str | None:
 
 def print_verdict(verdict: Verdict, *, rich: bool = True, file: Any = None) -> None:
     """Print one line per item (a rich table when ``rich``), then the overall result."""
-    import sys
-
     out = file or sys.stdout
-    if rich:
-        from rich.console import Console
-        from rich.table import Table
-
-        console = Console(file=out, width=160)
-        table = Table(title=f"srl eval {verdict.command}: first-run gate", show_lines=False)
-        for col in ("env", "item", "status", "detail"):
-            table.add_column(col, overflow="fold")
-        colour = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}
+    failed = ", ".join(f"{i.env}/{i.key}" for i in verdict.failed())
+    if not rich:
         for i in verdict.items:
-            table.add_row(i.env, i.title, f"[{colour[i.status]}]{i.status}[/]", i.detail)
-        console.print(table)
-        console.print("[bold green]GATE PASSED[/]" if verdict.passed else
-                      f"[bold red]GATE FAILED[/]: {', '.join(f'{i.env}/{i.key}' for i in verdict.failed())}")
+            print(f"{i.status:4s}  {i.env}  {i.key}: {i.detail}", file=out)
+        print(f"GATE FAILED: {failed}" if failed else "GATE PASSED", file=out)
         return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=out, width=160)
+    table = Table(title=f"srl eval {verdict.command}: first-run gate", show_lines=False)
+    for col in ("env", "item", "status", "detail"):
+        table.add_column(col, overflow="fold")
+    colour = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}
     for i in verdict.items:
-        print(f"{i.status:4s}  {i.env}  {i.key}: {i.detail}", file=out)
-    print("GATE PASSED" if verdict.passed else
-          f"GATE FAILED: {', '.join(f'{i.env}/{i.key}' for i in verdict.failed())}", file=out)
+        table.add_row(i.env, i.title, f"[{colour[i.status]}]{i.status}[/]", i.detail)
+    console.print(table)
+    console.print(f"[bold red]GATE FAILED[/]: {failed}" if failed else "[bold green]GATE PASSED[/]")
 
 
 def _print(verdict, args, run, stem: str) -> None:
@@ -230,7 +227,7 @@ def _submit(command, cfg, site, run, files, leftover, args) -> int:
     run.root.mkdir(parents=True, exist_ok=True)
     submitted_at = time.time()
     job = gate_slurm.submit_gate(cfg, site, run, job_argv, command=command)
-    out, err = gate_slurm.log_paths(job)
+    out, err = Path(job.paths.stdout), Path(job.paths.stderr)
     print(f"srl eval {command}: submitted Slurm job {job.job_id} (site {site.name}); logs {out.parent}")
     if args.chain_before:
         print(f"chain training after it with: sbatch --dependency=afterok:{job.job_id} ... "

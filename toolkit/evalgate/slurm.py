@@ -17,7 +17,6 @@ Light at import: submitit is imported when submitting.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from toolkit.run.layout import RunDir
@@ -138,8 +137,3 @@ def wait_gate(job: Any, run: RunDir, *, command: str, submitted_at: float, timeo
     if state.state == "COMPLETED" and verdict.passed:
         return 0, verdict, state.state
     return 1, verdict, state.state
-
-
-def log_paths(job: Any) -> tuple[Path, Path]:
-    """(stdout, stderr) files of a submitit job."""
-    return Path(job.paths.stdout), Path(job.paths.stderr)
