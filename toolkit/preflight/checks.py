@@ -83,8 +83,7 @@ def _taskset_ids(cfg: RLConfig, f: Findings) -> None:
     when it is one edit away from a built-in id (a typo), else a warning saying why it does not resolve: the job's
     environment (its PYTHONPATH, a site's setup lines) may provide a module this interpreter cannot see. Imports
     nothing (``toolkit.envs.tasksets.taskset_unresolved_reason`` locates modules by path and import hooks only)."""
-    extra = [p for v in (cfg.env_vars.get("PYTHONPATH"), cfg.orchestrator.env_vars.get("PYTHONPATH")) if v
-             for p in v.split(os.pathsep) if p]  # fmt: skip
+    extra = _pythonpath(cfg)
     builtins = sorted(BUILTIN_TASKSETS)
     for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
         for i, e in enumerate(envs):

@@ -107,8 +107,6 @@ def check_run_against_site(cfg: RLConfig, site: SiteConfig, f: Findings) -> None
         )
     if not site.is_slurm and cfg.deployment.type == "multi_node":
         f.error("site", f"site '{site.name}' runs processes on this machine; a multi_node deployment needs Slurm")
-    if cfg.inference.external and cfg.deployment.type == "single_node" and not site.is_slurm:
-        pass  # a local run may use an inference deployment served elsewhere
     if site.is_slurm:
         _sbatch_values(cfg, site, f)
         _node_limit(cfg, site, f)
@@ -152,11 +150,12 @@ def sbatch_fields(cfg: RLConfig, site: SiteConfig) -> dict[str, str]:
 def _sbatch_values(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
     # Checked here, before the run directory is written, rather than only while rendering (toolkit.render raises
     # the same refusal as a RenderError, too late for a clean config error).
-    for path, value in sbatch_fields(cfg, site).items():
+    fields = sbatch_fields(cfg, site)
+    for path, value in fields.items():
         if SBATCH_UNSAFE.search(value):  # an empty value is left out of the script
             f.error(path, f"{value!r} cannot go into an #SBATCH line: no whitespace, newlines, quotes, backquotes or "
                     "backslashes (sbatch would split or re-read the option)")  # fmt: skip
-    log_dir = sbatch_fields(cfg, site).get("output_dir", "")
+    log_dir = fields.get("output_dir", "")
     if "%" in log_dir:
         # sbatch expands filename patterns (%j, %x, %u, %%...) anywhere in --output/--error, not only in the file
         # name: the job's logs would land in another directory than the run's.
@@ -165,15 +164,14 @@ def _sbatch_values(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
 
 
 def _cache_dirs_on_shared_fs(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
-    layers = env_tables(cfg)
-    shared = [r for r in (site.filesystem.shared_root,) if r]
-    for path, table in layers.items():
+    shared = site.filesystem.shared_root
+    for path, table in env_tables(cfg).items():
         for key in CACHE_VARS:
             val = table.get(key)
             if val is None:
                 continue
             on_home = site.filesystem.home_is_shared and (val.startswith(("~", "$HOME", "${HOME}", "/home/")))
-            on_shared = any(val.startswith(r.rstrip("/") + "/") or val == r for r in shared)
+            on_shared = bool(shared) and (val == shared or val.startswith(shared.rstrip("/") + "/"))
             if on_home or on_shared:
                 f.warn(
                     f"{path}.{key}",
@@ -184,8 +182,7 @@ def _cache_dirs_on_shared_fs(cfg: RLConfig, site: SiteConfig, f: Findings) -> No
 
 def check_owned_env(cfg: RLConfig, f: Findings) -> None:
     """Names srl sets from the plan (GPU binding, ports, rendezvous, run ids) may not appear in user env tables."""
-    layers = env_tables(cfg)
-    for path, table in layers.items():
+    for path, table in env_tables(cfg).items():
         for key in table:
             if is_owned(key):
                 f.error(
