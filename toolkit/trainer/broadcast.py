@@ -56,7 +56,7 @@ def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
 
 
 # torch dtype -> safetensors dtype tag (the format's spec: https://github.com/huggingface/safetensors, "Format").
-_ST_DTYPES = {
+ST_DTYPE_TAGS = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
     torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
@@ -73,7 +73,7 @@ def safetensors_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     offset = 0
     for name in sorted(tensors):
         t = tensors[name]
-        tag = _ST_DTYPES.get(t.dtype)
+        tag = ST_DTYPE_TAGS.get(t.dtype)
         if tag is None:
             raise ValueError(f"tensor {name}: dtype {t.dtype} cannot be stored in safetensors")
         nbytes = t.numel() * t.element_size()

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from toolkit import checkpoints, fsutil
 from toolkit.run.layout import RunDir
-from toolkit.trainer.broadcast import save_safetensors
+from toolkit.trainer.broadcast import ST_DTYPE_TAGS, save_safetensors
 from toolkit.trainer.step import DistInfo
 
 PART = "trainer"
@@ -55,10 +55,8 @@ def _torch_save(obj, path: Path) -> None:
         os.close(fd)
 
 
-# safetensors dtype tags (https://github.com/huggingface/safetensors, format spec) of the tensors read in place.
-_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-              "BOOL": torch.bool}  # fmt: skip
+# safetensors dtype tag -> torch dtype of the tensors read in place (the writer's table, inverted).
+_ST_DTYPES = {tag: dtype for dtype, tag in ST_DTYPE_TAGS.items()}
 
 
 # Concurrent read streams per file and the file size from which they are used. Why: one sequential stream keeps
