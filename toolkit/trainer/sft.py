@@ -23,10 +23,8 @@ trainer state; the end also writes ``<run>/model/``, which ``srl rl`` takes as `
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -50,15 +48,17 @@ def load_data(cfg: Any, model_dir: Path) -> tuple[Any, Any | None]:
     from toolkit.trainer.sft_data import DataError, SFTData, load_conversations
 
     renderer = load_renderer(cfg.renderer, model_dir)
-    convs, wheres = load_conversations(cfg.data.name, cfg.data.columns)
-    data = SFTData.build(convs, renderer, cfg.loss_mask, seq_len=cfg.data.seq_len, source=str(cfg.data.name),
-                         wheres=wheres)
+
+    def build(d: Any) -> SFTData:
+        convs, wheres = load_conversations(d.name, d.columns)
+        return SFTData.build(convs, renderer, cfg.loss_mask, seq_len=cfg.data.seq_len, source=str(d.name),
+                             wheres=wheres)
+
+    data = build(cfg.data)
     val = None
     if cfg.val is not None:
         if cfg.val.data is not None:
-            vconvs, vwheres = load_conversations(cfg.val.data.name, cfg.val.data.columns)
-            val = SFTData.build(vconvs, renderer, cfg.loss_mask, seq_len=cfg.data.seq_len,
-                                source=str(cfg.val.data.name), wheres=vwheres)
+            val = build(cfg.val.data)
         else:
             if len(data) < 2:
                 raise DataError(f"{cfg.data.name}: {len(data)} row(s) cannot be split into train and validation; "
@@ -102,9 +102,7 @@ def export_model(model: Any, model_dir: Path, final: Path, *, info: Any) -> None
     from toolkit.trainer.model import full_state_dict
 
     weights = full_state_dict(model, info=info)
-    if info.is_main:
-        if final.exists():  # a retrained step after a resume: replace the earlier attempt's export
-            shutil.rmtree(final)
+    if info.is_main:  # a retrained step after a resume replaces the earlier attempt's export
         write_hf_dir(final, weights, model_config_dict(model), model_dir, marker=None)
 
 
@@ -117,22 +115,13 @@ def check_resumed_order(run: RunDir, samples_of: Any) -> None:
     and the run would go on training on a sequence no uninterrupted run sees, without a word. Checked on every rank
     (the file is in the shared run directory), so all ranks stop together.
     """
+    from toolkit.run.metrics import records
     from toolkit.trainer.sft_data import DataError
 
-    last = None
-    try:
-        with open(run.data_order, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by a crash mid-write
-                if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                    last = rec if last is None or rec["step"] >= last["step"] else last
-    except OSError:
+    steps = [rec for rec in records(run.data_order) if isinstance(rec.get("step"), int)]
+    if not steps:
         return
-    if last is None:
-        return
+    last = max(reversed(steps), key=lambda rec: rec["step"])  # the newest line of the highest step
     now = samples_of(last["step"])
     if list(last.get("samples") or []) != list(now):
         raise DataError(f"--resume: step {last['step']} trained samples {last.get('samples', [])[:3]}... "
