@@ -265,9 +265,6 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
 
         mirror = WandbMirror.start(run, s.wandb)
 
-    def save(step: int) -> float:
-        return st.save(run, step)
-
     step = done
     nonfinite = 0  # steps in a row whose update was skipped (NaN/inf loss or gradient)
     diverged = ""
@@ -297,7 +294,7 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
         step = n
         ckpt_s = 0.0
         if (s.ckpt_interval and n % s.ckpt_interval == 0) or n == s.max_steps:
-            ckpt_s = save(n)
+            ckpt_s = st.save(run, n)
             last_saved = n
         if info.is_main:
             m = {"step": n, "time": time.time(), "role": "trainer", **metrics}
@@ -329,7 +326,7 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
             break
     if step > 0 and last_saved != step:
         log.info("stopping after step %d: writing checkpoint", step)
-        save(step)
+        st.save(run, step)
     if mirror is not None:
         mirror.close(orchestrator_step=step or None)
     tdist.shutdown(info)
