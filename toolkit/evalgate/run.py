@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolkit.evalgate.validate import env_list, validate_config
+from toolkit.evalgate.validate import validate_config
 from toolkit.run.layout import RunDir
 from toolkit.run.verdict import GATE_STEM, VALIDATE_STEM, GateItem, Verdict
 
@@ -96,11 +96,10 @@ async def _run_env(env: Any, kind: str, cfg: Any, endpoint: Endpoint, client: An
                    shuffle: bool, progress: Any) -> tuple[list[list[Any]], dict[str, Any]]:  # fmt: skip
     """Start the env's runtime, roll out ``n`` examples ``r`` times each; returns (groups, env-server evidence)."""
     from toolkit.envs.runtime import EnvRuntime
-    from toolkit.orchestrator.producer import Slots, sampling_params
+    from toolkit.orchestrator.producer import Slots, env_sampling
 
     o = cfg.orchestrator
-    base = (o.eval.sampling or o.train.sampling) if kind == "eval" else o.train.sampling
-    sampling = sampling_params(base, env.sampling)
+    sampling = env_sampling(cfg, env, kind)
     rt = EnvRuntime(env, model_path=endpoint.tokenizer_path, renderer_cfg=o.renderer, seed=cfg.seed)
     info: dict[str, Any] = {"kind": kind}
     t0 = time.monotonic()
@@ -362,6 +361,7 @@ def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r:
     before returning or raising.
     """
     from toolkit.models.resolve import resolve_model
+    from toolkit.orchestrator.producer import env_list
 
     th = thresholds or GateThresholds()
     selected = env_list(cfg, envs)

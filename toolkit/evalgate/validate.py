@@ -48,23 +48,6 @@ MALFORMED_REPLY = "<|im_end|>}{\x00\ufffd ### [[ ]] \t\n<|endoftext|>"
 _EPS = 1e-9
 
 
-def env_list(cfg: Any, names: Sequence[str] | None = None) -> list[tuple[Any, str]]:
-    """``[(env_cfg with its name filled, "train" | "eval"), ...]`` of a run config, optionally only ``names``.
-
-    Raises ValueError naming the available envs when a requested name does not exist.
-    """
-    o = cfg.orchestrator
-    envs = [(e.model_copy(update={"name": e.env_name}), "train") for e in o.train.env]
-    envs += [(e.model_copy(update={"name": e.env_name}), "eval") for e in o.eval.env]
-    if names:
-        known = [e.name for e, _ in envs]
-        missing = [n for n in names if n not in known]
-        if missing:
-            raise ValueError(f"no env named {missing}; the config has {known}")
-        envs = [(e, kind) for e, kind in envs if e.name in names]
-    return envs
-
-
 def reference_replies(task: Any) -> list[str] | None:
     """The assistant replies (one per turn) of a known-correct solution of ``task``, or None when unknown."""
     hook = getattr(task, "reference_replies", None)
@@ -396,18 +379,16 @@ def validate_config(cfg: Any, *, envs: Sequence[str] | None = None, n: int = 20,
     ``n``: tasks checked per env (the first n after ``select``); ``success_min``: the reward a reference solution
     must reach; ``failure_max``: the most an empty reply may score. Raises ValueError for an unknown env name.
     """
-    from toolkit.orchestrator.producer import sampling_params
+    from toolkit.orchestrator.producer import env_list, env_sampling
 
     selected = env_list(cfg, envs)
     max_model_len = cfg.inference.vllm.get("max_model_len")
-    o = cfg.orchestrator
     verdict = Verdict("validate", settings={
         "envs": [e.name for e, _ in selected], "n": n, "success_min": success_min, "failure_max": failure_max,
     })  # fmt: skip
     with workers_import_path(cfg):
         for env, kind in selected:
-            base = (o.eval.sampling or o.train.sampling) if kind == "eval" else o.train.sampling
-            max_tokens = sampling_params(base, env.sampling).max_tokens
+            max_tokens = env_sampling(cfg, env, kind).max_tokens
             items = asyncio.run(_validate_env_async(env, n=n, success_min=success_min, failure_max=failure_max,
                                                     max_model_len=int(max_model_len) if max_model_len else None,
                                                     sampling_max_tokens=max_tokens, kind=kind))  # fmt: skip

@@ -45,7 +45,7 @@ from toolkit.orchestrator.policy import (
     off_policy_age,
     run_identity,
 )
-from toolkit.orchestrator.producer import GroupProducer, TrainEnv, sampling_params
+from toolkit.orchestrator.producer import GroupProducer, TrainEnv, env_list, env_sampling
 from toolkit.orchestrator.records import MetricsLog, step_metrics
 from toolkit.orchestrator.sampler import EnvSampler
 from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_state
@@ -156,27 +156,22 @@ class Orchestrator:
 
         model_path = await asyncio.to_thread(resolve_model, self.cfg.model.name)
         o = self.ocfg
-        eval_sampling = o.eval.sampling or o.train.sampling
-        specs = [(e.model_copy(update={"name": e.env_name}), False) for e in o.train.env]
-        specs += [(e.model_copy(update={"name": e.env_name}), True) for e in o.eval.env]
+        specs = env_list(self.cfg)
         runtimes = [
             EnvRuntime(e, model_path=model_path, renderer_cfg=o.renderer, seed=self.cfg.seed)
             for e, _ in specs
         ]
         self.runtimes.extend(runtimes)
-        await asyncio.gather(
-            *(rt.start() for rt in runtimes)
-        )  # worker start-up is slow (imports): overlap it
-        for (env_cfg, is_eval), rt in zip(specs, runtimes, strict=True):
+        # worker start-up is slow (imports): overlap it
+        await asyncio.gather(*(rt.start() for rt in runtimes))
+        for (env_cfg, kind), rt in zip(specs, runtimes, strict=True):
             gs = env_cfg.group_size or o.group_size
-            if is_eval:
-                sp = sampling_params(eval_sampling, env_cfg.sampling)
+            sp = env_sampling(self.cfg, env_cfg, kind)
+            if kind == "eval":
                 self.eval_envs.append(EvalEnv(env_cfg.name, rt, env_cfg.num_examples, gs, sp))
             else:
-                sp = sampling_params(o.train.sampling, env_cfg.sampling)
                 self.train_envs[env_cfg.name] = TrainEnv(env_cfg.name, rt, gs, sp)
-            log.info("env %s started (%s, %d examples, group size %d)", env_cfg.name,
-                     "eval" if is_eval else "train", rt.num_examples, gs)  # fmt: skip
+            log.info("env %s started (%s, %d examples, group size %d)", env_cfg.name, kind, rt.num_examples, gs)
         if not self.train_envs and self.ocfg.training_mode == "rl":
             raise ValueError("orchestrator.train.env is empty: nothing to train on")
 

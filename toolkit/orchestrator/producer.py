@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,3 +170,28 @@ def sampling_params(base: Any, override: Any | None = None) -> SamplingParams:
         temperature=float(fields["temperature"]), top_p=float(fields["top_p"]), top_k=fields["top_k"],
         max_tokens=int(fields["max_completion_tokens"]), seed=fields["seed"],
     )  # fmt: skip
+
+
+def env_list(cfg: Any, names: Sequence[str] | None = None) -> list[tuple[Any, str]]:
+    """``[(env_cfg with its name filled, "train" | "eval"), ...]`` of a run config, optionally only ``names``.
+
+    Raises ValueError naming the available envs when a requested name does not exist.
+    """
+    o = cfg.orchestrator
+    envs = [(e.model_copy(update={"name": e.env_name}), "train") for e in o.train.env]
+    envs += [(e.model_copy(update={"name": e.env_name}), "eval") for e in o.eval.env]
+    if names:
+        known = [e.name for e, _ in envs]
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise ValueError(f"no env named {missing}; the config has {known}")
+        envs = [(e, kind) for e, kind in envs if e.name in names]
+    return envs
+
+
+def env_sampling(cfg: Any, env: Any, kind: str) -> SamplingParams:
+    """The sampling of one env of ``env_list``: its override over the train sampling (an eval env: over the eval
+    sampling, the train one when that is unset)."""
+    o = cfg.orchestrator
+    base = (o.eval.sampling or o.train.sampling) if kind == "eval" else o.train.sampling
+    return sampling_params(base, env.sampling)
