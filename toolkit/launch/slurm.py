@@ -302,17 +302,23 @@ def _int(value: str | None, default: int = 0) -> int:
         return default
 
 
-def _state_from_fields(
-    job_id: str,
-    state: str,
-    reason: str,
-    exit_pair: tuple[int, int] | None,
-    restarts: int,
-    nodes: str,
-    start: str,
-    end: str,
-    raw: Mapping[str, str],
-) -> JobState:
+# Where a record holds each JobState field: scontrol's keys, and the names of squeue's --Format fields.
+_SCONTROL_KEYS = ("JobId", "HetJobId", "HetJobOffset", "ArrayJobId", "ArrayTaskId", "JobState", "Reason", "Restarts",
+                  "NodeList", "StartTime", "EndTime")  # fmt: skip
+_SQUEUE_KEYS = ("JobID", "HetJobID", "HetJobOffset", "ArrayJobID", "ArrayTaskID", "State", "Reason", "RestartCnt",
+                "NodeList", "StartTime", "EndTime")  # fmt: skip
+
+
+def _state_from_record(rec: Mapping[str, str], keys: tuple[str, ...], exit_pair: tuple[int, int] | None) -> JobState:
+    """The JobState of one record whose fields are named by ``keys`` (:data:`_SCONTROL_KEYS` or
+    :data:`_SQUEUE_KEYS`); ``exit_pair`` is its (exit code, signal), decoded by the caller."""
+    plain, het, offset, array, task, state, reason, restarts, nodes, start, end = (rec.get(k, "") for k in keys)
+    if het not in _NO_VALUE:
+        job_id = f"{het}+{offset or '0'}"
+    elif array not in _NO_VALUE and task not in _NO_VALUE:
+        job_id = f"{array}_{task}" if task.isdigit() else f"{array}_[{task}]"
+    else:
+        job_id = plain
     state = state.split()[0].rstrip("+") if state else "UNKNOWN"
     final = state in TERMINAL_STATES
     return JobState(
@@ -321,38 +327,18 @@ def _state_from_fields(
         reason=None if reason in _NO_VALUE else reason,
         exit_code=exit_pair[0] if final and exit_pair else None,
         signal=exit_pair[1] if final and exit_pair else None,
-        restart_count=restarts,
+        restart_count=_int(restarts),
         node_list=tuple(expand_nodelist(nodes)),
         start_time=None if state == "PENDING" else _time(start),
         end_time=_time(end) if final else None,
-        raw=dict(raw),
+        raw=dict(rec),
     )
 
 
 def job_state_from_record(rec: Mapping[str, str]) -> JobState:
     """Build a JobState from one record parsed by :func:`parse_scontrol_record`."""
-    if rec.get("HetJobId"):
-        job_id = f"{rec['HetJobId']}+{rec.get('HetJobOffset', '0')}"
-    elif rec.get("ArrayJobId"):
-        task = rec.get("ArrayTaskId", "")
-        job_id = f"{rec['ArrayJobId']}_{task}" if task.isdigit() else f"{rec['ArrayJobId']}_[{task}]"
-    else:
-        job_id = rec.get("JobId", "")
-    exit_pair = None
     code, _, sig = rec.get("ExitCode", "").partition(":")
-    if code.isdigit():
-        exit_pair = (int(code), _int(sig))
-    return _state_from_fields(
-        job_id,
-        rec.get("JobState", ""),
-        rec.get("Reason", ""),
-        exit_pair,
-        _int(rec.get("Restarts")),
-        rec.get("NodeList", ""),
-        rec.get("StartTime", ""),
-        rec.get("EndTime", ""),
-        rec,
-    )
+    return _state_from_record(rec, _SCONTROL_KEYS, (int(code), _int(sig)) if code.isdigit() else None)
 
 
 def summarize(job_id: str, records: Sequence[JobState]) -> JobState:
@@ -424,28 +410,10 @@ def parse_squeue_line(line: str) -> JobState:
     squeue's Exit_Code is the raw wait status (``768`` = exit 3; ``15`` = killed by SIGTERM), decoded as in
     POSIX ``WEXITSTATUS``/``WTERMSIG``.
     """
-    vals = line.split("|")
-    rec = dict(zip(_SQUEUE_FIELDS, (v.strip() for v in vals)))
-    if rec.get("HetJobID") not in _NO_VALUE:
-        job_id = f"{rec['HetJobID']}+{rec.get('HetJobOffset', '0')}"
-    elif rec.get("ArrayTaskID") not in _NO_VALUE:
-        task = rec["ArrayTaskID"]
-        job_id = f"{rec['ArrayJobID']}_{task}" if task.isdigit() else f"{rec['ArrayJobID']}_[{task}]"
-    else:
-        job_id = rec.get("JobID", "")
+    rec = dict(zip(_SQUEUE_FIELDS, (v.strip() for v in line.split("|"))))
     status = rec.get("Exit_Code", "")
     exit_pair = ((int(status) >> 8) & 0xFF, int(status) & 0x7F) if status.isdigit() else None
-    return _state_from_fields(
-        job_id,
-        rec.get("State", ""),
-        rec.get("Reason", ""),
-        exit_pair,
-        _int(rec.get("RestartCnt")),
-        rec.get("NodeList", ""),
-        rec.get("StartTime", ""),
-        rec.get("EndTime", ""),
-        rec,
-    )
+    return _state_from_record(rec, _SQUEUE_KEYS, exit_pair)
 
 
 def _from_scontrol(job_id: str, timeout_s: float) -> JobState:
