@@ -226,10 +226,6 @@ def _addr(target: int, own: int) -> str:
     return "{node_addr}" if target == own else f"{{node_addr_{target}}}"
 
 
-def _engine_vllm_args(cfg: RLConfig) -> dict[str, Any]:
-    return {k: v for k, v in cfg.inference.vllm.items() if k not in _PLAN_TP_KEYS}
-
-
 def _kv_connector(cfg: RLConfig, gpn: int) -> str:
     name = cfg.inference.deployment.kv_connector  # type: ignore[union-attr]
     if name == "auto":
@@ -387,7 +383,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
 
     # ---- inference engines ---------------------------------------------------------------------------------
     py = site.environment.python
-    vargs = _engine_vllm_args(cfg)
+    vargs = {k: v for k, v in cfg.inference.vllm.items() if k not in _PLAN_TP_KEYS}
     eng_defaults: dict[str, Any] = {**ENGINE_DEFAULTS, "dtype": cfg.model.dtype}
     if not gpn:
         eng_defaults["enforce_eager"] = True  # CPU: skip the compile step (start-up 23-30 s instead of 50-68 s)
@@ -438,11 +434,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
         if pd:
             d = cfg.inference.deployment
             role_vars = d.prefill_env_vars if e.kv_role == "kv_producer" else d.decode_env_vars  # type: ignore
-        pp = {"http": http}
-        if f"{e.name}.side_channel" in ports:
-            pp["side_channel"] = ports[f"{e.name}.side_channel"]
-        if f"{e.name}.dp_rpc" in ports:
-            pp["dp_rpc"] = ports[f"{e.name}.dp_rpc"]
+        pp = {k: ports[f"{e.name}.{k}"] for k in ("http", "side_channel", "dp_rpc") if f"{e.name}.{k}" in ports}
         urls[e.name] = f"http://{_addr(e.node, router_node if use_router else -1)}:{http}"
         add(e.name, "inference", e.node, e.gpus, pp, cmd, cfg.inference.env_vars, owned, role_vars=role_vars,
             extra_defaults=eng_def, log_name=f"{e.name}.log", num_nodes=e.nodes,
@@ -518,5 +510,4 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     return Plan(job_id=job, site=site.name, run_dir=root, num_nodes=groups[0].num_nodes, gpus_per_node=gpn,
                 groups=groups, processes=procs, roles=tuple(roles), ports=ports, port_base=alloc.base or 0,
                 master_node=master, inference_url=inference_url, trainer_dp=topo.trainer_dp,
-                external_inference=str(Path(external).absolute()) if external else None, notes=list(topo.notes),
-                port_key=port_key)
+                external_inference=str(Path(external).absolute()) if external else None, port_key=port_key)

@@ -134,13 +134,12 @@ def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
         raise ResolveError(f"MASTER_ADDR={user_master} is set in the job's environment but the first trainer host "
                            f"is {hosts[plan.master_node]}; unset it (srl resolves the rendezvous host itself)")
     write_plan(run, plan)
-    if run.stop_request.exists():
-        run.stop_request.unlink()  # left by the previous run of a requeued job
+    run.stop_request.unlink(missing_ok=True)  # left by the previous run of a requeued job
     from ..run import ending
 
     ending.clear(run)  # a requeued job's previous ending (preempted)
-    if any(p.role == "inference" for p in plan.processes) and run.inference_ready.exists():
-        run.inference_ready.unlink()  # its URLs point at the previous allocation's engines
+    if any(p.role == "inference" for p in plan.processes):
+        run.inference_ready.unlink(missing_ok=True)  # its URLs point at the previous allocation's engines
     return plan
 
 

@@ -6,7 +6,7 @@ Two places computing the same count with different formulas disagree sooner or l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..config.model import implied_infer_nodes
@@ -42,7 +42,6 @@ class Topology:
     engines_per_node: int
     trainer_gpus: int
     trainer_dp: int
-    notes: list[str] = field(default_factory=list)
     orchestrator_het_group: int = 0
     """1 when the orchestrator runs as a heterogeneous-job component on its own (CPU) node; its node index is
     then ``num_nodes`` (the first node after the GPU group), not counted in ``num_nodes``."""
