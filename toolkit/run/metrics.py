@@ -1,12 +1,13 @@
 """``metrics.jsonl``: one JSON object per line, appended by the trainer's main rank and by the orchestrator.
 
 Every line has ``role`` ("trainer", "orchestrator") and ``step``, then metric name -> number. Writers append whole
-lines with one ``write`` each (:func:`append`), so two processes never interleave; a writer killed mid-line leaves
-a torn last line, which every reader here skips. A resumed or requeued run trains some steps again but records
-each (role, step) once: writers ask :func:`recorded_steps` first.
+lines with one ``write`` each (``toolkit.fsutil.append_jsonl``), so two processes never interleave; a writer killed
+mid-line leaves a torn last line, which every reader here skips. A resumed or requeued run trains some steps again
+but records each (role, step) once: writers ask :func:`recorded_steps` first.
 
 Readers: :func:`records` (the whole file), :func:`tail` (the newest lines only, for status and the launcher's
-ending), :class:`Follower` (lines as they are appended, for the launcher's progress line and the W&B mirror).
+ending), :class:`Follower` (lines as they are appended, for the launcher's progress line and the orchestrator's
+stop checks).
 """
 
 from __future__ import annotations
@@ -17,19 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from toolkit.fsutil import append_jsonl
-
 TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
 REWARD_MEAN = "reward/all/mean"
 """The orchestrator's mean reward of a step's batch (0-1 for most tasksets)."""
 TAIL_BYTES = 256 * 1024
 """How much of the file's end :func:`tail` reads: far more than one step's lines of every role."""
-
-
-def append(path: Path, record: dict[str, Any]) -> None:
-    """Append ``record`` (with ``role`` and ``step``) as one line. Raises OSError."""
-    append_jsonl(path, record)
 
 
 def _parse(line: str | bytes) -> dict[str, Any] | None:
@@ -77,12 +71,11 @@ def newest_step(path: Path, role: str = TRAINER) -> int | None:
 
 class Follower:
     """Reads the lines appended to ``path`` since the last call, complete lines only (a line still being written
-    is read on a later call). ``lines`` counts every complete line consumed, torn ones included."""
+    is read on a later call)."""
 
-    def __init__(self, path: Path, offset: int = 0) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.offset = offset
-        self.lines = 0
+        self.offset = 0
 
     def new(self) -> list[dict[str, Any]]:
         """The well-formed lines appended since the previous call (in order); [] when there are none yet."""
@@ -94,9 +87,4 @@ class Follower:
             return []
         complete = data[: data.rfind(b"\n") + 1]
         self.offset += len(complete)
-        out = []
-        for line in complete.splitlines():
-            self.lines += 1
-            if (rec := _parse(line)) is not None:
-                out.append(rec)
-        return out
+        return [rec for line in complete.splitlines() if (rec := _parse(line)) is not None]
