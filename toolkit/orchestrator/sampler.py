@@ -51,12 +51,6 @@ class EnvSampler:
         self._order: dict[str, list[int]] = {}
         self.draws = 0
 
-    @property
-    def probabilities(self) -> dict[str, float]:
-        """Configured mix: env name -> probability."""
-        total = sum(self.weights)
-        return {n: w / total for n, w in zip(self.names, self.weights, strict=True)}
-
     def next_env(self) -> str:
         """Draw an env by ratio."""
         if len(self.names) == 1:
