@@ -93,17 +93,11 @@ class PolicyTracker:
         self.poll_s = poll_s
         self.served_version = served_version
         self.published_version = served_version  # newest STABLE broadcast seen
-        self.update_seconds: list[float] = []
         self.failures = 0
         self.engines_ok = True  # False while EngineWatch holds generation for a down/restarted engine
-        self._lock = asyncio.Lock()
+        # Held during every weight load; EngineWatch probes under it so an update is never taken for a restart.
+        self.lock = asyncio.Lock()
         client.policy_version = served_version
-
-    @property
-    def lock(self) -> asyncio.Lock:
-        """Held during every weight load; ``EngineWatch`` probes under it so an update is never taken for a
-        restart."""
-        return self._lock
 
     async def refresh(self) -> int:
         """Scan once; load a newer STABLE broadcast if there is one. Returns the served version.
@@ -111,7 +105,7 @@ class PolicyTracker:
         A failed load (engine down, reload error) is logged and retried at the next refresh; it never raises,
         so a restarting inference server cannot kill the orchestrator.
         """
-        async with self._lock:
+        async with self.lock:
             if not self.engines_ok:
                 return self.served_version  # an engine is down or restarting: restore() loads the newest
             found = newest_stable_broadcast(self.run)
@@ -130,7 +124,7 @@ class PolicyTracker:
         serve what the client tags rollouts with; False (logged) when the load failed or the served version's
         weights cannot be found, to be tried again. Without weight updates (negative control) or before the first
         broadcast, a restarted engine's base model is already right."""
-        async with self._lock:
+        async with self.lock:
             found = newest_stable_broadcast(self.run)
             if not self.update_weights or (found is None and self.served_version == 0):
                 return True
@@ -158,7 +152,6 @@ class PolicyTracker:
         if self.updater.served_model:  # a LoRA run: the policy is served under the adapter's name
             self.client.model = self.updater.served_model
         self.client.policy_version = version
-        self.update_seconds.append(seconds)
         log.info("policy version %d loaded into %s in %.2f s", version,
                  "the restarted engines" if restore else "inference", seconds)  # fmt: skip
         return True
@@ -209,7 +202,7 @@ class PolicyTracker:
         may already have moved on. Returns the served version (unchanged when ``should_stop()`` ends the wait or a
         load fails; a failure is logged and retried by the caller's next call)."""
         while not should_stop():
-            async with self._lock:
+            async with self.lock:
                 for step in numbered_steps(self.run.broadcasts):
                     d = self.run.broadcast_step(step)
                     if step >= version and (d / STABLE_MARKER).exists():

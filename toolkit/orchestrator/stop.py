@@ -62,11 +62,9 @@ class StopChecks:
     """
 
     def __init__(self, cfg: StopCriteria, metrics_path: Path) -> None:
-        self.cfg = cfg
-        self.metrics_path = Path(metrics_path)
         self.guard = ZeroSignalGuard(cfg.max_empty_steps)
         self.monitor = StopMonitor(cfg)
-        self._trainer_lines = metrics_file.Follower(self.metrics_path)
+        self._trainer_lines = metrics_file.Follower(metrics_path)
 
     def check(self, step: int, metrics: dict[str, float]) -> str | None:
         """Feed one step (orchestrator metrics incl. ``errored_rollouts`` and ``rollouts_offered``); returns the
