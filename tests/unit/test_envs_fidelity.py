@@ -168,13 +168,14 @@ def test_preflight_refuses_a_runtime_type_srl_never_provides(tmp_path):
 
 
 def test_reward_skipped_crosses_the_worker_wire_with_its_class():
-    from toolkit.envs.protocol import error_from_wire
+    from toolkit.envs.protocol import unwrap
     from toolkit.envs.server import _outcome
 
     wire = _outcome(srl_errors.RewardSkippedError("task scoring skipped ['needs_box']"))
     assert wire["error_class"] == "RewardSkippedError"
-    exc = error_from_wire(wire["error_class"], wire["error"])
-    assert isinstance(exc, srl_errors.RewardSkippedError) and exc.error_class == "RewardSkippedError"
+    with pytest.raises(srl_errors.RewardSkippedError) as err:
+        unwrap(wire)
+    assert err.value.error_class == "RewardSkippedError"
     from toolkit.run.types import TRANSIENT_ERRORS
 
     assert "RewardSkippedError" not in TRANSIENT_ERRORS  # deterministic: a retry would skip it again

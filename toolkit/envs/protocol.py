@@ -30,12 +30,15 @@ def encode(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
-def error_from_wire(error_class: str, message: str) -> srl_errors.SrlRolloutError:
-    """The srl exception for a wire error; an unknown class becomes HarnessError (the env server's code)."""
-    klass = getattr(srl_errors, error_class, None)
+def unwrap(outcome: dict[str, Any]) -> Any:
+    """The ``result`` of a wire outcome (``{"ok": true, "result"}``). Raises the srl exception of a failed one
+    (``{"ok": false, "error_class", "error"}``); an unknown class becomes HarnessError (the env server's code)."""
+    if outcome.get("ok"):
+        return outcome.get("result")
+    klass = getattr(srl_errors, outcome.get("error_class", "HarnessError"), None)
     if not (isinstance(klass, type) and issubclass(klass, srl_errors.SrlRolloutError)):
         klass = srl_errors.HarnessError
-    return klass(message)
+    raise klass(outcome.get("error", ""))
 
 
 def coalesce_writes(
@@ -132,9 +135,7 @@ class WorkerConnection:
             raise srl_errors.SandboxError(f"env worker {self.address}: {exc}") from exc
         finally:
             self._pending.pop(rid, None)
-        if not msg.get("ok"):
-            raise error_from_wire(msg.get("error_class", "HarnessError"), msg.get("error", ""))
-        return msg.get("result") or {}
+        return unwrap(msg) or {}
 
     async def close(self) -> None:
         """Close the connection (idempotent)."""

@@ -33,7 +33,7 @@ from typing import Any
 
 from toolkit import errors as srl_errors
 from toolkit.envs.fidelity import plain_data, runtime_fields
-from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, error_from_wire
+from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, unwrap
 from toolkit.models.renderer import CachedRenderer, Renderer, load_renderer
 from toolkit.orchestrator.engines import wait_excluding_outage
 from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
@@ -103,13 +103,9 @@ class _GroupStart:
     async def _run(self) -> list[dict[str, Any]]:
         await self.runtime._ready(self.worker)
         limit = self.runtime.timeouts.get("setup")
-        conn = self.worker.conn
-        try:
-            r = await conn.call("start_group", None if limit is None else limit + GRACE_S, example_id=self.example_id,
-                                episodes=[x.episode for x in self.sessions])  # fmt: skip
-        except TimeoutError as exc:
-            self.runtime._schedule_restart(self.worker, conn)
-            raise srl_errors.TaskError(f"env worker did not answer start within {limit} s (+{GRACE_S} s)") from exc
+        r = await self.runtime._call(self.worker, "start_group", limit,
+                                     f"env worker did not answer start within {limit} s (+{GRACE_S} s)",
+                                     example_id=self.example_id, episodes=[x.episode for x in self.sessions])  # fmt: skip
         return list(r["results"])
 
     async def outcome(self, index: int) -> dict[str, Any]:
@@ -120,10 +116,7 @@ class _GroupStart:
             results = await asyncio.shield(self.task)
         except srl_errors.SrlRolloutError as exc:
             raise type(exc)(str(exc)) from exc  # a fresh exception per rollout (they are raised concurrently)
-        out = results[index]
-        if not out.get("ok"):
-            raise error_from_wire(out.get("error_class", "HarnessError"), out.get("error", ""))
-        return out["result"]
+        return unwrap(results[index])
 
     def started_ok(self, index: int) -> bool:
         """Whether episode ``index`` is known to exist on the worker (its start finished without error)."""
@@ -152,16 +145,8 @@ class _RemoteSession:
 
     async def _call(self, op: str, stage: str | None, **params: Any) -> dict[str, Any]:
         limit = self.runtime.timeouts.get(stage) if stage else None
-        conn = self.worker.conn
-        try:
-            return await conn.call(
-                op, None if limit is None else limit + GRACE_S, episode=self.episode, **params
-            )
-        except TimeoutError as exc:
-            self.runtime._schedule_restart(self.worker, conn)
-            raise srl_errors.TaskError(
-                f"env worker did not answer {op} within {limit} s (+{GRACE_S} s)"
-            ) from exc
+        return await self.runtime._call(self.worker, op, limit, f"env worker did not answer {op} within {limit} s "
+                                        f"(+{GRACE_S} s)", episode=self.episode, **params)  # fmt: skip
 
     async def start(self) -> tuple[str, list[dict[str, str]]]:
         if self.group is not None:
@@ -181,12 +166,9 @@ class _RemoteSession:
         """``op`` bounded by the finalize + scoring timeouts (+ grace): a worker that does not answer in time is
         replaced and the rollout fails as TaskError."""
         limit = sum(self.runtime.timeouts.get(s) or 0 for s in ("finalize", "scoring"))
-        conn = self.worker.conn
-        try:
-            return await conn.call(op, (limit + GRACE_S) if limit else None, episode=self.episode, **params)
-        except TimeoutError as exc:
-            self.runtime._schedule_restart(self.worker, conn)
-            raise srl_errors.TaskError(f"env worker did not finish scoring within {limit} s") from exc
+        return await self.runtime._call(self.worker, op, limit or None,
+                                        f"env worker did not finish scoring within {limit} s",
+                                        episode=self.episode, **params)  # fmt: skip
 
     async def step(self, reply: str) -> tuple[list[dict[str, str]], bool]:
         if self.single_turn:  # this step ends the episode (no user turn): its score comes with the answer
@@ -202,9 +184,7 @@ class _RemoteSession:
     async def finish(self) -> dict[str, Any]:
         if self.scored is not None:
             out, self.scored = self.scored, None
-            if not out.get("ok"):
-                raise error_from_wire(out.get("error_class", "HarnessError"), out.get("error", ""))
-            return out["result"]
+            return unwrap(out)
         try:
             return await self._scoring_call("finish")
         finally:
@@ -316,6 +296,16 @@ class EnvRuntime:
                 pass
         except (OSError, ValueError):
             pass
+
+    async def _call(self, worker: _Worker, op: str, limit: float | None, failure: str, **params: Any) -> Any:
+        """``op`` on ``worker``, answered within ``limit`` + GRACE_S seconds (None: no bound). A worker that does not
+        answer in time is replaced and the call raises TaskError(``failure``)."""
+        conn = worker.conn
+        try:
+            return await conn.call(op, None if limit is None else limit + GRACE_S, **params)
+        except TimeoutError as exc:
+            self._schedule_restart(worker, conn)
+            raise srl_errors.TaskError(failure) from exc
 
     def _schedule_restart(self, worker: _Worker, failed: WorkerConnection) -> asyncio.Task | None:
         """Start replacing a hung or dead worker in the background (its episodes fail as SandboxError).

@@ -81,7 +81,7 @@ class EnvWorker:
         if op == "health":
             return {"episodes": len(self.episodes), "pid": os.getpid()}
         if op == "info":
-            return {"num_examples": len(self.tasks), "task_ids": [self._task_id(t) for t in self.tasks],
+            return {"num_examples": len(self.tasks), "task_ids": [task_identity(t) for t in self.tasks],
                     "source": self.source.describe()}  # fmt: skip
         if op == "start":
             return await self._start(int(req["example_id"]), req["episode"])
@@ -124,7 +124,7 @@ class EnvWorker:
             await episode.close()
             raise
         self.episodes[episode_id] = episode
-        return {"task_id": self._task_id(task), "messages": messages, "single_turn": not episode.multi_turn}
+        return {"task_id": task_identity(task), "messages": messages, "single_turn": not episode.multi_turn}
 
     async def _finish(self, episode_id: str, episode: Episode) -> dict[str, Any]:
         """Finalize and score an episode (each stage under its timeout) and forget it. Raises TaskError."""
@@ -135,10 +135,6 @@ class EnvWorker:
             self.episodes.pop(episode_id, None)
             await episode.close()
         return {**scored, "wants_more": episode.wants_more}
-
-    @staticmethod
-    def _task_id(task: Any) -> str:
-        return task_identity(task)
 
     async def respond(self, req: dict[str, Any], writer: asyncio.StreamWriter, outbox: list[bytes]) -> None:
         out = {"id": req.get("id"), **_outcome(await _settled(self.handle(req.get("op", ""), req)))}
