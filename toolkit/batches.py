@@ -175,26 +175,6 @@ def samples_to_batch(
     return batch
 
 
-def write_batch_dir(final: Path, batch: Batch) -> Path:
-    """Write ``batch`` atomically as directory ``final`` (READY last); returns ``final``. Raises OSError."""
-    batch.validate()
-    arrays = {name: np.ascontiguousarray(getattr(batch, name)) for name in _TOKEN_ARRAYS + _SAMPLE_ARRAYS}
-    arrays["offsets"] = np.ascontiguousarray(batch.offsets)
-    meta = {
-        "format": FORMAT_VERSION,
-        "step": batch.step,
-        "num_samples": batch.num_samples,
-        "num_tokens": batch.num_tokens,
-        "envs": batch.envs,
-        "meta": batch.meta,
-    }
-    with fsutil.atomic_directory(final) as tmp:
-        fsutil.atomic_write_bytes(tmp / BATCH_FILE, st_save(arrays))
-        fsutil.atomic_write_json(tmp / META_FILE, meta)
-        fsutil.write_marker(tmp / READY_MARKER)
-    return Path(final)
-
-
 def write_batch(
     run: RunDir,
     step: int,
@@ -206,7 +186,8 @@ def write_batch(
     meta: dict[str, Any],
     ce_masks: list[list[bool]] | None = None,
 ) -> Path:
-    """Write the batch for trainer step ``step`` to ``run.rollout_step(step)``; returns that path.
+    """Write the batch for trainer step ``step`` atomically to ``run.rollout_step(step)`` (READY last); returns
+    that path.
 
     One advantage, policy version and env name per sample. Raises ValueError on malformed samples and
     OSError when the filesystem write fails (nothing is left under the final name then).
@@ -214,7 +195,22 @@ def write_batch(
     batch = samples_to_batch(
         step, samples, advantages, policy_versions=policy_versions, envs=envs, meta=meta, ce_masks=ce_masks
     )
-    return write_batch_dir(run.rollout_step(step), batch)
+    arrays = {name: np.ascontiguousarray(getattr(batch, name)) for name in _TOKEN_ARRAYS + _SAMPLE_ARRAYS}
+    arrays["offsets"] = np.ascontiguousarray(batch.offsets)
+    header = {
+        "format": FORMAT_VERSION,
+        "step": batch.step,
+        "num_samples": batch.num_samples,
+        "num_tokens": batch.num_tokens,
+        "envs": batch.envs,
+        "meta": batch.meta,
+    }
+    final = run.rollout_step(step)
+    with fsutil.atomic_directory(final) as tmp:
+        fsutil.atomic_write_bytes(tmp / BATCH_FILE, st_save(arrays))
+        fsutil.atomic_write_json(tmp / META_FILE, header)
+        fsutil.write_marker(tmp / READY_MARKER)
+    return final
 
 
 def is_ready(step_dir: Path) -> bool:
