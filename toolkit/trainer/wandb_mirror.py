@@ -39,11 +39,6 @@ ROLES = ("trainer", "orchestrator")
 CURSOR_FILE = "srl-mirror.json"
 
 
-def wandb_key(role: str, key: str) -> str:
-    """The W&B name of ``metrics.jsonl`` key ``key`` of a line written by ``role``."""
-    return f"{role}/{key}"
-
-
 def sweep_group(run: RunDir) -> str | None:
     """The sweep a run belongs to (its W&B group): the name in the sweep manifest of the run's parent directory
     (``srl sweep`` puts each point's run under ``<output_dir>/<sweep name>/``), else None."""
@@ -64,10 +59,6 @@ class WandbMirror:
         self.wb_run = wb_run
         self.offset = int(cursor.get("offset", 0))
         self.lines = int(cursor.get("lines", 0))
-
-    @property
-    def directory(self) -> Path:
-        return self.run.wandb
 
     @classmethod
     def start(cls, run: RunDir, cfg: dict[str, Any]) -> WandbMirror | None:
@@ -101,8 +92,8 @@ class WandbMirror:
                 resume="allow", config=_run_config(run), settings=wandb.Settings(**settings),
             )  # fmt: skip
             for role in ROLES:
-                wb_run.define_metric(wandb_key(role, "step"))
-                wb_run.define_metric(wandb_key(role, "*"), step_metric=wandb_key(role, "step"))
+                wb_run.define_metric(f"{role}/step")
+                wb_run.define_metric(f"{role}/*", step_metric=f"{role}/step")
         except Exception:
             log.exception("W&B did not start; not logging to W&B (training goes on)")
             return None
@@ -142,7 +133,7 @@ class WandbMirror:
                 if not isinstance(line, dict):
                     continue
                 role = str(line.get("role", "unknown"))
-                row = {wandb_key(role, k): v for k, v in line.items() if k != "role"}
+                row = {f"{role}/{k}": v for k, v in line.items() if k != "role"}
                 self.wb_run.log(row, step=index)
                 n += 1
         except Exception:
@@ -151,7 +142,7 @@ class WandbMirror:
             return n
         finally:
             self.offset += end + 1
-            fsutil.atomic_write_json(self.directory / CURSOR_FILE, {"offset": self.offset, "lines": self.lines})
+            fsutil.atomic_write_json(self.run.wandb / CURSOR_FILE, {"offset": self.offset, "lines": self.lines})
         return n
 
     def close(self, *, orchestrator_step: int | None = None, wait_s: float = 10.0) -> Path | None:
