@@ -247,15 +247,13 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     st = start_training(run, s)
     info, device, model, optimizer, scheduler = st.info, st.device, st.model, st.optimizer, st.scheduler
     model_dir, n_params, done = st.model_dir, st.n_params, st.done
-    loss_cfg = s.loss
-    source = st.source
     stop = stop or StopFlag(run)
     if info.is_main:
         for d in (run.rollouts, run.broadcasts, run.checkpoints, run.control):
             d.mkdir(parents=True, exist_ok=True)
         fsutil.remove_stale_temps(run.broadcasts)
     tdist.barrier(info)
-    last_saved = done if st.resumed and source is run else None
+    last_saved = done if st.resumed and st.source is run else None
     # Steps an earlier attempt trained after its last complete checkpoint are trained again on resume (same
     # batches); their metrics lines already exist, and each step is recorded once.
     recorded = recorded_steps(run.metrics, "trainer") if info.is_main else set()
@@ -282,7 +280,7 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
             batch, seq_len=s.seq_len, micro_batch_size=s.micro_batch_size, rank=info.rank, world_size=info.world_size
         )
         metrics = train_step(
-            model, optimizer, scheduler, mbs, loss_cfg=loss_cfg, max_norm=s.max_norm,
+            model, optimizer, scheduler, mbs, loss_cfg=s.loss, max_norm=s.max_norm,
             num_samples=batch.num_samples, temperature=temperature, info=info, device=device,
             # The trainer holds policy version n - 1 while training step n.
             on_policy=torch.as_tensor(batch.policy_version == n - 1),
