@@ -11,6 +11,7 @@ bounds. Every model forbids unknown keys (a typo is an error, never silently ign
 from __future__ import annotations
 
 import datetime
+import re
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -58,6 +59,9 @@ def _nul_at(value: Any, where: str = "") -> str | None:
                 return found
     return None
 
+
+# An environment variable's name (never its value): letters, digits and '_', not starting with a digit.
+ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # The command line's spelling of null (``--ckpt.keep-last None``). TOML has no null, so a file uses it too, and
 # ``srl config show`` writes it for a null field whose default is not null.
@@ -124,25 +128,19 @@ class Section(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _null_spelling(cls, data: Any) -> Any:
-        # Without this, `keep_last = "None"` in a file would be a type error, and a reloaded `srl config show` would
-        # have to leave the field out, which brings back its default (keep_last 2: old checkpoints get deleted).
-        if isinstance(data, dict):
-            for name, field in cls.model_fields.items():
-                if data.get(name) == NULL_SPELLING and _null_spelling_means_null(field.annotation):
-                    data = {**data, name: None}
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_variant(cls, data: Any) -> Any:
+    def _shorthands(cls, data: Any) -> Any:
+        # "None" is null: without this, `keep_last = "None"` in a file would be a type error, and a reloaded
+        # `srl config show` would have to leave the field out, which brings back its default (keep_last 2: old
+        # checkpoints get deleted).
         # A table of a typed union (deployment, inference.deployment, trainer.loss, trainer.scheduler) given without
         # its `type` is the default variant, as when the table is absent: `--deployment.cpu-train-ranks 2` tunes
         # the default single_node deployment instead of failing on a missing tag.
         if isinstance(data, dict):
             for name, field in cls.model_fields.items():
                 tag, value = field.discriminator, data.get(name)
-                if isinstance(tag, str) and isinstance(value, dict) and tag not in value:
+                if value == NULL_SPELLING and _null_spelling_means_null(field.annotation):
+                    data = {**data, name: None}
+                elif isinstance(tag, str) and isinstance(value, dict) and tag not in value:
                     default = getattr(field.default, tag, None)
                     if default is not None:
                         data = {**data, name: {tag: default, **value}}
@@ -166,8 +164,6 @@ class RunSection(Section):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, v: str | None) -> str | None:
-        import re
-
         # '+' is allowed: the automatic name joins several env names with it (toolkit.launch.prepare.auto_run_name),
         # and it is safe in a directory name, a Slurm job name and an #SBATCH line.
         if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", v):
@@ -506,22 +502,15 @@ class DisaggregatedInference(Section):
     prefill_env_vars: dict[str, EnvValue] = {}
     decode_env_vars: dict[str, EnvValue] = {}
 
-    @property
-    def nodes_per_island(self) -> int:
-        """Nodes one P/D island uses (from nodes per replica, never from worker counts)."""
-        return (
-            self.prefill_nodes_per_replica * self.num_prefill_replicas
-            + self.decode_nodes_per_replica * self.num_decode_replicas
-        )
-
 
 def implied_infer_nodes(infer: Any) -> int:
     """Nodes one inference replica of ``[inference.deployment]`` needs: 1 (single_node), ``num_nodes``
-    (multi_node), prefill plus decode nodes (disaggregated)."""
+    (multi_node), prefill plus decode nodes (disaggregated: from nodes per replica, never from worker counts)."""
     if infer.type == "multi_node":
         return int(infer.num_nodes)
     if infer.type == "disaggregated":
-        return int(infer.nodes_per_island)
+        return (infer.prefill_nodes_per_replica * infer.num_prefill_replicas
+                + infer.decode_nodes_per_replica * infer.num_decode_replicas)
     return 1
 
 
@@ -709,10 +698,8 @@ class WandbConfig(Section):
     @field_validator("api_key_var")
     @classmethod
     def _var_name(cls, v: str) -> str:
-        import re
-
         # A key pasted here would be a secret in the config; the value is never echoed back.
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+        if not ENV_VAR_NAME.fullmatch(v):
             raise ValueError("must be the name of an environment variable (letters, digits, '_'; not starting with "
                              "a digit), never the key itself")  # fmt: skip
         return v

@@ -19,7 +19,7 @@ from .arg_rules import check_references as _references
 from .arg_rules import check_row_fits_rollout as _row_fits_rollout
 from .arg_rules import check_vllm_table as _vllm_table
 from .errors import Findings
-from .model import RLConfig
+from .model import ENV_VAR_NAME, RLConfig
 from .passthrough import option_key, vllm_tp
 from .slurm_time import parse_slurm_time
 
@@ -322,7 +322,7 @@ def _slurm(cfg: RLConfig, f: Findings) -> None:
             "pkill/killall by pattern can match srl's own job steps; srl already cleans up its own processes by PID",
         )
     for i, name in enumerate(s.secret_env_vars):
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        if not ENV_VAR_NAME.fullmatch(name):
             # Not echoed: what stands here instead of a name is often the pasted secret itself.
             f.error("slurm.secret_env_vars", f"item {i + 1} is not an environment variable name (letters, digits, "
                     "'_'; not starting with a digit): list the names of exported variables, never their values")
@@ -381,7 +381,7 @@ def _secrets(cfg: RLConfig, f: Findings) -> None:
     tables = env_tables(cfg)
     for path, table in tables.items():
         for key in table:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            if not ENV_VAR_NAME.fullmatch(key):
                 f.error(f"{path}.{key}", "not a valid environment variable name")
             elif _SECRET_NAME.search(key):
                 f.error(
