@@ -283,12 +283,9 @@ def router_command(
     prefill_urls: Sequence[str] | None = None,
     decode_urls: Sequence[str] | None = None,
     health_check_interval_s: float = 10,
-    health_failure_threshold: int = 3,
     worker_startup_timeout_s: float = 600,
-    kv_connector: str = "nixl",
     prometheus_port: int | None = None,
     executable: str = "vllm-router",
-    extra_args: Sequence[str] = (),
 ) -> list[str]:
     """argv of vllm-router 0.1.17 in front of one deployment.
 
@@ -296,9 +293,8 @@ def router_command(
     ``engine_urls`` must then be empty) with ``--vllm-pd-disaggregation``; the router runs the two-stage request
     itself. ``request_timeout_s`` should fit the longest expected completion (the router's default of 1800 s lets a
     hung engine stall requests for half an hour). Times are seconds (the router takes whole seconds).
-    ``kv_connector`` selects the router's P/D dialect (nixl, mooncake, moriio); ExampleConnector deployments use the
-    nixl dialect, which only adds kv_transfer_params the ExampleConnector ignores. Raises CommandError on an
-    unknown policy or an inconsistent URL set.
+    P/D mode speaks the router's nixl dialect for every connector: it only adds kv_transfer_params, which an
+    ExampleConnector deployment ignores. Raises CommandError on an unknown policy or an inconsistent URL set.
     """
     if policy not in ROUTER_POLICIES:
         raise CommandError(f"router policy must be one of {ROUTER_POLICIES}, got {policy!r}")
@@ -309,8 +305,7 @@ def router_command(
             raise CommandError("P/D mode needs at least one prefill URL and one decode URL")
         if engine_urls:
             raise CommandError("P/D mode takes prefill_urls/decode_urls, not engine_urls")
-        router_kv = kv_connector.lower() if kv_connector.lower() in ("nixl", "mooncake", "moriio") else "nixl"
-        argv += ["--vllm-pd-disaggregation", "--kv-connector", router_kv]
+        argv += ["--vllm-pd-disaggregation", "--kv-connector", "nixl"]
         for url in prefill_urls:
             argv += ["--prefill", url]
         for url in decode_urls:
@@ -322,9 +317,9 @@ def router_command(
     argv += [
         "--request-timeout-secs", str(max(1, round(request_timeout_s))),
         "--health-check-interval-secs", str(max(1, round(health_check_interval_s))),
-        "--health-failure-threshold", str(int(health_failure_threshold)),
+        "--health-failure-threshold", "3",
         "--worker-startup-timeout-secs", str(max(1, round(worker_startup_timeout_s))),
     ]  # fmt: skip
     if prometheus_port is not None:
         argv += ["--prometheus-port", str(int(prometheus_port))]
-    return argv + list(extra_args)
+    return argv

@@ -15,9 +15,12 @@ import httpx
 # One sample line of the Prometheus text format: name{labels} value
 _SAMPLE_RE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
-KV_USAGE = "vllm:kv_cache_usage_perc"
+# What engine_queue reports -> vLLM's metric name.
+_METRICS = {
+    "waiting": "vllm:num_requests_waiting",
+    "running": "vllm:num_requests_running",
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+}
 
 
 def parse_metric(text: str, name: str) -> float | None:
@@ -42,18 +45,8 @@ def engine_queue(url: str, *, timeout_s: float = 5.0) -> dict[str, float | None]
         resp = httpx.get(f"{url.rstrip('/')}/metrics", timeout=timeout_s)
         resp.raise_for_status()
     except httpx.HTTPError as exc:
-        return {
-            "waiting": None,
-            "running": None,
-            "kv_cache_usage": None,
-            "error": f"{type(exc).__name__}: {exc}",
-        }
-    text = resp.text
-    return {
-        "waiting": parse_metric(text, WAITING),
-        "running": parse_metric(text, RUNNING),
-        "kv_cache_usage": parse_metric(text, KV_USAGE),
-    }
+        return {**dict.fromkeys(_METRICS), "error": f"{type(exc).__name__}: {exc}"}
+    return {key: parse_metric(resp.text, name) for key, name in _METRICS.items()}
 
 
 def queue_depths(

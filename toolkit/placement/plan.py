@@ -296,8 +296,7 @@ def _router(cfg: RLConfig, pd: bool, engines: list[_Engine], urls: dict[str, str
         if pd:
             pre = [urls[e.name] for e in engines if e.kv_role == "kv_producer"]
             dec = [urls[e.name] for e in engines if e.kv_role == "kv_consumer"]
-            # "nixl" is the router's P/D dialect; an ExampleConnector deployment ignores the extra fields it adds.
-            return router_command(engine_urls=(), prefill_urls=pre, decode_urls=dec, kv_connector="nixl", **common)
+            return router_command(engine_urls=(), prefill_urls=pre, decode_urls=dec, **common)
         return router_command(engine_urls=[urls[e.name] for e in engines], **common)
     except CommandError as err:
         raise PlacementError(str(err)) from None
