@@ -278,14 +278,14 @@ def _env_items(env: Any, groups: list[list[Any]], info: dict[str, Any], prompts:
     return items
 
 
-def _local_prompts(env: Any, n_all: int | None = None) -> dict[str, str]:
+def _local_prompts(env: Any) -> dict[str, str]:
     """task id -> first user prompt text of the env's selected tasks (loaded in this process)."""
     from toolkit.envs.episode import initial_messages
     from toolkit.envs.fidelity import task_identity
     from toolkit.envs.registry import load_tasks
 
     out: dict[str, str] = {}
-    for t in load_tasks(env.taskset)[:n_all]:
+    for t in load_tasks(env.taskset):
         msgs = [m for m in initial_messages(t.data) if m["role"] == "user"]
         out[task_identity(t)] = msgs[0]["content"] if msgs else ""  # the id the workers report
     return out

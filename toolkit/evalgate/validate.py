@@ -166,11 +166,8 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     items: list[GateItem] = []
     t0 = time.perf_counter()
 
-    def load_tasks(taskset_cfg: Any) -> list[Any]:
-        # The rows the env's workers load: same fields, same eval-split rule.
-        return load_selected(taskset_cfg, env_name=name, eval_env=kind == "eval")[1]
-
     try:
+        # The rows the env's workers load: same fields, same eval-split rule.
         taskset, all_tasks = load_selected(env.taskset, env_name=name, eval_env=kind == "eval")
     except Exception as exc:  # noqa: BLE001 - any failure to build the taskset is the finding itself
         items.append(GateItem("taskset_loads", name, "FAIL", f"taskset {env.taskset.id!r} failed to load: "
@@ -308,7 +305,8 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
                 diffs.append({"task": task_identity(task), "case": case, "first": _brief(before),
                               "second": _brief(again)})  # fmt: skip
     try:
-        reload_same = _task_fingerprint(load_tasks(env.taskset)[:n]) == _task_fingerprint(tasks)
+        reloaded = load_selected(env.taskset, env_name=name, eval_env=kind == "eval")[1]
+        reload_same = _task_fingerprint(reloaded[:n]) == _task_fingerprint(tasks)
     except Exception as exc:  # noqa: BLE001 - a taskset that loads once but not twice is nondeterministic too
         reload_same = False
         diffs.append({"reload": f"{type(exc).__name__}: {exc}"})
