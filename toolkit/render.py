@@ -93,10 +93,8 @@ def common_directives(cfg: RLConfig, site: SiteConfig, run: RunDir, *, name: str
          f"--time={sbatch_value(s.time, 'slurm.time')}"]
     if site.accounting.enabled and (s.account or site.accounting.default_account):
         d.append(f"--account={sbatch_value(s.account or site.accounting.default_account, 'slurm.account')}")
-    for key in ("qos", "constraint", "nodelist", "exclude"):
-        val = getattr(s, key)
-        if val:
-            d.append(f"--{key}={sbatch_value(val, f'slurm.{key}')}")
+    optional = ("qos", "constraint", "nodelist", "exclude")
+    d += [f"--{k}={sbatch_value(getattr(s, k), f'slurm.{k}')}" for k in optional if getattr(s, k)]
     if requeue:
         d += ["--requeue", f"--signal=B:{s.signal}@{int(s.signal_lead_s)}"]
     else:

@@ -90,11 +90,7 @@ def private_cache_root(path: str | os.PathLike[str]) -> None:
 
 def layered(*layers: Mapping[str, str] | None) -> dict[str, str]:
     """Merge environment layers left to right (later wins); values become strings."""
-    out: dict[str, str] = {}
-    for layer in layers:
-        for k, v in (layer or {}).items():
-            out[k] = str(v)
-    return out
+    return {k: str(v) for layer in layers for k, v in (layer or {}).items()}
 
 
 def node_expanded_keys(env: Mapping[str, str], defaults: Mapping[str, str]) -> tuple[str, ...]:

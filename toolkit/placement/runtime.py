@@ -187,10 +187,8 @@ def exec_process(run: RunDir, name: str, env: dict[str, str]) -> None:
     plan = read_plan(run)
     spec = plan.process(name)
     me = env.get("SLURMD_NODENAME")
-    node = spec.node_index
-    if me and me in plan.hosts:
-        cands = [i for i, h in enumerate(plan.hosts) if h == me and i in spec.node_indices]
-        node = cands[0] if cands else node
+    # This step's node: the first of the process's nodes whose host is this one (the first node when unknown).
+    node = next((i for i, h in enumerate(plan.hosts) if me and h == me and i in spec.node_indices), spec.node_index)
     model = None
     if any("{model_path}" in a for a in spec.command):
         from ..config import load_resolved

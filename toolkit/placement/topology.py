@@ -101,17 +101,14 @@ def derive_topology(cfg: Any) -> Topology:
     cursor = 0
     for i in range(dep.num_infer_replicas):
         nodes = tuple(range(cursor, cursor + per_island))
-        pre: list[tuple[int, ...]] = []
-        dec: list[tuple[int, ...]] = []
-        if infer.type == "disaggregated":
-            c = cursor
-            for _ in range(infer.num_prefill_replicas):
-                pre.append(tuple(range(c, c + infer.prefill_nodes_per_replica)))
-                c += infer.prefill_nodes_per_replica
-            for _ in range(infer.num_decode_replicas):
-                dec.append(tuple(range(c, c + infer.decode_nodes_per_replica)))
-                c += infer.decode_nodes_per_replica
-        islands.append(Island(i, nodes, tuple(pre), tuple(dec)))
+        pre: tuple[tuple[int, ...], ...] = ()
+        dec: tuple[tuple[int, ...], ...] = ()
+        if infer.type == "disaggregated":  # prefill replicas first, then decode, each on consecutive nodes
+            p, d = infer.prefill_nodes_per_replica, infer.decode_nodes_per_replica
+            pre = tuple(tuple(range(cursor + r * p, cursor + (r + 1) * p)) for r in range(infer.num_prefill_replicas))
+            first = cursor + p * infer.num_prefill_replicas
+            dec = tuple(tuple(range(first + r * d, first + (r + 1) * d)) for r in range(infer.num_decode_replicas))
+        islands.append(Island(i, nodes, pre, dec))
         cursor += per_island
     trainer_nodes = tuple(range(cursor, cursor + dep.num_train_nodes))
     cursor += dep.num_train_nodes
