@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import verifiers.v1 as vf
 
-from toolkit.envs.tasksets.common import SplitTasksetConfig, generate_split, iter_tasks, lcs_ratio
+from toolkit.envs.tasksets.common import SplitTasksetConfig, generate_split, lcs_ratio
 
 NAMES = [
     "Ada",
@@ -146,16 +146,16 @@ class AlphabetSortTaskset(vf.Taskset[AlphabetSortTask, AlphabetSortConfig]):
             return [names[i : i + cfg.names_per_turn] for i in range(0, total, cfg.names_per_turn)]
 
         items = generate_split(cfg, make, key=lambda turns: "|".join(",".join(t) for t in turns))
-        return iter_tasks(
-            items,
-            lambda i, turns: AlphabetSortTask(
+        return (
+            AlphabetSortTask(
                 AlphabetSortData(
                     id=f"alphabet-sort/{cfg.split}/{i}",
                     prompt=FIRST.format(names="\n".join(turns[0])),
                     turns=turns,
                 ),
                 cfg.task,
-            ),
+            )
+            for i, turns in enumerate(items)
         )
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import verifiers.v1 as vf
 from pydantic import Field
 
-from toolkit.envs.tasksets.common import SplitTasksetConfig, generate_split, iter_tasks, last_number
+from toolkit.envs.tasksets.common import SplitTasksetConfig, generate_split, last_number
 
 PROMPT = "Compute {a} {op} {b}. Reply with the number only."
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -47,10 +47,8 @@ class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
             return rng.randint(0, cfg.max_operand), rng.choice(cfg.ops), rng.randint(0, cfg.max_operand)
 
         items = generate_split(cfg, make, key=lambda t: f"{t[0]}{t[1]}{t[2]}")
-
-        def build(i: int, item: tuple[int, str, int]) -> ArithTask:
-            a, op, b = item
-            return ArithTask(
+        return (
+            ArithTask(
                 ArithData(
                     id=f"arith/{cfg.split}/{i}",
                     prompt=PROMPT.format(a=a, op=op, b=b),
@@ -59,8 +57,8 @@ class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
                 ),
                 cfg.task,
             )
-
-        return iter_tasks(items, build)
+            for i, (a, op, b) in enumerate(items)
+        )
 
 
 __all__ = ["ArithTaskset"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, TypeVar
 
 import verifiers.v1 as vf
@@ -99,9 +99,3 @@ def last_number(text: str) -> float | None:
     """The last decimal number written in ``text`` (commas between digits ignored), or None if there is none."""
     found = _NUMBER.findall(text.replace(",", ""))
     return float(found[-1]) if found else None
-
-
-def iter_tasks(items: list[T], build: Callable[[int, T], vf.Task]) -> Iterator[vf.Task]:
-    """``build(i, item)`` for each item, in order (the taskset's ``load()`` body)."""
-    for i, item in enumerate(items):
-        yield build(i, item)

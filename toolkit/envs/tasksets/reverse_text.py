@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import verifiers.v1 as vf
 
-from toolkit.envs.tasksets.common import SplitTasksetConfig, generate_split, iter_tasks, lcs_ratio
+from toolkit.envs.tasksets.common import SplitTasksetConfig, generate_split, lcs_ratio
 
 PROMPT = "Reverse the text character by character. Reply with the reversed text only.\nText: {text}"
 
@@ -55,10 +55,8 @@ class ReverseTextTaskset(vf.Taskset[ReverseTextTask, ReverseTextConfig]):
 
         if "{text}" not in cfg.prompt:
             raise ValueError("reverse-text prompt must contain the {text} field")
-        texts = generate_split(cfg, make, key=lambda t: t)
-        return iter_tasks(
-            texts,
-            lambda i, text: ReverseTextTask(
+        return (
+            ReverseTextTask(
                 ReverseTextData(
                     id=f"reverse-text/{cfg.split}/{i}",
                     prompt=" " * cfg.prompt_padding + cfg.prompt.replace("{text}", text),
@@ -66,7 +64,8 @@ class ReverseTextTaskset(vf.Taskset[ReverseTextTask, ReverseTextConfig]):
                     answer=text[::-1],
                 ),
                 cfg.task,
-            ),
+            )
+            for i, text in enumerate(generate_split(cfg, make, key=lambda t: t))
         )
 
 
