@@ -80,13 +80,16 @@ def _null_spelling_means_null(annotation: Any) -> bool:
     return True
 
 
+def models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The config table classes in a field's annotation: itself, or the models inside a union, Optional or list."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in models_in(arg)]
+
+
 def _is_table(field: Any) -> bool:
     """Whether a model field holds a config table (a ``BaseModel``, possibly in a union) rather than plain data."""
-
-    def models(tp: Any) -> bool:
-        return (isinstance(tp, type) and issubclass(tp, BaseModel)) or any(models(a) for a in typing.get_args(tp))
-
-    return field is not None and models(field.annotation)
+    return field is not None and bool(models_in(field.annotation))
 
 
 class Section(BaseModel):

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import itertools
 import re
-import typing
 from typing import Any
 
 from pydantic import BaseModel
 
-from .model import RLConfig
-
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    out: list[type[BaseModel]] = []
-    for arg in typing.get_args(annotation):
-        out += _models_in(arg)
-    return out
+from .model import RLConfig, models_in
 
 
 def _attribute_docs() -> dict[tuple[str, str], str]:
@@ -81,10 +71,10 @@ def schema_help(model: type[BaseModel] = RLConfig, prefix: str = "", docs: dict 
     if not prefix:
         lines.append(OWN_FLAGS_HELP)
         lines.append("Config fields (TOML tables; override any with --section.field VALUE, kebab-case allowed):\n")
-    fields = sorted(model.model_fields.items(), key=lambda kv: bool(_models_in(kv[1].annotation)))
+    fields = sorted(model.model_fields.items(), key=lambda kv: bool(models_in(kv[1].annotation)))
     for name, fld in fields:
         path = f"{prefix}{name}"
-        subs = _models_in(fld.annotation)
+        subs = models_in(fld.annotation)
         desc = (fld.description or docs.get((model.__name__, name), "")).replace("\n", " ")
         if subs:
             variants = [m.model_fields["type"].default for m in subs if "type" in m.model_fields]
