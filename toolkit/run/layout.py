@@ -45,6 +45,16 @@ COMPLETE_MARKER = "COMPLETE"
 """A complete checkpoint (``checkpoints/step_<n>/``: every part of the run written)."""
 
 
+class _Under:
+    """A fixed path below the run's root, read as an attribute of :class:`RunDir` (``run.metrics``)."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, run: RunDir, owner: type) -> Path:
+        return run.root.joinpath(*self.parts)
+
+
 @dataclass(frozen=True)
 class RunDir:
     """Paths of one run directory. ``root`` is ``<output_dir>/<run.name>`` (absolute)."""
@@ -55,16 +65,11 @@ class RunDir:
         object.__setattr__(self, "root", Path(self.root).absolute())
 
     # -- configs -------------------------------------------------------------------------------
-    @property
-    def configs(self) -> Path:
-        return self.root / "configs"
+    configs = _Under("configs")
+    latest_configs = _Under("configs", "latest")
 
     def config_attempt(self, n: int) -> Path:
         return self.configs / f"attempt_{n}"
-
-    @property
-    def latest_configs(self) -> Path:
-        return self.configs / "latest"
 
     def resolved(self, name: str = "rl", attempt: int | None = None) -> Path:
         """Resolved JSON config ``name`` (rl, trainer, orchestrator, inference) of an attempt (default latest)."""
@@ -72,155 +77,73 @@ class RunDir:
         return base / "resolved" / f"{name}.json"
 
     # -- launcher and logs --------------------------------------------------------------------
-    @property
-    def launcher(self) -> Path:
-        return self.root / "launcher"
-
-    @property
-    def placement_file(self) -> Path:
-        return self.launcher / "placement.json"
-
-    @property
-    def ports_file(self) -> Path:
-        return self.launcher / "ports.json"
-
-    @property
-    def job_ids_file(self) -> Path:
-        return self.launcher / "job_ids.txt"
-
-    @property
-    def admin_token_file(self) -> Path:
-        """Mode-0600 file with an inference-only deployment's admin token (``toolkit.inference.admin_token``): the
-        one place a token is written, so RL runs using the deployment as ``inference.external`` can reload it."""
-        return self.launcher / "admin_token"
-
-    @property
-    def lease_file(self) -> Path:
-        """The run lease: the one supervisor allowed to run the run's processes now (``toolkit.lease``)."""
-        return self.launcher / "lease.json"
-
-    @property
-    def policy_owner_file(self) -> Path:
-        """An inference deployment's policy-owner lease: the one run whose weights it serves (``toolkit.lease``)."""
-        return self.launcher / "policy_owner.json"
-
-    @property
-    def lora_tenants(self) -> Path:
-        """An inference deployment's LoRA-tenant leases, one ``<run id>.json`` per run whose adapter it serves
-        (``toolkit.lease``)."""
-        return self.launcher / "lora_tenants"
-
-    @property
-    def lease_history(self) -> Path:
-        """JSON lines appended by ``toolkit.lease`` whenever a lease is taken over from a dead holder."""
-        return self.launcher / "lease_history.jsonl"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
+    launcher = _Under("launcher")
+    placement_file = _Under("launcher", "placement.json")
+    ports_file = _Under("launcher", "ports.json")
+    job_ids_file = _Under("launcher", "job_ids.txt")
+    # Mode-0600 file with an inference-only deployment's admin token (toolkit.inference.admin_token): the one place
+    # a token is written, so RL runs using the deployment as inference.external can reload it.
+    admin_token_file = _Under("launcher", "admin_token")
+    # The run lease: the one supervisor allowed to run the run's processes now (toolkit.lease).
+    lease_file = _Under("launcher", "lease.json")
+    # An inference deployment's policy-owner lease: the one run whose weights it serves (toolkit.lease).
+    policy_owner_file = _Under("launcher", "policy_owner.json")
+    # An inference deployment's LoRA-tenant leases, one <run id>.json per run whose adapter it serves (toolkit.lease).
+    lora_tenants = _Under("launcher", "lora_tenants")
+    # JSON lines appended by toolkit.lease whenever a lease is taken over from a dead holder.
+    lease_history = _Under("launcher", "lease_history.jsonl")
+    logs = _Under("logs")
+    latest_logs = _Under("logs", "latest")
 
     def log_attempt(self, n: int) -> Path:
         return self.logs / f"attempt_{n}"
 
-    @property
-    def latest_logs(self) -> Path:
-        return self.logs / "latest"
-
     # -- data plane ----------------------------------------------------------------------------
-    @property
-    def rollouts(self) -> Path:
-        return self.root / "rollouts"
+    rollouts = _Under("rollouts")
+    broadcasts = _Under("broadcasts")
+    checkpoints = _Under("checkpoints")
+    store = _Under("store")
+    rollout_store = _Under("store", "rollouts.h5")
+    reports = _Under("reports")
+    metrics = _Under("metrics.jsonl")
+    # JSON lines appended by the orchestrator after each live weight reload (see orchestrator/policy.py).
+    policy_reloads = _Under("policy_reloads.jsonl")
+    run_meta = _Under("run_meta.json")
+    # How the latest attempt ended, written and read only through toolkit.run.ending.
+    ending = _Under("ending.json")
+    # W&B's directory of the run (toolkit.trainer.wandb_mirror): one offline-run-* per attempt.
+    wandb = _Under("wandb")
+    # An SFT run's final weights (HF directory, written atomically at the end); model.name may name the run
+    # directory itself (toolkit.models.resolve_model looks here).
+    model_export = _Under("model")
+    # JSON lines {"step", "samples": [ids]} appended by the SFT trainer, one per step trained.
+    data_order = _Under("data_order.jsonl")
 
     def rollout_step(self, step: int) -> Path:
         return self.rollouts / f"step_{step}"
 
-    @property
-    def broadcasts(self) -> Path:
-        return self.root / "broadcasts"
-
     def broadcast_step(self, step: int) -> Path:
         return self.broadcasts / f"step_{step}"
 
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
     def checkpoint_step(self, step: int) -> Path:
         return self.checkpoints / f"step_{step}"
-
-    @property
-    def store(self) -> Path:
-        return self.root / "store"
-
-    @property
-    def rollout_store(self) -> Path:
-        return self.store / "rollouts.h5"
-
-    @property
-    def reports(self) -> Path:
-        return self.root / "reports"
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics.jsonl"
-
-    @property
-    def policy_reloads(self) -> Path:
-        """JSON lines appended by the orchestrator after each live weight reload (see orchestrator/policy.py)."""
-        return self.root / "policy_reloads.jsonl"
-
-    @property
-    def run_meta(self) -> Path:
-        return self.root / "run_meta.json"
-
-    @property
-    def ending(self) -> Path:
-        """How the latest attempt ended, written and read only through ``toolkit.run.ending``."""
-        return self.root / "ending.json"
-
-    @property
-    def wandb(self) -> Path:
-        """W&B's directory of the run (``toolkit.trainer.wandb_mirror``): one ``offline-run-*`` per attempt."""
-        return self.root / "wandb"
-
-    def wandb_offline_runs(self) -> list[Path]:
-        """The run's W&B offline directories, oldest first (their names start with the attempt's start time)."""
-        return sorted(self.wandb.glob("offline-run-*")) if self.wandb.is_dir() else []
-
-    @property
-    def model_export(self) -> Path:
-        """An SFT run's final weights (HF directory, written atomically at the end); ``model.name`` may name the run
-        directory itself (:func:`toolkit.models.resolve_model` looks here)."""
-        return self.root / "model"
 
     def checkpoint_hf(self, step: int) -> Path:
         """The HF-format weights an SFT checkpoint carries next to its trainer state."""
         return self.checkpoint_step(step) / "hf"
 
-    @property
-    def data_order(self) -> Path:
-        """JSON lines ``{"step", "samples": [ids]}`` appended by the SFT trainer, one per step trained."""
-        return self.root / "data_order.jsonl"
+    def wandb_offline_runs(self) -> list[Path]:
+        """The run's W&B offline directories, oldest first (their names start with the attempt's start time)."""
+        return sorted(self.wandb.glob("offline-run-*")) if self.wandb.is_dir() else []
 
     # -- control -------------------------------------------------------------------------------
-    @property
-    def control(self) -> Path:
-        return self.root / "control"
-
-    @property
-    def stop_request(self) -> Path:
-        """File whose existence asks the trainer and orchestrator to checkpoint and exit 0."""
-        return self.control / "STOP"
-
-    @property
-    def inference_ready(self) -> Path:
-        """JSON written by the inference launcher once every engine (and router) answers /health."""
-        return self.control / "inference_ready.json"
-
-    @property
-    def scratch(self) -> Path:
-        """Run-local scratch on the shared filesystem (e.g. the P/D ExampleConnector KV store)."""
-        return self.root / "scratch"
+    control = _Under("control")
+    # File whose existence asks the trainer and orchestrator to checkpoint and exit 0.
+    stop_request = _Under("control", "STOP")
+    # JSON written by the inference launcher once every engine (and router) answers /health.
+    inference_ready = _Under("control", "inference_ready.json")
+    # Run-local scratch on the shared filesystem (e.g. the P/D ExampleConnector KV store).
+    scratch = _Under("scratch")
 
     # -- attempts ------------------------------------------------------------------------------
     def attempts(self) -> list[int]:
