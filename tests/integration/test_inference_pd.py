@@ -57,7 +57,7 @@ def test_prefill_decode_with_example_connector(tmp_path):
         n_new = 16
 
         async def go():
-            async with PolicyClient(dep.base_url, "tiny", timeout_s=120, has_router=True) as client:
+            async with PolicyClient(dep.base_url, "tiny", timeout_s=120) as client:
                 sp = SamplingParams(temperature=0.0, max_tokens=n_new)
                 return [await client.generate(p, sp, session_id=f"pd-{i}") for i, p in enumerate(prompts)]
 

@@ -69,7 +69,7 @@ def test_reload_never_serves_stale_connector_kv(tmp_path):
     )  # temperature 1: processed = plain log-softmax
 
     async def ask(tag: str):
-        async with PolicyClient(dep.base_url, "tiny", timeout_s=120, has_router=True) as client:
+        async with PolicyClient(dep.base_url, "tiny", timeout_s=120) as client:
             return await client.generate(prompt, sp, session_id=tag)
 
     try:

@@ -47,7 +47,7 @@ def test_two_replicas_sticky_sessions_and_failover(tmp_path):
 
         async def sessions():
             placement: dict[str, set[int]] = {}
-            async with PolicyClient(dep.base_url, "tiny", timeout_s=60, has_router=True) as client:
+            async with PolicyClient(dep.base_url, "tiny", timeout_s=60) as client:
                 for turn in range(3):
                     for s in range(6):
                         before = served_counts(dep.engine_urls)
@@ -56,8 +56,6 @@ def test_two_replicas_sticky_sessions_and_failover(tmp_path):
                         moved = [i for i in range(2) if after[i] > before[i]]
                         assert len(moved) == 1, (before, after)
                         placement.setdefault(f"rollout-{s}", set()).add(moved[0])
-                for s in range(6):
-                    await client.finish_session(f"rollout-{s}")
             return placement
 
         placement = asyncio.run(sessions())
@@ -72,8 +70,7 @@ def test_two_replicas_sticky_sessions_and_failover(tmp_path):
 
         async def after_kill():
             times, errors = [], 0
-            async with PolicyClient(dep.base_url, "tiny", timeout_s=30, max_retries=4, backoff_s=1.0,
-                                    has_router=True) as client:  # fmt: skip
+            async with PolicyClient(dep.base_url, "tiny", timeout_s=30, max_retries=4, backoff_s=1.0) as client:
                 for s in range(6):
                     t0 = time.monotonic()
                     try:

@@ -109,9 +109,8 @@ class PolicyClient:
     are retried ``max_retries`` times with exponential backoff starting at ``backoff_s`` seconds, then raise
     ProviderError. With ``retry_budget_s`` (seconds) they are instead retried until that much time has passed
     since the request began (backoff capped at ``MAX_BACKOFF_S``), time spent waiting at a closed serving gate
-    included. ``has_router`` enables ``finish_session`` (vllm-router's ``/finish_session``).
-    ``policy_version`` is the version the client believes is served; the weight updater's owner sets it after each
-    successful update. ``run_id`` (the run whose policy this client samples; ``lora``: a run that trains an adapter)
+    included. ``policy_version`` is the version the client believes is served; the weight updater's owner sets it
+    after each successful update. ``run_id`` (the run whose policy this client samples; ``lora``: a run that trains an adapter)
     turns on the owner check: a Generation then carries the version its engine reported (``versions.judge``), and
     ``foreign_version`` when any of its tokens came from another run's weights; without it (or from an engine
     without srl's middleware) it carries the believed version.
@@ -125,7 +124,6 @@ class PolicyClient:
         timeout_s: float = 600.0,
         max_retries: int = 3,
         backoff_s: float = 0.5,
-        has_router: bool = False,
         policy_version: int = 0,
         max_connections: int = 256,
         retry_budget_s: float | None = None,
@@ -140,7 +138,6 @@ class PolicyClient:
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
-        self.has_router = has_router
         self.policy_version = policy_version
         self.retry_budget_s = retry_budget_s
         self._open = asyncio.Event()
@@ -273,18 +270,6 @@ class PolicyClient:
         gen.policy_version, gen.foreign_version = verdict.version, verdict.foreign
         gen.latency_s = time.monotonic() - t0
         return gen
-
-    async def finish_session(self, session_id: str) -> None:
-        """Release a rollout's sticky routing entry on the router (no-op without a router). Errors are ignored:
-        a lost release only costs the router some memory until its own expiry."""
-        if not self.has_router:
-            return
-        try:
-            async with self._session().post(self.base_url + "/finish_session", params={"session_id": session_id},
-                                            timeout=aiohttp.ClientTimeout(total=10.0)) as resp:  # fmt: skip
-                await resp.read()
-        except (TimeoutError, aiohttp.ClientError):
-            pass
 
     async def aclose(self) -> None:
         """Close the connection pool."""

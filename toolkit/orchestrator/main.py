@@ -108,7 +108,7 @@ class Orchestrator:
         if self.client is None:
             self.client = PolicyClient(
                 base_url, ready["model"], timeout_s=self.cfg.inference.router.request_timeout_s,
-                has_router=bool(ready.get("router_url")), max_connections=max(16, self.ocfg.max_concurrent),
+                max_connections=max(16, self.ocfg.max_concurrent),
                 retry_budget_s=provider_retry_budget_s(self.cfg.inference.startup_timeout_s,
                                                        self.cfg.inference.max_restarts),
                 run_id=self.run_id, lora=self.lora,
