@@ -152,10 +152,8 @@ class Plan:
 
     def ports_json(self) -> dict[str, Any]:
         """ports.json: every service's node and port, the inference URL, the rendezvous endpoint."""
-        services = {}
-        for p in self.processes:
-            for k, v in p.ports.items():
-                services[f"{p.name}.{k}"] = {"node_index": p.node_index, "port": v, "process": p.name}
+        services = {f"{p.name}.{k}": {"node_index": p.node_index, "port": v, "process": p.name}
+                    for p in self.processes for k, v in p.ports.items()}
         return {
             "job_id": self.job_id,
             "port_base": self.port_base,
@@ -174,12 +172,8 @@ class Plan:
         """Inverse of :meth:`to_json`."""
         data = dict(data)
         data.pop("schema", None)
-        procs = []
-        for p in data.pop("processes"):
-            p = dict(p)
-            p["gpus"] = tuple(p["gpus"])
-            p["node_expand"] = tuple(p.get("node_expand", ()))
-            procs.append(ProcessSpec(**p))
+        procs = [ProcessSpec(**{**p, "gpus": tuple(p["gpus"]), "node_expand": tuple(p.get("node_expand", ()))})
+                 for p in data.pop("processes")]
         groups = [NodeGroup(**g) for g in data.pop("groups")]
         data["roles"] = tuple(data.get("roles", ROLES))
         return cls(processes=procs, groups=groups, **data)
