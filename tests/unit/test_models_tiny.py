@@ -104,9 +104,8 @@ def test_tokenizer_config_is_portable(tiny_dir):
     assert "<|im_start|>" in config["chat_template"]
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_loads_and_gives_logits_of_vocab_shape(tmp_path, arch, tokenizer):
-    model_dir = build_tiny_model(tmp_path / arch, seed=0, arch=arch)
+def test_loads_and_gives_logits_of_vocab_shape(tmp_path, tokenizer):
+    model_dir = build_tiny_model(tmp_path / "m", seed=0)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
     assert model.lm_head.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
     batch = tokenizer(["ab", "abcde"], return_tensors="pt", padding=True)
@@ -114,9 +113,3 @@ def test_loads_and_gives_logits_of_vocab_shape(tmp_path, arch, tokenizer):
         logits = model(**batch).logits
     assert logits.shape == (2, 5, len(tokenizer))
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
-
-
-def test_unknown_arch_is_rejected(tmp_path):
-    with pytest.raises(ValueError, match="qwen3"):
-        build_tiny_model(tmp_path / "m", arch="gpt9")
-    assert not (tmp_path / "m").exists()

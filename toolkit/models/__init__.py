@@ -4,7 +4,7 @@ Importing this package is light (no torch, no transformers): the builders import
 config validator and the CLI on a login node can use :data:`MODEL_ALIASES` and :func:`resolve_model` freely.
 
 Public API:
-  build_tiny_model(out_dir, *, seed=0, arch="qwen3") -> Path   random-init char-level ChatML model (fp32, untied)
+  build_tiny_model(out_dir, *, seed=0) -> Path                  random-init char-level ChatML Qwen3 (fp32, untied)
   import_smollm2(out_dir) -> Path                               SmolLM2-135M-Instruct, bf16, untied
   resolve_model(name, cache_dir=None) -> Path                   directory or alias -> HF directory
   MODEL_ALIASES: dict[str, str]                                 alias -> one-line description

@@ -35,7 +35,7 @@ def _build_alias(name: str, out_dir: Path) -> Path:
     if name == "tiny-qwen3":
         from toolkit.models.tiny import build_tiny_model
 
-        return build_tiny_model(out_dir, seed=0, arch="qwen3")
+        return build_tiny_model(out_dir, seed=0)
     if name == "smollm2-135m":
         from toolkit.models.smollm2 import import_smollm2
 

@@ -63,7 +63,6 @@ TINY_SHAPE: dict[str, int] = {
     "intermediate_size": 512,
     "max_position_embeddings": 4096,
 }
-TINY_ARCHS: tuple[str, ...] = ("qwen3", "llama")
 
 
 def plain_sampling_generation_config(
@@ -168,10 +167,10 @@ def _tokenizer_config() -> dict[str, Any]:
     }
 
 
-def _model_config(arch: str):
-    from transformers import LlamaConfig, Qwen3Config
+def _model_config():
+    from transformers import Qwen3Config
 
-    common = dict(
+    return Qwen3Config(
         vocab_size=len(SPECIAL_TOKENS) + len(CHARACTERS),
         tie_word_embeddings=False,
         bos_token_id=None,
@@ -179,36 +178,31 @@ def _model_config(arch: str):
         pad_token_id=SPECIAL_TOKENS.index(PAD_TOKEN),
         **TINY_SHAPE,
     )
-    if arch == "qwen3":
-        return Qwen3Config(**common)
-    if arch == "llama":
-        return LlamaConfig(**common)
-    raise ValueError(f"unknown tiny-model arch {arch!r}; allowed: {', '.join(TINY_ARCHS)}")
 
 
 def _dump_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def build_tiny_model(out_dir: Path, *, seed: int = 0, arch: str = "qwen3") -> Path:
-    """Build the tiny random-init causal LM and its tokenizer into the HF directory ``out_dir``; return it.
+def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
+    """Build the tiny random-init Qwen3ForCausalLM (with q/k RMS norms) and its tokenizer into the HF directory
+    ``out_dir``; return it.
 
     Shape: hidden 128, 2 layers, 4 attention heads of head_dim 32, 2 KV heads, MLP 512, vocabulary 101
     (4 specials: pad=0, <|im_start|>=1, <|im_end|>=2 (eos), unk=3; newline, tab, ASCII 0x20..0x7E), fp32,
     untied embeddings. Files: config.json, model.safetensors, generation_config.json, tokenizer.json,
     tokenizer_config.json, special_tokens_map.json (config and tokenizer load under transformers 4.x and 5.x). About 0.5 MB-2.5 MB on disk, about 2 s to build.
 
-    ``arch`` is ``"qwen3"`` (Qwen3ForCausalLM, with q/k RMS norms) or ``"llama"`` (LlamaForCausalLM).
     Same ``seed`` and library versions give byte-identical files. The directory appears atomically
     (complete or not at all); an existing ``out_dir`` is replaced. The caller's torch RNG state is preserved.
 
-    Raises ValueError for an unknown ``arch``; OSError if ``out_dir`` cannot be written.
+    Raises OSError if ``out_dir`` cannot be written.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     out_dir = Path(out_dir)
-    config = _model_config(arch)
+    config = _model_config()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
