@@ -11,33 +11,26 @@ import json
 import os
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 from toolkit.fsutil import atomic_write_json
 from toolkit.run.layout import RunDir
 
 
-def local_record_path(run: RunDir) -> Path:
-    """``<run>/launcher/local.json``: written by the local launcher at start and at exit."""
-    return run.launcher / "local.json"
-
-
 def write_local_record(run: RunDir, *, attempt: int, status: int | None = None) -> None:
     """Record the local launcher of ``attempt`` (this process); with ``status`` set, record that it ended."""
-    path = local_record_path(run)
     rec: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "attempt": attempt}
     if status is None:
         rec["started"] = time.time()
     else:
         rec = {**rec, **(read_local_record(run) or {}), "ended": time.time(), "status": status}
-    atomic_write_json(path, rec)
+    atomic_write_json(run.local_record, rec)
 
 
 def read_local_record(run: RunDir) -> dict[str, Any] | None:
     """The local launcher record (``write_local_record``), None when there is none or it is unreadable."""
     try:
-        rec = json.loads(local_record_path(run).read_text())
+        rec = json.loads(run.local_record.read_text())
     except (OSError, ValueError):
         return None
     return rec if isinstance(rec, dict) else None

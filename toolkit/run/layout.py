@@ -81,6 +81,8 @@ class RunDir:
     placement_file = _Under("launcher", "placement.json")
     ports_file = _Under("launcher", "ports.json")
     job_ids_file = _Under("launcher", "job_ids.txt")
+    # Written by the local launcher when an attempt starts and when it exits (toolkit.run.launcher).
+    local_record = _Under("launcher", "local.json")
     # Mode-0600 file with an inference-only deployment's admin token (toolkit.inference.admin_token): the one place
     # a token is written, so RL runs using the deployment as inference.external can reload it.
     admin_token_file = _Under("launcher", "admin_token")
