@@ -240,7 +240,6 @@ def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None
         raise
     loaded = checked.loaded
     loaded.inputs = [*sweep.base_files, *sweep.overlays]
-    loaded.overrides = list(sweep.overrides)
     return loaded
 
 

@@ -58,7 +58,6 @@ class LoadedConfig:
     warnings: list[ConfigIssue] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
     inputs: list[Path] = field(default_factory=list)
-    overrides: list[str] = field(default_factory=list)
     purpose: str = "rl"
     """"rl" or "serve" (``srl inference``, which skips the rules about training)."""
     origins: dict[str, str] = field(default_factory=dict)
@@ -90,7 +89,6 @@ def load_config(files: list[Path], overrides: list[str] | None = None, *, purpos
     loaded.notices = notices + loaded.notices
     loaded.config.notices = list(loaded.notices)
     loaded.inputs = [Path(p) for p in files]
-    loaded.overrides = list(overrides or [])
     loaded.origins = origins
     return loaded
 
