@@ -22,6 +22,7 @@ from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from toolkit.run.layout import RunDir
 from toolkit.run.types import Rollout, TrainingSample
 
 # One store writer per path in the child process (the store's schema check happens once, at the first append).
@@ -68,9 +69,8 @@ def _persist_step(run_root: str, step: int, recorded: list[Rollout], ages: list[
                   training: tuple[list[TrainingSample], list[float], list[int], list[str]],
                   meta: dict[str, Any]) -> None:  # fmt: skip
     from toolkit import batches
-    from toolkit.run.layout import RunDir
 
-    run = RunDir(Path(run_root))
+    run = RunDir(run_root)
     if recorded:
         _store_append(str(run.rollout_store), recorded, step, "train", ages)
     samples, advantages, versions, envs = training
@@ -122,12 +122,9 @@ class RecordWriter:
         self, rollouts: Sequence[Rollout], *, step: int, kind: str, ages: Sequence[int] | None
     ) -> None:
         """Append ``rollouts`` to the run's store as rows of ``step`` labelled ``kind`` ("train"/"eval")."""
-        if not rollouts:
-            return
-        from toolkit.run.layout import RunDir
-
-        store = str(RunDir(self.run_root).rollout_store)
-        await self._run(_store_append, store, list(rollouts), step, kind, None if ages is None else list(ages))
+        if rollouts:
+            store = str(RunDir(self.run_root).rollout_store)
+            await self._run(_store_append, store, list(rollouts), step, kind, None if ages is None else list(ages))
 
     def close(self) -> None:
         """Wait for pending writes and stop the child (idempotent)."""
