@@ -40,7 +40,6 @@ class Topology:
     router_node: int | None
     infer_tp: int
     engines_per_node: int
-    trainer_gpus: int
     trainer_dp: int
     orchestrator_het_group: int = 0
     """1 when the orchestrator runs as a heterogeneous-job component on its own (CPU) node; its node index is
@@ -82,7 +81,6 @@ def derive_topology(cfg: Any) -> Topology:
             router_node=0 if (engines > 1 or infer.type == "disaggregated") else None,
             infer_tp=tp,
             engines_per_node=engines,
-            trainer_gpus=dep.num_train_gpus,
             # CPU-only node: cpu_train_ranks gloo ranks under torchrun (the plan's --nproc-per-node), all data parallel.
             trainer_dp=(max(1, dep.num_train_gpus // max(1, cfg.trainer.tp * cfg.trainer.cp)) if gpn
                         else dep.cpu_train_ranks),
@@ -145,7 +143,6 @@ def derive_topology(cfg: Any) -> Topology:
         router_node=islands[0].nodes[0] if islands else None,
         infer_tp=tp,
         engines_per_node=max(1, gpn // tp) if gpn else 1,
-        trainer_gpus=trainer_gpus,
         # CPU trainer: one rank per node (the plan's torchrun --nproc-per-node is 1 without GPUs).
         trainer_dp=max(1, (trainer_gpus or dep.num_train_nodes) // par),
         orchestrator_het_group=het,
