@@ -87,10 +87,6 @@ class Orchestrator:
         self.lora = cfg.trainer.model.lora is not None
         self._admin_token: str | None = None  # set from the readiness of inference (_connect_inference)
         self._sigterm = False
-        k = self.ocfg.max_async_level
-        self.max_off_policy = (
-            self.ocfg.max_off_policy_steps if self.ocfg.max_off_policy_steps is not None else k
-        )
 
     # -- setup ------------------------------------------------------------------------------------------------
     async def _connect_inference(self) -> int:
@@ -241,10 +237,11 @@ class Orchestrator:
         """Fill the batch of ``step``. Returns (batch, stop reason); batch None when stopped mid-way."""
         o = self.ocfg
         b = o.buffer
+        max_off_policy = o.max_off_policy_steps if o.max_off_policy_steps is not None else o.max_async_level
         settings = BufferSettings(
             batch_size=o.batch_size, algo=o.train.algo.type, length_penalty=o.train.algo.length_penalty,
             filtering=b.online_difficulty_filtering, easy_threshold=b.easy_threshold, hard_threshold=b.hard_threshold,
-            max_off_policy_steps=self.max_off_policy if o.update_weights else None,
+            max_off_policy_steps=max_off_policy if o.update_weights else None,
         )  # fmt: skip
         batch = StepBatch(step=step, settings=settings)
         planned = self._planned_groups()

@@ -435,12 +435,9 @@ def load_rollouts(
         unknown = [c for c in wanted if c not in available]
         if unknown:
             raise KeyError(f"unknown store column(s) {unknown}; the store has {available}")
-        if kind is not None and "kind" not in wanted:
-            wanted_read = [*wanted, "kind"]
-        else:
-            wanted_read = wanted
+        extra = ["kind"] if kind is not None and "kind" not in wanted else []  # to filter on, dropped below
         data: dict[str, Any] = {}
-        for col in wanted_read:
+        for col in wanted + extra:
             if col == "error_message":
                 data[col] = pd.Series(_read_error_messages(f, n), dtype=object)
                 continue
