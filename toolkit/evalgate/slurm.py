@@ -25,10 +25,9 @@ from toolkit.run.verdict import GATE_STEM, VALIDATE_STEM, Verdict, read_verdict
 
 class GateFailed(RuntimeError):
     """Raised inside the Slurm job when the gate fails, so the job ends FAILED (non-zero exit) and ``afterok``
-    dependents never start. ``exit_code`` is what ``srl eval`` returned."""
+    dependents never start."""
 
     def __init__(self, exit_code: int, summary: str) -> None:
-        self.exit_code = exit_code
         super().__init__(f"first-run gate failed (exit code {exit_code}): {summary}")
 
 

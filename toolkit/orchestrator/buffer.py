@@ -133,12 +133,9 @@ class StepBatch:
         return reason
 
     # -- outputs ------------------------------------------------------------------------------------
-    def ages(self, rollouts: list[Rollout] | None = None) -> list[int]:
-        """Off-policy age (versions) of each rollout at this step (default: the batch's rollouts)."""
-        return [
-            off_policy_age(self.step, r.policy_version)
-            for r in (self.rollouts if rollouts is None else rollouts)
-        ]
+    def ages(self) -> list[int]:
+        """Off-policy age (versions) of each of the batch's rollouts at this step."""
+        return [off_policy_age(self.step, r.policy_version) for r in self.rollouts]
 
     def training_samples(self) -> tuple[list[TrainingSample], list[float], list[int], list[str]]:
         """``(samples, advantages, policy_versions, envs)``, one entry per training sample (a split multi-turn
