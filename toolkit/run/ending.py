@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +82,9 @@ class Ending:
 
     @property
     def exit_status(self) -> int:
-        """The process exit status of this ending (:func:`exit_status`)."""
-        return exit_status(self)
+        """The exit status a command (the local launcher, the Slurm batch job) returns for this ending: 0 only when
+        the run reached ``max_steps`` (or was requeued); a stop criterion is never 0 and never 1 (a failure)."""
+        return EXIT_STATUS[self.cause]
 
     def summary(self) -> str:
         """One phrase: ``reached max_steps (step 200)``, ``stopped by the zero-signal guard at step 12: ...``."""
@@ -107,9 +108,6 @@ class Ending:
         """The supervisor's last line: ``srl: run ended: <summary> (exit status N)``."""
         return f"srl: run ended: {self.summary()} (exit status {self.exit_status})"
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Ending:
         """Raises ValueError for a record that is not an ending."""
@@ -117,13 +115,6 @@ class Ending:
             raise ValueError("not a run ending record")
         known = {k: obj[k] for k in ("cause", "reason", "criterion", "role", "step", "time") if k in obj}
         return cls(**known)
-
-
-def exit_status(ending: Ending | None) -> int:
-    """The exit status a command (the local launcher, the Slurm batch job) returns for ``ending``: 0 only when the
-    run reached ``max_steps`` (or was requeued); a stop criterion is never 0 and never 1 (a failure). None (no
-    ending could be decided) is 1."""
-    return 1 if ending is None else EXIT_STATUS[ending.cause]
 
 
 def read(run: RunDir) -> Ending | None:
@@ -137,7 +128,7 @@ def read(run: RunDir) -> Ending | None:
 
 def write(run: RunDir, ending: Ending) -> Ending:
     """Write ``ending`` (atomically, replacing any earlier record); returns it."""
-    atomic_write_json(run.ending, ending.to_json())
+    atomic_write_json(run.ending, asdict(ending))
     return ending
 
 
@@ -200,7 +191,7 @@ def settle(
     recorded = read(run)
     by_criterion = recorded is not None and recorded.cause in (NO_SIGNAL, CRITERION)
     if recorded is not None and by_criterion and (failed is None or _role_of(failed) == recorded.role):
-        return write(run, Ending(**{**recorded.to_json(), "step": step}))
+        return write(run, replace(recorded, step=step))
     if failed is not None:
         return write(run, Ending(FAILED, failed_reason, role=failed, step=step))
     if time_limit:
