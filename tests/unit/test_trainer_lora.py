@@ -25,6 +25,7 @@ from toolkit.trainer.lora import (
     adapter_config,
     adapter_state_dict,
     apply_lora,
+    load_adapter,
     merged_state_dict,
 )
 from toolkit.trainer.model import load_policy
@@ -79,6 +80,23 @@ def test_adapter_broadcast_round_trip(tiny_dir, tmp_path):
     assert cfg["peft_type"] == "LORA" and cfg["base_model_name_or_path"] == str(tiny_dir)
     on_disk = load_file(str(out / ADAPTER_WEIGHTS_FILE))
     assert set(on_disk) == set(tensors) and all(torch.equal(on_disk[k], tensors[k]) for k in tensors)
+
+    dst = _trained(tiny_dir, seed=2)  # different adapter weights before loading
+    ids = torch.tensor([[2, 4, 6, 8, 10, 12]])
+    assert not torch.allclose(_logits(dst, ids), _logits(src, ids))
+    load_adapter(dst, out)
+    assert torch.equal(_logits(dst, ids), _logits(src, ids))
+
+
+def test_load_adapter_refuses_a_different_rank(tiny_dir, tmp_path):
+    run = RunDir(tmp_path / "run")
+    src = _trained(tiny_dir, seed=1)
+    out = write_adapter_broadcast(run, 1, adapter_state_dict(src), adapter_config(src))
+    other = apply_lora(load_policy(tiny_dir), {**LORA, "rank": 8})
+    with pytest.raises(ValueError, match="shape"):
+        load_adapter(other, out)
+    with pytest.raises(FileNotFoundError):
+        load_adapter(other, tmp_path)
 
 
 def test_merged_weights_equal_the_peft_model(tiny_dir):

@@ -65,6 +65,29 @@ def adapter_config(model: torch.nn.Module, base_model_dir: str | Path | None = N
     return json.loads(json.dumps(cfg, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else str(o)))
 
 
+def load_adapter(model: torch.nn.Module, adapter_dir: str | Path) -> None:
+    """Load ``adapter_model.safetensors`` from ``adapter_dir`` into the peft model's active adapter, in place.
+
+    Raises FileNotFoundError when the file is missing, ValueError when the file's names or shapes do not match
+    the model's adapter (a different rank or target modules).
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(adapter_dir) / ADAPTER_WEIGHTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {ADAPTER_WEIGHTS_FILE} in {adapter_dir}")
+    tensors = load_file(str(path))
+    expected = adapter_state_dict(model)
+    if set(tensors) != set(expected):
+        missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+        raise ValueError(f"adapter in {adapter_dir} does not fit the model: missing {missing[:4]}, extra {extra[:4]}")
+    for k, t in tensors.items():
+        if t.shape != expected[k].shape:
+            raise ValueError(f"adapter tensor {k}: shape {tuple(t.shape)} in file, {tuple(expected[k].shape)} in model")
+    set_peft_model_state_dict(model, tensors)
+
+
 def merged_state_dict(model: torch.nn.Module, *, is_main: bool = True) -> dict[str, torch.Tensor] | None:
     """Base-model weights with the adapters folded in (``W + scaling * B @ A``, peft's ``scaling`` = alpha / r),
     under the base model's HF names, as contiguous CPU tensors; the model is not changed.
