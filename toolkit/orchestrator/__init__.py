@@ -15,5 +15,4 @@ Modules:
   records     the orchestrator's metrics line per step
   writer      rollout store appends and training batches, written by a child process
   state       the orchestrator's part of a checkpoint
-  types       generations, rollouts, groups, training samples, error classes
 """
