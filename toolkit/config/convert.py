@@ -21,7 +21,7 @@ from typing import Any
 from .compose import subtable
 from .errors import ConfigError, ConfigIssue
 
-_NATIVE_V1_FIELDS = {"taskset", "harness", "runtime", "timeout", "pool", "max_turns", "max_total_tokens", "retries"}
+NATIVE_V1_FIELDS = {"taskset", "harness", "runtime", "timeout", "pool", "max_turns", "max_total_tokens", "retries"}
 _BUFFER_KEYS = ("online_difficulty_filtering", "oversampling_factor", "easy_threshold", "hard_threshold")
 
 
@@ -119,7 +119,7 @@ def _legacy_envs(data: dict[str, Any], notices: list[str], where: str, source: s
             args = env.get("args") or {}
             if not isinstance(args, dict):
                 continue  # pydantic reports the wrong type with its path
-            misplaced = sorted(_NATIVE_V1_FIELDS & set(args))
+            misplaced = sorted(NATIVE_V1_FIELDS & set(args))
             if misplaced:
                 issues.append(ConfigIssue(
                     f"orchestrator.{section}.env[{i}].args",

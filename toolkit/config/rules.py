@@ -18,6 +18,7 @@ from collections import Counter
 from .arg_rules import check_references as _references
 from .arg_rules import check_row_fits_rollout as _row_fits_rollout
 from .arg_rules import check_vllm_table as _vllm_table
+from .convert import NATIVE_V1_FIELDS
 from .errors import Findings
 from .model import ENV_VAR_NAME, RLConfig
 from .passthrough import option_key, vllm_tp
@@ -391,14 +392,11 @@ def _secrets(cfg: RLConfig, f: Findings) -> None:
                 )
 
 
-_NATIVE_V1_FIELDS = {"taskset", "harness", "runtime", "timeout", "pool", "max_turns", "max_total_tokens", "retries"}
-
-
 def _legacy_envs(cfg: RLConfig, f: Findings) -> None:
     for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
         for i, e in enumerate(envs):
             if e.args:
-                misplaced = sorted(_NATIVE_V1_FIELDS & set(e.args))
+                misplaced = sorted(NATIVE_V1_FIELDS & set(e.args))
                 if misplaced:
                     f.error(
                         f"orchestrator.{section}.env[{i}].args",
