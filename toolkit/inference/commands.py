@@ -219,8 +219,6 @@ def engine_env(
     side_channel_port: int | None,
     cpu: bool,
     user_env: Mapping[str, str] | None,
-    kvcache_gib: int = DEFAULT_CPU_KVCACHE_GIB,
-    allow_loopback: bool = False,
 ) -> dict[str, str]:
     """Environment variables to add for one engine process (not a full environment: merge over ``os.environ``).
 
@@ -231,7 +229,7 @@ def engine_env(
       engines on one host do not fight over the same cores.
     - NixlConnector: ``VLLM_NIXL_SIDE_CHANNEL_HOST``/``_PORT``. The host must be the engine's own routable node
       address (vLLM's default "localhost" breaks every cross-node handshake), so loopback and
-      wildcard addresses raise CommandError unless ``allow_loopback`` (single-host tests).
+      wildcard addresses raise CommandError.
     - ``user_env`` (per-role env vars from the config) is added last; it may not set plan-owned variables.
     ``role`` is one of "engine", "prefill", "decode".
     """
@@ -239,15 +237,13 @@ def engine_env(
         raise CommandError(f"role must be one of {ENGINE_ROLES}, got {role!r}")
     env: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1"}
     if cpu:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(kvcache_gib)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KVCACHE_GIB)
     if omp_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(omp_bind)
     if (side_channel_host is None) != (side_channel_port is None):
         raise CommandError("side_channel_host and side_channel_port are set together or not at all")
     if side_channel_host is not None:
-        if _is_unroutable(side_channel_host) and not (
-            allow_loopback and side_channel_host not in ("0.0.0.0", "::")
-        ):
+        if _is_unroutable(side_channel_host):
             raise CommandError(
                 f"NIXL side-channel host {side_channel_host!r} is not routable from other nodes (the "
                 "other engine of a prefill/decode pair connects to it there): "
