@@ -211,4 +211,4 @@ def test_a_stop_that_fires_before_the_first_turn_fails_the_episode():
     ep = Episode(_StopAtOnceTask(_ImageData(prompt="hi")))
     with pytest.raises(srl_errors.TaskError, match="@vf.stop never_start fired before the first model turn"):
         asyncio.run(ep.start())
-    assert ep.stop_condition == "never_start"
+    assert ep.trace.stop_condition == "never_start"

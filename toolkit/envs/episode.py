@@ -179,11 +179,6 @@ class Episode:
         self.wants_more = False
         self.multi_turn = callable(getattr(task, "user_turn", None))
 
-    @property
-    def stop_condition(self) -> str | None:
-        """verifiers' name for why the episode ended (None while it runs)."""
-        return self.trace.stop_condition
-
     def _append(self, role: str, content: str, *, sampled: bool = False) -> None:
         parent = len(self.trace.nodes) - 1 if self.trace.nodes else None
         self.trace.nodes.append(

@@ -101,18 +101,18 @@ def runtime_fields(runtime_cfg: Any) -> dict[str, Any]:
     return out
 
 
-def build_runtime_config(env_name: str, fields: Mapping[str, Any], *, check_node: bool = True) -> Any:
+def build_runtime_config(env_name: str, fields: Mapping[str, Any]) -> Any:
     """verifiers' runtime config (``verifiers.v1.runtimes.RuntimeConfig``) for ``fields`` (see :func:`runtime_fields`).
 
-    Raises EnvFeatureError naming ``env_name`` when the type cannot be provided here (``check_node`` also asks for
-    the container program on PATH) or when verifiers' config class rejects a field.
+    Raises EnvFeatureError naming ``env_name`` when the type cannot be provided here (a container type needs its
+    program on PATH) or when verifiers' config class rejects a field.
     """
     from pydantic import TypeAdapter, ValidationError
     from verifiers.v1.runtimes import RuntimeConfig
 
     rtype = str(fields.get("type", "subprocess"))
     problem = runtime_type_problem(rtype)
-    if problem is not None and (check_node or rtype not in LOCAL_RUNTIME_BINARIES):
+    if problem is not None:
         raise EnvFeatureError(f"env '{env_name}': harness.runtime: {problem}")
     try:
         return TypeAdapter(RuntimeConfig).validate_python(dict(fields))
@@ -243,14 +243,11 @@ def check_loaded(
     tasks: Iterable[Any],
     harness_id: str,
     runtime_config: Any,
-    module: Any = None,
+    module: Any,
 ) -> None:
-    """Refuse, at load, an environment srl cannot run as verifiers would. Checks the taskset's ``module`` (default:
-    the module defining its class), its task class and every loaded task. Raises EnvFeatureError listing the
-    distinct refusals (at most ``MAX_LISTED``, then a count of the rest)."""
-    import importlib
-
-    module = module if module is not None else importlib.import_module(type(taskset).__module__)
+    """Refuse, at load, an environment srl cannot run as verifiers would. Checks the taskset's ``module`` (the one
+    its id imports), its task class and every loaded task. Raises EnvFeatureError listing the distinct refusals
+    (at most ``MAX_LISTED``, then a count of the rest)."""
     problems = env_class_problems(env_name, module, harness_id)
     problems += task_class_problems(env_name, taskset, type(taskset).task_type())
     seen: set[str] = set(problems)

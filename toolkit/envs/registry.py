@@ -67,11 +67,6 @@ def taskset_class(taskset_id: str) -> type[vf.Taskset]:
     return classes[0]
 
 
-def _extra_fields(taskset_cfg: Any) -> dict[str, Any]:
-    extra = taskset_cfg.model_extra or {}
-    return {k: plain_data(v) for k, v in extra.items()}
-
-
 class TasksetFieldError(ValueError):
     """A taskset field srl would otherwise drop or misapply (a ``split`` the taskset's config has no field for, a
     field its config rejects, an eval env that would read train rows). The message names the taskset's own
@@ -126,7 +121,7 @@ def build_taskset(taskset_cfg: Any, *, env_name: str | None = None, eval_env: bo
                 f"{own_fields(config_cls)}); set the taskset's own field instead of '{name}'"
             )
         fields[name] = value
-    fields.update(_extra_fields(taskset_cfg))
+    fields.update({k: plain_data(v) for k, v in (taskset_cfg.model_extra or {}).items()})
     try:
         config = config_cls(**fields)
     except ValidationError as exc:
