@@ -71,7 +71,7 @@ def test_cache_is_bounded_and_skips_non_plain_messages(tokenizer):
     cached = CachedRenderer(inner, maxsize=2)
     for chat in CHATS[:3]:
         cached.render(chat)
-    assert len(cached._cache) == 2
+    assert cached._cached.cache_info().currsize == 2
     cached.render(CHATS[0])  # evicted (least recently used): rendered again
     assert inner.calls == 4
     odd = [{"role": "user", "content": "abc", "name": "bob"}]  # a field the key would not hold

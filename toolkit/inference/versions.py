@@ -138,13 +138,6 @@ class _Book:
         h.append((self.seq, version))
         del h[:-_HISTORY]
 
-    def drop(self, key: str) -> None:
-        self.history.pop(key, None)
-
-    def current(self, key: str | None) -> str | None:
-        h = self.history.get(key)
-        return h[-1][1] if h else None
-
     def since(self, key: str | None, seq: int) -> list[str]:
         """The version current at sequence number ``seq`` and every one set after it (["?"] when some were
         forgotten)."""
@@ -226,7 +219,7 @@ class WeightVersionTag:
             given = headers.get(VERSION_HEADER.lower().encode("latin-1"), b"").decode("latin-1")
             self.book.set(data["lora_name"], given or "unversioned")
         elif path == "/v1/unload_lora_adapter" and isinstance(data.get("lora_name"), str):
-            self.book.drop(data["lora_name"])
+            self.book.history.pop(data["lora_name"], None)
 
     async def _completion(self, scope: dict, data: dict, receive: Any, send: Any) -> None:
         model = data.get("model")
@@ -245,8 +238,8 @@ class WeightVersionTag:
         await self.app(scope, receive, send_tagged)
 
     async def _answer_versions(self, send: Any) -> None:
-        adapters = {k: h[-1][1] for k, h in self.book.history.items() if k is not None and h}
-        body = json.dumps({"base": self.book.current(None), "adapters": adapters}).encode()
+        current = {k: h[-1][1] for k, h in self.book.history.items() if h}
+        body = json.dumps({"base": current.pop(None, None), "adapters": current}).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
         await send({"type": "http.response.body", "body": body})

@@ -13,6 +13,7 @@ transformers is imported on first use only (login-node code imports this module 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -131,28 +132,21 @@ class CachedRenderer:
     """
 
     def __init__(self, renderer: Renderer, maxsize: int = 4096) -> None:
-        from collections import OrderedDict
-
         self.inner = renderer
         self.name = renderer.name
         self.stop_token_ids = renderer.stop_token_ids
-        self.maxsize = max(1, int(maxsize))
-        self._cache: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
+        self._cached = functools.lru_cache(maxsize=max(1, int(maxsize)))(self._render_key)
+
+    def _render_key(self, key: tuple) -> tuple[int, ...]:
+        add_generation_prompt, *pairs = key
+        messages = [{"role": role, "content": content} for role, content in pairs]
+        return tuple(self.inner.render(messages, add_generation_prompt=add_generation_prompt))
 
     def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> list[int]:
         # Only plain role/content messages with string content are cached: the key must hold all the input.
         if not all(_plain_message(m) for m in messages):
             return self.inner.render(messages, add_generation_prompt=add_generation_prompt)
-        key = (add_generation_prompt, *((m["role"], m["content"]) for m in messages))
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return list(hit)
-        ids = self.inner.render(messages, add_generation_prompt=add_generation_prompt)
-        self._cache[key] = tuple(ids)
-        if len(self._cache) > self.maxsize:
-            self._cache.popitem(last=False)
-        return list(ids)
+        return list(self._cached((add_generation_prompt, *((m["role"], m["content"]) for m in messages))))
 
     def decode(self, token_ids: list[int]) -> str:
         return self.inner.decode(token_ids)
