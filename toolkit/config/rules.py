@@ -379,8 +379,7 @@ def _secrets(cfg: RLConfig, f: Findings) -> None:
                     "(and a program's command line). Export it in your shell under the name the program reads "
                     "(e.g. VLLM_API_KEY, HF_TOKEN) and list that name in slurm.secret_env_vars",
                 )
-    tables = env_tables(cfg)
-    for path, table in tables.items():
+    for path, table in env_tables(cfg).items():
         for key in table:
             if not ENV_VAR_NAME.fullmatch(key):
                 f.error(f"{path}.{key}", "not a valid environment variable name")

@@ -11,6 +11,7 @@ Light: pydantic and the standard library only (login-node safe).
 from __future__ import annotations
 
 import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -170,7 +171,5 @@ def job_python(site: SiteConfig) -> str:
     site-wide install), else the interpreter running srl now (``sys.executable``: the checkout's own environment,
     which a cluster's shared filesystem makes visible on the compute nodes). Never a bare command name, which a job
     would resolve against whatever PATH it inherits."""
-    import sys
-
     p = site.environment.python
     return p if p.startswith("/") else sys.executable
