@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 SPREAD_TOL = 1e-9
-# Every reason a group can be dropped; the last two are decided by the batch builder (stale policy, batch full).
-DROP_REASONS = ("errored", "all_zero", "all_one", "uniform", "easy", "hard", "off_policy", "overflow")
 
 
 def is_uniform(rewards: Sequence[float]) -> bool:
@@ -44,7 +42,8 @@ def drop_reason(
     easy_threshold: float | None = None,
     hard_threshold: float | None = None,
 ) -> str | None:
-    """Why a group with these valid rewards is dropped (one of ``DROP_REASONS``), or None to keep it.
+    """Why a group with these valid rewards is dropped (``errored``, ``all_zero``, ``all_one``, ``uniform``,
+    ``easy`` or ``hard``), or None to keep it.
 
     ``rewards`` are the rewards of the group's *valid* rollouts only. Uniform groups are checked first, so an
     all-1 binary group reads ``all_one`` rather than ``easy``.
