@@ -12,7 +12,6 @@ from toolkit.trainer.sft_data import (
     SFTData,
     check_dataset,
     load_conversations,
-    read_conversations,
     step_rows,
     to_batch,
     tokenize,
@@ -33,7 +32,7 @@ def _text(renderer, ids, mask) -> str:
 
 def test_prompt_completion_trains_the_completion_and_its_end_of_turn_only(renderer, tmp_path):
     f = _jsonl(tmp_path / "d.jsonl", [{"prompt": "Reverse: abc", "completion": "cba"}])
-    (conv,) = read_conversations(f, ColumnsConfig())
+    (conv,), _ = load_conversations(f, ColumnsConfig())
     ids, mask = tokenize(renderer, conv, LossMaskConfig(), "x")
     # The ids are the whole conversation rendered at once, and the prompt is what RL sampling would send.
     full = renderer.render(conv.messages, add_generation_prompt=False)
@@ -47,7 +46,7 @@ def test_two_assistant_turns_are_both_trained(renderer, tmp_path):
     msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "xy"},
             {"role": "user", "content": "b"}, {"role": "assistant", "content": "zw"}]
     f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs}])
-    (conv,) = read_conversations(f, ColumnsConfig())
+    (conv,), _ = load_conversations(f, ColumnsConfig())
     ids, mask = tokenize(renderer, conv, LossMaskConfig(), "x")
     assert _text(renderer, ids, mask) == "xy<|im_end|>zw<|im_end|>"
     # user turns trained too when [loss_mask] says so
@@ -59,14 +58,14 @@ def test_message_loss_mask_keeps_only_the_selected_message(renderer, tmp_path):
     msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "xy"},
             {"role": "user", "content": "b"}, {"role": "assistant", "content": "zw"}]
     f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs, "message_loss_mask": [0, 0, 0, 1]}])
-    (conv,) = read_conversations(f, ColumnsConfig())
+    (conv,), _ = load_conversations(f, ColumnsConfig())
     ids, mask = tokenize(renderer, conv, LossMaskConfig(), "x")
     assert _text(renderer, ids, mask) == "zw<|im_end|>"
     # prompt/completion rows: the mask covers prompt + completion messages
     f = _jsonl(tmp_path / "e.jsonl", [{"prompt": [{"role": "user", "content": "a"}],
                                        "completion": [{"role": "assistant", "content": "q"}],
                                        "message_loss_mask": [True, False]}])
-    (conv,) = read_conversations(f, ColumnsConfig())
+    (conv,), _ = load_conversations(f, ColumnsConfig())
     with pytest.raises(DataError, match="no token is trained"):
         tokenize(renderer, conv, LossMaskConfig(), "row 0")
 
@@ -76,9 +75,9 @@ def test_messages_win_over_prompt_completion_and_columns_are_renamed(tmp_path):
                                                         {"role": "assistant", "content": "n"}],
                                        "q": "p", "a": "c", "key": 7}])
     cols = ColumnsConfig(messages="conversation", prompt="q", completion="a", id="key")
-    (conv,) = read_conversations(f, cols)
+    (conv,), _ = load_conversations(f, cols)
     assert [m["content"] for m in conv.messages] == ["m", "n"] and conv.sample_id == "7"
-    (conv,) = read_conversations(_jsonl(tmp_path / "e.jsonl", [{"q": "p", "a": "c"}]), cols)
+    (conv,), _ = load_conversations(_jsonl(tmp_path / "e.jsonl", [{"q": "p", "a": "c"}]), cols)
     assert [(m["role"], m["content"]) for m in conv.messages] == [("user", "p"), ("assistant", "c")]
 
 

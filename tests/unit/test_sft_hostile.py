@@ -15,7 +15,6 @@ from toolkit.trainer.sft_data import (
     DataError,
     check_dataset,
     load_conversations,
-    read_conversations,
     tokenize,
 )
 
@@ -117,7 +116,7 @@ _TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
 
 def test_tools_the_template_ignores_are_refused(renderer, tmp_path):
     f = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b", "tools": json.dumps(_TOOLS)}])
-    (conv,) = read_conversations(f, ColumnsConfig())
+    (conv,), _ = load_conversations(f, ColumnsConfig())
     with pytest.raises(DataError, match="row 0: the row has tools, but renderer 'auto'"):
         tokenize(renderer, conv, LossMaskConfig(), "d.jsonl: row 0")
 
@@ -126,7 +125,7 @@ def test_tool_calls_the_template_ignores_are_refused(renderer, tmp_path):
     msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [_CALL]},
             {"role": "tool", "content": "1", "tool_call_id": "c1"}, {"role": "assistant", "content": "done"}]
     f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs}])
-    (conv,) = read_conversations(f, ColumnsConfig())
+    (conv,), _ = load_conversations(f, ColumnsConfig())
     with pytest.raises(DataError, match="message 1: renderer 'auto' .* ignores the message's tool_calls"):
         tokenize(renderer, conv, LossMaskConfig(), "d.jsonl: row 0")
 
@@ -145,7 +144,7 @@ def test_a_renderer_that_renders_tools_and_tool_calls_trains_them(renderer, tmp_
 
     msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": [_CALL]}]
     f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs, "tools": _TOOLS}])
-    (conv,) = read_conversations(f, ColumnsConfig())
+    (conv,), _ = load_conversations(f, ColumnsConfig())
     ids, mask = tokenize(ToolRenderer(), conv, LossMaskConfig(), "x")
     assert '"name": "f"' in renderer.decode([int(t) for t, m in zip(ids, mask, strict=True) if m])
 

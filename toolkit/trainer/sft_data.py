@@ -267,18 +267,6 @@ def conversation(row: dict[str, Any], columns: Any, where: str, default_id: str)
     return Conversation(messages, mask, tools or None, str(sid) if sid is not None else default_id)
 
 
-def read_conversations(path: Path, columns: Any) -> list[Conversation]:
-    """Every conversation of a dataset path, in file order. Raises DataError (file, row, column) on the first
-    bad row, or when the dataset has no rows. Standard library and pyarrow only (login-node safe)."""
-    out: list[Conversation] = []
-    for f in dataset_files(path):
-        for row, value in _file_rows(f):
-            out.append(conversation(value, columns, f"{f}: row {row}", f"{f.name}:{row}"))
-    if not out:
-        raise DataError(f"{path}: the dataset has no rows")
-    return out
-
-
 def check_dataset(path: Path, columns: Any, loss_mask: Any = None) -> int:
     """Login-node check of a dataset path (files, UTF-8, JSON, columns, mask lengths). Returns the row count;
     raises DataError naming the file, row and column of the first problem.
@@ -534,7 +522,6 @@ __all__ = [
     "dataset_files",
     "epoch_order",
     "load_conversations",
-    "read_conversations",
     "step_rows",
     "to_batch",
     "tokenize",
