@@ -23,7 +23,6 @@ from toolkit.inference.worker_ext import (
 
 
 def test_engine_defaults_load_the_extension():
-    assert commands.WORKER_EXTENSION_CLS == EXTENSION_CLS
     assert commands.ENGINE_DEFAULTS["worker_extension_cls"] == EXTENSION_CLS
     argv = commands.engine_command(model_path="/m", host="127.0.0.1", port=8000, vllm_args={}, tp=1, dp=1,
                                    served_model_name="m", kv_role=None, kv_connector=None, kv_extra=None,

@@ -22,6 +22,7 @@ import gc
 import json
 import os
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -207,11 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--parent-pid", type=int, default=None)
     args = parser.parse_args(argv)
-    if args.spec == "-":
-        text = sys.stdin.read()
-    else:
-        with open(args.spec) as f:
-            text = f.read()
+    text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
     asyncio.run(serve(json.loads(text), args.host, args.port, args.parent_pid))
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.passthrough import option_key
+from .worker_ext import EXTENSION_CLS as WORKER_EXTENSION_CLS
 
 # Short connector names a user may write in the config, mapped to vLLM 0.32's KV connector registry names.
 KV_CONNECTORS: dict[str, str] = {
@@ -68,7 +69,6 @@ DEFAULT_MAX_LOGPROBS = 20  # vLLM's own default; RL needs only the sampled token
 # worker_extension_cls: srl's reload method (toolkit.inference.worker_ext, imported by vLLM in the engine's worker
 # process only), which WeightUpdater calls instead of plain reload_weights when /server_info shows it (a user value
 # replaces it; the updater then falls back to reload_weights).
-WORKER_EXTENSION_CLS = "toolkit.inference.worker_ext.SrlWorkerExtension"
 ENGINE_DEFAULTS: dict[str, Any] = {
     "max_logprobs": DEFAULT_MAX_LOGPROBS,
     "logprobs_mode": "processed_logprobs",

@@ -60,10 +60,9 @@ def read_ready(
     while True:
         try:
             return json.loads(run.inference_ready.read_text())
-        except FileNotFoundError:
+        # Not there yet; or partial, which only a foreign writer could leave (it is written atomically): keep waiting.
+        except (FileNotFoundError, json.JSONDecodeError):
             pass
-        except json.JSONDecodeError:
-            pass  # written atomically, so only a foreign writer could leave it partial; keep waiting
         if should_stop is not None and should_stop():
             return None
         if time.monotonic() - t0 > timeout_s:

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-# the --worker-extension-cls value (commands.WORKER_EXTENSION_CLS, kept equal by a unit test)
+# the --worker-extension-cls value (commands.ENGINE_DEFAULTS)
 EXTENSION_CLS = "toolkit.inference.worker_ext.SrlWorkerExtension"
 RELOAD_METHOD = "srl_reload_weights"  # the /collective_rpc method name
 RESULT_MARKER = "srl_reload"  # key every srl_reload_weights result carries (value: EXTENSION_API_VERSION)
