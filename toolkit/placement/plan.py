@@ -220,13 +220,6 @@ def _addr(target: int, own: int) -> str:
     return "{node_addr}" if target == own else f"{{node_addr_{target}}}"
 
 
-def _kv_connector(cfg: RLConfig, gpn: int) -> str:
-    name = cfg.inference.deployment.kv_connector  # type: ignore[union-attr]
-    if name == "auto":
-        return "NixlConnector" if gpn else "ExampleConnector"
-    return name
-
-
 @dataclass
 class _Engine:
     name: str
@@ -324,6 +317,9 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     place_inference = "inference" in roles and not external
     engines = _engines(topo, cfg) if place_inference else []
     pd = cfg.inference.deployment.type == "disaggregated"
+    connector = cfg.inference.deployment.kv_connector if pd else None  # type: ignore[union-attr]
+    if connector == "auto":
+        connector = "NixlConnector" if gpn else "ExampleConnector"
     use_router = place_inference and (len(engines) > 1 or pd)
     tp = topo.infer_tp
 
@@ -331,10 +327,9 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     shared_net = site.ports.nodes_share_network or not site.is_slurm
     host = (lambda n: 0) if shared_net else (lambda n: n)
     alloc = PortAllocator(site.ports.range_start, site.ports.range_end)
-    nixl = pd and _kv_connector(cfg, gpn) == "NixlConnector"
     for e in engines:
         alloc.request(host(e.node), f"{e.name}.http")
-        if nixl:
+        if connector == "NixlConnector":
             # vLLM offsets the side-channel port by the worker's rank, so each engine reserves one per GPU slice.
             alloc.request(host(e.node), f"{e.name}.side_channel", max(1, len(e.gpus)))
         if e.dp > 1:
@@ -386,7 +381,6 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
             eng_defaults.update(lora_engine_args(lora.rank))
         except CommandError as err:
             raise PlacementError(str(err)) from None
-    connector = _kv_connector(cfg, gpn) if pd else None
     kv_extra = {"shared_storage_path": str(run.scratch / "kv")} if connector == "ExampleConnector" else None
     if connector == "NixlConnector" and not gpn:
         kv_extra = {"kv_buffer_device": "cpu"}
