@@ -87,6 +87,10 @@ BASE_COLUMNS: dict[str, Any] = {
     "policy_version": np.int64,
     "off_policy_age": np.int64,
 }
+# Base columns read straight from the Rollout attribute of the same name.
+_ROLLOUT_NUMERIC = ("example_id", "group_id", "reward", "advantage", "prompt_len", "completion_len", "num_turns",
+                    "truncated")  # fmt: skip
+_ROLLOUT_STRINGS = ("env", "truncation_reason", "error_class")
 # Prefixes of the open-ended float columns, and the Rollout attribute each comes from.
 DYNAMIC_PREFIXES = {"reward/": "reward_components", "timing/": "timings", "metric/": "metrics"}
 TOKEN_COLUMNS = ("prompt_ids", "completion_ids", "completion_logprobs", "completion_mask")
@@ -241,26 +245,12 @@ class RolloutStoreWriter:
             else np.int64(step) - policy_version
         )
         numeric: dict[str, np.ndarray] = {
-            "step": np.full(n, step, np.int64),
-            "time": np.full(n, now, np.float64),
-            "example_id": np.fromiter((r.example_id for r in rollouts), np.int64, n),
-            "group_id": np.fromiter((r.group_id for r in rollouts), np.int64, n),
-            "reward": np.fromiter((r.reward for r in rollouts), np.float64, n),
-            "advantage": np.fromiter((r.advantage for r in rollouts), np.float64, n),
-            "prompt_len": np.fromiter((r.prompt_len for r in rollouts), np.int64, n),
-            "completion_len": np.fromiter((r.completion_len for r in rollouts), np.int64, n),
-            "num_turns": np.fromiter((r.num_turns for r in rollouts), np.int64, n),
-            "truncated": np.fromiter((bool(r.truncated) for r in rollouts), np.bool_, n),
-            "policy_version": policy_version,
-            "off_policy_age": age,
+            c: np.fromiter((getattr(r, c) for r in rollouts), BASE_COLUMNS[c], n) for c in _ROLLOUT_NUMERIC
         }
-        strings: dict[str, list[str | None]] = {
-            "kind": [kind] * n,
-            "env": [r.env for r in rollouts],
-            "task_id": [str(r.task_id) for r in rollouts],
-            "truncation_reason": [r.truncation_reason for r in rollouts],
-            "error_class": [r.error_class for r in rollouts],
-        }
+        numeric.update(step=np.full(n, step, np.int64), time=np.full(n, now, np.float64),
+                       policy_version=policy_version, off_policy_age=age)  # fmt: skip
+        strings: dict[str, list[str | None]] = {c: [getattr(r, c) for r in rollouts] for c in _ROLLOUT_STRINGS}
+        strings.update(kind=[kind] * n, task_id=[str(r.task_id) for r in rollouts])
         with _open(self.path, "a") as f:
             start = int(f.attrs["num_rows"])
             cols = f["columns"]
