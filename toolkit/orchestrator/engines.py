@@ -141,17 +141,11 @@ class EngineWatch:
 
     ``client``: the ``PolicyClient`` (``hold``/``release``); ``tracker``: the ``PolicyTracker`` (``lock``,
     ``served_version``, ``engines_ok``, ``restore``); ``engine_urls``: every engine's own base URL;
-    ``headers``: admin headers for ``/weight_info`` (default: from ``SRL_ADMIN_TOKEN``); ``poll_s`` and
-    ``probe_timeout_s`` in seconds.
+    ``headers``: admin headers for ``/weight_info``; ``poll_s`` and ``probe_timeout_s`` in seconds.
     """
 
-    def __init__(self, client: Any, tracker: Any, engine_urls: Sequence[str], *,
-                 headers: Mapping[str, str] | None = None, poll_s: float = 1.0,
-                 probe_timeout_s: float = 5.0) -> None:  # fmt: skip
-        if headers is None:
-            from toolkit.inference.admin_token import admin_headers, admin_token_from_env
-
-            headers = admin_headers(admin_token_from_env())
+    def __init__(self, client: Any, tracker: Any, engine_urls: Sequence[str], *, headers: Mapping[str, str],
+                 poll_s: float = 1.0, probe_timeout_s: float = 5.0) -> None:  # fmt: skip
         self.client = client
         self.tracker = tracker
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
