@@ -126,7 +126,7 @@ def prepare(cfg: Any, argv: list[str], *, files: list[Path], dry_run: bool, resu
             raise ConfigError(f"--resume: {live.root} already finished (checkpoint step {step}, max_steps = "
                               f"{cfg.max_steps}); raise max_steps to train on, or use --clean to start over")
     view = cfg.launch_view()
-    loaded = LoadedConfig(view, inputs=[Path(f) for f in files], overrides=[])
+    loaded = LoadedConfig(view, inputs=[Path(f) for f in files])
     run, attempt = prepare_attempt(loaded, live, argv=["srl", *argv], dry_run=dry_run, resume=resume, clean=clean)
     atomic_write_json(run.config_attempt(attempt) / "resolved" / "sft.json", cfg.model_dump(mode="json"))
     return view, run, attempt
