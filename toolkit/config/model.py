@@ -118,20 +118,9 @@ class Section(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_bool_for_numbers(cls, data: Any) -> Any:
+    def _raw_values(cls, data: Any) -> Any:
         # pydantic's lax mode turns true/false into 1/0 for numeric fields; a bare `--trainer.optim.lr` flag (value
         # forgotten) would then silently set lr = 1. A number field given a boolean is always a mistake.
-        if isinstance(data, dict):
-            for name, field in cls.model_fields.items():
-                for key in {name, field.alias} - {None}:
-                    if isinstance(data.get(key), bool) and _numeric_without_bool(field.annotation):
-                        raise ValueError(f"{key}: expects a number, got a boolean "
-                                         "(a bare --flag means true: give the flag a value)")  # fmt: skip
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthands(cls, data: Any) -> Any:
         # "None" is null: without this, `keep_last = "None"` in a file would be a type error, and a reloaded
         # `srl config show` would have to leave the field out, which brings back its default (keep_last 2: old
         # checkpoints get deleted).
@@ -140,6 +129,10 @@ class Section(BaseModel):
         # the default single_node deployment instead of failing on a missing tag.
         if isinstance(data, dict):
             for name, field in cls.model_fields.items():
+                for key in {name, field.alias} - {None}:
+                    if isinstance(data.get(key), bool) and _numeric_without_bool(field.annotation):
+                        raise ValueError(f"{key}: expects a number, got a boolean "
+                                         "(a bare --flag means true: give the flag a value)")  # fmt: skip
                 tag, value = field.discriminator, data.get(name)
                 if value == NULL_SPELLING and _null_spelling_means_null(field.annotation):
                     data = {**data, name: None}
