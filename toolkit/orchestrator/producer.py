@@ -83,14 +83,9 @@ class GroupProducer:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
 
-    @property
-    def pending(self) -> int:
-        """Groups in flight or finished and not yet taken."""
-        return self.inflight + self.queue.qsize()
-
     def want(self, groups: int) -> None:
         """Make sure ``groups`` groups are in flight or queued (launch the difference; never cancels)."""
-        self.wanted = max(0, groups - self.pending)
+        self.wanted = max(0, groups - self.inflight - self.queue.qsize())
         self._wake.set()
 
     def pause(self) -> None:
