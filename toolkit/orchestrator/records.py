@@ -33,11 +33,10 @@ from typing import Any
 from toolkit.fsutil import append_jsonl
 from toolkit.orchestrator.buffer import StepBatch
 from toolkit.run.layout import RunDir
-from toolkit.run.metrics import recorded_steps
+from toolkit.run.metrics import ORCHESTRATOR, recorded_steps
 from toolkit.run.types import Rollout
 
 log = logging.getLogger(__name__)
-ROLE = "orchestrator"
 
 
 def _stats(prefix: str, values: Sequence[float], out: dict[str, float]) -> None:
@@ -109,7 +108,7 @@ class MetricsLog:
     def __init__(self, run: RunDir, *, enabled: bool = True) -> None:
         self.run = run
         self.enabled = enabled
-        self.done = recorded_steps(run.metrics, ROLE)
+        self.done = recorded_steps(run.metrics, ORCHESTRATOR)
         self._end_torn_line()
 
     def _end_torn_line(self) -> None:
@@ -135,6 +134,6 @@ class MetricsLog:
             return False
         if self.enabled:
             self.run.root.mkdir(parents=True, exist_ok=True)
-            append_jsonl(self.run.metrics, {"step": step, "time": time.time(), "role": ROLE, **metrics})
+            append_jsonl(self.run.metrics, {"step": step, "time": time.time(), "role": ORCHESTRATOR, **metrics})
         self.done.add(step)
         return True
