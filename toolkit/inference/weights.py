@@ -37,7 +37,7 @@ import functools
 import json
 import ssl
 import time
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +151,7 @@ class WeightUpdater:
         self.run_id = run_id
         self.lora_name = lora_name(run_id) if run_id else DEFAULT_LORA_NAME
         self.served_model: str | None = None
-        # seconds per step of the last successful update(): client, kv_store_lookup, pause, reload,
+        # seconds per step of the last successful load (update, adapter): client, kv_store_lookup, pause, reload,
         # retire_reset_version (KV store retired while prefix caches are reset and the version set), resume,
         # kv_store_purge (benchmarks, reload records)
         self.last_steps: dict[str, float] = {}
@@ -174,12 +174,6 @@ class WeightUpdater:
     async def _all(self, http: httpx.AsyncClient, path: str, *, optional: bool = False, **kw) -> None:
         await _on_every_engine(self._call(http, url, path, optional=optional, **kw) for url in self.engine_urls)
 
-    async def _resume_all(self, http: httpx.AsyncClient) -> list[BaseException]:
-        """Resume every engine, each one tried even when another fails; returns the failures."""
-        results = await asyncio.gather(*(self._call(http, u, "/resume", optional=True) for u in self.engine_urls),
-                                       return_exceptions=True)  # fmt: skip
-        return [r for r in results if isinstance(r, BaseException)]
-
     async def update(self, broadcast_dir: Path, version: int, *, label: str | None = None) -> float:
         """Load the HF safetensors directory ``broadcast_dir`` as policy ``version`` into every engine.
 
@@ -192,6 +186,14 @@ class WeightUpdater:
         """
         broadcast_dir = Path(broadcast_dir).absolute()
         check_untied(broadcast_dir)
+        label = label or format_version(self.run_id, version)
+        return await self._paused(lambda http: self._reload_all(http, broadcast_dir), label)
+
+    async def _paused(self, load: Callable[[httpx.AsyncClient], Awaitable[None]], version: str | None) -> float:
+        """The update protocol (module doc) around ``load(http)``, which loads new weights into the paused
+        engines; ``version``: the base weights' new version (None: leave it). Sets ``last_steps`` and returns the
+        seconds from the first pause to the last resume. Engines are resumed (best effort) before any error
+        propagates."""
         steps: dict[str, float] = {}
         mark = time.monotonic()
 
@@ -211,20 +213,20 @@ class WeightUpdater:
             try:
                 await self._all(http, "/pause", optional=True, params=_PAUSE)
                 lap("pause")
-                await self._reload_all(http, broadcast_dir)
+                await load(http)
                 lap("reload")
-                # The file store is retired while the engines' caches are reset (both only need the pause).
+                # The file store is retired while the engines' caches are reset (both only need the pause). P/D
+                # file stores key KV by prompt tokens only, not by adapter: an old adapter's KV must go too.
                 results = await asyncio.gather(
-                    self._retire_kv_stores(stores),
-                    self._reset_and_version(http, label or format_version(self.run_id, version)),
-                    return_exceptions=True,
+                    self._retire_kv_stores(stores), self._reset_and_version(http, version), return_exceptions=True
                 )
                 errors = [r for r in results if isinstance(r, BaseException)]
                 if errors:
                     raise errors[0]
                 lap("retire_reset_version")
-            except BaseException:
-                await self._resume_all(http)
+            except BaseException:  # resume every engine, each one tried even when another fails
+                await asyncio.gather(*(self._call(http, u, "/resume", optional=True) for u in self.engine_urls),
+                                     return_exceptions=True)  # fmt: skip
                 raise
             await self._all(http, "/resume", optional=True)
             lap("resume")
@@ -360,26 +362,15 @@ class WeightUpdater:
         broadcast_dir = Path(broadcast_dir).absolute()
         if not is_lora_adapter(broadcast_dir):
             return await self.update(broadcast_dir, version)
-        t0 = time.monotonic()
-        async with self._client() as http:
-            stores = await self._kv_file_stores(http)  # before the pause, as in update()
-            await self._all(http, "/pause", optional=True, params=_PAUSE)
-            try:
-                served = await asyncio.to_thread(stage_adapter, broadcast_dir)
-                body = {"lora_name": self.lora_name, "lora_path": str(served), "load_inplace": True}
-                tag = {VERSION_HEADER: format_version(self.run_id, version)}
-                await self._all(http, "/v1/load_lora_adapter", json=body, headers=tag)
-                # P/D file stores key KV by prompt tokens only, not by adapter: the old adapter's KV must go too.
-                await self._retire_kv_stores(stores)
-                await self._reset_and_version(http, None)
-            finally:
-                failed = await self._resume_all(http)
-            if failed:
-                raise WeightUpdateError("; ".join(str(e) for e in failed)) from failed[0]
+
+        async def load_adapter(http: httpx.AsyncClient) -> None:
+            served = await asyncio.to_thread(stage_adapter, broadcast_dir)
+            body = {"lora_name": self.lora_name, "lora_path": str(served), "load_inplace": True}
+            tag = {VERSION_HEADER: format_version(self.run_id, version)}
+            await self._all(http, "/v1/load_lora_adapter", json=body, headers=tag)
+
+        seconds = await self._paused(load_adapter, None)
         self.served_model = self.lora_name
-        seconds = time.monotonic() - t0
-        for store in stores:
-            await asyncio.to_thread(purge_retired, store)
         return seconds
 
     async def served_versions(self) -> dict[str, str | None]:
