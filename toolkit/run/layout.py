@@ -37,7 +37,6 @@ from pathlib import Path
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _ATTEMPT_RE = re.compile(r"^attempt_(\d+)$")
 
-ROLES = ("trainer", "orchestrator", "inference")
 # Markers written last into a step directory: a reader trusts the directory only once its marker exists.
 STABLE_MARKER = "STABLE"
 """A complete weight broadcast (``broadcasts/step_<n>/``)."""
