@@ -26,6 +26,7 @@ Failures of task code raise ``toolkit.errors.TaskError``; a task's own verifiers
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 import weakref
 from typing import Any
@@ -335,8 +336,6 @@ class Episode:
 def _uses_runtime(task: vf.Task) -> bool:
     """Whether any hook verifiers calls with a runtime could receive one: an overridden ``setup``/``finalize`` or
     a reward/metric with a ``runtime`` parameter (defaulted or not), or configured judges."""
-    import inspect
-
     for name in ("setup", "finalize"):
         if getattr(type(task), name) is not getattr(vf.Task, name) and (
             "runtime" in inspect.signature(getattr(task, name)).parameters
@@ -353,8 +352,6 @@ _USES_RUNTIME: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary(
 
 def _runtime_signals(task: vf.Task) -> list[str]:
     """Names of the task's rewards and metrics that require a ``runtime`` argument (no default)."""
-    import inspect
-
     out = []
     for attr in ("reward", "metric"):
         for fn in task.hooks(attr):

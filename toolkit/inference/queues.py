@@ -6,6 +6,7 @@ requests piling up in the prefill engines' waiting queues mean too few prefill r
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -85,8 +86,6 @@ def run_queue_depths(run: Any, *, timeout_s: float = 5.0) -> dict[str, Any]:
     ``run`` is a ``RunDir``. Raises FileNotFoundError when the deployment has not reported ready, ValueError naming
     the file when it is not a readiness record (torn, overwritten, another program's file).
     """
-    import json
-
     path = run.inference_ready
     try:
         info = json.loads(path.read_text(encoding="utf-8"))

@@ -37,7 +37,10 @@ from __future__ import annotations
 import collections
 import ctypes
 import ctypes.util
+import importlib
+import os
 import re
+import stat
 import threading
 import time
 from pathlib import Path
@@ -120,8 +123,6 @@ class _PhaseTimer:
         self._saved: list[tuple[Any, str, Any]] = []
 
     def __enter__(self) -> _PhaseTimer:  # noqa: PYI034 - Python 3.10 has no typing.Self
-        import importlib
-
         for module_name, attr, phase in self.TARGETS:
             try:
                 module = importlib.import_module(module_name)
@@ -186,8 +187,6 @@ class _ReadAhead:
         core, or its API server when the worker runs in-process) is not pinned and shares the allocation: a
         ``taskset`` or Slurm affinity mask applies to the whole process tree. A cgroup cpuset needs no check here:
         the kernel confines ``sched_setaffinity`` to it."""
-        import os
-
         try:
             return set(os.sched_getaffinity(pid))
         except (OSError, AttributeError):
@@ -195,8 +194,6 @@ class _ReadAhead:
 
     def __init__(self, files: list[Path]) -> None:
         self.files = files
-        import os
-
         self.cpus = self.cpus_of(os.getppid()) - self.cpus_of(0)
         self.bytes_read = 0
         self._stop = threading.Event()
@@ -208,9 +205,6 @@ class _ReadAhead:
             self._thread = None
 
     def _run(self) -> None:
-        import os
-        import stat
-
         if self.cpus:
             try:  # pid 0 = this thread on Linux; a cpuset (Slurm cgroup) may refuse the others: then stay put
                 os.sched_setaffinity(0, self.cpus)

@@ -1,6 +1,10 @@
 """srl's built-in verifiers v1 tasksets. Each module exports exactly one Taskset subclass in ``__all__``."""
 
+import importlib.util
+import sys
 from dataclasses import dataclass
+from importlib.machinery import PathFinder
+from pathlib import Path
 
 BUILTIN_TASKSETS: dict[str, str] = {
     "reverse-text": "toolkit.envs.tasksets.reverse_text",
@@ -60,9 +64,6 @@ def resolve_taskset_source(taskset_id: str, extra_paths: list[str] = ()) -> Task
 def _origin_and_distribution(module: str, extra_paths: list[str]) -> tuple[str | None, str | None]:
     """The file a top-level ``module`` would load from and the installed distribution providing it, if any."""
     import importlib.metadata
-    import importlib.util
-    import sys
-    from importlib.machinery import PathFinder
 
     spec = PathFinder.find_spec(module, [*extra_paths, *sys.path]) or importlib.util.find_spec(module)
     origin = spec.origin if spec is not None else None
@@ -123,9 +124,6 @@ def taskset_unresolved_reason(taskset_id: str, extra_paths: list[str] = ()) -> s
 def _in_verifiers_tasksets(parts: list[str]) -> bool:
     """Whether ``verifiers/v1/tasksets/<parts...>`` is a module or a package, found by path (verifiers located by
     its spec, never imported)."""
-    import importlib.util
-    from pathlib import Path
-
     try:
         spec = importlib.util.find_spec("verifiers")
     except (ImportError, ValueError):
@@ -138,10 +136,6 @@ def _in_verifiers_tasksets(parts: list[str]) -> bool:
 
 
 def _top_level_reason(top: str, extra_paths: list[str]) -> str | None:
-    import importlib.util
-    import sys
-    from importlib.machinery import PathFinder
-
     if top in sys.builtin_module_names:
         return f"'{top}' is a module compiled into Python, not a taskset"
     on_extra = PathFinder.find_spec(top, extra_paths) if extra_paths else None
