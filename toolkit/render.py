@@ -178,24 +178,15 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def render_rl(cfg: RLConfig, run: RunDir, plan: Plan, *, attempt: int | None = None,
-              site: SiteConfig | None = None) -> Path:
-    """Render ``<run>/launcher/rl.sbatch`` (and ``pre_run.sh``, ``site.toml``) for ``plan``; returns the script path.
+def render_job(cfg: RLConfig, run: RunDir, plan: Plan, kind: str = "rl", *, attempt: int | None = None,
+               site: SiteConfig | None = None) -> Path:
+    """Render ``<run>/launcher/<kind>.sbatch`` (and ``pre_run.sh``, ``site.toml``) for ``plan``; returns the script
+    path. ``kind``: "rl" (a whole run, or an SFT run's launch view) or "inference" (an inference-only plan, roles
+    inference + router).
 
     ``attempt`` defaults to the run's latest config attempt; ``site`` to the plan's site. Uses
     ``slurm.template_path`` when set (rendered with the same variables). Raises RenderError.
     """
-    return _render_job(cfg, run, plan, "rl", attempt=attempt, site=site)
-
-
-def render_inference(cfg: RLConfig, run: RunDir, plan: Plan, *, attempt: int | None = None,
-                     site: SiteConfig | None = None) -> Path:
-    """Render ``<run>/launcher/inference.sbatch`` for an inference-only plan (roles inference + router)."""
-    return _render_job(cfg, run, plan, "inference", attempt=attempt, site=site)
-
-
-def _render_job(cfg: RLConfig, run: RunDir, plan: Plan, kind: str, *, attempt: int | None,
-                site: SiteConfig | None) -> Path:
     from .preflight.site import load_site
 
     site = site or load_site(plan.site)

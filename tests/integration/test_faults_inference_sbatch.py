@@ -26,7 +26,7 @@ from toolkit.launch.prepare import prepare_run
 from toolkit.launch.submit import INFERENCE_ROLES
 from toolkit.placement import build_plan, write_plan
 from toolkit.preflight.site import load_site
-from toolkit.render import render_inference
+from toolkit.render import render_job
 
 pytestmark = pytest.mark.slow
 EVIL_VALUE = "$(touch PWNED3); `touch PWNED4` \" ' && touch PWNED5"
@@ -50,7 +50,7 @@ def test_inference_script_never_executes_injected_values(tmp_path, monkeypatch):
     site = load_site("stub")
     plan = build_plan(loaded.config, site, run, job_id="pending", roles=INFERENCE_ROLES)
     write_plan(run, plan)
-    script = render_inference(loaded.config, run, plan, attempt=attempt, site=site)
+    script = render_job(loaded.config, run, plan, "inference", attempt=attempt, site=site)
     (run.root / "probe").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
     env.update(PATH=f"{stubs}:{env['PATH']}", STUB_LOG=str(tmp_path), SLURM_JOB_ID="9002", SLURM_JOB_NODELIST="node1")

@@ -25,7 +25,7 @@ from toolkit.config import load_config
 from toolkit.launch.prepare import prepare_run
 from toolkit.placement import build_plan, write_plan
 from toolkit.preflight.site import load_site
-from toolkit.render import render_rl
+from toolkit.render import render_job
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +87,7 @@ def stub_job(tmp_path, monkeypatch):
         site = load_site("stub")
         plan = build_plan(loaded.config, site, run, job_id="pending")
         write_plan(run, plan)
-        script = render_rl(loaded.config, run, plan, attempt=attempt, site=site)
+        script = render_job(loaded.config, run, plan, attempt=attempt, site=site)
         (run.root / "probe").mkdir()
         (run.root / "probe" / "trainer_seconds").write_text(str(trainer_seconds))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}

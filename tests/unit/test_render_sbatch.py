@@ -13,7 +13,7 @@ from toolkit.config import ConfigError
 from toolkit.config.site import GpuSection
 from toolkit.placement import build_plan, write_plan
 from toolkit.preflight.site import load_site
-from toolkit.render import RenderError, build_context, render_rl, render_text, sbatch_value
+from toolkit.render import RenderError, build_context, render_job, render_text, sbatch_value
 from toolkit.run.layout import RunDir
 
 PI = load_site("prime-intellect")
@@ -26,7 +26,7 @@ def rendered(over=None, site=PI, tmp: Path | None = None, **kw) -> str:
     plan = build_plan(cfg, site, run, job_id="pending")
     if tmp:
         write_plan(run, plan)
-        return render_rl(cfg, run, plan, attempt=1, site=site).read_text()
+        return render_job(cfg, run, plan, attempt=1, site=site).read_text()
     return render_text("rl.sbatch.j2", build_context(cfg, site, run, plan, attempt=1), plan)
 
 

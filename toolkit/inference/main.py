@@ -50,10 +50,10 @@ def main(argv: list[str]) -> int:
     write_plan(run, plan)
     if site.is_slurm:
         from ..launch.submit import submit_inference
-        from ..render import render_inference
+        from ..render import render_job
 
         if flags["dry_run"]:
-            print(f"dry run: {render_inference(cfg, run, plan)}")
+            print(f"dry run: {render_job(cfg, run, plan, 'inference')}")
             return 0
         job_id = submit_inference(cfg, run, attempt, site=site, plan=plan)
         print(f"submitted inference job {job_id}; ready file {run.inference_ready}")

@@ -71,10 +71,10 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
         plan = local_plan(cfg, site, run, probe=not dry_run, roles=roles)
     write_plan(run, plan)
     if site.is_slurm:
-        from .submit import render_rl, submit_rl
+        from .submit import render_job, submit_rl
 
         if dry_run:
-            script = render_rl(cfg, run, plan)
+            script = render_job(cfg, run, plan)
             print(f"dry run: resolved configs in {run.latest_configs}/resolved, sbatch script {script}")
             return 0
         job_id = submit_rl(cfg, run, attempt, site=site, plan=plan, roles=roles, dependency=dependency)

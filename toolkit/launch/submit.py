@@ -16,7 +16,7 @@ from ..config.model import RLConfig
 from ..config.site import SiteConfig
 from ..placement.plan import ROLES, Plan, build_plan, run_port_key, write_plan
 from ..preflight.site import load_site
-from ..render import render_inference, render_rl
+from ..render import render_job
 from ..run.layout import RunDir, point_symlink
 from . import slurm
 
@@ -75,8 +75,7 @@ def _submit(cfg: RLConfig, run: RunDir, attempt: int, kind: str, roles: tuple[st
     if plan is None:
         plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=roles, port_key=run_port_key(cfg))
         write_plan(run, plan)
-    render = render_rl if kind == "rl" else render_inference
-    script = render(cfg, run, plan, attempt=attempt, site=site)
+    script = render_job(cfg, run, plan, kind, attempt=attempt, site=site)
     _prepare_logs(run, attempt)
     # This process held the run's lease while it prepared the run; the job takes it when it starts.
     mine = leases.held(run)

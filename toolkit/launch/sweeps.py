@@ -32,7 +32,7 @@ from ..config import ConfigError, LoadedConfig
 from ..config.site import SiteConfig
 from ..fsutil import atomic_write_json, atomic_write_text
 from ..placement.plan import build_plan, run_port_key, write_plan
-from ..render import _env, build_context, job_name, render_rl, sbatch_value
+from ..render import _env, build_context, job_name, render_job, sbatch_value
 from ..run.layout import RunDir
 from . import slurm
 from .prepare import prepare_attempt, refuse_live_jobs
@@ -165,7 +165,7 @@ def prepare_points(sweep: Any, configs: list[LoadedConfig], site: SiteConfig, ro
                                        resume=resume and live.configs.exists(), clean=clean)  # fmt: skip
         update_run_meta(run, {"sweep": sweep.name, **point_meta(point), "sweep_root": str(root)})
         write_plan(run, plan)
-        script = render_rl(cfg, run, plan, attempt=attempt, site=site)
+        script = render_job(cfg, run, plan, attempt=attempt, site=site)
         ctx = build_context(cfg, site, run, plan, attempt=attempt)
         if not dry_run:
             _prepare_logs(run, attempt)
