@@ -62,13 +62,13 @@ def site_findings(site: SiteConfig, ephemeral: tuple[int, int] | None = None) ->
     return f
 
 
-def load_site(name_or_path: str | Path, *, directory: Path | None = None) -> SiteConfig:
+def load_site(name_or_path: str | Path) -> SiteConfig:
     """Read and validate a site config by name (``site-configs/<name>.toml``) or path.
 
     Raises ConfigError naming the file and field for unknown keys, bad values, a port range overlapping the
     ephemeral range, or a missing file (listing the known sites).
     """
-    base = directory or site_configs_dir()
+    base = site_configs_dir()
     p = Path(name_or_path)
     path = p if p.suffix == ".toml" else base / f"{p}.toml"
     if not path.is_file():
