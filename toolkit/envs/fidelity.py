@@ -125,7 +125,8 @@ def build_runtime_config(env_name: str, fields: Mapping[str, Any]) -> Any:
         ) from None
 
 
-def _exported(module: Any, base: type) -> list[type]:
+def exported(module: Any, base: type) -> list[type]:
+    """The subclasses of ``base`` (not ``base`` itself) that ``module`` lists in ``__all__``."""
     return [
         obj
         for name in getattr(module, "__all__", ()) or ()
@@ -145,14 +146,14 @@ def env_class_problems(env_name: str, module: Any, harness_id: str) -> list[str]
             f"env '{env_name}': harness '{harness_id}' is not supported: srl plays the policy itself through the "
             f"plain chat loop only (harness.id = {' or '.join(repr(h) for h in PLAIN_CHAT_HARNESSES)})"
         )
-    for env_cls in _exported(module, vf.Env):
+    for env_cls in exported(module, vf.Env):
         out.append(
             f"env '{env_name}': the taskset's module {module.__name__} exports its own Env class "
             f"{env_cls.__name__}, which verifiers would run instead of the single-agent loop; srl cannot run an "
             "Env's run()/setup()/finalize() (repeated attempts, comparisons, several agents, a simulated user) "
             "and refuses it rather than train a different episode"
         )
-    for harness_cls in _exported(module, vf.Harness):
+    for harness_cls in exported(module, vf.Harness):
         out.append(
             f"env '{env_name}': the taskset's module {module.__name__} bundles its own harness "
             f"{harness_cls.__name__}, which verifiers would run by default; srl runs only the plain chat loop"

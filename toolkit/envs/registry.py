@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import taskset_class as vf_taskset_class
 
-from toolkit.envs.fidelity import plain_data
+from toolkit.envs.fidelity import exported, plain_data
 from toolkit.envs.tasksets import TasksetSource, resolve_taskset_source
 
 
@@ -56,12 +56,7 @@ def taskset_class(taskset_id: str) -> type[vf.Taskset]:
     source = taskset_source(taskset_id)
     if source.kind != "builtin":
         return vf_taskset_class(taskset_id)
-    module = importlib.import_module(source.module)
-    classes = [
-        obj
-        for name in getattr(module, "__all__", ())
-        if isinstance(obj := getattr(module, name, None), type) and issubclass(obj, vf.Taskset)
-    ]
+    classes = exported(importlib.import_module(source.module), vf.Taskset)
     if len(classes) != 1:
         raise TypeError(f"built-in taskset module {source.module} must export exactly one Taskset subclass")
     return classes[0]
