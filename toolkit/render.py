@@ -84,25 +84,24 @@ def job_name(cfg: RLConfig, suffix: str = "") -> str:
     return sbatch_value((cfg.slurm.job_name or cfg.run.name or "srl") + suffix, "slurm.job_name")
 
 
-def common_directives(cfg: RLConfig, site: SiteConfig, run: RunDir, *, name: str, log_pattern: str,
-                      requeue: bool) -> list[str]:
+def common_directives(cfg: RLConfig, site: SiteConfig, run: RunDir, *, name: str) -> list[str]:
     """Directives every script carries: name, logs (absolute, append), time, account, qos, signal, extras."""
     s = cfg.slurm
-    logs = sbatch_value(str(run.logs / log_pattern), "log path (output_dir / run.name)")
+    logs = sbatch_value(str(run.logs / "%x-%j.out"), "log path (output_dir / run.name)")
     d = [f"--job-name={name}", f"--output={logs}", f"--error={logs}", "--open-mode=append",
          f"--time={sbatch_value(s.time, 'slurm.time')}"]
     if site.accounting.enabled and (s.account or site.accounting.default_account):
         d.append(f"--account={sbatch_value(s.account or site.accounting.default_account, 'slurm.account')}")
     optional = ("qos", "constraint", "nodelist", "exclude")
     d += [f"--{k}={sbatch_value(getattr(s, k), f'slurm.{k}')}" for k in optional if getattr(s, k)]
-    if requeue:
+    if s.requeue:
         d += ["--requeue", f"--signal=B:{s.signal}@{int(s.signal_lead_s)}"]
     else:
         d.append("--no-requeue")
     return d + [sbatch_value(extra, "slurm.extra_directives entry") for extra in s.extra_directives]
 
 
-def group_directives(cfg: RLConfig, site: SiteConfig, plan: Plan) -> list[list[str]]:
+def group_directives(site: SiteConfig, plan: Plan) -> list[list[str]]:
     """Per het group: nodes, one task per node, partition, GPU request. One list when not heterogeneous."""
     out = []
     for g in plan.groups:
@@ -136,10 +135,9 @@ class ScriptContext:
 def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, attempt: int,
                   kind: str = "rl") -> ScriptContext:
     """Compute every value the rl/inference templates print. Raises RenderError for unsafe #SBATCH values."""
-    s = cfg.slurm
     name = job_name(cfg, "" if kind == "rl" else f"-{kind}")
-    groups = group_directives(cfg, site, plan)
-    groups[0] = common_directives(cfg, site, run, name=name, log_pattern="%x-%j.out", requeue=s.requeue) + groups[0]
+    groups = group_directives(site, plan)
+    groups[0] = common_directives(cfg, site, run, name=name) + groups[0]
     steps = []
     for p in plan.processes:
         nodes = f"{p.node_index}" if p.num_nodes == 1 else f"{p.node_index}-{p.node_index + p.num_nodes - 1}"
@@ -147,7 +145,7 @@ def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, a
         steps.append(f"{p.name}: node {nodes}, GPU positions {list(p.gpus)}, ports {ports}".rstrip())
     python = job_python(site)
     # The secret variables the job needs, by name only (sbatch propagates their values).
-    secrets = set(s.secret_env_vars) | ({cfg.monitors.wandb.api_key_var} if cfg.monitors.wandb else set())
+    secrets = set(cfg.slurm.secret_env_vars) | ({cfg.monitors.wandb.api_key_var} if cfg.monitors.wandb else set())
     return ScriptContext(
         kind=kind, directives=groups, run_root=str(run.root), launcher=str(run.launcher), attempt=attempt,
         # The interpreter's directory goes first on the job's PATH: a virtual environment's srl, torchrun and
