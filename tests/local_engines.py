@@ -272,7 +272,7 @@ def start_local_deployment(
     request_timeout_s: float = 600.0,
     health_check_interval_s: float = 5.0,
     use_router: bool | None = None,
-    kv_connector: str = "example",
+    kv_connector: str = "ExampleConnector",
     engine_env_vars: Mapping[str, str] | None = None,
     prefill_env_vars: Mapping[str, str] | None = None,
     decode_env_vars: Mapping[str, str] | None = None,
@@ -285,7 +285,7 @@ def start_local_deployment(
 
     Aggregated mode: ``num_engines`` replicas behind a router (router when more than one engine, or when
     ``use_router`` is True). P/D mode: ``prefill_replicas`` > 0 and ``decode_replicas`` > 0 (then
-    ``num_engines`` is ignored); KV moves through ``kv_connector`` ("example": files in ``<run>/scratch/kv_store``,
+    ``num_engines`` is ignored); KV moves through ``kv_connector`` ("ExampleConnector": files in ``<run>/scratch/kv_store``,
     removed at start and stop). On CPU each engine is pinned to its own cores. Logs go to ``log_dir/<name>.log``.
     If ``<run>/broadcasts`` holds a STABLE step, every engine loads it before readiness (a restarted deployment
     resumes the policy it served). Engines get the admin token ``admin_token``; None means this process's
@@ -306,7 +306,7 @@ def start_local_deployment(
     defaults = default_engine_args(model_path, cpu=cpu)
     kv_store = None
     kv_extra: dict[str, Any] | None = None
-    if pd and kv_connector.lower() in ("example", "exampleconnector", "shared_storage"):
+    if pd and kv_connector == "ExampleConnector":
         kv_store = run.scratch / "kv_store"
         shutil.rmtree(
             kv_store, ignore_errors=True

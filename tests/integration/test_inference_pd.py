@@ -44,7 +44,7 @@ def test_prefill_decode_with_example_connector(tmp_path):
     model = build_tiny_model(tmp_path / "model", seed=0)
     run = RunDir(tmp_path / "run")
     dep = start_local_deployment(run, model_path=model, served_model_name="tiny", log_dir=tmp_path / "logs",
-                                 prefill_replicas=1, decode_replicas=1, kv_connector="example",
+                                 prefill_replicas=1, decode_replicas=1, kv_connector="ExampleConnector",
                                  request_timeout_s=120, startup_timeout_s=900)  # fmt: skip
     print(f"\n[figure] P/D (1 prefill + 1 decode + router) start-up: {dep.timings['startup_s']:.1f} s")
     decode = next(e for e in dep.engines if e.role == "decode")

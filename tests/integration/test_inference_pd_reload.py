@@ -59,7 +59,7 @@ def test_reload_never_serves_stale_connector_kv(tmp_path):
     new = build_tiny_model(tmp_path / "new", seed=1)
     run = RunDir(tmp_path / "run")
     dep = start_local_deployment(run, model_path=old, served_model_name="tiny", log_dir=tmp_path / "logs",
-                                 prefill_replicas=1, decode_replicas=1, kv_connector="example",
+                                 prefill_replicas=1, decode_replicas=1, kv_connector="ExampleConnector",
                                  request_timeout_s=120, startup_timeout_s=900)  # fmt: skip
     decode = next(e for e in dep.engines if e.role == "decode")
     rng = random.Random(0)

@@ -20,16 +20,6 @@ from typing import Any
 from ..config.passthrough import option_key
 from .worker_ext import EXTENSION_CLS as WORKER_EXTENSION_CLS
 
-# Short connector names a user may write in the config, mapped to vLLM 0.32's KV connector registry names.
-KV_CONNECTORS: dict[str, str] = {
-    "nixl": "NixlConnector",
-    "example": "ExampleConnector",
-    "shared_storage": "ExampleConnector",  # the connector's pre-0.30 name
-    "lmcache": "LMCacheConnectorV1",
-    "mooncake": "MooncakeConnector",
-    "offloading": "OffloadingConnector",
-    "multi": "MultiConnector",
-}
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 
 # Flags whose values come from the placement plan. A user's [inference.vllm] table may not set them: a silently
@@ -128,7 +118,7 @@ def lora_engine_args(rank: int) -> dict[str, Any]:
 def kv_transfer_config(kv_connector: str, kv_role: str, kv_extra: Mapping[str, Any] | None = None) -> dict:
     """The ``--kv-transfer-config`` object for one engine of a P/D deployment.
 
-    ``kv_connector`` is a short name (see ``KV_CONNECTORS``) or a registry class name; ``kv_role`` one of
+    ``kv_connector`` is a vLLM registry class name (``[inference.deployment].kv_connector``); ``kv_role`` one of
     ``KV_ROLES``; ``kv_extra`` becomes ``kv_connector_extra_config`` (ExampleConnector needs
     ``shared_storage_path``). NixlConnector on CPU hosts takes ``kv_buffer_device: "cpu"``, a top-level key, so
     ``kv_buffer_device`` in ``kv_extra`` is lifted to the top level. Raises CommandError on unknown roles or on an
@@ -136,12 +126,11 @@ def kv_transfer_config(kv_connector: str, kv_role: str, kv_extra: Mapping[str, A
     """
     if kv_role not in KV_ROLES:
         raise CommandError(f"kv_role must be one of {KV_ROLES}, got {kv_role!r}")
-    name = KV_CONNECTORS.get(kv_connector.lower(), kv_connector)
     extra = dict(kv_extra or {})
-    cfg: dict[str, Any] = {"kv_connector": name, "kv_role": kv_role}
+    cfg: dict[str, Any] = {"kv_connector": kv_connector, "kv_role": kv_role}
     if "kv_buffer_device" in extra:
         cfg["kv_buffer_device"] = extra.pop("kv_buffer_device")
-    if name == "ExampleConnector" and "shared_storage_path" not in extra:
+    if kv_connector == "ExampleConnector" and "shared_storage_path" not in extra:
         raise CommandError(
             "ExampleConnector needs kv_extra['shared_storage_path'] (put it in the run's scratch)"
         )
@@ -258,17 +247,6 @@ def engine_env(
     return env
 
 
-ROUTER_POLICIES = (
-    "random",
-    "round_robin",
-    "cache_aware",
-    "kv_aware",
-    "power_of_two",
-    "consistent_hash",
-    "sticky_least_loaded",
-)
-
-
 def router_command(
     *,
     host: str,
@@ -290,10 +268,9 @@ def router_command(
     itself. ``request_timeout_s`` should fit the longest expected completion (the router's default of 1800 s lets a
     hung engine stall requests for half an hour). Times are seconds (the router takes whole seconds).
     P/D mode speaks the router's nixl dialect for every connector: it only adds kv_transfer_params, which an
-    ExampleConnector deployment ignores. Raises CommandError on an unknown policy or an inconsistent URL set.
+    ExampleConnector deployment ignores. ``policy`` is one the config allows (``[inference.router].policy``).
+    Raises CommandError on an inconsistent URL set.
     """
-    if policy not in ROUTER_POLICIES:
-        raise CommandError(f"router policy must be one of {ROUTER_POLICIES}, got {policy!r}")
     argv = [executable, "--host", host, "--port", str(int(port)), "--policy", policy]
     pd = prefill_urls is not None or decode_urls is not None
     if pd:
