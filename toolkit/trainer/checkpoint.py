@@ -9,6 +9,7 @@ the step's COMPLETE marker if the orchestrator's part is there too.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -371,23 +372,16 @@ def _save_trainer_state(run, step, model, optimizer, scheduler, *, info: DistInf
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    ctx = fsutil.atomic_directory(final) if info.is_main else None
-    tmp_box = [str(ctx.__enter__()) if ctx is not None else None]
-    dist.broadcast_object_list(tmp_box, src=0)  # one rank creates directories; the others only write files
-    tmp = Path(tmp_box[0])
-    try:
+    with contextlib.ExitStack() as main_rank_dir:  # the main rank's atomic_directory; renamed once all ranks wrote
+        tmp_box = [str(main_rank_dir.enter_context(fsutil.atomic_directory(final))) if info.is_main else None]
+        dist.broadcast_object_list(tmp_box, src=0)  # one rank creates directories; the others only write files
+        tmp = Path(tmp_box[0])
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
         _torch_save(_rng_state(), tmp / f"rng_rank{info.rank}.pt")
         if info.is_main:
             _torch_save(meta, tmp / "trainer_state.pt")
         dist.barrier()
-    except BaseException as e:
-        if ctx is not None:
-            ctx.__exit__(type(e), e, e.__traceback__)
-        raise
-    if ctx is not None:
-        ctx.__exit__(None, None, None)
     dist.barrier()
     return final
 
