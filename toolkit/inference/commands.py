@@ -160,17 +160,13 @@ def engine_command(
     values (model, host, port, tp, dp, served name, KV transfer config) come last, after
     ``--middleware GUARD_MIDDLEWARE`` (always; a user's own ``middleware`` entries are kept, vLLM appends them).
     ``kv_role`` None means a plain
-    (aggregated) engine; otherwise ``kv_connector`` is required. Raises CommandError naming the key when the user
-    table sets a plan-owned flag, or when tp/dp/port are out of range.
+    (aggregated) engine; otherwise ``kv_connector`` is required. ``tp``, ``dp`` and ``port`` come checked from the
+    config and the plan. Raises CommandError naming the key when the user table sets a plan-owned flag.
     """
     for key in vllm_args:
         owned = PLAN_OWNED_ARGS.get(option_key(key))
         if owned is not None:
             raise CommandError(f"[inference.vllm] may not set {key!r}: it is plan-owned ({owned})")
-    if tp < 1 or dp < 1:
-        raise CommandError(f"tp and dp must be >= 1, got tp={tp} dp={dp}")
-    if not 0 < int(port) < 65536:
-        raise CommandError(f"port out of range: {port}")
     merged: dict[str, Any] = {option_key(k): v for k, v in (defaults or {}).items()}
     merged.update({option_key(k): v for k, v in vllm_args.items()})
     plan: dict[str, Any] = {
