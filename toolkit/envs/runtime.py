@@ -215,7 +215,6 @@ class EnvRuntime:
         self.name: str = env_cfg.name
         self.model_path = Path(model_path)
         self.renderer_cfg = renderer_cfg
-        self.seed = seed
         self.timeouts: dict[str, float | None] = _timeouts(env_cfg)
         self.retries: int = env_cfg.retries
         self.limits = RolloutLimits(env_cfg.max_turns, env_cfg.max_total_tokens)
@@ -223,8 +222,6 @@ class EnvRuntime:
         self.workers: list[_Worker] = []
         self.num_examples = 0
         self.task_ids: list[str] = []
-        self.source: str | None = None
-        """Where the worker resolved the taskset id (``TasksetSource.describe``), once started."""
         self._spec = b"{}"
         self._rr = 0
         self._rng = random.Random(seed)
@@ -255,10 +252,9 @@ class EnvRuntime:
             await w.conn.connect()
         info = await self.workers[0].conn.call("info", WORKER_START_TIMEOUT_S)
         self.num_examples, self.task_ids = int(info["num_examples"]), list(info["task_ids"])
-        self.source = info.get("source")
-        if self.source:  # where the worker, on its node and with its PYTHONPATH, found the taskset
+        if info.get("source"):  # where the worker, on its node and with its PYTHONPATH, found the taskset
             tid = getattr(getattr(self.env_cfg, "taskset", None), "id", "?")
-            log.info("env %s: taskset %s resolved to %s", self.name, tid, self.source)
+            log.info("env %s: taskset %s resolved to %s", self.name, tid, info["source"])
 
     async def _spawn(self) -> _Worker:
         proc = await asyncio.create_subprocess_exec(
