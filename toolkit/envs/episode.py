@@ -119,11 +119,6 @@ DEFAULT_RUNTIME = SubprocessConfig()
 provide; see ``toolkit.envs.fidelity``)."""
 
 
-def _task_identity(task: vf.Task) -> tuple[str, str]:
-    """``(task.key, task.hash)``, computed once per task object."""
-    return _per_task(_IDENTITIES, task, lambda t: (t.key, t.hash))
-
-
 def _unbound_stop_hooks(task: vf.Task) -> list[tuple[Any, bool]]:
     return [(h.__func__, True) if isinstance(h, types.MethodType) and h.__self__ is task else (h, False)
             for h in task.hooks("stop")]  # fmt: skip
@@ -168,7 +163,7 @@ class Episode:
         self.task = task
         self.max_turns = max_turns
         self.runtime_config = runtime_config if runtime_config is not None else DEFAULT_RUNTIME
-        key, content_hash = _task_identity(task)
+        key, content_hash = _per_task(_IDENTITIES, task, lambda t: (t.key, t.hash))
         self.trace = vf.Trace(
             task=vf.TraceTask(type=type(task).__name__, data=task.data, key=key, hash=content_hash),
             state=state_cls(type(task))(),
