@@ -161,15 +161,6 @@ def env_class_problems(env_name: str, module: Any, harness_id: str) -> list[str]
     return out
 
 
-def _hook_boundary(fn: Any) -> str:
-    from verifiers.v1.session import hook_boundary
-
-    try:
-        return hook_boundary(fn, allow_trace=True).__name__
-    except TypeError as exc:
-        return f"invalid ({exc})"
-
-
 def task_class_problems(env_name: str, taskset: Any, task_cls: type) -> list[str]:
     """Refusals that hold for every task of the taskset: tool servers, interception hooks, stop predicates that
     need the model request or response."""
@@ -190,6 +181,7 @@ def task_class_problems(env_name: str, taskset: Any, task_cls: type) -> list[str
 def task_problems(env_name: str, task: Any, runtime_config: Any, harness: Any = None) -> list[str]:
     """Refusals for one task object: interception hooks, request/response stops, a pairing verifiers refuses
     (with ``harness``, default verifiers' ``null``), a task nobody can open."""
+    from verifiers.v1.session import hook_boundary
     from verifiers.v1.utils.compile import resolve_runtime_config, validate_pairing
     from verifiers.v1.utils.decorators import discover_decorated
 
@@ -202,12 +194,12 @@ def task_problems(env_name: str, task: Any, runtime_config: Any, harness: Any = 
             "verifiers' interception server, which srl's token-in/token-out loop does not run"
         )
     for fn in task.hooks("stop"):
-        kind = _hook_boundary(fn)
-        if kind.startswith("invalid"):
-            out.append(
-                f"env '{env_name}': {name}'s @vf.stop {fn.__name__} would be refused by verifiers: {kind[9:-1]}"
-            )
-        elif kind != "Trace":
+        try:
+            kind = hook_boundary(fn, allow_trace=True).__name__
+        except TypeError as exc:
+            out.append(f"env '{env_name}': {name}'s @vf.stop {fn.__name__} would be refused by verifiers: {exc}")
+            continue
+        if kind != "Trace":
             out.append(
                 f"env '{env_name}': {name}'s @vf.stop {fn.__name__} takes a {kind} boundary; srl checks only "
                 "stops over the Trace (a request/response stop needs verifiers' interception server)"

@@ -31,12 +31,12 @@ def reference_rows(taskset_cfg: Any) -> list[dict[str, Any]]:
     rows = []
     for i, task in enumerate(load_tasks(taskset_cfg)):
         data = task.data
-        answer = getattr(data, "answer", None)
+        tid = data.id or i
+        answer = getattr(data, "answer", None)  # a field of the taskset's own TaskData, when it has one
         if not isinstance(answer, str):
-            tid = getattr(data, "id", None) or i
             raise NoReferenceAnswer(f"taskset {taskset_cfg.id!r}: task {tid} has no reference answer (data.answer "
                                     "must be a string) to write as a completion")  # fmt: skip
-        rows.append({"id": str(getattr(data, "id", None) or i), "prompt": initial_messages(data),
+        rows.append({"id": str(tid), "prompt": initial_messages(data),
                      "completion": [{"role": "assistant", "content": answer}]})
     return rows
 
