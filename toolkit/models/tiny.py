@@ -217,15 +217,9 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
             ),
         )
         (tmp / "tokenizer.json").write_text(_build_tokenizer_json() + "\n", encoding="utf-8")
-        _dump_json(tmp / "tokenizer_config.json", _tokenizer_config())
-        _dump_json(
-            tmp / "special_tokens_map.json",
-            {
-                "additional_special_tokens": [IM_START, IM_END],
-                "eos_token": IM_END,
-                "pad_token": PAD_TOKEN,
-                "unk_token": UNK_TOKEN,
-            },
-        )
+        tokenizer_config = _tokenizer_config()
+        _dump_json(tmp / "tokenizer_config.json", tokenizer_config)
+        special = ("additional_special_tokens", "eos_token", "pad_token", "unk_token")
+        _dump_json(tmp / "special_tokens_map.json", {k: tokenizer_config[k] for k in special})
         make_world_readable(tmp)
     return out_dir
