@@ -105,10 +105,8 @@ async def run_task_validate(task: Any, runtime_config: Any, *, setup_s: float | 
         return f"{type(exc).__name__}: {exc}"
     finally:
         if runtime is not None:
-            try:
+            with contextlib.suppress(Exception):  # teardown of a check's runtime never fails the gate
                 await runtime.stop()
-            except Exception:  # noqa: BLE001, S110 - teardown of a check's runtime never fails the gate
-                pass
 
 
 async def score_replies(

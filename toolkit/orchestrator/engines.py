@@ -28,6 +28,7 @@ the run; the client's retry budget (:func:`provider_retry_budget_s`) is sized to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -206,7 +207,5 @@ class EngineWatch:
                     await self.check(http)
                 except Exception:  # the watch must outlive any single failure
                     log.exception("engine watch check failed")
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.poll_s)
-                except TimeoutError:
-                    pass

@@ -29,6 +29,7 @@ can check that every engine (both sides of a prefill/decode deployment) served `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -216,7 +217,5 @@ class PolicyTracker:
         """Background loop: :meth:`refresh` every ``poll_s`` seconds until ``stop`` is set."""
         while not stop.is_set():
             await self.refresh()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.poll_s)
-            except TimeoutError:
-                pass

@@ -134,10 +134,7 @@ def write(run: RunDir, ending: Ending) -> Ending:
 
 def clear(run: RunDir) -> None:
     """Forget the previous attempt's ending (a new attempt starts)."""
-    try:
-        run.ending.unlink()
-    except FileNotFoundError:
-        pass
+    run.ending.unlink(missing_ok=True)
 
 
 def record_criterion(run: RunDir, criterion: str, reason: str, *, role: str) -> Ending:
