@@ -90,6 +90,5 @@ async def run_eval(
         examples = env.runtime.example_ids(env.num_examples)
         groups = await asyncio.gather(*(one(env, ex) for ex in examples))
         metrics.update(eval_metrics(env.name, groups, env.group_size))
-        for g in groups:
-            everything.extend(g)
+        everything += [r for g in groups for r in g]
     return metrics, everything

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,10 +69,7 @@ def step_metrics(batch: StepBatch) -> dict[str, float]:
         out[f"truncated_rollouts/{env}"] = float(sum(r.truncated for r in rs))
     out["solve_none"], out["solve_all"] = solve_rates(batch.group_rewards)
     out["effective_batch_size"] = float(len(batch.rollouts))
-    mix: dict[str, int] = defaultdict(int)
-    for r in batch.rollouts:
-        mix[r.env] += 1
-    for env, n in sorted(mix.items()):
+    for env, n in sorted(Counter(r.env for r in batch.rollouts).items()):
         out[f"batch/{env}/rollouts"] = float(n)
     out["errored_rollouts"] = float(sum(batch.errored.values()))
     for env, n in sorted(batch.errored.items()):
