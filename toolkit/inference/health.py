@@ -11,7 +11,6 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,8 +27,8 @@ def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def write_ready(run: RunDir, info: Mapping[str, Any]) -> Path:
-    """Atomically write the readiness file ``run.inference_ready``; returns its path.
+def write_ready(run: RunDir, info: Mapping[str, Any]) -> None:
+    """Atomically write the readiness file ``run.inference_ready``.
 
     ``info`` keys (``toolkit.placement.runtime.ready_info``): ``base_url`` (what clients call: the router,
     or the only engine), ``router_url`` (or None), ``engine_urls`` (all engines, for admin calls), ``roles``
@@ -38,7 +37,6 @@ def write_ready(run: RunDir, info: Mapping[str, Any]) -> Path:
     """
     run.control.mkdir(parents=True, exist_ok=True)
     atomic_write_json(run.inference_ready, {**info, "written_at": time.time()})
-    return run.inference_ready
 
 
 def clear_ready(run: RunDir) -> None:

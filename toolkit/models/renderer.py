@@ -38,18 +38,14 @@ class Renderer(Protocol):
         ...
 
 
-def _load_tokenizer(model_path: Path | str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_path))
-
-
 class _TokenizerRenderer:
     def __init__(self, model_path: Path | str | None = None, *, tokenizer: Any = None) -> None:
         if tokenizer is None:
             if model_path is None:
                 raise ValueError("a renderer needs a model_path or a tokenizer")
-            tokenizer = _load_tokenizer(model_path)
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.tokenizer = tokenizer
         self.stop_token_ids = self._stop_ids()
 
