@@ -67,12 +67,10 @@ def retire_kv_store(store: Path) -> tuple[int, Path | None]:
 def purge_retired(store: Path) -> int:
     """Delete every retired folder inside ``store`` (also ones left by an earlier, interrupted update); returns how
     many were removed. Best effort: files the OS refuses to delete stay, and are retried at the next purge."""
-    n = 0
     try:
         entries = [e for e in os.scandir(store) if e.name.startswith(RETIRED_PREFIX)]
     except FileNotFoundError:
         return 0
     for e in entries:
         shutil.rmtree(e.path, ignore_errors=True)
-        n += 1
-    return n
+    return len(entries)
