@@ -29,7 +29,7 @@ import random
 import statistics
 import time
 from collections import Counter
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,14 +112,11 @@ async def _run_env(env: Any, kind: str, cfg: Any, endpoint: Endpoint, client: An
         info.update(start_s=round(time.monotonic() - t0, 3), workers=len(rt.workers),
                     addresses=[f"{w.host}:{w.port}" for w in rt.workers], num_examples=rt.num_examples,
                     worker_task_ids=list(rt.task_ids))  # fmt: skip
-        health = []
+        info["workers_healthy"] = 0
         for w in rt.workers:
-            try:
+            with suppress(Exception):  # a worker that does not answer health is evidence, not a crash
                 await w.conn.call("health", 10.0)
-                health.append(True)
-            except Exception:  # noqa: BLE001 - a worker that does not answer health is evidence, not a crash
-                health.append(False)
-        info["workers_healthy"] = sum(health)
+                info["workers_healthy"] += 1
         examples = rt.example_ids()
         if shuffle:
             random.Random(cfg.seed).shuffle(examples)
