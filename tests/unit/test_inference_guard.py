@@ -138,9 +138,12 @@ def test_engine_command_loads_the_guard_and_the_import_path_is_a_class(tmp_path)
 def test_token_helpers(tmp_path, monkeypatch):
     a, b = at.new_admin_token(), at.new_admin_token()
     assert a != b and len(a) >= 43
-    env = {at.ADMIN_TOKEN_ENV: a}
-    at.restore_admin_token(None, env)
-    assert env == {}
+    monkeypatch.setenv(at.ADMIN_TOKEN_ENV, a)
+    assert at.admin_token_from_env() == a
+    at.restore_admin_token(None)
+    assert at.admin_token_from_env() is None
+    at.restore_admin_token(b)
+    assert at.admin_token_from_env() == b
     run = RunDir(tmp_path / "r")
     assert at.for_external(run) is None
     fresh = at.for_local_deployment(run, publish=False)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from toolkit.run.layout import RunDir
@@ -39,10 +38,9 @@ def new_admin_token() -> str:
     return secrets.token_urlsafe(TOKEN_BYTES)
 
 
-def admin_token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
-    """``SRL_ADMIN_TOKEN`` from ``environ`` (default ``os.environ``), None when unset or empty."""
-    value = (os.environ if environ is None else environ).get(ADMIN_TOKEN_ENV, "").strip()
-    return value or None
+def admin_token_from_env() -> str | None:
+    """``SRL_ADMIN_TOKEN`` from this process's environment, None when unset or empty."""
+    return os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
 
 
 def admin_headers(token: str | None) -> dict[str, str]:
@@ -95,11 +93,10 @@ def for_external(external_run: RunDir) -> str | None:
     return read_token_file(external_run.admin_token_file)
 
 
-def restore_admin_token(previous: str | None, environ: MutableMapping[str, str] | None = None) -> None:
-    """Put ``SRL_ADMIN_TOKEN`` in ``environ`` (default ``os.environ``) back to ``previous`` (None: unset), after a
-    launcher exported its run's token there for its children."""
-    env = os.environ if environ is None else environ
+def restore_admin_token(previous: str | None) -> None:
+    """Put ``SRL_ADMIN_TOKEN`` in this process's environment back to ``previous`` (None: unset), after a launcher
+    exported its run's token there for its children."""
     if previous is None:
-        env.pop(ADMIN_TOKEN_ENV, None)
+        os.environ.pop(ADMIN_TOKEN_ENV, None)
     else:
-        env[ADMIN_TOKEN_ENV] = previous
+        os.environ[ADMIN_TOKEN_ENV] = previous
