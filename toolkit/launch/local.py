@@ -45,6 +45,19 @@ from ..run.layout import RunDir, point_symlink
 from .progress import continue_command
 from .supervisor import FINITE_ROLES, Child, ComponentFailed, LeaseLost, Supervisor
 
+# What a plan command's first word runs here: this interpreter's programs, whatever PATH says (a venv that is not
+# activated).
+_PROGRAMS = {
+    "srl": [sys.executable, "-m", "toolkit.cli"],
+    "python": [sys.executable],
+    "python3": [sys.executable],
+    # A multi-rank trainer: torchrun's agent of this interpreter's torch (the console script may not be on PATH).
+    # The agent supervises its ranks: when one dies it stops the others and exits non-zero.
+    "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+    # The router's console script sits next to this interpreter in the venv.
+    "vllm-router": [str(Path(sys.executable).with_name("vllm-router"))],
+}
+
 
 class _Progress:
     """Follows metrics.jsonl and renders one status line per trainer step."""
@@ -215,15 +228,21 @@ def _export_admin_token(run: RunDir, plan: Any, *, publish: bool) -> str | None:
 
 
 def _start_all(sup: Supervisor, plan: Any, model_path: str, logs: Path, extra_env: dict[str, str]) -> None:
-    """Start every process of ``plan`` on this machine, engines and trainer on their own cores (the same split as on
-    a Slurm node; see placement/cpus.py)."""
+    """Start every process of ``plan`` on this machine with this interpreter's programs, engines and trainer on
+    their own cores (the same split as on a Slurm node; see placement/cpus.py)."""
     from ..placement.cpus import cpu_thread_env
+    from ..placement.plan import fill
 
     clear_ready(sup.run)  # an earlier attempt's URLs may point at dead engines
     n_cores = len(os.sched_getaffinity(0))
     for spec in plan.processes:
-        _start(sup, spec, plan, model_path, logs, {**cpu_thread_env(plan, spec.name, spec.node_index, n_cores),
-                                                   **extra_env})  # fmt: skip
+        env = {**os.environ, **cpu_thread_env(plan, spec.name, spec.node_index, n_cores), **extra_env}
+        env.update({k: fill(v, plan, spec.node_index, model_path) for k, v in spec.env.items()})
+        argv = [fill(a, plan, spec.node_index, model_path) for a in spec.command]
+        if argv:
+            argv = [*_PROGRAMS.get(argv[0], argv[:1]), *argv[1:]]
+        health = fill(spec.healthcheck_url, plan, spec.node_index) if spec.healthcheck_url else None
+        sup.start(spec.name, spec.role, argv, env, logs / spec.log_name, health_url=health)
 
 
 @dataclass
@@ -272,27 +291,3 @@ def serve_local(cfg: RLConfig, run: RunDir, *, logs: Path, site: Any = None, pub
         sup.stop_all()
         clear_ready(run)
         restore_admin_token(saved)
-
-
-def _start(sup: Supervisor, spec: Any, plan: Any, model_path: str, logs: Path, extra_env: dict[str, str]) -> None:
-    """Start plan process ``spec`` on this machine with this interpreter's programs."""
-    from ..placement.plan import fill
-
-    env = dict(os.environ)
-    env.update(extra_env)
-    env.update({k: fill(v, plan, spec.node_index, model_path) for k, v in spec.env.items()})
-    argv = [fill(a, plan, spec.node_index, model_path) for a in spec.command]
-    if argv and argv[0] == "srl":
-        # Use this interpreter's srl, whatever PATH says (a venv that is not activated).
-        argv = [sys.executable, "-m", "toolkit.cli", *argv[1:]]
-    elif argv and argv[0] in ("python", "python3"):
-        argv = [sys.executable, *argv[1:]]
-    elif argv and argv[0] == "torchrun":
-        # A multi-rank trainer: torchrun's agent of this interpreter's torch (the console script may not be on
-        # PATH). The agent supervises its ranks: when one dies it stops the others and exits non-zero.
-        argv = [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
-    elif argv and argv[0] == "vllm-router":
-        # The router's console script sits next to this interpreter in the venv.
-        argv = [str(Path(sys.executable).with_name("vllm-router")), *argv[1:]]
-    health = fill(spec.healthcheck_url, plan, spec.node_index) if spec.healthcheck_url else None
-    sup.start(spec.name, spec.role, argv, env, logs / spec.log_name, health_url=health)
