@@ -35,6 +35,7 @@ checkpoint-format loaders have nowhere to copy into; the re-pack after loading i
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import ctypes.util
 import importlib
@@ -281,18 +282,15 @@ class SrlWorkerExtension:
         # keeping freed host memory and would only hold its high-water mark.
         reused = keep_freed_memory() if _on_cpu() else False
         timer = _PhaseTimer() if profile else None
-        if timer is not None:
-            timer.__enter__()
-        ahead = _ReadAhead(files)
-        try:
-            self.reload_weights(weights_path=str(weights_path))  # type: ignore[attr-defined]
-        except BaseException:
-            ahead.stop()  # a failed reload must not wait for the read ahead of files nobody will read
-            raise
-        finally:
-            ahead.join()
-            if timer is not None:
-                timer.__exit__(None, None, None)
+        with timer if timer is not None else contextlib.nullcontext():
+            ahead = _ReadAhead(files)
+            try:
+                self.reload_weights(weights_path=str(weights_path))  # type: ignore[attr-defined]
+            except BaseException:
+                ahead.stop()  # a failed reload must not wait for the read ahead of files nobody will read
+                raise
+            finally:
+                ahead.join()
         seconds = time.perf_counter() - t0
         out: dict[str, Any] = {
             RESULT_MARKER: EXTENSION_API_VERSION,
