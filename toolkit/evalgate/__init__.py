@@ -163,9 +163,11 @@ def print_verdict(verdict: Verdict, *, rich: bool = True, file: Any = None) -> N
     console.print(f"[bold red]GATE FAILED[/]: {failed}" if failed else "[bold green]GATE PASSED[/]")
 
 
-def _print(verdict, args, run, stem: str) -> None:
+def _report(verdict, args, run, stem: str) -> int:
+    """Print the verdict and where it was written; returns the exit status (0 passed, 1 failed)."""
     print_verdict(verdict, rich=not args.no_rich)
     print(f"verdict: {run.reports / (stem + '.json')} and .md")
+    return 0 if verdict.passed else 1
 
 
 def _validate(cfg, run, args) -> int:
@@ -180,8 +182,7 @@ def _validate(cfg, run, args) -> int:
         return 2
     verdict.settings["run_dir"] = str(run.root)
     verdict.write(run.reports, VALIDATE_STEM)
-    _print(verdict, args, run, VALIDATE_STEM)
-    return 0 if verdict.passed else 1
+    return _report(verdict, args, run, VALIDATE_STEM)
 
 
 def _run(cfg, run, args) -> int:
@@ -203,8 +204,7 @@ def _run(cfg, run, args) -> int:
     except (ComponentFailed, TimeoutError) as e:  # the local server did not start; nothing was evaluated
         print(f"srl eval run: the local vLLM server did not start: {e}", file=sys.stderr)
         return 1
-    _print(verdict, args, run, GATE_STEM)
-    return 0 if verdict.passed else 1
+    return _report(verdict, args, run, GATE_STEM)
 
 
 def _submit(command, cfg, site, run, files, leftover, args) -> int:
