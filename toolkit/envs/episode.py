@@ -94,15 +94,11 @@ def _per_task(cache: weakref.WeakKeyDictionary, task: Any, compute: Any) -> Any:
     """``compute(task)``, kept in the weakly keyed ``cache`` (a task type that cannot be weakly referenced is computed
     every time). Task data and config are frozen while a worker serves them, and a worker starts thousands of
     episodes of the same tasks, so per-task values are computed once per task instead of once per episode."""
-    try:
+    with contextlib.suppress(KeyError, TypeError):
         return cache[task]
-    except (KeyError, TypeError):
-        pass
     value = compute(task)
-    try:
+    with contextlib.suppress(TypeError):
         cache[task] = value
-    except TypeError:
-        pass
     return value
 
 

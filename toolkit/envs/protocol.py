@@ -14,6 +14,7 @@ of its own instead of three.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from typing import Any
@@ -142,13 +143,10 @@ class WorkerConnection:
         self.closed = True
         if self._writer is not None:
             self._writer.close()
-            try:
+            with contextlib.suppress(OSError, ConnectionError):
                 await self._writer.wait_closed()
-            except (OSError, ConnectionError):
-                pass
         if self._reader_task is not None:
             self._reader_task.cancel()
-            try:
+            # already torn down: nothing to report
+            with contextlib.suppress(asyncio.CancelledError, OSError, ConnectionError):
                 await self._reader_task
-            except (asyncio.CancelledError, OSError, ConnectionError):  # already torn down: nothing to report
-                pass

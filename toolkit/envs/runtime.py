@@ -20,6 +20,7 @@ and are retried. A worker that died is restarted before its next episode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -196,10 +197,8 @@ class _RemoteSession:
             self._group_start_pending = False
             self.started = self.group.started_ok(self.index)
         if self.started and not self.worker.conn.closed:
-            try:
+            with contextlib.suppress(TimeoutError, srl_errors.SrlRolloutError):
                 await self.worker.conn.call("close", 5.0, episode=self.episode)
-            except (TimeoutError, srl_errors.SrlRolloutError):
-                pass
 
 
 class EnvRuntime:
@@ -287,11 +286,9 @@ class EnvRuntime:
 
     @staticmethod
     async def _drain(proc: asyncio.subprocess.Process) -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             while await proc.stderr.read(65536):
                 pass
-        except (OSError, ValueError):
-            pass
 
     async def _call(self, worker: _Worker, op: str, limit: float | None, failure: str, **params: Any) -> Any:
         """``op`` on ``worker``, answered within ``limit`` + GRACE_S seconds (None: no bound). A worker that does not
@@ -354,10 +351,8 @@ class EnvRuntime:
         """Close connections and stop every worker process this runtime started (SIGTERM, then SIGKILL)."""
         for w in self.workers:
             if w.restarting is not None and not w.restarting.done():
-                try:
+                with contextlib.suppress(RuntimeError, srl_errors.SrlRolloutError):
                     await w.restarting
-                except (RuntimeError, srl_errors.SrlRolloutError):
-                    pass
             await w.conn.close()
         await asyncio.gather(*(self._stop_proc(w.proc) for w in self.workers if w.proc is not None))
         self.workers = []

@@ -56,11 +56,9 @@ def read_ready(
     """
     t0 = time.monotonic()
     while True:
-        try:
-            return json.loads(run.inference_ready.read_text())
         # Not there yet; or partial, which only a foreign writer could leave (it is written atomically): keep waiting.
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+            return json.loads(run.inference_ready.read_text())
         if should_stop is not None and should_stop():
             return None
         if time.monotonic() - t0 > timeout_s:

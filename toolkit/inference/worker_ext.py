@@ -207,10 +207,9 @@ class _ReadAhead:
 
     def _run(self) -> None:
         if self.cpus:
-            try:  # pid 0 = this thread on Linux; a cpuset (Slurm cgroup) may refuse the others: then stay put
+            # pid 0 = this thread on Linux; a cpuset (Slurm cgroup) may refuse the others: then stay put
+            with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, self.cpus)
-            except OSError:
-                pass
         buf = memoryview(bytearray(self.CHUNK))
         try:
             for f in self.files:
