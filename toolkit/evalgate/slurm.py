@@ -83,7 +83,7 @@ def executor_parameters(cfg: Any, site: Any, *, command: str, job_name: str) -> 
         if account:
             params["account"] = account
     for key in ("qos", "constraint", "exclude", "nodelist"):
-        if getattr(s, key, None):
+        if getattr(s, key):
             params[key] = getattr(s, key)
     extra: dict[str, Any] = {}
     for d in s.extra_directives:
