@@ -1,5 +1,6 @@
 """srl's built-in verifiers v1 tasksets. Each module exports exactly one Taskset subclass in ``__all__``."""
 
+import contextlib
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -47,15 +48,14 @@ def resolve_taskset_source(taskset_id: str, extra_paths: list[str] = ()) -> Task
     None when nothing resolves. Raises nothing."""
     module = taskset_module_candidates(taskset_id)[1]
     parts = module.split(".")
-    try:
+    # Third-party import hooks may raise anything: the built-in still answers.
+    with contextlib.suppress(Exception):
         if all(p.isidentifier() for p in parts):
             if _in_verifiers_tasksets(parts):
                 return TasksetSource("verifiers", f"verifiers.v1.tasksets.{module}")
             paths = [p for p in extra_paths if p and "\0" not in p]
             if len(parts) == 1 and _top_level_reason(module, paths) is None:
                 return TasksetSource("module", module, *_origin_and_distribution(module, paths))
-    except Exception:  # noqa: BLE001, S110 - third-party import hooks may raise anything: the built-in still answers
-        pass
     if taskset_id in BUILTIN_TASKSETS:
         return TasksetSource("builtin", BUILTIN_TASKSETS[taskset_id])
     return None
