@@ -243,13 +243,10 @@ def check_loaded(
     (at most ``MAX_LISTED``, then a count of the rest)."""
     problems = env_class_problems(env_name, module, harness_id)
     problems += task_class_problems(env_name, taskset, type(taskset).task_type())
-    seen: set[str] = set(problems)
     harness = _null_harness()
     for task in tasks:
-        for p in task_problems(env_name, task, runtime_config, harness):
-            if p not in seen:
-                seen.add(p)
-                problems.append(p)
+        problems += task_problems(env_name, task, runtime_config, harness)
+    problems = list(dict.fromkeys(problems))  # each distinct refusal once, in order of first appearance
     if problems:
         listed = problems[:MAX_LISTED]
         if len(problems) > MAX_LISTED:
