@@ -84,7 +84,6 @@ class Orchestrator:
         # Versions this run loads are "<run id>:<step>"; completions an engine reports with another run's versions
         # are dropped (toolkit.inference.versions).
         self.run_id = run_identity(run)
-        self.lora = cfg.trainer.model.lora is not None
         self._admin_token: str | None = None  # set from the readiness of inference (_connect_inference)
         self._sigterm = False
 
@@ -107,7 +106,7 @@ class Orchestrator:
                 max_connections=max(16, self.ocfg.max_concurrent),
                 retry_budget_s=provider_retry_budget_s(self.cfg.inference.startup_timeout_s,
                                                        self.cfg.inference.max_restarts),
-                run_id=self.run_id, lora=self.lora,
+                run_id=self.run_id, lora=self.cfg.trainer.model.lora is not None,
             )  # fmt: skip
         # Admin token for the engines' admin routes (weight updates, the engine watch): own engines take the
         # launcher's SRL_ADMIN_TOKEN, an external deployment its token file.
@@ -246,43 +245,38 @@ class Orchestrator:
         batch = StepBatch(step=step, settings=settings)
         planned = self._planned_groups()
         mean_gs = self._mean_group_size()
-        window = {"offered": 0, "kept": 0, "signal": 0}
+        w_offered = w_kept = w_signal = 0  # the batch's group counts when the current window of groups began
         if not o.constant_trainer_batch_size:
             producer.want(planned)
-        taken = 0
         while True:
             if o.constant_trainer_batch_size:
                 if batch.full:
                     break
                 producer.want(math.ceil(batch.remaining / mean_gs * o.buffer.oversampling_factor))
-            elif taken >= planned:
+            elif batch.groups_offered >= planned:
                 break
             group = await self._next_group(producer)
             if group is None:
                 producer.pause()
                 return None, None
-            taken += 1
             env = self.train_envs.get(group[0].env) if group else None
-            kept_before, signal_before = batch.groups_kept, batch.signal_groups
             dropped = batch.offer(group, max_completion_tokens=env.sampling.max_tokens if env else None)
             if dropped == "foreign_policy":
                 log.warning("step %d: dropped a group of %d rollouts: the engine sampled them with weights of "
                             "another run (version %s; this run's versions are %s:<step>); they are never trained "
                             "on (off_policy/foreign_dropped)", step, len(group), batch.foreign_versions[-1],
                             self.run_id)  # fmt: skip
-            window["offered"] += 1
-            window["kept"] += batch.groups_kept - kept_before
-            window["signal"] += batch.signal_groups - signal_before
-            if o.constant_trainer_batch_size and window["offered"] >= planned and not batch.full:
-                if window["signal"] == 0:  # a whole step's worth of groups without signal: count it as empty
+            offered = batch.groups_offered - w_offered
+            if o.constant_trainer_batch_size and offered >= planned and not batch.full:
+                if batch.signal_groups == w_signal:  # a whole step's worth of groups without signal: an empty step
                     reason = self.stop_criteria.guard.observe(
-                        step, groups_offered=window["offered"], groups_kept=window["kept"], signal_groups=0,
+                        step, groups_offered=offered, groups_kept=batch.groups_kept - w_kept, signal_groups=0,
                         dropped=dict(batch.dropped_groups),
                     )  # fmt: skip
                     if reason:
                         producer.pause()
                         return None, reason
-                window = {"offered": 0, "kept": 0, "signal": 0}
+                w_offered, w_kept, w_signal = batch.groups_offered, batch.groups_kept, batch.signal_groups
         producer.pause()
         return batch, None
 
@@ -385,11 +379,7 @@ class Orchestrator:
         wait until the trainer's broadcast of that step is served, evaluate, and record the eval under the served
         policy version (a slow eval may let the trainer move on: the newest broadcast is what gets measured, and
         its version is the step it is recorded at). Points recorded by an earlier attempt are skipped."""
-        tracker = PolicyTracker(self.run, self.client, self.updater, update_weights=self.ocfg.update_weights,
-                                served_version=served)  # fmt: skip
-        stop_follow = asyncio.Event()
-        watch = self._engine_watch(tracker)
-        bg = [asyncio.create_task(watch.run(stop_follow))] if watch is not None else []
+        tracker, stop_follow, bg = self._start_tracker(served)
         try:
             for point in self.eval_points():
                 if self.metrics.has(point) or self._should_stop():
@@ -406,14 +396,19 @@ class Orchestrator:
         finally:
             await _stop_background(stop_follow, bg)
 
-    def _engine_watch(self, tracker: PolicyTracker) -> EngineWatch | None:
-        """The watch that holds generation while an engine restarts (None with an injected client without a
-        serving gate, as in tests, or when no engine URLs are known)."""
+    def _start_tracker(self, served: int) -> tuple[PolicyTracker, asyncio.Event, list[asyncio.Task]]:
+        """The policy tracker, the event that ends the loop's background tasks, and those tasks: the engine watch,
+        which holds generation while an engine restarts (none with an injected client without a serving gate, as
+        in tests, or when no engine URLs are known)."""
+        tracker = PolicyTracker(self.run, self.client, self.updater, update_weights=self.ocfg.update_weights,
+                                served_version=served)  # fmt: skip
+        stop = asyncio.Event()
         if not self.engine_urls or not hasattr(self.client, "hold"):
-            return None
+            return tracker, stop, []
         from toolkit.inference.admin_token import admin_headers
 
-        return EngineWatch(self.client, tracker, self.engine_urls, headers=admin_headers(self._admin_token))
+        watch = EngineWatch(self.client, tracker, self.engine_urls, headers=admin_headers(self._admin_token))
+        return tracker, stop, [asyncio.create_task(watch.run(stop))]
 
     def _on_sigterm(self) -> None:
         log.warning("SIGTERM: stopping after saving state")
@@ -426,15 +421,10 @@ class Orchestrator:
             {e.env_name: e.ratio for e in o.train.env}, seed=self.cfg.seed,
         )  # fmt: skip
         last, state = self._resume(sampler)
-        tracker = PolicyTracker(self.run, self.client, self.updater, update_weights=o.update_weights,
-                                served_version=served)  # fmt: skip
+        tracker, stop_follow, bg = self._start_tracker(served)
         producer = GroupProducer(self.train_envs, sampler, self.client, max_concurrent=o.max_concurrent,
                                  next_group_id=int(state.get("next_group_id", 0)))  # fmt: skip
-        stop_follow = asyncio.Event()
-        bg = [asyncio.create_task(producer.run()), asyncio.create_task(tracker.follow(stop_follow))]
-        watch = self._engine_watch(tracker)
-        if watch is not None:
-            bg.append(asyncio.create_task(watch.run(stop_follow)))
+        bg += [asyncio.create_task(producer.run()), asyncio.create_task(tracker.follow(stop_follow))]
         try:
             if last == 0 and self.eval_envs and not self.metrics.has(0):
                 await tracker.refresh()
