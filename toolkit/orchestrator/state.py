@@ -9,7 +9,6 @@ writes the step's COMPLETE marker when the trainer's part is there too.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from toolkit import checkpoints, fsutil
@@ -20,17 +19,14 @@ STATE_FILE = "state.json"
 FORMAT = 1
 
 
-def save_state(run: RunDir, step: int, state: dict[str, Any]) -> Path:
+def save_state(run: RunDir, step: int, state: dict[str, Any]) -> None:
     """Write the orchestrator part of checkpoint ``step`` and mark the step complete if the trainer's part exists.
 
-    ``state`` must be JSON-able. Returns the part directory. Raises OSError on a failed write (nothing is left
-    under the final name then).
+    ``state`` must be JSON-able. Raises OSError on a failed write (nothing is left under the final name then).
     """
-    final = checkpoints.part_dir(run, step, PART)
-    with fsutil.atomic_directory(final) as tmp:
+    with fsutil.atomic_directory(checkpoints.part_dir(run, step, PART)) as tmp:
         fsutil.atomic_write_json(tmp / STATE_FILE, {"format": FORMAT, "step": step, **state})
     checkpoints.mark_complete_if_ready(run, step)
-    return final
 
 
 def load_state(run: RunDir, step: int) -> dict[str, Any] | None:
