@@ -56,7 +56,6 @@ class EnvWorker:
         """
         harness = spec.get("harness") or {}
         name = spec.get("name") or spec["taskset"]["id"]
-        self.spec = spec
         runtime = harness.get("runtime") or {"type": "subprocess"}
         self.runtime_config = fidelity.build_runtime_config(name, runtime)
         taskset, self.tasks = load_selected(
