@@ -31,7 +31,6 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from toolkit.fsutil import atomic_write_json
@@ -193,7 +192,10 @@ def settle(
         return write(run, Ending(FAILED, failed_reason, role=failed, step=step))
     if time_limit:
         return write(run, Ending(TIME_LIMIT, "the job was not requeued; resume it with --resume", step=step))
-    stop_text = _read_text(run.stop_request)
+    try:
+        stop_text: str | None = run.stop_request.read_text(errors="replace")
+    except OSError:
+        stop_text = None
     parsed = criterion_of(stop_text) if stop_text is not None else None
     if user_stop or (stop_text is not None and parsed is None):
         return write(run, Ending(USER, step=step))
@@ -208,13 +210,6 @@ def _role_of(process: str) -> str:
     """``trainer-1`` -> ``trainer``: a multi-node role's processes carry its name and a node index."""
     head, _, tail = process.rpartition("-")
     return head if head and tail.isdigit() else process
-
-
-def _read_text(p: Path) -> str | None:
-    try:
-        return p.read_text(errors="replace")
-    except OSError:
-        return None
 
 
 def _past_time_limit(now: float | None = None) -> bool:
