@@ -191,7 +191,7 @@ def _sampling(cfg: RLConfig, f: Findings) -> None:
             # An env that sets none of them samples as the train sampling, checked above.
             checks.append((f"orchestrator.train.env[{i}].sampling", base.model_copy(update=own)))
     for path, s in checks:
-        if s.temperature is not None and s.temperature < MIN_TRAIN_TEMPERATURE:
+        if s.temperature < MIN_TRAIN_TEMPERATURE:
             f.error(
                 f"{path}.temperature",
                 f"train sampling needs temperature >= {MIN_TRAIN_TEMPERATURE} (got {s.temperature:g}): the loss "
@@ -199,8 +199,7 @@ def _sampling(cfg: RLConfig, f: Findings) -> None:
                 "the logits by the temperature; 0 is greedy decoding (no distribution to learn from) and near 0 the "
                 "engine decodes greedily too. Use 1.0 to train on the policy itself (eval sampling may use 0)",
             )
-        top_p = s.top_p if s.top_p is not None else 1.0
-        truncated = top_p < 1.0 or (s.top_k not in (None, 0))
+        truncated = s.top_p < 1.0 or (s.top_k not in (None, 0))
         if truncated and not (s.top_k is not None and 0 < s.top_k <= 512):
             f.error(
                 f"{path}.top_k",
