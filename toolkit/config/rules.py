@@ -199,8 +199,8 @@ def _sampling(cfg: RLConfig, f: Findings) -> None:
                 "the logits by the temperature; 0 is greedy decoding (no distribution to learn from) and near 0 the "
                 "engine decodes greedily too. Use 1.0 to train on the policy itself (eval sampling may use 0)",
             )
-        truncated = s.top_p < 1.0 or (s.top_k not in (None, 0))
-        if truncated and not (s.top_k is not None and 0 < s.top_k <= 512):
+        # The schema bounds top_k to [0, 512], so a truncation is ill-defined only as top_p < 1 without a top_k.
+        if s.top_p < 1.0 and not s.top_k:
             f.error(
                 f"{path}.top_k",
                 "truncated train sampling (top_p < 1 or top_k set) needs 0 < top_k <= 512, so the sampled "
