@@ -198,9 +198,7 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any) -> int:
         run.broadcasts.mkdir(parents=True, exist_ok=True)
         fsutil.remove_stale_temps(run.broadcasts)
 
-    def validate(step: int) -> dict[str, float]:
-        if val is None:
-            return {}
+    def validate() -> dict[str, float]:  # called only with [val], for which load_data always gives data
         v = validation_loss(model, val, seq_len=d.seq_len, micro_batch_size=s.micro_batch_size, info=info,
                             device=device)
         return {"val/loss": v, "val/perplexity": math.exp(min(v, 80.0))}
@@ -225,7 +223,7 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any) -> int:
             ckpt_s = checkpoint(n)
             last_saved = n
         bc_s = broadcast(n) if cfg.has_online_eval and ((eval_every and n % eval_every == 0) or n == s.max_steps) else 0.0
-        extra = validate(n) if cfg.val is not None and (n % cfg.val.interval == 0 or n == s.max_steps) else {}
+        extra = validate() if cfg.val is not None and (n % cfg.val.interval == 0 or n == s.max_steps) else {}
         if info.is_main:
             loss = metrics["loss/mean"]
             m = {"step": n, "time": time.time(), "role": "trainer",
