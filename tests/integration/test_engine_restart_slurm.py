@@ -23,7 +23,7 @@ import test_rl_sbatch_slurm
 from test_rl_sbatch_slurm import _batch_log, _wait_records
 
 from toolkit.launch import slurm
-from toolkit.launch.submit import submit_rl
+from toolkit.launch.submit import submit_job
 
 probe_run = test_rl_sbatch_slurm.probe_run  # the fixture, shared
 
@@ -67,7 +67,7 @@ def test_restarted_engine_step_is_health_checked_then_the_budget_ends_the_job(pr
     delay = 4.0
     cfg, run, attempt = probe_run("restart3", trainer_seconds=300, tail="[inference]\nmax_restarts = 1\n")
     (run.root / "probe" / "engine_restart_delay_s").write_text(str(delay))
-    job = submit_rl(cfg, run, attempt)
+    job = submit_job(cfg, run, attempt)
     try:
         _wait_records(run, 6, 60)
         _wait_log(run, r"inference ready", 60)
@@ -93,7 +93,7 @@ def test_restarted_engine_that_never_answers_health_ends_the_job(probe_run):
     cfg, run, attempt = probe_run("restart4", trainer_seconds=300,
                                   tail="[inference]\nmax_restarts = 2\nstartup_timeout_s = 8\n")
     (run.root / "probe" / "engine_restart_delay_s").write_text("100000")
-    job = submit_rl(cfg, run, attempt)
+    job = submit_job(cfg, run, attempt)
     try:
         _wait_records(run, 6, 60)
         _wait_log(run, r"inference ready", 60)

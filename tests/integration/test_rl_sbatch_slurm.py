@@ -25,7 +25,7 @@ from analysis.diagnose import diagnose
 from toolkit.config import load_config
 from toolkit.launch import slurm
 from toolkit.launch.prepare import prepare_run
-from toolkit.launch.submit import submit_rl
+from toolkit.launch.submit import submit_job
 from toolkit.placement import read_plan, visible_devices
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -168,7 +168,7 @@ def test_recorded_placement_equals_plan(probe_run, capsys):
     from toolkit.launch.control import logs_main, status_main
 
     cfg, run, attempt = probe_run("place3", trainer_seconds=4)
-    job = submit_rl(cfg, run, attempt)
+    job = submit_job(cfg, run, attempt)
     st = slurm.wait(job, timeout_s=90)
     assert st.state == "COMPLETED", _batch_log(run)
     capsys.readouterr()
@@ -215,7 +215,7 @@ def test_recorded_placement_equals_plan(probe_run, capsys):
 ])
 def test_killing_one_component_ends_the_job(probe_run, name, victim_name, extra):
     cfg, run, attempt = probe_run(name, trainer_seconds=120, extra=extra)
-    job = submit_rl(cfg, run, attempt)
+    job = submit_job(cfg, run, attempt)
     recs = _wait_records(run, 6, 60)
     victim = next(r for k, r in recs.items() if k[0] == victim_name)
     t0 = time.monotonic()
@@ -233,7 +233,7 @@ def test_killing_one_component_ends_the_job(probe_run, name, victim_name, extra)
 
 def test_signal_checkpoints_and_requeues(probe_run):
     cfg, run, attempt = probe_run("sig3", trainer_seconds=120)
-    job = submit_rl(cfg, run, attempt)
+    job = submit_job(cfg, run, attempt)
     _wait_records(run, 6, 60)
     (run.root / "probe" / "trainer_seconds").write_text("3")  # read by the second run's trainer probe
     subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True, timeout=30)
@@ -252,7 +252,7 @@ def test_srl_cancel_stops_the_job_and_prints_how_to_continue(probe_run, capsys):
     from toolkit.launch.control import cancel_main, status_main
 
     cfg, run, attempt = probe_run("cancel3", trainer_seconds=120)
-    job = submit_rl(cfg, run, attempt)
+    job = submit_job(cfg, run, attempt)
     _wait_records(run, 6, 60)
     capsys.readouterr()
     assert cancel_main([str(run.root)]) == 0
@@ -270,7 +270,7 @@ def test_hetjob_orchestrator_on_its_own_node(probe_run):
     # 1 inference + 1 trainer node in group 0, the orchestrator alone in het group 1
     cfg, run, attempt = probe_run("het", trainer_seconds=3, train_nodes=1,
                                   orchestrator='own_node"\norchestrator_partition = "debug')
-    job = submit_rl(cfg, run, attempt)
+    job = submit_job(cfg, run, attempt)
     st = slurm.wait(job, timeout_s=90)
     assert st.state == "COMPLETED", _batch_log(run)
     plan = read_plan(run)
@@ -293,7 +293,7 @@ def test_prefill_decode_placement_and_its_command_lines(probe_run):
     pd = ('[inference.deployment]\ntype = "disaggregated"\nnum_prefill_replicas = 1\nprefill_nodes_per_replica = 1\n'
           'num_decode_replicas = 1\ndecode_nodes_per_replica = 1\nkv_connector = "ExampleConnector"\n')
     cfg, run, attempt = probe_run("pd", trainer_seconds=3, infer_nodes=2, tail=pd)
-    job = submit_rl(cfg, run, attempt)
+    job = submit_job(cfg, run, attempt)
     st = slurm.wait(job, timeout_s=120)
     assert st.state == "COMPLETED", _batch_log(run)
     plan = read_plan(run)
@@ -307,14 +307,12 @@ def test_prefill_decode_placement_and_its_command_lines(probe_run):
 
 
 def test_two_allocations_inference_job_then_rl_job(probe_run, tmp_path):
-    from toolkit.launch.submit import submit_inference
-
     icfg, irun, iattempt = probe_run("serve", trainer_seconds=3)
-    ijob = submit_inference(icfg, irun, iattempt)
+    ijob = submit_job(icfg, irun, iattempt, "inference")
     try:
         cfg, run, attempt = probe_run("uses-serve", trainer_seconds=3,
                                       tail=f'[inference]\nexternal = "{irun.root}"\n')
-        job = submit_rl(cfg, run, attempt)
+        job = submit_job(cfg, run, attempt)
         st = slurm.wait(job, timeout_s=120)
         assert st.state == "COMPLETED", _batch_log(run) + _batch_log(irun)
         ready = json.loads(irun.inference_ready.read_text())

@@ -16,7 +16,7 @@ import test_rl_sbatch_slurm
 from test_rl_sbatch_slurm import _batch_log
 
 from toolkit.launch import slurm
-from toolkit.launch.submit import submit_rl
+from toolkit.launch.submit import submit_job
 
 probe_run = test_rl_sbatch_slurm.probe_run  # the fixture, shared
 
@@ -29,7 +29,7 @@ def test_pre_run_command_runs_from_its_file_and_never_on_a_command_line(probe_ru
     # would die if the command's text were passed on a command line.
     cfg, run, attempt = probe_run("prerun", trainer_seconds=2,
                                   extra=f'pre_run_command = "pkill -9 -f {token} || true; echo pre-run-done-{token}"')
-    job = submit_rl(cfg, run, attempt)
+    job = submit_job(cfg, run, attempt)
     st = slurm.wait(job, timeout_s=120)
     log = _batch_log(run)
     assert st.state == "COMPLETED", (st, log)

@@ -24,7 +24,7 @@ from toolkit.config import load_config
 from toolkit.launch import slurm
 from toolkit.launch.control import status_main
 from toolkit.launch.prepare import prepare_run
-from toolkit.launch.submit import submit_rl
+from toolkit.launch.submit import submit_job
 from toolkit.placement import read_plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -76,7 +76,7 @@ def test_a_trainer_node_that_never_joins_fails_the_job_within_the_timeout_naming
     (run.root / "probe").mkdir()
 
     t0 = time.monotonic()
-    job = submit_rl(loaded.config, run, attempt)
+    job = submit_job(loaded.config, run, attempt)
     st = slurm.wait(job, timeout_s=120)
     took = time.monotonic() - t0
     log = _batch_log(run)

@@ -136,7 +136,7 @@ def rl_recorder(monkeypatch):
     calls: list[str] = []
     from toolkit.launch import local, submit
 
-    monkeypatch.setattr(submit, "submit_rl", lambda *a, **k: calls.append("submit_rl") or "1")
+    monkeypatch.setattr(submit, "submit_job", lambda *a, **k: calls.append("submit_job") or "1")
     monkeypatch.setattr(local, "run_local", lambda *a, **k: calls.append("run_local") or 0)
     return calls
 

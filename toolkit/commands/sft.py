@@ -305,7 +305,7 @@ def cmd_chain(args: list[str]) -> int:
     from toolkit.cli import cmd_rl
     from toolkit.config import ConfigError
     from toolkit.config.cli_args import print_help_if_asked, split_config_args
-    from toolkit.launch.submit import submit_rl
+    from toolkit.launch.submit import submit_job
 
     usage = "usage: srl sft chain @ sft.toml [...] --then @ rl.toml [...]"
     if print_help_if_asked(args, usage + "\n\nRuns the SFT run, then the RL run from its final model (on Slurm: "
@@ -334,7 +334,7 @@ def cmd_chain(args: list[str]) -> int:
     if flags["dry_run"]:
         rl_full.append("--dry-run")
     if site.is_slurm and not flags["dry_run"]:
-        job = submit_rl(view, run, attempt, roles=cfg.roles())
+        job = submit_job(view, run, attempt, roles=cfg.roles())
         print(f"srl: SFT job {job}; the RL job waits for it to complete (afterok) and starts from {run.model_export}")
         return cmd_rl(rl_full, ["rl", *rl_full], dependency=f"afterok:{job}")
     status = launch(cfg, view, run, attempt, dry_run=flags["dry_run"], resume=flags["resume"])

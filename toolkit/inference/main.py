@@ -49,13 +49,13 @@ def main(argv: list[str]) -> int:
         plan = local_plan(cfg, site, run, probe=not flags["dry_run"], roles=("inference", "router"))
     write_plan(run, plan)
     if site.is_slurm:
-        from ..launch.submit import submit_inference
+        from ..launch.submit import submit_job
         from ..render import render_job
 
         if flags["dry_run"]:
             print(f"dry run: {render_job(cfg, run, plan, 'inference')}")
             return 0
-        job_id = submit_inference(cfg, run, attempt, site=site, plan=plan)
+        job_id = submit_job(cfg, run, attempt, "inference", site=site, plan=plan)
         print(f"submitted inference job {job_id}; ready file {run.inference_ready}")
         return 0
     if flags["dry_run"]:

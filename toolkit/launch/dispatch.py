@@ -23,13 +23,12 @@ def local_plan(cfg: RLConfig, site: Any, run: RunDir, *, probe: bool = True, tri
     and, when ``probe`` is set, moved on until every port is free. Without this a second local run would talk to
     the first run's engine on the same port. Raises RuntimeError when no free block is found.
     """
-    from ..placement.plan import build_plan
+    from ..placement.plan import ROLES, build_plan
     from ..placement.ports import ports_free
 
     run_id = json.loads(run.run_meta.read_text())["run_id"] if run.run_meta.exists() else run.root.name
     for i in range(tries):
-        extra = {"roles": roles} if roles else {}
-        plan = build_plan(cfg, site, run, job_id=f"local-{run_id}-{i}", **extra)
+        plan = build_plan(cfg, site, run, job_id=f"local-{run_id}-{i}", roles=roles or ROLES)
         if not probe or ports_free(plan.ports.values(), "127.0.0.1"):
             return plan
     raise RuntimeError(f"no free port block in the site's range after {tries} tries; is the range too small?")
@@ -57,7 +56,7 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
     preflight loaded (read again by name when not given). ``roles``: the roles to place (default all; an SFT
     run places only the trainer). ``dependency`` (Slurm, e.g. ``afterok:123``) queues the job behind another.
     Returns 0 after a submission; the job id is printed and recorded in ``launcher/``."""
-    from ..placement.plan import build_plan, run_port_key, write_plan
+    from ..placement.plan import ROLES, build_plan, run_port_key, write_plan
     from ..preflight.site import load_site
 
     site = site or load_site(cfg.site)
@@ -65,19 +64,18 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
         check_local_model(cfg)
     if site.is_slurm:
         # Ports and roles are decided here, once: a dry run writes the plan the submitted job then uses.
-        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", port_key=run_port_key(cfg),
-                          **({"roles": roles} if roles else {}))
+        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", port_key=run_port_key(cfg), roles=roles or ROLES)
     else:
         plan = local_plan(cfg, site, run, probe=not dry_run, roles=roles)
     write_plan(run, plan)
     if site.is_slurm:
-        from .submit import render_job, submit_rl
+        from .submit import render_job, submit_job
 
         if dry_run:
             script = render_job(cfg, run, plan)
             print(f"dry run: resolved configs in {run.latest_configs}/resolved, sbatch script {script}")
             return 0
-        job_id = submit_rl(cfg, run, attempt, site=site, plan=plan, roles=roles, dependency=dependency)
+        job_id = submit_job(cfg, run, attempt, site=site, plan=plan, roles=roles, dependency=dependency)
         print(f"submitted job {job_id}; run directory {run.root}; follow with: srl logs {run.root} --follow")
         return 0
     if dry_run:

@@ -47,28 +47,18 @@ def _prepare_logs(run: RunDir, attempt: int) -> None:
     point_symlink(run.latest_logs, run.log_attempt(attempt).name)
 
 
-def submit_rl(cfg: RLConfig, run: RunDir, attempt: int, *, site: SiteConfig | None = None,
-              plan: Plan | None = None, dependency: str | None = None, roles: tuple[str, ...] | None = None) -> str:
-    """Render ``<run>/launcher/rl.sbatch`` and submit it; returns the Slurm job id.
+def submit_job(cfg: RLConfig, run: RunDir, attempt: int, kind: str = "rl", *, site: SiteConfig | None = None,
+               plan: Plan | None = None, dependency: str | None = None, roles: tuple[str, ...] | None = None) -> str:
+    """Render ``<run>/launcher/<kind>.sbatch`` and submit it; returns the Slurm job id.
 
-    ``plan`` defaults to a fresh :func:`build_plan` with the run's port block (:func:`run_port_key`); the job fills in
-    its id and hosts when it starts. ``dependency`` (e.g. ``"afterok:123"``) chains this job after another. ``roles``
-    restricts the job (an SFT run: the trainer only). Raises
+    ``kind``: ``"rl"`` (an RL or SFT run) or ``"inference"`` (an inference-only deployment, engines + router, that
+    publishes ``control/inference_ready.json`` for RL or eval jobs started with ``inference.external = <this run
+    dir>``). ``plan`` defaults to a fresh :func:`build_plan` with the run's port block (:func:`run_port_key`); the
+    job fills in its id and hosts when it starts. ``dependency`` (e.g. ``"afterok:123"``) chains this job after
+    another. ``roles`` restricts the job (default: every role of ``kind``; an SFT run: the trainer only). Raises
     ``toolkit.launch.slurm.SubmitError`` with sbatch's stderr, ``RenderError`` for unsafe values.
     """
-    return _submit(cfg, run, attempt, "rl", roles or ROLES, site=site, plan=plan, dependency=dependency)
-
-
-def submit_inference(cfg: RLConfig, run: RunDir, attempt: int, *, site: SiteConfig | None = None,
-                     plan: Plan | None = None, dependency: str | None = None) -> str:
-    """Submit an inference-only deployment (engines + router) that publishes ``control/inference_ready.json``
-    for RL or eval jobs started with ``inference.external = <this run dir>``; ``plan`` as in :func:`submit_rl`.
-    Returns the job id."""
-    return _submit(cfg, run, attempt, "inference", INFERENCE_ROLES, site=site, plan=plan, dependency=dependency)
-
-
-def _submit(cfg: RLConfig, run: RunDir, attempt: int, kind: str, roles: tuple[str, ...], *,
-            site: SiteConfig | None, plan: Plan | None, dependency: str | None) -> str:
+    roles = roles or (ROLES if kind == "rl" else INFERENCE_ROLES)
     site = site or load_site(cfg.site)
     if not site.is_slurm:
         raise ValueError(f"site '{site.name}' has no Slurm; use the local launcher")
