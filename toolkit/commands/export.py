@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``srl export``: 0 on success, 2 when the run, step or target is refused (message on stderr)."""
     p = argparse.ArgumentParser(
         prog="srl export",
         description="Write one complete checkpoint of a run (RL or SFT) as a Hugging Face model directory that "
@@ -20,12 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run", type=Path, metavar="RUN", help="the run directory (outputs/<run name>)")
     p.add_argument("out", type=Path, metavar="DIR", help="where to write the model (a new or empty directory)")
     p.add_argument("--step", type=int, default=None, metavar="N", help="checkpoint step to export (default: the newest complete)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``srl export``: 0 on success, 2 when the run, step or target is refused (message on stderr)."""
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
     out = args.out.absolute()
     # Refused before torch is imported: these need no weights.
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -16,6 +16,7 @@ finished. Login-node code: no torch, no vllm.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -83,20 +84,14 @@ def _check_model_now(cfg: Any, *, dry_run: bool) -> None:
         check_local_model(cfg.launch_view())
 
 
-def _auto_name(cfg: Any) -> str:
-    import re
-
-    raw = f"sft--{Path(cfg.data.name).stem}--{Path(cfg.model.name).name or 'model'}"
-    return re.sub(r"[^A-Za-z0-9._+-]", "-", raw)[:110]
-
-
 def _run_dir(cfg: Any, resume: bool) -> Any:
     """The run directory: ``run.name``, or a new ``sft--<data>--<model>--<id>`` (with ``resume``: the newest run of
     that prefix that recorded metrics)."""
     from toolkit.run.layout import RunDir
 
     if cfg.run.name is None:
-        prefix = _auto_name(cfg) + "--"
+        raw = f"sft--{Path(cfg.data.name).stem}--{Path(cfg.model.name).name or 'model'}"
+        prefix = re.sub(r"[^A-Za-z0-9._+-]", "-", raw)[:110] + "--"
         name = prefix + uuid.uuid4().hex[:6]
         if resume:
             runs = sorted((p for p in Path(cfg.output_dir).glob(prefix + "*") if RunDir(p).metrics.exists()),
@@ -164,7 +159,7 @@ def cmd_run(args: list[str]) -> int:
         end = ending.read(run)
         if end is not None:
             print(end.line(), flush=True)  # how the run ended stays the last line
-    return int(status) if isinstance(status, int) else 0
+    return status
 
 
 def _take_options(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
