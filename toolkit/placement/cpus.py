@@ -3,8 +3,8 @@ uses.
 
 Why: on a machine without GPUs, vLLM's CPU engine spins OpenMP threads on the cores it binds and torch's intra-op
 pool starts one thread per visible core in every trainer rank. Left alone they oversubscribe the cores; measured on
-2 cores, a trainer step with 2 torch threads next to a busy engine ran 5-10x slower than with 1 (see
-the local launcher uses this same function).
+2 cores, a trainer step with 2 torch threads next to a busy engine ran 5-10x slower than with 1. The local launcher
+uses this same function.
 
 Which processes share cores is decided by node address: processes placed on nodes with the same routable address
 run on the same machine (the local Slurm test cluster runs four emulated nodes on 127.0.0.1 with the same two real

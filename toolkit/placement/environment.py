@@ -9,6 +9,7 @@ override them. ``CUDA_VISIBLE_DEVICES`` is owned too; it is computed on the node
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -77,10 +78,8 @@ def private_cache_root(path: str | os.PathLike[str]) -> None:
     PermissionError naming the path otherwise: compiled kernels are loaded from there and executed, so a directory
     another user could write into (a predictable name in a shared /tmp) must not be used."""
     path = os.fspath(path)
-    try:
+    with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
         raise PermissionError(f"{path} (srl's JIT-cache directory) is not a directory that only you (uid "
