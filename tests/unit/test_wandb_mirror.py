@@ -86,6 +86,19 @@ def test_sweep_points_are_grouped_by_sweep_name(tmp_path):
     assert rows[0]["trainer/loss/mean"] == 1.0
 
 
+@pytest.mark.parametrize("kind", ["rl", "sft"])
+def test_config_panel_holds_the_runs_own_resolved_config_without_env_vars(tmp_path, kind):
+    need_module("wandb")
+    from toolkit.trainer.wandb_mirror import WandbMirror
+
+    run = _run(tmp_path)
+    resolved = run.resolved(kind)
+    resolved.parent.mkdir(parents=True)
+    resolved.write_text(json.dumps({"trainer": {"lr": 2e-5}, "env_vars": {"HF_HOME": "/private"}}))
+    rec, _ = read_offline_run(WandbMirror.start(run, {"offline": True}).close())
+    config = rec["config"]["update"]
+    assert config["trainer"] == {"lr": 2e-5} and "env_vars" not in config
+
 def test_online_without_the_key_variable_logs_offline_and_never_reads_another(tmp_path, monkeypatch):
     need_module("wandb")
     from toolkit.trainer.wandb_mirror import WandbMirror
