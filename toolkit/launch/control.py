@@ -152,13 +152,7 @@ def cancel_main(args: list[str]) -> int:
     if not jobs:
         print(f"{run.root}: no Slurm job recorded and no live local supervisor", file=sys.stderr)
         return 1
-    live = []
-    for job_id, _, _ in jobs:
-        try:
-            if not slurm.job_state(job_id).is_terminal:
-                live.append(job_id)
-        except slurm.JobNotFoundError:
-            continue
+    live = slurm.live_jobs(job_id for job_id, _, _ in jobs)
     if a.graceful and live:
         run.control.mkdir(parents=True, exist_ok=True)
         run.stop_request.touch()

@@ -567,6 +567,19 @@ def job_state(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> JobState:
     )
 
 
+def live_jobs(job_ids: Iterable[str], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """The ones of ``job_ids`` that are not final yet (queued, running, requeued...), in order. A job Slurm no
+    longer knows (:class:`JobNotFoundError`: it ended more than MinJobAge ago) counts as final."""
+    out = []
+    for job_id in job_ids:
+        try:
+            if not job_state(job_id, timeout_s=timeout_s).is_terminal:
+                out.append(job_id)
+        except JobNotFoundError:
+            continue
+    return out
+
+
 def wait(
     job_id: str, *, timeout_s: float, until: Iterable[str] = TERMINAL_STATES, poll_s: float = 0.2
 ) -> JobState:

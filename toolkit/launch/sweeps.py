@@ -373,20 +373,16 @@ def status_main(root: Path) -> int:
     rows = sweep_status(root)
     print(f"sweep {manifest['name']} at {root}: {len(rows)} points")
     print("point\tstate\tstep\treward\tarray task\trequeues\tparams")
-    for r in rows:
+    for point, r in zip(manifest["points"], rows):  # rows are in the manifest's order
         reward = "-" if r.reward is None else f"{r.reward:.4f}"
         params = " ".join(f"{k}={v}" for k, v in r.params.items()) or "-"
         print(f"{r.point_id}\t{r.state}\t{'-' if r.step is None else r.step}\t{reward}\t{r.task or '-'}\t"
-              f"{r.requeues}\t{params} seed={_seed(manifest, r.point_id)}")
+              f"{r.requeues}\t{params} seed={point['seed']}")
     for rec in read_arrays(root):
         print(f"job {rec['job_id']}: " + ("array" if rec.get("array") else "plain job") +
               f" of {len(rec.get('points') or [])} point(s), throttle {rec.get('throttle')}" +
               (f", after {rec['after']}" if rec.get("after") else ""))
     return 0
-
-
-def _seed(manifest: dict[str, Any], point_id: str) -> Any:
-    return next(p["seed"] for p in manifest["points"] if p["point_id"] == point_id)
 
 
 def continue_command(root: Path) -> str:
@@ -405,13 +401,7 @@ def cancel_main(root: Path, *, grace_s: float = 300.0) -> int:
     if not arrays:
         print(f"{root}: no array job recorded (a dry run, or a local sweep)", file=sys.stderr)
         return 1
-    live = []
-    for rec in arrays:
-        try:
-            if not slurm.job_state(rec["job_id"]).is_terminal:
-                live.append(rec["job_id"])
-        except slurm.SlurmCommandError:
-            continue
+    live = slurm.live_jobs(rec["job_id"] for rec in arrays)
     if not live:
         print("no running or pending task")
     else:
