@@ -426,7 +426,7 @@ def job_environment(run: RunDir, *, kind: str, secrets: list[str], env: dict[str
     return {ADMIN_TOKEN_ENV: for_local_deployment(run, publish=kind == "inference")}
 
 
-def step_log(plan: Any, spec: Any, logs: Path) -> Path:
+def step_log(spec: Any, logs: Path) -> Path:
     """The log file of plan process ``spec``'s job step (``%t``, the node rank, for a step on several nodes)."""
     return logs / (spec.log_name if spec.num_nodes == 1 else spec.log_name.replace(".log", "-%t.log"))
 
@@ -545,7 +545,7 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
                  for spec in plan.processes if is_multinode_torchrun(spec)}  # fmt: skip
     try:
         for spec in plan.processes:
-            log = step_log(plan, spec, logs)
+            log = step_log(spec, logs)
             health = fill(spec.healthcheck_url, plan, spec.node_index) if spec.healthcheck_url else None
             c = sup.start(spec.name, spec.role, step_argv(plan, spec, run, log, python=python, container=container),
                           env, log, health_url=health)  # fmt: skip
