@@ -34,7 +34,6 @@ import atexit
 import contextlib
 import json
 import logging
-import math
 import os
 import socket
 import sys

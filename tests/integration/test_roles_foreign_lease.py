@@ -51,8 +51,8 @@ def _exits_within(proc: subprocess.Popen, seconds: float) -> tuple[int, str, flo
 
 
 def test_a_training_sft_trainer_exits_when_the_lease_is_taken_by_another_supervisor(tmp_path):
-    from toolkit.config.cli_args import split_config_args
     from toolkit.commands.sft import load, prepare
+    from toolkit.config.cli_args import split_config_args
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Reverse: {w}", "completion": w[::-1]}) + "\n"

@@ -113,8 +113,8 @@ def test_dry_run_of_an_existing_run_leaves_it_untouched(tmp_path, flag):
 @pytest.mark.parametrize(("tok", "want"), [("--dryrun", "--dry-run"), ("--dry_run", "--dry-run"),
                                            ("--resum", "--resume"), ("--clena", "--clean")])
 def test_misspelt_own_flag_gets_a_did_you_mean(tok, want):
-    from toolkit.config.cli_args import split_config_args
     from toolkit.config import ConfigError
+    from toolkit.config.cli_args import split_config_args
 
     with pytest.raises(ConfigError, match=f"did you mean {want}"):
         split_config_args(["@", "x.toml", tok])
