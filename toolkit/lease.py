@@ -12,8 +12,9 @@ requeued takes over the lease its previous incarnation left (same job id: that i
 
 Why files and renames, not ``flock``: locks are unreliable on the shared filesystems runs live on (NFS, Lustre),
 while creating a file with ``link(2)`` (fails when the name exists) and ``rename(2)`` are atomic there. A stale
-record is taken over by renaming it to a name only the taker uses and checking that what it moved is the record it
-judged stale: of several launches racing for one stale lease, exactly one moves it and creates the next one.
+record is taken over by first linking it to a claim named after its bytes, which only one racer can create, then
+checking that the claimed file still holds the record judged stale and replacing it: of several launches racing for
+one stale lease, exactly one takes it over, and nobody ever moves a fresh record out of the way.
 
 Roles started under a lease get its token in ``SRL_RUN_LEASE`` and watch it (:func:`watch`): when the lease
 belongs to someone else, or its holder is dead, they exit instead of writing into a run they no longer belong to.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -350,38 +352,44 @@ def _acquire(slot: _Slot, run: RunDir, *, command: str, job_id: str | None) -> L
     slot.path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(8):
         if _write(slot.path, me, create=True):
-            lease = Lease(slot, me)
-            _held[slot.path] = lease
-            return lease.start()
+            break
         try:
             raw = slot.path.read_bytes()
         except FileNotFoundError:
-            continue  # released or moved away by a racer just now: try to create it again
+            continue  # released just now: try to create it again
         cur = _parse(raw)
         why = f"the same Slurm job {job_id} was requeued" if job_id and cur.job_id == job_id else cur.dead_reason()
         if why is None:
             raise LeaseHeld(slot, cur)
-        _take_over(slot, raw, cur, me, why)
-    raise LeaseHeld(slot, _read(slot.path) or me)  # kept losing races to other launches: one of them runs it
+        if _take_over(slot, raw, cur, me, why):
+            break
+    else:
+        raise LeaseHeld(slot, _read(slot.path) or me)  # kept losing races to other launches: one of them runs it
+    lease = Lease(slot, me)
+    _held[slot.path] = lease
+    return lease.start()
 
 
-def _take_over(slot: _Slot, raw: bytes, stale: Holder, me: Holder, why: str) -> None:
-    """Move the stale record ``raw`` out of the way (exactly one racer can), or raise LeaseHeld when what was moved
-    is a fresh record another launch wrote meanwhile (it is put back)."""
-    grabbed = slot.path.with_name(f".lease.{me.token}.stale")
+def _take_over(slot: _Slot, raw: bytes, stale: Holder, me: Holder, why: str) -> bool:
+    """Replace the stale record ``raw`` by ``me``'s; True when done. Exactly one racer can: the lease file is first
+    linked to a claim named after ``raw``'s bytes, which only one link creates. False when another launch holds the
+    claim (waited for, up to ``TTL_S``) or the file is gone; the caller then looks again. Raises LeaseHeld when the
+    claimed file no longer holds ``raw`` (its holder renewed it, or a racer's fresh record replaced it)."""
+    claim = slot.path.with_name(f".lease.{hashlib.sha256(raw).hexdigest()[:16]}.claim")
     try:
-        os.rename(slot.path, grabbed)
+        os.link(slot.path, claim)
     except FileNotFoundError:
-        return  # another launch moved it first; the caller tries to create the lease and finds out who won
-    got = grabbed.read_bytes()
-    if got != raw:  # not the record judged stale: its holder renewed it, or a racer had already replaced it
-        try:
-            os.link(grabbed, slot.path)
-        except FileExistsError:
-            pass
-        grabbed.unlink()
-        raise LeaseHeld(slot, _parse(got))
-    grabbed.unlink()
+        return False
+    except FileExistsError:
+        _wait_for_claim(claim)
+        return False
+    try:
+        got = claim.read_bytes()
+        if got != raw:
+            raise LeaseHeld(slot, _parse(got))
+        _write(slot.path, me, create=False)
+    finally:
+        claim.unlink()
     kind = "the policy-owner lease" if slot.owner else "the run lease"
     print(f"srl: took over {kind} of {slot.what} from {stale.describe()}: {why}", file=sys.stderr, flush=True)
     try:
@@ -389,6 +397,21 @@ def _take_over(slot: _Slot, raw: bytes, stale: Holder, me: Holder, why: str) -> 
                                     "takeover", "reason": why, "from": asdict(stale), "to": asdict(me)})  # fmt: skip
     except OSError as e:
         log.warning("could not record the lease takeover in %s: %s", slot.history, e)
+    return True
+
+
+def _wait_for_claim(claim: Path) -> None:
+    """Wait while another launch holds ``claim`` (it replaces the record within milliseconds). A claim left for
+    ``TTL_S`` belongs to a launch killed while holding it; it is removed, so that the stale record can be taken."""
+    deadline = time.monotonic() + TTL_S
+    while time.monotonic() < deadline:
+        try:
+            claim.stat()
+        except FileNotFoundError:
+            return
+        time.sleep(0.02)
+    print(f"srl: removing {claim}, a lease takeover claim left by a launch that was killed", file=sys.stderr)
+    claim.unlink(missing_ok=True)
 
 
 def _write(path: Path, holder: Holder, *, create: bool) -> bool:
