@@ -138,6 +138,15 @@ def test_single_node_gpu_split_must_match_the_engines(dep, words):
         assert w in text, text
 
 
+@pytest.mark.parametrize(("patch", "field", "allowed"), [
+    ({"inference": {"router": {"policy": "fastest"}}}, "inference.router.policy", "sticky_least_loaded"),
+    ({"inference": {"deployment": {"type": "disaggregated", "kv_connector": "example"}}},
+     "inference.deployment.disaggregated.kv_connector", "ExampleConnector"),
+])  # fmt: skip
+def test_router_policy_and_kv_connector_outside_their_choices_name_the_field_and_the_choices(patch, field, allowed):
+    text = errors_of(cfg(patch))
+    assert field in text and allowed in text
+
 def test_single_node_gpu_split_that_fits_is_valid():
     dep = {"gpus_per_node": 4, "num_infer_gpus": 2, "num_train_gpus": 2}
     assert validate(cfg({"deployment": dep, "inference": {"deployment": {"num_replicas": 2}}})).config

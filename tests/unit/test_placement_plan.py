@@ -125,6 +125,16 @@ def test_b08_colocated_prefill_and_decode_never_share_a_side_channel_port() -> N
     assert len(all_ports) == len(set(all_ports))
 
 
+@pytest.mark.parametrize(("connector", "dialect"), [("NixlConnector", "nixl"), ("MooncakeConnector", "mooncake"),
+                                                    ("LMCacheConnectorV1", "nixl")])  # fmt: skip
+def test_router_speaks_the_p_d_dialect_of_the_deployments_connector(connector: str, dialect: str) -> None:
+    over = {"run": {"name": "pd"}, "deployment": multi(1, 2, gpus_per_node=8),
+            "inference": {"vllm": {"tensor_parallel_size": 4},
+                          "deployment": {"type": "disaggregated", "kv_connector": connector}}}
+    (router,) = [p for p in plan_for(over).processes if p.role == "router"]
+    argv = list(router.command)
+    assert "--vllm-pd-disaggregation" in argv and argv[argv.index("--kv-connector") + 1] == dialect
+
 def test_b09_jit_caches_on_node_local_scratch_per_job_unless_overridden() -> None:
     hpc = load_site("generic-hpc")
     over = dict(LAYOUTS["train2-infer1"], deployment=multi(2, 1, gpus_per_node=4),

@@ -252,6 +252,7 @@ def router_command(
     request_timeout_s: float,
     prefill_urls: Sequence[str] | None = None,
     decode_urls: Sequence[str] | None = None,
+    kv_connector: str = "NixlConnector",
     health_check_interval_s: float = 10,
     worker_startup_timeout_s: float = 600,
     prometheus_port: int | None = None,
@@ -263,8 +264,9 @@ def router_command(
     ``engine_urls`` must then be empty) with ``--vllm-pd-disaggregation``; the router runs the two-stage request
     itself. ``request_timeout_s`` should fit the longest expected completion (the router's default of 1800 s lets a
     hung engine stall requests for half an hour). Times are seconds (the router takes whole seconds).
-    P/D mode speaks the router's nixl dialect for every connector: it only adds kv_transfer_params, which an
-    ExampleConnector deployment ignores. ``policy`` is one the config allows (``[inference.router].policy``).
+    ``kv_connector`` (the engines' vLLM connector) picks the router's P/D dialect: Mooncake's push protocol for
+    MooncakeConnector, else nixl, whose kv_transfer_params an ExampleConnector or LMCache deployment ignores.
+    ``policy`` is one the config allows (``[inference.router].policy``).
     Raises CommandError on an inconsistent URL set.
     """
     argv = [executable, "--host", host, "--port", str(int(port)), "--policy", policy]
@@ -274,7 +276,8 @@ def router_command(
             raise CommandError("P/D mode needs at least one prefill URL and one decode URL")
         if engine_urls:
             raise CommandError("P/D mode takes prefill_urls/decode_urls, not engine_urls")
-        argv += ["--vllm-pd-disaggregation", "--kv-connector", "nixl"]
+        dialect = "mooncake" if kv_connector == "MooncakeConnector" else "nixl"
+        argv += ["--vllm-pd-disaggregation", "--kv-connector", dialect]
         for url in prefill_urls:
             argv += ["--prefill", url]
         for url in decode_urls:

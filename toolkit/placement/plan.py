@@ -270,9 +270,10 @@ def _engines(topo: Topology, cfg: RLConfig) -> list[_Engine]:
     return out
 
 
-def _router(cfg: RLConfig, pd: bool, engines: list[_Engine], urls: dict[str, str], port: int,
+def _router(cfg: RLConfig, connector: str | None, engines: list[_Engine], urls: dict[str, str], port: int,
             metrics_port: int) -> list[str]:
-    """vllm-router argv in front of the engines (P/D mode with prefill/decode URL lists when disaggregated)."""
+    """vllm-router argv in front of the engines (P/D mode with prefill/decode URL lists when ``connector``, the
+    deployment's KV connector, is set)."""
     r = cfg.inference.router
     common: dict[str, Any] = {
         "host": "{node_addr}", "port": port, "policy": r.policy, "request_timeout_s": r.request_timeout_s,
@@ -280,10 +281,11 @@ def _router(cfg: RLConfig, pd: bool, engines: list[_Engine], urls: dict[str, str
         "worker_startup_timeout_s": cfg.inference.startup_timeout_s, "prometheus_port": metrics_port,
     }
     try:
-        if pd:
+        if connector:
             pre = [urls[e.name] for e in engines if e.kv_role == "kv_producer"]
             dec = [urls[e.name] for e in engines if e.kv_role == "kv_consumer"]
-            return router_command(engine_urls=(), prefill_urls=pre, decode_urls=dec, **common)
+            return router_command(engine_urls=(), prefill_urls=pre, decode_urls=dec, kv_connector=connector,
+                                  **common)  # fmt: skip
         return router_command(engine_urls=[urls[e.name] for e in engines], **common)
     except CommandError as err:
         raise PlacementError(str(err)) from None
@@ -431,7 +433,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     inference_url: str | None = None
     if use_router:
         rport = ports["router.http"]
-        rcmd = _router(cfg, pd, engines, urls, rport, ports["router.metrics"])
+        rcmd = _router(cfg, connector, engines, urls, rport, ports["router.metrics"])
         add("router", "router", router_node, (), {"http": rport, "metrics": ports["router.metrics"]}, rcmd,
             cfg.inference.env_vars, {}, log_name="router.log", healthcheck_url=f"http://{{node_addr}}:{rport}/health")
         inference_url = f"http://{{node_addr_{router_node}}}:{rport}"
