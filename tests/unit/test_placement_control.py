@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from toolkit.launch.control import cancel_main, logs_main, status_main
 from toolkit.launch.submit import read_job_ids, record_job_id
 from toolkit.run.layout import RunDir, point_symlink
@@ -75,3 +77,24 @@ def test_status_of_a_local_run_reads_progress_from_the_run_directory(tmp_path: P
     out = capsys.readouterr().out
     assert "ended with status 130" in out and "stop requested" not in out  # served
     assert "ended: stopped by the user at step 2 (Ctrl-C or srl cancel) (exit status 130)" in out
+
+
+BAD_RECORDS = ['{"pid": "abc", "host": null, "attempt": 1}', '{"pid": true, "host": "h", "attempt": 1}', "[1, 2]",
+               "not json"]
+
+
+@pytest.mark.parametrize("record", BAD_RECORDS)
+def test_status_with_a_damaged_launcher_record_and_metrics_file_says_they_are_unreadable(
+        tmp_path: Path, capsys, record: str) -> None:  # fmt: skip
+    run = RunDir(tmp_path / "r")
+    run.launcher.mkdir(parents=True)
+    run.configs.mkdir()
+    run.local_record.write_text(record)
+    run.metrics.write_bytes(b"\x00\x01 not a record\n{\"step\": 1, \"ro")
+    assert status_main([str(run.root)]) == 0
+    out = capsys.readouterr().out
+    assert "local launcher: unknown" in out and "pid abc" not in out and "on None" not in out
+    assert "no readable metrics" in out and "holds no complete record" in out and "no metrics yet" not in out
+    run.metrics.write_text("")  # an empty file is a run that has not recorded anything yet
+    assert status_main([str(run.root)]) == 0
+    assert "no metrics yet" in capsys.readouterr().out

@@ -39,6 +39,13 @@ def _number(value: Any, default: float) -> float:
         return default
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _launcher_line(rec: dict[str, Any]) -> str:
     where = f"local launcher pid {rec.get('pid')} on {rec.get('host')}, attempt {rec.get('attempt')}"
     if "status" in rec:
@@ -66,6 +73,8 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None, jobs_final: boo
     launcher = read_local_record(run)
     if launcher is not None:
         lines.append(_launcher_line(launcher))
+    elif run.local_record.exists():
+        lines.append(f"local launcher: unknown ({run.local_record} is unreadable or not a launcher record)")
     end = ending.read(run)
     if end is not None:
         lines.append(f"ended: {end.summary()} (exit status {end.exit_status})")
@@ -82,7 +91,9 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None, jobs_final: boo
     if "orchestrator" in last:
         o = last["orchestrator"]
         lines.append(f"orchestrator: step {o.get('step')}{of}, reward {_number(o['reward/all/mean'], float('nan')):.4f}")
-    if not last:
+    if not last and _size(run.metrics) and not metrics.tail(run.metrics):
+        lines.append(f"no readable metrics: {run.metrics} holds no complete record (damaged?)")
+    elif not last:
         lines.append("no metrics yet (starting, or never started)")
     ckpt = latest_complete(run)
     lines.append(f"newest complete checkpoint: {'step ' + str(ckpt) if ckpt is not None else 'none'}")

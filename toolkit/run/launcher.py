@@ -28,9 +28,15 @@ def write_local_record(run: RunDir, *, attempt: int, status: int | None = None) 
 
 
 def read_local_record(run: RunDir) -> dict[str, Any] | None:
-    """The local launcher record (``write_local_record``), None when there is none or it is unreadable."""
+    """The local launcher record (``write_local_record``), None when there is none or it is unreadable (not JSON,
+    or a pid, host or attempt of the wrong type: a hand-edited or damaged file)."""
     try:
         rec = json.loads(run.local_record.read_text())
     except (OSError, ValueError):
         return None
-    return rec if isinstance(rec, dict) else None
+    typed = isinstance(rec, dict) and all(
+        isinstance(rec.get(k), t) and not isinstance(rec.get(k), bool) for k, t in _TYPES.items())
+    return rec if typed else None
+
+
+_TYPES = {"pid": int, "host": str, "attempt": int}
