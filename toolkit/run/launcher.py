@@ -35,7 +35,7 @@ def read_local_record(run: RunDir) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     typed = isinstance(rec, dict) and all(
-        isinstance(rec.get(k), t) and not isinstance(rec.get(k), bool) for k, t in _TYPES.items())
+        isinstance(rec[k], t) and not isinstance(rec[k], bool) for k, t in _TYPES.items() if k in rec)
     return rec if typed else None
 
 
