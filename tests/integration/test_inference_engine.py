@@ -24,7 +24,7 @@ need_module("vllm")
 from local_engines import start_local_deployment
 
 from toolkit.fsutil import write_marker
-from toolkit.inference.client import PolicyClient
+from toolkit.inference.client import PolicyClient, completion_payload, parse_completion
 from toolkit.inference.health import read_ready
 from toolkit.inference.queues import parse_metric, queue_depths
 from toolkit.inference.weights import WeightUpdater
@@ -144,25 +144,32 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
     """pause(mode=keep) freezes running requests; they finish after resume instead of being aborted, and the
     tokens after the reload come from the new weights.
 
-    Weights A (the base model) are served and four 480-token requests run untouched (twice: a fresh engine's first
+    Weights A (the base model) are served and four 1500-token requests run untouched (twice: a fresh engine's first
     requests are slower); the same requests then start again and, once the engine has generated an eighth of their
     tokens (its own ``vllm:generation_tokens`` counter, so the moment does not depend on how busy the machine is),
-    the weights become B (broadcast step_1). Each request must show both: its first tokens have exactly A's
+    the weights become B (broadcast step_1). The requests ignore the end-of-sequence token: a random model may
+    sample it after a few dozen tokens, and requests that short finished before the counter could be read. Each request must show both: its first tokens have exactly A's
     logprobs (transformers, fp32) and from some token on they stop matching A. A reload before the requests ran (no
     token from A) or after they finished (every token from A) fails, so does one that aborted them (finish reason) or
     restarted them.
     """
     dep, run, base, _ = deployment
-    n, max_tokens = 4, 480  # long requests: on an idle machine 4 x 200 tokens took 1.2 s, less than the reload's set-up
+    n, max_tokens = 4, 1500  # long requests: 4 x 480 tokens took 0.9 s, less than a loaded engine's /metrics answer
+    body = {**completion_payload("tiny", PROMPT, SamplingParams(max_tokens=max_tokens, seed=1)), "ignore_eos": True}
 
     async def go():
         updater = WeightUpdater(dep.engine_urls, timeout_s=120)
         await updater.update(base, 5)  # A; also the one-time /server_info lookup, kept out of the reload below
-        async with PolicyClient(dep.base_url, "tiny", timeout_s=120) as client:
-            sp = SamplingParams(max_tokens=max_tokens, seed=1)
+        async with httpx.AsyncClient(timeout=120) as client:
+
+            async def generate():
+                resp = await client.post(f"{dep.base_url}/v1/completions", json=body)
+                resp.raise_for_status()
+                return parse_completion(resp.json(), 0)
+
             for _ in range(2):  # the second run is timed: a fresh engine's first requests are slower
                 t0 = time.monotonic()
-                await asyncio.gather(*(client.generate(PROMPT, sp, session_id=f"c{i}") for i in range(n)))
+                await asyncio.gather(*(generate() for _ in range(n)))
                 took = time.monotonic() - t0
             metrics_url = dep.engines[0].url + "/metrics"
             async with httpx.AsyncClient(timeout=10) as http:
@@ -173,7 +180,7 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
                     return total
 
                 start = await generated()
-                tasks = [asyncio.create_task(client.generate(PROMPT, sp, session_id=f"s{i}")) for i in range(n)]
+                tasks = [asyncio.create_task(generate()) for _ in range(n)]
                 deadline = time.monotonic() + 2 * took
                 while await generated() - start < n * max_tokens / 8 and time.monotonic() < deadline:
                     await asyncio.sleep(0.01)
@@ -184,7 +191,8 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
     took, done_before, gens, versions = asyncio.run(go())
     assert done_before == 0, f"{done_before} of {n} requests had finished before the reload ({took:.2f} s each run)"
     assert versions == {dep.engines[0].url: "6"}
-    assert all(g.finish_reason in ("length", "stop") for g in gens), [g.finish_reason for g in gens]  # not aborted
+    assert all(g.finish_reason == "length" and len(g.token_ids) == max_tokens for g in gens), [  # not aborted
+        (g.finish_reason, len(g.token_ids)) for g in gens]  # fmt: skip
     switched_at = []
     for g in gens:
         under_a = hf_logprobs(base, PROMPT, g.token_ids)
