@@ -35,6 +35,20 @@ from toolkit.run.types import SamplingParams
 PROMPT = [5, 17, 23, 42, 8, 9, 30, 31]
 
 
+def _to_length(max_tokens: int, seed: int | None) -> dict:
+    """A ``/v1/completions`` body for PROMPT whose request runs to ``max_tokens``: it ignores the end-of-sequence
+    token, which a random model may sample after a few dozen tokens (a request that short finishes before a
+    loaded engine answers one ``/metrics`` read)."""
+    sampling = SamplingParams(max_tokens=max_tokens, seed=seed)
+    return {**completion_payload("tiny", PROMPT, sampling), "ignore_eos": True}
+
+
+async def _complete(client: httpx.AsyncClient, base_url: str, body: dict):
+    resp = await client.post(f"{base_url}/v1/completions", json=body)
+    resp.raise_for_status()
+    return parse_completion(resp.json(), 0)
+
+
 def hf_logprobs(model_dir, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
     """transformers fp32 logprob of each completion token given prompt + preceding completion tokens, under the
     temperature-scaled softmax (what the trainer computes)."""
@@ -155,17 +169,15 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
     """
     dep, run, base, _ = deployment
     n, max_tokens = 4, 1500  # long requests: 4 x 480 tokens took 0.9 s, less than a loaded engine's /metrics answer
-    body = {**completion_payload("tiny", PROMPT, SamplingParams(max_tokens=max_tokens, seed=1)), "ignore_eos": True}
+    body = _to_length(max_tokens, seed=1)
 
     async def go():
         updater = WeightUpdater(dep.engine_urls, timeout_s=120)
         await updater.update(base, 5)  # A; also the one-time /server_info lookup, kept out of the reload below
         async with httpx.AsyncClient(timeout=120) as client:
 
-            async def generate():
-                resp = await client.post(f"{dep.base_url}/v1/completions", json=body)
-                resp.raise_for_status()
-                return parse_completion(resp.json(), 0)
+            def generate():
+                return _complete(client, dep.base_url, body)
 
             for _ in range(2):  # the second run is timed: a fresh engine's first requests are slower
                 t0 = time.monotonic()
@@ -226,18 +238,19 @@ def _engine_counters(url: str) -> tuple[float, float]:
 def test_throughput_and_queue_depths(deployment):
     """32 concurrent requests are batched by the engine (its own counters: several tokens generated per engine
     iteration), the queue depths srl reads show them while they run and drain to zero after; the throughput is
-    printed."""
+    printed. The requests run to their length, 1500 tokens (about 20 s here): a busy engine's API server answers
+    ``/metrics`` only now and then, and shorter runs (32 x 512 tokens, 2.6 s) were over between two answered reads."""
     dep = deployment[0]
     url = dep.engine_urls[0]
-    n, max_tokens = 32, 256
+    n, max_tokens = 32, 1500
     samples: list[dict] = []
     stop = threading.Event()
 
     async def go():
-        async with PolicyClient(dep.base_url, "tiny", timeout_s=120) as client:
-            sp = SamplingParams(max_tokens=max_tokens, seed=None)
+        async with httpx.AsyncClient(timeout=300) as client:
             t0 = time.monotonic()
-            gens = await asyncio.gather(*(client.generate(PROMPT, sp, session_id=f"t{i}") for i in range(n)))
+            gens = await asyncio.gather(*(_complete(client, dep.base_url, _to_length(max_tokens, None))
+                                          for _ in range(n)))  # fmt: skip
             return gens, time.monotonic() - t0
 
     tokens0, iters0 = _engine_counters(url)
@@ -256,8 +269,7 @@ def test_throughput_and_queue_depths(deployment):
     print(f"\n[figure] throughput {n} x {max_tokens} tokens: {tokens / dt:.0f} tokens/s ({dt:.2f} s); "
           f"{per_iteration:.1f} tokens per engine iteration; {len(answered)} of {len(samples)} queue reads "
           f"answered, at most {peak:.0f} running at once")
-    assert n <= tokens <= n * max_tokens  # a random model may sample its end-of-sequence token early
-    assert all(len(g.token_ids) == max_tokens or g.finish_reason == "stop" for g in gens)
+    assert tokens == n * max_tokens and all(g.finish_reason == "length" for g in gens)
     assert tokens1 - tokens0 >= tokens, (tokens0, tokens1, tokens)
     # One request at a time generates at most one token per engine iteration; above one, iterations decoded
     # several requests together. How many depends on how the requests' arrivals and early stops overlap (13.6 on
