@@ -32,7 +32,7 @@ SFT_PARTS: tuple[str, ...] = ("trainer",)
 def parts_of(run: RunDir) -> tuple[str, ...]:
     """The parts a complete checkpoint of ``run`` has: :data:`SFT_PARTS` for an SFT run (its latest attempt's
     resolved config is ``sft.json``), else :data:`PARTS`."""
-    return SFT_PARTS if run.resolved("sft").is_file() else PARTS
+    return SFT_PARTS if run.run_config().name == "sft.json" else PARTS
 
 
 class CheckpointError(RuntimeError):

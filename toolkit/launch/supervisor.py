@@ -341,8 +341,9 @@ class Supervisor:
     def end(self, first: Child | None, *, reason: str | None = None) -> Any:
         """Stop the run after ``first`` ended it (None: it ended before every engine answered; ``reason`` says
         why): decide and record how it ended (:mod:`toolkit.run.ending`; before the stop request and kills below,
-        which would read as failures), write the stop request, then :meth:`stop_after`. ``first`` failed when its status is non-zero or
-        it serves (an engine or router has no clean exit while the run needs it). Returns the ending."""
+        which would read as failures), write the stop request, then :meth:`stop_after`. ``first`` failed when its
+        status is non-zero or it serves (an engine or router has no clean exit while the run needs it). Returns the
+        ending."""
         from ..run import ending
 
         failed = first is None or first.returncode != 0 or first.role not in FINITE_ROLES
@@ -354,9 +355,9 @@ class Supervisor:
         return end
 
     def stop_after(self) -> None:
-        """Give the trainer and orchestrator up to ``slurm.checkpoint_grace_s`` seconds to exit (after a stop request: they
-        checkpoint first), then stop every process (:meth:`stop_all`). No wait before the engines were ready:
-        nothing was generated or trained, and roles still importing torch would only delay the stop."""
+        """Give the trainer and orchestrator up to ``slurm.checkpoint_grace_s`` seconds to exit (after a stop
+        request: they checkpoint first), then stop every process (:meth:`stop_all`). No wait before the engines
+        were ready: nothing was generated or trained, and roles still importing torch would only delay the stop."""
         _wait(lambda: not self.alive(), self.cfg.slurm.checkpoint_grace_s if self.ready else 0.0)
         self.stop_all()
 

@@ -16,6 +16,9 @@ from typing import Any
 from toolkit.fsutil import atomic_write_json
 from toolkit.run.layout import RunDir
 
+# The types of the fields srl writes that readers use (a record of another shape reads as unreadable).
+_TYPES = {"pid": int, "host": str, "attempt": int}
+
 
 def write_local_record(run: RunDir, *, attempt: int, status: int | None = None) -> None:
     """Record the local launcher of ``attempt`` (this process); with ``status`` set, record that it ended."""
@@ -37,6 +40,3 @@ def read_local_record(run: RunDir) -> dict[str, Any] | None:
     typed = isinstance(rec, dict) and all(
         isinstance(rec[k], t) and not isinstance(rec[k], bool) for k, t in _TYPES.items() if k in rec)
     return rec if typed else None
-
-
-_TYPES = {"pid": int, "host": str, "attempt": int}

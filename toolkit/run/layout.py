@@ -75,6 +75,12 @@ class RunDir:
         base = self.latest_configs if attempt is None else self.config_attempt(attempt)
         return base / "resolved" / f"{name}.json"
 
+    def run_config(self) -> Path:
+        """The run's own latest resolved config: ``sft.json`` for an SFT run, else ``rl.json`` (which an SFT run
+        does not have). What decides, everywhere, whether a run is an SFT run."""
+        sft = self.resolved("sft")
+        return sft if sft.is_file() else self.resolved("rl")
+
     # -- launcher and logs --------------------------------------------------------------------
     launcher = _Under("launcher")
     placement_file = _Under("launcher", "placement.json")

@@ -122,9 +122,10 @@ def load_run_config(run: RunDir) -> Any:
     from toolkit.config import load_resolved
     from toolkit.config.sft import SFTConfig
 
-    if run.resolved("sft").is_file():
-        return SFTConfig.model_validate(json.loads(run.resolved("sft").read_text()))
-    return load_resolved(run.resolved("rl"))
+    path = run.run_config()
+    if path.name == "sft.json":
+        return SFTConfig.model_validate(json.loads(path.read_text()))
+    return load_resolved(path)
 
 
 @dataclass
@@ -358,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = dataclasses.replace(settings, resume_dir=args.resume_dir)
     stop = StopFlag(run)
     stop.install()
-    if run.resolved("sft").is_file():
+    if run.run_config().name == "sft.json":
         return _exit_status(lambda: run_sft(run, cfg, settings, stop=stop))
     return _exit_status(lambda: run_trainer(run, settings, stop=stop))
 

@@ -174,11 +174,9 @@ class WandbMirror:
 
 def _run_config(run: RunDir) -> dict[str, Any]:
     """The run's resolved config for W&B's config panel, without ``env_vars`` (values a user may not want to
-    publish; secrets belong in ``slurm.secret_env_vars``, by name, but nothing forces that). An SFT run's is
-    ``sft.json``; an RL run has only ``rl.json``."""
-    name = "sft" if run.resolved("sft").is_file() else "rl"
+    publish; secrets belong in ``slurm.secret_env_vars``, by name, but nothing forces that)."""
     try:
-        cfg = json.loads(run.resolved(name).read_text())
+        cfg = json.loads(run.run_config().read_text())
     except (OSError, ValueError):
         return {}
     cfg.pop("env_vars", None)
