@@ -192,10 +192,9 @@ def deployment_refusal(deployment: RunDir, run: RunDir, *, lora: bool) -> str | 
 
 def _read(path: Path) -> Holder | None:
     try:
-        raw = path.read_bytes()
+        return _parse(path.read_bytes())
     except FileNotFoundError:
         return None
-    return _parse(raw)
 
 
 def _parse(raw: bytes) -> Holder:
@@ -287,10 +286,7 @@ class Lease:
         _held.pop(self.slot.path, None)
         cur = _read(self.slot.path)
         if cur is not None and cur.token == self.token and self.lost is None:
-            try:
-                self.slot.path.unlink()
-            except FileNotFoundError:
-                pass
+            self.slot.path.unlink(missing_ok=True)
 
 
 # The leases this process holds, by lease file: a launch acquires once (before it writes the run directory) and the
@@ -423,19 +419,15 @@ def _write(path: Path, holder: Holder, *, create: bool) -> bool:
         f.flush()
         os.fsync(f.fileno())
     try:
-        if not create:
-            os.replace(tmp, path)
-            return True
-        try:
+        if create:
             os.link(tmp, path)  # atomic create-if-absent, also on NFS
-        except FileExistsError:
-            return False
+        else:
+            os.replace(tmp, path)
         return True
+    except FileExistsError:
+        return False
     finally:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
+        tmp.unlink(missing_ok=True)
 
 
 def release_all() -> None:
@@ -447,17 +439,14 @@ def release_all() -> None:
 atexit.register(release_all)
 
 
-def watch(run: RunDir, token: str, on_gone: Callable[[str], None], *,
-          interval_s: float | None = None) -> threading.Thread:
+def watch(run: RunDir, token: str, on_gone: Callable[[str], None]) -> threading.Thread:
     """Start a daemon thread that calls ``on_gone(reason)`` once, when the lease ``token`` of ``run`` is no longer
-    valid: the record names another holder, was removed, or its holder is dead. Looks every ``interval_s``
-    seconds (default ``WATCH_S``). For roles: a process started under one supervisor must never write into a run
+    valid: the record names another holder, was removed, or its holder is dead. Looks every ``WATCH_S``
+    seconds. For roles: a process started under one supervisor must never write into a run
     that another attempt owns, nor run on without its supervisor. Returns the thread."""
-    every = WATCH_S if interval_s is None else interval_s
-
     def _loop() -> None:
         while True:
-            time.sleep(every)
+            time.sleep(WATCH_S)
             try:
                 cur = read(run)
             except OSError:

@@ -131,12 +131,13 @@ def test_launches_from_two_nodes_racing_for_a_stale_lease_exactly_one_wins(tmp_p
 
 def test_renewal_notices_a_takeover_and_a_role_watch_exits(tmp_path, monkeypatch):
     monkeypatch.setattr(lease, "RENEW_S", 0.1)
+    monkeypatch.setattr(lease, "WATCH_S", 0.1)
     run = RunDir(tmp_path / "r")
     mine = lease.acquire(run)
     lost: list[str] = []
     gone: list[str] = []
     mine.on_lost(lost.append)
-    lease.watch(run, mine.token, gone.append, interval_s=0.1)
+    lease.watch(run, mine.token, gone.append)
     time.sleep(0.5)
     assert not lost and not gone  # renewed, ours
     _stale(run, token="theirs", host=os.uname().nodename, pid=os.getppid(), pid_start=None,
