@@ -31,10 +31,12 @@ from ..inference.commands import (
 )
 from ..run.layout import RunDir
 from . import environment as envmod
-from .ports import PortAllocator
+from .ports import PortAllocator, PortError
 from .topology import Topology, derive_topology
 
 ROLES = ("inference", "router", "orchestrator", "trainer")
+# The engine role of each vLLM KV role (None: an aggregated engine, "engine").
+KV_ROLE_NAMES = {"kv_producer": "prefill", "kv_consumer": "decode"}
 # vLLM arguments the plan sets itself; stripped from the pass-through table (tp goes to engine_command's ``tp``).
 _PLAN_TP_KEYS = ("tensor_parallel_size", "tensor-parallel-size", "tp")
 
@@ -216,10 +218,6 @@ def write_plan(run: RunDir, plan: Plan) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _addr(target: int, own: int) -> str:
-    return "{node_addr}" if target == own else f"{{node_addr_{target}}}"
-
-
 @dataclass
 class _Engine:
     name: str
@@ -234,39 +232,34 @@ class _Engine:
 def _engines(topo: Topology, cfg: RLConfig) -> list[_Engine]:
     """Engines per island: one per tp-slice of each node's GPUs (aggregated), or per P/D replica."""
     infer = cfg.inference.deployment
-    dep = cfg.deployment
-    tp = topo.infer_tp
-    out: list[_Engine] = []
-    if dep.type == "single_node":
+    tp, gpn, per_node = topo.infer_tp, topo.gpus_per_node, topo.engines_per_node
+
+    def tp_slice(k: int) -> tuple[int, ...]:
+        return tuple(range(k * tp, (k + 1) * tp)) if gpn else ()
+
+    if cfg.deployment.type == "single_node":
         if infer.type == "disaggregated":  # P/D on one node: prefill engines first, then decode, tp GPUs each
             kinds = [("prefill", r, "kv_producer") for r in range(infer.num_prefill_replicas)]
             kinds += [("decode", r, "kv_consumer") for r in range(infer.num_decode_replicas)]
         else:
-            kinds = [("inference", r, None) for r in range(topo.engines_per_node)]
-        for k, (kind, r, kv) in enumerate(kinds):
-            gpus = tuple(range(k * tp, (k + 1) * tp)) if dep.gpus_per_node else ()
-            out.append(_Engine(f"{kind}-0-{r}", 0, 1, gpus, 0, kv))
-        return out
-    gpn = topo.gpus_per_node
-    per_node = topo.engines_per_node
+            kinds = [("inference", r, None) for r in range(per_node)]
+        return [_Engine(f"{kind}-0-{r}", 0, 1, tp_slice(k), 0, kv) for k, (kind, r, kv) in enumerate(kinds)]
+    out: list[_Engine] = []
     for isl in topo.islands:
+        i = isl.index
+        # (name, nodes, kv role, whether one engine spans the nodes) per replica
         if infer.type == "disaggregated":
-            for kind, reps, kv in (("prefill", isl.prefill_nodes, "kv_producer"), ("decode", isl.decode_nodes, "kv_consumer")):
-                for r, nodes in enumerate(reps):
-                    if len(nodes) == 1:
-                        for k in range(per_node):
-                            gpus = tuple(range(k * tp, (k + 1) * tp)) if gpn else ()
-                            out.append(_Engine(f"{kind}-{isl.index}-{r}-{k}", nodes[0], 1, gpus, isl.index, kv))
-                    else:  # one engine spanning several nodes: data parallel over the nodes' tp slices
-                        out.append(_Engine(f"{kind}-{isl.index}-{r}", nodes[0], len(nodes), tuple(range(gpn)),
-                                           isl.index, kv, dp=len(nodes) * per_node))
-        elif infer.type == "multi_node":
-            out.append(_Engine(f"inference-{isl.index}", isl.nodes[0], len(isl.nodes), tuple(range(gpn)), isl.index,
-                               None, dp=len(isl.nodes) * per_node))
+            reps = [(f"{kind}-{i}-{r}", nodes, kv, len(nodes) > 1)
+                    for kind, replicas, kv in (("prefill", isl.prefill_nodes, "kv_producer"),
+                                               ("decode", isl.decode_nodes, "kv_consumer"))
+                    for r, nodes in enumerate(replicas)]
         else:
-            for k in range(per_node):
-                gpus = tuple(range(k * tp, (k + 1) * tp)) if gpn else ()
-                out.append(_Engine(f"inference-{isl.index}-{k}", isl.nodes[0], 1, gpus, isl.index, None))
+            reps = [(f"inference-{i}", isl.nodes, None, infer.type == "multi_node")]
+        for name, nodes, kv, span in reps:
+            if span:  # one engine spanning several nodes: data parallel over the nodes' tp slices
+                out.append(_Engine(name, nodes[0], len(nodes), tuple(range(gpn)), i, kv, dp=len(nodes) * per_node))
+            else:
+                out += [_Engine(f"{name}-{k}", nodes[0], 1, tp_slice(k), i, kv) for k in range(per_node)]
     return out
 
 
@@ -280,15 +273,11 @@ def _router(cfg: RLConfig, connector: str | None, engines: list[_Engine], urls: 
         "health_check_interval_s": r.health_check_interval_s,
         "worker_startup_timeout_s": cfg.inference.startup_timeout_s, "prometheus_port": metrics_port,
     }
-    try:
-        if connector:
-            pre = [urls[e.name] for e in engines if e.kv_role == "kv_producer"]
-            dec = [urls[e.name] for e in engines if e.kv_role == "kv_consumer"]
-            return router_command(engine_urls=(), prefill_urls=pre, decode_urls=dec, kv_connector=connector,
-                                  **common)  # fmt: skip
-        return router_command(engine_urls=[urls[e.name] for e in engines], **common)
-    except CommandError as err:
-        raise PlacementError(str(err)) from None
+    if connector:
+        pre = [urls[e.name] for e in engines if e.kv_role == "kv_producer"]
+        dec = [urls[e.name] for e in engines if e.kv_role == "kv_consumer"]
+        return router_command(engine_urls=(), prefill_urls=pre, decode_urls=dec, kv_connector=connector, **common)
+    return router_command(engine_urls=[urls[e.name] for e in engines], **common)
 
 
 def run_port_key(cfg: RLConfig) -> str:
@@ -310,10 +299,17 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     Raises TopologyError (node arithmetic), PlacementError (bad pass-through values, port range too small) and
     GpuBindingError never (GPU positions are mapped to devices on the node).
     """
+    try:
+        return _place(cfg, site, run, str(job_id), roles, port_key)
+    except (CommandError, PortError) as err:  # bad pass-through values, too small a port range
+        raise PlacementError(str(err)) from None
+
+
+def _place(cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[str, ...],
+           port_key: str | None) -> Plan:
     topo = derive_topology(cfg)
     dep = cfg.deployment
     gpn = dep.gpus_per_node
-    job = str(job_id)
     root = str(run.root)
     external = cfg.inference.external
     place_inference = "inference" in roles and not external
@@ -343,10 +339,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
     master = topo.trainer_nodes[0] if "trainer" in roles else None
     if "trainer" in roles:
         alloc.request(host(master), "trainer.rdzv")
-    try:
-        ports = alloc.assign(port_key or job)
-    except ValueError as e:
-        raise PlacementError(str(e)) from None
+    ports = alloc.assign(port_key or job)
 
     defaults = envmod.srl_defaults(site.filesystem.node_local_scratch, job, per_job=site.is_slurm)
     # SRL_PREEMPT_SIGNAL: the one pre-timeout signal shared by the #SBATCH directive, the batch-shell trap and any
@@ -379,10 +372,7 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
         eng_defaults["enforce_eager"] = True  # CPU: skip the compile step (start-up 23-30 s instead of 50-68 s)
     lora = cfg.trainer.model.lora
     if lora is not None:  # the engines serve the trainer's adapter, loaded in place (inference.weights)
-        try:
-            eng_defaults.update(lora_engine_args(lora.rank))
-        except CommandError as err:
-            raise PlacementError(str(err)) from None
+        eng_defaults.update(lora_engine_args(lora.rank))
     kv_extra = {"shared_storage_path": str(run.scratch / "kv")} if connector == "ExampleConnector" else None
     if connector == "NixlConnector" and not gpn:
         kv_extra = {"kv_buffer_device": "cpu"}
@@ -398,23 +388,18 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
         side = ports.get(f"{e.name}.side_channel")
         # Engines of one kind differ only in their ports: build argv/env once per kind, then set the ports.
         kind = (e.kv_role, e.dp, side is not None)
-        try:
-            if kind not in engine_kinds or e.dp > 1:
-                cmd = engine_command(model_path="{model_path}", host="{node_addr}", port=http, vllm_args=vargs,
-                                     tp=tp, dp=e.dp, served_model_name=cfg.model.name, kv_role=e.kv_role,
-                                     kv_connector=connector, kv_extra=kv_extra, python=py, defaults=extra_args)
-                eenv = engine_env(role=("engine" if e.kv_role is None else "prefill" if e.kv_role == "kv_producer"
-                                        else "decode"),
-                                  omp_bind=None, side_channel_host="{node_addr}" if side else None,
-                                  side_channel_port=side, cpu=not gpn,
-                                  user_env=LORA_ENGINE_ENV if lora is not None else None)
-                engine_kinds[kind] = (cmd, cmd.index("--port") + 1, eenv)
-            else:
-                cmd0, at, eenv = engine_kinds[kind]
-                cmd = list(cmd0)
-                cmd[at] = str(http)
-        except CommandError as err:
-            raise PlacementError(str(err)) from None
+        if kind not in engine_kinds or e.dp > 1:
+            cmd = engine_command(model_path="{model_path}", host="{node_addr}", port=http, vllm_args=vargs, tp=tp,
+                                 dp=e.dp, served_model_name=cfg.model.name, kv_role=e.kv_role,
+                                 kv_connector=connector, kv_extra=kv_extra, python=py, defaults=extra_args)
+            eenv = engine_env(role=KV_ROLE_NAMES.get(e.kv_role, "engine"), omp_bind=None,
+                              side_channel_host="{node_addr}" if side else None, side_channel_port=side,
+                              cpu=not gpn, user_env=LORA_ENGINE_ENV if lora is not None else None)
+            engine_kinds[kind] = (cmd, cmd.index("--port") + 1, eenv)
+        else:
+            cmd0, at, eenv = engine_kinds[kind]
+            cmd = list(cmd0)
+            cmd[at] = str(http)
         owned = {k: v for k, v in eenv.items() if k in envmod.OWNED_NAMES}
         if side is not None:
             owned["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side)
@@ -424,7 +409,8 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
             d = cfg.inference.deployment
             role_vars = d.prefill_env_vars if e.kv_role == "kv_producer" else d.decode_env_vars  # type: ignore
         pp = {k: ports[f"{e.name}.{k}"] for k in ("http", "side_channel", "dp_rpc") if f"{e.name}.{k}" in ports}
-        urls[e.name] = f"http://{_addr(e.node, router_node if use_router else -1)}:{http}"
+        addr = "{node_addr}" if use_router and e.node == router_node else f"{{node_addr_{e.node}}}"
+        urls[e.name] = f"http://{addr}:{http}"
         add(e.name, "inference", e.node, e.gpus, pp, cmd, cfg.inference.env_vars, owned, role_vars=role_vars,
             extra_defaults=eng_def, log_name=f"{e.name}.log", num_nodes=e.nodes,
             healthcheck_url=f"http://{{node_addr}}:{http}/health", island=e.island, kv_role=e.kv_role)

@@ -27,7 +27,7 @@ from typing import Any
 from ..run.layout import COMPLETE_MARKER, RunDir, numbered_steps
 from .cpus import cpu_thread_env
 from .environment import visible_devices
-from .plan import Plan, build_plan, fill, read_plan, write_plan
+from .plan import KV_ROLE_NAMES, Plan, build_plan, fill, read_plan, write_plan
 from .ports import ports_free
 
 _LOOPBACK = ("localhost", "127.0.0.1", "0.0.0.0", "::1", "")
@@ -244,8 +244,7 @@ def ready_info(plan: Plan, model: str) -> dict:
         "base_url": router_url or base(engines[0]),
         "router_url": router_url,
         "engine_urls": [base(p) for p in engines],
-        "roles": {base(p): {"kv_producer": "prefill", "kv_consumer": "decode"}.get(p.kv_role or "", "engine")
-                  for p in engines},
+        "roles": {base(p): KV_ROLE_NAMES.get(p.kv_role, "engine") for p in engines},
         "model": model,
         "policy_version": 0,
         "job_id": plan.job_id,
