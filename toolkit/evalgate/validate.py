@@ -37,6 +37,7 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -161,21 +162,20 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     from toolkit.envs.registry import load_selected, split_fields, taskset_module, taskset_source
 
     name = env.name
-    items: list[GateItem] = []
     t0 = time.perf_counter()
 
     try:
         # The rows the env's workers load: same fields, same eval-split rule.
         taskset, all_tasks = load_selected(env.taskset, env_name=name, eval_env=kind == "eval")
     except Exception as exc:  # noqa: BLE001 - any failure to build the taskset is the finding itself
-        items.append(GateItem("taskset_loads", name, "FAIL", f"taskset {env.taskset.id!r} failed to load: "
-                              f"{type(exc).__name__}: {exc}", {"taskset": env.taskset.id}))  # fmt: skip
-        return items
+        return [GateItem("taskset_loads", name, "FAIL", f"taskset {env.taskset.id!r} failed to load: "
+                         f"{type(exc).__name__}: {exc}", {"taskset": env.taskset.id})]  # fmt: skip
     load_s = time.perf_counter() - t0
     tasks = all_tasks[:n]
     ids = [task_identity(t) for t in all_tasks]
-    keys = [t.key for t in all_tasks]
-    dupes = sorted({x for x in ids if ids.count(x) > 1})[:5] if len(set(ids)) != len(ids) else []
+    dupes = sorted(x for x, c in Counter(ids).items() if c > 1)[:5]
+    key_counts = Counter(t.key for t in all_tasks)
+    twins = sorted({ids[i] for i, t in enumerate(all_tasks) if key_counts[t.key] > 1})[:5]
     ev = {"taskset": env.taskset.id, "split": split_fields(taskset.config), "tasks_selected": len(all_tasks),
           "tasks_checked": len(tasks), "first_ids": ids[:3], "load_s": round(load_s, 3)}  # fmt: skip
     try:
@@ -184,13 +184,11 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         fidelity.check_loaded(name, taskset, all_tasks, env.harness.id, runtime_config,
                               module=taskset_module(env.taskset.id))  # fmt: skip
     except fidelity.EnvFeatureError as exc:
-        items.append(GateItem("taskset_loads", name, "FAIL", str(exc), ev))
-        return items
+        return [GateItem("taskset_loads", name, "FAIL", str(exc), ev)]
     if not tasks:
-        items.append(GateItem("taskset_loads", name, "FAIL", "the taskset yields no tasks after select", ev))
-        return items
-    if len(set(keys)) != len(keys):
-        twins = sorted({ids[i] for i, k in enumerate(keys) if keys.count(k) > 1})[:5]
+        return [GateItem("taskset_loads", name, "FAIL", "the taskset yields no tasks after select", ev)]
+    items: list[GateItem] = []
+    if twins:
         items.append(GateItem("taskset_loads", name, "FAIL", f"task keys (Task.key, verifiers' identity) are not "
                               f"unique: {twins} carry the same key", ev))  # fmt: skip
     elif dupes:
@@ -216,14 +214,14 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
             return {"error": f"{type(exc).__name__}: {exc}"}
 
     # -- known successes: the task's own validate(runtime), else its reference replies ---------------------------
+    # (task index, case) -> (replies, first score) of every reply scored: "reference" and the known-failure cases
+    scored: dict[tuple[int, str], tuple[list[str], dict[str, Any]]] = {}
     no_ref: list[str] = []
-    success: list[dict[str, Any] | None] = []
     bad_success: list[dict[str, Any]] = []
     validated = 0
-    for task, ref, has_own in zip(tasks, refs, own, strict=True):
-        if has_own:
+    for i, (task, ref) in enumerate(zip(tasks, refs, strict=True)):
+        if own[i]:
             verdict = await run_task_validate(task, runtime_config, setup_s=timeout.setup, total_s=timeout.scoring)
-            success.append(None)
             if verdict is None:
                 no_ref.append(task_identity(task))  # validate() answered "no model-free check"
             elif verdict is not True:
@@ -231,15 +229,13 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
                                     "result": verdict})  # fmt: skip
             else:
                 validated += 1
-            continue
-        if ref is None:
+        elif ref is None:
             no_ref.append(task_identity(task))
-            success.append(None)
-            continue
-        s = await score(task, ref)
-        success.append(s)
-        if "error" in s or s["reward"] < success_min - _EPS:
-            bad_success.append({"task": task_identity(task), "reply": ref, **_brief(s)})
+        else:
+            s = await score(task, ref)
+            scored[(i, "reference")] = (ref, s)
+            if "error" in s or s["reward"] < success_min - _EPS:
+                bad_success.append({"task": task_identity(task), "reply": ref, **_brief(s)})
     if no_ref:
         items.append(GateItem("known_successes", name, "FAIL",
                               f"{len(no_ref)} task(s) have no known-correct check; define `Task.validate(runtime)` "
@@ -251,7 +247,7 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
                               f"False or raised, or a reference solution scores below {success_min})",
                               {"examples": bad_success[:3], "success_min": success_min}))  # fmt: skip
     else:
-        rewards = [s["reward"] for s in success if s]
+        rewards = [s["reward"] for _, s in scored.values()]
         what = [f"{validated} pass Task.validate(runtime)"] if validated else []
         what += [f"{len(rewards)} reference solutions score >= {success_min}"] if rewards else []
         items.append(GateItem("known_successes", name, "PASS", "; ".join(what),
@@ -261,18 +257,17 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     # -- known failures -----------------------------------------------------------------------------------------
     bad_fail: list[dict[str, Any]] = []
     fail_rewards: dict[str, list[float]] = {"empty": [], "wrong": [], "malformed": []}
-    first_scores: dict[tuple[int, str], dict[str, Any]] = {}
     for i, task in enumerate(tasks):
+        ref_reward = scored.get((i, "reference"), ([], {}))[1].get("reward")  # None: no reference, or it raised
         for case, replies in _failure_cases(i, refs).items():
             s = await score(task, replies)
-            first_scores[(i, case)] = s
+            scored[(i, case)] = (replies, s)
             if "error" in s:
                 bad_fail.append({"task": task_identity(task), "case": case, **_brief(s)})
                 continue
             fail_rewards[case].append(s["reward"])
             limit = failure_max if case == "empty" else success_min - _EPS
             ok = s["reward"] <= failure_max + _EPS if case == "empty" else s["reward"] < limit
-            ref_reward = success[i]["reward"] if success[i] and "error" not in success[i] else None
             if ok and ref_reward is not None and s["reward"] >= ref_reward - _EPS:
                 ok = False  # a failure must never score like the reference
             if not ok:
@@ -291,17 +286,14 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
 
     # -- determinism: score everything again, reload the taskset ------------------------------------------------
     diffs: list[dict[str, Any]] = []
-    for i, task in enumerate(tasks):
-        cases = {"reference": refs[i]} if refs[i] is not None else {}
-        cases.update(_failure_cases(i, refs))
-        for case, replies in cases.items():
-            before = success[i] if case == "reference" else first_scores.get((i, case))
-            if before is None or "error" in before:
-                continue
-            again = await score(task, replies)
-            if "error" in again or again["reward"] != before["reward"] or again["components"] != before["components"]:
-                diffs.append({"task": task_identity(task), "case": case, "first": _brief(before),
-                              "second": _brief(again)})  # fmt: skip
+    # Per task: the reference first, then the failure cases (a stable sort keeps each task's scoring order).
+    for (i, case), (replies, before) in sorted(scored.items(), key=lambda kv: kv[0][0]):
+        if "error" in before:
+            continue
+        again = await score(tasks[i], replies)
+        if "error" in again or again["reward"] != before["reward"] or again["components"] != before["components"]:
+            diffs.append({"task": task_identity(tasks[i]), "case": case, "first": _brief(before),
+                          "second": _brief(again)})  # fmt: skip
     try:
         reloaded = load_selected(env.taskset, env_name=name, eval_env=kind == "eval")[1]
         reload_same = _task_fingerprint(reloaded[:n]) == _task_fingerprint(tasks)
@@ -309,21 +301,17 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         reload_same = False
         diffs.append({"reload": f"{type(exc).__name__}: {exc}"})
     if diffs or not reload_same:
-        what = []
-        if diffs:
-            what.append(f"{len(diffs)} repl(ies) scored differently on a second scoring")
-        if not reload_same:
-            what.append("reloading the taskset gave different tasks")
+        what = [f"{len(diffs)} repl(ies) scored differently on a second scoring"] if diffs else []
+        what += [] if reload_same else ["reloading the taskset gave different tasks"]
         items.append(GateItem("deterministic_scoring", name, "FAIL", "; ".join(what),
                               {"examples": diffs[:3], "tasks_reload_identically": reload_same}))  # fmt: skip
     else:
         items.append(GateItem("deterministic_scoring", name, "PASS",
                               "every reply scored identically twice; the taskset reloads identically",
-                              {"replies_rescored": sum(1 for s in first_scores.values() if "error" not in s)
-                               + sum(1 for s in success if s and "error" not in s)}))  # fmt: skip
+                              {"replies_rescored": sum("error" not in s for _, s in scored.values())}))  # fmt: skip
 
     # -- bounded limits -----------------------------------------------------------------------------------------
-    items.append(_bounded_limits(env, refs, success, first_scores, max_model_len, sampling_max_tokens))
+    items.append(_bounded_limits(env, refs, [s for _, s in scored.values()], max_model_len, sampling_max_tokens))
     return items
 
 
@@ -333,12 +321,10 @@ def _brief(s: dict[str, Any]) -> dict[str, Any]:
     return {"reward": s["reward"], "components": s["components"], "turns": s["turns"]}
 
 
-def _bounded_limits(env: Any, refs: list[list[str] | None], success: list[dict[str, Any] | None],
-                    first_scores: dict[tuple[int, str], dict[str, Any]], max_model_len: int | None,
+def _bounded_limits(env: Any, refs: list[list[str] | None], scores: list[dict[str, Any]], max_model_len: int | None,
                     sampling_max_tokens: int | None) -> GateItem:  # fmt: skip
     t = env.timeout
-    scoring_times = [s["scoring_s"] for s in list(first_scores.values()) + [x for x in success if x]
-                     if s and "scoring_s" in s]  # fmt: skip
+    scoring_times = [s["scoring_s"] for s in scores if "scoring_s" in s]
     need_turns = max((len(r) for r in refs if r), default=1)
     ev: dict[str, Any] = {
         "max_turns": env.max_turns, "reference_turns_max": need_turns, "max_total_tokens": env.max_total_tokens,
