@@ -34,10 +34,9 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
 from typing import Any
 
-from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER
+from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, admin_token_from_env
 from toolkit.inference.versions import WeightVersionTag, route_path
 
 OPEN_PATHS = frozenset({
@@ -64,8 +63,7 @@ class AdminGuard:
     def __init__(self, app: Any, token: str | None = None) -> None:
         # The weight-version record sits just inside the guard: it sees only the loads the guard admitted.
         self.app = WeightVersionTag(app)
-        if token is None:
-            token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
+        token = admin_token_from_env() if token is None else token
         self._token = token.encode() if token else None
 
     def __repr__(self) -> str:  # never show the token

@@ -181,14 +181,11 @@ class WeightVersionTag:
         self.book = _Book()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("method") not in ("POST", "GET"):
-            await self.app(scope, receive, send)
-            return
-        path = route_path(scope)
-        if path == VERSIONS_PATH and scope["method"] == "GET":
+        path = route_path(scope) if scope["type"] == "http" else None
+        if path == VERSIONS_PATH and scope.get("method") == "GET":
             await self._answer_versions(send)
             return
-        if scope["method"] != "POST" or path not in (*_COMPLETION_PATHS, "/update_weight_version",
+        if scope.get("method") != "POST" or path not in (*_COMPLETION_PATHS, "/update_weight_version",
                                                      "/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
             await self.app(scope, receive, send)
             return
@@ -223,7 +220,7 @@ class WeightVersionTag:
 
     async def _completion(self, scope: dict, data: dict, receive: Any, send: Any) -> None:
         model = data.get("model")
-        adapter = model if isinstance(model, str) and model in self.book.history and model is not None else None
+        adapter = model if isinstance(model, str) and model in self.book.history else None
         seq = self.book.seq
 
         async def send_tagged(msg: dict) -> None:

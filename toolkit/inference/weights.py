@@ -157,11 +157,11 @@ class WeightUpdater:
         self.last_steps: dict[str, float] = {}
 
     async def _call(self, http: httpx.AsyncClient, url: str, path: str, *, optional: bool = False,
-                    **kw) -> httpx.Response | None:  # fmt: skip
+                    method: str = "POST", **kw) -> httpx.Response | None:  # fmt: skip
         if (url, path) in self._optional_missing:
             return None
         try:
-            resp = await http.post(url + path, **kw)
+            resp = await http.request(method, url + path, **kw)
         except httpx.HTTPError as exc:
             raise WeightUpdateError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
         if optional and resp.status_code in (404, 405):
@@ -297,18 +297,10 @@ class WeightUpdater:
         404/405) counts as storeless and without the extension. Raises WeightUpdateError on other failures."""
 
         async def lookup(url: str) -> None:
+            resp = await self._call(http, url, "/server_info", optional=True, method="GET",
+                                    params={"config_format": "json"})  # fmt: skip
             try:
-                resp = await http.get(url + "/server_info", params={"config_format": "json"})
-            except httpx.HTTPError as exc:
-                raise WeightUpdateError(f"{url}/server_info: {type(exc).__name__}: {exc}") from exc
-            if resp.status_code in (404, 405):
-                self._kv_stores[url] = None
-                self.reload_methods[url] = "reload_weights"
-                return
-            if resp.status_code >= 400:
-                raise WeightUpdateError(f"{url}/server_info: HTTP {resp.status_code}: {resp.text[:500]}")
-            try:
-                config = resp.json().get("vllm_config")
+                config = None if resp is None else resp.json().get("vllm_config")
             except ValueError as exc:
                 raise WeightUpdateError(f"{url}/server_info: not JSON: {resp.text[:200]}") from exc
             self._kv_stores[url] = kv_store_from_config(config) if isinstance(config, dict) else None
