@@ -52,14 +52,6 @@ _VF_ERROR_CLASSES = {
     "TaskError",
 }
 
-STOP_COMPLETED = "agent_completed"
-"""verifiers' stop condition of a run whose program finished on its own (a single-turn reply)."""
-STOP_USER_CLOSED = "user_closed"
-"""verifiers' stop condition of an exchange its user ended (srl: ``user_turn`` returned None)."""
-STOP_MAX_TURNS = "max_turns"
-"""verifiers' stop condition of a run that reached its turn limit."""
-
-
 def as_srl_error(exc: BaseException, default: type[srl_errors.SrlRolloutError], context: str):
     """``exc`` as an srl rollout error: srl errors pass through, verifiers' typed errors keep their class name
     (verifiers.v1.errors uses the same taxonomy), anything else becomes ``default``."""
@@ -249,7 +241,7 @@ class Episode:
         if not self.multi_turn:
             # verifiers' chat program exits after a reply without tool calls: no further model call, so no
             # stop predicate runs again.
-            self.trace.stop(STOP_COMPLETED)
+            self.trace.stop("agent_completed")
             return [], True
         try:
             stopped = await self._stopped()
@@ -260,11 +252,11 @@ class Episode:
         except Exception as exc:
             raise as_srl_error(exc, srl_errors.TaskError, "task user turn") from exc
         if nxt is None:
-            self.trace.stop(STOP_USER_CLOSED)
+            self.trace.stop("user_closed")
             return [], True
         if self.max_turns is not None and self.turns >= self.max_turns:
             self.wants_more = True  # the task had another turn: truncated by max_turns
-            self.trace.stop(STOP_MAX_TURNS)
+            self.trace.stop("max_turns")
             return [], True
         self._append("user", nxt)
         return [self.messages[-1]], False

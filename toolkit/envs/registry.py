@@ -71,13 +71,6 @@ class TasksetFieldError(ValueError):
 _SRL_DEFAULTS = {"split": "train", "seed": 0}
 
 
-def _explicit(taskset_cfg: Any) -> set[str]:
-    """The srl-level fields (``split``, ``seed``) that carry a value other than srl's default. A value equal to the
-    default cannot be told from an unset one: the resolved config the orchestrator reads back writes every field,
-    so "set" is judged by value, the same way in every process."""
-    return {k for k, d in _SRL_DEFAULTS.items() if getattr(taskset_cfg, k) not in (None, d)}
-
-
 def own_fields(config_cls: type) -> str:
     """The taskset config's own fields with their defaults, for messages: ``dataset_split = 'train', n = 8``."""
     base = set(vf.TasksetConfig.model_fields)
@@ -104,11 +97,12 @@ def build_taskset(taskset_cfg: Any, *, env_name: str | None = None, eval_env: bo
     who = f"env '{env_name}': " if env_name else ""
     cls = taskset_class(tid)
     config_cls = concrete_type(cls, vf.TasksetConfig, origin=vf.Taskset) or vf.TasksetConfig
-    explicit = _explicit(taskset_cfg)
     fields: dict[str, Any] = {"id": tid}
-    for name in ("split", "seed"):
+    for name, default in _SRL_DEFAULTS.items():
+        # Set is judged by value: the resolved config the orchestrator reads back writes every field, so a value
+        # equal to srl's default cannot be told from an unset one (the same way in every process).
         value = getattr(taskset_cfg, name)
-        if name not in explicit or value is None:
+        if value in (None, default):
             continue
         if name not in config_cls.model_fields:
             raise TasksetFieldError(

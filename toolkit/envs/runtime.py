@@ -235,8 +235,7 @@ class EnvRuntime:
         self.renderer = CachedRenderer(load_renderer(self.renderer_cfg, self.model_path))
         address = self.env_cfg.address
         if address:
-            for host, port in _addresses(address):
-                self.workers.append(_Worker(host, port, None))
+            self.workers = [_Worker(host, port, None) for host, port in _addresses(address)]
         else:
             self._spec = json.dumps(env_spec(self.env_cfg)).encode()
             n = self.env_cfg.pool.max_workers
@@ -300,19 +299,16 @@ class EnvRuntime:
             self._schedule_restart(worker, conn)
             raise srl_errors.TaskError(failure) from exc
 
-    def _schedule_restart(self, worker: _Worker, failed: WorkerConnection) -> asyncio.Task | None:
+    def _schedule_restart(self, worker: _Worker, failed: WorkerConnection) -> None:
         """Start replacing a hung or dead worker in the background (its episodes fail as SandboxError).
 
-        ``failed`` is the connection the caller saw fail; if the worker was already replaced since, nothing
-        happens (several rollouts may notice the same failure). The restart runs as the runtime's own task, so
-        the rollout that noticed the failure returns at once and a rollout timeout cannot cancel it half-way.
+        ``failed`` is the connection the caller saw fail; if the worker was already replaced since, or is being
+        replaced, nothing happens (several rollouts may notice the same failure). The restart runs as the
+        runtime's own task, so the rollout that noticed the failure returns at once and a rollout timeout cannot
+        cancel it half-way.
         """
-        if worker.restarting is not None and not worker.restarting.done():
-            return worker.restarting
-        if worker.conn is not failed:
-            return None
-        worker.restarting = asyncio.create_task(self._restart(worker, failed))
-        return worker.restarting
+        if worker.conn is failed and (worker.restarting is None or worker.restarting.done()):
+            worker.restarting = asyncio.create_task(self._restart(worker, failed))
 
     async def _restart(self, worker: _Worker, failed: WorkerConnection) -> None:
         """Replace ``worker``'s process by a fresh one (an external worker is only reconnected)."""
