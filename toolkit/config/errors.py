@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import difflib
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
+
+from .model import models_in
 
 
 @dataclass
@@ -108,65 +109,29 @@ def pydantic_issues(exc: Any, model_cls: type, *, source: str | None = None) -> 
     return issues
 
 
-def _is_model(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, BaseModel)
-
-
 def _allowed_keys(model_cls: type, loc: tuple[Any, ...]) -> list[str]:
     """Field names of the (nested) model at ``loc``; best effort through lists, dicts and unions."""
-    current = _annotation_at(model_cls, loc)
-    if current is None:
-        return []
-    if _is_model(current):
-        return list(current.model_fields)
-    return sorted({k for m in typing.get_args(current) if _is_model(m) for k in m.model_fields})
+    return sorted({k for m in _models_at(model_cls, loc) for k in m.model_fields})
 
 
 def _other_variants_with(model_cls: type, loc: tuple[Any, ...], key: str) -> list[str]:
     """Tags of the union members that accept ``key`` when ``loc`` ends in ``(<union field>, <tag>)``: an unknown key
     of one variant that another variant has (``deployment.single_node.num_train_nodes``)."""
-    if len(loc) < 2:
+    members = _models_at(model_cls, loc[:-1]) if len(loc) >= 2 else []
+    if len(members) < 2:  # not a union
         return []
-    union = _annotation_at(model_cls, loc[:-1])
-    members = [m for m in typing.get_args(union) if _is_model(m)]
     return [str(m.model_fields["type"].default) for m in members if key in m.model_fields and "type" in m.model_fields]
 
 
-def _annotation_at(model_cls: type, loc: tuple[Any, ...]) -> Any:
-    """The model class (or union of them) at ``loc`` below ``model_cls``; None when the path leaves the schema."""
-    current: Any = model_cls
-    for item in loc:
-        if isinstance(item, int):
-            continue
-        fld = current.model_fields.get(str(item)) if _is_model(current) else None
-        if fld is None:
-            # A union member tag inside the location (discriminated unions).
-            current = _pick_union_member(current, str(item))
-            if current is None:
-                return None
+def _models_at(model_cls: type, loc: tuple[Any, ...]) -> list[type[BaseModel]]:
+    """The model classes (the members of a union) at ``loc`` below ``model_cls``; [] when the path leaves the
+    schema."""
+    current = [model_cls]
+    for item in (str(i) for i in loc if not isinstance(i, int)):
+        if len(current) == 1 and item in current[0].model_fields:
+            current = models_in(current[0].model_fields[item].annotation)
+        elif len(current) > 1:  # a union member's tag inside the location (discriminated unions)
+            current = [m for m in current if getattr(m.model_fields.get("type"), "default", None) == item]
         else:
-            current = _strip(fld.annotation)
+            return []
     return current
-
-
-def _strip(annotation: Any) -> Any:
-    """Unwrap Optional / list / Annotated to the model class inside, if any."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Annotated, list, tuple):
-        return _strip(typing.get_args(annotation)[0])
-    if origin is not None:
-        models = [a for a in typing.get_args(annotation) if _is_model(a)]
-        if len(models) == 1:
-            return models[0]
-        if models:
-            return typing.Union[tuple(models)]  # noqa: UP007
-    return annotation
-
-
-def _pick_union_member(annotation: Any, tag: str) -> Any:
-    for member in typing.get_args(annotation):
-        if _is_model(member):
-            t = member.model_fields.get("type")
-            if t is not None and t.default == tag:
-                return member
-    return None
