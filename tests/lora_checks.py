@@ -11,6 +11,31 @@ import json
 from pathlib import Path
 
 
+def load_adapter(model, adapter_dir: str | Path) -> None:
+    """Load ``adapter_model.safetensors`` from ``adapter_dir`` into the peft model's active adapter, in place.
+
+    Raises FileNotFoundError when the file is missing, ValueError when the file's names or shapes do not match
+    the model's adapter (a different rank or target modules).
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from toolkit.trainer.lora import ADAPTER_WEIGHTS_FILE, adapter_state_dict
+
+    path = Path(adapter_dir) / ADAPTER_WEIGHTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {ADAPTER_WEIGHTS_FILE} in {adapter_dir}")
+    tensors = load_file(str(path))
+    expected = adapter_state_dict(model)
+    if set(tensors) != set(expected):
+        missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+        raise ValueError(f"adapter in {adapter_dir} does not fit the model: missing {missing[:4]}, extra {extra[:4]}")
+    for k, t in tensors.items():
+        if t.shape != expected[k].shape:
+            raise ValueError(f"adapter tensor {k}: shape {tuple(t.shape)} in file, {tuple(expected[k].shape)} in model")
+    set_peft_model_state_dict(model, tensors)
+
+
 def _token_logprobs(model, ids, torch):
     """Natural-log probability of each token given the ones before it (index 0: 0.0), shape [T]."""
     with torch.no_grad():
@@ -30,7 +55,7 @@ def served_logprob_gaps(run: Path, batch_step: int, adapter_step: int, model_nam
     from toolkit.batches import load_batch_dir
     from toolkit.models import resolve_model
     from toolkit.run.layout import RunDir
-    from toolkit.trainer.lora import apply_lora, load_adapter
+    from toolkit.trainer.lora import apply_lora
     from toolkit.trainer.model import load_policy
 
     rd = RunDir(run)

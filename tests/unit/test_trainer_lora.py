@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from lora_checks import load_adapter
 from prereqs import need_module
 
 torch = need_module("torch")
@@ -25,7 +26,6 @@ from toolkit.trainer.lora import (
     adapter_config,
     adapter_state_dict,
     apply_lora,
-    load_adapter,
     merged_state_dict,
 )
 from toolkit.trainer.model import load_policy

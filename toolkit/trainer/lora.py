@@ -45,12 +45,12 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """
     from peft import get_peft_model_state_dict
 
-    out = {}
-    for k, v in get_peft_model_state_dict(model).items():
-        if hasattr(v, "full_tensor"):  # an FSDP2 shard: gather the whole tensor (same order on every rank)
-            v = v.full_tensor()
-        out[k] = v.detach().to("cpu").contiguous()
-    return out
+    return {k: _whole(v).to("cpu").contiguous() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    # An FSDP2 shard (DTensor) is gathered into the whole tensor: a collective, same order on every rank.
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
 
 
 def adapter_config(model: torch.nn.Module, base_model_dir: str | Path | None = None) -> dict:
@@ -65,29 +65,6 @@ def adapter_config(model: torch.nn.Module, base_model_dir: str | Path | None = N
     return json.loads(json.dumps(cfg, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else str(o)))
 
 
-def load_adapter(model: torch.nn.Module, adapter_dir: str | Path) -> None:
-    """Load ``adapter_model.safetensors`` from ``adapter_dir`` into the peft model's active adapter, in place.
-
-    Raises FileNotFoundError when the file is missing, ValueError when the file's names or shapes do not match
-    the model's adapter (a different rank or target modules).
-    """
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    path = Path(adapter_dir) / ADAPTER_WEIGHTS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no {ADAPTER_WEIGHTS_FILE} in {adapter_dir}")
-    tensors = load_file(str(path))
-    expected = adapter_state_dict(model)
-    if set(tensors) != set(expected):
-        missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-        raise ValueError(f"adapter in {adapter_dir} does not fit the model: missing {missing[:4]}, extra {extra[:4]}")
-    for k, t in tensors.items():
-        if t.shape != expected[k].shape:
-            raise ValueError(f"adapter tensor {k}: shape {tuple(t.shape)} in file, {tuple(expected[k].shape)} in model")
-    set_peft_model_state_dict(model, tensors)
-
-
 def merged_state_dict(model: torch.nn.Module, *, is_main: bool = True) -> dict[str, torch.Tensor] | None:
     """Base-model weights with the adapters folded in (``W + scaling * B @ A``, peft's ``scaling`` = alpha / r),
     under the base model's HF names, as contiguous CPU tensors; the model is not changed.
@@ -96,10 +73,6 @@ def merged_state_dict(model: torch.nn.Module, *, is_main: bool = True) -> dict[s
     (a collective, same order on every rank); only the rank with ``is_main`` gets the dict, the others None.
     The product is taken in float32 and cast to the weight's dtype.
     """
-
-    def whole(t: torch.Tensor) -> torch.Tensor:
-        return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
-
     base = model.get_base_model()
     adapted = {name: mod for name, mod in base.named_modules()
                if hasattr(mod, "lora_A") and "default" in getattr(mod, "lora_A", {})}  # fmt: skip
@@ -108,11 +81,11 @@ def merged_state_dict(model: torch.nn.Module, *, is_main: bool = True) -> dict[s
         for name, t in base.state_dict().items():
             if "lora_" in name:
                 continue
-            w = whole(t)
+            w = _whole(t)
             owner, _, leaf = name.rpartition(".base_layer.")
             if leaf == "weight" and owner in adapted:
                 mod = adapted[owner]
-                a, b = whole(mod.lora_A["default"].weight), whole(mod.lora_B["default"].weight)
+                a, b = _whole(mod.lora_A["default"].weight), _whole(mod.lora_B["default"].weight)
                 w = w + (b.float() @ a.float() * mod.scaling["default"]).to(w.dtype)
             if is_main:
                 out[name.replace(".base_layer.", ".")] = w.to("cpu").contiguous().clone()
