@@ -269,5 +269,3 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any) -> int:
     tdist.shutdown(info)
     return step
 
-
-__all__ = ["PARTS", "check_resumed_order", "export_model", "load_data", "run_sft", "validation_loss"]

@@ -279,10 +279,7 @@ def check_dataset(path: Path, columns: Any, loss_mask: Any = None) -> int:
         for row, value in _file_rows(f):
             where = f"{f}: row {row}"
             conv = conversation(value, columns, where, f"{f.name}:{row}")
-            if loss_mask is not None and not any(
-                getattr(loss_mask, m["role"]) and (conv.message_mask is None or conv.message_mask[i])
-                for i, m in enumerate(conv.messages)
-            ):
+            if loss_mask is not None and not any(_trained(conv, i, loss_mask) for i in range(len(conv.messages))):
                 roles = [m["role"] for m in conv.messages]
                 raise DataError(f"{where}: no message is trained (roles {roles}; [loss_mask] trains "
                                 f"{[r for r in ROLES if getattr(loss_mask, r)]}, after message_loss_mask); "
@@ -292,6 +289,11 @@ def check_dataset(path: Path, columns: Any, loss_mask: Any = None) -> int:
     if not count:
         raise DataError(f"{path}: the dataset has no rows")
     return count
+
+
+def _trained(conv: Conversation, i: int, loss_mask: Any) -> bool:
+    """Whether message ``i`` is in the loss: its role is enabled in ``[loss_mask]`` and its message mask keeps it."""
+    return bool(getattr(loss_mask, conv.messages[i]["role"])) and (conv.message_mask is None or conv.message_mask[i])
 
 
 def _load_arrow(file: Path) -> Any:
@@ -317,9 +319,7 @@ def _load_arrow(file: Path) -> Any:
 # Tokenization
 # ------------------------------------------------------------------------------------------------------------
 def _render(renderer: Any, messages: list[dict], gen: bool, tools: list[dict] | None) -> list[int]:
-    if tools:
-        return list(renderer.render(messages, add_generation_prompt=gen, tools=tools))
-    return list(renderer.render(messages, add_generation_prompt=gen))
+    return list(renderer.render(messages, add_generation_prompt=gen, **({"tools": tools} if tools else {})))
 
 
 def _check_rendered(renderer: Any, conv: Conversation, where: str) -> None:
@@ -358,27 +358,20 @@ def tokenize(renderer: Any, conv: Conversation, loss_mask: Any, where: str) -> t
     mask: list[bool] = []
     for i, m in enumerate(conv.messages):
         upto = _render(renderer, conv.messages[: i + 1], False, conv.tools)
-        train_role = bool(getattr(loss_mask, m["role"]))
-        if conv.message_mask is not None and not conv.message_mask[i]:
-            train_role = False
-        if m["role"] == "assistant":
-            head = _render(renderer, conv.messages[:i], True, conv.tools)
-        else:
-            head = ids
+        train_role = _trained(conv, i, loss_mask)
+        head = _render(renderer, conv.messages[:i], True, conv.tools) if m["role"] == "assistant" else ids
         if upto[: len(head)] != head or head[: len(ids)] != ids:
             raise DataError(f"{where}, message {i}: the renderer's ids for the conversation up to this message do "
                             "not extend those of the messages before it (the template rewrites earlier turns), "
                             "so the loss cannot be attributed; use another renderer")  # fmt: skip
-        added_head = head[len(ids) :]
         body = upto[len(head) :]
-        ids += added_head
-        mask += [False] * len(added_head)
+        mask += [False] * (len(head) - len(ids))  # the generation prompt opening an assistant turn
         if m["role"] == "assistant" and train_role:
             end = next((k + 1 for k, t in enumerate(body) if t in stops), len(body))
             mask += [True] * end + [False] * (len(body) - end)
         else:
             mask += [train_role] * len(body)
-        ids += body
+        ids = upto  # head + body: the check above makes upto extend head, and head extend ids
     if not ids:
         raise DataError(f"{where}: the conversation renders to no tokens")
     mask[0] = False  # the first token has no context to be predicted from
@@ -465,29 +458,21 @@ def load_conversations(path: Path, columns: Any) -> tuple[list[Conversation], li
 # ------------------------------------------------------------------------------------------------------------
 # Order and batches
 # ------------------------------------------------------------------------------------------------------------
-def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """Row order of epoch ``epoch`` (0-based) over ``n`` rows: a permutation drawn from ``(seed, epoch)``."""
-    if not shuffle:
-        return np.arange(n)
-    return np.random.default_rng([seed, epoch]).permutation(n)
-
-
 def step_rows(n: int, *, batch_size: int, step: int, seed: int, shuffle: bool) -> tuple[np.ndarray, float]:
     """Rows of 1-based ``step`` and the epoch position after it (e.g. 1.5 = half-way through epoch 2).
 
     Step ``s`` takes positions ``(s - 1) * batch_size`` .. ``s * batch_size - 1`` of the endless epoch sequence;
-    a step may span two epochs. Raises ValueError for ``n`` < 1 or ``step`` < 1.
+    a step may span two epochs; epoch ``e`` (0-based) is a permutation drawn from ``(seed, e)``, or file order
+    without ``shuffle``. Raises ValueError for ``n`` < 1 or ``step`` < 1.
     """
     if n < 1 or step < 1:
         raise ValueError(f"need at least one row and step >= 1 (n={n}, step={step})")
     start = (step - 1) * batch_size
+    epochs, at = np.divmod(np.arange(start, start + batch_size, dtype=np.int64), n)
     rows = np.empty(batch_size, np.int64)
-    cache: dict[int, np.ndarray] = {}
-    for k in range(batch_size):
-        epoch, at = divmod(start + k, n)
-        if epoch not in cache:
-            cache[epoch] = epoch_order(n, seed=seed, epoch=epoch, shuffle=shuffle)
-        rows[k] = cache[epoch][at]
+    for e in np.unique(epochs):
+        order = np.random.default_rng([seed, int(e)]).permutation(n) if shuffle else np.arange(n)
+        rows[epochs == e] = order[at[epochs == e]]
     return rows, (start + batch_size) / n
 
 
@@ -512,17 +497,3 @@ def to_batch(data: SFTData, rows: np.ndarray, step: int) -> Any:
         meta={"sft": True},
     )
 
-
-__all__ = [
-    "Conversation",
-    "DataError",
-    "SFTData",
-    "check_dataset",
-    "conversation",
-    "dataset_files",
-    "epoch_order",
-    "load_conversations",
-    "step_rows",
-    "to_batch",
-    "tokenize",
-]
