@@ -77,8 +77,7 @@ def initial_messages(data: vf.TaskData) -> list[dict[str, str]]:
     if isinstance(data.prompt, str):
         out.append({"role": "user", "content": data.prompt})
     elif data.prompt:
-        for m in data.prompt:
-            out.append({"role": m.role, "content": vf.types.content_text(m.content) or ""})
+        out += [{"role": m.role, "content": vf.types.content_text(m.content) or ""} for m in data.prompt]
     return out
 
 

@@ -11,6 +11,7 @@ reached count 0). Metric ``final_exact``: 1.0 iff the last expected turn was ans
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import verifiers.v1 as vf
@@ -96,12 +97,7 @@ class AlphabetSortData(vf.TaskData):
 
 def expected_lists(turns: list[list[str]]) -> list[list[str]]:
     """The sorted list expected after each turn."""
-    seen: list[str] = []
-    out = []
-    for names in turns:
-        seen = seen + names
-        out.append(sorted(seen))
-    return out
+    return [sorted(names) for names in itertools.accumulate(turns)]  # list + list: the names so far
 
 
 def reply_lines(text: str) -> list[str]:
