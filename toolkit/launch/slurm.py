@@ -238,25 +238,25 @@ def submit(
     return job_id
 
 
-def cancel(job_id: str, *, signal: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """``scancel`` the job (or array task / het job). With ``signal`` (e.g. ``"USR2"``) only signal it.
+def cancel(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """``scancel`` the job (or array task / het job).
 
     scancel exits 0 for an unknown or already finished id, so cancelling twice is harmless. Raises
     SlurmCommandError when scancel fails (e.g. permission denied) or times out.
     """
-    cmd = ["scancel", *(["--signal", signal] if signal else []), str(job_id)]
+    cmd = ["scancel", str(job_id)]
     proc = _run(cmd, timeout_s=timeout_s)
     if proc.returncode != 0:
         raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
 
 
-def requeue(job_id: str, *, hold: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """``scontrol requeue`` (or ``requeuehold``) a running or finished batch job.
+def requeue(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """``scontrol requeue`` a running or finished batch job.
 
     The job goes back to PENDING (Reason=BeginTime for about cred_expire seconds) and its restart count grows
     by one. Raises SlurmCommandError if Slurm refuses (e.g. the job is not requeueable, or unknown).
     """
-    cmd = ["scontrol", "requeuehold" if hold else "requeue", str(job_id)]
+    cmd = ["scontrol", "requeue", str(job_id)]
     proc = _run(cmd, timeout_s=timeout_s)
     if proc.returncode != 0:
         raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
