@@ -157,8 +157,9 @@ def _refuse_resume_of_finished_run(run: Any, cfg: Any) -> None:
 def cmd_rl(args: list[str], full_argv: list[str], *, dependency: str | None = None) -> int:
     """``srl rl``: validate, write the run directory, then launch locally or submit to Slurm (behind
     ``dependency``, e.g. ``afterok:<job>``, when given: ``srl sft chain``)."""
-    from .config import load_config
+    from .config import ConfigError, load_config
     from .config.cli_args import split_config_args
+    from .launch.prepare import RESUME_CLEAN_MSG, prepare_attempt, run_dir_for
     from .preflight import preflight
 
     files, overrides, flags = split_config_args(args)
@@ -168,19 +169,12 @@ def cmd_rl(args: list[str], full_argv: list[str], *, dependency: str | None = No
         print(schema_help())
         return 0
     if not files:
-        from .config import ConfigError
-
         raise ConfigError("give at least one config file: srl rl @ jobs/reverse-text/rl.toml")
     if flags["resume"] and flags["clean"]:  # before the configs are even read
-        from .config import ConfigError
-        from .launch.prepare import RESUME_CLEAN_MSG
-
         raise ConfigError(RESUME_CLEAN_MSG)
     checked = preflight(load_config(files, overrides))
     loaded = checked.loaded
     _print_warnings(checked)
-    from .launch.prepare import prepare_attempt, run_dir_for
-
     live = run_dir_for(loaded, resume=flags["resume"])
     if flags["resume"] and live.configs.exists():
         _note_resume_changes(live, loaded.config)

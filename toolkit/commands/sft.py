@@ -28,7 +28,7 @@ def load(files: list[Path], overrides: list[str]) -> Any:
 
     Raises ConfigError naming the field, or the dataset file, row and column of a bad sample.
     """
-    from toolkit.config import ConfigError
+    from toolkit.config import ConfigError, ConfigIssue
     from toolkit.config.sft import load_sft_config
     from toolkit.trainer.sft_data import DataError, check_dataset
 
@@ -39,8 +39,6 @@ def load(files: list[Path], overrides: list[str]) -> Any:
     cfg.data.name = cfg.data.name.expanduser().absolute()
     if cfg.val is not None and cfg.val.data is not None:
         cfg.val.data.name = cfg.val.data.name.expanduser().absolute()
-    from toolkit.config import ConfigIssue
-
     _check_world(cfg)
     checks = [("data.name", cfg.data)] + ([("val.data.name", cfg.val.data)] if cfg.val and cfg.val.data else [])
     for field, section in checks:
@@ -127,19 +125,10 @@ def prepare(cfg: Any, argv: list[str], *, files: list[Path], dry_run: bool, resu
     return view, run, attempt
 
 
-def launch(cfg: Any, view: Any, run: Any, attempt: int, *, dry_run: bool, resume: bool) -> int:
-    """Place the run's roles (:meth:`SFTConfig.roles`) and launch them here, or submit them (dry run: render
-    only). Returns the exit status."""
-    from toolkit.launch.dispatch import launch as dispatch_launch
-    from toolkit.preflight.site import load_site
-
-    return dispatch_launch(view, run, attempt=attempt, dry_run=dry_run, resume=resume, site=load_site(view.site),
-                           roles=cfg.roles())
-
-
 def cmd_run(args: list[str]) -> int:
     """``srl sft @ ...``: validate, prepare the run directory, launch or submit."""
     from toolkit.config.cli_args import split_config_args
+    from toolkit.launch.dispatch import launch
 
     files, overrides, flags = split_config_args(args)
     if flags["help"]:
@@ -151,7 +140,7 @@ def cmd_run(args: list[str]) -> int:
                                  clean=flags["clean"])  # fmt: skip
     if flags["dry_run"]:
         print(f"dry run: SFT config {run.resolved('sft')}")
-    status = launch(cfg, view, run, attempt, dry_run=flags["dry_run"], resume=flags["resume"])
+    status = launch(view, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"], roles=cfg.roles())
     if status == 0 and not flags["dry_run"] and not view.site.startswith("local-slurm") and run.model_export.exists():
         print(f"srl: final model {run.model_export} (use it with: srl rl @ rl.toml --model.name {run.root})")
         from toolkit.run import ending
@@ -300,6 +289,7 @@ def cmd_chain(args: list[str]) -> int:
     from toolkit.cli import cmd_rl
     from toolkit.config import ConfigError
     from toolkit.config.cli_args import print_help_if_asked, split_config_args
+    from toolkit.launch.dispatch import launch
     from toolkit.launch.submit import submit_job
 
     usage = "usage: srl sft chain @ sft.toml [...] --then @ rl.toml [...]"
@@ -332,7 +322,7 @@ def cmd_chain(args: list[str]) -> int:
         job = submit_job(view, run, attempt, roles=cfg.roles())
         print(f"srl: SFT job {job}; the RL job waits for it to complete (afterok) and starts from {run.model_export}")
         return cmd_rl(rl_full, ["rl", *rl_full], dependency=f"afterok:{job}")
-    status = launch(cfg, view, run, attempt, dry_run=flags["dry_run"], resume=flags["resume"])
+    status = launch(view, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"], roles=cfg.roles())
     if status != 0:
         print(f"srl: SFT ended with status {status}; RL not started", file=sys.stderr)
         return int(status)
