@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import time
 from pathlib import Path
@@ -39,7 +40,8 @@ def _number(value: Any, default: float) -> float:
         return default
 
 
-def _size(path: Path) -> int:
+def file_size(path: Path) -> int:
+    """Size of ``path`` in bytes; 0 when it does not exist or cannot be read."""
     try:
         return path.stat().st_size
     except OSError:
@@ -91,7 +93,7 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None, jobs_final: boo
     if "orchestrator" in last:
         o = last["orchestrator"]
         lines.append(f"orchestrator: step {o.get('step')}{of}, reward {_number(o['reward/all/mean'], float('nan')):.4f}")
-    if not last and _size(run.metrics) and not metrics.tail(run.metrics):
+    if not last and file_size(run.metrics) and not metrics.tail(run.metrics):
         lines.append(f"no readable metrics: {run.metrics} holds no complete record (damaged?)")
     elif not last:
         lines.append("no metrics yet (starting, or never started)")
@@ -112,8 +114,6 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None, jobs_final: boo
 def wandb_sync_command(run: RunDir) -> str | None:
     """``wandb sync DIR ...`` for the run's offline W&B directories (``[monitors.wandb]``, one per attempt, oldest
     first so the W&B run's history arrives in order), or None when there are none."""
-    import shlex
-
     dirs = run.wandb_offline_runs()
     return ("wandb sync " + " ".join(shlex.quote(str(d)) for d in dirs)) if dirs else None
 
@@ -129,24 +129,17 @@ def resolved_max_steps(run: RunDir) -> int | None:
 def continue_command(argv: list[str], run_name: str) -> str:
     """The ready-to-paste command that resumes this run: ``argv`` (this ``srl rl`` invocation) with ``--run.name``
     set to ``run_name`` and ``--resume`` added, minus ``--clean`` (which would delete the run)."""
-    import shlex
-
     # As the user typed it (e.g. .venv/bin/srl) when that was the srl script, else plain "srl".
     out: list[str] = [argv[0] if argv and Path(argv[0]).name == "srl" else "srl"]
     rest = list(argv[1:])
     i = 0
     while i < len(rest):
         tok = rest[i]
-        if tok == "--clean":
-            i += 1
-            continue
         if tok in ("--run.name", "--run-name"):
             i += 2  # replaced below by the actual run name
             continue
-        if tok.startswith(("--run.name=", "--run-name=")):
-            i += 1
-            continue
-        out.append(tok)
+        if tok != "--clean" and not tok.startswith(("--run.name=", "--run-name=")):
+            out.append(tok)
         i += 1
     out += ["--run.name", run_name]
     if "--resume" not in out:
@@ -157,8 +150,6 @@ def continue_command(argv: list[str], run_name: str) -> str:
 def continue_command_for(run: RunDir) -> str | None:
     """:func:`continue_command` for the newest attempt of ``run``, from the command it recorded
     (``configs/attempt_<n>/command.txt``); None when no attempt recorded one."""
-    import shlex
-
     attempts = run.attempts()
     if not attempts:
         return None

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..placement.plan import fill
 from ..placement.runtime import TORCHRUN_STARTING
+from .progress import file_size
 
 # torchrun's exception class names (torch.distributed.elastic.rendezvous.api), printed in its traceback.
 RDZV_TIMEOUT = "RendezvousTimeoutError"
@@ -45,7 +46,7 @@ class StepLogs:
     @classmethod
     def mark(cls, paths: list[Path]) -> StepLogs:
         """Note the current size of each of ``paths`` (0 for a log not written yet)."""
-        return cls(list(paths), [_size(p) for p in paths])
+        return cls(list(paths), [file_size(p) for p in paths])
 
     def texts(self) -> list[str | None]:
         """What each node wrote since :meth:`mark` (None when its log does not exist)."""
@@ -58,13 +59,6 @@ class StepLogs:
             except OSError:
                 out.append(None)
         return out
-
-
-def _size(p: Path) -> int:
-    try:
-        return p.stat().st_size
-    except OSError:
-        return 0
 
 
 def _option(argv: list[str], name: str) -> str | None:
