@@ -42,9 +42,14 @@ def read_job_ids(run: RunDir) -> list[tuple[str, str, int]]:
     return out
 
 
-def _prepare_logs(run: RunDir, attempt: int) -> None:
+def hand_over(run: RunDir, attempt: int) -> None:
+    """Before submitting ``attempt`` of ``run``: create its log directory (``logs/latest`` points at it) and
+    release the run's lease, which this process held while it prepared the run; the job takes it when it starts."""
     run.log_attempt(attempt).mkdir(parents=True, exist_ok=True)
     point_symlink(run.latest_logs, run.log_attempt(attempt).name)
+    mine = leases.held(run)
+    if mine is not None:
+        mine.release()
 
 
 def submit_job(cfg: RLConfig, run: RunDir, attempt: int, kind: str = "rl", *, site: SiteConfig | None = None,
@@ -66,11 +71,7 @@ def submit_job(cfg: RLConfig, run: RunDir, attempt: int, kind: str = "rl", *, si
         plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=roles, port_key=run_port_key(cfg))
         write_plan(run, plan)
     script = render_job(cfg, run, plan, kind, attempt=attempt, site=site)
-    _prepare_logs(run, attempt)
-    # This process held the run's lease while it prepared the run; the job takes it when it starts.
-    mine = leases.held(run)
-    if mine is not None:
-        mine.release()
+    hand_over(run, attempt)
     extra = [f"--dependency={dependency}", "--kill-on-invalid-dep=yes"] if dependency else []
     job_id = slurm.submit(script, extra_args=extra, cwd=str(run.root))
     record_job_id(run, job_id, kind, attempt)

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import lease as leases
 from ..config import ConfigError, LoadedConfig
 from ..config.site import SiteConfig
 from ..fsutil import atomic_write_json, atomic_write_text
@@ -36,7 +35,7 @@ from ..render import _env, build_context, job_name, render_job, sbatch_value
 from ..run.layout import RunDir
 from . import slurm
 from .prepare import prepare_attempt, refuse_live_jobs
-from .submit import _prepare_logs, read_job_ids, record_job_id
+from .submit import hand_over, read_job_ids, record_job_id
 
 # Directives that name a job and its logs: a point's script has its own, the array script has the sweep's.
 _PER_JOB = ("--job-name=", "--output=", "--error=")
@@ -149,15 +148,12 @@ def prepare_points(sweep: Any, configs: list[LoadedConfig], site: SiteConfig, ro
     (``toolkit.sweep.point_config``). Raises ConfigError (an existing point without ``--resume``/``--clean``, a live
     holder of a point's lease) at the point concerned.
     """
+    runs = [RunDir(root / point.point_id) for point in sweep.points]
+    plans = [build_plan(loaded.config, site, run, job_id="$SLURM_JOB_ID", port_key=run_port_key(loaded.config))
+             for loaded, run in zip(configs, runs)]
     out: list[PreparedPoint] = []
-    plans = []
-    for point, loaded in zip(sweep.points, configs):
+    for point, loaded, plan, live in zip(sweep.points, configs, plans, runs):
         cfg = loaded.config
-        run = RunDir(root / point.point_id)
-        plans.append(build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", port_key=run_port_key(cfg)))
-    for point, loaded, plan in zip(sweep.points, configs, plans):
-        cfg = loaded.config
-        live = RunDir(root / point.point_id)
         if resume and finished(live, cfg.max_steps):
             print(f"  {point.point_id}: finished (checkpoint at step {cfg.max_steps}); skipped")
             continue
@@ -168,10 +164,7 @@ def prepare_points(sweep: Any, configs: list[LoadedConfig], site: SiteConfig, ro
         script = render_job(cfg, run, plan, attempt=attempt, site=site)
         ctx = build_context(cfg, site, run, plan, attempt=attempt)
         if not dry_run:
-            _prepare_logs(run, attempt)
-            mine = leases.held(run)  # taken while the run was prepared; the array task takes it when it starts
-            if mine is not None:
-                mine.release()
+            hand_over(run, attempt)  # the array task takes the lease when it starts
         out.append(PreparedPoint(point.index, point.point_id, run, attempt, script, _shape(ctx.directives),
                                  job_name(cfg)))
     return out
@@ -436,8 +429,3 @@ def cancel_main(root: Path, *, grace_s: float = 300.0) -> int:
     print(f"continue the sweep (finished points are skipped, the others resume from their newest checkpoint):\n"
           f"  {again}")
     return 0
-
-
-__all__ = ["ArrayChunk", "PointStatus", "PreparedPoint", "cancel_main", "continue_command",
-           "finished", "is_sweep_root", "plan_arrays", "prepare_points", "read_arrays", "refuse_if_sweep_live",
-           "render_array", "status_main", "submit_arrays", "sweep_status"]
