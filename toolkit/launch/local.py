@@ -146,7 +146,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     saved_token = _export_admin_token(run, plan, publish="orchestrator" not in plan.roles)
     try:
         _start_all(sup, plan, model_path, logs, {leases.LEASE_ENV: lease.token})
-        if sup.wait_ready(cfg.model.name, interrupt=lambda: sup.stop_at is not None):
+        if sup.wait_ready(interrupt=lambda: sup.stop_at is not None):
             first = sup.watch(on_poll=_Progress(run.metrics).show)
         else:
             print("\nsrl: stopped before inference was ready; nothing to checkpoint", flush=True)
@@ -285,7 +285,7 @@ def serve_local(cfg: RLConfig, run: RunDir, *, logs: Path, site: Any = None, pub
     saved = _export_admin_token(run, plan, publish=publish_token)
     try:
         _start_all(sup, plan, str(resolve_model(cfg.model.name)), logs, {})
-        sup.wait_ready(cfg.model.name, interrupt=lambda: False)
+        sup.wait_ready(interrupt=lambda: False)
         yield Served(ready_info(plan, cfg.model.name), os.environ[ADMIN_TOKEN_ENV], sup)
     finally:
         sup.stop_all()

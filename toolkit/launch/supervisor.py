@@ -217,7 +217,7 @@ class Supervisor:
         write_marker(self.run.stop_request)
 
     # -- readiness and restarts ------------------------------------------------------------------------------
-    def wait_ready(self, model: str, *, interrupt: Callable[[], bool]) -> bool:
+    def wait_ready(self, *, interrupt: Callable[[], bool]) -> bool:
         """Block until every engine (and the router) answers /health, then publish the addresses for the
         orchestrator and other runs (``control/inference_ready.json``). Returns True once ready (or when the plan
         has no engines), False when ``interrupt()`` turned true first.
@@ -552,7 +552,7 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
                           env, log, health_url=health)  # fmt: skip
             _job_log(f"started {spec.name} (srun pid {c.proc.pid}, log {log})")
         try:
-            sup.wait_ready(cfg.model.name, interrupt=lambda: sup.signalled is not None)
+            sup.wait_ready(interrupt=lambda: sup.signalled is not None)
         except ComponentFailed as e:
             first = e.child
         except TimeoutError as e:  # ends the job like a failed step
