@@ -393,9 +393,7 @@ def _run_local(manifest: Path, n: int, parallel: int) -> int:
     failed = 0
     for start in range(0, n, parallel):
         jobs = [ex.submit(run_point, manifest, i) for i in range(start, min(n, start + parallel))]
-        for j in jobs:
-            rc = j.result()
-            failed += rc != 0
+        failed += sum(j.result() != 0 for j in jobs)
     print(f"sweep finished: {n - failed}/{n} points succeeded")
     return 1 if failed else 0
 
