@@ -101,9 +101,8 @@ def main(argv: list[str]) -> int:
 
     run = RunDir(Path(args.run_dir)) if args.run_dir else run_dir_for(loaded)
 
-    site = loaded.site
-    if site.is_slurm and not args.in_job:
-        return _submit(command, cfg, site, run, files, leftover, args)
+    if loaded.site.is_slurm and not args.in_job:
+        return _submit(command, cfg, loaded.site, run, files, leftover, args)
 
     if command == "validate":
         return _validate(cfg, run, args)
@@ -212,9 +211,7 @@ def _submit(command, cfg, site, run, files, leftover, args) -> int:
     from toolkit.evalgate import slurm as gate_slurm
 
     # The job re-runs this command on a node: absolute config paths, a fixed run directory, no resubmission.
-    job_argv: list[str] = []
-    for f in files:
-        job_argv += ["@", str(Path(f).resolve())]
+    job_argv = [a for f in files for a in ("@", str(Path(f).resolve()))]
     skip_next = False
     for a in leftover:
         if skip_next:

@@ -147,13 +147,12 @@ def _env_items(env: Any, groups: list[list[Any]], info: dict[str, Any], prompts:
     name = env.name
     rollouts = [x for g in groups for x in g]
     valid = [x for x in rollouts if x.error_class is None]
-    items: list[GateItem] = []
 
     # -- env server -----------------------------------------------------------------------------------------
     if "start_error" in info:
-        items.append(GateItem("env_server", name, "FAIL", "env workers did not start: " + info["start_error"][-300:],
-                              {"kind": info["kind"]}))  # fmt: skip
-        return items
+        return [GateItem("env_server", name, "FAIL", "env workers did not start: " + info["start_error"][-300:],
+                         {"kind": info["kind"]})]  # fmt: skip
+    items: list[GateItem] = []
     worker_ids = info.pop("worker_task_ids")
     local_ids = list(prompts)
     lost = sum(1 for x in rollouts if x.error_class == "SandboxError")
@@ -389,9 +388,8 @@ def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r:
             verdict.settings["server_startup_s"] = round(time.monotonic() - t0, 1)
             endpoint = Endpoint(served.base_url, served_cfg.model.name, model_path)
         else:
-            tok = tokenizer or name
             try:
-                tok_path = resolve_model(tok)
+                tok_path = resolve_model(tokenizer or name)
             except Exception:  # noqa: BLE001 - a hosted model name is not a local directory: render with the config's model
                 tok_path = resolve_model(cfg.model.name)
             endpoint = Endpoint(base_url.rstrip("/").removesuffix("/v1"), name, tok_path)

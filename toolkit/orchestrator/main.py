@@ -287,10 +287,7 @@ class Orchestrator:
         ``sampler_state`` is the producer's position when the batch was complete (``sampler`` and
         ``next_group_id``), taken before the next step's groups were launched, so a resume redraws those.
         """
-        metrics = step_metrics(batch)
-        metrics.update(times)
-        metrics.update(extra)
-        metrics["policy/served_version"] = float(tracker.served_version)
+        metrics = {**step_metrics(batch), **times, **extra, "policy/served_version": float(tracker.served_version)}
         state = {"step": step, **sampler_state, "served_version": tracker.served_version}
         meta = {"metrics": metrics, "orchestrator_state": state,
                 "algo": self.ocfg.train.algo.type, "rollouts": len(batch.rollouts)}  # fmt: skip
