@@ -356,6 +356,11 @@ class OrchestratorConfig(Section):
     update_weights: bool = True
     """Debug: when false the orchestrator never reloads new policy weights into inference (negative control)."""
 
+    def env_entries(self) -> list[tuple[str, EnvConfig]]:
+        """Every train env, then every eval env, with its field path (``orchestrator.train.env[0]``)."""
+        sections = (("train", self.train.env), ("eval", self.eval.env))
+        return [(f"orchestrator.{s}.env[{i}]", e) for s, envs in sections for i, e in enumerate(envs)]
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Trainer

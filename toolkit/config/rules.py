@@ -146,23 +146,21 @@ SUPPORTED_POOL_MULTIPLEX = (1,)
 
 
 def _env_pools(cfg: RLConfig, f: Findings) -> None:
-    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
-        for i, env in enumerate(envs):
-            path = f"orchestrator.{section}.env[{i}].pool"
-            if env.pool.type not in SUPPORTED_POOL_TYPES:
-                f.error(
-                    f"{path}.type",
-                    f"pool type {env.pool.type!r} is not supported by srl, which runs a static pool of "
-                    f"pool.max_workers env worker processes; allowed: {list(SUPPORTED_POOL_TYPES)} (size the pool "
-                    "with pool.max_workers)",
-                )
-            if env.pool.multiplex not in SUPPORTED_POOL_MULTIPLEX:
-                f.error(
-                    f"{path}.multiplex",
-                    f"multiplex = {env.pool.multiplex} has no effect in srl: it samples the policy itself "
-                    f"(token-in/token-out), so there are no interception tunnels to share; allowed: "
-                    f"{list(SUPPORTED_POOL_MULTIPLEX)} (remove the field)",
-                )
+    for path, env in cfg.orchestrator.env_entries():
+        if env.pool.type not in SUPPORTED_POOL_TYPES:
+            f.error(
+                f"{path}.pool.type",
+                f"pool type {env.pool.type!r} is not supported by srl, which runs a static pool of "
+                f"pool.max_workers env worker processes; allowed: {list(SUPPORTED_POOL_TYPES)} (size the pool "
+                "with pool.max_workers)",
+            )
+        if env.pool.multiplex not in SUPPORTED_POOL_MULTIPLEX:
+            f.error(
+                f"{path}.pool.multiplex",
+                f"multiplex = {env.pool.multiplex} has no effect in srl: it samples the policy itself "
+                f"(token-in/token-out), so there are no interception tunnels to share; allowed: "
+                f"{list(SUPPORTED_POOL_MULTIPLEX)} (remove the field)",
+            )
 
 
 def _async(cfg: RLConfig, f: Findings) -> None:
@@ -348,12 +346,11 @@ def argument_tables(cfg: RLConfig) -> dict[str, dict]:
     env's taskset fields beyond srl's own, and each legacy env's ``args``. Their values are written into the resolved
     configs and the placement (and vLLM's onto its command line), so none may carry a secret."""
     tables: dict[str, dict] = {"inference.vllm": cfg.inference.vllm}
-    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
-        for i, e in enumerate(envs):
-            if e.taskset is not None and e.taskset.model_extra:
-                tables[f"orchestrator.{section}.env[{i}].taskset"] = e.taskset.model_extra
-            if e.args:
-                tables[f"orchestrator.{section}.env[{i}].args"] = e.args
+    for path, e in cfg.orchestrator.env_entries():
+        if e.taskset is not None and e.taskset.model_extra:
+            tables[f"{path}.taskset"] = e.taskset.model_extra
+        if e.args:
+            tables[f"{path}.args"] = e.args
     return tables
 
 
@@ -391,15 +388,13 @@ def _secrets(cfg: RLConfig, f: Findings) -> None:
 
 
 def _legacy_envs(cfg: RLConfig, f: Findings) -> None:
-    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
-        for i, e in enumerate(envs):
-            if e.args:
-                misplaced = sorted(NATIVE_V1_FIELDS & set(e.args))
-                if misplaced:
-                    f.error(
-                        f"orchestrator.{section}.env[{i}].args",
-                        f"native v1 fields {misplaced} belong at the env entry's top level, not under args "
-                        "(args is the legacy v0 bridge); move them out of args",
-                    )
-            if e.id is not None and e.taskset is not None and not e.legacy:
-                f.error(f"orchestrator.{section}.env[{i}]", "give either taskset (native v1) or id/args (legacy v0)")
+    for path, e in cfg.orchestrator.env_entries():
+        misplaced = sorted(NATIVE_V1_FIELDS & set(e.args or ()))
+        if misplaced:
+            f.error(
+                f"{path}.args",
+                f"native v1 fields {misplaced} belong at the env entry's top level, not under args "
+                "(args is the legacy v0 bridge); move them out of args",
+            )
+        if e.id is not None and e.taskset is not None and not e.legacy:
+            f.error(path, "give either taskset (native v1) or id/args (legacy v0)")

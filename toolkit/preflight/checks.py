@@ -85,24 +85,21 @@ def _taskset_ids(cfg: RLConfig, f: Findings) -> None:
     nothing (``toolkit.envs.tasksets.taskset_unresolved_reason`` locates modules by path and import hooks only)."""
     extra = _pythonpath(cfg)
     builtins = sorted(BUILTIN_TASKSETS)
-    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
-        for i, e in enumerate(envs):
-            if e.taskset is None:
-                continue
-            why = taskset_unresolved_reason(e.taskset.id, extra)
-            if why is None:
-                continue
-            tid = _clip(e.taskset.id)
-            tried = " or ".join(repr(_clip(m)) for m in taskset_module_candidates(e.taskset.id))
-            near = difflib.get_close_matches(e.taskset.id, builtins, n=1, cutoff=0.8)
-            where = f"orchestrator.{section}.env[{i}].taskset.id"
-            if near:
-                f.error(where, f"unknown taskset '{tid}': did you mean '{near[0]}'? Built-in ids: "
-                               f"{', '.join(builtins)}; any other id must name an importable module ({tried})")  # fmt: skip
-            else:
-                f.warn(where, f"taskset '{tid}' is not built in ({', '.join(builtins)}) and does not resolve here "
-                              f"({why}; tried {tried}); the orchestrator will fail at start unless the job's "
-                              "environment provides it (e.g. env_vars.PYTHONPATH)")  # fmt: skip
+    for path, e in cfg.orchestrator.env_entries():
+        why = None if e.taskset is None else taskset_unresolved_reason(e.taskset.id, extra)
+        if why is None:
+            continue
+        tid = _clip(e.taskset.id)
+        tried = " or ".join(repr(_clip(m)) for m in taskset_module_candidates(e.taskset.id))
+        near = difflib.get_close_matches(e.taskset.id, builtins, n=1, cutoff=0.8)
+        where = f"{path}.taskset.id"
+        if near:
+            f.error(where, f"unknown taskset '{tid}': did you mean '{near[0]}'? Built-in ids: "
+                           f"{', '.join(builtins)}; any other id must name an importable module ({tried})")  # fmt: skip
+        else:
+            f.warn(where, f"taskset '{tid}' is not built in ({', '.join(builtins)}) and does not resolve here "
+                          f"({why}; tried {tried}); the orchestrator will fail at start unless the job's "
+                          "environment provides it (e.g. env_vars.PYTHONPATH)")  # fmt: skip
 
 
 def taskset_notices(cfg: RLConfig) -> list[str]:
@@ -134,12 +131,10 @@ def _pythonpath(cfg: RLConfig) -> list[str]:
 def _env_runtimes(cfg: RLConfig, f: Findings) -> None:
     """A runtime type srl cannot provide fails every env worker at start: an error naming the env. A container
     program missing on this machine is a warning (the compute nodes may have it; the worker checks there)."""
-    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
-        for i, e in enumerate(envs):
-            found = config_runtime_problem(e.harness.runtime)
-            if found is not None:
-                where = f"orchestrator.{section}.env[{i}].harness.runtime.type"
-                (f.error if found[1] else f.warn)(where, f"env '{e.env_name}': {found[0]}")
+    for path, e in cfg.orchestrator.env_entries():
+        found = config_runtime_problem(e.harness.runtime)
+        if found is not None:
+            (f.error if found[1] else f.warn)(f"{path}.harness.runtime.type", f"env '{e.env_name}': {found[0]}")
 
 
 def _clip(text: str, width: int = 80) -> str:
