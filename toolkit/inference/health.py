@@ -41,8 +41,7 @@ def write_ready(run: RunDir, info: Mapping[str, Any]) -> None:
 
 def clear_ready(run: RunDir) -> None:
     """Remove a readiness file left by an earlier attempt (its URLs may point at dead engines)."""
-    with contextlib.suppress(FileNotFoundError):
-        run.inference_ready.unlink()
+    run.inference_ready.unlink(missing_ok=True)
 
 
 def read_ready(
