@@ -416,25 +416,6 @@ def parse_squeue_line(line: str) -> JobState:
     return _state_from_record(rec, _SQUEUE_KEYS, exit_pair)
 
 
-def _from_scontrol(job_id: str, timeout_s: float) -> JobState:
-    cmd = ["scontrol", "show", "job", "-o", str(job_id)]
-    proc = _run(cmd, timeout_s=timeout_s)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("JobId=")]
-    if proc.returncode != 0 or not lines:
-        raise SlurmCommandError(cmd, proc.returncode, proc.stderr or "no job record printed")
-    return summarize(str(job_id), [job_state_from_record(parse_scontrol_record(ln)) for ln in lines])
-
-
-def _from_squeue(job_id: str, timeout_s: float) -> JobState:
-    fmt = ",".join(f"{f}:|" for f in _SQUEUE_FIELDS)
-    cmd = ["squeue", "-h", "-t", "all", "-j", str(job_id), "-O", fmt]
-    proc = _run(cmd, timeout_s=timeout_s)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-    if proc.returncode != 0 or not lines:
-        raise SlurmCommandError(cmd, proc.returncode, proc.stderr or "no job record printed")
-    return summarize(str(job_id), [parse_squeue_line(ln) for ln in lines])
-
-
 # Job states in which a job may still write to its log files (squeue -t accepts these names).
 _LIVE_STATES = "PENDING,CONFIGURING,RUNNING,COMPLETING,SUSPENDED,REQUEUED,REQUEUE_HOLD,RESIZING,STOPPED,SIGNALING"
 # squeue --Format for jobs_logging_under; "|" ends each field. WorkDir is where a relative StdOut/StdErr goes.
@@ -553,10 +534,19 @@ def job_state(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> JobState:
     Reads ``scontrol show job -o``; if that fails, ``squeue -t all``. Raises :class:`JobNotFoundError` naming
     both commands and their errors when neither knows the job (wrong id, or ended over MinJobAge ago).
     """
+    # Each reader: its command, which output lines are job records, and how one is parsed.
+    readers = ((["scontrol", "show", "job", "-o", str(job_id)], lambda ln: ln.startswith("JobId="),
+                lambda ln: job_state_from_record(parse_scontrol_record(ln))),
+               (["squeue", "-h", "-t", "all", "-j", str(job_id), "-O", ",".join(f"{f}:|" for f in _SQUEUE_FIELDS)],
+                str.strip, parse_squeue_line))  # fmt: skip
     errors: list[SlurmCommandError] = []
-    for reader in (_from_scontrol, _from_squeue):
+    for cmd, is_record, parse in readers:
         try:
-            return reader(job_id, timeout_s)
+            proc = _run(cmd, timeout_s=timeout_s)
+            lines = [ln for ln in proc.stdout.splitlines() if is_record(ln)]
+            if proc.returncode == 0 and lines:
+                return summarize(str(job_id), [parse(ln) for ln in lines])
+            errors.append(SlurmCommandError(cmd, proc.returncode, proc.stderr or "no job record printed"))
         except SlurmCommandError as e:
             errors.append(e)
     raise JobNotFoundError(
