@@ -38,6 +38,7 @@ import collections
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import importlib
 import os
 import re
@@ -61,30 +62,23 @@ _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD_BYTES = 1 << 30
 _TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # int max: never return freed heap top to the kernel
 
-_malloc_lock = threading.Lock()
-_malloc_configured: bool | None = None  # None: not tried yet; then whether mallopt took effect
-
-
+@functools.cache
 def keep_freed_memory() -> bool:
-    """Make this process's glibc malloc keep freed memory for reuse (see the module doc); idempotent.
+    """Make this process's glibc malloc keep freed memory for reuse (see the module doc); idempotent (the first
+    answer is kept; setting the same thresholds again would change nothing).
 
     Returns True when both ``mallopt`` calls succeeded, False where there is no glibc (musl, macOS) or it refused.
     Raises nothing.
     """
-    global _malloc_configured
-    with _malloc_lock:
-        if _malloc_configured is None:
-            _malloc_configured = False
-            try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                mallopt = libc.mallopt
-            except (OSError, AttributeError):
-                return False
-            mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            ok_mmap = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES) == 1
-            ok_trim = mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES) == 1
-            _malloc_configured = ok_mmap and ok_trim
-        return _malloc_configured
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    ok_mmap = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES) == 1
+    ok_trim = mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES) == 1
+    return ok_mmap and ok_trim
 
 
 def _natural_key(path: Path) -> list:
