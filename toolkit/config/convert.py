@@ -89,18 +89,19 @@ def _older_names(data: dict[str, Any], notices: list[str], where: str) -> None:
     if isinstance(sampling, dict) and "max_tokens" in sampling:
         sampling["max_completion_tokens"] = sampling.pop("max_tokens")
         notices.append(f"older name{where}: sampling.max_tokens -> sampling.max_completion_tokens")
-    for env in _env_dicts(orch):
+    for _, env in _env_dicts(orch):
         if "rollouts_per_example" in env:
             env["group_size"] = env.pop("rollouts_per_example")
             notices.append(f"older name{where}: env rollouts_per_example -> group_size")
 
 
-def _env_dicts(orch: dict[str, Any]) -> list[dict[str, Any]]:
+def _env_dicts(orch: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every train and eval env table of a raw ``orchestrator`` table, with its field path."""
     out = []
     for section in ("train", "eval"):
         sec = orch.get(section)
         if isinstance(sec, dict) and isinstance(sec.get("env"), list):
-            out += [e for e in sec["env"] if isinstance(e, dict)]
+            out += [(f"orchestrator.{section}.env[{i}]", e) for i, e in enumerate(sec["env"]) if isinstance(e, dict)]
     return out
 
 
@@ -109,30 +110,24 @@ def _legacy_envs(data: dict[str, Any], notices: list[str], where: str, source: s
     if not isinstance(orch, dict):
         return
     issues = []
-    for section in ("train", "eval"):
-        sec = orch.get(section)
-        if not (isinstance(sec, dict) and isinstance(sec.get("env"), list)):
+    for path, env in _env_dicts(orch):
+        args = env.get("args") or {}
+        if "id" not in env or "taskset" in env or not isinstance(args, dict):
+            continue  # a wrong type of args: pydantic reports it with its path
+        misplaced = sorted(NATIVE_V1_FIELDS & set(args))
+        if misplaced:
+            issues.append(ConfigIssue(
+                f"{path}.args",
+                f"native v1 fields {misplaced} found under args (the legacy v0 bridge); move them to the env "
+                "entry's top level",
+                source,
+            ))
             continue
-        for i, env in enumerate(sec["env"]):
-            if not isinstance(env, dict) or "id" not in env or "taskset" in env:
-                continue
-            args = env.get("args") or {}
-            if not isinstance(args, dict):
-                continue  # pydantic reports the wrong type with its path
-            misplaced = sorted(NATIVE_V1_FIELDS & set(args))
-            if misplaced:
-                issues.append(ConfigIssue(
-                    f"orchestrator.{section}.env[{i}].args",
-                    f"native v1 fields {misplaced} found under args (the legacy v0 bridge); move them to the env "
-                    "entry's top level",
-                    source,
-                ))
-                continue
-            env["taskset"] = {"id": env["id"], **args}
-            env["legacy"] = True
-            notices.append(
-                f"legacy v0 bridge{where}: orchestrator.{section}.env[{i}] id = '{env['id']}' is labelled legacy; "
-                "new work should use taskset/harness"
-            )
+        env["taskset"] = {"id": env["id"], **args}
+        env["legacy"] = True
+        notices.append(
+            f"legacy v0 bridge{where}: {path} id = '{env['id']}' is labelled legacy; new work should use "
+            "taskset/harness"
+        )
     if issues:
         raise ConfigError(issues)
