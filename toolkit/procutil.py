@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -66,16 +67,20 @@ def process_start_time(pid: int) -> int | None:
     """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None when the process
     does not exist or /proc cannot say (not Linux). Two processes with the same PID differ here."""
     try:
+        return int(_stat_fields(pid)[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    """Fields 3 onwards of ``/proc/<pid>/stat`` (the state first); [] when it cannot be read."""
+    try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
-        return None
+        return []
     # The command name (field 2) may hold spaces and parentheses: fields after it start past the last ')'.
-    rest = data[data.rfind(b")") + 2 :].split()
-    try:
-        return int(rest[19])
-    except (IndexError, ValueError):
-        return None
+    return data[data.rfind(b")") + 2 :].split()
 
 
 def pid_alive(pid: int, start_time: int | None = None) -> bool:
@@ -89,13 +94,8 @@ def pid_alive(pid: int, start_time: int | None = None) -> bool:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        if data[data.rfind(b")") + 2 :].split()[:1] == [b"Z"]:
-            return False
-    except OSError:
-        pass
+    if _stat_fields(pid)[:1] == [b"Z"]:
+        return False
     if start_time is not None:
         now = process_start_time(pid)
         if now is not None and now != start_time:
@@ -117,10 +117,8 @@ def kill_groups(pgids: set[int], grace_s: float) -> None:
     """SIGTERM each process group in ``pgids``, then SIGKILL the groups still alive after ``grace_s`` seconds."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for g in pgids:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(g, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
         if sig == signal.SIGTERM:
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and any(_group_alive(g) for g in pgids):
@@ -151,12 +149,10 @@ class GroupReaper:
         return self._proc.pid
 
     def _send(self, line: str) -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError, ValueError):  # reaper killed: the children's death signal holds
             assert self._proc.stdin is not None
             self._proc.stdin.write(line.encode() + b"\n")
             self._proc.stdin.flush()
-        except (BrokenPipeError, ValueError):
-            pass  # the reaper is gone (killed by someone); the children's parent-death signal still holds
 
     def add(self, pgid: int) -> None:
         """Watch process group ``pgid``."""
@@ -169,10 +165,8 @@ class GroupReaper:
     def close(self, timeout_s: float = 10.0) -> None:
         """End the reaper: it stops any group still alive, then exits. Waits up to ``timeout_s`` seconds."""
         if self._proc.stdin is not None and not self._proc.stdin.closed:
-            try:
+            with contextlib.suppress(BrokenPipeError):
                 self._proc.stdin.close()
-            except BrokenPipeError:
-                pass
         try:
             self._proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
