@@ -46,19 +46,13 @@ class MicroBatch:
 
     def to(self, device: torch.device | str) -> MicroBatch:
         """Copy of this micro-batch with every tensor on ``device``."""
-        moved = {k: getattr(self, k).to(device, non_blocking=True) for k in _TENSOR_FIELDS}
+        moved = {k: v.to(device, non_blocking=True) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
         return MicroBatch(real_tokens=self.real_tokens, **moved)
 
 
-_TENSOR_FIELDS = (
-    "input_ids",
-    "position_ids",
-    "loss_mask",
-    "ce_mask",
-    "inference_logprobs",
-    "advantages",
-    "sample_index",
-)
+# The batch's per-token arrays a micro-batch carries, with their dtype in the micro-batch (padding holds 0).
+_DTYPES = {"input_ids": np.int64, "loss_mask": bool, "ce_mask": bool, "inference_logprobs": np.float32,
+           "advantages": np.float32}  # fmt: skip
 
 
 def pack_rows(lengths: list[int] | np.ndarray, seq_len: int) -> list[list[int]]:
@@ -95,12 +89,8 @@ def _build(batch: Batch, rows: list[list[int]]) -> MicroBatch:
     lengths = batch.lengths
     width = max(1, max((int(sum(lengths[i] for i in row)) for row in rows), default=1))
     n = max(1, len(rows))
-    ids = np.zeros((n, width), np.int64)
+    out = {k: np.zeros((n, width), dtype) for k, dtype in _DTYPES.items()}
     pos = np.zeros((n, width), np.int64)
-    lm = np.zeros((n, width), bool)
-    ce = np.zeros((n, width), bool)
-    ilp = np.zeros((n, width), np.float32)
-    adv = np.zeros((n, width), np.float32)
     sidx = np.full((n, width), -1, np.int64)
     real = 0
     for r, row in enumerate(rows):
@@ -108,29 +98,18 @@ def _build(batch: Batch, rows: list[list[int]]) -> MicroBatch:
         for i in row:
             sl = batch.sample_slice(i)
             k = sl.stop - sl.start
-            ids[r, at : at + k] = batch.input_ids[sl]
+            for name in _DTYPES:
+                out[name][r, at : at + k] = getattr(batch, name)[sl]
             pos[r, at : at + k] = np.arange(k)
-            lm[r, at : at + k] = batch.loss_mask[sl]
-            ce[r, at : at + k] = batch.ce_mask[sl]
-            ilp[r, at : at + k] = batch.inference_logprobs[sl]
-            adv[r, at : at + k] = batch.advantages[sl]
             sidx[r, at : at + k] = i
             # The first token of a sample would be "predicted" from the previous sample's last token: never train it.
-            lm[r, at] = ce[r, at] = False
+            out["loss_mask"][r, at] = out["ce_mask"][r, at] = False
             at += k
         # Padding is its own segment (positions restart at 0) so it never shares a block with real tokens.
         pos[r, at:] = np.arange(width - at)
         real += at
-    return MicroBatch(
-        input_ids=torch.from_numpy(ids),
-        position_ids=torch.from_numpy(pos),
-        loss_mask=torch.from_numpy(lm),
-        ce_mask=torch.from_numpy(ce),
-        inference_logprobs=torch.from_numpy(ilp),
-        advantages=torch.from_numpy(adv),
-        sample_index=torch.from_numpy(sidx),
-        real_tokens=real,
-    )
+    tensors = {k: torch.from_numpy(v) for k, v in {**out, "position_ids": pos, "sample_index": sidx}.items()}
+    return MicroBatch(real_tokens=real, **tensors)
 
 
 def plan_micro_batches(
