@@ -50,6 +50,7 @@ READY_MARKER = "READY"
 
 _TOKEN_ARRAYS = ("input_ids", "loss_mask", "inference_logprobs", "advantages", "ce_mask")
 _SAMPLE_ARRAYS = ("prompt_lens", "policy_version")
+_ARRAYS = (*_TOKEN_ARRAYS, *_SAMPLE_ARRAYS, "offsets")  # every array of batch.safetensors
 
 
 @dataclass
@@ -96,14 +97,10 @@ class Batch:
             raise ValueError(f"offsets must run from 0 to num_tokens={t}, got {self.offsets[:1]}..{self.offsets[-1:]}")
         if np.any(np.diff(self.offsets) <= 0):
             raise ValueError("every sample must have at least one token (offsets strictly increasing)")
-        for name in _TOKEN_ARRAYS:
-            arr = getattr(self, name)
-            if arr.shape != (t,):
-                raise ValueError(f"{name} has shape {arr.shape}, expected ({t},)")
-        for name in _SAMPLE_ARRAYS:
-            arr = getattr(self, name)
-            if arr.shape != (s,):
-                raise ValueError(f"{name} has shape {arr.shape}, expected ({s},)")
+        for names, n in ((_TOKEN_ARRAYS, t), (_SAMPLE_ARRAYS, s)):
+            for name in names:
+                if getattr(self, name).shape != (n,):
+                    raise ValueError(f"{name} has shape {getattr(self, name).shape}, expected ({n},)")
         if len(self.envs) != s:
             raise ValueError(f"envs has {len(self.envs)} entries, expected {s}")
         starts = self.offsets[:-1]
@@ -195,8 +192,7 @@ def write_batch(
     batch = samples_to_batch(
         step, samples, advantages, policy_versions=policy_versions, envs=envs, meta=meta, ce_masks=ce_masks
     )
-    arrays = {name: np.ascontiguousarray(getattr(batch, name)) for name in _TOKEN_ARRAYS + _SAMPLE_ARRAYS}
-    arrays["offsets"] = np.ascontiguousarray(batch.offsets)
+    arrays = {name: np.ascontiguousarray(getattr(batch, name)) for name in _ARRAYS}
     header = {
         "format": FORMAT_VERSION,
         "step": batch.step,
@@ -231,7 +227,7 @@ def load_batch_dir(step_dir: Path) -> Batch:
         step=int(meta["step"]),
         envs=list(meta["envs"]),
         meta=dict(meta.get("meta", {})),
-        **{k: arrays[k] for k in _TOKEN_ARRAYS + _SAMPLE_ARRAYS + ("offsets",)},
+        **{k: arrays[k] for k in _ARRAYS},
     )
     batch.validate()
     return batch

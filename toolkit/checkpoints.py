@@ -184,11 +184,7 @@ def apply_retention(
     written). Deleted: other complete ones and incomplete ones older than the newest complete one (unusable for
     resume). The newest complete checkpoint is never deleted. Deletion failures are warnings.
     """
-    parts = parts or parts_of(run)
-    if keep_last is None or keep_last < 1:
-        return RetentionResult([], [])
-    complete = complete_steps(run, parts)
-    if not complete:
+    if keep_last is None or keep_last < 1 or not (complete := complete_steps(run, parts)):
         return RetentionResult([], [])
     newest = complete[-1]
     keep = set(complete[-keep_last:]) | {newest}

@@ -138,17 +138,8 @@ def _build_tokenizer_json() -> str:
 
 
 def _tokenizer_config() -> dict[str, Any]:
-    added = {
-        str(i): {
-            "content": t,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
-        for i, t in enumerate(SPECIAL_TOKENS)
-    }
+    flags = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
+    added = {str(i): {"content": t, **flags} for i, t in enumerate(SPECIAL_TOKENS)}
     return {
         "added_tokens_decoder": added,
         "additional_special_tokens": [IM_START, IM_END],

@@ -133,7 +133,7 @@ def write_hf_dir(
         cfg["text_config"] = {**cfg["text_config"], "tie_word_embeddings": False}
     with fsutil.atomic_directory(final) as tmp:
         save_safetensors(tmp / WEIGHTS_FILE, state_dict)
-        fsutil.atomic_write_text(tmp / "config.json", json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
+        fsutil.atomic_write_json(tmp / "config.json", cfg)
         if base_model_dir is not None:
             copy_tokenizer_files(Path(base_model_dir), tmp)
         if marker:
@@ -154,7 +154,7 @@ def write_adapter_broadcast(
 
     with fsutil.atomic_directory(run.broadcast_step(step)) as tmp:
         save_safetensors(tmp / ADAPTER_WEIGHTS_FILE, tensors)
-        fsutil.atomic_write_text(tmp / ADAPTER_CONFIG_FILE, json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
+        fsutil.atomic_write_json(tmp / ADAPTER_CONFIG_FILE, adapter_config)
         fsutil.write_marker(tmp / STABLE_MARKER)
     return run.broadcast_step(step)
 

@@ -49,11 +49,8 @@ def _set_rng_state(state: dict) -> None:
 
 def _torch_save(obj, path: Path) -> None:
     torch.save(obj, path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 # safetensors dtype tag -> torch dtype of the tensors read in place (the writer's table, inverted).

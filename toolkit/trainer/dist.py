@@ -20,9 +20,7 @@ def die_with_agent() -> bool:
     orphan and write into the run directory next to the requeued job's trainer. ``procutil.die_with_parent`` closes
     that gap. Returns whether it was set (Linux under torchrun only); exits at once if the agent is already gone.
     """
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        return False
-    return die_with_parent()
+    return "TORCHELASTIC_RUN_ID" in os.environ and die_with_parent()
 
 
 def init_distributed(timeout_s: float = 1800.0) -> tuple[DistInfo, torch.device]:

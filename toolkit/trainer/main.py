@@ -353,10 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     exit_when_lease_gone(run, "trainer")
     cfg = load_run_config(run)  # sft.json: the SFT mode of ``srl trainer``
     settings = TrainerSettings.from_config(cfg)
-    if args.resume_step is not None:
-        settings = dataclasses.replace(settings, resume_step=args.resume_step)
-    if args.resume_dir is not None:
-        settings = dataclasses.replace(settings, resume_dir=args.resume_dir)
+    given = {"resume_step": args.resume_step, "resume_dir": args.resume_dir}  # the command line wins
+    settings = dataclasses.replace(settings, **{k: v for k, v in given.items() if v is not None})
     stop = StopFlag(run)
     stop.install()
     if run.run_config().name == "sft.json":
@@ -372,15 +370,12 @@ def _exit_status(loop: Any) -> int:
 
     try:
         loop()
-    except DataError as e:
-        log.error("DataError: %s", e)
-        return 2
     except CheckpointSpaceError as e:
         log.error("%s", e.strerror)
         return 1
-    except TrainerDiverged as e:
-        log.error("TrainerDiverged: %s", e)
-        return 1
+    except (DataError, TrainerDiverged) as e:
+        log.error("%s: %s", type(e).__name__, e)
+        return 2 if isinstance(e, DataError) else 1
     return 0
 
 

@@ -18,10 +18,7 @@ def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, flops in _PEAK_BF16.items():
-        if key in name:
-            return flops
-    return None
+    return next((flops for key, flops in _PEAK_BF16.items() if key in name), None)
 
 
 def mfu(tokens_per_s: float, n_params: int, device: torch.device, world_size: int = 1) -> float | None:
