@@ -2,7 +2,7 @@
 
 import pytest
 
-from toolkit.orchestrator.advantages import compute_advantages, group_advantages, penalized_rewards
+from toolkit.orchestrator.advantages import group_advantages, penalized_rewards
 
 
 def test_grpo_is_reward_minus_group_mean():
@@ -37,9 +37,7 @@ def test_length_penalty_applied_before_centring():
         1.0,
         0.5,
     ]
-    adv = compute_advantages(
-        [1.0, 1.0], algo="grpo", completion_lens=[0, 100], length_penalty=0.5, max_completion_tokens=100
-    )
+    adv = group_advantages(penalized_rewards([1.0, 1.0], [0, 100], length_penalty=0.5, max_completion_tokens=100), "grpo")
     assert adv == pytest.approx([0.25, -0.25])
 
 

@@ -61,23 +61,3 @@ def group_advantages(rewards: Sequence[float], algo: str = "grpo") -> list[float
     if mean <= EPS:
         return [0.0] * n
     return [c / mean for c in centred]
-
-
-def compute_advantages(
-    rewards: Sequence[float],
-    *,
-    algo: str = "grpo",
-    completion_lens: Sequence[int] | None = None,
-    length_penalty: float = 0.0,
-    max_completion_tokens: int | None = None,
-) -> list[float]:
-    """Length-penalised rewards (see :func:`penalized_rewards`) turned into group advantages."""
-    return group_advantages(
-        penalized_rewards(
-            rewards,
-            completion_lens,
-            length_penalty=length_penalty,
-            max_completion_tokens=max_completion_tokens,
-        ),
-        algo,
-    )

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from toolkit.orchestrator.advantages import compute_advantages
+from toolkit.orchestrator.advantages import group_advantages, penalized_rewards
 from toolkit.orchestrator.filtering import drop_reason, is_uniform
 from toolkit.orchestrator.policy import is_stale, off_policy_age
 from toolkit.run.types import Rollout, TrainingSample
@@ -106,11 +106,9 @@ class StepBatch:
         if valid:
             self.group_rewards.append(rewards)
             self.scored.extend(valid)
-            advantages = compute_advantages(
-                rewards, algo=s.algo, completion_lens=[r.completion_len for r in valid],
-                length_penalty=s.length_penalty, max_completion_tokens=max_completion_tokens,
-            )  # fmt: skip
-            for r, a in zip(valid, advantages, strict=True):
+            penalized = penalized_rewards(rewards, [r.completion_len for r in valid], length_penalty=s.length_penalty,
+                                          max_completion_tokens=max_completion_tokens)  # fmt: skip
+            for r, a in zip(valid, group_advantages(penalized, s.algo), strict=True):
                 r.advantage = a
         reason = drop_reason(
             rewards, enabled=s.filtering, easy_threshold=s.easy_threshold, hard_threshold=s.hard_threshold
