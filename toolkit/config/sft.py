@@ -15,8 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
+from . import LoadedConfig, name_sources, rules
+from .compose import merge_layers
+from .errors import ConfigError, pydantic_issues
 from .model import (
     _MAX_SEED,
     CkptConfig,
@@ -216,16 +219,12 @@ def _renamed(path: str, pairs) -> str:
     return path
 
 
-def sft_path(view_path: str) -> str:
-    """The SFT config's spelling of a field path of :meth:`SFTConfig.launch_view` (``orchestrator.eval.env[0]``
-    -> ``eval.env[0]``, ``trainer.seq_len`` -> ``data.seq_len``); a comma-separated list maps item by item."""
-    return ", ".join(_renamed(part.strip(), _VIEW_TO_SFT) for part in view_path.split(","))
-
-
 def in_sft_terms(issues: list) -> list:
-    """``issues`` (ConfigIssue) found on the launch view, renamed to the SFT config's field paths. Returns them."""
+    """``issues`` (ConfigIssue) found on the launch view, renamed to the SFT config's field paths
+    (``orchestrator.eval.env[0]`` -> ``eval.env[0]``, ``trainer.seq_len`` -> ``data.seq_len``; a comma-separated
+    path item by item). Returns them."""
     for issue in issues:
-        issue.path = sft_path(issue.path)
+        issue.path = ", ".join(_renamed(part.strip(), _VIEW_TO_SFT) for part in issue.path.split(","))
     return issues
 
 
@@ -238,12 +237,6 @@ def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SF
     Raises ConfigError listing every problem (SFT field path, allowed values, the file that set it). The rules'
     warnings are kept for :func:`launch_loaded`.
     """
-    from pydantic import ValidationError
-
-    from . import name_sources, rules
-    from .compose import merge_layers
-    from .errors import ConfigError, pydantic_issues
-
     merged, origins, _ = merge_layers(files, overrides)
     try:
         cfg = SFTConfig.model_validate(merged)
@@ -263,12 +256,10 @@ def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SF
     return cfg
 
 
-def launch_loaded(cfg: SFTConfig):  # -> LoadedConfig (imported lazily: the package imports this module)
+def launch_loaded(cfg: SFTConfig) -> LoadedConfig:
     """The launch view of ``cfg`` as a :class:`toolkit.config.LoadedConfig` (purpose "sft"), for
     :func:`toolkit.preflight.preflight`: its warnings so far, and field origins in the view's paths so a finding
     names the file that set the field. Map findings back with :func:`in_sft_terms`."""
-    from . import LoadedConfig
-
     back = [(sft, view) for view, sft in _VIEW_TO_SFT]
     origins = {_renamed(path, back): src for path, src in cfg._origins.items()}
     return LoadedConfig(cfg.launch_view(), warnings=list(cfg._warnings), purpose="sft", origins=origins)
@@ -276,5 +267,5 @@ def launch_loaded(cfg: SFTConfig):  # -> LoadedConfig (imported lazily: the pack
 
 __all__ = [
     "ColumnsConfig", "DataConfig", "LossMaskConfig", "SFTConfig", "SFTTrainerConfig", "ValConfig", "in_sft_terms",
-    "launch_loaded", "load_sft_config", "sft_path",
+    "launch_loaded", "load_sft_config",
 ]
