@@ -20,16 +20,14 @@ from typing import Any
 from .. import lease as leases
 from ..run.layout import RunDir
 from . import slurm
-from .progress import continue_command_for
+from .progress import continue_command_for, progress_lines, resolved_max_steps
 from .submit import read_job_ids
 
 
-def _run_arg(prog: str, args: list[str], extra=None) -> argparse.Namespace:
+def _parser(prog: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=f"srl {prog}")
     ap.add_argument("run_dir", type=Path)
-    if extra:
-        extra(ap)
-    return ap.parse_args(args)
+    return ap
 
 
 def _not_a_run(run: RunDir) -> str:
@@ -56,9 +54,7 @@ def status_main(args: list[str]) -> int:
     launcher) and each submitted Slurm job with its state, exit code, nodes and restart count; for a sweep's root,
     one line per point (:func:`toolkit.launch.sweeps.status_main`). Exit 1 when the directory is not a run
     directory."""
-    from .progress import progress_lines, resolved_max_steps
-
-    a = _run_arg("status", args)
+    a = _parser("status").parse_args(args)
     from . import sweeps
 
     if sweeps.is_sweep_root(a.run_dir):
@@ -129,12 +125,10 @@ def _dependency_note(st: Any) -> str | None:
 def cancel_main(args: list[str]) -> int:
     """Cancel every job of the run that is not final. ``--graceful`` first writes the stop request so the
     trainer checkpoints, waits ``--grace`` seconds, then cancels."""
-
-    def extra(ap: argparse.ArgumentParser) -> None:
-        ap.add_argument("--graceful", action="store_true")
-        ap.add_argument("--grace", type=_grace_seconds, default=300.0)
-
-    a = _run_arg("cancel", args, extra)
+    ap = _parser("cancel")
+    ap.add_argument("--graceful", action="store_true")
+    ap.add_argument("--grace", type=_grace_seconds, default=300.0)
+    a = ap.parse_args(args)
     from . import sweeps
 
     if sweeps.is_sweep_root(a.run_dir):
@@ -206,12 +200,10 @@ def _log_files(run: RunDir, role: str | None) -> list[Path]:
 def logs_main(args: list[str]) -> int:
     """Print the run's logs (batch log + per-process logs of the latest attempt), or one role's with ``--role``;
     ``--follow`` keeps printing new lines until interrupted."""
-
-    def extra(ap: argparse.ArgumentParser) -> None:
-        ap.add_argument("--role", choices=("inference", "prefill", "decode", "router", "trainer", "orchestrator"))
-        ap.add_argument("--follow", "-f", action="store_true")
-
-    a = _run_arg("logs", args, extra)
+    ap = _parser("logs")
+    ap.add_argument("--role", choices=("inference", "prefill", "decode", "router", "trainer", "orchestrator"))
+    ap.add_argument("--follow", "-f", action="store_true")
+    a = ap.parse_args(args)
     run = RunDir(a.run_dir)
     files = _log_files(run, a.role)
     if not files:
