@@ -60,17 +60,12 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
     from ..preflight.site import load_site
 
     site = site or load_site(cfg.site)
-    if not site.is_slurm and not dry_run:
-        check_local_model(cfg)
-    if site.is_slurm:
-        # Ports and roles are decided here, once: a dry run writes the plan the submitted job then uses.
-        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", port_key=run_port_key(cfg), roles=roles or ROLES)
-    else:
-        plan = local_plan(cfg, site, run, probe=not dry_run, roles=roles)
-    write_plan(run, plan)
     if site.is_slurm:
         from .submit import render_job, submit_job
 
+        # Ports and roles are decided here, once: a dry run writes the plan the submitted job then uses.
+        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", port_key=run_port_key(cfg), roles=roles or ROLES)
+        write_plan(run, plan)
         if dry_run:
             script = render_job(cfg, run, plan)
             print(f"dry run: resolved configs in {run.latest_configs}/resolved, sbatch script {script}")
@@ -78,6 +73,10 @@ def launch(cfg: RLConfig, run: RunDir, *, attempt: int, dry_run: bool, resume: b
         job_id = submit_job(cfg, run, attempt, site=site, plan=plan, roles=roles, dependency=dependency)
         print(f"submitted job {job_id}; run directory {run.root}; follow with: srl logs {run.root} --follow")
         return 0
+    if not dry_run:
+        check_local_model(cfg)
+    plan = local_plan(cfg, site, run, probe=not dry_run, roles=roles)
+    write_plan(run, plan)
     if dry_run:
         print(f"dry run: resolved configs in {run.latest_configs}/resolved; placement {run.placement_file}")
         return 0

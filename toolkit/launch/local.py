@@ -3,17 +3,12 @@
 
 The same commands and environments the Slurm templates run (from the plan) are started as child processes, each in
 its own process group, with output teed to ``<run>/logs/attempt_<n>/<log_name>``. One progress line shows step,
-reward and throughput from ``metrics.jsonl``. The run ends as a batch job's does (``Supervisor.watch`` and
-``Supervisor.end``): the first process that exits ends it (an orchestrator that finished cleanly waits for the
-trainer's last steps; a trainer that finished gives the orchestrator ``slurm.checkpoint_grace_s`` for an SFT run's
-final eval), the trainer and orchestrator get ``slurm.checkpoint_grace_s`` to checkpoint and exit after the stop
-request, then the rest is stopped; the exit status says how it ended (``toolkit.run.ending``). An inference engine
-that dies after start-up is restarted instead, up to ``inference.max_restarts`` times within
-``inference.restart_window_s`` (``supervisor.py`` says why only engines), and must answer /health within
-``inference.startup_timeout_s``; the orchestrator holds generation meanwhile and loads the newest STABLE weights
-into it before it serves rollouts (``toolkit.orchestrator.engines``: the orchestrator owns weight updates, so a
-launcher-side load would race with them). Ctrl-C (or SIGTERM) writes the run's stop request so the trainer
-checkpoints, waits the same bounded grace period, then stops the rest.
+reward and throughput from ``metrics.jsonl``. The run ends, and an inference engine that dies after start-up is
+restarted, exactly as in a batch job (the rules: :mod:`toolkit.launch.supervisor`); the exit status says how it
+ended (``toolkit.run.ending``). A restarted engine gets the newest STABLE weights from the orchestrator before it
+serves rollouts (``toolkit.orchestrator.engines``: the orchestrator owns weight updates, so a launcher-side load
+would race with them). Ctrl-C (or SIGTERM) writes the run's stop request so the trainer checkpoints, waits the
+same bounded grace period, then stops the rest.
 No orphans, whatever ends the launcher: every child is killed by process group on every exit path the launcher
 lives through; when it dies without cleaning up (SIGKILL, the OOM killer), the kernel kills each direct child
 (parent-death signal) and a reaper process (``procutil.GroupReaper``) kills the children's process groups (engine
