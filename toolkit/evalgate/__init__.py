@@ -212,12 +212,10 @@ def _submit(command, cfg, site, run, files, leftover, args) -> int:
 
     # The job re-runs this command on a node: absolute config paths, a fixed run directory, no resubmission.
     job_argv = [a for f in files for a in ("@", str(Path(f).resolve()))]
-    skip_next = False
-    for a in leftover:
-        if skip_next:
-            skip_next = False
-        elif a == "--run-dir":
-            skip_next = True
+    args_left = iter(leftover)
+    for a in args_left:
+        if a == "--run-dir":
+            next(args_left, None)  # its value
         elif a != "--chain-before" and not a.startswith("--run-dir="):
             job_argv.append(a)
     job_argv += ["--run-dir", str(run.root)]

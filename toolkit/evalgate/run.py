@@ -322,8 +322,7 @@ async def _gate_async(cfg: Any, run: RunDir, endpoint: Endpoint, headers: dict[s
                 same = list(tail["env"].astype(str)) == [x.env for x in flat] and list(
                     tail["task_id"].astype(str)) == [str(x.task_id) for x in flat]
                 stored["rows"] = (after - before) if same else -1
-            items = _env_items(env, groups, info, _local_prompts(env), stored, th)
-            verdict.items.extend(items)
+            verdict.items.extend(_env_items(env, groups, info, _local_prompts(env), stored, th))
         writer.close()
     finally:
         if progress is not None:

@@ -45,11 +45,10 @@ def job_main(argv: list[str]) -> dict[str, Any]:
 
 
 def _latest_verdict(argv: list[str]) -> Verdict | None:
-    run_dir = argv[argv.index("--run-dir") + 1] if "--run-dir" in argv else None
-    if run_dir is None:
+    if "--run-dir" not in argv:
         return None
-    stem = VALIDATE_STEM if argv and argv[0] == "validate" else GATE_STEM
-    return read_verdict(RunDir(run_dir), stem)
+    stem = VALIDATE_STEM if argv[0] == "validate" else GATE_STEM
+    return read_verdict(RunDir(argv[argv.index("--run-dir") + 1]), stem)
 
 
 def executor_parameters(cfg: Any, site: Any, *, command: str, job_name: str) -> dict[str, Any]:

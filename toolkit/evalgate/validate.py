@@ -371,18 +371,17 @@ def validate_config(cfg: Any, *, envs: Sequence[str] | None = None, n: int = 20,
     with workers_import_path(cfg):
         for env, kind in selected:
             max_tokens = env_sampling(cfg, env, kind).max_tokens
-            items = asyncio.run(_validate_env_async(env, n=n, success_min=success_min, failure_max=failure_max,
-                                                    max_model_len=int(max_model_len) if max_model_len else None,
-                                                    sampling_max_tokens=max_tokens, kind=kind))  # fmt: skip
-            verdict.items.extend(items)
+            verdict.items.extend(asyncio.run(_validate_env_async(
+                env, n=n, success_min=success_min, failure_max=failure_max,
+                max_model_len=int(max_model_len) if max_model_len else None, sampling_max_tokens=max_tokens, kind=kind,
+            )))  # fmt: skip
     return verdict
 
 
 @contextlib.contextmanager
-def workers_import_path(cfg: Any) -> Iterator[list[str]]:
+def workers_import_path(cfg: Any) -> Iterator[None]:
     """The env workers' import path while the block runs: ``env_vars.PYTHONPATH`` of the run and of the
-    orchestrator in front of ``sys.path`` and of ``os.environ["PYTHONPATH"]``; both restored afterwards. Yields the
-    entries added."""
+    orchestrator in front of ``sys.path`` and of ``os.environ["PYTHONPATH"]``; both restored afterwards."""
     entries = [p for v in (cfg.env_vars.get("PYTHONPATH"), cfg.orchestrator.env_vars.get("PYTHONPATH")) if v
                for p in v.split(os.pathsep) if p]  # fmt: skip
     saved_path, saved_env = list(sys.path), os.environ.get("PYTHONPATH")
@@ -390,7 +389,7 @@ def workers_import_path(cfg: Any) -> Iterator[list[str]]:
     if entries:
         os.environ["PYTHONPATH"] = os.pathsep.join([*entries, *([saved_env] if saved_env else [])])
     try:
-        yield entries
+        yield
     finally:
         sys.path[:] = saved_path
         if saved_env is None:
