@@ -22,7 +22,7 @@ from toolkit.run.types import TrainingSample
 from toolkit.trainer.loss import IPOLoss
 from toolkit.trainer.model import load_policy
 from toolkit.trainer.optim import build_optimizer
-from toolkit.trainer.packing import packing_efficiency, plan_micro_batches
+from toolkit.trainer.packing import plan_micro_batches
 from toolkit.trainer.step import train_step
 
 
@@ -61,7 +61,7 @@ def main() -> int:
         model_dir = build_tiny_model(Path(d) / "m", seed=0)
         batch = realistic_batch(args.samples)
         mbs = plan_micro_batches(batch, seq_len=args.seq_len, micro_batch_size=1)
-        eff = packing_efficiency(mbs)
+        eff = sum(mb.real_tokens for mb in mbs) / sum(mb.processed_tokens for mb in mbs)  # padding excluded
         srl_model, base_model = load_policy(model_dir), load_policy(model_dir)
         srl_opt = build_optimizer(srl_model, lr=1e-4, weight_decay=0.0, betas=(0.9, 0.999))
         base_opt = torch.optim.AdamW(base_model.parameters(), lr=1e-4)

@@ -60,7 +60,7 @@ from toolkit.trainer.dist import decoder_layers
 from toolkit.trainer.metrics import peak_flops
 from toolkit.trainer.model import full_state_dict, load_policy, torch_dtype
 from toolkit.trainer.optim import build_optimizer
-from toolkit.trainer.packing import packing_efficiency, plan_micro_batches
+from toolkit.trainer.packing import plan_micro_batches
 from toolkit.trainer.step import train_step
 
 # Qwen3-0.6B's decoder with a 32k vocabulary and an untied output layer: 0.51B parameters.
@@ -191,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     mbs = plan_micro_batches(batch, seq_len=seq_len, micro_batch_size=a.micro_batch_size)
     flops = step_flops(plain.config, n_matmul, lengths)
     peak, peak_text = device_peak(device, a.peak_tflops)
+    efficiency = sum(mb.real_tokens for mb in mbs) / sum(mb.processed_tokens for mb in mbs)  # padding excluded
     print(f"batch: {samples} samples, {batch.num_tokens} real tokens, {len(mbs)} micro-batches of "
-          f"{a.micro_batch_size} x {seq_len}, packing efficiency {packing_efficiency(mbs):.3f}; "
+          f"{a.micro_batch_size} x {seq_len}, packing efficiency {efficiency:.3f}; "
           f"{flops / 1e12:.4g} TFLOP per step; peak {peak_text}", flush=True)
 
     def report(name: str, times: list[float]) -> None:

@@ -132,9 +132,3 @@ def plan_micro_batches(
         chunk = mine[m * micro_batch_size : (m + 1) * micro_batch_size]
         out.append(_build(batch, chunk))
     return out
-
-
-def packing_efficiency(micro_batches: list[MicroBatch]) -> float:
-    """Real tokens / processed tokens (padding included) over ``micro_batches``; 1.0 means no padding."""
-    processed = sum(mb.processed_tokens for mb in micro_batches)
-    return sum(mb.real_tokens for mb in micro_batches) / processed if processed else 1.0
