@@ -130,13 +130,9 @@ def import_smollm2(out_dir: Path) -> Path:
         add_legacy_config_keys(tmp)
         tokenizer.save_pretrained(tmp)
         _rewrite_tokenizer_config(tmp, chat_template)
-        gen = plain_sampling_generation_config(
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id
-            if tokenizer.pad_token_id is not None
-            else tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-        )
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        gen = plain_sampling_generation_config(eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+                                               bos_token_id=tokenizer.bos_token_id)  # fmt: skip
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
         make_world_readable(tmp)
     return out_dir
