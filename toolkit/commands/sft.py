@@ -156,20 +156,18 @@ def _take_options(args: list[str]) -> tuple[str | None, dict[str, str], list[str
     from toolkit.config import ConfigError
 
     env, fields, rest = None, {}, []
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == "--env" or a.startswith("--taskset."):
-            if i + 1 >= len(args):
-                raise ConfigError(f"{a} needs a value")
-            if a == "--env":
-                env = args[i + 1]
-            else:
-                fields[a.removeprefix("--taskset.").replace("-", "_")] = args[i + 1]
-            i += 2
+    tokens = iter(args)
+    for a in tokens:
+        if a != "--env" and not a.startswith("--taskset."):
+            rest.append(a)
             continue
-        rest.append(a)
-        i += 1
+        value = next(tokens, None)
+        if value is None:
+            raise ConfigError(f"{a} needs a value")
+        if a == "--env":
+            env = value
+        else:
+            fields[a.removeprefix("--taskset.").replace("-", "_")] = value
     return env, fields, rest
 
 

@@ -304,8 +304,7 @@ def _prepare_run(loaded: LoadedConfig, run: RunDir, *, argv: list[str], resume: 
     except OSError as e:  # preflight checked output_dir; the filesystem can still change or fill up since
         raise ConfigError(f"output_dir: cannot create the run directory {run.root}: {e.strerror or e}") from e
     # A stale stop request from an earlier attempt would end the new one at once.
-    if run.stop_request.exists():
-        run.stop_request.unlink()
+    run.stop_request.unlink(missing_ok=True)
     from ..run import ending
 
     ending.clear(run)  # the earlier attempt's ending; this one's is recorded when it ends

@@ -131,16 +131,12 @@ def continue_command(argv: list[str], run_name: str) -> str:
     set to ``run_name`` and ``--resume`` added, minus ``--clean`` (which would delete the run)."""
     # As the user typed it (e.g. .venv/bin/srl) when that was the srl script, else plain "srl".
     out: list[str] = [argv[0] if argv and Path(argv[0]).name == "srl" else "srl"]
-    rest = list(argv[1:])
-    i = 0
-    while i < len(rest):
-        tok = rest[i]
+    rest = iter(argv[1:])
+    for tok in rest:
         if tok in ("--run.name", "--run-name"):
-            i += 2  # replaced below by the actual run name
-            continue
-        if tok != "--clean" and not tok.startswith(("--run.name=", "--run-name=")):
+            next(rest, None)  # its value: replaced below by the actual run name
+        elif tok != "--clean" and not tok.startswith(("--run.name=", "--run-name=")):
             out.append(tok)
-        i += 1
     out += ["--run.name", run_name]
     if "--resume" not in out:
         out.append("--resume")
