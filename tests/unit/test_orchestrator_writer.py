@@ -28,6 +28,12 @@ def _rollout(i: int, *, reward: float = 0.5) -> Rollout:
                    num_turns=1, policy_version=1, group_id=i // 2, advantage=reward - 0.5)  # fmt: skip
 
 
+def _child_pid(writer: RecordWriter) -> int | None:
+    """Process id of the writer process, None before the first write (or after it died or was closed)."""
+    processes = getattr(writer._pool, "_processes", None) or {}
+    return next(iter(processes), None)
+
+
 def _training(rollouts: list[Rollout]) -> tuple:
     samples = [r.samples[0] for r in rollouts]
     return samples, [r.advantage for r in rollouts], [r.policy_version for r in rollouts], [r.env for r in rollouts]
@@ -72,7 +78,7 @@ def test_filesystem_error_in_the_child_is_raised_in_the_caller(run: RunDir, writ
 def test_a_killed_writer_is_reported_and_replaced(run: RunDir, writer: RecordWriter) -> None:
     async def go() -> None:
         await writer.append_store([_rollout(0)], step=1, kind="train", ages=None)
-        os.kill(writer.child_pid, 9)
+        os.kill(_child_pid(writer), 9)
         with pytest.raises(RecordWriterDied, match="died"):
             await writer.append_store([_rollout(1)], step=2, kind="train", ages=None)
         await writer.append_store([_rollout(2)], step=3, kind="train", ages=None)  # a fresh child
@@ -85,12 +91,12 @@ def test_the_writer_outlives_a_stop_signal_sent_to_the_whole_job(run: RunDir, wr
     # Slurm signals every process of the step before the time limit; the orchestrator then writes its last batch.
     async def go() -> None:
         await writer.append_store([_rollout(0)], step=1, kind="train", ages=None)
-        pid = writer.child_pid
+        pid = _child_pid(writer)
         os.kill(pid, signal.SIGTERM)
         os.kill(pid, signal.SIGINT)
         await asyncio.sleep(0.2)
         await writer.append_store([_rollout(1)], step=2, kind="train", ages=None)
-        assert writer.child_pid == pid
+        assert _child_pid(writer) == pid
 
     asyncio.run(go())
     assert list(load_rollouts(run.rollout_store)["step"]) == [1, 2]
@@ -101,11 +107,11 @@ def test_the_writer_dies_with_the_orchestrator(tmp_path: Path) -> None:
     script = f"""
 import asyncio, os, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from test_orchestrator_writer import _rollout
+from test_orchestrator_writer import _child_pid, _rollout
 from toolkit.orchestrator.writer import RecordWriter
 w = RecordWriter({str(tmp_path / "run")!r})
 asyncio.run(w.append_store([_rollout(0)], step=1, kind="train", ages=None))
-print(w.child_pid, flush=True)
+print(_child_pid(w), flush=True)
 os.kill(os.getpid(), 9)
 """
     # check=False: the parent ends by SIGKILL on purpose

@@ -88,12 +88,6 @@ class RecordWriter:
         self.run_root = Path(run_root)
         self._pool: ProcessPoolExecutor | None = None
 
-    @property
-    def child_pid(self) -> int | None:
-        """Process id of the writer process, None before the first write (or after it died or was closed)."""
-        processes = getattr(self._pool, "_processes", None) or {}
-        return next(iter(processes), None)
-
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
