@@ -80,8 +80,7 @@ def complete_steps(run: RunDir, parts: tuple[str, ...] | None = None) -> list[in
 def latest_complete(run: RunDir, parts: tuple[str, ...] | None = None) -> int | None:
     """Newest complete checkpoint step, or None. Logs a warning naming every newer incomplete step it skips."""
     parts = parts or parts_of(run)
-    steps = numbered_steps(run.checkpoints)
-    for s in reversed(steps):
+    for s in reversed(numbered_steps(run.checkpoints)):
         defects = missing(run.checkpoint_step(s), parts)
         if not defects:
             return s
@@ -92,11 +91,8 @@ def latest_complete(run: RunDir, parts: tuple[str, ...] | None = None) -> int | 
 def describe(run: RunDir, parts: tuple[str, ...] | None = None) -> str:
     """One line per step directory: ``step_<n>: complete`` or ``step_<n>: missing trainer/, COMPLETE marker``."""
     parts = parts or parts_of(run)
-    lines = []
-    for s in numbered_steps(run.checkpoints):
-        defects = missing(run.checkpoint_step(s), parts)
-        lines.append(f"  {run.checkpoint_step(s)}: " + ("complete" if not defects else "missing " + ", ".join(defects)))
-    return "\n".join(lines)
+    defects = {d: missing(d, parts) for d in (run.checkpoint_step(s) for s in numbered_steps(run.checkpoints))}
+    return "\n".join(f"  {d}: " + ("missing " + ", ".join(m) if m else "complete") for d, m in defects.items())
 
 
 def resume_step(run: RunDir, requested: int | None, parts: tuple[str, ...] | None = None) -> int | None:

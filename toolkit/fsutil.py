@@ -68,13 +68,11 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     try:
         yield tmp
         _fsync_dir(tmp)
+        old = _tmp_name(final)
         if final.exists():
-            old = _tmp_name(final)
             os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)  # the replaced directory, if there was one
         _fsync_dir(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

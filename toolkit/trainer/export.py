@@ -62,8 +62,8 @@ def load_checkpoint_policy(run: RunDir, step: int) -> tuple[Any, Path, bool]:
 
     The model is built as :func:`toolkit.trainer.main.start_training` builds it (same model, dtype, LoRA config) on
     CPU in one process, then the checkpoint's trainer weights are loaded: ``model.safetensors`` (one-process runs)
-    or the ``dcp/`` shards of a multi-rank run (read into the whole, unsharded model). Raises FileNotFoundError when
-    the trainer part has neither.
+    or else the ``dcp/`` shards of a multi-rank run (read into the whole, unsharded model); the caller has checked
+    that the trainer part holds one of them.
     """
     import torch
 
@@ -78,7 +78,7 @@ def load_checkpoint_policy(run: RunDir, step: int) -> tuple[Any, Path, bool]:
     part = checkpoints.part_dir(run, step, "trainer")
     if (part / "model.safetensors").is_file():
         _load_weights(part / "model.safetensors", model)
-    elif (part / "dcp").is_dir():
+    else:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
@@ -87,8 +87,6 @@ def load_checkpoint_policy(run: RunDir, step: int) -> tuple[Any, Path, bool]:
         state = {"model": get_model_state_dict(model)}
         dcp.load(state, checkpoint_id=str(part / "dcp"))
         set_model_state_dict(model, state["model"])
-    else:
-        raise FileNotFoundError(f"{part} holds neither model.safetensors nor dcp/: not a trainer checkpoint part")
     model.eval()
     torch.set_grad_enabled(False)
     return model, model_dir, bool(s.lora)

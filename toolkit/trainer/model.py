@@ -31,12 +31,9 @@ def untie_output_embeddings(model: torch.nn.Module) -> bool:
     tied = out is not None and inp is not None and out.weight is inp.weight
     if tied:
         out.weight = torch.nn.Parameter(inp.weight.detach().clone())
-    cfg = model.config
-    if getattr(cfg, "tie_word_embeddings", False):
-        cfg.tie_word_embeddings = False
-    text_cfg = getattr(cfg, "get_text_config", lambda: None)()
-    if text_cfg is not None and getattr(text_cfg, "tie_word_embeddings", False):
-        text_cfg.tie_word_embeddings = False
+    for cfg in (model.config, getattr(model.config, "get_text_config", lambda: None)()):
+        if cfg is not None and getattr(cfg, "tie_word_embeddings", False):
+            cfg.tie_word_embeddings = False
     return tied
 
 
@@ -68,12 +65,11 @@ def full_state_dict(model: torch.nn.Module, *, info=None) -> dict[str, torch.Ten
     Under FSDP2 every rank must call this (it all-gathers); only the main rank gets the dict, others None.
     A peft LoRA model gives its merged base weights (what vLLM loads as a full model).
     """
-    world = 1 if info is None else info.world_size
     if hasattr(model, "merge_adapter"):  # peft LoRA: plain weights with the adapters merged
         from toolkit.trainer.lora import merged_state_dict
 
         return merged_state_dict(model, is_main=info is None or info.is_main)
-    if world > 1:
+    if info is not None and info.world_size > 1:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
