@@ -94,9 +94,7 @@ def plain_data(value: Any) -> Any:
 def runtime_fields(runtime_cfg: Any) -> dict[str, Any]:
     """srl's ``harness.runtime`` section as the plain fields verifiers' runtime config takes: every field the user
     set (None values dropped), so a field verifiers' class does not declare is refused, never dropped."""
-    if runtime_cfg is None:
-        return {"type": "subprocess"}
-    out = {k: v for k, v in plain_data(runtime_cfg).items() if v is not None}
+    out = {k: v for k, v in (plain_data(runtime_cfg) or {}).items() if v is not None}
     out.setdefault("type", "subprocess")
     return out
 
