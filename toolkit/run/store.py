@@ -442,10 +442,7 @@ def load_rollouts(
             data.update(_read_tokens(f, n))
     df = pd.DataFrame(data)
     if kind is not None:
-        df = df[df["kind"] == kind]
-        if "kind" not in wanted:
-            df = df.drop(columns="kind")
-        df = df.reset_index(drop=True)
+        df = df[df["kind"] == kind].drop(columns=extra).reset_index(drop=True)
     return df
 
 
