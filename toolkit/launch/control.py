@@ -94,16 +94,10 @@ def status_main(args: list[str]) -> int:
         if isinstance(st, slurm.SlurmCommandError):
             print(f"{job_id}\t{kind}\tattempt {attempt}\tcannot read state: {st}", file=sys.stderr)
             continue
-        bits = [st.state]
-        if st.reason:
-            bits.append(f"reason={st.reason}")
-        if st.exit_code is not None:
-            bits.append(f"exit={st.exit_code}:{st.signal or 0}")
-        if st.restart_count:
-            bits.append(f"restarts={st.restart_count}")
-        if st.node_list:
-            bits.append("nodes=" + ",".join(st.node_list))
-        print(f"{job_id}\t{kind}\tattempt {attempt}\t" + " ".join(bits))
+        bits = [st.state, st.reason and f"reason={st.reason}",
+                st.exit_code is not None and f"exit={st.exit_code}:{st.signal or 0}",
+                st.restart_count and f"restarts={st.restart_count}", st.node_list and "nodes=" + ",".join(st.node_list)]
+        print(f"{job_id}\t{kind}\tattempt {attempt}\t" + " ".join(b for b in bits if b))
         why = _dependency_note(st)
         if why:
             print(f"  {why}")

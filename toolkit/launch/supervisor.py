@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import lease as leases
-from ..fsutil import write_marker
+from ..fsutil import atomic_write_text, write_marker
 from ..placement.runtime import is_multinode_torchrun
 from ..procutil import GroupReaper, kill_with_parent_preexec
 from ..run.layout import RunDir
@@ -493,8 +493,6 @@ def run_job(run: RunDir, *, attempt: int | None, kind: str, secrets: list[str] |
             _job_log(f"error: {e}")
             _job_log("cannot resolve this allocation's placement; nothing was launched")
             return 1
-        from ..fsutil import atomic_write_text
-
         atomic_write_text(run.launcher / f"job-{job}.env", shell_env(plan))  # when the job started (srl report)
         for p in plan.processes:
             hosts = ",".join(plan.hosts[i] for i in p.node_indices)
@@ -624,10 +622,7 @@ def _teardown(sup: Supervisor, first: Child | None, status: int, reason: str | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The batch job's entry point; see the module docstring. Returns the job's exit status.
-
-    ``--run-dir RUN [--attempt N] [--kind rl|inference]`` supervises a run's plan.
-    """
+    """The batch job's entry point (arguments: see the module docstring). Returns the job's exit status."""
     ap = argparse.ArgumentParser(prog="python -m toolkit.launch.supervisor")
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--attempt", type=int, default=None)

@@ -170,19 +170,6 @@ def prepare_points(sweep: Any, configs: list[LoadedConfig], site: SiteConfig, ro
     return out
 
 
-@dataclass
-class _ArrayContext:
-    """What ``sweep.sbatch.j2`` prints: directives per het group, the sweep root, the points in task order."""
-
-    sweep: str
-    index: int
-    directives: list[list[str]]
-    root: str
-    points: list[str]
-    logs: list[str]
-    array: bool
-
-
 def render_array(sweep_name: str, index: int, chunk: ArrayChunk, prepared: list[PreparedPoint], root: Path) -> str:
     """The batch script of one chunk: the chunk's shape, named ``<sweep>-sweep-<index>``, logs
     ``<root>/logs/%x_%A_%a.out`` (plain jobs ``%x-%j.out``), ``--array=0-<n-1>%<throttle>``. Raises RenderError
@@ -194,8 +181,9 @@ def render_array(sweep_name: str, index: int, chunk: ArrayChunk, prepared: list[
     groups[0] = [f"--job-name={name}", f"--output={log}", f"--error={log}", *groups[0]]
     if chunk.array:
         groups[0].append(f"--array=0-{len(pts) - 1}%{chunk.throttle}")
-    ctx = _ArrayContext(sweep_name, index, groups, str(root), [p.point_id for p in pts],
-                        [f"{p.log_prefix}-" for p in pts], chunk.array)
+    # What sweep.sbatch.j2 prints: directives per het group, the sweep root, points and log prefixes in task order.
+    ctx = {"sweep": sweep_name, "index": index, "directives": groups, "root": str(root), "array": chunk.array,
+           "points": [p.point_id for p in pts], "logs": [f"{p.log_prefix}-" for p in pts]}
     return _env().get_template("sweep.sbatch.j2").render(ctx=ctx)
 
 
