@@ -63,10 +63,7 @@ def as_srl_error(exc: BaseException, default: type[srl_errors.SrlRolloutError], 
     return default(f"{context}: {type(exc).__name__}: {exc}")
 
 
-def _message(role: str, content: str) -> vf.Message:
-    return {"system": vf.SystemMessage, "user": vf.UserMessage, "assistant": vf.AssistantMessage}[role](
-        content=content
-    )
+_MESSAGE_CLASSES = {"system": vf.SystemMessage, "user": vf.UserMessage, "assistant": vf.AssistantMessage}
 
 
 def initial_messages(data: vf.TaskData) -> list[dict[str, str]]:
@@ -165,7 +162,7 @@ class Episode:
     def _append(self, role: str, content: str, *, sampled: bool = False) -> None:
         parent = len(self.trace.nodes) - 1 if self.trace.nodes else None
         self.trace.nodes.append(
-            vf.MessageNode(parent=parent, message=_message(role, content), sampled=sampled)
+            vf.MessageNode(parent=parent, message=_MESSAGE_CLASSES[role](content=content), sampled=sampled)
         )
         self.messages.append({"role": role, "content": content})
 
