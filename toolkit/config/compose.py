@@ -87,16 +87,14 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
         if "=" in body:
             key, raw = body.split("=", 1)
             value: Any = _parse_value(raw)
-            i += 1
         elif i + 1 < len(args) and not args[i + 1].startswith("--"):
             key, value = body, _parse_value(args[i + 1])
-            i += 2
+            i += 1  # the value's token
         elif body.startswith("no-"):
             key, value = body[3:], False
-            i += 1
         else:
             key, value = body, True
-            i += 1
+        i += 1
         path = [p.replace("-", "_") for p in key.split(".")]
         if not all(p and (p.replace("_", "").isalnum()) for p in path):
             raise ConfigError(f"bad override key '{key}': use dotted names like orchestrator.batch-size")

@@ -119,10 +119,9 @@ def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
                                f"{len(hosts)} ({','.join(hosts)})")
     hosts = [h for hs in groups for h in hs]
     addrs = node_addresses(hosts)
-    if len(hosts) > 1:
-        bad = [h for h, a in zip(hosts, addrs) if a in _LOOPBACK and len(set(addrs)) > 1]
-        if bad:
-            raise ResolveError(f"hosts {bad} resolve to a loopback address on a multi-node allocation")
+    bad = [h for h, a in zip(hosts, addrs) if a in _LOOPBACK] if len(set(addrs)) > 1 else []
+    if bad:
+        raise ResolveError(f"hosts {bad} resolve to a loopback address on a multi-node allocation")
     if len(set(addrs)) == 1 and addrs[0] not in ("", "0.0.0.0", "::"):
         # Every process binds on this machine (one node, or emulated nodes sharing an address): a port block that
         # another job or a local run already listens on would make an engine fail to start, so move to a free one.
