@@ -10,6 +10,8 @@ Config errors exit with status 2 and a message naming the file and field; never 
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,8 +80,6 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_config(args)
         if cmd in _ROLE_COMMANDS:
             module, func = _ROLE_COMMANDS[cmd].split(":")
-            import importlib
-
             try:
                 mod = importlib.import_module(module)
             except ModuleNotFoundError as e:
@@ -94,8 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # Output piped into `head` and the reader left: not an error. Point stdout at /dev/null so the interpreter's
         # final flush does not raise again.
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     print(f"srl: unknown command '{cmd}'\n\n{USAGE}", file=sys.stderr)
