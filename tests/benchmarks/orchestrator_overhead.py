@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 import aiohttp
 import psutil
@@ -210,7 +211,7 @@ class StepWatcher:
                 if rec.get("role") == "orchestrator" and step in self.steps and step not in self.samples:
                     self.samples[step] = sample
 
-    def __enter__(self) -> StepWatcher:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
