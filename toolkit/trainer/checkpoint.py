@@ -30,6 +30,7 @@ from toolkit.trainer.broadcast import ST_DTYPE_TAGS, save_safetensors
 from toolkit.trainer.step import DistInfo
 
 PART = "trainer"
+_ONE_PROCESS = DistInfo()  # the default layout: one process, no torch.distributed calls
 
 
 def _rng_state() -> dict:
@@ -335,7 +336,7 @@ def save_trainer_state(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     *,
-    info: DistInfo = DistInfo(),
+    info: DistInfo = _ONE_PROCESS,
     keep_last: int | None = None,
 ) -> Path:
     """Write the trainer part of checkpoint ``step`` (every rank calls this); returns its final path.
@@ -389,7 +390,7 @@ def load_trainer_state(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     *,
-    info: DistInfo = DistInfo(),
+    info: DistInfo = _ONE_PROCESS,
 ) -> int:
     """Restore model, optimizer, scheduler and RNG from a trainer part directory; returns its step.
 

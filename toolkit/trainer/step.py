@@ -105,7 +105,7 @@ def train_step(
     t0 = time.perf_counter()
     model.train()
     mbs = [mb.to(device) for mb in micro_batches]
-    f32 = dict(device=device, dtype=torch.float32)
+    f32 = {"device": device, "dtype": torch.float32}
     # Global denominators first: every micro-batch's loss is divided by the same counts.
     counts = torch.tensor(
         [sum(float(mb.loss_mask.sum()) for mb in mbs), sum(float(mb.ce_mask.sum()) for mb in mbs)], **f32
