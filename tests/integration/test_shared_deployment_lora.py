@@ -80,7 +80,7 @@ def _lora_run(out: Path, name: str, seed: int, dep: Path) -> list[str]:
 def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
     need_module("torch")
     need_module("peft")
-    from toolkit.inference.admin_token import for_external
+    from toolkit.inference.admin_token import read_token_file
     from toolkit.inference.client import PolicyClient
     from toolkit.inference.versions import VERSIONS_PATH, lora_name
     from toolkit.inference.weights import WeightUpdater
@@ -151,7 +151,7 @@ def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
 
         # The real engine's record and tags, read by the real client and updater.
         engine = json.loads(RunDir(dep).inference_ready.read_text())["engine_urls"][0]
-        token = for_external(RunDir(dep))
+        token = read_token_file(RunDir(dep).admin_token_file)
 
         async def probe() -> dict:
             import httpx

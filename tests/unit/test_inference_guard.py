@@ -145,11 +145,11 @@ def test_token_helpers(tmp_path, monkeypatch):
     at.restore_admin_token(b)
     assert at.admin_token_from_env() == b
     run = RunDir(tmp_path / "r")
-    assert at.for_external(run) is None
+    assert at.read_token_file(run.admin_token_file) is None
     fresh = at.for_local_deployment(run, publish=False)
     assert not run.admin_token_file.exists()
     pub = at.for_local_deployment(run, publish=True)
-    assert pub != fresh and at.for_external(run) == pub
+    assert pub != fresh and at.read_token_file(run.admin_token_file) == pub
     assert stat.S_IMODE(run.admin_token_file.stat().st_mode) == 0o600
     assert at.for_local_deployment(run, publish=True) == pub  # a requeued deployment keeps its token
     assert [p.name for p in run.launcher.iterdir()] == ["admin_token"]  # no temp file left

@@ -11,6 +11,7 @@ bounds. Every model forbids unknown keys (a typo is an error, never silently ign
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import typing
 from pathlib import Path
@@ -765,3 +766,9 @@ class RLConfig(Section):
                     f"{per * dep.num_infer_replicas} inference nodes; at most {_MAX_INFER_NODES}")
             dep.num_infer_nodes = per * dep.num_infer_replicas
         return self
+
+    def env_pythonpath(self) -> list[str]:
+        """The env workers' extra import path entries, in order: ``env_vars.PYTHONPATH`` of the run, then of the
+        orchestrator, split on ``os.pathsep`` with empty entries dropped."""
+        values = (self.env_vars.get("PYTHONPATH"), self.orchestrator.env_vars.get("PYTHONPATH"))
+        return [p for v in values if v for p in v.split(os.pathsep) if p]

@@ -382,8 +382,7 @@ def validate_config(cfg: Any, *, envs: Sequence[str] | None = None, n: int = 20,
 def workers_import_path(cfg: Any) -> Iterator[None]:
     """The env workers' import path while the block runs: ``env_vars.PYTHONPATH`` of the run and of the
     orchestrator in front of ``sys.path`` and of ``os.environ["PYTHONPATH"]``; both restored afterwards."""
-    entries = [p for v in (cfg.env_vars.get("PYTHONPATH"), cfg.orchestrator.env_vars.get("PYTHONPATH")) if v
-               for p in v.split(os.pathsep) if p]  # fmt: skip
+    entries = cfg.env_pythonpath()
     saved_path, saved_env = list(sys.path), os.environ.get("PYTHONPATH")
     sys.path[:0] = [p for p in entries if p not in sys.path]
     if entries:

@@ -15,7 +15,7 @@ Life of a token (32 random bytes, URL-safe base64 or hex):
   job step inherits it. A requeued RL job creates a new one: all its components restart with it;
 - the one exception to "environment only": an inference-only deployment (``srl inference``, local or Slurm) also
   writes it to ``<run>/launcher/admin_token`` (mode 0600, the user's own file on the shared filesystem) and reuses
-  that file across requeues, so an RL run with ``inference.external = <that run>`` can read it (:func:`for_external`).
+  that file across requeues, so an RL run with ``inference.external = <that run>`` can read it (:func:`read_token_file`).
 
 An engine started without the variable refuses every admin route (fail closed).
 """
@@ -85,12 +85,6 @@ def for_local_deployment(run: RunDir, *, publish: bool) -> str:
         token = new_admin_token()
         write_token_file(run.admin_token_file, token)
     return token
-
-
-def for_external(external_run: RunDir) -> str | None:
-    """Token of the inference-only deployment in ``external_run`` (an RL run's ``inference.external``), read from
-    its token file; None when there is none (then admin calls are refused and name the missing file)."""
-    return read_token_file(external_run.admin_token_file)
 
 
 def restore_admin_token(previous: str | None) -> None:

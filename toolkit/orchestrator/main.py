@@ -110,10 +110,10 @@ class Orchestrator:
             )  # fmt: skip
         # Admin token for the engines' admin routes (weight updates, the engine watch): own engines take the
         # launcher's SRL_ADMIN_TOKEN, an external deployment its token file.
-        from toolkit.inference.admin_token import admin_token_from_env, for_external
+        from toolkit.inference.admin_token import admin_token_from_env, read_token_file
 
         if self.cfg.inference.external:
-            self._admin_token = for_external(ready_run)
+            self._admin_token = read_token_file(ready_run.admin_token_file)
             if self._admin_token is None:
                 log.warning("%s is missing: the external deployment will refuse weight updates",
                             ready_run.admin_token_file)  # fmt: skip

@@ -83,7 +83,7 @@ def _taskset_ids(cfg: RLConfig, f: Findings) -> None:
     when it is one edit away from a built-in id (a typo), else a warning saying why it does not resolve: the job's
     environment (its PYTHONPATH, a site's setup lines) may provide a module this interpreter cannot see. Imports
     nothing (``toolkit.envs.tasksets.taskset_unresolved_reason`` locates modules by path and import hooks only)."""
-    extra = _pythonpath(cfg)
+    extra = cfg.env_pythonpath()
     builtins = sorted(BUILTIN_TASKSETS)
     for path, e in cfg.orchestrator.env_entries():
         why = None if e.taskset is None else taskset_unresolved_reason(e.taskset.id, extra)
@@ -106,7 +106,7 @@ def taskset_notices(cfg: RLConfig) -> list[str]:
     """One line per env: where its taskset id resolves on this machine (verifiers' order: verifiers' taskset
     package, an importable module, then srl's built-in), for the dry run and the resolved config. Imports nothing;
     the env workers resolve the id again on their node and log what they loaded."""
-    extra = _pythonpath(cfg)
+    extra = cfg.env_pythonpath()
     out = []
     for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
         for e in envs:
@@ -120,12 +120,6 @@ def taskset_notices(cfg: RLConfig) -> list[str]:
             out.append(f"{section} env '{e.env_name}': taskset '{_clip(e.taskset.id)}' resolves to "
                        f"{source.describe()}{shadow}")  # fmt: skip
     return out
-
-
-def _pythonpath(cfg: RLConfig) -> list[str]:
-    """The job's extra import path entries (``env_vars.PYTHONPATH`` of the run and of the orchestrator)."""
-    return [p for v in (cfg.env_vars.get("PYTHONPATH"), cfg.orchestrator.env_vars.get("PYTHONPATH")) if v
-            for p in v.split(os.pathsep) if p]  # fmt: skip
 
 
 def _env_runtimes(cfg: RLConfig, f: Findings) -> None:
