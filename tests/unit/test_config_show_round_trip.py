@@ -30,7 +30,7 @@ BASES: dict[str, list[Path]] = {
     "reverse-text": [JOBS / "reverse-text/rl.toml"],
     "reverse-text-slurm": [JOBS / "reverse-text/rl.toml", JOBS / "reverse-text/slurm.toml"],
     "reverse-text-lora-pd": [JOBS / "reverse-text/rl.toml", JOBS / "reverse-text/rl-lora.toml",
-                             JOBS / "reverse-text/rl-pd.toml"],  # fmt: skip
+                             JOBS / "reverse-text/rl-pd.toml"],
     "multi-env": [JOBS / "multi-env/rl.toml"],
     "native-single": [FIX / "native_single.toml"],
     "legacy-v0": [FIX / "legacy_v0.toml"],
