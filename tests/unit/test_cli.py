@@ -122,6 +122,19 @@ def test_misspelt_own_flag_gets_a_did_you_mean(tok, want):
     assert split_config_args(["@", "x.toml", "--seed", "3"])[1] == ["--seed", "3"]
 
 
+@pytest.mark.parametrize("argv", [["@", "x.toml", "--site", "@site.toml"], ["--output-dir", "@", "out.toml"]])
+def test_an_override_followed_by_a_file_is_refused_naming_both(argv):
+    """``--site @file.toml`` composed the site file into the run config: a boolean site and a dozen unknown keys."""
+    from toolkit.config import ConfigError
+    from toolkit.config.cli_args import split_config_args
+
+    opt = next(t for t in argv if t.startswith("--"))
+    with pytest.raises(ConfigError, match=f"{opt} is followed by '@.*without a value; give the value without '@'"):
+        split_config_args(argv)
+    assert split_config_args(["--no-foo.bar", "@", "x.toml", "--a.b=1", "@y.toml"])[0] == [Path("x.toml"),
+                                                                                              Path("y.toml")]
+
+
 def test_resume_without_name_continues_the_newest_run_that_trained(tmp_path):
     assert srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path).returncode == 0
     (trained,) = list(tmp_path.iterdir())

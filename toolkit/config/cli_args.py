@@ -41,7 +41,8 @@ def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str,
     """Split ``@ FILE`` pairs (or ``@FILE``), srl's own flags and config overrides.
 
     Returns ``(files, overrides, flags)`` in command-line order; flags are dry_run, resume, clean, help.
-    ``--site X`` and ``--output-dir X`` are overrides. Raises ConfigError for a dangling ``@`` or a misspelt flag.
+    ``--site X`` and ``--output-dir X`` are overrides. Raises ConfigError for a dangling ``@``, a misspelt flag, or
+    an override directly followed by a file (``--site @x.toml``).
     """
     files: list[Path] = []
     rest: list[str] = []
@@ -49,6 +50,12 @@ def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str,
     i = 0
     while i < len(argv):
         tok = argv[i]
+        if tok.startswith("@") and rest and rest[-1] == argv[i - 1] and _wants_value(rest[-1]):
+            # Composed as a file, the path would leave the option without a value: it would read as "true" and
+            # fail later as a wrong type, while the file's keys fail as unknown keys of the run config.
+            raise ConfigError(f"{rest[-1]} is followed by '{tok}': '@' composes a config file, leaving {rest[-1]} "
+                              f"without a value; give the value without '@' ({rest[-1]} VALUE), or write "
+                              f"{rest[-1]}=true for an on/off field")  # fmt: skip
         if tok == "@":
             if i + 1 >= len(argv):
                 raise ConfigError("'@' must be followed by a TOML file path")
@@ -64,3 +71,9 @@ def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str,
             rest.append(tok)
         i += 1
     return files, rest, flags
+
+
+def _wants_value(tok: str) -> bool:
+    """Whether ``tok`` is an override option still waiting for its value (``--key``; not ``--key=V`` or
+    ``--no-key``)."""
+    return tok.startswith("--") and "=" not in tok and not tok.startswith("--no-")
