@@ -135,6 +135,18 @@ def test_an_override_followed_by_a_file_is_refused_naming_both(argv):
                                                                                               Path("y.toml")]
 
 
+def test_an_override_picking_a_list_item_by_index_says_so():
+    """``--orchestrator.train.env.0.name x`` once replaced the env list with a table: "should be a valid list"."""
+    from toolkit.config import ConfigError
+    from toolkit.config.compose import parse_overrides
+
+    with pytest.raises(ConfigError, match=r"'orchestrator.train.env.0.name': a list item cannot be picked by its index"):
+        parse_overrides(["--orchestrator.train.env.0.name", "x"])
+    with pytest.raises(ConfigError, match="bad override key 'a..b'"):
+        parse_overrides(["--a..b", "1"])
+    assert parse_overrides(["--env-vars.X1", "2", "--a.b2-c=3"]) == {"env_vars": {"X1": 2}, "a": {"b2_c": 3}}
+
+
 def test_resume_without_name_continues_the_newest_run_that_trained(tmp_path):
     assert srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path).returncode == 0
     (trained,) = list(tmp_path.iterdir())

@@ -75,7 +75,8 @@ def origin_of(path: str, origins: dict[str, str]) -> str | None:
 def parse_overrides(args: list[str]) -> dict[str, Any]:
     """Turn ``--a.b-c VALUE`` / ``--a.b=VALUE`` / ``--flag`` / ``--no-flag`` tokens into a nested dict.
 
-    Raises ConfigError for tokens that are not overrides (e.g. a stray positional value).
+    Raises ConfigError for tokens that are not overrides (e.g. a stray positional value) and for a key that picks
+    a list item by index (``--orchestrator.train.env.0.name``).
     """
     out: dict[str, Any] = {}
     i = 0
@@ -98,6 +99,10 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
         path = [p.replace("-", "_") for p in key.split(".")]
         if not all(p and (p.replace("_", "").isalnum()) for p in path):
             raise ConfigError(f"bad override key '{key}': use dotted names like orchestrator.batch-size")
+        if any(p.isdigit() for p in path):
+            # A number would name a table key, not a list item: the whole list would be replaced by a table.
+            raise ConfigError(f"override key '{key}': a list item cannot be picked by its index on the command "
+                              "line; change the list in a TOML file composed with @ (e.g. its [[...]] table)")
         subtable(out, *path[:-1])[path[-1]] = value
     return out
 
