@@ -115,3 +115,13 @@ def test_reference_replies_shapes(tmp_path):
     refs = reference_replies(al)
     assert len(refs) == len(al.data.turns) and refs[0].splitlines() == sorted(al.data.turns[0])
     assert MALFORMED_REPLY.strip() and MALFORMED_REPLY not in refs
+
+
+@pytest.mark.parametrize("command, extra", [("validate", ["-n", "0"]), ("validate", ["-n", "1000001"]),
+                                            ("run", ["-r", "4097"]), ("run", ["-r", "0"])])  # fmt: skip
+def test_example_and_rollout_counts_outside_their_bounds_are_usage_errors(command, extra, tmp_path, capsys):
+    """-r 10**20 was accepted and would have sampled that many completions of each example."""
+    run_dir = tmp_path / "r"
+    rc = main([command, "@", str(REPO / "jobs/reverse-text/rl.toml"), *extra, "--run-dir", str(run_dir)])
+    assert rc == 2 and not run_dir.exists()
+    assert "-n must be 1 to 1000000 and -r 1 to 4096" in capsys.readouterr().err

@@ -34,6 +34,10 @@ USAGE = """usage: srl eval validate @ run.toml [--env NAME ...] [-n N] [--run-di
 Exit status: 0 gate passed, 1 gate failed, 2 usage or config error, 3 Slurm job ended without a verdict."""
 
 
+MAX_EXAMPLES = 1_000_000  # examples per env (-n)
+MAX_ROLLOUTS = 4096  # rollouts per example (-r)
+
+
 def _parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"srl eval {command}", add_help=False, allow_abbrev=False)
     p.add_argument("--env", action="append", default=None, help="only this env (repeatable; default: every env)")
@@ -85,8 +89,13 @@ def main(argv: list[str]) -> int:
     args, overrides = _parser(command).parse_known_args(leftover)
     if not files:
         raise ConfigError(f"give a config file: srl eval {command} @ jobs/reverse-text/rl.toml")
-    if args.num_examples < 1 or (command == "run" and args.rollouts_per_example < 1):
-        print(f"srl eval {command}: -n and -r must be >= 1", file=sys.stderr)
+    # The bounds of the config fields they stand in for (eval num_examples, group_size): a larger -r was accepted
+    # and then sampled that many completions per example.
+    bad = not 1 <= args.num_examples <= MAX_EXAMPLES
+    if command == "run":
+        bad = bad or not 1 <= args.rollouts_per_example <= MAX_ROLLOUTS
+    if bad:
+        print(f"srl eval {command}: -n must be 1 to {MAX_EXAMPLES} and -r 1 to {MAX_ROLLOUTS}", file=sys.stderr)
         return 2
     usage_error = _check_run_args(args) if command == "run" else None
     if usage_error:
