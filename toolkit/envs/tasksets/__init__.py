@@ -1,4 +1,5 @@
-"""srl's built-in verifiers v1 tasksets. Each module exports exactly one Taskset subclass in ``__all__``."""
+"""srl's built-in verifiers v1 tasksets: ``reverse_text``, ``arith`` and ``alphabet_sort`` (multi-turn) each export
+exactly one Taskset subclass in ``__all__``; ``common`` holds what they share (split/seed config, scores)."""
 
 import contextlib
 import importlib.util
