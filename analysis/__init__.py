@@ -1,5 +1,5 @@
-"""Offline analysis of srl runs; it only reads run directories (through :mod:`toolkit.run`) and imports no torch,
-vLLM or role package (login nodes and report jobs run it).
+"""Offline analysis of srl runs: it reads run directories through :mod:`toolkit.run`, writes only its own reports,
+and imports no torch, vLLM or role package (login nodes and report jobs run it).
 
 - ``loaders``: a run's ``metrics.jsonl``, resolved config, run meta and rollout store as pandas frames.
 - ``summary``: summaries of the rollout store per group, per (env, step), per env, and errors by class.
