@@ -161,7 +161,7 @@ def test_dry_run_writes_the_placement_the_job_runs(tmp_path, monkeypatch):
     assert st.state == "COMPLETED", _batch_log(run)
     ran = json.loads(run.placement_file.read_text())
     assert ran["job_id"] == job and len(ran["hosts"]) == 3
-    assert without_job(ran) == without_job(dry)
+    assert without_job(ran) == without_job(dry, job_id=job)
 
 
 def test_recorded_placement_equals_plan(probe_run, capsys):

@@ -40,4 +40,4 @@ def test_dry_run_writes_the_plan_the_submitted_job_uses(tmp_path: Path, monkeypa
     placed = _placement(tmp_path / "r")
     assert started.job_id == "4242" and placed["hosts"] == ["node1", "node2", "node3"]
     assert placed["ports"] == dry["ports"] and placed["roles"] == dry["roles"]
-    assert without_job(placed) == without_job(dry)
+    assert without_job(placed) == without_job(dry, job_id="4242")
