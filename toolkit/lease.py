@@ -262,8 +262,11 @@ class Lease:
             if cur.token != self.token:
                 raise LeaseLost(f"it is now held by {cur.describe()}")
             now = time.time()
-            self.holder = Holder(**{**asdict(self.holder), "renewed": now, "expires": now + TTL_S})
-            _write(self.slot.path, self.holder, create=False)
+            renewed = Holder(**{**asdict(self.holder), "renewed": now, "expires": now + TTL_S})
+            if not _write(self.slot.path, renewed, create=False, replaces=self.token):
+                cur = _read(self.slot.path)
+                raise LeaseLost(f"it is now held by {cur.describe()}" if cur else f"{self.slot.path} was removed")
+            self.holder = renewed
 
     @contextlib.contextmanager
     def emptying(self) -> Iterator[None]:
@@ -410,15 +413,21 @@ def _wait_for_claim(claim: Path) -> None:
     claim.unlink(missing_ok=True)
 
 
-def _write(path: Path, holder: Holder, *, create: bool) -> bool:
+def _write(path: Path, holder: Holder, *, create: bool, replaces: str | None = None) -> bool:
     """Write ``holder`` to ``path`` through a temporary file. ``create``: only if ``path`` does not exist (returns
-    False when it does), else replace it. Readers never see a partial record."""
+    False when it does), else replace it; ``replaces``: only if the record there still holds this token (returns
+    False when it does not). Readers never see a partial record."""
     tmp = path.with_name(f".lease.{holder.token}.{uuid.uuid4().hex[:6]}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(asdict(holder), f, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
     try:
+        # Checked after the fsync, right before the replace: a record another launch wrote while this one was
+        # being synced (which can take seconds on a loaded filesystem) must not be overwritten.
+        cur = _read(path) if replaces is not None else None
+        if replaces is not None and (cur is None or cur.token != replaces):
+            return False
         if create:
             os.link(tmp, path)  # atomic create-if-absent, also on NFS
         else:

@@ -151,6 +151,29 @@ def test_renewal_notices_a_takeover_and_a_role_watch_exits(tmp_path, monkeypatch
     assert lease.read(run).token == "theirs"  # a lost lease is never deleted by its former holder
 
 
+def test_a_takeover_written_while_a_renewal_syncs_its_record_is_kept(tmp_path, monkeypatch):
+    """A renewal reads the record (ours), then writes and syncs its new one; another launch's record written in
+    between once got overwritten by the renewal, so a role of the old run never saw the takeover. The takeover is
+    injected into the sync, the slow step on a loaded filesystem."""
+    run = RunDir(tmp_path / "r")
+    mine = lease.acquire(run)
+    real_fsync = os.fsync
+
+    def fsync_meanwhile_taken_over(fd):
+        monkeypatch.setattr(lease.os, "fsync", real_fsync)
+        _stale(run, token="theirs", host=os.uname().nodename, pid=os.getppid(), pid_start=None,
+               expires=time.time() + 60, command="srl rl --resume")
+        real_fsync(fd)
+
+    monkeypatch.setattr(lease.os, "fsync", fsync_meanwhile_taken_over)
+    with pytest.raises(lease.LeaseLost, match="srl rl --resume"):
+        mine.renew()
+    assert lease.read(run).token == "theirs"
+    assert not list(run.launcher.glob(".lease.*.tmp"))
+    mine.release()
+    assert lease.read(run).token == "theirs"
+
+
 def test_a_role_started_under_a_lease_exits_when_its_supervisor_dies(tmp_path):
     run = RunDir(tmp_path / "r")
     sup = _spawn(run.root, time.time(), 60)
