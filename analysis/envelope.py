@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from toolkit.fsutil import read_json
+
 # Bytes per parameter of one full fine-tune checkpoint (fp32 master weights 4 + AdamW first moment 4 + second
 # moment 4). prime-rl measured ~7.2 GB for a 0.6B model and ~341 GB for 30.5B (11-12 bytes/parameter);
 # see shared/notes/reference-systems.md, "Checkpoints".
@@ -113,10 +115,8 @@ def count_parameters(model_dir: Path) -> int | None:
 
 def model_shape(model_dir: Path) -> dict[str, int]:
     """hidden_size, num_hidden_layers, vocab_size, num_key_value_heads, head_dim from ``config.json`` (0 if absent)."""
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        cfg = {}
+    cfg = read_json(Path(model_dir) / "config.json")
+    cfg = cfg if isinstance(cfg, dict) else {}
     hidden = int(cfg.get("hidden_size", 0) or 0)
     heads = int(cfg.get("num_attention_heads", 0) or 0)
     return {

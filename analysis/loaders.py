@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from toolkit import fsutil
 from toolkit.run.layout import RunDir
 from toolkit.run.store import load_rollouts
 
@@ -74,10 +75,7 @@ def role_metrics(metrics: pd.DataFrame, role: str) -> pd.DataFrame:
 
 def read_json(path: Path) -> dict[str, Any]:
     """JSON object at ``path``, or ``{}`` when it is missing or unreadable (reports must not die on a bad file)."""
-    try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not UTF-8
-        return {}
+    obj = fsutil.read_json(path)
     return obj if isinstance(obj, dict) else {}
 
 

@@ -200,11 +200,7 @@ def expand_sweep_dirs(paths: list[Path]) -> list[Path]:
 
 def _manifest_points(manifest: Path) -> list[dict[str, Any]] | None:
     """The ``points`` list of a sweep manifest, or None when the file is not one (then the directory is a run)."""
-    try:
-        data = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not UTF-8
-        return None
-    points = data.get("points") if isinstance(data, dict) else None
+    points = read_json(manifest).get("points")
     if not isinstance(points, list) or not all(
         isinstance(pt, dict) and "run_dir" in pt and isinstance(pt.get("index", 0), int) for pt in points
     ):

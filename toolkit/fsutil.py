@@ -48,6 +48,15 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def read_json(path: Path) -> Any:
+    """The JSON value in ``path``; None when the file is missing or unreadable, is not UTF-8 or is not JSON (a
+    reader of run files that may be damaged or half-written by hand decides what None means)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: bad JSON, or bytes that are not UTF-8
+        return None
+
+
 def write_marker(path: Path) -> None:
     """Create an empty marker file atomically (STABLE, READY, COMPLETE)."""
     atomic_write_bytes(path, b"")

@@ -7,13 +7,12 @@ no such record (Slurm knows its jobs).
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
 from typing import Any
 
-from toolkit.fsutil import atomic_write_json
+from toolkit.fsutil import atomic_write_json, read_json
 from toolkit.run.layout import RunDir
 
 # The types of the fields srl writes that readers use (a record of another shape reads as unreadable).
@@ -33,10 +32,7 @@ def write_local_record(run: RunDir, *, attempt: int, status: int | None = None) 
 def read_local_record(run: RunDir) -> dict[str, Any] | None:
     """The local launcher record (``write_local_record``), None when there is none or it is unreadable (not JSON,
     or a pid, host or attempt of the wrong type: a hand-edited or damaged file)."""
-    try:
-        rec = json.loads(run.local_record.read_text())
-    except (OSError, ValueError):
-        return None
+    rec = read_json(run.local_record)
     typed = isinstance(rec, dict) and all(
         isinstance(rec[k], t) and not isinstance(rec[k], bool) for k, t in _TYPES.items() if k in rec)
     return rec if typed else None

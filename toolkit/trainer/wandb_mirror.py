@@ -42,17 +42,9 @@ CURSOR_FILE = "srl-mirror.json"
 def sweep_group(run: RunDir) -> str | None:
     """The sweep a run belongs to (its W&B group): the name in the sweep manifest of the run's parent directory
     (``srl sweep`` puts each point's run under ``<output_dir>/<sweep name>/``), else None."""
-    data = _read_json(run.root.parent / "manifest.json")
+    data = fsutil.read_json(run.root.parent / "manifest.json")
     name = data.get("name") if isinstance(data, dict) else None
     return str(name) if name else None
-
-
-def _read_json(path: Path) -> Any:
-    """The JSON value in ``path``; None when the file cannot be read or is not JSON."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 class WandbMirror:
@@ -101,7 +93,7 @@ class WandbMirror:
         except Exception:
             log.exception("W&B did not start; not logging to W&B (training goes on)")
             return None
-        cursor = _read_json(directory / CURSOR_FILE) or {}
+        cursor = fsutil.read_json(directory / CURSOR_FILE) or {}
         log.info("logging metrics to W&B run %s (%s; files in %s)", run_id, "offline" if offline else "online",
                  directory)  # fmt: skip
         mirror = cls(run, wb_run, cursor)
@@ -175,7 +167,7 @@ class WandbMirror:
 def _run_config(run: RunDir) -> dict[str, Any]:
     """The run's resolved config for W&B's config panel, without ``env_vars`` (values a user may not want to
     publish; secrets belong in ``slurm.secret_env_vars``, by name, but nothing forces that)."""
-    cfg = _read_json(run.run_config()) or {}
+    cfg = fsutil.read_json(run.run_config()) or {}
     cfg.pop("env_vars", None)
     return cfg
 
