@@ -256,6 +256,8 @@ class Lease:
         """Push the expiry ``TTL_S`` seconds ahead. Raises LeaseLost when the record is no longer ours, OSError
         when the file cannot be written."""
         with self._mutex:
+            # Checked before writing too: with the run directory deleted, writing would fail as a filesystem
+            # error, which the renewal thread retries, instead of giving the lease up.
             cur = _read(self.slot.path)
             if cur is None:
                 raise LeaseLost(f"{self.slot.path} was removed")
@@ -425,8 +427,7 @@ def _write(path: Path, holder: Holder, *, create: bool, replaces: str | None = N
     try:
         # Checked after the fsync, right before the replace: a record another launch wrote while this one was
         # being synced (which can take seconds on a loaded filesystem) must not be overwritten.
-        cur = _read(path) if replaces is not None else None
-        if replaces is not None and (cur is None or cur.token != replaces):
+        if replaces is not None and getattr(_read(path), "token", None) != replaces:
             return False
         if create:
             os.link(tmp, path)  # atomic create-if-absent, also on NFS

@@ -87,9 +87,11 @@ def check_references(cfg: RLConfig, f: Findings) -> None:
     if ip is not None and not _IMPORT_PATH.fullmatch(ip):
         f.error("orchestrator.renderer.import_path", f"{ip!r} is not 'package.module:Class'")
     for path, e in cfg.orchestrator.env_entries():
-        m = _ADDRESS.fullmatch(e.address or "")
+        if e.address is None:
+            continue
+        m = _ADDRESS.fullmatch(e.address)
         port = int(next(g for g in m.groups() if g is not None)) if m else 0
-        if e.address is not None and not 0 < port < 65536:
+        if not 0 < port < 65536:
             f.error(f"{path}.address", f"{e.address!r} is not host:port (a host name or address, then a port "
                     "1-65535)")  # fmt: skip
 
