@@ -68,6 +68,8 @@ def _check_world(cfg: Any) -> None:
         checked = preflight(launch_loaded(cfg))
     except ConfigError as e:
         raise ConfigError(in_sft_terms(e.issues)) from None
+    for n in checked.notices:
+        print(f"note: {n}", file=sys.stderr)
     for w in in_sft_terms(checked.warnings):
         print(f"warning: {w}", file=sys.stderr)
 

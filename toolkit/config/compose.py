@@ -4,6 +4,13 @@
 files merge left to right (tables deep-merge, lists replace), then dotted kebab-case overrides win. An override
 value is read as a TOML value when it parses as one (``64``, ``1e-5``, ``true``, ``[1, 2]``, ``"x"``), else as a
 plain string; the string ``None`` sets null.
+
+A list of tables (``[[orchestrator.train.env]]``) is replaced whole by a later ``[[...]]`` of the same name, which
+loses every entry the later file does not repeat; composing a file that does so prints a note naming the list and
+the file. To change one entry instead, a later layer gives a *table* keyed by the entry's name
+(``[orchestrator.train.env.reverse-text]`` with ``timeout = { rollout = 120 }``, or on the command line
+``--orchestrator.train.env.reverse-text.timeout.rollout 120``): it deep-merges into that entry and keeps the rest.
+An entry's name is its ``name``, else its ``taskset.id`` (the env-name default).
 """
 
 from __future__ import annotations
@@ -32,24 +39,99 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError([ConfigIssue("", f"broken TOML: {e}", str(path))]) from None
 
 
-def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """Merge ``top`` over ``base``: tables merge recursively, everything else (lists included) is replaced."""
+def deep_merge(base: dict[str, Any], top: dict[str, Any], *, source: str | None = None,
+               _prefix: str = "") -> dict[str, Any]:
+    """Merge ``top`` over ``base``: tables merge recursively, a table over a list of tables amends the entries it
+    names (:func:`amend_by_name`), everything else (lists included) is replaced. ``source`` (the layer's file)
+    only names it in errors. Raises ConfigError for a table naming an entry the list does not have."""
     out = copy.deepcopy(base)
     for key, value in top.items():
+        path = f"{_prefix}.{key}" if _prefix else str(key)
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value, source=source, _prefix=path)
+        elif isinstance(value, dict) and _is_table_list(out.get(key)):
+            out[key] = amend_by_name(out[key], value, path=path, source=source)
         else:
             out[key] = copy.deepcopy(value)
     return out
 
 
-def record_origins(tree: dict[str, Any], source: str, origins: dict[str, str], prefix: str = "") -> None:
+def _is_table_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def entry_name(entry: dict[str, Any]) -> str | None:
+    """The name an entry of a list of tables is amended by: its ``name``, else its ``taskset.id`` (an env's name
+    defaults to its taskset id); None when it has neither."""
+    if isinstance(entry.get("name"), str):
+        return entry["name"]
+    taskset = entry.get("taskset")
+    return taskset["id"] if isinstance(taskset, dict) and isinstance(taskset.get("id"), str) else None
+
+
+def _entry_index(items: list[dict[str, Any]], key: str, *, path: str, source: str | None) -> int:
+    """Index of the entry of ``items`` named ``key``. A command-line key has its dashes turned into underscores
+    (``reverse-text`` arrives as ``reverse_text``), so a name matches with either spelling when only one entry
+    does. Raises ConfigError naming the list, the file and the names there are."""
+    names = [entry_name(e) for e in items]
+    exact = [i for i, n in enumerate(names) if n == key]
+    loose = [i for i, n in enumerate(names) if n is not None and n.replace("-", "_") == key.replace("-", "_")]
+    found = exact or loose
+    if len(found) == 1:
+        return found[0]
+    known = ", ".join(repr(n) for n in names if n is not None) or "none (give each entry a name)"
+    why = f"several entries are named '{key}'" if found else f"no entry of {path} is named '{key}'"
+    raise ConfigError([ConfigIssue(f"{path}.{key}", f"{why}; the table [{path}.<name>] amends the entry of that "
+                                   f"name, and the names are: {known}", source)])
+
+
+def amend_by_name(items: list[dict[str, Any]], patches: dict[str, Any], *, path: str,
+                  source: str | None = None) -> list[dict[str, Any]]:
+    """``items`` (a list of tables, e.g. the envs) with each table of ``patches`` (entry name -> fields) deep-merged
+    into the entry of that name; the other entries are kept as they are. Raises ConfigError when a name matches
+    no entry (or several), or a patch is not a table."""
+    out = copy.deepcopy(items)
+    for key, patch in patches.items():
+        if not isinstance(patch, dict):
+            raise ConfigError([ConfigIssue(f"{path}.{key}", f"expected a table of fields for the entry named "
+                                           f"'{key}' (e.g. [{path}.{key}]), got {patch!r}", source)])
+        i = _entry_index(out, key, path=path, source=source)
+        out[i] = deep_merge(out[i], patch, source=source, _prefix=f"{path}[{i}]")
+    return out
+
+
+def replaced_lists(before: dict[str, Any], top: dict[str, Any], prefix: str = "") -> list[tuple[str, int]]:
+    """Where merging ``top`` over ``before`` replaces a non-empty list of tables by a different list: the dotted
+    path of each such list and how many entries it held. Used to tell the user, since the entries the later
+    layer does not repeat are lost."""
+    out: list[tuple[str, int]] = []
+    for key, value in top.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        old = before.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            out += replaced_lists(old, value, path)
+        elif isinstance(value, list) and _is_table_list(old) and value != old:
+            out.append((path, len(old)))
+    return out
+
+
+def record_origins(tree: dict[str, Any], source: str, origins: dict[str, str], prefix: str = "",
+                   before: dict[str, Any] | None = None) -> None:
     """Note ``source`` as the origin of every leaf of ``tree`` in ``origins`` (dotted path -> source; list items
-    as ``[i]``, the spelling of config error paths). Called per layer in merge order, so the last writer wins."""
+    as ``[i]``, the spelling of config error paths). Called per layer in merge order, so the last writer wins.
+    ``before``: the merged config this layer goes over, which places a table amending a list's entry by name
+    (:func:`amend_by_name`) at that entry's index."""
+    before = before if isinstance(before, dict) else {}
     for key, value in tree.items():
         path = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            record_origins(value, source, origins, path)
+        old = before.get(key)
+        if isinstance(value, dict) and _is_table_list(old):
+            for name, patch in value.items():
+                if isinstance(patch, dict):
+                    i = _entry_index(old, name, path=path, source=source)
+                    record_origins(patch, source, origins, f"{path}[{i}]", old[i])
+        elif isinstance(value, dict) and value:
+            record_origins(value, source, origins, path, old)
         elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             for k in [k for k in origins if k == path or k.startswith(path + "[")]:
                 del origins[k]  # a list replaces the earlier one whole
@@ -136,7 +218,9 @@ def merge_layers(
 
     ``shape`` (optional) maps each layer to the canonical shape first: ``shape(tree, source=...)`` returns
     ``(tree, notices)``. Returns ``(merged, origins, notices)``: ``origins`` maps each field path to the file (or
-    "command line") that set it last. Raises ConfigError for an unreadable file or a malformed override.
+    "command line") that set it last; ``notices`` holds the shape's and one per list of tables that a file
+    replaces whole (naming the list and the file). Raises ConfigError for an unreadable file, a malformed override,
+    or a table that amends a list entry by a name the list does not have.
     """
     merged: dict[str, Any] = {}
     origins: dict[str, str] = {}
@@ -149,7 +233,13 @@ def merge_layers(
         if shape is not None:
             tree, got = shape(tree, source=source)
             notices += got
-        merged = deep_merge(merged, tree)
-        record_origins(tree, source, origins)
+        if source != "command line":  # an override that sets a list says so itself
+            for path, n in replaced_lists(merged, tree):
+                notices.append(
+                    f"{source} replaces the whole list {path} ({n} {'entry' if n == 1 else 'entries'} before it; "
+                    f"those it does not repeat are gone). To change one entry and keep the rest, give a table "
+                    f"keyed by its name instead: [{path}.<name>]")
+        record_origins(tree, source, origins, before=merged)
+        merged = deep_merge(merged, tree, source=source)
     return merged, origins, notices
 

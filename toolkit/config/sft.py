@@ -154,6 +154,7 @@ class SFTConfig(Section):
     """Marks a resolved ``sft.json`` (the trainer runs the SFT loop for it)."""
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
     _warnings: list = PrivateAttr(default_factory=list)
+    _notices: list = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _deployment_has_a_trainer(self) -> SFTConfig:
@@ -237,7 +238,7 @@ def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SF
     Raises ConfigError listing every problem (SFT field path, allowed values, the file that set it). The rules'
     warnings are kept for :func:`launch_loaded`.
     """
-    merged, origins, _ = merge_layers(files, overrides)
+    merged, origins, notices = merge_layers(files, overrides)
     try:
         cfg = SFTConfig.model_validate(merged)
     except ValidationError as e:
@@ -253,6 +254,7 @@ def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SF
         raise ConfigError(name_sources(in_sft_terms(found.errors), origins))
     cfg._origins = origins
     cfg._warnings = name_sources(in_sft_terms(found.warnings), origins)
+    cfg._notices = notices  # e.g. an overlay replacing a whole list: printed by the command before it runs
     return cfg
 
 
@@ -262,7 +264,8 @@ def launch_loaded(cfg: SFTConfig) -> LoadedConfig:
     names the file that set the field. Map findings back with :func:`in_sft_terms`."""
     back = [(sft, view) for view, sft in _VIEW_TO_SFT]
     origins = {_renamed(path, back): src for path, src in cfg._origins.items()}
-    return LoadedConfig(cfg.launch_view(), warnings=list(cfg._warnings), purpose="sft", origins=origins)
+    return LoadedConfig(cfg.launch_view(), warnings=list(cfg._warnings), notices=list(cfg._notices), purpose="sft",
+                        origins=origins)
 
 
 __all__ = [
