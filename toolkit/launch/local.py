@@ -55,23 +55,27 @@ _PROGRAMS = {
 
 
 class _Progress:
-    """Follows metrics.jsonl and renders one status line per trainer step."""
+    """Follows metrics.jsonl and renders one status line per trainer step: every step gets its line, however many
+    records arrived between two polls (a slow poll on a busy machine once showed only the newest)."""
 
     def __init__(self, path: Path) -> None:
         self.follower = metrics.Follower(path)
         self.last: dict[str, dict[str, Any]] = {}
-        self.shown = -1
+        self.shown: Any = None
 
-    def poll(self) -> str | None:
-        recs = self.follower.new()
-        for rec in recs:
-            self.last.setdefault(rec.get("role", "?"), {}).update(rec)
-        if not recs:
-            return None
-        step = self.last.get(metrics.TRAINER, {}).get("step", 0)
-        if step == self.shown:
-            return None  # one line per trainer step
-        self.shown = step
+    def poll(self) -> list[str]:
+        """The lines of the trainer steps recorded since the last poll, oldest first; each shows the other roles'
+        newest values as of that step's record (so the lines do not depend on when the polls fell)."""
+        lines = []
+        for rec in self.follower.new():
+            role = rec.get("role", "?")
+            self.last.setdefault(role, {}).update(rec)
+            if role == metrics.TRAINER and rec.get("step") != self.shown:
+                self.shown = rec.get("step")
+                lines.append(self._line())
+        return lines
+
+    def _line(self) -> str:
         o, t = self.last.get(metrics.ORCHESTRATOR, {}), self.last.get(metrics.TRAINER, {})
         parts = [f"step {t.get('step', 0)}"]
         if metrics.REWARD_MEAN in o:
@@ -90,12 +94,13 @@ class _Progress:
         return " | ".join(parts)
 
     def show(self) -> None:
-        """Print the new status line, if any: rewritten in place on a terminal, one line per step into a file."""
-        line = self.poll()
-        if line and sys.stdout.isatty():
-            print(f"\r\x1b[2K{line}", end="", flush=True)
-        elif line:
-            print(line, flush=True)
+        """Print the new steps' lines, if any: rewritten in place on a terminal, one line per step otherwise (a
+        file, a pipe: the log keeps every step)."""
+        for line in self.poll():
+            if sys.stdout.isatty():
+                print(f"\r\x1b[2K{line}", end="", flush=True)
+            else:
+                print(line, flush=True)
 
 
 def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
@@ -134,6 +139,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
         print(f"\nsrl: {signal.Signals(signum).name}: asking the trainer to checkpoint and stop ...", flush=True)
 
     old = sup.handle_signals((signal.SIGINT, signal.SIGTERM), _on_signal)
+    progress = _Progress(run.metrics)
     first: Child | None = None
     failure = "the launcher stopped before the run started"  # why, when no process ended it
     write_local_record(run, attempt=attempt)  # read by `srl status`
@@ -142,7 +148,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     try:
         _start_all(sup, plan, model_path, logs, {leases.LEASE_ENV: lease.token})
         if sup.wait_ready(interrupt=lambda: sup.stop_at is not None):
-            first = sup.watch(on_poll=_Progress(run.metrics).show)
+            first = sup.watch(on_poll=progress.show)
         else:
             print("\nsrl: stopped before inference was ready; nothing to checkpoint", flush=True)
     except ComponentFailed as e:
@@ -153,7 +159,9 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     except LeaseLost as e:
         print(f"\nsrl: {e}; stopping every process of this attempt now", file=sys.stderr, flush=True)
     finally:
+        progress.show()  # the steps recorded after the last poll
         end = _end(sup, first, failure)
+        progress.show()  # and those of the final checkpointing, when the run was stopped
         restore_admin_token(saved_token)
         sup.restore_signals(old)
         if sup.lost is None:
