@@ -22,7 +22,8 @@ RL runs
   srl rl @ run.toml [@ overlay.toml ...] [--section.field VALUE ...] [--dry-run] [--resume] [--clean]
   srl config show @ run.toml [...]      print the resolved (canonical) config as TOML
   srl config convert FILE               print FILE converted to the canonical shape
-  srl status RUN_DIR | srl cancel RUN_DIR | srl logs RUN_DIR [--role R] [--follow]
+  srl status [RUN_DIR]                  a run's progress; without RUN_DIR, every run under outputs/
+  srl cancel RUN_DIR | srl logs RUN_DIR [--role R] [--follow]   (--follow ends when the run ends)
 
 Supervised fine-tuning
   srl sft @ sft.toml [@ overlay.toml ...] [--section.field VALUE ...] [--dry-run] [--resume] [--clean]

@@ -1,4 +1,5 @@
-"""``srl status``, ``srl cancel`` and ``srl logs`` for a run directory.
+"""``srl status``, ``srl cancel`` and ``srl logs`` for a run directory; ``srl status`` without one lists the runs
+under the output directory.
 
 Job state comes from ``scontrol show job``/``squeue`` (``toolkit.launch.slurm.job_state``), never ``sacct``, so
 these work on clusters without accounting. A job that ended more than MinJobAge ago is reported as "unknown
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import lease as leases
+from ..run import ending
 from ..run.layout import RunDir
 from . import slurm
 from .progress import continue_command_for, progress_lines, resolved_max_steps
@@ -52,11 +54,20 @@ def _grace_seconds(text: str) -> float:
 def status_main(args: list[str]) -> int:
     """Print the run's progress (from its run directory: steps, reward, checkpoints, published weights, the local
     launcher) and each submitted Slurm job with its state, exit code, nodes and restart count; for a sweep's root,
-    one line per point (:func:`toolkit.launch.sweeps.status_main`). Exit 1 when the directory is not a run
-    directory."""
-    a = _parser("status").parse_args(args)
+    one line per point (:func:`toolkit.launch.sweeps.status_main`). Without a run directory, or given a directory
+    that holds runs (``--output-dir``, default ``outputs``), one line per run: :func:`list_runs`. Exit 1 when the
+    directory is neither a run directory nor holds any."""
+    ap = argparse.ArgumentParser(prog="srl status", description="A run's progress; without RUN_DIR, every run under "
+                                 "the output directory (name, state, step, reward).")
+    ap.add_argument("run_dir", type=Path, nargs="?", help="a run directory, a sweep's directory or an output directory")
+    ap.add_argument("--output-dir", type=Path, default=Path("outputs"),
+                    help="where to list runs when no RUN_DIR is given (default: outputs)")
+    a = ap.parse_args(args)
     from . import sweeps
 
+    if a.run_dir is None or (a.run_dir.is_dir() and not (a.run_dir / "configs").exists()
+                             and not sweeps.is_sweep_root(a.run_dir) and run_dirs(a.run_dir)):
+        return list_runs(a.run_dir or a.output_dir)
     if sweeps.is_sweep_root(a.run_dir):
         return sweeps.status_main(a.run_dir)
     run = RunDir(a.run_dir)
@@ -78,6 +89,10 @@ def status_main(args: list[str]) -> int:
         st is None or (isinstance(st, slurm.JobState) and st.is_terminal) for *_, st in states
     )
     print(f"run {run.root}")
+    from .prepare import only_dry_runs
+
+    if only_dry_runs(run):
+        print("  dry runs only: nothing was launched from this directory (its files show what would run)")
     holder = leases.read(run)
     if holder is not None:
         dead = holder.dead_reason()
@@ -101,6 +116,81 @@ def status_main(args: list[str]) -> int:
         why = _dependency_note(st)
         if why:
             print(f"  {why}")
+    return 0
+
+
+def run_dirs(out_dir: Path) -> list[Path]:
+    """The run directories directly under ``out_dir`` that hold a real run, by name: a launched attempt in
+    ``configs/``. Left out: directories that only ever held dry runs (their attempts carry the dry-run marker),
+    hidden ones (``.dry-run/``: dry runs of existing runs), and directories without ``configs/`` (the eval gate's
+    ``reports/`` alone). [] when ``out_dir`` is missing or unreadable."""
+    from .prepare import only_dry_runs
+
+    try:
+        entries = sorted(out_dir.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if not p.name.startswith(".") and (p / "configs").is_dir()
+            and not only_dry_runs(RunDir(p))]
+
+
+def run_state(run: RunDir) -> str:
+    """One word or a few for where ``run`` stands: ``running`` (a live supervisor holds its lease), how its latest
+    attempt ended (``completed``, ``failed``, ``user``, ... with the exit status), ``queued``/``starting`` (a Slurm
+    job of it waits or starts), or ``gone without an ending`` (its supervisor died unrecorded)."""
+    holder = leases.read(run)
+    if holder is not None and holder.dead_reason() is None:
+        return "running" + (f" (job {holder.job_id})" if holder.job_id else "")
+    end = ending.read(run)
+    if end is not None:
+        return f"{end.cause} (exit {end.exit_status})"
+    jobs = read_job_ids(run)
+    if jobs:
+        job_id = jobs[-1][0]
+        try:
+            st = slurm.job_state(job_id)
+        except slurm.JobNotFoundError:
+            return f"gone without an ending (job {job_id})"
+        except slurm.SlurmCommandError:
+            return f"unknown (job {job_id}: Slurm did not answer)"
+        if not st.is_terminal:
+            return f"{'queued' if st.state == 'PENDING' else 'starting'} (job {job_id})"
+        return f"gone without an ending (job {job_id} {st.state})"
+    return "gone without an ending" if holder is not None else "not started"
+
+
+def list_runs(out_dir: Path) -> int:
+    """``srl status`` without a run directory: a table of the runs under ``out_dir`` (:func:`run_dirs`) and the
+    sweeps there, with name, state (:func:`run_state`), trainer step (of ``max_steps``) and the orchestrator's
+    newest mean reward. Returns 0, or 1 (with a sentence) when there is nothing to list."""
+    from . import sweeps
+    from .progress import last_metrics
+
+    runs = run_dirs(out_dir)
+    try:
+        sweep_roots = sorted(p for p in out_dir.iterdir() if sweeps.is_sweep_root(p) and (p / "arrays.jsonl").exists())
+    except OSError:
+        sweep_roots = []
+    if not runs and not sweep_roots:
+        where = f"{out_dir} does not exist" if not out_dir.exists() else f"no runs under {out_dir}"
+        print(f"srl status: {where}; give a run directory (srl status outputs/<run name>) or the output directory "
+              "with --output-dir", file=sys.stderr)
+        return 1
+    rows = [("run", "state", "step", "reward")]
+    for root in runs:
+        run = RunDir(root)
+        last = last_metrics(run)
+        step = last.get("trainer", {}).get("step")
+        top = resolved_max_steps(run)
+        reward = last.get("orchestrator", {}).get("reward/all/mean")
+        rows.append((root.name, run_state(run), "-" if step is None else f"{step}" + (f"/{top}" if top else ""),
+                     f"{reward:.4f}" if isinstance(reward, (int, float)) else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    print(f"runs under {out_dir} (details: srl status {out_dir}/<run>):")
+    for r in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[3])
+    for root in sweep_roots:
+        print(f"  sweep {root.name}: srl status {root}")
     return 0
 
 
@@ -191,9 +281,25 @@ def _log_files(run: RunDir, role: str | None) -> list[Path]:
     return files
 
 
+def run_is_live(run: RunDir) -> bool:
+    """Whether more may still be written to ``run``'s logs: a live supervisor holds its lease, or a Slurm job of
+    it is not final (queued, starting, requeued). When Slurm cannot be asked, it may be: True."""
+    holder = leases.read(run)
+    if holder is not None and holder.dead_reason() is None:
+        return True
+    jobs = read_job_ids(run)
+    if not jobs:
+        return False
+    try:
+        return bool(slurm.live_jobs(job_id for job_id, _, _ in jobs))
+    except slurm.SlurmCommandError:
+        return True
+
+
 def logs_main(args: list[str]) -> int:
     """Print the run's logs (batch log + per-process logs of the latest attempt), or one role's with ``--role``;
-    ``--follow`` keeps printing new lines until interrupted."""
+    ``--follow`` keeps printing new lines until the run has ended (:func:`run_is_live`: its last lines are
+    printed, then how it ended) or until interrupted."""
     ap = _parser("logs")
     ap.add_argument("--role", choices=("inference", "prefill", "decode", "router", "trainer", "orchestrator"))
     ap.add_argument("--follow", "-f", action="store_true")
@@ -204,7 +310,10 @@ def logs_main(args: list[str]) -> int:
         print(f"no logs under {run.logs}", file=sys.stderr)
         return 1
     offsets: dict[Path, int] = {}
+    last_round = False
     while True:
+        # Decided before reading, so the lines written up to the run's end are read in this round.
+        last_round = a.follow and not run_is_live(run)
         for f in _log_files(run, a.role):
             pos = offsets.get(f, 0)
             with open(f, "rb") as fh:
@@ -218,5 +327,9 @@ def logs_main(args: list[str]) -> int:
                     sys.stdout.write(chunk.decode(errors="replace"))
                 offsets[f] = pos + len(chunk)
         if not a.follow:
+            return 0
+        if last_round:
+            end = ending.read(run)
+            print("srl logs: the run has ended" + (f": {end.summary()}" if end else ""), file=sys.stderr)
             return 0
         time.sleep(1.0)

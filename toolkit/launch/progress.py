@@ -102,7 +102,10 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None, jobs_final: boo
     stable = newest_stable_broadcast(run)
     if stable is not None:
         lines.append(f"newest published weights (STABLE): step {stable[0]}")
-    ended = jobs_final or (launcher is not None and "status" in launcher)  # no running attempt to act on it
+    # No running attempt to act on a leftover stop request: every job is final, the local launcher recorded its
+    # exit, or the latest attempt recorded how it ended (each attempt clears that record when it starts; srl's
+    # batch script writes a stop request at every job's end, so a finished run has one).
+    ended = jobs_final or end is not None or (launcher is not None and "status" in launcher)
     if run.stop_request.exists() and not ended:
         lines.append("stop requested (control/STOP present): a running attempt checkpoints and stops")
     sync = wandb_sync_command(run)
