@@ -712,6 +712,17 @@ class MonitorsConfig(Section):
     """Append metrics to ``<run>/metrics.jsonl``."""
     wandb: WandbConfig | None = None
     stop: StopCriteria = StopCriteria()
+    stall_timeout_s: float = Field(1800.0, gt=0, le=_MAX_TIMEOUT_S)
+    """Progress watchdog: the supervisor ends the run (exit status 7) when a trainer rank or the orchestrator makes
+    no progress (no new phase, step, batch or collected group) for this many seconds, or an engine does not answer
+    /health for this long (it is restarted like a dead engine). The stuck processes' Python stacks go to their
+    logs first. Phases known to be long get more (``stall_startup_factor``, ``stall_s_per_gib``)."""
+    stall_startup_factor: float = Field(3.0, ge=1, le=1000)
+    """The bound of start-up phases (model load, the first step of an attempt, which compiles) is
+    ``stall_timeout_s`` times this."""
+    stall_s_per_gib: float = Field(120.0, ge=0, le=_MAX_TIMEOUT_S)
+    """Phases that move weights (checkpoint write, weight broadcast or update) get this many seconds more per GiB
+    they move, on top of ``stall_timeout_s``: the bound grows with the model, no size is hard-coded."""
 
     @model_validator(mode="after")
     def _wandb_mirrors_the_file(self) -> MonitorsConfig:

@@ -185,7 +185,11 @@ def _end(sup: Supervisor, first: Child | None, failure: str) -> Any:
             print(f"\nsrl: stopped on request; continue with:\n  {continue_command(sys.argv, sup.run.root.name)}",
                   flush=True)  # fmt: skip
             return end
-        if first is not None and first.returncode != 0:
+        if sup.stall is not None:
+            _say(f"the watchdog stopped the run: {sup.stall.message()}; the stuck processes' stacks (or their "
+                 f"state) are in {sup.run.latest_logs}/watchdog.log and their own logs. Continue from the newest "
+                 f"complete checkpoint with:\n  {continue_command(sys.argv, sup.run.root.name)}", error=True)  # fmt: skip
+        elif first is not None and first.returncode != 0:
             _say(f"{first.name} exited with status {first.returncode}; stopping the run (log: {first.log_path})",
                  error=True)  # fmt: skip
             if first.role in FINITE_ROLES:

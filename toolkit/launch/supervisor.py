@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,8 +52,9 @@ from .. import lease as leases
 from ..fsutil import atomic_write_text, write_marker
 from ..placement.runtime import is_multinode_torchrun
 from ..procutil import GroupReaper, kill_with_parent_preexec
+from ..run import heartbeat
 from ..run.layout import RunDir
-from . import rendezvous
+from . import rendezvous, watchdog
 
 # Roles whose clean exit means the run is done; inference and router serve until told to stop.
 FINITE_ROLES = ("trainer", "orchestrator")
@@ -66,6 +68,14 @@ RESTARTABLE_ROLES = ("inference",)
 POLL_S = 0.5
 # Seconds a stopped process gets between SIGTERM and SIGKILL.
 TERM_GRACE_S = 15.0
+# Seconds between two reads of the progress records (a handful of small files).
+PROGRESS_CHECK_S = 1.0
+# At most this many seconds between two /health checks of a running engine (less for a short stall bound), and the
+# timeout of one check.
+HEALTH_CHECK_S = 30.0
+HEALTH_TIMEOUT_S = 5.0
+# Bound on the batch job's look at a stuck process on another node (srun of a one-line script).
+REMOTE_PROBE_TIMEOUT_S = 60.0
 
 
 def is_restartable(role: str) -> bool:
@@ -155,6 +165,16 @@ class Supervisor:
         self.stop_at: float | None = None  # monotonic time of the first stop request
         self.ready = False  # every engine answered /health once: from then on there is work to checkpoint
         self._clean_exit_at: dict[str, float] = {}  # monotonic time a finite role was first seen exited with 0
+        # The progress watchdog (toolkit.launch.watchdog): what stalled, once something did.
+        bounds = watchdog.Bounds.from_config(cfg.monitors)
+        self.progress = watchdog.ProgressWatch(bounds)
+        self.health = watchdog.HealthWatch(bounds.timeout_s)
+        self.stall: watchdog.Stall | None = None
+        self._next_progress_check = 0.0
+        self._next_health_check = 0.0
+        # Inside a batch job: how to look at (and ask for the stacks of) processes on another node.
+        self.remote_probe: Callable[[str, list[int]], dict[int, str | None]] | None = None
+        heartbeat.clear(run)  # the previous attempt's records describe processes that are gone
 
     # -- starting --------------------------------------------------------------------------------------------
     def start(self, name: str, role: str, argv: list[str], env: dict[str, str], log_path: Path,
@@ -304,7 +324,120 @@ class Supervisor:
                     self.say(f"restarted {c.name} not healthy after {took:.0f} s; stopping the run", error=True)
                     c.returncode = c.returncode or 1
                     return c
+        return self.check_engines()
+
+    def check_engines(self, now: float | None = None) -> Child | None:
+        """The watchdog's look at the running engines (every :data:`HEALTH_CHECK_S` seconds at most, once all were
+        ready): an engine that has not answered /health for ``monitors.stall_timeout_s`` is killed, after its
+        state is logged, so that it is restarted as a dead engine is. Returns it when it cannot be restarted
+        (``inference.max_restarts = 0``): the run then ends as stalled, naming it. None otherwise."""
+        from ..inference.health import is_healthy
+
+        now = time.monotonic() if now is None else now
+        if not self.ready or now < self._next_health_check:
+            return None
+        self._next_health_check = now + min(HEALTH_CHECK_S, self.health.timeout_s / 4)
+        for c in self.children:
+            if c.role != "inference" or not c.health_url or c.poll() is not None:
+                continue
+            if c.restarted_at is not None:  # still starting again: inference.startup_timeout_s bounds it
+                self.health.reset(c.name, now)
+                continue
+            ok = is_healthy(c.health_url.removesuffix("/health"), timeout_s=min(HEALTH_TIMEOUT_S, self.health.timeout_s))
+            now = time.monotonic()
+            self.health.observe(c.name, ok, now)
+            if c.name not in self.health.overdue(now):
+                continue
+            silent = self.health.silent_for(c.name, now)
+            state = watchdog.describe_state(watchdog.proc_state(c.proc.pid)) if self.reaper else "on its node"
+            again = is_restartable(c.role) and self.cfg.inference.max_restarts > 0
+            self.say(f"watchdog: {c.name} did not answer /health for {silent:.0f} s (monitors.stall_timeout_s; "
+                     f"process {c.proc.pid}: {state}); killing it{' to restart it' if again else ''}",
+                     error=True)  # fmt: skip
+            self._report([f"{c.name} did not answer /health for {silent:.0f} s", *self._py_spy([c.proc.pid])])
+            self._signal(c, signal.SIGKILL)
+            c.proc.wait()
+            c.poll()
+            self.health.reset(c.name, now)
+            if not again:
+                self.stall = watchdog.Stall(c.name, c.role, {"phase": "serving (no /health answer)"}, silent,
+                                            self.health.timeout_s, hung=True)  # fmt: skip
+                return c
         return None
+
+    def check_progress(self, now: float | None = None) -> Child | None:
+        """The watchdog's look at the trainer's and orchestrator's progress records (every
+        :data:`PROGRESS_CHECK_S` seconds). When one stalled (:class:`toolkit.launch.watchdog.ProgressWatch`): log
+        why, ask the stuck processes for their Python stacks (into their own logs; a stopped one cannot answer: its
+        state is logged), kill them, remember the stall (:attr:`stall`) and return the stuck role's process, which
+        ends the run. None while everything progresses."""
+        now = time.monotonic() if now is None else now
+        if now < self._next_progress_check:
+            return None
+        self._next_progress_check = now + PROGRESS_CHECK_S
+        live = self.alive()
+        stalls = self.progress.observe(heartbeat.read_all(self.run), {c.role for c in live}, now)
+        if not stalls:
+            return None
+        self.stall = first = stalls[0]
+        self.say(f"watchdog: {first.message()}; writing the stuck processes' stacks to their logs and stopping the "
+                 "run", error=True)  # fmt: skip
+        lines = [f"stall: {first.message()}"]
+        stuck = [c for c in live if c.role in {x.role for x in stalls}]
+        for x in stalls:
+            lines += self._evidence(x, next((c for c in stuck if c.role == x.role), None))
+        self._report(lines)
+        for line in lines[1:]:
+            self.say(f"watchdog: {line}", error=True)
+        for c in stuck:
+            self._signal(c, signal.SIGKILL)
+            c.proc.wait()
+            c.poll()
+        return next((c for c in stuck if c.role == first.role), stuck[0] if stuck else None)
+
+    def _evidence(self, x: watchdog.Stall, child: Child | None) -> list[str]:
+        """Ask the processes of stall ``x`` for their stacks and describe each one (lines for the report)."""
+        rec = x.record or {}
+        pids = x.pids() or ([child.proc.pid] if child is not None and self.reaper is not None else [])
+        host = rec.get("host")
+        if not pids:
+            return [f"{x.key}: no process id known (job step {child.name if child else '?'}); no stacks"]
+        if host in (None, socket.gethostname()):
+            states = watchdog.request_stacks(pids)
+        elif self.remote_probe is not None:
+            states = self.remote_probe(str(host), pids)
+        else:
+            return [f"{x.key}: processes {pids} run on {host}, which this supervisor cannot reach; no stacks"]
+        if any(st not in (None, "T", "t", "Z") for st in states.values()):
+            time.sleep(watchdog.DUMP_WAIT_S)  # faulthandler writes from its signal handler: let it finish
+        log = child.log_path if child is not None else "its log"
+        out = [f"{x.key} pid {pid} on {host or 'this machine'}: {watchdog.describe_state(st)}"
+               + (f" ({log})" if st not in (None, "T", "t", "Z") else "") for pid, st in states.items()]  # fmt: skip
+        if host in (None, socket.gethostname()):
+            out += self._py_spy([p for p, st in states.items() if st not in (None, "T", "t", "Z")])
+        return out
+
+    @staticmethod
+    def _py_spy(pids: list[int]) -> list[str]:
+        """``py-spy dump`` of each of ``pids`` when py-spy is installed (optional), as report lines."""
+        out = []
+        for pid in pids:
+            text = watchdog.py_spy_dump(pid)
+            if text:
+                out.append(f"py-spy dump of pid {pid}:\n{text}")
+        return out
+
+    def _report(self, lines: list[str]) -> None:
+        """Append ``lines`` to the attempt's ``watchdog.log`` next to the roles' logs (never raises)."""
+        logs = {c.log_path.parent for c in self.children}
+        if not logs:
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        try:
+            with open(min(logs) / "watchdog.log", "a", encoding="utf-8") as f:
+                f.writelines(f"{stamp} {line}\n" for line in lines)
+        except OSError as e:
+            self.say(f"watchdog: cannot write its report: {e}", error=True)
 
     def first_ending(self) -> Child | None:
         """The process whose exit ends the run, if any: any that exited, except a trainer or orchestrator that
@@ -332,7 +465,8 @@ class Supervisor:
             self.check_lease()
             if on_poll is not None:
                 on_poll()
-            first = (None if self.run.stop_request.exists() else self.watch_restarts()) or self.first_ending()
+            first = ((None if self.run.stop_request.exists() else self.watch_restarts()) or self.first_ending()
+                     or self.check_progress())  # fmt: skip
             if first is not None:
                 return first
             time.sleep(POLL_S)
@@ -348,8 +482,11 @@ class Supervisor:
 
         failed = first is None or first.returncode != 0 or first.role not in FINITE_ROLES
         why = reason or (f"exit status {exit_status(first.returncode)} (log: {first.log_path})" if first else "")
-        end = ending.settle(self.run, failed=(first.name if first else "inference") if failed else None,
-                            failed_reason=why)  # fmt: skip
+        if self.stall is not None:  # the watchdog's kill is not the failure: the hang before it is
+            end = ending.settle(self.run, stalled=self.stall.role, stalled_reason=self.stall.message())
+        else:
+            end = ending.settle(self.run, failed=(first.name if first else "inference") if failed else None,
+                                failed_reason=why)  # fmt: skip
         self.request_stop()
         self.stop_after()
         return end
@@ -534,6 +671,7 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
     logs = run.log_attempt(attempt or (run.attempts() or [1])[-1])
     logs.mkdir(parents=True, exist_ok=True)
     sup = Supervisor(cfg, run, plan, say=_job_log, own_groups=False, restart_before_ready=True)
+    sup.remote_probe = lambda host, pids: _srun_probe(host, pids, env)
     sup.watch_lease(lease)
     preempt = getattr(signal, f"SIG{s.signal}") if s.requeue else None
     sup.handle_signals(tuple(x for x in (preempt, signal.SIGTERM, signal.SIGINT) if x is not None))
@@ -593,6 +731,20 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
     return _teardown(sup, first, exit_status(first.returncode), reason=_failure_reason(plan, first, rdzv_logs))
 
 
+def _srun_probe(host: str, pids: list[int], env: dict[str, str]) -> dict[int, str | None]:
+    """The states of ``pids`` on node ``host`` of this job, each asked for its stacks unless stopped
+    (:func:`toolkit.launch.watchdog.remote_probe_script` through an overlapping ``srun``, bounded by
+    :data:`REMOTE_PROBE_TIMEOUT_S`); {} when the node cannot be reached."""
+    argv = ["srun", "--overlap", f"--jobid={env.get('SLURM_JOB_ID', '')}", "--nodes=1", "--ntasks=1",
+            f"--nodelist={host}", "sh", "-c", watchdog.remote_probe_script(pids)]  # fmt: skip
+    try:
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=REMOTE_PROBE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        _job_log(f"watchdog: cannot look at processes {pids} on {host}: {e}", error=True)
+        return {}
+    return watchdog.parse_probe(r.stdout)
+
+
 def exit_status(rc: int | None) -> int:
     """A process's exit status as the shell reports it (a Popen status of -N, killed by signal N, is 128 + N, as
     srun reports a step killed by a signal)."""
@@ -613,8 +765,11 @@ def _teardown(sup: Supervisor, first: Child | None, status: int, reason: str | N
     ``slurm.checkpoint_grace_s`` for the trainer and orchestrator); ``reason``: why ``first`` failed, in words,
     when more is known than its exit status. Returns the job's exit status."""
     name = first.name if first is not None else "inference"
-    _job_log(f"teardown: {name} exited first (status {status})")
-    if status and reason:
+    if sup.stall is not None:
+        _job_log(f"teardown: the watchdog stopped {name}: {sup.stall.message()}")
+    else:
+        _job_log(f"teardown: {name} exited first (status {status})")
+    if status and reason and sup.stall is None:
         _job_log(f"{name} failed: {reason}", error=True)
     end = sup.end(first, reason=reason)
     print(end.line(), flush=True)

@@ -52,6 +52,7 @@ from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_stat
 from toolkit.orchestrator.stop import StopChecks
 from toolkit.orchestrator.writer import RecordWriter
 from toolkit.run.control import request_stop
+from toolkit.run.heartbeat import LONG, STARTUP, WEIGHTS, Heartbeat, enable_stack_dumps
 from toolkit.run.layout import RunDir
 
 log = logging.getLogger("srl.orchestrator")
@@ -78,6 +79,8 @@ class Orchestrator:
         self.metrics = MetricsLog(run, enabled=cfg.monitors.file)
         self.writer = RecordWriter(run.root)  # store rows and batches, written by a child process
         self.stop_criteria = StopChecks(cfg.monitors.stop, run.metrics)
+        # Read by the supervisor's watchdog: phase changes here, beats from _beat while the event loop runs.
+        self.progress = Heartbeat(run, "orchestrator")
         self.snapshots: dict[int, dict[str, Any]] = {}  # step -> state after its batch, not yet saved
         self.saved_steps: set[int] = set()
         self.engine_urls: list[str] = []
@@ -243,6 +246,7 @@ class Orchestrator:
             max_off_policy_steps=max_off_policy if o.update_weights else None,
         )  # fmt: skip
         batch = StepBatch(step=step, settings=settings)
+        self.progress.phase(f"collecting the groups of step {step}", step=step)
         planned = self._planned_groups()
         mean_gs = self._mean_group_size()
         w_offered = w_kept = w_signal = 0  # the batch's group counts when the current window of groups began
@@ -259,6 +263,7 @@ class Orchestrator:
             if group is None:
                 producer.pause()
                 return None, None
+            self.progress.advance()  # a group collected
             env = self.train_envs.get(group[0].env) if group else None
             dropped = batch.offer(group, max_completion_tokens=env.sampling.max_tokens if env else None)
             if dropped == "foreign_policy":
@@ -293,6 +298,7 @@ class Orchestrator:
                 "algo": self.ocfg.train.algo.type, "rollouts": len(batch.rollouts)}  # fmt: skip
         # Written by the record writer's process, so the rollouts in flight keep being served meanwhile.
         ages = [off_policy_age(step, r.policy_version) for r in batch.recorded]
+        self.progress.phase(f"writing batch {step}", step=step)
         await self.writer.persist_step(step, batch.recorded, ages, batch.training_samples(), meta)
         self.metrics.write(step, metrics)
         self.snapshots[step] = state
@@ -303,6 +309,7 @@ class Orchestrator:
     def _save(self, step: int) -> None:
         if step in self.saved_steps or step not in self.snapshots:
             return
+        self.progress.phase(f"saving its checkpoint part of step {step}", step=step, kind=WEIGHTS)
         save_state(self.run, step, self.snapshots[step])
         self.saved_steps.add(step)
 
@@ -314,6 +321,7 @@ class Orchestrator:
     async def _eval(self, step: int, tracker: PolicyTracker) -> dict[str, float]:
         if not self.eval_envs:
             return {}
+        self.progress.phase(f"eval at step {step}", step=step, kind=LONG)
         t0 = time.monotonic()
         metrics, rollouts = await run_eval(
             self.eval_envs, self.client, max_concurrent=self.ocfg.max_concurrent
@@ -336,6 +344,8 @@ class Orchestrator:
         except (NotImplementedError, RuntimeError):
             pass
         fsutil.remove_stale_temps(self.run.rollouts)
+        self.progress.phase("connecting to inference, starting env workers", kind=STARTUP)
+        beat = asyncio.create_task(self._beat())
         try:
             # Env workers take tens of seconds to import; start them while the engines come up instead of after.
             # return_exceptions so that one failing start still lets the other finish before the cleanup below.
@@ -360,10 +370,17 @@ class Orchestrator:
                     await rt.aclose()
                 except Exception:
                     log.exception("closing env %s failed", getattr(rt, "name", "?"))
+            beat.cancel()
             self.writer.close()
             aclose = getattr(self.client, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _beat(self) -> None:
+        """Say, every second, that the event loop still runs (a loop blocked in a call stops beating)."""
+        while True:
+            self.progress.beat()
+            await asyncio.sleep(1.0)
 
     def eval_points(self) -> list[int]:
         """Policy versions an SFT run evaluates: 0 (the base model), every ``eval.interval`` steps, the last step."""
@@ -382,6 +399,7 @@ class Orchestrator:
                 if self.metrics.has(point) or self._should_stop():
                     continue
                 if point > 0:  # point 0: the engines still serve the base model, whatever was broadcast since
+                    self.progress.phase(f"waiting for the trainer's step {point}", step=point, waiting_for="trainer")
                     await tracker.load_first_at_least(point, self._should_stop)
                 if self._should_stop():
                     break
@@ -431,6 +449,8 @@ class Orchestrator:
                     break
                 t0 = time.monotonic()
                 need = min_policy_version(step, o.max_async_level)
+                self.progress.phase(f"waiting for policy {need} to collect step {step}", step=step,
+                                    waiting_for="trainer")  # fmt: skip
                 waited = await tracker.wait_for(need, self._should_stop)
                 if self._should_stop():
                     break
@@ -496,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.config import load_resolved
 
     run = RunDir(args.run_dir)
+    enable_stack_dumps()  # the supervisor's watchdog asks a stuck orchestrator for its stacks (into this log)
     # Started by a supervisor: never produce batches once it is gone or the run belongs to another attempt.
     exit_when_lease_gone(run, "orchestrator")
     cfg = load_resolved(run.resolved("rl"))

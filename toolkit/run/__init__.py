@@ -5,6 +5,8 @@
 - ``ending``: how a run (its latest attempt) ended, ``ending.json``, and the exit status that ending maps to.
 - ``metrics``: ``metrics.jsonl``, its readers (whole file, tail, follower) and shared metric names.
 - ``control``: the stop request in ``control/`` that asks every role to stop (with the criterion that fired).
+- ``heartbeat``: each role's progress record ``progress/<key>.json`` (phase, step, progress and beat counters) and the
+  signal on which a role dumps its Python stacks, read by the supervisor's progress watchdog.
 - ``launcher``: the local launcher record ``launcher/local.json`` (pid, host, attempt; its exit status once ended).
 - ``stop``: the stop criteria (``[monitors.stop]``) over per-step metrics: the orchestrator checks them live, reports
   replay ``metrics.jsonl`` through the same monitor.

@@ -13,6 +13,8 @@ status  cause           meaning
 5       ``criterion``   another stop criterion stopped it: trainer divergence, errored share, mismatch KL,
                         reward collapse (``criterion`` names it, ``reason`` says why)
 6       ``time-limit``  the Slurm time limit (or a preemption) ended the job and it was not requeued
+7       ``stalled``     the progress watchdog stopped the run: a role made no progress for its bound
+                        (``monitors.stall_timeout_s``); ``role`` names it, ``reason`` says what it was doing
 130     ``user``        stopped on request: Ctrl-C, ``srl cancel`` or a signal to the job
 ======  ==============  ==================================================================================
 
@@ -44,12 +46,13 @@ LEASE_LOST = "lease-lost"
 NO_SIGNAL = "no-signal"
 CRITERION = "criterion"
 TIME_LIMIT = "time-limit"
+STALLED = "stalled"
 PREEMPTED = "preempted"
 USER = "user"
 
 # One place for the numbers: the CLI, the batch script and README's table all follow this mapping.
 EXIT_STATUS = {COMPLETED: 0, PREEMPTED: 0, FAILED: 1, LEASE_LOST: 3, NO_SIGNAL: 4, CRITERION: 5, TIME_LIMIT: 6,
-               USER: 130}  # fmt: skip
+               STALLED: 7, USER: 130}  # fmt: skip
 CAUSES = tuple(EXIT_STATUS)
 
 # Criterion names (the ``criterion`` field).
@@ -97,6 +100,8 @@ class Ending:
             return f"stopped by the {self.criterion or 'stop criteria'}{at}{why}"
         if self.cause == FAILED:
             return f"failed in {self.role or 'an unknown role'}{at}{why}"
+        if self.cause == STALLED:
+            return f"stopped by the progress watchdog{at}{why}"
         if self.cause == TIME_LIMIT:
             return f"ended by the Slurm time limit{at}{why}"
         if self.cause == PREEMPTED:
@@ -169,14 +174,18 @@ def settle(
     time_limit: bool = False,
     requeued: bool = False,
     lease_lost: bool = False,
+    stalled: str | None = None,
+    stalled_reason: str = "",
 ) -> Ending:
     """Decide and record how the attempt ended, once every process has ended; returns the ending.
 
     ``failed`` names the process (or role) whose failure ended the run, ``failed_reason`` says how (exit status,
     log). The decision, first match wins: a lost lease (nothing is written: the run is someone else's now); a
-    requeue; a criterion recorded by a role (its own non-zero exit, as a diverged trainer's, is part of that
-    stop, not a failure); a failure; the time limit; a user's stop; a stop request whose text names a criterion
-    (a role that wrote it without a record); otherwise the run completed.
+    requeue; a stall (``stalled`` names the stuck role, ``stalled_reason`` what it was doing: the processes the
+    watchdog then kills would otherwise read as failures); a criterion recorded by a role (its own non-zero exit,
+    as a diverged trainer's, is part of that stop, not a failure); a failure; the time limit; a user's stop; a
+    stop request whose text names a criterion (a role that wrote it without a record); otherwise the run
+    completed.
     """
     step = metrics.newest_step(run.metrics)
     if lease_lost:
@@ -184,6 +193,8 @@ def settle(
     if requeued:
         return write(run, Ending(PREEMPTED, "the job's pre-timeout signal came; it checkpointed and requeued",
                                  step=step))  # fmt: skip
+    if stalled is not None:  # a hang outranks what the run was stopping for: nothing stopped cleanly
+        return write(run, Ending(STALLED, stalled_reason, role=stalled, step=step))
     recorded = read(run)
     by_criterion = recorded is not None and recorded.cause in (NO_SIGNAL, CRITERION)
     if recorded is not None and by_criterion and (failed is None or _role_of(failed) == recorded.role):

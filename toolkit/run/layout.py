@@ -17,6 +17,7 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
     data_order.jsonl     an SFT run's sample ids per step (resume checks: each step trains the same samples)
     store/rollouts.h5    every rollout (schema, writer and readers in store.py)
     control/             STOP request file, inference readiness files
+    progress/<key>.json  each trainer rank's and the orchestrator's progress record (toolkit.run.heartbeat)
     reports/             offline reports
     metrics.jsonl        one JSON object per line: step, time, role, metrics
     policy_reloads.jsonl one JSON object per live weight reload: version, time, each engine's reported version
@@ -149,6 +150,8 @@ class RunDir:
     stop_request = _Under("control", "STOP")
     # JSON written by the inference launcher once every engine (and router) answers /health.
     inference_ready = _Under("control", "inference_ready.json")
+    # One progress record per trainer rank and orchestrator, read by the supervisor's watchdog (toolkit.run.heartbeat).
+    progress = _Under("progress")
     # Run-local scratch on the shared filesystem (e.g. the P/D ExampleConnector KV store).
     scratch = _Under("scratch")
 

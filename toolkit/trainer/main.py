@@ -28,6 +28,7 @@ from typing import Any
 
 from toolkit import checkpoints, fsutil
 from toolkit.lease import exit_when_lease_gone
+from toolkit.run.heartbeat import STARTUP, WEIGHTS, Heartbeat, enable_stack_dumps
 from toolkit.run.layout import RunDir
 
 log = logging.getLogger("srl.trainer")
@@ -224,8 +225,22 @@ class StopFlag:
         return self.signalled is not None or self.run.stop_request.exists()
 
 
-def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None) -> int:
-    """The trainer loop (see module docstring); returns the last finished trainer step.
+def progress_record(run: RunDir) -> Heartbeat:
+    """This rank's progress record (``progress/trainer.rank<RANK>.json``, :mod:`toolkit.run.heartbeat`), read by
+    the supervisor's watchdog."""
+    return Heartbeat(run, "trainer", key=f"trainer.rank{os.environ.get('RANK', '0')}")
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of the model's parameters (the whole model, also when sharded): what a broadcast writes; a
+    checkpoint writes about three times as much (weights and the optimizer's two moments)."""
+    return int(sum(p.numel() * p.element_size() for p in model.parameters()))
+
+
+def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None,
+                progress: Heartbeat | None = None) -> int:
+    """The trainer loop (see module docstring); returns the last finished trainer step. ``progress``: this
+    rank's progress record (default :func:`progress_record`), updated at every phase.
 
     Raises ``toolkit.checkpoints.CheckpointError`` when checkpoints exist but none can be resumed, TimeoutError
     when a batch does not arrive within ``batch_timeout_s``.
@@ -245,10 +260,17 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     if unset:
         raise ValueError(f"TrainerSettings for an RL run lacks {', '.join(unset)} (build it with from_config)")
     tdist.die_with_agent()
+    hb = progress or progress_record(run)
+    hb.phase("loading the model and the newest checkpoint", kind=STARTUP)
     st = start_training(run, s)
     info, device, model, optimizer, scheduler = st.info, st.device, st.model, st.optimizer, st.scheduler
     model_dir, n_params, done = st.model_dir, st.n_params, st.done
     stop = stop or StopFlag(run)
+    wbytes = weight_bytes(model)
+
+    def waiting() -> bool:  # polled while the trainer waits for a batch: it is alive, not progressing
+        hb.beat()
+        return stop()
     if info.is_main:
         for d in (run.rollouts, run.broadcasts, run.checkpoints, run.control):
             d.mkdir(parents=True, exist_ok=True)
@@ -272,10 +294,14 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
             break
         n = step + 1
         t_wait = time.perf_counter()
-        batch = read_batch(run, n, timeout_s=s.batch_timeout_s, should_stop=stop)
+        hb.phase(f"waiting for batch {n}", step=n, waiting_for="orchestrator")
+        batch = read_batch(run, n, timeout_s=s.batch_timeout_s, should_stop=waiting)
         wait_s = time.perf_counter() - t_wait
         if tdist.broadcast_flag(batch is None, info):
             break
+        # The attempt's first step compiles and warms up: a start-up phase for the watchdog.
+        hb.phase(f"train step {n} (forward, backward, optimizer; collectives)", step=n,
+                 kind=STARTUP if step == done else None)  # fmt: skip
         temperature = float(batch.meta.get("temperature", s.temperature))
         mbs = plan_micro_batches(
             batch, seq_len=s.seq_len, micro_batch_size=s.micro_batch_size, rank=info.rank, world_size=info.world_size
@@ -287,14 +313,17 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
             on_policy=torch.as_tensor(batch.policy_version == n - 1),
         )  # fmt: skip
         t_bc = time.perf_counter()
+        hb.phase(f"weight broadcast {n}", step=n, kind=WEIGHTS, size_bytes=wbytes)
         broadcast_policy(run, n, model, model_dir, info=info, keep=s.broadcast_keep, adapter_only=bool(s.lora))
         tdist.barrier(info)
         bc_s = time.perf_counter() - t_bc
         step = n
         ckpt_s = 0.0
         if (s.ckpt_interval and n % s.ckpt_interval == 0) or n == s.max_steps:
+            hb.phase(f"checkpoint {n}", step=n, kind=WEIGHTS, size_bytes=3 * wbytes)
             ckpt_s = st.save(run, n)
             last_saved = n
+        hb.phase(f"recording step {n}", step=n)
         if info.is_main:
             m = {"step": n, "time": time.time(), "role": "trainer", **metrics}
             m.update({"time/wait_for_batch": wait_s, "time/broadcast": bc_s, "time/save_ckpt": ckpt_s,
@@ -325,7 +354,9 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
             break
     if step > 0 and last_saved != step:
         log.info("stopping after step %d: writing checkpoint", step)
+        hb.phase(f"checkpoint {step} (stopping)", step=step, kind=WEIGHTS, size_bytes=3 * wbytes)
         st.save(run, step)
+    hb.phase("finishing (closing the W&B mirror, leaving the process group)", step=step)
     if mirror is not None:
         mirror.close(orchestrator_step=step or None)
     tdist.shutdown(info)
@@ -349,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.trainer.sft import run_sft
 
     run = RunDir(args.run_dir)
+    enable_stack_dumps()  # the supervisor's watchdog asks a stuck trainer for its stacks (into this log)
+    progress = progress_record(run)
+    progress.phase("starting (imports, config)", kind=STARTUP)
     # Started by a supervisor: never train on once it is gone or the run belongs to another attempt.
     exit_when_lease_gone(run, "trainer")
     cfg = load_run_config(run)  # sft.json: the SFT mode of ``srl trainer``
@@ -358,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag(run)
     stop.install()
     if run.run_config().name == "sft.json":
-        return _exit_status(lambda: run_sft(run, cfg, settings, stop=stop))
-    return _exit_status(lambda: run_trainer(run, settings, stop=stop))
+        return _exit_status(lambda: run_sft(run, cfg, settings, stop=stop, progress=progress))
+    return _exit_status(lambda: run_trainer(run, settings, stop=stop, progress=progress))
 
 
 def _exit_status(loop: Any) -> int:

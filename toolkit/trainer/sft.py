@@ -131,24 +131,29 @@ def check_resumed_order(run: RunDir, samples_of: Any) -> None:
                         f"{run.checkpoints}/step_<n>/hf)")  # fmt: skip
 
 
-def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any) -> int:
+def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any, progress: Any = None) -> int:
     """The SFT loop (module docstring) of ``cfg`` (an ``SFTConfig``) with its trainer settings ``s``
     (``TrainerSettings.from_config(cfg)``, resume overrides applied); returns the last finished step.
+    ``progress``: this rank's progress record (``toolkit.run.heartbeat.Heartbeat``; default: a new one).
 
     Raises DataError before step 1 on bad data, ``toolkit.checkpoints.CheckpointError`` when checkpoints exist but
     none can be resumed, TrainerDiverged after ``max_nonfinite_steps`` non-finite steps in a row.
     """
+    from toolkit.run.heartbeat import STARTUP, WEIGHTS
     from toolkit.run.metrics import recorded_steps
     from toolkit.trainer import dist as tdist
     from toolkit.trainer.loss import IPOLoss
-    from toolkit.trainer.main import TrainerDiverged, start_training
+    from toolkit.trainer.main import TrainerDiverged, progress_record, start_training, weight_bytes
     from toolkit.trainer.packing import plan_micro_batches
     from toolkit.trainer.sft_data import step_rows, to_batch
     from toolkit.trainer.step import train_step
 
     tdist.die_with_agent()
+    hb = progress or progress_record(run)
+    hb.phase("loading the model, the newest checkpoint and the data", kind=STARTUP)
     st = start_training(run, s, parts=PARTS)
     info, device, model = st.info, st.device, st.model
+    wbytes = weight_bytes(model)
     t_data = time.perf_counter()
     data, val = load_data(cfg, st.model_dir)
     if info.is_main:
@@ -210,6 +215,7 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any) -> int:
         if tdist.broadcast_flag(stop(), info):
             break
         n = step + 1
+        hb.phase(f"train step {n}", step=n, kind=STARTUP if step == done else None)  # the first step compiles
         rows, epoch = rows_of(n)
         batch = to_batch(data, rows, n)
         mbs = plan_micro_batches(batch, seq_len=d.seq_len, micro_batch_size=s.micro_batch_size, rank=info.rank,
@@ -220,8 +226,10 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any) -> int:
         step = n
         ckpt_s = 0.0
         if (s.ckpt_interval and n % s.ckpt_interval == 0) or n == s.max_steps:
+            hb.phase(f"checkpoint {n}", step=n, kind=WEIGHTS, size_bytes=4 * wbytes)  # with its HF weights
             ckpt_s = checkpoint(n)
             last_saved = n
+        hb.phase(f"after step {n}: broadcast, validation, metrics", step=n, kind=WEIGHTS, size_bytes=wbytes)
         bc_s = broadcast(n) if cfg.has_online_eval and ((eval_every and n % eval_every == 0) or n == s.max_steps) else 0.0
         extra = validate() if cfg.val is not None and (n % cfg.val.interval == 0 or n == s.max_steps) else {}
         if info.is_main:
@@ -257,11 +265,14 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any) -> int:
             )
     if step > 0 and last_saved != step:
         log.info("stopping after step %d: writing checkpoint", step)
+        hb.phase(f"checkpoint {step} (stopping)", step=step, kind=WEIGHTS, size_bytes=4 * wbytes)
         checkpoint(step)
     if step >= s.max_steps:
+        hb.phase("writing the final model", step=step, kind=WEIGHTS, size_bytes=wbytes)
         export_model(model, st.model_dir, run.model_export, info=info)
         if info.is_main:
             log.info("final model written to %s", run.model_export)
+    hb.phase("finishing (W&B mirror, leaving the process group)", step=step)
     if mirror is not None:
         # The eval of the last step is written by the eval-only orchestrator after this broadcast; wait for it a
         # while so W&B gets the run's final score too.
