@@ -4,7 +4,7 @@
 # Debian's slurm-wlm 22.05 supports several slurmd on one host: four `slurmd -N nodeN` processes listen on
 # 127.0.0.1 with distinct ports, each node has 2 cores, 4000 MB and 4 fake GPUs (/dev/fakegpu0-3, clones of
 # /dev/null, so GRES bookkeeping and CUDA_VISIBLE_DEVICES are real while no GPU exists). No accounting
-# daemon: job records live in slurmctld for MinJobAge seconds. Measured facts: shared/notes/local-slurm.md.
+# daemon: job records live in slurmctld for MinJobAge seconds.
 #
 # Usage (as root, or a user with passwordless sudo):
 #   .ci/setup-slurm.sh [start]   install if missing, write config, start daemons, wait until 4 nodes respond.
@@ -104,7 +104,8 @@ install_packages() {
 }
 
 # ---- config ----------------------------------------------------------------------------------------------
-# Keep backticks and command substitutions out of these texts: they are literal config (pitfall 9 in the notes).
+# Keep backticks and command substitutions out of these texts: they are literal config, and the quoted heredoc
+# below would write them into slurm.conf unexpanded.
 slurm_conf() {
     cat <<'EOF'
 # Written by srl .ci/setup-slurm.sh: a 4-node test cluster on 127.0.0.1. Edits are overwritten.

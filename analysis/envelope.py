@@ -16,8 +16,8 @@ from typing import Any
 from toolkit.fsutil import read_json
 
 # Bytes per parameter of one full fine-tune checkpoint (fp32 master weights 4 + AdamW first moment 4 + second
-# moment 4). prime-rl measured ~7.2 GB for a 0.6B model and ~341 GB for 30.5B (11-12 bytes/parameter);
-# see shared/notes/reference-systems.md, "Checkpoints".
+# moment 4). prime-rl's checkpoints measured ~7.2 GB for a 0.6B model and ~341 GB for 30.5B (11-12
+# bytes/parameter).
 CHECKPOINT_BYTES_PER_PARAM = 12.0
 # Trainer model states per parameter with mixed-precision AdamW: bf16 weights 2 + bf16 gradients 2 + fp32 master,
 # momentum and variance 12 = 16 bytes (Rajbhandari et al. 2020, "ZeRO", section 3.1: 2P + 2P + 12P).
@@ -43,7 +43,7 @@ def checkpoint_disk_bytes(
     """Peak checkpoint disk: ``(keep_last + 1) x bytes_per_param x num_params``.
 
     The +1: a new checkpoint is written completely before the oldest is deleted, so ``keep_last + 1`` exist at the
-    peak (prime-rl's retention order; shared/notes/reference-systems.md).
+    peak (the retention order prime-rl uses too).
     """
     return (keep_last + 1) * bytes_per_param * float(num_params)
 

@@ -82,7 +82,7 @@ def test_slurm_time_limit_is_named_from_the_job_log(slurm_cluster, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = proc.stdout.split("submitted inference job ")[1].split(";")[0].strip()
     try:
-        # A 1-minute limit is enforced within about 30 s of overrun (shared/notes/local-slurm.md), plus KillWait.
+        # A 1-minute limit is enforced within about 30 s of overrun on the local cluster (measured), plus KillWait.
         st = slurm.wait(job, timeout_s=400, poll_s=2.0)
     finally:
         slurm.cancel(job)

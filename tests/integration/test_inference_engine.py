@@ -2,7 +2,7 @@
 
 The deployment starts with two broadcasts on disk: step_1 (STABLE) and step_2 (no marker yet, as if the trainer were
 still writing it). A restarted deployment must serve step_1. A live reload then moves it to a third set of weights;
-served logprobs must equal transformers' fp32 logprobs of exactly those weights (shared/notes: they agree to ~1e-6).
+served logprobs must equal transformers' fp32 logprobs of exactly those weights (measured: they agree to ~1e-6).
 """
 
 from __future__ import annotations

