@@ -18,8 +18,8 @@ BASE = {
     "orchestrator": {
         "batch_size": 64,
         "group_size": 8,
-        "train": {"env": [{"taskset": {"id": "reverse-text"}}]},
-        "eval": {"env": [{"taskset": {"id": "reverse-text", "split": "test"}}]},
+        "train": {"env": [{"taskset": {"id": "srl-reverse-text"}}]},
+        "eval": {"env": [{"taskset": {"id": "srl-reverse-text", "split": "test"}}]},
     },
 }
 

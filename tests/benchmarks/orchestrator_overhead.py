@@ -63,7 +63,7 @@ def reverse_text_tasks() -> list:
     from toolkit.envs.registry import load_tasks
     from toolkit.envs.server import taskset_namespace
 
-    return load_tasks(taskset_namespace({"id": "reverse-text"}))
+    return load_tasks(taskset_namespace({"id": "srl-reverse-text"}))
 
 
 def rendered_prompts(model_dir: Path, n: int) -> list[list[int]]:
@@ -242,7 +242,7 @@ def orchestrator_rate(
             "batch_size": args.batch_size, "group_size": args.group_size, "max_async_level": min(args.steps - 1, 64),
             "max_concurrent": args.concurrency,
             "train": {"sampling": {"max_completion_tokens": 16},
-                      "env": [{"name": "rev", "taskset": {"id": "reverse-text"}, "pool": {"max_workers": args.workers}}]},
+                      "env": [{"name": "rev", "taskset": {"id": "srl-reverse-text"}, "pool": {"max_workers": args.workers}}]},
         },
     })  # fmt: skip
     write_ready(run, {"base_url": url, "router_url": None, "engine_urls": [url], "model": "loopback",

@@ -24,7 +24,7 @@ from toolkit.run.layout import RunDir
 BASE: dict[str, Any] = {
     "output_dir": "/shared/runs",
     "model": {"name": "tiny-qwen3"},
-    "orchestrator": {"train": {"env": [{"taskset": {"id": "reverse-text"}}]}},
+    "orchestrator": {"train": {"env": [{"taskset": {"id": "srl-reverse-text"}}]}},
 }
 
 

@@ -136,7 +136,7 @@ def check_exact_tokens(rollouts, calls):
 def test_reverse_text_run_group_token_exact(server):
     url, model = server
     groups, calls = run_groups(
-        url, model, env_cfg("reverse-text"), 4, SamplingParams(max_tokens=12, seed=None)
+        url, model, env_cfg("srl-reverse-text"), 4, SamplingParams(max_tokens=12, seed=None)
     )
     rollouts = [r for g in groups for r in g]
     assert len(rollouts) == 8 and len(calls) == 8
@@ -161,7 +161,7 @@ def test_reverse_text_run_group_token_exact(server):
 
 def test_alphabet_sort_multi_turn_token_exact(server):
     url, model = server
-    cfg = env_cfg("alphabet-sort", num_turns=2, names_per_turn=2)
+    cfg = env_cfg("srl-alphabet-sort", num_turns=2, names_per_turn=2)
     groups, calls = run_groups(url, model, cfg, 3, SamplingParams(max_tokens=8))
     rollouts = [r for g in groups for r in g]
     check_exact_tokens(rollouts, calls)

@@ -143,10 +143,10 @@ def test_env_requests_per_rollout(model_dir):
             await rt.aclose()
         return calls, group
 
-    calls, group = asyncio.run(go("reverse-text", 4))
+    calls, group = asyncio.run(go("srl-reverse-text", 4))
     assert all(r.error_class is None and r.num_turns == 1 for r in group)
     assert sorted(calls) == ["start_group"] + ["step"] * 4
-    calls, group = asyncio.run(go("alphabet-sort", 2))
+    calls, group = asyncio.run(go("srl-alphabet-sort", 2))
     assert all(r.error_class is None and r.num_turns == 2 for r in group), [r.error_message for r in group]
     assert sorted(calls) == ["finish"] * 2 + ["start_group"] + ["step"] * 4
 
@@ -171,7 +171,7 @@ def test_raising_scorer_gives_task_error_without_retry(model_dir, external_on_pa
 
 def test_provider_errors_are_retried(model_dir):
     async def go():
-        rt = EnvRuntime(env_cfg("reverse-text", workers=1, retries=2), model_path=model_dir, renderer_cfg=None,
+        rt = EnvRuntime(env_cfg("srl-reverse-text", workers=1, retries=2), model_path=model_dir, renderer_cfg=None,
                         seed=0)  # fmt: skip
         await rt.start()
         try:
@@ -190,7 +190,7 @@ def test_provider_errors_are_retried(model_dir):
 
 def test_crashed_worker_is_replaced_and_rollout_retried(model_dir):
     async def go():
-        rt = EnvRuntime(env_cfg("reverse-text", workers=1, retries=1), model_path=model_dir, renderer_cfg=None,
+        rt = EnvRuntime(env_cfg("srl-reverse-text", workers=1, retries=1), model_path=model_dir, renderer_cfg=None,
                         seed=0)  # fmt: skip
         await rt.start()
         try:
@@ -273,7 +273,7 @@ def test_external_address_server(model_dir):
 
     from toolkit.envs.runtime import env_spec
 
-    cfg = env_cfg("arith", workers=1)
+    cfg = env_cfg("srl-arith", workers=1)
     proc = subprocess.Popen(
         [sys.executable, "-m", "toolkit.envs.server", "--spec", "-", "--port", "0"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

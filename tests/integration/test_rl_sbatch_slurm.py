@@ -69,7 +69,7 @@ name = "{name}"
 [model]
 name = "{model}"
 [[orchestrator.train.env]]
-taskset = {{ id = "reverse-text" }}
+taskset = {{ id = "srl-reverse-text" }}
 [inference.vllm]
 tensor_parallel_size = 2
 [deployment]

@@ -78,7 +78,7 @@ def stub_job(tmp_path, monkeypatch):
         (model / "config.json").write_text("{}")  # HF-format dir for config validation; never loaded
         cfgfile = tmp_path / f"{uuid.uuid4().hex[:6]}.toml"
         cfgfile.write_text(f'output_dir = {json.dumps(str(output_dir))}\nsite = "stub"\n[model]\n'
-                           f'name = "{model}"\n[[orchestrator.train.env]]\ntaskset = {{ id = "reverse-text" }}\n'
+                           f'name = "{model}"\n[[orchestrator.train.env]]\ntaskset = {{ id = "srl-reverse-text" }}\n'
                            f'[slurm]\ncheckpoint_grace_s = 5\nsignal_lead_s = 60\n' + toml)
         loaded = load_config([cfgfile])
         run, attempt = prepare_run(loaded, argv=["srl", "rl"])

@@ -60,7 +60,7 @@ CONFIG: dict[str, Any] = {
                 {
                     "name": "arith",
                     "ratio": 1,
-                    "taskset": {"id": "arith", "split": "train"},
+                    "taskset": {"id": "srl-arith", "split": "train"},
                     "harness": {"id": "default", "runtime": {"type": "subprocess"}},
                     "max_turns": 1,
                     "timeout": {"rollout": 60, "scoring": 10},
@@ -68,7 +68,7 @@ CONFIG: dict[str, Any] = {
                 {
                     "name": "reverse-text",
                     "ratio": 1,
-                    "taskset": {"id": "reverse-text", "split": "train"},
+                    "taskset": {"id": "srl-reverse-text", "split": "train"},
                     "harness": {"id": "default", "runtime": {"type": "subprocess"}},
                     "max_turns": 1,
                 },
@@ -79,7 +79,7 @@ CONFIG: dict[str, Any] = {
             "env": [
                 {
                     "name": "arith-test",
-                    "taskset": {"id": "arith", "split": "test"},
+                    "taskset": {"id": "srl-arith", "split": "test"},
                     "num_examples": 4,
                     "group_size": 2,
                 }

@@ -26,7 +26,7 @@ def test_b20_group_size_one_is_rejected_with_reason():
 
 
 def test_b20_per_env_group_size_checked_too():
-    env = {"taskset": {"id": "reverse-text"}, "group_size": 12}
+    env = {"taskset": {"id": "srl-reverse-text"}, "group_size": 12}
     text = errors_of(cfg(orchestrator={"train": {"env": [env]}}))
     assert "orchestrator.train.env[0].group_size" in text and "60 or 72" in text
 
@@ -36,20 +36,20 @@ def test_small_group_warns():
 
 
 def test_env_names_unique():
-    envs = [{"taskset": {"id": "arith"}}, {"taskset": {"id": "arith"}}]
+    envs = [{"taskset": {"id": "srl-arith"}}, {"taskset": {"id": "srl-arith"}}]
     assert "used 2 times" in errors_of(cfg(orchestrator={"train": {"env": envs}}))
-    envs = [{"name": "a", "taskset": {"id": "arith"}}, {"name": "b", "taskset": {"id": "arith"}}]
+    envs = [{"name": "a", "taskset": {"id": "srl-arith"}}, {"name": "b", "taskset": {"id": "srl-arith"}}]
     validate(cfg(orchestrator={"train": {"env": envs}}))
 
 
 def test_ratio_on_all_or_none():
-    envs = [{"name": "a", "ratio": 2, "taskset": {"id": "arith"}}, {"name": "b", "taskset": {"id": "arith"}}]
+    envs = [{"name": "a", "ratio": 2, "taskset": {"id": "srl-arith"}}, {"name": "b", "taskset": {"id": "srl-arith"}}]
     text = errors_of(cfg(orchestrator={"train": {"env": envs}}))
     assert "ratio" in text and "['b']" in text
 
 
 def test_max_concurrent_covers_group_times_workers():
-    env = {"taskset": {"id": "arith"}, "pool": {"max_workers": 16}}
+    env = {"taskset": {"id": "srl-arith"}, "pool": {"max_workers": 16}}
     text = errors_of(cfg(orchestrator={"max_concurrent": 64, "train": {"env": [env]}}))
     assert "max_concurrent" in text and ">= 128" in text
 
@@ -60,7 +60,7 @@ def test_b19_max_steps_must_exceed_async_level():
 
 
 def test_infinite_timeout_rejected():
-    env = {"taskset": {"id": "arith"}, "timeout": {"rollout": float("inf")}}
+    env = {"taskset": {"id": "srl-arith"}, "timeout": {"rollout": float("inf")}}
     assert "timeout.rollout" in errors_of(cfg(orchestrator={"train": {"env": [env]}}))
 
 

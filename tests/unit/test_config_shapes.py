@@ -20,7 +20,7 @@ def test_native_single_env():
     cfg = load("native_single.toml").config
     env = cfg.orchestrator.train.env[0]
     assert env.env_name == "rt-train"
-    assert env.taskset.id == "reverse-text" and env.taskset.split == "train"
+    assert env.taskset.id == "srl-reverse-text" and env.taskset.split == "train"
     assert env.harness.id == "default" and env.harness.runtime.type == "subprocess"
     assert env.timeout.rollout == 600 and env.timeout.scoring == 120
     assert env.max_turns == 8 and env.max_total_tokens == 32768
@@ -61,8 +61,8 @@ def test_unsupported_pool_is_refused(tmp_path):
     assert "allowed: [1]" in issues["orchestrator.train.env[0].pool.multiplex"]
     p = tmp_path / "eval_pool.toml"
     p.write_text(
-        '[[orchestrator.train.env]]\ntaskset = { id = "reverse-text" }\npool = { type = "static", max_workers = 2 }\n'
-        '[[orchestrator.eval.env]]\ntaskset = { id = "reverse-text" }\npool = { type = "elastic" }\n'
+        '[[orchestrator.train.env]]\ntaskset = { id = "srl-reverse-text" }\npool = { type = "static", max_workers = 2 }\n'
+        '[[orchestrator.eval.env]]\ntaskset = { id = "srl-reverse-text" }\npool = { type = "elastic" }\n'
     )
     with pytest.raises(ConfigError) as e:
         load_config([p])
@@ -72,8 +72,8 @@ def test_unsupported_pool_is_refused(tmp_path):
 def test_legacy_v0_bridge_is_labelled():
     loaded = load("legacy_v0.toml")
     env = loaded.config.orchestrator.train.env[0]
-    assert env.legacy and env.id == "reverse-text"
-    assert env.taskset.id == "reverse-text" and env.taskset.split == "train" and env.taskset.seed == 3
+    assert env.legacy and env.id == "srl-reverse-text"
+    assert env.taskset.id == "srl-reverse-text" and env.taskset.split == "train" and env.taskset.seed == 3
     assert any("legacy" in n for n in loaded.notices)
     assert any("legacy" in n for n in loaded.config.notices)
 
@@ -95,7 +95,7 @@ def test_hosted_flat_shape():
     assert cfg.orchestrator.batch_size == 256 and cfg.orchestrator.group_size == 8
     assert cfg.orchestrator.train.sampling.max_completion_tokens == 512
     env = cfg.orchestrator.train.env[0]
-    assert env.legacy and env.taskset.id == "alphabet-sort"
+    assert env.legacy and env.taskset.id == "srl-alphabet-sort"
     assert cfg.monitors.wandb.project == "alphabet-sort"
     assert len(loaded.notices) >= 5
 
@@ -111,10 +111,10 @@ def test_older_names_of_the_second_seed():
 
 def test_overrides_files_merge_and_lists_replace(tmp_path):
     over = tmp_path / "over.toml"
-    over.write_text('[orchestrator]\nbatch_size = 32\n[[orchestrator.train.env]]\ntaskset = { id = "arith" }\n')
+    over.write_text('[orchestrator]\nbatch_size = 32\n[[orchestrator.train.env]]\ntaskset = { id = "srl-arith" }\n')
     cfg = load_config([FIX / "multi_env.toml", over], ["--trainer.optim.lr", "1e-5", "--no-monitors.file"]).config
     assert cfg.orchestrator.batch_size == 32 and cfg.orchestrator.group_size == 8  # tables deep-merge
-    assert [e.env_name for e in cfg.orchestrator.train.env] == ["arith"]  # lists replace
+    assert [e.env_name for e in cfg.orchestrator.train.env] == ["srl-arith"]  # lists replace
     assert cfg.trainer.optim.lr == 1e-5 and cfg.monitors.file is False
 
 

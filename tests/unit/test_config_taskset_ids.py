@@ -20,7 +20,7 @@ def _train(taskset_id: str, **extra) -> dict:
 
 def test_typo_of_a_built_in_id_is_an_error_naming_the_field_and_the_id_meant():
     text = errors_of(_train("revers-text"))
-    assert "orchestrator.train.env[0].taskset.id" in text and "did you mean 'reverse-text'" in text
+    assert "orchestrator.train.env[0].taskset.id" in text and "did you mean 'srl-reverse-text'" in text
     assert "alphabet-sort" in text  # the allowed ids are listed
     eval_typo = config({"orchestrator": {"eval": {"env": [{"taskset": {"id": "alphabet_sort", "split": "test"}}]}}})
     assert "orchestrator.eval.env[0].taskset.id" in errors_of(eval_typo)
@@ -44,7 +44,7 @@ def test_a_module_on_the_jobs_pythonpath_or_sys_path_resolves(tmp_path, monkeypa
 
 
 def test_verifiers_own_tasksets_and_built_ins_resolve():
-    assert taskset_unresolved_reason("reverse-text") is None and taskset_unresolved_reason("arith") is None
+    assert taskset_unresolved_reason("srl-reverse-text") is None and taskset_unresolved_reason("srl-arith") is None
     assert taskset_unresolved_reason("textarena") is None  # shipped in verifiers.v1.tasksets
     assert taskset_module_candidates("team/Text-Arena@2") == ["verifiers.v1.tasksets.text_arena", "text_arena"]
     assert taskset_unresolved_reason("no such task") and taskset_unresolved_reason("../etc")

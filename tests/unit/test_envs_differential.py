@@ -17,8 +17,8 @@ fixtures_on_path()
 
 # (taskset id, srl taskset fields, replies per task: "ref" = the task's own answer field)
 CORPUS = [
-    ("reverse-text", {"split": "test", "num_test_examples": 3}, ["ref", "", "zz"]),
-    ("arith", {"split": "test", "num_test_examples": 3}, ["ref", "", "-1"]),
+    ("srl-reverse-text", {"split": "test", "num_test_examples": 3}, ["ref", "", "zz"]),
+    ("srl-arith", {"split": "test", "num_test_examples": 3}, ["ref", "", "-1"]),
     ("exec-check", {"dataset_split": "test", "num_examples": 3}, ["ref", "", "oops"]),
     ("exec-check", {"dataset_split": "train", "num_examples": 2, "flaw": "reward_raises"}, ["ref"]),
     ("tagged-answer", {"split": "test"}, ["ref", "<answer>nowhere</answer>", "Paris"]),

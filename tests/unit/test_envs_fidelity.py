@@ -32,7 +32,7 @@ def test_env_spec_forwards_harness_runtime():
     from toolkit.envs.runtime import env_spec
 
     cfg = EnvConfig(
-        taskset={"id": "reverse-text"}, harness={"id": "default", "runtime": {"type": "subprocess"}}
+        taskset={"id": "srl-reverse-text"}, harness={"id": "default", "runtime": {"type": "subprocess"}}
     )
     spec = env_spec(cfg.model_copy(update={"name": cfg.env_name}))
     assert spec["harness"] == {"id": "default", "runtime": {"type": "subprocess"}}
@@ -97,7 +97,7 @@ def test_other_harness_is_refused():
     from toolkit.envs.server import EnvWorker
 
     with pytest.raises(EnvFeatureError, match="harness 'bash' is not supported"):
-        EnvWorker(_spec({"id": "reverse-text"}, harness="bash"))
+        EnvWorker(_spec({"id": "srl-reverse-text"}, harness="bash"))
 
 
 class _ImageData(vf.TaskData):
@@ -156,7 +156,7 @@ def test_preflight_refuses_a_runtime_type_srl_never_provides(tmp_path):
 
     p = tmp_path / "run.toml"
     p.write_text(
-        '[[orchestrator.train.env]]\nname = "box"\ntaskset = { id = "reverse-text" }\n'
+        '[[orchestrator.train.env]]\nname = "box"\ntaskset = { id = "srl-reverse-text" }\n'
         'harness = { id = "default", runtime = { type = "modal" } }\n'
     )
     with pytest.raises(ConfigError) as err:

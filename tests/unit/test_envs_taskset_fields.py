@@ -34,7 +34,7 @@ def test_eval_env_never_loads_train_rows():
     with pytest.raises(TasksetFieldError, match=r"dataset_split = 'train' \(the taskset default\)"):
         load_tasks(_ns("exec-check"), env_name="ev", eval_env=True)
     with pytest.raises(TasksetFieldError, match=r"split = 'train' \(the taskset default\)"):
-        load_tasks(_ns("reverse-text", split="train"), eval_env=True)
+        load_tasks(_ns("srl-reverse-text", split="train"), eval_env=True)
     with pytest.raises(TasksetFieldError, match="taskset 'exec-check' has no field 'seed'"):
         load_tasks(_ns("exec-check", dataset_split="test", seed=1), eval_env=True)
     held_out = load_tasks(_ns("exec-check", dataset_split="test"), eval_env=True)

@@ -44,7 +44,7 @@ def test_lcs_ratio_reference_values():
 
 
 def test_reverse_text_rewards():
-    tasks = load_tasks(ts("reverse-text", select={"limit": 5}, num_train_examples=20, num_test_examples=5))
+    tasks = load_tasks(ts("srl-reverse-text", select={"limit": 5}, num_train_examples=20, num_test_examples=5))
     assert len(tasks) == 5
     for task in tasks:
         text = task.data.text
@@ -58,7 +58,7 @@ def test_reverse_text_rewards():
 
 
 def test_arith_rewards():
-    task = load_tasks(ts("arith", num_train_examples=10, num_test_examples=5))[0]
+    task = load_tasks(ts("srl-arith", num_train_examples=10, num_test_examples=5))[0]
     answer = task.data.answer
     assert play(task, [str(answer)])["reward"] == 1.0
     assert play(task, [f"The answer is {answer}.0"])["reward"] == 1.0
@@ -68,7 +68,7 @@ def test_arith_rewards():
 
 
 def test_alphabet_sort_multi_turn_rewards():
-    task = load_tasks(ts("alphabet-sort", num_turns=3, names_per_turn=2, num_train_examples=5))[0]
+    task = load_tasks(ts("srl-alphabet-sort", num_turns=3, names_per_turn=2, num_train_examples=5))[0]
     expected = expected_lists(task.data.turns)
     perfect = ["\n".join(e) for e in expected]
     scored = play(task, perfect)
@@ -85,7 +85,7 @@ def test_alphabet_sort_multi_turn_rewards():
 
 
 def test_deterministic_and_disjoint_splits():
-    for id_ in ("reverse-text", "arith", "alphabet-sort"):
+    for id_ in ("srl-reverse-text", "srl-arith", "srl-alphabet-sort"):
         a = [
             t.data.model_dump()
             for t in load_tasks(ts(id_, seed=3, num_train_examples=50, num_test_examples=20))
@@ -103,18 +103,18 @@ def test_deterministic_and_disjoint_splits():
 
 
 def test_select_include_exclude_shuffle_skip_limit():
-    base = [t.data.id for t in load_tasks(ts("arith", num_train_examples=30))]
-    assert [t.data.id for t in load_tasks(ts("arith", num_train_examples=30, select={"limit": 4}))] == base[
+    base = [t.data.id for t in load_tasks(ts("srl-arith", num_train_examples=30))]
+    assert [t.data.id for t in load_tasks(ts("srl-arith", num_train_examples=30, select={"limit": 4}))] == base[
         :4
     ]
     assert [
-        t.data.id for t in load_tasks(ts("arith", num_train_examples=30, select={"skip": 2, "limit": 3}))
+        t.data.id for t in load_tasks(ts("srl-arith", num_train_examples=30, select={"skip": 2, "limit": 3}))
     ] == (base[2:5])
     inc = load_tasks(
-        ts("arith", num_train_examples=30, select={"include": [1, "5:7"], "exclude": ["arith/train/6"]})
+        ts("srl-arith", num_train_examples=30, select={"include": [1, "5:7"], "exclude": ["arith/train/6"]})
     )
     assert [t.data.id for t in inc] == [base[1], base[5]]
-    shuffled = [t.data.id for t in load_tasks(ts("arith", num_train_examples=30, select={"shuffle": True}))]
+    shuffled = [t.data.id for t in load_tasks(ts("srl-arith", num_train_examples=30, select={"shuffle": True}))]
     assert sorted(shuffled) == sorted(base) and shuffled != base
-    again = [t.data.id for t in load_tasks(ts("arith", num_train_examples=30, select={"shuffle": True}))]
+    again = [t.data.id for t in load_tasks(ts("srl-arith", num_train_examples=30, select={"shuffle": True}))]
     assert again == shuffled

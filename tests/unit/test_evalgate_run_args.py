@@ -51,8 +51,8 @@ def test_help_explains_each_option(tmp_path):
 def test_a_taskset_that_does_not_load_fails_the_gate_without_a_server(tmp_path):
     cfg = tmp_path / "eval.toml"
     text = EVAL.read_text()
-    assert 'taskset = { id = "reverse-text", split = "train" }' in text
-    cfg.write_text(text.replace('taskset = { id = "reverse-text", split = "train" }',
+    assert 'taskset = { id = "srl-reverse-text", split = "train" }' in text
+    cfg.write_text(text.replace('taskset = { id = "srl-reverse-text", split = "train" }',
                                 'taskset = { id = "no-such-taskset", split = "train" }', 1))
     r = _eval_run("@", cfg, "--run-dir", tmp_path / "gate", "--no-rich", cwd=tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr

@@ -28,19 +28,19 @@ def _status(verdict) -> dict[tuple[str, str], str]:
 BUILTINS = """
 [[orchestrator.train.env]]
 name = "reverse-text"
-taskset = { id = "reverse-text", num_train_examples = 8, num_test_examples = 4 }
+taskset = { id = "srl-reverse-text", num_train_examples = 8, num_test_examples = 4 }
 timeout = { rollout = 60, scoring = 10 }
 max_total_tokens = 512
 
 [[orchestrator.train.env]]
 name = "alphabet-sort"
-taskset = { id = "alphabet-sort", num_train_examples = 8, num_test_examples = 4 }
+taskset = { id = "srl-alphabet-sort", num_train_examples = 8, num_test_examples = 4 }
 max_turns = 3
 max_total_tokens = 512
 
 [[orchestrator.train.env]]
 name = "arith"
-taskset = { id = "arith", num_train_examples = 8, num_test_examples = 4 }
+taskset = { id = "srl-arith", num_train_examples = 8, num_test_examples = 4 }
 max_total_tokens = 512
 
 [inference.vllm]

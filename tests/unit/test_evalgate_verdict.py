@@ -42,7 +42,7 @@ def _rollout(example: int, reward: float, *, turns: int = 1, truncated: bool = F
 
 def test_live_items_from_rollouts(tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text('[[orchestrator.train.env]]\nname = "env"\ntaskset = { id = "reverse-text" }\n')
+    path.write_text('[[orchestrator.train.env]]\nname = "env"\ntaskset = { id = "srl-reverse-text" }\n')
     env = load_config([path]).config.orchestrator.train.env[0].model_copy(update={"name": "env"})
     groups = [
         [_rollout(0, 0.2), _rollout(0, 0.7)],  # mixed
@@ -69,7 +69,7 @@ def test_live_items_from_rollouts(tmp_path):
 
 def test_slurm_parameters_follow_site_and_config(tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text('site = "local-slurm"\n[[orchestrator.train.env]]\ntaskset = { id = "reverse-text" }\n'
+    path.write_text('site = "local-slurm"\n[[orchestrator.train.env]]\ntaskset = { id = "srl-reverse-text" }\n'
                     '[slurm]\ntime = "00:10:30"\nextra_directives = ["--mail-type=END"]\n')
     cfg = load_config([path]).config
     params = executor_parameters(cfg, load_site("local-slurm"), command="run", job_name="g")

@@ -86,11 +86,11 @@ def test_cli_refuses_before_writing_and_without_traceback(tmp_path, capsys):
     [
         {"inference": {"vllm": {"api_key": CANARY}}},
         {"inference": {"vllm": {"hf-token": CANARY}}},
-        {"orchestrator": {"train": {"env": [{"taskset": {"id": "reverse-text", "api_key": CANARY}}]}}},
+        {"orchestrator": {"train": {"env": [{"taskset": {"id": "srl-reverse-text", "api_key": CANARY}}]}}},
         {
             "orchestrator": {
                 "eval": {
-                    "env": [{"taskset": {"id": "reverse-text", "split": "test", "OPENAI_API_KEY": CANARY}}]
+                    "env": [{"taskset": {"id": "srl-reverse-text", "split": "test", "OPENAI_API_KEY": CANARY}}]
                 }
             }
         },
@@ -168,7 +168,7 @@ def test_single_node_gpu_split_that_fits_is_valid():
         (
             {
                 "orchestrator": {
-                    "train": {"env": [{"taskset": {"id": "reverse-text"}, "ratio": float("inf")}]}
+                    "train": {"env": [{"taskset": {"id": "srl-reverse-text"}, "ratio": float("inf")}]}
                 }
             },
             "orchestrator.train.env[0].ratio",
@@ -235,7 +235,7 @@ def test_template_path_must_be_a_file(tmp_path):
 @pytest.mark.parametrize("addr", ["not a host", "host", "host:0", "host:99999", ":80", "h:80\n"])
 def test_env_server_address_must_be_host_port(addr):
     text = errors_of(
-        cfg({"orchestrator": {"train": {"env": [{"taskset": {"id": "reverse-text"}, "address": addr}]}}})
+        cfg({"orchestrator": {"train": {"env": [{"taskset": {"id": "srl-reverse-text"}, "address": addr}]}}})
     )
     assert "address" in text and "host:port" in text
 
@@ -247,7 +247,7 @@ def test_renderer_import_path_must_be_module_colon_class(path):
 
 
 def test_valid_references_pass():
-    env = {"taskset": {"id": "reverse-text"}, "address": "10.0.0.5:8123"}
+    env = {"taskset": {"id": "srl-reverse-text"}, "address": "10.0.0.5:8123"}
     data = cfg(
         {"orchestrator": {"train": {"env": [env]}, "renderer": {"import_path": "my_pkg.render:MyRenderer"}}}
     )
@@ -282,7 +282,7 @@ def test_trainer_parallelism_srl_does_not_implement_is_not_silent(patch, field):
 def test_argument_names_with_token_words_are_not_secrets(key):
     data = cfg(
         {"inference": {"vllm": {key: 1}}},
-        {"orchestrator": {"train": {"env": [{"taskset": {"id": "reverse-text", key: 1}}]}}},
+        {"orchestrator": {"train": {"env": [{"taskset": {"id": "srl-reverse-text", key: 1}}]}}},
     )
     text = "\n".join(str(i) for i in _issues(data))
     assert "secret" not in text

@@ -131,7 +131,7 @@ def _env_sampling(base: dict, env: dict) -> dict:
     from config_cases import config
 
     return config({"orchestrator": {"train": {"sampling": base,
-                                              "env": [{"taskset": {"id": "reverse-text"}, "sampling": env}]}}})
+                                              "env": [{"taskset": {"id": "srl-reverse-text"}, "sampling": env}]}}})
 
 
 def test_per_env_sampling_is_checked_as_the_env_samples_it():

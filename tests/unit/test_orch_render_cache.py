@@ -84,7 +84,7 @@ def test_episode_identity_matches_the_task():
     from toolkit.envs.episode import Episode
     from toolkit.envs.registry import load_tasks
 
-    tasks = load_tasks(SimpleNamespace(id="reverse-text", split="train", seed=0, select=None, model_extra={}))
+    tasks = load_tasks(SimpleNamespace(id="srl-reverse-text", split="train", seed=0, select=None, model_extra={}))
     for task in tasks[:3]:
         for _ in range(2):  # the second episode of a task uses the cached identity
             ep = Episode(task)

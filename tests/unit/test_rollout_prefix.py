@@ -69,7 +69,7 @@ class ScriptedPolicy:
 
 def alphabet_task(num_turns: int = 2):
     ns = SimpleNamespace(
-        id="alphabet-sort",
+        id="srl-alphabet-sort",
         split="train",
         seed=0,
         select=None,

@@ -134,9 +134,9 @@ def test_temperature_zero_is_refused_with_the_reason_and_the_eval_may_use_it():
     with pytest.raises(ConfigError, match=r"orchestrator\.train\.sampling\.temperature: train sampling needs "
                                           r"temperature >= 0\.01 \(got 0\)"):  # fmt: skip
         validate(merge(BASE, over))
-    env = {"taskset": {"id": "reverse-text"}, "sampling": {"temperature": 0.0}}
+    env = {"taskset": {"id": "srl-reverse-text"}, "sampling": {"temperature": 0.0}}
     with pytest.raises(ConfigError, match=r"orchestrator\.train\.env\[0\]\.sampling\.temperature"):
         validate(merge(BASE, {"orchestrator": {"train": {"env": [env]}}}))
     greedy_eval = {"orchestrator": {"eval": {"sampling": {"temperature": 0.0},
-                                             "env": [{"taskset": {"id": "reverse-text"}}]}}}  # fmt: skip
+                                             "env": [{"taskset": {"id": "srl-reverse-text"}}]}}}  # fmt: skip
     assert validate(merge(BASE, greedy_eval)).config.orchestrator.eval.sampling.temperature == 0.0

@@ -338,7 +338,7 @@ def test_make_data_warns_when_it_writes_the_split_the_rl_job_evaluates_on(tmp_pa
     assert _make_data(tmp_path / "train.jsonl", "--taskset.num-train-examples", "2") == 0
     assert "eval answers" not in capsys.readouterr().err
     assert _make_data(tmp_path / "test.jsonl", "--taskset.split", "test") == 0
-    assert "eval env(s) ['reverse-text-test'] of this config evaluate on taskset 'reverse-text' split 'test'" in (
+    assert "eval env(s) ['reverse-text-test'] of this config evaluate on taskset 'srl-reverse-text' split 'test'" in (
         capsys.readouterr().err)
 
 
@@ -425,7 +425,7 @@ def test_local_sft_from_an_unfinished_sft_run_is_refused_before_its_run_director
     ('[env_vars]\n"BAD-NAME" = "1"\n', "env_vars.BAD-NAME", "not a valid environment variable name"),
     ('[trainer.env_vars]\n"1X" = "1"\n', "trainer.env_vars.1X", "not a valid environment variable name"),
     ('[slurm]\ntime = "ninety minutes"\n', "slurm.time", ""),
-    ('[[eval.env]]\ntaskset = { id = "reverse-text" }\n[[eval.env]]\ntaskset = { id = "reverse-text" }\n',
+    ('[[eval.env]]\ntaskset = { id = "srl-reverse-text" }\n[[eval.env]]\ntaskset = { id = "srl-reverse-text" }\n',
      "eval.env", "used 2 times"),
 ])  # fmt: skip
 def test_rl_rules_refuse_the_same_values_in_an_sft_config(tmp_path, extra, field, says):
