@@ -331,6 +331,11 @@ class EvalSection(Section):
     env: list[EvalEnvConfig] = Field(default_factory=list)
     sampling: SamplingConfig | None = None
     """Eval sampling (default: the train sampling)."""
+    seed: int | None = Field(None, ge=0, le=_MAX_SEED)
+    """Engine seed of the eval draws: task i's rollout j samples with ``seed + i * k + j`` at every eval point, so
+    two points differ by the policy, not by the luck of the draw. None: the eval sampling's own ``seed`` when set,
+    else the engine's randomness. Not with vLLM on CPU: it fails a seeded request whose prompt it prefills in
+    chunks (torch's CPU generators keep no offset), which many concurrent eval requests make likely."""
 
 
 class OrchestratorConfig(Section):

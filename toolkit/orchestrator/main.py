@@ -54,6 +54,7 @@ from toolkit.orchestrator.writer import RecordWriter
 from toolkit.run.control import request_stop
 from toolkit.run.heartbeat import LONG, STARTUP, WEIGHTS, Heartbeat, enable_stack_dumps
 from toolkit.run.layout import RunDir
+from toolkit.run.metrics import EVAL_POLICY_VERSION
 
 log = logging.getLogger("srl.orchestrator")
 QUEUE_POLL_S = 0.2
@@ -166,7 +167,9 @@ class Orchestrator:
             gs = env_cfg.group_size or o.group_size
             sp = env_sampling(self.cfg, env_cfg, kind)
             if kind == "eval":
-                self.eval_envs.append(EvalEnv(env_cfg.name, rt, env_cfg.num_examples, gs, sp))
+                # One base seed per env for the whole run: every eval point samples the same draws.
+                seed = o.eval.seed if o.eval.seed is not None else sp.seed
+                self.eval_envs.append(EvalEnv(env_cfg.name, rt, env_cfg.num_examples, gs, sp, seed=seed))
             else:
                 self.train_envs[env_cfg.name] = TrainEnv(env_cfg.name, rt, gs, sp)
             log.info("env %s started (%s, %d examples, group size %d)", env_cfg.name, kind, rt.num_examples, gs)
@@ -329,11 +332,26 @@ class Orchestrator:
         version = tracker.served_version
         ages = [max(0, step - version)] * len(rollouts)
         await self.writer.append_store(rollouts, step=step, kind="eval", ages=ages)
-        metrics["eval/policy_version"] = float(version)
+        metrics[EVAL_POLICY_VERSION] = float(version)
         metrics["time/eval"] = time.monotonic() - t0
         log.info("eval at step %d (policy %d): %s", step, version,
                  {k: round(v, 4) for k, v in metrics.items() if "@" in k})  # fmt: skip
         return metrics
+
+    async def _final_eval(self, tracker: PolicyTracker) -> None:
+        """Evaluate the policy the run ends with (version ``max_steps``, trained on the last batch) once the trainer
+        has broadcast it, recorded as its own line at step ``max_steps``. The periodic evals run before a step's
+        batch, so without this the last one measures a policy up to ``eval.interval`` steps old. Skipped without
+        eval envs, when an earlier attempt recorded it, or when a stop comes while waiting (the supervisor gives
+        the orchestrator ``slurm.checkpoint_grace_s`` after the trainer's exit)."""
+        last = self.cfg.max_steps
+        if not self.eval_envs or self.metrics.has_eval(last):
+            return
+        self.progress.phase(f"waiting for the trainer's final policy {last}", step=last, waiting_for="trainer")
+        await tracker.load_first_at_least(last, self._should_stop)
+        if self._should_stop() or tracker.served_version < last:
+            return
+        self.metrics.write_eval(last, await self._eval(last, tracker))
 
     # -- main loop --------------------------------------------------------------------------------------------
     async def run_until_done(self) -> int:
@@ -455,7 +473,9 @@ class Orchestrator:
                 if self._should_stop():
                     break
                 extra: dict[str, float] = {}
-                if o.eval.interval and step % o.eval.interval == 0:
+                # The last step's eval is the final one (_final_eval), of the policy trained on its batch.
+                final = bool(self.eval_envs) and step == self.cfg.max_steps
+                if o.eval.interval and step % o.eval.interval == 0 and not final:
                     extra.update(await self._eval(step, tracker))
                 batch, reason = await self._collect(step, producer)
                 if reason:
@@ -489,6 +509,7 @@ class Orchestrator:
                 log.info("stopped on request; state saved for steps %s", sorted(self.saved_steps) or "none")
             else:
                 log.info("all %d steps written", self.cfg.max_steps)
+                await self._final_eval(tracker)
             return 0
         finally:
             await _stop_background(stop_follow, bg)

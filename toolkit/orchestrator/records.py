@@ -16,10 +16,13 @@ tokens, times seconds):
 - ``filter/dropped_groups/<reason>``, ``filter/dropped_rollouts/<reason>``, ``filter/groups_offered``,
   ``filter/groups_kept``, ``filter/signal_groups``, ``filter/trimmed_rollouts``;
 - ``time/step``, ``time/wait_for_policy``, ``policy/served_version``;
-- ``eval/<env>/{avg@k,pass@k}`` on eval steps (see :mod:`toolkit.orchestrator.evaluation`).
+- ``eval/<env>/{avg@k,pass@k}`` with ``/stderr``, ``eval/<env>/{errored,examples}``, ``eval/policy_version`` and
+  ``time/eval`` on eval steps (see :mod:`toolkit.orchestrator.evaluation`).
 
 Each step is written once across attempts: :class:`MetricsLog` reads the steps already recorded by the
-orchestrator when it starts and refuses to write them again.
+orchestrator when it starts and refuses to write them again. The one exception is the eval of the final policy,
+which comes after the last step's line: it is a line of its own at that step (:meth:`MetricsLog.write_eval`),
+also written once.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 from toolkit.fsutil import append_jsonl
 from toolkit.orchestrator.buffer import StepBatch
 from toolkit.run.layout import RunDir
-from toolkit.run.metrics import ORCHESTRATOR, recorded_steps
+from toolkit.run.metrics import EVAL_POLICY_VERSION, ORCHESTRATOR, recorded_eval_steps, recorded_steps
 from toolkit.run.types import Rollout
 
 log = logging.getLogger(__name__)
@@ -106,6 +109,7 @@ class MetricsLog:
         self.run = run
         self.enabled = enabled
         self.done = recorded_steps(run.metrics, ORCHESTRATOR)
+        self.evals = recorded_eval_steps(run.metrics)
         self._end_torn_line()
 
     def _end_torn_line(self) -> None:
@@ -133,4 +137,24 @@ class MetricsLog:
             self.run.root.mkdir(parents=True, exist_ok=True)
             append_jsonl(self.run.metrics, {"step": step, "time": time.time(), "role": ORCHESTRATOR, **metrics})
         self.done.add(step)
+        if EVAL_POLICY_VERSION in metrics:
+            self.evals.add(step)
+        return True
+
+    def has_eval(self, step: int) -> bool:
+        """Whether a line of ``step`` already holds an eval (this attempt's or an earlier one's)."""
+        return step in self.evals
+
+    def write_eval(self, step: int, metrics: dict[str, Any]) -> bool:
+        """Append an eval's line at ``step`` even when the step's own line exists (readers merge the lines of one
+        role and step); returns False (and writes nothing) if an eval of that step is already recorded. Raises
+        OSError on a failed write."""
+        if step in self.evals:
+            log.info("eval of step %d already recorded by an earlier attempt; not written again", step)
+            return False
+        if self.enabled:
+            self.run.root.mkdir(parents=True, exist_ok=True)
+            append_jsonl(self.run.metrics, {"step": step, "time": time.time(), "role": ORCHESTRATOR, **metrics})
+        self.done.add(step)
+        self.evals.add(step)
         return True

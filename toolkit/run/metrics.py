@@ -22,6 +22,10 @@ TRAINER = "trainer"
 ORCHESTRATOR = "orchestrator"
 REWARD_MEAN = "reward/all/mean"
 """The orchestrator's mean reward of a step's batch (0-1 for most tasksets)."""
+EVAL_POLICY_VERSION = "eval/policy_version"
+"""On the orchestrator's line of each held-out eval: the policy version the eval measured."""
+STDERR_SUFFIX = "/stderr"
+"""Appended to an eval score's name for its standard error (``eval/<env>/avg@4/stderr``)."""
 TAIL_BYTES = 256 * 1024
 """How much of the file's end :func:`tail` reads: far more than one step's lines of every role."""
 
@@ -32,6 +36,16 @@ def _parse(line: str | bytes) -> dict[str, Any] | None:
     except ValueError:  # a torn line of a killed writer (or the cut first line of a tail)
         return None
     return rec if isinstance(rec, dict) else None
+
+
+def is_eval_score(name: str) -> bool:
+    """Whether ``name`` is a held-out eval score, ``eval/<env>/<score>@<k>`` (avg@4, pass@4, ...): not its standard
+    error, nor the eval's bookkeeping (``eval/policy_version``, ``eval/<env>/examples``, ``eval/<env>/errored``)."""
+    parts = name.split("/")
+    if len(parts) < 3 or parts[0] != "eval":
+        return False
+    score, _, k = parts[-1].partition("@")
+    return bool(score) and k.isdigit()
 
 
 def records(path: Path) -> Iterator[dict[str, Any]]:
@@ -59,6 +73,12 @@ def tail(path: Path, max_bytes: int = TAIL_BYTES) -> list[dict[str, Any]]:
 def recorded_steps(path: Path, role: str) -> set[int]:
     """Steps that already have a line of ``role`` in ``path``."""
     return {r["step"] for r in records(path) if r.get("role") == role and isinstance(r.get("step"), int)}
+
+
+def recorded_eval_steps(path: Path) -> set[int]:
+    """Steps that already have an orchestrator line of a held-out eval (one holding ``EVAL_POLICY_VERSION``)."""
+    return {r["step"] for r in records(path)
+            if r.get("role") == ORCHESTRATOR and EVAL_POLICY_VERSION in r and isinstance(r.get("step"), int)}  # fmt: skip
 
 
 def newest_step(path: Path, role: str = TRAINER) -> int | None:
