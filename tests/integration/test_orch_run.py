@@ -92,12 +92,19 @@ def test_multi_env_run_on_vllm(tmp_path, external_on_path):
                 return task.result()  # failed before its first batch: raise its error here
             build_tiny_model(run.broadcast_step(1), seed=1)
             write_marker(run.broadcast_step(1) / "STABLE")
+            # ... and after the last batch, the final policy (version 3), which the orchestrator evaluates last.
+            while not batches.is_ready(run.rollout_step(3)) and not task.done():
+                await asyncio.sleep(0.2)
+            build_tiny_model(run.broadcast_step(3), seed=3)
+            write_marker(run.broadcast_step(3) / "STABLE")
             return await asyncio.wait_for(task, 900)
 
         assert asyncio.run(go()) == 0
     lines = _orch_lines(run)
-    assert sorted(x["step"] for x in lines) == [0, 1, 2, 3]
-    by_step = {x["step"]: x for x in lines}
+    assert sorted(x["step"] for x in lines) == [0, 1, 2, 3, 3]  # step 3's line, then the final eval's
+    final = lines[-1]
+    assert final["step"] == 3 and final["eval/policy_version"] == 3.0 and "eval/rev-test/avg@2/stderr" in final
+    by_step = {x["step"]: x for x in lines if "reward/all/mean" in x or x["step"] == 0}
     assert "eval/rev-test/avg@2" in by_step[0] and "eval/rev-test/pass@2" in by_step[2]
     # Step 3 needs version >= 3 - 1 - 1 = 1: the engine reloaded the broadcast and tagged rollouts with it.
     assert by_step[3]["policy/served_version"] == 1.0
