@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 
 from analysis.loaders import role_metrics
 from analysis.summary import ALL_ENVS
+from toolkit.run.metrics import STDERR_SUFFIX, is_eval_score
 
 DPI = 100
 
@@ -230,19 +231,50 @@ def fig_throughput(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure 
     return fig
 
 
-def fig_eval(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | None:
-    """Periodic eval: every ``eval/<env>/avg@k`` and ``pass@k`` metric over steps (step 0 is the baseline)."""
-    orch = role_metrics(metrics, "orchestrator")
-    cols = sorted(c for c in orch.columns if c.startswith("eval/"))
-    if not cols:
+def eval_scores(metrics: pd.DataFrame) -> list[str]:
+    """The orchestrator's held-out eval score columns of ``metrics`` (``eval/<env>/avg@k``, ``pass@k``; see
+    :func:`toolkit.run.metrics.is_eval_score`), sorted; their ``/stderr`` and the eval's bookkeeping left out."""
+    return sorted(c for c in role_metrics(metrics, "orchestrator").columns if is_eval_score(c))
+
+
+def fig_eval(
+    steps: pd.DataFrame | None, metrics: pd.DataFrame, *, before: tuple[str, pd.DataFrame] | None = None
+) -> Figure | None:
+    """Periodic eval scores (``eval/<env>/avg@k``, ``pass@k``) over steps, each point with an error bar of one
+    standard error where the run recorded it (step 0 is the baseline). Bookkeeping (policy version, examples,
+    errored) is not drawn.
+
+    ``before``: (label, metrics) of the run this one started from (the SFT run of an SFT -> RL chain). Its evals
+    are drawn first, and this run's steps are shifted by that run's last step, so both lie on one time line with
+    a dashed line where this run starts.
+    """
+    runs = [(label, m) for label, m in ([before] if before else []) if eval_scores(m)]
+    if not eval_scores(metrics):
         return None
+    runs.append(("", metrics))
     fig, (ax,) = _new(1)
-    for c in cols:
-        d = orch[c].dropna()
-        ax.plot(d.index, d.values, marker="o", label=c)
-    ax.set_ylabel("score")
+    offset = 0
+    colors: dict[str, str] = {}
+    for i, (label, m) in enumerate(runs):
+        orch = role_metrics(m, "orchestrator")
+        for c in eval_scores(m):
+            d = orch[c].astype(float).dropna()
+            err = orch[c + STDERR_SUFFIX].reindex(d.index).astype(float) if c + STDERR_SUFFIX in orch else None
+            name = f"{c} ({label})" if label else c
+            bars = ax.errorbar(d.index + offset, d.values, yerr=None if err is None else err.fillna(0).values,
+                               marker="o" if not label else "s", ls="-" if not label else ":", capsize=3,
+                               color=colors.get(c), label=name)  # fmt: skip
+            colors.setdefault(c, bars.lines[0].get_color())
+        if label and i + 1 < len(runs):
+            trainer = role_metrics(m, "trainer")
+            offset = int(max([*orch.index, *trainer.index], default=0))
+            ax.axvline(offset, color="gray", ls="--", lw=1)
+            ax.annotate(f"{label} ends", (offset, 0), xytext=(3, 3), textcoords="offset points", fontsize=7,
+                        color="gray", xycoords=("data", "axes fraction"))  # fmt: skip
+    ax.set_ylabel("score (error bar: 1 standard error)")
+    ax.set_xlabel("step" if not before or len(runs) == 1 else f"step ({runs[0][0]} steps, then this run's)")
     ax.legend(loc="best", fontsize=8)
-    fig.suptitle("Periodic eval (held-out)")
+    fig.suptitle("Held-out eval")
     return fig
 
 

@@ -22,13 +22,15 @@ import numpy as np
 import pandas as pd
 
 from analysis import envelope as env_mod
+from analysis import samples as samples_mod
 from analysis.diagnose import Finding, diagnose, format_findings
-from analysis.figures import RUN_FIGURES, fig_sweep, to_png
-from analysis.loaders import RunData, dotted, load_run, read_json, role_metrics
+from analysis.figures import RUN_FIGURES, eval_scores, fig_eval, fig_sweep, to_png
+from analysis.loaders import RunData, dotted, load_metrics, load_run, read_json, role_metrics
 from analysis.summary import ALL_ENVS, env_summary, error_counts, step_summary, t_interval
 from toolkit.run import ending as ending_mod
 from toolkit.run.launcher import read_local_record
-from toolkit.run.layout import STABLE_MARKER, numbered_steps
+from toolkit.run.layout import STABLE_MARKER, RunDir, numbered_steps
+from toolkit.run.metrics import STDERR_SUFFIX, is_eval_score
 from toolkit.run.stop import criteria_from_table, replay
 from toolkit.run.verdict import read_verdicts
 
@@ -56,6 +58,8 @@ MONITORED = [
     ("trainer", "time/wait_for_batch"),
 ]
 SWEEP_METRIC = "reward/all/mean"
+# Sweep comparison figures at most: the held-out scores, then the train reward.
+MAX_SWEEP_FIGURES = 4
 
 
 @dataclass
@@ -91,7 +95,10 @@ class _Doc:
         self.html.append(
             f"<details><summary>{html.escape(summary)}</summary>{body}</details>" if summary else body
         )
-        self.md += ["```", text.rstrip("\n"), "```", ""]
+        block = ["```", text.rstrip("\n"), "```", ""]
+        # Markdown renderers that take HTML (GitHub, most viewers) fold it the same way as the HTML twin.
+        self.md += ([f"<details><summary>{html.escape(summary)}</summary>", "", *block, "</details>", ""]
+                    if summary else block)  # fmt: skip
 
     def table(self, df: pd.DataFrame, name: str | None = None, max_rows: int = 60) -> None:
         if name:
@@ -273,6 +280,8 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
         steps.to_csv(doc.out_dir / "tables" / f"{key('steps')}.csv", index=False)
         doc.paths.tables[key("steps")] = doc.out_dir / "tables" / f"{key('steps')}.csv"
 
+    _samples(doc, run, key)
+
     doc.heading("Figures", level + 1)
     drawn = 0
     for name, make in RUN_FIGURES.items() if figures else ():
@@ -301,7 +310,10 @@ def _outcome(doc: _Doc, run: RunData, steps: pd.DataFrame | None, findings: list
     if figures:
         drawn = []
         for name in OUTCOME_FIGURES:
-            fig = RUN_FIGURES[name](steps, run.metrics)
+            if name == "eval":
+                fig = fig_eval(steps, run.metrics, before=_chain_before(run))
+            else:
+                fig = RUN_FIGURES[name](steps, run.metrics)
             if fig is not None:
                 drawn.append((key(name), fig))
         if drawn:
@@ -338,20 +350,59 @@ def outcome_rows(run: RunData) -> list[tuple[str, str]]:
         h, rem = divmod(round(wall), 3600)
         rows.append(("wall time", f"{h}:{rem // 60:02d}:{rem % 60:02d} (h:mm:ss)"))
     orch = role_metrics(run.metrics, "orchestrator")
-    for col in sorted(c for c in orch.columns if c.startswith("eval/")):
+    for col in eval_scores(run.metrics):
         s = orch[col].astype(float).dropna()
         if s.empty:
             continue
-        best = s.idxmax()
-        value = (f"{s.iloc[0]:.3g} (step {s.index[0]}) -> {s.max():.3g} (step {best}) -> {s.iloc[-1]:.3g} "
-                 f"(step {s.index[-1]})")  # fmt: skip
-        rows.append((f"{col} first -> best -> last", value))
+        err = orch[col + STDERR_SUFFIX].astype(float) if col + STDERR_SUFFIX in orch.columns else None
+
+        def at(step: Any, s: pd.Series = s, err: pd.Series | None = err) -> str:
+            e = err.get(step) if err is not None else None
+            pm = f" ± {e:.2g}" if e is not None and pd.notna(e) else ""
+            return f"{s[step]:.3g}{pm} (step {step})"
+
+        rows.append((f"{col} first -> best -> last", f"{at(s.index[0])} -> {at(s.idxmax())} -> {at(s.index[-1])}"))
+    if any(c.endswith(STDERR_SUFFIX) for c in orch.columns):
+        rows.append(("eval ± (above)", "one standard error: of the mean over tasks of each task's mean score"))
     if "reward/all/mean" in orch.columns:
         r = orch["reward/all/mean"].astype(float).dropna()
         if not r.empty:
             rows.append(("train reward first -> last",
                          f"{r.iloc[0]:.3g} (step {r.index[0]}) -> {r.iloc[-1]:.3g} (step {r.index[-1]})"))  # fmt: skip
+    rows += truncation_rows(samples_mod.truncation(run.rollouts))
     return rows
+
+
+def truncation_rows(trunc: pd.DataFrame) -> list[tuple[str, str]]:
+    """One outcome row per (kind, env) whose rollouts were cut by a length limit: the share over the run and at
+    the newest step, with the limit; flagged when the newest step's share is at least
+    ``samples.TRUNCATED_HIGH`` (its rewards are then those of cut-off replies)."""
+    rows = []
+    for t in trunc.itertuples(index=False):
+        if not t.truncated_share and not t.last_step_share:
+            continue
+        flag = ("TRUNCATED: rewards are of cut-off replies; raise the limit or check the replies below. "
+                if t.last_step_share >= samples_mod.TRUNCATED_HIGH else "")  # fmt: skip
+        why = f", limit {t.reason}" if t.reason else ""
+        rows.append((f"truncated rollouts ({t.kind} {t.env})",
+                     (f"{flag}{t.last_step_share:.1%} at step {t.last_step}, {t.truncated_share:.1%} of "
+                     f"{t.rollouts} over the run{why}")))  # fmt: skip
+    return rows
+
+
+def _chain_before(run: RunData) -> tuple[str, pd.DataFrame] | None:
+    """(label, metrics) of the srl run this run's model came from (an SFT run: ``model.name`` is its run
+    directory), when that run recorded held-out evals; None otherwise."""
+    name = dotted(run.config, "model.name")
+    if not isinstance(name, str) or not name:
+        return None
+    src = Path(name).expanduser()
+    if not (src / "run_meta.json").is_file() or src.resolve() == run.run.root.resolve():
+        return None
+    metrics = load_metrics(RunDir(src))
+    if not eval_scores(metrics):
+        return None
+    return (f"{'SFT' if RunDir(src).resolved('sft').is_file() else 'run'} {src.name}", metrics)
 
 
 def _version() -> str:
@@ -480,6 +531,23 @@ def _validation(doc: _Doc, run: RunData, key: Any) -> None:
         )
 
 
+def _samples(doc: _Doc, run: RunData, key: Any) -> None:
+    """Sample rollouts per (kind, env) from the store: best, worst and a truncated one of the newest step."""
+    picks = samples_mod.pick_samples(run.rollouts)
+    if picks.empty:
+        return
+    doc.heading("Sample rollouts", 4)
+    model = dotted(run.config, "model.name")
+    shown = samples_mod.sample_texts(run.run.rollout_store, picks, model)
+    if samples_mod.decoder(model) is None:
+        doc.para(f"The tokenizer of model {model!r} was not found: prompts and completions are shown as token ids.")
+    doc.para("Per env and kind, at its newest step: the valid rollout with the highest reward, the one with the "
+             "lowest, and a truncated one (cut by a length limit). Prompts show their end, completions their start.")  # fmt: skip
+    cols = ["kind", "env", "which", "step", "reward", "truncated", "truncation_reason", "completion_len", "prompt",
+            "completion"]  # fmt: skip
+    doc.table(shown[cols], name=key("samples"))
+
+
 def _stable_broadcasts(run: RunData) -> list[Path]:
     """The run's complete weight broadcasts (STABLE marker present), newest first."""
     dirs = [run.run.broadcast_step(s) for s in reversed(numbered_steps(run.run.broadcasts))]
@@ -605,7 +673,7 @@ def sweep_table(runs: list[RunData], metrics: list[str] | None = None) -> tuple[
     if metrics is None:
         names = {SWEEP_METRIC}
         for r in runs:
-            names |= {c for c in role_metrics(r.metrics, "orchestrator").columns if c.startswith("eval/")}
+            names |= {c for c in role_metrics(r.metrics, "orchestrator").columns if is_eval_score(c)}
         metrics = sorted(names)
     rows, curves = [], []
     for r in runs:
@@ -678,7 +746,9 @@ def _sweep_section(doc: _Doc, runs: list[RunData]) -> None:
         "seeds of the same point (no interval with one seed)."
     )
     doc.table(table, name="sweep")
-    for metric in [SWEEP_METRIC] + [m for m in table["metric"].unique() if m != SWEEP_METRIC][:1]:
+    # The held-out scores first (avg@k before pass@k), then the train reward.
+    scores = sorted((m for m in table["metric"].unique() if is_eval_score(m)), key=lambda m: ("/pass@" in m, m))
+    for metric in scores[:MAX_SWEEP_FIGURES - 1] + [SWEEP_METRIC]:
         sub = table[table["metric"] == metric]
         fig = fig_sweep(
             curves[curves["metric"] == metric],

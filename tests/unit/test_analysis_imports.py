@@ -13,7 +13,7 @@ def test_analysis_imports_no_torch() -> None:
     code = (
         "import sys\n"
         "import analysis, toolkit.run.store, analysis.loaders, analysis.summary, analysis.figures, analysis.report, "
-        "analysis.diagnose, analysis.envelope\n"
+        "analysis.diagnose, analysis.envelope, analysis.samples\n"
         "bad = [m for m in ('torch', 'vllm', 'matplotlib.pyplot') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -446,6 +446,32 @@ def load_rollouts(
     return df
 
 
+def load_samples(path: Path, rows: Sequence[int]) -> dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """The training samples of a few rollouts, read without loading the whole token arrays (a report shows a
+    handful of rollouts from a store of millions).
+
+    ``rows`` are row positions of :func:`load_rollouts` (append order, before any ``kind`` filter). Returns, per
+    requested row that is committed, its samples in order as ``(prompt_ids, completion_ids, completion_mask)``
+    (int32, int32, bool arrays); an errored rollout has none. Raises ``FileNotFoundError`` if the store is missing.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no rollout store at {path}")
+    out: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    with _open(path, "r") as f:
+        n = int(f.attrs["num_rows"])
+        smp, tok = f["samples"], f["tokens"]
+        sample_rows = smp["row"][:]  # sorted: samples are appended in row order
+        for r in sorted({int(r) for r in rows if 0 <= int(r) < n}):
+            lo, hi = np.searchsorted(sample_rows, r), np.searchsorted(sample_rows, r, side="right")
+            out[r] = []
+            for i in range(int(lo), int(hi)):
+                s, p, k = int(smp["token_start"][i]), int(smp["prompt_len"][i]), int(smp["num_tokens"][i])
+                ids, mask = tok["ids"][s : s + k], tok["mask"][s : s + k].astype(bool)
+                out[r].append((ids[:p], ids[p:], mask[p:]))
+    return out
+
+
 def _read_error_messages(f: h5py.File, n: int) -> np.ndarray:
     out = np.full(n, None, dtype=object)
     rows = f["errors"]["row"][:]
