@@ -27,7 +27,35 @@ waits until every engine answers /health and publishes the addresses, and superv
   trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`);
 - the pre-timeout signal (``slurm.signal``): stop request, wait (bounded) for a new COMPLETE checkpoint,
   ``scontrol requeue``, stop the steps;
-- SIGTERM/SIGINT (scancel, or the time limit): stop request, stop the steps.
+- SIGTERM/SIGINT (scancel, or the time limit): stop request, stop the steps;
+- a step that makes no progress: see the progress watchdog below.
+
+Progress watchdog (:mod:`toolkit.launch.watchdog`, both modes, once the engines are ready): each trainer rank and
+the orchestrator keep a progress record (:mod:`toolkit.run.heartbeat`); one that makes no progress for
+``monitors.stall_timeout_s`` (start-up phases and evals ``x monitors.stall_startup_factor``, weight phases
+``+ monitors.stall_s_per_gib`` per GiB moved) is asked for its Python stacks (SIGURG, answered by ``faulthandler``
+into its own log; a stopped process cannot answer, and its ``/proc`` state ``T`` is recorded instead), described in
+``logs/attempt_<n>/watchdog.log``, killed, and the run ends with status 7 naming it; the role that merely waits on
+it is not blamed. An engine that does not answer /health for ``monitors.stall_timeout_s`` is killed and restarted
+as a dead one (or ends the run the same way when ``inference.max_restarts = 0``).
+
+Every wait in srl and what bounds it:
+
+- supervisor: engines' first /health (``inference.startup_timeout_s``); an external deployment's ready file
+  (``inference.startup_timeout_s``); the pre-run command (``monitors.stall_timeout_s``); a restarted engine's
+  /health (``inference.startup_timeout_s``); each /health check (5 s); the trainer and orchestrator after a stop
+  request or a pre-timeout signal (``slurm.checkpoint_grace_s``), then SIGTERM to SIGKILL (15 s); the trainer
+  after the orchestrator finished cleanly, and the orchestrator while the trainer works (the watchdog:
+  ``monitors.stall_timeout_s`` without progress); a finished trainer's orchestrator (``slurm.checkpoint_grace_s``);
+  ``scontrol``/``sbatch`` calls (30 s, 120 s to submit); a look at another node's stuck processes (60 s); py-spy
+  (30 s); the lease's renewal thread at exit (its renewal period);
+- trainer: a batch (``trainer.batch_timeout_s``, and the watchdog); torchrun's rendezvous
+  (``deployment.trainer_rendezvous_timeout_s``); collectives (the process group's timeout, and the watchdog);
+  the W&B mirror's final lines (120 s);
+- orchestrator: the inference ready file (``inference.startup_timeout_s`` + 60 s); a newer policy (the watchdog,
+  blaming the trainer it waits on); each request (``inference.router.request_timeout_s``); each admin call to an
+  engine (its client's timeout); each env stage (``orchestrator.*.timeout``); an env worker's start (600 s);
+- roles and supervisors: a lost lease or a dead supervisor ends them (:mod:`toolkit.lease`).
 
 Exit status of the job: how the run ended, decided, recorded and printed last by :mod:`toolkit.run.ending` (0 when
 the trainer reached max_steps or the job was requeued; see its table), or 1 when nothing could be launched.
@@ -658,8 +686,12 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
     if s.pre_run_command and pre_run.exists():
         # From a file, once per node: the command's text never appears on a command line.
         het = ["--het-group=0"] if plan.is_het else []
-        rc = subprocess.run(["srun", "--overlap", "--ntasks-per-node=1", *het, "bash", str(pre_run)], env=env,
-                            check=False).returncode  # fmt: skip
+        limit = cfg.monitors.stall_timeout_s
+        try:
+            rc = subprocess.run(["srun", "--overlap", "--ntasks-per-node=1", *het, "bash", str(pre_run)], env=env,
+                                check=False, timeout=limit).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:  # run() has killed its srun: the job goes on as after a failed command
+            rc = f"none: still running after {limit:g} s (monitors.stall_timeout_s), stopped"
         if rc:
             _job_log(f"pre-run command failed with status {rc}")
     if plan.external_inference:
