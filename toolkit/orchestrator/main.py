@@ -58,6 +58,7 @@ from toolkit.run.metrics import EVAL_POLICY_VERSION
 
 log = logging.getLogger("srl.orchestrator")
 QUEUE_POLL_S = 0.2
+EVAL_STOP_POLL_S = 1.0  # how often a running eval checks for a stop request, seconds
 
 
 class StopBeforeStart(Exception):
@@ -321,14 +322,23 @@ class Orchestrator:
         for step in sorted(self.snapshots):
             self._save(step)
 
-    async def _eval(self, step: int, tracker: PolicyTracker) -> dict[str, float]:
+    async def _eval(self, step: int, tracker: PolicyTracker) -> dict[str, float] | None:
+        """The eval metrics of the served policy, recorded at ``step`` (its rollouts go to the store); {} without
+        eval envs; None when a stop came first: an eval waits on engines that may be held (restarting) for
+        minutes, and a stop must not wait for it (nothing of a cancelled eval is recorded)."""
         if not self.eval_envs:
             return {}
         self.progress.phase(f"eval at step {step}", step=step, kind=LONG)
         t0 = time.monotonic()
-        metrics, rollouts = await run_eval(
-            self.eval_envs, self.client, max_concurrent=self.ocfg.max_concurrent
-        )
+        job = asyncio.ensure_future(run_eval(self.eval_envs, self.client, max_concurrent=self.ocfg.max_concurrent))
+        while not job.done():
+            await asyncio.wait({job}, timeout=EVAL_STOP_POLL_S)
+            if not job.done() and self._should_stop():
+                job.cancel()
+                await asyncio.gather(job, return_exceptions=True)
+                log.info("eval at step %d cancelled: stop requested", step)
+                return None
+        metrics, rollouts = job.result()
         version = tracker.served_version
         ages = [max(0, step - version)] * len(rollouts)
         await self.writer.append_store(rollouts, step=step, kind="eval", ages=ages)
@@ -351,7 +361,8 @@ class Orchestrator:
         await tracker.load_first_at_least(last, self._should_stop)
         if self._should_stop() or tracker.served_version < last:
             return
-        self.metrics.write_eval(last, await self._eval(last, tracker))
+        if (metrics := await self._eval(last, tracker)) is not None:
+            self.metrics.write_eval(last, metrics)
 
     # -- main loop --------------------------------------------------------------------------------------------
     async def run_until_done(self) -> int:
@@ -422,8 +433,8 @@ class Orchestrator:
                 if self._should_stop():
                     break
                 version = tracker.served_version
-                if not self.metrics.has(version):
-                    self.metrics.write(version, await self._eval(version, tracker))
+                if not self.metrics.has(version) and (metrics := await self._eval(version, tracker)) is not None:
+                    self.metrics.write(version, metrics)
             log.info("SFT evals done" if not self._should_stop() else "stopped on request")
             return 0
         finally:
@@ -461,7 +472,8 @@ class Orchestrator:
         try:
             if last == 0 and self.eval_envs and not self.metrics.has(0):
                 await tracker.refresh()
-                self.metrics.write(0, await self._eval(0, tracker))
+                if (metrics := await self._eval(0, tracker)) is not None:
+                    self.metrics.write(0, metrics)
             for step in range(last + 1, self.cfg.max_steps + 1):
                 if self._should_stop():
                     break
@@ -476,7 +488,7 @@ class Orchestrator:
                 # The last step's eval is the final one (_final_eval), of the policy trained on its batch.
                 final = bool(self.eval_envs) and step == self.cfg.max_steps
                 if o.eval.interval and step % o.eval.interval == 0 and not final:
-                    extra.update(await self._eval(step, tracker))
+                    extra.update(await self._eval(step, tracker) or {})
                 batch, reason = await self._collect(step, producer)
                 if reason:
                     request_stop(self.run, reason)
