@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from toolkit.config.model import MonitorsConfig
 from toolkit.launch.supervisor import Supervisor
 from toolkit.run.layout import RunDir
 
@@ -16,7 +17,7 @@ from toolkit.run.layout import RunDir
 def _sup(tmp_path: Path, grace_s: float = 60.0, **roles: str) -> Supervisor:
     """A supervisor whose children are ``python -c CODE`` processes, one per ``role=CODE``; ``grace_s`` is the
     run's ``slurm.checkpoint_grace_s``."""
-    cfg = SimpleNamespace(slurm=SimpleNamespace(checkpoint_grace_s=grace_s))
+    cfg = SimpleNamespace(slurm=SimpleNamespace(checkpoint_grace_s=grace_s), monitors=MonitorsConfig())
     sup = Supervisor(cfg, RunDir(tmp_path / "run"), None, say=lambda *a, **k: None, own_groups=False)
     for role, code in roles.items():
         sup.start(role, role, [sys.executable, "-c", code], dict(os.environ), tmp_path / f"{role}.log")
