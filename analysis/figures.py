@@ -255,11 +255,13 @@ def fig_eval(
     fig, (ax,) = _new(1)
     offset = 0
     colors: dict[str, str] = {}
+    with_errors = False
     for i, (label, m) in enumerate(runs):
         orch = role_metrics(m, "orchestrator")
         for c in eval_scores(m):
             d = orch[c].astype(float).dropna()
             err = orch[c + STDERR_SUFFIX].reindex(d.index).astype(float) if c + STDERR_SUFFIX in orch else None
+            with_errors = with_errors or (err is not None and err.notna().any())
             name = f"{c} ({label})" if label else c
             bars = ax.errorbar(d.index + offset, d.values, yerr=None if err is None else err.fillna(0).values,
                                marker="o" if not label else "s", ls="-" if not label else ":", capsize=3,
@@ -271,7 +273,7 @@ def fig_eval(
             ax.axvline(offset, color="gray", ls="--", lw=1)
             ax.annotate(f"{label} ends", (offset, 0), xytext=(3, 3), textcoords="offset points", fontsize=7,
                         color="gray", xycoords=("data", "axes fraction"))  # fmt: skip
-    ax.set_ylabel("score (error bar: 1 standard error)")
+    ax.set_ylabel("score (bars: ± 1 standard error)" if with_errors else "score")
     ax.set_xlabel("step" if not before or len(runs) == 1 else f"step ({runs[0][0]} steps, then this run's)")
     ax.legend(loc="best", fontsize=8)
     fig.suptitle("Held-out eval")
