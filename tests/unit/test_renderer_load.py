@@ -56,4 +56,4 @@ def test_bad_renderers_fail_clearly(tmp_path):
 
 
 def test_builtin_names():
-    assert set(RENDERERS) == {"auto", "plain"}
+    assert set(RENDERERS) == {"auto", "plain", "hermes"}

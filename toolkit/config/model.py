@@ -199,7 +199,8 @@ class SamplingOverride(Section):
 
 class RendererConfig(Section):
     name: str = "auto"
-    """``auto`` = the model's chat template; otherwise a renderer name known to srl."""
+    """``auto`` = the model's chat template; ``plain`` = role/content lines (base models); ``hermes`` = the chat
+    template with tools written in the Hermes text format (templates that ignore tools). See toolkit.models.renderer."""
     import_path: str | None = None
     """``package.module:Class`` of a custom renderer (overrides ``name``)."""
 
@@ -784,7 +785,9 @@ class RLConfig(Section):
         return self
 
     def env_pythonpath(self) -> list[str]:
-        """The env workers' extra import path entries, in order: ``env_vars.PYTHONPATH`` of the run, then of the
-        orchestrator, split on ``os.pathsep`` with empty entries dropped."""
-        values = (self.env_vars.get("PYTHONPATH"), self.orchestrator.env_vars.get("PYTHONPATH"))
-        return [p for v in values if v for p in v.split(os.pathsep) if p]
+        """The env workers' extra import path entries, in order, as their process sees them: the orchestrator's
+        ``env_vars.PYTHONPATH`` when set, else the run's (a component's value replaces the run's in the process
+        environment), split on ``os.pathsep`` with empty entries dropped; empty when neither sets one (the job
+        then inherits the submitting shell's)."""
+        value = self.orchestrator.env_vars.get("PYTHONPATH") or self.env_vars.get("PYTHONPATH") or ""
+        return [p for p in value.split(os.pathsep) if p]

@@ -7,6 +7,8 @@ Modules:
   server     an env worker process (one env's taskset; the environment half of episodes)
   protocol   the worker wire protocol (newline-delimited JSON over TCP)
   episode    one episode of the plain chat harness, turn by turn
+  policy_client  srl's policy as the model client of verifiers' own rollout (interception server, tool calls,
+             policy versions per turn) and ``Trace.branches`` -> training samples; not wired into the workers yet
   registry   taskset id resolution and loading (verifiers' convention first, then srl's built-ins)
   tasksets   srl's built-in tasksets (reverse-text, arith, alphabet-sort) and taskset look-up without imports
   fidelity   what srl honours of a verifiers env, and the refusals for what it cannot run unchanged

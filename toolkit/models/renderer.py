@@ -5,6 +5,10 @@ to the engine, and the completion comes back as token ids that are never re-toke
 
 - ``auto``: the model's own chat template (``transformers`` tokenizer loaded from the model directory).
 - ``plain``: no template, ``"<role>: <content>\\n"`` lines ending in ``"assistant:"`` (for base models).
+- ``hermes``: the model's chat template, with tools written in the Hermes/Qwen text format (a ``<tools>`` block in
+  the system message, ``<tool_call>{json}</tool_call>`` in assistant turns, ``<tool_response>`` user turns), for
+  templates that only render role and content (the tiny model's, SmolLM2's). ``parse_tool_calls`` reads that
+  format back from a completion (it is also the format Qwen2.5/Qwen3's own templates write).
 - ``import_path = "pkg.module:Class"`` (or ``pkg.module.Class``): a custom class constructed as
   ``Class(model_path)`` that has the same methods as ``Renderer``.
 
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
+import re
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -82,14 +88,50 @@ class ChatTemplateRenderer(_TokenizerRenderer):
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"tokenizer at {model_path} has no chat template; use renderer name 'plain'")
 
+    def render_text(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        """The chat template's text for ``messages``; ``tools`` (OpenAI function schemas) go to it as is."""
+        extra = {"tools": tools} if tools else {}
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+        )
+
     def render(self, messages: list[Message], *, add_generation_prompt: bool = True,
                tools: list[dict] | None = None) -> list[int]:
         """Prompt ids through the chat template; ``tools`` (OpenAI function schemas) go to the template as is."""
-        extra = {"tools": tools} if tools else {}
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
-        )
-        return self.encode(text)
+        return self.encode(self.render_text(messages, add_generation_prompt=add_generation_prompt, tools=tools))
+
+    def continuation(self, history: list[dict], tail: list[dict], *, completion_ids: list[int],
+                     tools: list[dict] | None = None) -> list[int] | None:
+        """Token ids that follow a sampled assistant turn up to the next generation prompt, or None.
+
+        ``history`` ends with the assistant message that ``completion_ids`` (the sampled ids, stop token
+        included when the engine stopped on one) produced; ``tail`` holds the messages after it (tool results, a
+        user turn). The ids are the rest of the assistant turn the template writes after its content (minus the
+        stop token the completion already ends with), then ``tail`` and the generation prompt, so that
+        ``previous prompt + completion_ids + continuation`` is the next prompt with the sampled ids kept as
+        sampled (a re-rendered tool call may be spelled differently from what the model wrote). None when the
+        template does not render ``history + tail`` as ``history`` followed by more text (a template that
+        rewrites earlier turns): the caller renders the whole conversation instead.
+        """
+        full = self.render_text(history + tail, add_generation_prompt=True, tools=tools)
+        head = self.render_text(history, add_generation_prompt=False, tools=tools)
+        closer = self.assistant_closer
+        if not full.startswith(head) or closer is None or not head.endswith(closer):
+            return None
+        if completion_ids and completion_ids[-1] in self.stop_token_ids:
+            stop_text = self.decode([completion_ids[-1]])
+            closer = closer.removeprefix(stop_text)
+        return self.encode(closer + full[len(head):])
+
+    @functools.cached_property
+    def assistant_closer(self) -> str | None:
+        """What the template writes after an assistant message's content (``"<|im_end|>\\n"`` for ChatML); None
+        when a probe message's content does not appear in its rendering."""
+        probe = "srl-probe-7f3a"
+        text = self.render_text([{"role": "user", "content": "u"}, {"role": "assistant", "content": probe}],
+                                add_generation_prompt=False)
+        return text[text.rindex(probe) + len(probe):] if probe in text else None
 
 
 class PlainRenderer(_TokenizerRenderer):
@@ -105,7 +147,98 @@ class PlainRenderer(_TokenizerRenderer):
         return ([bos] if bos is not None else []) + self.encode(text)
 
 
-RENDERERS: dict[str, type] = {"auto": ChatTemplateRenderer, "plain": PlainRenderer}
+TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def _hermes_call(call: dict) -> str:
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass  # written as the model sent it
+    return "<tool_call>\n" + json.dumps({"name": function.get("name"), "arguments": arguments}) + "\n</tool_call>"
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content or ""
+
+
+class HermesRenderer(ChatTemplateRenderer):
+    """``hermes``: the model's chat template, with tools and tool calls spelled in the Hermes text format.
+
+    Messages are rewritten to plain role/content ones before the template sees them: the tool schemas are appended
+    to the system message (one is added when the conversation has none) inside ``<tools></tools>``, an assistant's
+    ``tool_calls`` become ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks after its content,
+    and consecutive ``tool`` messages become one user message of ``<tool_response>`` blocks. For a template that
+    renders tools itself (Qwen3's), use ``auto``.
+    """
+
+    name = "hermes"
+
+    def render_text(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        return super().render_text(self.plain_messages(messages, tools), add_generation_prompt=add_generation_prompt)
+
+    @staticmethod
+    def plain_messages(messages: list[dict], tools: list[dict] | None = None) -> list[dict]:
+        """``messages`` (OpenAI chat dicts, with ``tool_calls`` and ``tool`` roles) as role/content dicts."""
+        out: list[dict] = []
+        for m in messages:
+            role, text = m["role"], _text_of(m.get("content"))
+            if role == "assistant" and m.get("tool_calls"):
+                text = "\n".join([*([text] if text else []), *(_hermes_call(c) for c in m["tool_calls"])])
+            if role == "tool":
+                block = f"<tool_response>\n{text}\n</tool_response>"
+                if out and out[-1].get("_tool"):
+                    out[-1]["content"] += "\n" + block
+                    continue
+                out.append({"role": "user", "content": block, "_tool": True})
+                continue
+            out.append({"role": role, "content": text})
+        if tools:
+            spec = "\n".join(json.dumps(t) for t in tools)
+            section = ("# Tools\n\nFunctions you can call, one JSON schema per line:\n<tools>\n" + spec +
+                       "\n</tools>\n\nTo call one, reply with\n<tool_call>\n"
+                       '{"name": <function name>, "arguments": <arguments as a JSON object>}\n</tool_call>')
+            if out and out[0]["role"] == "system":
+                out[0]["content"] = (out[0]["content"] + "\n\n" + section) if out[0]["content"] else section
+            else:
+                out.insert(0, {"role": "system", "content": section})
+        return [{"role": m["role"], "content": m["content"]} for m in out]
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
+    """Split a completion's text into its content and its Hermes-format tool calls.
+
+    Returns ``(content, calls)``: ``content`` is the text with every well-formed ``<tool_call>...</tool_call>``
+    block removed (stripped), ``calls`` a list of ``{"name": str, "arguments": str}`` (arguments as a JSON object
+    string) in order. A block whose body is not a JSON object with a string ``name`` is not a call: it stays in
+    the content, so the environment sees what the model wrote.
+    """
+    calls: list[dict] = []
+    kept: list[str] = []
+    pos = 0
+    for found in TOOL_CALL.finditer(text):
+        try:
+            body = json.loads(found.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            continue
+        arguments = body.get("arguments", {})
+        kept.append(text[pos:found.start()])
+        pos = found.end()
+        calls.append({"name": body["name"],
+                      "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
+    kept.append(text[pos:])
+    return "".join(kept).strip() if calls else text, calls
+
+
+RENDERERS: dict[str, type] = {"auto": ChatTemplateRenderer, "plain": PlainRenderer, "hermes": HermesRenderer}
 
 
 def _plain_message(m: Any) -> bool:
@@ -138,8 +271,11 @@ class CachedRenderer:
         messages = [{"role": role, "content": content} for role, content in pairs]
         return tuple(self.inner.render(messages, add_generation_prompt=add_generation_prompt))
 
-    def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> list[int]:
+    def render(self, messages: list[Message], *, add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> list[int]:
         # Only plain role/content messages with string content are cached: the key must hold all the input.
+        if tools:
+            return self.inner.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         if not all(_plain_message(m) for m in messages):
             return self.inner.render(messages, add_generation_prompt=add_generation_prompt)
         return list(self._cached((add_generation_prompt, *((m["role"], m["content"]) for m in messages))))
