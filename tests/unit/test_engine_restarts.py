@@ -127,27 +127,56 @@ def test_held_gate_delays_requests_until_release(server):
 
     gen, held = asyncio.run(go())
     assert gen.token_ids == [7] and gen.policy_version == 4  # tagged when sent, after the restore
-    assert 0.25 < held < 5
+    assert 0.25 < held < 60  # held from hold() to release(): at least the 0.3 s slept, however slow the machine
 
 
-def test_response_in_flight_when_the_gate_closes_is_discarded_and_resent(server):
-    srv, handler = server
-    handler.delay_s = 0.4
+def _first_answer_held() -> type:
+    """A fresh handler class that answers its first request only once its ``answer`` event is set (``received``:
+    that request arrived; ``answered``: its answer was sent); ``requests`` counts every request."""
+
+    class Handler(_Completions):
+        received, answer, answered = threading.Event(), threading.Event(), threading.Event()
+        requests = 0
+
+        def do_POST(self):
+            cls = type(self)
+            cls.requests += 1
+            first = cls.requests == 1
+            if first:
+                cls.received.set()
+                cls.answer.wait(60)
+            super().do_POST()
+            if first:
+                cls.answered.set()
+
+    return Handler
+
+
+def test_response_in_flight_when_the_gate_closes_is_discarded_and_resent():
+    handler = _first_answer_held()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
 
     async def go():
-        async with PolicyClient(f"http://127.0.0.1:{srv.server_port}", "m", timeout_s=5, retry_budget_s=10,
+        async with PolicyClient(f"http://127.0.0.1:{srv.server_port}", "m", timeout_s=60, retry_budget_s=120,
                                 backoff_s=0.01) as c:  # fmt: skip
             task = asyncio.create_task(c.generate([1], SamplingParams(max_tokens=1), session_id="s"))
-            await asyncio.sleep(0.1)  # the request is in flight
+            assert await asyncio.to_thread(handler.received.wait, 60)  # the request is in flight
             c.hold()
-            await asyncio.sleep(0.6)  # its response arrived meanwhile, from an epoch that is no longer trusted
+            handler.answer.set()
+            # Its response arrives while the gate is closed, from an epoch that is no longer trusted.
+            assert await asyncio.to_thread(handler.answered.wait, 60)
+            await asyncio.sleep(0.2)  # lets the client read it; the task cannot end while the gate is closed
             assert not task.done()
             c.release()
-            return await asyncio.wait_for(task, 5)
+            return await asyncio.wait_for(task, 60)
 
-    t0 = time.monotonic()
-    assert asyncio.run(go()).token_ids == [7]
-    assert time.monotonic() - t0 > 1.0  # answered by the second request, after the release
+    try:
+        assert asyncio.run(go()).token_ids == [7]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert handler.requests == 2  # answered by the second request, after the release
 
 
 def test_retry_budget_covers_an_endpoint_that_comes_back():

@@ -185,16 +185,18 @@ def test_a_role_started_under_a_lease_exits_when_its_supervisor_dies(tmp_path):
         from toolkit.run.layout import RunDir
         lease.WATCH_S = 0.2
         lease.exit_when_lease_gone(RunDir({str(run.root)!r}), "trainer")
+        print("watching", flush=True)
         time.sleep(60)
     """)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), lease.LEASE_ENV: token},
-        stderr=subprocess.PIPE, text=True)  # fmt: skip
-    time.sleep(1.5)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert role.stdout.readline() == "watching\n"  # imported and watching, however slowly it started
+    time.sleep(1.0)  # several looks at the lease
     assert role.poll() is None  # supervisor alive: the role runs
     sup.kill()
     sup.wait()
     t0 = time.monotonic()
-    assert role.wait(timeout=10) == 3
-    assert time.monotonic() - t0 < 5
+    assert role.wait(timeout=50) == 3
+    assert time.monotonic() - t0 < 30  # the role itself would sleep on for 60 s
     assert "is dead" in role.stderr.read()
 
 

@@ -32,10 +32,14 @@ def _settle(sup: Supervisor, *roles: str) -> None:
 
 
 def test_a_finished_sft_trainer_leaves_the_orchestrator_its_final_eval(tmp_path: Path) -> None:
-    sup = _sup(tmp_path, trainer="pass", orchestrator="import time; time.sleep(2)")
+    # The orchestrator runs until the test lets it finish, however slowly the test itself is scheduled.
+    done = tmp_path / "eval-done"
+    waits = f"import pathlib, time\nwhile not pathlib.Path({str(done)!r}).exists():\n    time.sleep(0.05)"
+    sup = _sup(tmp_path, trainer="pass", orchestrator=waits)
     try:
         _settle(sup, "trainer")
         assert sup.first_ending() is None  # the orchestrator still evaluates the final weights
+        done.touch()
         _settle(sup, "orchestrator")
         assert sup.first_ending() is not None and sup.first_ending().returncode == 0
     finally:

@@ -43,10 +43,13 @@ ADMIN = {ADMIN_TOKEN_HEADER: TOKEN}
 
 def _app(gate: dict) -> Starlette:
     """Stands in for vLLM's routes behind the guard: loads answer 200 (or ``gate["fail"]``), a completion answers a
-    fixed token after ``gate["hold"]`` (a threading.Event, when set) opens."""
+    fixed token after ``gate["hold"]`` (a threading.Event, when set) opens; ``gate["entered"]`` (an Event, when set)
+    is set once a completion has reached the route, past the guard."""
 
     async def completion(request):
         body = await request.json()
+        if gate.get("entered") is not None:
+            gate["entered"].set()
         if gate.get("hold") is not None:
             await asyncio.to_thread(gate["hold"].wait, 10)
         return JSONResponse({"model": body["model"], "choices": [{"token_ids": [7], "finish_reason": "length",
@@ -112,13 +115,13 @@ def test_the_engine_records_loads_it_admitted_and_tags_completions():
 
 
 def test_a_completion_that_spans_a_load_lists_every_version_it_saw():
-    gate: dict = {"hold": threading.Event()}
+    gate: dict = {"hold": threading.Event(), "entered": threading.Event()}
     c = _client(gate)
     c.post("/update_weight_version", json={"new_version": "A:1"}, headers=ADMIN)
     answer: dict = {}
     t = threading.Thread(target=lambda: answer.update(v=_complete(c)))
     t.start()
-    time.sleep(0.3)  # the completion is in the app now, waiting at the gate
+    assert gate["entered"].wait(60), "the completion did not reach the app in 60 s"  # now waiting at the gate
     c.post("/update_weight_version", json={"new_version": "B:1"}, headers=ADMIN)  # another run's load meanwhile
     c.post("/update_weight_version", json={"new_version": "A:2"}, headers=ADMIN)
     gate["hold"].set()
