@@ -81,7 +81,9 @@ def test_empty_reply_scored_as_success_fails_known_failures(broken_cfg):
     assert status[("empty-wins", "known_successes")] == "PASS"
     assert status[("empty-wins", "deterministic_scoring")] == "PASS"
     item = next(i for i in verdict.items if i.key == "known_failures")
-    assert {e["case"] for e in item.evidence["examples"]} == {"empty"}
+    # verifiers' noop check (the untouched task already passes) and srl's empty reply both catch it.
+    assert item.evidence["cases"] == ["empty", "untouched"]
+    assert item.evidence["verifiers"] == {"invalid": 6}
     assert not verdict.passed
 
 

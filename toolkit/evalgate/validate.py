@@ -6,11 +6,16 @@ For every train and eval env of a run config (or the ones named with ``--env``),
 - ``taskset_loads``: the taskset builds with the workers' fields and runtime, ``select`` yields tasks, nothing in
   it is refused (``toolkit.envs.fidelity``), task ids are unique (named as verifiers names tasks: ``id``, else
   ``name``, else ``idx``; keys as verifiers derives them);
-- ``known_successes``: the environment's own ``Task.validate(runtime)`` (verifiers' check of the ground truth, in
-  a fresh runtime after ``setup``) passes, or, for a task that defines none, its reference solution scores at least
-  ``success_min`` (default 1.0, a full solve);
-- ``known_failures``: an empty reply, a wrong one (another task's reference) and a malformed one (markup and
-  control characters) each score below ``success_min``, and the empty reply at most ``failure_max`` (default 0.0);
+- ``known_successes``: verifiers' own gold check per task (``Task.validate(runtime)`` after ``setup`` in a fresh
+  runtime, run by verifiers' validate code): False, a raise or a timeout FAILs; None is "unchecked", as verifiers
+  says. Only for an unchecked task srl adds its reference replies: a declared reference (srl's
+  ``reference_replies()`` hook, a built-in's answer) must score at least ``success_min`` (default 1.0) or FAILs; a
+  guessed one (``data.answer`` replayed as the reply, which a task may expect wrapped in tags) that scores lower
+  leaves the task unchecked. All tasks unchecked is a WARN naming what to define, never a FAIL;
+- ``known_failures``: verifiers' own noop check (the untouched task, set up, finalized and scored with no turn,
+  must score below 1.0), then an empty reply, a wrong one (another task's reference) and a malformed one (markup
+  and control characters) each score below ``success_min``, the empty reply at most ``failure_max`` (default 0.0),
+  and none as high as a reference that succeeded;
 - ``deterministic_scoring``: every reply above scores the same twice (reward and each component), and reloading
   the taskset gives the same tasks (ids, prompts, content hashes);
 - ``bounded_limits``: ``max_turns`` lets the reference finish, the per-rollout token budget fits the engine's
@@ -66,48 +71,32 @@ def reference_replies(task: Any) -> list[str] | None:
     return None
 
 
-def has_own_validate(task: Any) -> bool:
-    """Whether ``task`` overrides verifiers' ``Task.validate`` (its own model-free check of the ground truth)."""
-    import verifiers.v1 as vf
+def reference_is_declared(task: Any) -> bool:
+    """Whether ``task``'s reference replies are declared as replies (srl's ``reference_replies()`` hook, or a
+    built-in shape such as alphabet-sort's ``turns``), not guessed from ``data.answer``, which a task may expect
+    wrapped (tags, JSON)."""
+    if callable(getattr(task, "reference_replies", None)) or type(task).__module__.startswith("toolkit.envs.tasksets"):
+        return True  # srl's built-ins answer with exactly data.answer
+    return getattr(task.data, "answer", None) is None
 
-    return type(task).validate is not vf.Task.validate
 
-
-async def run_task_validate(task: Any, runtime_config: Any, *, setup_s: float | None,
-                            total_s: float | None) -> bool | None | str:  # fmt: skip
-    """verifiers' own ground-truth check of ``task``: a fresh runtime (the task's resolved config), ``setup(trace=,
-    runtime=)``, then ``task.validate(runtime)``; the runtime is stopped whatever happens.
-
-    Returns True/False/None as ``validate`` does, or a string describing the error it raised or its timeout
-    (``setup_s``, ``total_s`` seconds).
+async def verifiers_checks(tasks: Sequence[Any], runtime_config: Any, *, setup_s: float | None,
+                           total_s: float | None) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    """verifiers' own model-free checks of each task, as ``vf-validate`` runs them: ``gold`` (``Task.validate``
+    after ``setup``, in a fresh runtime) and ``noop`` (``setup``, ``finalize`` and scoring of the untouched task; it
+    must not reach 1.0). Returns ``{"gold": [row, ...], "noop": [row, ...]}``, one row per task in order, each
+    verifiers' own result row (``reason`` one of valid, invalid, unchecked, error, timeout; ``error``; noop rows
+    also ``reward``). ``setup_s``/``total_s``: seconds for ``setup`` and for the check after it. Raises nothing a
+    task raises (verifiers records it as ``error``).
     """
-    import verifiers.v1 as vf
-    from verifiers.v1.runtimes import make_runtime
-    from verifiers.v1.state import state_cls
-    from verifiers.v1.utils.decorators import invoke
+    from verifiers.v1.cli import validate as vf_validate
+    from verifiers.v1.configs.cli.validate import CheckTimeoutConfig, ValidateConfig
 
-    from toolkit.envs.episode import task_runtime_config
-
-    runtime = None
-    try:
-        runtime = make_runtime(task_runtime_config(task, runtime_config))
-        runtime.env = dict(task.runtime_env())
-        trace = vf.Trace(task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
-                         state=state_cls(type(task))(),
-                         agent=vf.AgentInfo(config=vf.AgentConfig(runtime=runtime_config), name="validate",
-                                            trainable=False))  # fmt: skip
-        await runtime.start()
-        await asyncio.wait_for(invoke(task.setup, {"trace": trace, "runtime": runtime}), setup_s)
-        result = await asyncio.wait_for(task.validate(runtime), total_s)
-        return None if result is None else bool(result)
-    except TimeoutError:
-        return f"timed out (setup {setup_s} s / validate {total_s} s)"
-    except Exception as exc:  # noqa: BLE001 - a raising check is the finding, reported per task
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        if runtime is not None:
-            with contextlib.suppress(Exception):  # teardown of a check's runtime never fails the gate
-                await runtime.stop()
+    config = ValidateConfig(runtime=runtime_config, timeout=CheckTimeoutConfig(setup=setup_s, total=total_s),
+                            rich=False)  # fmt: skip
+    # The per-task check is verifiers' own; its public entry (run_validate) would load the taskset by id, which
+    # srl's built-ins and the config's field mapping do not go through.
+    return {mode: [await vf_validate._run_check(t, config, mode) for t in tasks] for mode in ("gold", "noop")}
 
 
 async def score_replies(
@@ -199,8 +188,6 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         items.append(GateItem("taskset_loads", name, "PASS", f"{len(all_tasks)} tasks, checked {len(tasks)}", ev))
 
     timeout = env.timeout
-    own = [has_own_validate(t) for t in tasks]
-    refs = [None if o else reference_replies(t) for t, o in zip(tasks, own, strict=True)]
     kw = {"max_turns": env.max_turns, "setup_s": timeout.setup, "scoring_s": timeout.scoring,
           "turn_s": timeout.rollout, "runtime_config": runtime_config}
 
@@ -213,52 +200,67 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         except Exception as exc:  # noqa: BLE001 - TaskError and anything the task raised: evidence, not a crash of the gate
             return {"error": f"{type(exc).__name__}: {exc}"}
 
-    # -- known successes: the task's own validate(runtime), else its reference replies ---------------------------
-    # (task index, case) -> (replies, first score) of every reply scored: "reference" and the known-failure cases
-    scored: dict[tuple[int, str], tuple[list[str], dict[str, Any]]] = {}
-    no_ref: list[str] = []
-    bad_success: list[dict[str, Any]] = []
-    validated = 0
-    for i, (task, ref) in enumerate(zip(tasks, refs, strict=True)):
-        if own[i]:
-            verdict = await run_task_validate(task, runtime_config, setup_s=timeout.setup, total_s=timeout.scoring)
-            if verdict is None:
-                no_ref.append(task_identity(task))  # validate() answered "no model-free check"
-            elif verdict is not True:
-                bad_success.append({"task": task_identity(task), "check": "Task.validate(runtime)",
-                                    "result": verdict})  # fmt: skip
-            else:
-                validated += 1
-        elif ref is None:
-            no_ref.append(task_identity(task))
-        else:
-            s = await score(task, ref)
-            scored[(i, "reference")] = (ref, s)
-            if "error" in s or s["reward"] < success_min - _EPS:
-                bad_success.append({"task": task_identity(task), "reply": ref, **_brief(s)})
-    if no_ref:
-        items.append(GateItem("known_successes", name, "FAIL",
-                              f"{len(no_ref)} task(s) have no known-correct check; define `Task.validate(runtime)` "
-                              "(verifiers' own check), give the task data an `answer` field or the task a "
-                              "`reference_replies()` method", {"tasks": no_ref[:5]}))  # fmt: skip
-    elif bad_success:
-        items.append(GateItem("known_successes", name, "FAIL",
-                              f"{len(bad_success)}/{len(tasks)} known-correct checks fail (Task.validate returned "
-                              f"False or raised, or a reference solution scores below {success_min})",
-                              {"examples": bad_success[:3], "success_min": success_min}))  # fmt: skip
-    else:
-        rewards = [s["reward"] for _, s in scored.values()]
-        what = [f"{validated} pass Task.validate(runtime)"] if validated else []
-        what += [f"{len(rewards)} reference solutions score >= {success_min}"] if rewards else []
-        items.append(GateItem("known_successes", name, "PASS", "; ".join(what),
-                              {"validated": validated, "reward_min": min(rewards, default=None),
-                               "reward_max": max(rewards, default=None)}))  # fmt: skip
+    # -- verifiers' own per-task checks: gold (Task.validate) and noop (the untouched task must not pass) ---------
+    checks = await verifiers_checks(tasks, runtime_config, setup_s=timeout.setup, total_s=timeout.scoring)
+    vf_counts = {mode: dict(Counter(row["reason"] for row in rows)) for mode, rows in checks.items()}
 
-    # -- known failures -----------------------------------------------------------------------------------------
-    bad_fail: list[dict[str, Any]] = []
+    # -- known successes: verifiers' gold verdict; srl's reference replies only where gold is unchecked -----------
+    refs = [None if checks["gold"][i]["reason"] != "unchecked" else reference_replies(t) for i, t in enumerate(tasks)]
+    scored: dict[tuple[int, str], tuple[list[str], dict[str, Any]]] = {}
+    bad_gold = [{"task": task_identity(t), "verifiers": row["reason"], "error": row["error"]}
+                for t, row in zip(tasks, checks["gold"], strict=True) if row["reason"] not in ("valid", "unchecked")]
+    bad_success: list[dict[str, Any]] = []
+    unchecked: list[str] = []
+    for i, (task, ref) in enumerate(zip(tasks, refs, strict=True)):
+        if checks["gold"][i]["reason"] != "unchecked":
+            continue
+        if ref is None:
+            unchecked.append(task_identity(task))
+            continue
+        s = await score(task, ref)
+        scored[(i, "reference")] = (ref, s)
+        if "error" not in s and s["reward"] >= success_min - _EPS:
+            continue
+        if reference_is_declared(task):
+            bad_success.append({"task": task_identity(task), "reply": ref, **_brief(s)})
+        else:
+            # data.answer is a guess at the reply; a task may want it wrapped (tags, JSON). verifiers calls such a
+            # task unchecked, and so does srl.
+            unchecked.append(task_identity(task))
+    validated = vf_counts["gold"].get("valid", 0)
+    ref_ok = [s["reward"] for (_, case), (_, s) in scored.items() if case == "reference" and "error" not in s
+              and s["reward"] >= success_min - _EPS]
+    sev = {"verifiers": vf_counts, "validated": validated, "reward_min": min(ref_ok, default=None),
+           "reward_max": max(ref_ok, default=None)}  # fmt: skip
+    if bad_gold or bad_success:
+        gold_what = f"{len(bad_gold)} Task.validate(runtime) check(s) returned False, raised or timed out"
+        what = [f"{gold_what} (verifiers' gold check)"] if bad_gold else []
+        what += [f"{len(bad_success)} declared reference solution(s) score below {success_min}"] if bad_success else []
+        items.append(GateItem("known_successes", name, "FAIL", f"{'; '.join(what)} (of {len(tasks)} tasks)",
+                              {**sev, "examples": (bad_gold + bad_success)[:3], "success_min": success_min}))
+    elif unchecked and not validated and not ref_ok:
+        items.append(GateItem("known_successes", name, "WARN",
+                              f"unchecked: none of the {len(tasks)} tasks has a model-free success check "
+                              "(verifiers: Task.validate returned None; no reference reply srl knows scores "
+                              f"{success_min}); define `Task.validate(runtime)` or a `reference_replies()` method",
+                              {**sev, "tasks": unchecked[:5]}))  # fmt: skip
+    else:
+        what = [f"{validated} pass Task.validate(runtime)"] if validated else []
+        what += [f"{len(ref_ok)} reference solutions score >= {success_min}"] if ref_ok else []
+        what += [f"{len(unchecked)} unchecked"] if unchecked else []
+        items.append(GateItem("known_successes", name, "PASS", "; ".join(what), sev))
+
+    # -- known failures: verifiers' noop check, then empty, wrong and malformed replies ----------------------------
+    bad_fail: list[dict[str, Any]] = [
+        {"task": task_identity(t), "case": "untouched", "verifiers": row["reason"],
+         **({"reward": row.get("reward")} if row["reason"] == "invalid" else {"error": row["error"]})}
+        for t, row in zip(tasks, checks["noop"], strict=True) if row["reason"] not in ("valid", "unchecked")
+    ]  # fmt: skip
     fail_rewards: dict[str, list[float]] = {"empty": [], "wrong": [], "malformed": []}
     for i, task in enumerate(tasks):
-        ref_reward = scored.get((i, "reference"), ([], {}))[1].get("reward")  # None: no reference, or it raised
+        ref_reward = scored.get((i, "reference"), ([], {}))[1].get("reward")
+        if ref_reward is not None and ref_reward < success_min - _EPS:
+            ref_reward = None  # a reference that is not a success says nothing about what a failure may score
         for case, replies in _failure_cases(i, refs).items():
             s = await score(task, replies)
             scored[(i, case)] = (replies, s)
@@ -266,23 +268,24 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
                 bad_fail.append({"task": task_identity(task), "case": case, **_brief(s)})
                 continue
             fail_rewards[case].append(s["reward"])
-            limit = failure_max if case == "empty" else success_min - _EPS
-            ok = s["reward"] <= failure_max + _EPS if case == "empty" else s["reward"] < limit
+            ok = s["reward"] <= failure_max + _EPS if case == "empty" else s["reward"] < success_min - _EPS
             if ok and ref_reward is not None and s["reward"] >= ref_reward - _EPS:
                 ok = False  # a failure must never score like the reference
             if not ok:
                 bad_fail.append({"task": task_identity(task), "case": case, "reply": replies, **_brief(s)})
     fev = {case: {"max": max(v), "mean": round(sum(v) / len(v), 4)} for case, v in fail_rewards.items() if v}
+    fev["verifiers"] = vf_counts["noop"]
     if bad_fail:
         cases = sorted({b["case"] for b in bad_fail})
         items.append(GateItem("known_failures", name, "FAIL",
-                              f"{len(bad_fail)} known-failure repl(ies) ({', '.join(cases)}) scored like a success "
-                              f"or raised (empty must score <= {failure_max}, others < {success_min})",
-                              {"examples": bad_fail[:3], **fev}))  # fmt: skip
+                              f"{len(bad_fail)} known-failure case(s) ({', '.join(cases)}) scored like a success "
+                              f"or raised (the untouched task must score below 1.0 (verifiers' noop check), an "
+                              f"empty reply <= {failure_max}, others < {success_min})",
+                              {"cases": cases, "examples": bad_fail[:3], **fev}))  # fmt: skip
     else:
         items.append(GateItem("known_failures", name, "PASS",
-                              f"empty <= {failure_max}, wrong and malformed < {success_min} on {len(tasks)} tasks",
-                              fev))  # fmt: skip
+                              f"untouched < 1.0, empty <= {failure_max}, wrong and malformed < {success_min} on "
+                              f"{len(tasks)} tasks", fev))  # fmt: skip
 
     # -- determinism: score everything again, reload the taskset ------------------------------------------------
     diffs: list[dict[str, Any]] = []
