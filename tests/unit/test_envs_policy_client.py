@@ -42,11 +42,13 @@ class ScriptedPolicy:
         self.version = first_version
         self.fail = fail
         self.turns: list[tuple[list[int], list[int], list[float], int]] = []
+        self.max_tokens: list[int] = []
 
     async def generate(self, prompt_ids, sampling, *, session_id):
         if self.fail:
             raise ProviderError("engine unreachable after the retry budget")
         assert sampling.stop_token_ids == self.renderer.stop_token_ids
+        self.max_tokens.append(sampling.max_tokens)
         text = self.renderer.decode(prompt_ids)
         responses = TOOL_RESPONSE.findall(text)
         if responses:
@@ -168,3 +170,43 @@ def test_the_continuation_keeps_sampled_ids_and_matches_a_whole_render(renderer,
     whole = renderer.render([*history, {"role": "assistant", "content": None, "tool_calls": [call]}, *tail],
                             tools=tools)
     assert prompt + canonical + completion[len(sampled):] + more == whole
+
+
+def test_env_episodes_run_through_verifiers_own_env_with_one_shared_policy_client(renderer, monkeypatch):
+    """``Env.run_episode`` (the taskset's own Env class: ``SingleAgentEnv``) inside ``policy_serving``: two
+    concurrent episodes on one interception server and one policy client keep their sessions apart."""
+    import verifiers.v1 as vf
+    from verifiers.v1.clients import ModelContext
+    from verifiers.v1.utils.loaders import env_config_type, environment_class
+
+    from toolkit.envs.policy_client import (
+        PolicyClientConfig,
+        PolicyModelClient,
+        policy_serving,
+        trace_samples,
+    )
+
+    monkeypatch.setenv("PYTHONPATH", str(FIXTURES))
+    seat = {"harness": {"id": "offline_chat"}, "runtime": {"type": "subprocess"}}
+    config = env_config_type("codebook-lookup").model_validate({"taskset": {"id": "codebook-lookup"}, "agent": seat})
+    env = environment_class("codebook-lookup")(config)
+    assert type(env).__name__ == "SingleAgentEnv"
+    policy = ScriptedPolicy(renderer)
+    client = PolicyModelClient(policy.generate, renderer)
+    ctx = ModelContext(model="tiny", client=PolicyClientConfig(), sampling=vf.SamplingConfig(max_tokens=200))
+    tasks = [t for t in env.taskset if t.data.animal in ("heron", "lynx")]
+
+    async def run():
+        async with policy_serving(env, {"policy": client}):
+            return await asyncio.gather(*(env.run_episode(t, ctx) for t in tasks))
+
+    episodes = asyncio.run(run())
+    assert [e.ok for e in episodes] == [True, True]
+    assert (client.rendered_turns, client.bridged_turns) == (2, 2)
+    assert policy.max_tokens == [200] * 4  # the rollout's sampling config reaches the policy
+    for task, episode in zip(tasks, episodes, strict=True):
+        (trace,) = episode.traces
+        assert trace.reward == 1.0
+        (sample,) = trace_samples(trace).samples
+        text = renderer.decode(sample.prompt_ids + sample.completion_ids)
+        assert f"code word for {task.data.animal}?" in text and text.endswith(f"{task.data.answer}<|im_end|>")

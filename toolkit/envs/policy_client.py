@@ -14,18 +14,19 @@ message graph. This module supplies that client, so srl owns only the model call
   calls from the completion, and records the policy version of the turn on the trace (``trace.info``).
 - ``PolicyInterceptionServer``: verifiers' ``InterceptionServer`` whose ``_client`` answers a
   ``PolicyClientConfig`` with the policy client (other configs resolve as in verifiers). Inject it with
-  ``vf.Agent(config, interception=server)``.
+  ``vf.Agent(config, interception=server)``, or serve a whole ``Env`` with ``policy_serving``.
 - ``trace_samples``: a finished trace's ``Trace.branches`` as srl ``TrainingSample``s (trainable branches of a
   trainable seat), with the oldest policy version that sampled any of their tokens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 import uuid
 from array import array
-from collections.abc import Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -222,6 +223,34 @@ class PolicyInterceptionServer(InterceptionServer):
                 raise KeyError(f"client.policy {config.policy!r} is not served here; known: {sorted(self.policies)}")
             return self.policies[config.policy]
         return super()._client(config)
+
+
+@contextlib.asynccontextmanager
+async def policy_serving(env: Any, policies: Mapping[str, PolicyModelClient]) -> AsyncIterator[PolicyInterceptionServer]:
+    """``env.serving()`` with a ``PolicyInterceptionServer`` as the env's interception: inside it,
+    ``env.run_episode(task, ModelContext(model, PolicyClientConfig(), sampling))`` samples from srl's policy.
+
+    verifiers' ``Env.serving`` builds its interception from ``env.config.interception`` and offers no way to
+    inject one (``Agent`` does), so this mirrors it (shared tool servers up, interception up, ``env.start()``, and
+    the reverse on exit) and sets the env's interception attribute itself. Written against verifiers 0.4.0: it
+    uses ``Env._requires_tunnel``, ``Env._shared_tools`` and ``Env._interception``.
+    """
+    async with env.shared_tools() as shared:
+        server = PolicyInterceptionServer(
+            policies,
+            requires_tunnel=env._requires_tunnel(shared),
+            state_service_secrets=tuple(s.state_secret for s in shared.values() if s.state_secret),
+        )
+        async with server:
+            env._shared_tools, env._interception = shared, server
+            try:
+                await env.start()
+                yield server
+            finally:
+                try:
+                    await env.stop()
+                finally:
+                    env._shared_tools, env._interception = {}, None
 
 
 @dataclass
