@@ -274,6 +274,15 @@ def check_overrides(sweep: Sweep) -> None:
     is let through (whole run configs such as rl-lora.toml set one; the points' seeds replace it). Raises
     ConfigError naming the field and the file (or the command line) that set it."""
     flat: dict[str, str] = {}
+    own = [(str(f), t["sweep"]) for f in sweep.overlays if isinstance((t := read_toml(f)).get("sweep"), dict)]
+    own += [("command line", t["sweep"]) for t in [parse_overrides(sweep.overrides)] if isinstance(t.get("sweep"), dict)]
+    if own:
+        # Checked once, here: left in, every point's run config would report it as an unknown key.
+        raise ConfigError([ConfigIssue("sweep." + ", sweep.".join(sorted(tree)),
+                                       "the sweep's own settings are read from the sweep file (the first @ file) "
+                                       "only; change them there (overlays and --section.field overrides apply to every "
+                                       "point's run config)", source)
+                           for source, tree in own])  # fmt: skip
 
     def walk(tree: dict[str, Any], prefix: str, source: str) -> None:
         for k, v in tree.items():

@@ -41,8 +41,9 @@ def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str,
     """Split ``@ FILE`` pairs (or ``@FILE``), srl's own flags and config overrides.
 
     Returns ``(files, overrides, flags)`` in command-line order; flags are dry_run, resume, clean, help.
-    ``--site X`` and ``--output-dir X`` are overrides. Raises ConfigError for a dangling ``@``, a misspelt flag, or
-    an override directly followed by a file (``--site @x.toml``).
+    ``--site X`` and ``--output-dir X`` are overrides. Raises ConfigError for a dangling ``@``, a misspelt flag, an
+    override directly followed by a file (``--site @x.toml``), or a ``.toml`` file given without ``@`` (not as an
+    override's value).
     """
     files: list[Path] = []
     rest: list[str] = []
@@ -66,6 +67,11 @@ def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str,
             files.append(Path(tok[1:]))
         elif tok in OWN_FLAGS:
             flags[{"-h": "help", "--help": "help"}.get(tok, tok[2:].replace("-", "_"))] = True
+        elif tok.endswith(".toml") and not (rest and _wants_value(rest[-1])):
+            # Read as an override it would only be "unexpected argument"; without any file, the command would
+            # answer with its own example file instead of this one.
+            raise ConfigError(f"'{tok}' looks like a config file: compose it with '@' before it (@ {tok}); "
+                              "several compose left to right (@ job.toml @ overlay.toml)")
         else:
             refuse_misspelt_flag(tok)
             rest.append(tok)

@@ -68,6 +68,14 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
     return "".join(parts)
 
 
+# Top-level tables of other srl files that a run config does not have: what to say instead of the nearest run
+# config key (``sweep`` is one letter from ``seed``).
+_OTHER_FILES_KEYS = {
+    "sweep": "[sweep] (name, base, seeds, grid, max_parallel) belongs to a sweep file, which `srl sweep @ FILE` "
+             "reads; change it there (a run config, its overlays and --section.field overrides have no [sweep])",
+}
+
+
 def pydantic_issues(exc: Any, model_cls: type, *, source: str | None = None) -> list[ConfigIssue]:
     """Turn a pydantic ``ValidationError`` into ConfigIssues with "did you mean" hints for unknown keys."""
     issues = []
@@ -86,6 +94,9 @@ def pydantic_issues(exc: Any, model_cls: type, *, source: str | None = None) -> 
                 where = _loc_to_path(loc[:-2])
                 msg += (f" for {where}.type = '{loc[-2]}'; it belongs to type "
                         + " or ".join(f"'{v}'" for v in variants) + f": set {where}.type")
+            elif len(loc) == 1 and key in _OTHER_FILES_KEYS:
+                msg += f": {_OTHER_FILES_KEYS[key]}"
+                allowed = []  # the near names of a run config's keys would only mislead
             elif hint:
                 msg += f"; did you mean '{hint[0]}'?"
             if allowed:
