@@ -1,5 +1,6 @@
-"""Hostile taskset ids and PYTHONPATHs for the pre-submission look-up: it raises nothing but ConfigError, imports
-nothing, warns with the reason when an id cannot be a taskset, and stays quiet for ids that do resolve."""
+"""Hostile taskset ids and PYTHONPATHs for the pre-submission look-up: it raises nothing but ConfigError, imports no
+taskset module into srl's process (the job's interpreter does, in its own process), refuses with the reason when an
+id cannot be a taskset or its module fails as the job's env worker would, and stays quiet for ids that resolve."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ def _train(taskset_id: str, **extra) -> dict:
 
 
 def _id_findings(data: dict) -> str:
-    """The taskset-id warnings of ``data``, or the ConfigError text: anything else raised fails the test."""
+    """The taskset warnings of ``data``, or the ConfigError text: anything else raised fails the test."""
     try:
-        return "\n".join(str(w) for w in validate(data).warnings if ".taskset.id" in str(w))
+        return "\n".join(str(w) for w in validate(data).warnings if ".taskset" in str(w))
     except ConfigError as e:
         return str(e)
 
@@ -54,13 +55,14 @@ def test_a_pythonpath_entry_with_a_nul_byte_does_not_hide_the_next_one(tmp_path)
     assert "my_own_task" not in sys.modules
 
 
-def test_modules_and_packages_that_raise_on_import_resolve_without_being_imported(tmp_path):
+def test_modules_and_packages_that_raise_on_import_are_refused_as_the_job_would_fail(tmp_path):
     (tmp_path / "bomb_task.py").write_text(BOMB)
     (tmp_path / "bomb_pkg").mkdir()
     (tmp_path / "bomb_pkg" / "__init__.py").write_text(BOMB)
     pp = {"env_vars": {"PYTHONPATH": str(tmp_path)}}
-    assert _id_findings(_train("bomb-task", **pp)) == ""
-    assert _id_findings(_train("owner/Bomb-Pkg@2", **pp)) == ""
+    text = _id_findings(_train("bomb-task", **pp))
+    assert f"module bomb_task at {tmp_path / 'bomb_task.py'}" in text and "raised SystemExit: imported by" in text
+    assert "from bomb_pkg raised SystemExit" in _id_findings(_train("owner/Bomb-Pkg@2", **pp))
     assert "bomb_task" not in sys.modules and "bomb_pkg" not in sys.modules
 
 
@@ -71,11 +73,13 @@ def test_a_namespace_package_is_no_taskset(tmp_path):
     assert "namespace package" in text and "did you mean" not in text
 
 
-def test_standard_library_names_warn_unless_the_jobs_pythonpath_shadows_them(tmp_path):
+def test_standard_library_names_are_refused_and_a_pythonpath_shadowing_them_breaks_the_job_here_too(tmp_path):
     assert "standard library" in _id_findings(_train("json"))
     assert "compiled into Python" in _id_findings(_train("sys"))
-    (tmp_path / "json.py").write_text(BOMB)  # PYTHONPATH comes before the standard library on sys.path
-    assert _id_findings(_train("json", env_vars={"PYTHONPATH": str(tmp_path)})) == ""
+    # PYTHONPATH comes before the standard library on sys.path: every Python program of the job imports this json.
+    (tmp_path / "json.py").write_text(BOMB)
+    text = _id_findings(_train("json", env_vars={"PYTHONPATH": str(tmp_path)}))
+    assert "could not check the tasksets" in text and "imported by validation" in text
 
 
 def test_dotted_ids_resolve_only_inside_verifiers_package(tmp_path):

@@ -6,6 +6,7 @@ Modules:
 - ``model``: the pydantic schema of a run (``RLConfig`` and its sections); ``site``: the schema of a site file;
   ``sft``: the SFT run config (``SFTConfig``) and its launch view, checked by the same rules.
 - ``cli_args``: the command line of every run-shaped command (``@`` files, srl's flags, dotted overrides).
+- ``envpaths``: relative paths in ``env_vars`` tables made absolute from where srl runs.
 - ``compose``: TOML files merged left to right, dotted ``--a.b VALUE`` overrides, where each value came from.
 - ``convert``: other shapes (legacy v0, hosted flat) mapped to the canonical one.
 - ``rules``, ``arg_rules``: cross-field rules (groups and batches, GPUs, Slurm fields, secrets, pass-through args).
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 from . import rules
 from .compose import merge_layers, origin_of
 from .convert import to_canonical
+from .envpaths import absolute_env_paths
 from .errors import ConfigError, ConfigIssue, pydantic_issues
 from .model import NULL_SPELLING, RLConfig
 
@@ -95,15 +97,18 @@ def load_config(files: list[Path], overrides: list[str] | None = None, *, purpos
 
 def validate_dict(data: dict[str, Any], *, source: str | None = None, purpose: str = "rl") -> LoadedConfig:
     """Validate an already-merged canonical dict: fields, then the cross-field rules (``purpose`` as in
-    :func:`load_config`). Raises ConfigError listing every problem."""
+    :func:`load_config`). Relative paths in ``env_vars`` tables become absolute from the working directory
+    (:mod:`toolkit.config.envpaths`; a notice names each). Raises ConfigError listing every problem."""
     try:
         cfg = RLConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(pydantic_issues(e, RLConfig, source=source)) from None
+    # Before any rule or check reads them: the job sees these paths from its run directory, not from here.
+    moved = [f"{line} (relative paths in env_vars are taken from where srl runs)" for line in absolute_env_paths(cfg)]
     found = rules.check(cfg, purpose=purpose)
     if found.errors:
         raise ConfigError(found.errors)
-    return LoadedConfig(cfg, warnings=found.warnings, purpose=purpose)
+    return LoadedConfig(cfg, warnings=found.warnings, notices=moved, purpose=purpose)
 
 
 def load_resolved(path: Path) -> RLConfig:

@@ -19,6 +19,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from . import LoadedConfig, name_sources, rules
 from .compose import merge_layers
+from .envpaths import absolute_env_paths
 from .errors import ConfigError, pydantic_issues
 from .model import (
     _MAX_SEED,
@@ -243,6 +244,7 @@ def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SF
         cfg = SFTConfig.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(name_sources(pydantic_issues(e, SFTConfig), origins)) from None
+    absolute_env_paths(cfg)  # the job sees them from its run directory (toolkit.config.envpaths)
     try:
         view = cfg.launch_view()
     except ValidationError as e:

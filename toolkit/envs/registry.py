@@ -84,7 +84,17 @@ def split_fields(config: Any) -> dict[str, Any]:
 
 
 def build_taskset(taskset_cfg: Any, *, env_name: str | None = None, eval_env: bool = False) -> vf.Taskset:
-    """The taskset instance for an srl taskset config (``id``, ``split``, ``seed``, extra typed fields).
+    """The taskset instance for an srl taskset config: :func:`taskset_config`'s class built on its config (which
+    may load the taskset's data). Raises TasksetFieldError (see there)."""
+    cls, config = taskset_config(taskset_cfg, env_name=env_name, eval_env=eval_env)
+    return cls(config)
+
+
+def taskset_config(
+    taskset_cfg: Any, *, env_name: str | None = None, eval_env: bool = False
+) -> tuple[type[vf.Taskset], vf.TasksetConfig]:
+    """``(Taskset subclass, its built config)`` for an srl taskset config (``id``, ``split``, ``seed``, extra typed
+    fields), without building the taskset: no data is read, so the login node's preflight runs it too.
 
     Every field the user set reaches the taskset's own config class or is refused: ``split``/``seed`` other than
     srl's defaults (``train``, 0) go to the fields of that name; one the class does not declare is an error naming
@@ -132,7 +142,7 @@ def build_taskset(taskset_cfg: Any, *, env_name: str | None = None, eval_env: bo
                 f"{who}an eval env would load the taskset's train rows: {how}; set "
                 f"{' / '.join(train)} to a held-out split"
             )
-    return cls(config)
+    return cls, config
 
 
 def _match(value: Any) -> dict[str, Any]:
@@ -183,7 +193,7 @@ def load_selected(
 ) -> tuple[vf.Taskset, list[vf.Task]]:
     """``(taskset, selected tasks in order)`` of a taskset config; ``example_id`` = index in the list.
 
-    ``env_name``/``eval_env``: see :func:`build_taskset`. Raises TasksetFieldError (see there) or ValueError for an
+    ``env_name``/``eval_env``: see :func:`taskset_config`. Raises TasksetFieldError (see there) or ValueError for an
     infinite taskset that ``select`` does not bound (``limit`` or closed idx ranges).
     """
     taskset = build_taskset(taskset_cfg, env_name=env_name, eval_env=eval_env)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import errors as srl_errors
-from toolkit.envs.fidelity import plain_data, runtime_fields
+from toolkit.envs.probe import probe_spec
 from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, unwrap
 from toolkit.models.renderer import CachedRenderer, Renderer, load_renderer
 from toolkit.orchestrator.engines import wait_excluding_outage
@@ -55,23 +55,9 @@ def _timeouts(env_cfg: Any) -> dict[str, float | None]:
 
 
 def env_spec(env_cfg: Any) -> dict[str, Any]:
-    """The JSON spec an env worker is started with (see ``toolkit.envs.server``)."""
-    ts = env_cfg.taskset
-    return {
-        "name": env_cfg.name,
-        # Eval env entries are the ones with a num_examples field (EvalEnvConfig): they must not read train rows.
-        "eval": getattr(env_cfg, "num_examples", None) is not None,
-        "taskset": {
-            "id": ts.id,
-            "split": ts.split,
-            "seed": ts.seed,
-            "select": plain_data(ts.select),
-            "extra": plain_data(ts.model_extra or {}),
-        },
-        "harness": {"id": env_cfg.harness.id, "runtime": runtime_fields(env_cfg.harness.runtime)},
-        "max_turns": env_cfg.max_turns,
-        "timeout": _timeouts(env_cfg),
-    }
+    """The JSON spec an env worker is started with (see ``toolkit.envs.server``): what preflight probes of the env
+    (``toolkit.envs.probe.probe_spec``) plus its turn and time limits."""
+    return {**probe_spec(env_cfg), "max_turns": env_cfg.max_turns, "timeout": _timeouts(env_cfg)}
 
 
 def _addresses(address: Any) -> list[tuple[str, int]]:

@@ -3,7 +3,9 @@ and the placement plan built from it.
 
 Modules:
 
-- ``checks``: the model, taskset ids, the deployment's node arithmetic, files and run directories the config names.
+- ``checks``: the model, env runtimes, the deployment's node arithmetic, files and run directories the config
+  names; every env's taskset loaded as the job's env workers load it (job's interpreter and PYTHONPATH, no data):
+  ids, config fields, ``select``, runtime, module.
 - ``lora``: LoRA rules that need the model family and an external deployment's engines.
 - ``site``: site files by name (``site-configs/``), checked against this machine; the run-vs-site rules.
 
@@ -65,13 +67,12 @@ def preflight(loaded: LoadedConfig) -> Preflight:
     cfg = loaded.config
     f = checks.check(cfg, purpose=loaded.purpose)
     site, plan = _site_and_plan(cfg, f)
+    sources = [] if loaded.purpose == "serve" else checks.check_tasksets(cfg, site, f)
     if f.errors:
         raise ConfigError(name_sources(f.errors, loaded.origins))
-    if loaded.purpose != "serve":
-        # Printed with the other notes and kept in the resolved config (configs/attempt_<n>/resolved/rl.json).
-        sources = checks.taskset_notices(cfg)
-        loaded.notices += sources
-        cfg.notices = [*cfg.notices, *sources]
+    # Printed with the other notes and kept in the resolved config (configs/attempt_<n>/resolved/rl.json).
+    loaded.notices += sources
+    cfg.notices = [*cfg.notices, *sources]
     return Preflight(loaded, site, f, plan)
 
 

@@ -1,19 +1,26 @@
-"""Checks of what a run config points at outside itself: the model, the taskset modules, the node arithmetic of the
-deployment, and the files and run directories it names. Each check reads the config and reports; none mutates it.
+"""Checks of what a run config points at outside itself: the model, the env runtimes and tasksets, the node
+arithmetic of the deployment, and the files and run directories it names. Each check reads the config and reports; none mutates it.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import sys
 from pathlib import Path
 
 from ..config.errors import Findings
 from ..config.model import RLConfig
+from ..config.site import SiteConfig, job_python
 from ..envs.fidelity import config_runtime_problem
 from ..envs.tasksets import (
     BUILTIN_TASKSETS,
+    ProbeError,
+    file_stamp,
+    known_taskset_ids,
+    probe_spec,
     resolve_taskset_source,
+    run_probe,
     taskset_module_candidates,
     taskset_unresolved_reason,
 )
@@ -24,11 +31,12 @@ from .lora import check_lora
 
 
 def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
-    """Run every check; returns errors and warnings (never raises). ``purpose`` "serve" skips the taskset look-up
-    (a serving deployment runs no environments)."""
+    """Run every check; returns errors and warnings (never raises). ``purpose`` "serve" skips the env runtimes
+    (a serving deployment runs no environments). The tasksets are :mod:`toolkit.preflight.tasksets`'s (they need
+    the site: the job's interpreter)."""
     f = Findings()
-    for rule in (_output_dir, _model_name, _topology, check_lora, _references, _taskset_ids, _env_runtimes):
-        if purpose == "serve" and rule in (_taskset_ids, _env_runtimes):
+    for rule in (_output_dir, _model_name, _topology, check_lora, _references, _env_runtimes):
+        if purpose == "serve" and rule is _env_runtimes:
             continue
         rule(cfg, f)
     return f
@@ -78,48 +86,112 @@ def _model_name(cfg: RLConfig, f: Findings) -> None:
                              "fails at start unless that SFT run finishes first (srl sft chain waits for it)")
 
 
-def _taskset_ids(cfg: RLConfig, f: Findings) -> None:
-    """A taskset id that resolves nowhere fails the orchestrator minutes after submission; say so now. An error
-    when it is one edit away from a built-in id (a typo), else a warning saying why it does not resolve: the job's
-    environment (its PYTHONPATH, a site's setup lines) may provide a module this interpreter cannot see. Imports
-    nothing (``toolkit.envs.tasksets.taskset_unresolved_reason`` locates modules by path and import hooks only)."""
+# ---- tasksets -------------------------------------------------------------------------------------------------
+# Each env's taskset, checked on the login node as the job's env workers will load it, before anything starts. The
+# ids are resolved and the taskset's config fields, ``select``, runtime and module checked by the probe of
+# ``toolkit.envs.tasksets`` in a fresh process of the job's interpreter with the job's PYTHONPATH (no data read, no
+# hub access). What the job would refuse is an error here, naming the env's field, the taskset, the module it
+# resolved to and that module's own fields; an id that resolves nowhere is an error naming where it was looked for
+# and the closest ids that do resolve. Only where this machine cannot reproduce the job's import path (the job runs
+# in a container image, or its interpreter is not on this machine) are these warnings that say so.
+
+
+def check_tasksets(cfg: RLConfig, site: SiteConfig | None, f: Findings) -> list[str]:
+    """Probe every train and eval env's taskset (see the section comment above) and report into ``f``.
+
+    Returns one notice per resolved env: where its taskset id resolves for the job. Raises nothing; a probe that
+    cannot answer (its timeout, an interpreter that fails to start) is a finding, and the ids are then checked by
+    path as far as this process can (``toolkit.envs.tasksets.taskset_unresolved_reason``).
+    """
+    entries = [(path, e) for path, e in cfg.orchestrator.env_entries() if e.taskset is not None]
+    if not entries:
+        return []
     extra = cfg.env_pythonpath()
-    builtins = sorted(BUILTIN_TASKSETS)
-    for path, e in cfg.orchestrator.env_entries():
-        why = None if e.taskset is None else taskset_unresolved_reason(e.taskset.id, extra)
+    python, caveat = _job_interpreter(site)
+    origins = [getattr(resolve_taskset_source(e.taskset.id, extra), "origin", None) for _, e in entries]
+    try:
+        results = run_probe([probe_spec(e) for _, e in entries], python=python, extra_paths=extra,
+                            memo_key=file_stamp(origins))  # fmt: skip
+    except ProbeError as e:
+        where = "; ".join(p for p, _ in entries)
+        (f.warn if e.timed_out or caveat else f.error)(
+            "orchestrator env tasksets",
+            f"could not check the tasksets of {where} the way the job loads them: {e}")  # fmt: skip
+        _by_path(cfg, f, entries, extra)
+        return []
+    notices = []
+    looked = _where_looked(python, extra)
+    for (path, e), res in zip(entries, results, strict=True):
+        tid = _clip(e.taskset.id)
+        report = f.warn if caveat else f.error
+        tail = f" (a warning, not an error: {caveat})" if caveat else ""
+        if res["unresolved"] is not None:
+            near = _close_ids(e.taskset.id, extra)
+            hint = f"did you mean {' or '.join(repr(n) for n in near)}? " if near else "no id close to it resolves; "
+            tried = " then ".join(repr(_clip(m)) for m in taskset_module_candidates(e.taskset.id))
+            # A typo of a built-in id is an error wherever the job runs: the built-ins are srl's own.
+            (f.error if near and near[0] in BUILTIN_TASKSETS else report)(
+                f"{path}.taskset.id",
+                f"unknown taskset '{tid}': {res['unresolved']}; looked for module {tried} {looked}, and among "
+                f"srl's built-in ids ({', '.join(sorted(BUILTIN_TASKSETS))}); {hint}give an installed environment's "
+                f"id or put its module's directory on env_vars.PYTHONPATH{tail}")  # fmt: skip
+            continue
+        for problem in res["problems"]:
+            report(f"{path}.taskset", f"taskset '{tid}' resolves to {res['source']} for the job: {problem}{tail}")
+        shadow = " (an installed environment: srl's built-in of that id is not used)" if (
+            e.taskset.id in BUILTIN_TASKSETS and not res["source"].startswith("srl's built-in")) else ""  # fmt: skip
+        section = "eval" if path.startswith("orchestrator.eval") else "train"
+        notices.append(f"{section} env '{e.env_name}': taskset '{tid}' resolves to {res['source']}{shadow}")
+    return notices
+
+
+def _job_interpreter(site: SiteConfig | None) -> tuple[str, str | None]:
+    """``(interpreter to probe with, why this machine cannot reproduce the job's import path or None)``: the job's
+    own interpreter (``job_python``) when it is on this machine and the job does not run in a container."""
+    if site is None:
+        return sys.executable, None
+    container = site.environment.container
+    if container is not None:
+        return sys.executable, (f"site '{site.name}' runs jobs in the container image {container.image}, whose "
+                                "Python this check does not enter")  # fmt: skip
+    python = job_python(site)
+    if not (Path(python).is_file() and os.access(python, os.X_OK)):
+        return sys.executable, f"the job's interpreter {python} is not on this machine"
+    return python, None
+
+
+def _where_looked(python: str, extra: list[str]) -> str:
+    pp = os.pathsep.join(extra) if extra else f"the submitting shell's: {os.environ.get('PYTHONPATH') or 'none'}"
+    return f"with the job's interpreter {python} and PYTHONPATH ({_clip(pp, 200)})"
+
+
+def _close_ids(taskset_id: str, extra: list[str]) -> list[str]:
+    """Ids close to ``taskset_id`` that do resolve for the job: srl's built-ins, verifiers' own tasksets and the
+    modules in the job's PYTHONPATH directories."""
+    candidates = known_taskset_ids(extra)
+    want = taskset_module_candidates(taskset_id)[1].replace("_", "-")
+    by_norm = {c.replace("_", "-").lower(): c for c in candidates}
+    return [by_norm[n] for n in difflib.get_close_matches(want, list(by_norm), n=3, cutoff=0.75)]
+
+
+def _by_path(cfg: RLConfig, f: Findings, entries: list, extra: list[str]) -> None:
+    """The look-up by path only, when the probe cannot answer: an id that resolves nowhere here is a warning (a
+    typo of a built-in id an error)."""
+    for path, e in entries:
+        why = taskset_unresolved_reason(e.taskset.id, extra)
         if why is None:
             continue
-        tid = _clip(e.taskset.id)
-        tried = " or ".join(repr(_clip(m)) for m in taskset_module_candidates(e.taskset.id))
-        near = difflib.get_close_matches(e.taskset.id, builtins, n=1, cutoff=0.8)
-        where = f"{path}.taskset.id"
-        if near:
-            f.error(where, f"unknown taskset '{tid}': did you mean '{near[0]}'? Built-in ids: "
-                           f"{', '.join(builtins)}; any other id must name an importable module ({tried})")  # fmt: skip
-        else:
-            f.warn(where, f"taskset '{tid}' is not built in ({', '.join(builtins)}) and does not resolve here "
-                          f"({why}; tried {tried}); the orchestrator will fail at start unless the job's "
-                          "environment provides it (e.g. env_vars.PYTHONPATH)")  # fmt: skip
+        near = _close_ids(e.taskset.id, extra)
+        hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+        (f.error if near and near[0] in BUILTIN_TASKSETS else f.warn)(
+            f"{path}.taskset.id", f"unknown taskset '{_clip(e.taskset.id)}': {why}{hint}")  # fmt: skip
 
 
-def taskset_notices(cfg: RLConfig) -> list[str]:
-    """One line per env: where its taskset id resolves on this machine (verifiers' order: verifiers' taskset
-    package, an importable module, then srl's built-in), for the dry run and the resolved config. Imports nothing;
-    the env workers resolve the id again on their node and log what they loaded."""
-    extra = cfg.env_pythonpath()
-    out = []
-    for section, envs in (("train", cfg.orchestrator.train.env), ("eval", cfg.orchestrator.eval.env)):
-        for e in envs:
-            if e.taskset is None:
-                continue
-            source = resolve_taskset_source(e.taskset.id, extra)
-            if source is None:
-                continue  # _taskset_ids reports it
-            shadow = " (an installed environment: srl's built-in of that id is not used)" if (
-                source.kind != "builtin" and e.taskset.id in BUILTIN_TASKSETS) else ""  # fmt: skip
-            out.append(f"{section} env '{e.env_name}': taskset '{_clip(e.taskset.id)}' resolves to "
-                       f"{source.describe()}{shadow}")  # fmt: skip
-    return out
+
+
+def _clip(text: str, width: int = 80) -> str:
+    """``text`` cut to ``width`` characters with an ellipsis: an id of thousands of characters stays readable."""
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _env_runtimes(cfg: RLConfig, f: Findings) -> None:
@@ -129,11 +201,6 @@ def _env_runtimes(cfg: RLConfig, f: Findings) -> None:
         found = config_runtime_problem(e.harness.runtime)
         if found is not None:
             (f.error if found[1] else f.warn)(f"{path}.harness.runtime.type", f"env '{e.env_name}': {found[0]}")
-
-
-def _clip(text: str, width: int = 80) -> str:
-    """``text`` cut to ``width`` characters with an ellipsis: an id of thousands of characters stays readable."""
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _topology(cfg: RLConfig, f: Findings) -> None:

@@ -8,6 +8,14 @@ from dataclasses import dataclass
 from importlib.machinery import PathFinder
 from pathlib import Path
 
+# The login node's look-up in the job's own interpreter (preflight reaches envs through this package only).
+from toolkit.envs.probe import ProbeError, file_stamp, probe_spec, run_probe
+
+__all__ = [
+    "BUILTIN_TASKSETS", "ProbeError", "TasksetSource", "file_stamp", "known_taskset_ids", "probe_spec",
+    "resolve_taskset_source", "run_probe", "taskset_module_candidates", "taskset_unresolved_reason",
+]
+
 BUILTIN_TASKSETS: dict[str, str] = {
     "reverse-text": "toolkit.envs.tasksets.reverse_text",
     "alphabet-sort": "toolkit.envs.tasksets.alphabet_sort",
@@ -120,6 +128,23 @@ def taskset_unresolved_reason(taskset_id: str, extra_paths: list[str] = ()) -> s
     # Third-party import hooks may raise anything: a best-effort look-up never fails validation.
     except Exception as e:  # noqa: BLE001
         return f"'{shown}' could not be looked up here ({type(e).__name__})"
+
+
+def known_taskset_ids(extra_paths: list[str] = ()) -> list[str]:
+    """Ids that resolve without anything else installed, for suggesting a close one: srl's built-ins, verifiers'
+    own taskset modules and the top-level modules in the ``extra_paths`` directories (the job's PYTHONPATH), the
+    latter two with ``_`` spelled ``-``. Found by listing directories; imports nothing and raises nothing."""
+    import pkgutil
+
+    ids = set(BUILTIN_TASKSETS)
+    roots = []
+    with contextlib.suppress(Exception):
+        spec = importlib.util.find_spec("verifiers")
+        roots = [Path(r, "v1", "tasksets") for r in (spec.submodule_search_locations or [])] if spec else []
+    paths = [str(r) for r in roots] + [p for p in extra_paths if p and "\0" not in p]
+    with contextlib.suppress(Exception):
+        ids.update(m.name.replace("_", "-") for m in pkgutil.iter_modules(paths) if not m.name.startswith("_"))
+    return sorted(ids)
 
 
 def _in_verifiers_tasksets(parts: list[str]) -> bool:
