@@ -21,3 +21,6 @@ fi
 # ("operator torchvision::nms does not exist"); triton is unused on CPU.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 echo "srl installed in $(pwd)/.venv"
+# The venv is not activated by this script (a script cannot change its caller's shell): say how to get `srl`.
+echo "srl is $(pwd)/.venv/bin/srl; to type plain 'srl', activate the venv in your shell first:"
+echo "  source $(pwd)/.venv/bin/activate"
