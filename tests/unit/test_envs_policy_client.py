@@ -210,3 +210,21 @@ def test_env_episodes_run_through_verifiers_own_env_with_one_shared_policy_clien
         (sample,) = trace_samples(trace).samples
         text = renderer.decode(sample.prompt_ids + sample.completion_ids)
         assert f"code word for {task.data.animal}?" in text and text.endswith(f"{task.data.answer}<|im_end|>")
+
+
+def test_a_prompt_that_does_not_extend_the_last_turn_becomes_a_second_sample(renderer, monkeypatch):
+    """A renderer that cannot continue the conversation (here: continuation refused) renders the second prompt
+    whole; it does not extend the sampled ids (the policy spelled its call tighter than the template), so
+    verifiers' graph starts a second branch and srl trains two samples, never stitched."""
+    from toolkit.envs.policy_client import trace_samples
+
+    monkeypatch.setattr(type(renderer), "continuation", lambda self, *a, **k: None)
+    policy = ScriptedPolicy(renderer)
+    trace, client = _run_episode(policy, renderer, monkeypatch)
+    assert trace.errors == [] and trace.reward == 1.0
+    assert (client.rendered_turns, client.bridged_turns) == (2, 0)
+    (p1, c1, l1, v1), (p2, c2, l2, _) = policy.turns
+    assert p2[: len(p1) + len(c1)] != p1 + c1
+    got = trace_samples(trace)
+    assert [(s.prompt_ids, s.completion_ids, s.completion_logprobs) for s in got.samples] == [(p1, c1, l1), (p2, c2, l2)]
+    assert all(all(s.completion_mask) for s in got.samples) and got.policy_version == v1
