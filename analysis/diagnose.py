@@ -24,6 +24,7 @@ import pandas as pd
 
 from analysis.loaders import dotted, load_metrics, read_json, read_store, require_run_dir, role_metrics
 from analysis.summary import group_stats
+from toolkit.run import ending
 from toolkit.run.launcher import read_local_record
 from toolkit.run.layout import RunDir
 
@@ -200,12 +201,15 @@ def diagnose(
     findings += _trainer_findings(load_metrics(run), run)
     findings += _local_findings(run)
     for boundary, hit in slurm_hits.items():
+        summary, raised = f"{boundary} in the job log ({hit.count} line(s))", {}
+        if boundary == "Slurm: component failed":
+            summary, raised = _failure_raised(run, summary)
         findings.append(
             Finding(
                 boundary=boundary,
                 severity="error",
-                summary=f"{boundary} in the job log ({hit.count} line(s))",
-                evidence={"count": hit.count, **_where(hit, run)},
+                summary=summary,
+                evidence={"count": hit.count, **_where(hit, run), **raised},
                 advice=ADVICE[boundary],
             )
         )
@@ -242,15 +246,38 @@ def _local_findings(run: RunDir) -> list[Finding]:
         if hit is not None:
             break
     evidence.update(_where(hit, run))
+    summary, raised = _failure_raised(run, f"the local launcher of attempt {attempt} ended with status {status}")
+    evidence.update(raised)
     return [
         Finding(
             boundary="local: launcher failed",
             severity="error",
-            summary=f"the local launcher of attempt {attempt} ended with status {status}",
+            summary=summary,
             evidence=evidence,
             advice=ADVICE["local: launcher failed"],
         )
     ]
+
+
+def _failure_raised(run: RunDir, summary: str) -> tuple[str, dict[str, Any]]:
+    """``summary`` with what the failed role raised: the exception its traceback ends with and the line that raised
+    it (the run's ending record, else the last traceback of that attempt's role logs), and that as evidence
+    (``exception``, ``raised_at``, ``failed_role``). Unchanged when no traceback names it."""
+    end = ending.read(run)
+    role, exc, at = (end.role, end.exception, end.where) if end is not None and end.cause == ending.FAILED else (
+        None, None, None)  # fmt: skip
+    if exc is None:
+        logs = run.latest_logs
+        for path in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+            found = ending.last_exception(path)
+            if found is not None:
+                role, exc, at = path.stem, found.exception, found.where
+                break
+    if exc is None:
+        return summary, {}
+    by = f"{role} raised " if role else "raised "
+    return (f"{summary}: {by}{exc}" + (f" at {at}" if at else ""),
+            {"failed_role": role, "exception": exc, "raised_at": at})  # fmt: skip
 
 
 def scan_logs(run: RunDir) -> tuple[dict[str, _LogHit], dict[str, _LogHit]]:

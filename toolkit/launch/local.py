@@ -192,10 +192,17 @@ def _end(sup: Supervisor, first: Child | None, failure: str) -> Any:
         elif first is not None and first.returncode != 0:
             _say(f"{first.name} exited with status {first.returncode}; stopping the run (log: {first.log_path})",
                  error=True)  # fmt: skip
-            if first.role in FINITE_ROLES:
+            end = sup.end(first)
+            if end.exception:
+                _say(f"{first.name} raised {end.exception}" + (f" at {end.where}" if end.where else ""), error=True)
+            if first.role in FINITE_ROLES and end.resume_helps:
                 # Resume loads the newest COMPLETE checkpoint; steps after it are trained again, recorded once.
                 _say(f"continue from the newest complete checkpoint with:\n  "
                      f"{continue_command(sys.argv, sup.run.root.name)}", error=True)  # fmt: skip
+            elif first.role in FINITE_ROLES:
+                _say("a resume would raise it again: fix what it names (the config, the env's module or the data) "
+                     "first", error=True)  # fmt: skip
+            return end
         elif first is not None and first.role in FINITE_ROLES:
             _say(f"report with: srl report {sup.run.root}")
         return sup.end(first, reason=None if first else failure)

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from toolkit.fsutil import atomic_write_json
@@ -68,7 +70,8 @@ class Ending:
     ``cause`` is one of :data:`CAUSES`; ``reason`` says why in words (the criterion's message, a process's exit
     status and log); ``criterion`` names the stop criterion (:data:`ZERO_SIGNAL_GUARD`, :data:`DIVERGENCE`,
     :data:`STOP_CRITERIA`), ``role`` the role that decided or failed; ``step`` is the newest trainer step recorded
-    in ``metrics.jsonl`` (None before the first); ``time`` is seconds since the epoch.
+    in ``metrics.jsonl`` (None before the first); ``time`` is seconds since the epoch; ``exception`` and ``where``
+    name a failure's exception and the line that raised it.
     """
 
     cause: str
@@ -77,6 +80,11 @@ class Ending:
     role: str | None = None
     step: int | None = None
     time: float = field(default_factory=time.time)
+    exception: str | None = None
+    """A failure's exception as its traceback's last line says it (``ValueError: orchestrator.train.env is
+    empty``), read from the failed role's log; None when the log holds no traceback."""
+    where: str | None = None
+    """``file:line`` of the innermost frame of that traceback (``toolkit/orchestrator/main.py:178``)."""
 
     def __post_init__(self) -> None:
         if self.cause not in EXIT_STATUS:
@@ -87,6 +95,15 @@ class Ending:
         """The exit status a command (the local launcher, the Slurm batch job) returns for this ending: 0 only when
         the run reached ``max_steps`` (or was requeued); a stop criterion is never 0 and never 1 (a failure)."""
         return EXIT_STATUS[self.cause]
+
+    @property
+    def resume_helps(self) -> bool:
+        """Whether ``--resume`` (the same command, continuing from the newest complete checkpoint) can get past this
+        ending: not for a failure whose exception is one the same config, code and data raise again
+        (:data:`REPEATING_EXCEPTIONS`: a bad field, a missing module, a refused env), which needs fixing first."""
+        if self.cause != FAILED or not self.exception:
+            return self.cause not in (COMPLETED, LEASE_LOST)
+        return exception_name(self.exception) not in REPEATING_EXCEPTIONS
 
     def summary(self) -> str:
         """One phrase: ``reached max_steps (step 200)``, ``stopped by the zero-signal guard at step 12: ...``."""
@@ -99,6 +116,9 @@ class Ending:
         if self.cause in (NO_SIGNAL, CRITERION):
             return f"stopped by the {self.criterion or 'stop criteria'}{at}{why}"
         if self.cause == FAILED:
+            if self.exception:
+                raised = f" ({self.where})" if self.where else ""
+                why = f": {self.exception}{raised}" + (f"; {self.reason}" if self.reason else "")
             return f"failed in {self.role or 'an unknown role'}{at}{why}"
         if self.cause == STALLED:
             return f"stopped by the progress watchdog{at}{why}"
@@ -117,7 +137,8 @@ class Ending:
         """Raises ValueError for a record that is not an ending."""
         if not isinstance(obj, dict) or "cause" not in obj:
             raise ValueError("not a run ending record")
-        known = {k: obj[k] for k in ("cause", "reason", "criterion", "role", "step", "time") if k in obj}
+        keys = ("cause", "reason", "criterion", "role", "step", "time", "exception", "where")
+        known = {k: obj[k] for k in keys if k in obj}
         return cls(**known)
 
 
@@ -180,7 +201,8 @@ def settle(
     """Decide and record how the attempt ended, once every process has ended; returns the ending.
 
     ``failed`` names the process (or role) whose failure ended the run, ``failed_reason`` says how (exit status,
-    log). The decision, first match wins: a lost lease (nothing is written: the run is someone else's now); a
+    ``(log: PATH)``); the exception and the line that raised it are read from that log's last traceback (else from
+    ``logs/latest/<process>.log``). The decision, first match wins: a lost lease (nothing is written: the run is someone else's now); a
     requeue; a stall (``stalled`` names the stuck role, ``stalled_reason`` what it was doing: the processes the
     watchdog then kills would otherwise read as failures); a criterion recorded by a role (its own non-zero exit,
     as a diverged trainer's, is part of that stop, not a failure); a failure; the time limit; a user's stop; a
@@ -200,7 +222,9 @@ def settle(
     if recorded is not None and by_criterion and (failed is None or _role_of(failed) == recorded.role):
         return write(run, replace(recorded, step=step))
     if failed is not None:
-        return write(run, Ending(FAILED, failed_reason, role=failed, step=step))
+        err = last_exception(_failed_log(run, failed, failed_reason))
+        return write(run, Ending(FAILED, failed_reason, role=failed, step=step,
+                                 exception=err.exception if err else None, where=err.where if err else None))
     if time_limit:
         return write(run, Ending(TIME_LIMIT, "the job was not requeued; resume it with --resume", step=step))
     try:
@@ -240,3 +264,77 @@ def settle_after_signal(run: RunDir, signal: str | None, *, requeued: bool = Fal
     # site's pre-timeout signal (slurm.signal) of a job that is not requeued.
     timed_out = signal is not None and (signal not in ("TERM", "INT") or _past_time_limit())
     return settle(run, user_stop=signal is not None and not timed_out, time_limit=timed_out, requeued=requeued)
+
+
+# Exceptions that the same config, code and data raise again: a resume repeats them until the cause is fixed.
+REPEATING_EXCEPTIONS = frozenset({
+    "ValueError", "TypeError", "KeyError", "IndexError", "AttributeError", "NameError", "AssertionError",
+    "NotImplementedError", "ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError",
+    "UnicodeDecodeError", "ValidationError", "ConfigError", "TasksetFieldError", "EnvFeatureError", "DataError",
+    "ExportError", "JSONDecodeError",
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LoggedException:
+    """The last traceback of a log: ``exception`` its last line (``Type: message``, the message's first line),
+    ``where`` the innermost frame as ``file:line`` (None when the traceback shows no frame)."""
+
+    exception: str
+    where: str | None
+
+
+_FRAME_RE = re.compile(r'^\s+File "([^"]+)", line (\d+)')
+_TAIL_BYTES = 1 << 20  # a traceback is at the end of a failed role's log; its whole log may be gigabytes
+
+
+def last_exception(log: Path | None) -> LoggedException | None:
+    """The last Python traceback in ``log`` (its last MiB): the exception line that ends it and the innermost
+    frame. Paths are shown relative to the working directory's srl checkout when under it (``toolkit/...``).
+    None when there is no log or no traceback. Never raises."""
+    if log is None:
+        return None
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - _TAIL_BYTES))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return None
+    where = None
+    for line in lines[starts[-1] + 1:]:
+        frame = _FRAME_RE.match(line)
+        if frame:
+            where = f"{_short(frame.group(1))}:{frame.group(2)}"
+            continue
+        if line[:1].isspace() or not line.strip():
+            continue  # source lines, ^^^ markers, blank lines
+        return LoggedException(line.strip()[:500], where)  # the first unindented line after the frames
+    return None
+
+
+def exception_name(exception: str) -> str:
+    """``ValueError`` of ``ValueError: ...``; ``TasksetFieldError`` of ``toolkit.envs.registry.TasksetFieldError:
+    ...``."""
+    return exception.split(":", 1)[0].strip().rsplit(".", 1)[-1]
+
+
+def _short(path: str) -> str:
+    """``path`` from its ``toolkit/`` or ``site-packages/`` part on (the frame a reader can open), else as is."""
+    for marker in ("/toolkit/", "/site-packages/"):
+        if marker in path:
+            return path[path.rindex(marker) + (1 if marker == "/toolkit/" else len(marker)):]
+    return path
+
+
+_LOG_IN_REASON = re.compile(r"\(log: ([^)]+)\)")
+
+
+def _failed_log(run: RunDir, process: str, reason: str) -> Path | None:
+    """The failed process's log: the one its reason names, else ``logs/latest/<process>.log`` or the role's."""
+    named = _LOG_IN_REASON.search(reason or "")
+    candidates = ([Path(named.group(1))] if named else []) + [
+        run.latest_logs / f"{process}.log", run.latest_logs / f"{_role_of(process)}.log"]  # fmt: skip
+    return next((p for p in candidates if p.is_file()), None)
