@@ -31,7 +31,8 @@ from toolkit.config.model import RLConfig
 from toolkit.fsutil import write_marker
 from toolkit.inference.health import write_ready
 from toolkit.orchestrator.main import Orchestrator
-from toolkit.run.layout import RunDir
+from toolkit.run.layout import STABLE_MARKER, RunDir
+from toolkit.run.metrics import ORCHESTRATOR, recorded_steps
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "external_taskset"
 
@@ -69,12 +70,12 @@ def test_multi_env_run_on_vllm(tmp_path, external_on_path):
         "orchestrator": {
             "batch_size": 8, "group_size": 4, "max_async_level": 1, "max_concurrent": 16,
             "train": {"sampling": {"max_completion_tokens": 12}, "env": [
-                {"name": "rev", "taskset": {"id": "reverse-text"}, "ratio": 2},
-                {"name": "ari", "taskset": {"id": "arith"}, "ratio": 1},
+                {"name": "rev", "taskset": {"id": "srl-reverse-text"}, "ratio": 2},
+                {"name": "ari", "taskset": {"id": "srl-arith"}, "ratio": 1},
                 {"name": "broken", "taskset": {"id": "raising_scorer"}, "ratio": 1},
             ]},
             "eval": {"interval": 2, "env": [
-                {"name": "rev-test", "taskset": {"id": "reverse-text", "split": "test"}, "num_examples": 2,
+                {"name": "rev-test", "taskset": {"id": "srl-reverse-text", "split": "test"}, "num_examples": 2,
                  "group_size": 2}]},
         },
         "monitors": {"stop": {"max_errored_share": None}},
@@ -122,12 +123,15 @@ def test_multi_env_run_on_vllm(tmp_path, external_on_path):
 
 
 def _loopback_cfg(tmp_path: Path, max_steps: int) -> RLConfig:
+    # max_async_level 1: step n needs policy version n - 2, so without a trainer the orchestrator writes steps 1
+    # and 2 and then waits at step 3 for version 1, which only the test publishes. The loopback server cannot load
+    # weights, so the orchestrator paces on the published version alone (update_weights false).
     return RLConfig.model_validate({
         "max_steps": max_steps, "seed": 5, "ckpt": {"interval": 2},
         "orchestrator": {
-            "batch_size": 4, "group_size": 2, "max_async_level": max_steps - 1, "max_concurrent": 8,
+            "batch_size": 4, "group_size": 2, "max_async_level": 1, "max_concurrent": 8, "update_weights": False,
             "train": {"sampling": {"max_completion_tokens": 8},
-                      "env": [{"name": "rev", "taskset": {"id": "reverse-text"}}]},
+                      "env": [{"name": "rev", "taskset": {"id": "srl-reverse-text"}}]},
         },
         "monitors": {"stop": {"max_empty_steps": None}},
     })  # fmt: skip
@@ -142,14 +146,19 @@ def test_stop_then_resume_records_each_step_once(tmp_path):
 
         async def first():
             task = asyncio.create_task(Orchestrator(cfg, run).run_until_done())
-            while not batches.is_ready(run.rollout_step(2)) and not task.done():
+            # Once step 2's metrics line is written, the orchestrator goes on to wait at step 3 for version 1, a
+            # wait it cannot pass until the test publishes that version: the stop is seen there, however slowly
+            # the test or the orchestrator is scheduled.
+            while 2 not in recorded_steps(run.metrics, ORCHESTRATOR) and not task.done():
                 await asyncio.sleep(0.05)
+            if task.done():  # failed or ended before step 2: raise its error, or fail on its status, here
+                return task.result()
             write_marker(run.stop_request)
             return await asyncio.wait_for(task, 300)
 
         assert asyncio.run(first()) == 0
         written = [s for s in range(1, 7) if batches.is_ready(run.rollout_step(s))]
-        assert written and written == list(range(1, len(written) + 1)) and len(written) < 6
+        assert written == [1, 2], written
         assert (checkpoints.part_dir(run, 2, "orchestrator") / "state.json").is_file()
         # The trainer checkpointed step 2 when it saw the stop request.
         checkpoints.part_dir(run, 2, "trainer").mkdir(parents=True)
@@ -157,6 +166,10 @@ def test_stop_then_resume_records_each_step_once(tmp_path):
         # A torn batch left by a killed writer must be ignored and cleaned.
         (run.rollouts / ".step_9.tmp-123-abc").mkdir()
         run.stop_request.unlink()
+        # The resumed trainer publishes the versions steps 3..6 need (up to 6 - 2 = 4).
+        for version in range(1, 5):
+            run.broadcast_step(version).mkdir(parents=True)
+            write_marker(run.broadcast_step(version) / STABLE_MARKER)
         assert asyncio.run(Orchestrator(cfg, run).run_until_done()) == 0
     steps = [x["step"] for x in _orch_lines(run)]
     assert sorted(steps) == [1, 2, 3, 4, 5, 6], steps  # every step exactly once across both attempts
