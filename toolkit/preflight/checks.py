@@ -117,7 +117,7 @@ def check_tasksets(cfg: RLConfig, site: SiteConfig | None, f: Findings) -> list[
         (f.warn if e.timed_out or caveat else f.error)(
             "orchestrator env tasksets",
             f"could not check the tasksets of {where} the way the job loads them: {e}")  # fmt: skip
-        _by_path(cfg, f, entries, extra)
+        _by_path(f, entries, extra)
         return []
     notices = []
     looked = _where_looked(python, extra)
@@ -174,7 +174,7 @@ def _close_ids(taskset_id: str, extra: list[str]) -> list[str]:
     return [by_norm[n] for n in difflib.get_close_matches(want, list(by_norm), n=3, cutoff=0.75)]
 
 
-def _by_path(cfg: RLConfig, f: Findings, entries: list, extra: list[str]) -> None:
+def _by_path(f: Findings, entries: list, extra: list[str]) -> None:
     """The look-up by path only, when the probe cannot answer: an id that resolves nowhere here is a warning (a
     typo of a built-in id an error)."""
     for path, e in entries:
@@ -185,8 +185,6 @@ def _by_path(cfg: RLConfig, f: Findings, entries: list, extra: list[str]) -> Non
         hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
         (f.error if near and near[0] in BUILTIN_TASKSETS else f.warn)(
             f"{path}.taskset.id", f"unknown taskset '{_clip(e.taskset.id)}': {why}{hint}")  # fmt: skip
-
-
 
 
 def _clip(text: str, width: int = 80) -> str:
