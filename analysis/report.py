@@ -392,11 +392,13 @@ def truncation_rows(trunc: pd.DataFrame) -> list[tuple[str, str]]:
 
 def _chain_before(run: RunData) -> tuple[str, pd.DataFrame] | None:
     """(label, metrics) of the srl run this run's model came from (an SFT run: ``model.name`` is its run
-    directory), when that run recorded held-out evals; None otherwise."""
+    directory or that run's ``model/``), when that run recorded held-out evals; None otherwise."""
     name = dotted(run.config, "model.name")
     if not isinstance(name, str) or not name:
         return None
     src = Path(name).expanduser()
+    if not (src / "run_meta.json").is_file() and (src.parent / "run_meta.json").is_file():
+        src = src.parent  # the run's exported model/ directory, given instead of the run directory
     if not (src / "run_meta.json").is_file() or src.resolve() == run.run.root.resolve():
         return None
     metrics = load_metrics(RunDir(src))

@@ -67,6 +67,9 @@ def test_chain_puts_the_sft_evals_first_on_one_time_line(tmp_path: Path) -> None
     xs = [list(line.get_xdata()) for line in ax.get_lines() if len(line.get_xdata()) > 1]
     assert [0, 3, 6] in xs and [6, 9] in xs  # the RL run's steps 0 and 3 follow the SFT run's last step 6
     assert _chain_before(load_run(sft.root)) is None  # its model is no run directory
+    cfg["model"]["name"] = str(sft.root / "model")  # the SFT run's exported model names the same run
+    atomic_write_json(rl.resolved("rl"), cfg)
+    assert _chain_before(load_run(rl.root))[0] == "run sft"
 
 
 def _char_tokenizer(model_dir: Path) -> dict[str, int]:
