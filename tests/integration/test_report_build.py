@@ -110,7 +110,8 @@ def test_sweep_report_table_with_intervals(tmp_path: Path) -> None:
     assert sorted(runs_table["array_index"]) == list(range(6))
     md = (out / "report.md").read_text()
     assert md.count("## Run ") == 6 and "## Sweep" in md
-    assert {p.name for p in (out / "figures").iterdir()} == {
+    assert {p.name for p in (out / "figures").iterdir()} == {  # the held-out scores, then the train reward
         "sweep_reward_all_mean.png",
         "sweep_eval_arith-test_avg_2.png",
+        "sweep_eval_arith-test_pass_2.png",
     }
