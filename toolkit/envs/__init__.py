@@ -29,4 +29,10 @@ a ``vf.Trace``). verifiers' own training path (EnvServer -> harness program -> i
    version per generation (the off-policy bound), no srl retry/ProviderError accounting.
 3. The ``null`` harness runs its chat program as a PEP 723 ``uv`` script whose dependencies uv resolves at run
    time: a compute node without a package index cannot start it.
+
+``policy_client`` is the model half of the other path: verifiers' own rollout (``Agent.run``/``Env.run_episode``,
+its interception server, tool servers, trace graph) with srl's renderer and policy as the model (reasons 1 and 2 do
+not apply to it: verifiers' renderers and ``/inference/v1/generate`` are not used). Reason 3 stands for harnesses
+as verifiers ships them; the test fixture ``offline_chat`` runs the ``null`` chat program with the current
+interpreter instead. It is tested in-process and not yet used by the env workers.
 """
