@@ -132,10 +132,11 @@ LOG_SUFFIXES = {".log", ".out", ".err", ".txt"}
 # are too large. Healthy runs of the reverse-text job measure far below it (their mismatch_kl, the same quantity
 # at zero updates apart, stays under 1e-3); a learning rate of 1.0 on the tiny model measured 3-52.
 OFF_POLICY_KL_MAX = 1.0
-# Gradient norm (L2 over all parameters, before clipping) at or below which no step is a spike, when the run sets no
-# clip threshold (``trainer.optim.max_norm``, which otherwise is the scale: the size the run itself calls large).
-# Relative jumps below it are the ordinary noise of small gradients: the README job's RL run after SFT, with most
-# groups carrying no signal, measured norms of 0.001-0.53 with 29 steps 10x above their recent median.
+# Gradient norm (L2 over all parameters, before clipping) at or below which no step is a spike, unless the run clips
+# tighter (``trainer.optim.max_norm`` below it: the run itself calls smaller norms large). Relative jumps below it
+# are the ordinary noise of small gradients: the README job's RL run after SFT, with most groups carrying no signal,
+# measured norms of 0.001-0.53 with 29 steps 10x above their recent median. A looser clip (1e9 = none) does not
+# raise it: a diverging run with clipping off must still be caught.
 GRAD_NORM_FLOOR = 1.0
 # A spike this many times the scale or more (or a non-finite norm) is an error; a smaller one only a warning.
 GRAD_NORM_ERROR_SCALE = 10.0
@@ -496,10 +497,11 @@ def _trainer_rows(metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def grad_norm_scale(config: dict[str, Any]) -> float:
-    """The gradient norm a run calls large: its ``trainer.optim.max_norm`` (clip threshold) when set and positive,
-    else :data:`GRAD_NORM_FLOOR`."""
+    """The gradient norm above which a jump counts: :data:`GRAD_NORM_FLOOR`, or the run's ``trainer.optim.max_norm``
+    (clip threshold) when that is positive and smaller."""
     v = dotted(config, "trainer.optim.max_norm")
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else GRAD_NORM_FLOOR
+    clip = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else math.inf
+    return min(GRAD_NORM_FLOOR, clip)
 
 
 def signal_share(metrics: pd.DataFrame) -> pd.Series:

@@ -98,13 +98,20 @@ def test_moderate_spike_above_the_clip_threshold_is_a_warning(tmp_path):
     assert f.severity == "warning" and f.evidence["grad_norm_max"] == 4.0 and "above 1" in f.summary
 
 
-def test_spike_scale_is_the_runs_clip_threshold(tmp_path):
-    # Norms of 2-5 with a clip at 100: large jumps, but far below what this run calls a large gradient.
-    norms = [0.2] * 10 + [5.0] + [0.2] * 5
-    assert diagnose(_grad_run(tmp_path, norms, [4] * 16, max_norm=100.0)) == []
-    # Without a configured clip threshold the scale is GRAD_NORM_FLOOR.
-    (f,) = diagnose(_grad_run(tmp_path / "b", norms, [4] * 16, max_norm=None))
-    assert f.evidence["grad_norm_scale"] == GRAD_NORM_FLOOR
+def test_spike_scale_is_the_floor_or_a_tighter_clip(tmp_path):
+    # Clipping off (max_norm 1e9, as the diverging-trainer run sets it) keeps the floor: a jump to 45 is an error.
+    norms = [0.3] * 10 + [45.0] + [0.3] * 5
+    (f,) = diagnose(_grad_run(tmp_path / "a", norms, [4] * 16, max_norm=1e9))
+    assert f.severity == "error" and f.evidence["grad_norm_scale"] == GRAD_NORM_FLOOR
+    # A clip at 0.05 makes 0.05 the scale: a 20x jump to 0.6 counts, and at over 10x the scale it is an error.
+    small = [0.03] * 10 + [0.6] + [0.03] * 5
+    (g,) = diagnose(_grad_run(tmp_path / "b", small, [4] * 16, max_norm=0.05))
+    assert g.evidence["grad_norm_scale"] == 0.05 and g.severity == "error"
+    # The same norms with the default clip of 1.0 are below the floor: healthy.
+    assert diagnose(_grad_run(tmp_path / "c", small, [4] * 16, max_norm=1.0)) == []
+    # Without a configured clip threshold the scale is the floor.
+    (h,) = diagnose(_grad_run(tmp_path / "d", norms, [4] * 16, max_norm=None))
+    assert h.evidence["grad_norm_scale"] == GRAD_NORM_FLOOR
 
 
 def test_a_full_signal_step_after_low_signal_ones_is_no_spike(tmp_path):
