@@ -63,6 +63,7 @@ def test_b02_torchrun_step_one_task_per_node_never_gpus_per_task() -> None:
     plan = build_plan(cfg, PI, run, job_id="1")
     step = " ".join(step_argv(plan, plan.process("trainer"), run, Path("/l/t.log"), python="py", container=[]))
     assert "--nodes=2 --ntasks=2 --ntasks-per-node=1" in step and "--gpus-per-task" not in step
+    assert step.startswith("srun --job-name=trainer ")  # the job finds the step by name to stop it (_term_steps)
     with pytest.raises(ConfigError, match="per-task GPU binding"):
         make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect",
                  slurm={"extra_directives": ["--gpus-per-task=1", "--ntasks-per-node=4"]})

@@ -71,6 +71,9 @@ _SUMMARY_ORDER = (
 
 DEFAULT_TIMEOUT_S = 30.0
 SUBMIT_TIMEOUT_S = 120.0
+# Bound on the squeue/scancel calls of a batch job stopping its own steps: a slow controller must not hold up the
+# stop for long (the caller then stops the steps through srun instead).
+STEP_TIMEOUT_S = 10.0
 
 
 class SlurmCommandError(RuntimeError):
@@ -246,6 +249,36 @@ def cancel(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """
     cmd = ["scancel", str(job_id)]
     proc = _run(cmd, timeout_s=timeout_s)
+    if proc.returncode != 0:
+        raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
+
+
+def job_steps(job_id: str, *, env: Mapping[str, str] | None = None,
+              timeout_s: float = STEP_TIMEOUT_S) -> dict[str, list[str]]:
+    """The running steps of job ``job_id`` by step name (srun's ``--job-name``): name -> the ids of the steps so
+    named, as Slurm prints them (``"12.3"``), read from ``squeue --steps``. ``env`` (default ``os.environ``) is
+    squeue's environment. Raises SlurmCommandError when squeue fails, cannot start or exceeds ``timeout_s`` seconds.
+    """
+    cmd = ["squeue", "--steps", "--noheader", f"--jobs={job_id}", "--format=%i|%j"]
+    proc = _run(cmd, timeout_s=timeout_s, env=env)
+    if proc.returncode != 0:
+        raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
+    steps: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        step, sep, name = line.strip().partition("|")
+        if sep and step:
+            steps.setdefault(name, []).append(step)
+    return steps
+
+
+def signal_steps(step_ids: Sequence[str], signal_name: str, *, env: Mapping[str, str] | None = None,
+                 timeout_s: float = STEP_TIMEOUT_S) -> None:
+    """Send signal ``signal_name`` (``"TERM"``, ``"INT"``...) to every process of each job step in ``step_ids``
+    (``"12.3"``) with ``scancel --signal``: Slurm delivers it on every node of the step. Unlike a signal to the
+    step's ``srun``: srun answers SIGTERM by SIGKILLing its tasks at once. Raises SlurmCommandError when scancel
+    fails (e.g. a step already ended), cannot start or exceeds ``timeout_s`` seconds."""
+    cmd = ["scancel", f"--signal={signal_name}", *step_ids]
+    proc = _run(cmd, timeout_s=timeout_s, env=env)
     if proc.returncode != 0:
         raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
 

@@ -20,11 +20,12 @@ waits until every engine answers /health and publishes the addresses, and superv
 - an engine step that dies is restarted (``inference.max_restarts`` within ``inference.restart_window_s``) and must
   answer /health again within ``inference.startup_timeout_s``, exactly as in a local run;
 - the first other step that ends ends the job: the stop request is written, the trainer and orchestrator get
-  ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (TERM, KILL after 15 s); an
-  orchestrator that finished cleanly waits for the trainer's last steps, a trainer that finished gives the
-  orchestrator ``slurm.checkpoint_grace_s`` for an SFT run's final eval; a multi-node trainer whose torchrun
-  rendezvous did not complete (``deployment.trainer_rendezvous_timeout_s``) ends it with a reason naming the
-  trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`);
+  ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (SIGTERM to each step's tasks
+  through Slurm, not srun, so an engine that shuts down cleanly leaves no error in the job's log; srun's kill after
+  15 s: :meth:`Supervisor.stop_all`); an orchestrator that finished cleanly waits for the trainer's last steps, a
+  trainer that finished gives the orchestrator ``slurm.checkpoint_grace_s`` for an SFT run's final eval; a
+  multi-node trainer whose torchrun rendezvous did not complete (``deployment.trainer_rendezvous_timeout_s``) ends it
+  with a reason naming the trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`);
 - the pre-timeout signal (``slurm.signal``): stop request, wait (bounded) for a new COMPLETE checkpoint,
   ``scontrol requeue``, stop the steps;
 - SIGTERM/SIGINT (scancel, or the time limit): stop request, stop the steps;
@@ -44,10 +45,11 @@ Every wait in srl and what bounds it:
 - supervisor: engines' first /health (``inference.startup_timeout_s``); an external deployment's ready file
   (``inference.startup_timeout_s``); the pre-run command (``monitors.stall_timeout_s``); a restarted engine's
   /health (``inference.startup_timeout_s``); each /health check (5 s); the trainer and orchestrator after a stop
-  request or a pre-timeout signal (``slurm.checkpoint_grace_s``), then SIGTERM to SIGKILL (15 s); the trainer
-  after the orchestrator finished cleanly, and the orchestrator while the trainer works (the watchdog:
-  ``monitors.stall_timeout_s`` without progress); a finished trainer's orchestrator (``slurm.checkpoint_grace_s``);
-  ``scontrol``/``sbatch`` calls (30 s, 120 s to submit); a look at another node's stuck processes (60 s); py-spy
+  request or a pre-timeout signal (``slurm.checkpoint_grace_s``), then SIGTERM to SIGKILL (15 s; a step's srun: 15 s
+  more to exit after its own SIGTERM); the trainer after the orchestrator finished cleanly, and the orchestrator
+  while the trainer works (the watchdog: ``monitors.stall_timeout_s`` without progress); a finished trainer's
+  orchestrator (``slurm.checkpoint_grace_s``); ``scontrol``/``sbatch`` calls (30 s, 120 s to submit);
+  ``squeue``/``scancel`` to signal the steps (10 s each); a look at another node's stuck processes (60 s); py-spy
   (30 s); the lease's renewal thread at exit (its renewal period);
 - trainer: a batch (``trainer.batch_timeout_s``, and the watchdog); torchrun's rendezvous
   (``deployment.trainer_rendezvous_timeout_s``); collectives (the process group's timeout, and the watchdog);
@@ -96,6 +98,9 @@ RESTARTABLE_ROLES = ("inference",)
 POLL_S = 0.5
 # Seconds a stopped process gets between SIGTERM and SIGKILL.
 TERM_GRACE_S = 15.0
+# Seconds a job step's srun gets to exit after its own SIGTERM (it SIGKILLs its tasks at once and exits when they are
+# gone) before it is SIGKILLed.
+SRUN_EXIT_WAIT_S = 15.0
 # Seconds between two reads of the progress records (a handful of small files).
 PROGRESS_CHECK_S = 1.0
 # At most this many seconds between two /health checks of a running engine (less for a short stall bound), and the
@@ -202,6 +207,9 @@ class Supervisor:
         self._next_health_check = 0.0
         # Inside a batch job: how to look at (and ask for the stacks of) processes on another node.
         self.remote_probe: Callable[[str, list[int]], dict[int, str | None]] | None = None
+        # Inside a batch job: how to SIGTERM the tasks of job steps without their srun (see stop_all); returns the
+        # steps it could not reach.
+        self.term_steps: Callable[[list[Child]], list[Child]] | None = None
         heartbeat.clear(run)  # the previous attempt's records describe processes that are gone
 
     # -- starting --------------------------------------------------------------------------------------------
@@ -532,17 +540,30 @@ class Supervisor:
         return [c for c in self.children if c.role in roles and c.poll() is None]
 
     def stop_all(self, term_wait_s: float = TERM_GRACE_S) -> None:
-        """SIGTERM every live child (its process group, for a local child), SIGKILL what is left after
-        ``term_wait_s`` seconds, and close the reaper."""
-        for c in self.children:
-            if c.proc.poll() is None:
+        """SIGTERM every live child, SIGKILL what is left after ``term_wait_s`` seconds, and close the reaper.
+
+        A local child's SIGTERM goes to its process group. A job step's goes to its tasks through
+        :attr:`term_steps` (Slurm, on every node of the step), never to its srun: srun answers SIGTERM by SIGKILLing
+        the tasks and reporting each as an error ("task 0: Killed"), even an engine that would have shut down
+        cleanly. A step still running after ``term_wait_s`` (or one ``term_steps`` could not reach, or every step
+        when ``term_wait_s`` is 0 or there is no ``term_steps``) gets srun's SIGTERM, then its srun SIGKILL
+        :data:`SRUN_EXIT_WAIT_S` seconds later."""
+        live = [c for c in self.children if c.proc.poll() is None]
+        steps = [c for c in live if not c.own_group]
+        through_srun = steps
+        if steps and term_wait_s > 0 and self.term_steps is not None:
+            through_srun = self.term_steps(steps)
+        for c in live:
+            if c.own_group or c in through_srun:
                 self._signal(c, signal.SIGTERM)
-        deadline = time.monotonic() + term_wait_s
-        for c in self.children:
-            try:
-                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        self._wait_children(self.children, term_wait_s)
+        late = [c for c in steps if c not in through_srun and c.proc.poll() is None]
+        if late:
+            self.say(f"{', '.join(c.name for c in late)} still running {term_wait_s:g} s after SIGTERM; killing "
+                     "(srun's SIGTERM)", error=True)  # fmt: skip
+            for c in late:
+                self._signal(c, signal.SIGTERM)
+            self._wait_children(late, SRUN_EXIT_WAIT_S)
         for c in self.children:
             # Kill a local child's whole group even when the leader exited: engines fork workers that would
             # otherwise linger.
@@ -555,6 +576,16 @@ class Supervisor:
                 c.log.close()
         if self.reaper is not None:
             self.reaper.close()
+
+    @staticmethod
+    def _wait_children(children: list[Child], wait_s: float) -> None:
+        """Wait up to ``wait_s`` seconds in all (at least 0.1 s each) for ``children`` to exit."""
+        deadline = time.monotonic() + wait_s
+        for c in children:
+            try:
+                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
 
     @staticmethod
     def _signal(c: Child, sig: int) -> None:
@@ -598,12 +629,14 @@ def step_log(spec: Any, logs: Path) -> Path:
 
 
 def step_argv(plan: Any, spec: Any, run: RunDir, log: Path, *, python: str, container: list[str]) -> list[str]:
-    """The ``srun`` command of plan process ``spec``'s job step: one task per node from its first node, output
-    appended to ``log``; the step execs the process through :mod:`toolkit.placement.runtime`."""
+    """The ``srun`` command of plan process ``spec``'s job step, named after the process: one task per node from
+    its first node, output appended to ``log``; the step execs the process through :mod:`toolkit.placement.runtime`."""
     # --overlap: steps share nodes without waiting on each other ("step creation temporarily disabled").
+    # --job-name: the step's name, by which the job finds the step to signal its tasks (_term_steps).
     first = plan.groups[spec.het_group].first_node
     het = [f"--het-group={spec.het_group}"] if plan.is_het else []
-    return ["srun", "--overlap", "--kill-on-bad-exit=1", "--open-mode=append", f"--output={log}", f"--error={log}",
+    return ["srun", f"--job-name={spec.name}", "--overlap", "--kill-on-bad-exit=1", "--open-mode=append",
+            f"--output={log}", f"--error={log}",
             *het, f"--nodes={spec.num_nodes}", f"--ntasks={spec.num_nodes}", "--ntasks-per-node=1",
             f"--relative={spec.node_index - first}", *container, python, "-m", "toolkit.placement.runtime", "exec",
             "--run-dir", str(run.root), "--process", spec.name]  # fmt: skip
@@ -704,6 +737,7 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
     logs.mkdir(parents=True, exist_ok=True)
     sup = Supervisor(cfg, run, plan, say=_job_log, own_groups=False, restart_before_ready=True)
     sup.remote_probe = lambda host, pids: _srun_probe(host, pids, env)
+    sup.term_steps = lambda children: _term_steps(children, env)
     sup.watch_lease(lease)
     preempt = getattr(signal, f"SIG{s.signal}") if s.requeue else None
     sup.handle_signals(tuple(x for x in (preempt, signal.SIGTERM, signal.SIGINT) if x is not None))
@@ -761,6 +795,23 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
         return settle_job(run, signalled=name.removeprefix("SIG"))
     assert first is not None
     return _teardown(sup, first, exit_status(first.returncode), reason=_failure_reason(plan, first, rdzv_logs))
+
+
+def _term_steps(children: list[Child], env: dict[str, str]) -> list[Child]:
+    """SIGTERM to every process of the job steps of ``children`` (srun processes of this job, their steps named by
+    :func:`step_argv`) through Slurm (:func:`toolkit.launch.slurm.signal_steps`); returns the children whose step
+    was not signalled (not listed by squeue, or squeue/scancel failed), to be stopped through their srun."""
+    from .slurm import SlurmCommandError, job_steps, signal_steps
+
+    try:
+        steps = job_steps(env.get("SLURM_JOB_ID", ""), env=env)
+        found = {c.name: steps[c.name] for c in children if c.name in steps}
+        if found:
+            signal_steps([step for ids in found.values() for step in ids], "TERM", env=env)
+    except SlurmCommandError as e:
+        _job_log(f"cannot signal the steps through Slurm ({e}); stopping them through srun")
+        return children
+    return [c for c in children if c.name not in found]
 
 
 def _srun_probe(host: str, pids: list[int], env: dict[str, str]) -> dict[int, str | None]:
