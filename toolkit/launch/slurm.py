@@ -253,13 +253,13 @@ def cancel(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
 
 
-def job_steps(job_id: str, *, env: Mapping[str, str] | None = None,
+def job_steps(job_ids: Iterable[str], *, env: Mapping[str, str] | None = None,
               timeout_s: float = STEP_TIMEOUT_S) -> dict[str, list[str]]:
-    """The running steps of job ``job_id`` by step name (srun's ``--job-name``): name -> the ids of the steps so
-    named, as Slurm prints them (``"12.3"``), read from ``squeue --steps``. ``env`` (default ``os.environ``) is
-    squeue's environment. Raises SlurmCommandError when squeue fails, cannot start or exceeds ``timeout_s`` seconds.
-    """
-    cmd = ["squeue", "--steps", "--noheader", f"--jobs={job_id}", "--format=%i|%j"]
+    """The running steps of the jobs ``job_ids`` (a job, or each component of a het job) by step name (srun's
+    ``--job-name``): name -> the ids of the steps so named, as Slurm prints them (``"12.3"``), read from ``squeue
+    --steps``. ``env`` (default ``os.environ``) is squeue's environment. Raises SlurmCommandError when squeue fails,
+    cannot start or exceeds ``timeout_s`` seconds."""
+    cmd = ["squeue", "--steps", "--noheader", f"--jobs={','.join(job_ids)}", "--format=%i|%j"]
     proc = _run(cmd, timeout_s=timeout_s, env=env)
     if proc.returncode != 0:
         raise SlurmCommandError(cmd, proc.returncode, proc.stderr)

@@ -803,15 +803,27 @@ def _term_steps(children: list[Child], env: dict[str, str]) -> list[Child]:
     was not signalled (not listed by squeue, or squeue/scancel failed), to be stopped through their srun."""
     from .slurm import SlurmCommandError, job_steps, signal_steps
 
+    # A het job's steps belong to its components' job ids (SLURM_JOB_ID is the first component's).
+    jobs = dict.fromkeys([env.get("SLURM_JOB_ID", ""), *(v for k, v in sorted(env.items())
+                                                        if k.startswith("SLURM_JOB_ID_HET_GROUP_"))])  # fmt: skip
     try:
-        steps = job_steps(env.get("SLURM_JOB_ID", ""), env=env)
-        found = {c.name: steps[c.name] for c in children if c.name in steps}
-        if found:
-            signal_steps([step for ids in found.values() for step in ids], "TERM", env=env)
+        steps = job_steps([j for j in jobs if j], env=env)
     except SlurmCommandError as e:
-        _job_log(f"cannot signal the steps through Slurm ({e}); stopping them through srun")
+        _job_log(f"cannot list the job's steps ({e}); stopping them through srun")
         return children
-    return [c for c in children if c.name not in found]
+    missed = []
+    for c in children:
+        ids = steps.get(c.name)
+        why = None if ids else f"squeue lists no step named {c.name}"
+        if ids:
+            try:  # one step at a time: a step that ended meanwhile makes scancel fail, and only that step's
+                signal_steps(ids, "TERM", env=env)
+            except SlurmCommandError as e:
+                why = str(e)
+        if why and c.proc.poll() is None:
+            _job_log(f"cannot signal {c.name}'s step through Slurm ({why}); stopping it through srun")
+            missed.append(c)
+    return missed
 
 
 def _srun_probe(host: str, pids: list[int], env: dict[str, str]) -> dict[int, str | None]:
