@@ -60,7 +60,6 @@ _ROLE_COMMANDS = {
     "cancel": "toolkit.launch.control:cancel_main",
     "logs": "toolkit.launch.control:logs_main",
     "model": "toolkit.models.cli:main",
-    "launch-local": "toolkit.launch.local:main",
     "sft": "toolkit.commands.sft:main",
     "export": "toolkit.commands.export:main",
 }

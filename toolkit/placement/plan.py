@@ -342,10 +342,7 @@ def _place(cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[
     ports = alloc.assign(port_key or job)
 
     defaults = envmod.srl_defaults(site.filesystem.node_local_scratch, job, per_job=site.is_slurm)
-    # SRL_PREEMPT_SIGNAL: the one pre-timeout signal shared by the #SBATCH directive, the batch-shell trap and any
-    # handler in the trainer.
-    owned_common = {"SRL_RUN_DIR": root, "SRL_JOB_ID": job, "SRL_PORTS_FILE": str(run.ports_file),
-                    "SRL_PREEMPT_SIGNAL": cfg.slurm.signal, "SRL_STOP_FILE": str(run.stop_request)}
+    owned_common = {"SRL_RUN_DIR": root, "SRL_JOB_ID": job, "SRL_PORTS_FILE": str(run.ports_file)}
     procs: list[ProcessSpec] = []
 
     # Layers below the per-process values are shared by many processes (thousands of engines at scale): merge
