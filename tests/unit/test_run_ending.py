@@ -40,7 +40,7 @@ def test_zero_signal_guard_stop_is_not_success_and_not_a_failure(run):
     request_stop(run, reason)  # what the orchestrator does when the guard trips
     e = ending.settle(run)  # every process exited 0 afterwards
     assert e.cause == "no-signal" and e.criterion == "zero-signal guard" and e.role == "orchestrator"
-    assert e.exit_status not in (0, 1, 130)
+    assert e.exit_status == 4  # README's table: the zero-signal guard is its own status
     assert "stopped by the zero-signal guard at step 3: zero-signal guard: 2 consecutive steps" in e.line()
 
 
@@ -92,3 +92,17 @@ def test_batch_job_signals_map_to_user_stop_or_time_limit(run, monkeypatch):
     end = ending.settle_after_signal(run, "TERM")
     assert end.exit_status == 130 and "stopped by the user" in end.line()
     assert ending.settle_after_signal(run, None, requeued=True).exit_status == 0
+
+
+def test_exit_statuses_are_exactly_readmes_table():
+    """Each cause's status is the number README promises (scripts and ``afterok`` chains rely on them), and the
+    table lists exactly those numbers plus 2 (bad config: nothing ran)."""
+    import re
+    from pathlib import Path
+
+    want = {"completed": 0, "preempted": 0, "failed": 1, "lease-lost": 3, "no-signal": 4, "criterion": 5,
+            "time-limit": 6, "stalled": 7, "user": 130}  # fmt: skip
+    assert ending.EXIT_STATUS == want
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = {int(n) for n in re.findall(r"^\| (\d+) \| ", readme, re.MULTILINE)}
+    assert table == {0, 1, 2, 3, 4, 5, 6, 7, 130}, table
