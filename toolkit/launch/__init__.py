@@ -7,6 +7,7 @@ Modules:
               ``serve_local``: a config's engines (and router) served here for a block of code (the eval gate)
   supervisor  the one supervisor of a run's processes, local children or ``srun`` job steps inside the batch job
               (start order, readiness, engine restarts, stop/checkpoint/requeue, teardown, exit status)
+  watchdog    the supervisor's progress watchdog: which role stopped making progress, for how long, doing what
   rendezvous  why a multi-node trainer's torchrun rendezvous failed: the trainer nodes that never joined
   submit      rendering the batch script into ``<run>/launcher/`` and ``sbatch`` (dependencies, job ids)
   sweeps      sweeps on Slurm: each point an ``srl rl`` batch job inside job arrays grouped by allocation shape
