@@ -37,6 +37,7 @@ def installed_reverse_text(tmp_path, monkeypatch):
     pkg.mkdir()
     (pkg / "__init__.py").write_text(SHADOW)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the job's import path, which preflight checks with
     yield tmp_path
     sys.modules.pop("srl_reverse_text", None)
 

@@ -71,6 +71,8 @@ def test_multi_turn_reference_needs_enough_turns(tmp_path):
 @pytest.fixture()
 def broken_cfg(monkeypatch):
     monkeypatch.syspath_prepend(str(BROKEN))
+    # The job's (and so preflight's) import path: the environment's PYTHONPATH, not this process's sys.path.
+    monkeypatch.setenv("PYTHONPATH", str(BROKEN))
     return load_config([BROKEN / "rl.toml"]).config
 
 

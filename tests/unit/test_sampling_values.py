@@ -19,11 +19,11 @@ from golden.layouts import BASE, merge
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from toolkit.batches import samples_to_batch
+from toolkit.batches import samples_to_batch, sampling_meta
 from toolkit.config import ConfigError
 from toolkit.config.rules import MIN_TRAIN_TEMPERATURE
 from toolkit.models.tiny import build_tiny_model
-from toolkit.run.types import TrainingSample
+from toolkit.run.types import SamplingParams, TrainingSample
 from toolkit.trainer.loss import IPOLoss
 from toolkit.trainer.model import load_policy
 from toolkit.trainer.packing import plan_micro_batches
@@ -54,7 +54,8 @@ def _culprits(t: float, top_p: float, top_k: int | None, min_p: object) -> set[s
 
 
 def _engine_like_batch(model, *, temperature: float, top_p: float, top_k: int | None, seed: int):
-    """4 samples of 6 tokens drawn from ``model`` as the engine draws them, with their processed logprobs."""
+    """4 samples of 6 tokens drawn from ``model`` as the engine draws them, with their processed logprobs; the
+    batch records that sampling as the orchestrator does."""
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     samples = []
@@ -85,7 +86,8 @@ def _engine_like_batch(model, *, temperature: float, top_p: float, top_k: int | 
             ids.append(tok)
             lps.append(float(logp[tok]))
         samples.append(TrainingSample(prompt, ids[len(prompt):], [True] * 6, lps))
-    return samples_to_batch(1, samples, [1.0, -1.0, 0.5, -0.5], policy_versions=[0] * 4, envs=["e"] * 4)
+    meta = {"sampling": sampling_meta(SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k))}
+    return samples_to_batch(1, samples, [1.0, -1.0, 0.5, -0.5], policy_versions=[0] * 4, envs=["e"] * 4, meta=meta)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -123,8 +125,10 @@ def test_each_sampling_draw_is_refused_naming_its_field_or_trains_with_finite_lo
     model = copy.deepcopy(tiny)
     m = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), None,
                    plan_micro_batches(batch, seq_len=64, micro_batch_size=4), loss_cfg=IPOLoss(), max_norm=1.0,
-                   num_samples=batch.num_samples, temperature=s.temperature, apply_update=False)  # fmt: skip
+                   num_samples=batch.num_samples, apply_update=False)  # fmt: skip
     assert math.isfinite(m["loss/mean"]) and math.isfinite(m["optim/grad_norm"]), (table, m)
+    # Same weights on both sides: the trainer's logprobs are the sampler's (temperature, top-k and top-p applied).
+    assert m["mismatch_kl/mean"] < 1e-4, (table, m)
     assert m["optim/skipped_update"] == 0, (table, m)
     assert not bad, f"accepted {table}, whose {sorted(bad)} should have been refused"
 
@@ -138,5 +142,24 @@ def test_temperature_zero_is_refused_with_the_reason_and_the_eval_may_use_it():
     with pytest.raises(ConfigError, match=r"orchestrator\.train\.env\[0\]\.sampling\.temperature"):
         validate(merge(BASE, {"orchestrator": {"train": {"env": [env]}}}))
     greedy_eval = {"orchestrator": {"eval": {"sampling": {"temperature": 0.0},
-                                             "env": [{"taskset": {"id": "srl-reverse-text"}}]}}}  # fmt: skip
+                                             "env": [{"taskset": {"id": "srl-reverse-text", "split": "test"}}]}}}  # fmt: skip
     assert validate(merge(BASE, greedy_eval)).config.orchestrator.eval.sampling.temperature == 0.0
+
+
+def test_trainer_scores_tokens_under_the_temperature_and_truncation_the_batch_records(tiny):
+    """Trainer vs sampler logprobs at temperature 0.7, top_p 0.8, top_k 20 on the same weights: the trainer takes
+    the sampling from the batch (what the orchestrator records) and its mismatch KL is ~0. The same tokens scored
+    as if drawn at temperature 1 without truncation (the record dropped) disagree: the check has teeth."""
+    batch = _engine_like_batch(tiny, temperature=0.7, top_p=0.8, top_k=20, seed=5)
+    assert batch.sampling == SamplingParams(temperature=0.7, top_p=0.8, top_k=20)
+
+    def kl(b):
+        model = copy.deepcopy(tiny)
+        m = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), None,
+                       plan_micro_batches(b, seq_len=64, micro_batch_size=4), loss_cfg=IPOLoss(), max_norm=1.0,
+                       num_samples=b.num_samples, apply_update=False)  # fmt: skip
+        return m["mismatch_kl/mean"]
+
+    assert kl(batch) < 1e-5
+    batch.meta.pop("sampling")
+    assert kl(batch) > 1e-2
