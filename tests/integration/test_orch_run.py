@@ -33,6 +33,7 @@ from toolkit.inference.health import write_ready
 from toolkit.orchestrator.main import Orchestrator
 from toolkit.run.layout import STABLE_MARKER, RunDir
 from toolkit.run.metrics import ORCHESTRATOR, recorded_steps
+from toolkit.run.types import SamplingParams
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "external_taskset"
 
@@ -69,7 +70,9 @@ def test_multi_env_run_on_vllm(tmp_path, external_on_path):
         "max_steps": 3, "seed": 3, "model": {"name": str(base)},
         "orchestrator": {
             "batch_size": 8, "group_size": 4, "max_async_level": 1, "max_concurrent": 16,
-            "train": {"sampling": {"max_completion_tokens": 12}, "env": [
+            # Temperature and truncation that the trainer must apply too (the trainer-vs-sampler check below).
+            "train": {"sampling": {"max_completion_tokens": 12, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
+                      "env": [
                 {"name": "rev", "taskset": {"id": "srl-reverse-text"}, "ratio": 2},
                 {"name": "ari", "taskset": {"id": "srl-arith"}, "ratio": 1},
                 {"name": "broken", "taskset": {"id": "raising_scorer"}, "ratio": 1},
@@ -120,6 +123,31 @@ def test_multi_env_run_on_vllm(tmp_path, external_on_path):
     assert errored == broken_offered  # every broken rollout is a TaskError ...
     assert _store_rows(run) >= 3 * 8 + 2 * 2 * 2  # ... and all are in the store with the eval rows
     print(f"\n[figure] errored (TaskError) rollouts of the broken env: {errored:.0f}")
+    # Trainer vs sampler on the same weights: batch 1 was drawn from the base model (version 0) at temperature 0.7,
+    # top_p 0.8, top_k 20. The trainer scores it under the sampling the orchestrator recorded in the batch; its
+    # logprobs must be the engine's (vLLM's processed logprobs), so the mismatch KL is ~0.
+    b1 = batches.load_batch_dir(run.rollout_step(1))
+    assert set(b1.policy_version.tolist()) == {0}
+    assert b1.sampling == SamplingParams(temperature=0.7, top_p=0.8, top_k=20)
+    kl = _trainer_mismatch_kl(base, b1)
+    print(f"[figure] trainer vs engine mismatch KL at temperature 0.7, top_p 0.8, top_k 20: {kl:.2e}")
+    assert kl < 1e-4
+
+
+def _trainer_mismatch_kl(model_dir: Path, batch: batches.Batch) -> float:
+    """The trainer's ``mismatch_kl/mean`` over ``batch`` with the weights of ``model_dir`` (no update)."""
+    import torch
+
+    from toolkit.trainer.loss import IPOLoss
+    from toolkit.trainer.model import load_policy
+    from toolkit.trainer.packing import plan_micro_batches
+    from toolkit.trainer.step import train_step
+
+    model = load_policy(model_dir)
+    mbs = plan_micro_batches(batch, seq_len=int(batch.lengths.max()), micro_batch_size=4)
+    m = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), None, mbs, loss_cfg=IPOLoss(), max_norm=1.0,
+                   num_samples=batch.num_samples, apply_update=False)  # fmt: skip
+    return float(m["mismatch_kl/mean"])
 
 
 def _loopback_cfg(tmp_path: Path, max_steps: int) -> RLConfig:

@@ -139,7 +139,11 @@ def test_per_env_sampling_is_checked_as_the_env_samples_it():
     # override top_k = 0 switched off the top_k that the inherited top_p < 1 needs (an invalid env accepted).
     from config_cases import errors_of, validate
 
-    validate(_env_sampling({"top_k": 50}, {"top_p": 0.9}))
+    validate(_env_sampling({"top_k": 50, "top_p": 0.9}, {"max_completion_tokens": 8}))
+    # A train env's own distribution is refused: the trainer applies the batch's one sampling to every sample.
+    text = errors_of(_env_sampling({"top_k": 50}, {"top_p": 0.9, "temperature": 0.7}))
+    assert "orchestrator.train.env[0].sampling.temperature" in text and "env[0].sampling.top_p" in text, text
+    validate(_env_sampling({"top_k": 50, "top_p": 0.9}, {"top_p": 0.9}))  # the same values: nothing differs
     assert "orchestrator.train.env[0].sampling.top_k" in errors_of(_env_sampling({"top_k": 50, "top_p": 0.9},
                                                                                  {"top_k": 0}))
     # An env that only changes max_completion_tokens samples as the train sampling: one error, at its field.

@@ -145,6 +145,24 @@ def test_sampling_params_override():
     assert (sp.temperature, sp.top_p, sp.max_tokens, sp.top_k) == (0.7, 0.9, 64, None)
 
 
+def test_batch_records_the_sampling_its_train_envs_drew_with():
+    """What the trainer applies to its logits comes from here: the orchestrator's record in the batch."""
+    from toolkit.batches import samples_to_batch
+    from toolkit.orchestrator.main import sampling_record
+    from toolkit.orchestrator.producer import TrainEnv
+
+    sp = sampling_params(SamplingConfig(temperature=0.7, top_p=0.8, top_k=20, max_completion_tokens=64))
+    envs = {"a": TrainEnv("a", None, 2, sp), "b": TrainEnv("b", None, 2, sp)}
+    rec = sampling_record(envs, ["a", "b", "a"])
+    assert rec == {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    sample = TrainingSample([1, 2], [3], [True], [-0.5])
+    batch = samples_to_batch(1, [sample], [1.0], policy_versions=[0], envs=["a"], meta={"sampling": rec})
+    assert (batch.sampling.temperature, batch.sampling.top_p, batch.sampling.top_k) == (0.7, 0.8, 20)
+    hot = sampling_params(SamplingConfig(temperature=1.0, max_completion_tokens=64))
+    with pytest.raises(ValueError, match="different temperature"):
+        sampling_record({**envs, "b": TrainEnv("b", None, 2, hot)}, ["a", "b"])
+
+
 def test_slots_take_a_group_atomically():
     async def go():
         slots = Slots(4)

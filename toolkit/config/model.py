@@ -188,7 +188,8 @@ class SamplingConfig(Section):
 
 
 class SamplingOverride(Section):
-    """Per-env sampling override: any field left unset inherits ``orchestrator.train.sampling``."""
+    """Per-env sampling override: any field left unset inherits ``orchestrator.train.sampling``. A train env may not
+    change temperature, top_p or top_k (the trainer scores each batch under one distribution); an eval env may."""
 
     temperature: float | None = Field(None, ge=0.0, le=10.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)

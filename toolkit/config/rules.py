@@ -188,6 +188,16 @@ def _sampling(cfg: RLConfig, f: Findings) -> None:
             # same way), so an inherited top_k counts and an override cannot switch off what top_p < 1 needs.
             # An env that sets none of them samples as the train sampling, checked above.
             checks.append((f"orchestrator.train.env[{i}].sampling", base.model_copy(update=own)))
+            # The trainer scores a batch, whatever its envs, under the one distribution the batch records.
+            differ = [k for k in ("temperature", "top_p", "top_k") if k in own and own[k] != getattr(base, k)]
+            if differ:
+                f.error(
+                    ", ".join(f"orchestrator.train.env[{i}].sampling.{k}" for k in differ),
+                    "a train env samples with orchestrator.train.sampling's temperature, top_p and top_k: the trainer "
+                    "divides its logits by one temperature and truncates them one way per batch, and a batch mixes "
+                    "envs; set them in [orchestrator.train.sampling] (a train env may still set its own "
+                    "max_completion_tokens and seed; eval envs may set anything)",
+                )
     for path, s in checks:
         if s.temperature < MIN_TRAIN_TEMPERATURE:
             f.error(

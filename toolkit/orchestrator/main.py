@@ -55,10 +55,23 @@ from toolkit.run.control import request_stop
 from toolkit.run.heartbeat import LONG, STARTUP, WEIGHTS, Heartbeat, enable_stack_dumps
 from toolkit.run.layout import RunDir
 from toolkit.run.metrics import EVAL_POLICY_VERSION
+from toolkit.run.types import SamplingParams
 
 log = logging.getLogger("srl.orchestrator")
 QUEUE_POLL_S = 0.2
 EVAL_STOP_POLL_S = 1.0  # how often a running eval checks for a stop request, seconds
+
+
+def sampling_record(train_envs: dict[str, TrainEnv], envs: list[str]) -> dict[str, Any]:
+    """The batch's ``meta["sampling"]`` (``batches.sampling_meta``): the distribution its samples were drawn from,
+    which the trainer applies to its own logits. ``envs`` names each sample's train env (an empty batch records the
+    first env's). Raises ValueError when the samples' envs sampled differently (config validation refuses such
+    per-env overrides: the trainer scores one batch under one distribution)."""
+    names = sorted(n for n in set(envs) if n in train_envs) or list(train_envs)[:1]
+    records = {n: batches.sampling_meta(train_envs[n].sampling) for n in names}
+    if len({json.dumps(r, sort_keys=True) for r in records.values()}) > 1:
+        raise ValueError(f"one batch holds samples drawn with different temperature/top_p/top_k: {records}")
+    return next(iter(records.values()), batches.sampling_meta(SamplingParams()))
 
 
 class StopBeforeStart(Exception):
@@ -298,12 +311,14 @@ class Orchestrator:
         """
         metrics = {**step_metrics(batch), **times, **extra, "policy/served_version": float(tracker.served_version)}
         state = {"step": step, **sampler_state, "served_version": tracker.served_version}
-        meta = {"metrics": metrics, "orchestrator_state": state,
-                "algo": self.ocfg.train.algo.type, "rollouts": len(batch.rollouts)}  # fmt: skip
+        training = batch.training_samples()
+        meta = {"metrics": metrics, "orchestrator_state": state, "algo": self.ocfg.train.algo.type,
+                "rollouts": len(batch.rollouts),
+                batches.SAMPLING_KEY: sampling_record(self.train_envs, training[3])}  # fmt: skip
         # Written by the record writer's process, so the rollouts in flight keep being served meanwhile.
         ages = [off_policy_age(step, r.policy_version) for r in batch.recorded]
         self.progress.phase(f"writing batch {step}", step=step)
-        await self.writer.persist_step(step, batch.recorded, ages, batch.training_samples(), meta)
+        await self.writer.persist_step(step, batch.recorded, ages, training, meta)
         self.metrics.write(step, metrics)
         self.snapshots[step] = state
         for old in [s for s in self.snapshots if s < step - self.ocfg.max_async_level - 2]:

@@ -42,8 +42,9 @@ class TrainerSettings:
 
     Units: ``batch_timeout_s`` seconds; ``seq_len`` tokens per packed row; ``micro_batch_size`` rows.
     ``ckpt_interval`` None = checkpoint only at the end and on stop; ``keep_last`` None = keep all checkpoints.
-    ``loss``, ``temperature``, ``broadcast_keep`` and ``batch_timeout_s`` are the RL loop's (None in an SFT run,
-    whose loop reads none of them).
+    ``loss``, ``broadcast_keep`` and ``batch_timeout_s`` are the RL loop's (None in an SFT run, whose loop reads
+    none of them). The sampling temperature and truncation are not settings: each batch records the distribution
+    its tokens were drawn from (``Batch.sampling``), and the trainer scores it under that one.
     """
 
     model_name: str
@@ -70,7 +71,6 @@ class TrainerSettings:
     """``monitors.wandb`` as a dict (None: no W&B); the main rank mirrors ``metrics.jsonl`` into it."""
     loss: Any = None
     """The config's ``IPOLoss | IcePopLoss`` (the loss classes are the config's)."""
-    temperature: float | None = None
     broadcast_keep: int | None = None
     batch_timeout_s: float | None = None
 
@@ -111,7 +111,6 @@ class TrainerSettings:
             **shared,
             seq_len=t.seq_len,
             loss=t.loss,  # the config's loss class is the trainer's (one default per knob)
-            temperature=cfg.orchestrator.train.sampling.temperature,
             broadcast_keep=broadcast_keep(cfg.orchestrator.max_async_level, cfg.weight_broadcast.keep),
             batch_timeout_s=t.batch_timeout_s,
         )
@@ -256,7 +255,7 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     from toolkit.trainer.packing import plan_micro_batches
     from toolkit.trainer.step import train_step
 
-    unset = [f for f in ("loss", "temperature", "broadcast_keep", "batch_timeout_s") if getattr(s, f) is None]
+    unset = [f for f in ("loss", "broadcast_keep", "batch_timeout_s") if getattr(s, f) is None]
     if unset:
         raise ValueError(f"TrainerSettings for an RL run lacks {', '.join(unset)} (build it with from_config)")
     tdist.die_with_agent()
@@ -302,13 +301,12 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
         # The attempt's first step compiles and warms up: a start-up phase for the watchdog.
         hb.phase(f"train step {n} (forward, backward, optimizer; collectives)", step=n,
                  kind=STARTUP if step == done else None)  # fmt: skip
-        temperature = float(batch.meta.get("temperature", s.temperature))
         mbs = plan_micro_batches(
             batch, seq_len=s.seq_len, micro_batch_size=s.micro_batch_size, rank=info.rank, world_size=info.world_size
         )
         metrics = train_step(
             model, optimizer, scheduler, mbs, loss_cfg=s.loss, max_norm=s.max_norm,
-            num_samples=batch.num_samples, temperature=temperature, info=info, device=device,
+            num_samples=batch.num_samples, info=info, device=device,
             # The trainer holds policy version n - 1 while training step n.
             on_policy=torch.as_tensor(batch.policy_version == n - 1),
         )  # fmt: skip

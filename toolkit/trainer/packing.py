@@ -27,7 +27,9 @@ class MicroBatch:
     """One forward/backward of the train step. Every tensor is ``[rows, length]``.
 
     ``sample_index`` is the sample's index in the batch (-1 on padding). ``loss_mask`` / ``ce_mask`` are False on
-    padding and on the first token of each sample. ``real_tokens`` counts non-padding tokens.
+    padding and on the first token of each sample. ``real_tokens`` counts non-padding tokens. ``temperature``,
+    ``top_p`` and ``top_k`` (0: none) are the batch's sampling (``Batch.sampling``): the trainer's logprobs are
+    taken under that distribution.
     """
 
     input_ids: torch.Tensor  # int64
@@ -38,6 +40,9 @@ class MicroBatch:
     advantages: torch.Tensor  # float32
     sample_index: torch.Tensor  # int64
     real_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
 
     @property
     def processed_tokens(self) -> int:
@@ -47,7 +52,8 @@ class MicroBatch:
     def to(self, device: torch.device | str) -> MicroBatch:
         """Copy of this micro-batch with every tensor on ``device``."""
         moved = {k: v.to(device, non_blocking=True) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
-        return MicroBatch(real_tokens=self.real_tokens, **moved)
+        return MicroBatch(real_tokens=self.real_tokens, temperature=self.temperature, top_p=self.top_p,
+                          top_k=self.top_k, **moved)  # fmt: skip
 
 
 # The batch's per-token arrays a micro-batch carries, with their dtype in the micro-batch (padding holds 0).
@@ -109,7 +115,8 @@ def _build(batch: Batch, rows: list[list[int]]) -> MicroBatch:
         pos[r, at:] = np.arange(width - at)
         real += at
     tensors = {k: torch.from_numpy(v) for k, v in {**out, "position_ids": pos, "sample_index": sidx}.items()}
-    return MicroBatch(real_tokens=real, **tensors)
+    sp = batch.sampling
+    return MicroBatch(real_tokens=real, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or 0, **tensors)
 
 
 def plan_micro_batches(

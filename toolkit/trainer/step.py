@@ -32,29 +32,61 @@ class DistInfo:
         return self.rank == 0
 
 
-def token_logprobs(
-    model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1.0, with_entropy: bool = True
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(model: torch.nn.Module, mb: MicroBatch, *, with_entropy: bool = True
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Logprob (nats, float32, with gradient) of every token of ``mb`` given the tokens before it, ``[rows, L]``.
 
-    Column 0 (no context) is 0. Logits are divided by the sampling ``temperature`` so the logprobs are those of
-    the distribution the inference engine sampled from. Also returns the per-position entropy (nats, no
-    gradient) of the same distribution at the position that predicts each token, or None if not requested.
+    Column 0 (no context) is 0. The logprobs are those of the distribution the inference engine sampled from
+    (``mb.temperature``, ``mb.top_k``, ``mb.top_p``, as vLLM processes them): logits divided by the temperature,
+    then kept to the ``top_k`` largest, then to the smallest high-probability set holding ``top_p`` of that mass, and
+    renormalised over what is kept. Also returns the per-position entropy (nats, no gradient) of the same
+    distribution at the position that predicts each token, or None if not requested.
     """
     logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits
     logits = logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
+    if mb.temperature != 1.0:
+        logits = logits / mb.temperature
     targets = mb.input_ids[:, 1:]
-    lse = torch.logsumexp(logits, dim=-1)
-    lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if mb.top_k or mb.top_p < 1.0:
+        lp, ent = _truncated_logprobs(logits, targets, mb.top_k, mb.top_p, with_entropy)
+    else:
+        lse = torch.logsumexp(logits, dim=-1)
+        lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        ent = None
+        if with_entropy:
+            with torch.no_grad():
+                ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     lp = torch.nn.functional.pad(lp, (1, 0))
-    entropy = None
+    entropy = torch.nn.functional.pad(ent, (1, 0)) if ent is not None else None
+    return lp, entropy
+
+
+def _truncated_logprobs(logits: torch.Tensor, targets: torch.Tensor, top_k: int, top_p: float, with_entropy: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """Target logprobs (and entropy) under top-k then top-p truncation of ``logits`` ``[rows, L, V]``."""
+    vocab = logits.shape[-1]
+    vals, idx = logits.topk(top_k if 0 < top_k < vocab else vocab, dim=-1)  # descending
+    keep = torch.ones_like(vals, dtype=torch.bool)
+    if top_p < 1.0:
+        with torch.no_grad():
+            # vLLM drops the least likely tokens while their summed probability stays <= 1 - top_p; the most
+            # likely token always stays. ``below`` is the mass of a token and of every token less likely.
+            below = vals.softmax(-1).flip(-1).cumsum(-1).flip(-1)
+            keep = below > 1.0 - top_p
+            keep[..., 0] = True
+    kept = vals.masked_fill(~keep, float("-inf"))
+    lse_kept = torch.logsumexp(kept, dim=-1)
+    ent = None
     if with_entropy:
         with torch.no_grad():
-            ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-            entropy = torch.nn.functional.pad(ent, (1, 0))
-    return lp, entropy
+            p = torch.softmax(kept, dim=-1)
+            ent = lse_kept - torch.where(keep, p * vals, torch.zeros_like(vals)).sum(-1)
+    target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    # The trainer's logits are not bit-identical to the engine's: a sampled token just outside the kept set here
+    # joins it, so its logprob stays finite (and close to the engine's) instead of -inf.
+    inside = ((idx == targets.unsqueeze(-1)) & keep).any(-1)
+    lse = torch.where(inside, lse_kept, torch.logaddexp(lse_kept, target_logit))
+    return target_logit - lse, ent
 
 
 def _all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
@@ -80,7 +112,6 @@ def train_step(
     loss_cfg: LossConfig,
     max_norm: float,
     num_samples: int,
-    temperature: float = 1.0,
     info: DistInfo = DistInfo(),
     device: torch.device | str = "cpu",
     apply_update: bool = True,
@@ -118,7 +149,7 @@ def train_step(
     tok_per_sample = torch.zeros(num_samples + 1, **f32)
     real, processed = 0, 0
     for mb in mbs:
-        lp, ent = token_logprobs(model, mb, temperature=temperature)
+        lp, ent = token_logprobs(model, mb)  # under the batch's sampling, which each micro-batch carries
         parts = rl_loss(
             lp, mb.inference_logprobs, mb.advantages, mb.loss_mask, mb.ce_mask, loss_cfg,
             rl_denominator=n_rl, ce_denominator=n_ce,
