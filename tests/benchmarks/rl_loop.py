@@ -81,7 +81,7 @@ def minimal_loop(run: Path, steps: int, warmup: int) -> dict[str, float]:
     its two phases over the steps after ``warmup``."""
     import torch
 
-    from toolkit.batches import samples_to_batch
+    from toolkit.batches import samples_to_batch, sampling_meta
     from toolkit.config import load_resolved
     from toolkit.envs.episode import Episode, initial_messages
     from toolkit.envs.registry import load_tasks
@@ -90,7 +90,7 @@ def minimal_loop(run: Path, steps: int, warmup: int) -> dict[str, float]:
     from toolkit.orchestrator.advantages import group_advantages
     from toolkit.orchestrator.sampler import EnvSampler
     from toolkit.run.layout import RunDir
-    from toolkit.run.types import TrainingSample
+    from toolkit.run.types import SamplingParams, TrainingSample
     from toolkit.trainer.model import load_policy
     from toolkit.trainer.optim import build_optimizer
     from toolkit.trainer.packing import plan_micro_batches
@@ -150,10 +150,11 @@ def minimal_loop(run: Path, steps: int, warmup: int) -> dict[str, float]:
             advantages += group_advantages(rewards, o.train.algo.type)
         t1 = time.perf_counter()
         batch = samples_to_batch(n, samples, advantages, policy_versions=[n - 1] * len(samples),
-                                 envs=["e"] * len(samples))
+                                 envs=["e"] * len(samples),
+                                 meta={"sampling": sampling_meta(SamplingParams(temperature=sampling.temperature))})
         mbs = plan_micro_batches(batch, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size)
         train_step(model, optimizer, None, mbs, loss_cfg=t.loss, max_norm=t.optim.max_norm,
-                   num_samples=batch.num_samples, temperature=sampling.temperature)
+                   num_samples=batch.num_samples)
         t2 = time.perf_counter()
         if n > warmup:
             gen_s.append(t1 - t0)
