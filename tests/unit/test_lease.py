@@ -1,12 +1,12 @@
 """The run lease (toolkit/lease.py) with real processes: one holder at a time, dead holders taken over (and
 logged), a requeued Slurm job takes over its own lease, and of several launches racing for a stale lease from two
-emulated nodes exactly one wins."""
+emulated nodes exactly one wins (each racer reports the host name a launch on that node would record; they share
+one filesystem, as nodes share the run directory)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -27,6 +27,8 @@ RACER = textwrap.dedent("""
     from toolkit import lease
     from toolkit.run.layout import RunDir
     run, at, hold = RunDir(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+    if len(sys.argv) > 4:  # another node: the host name is all that tells nodes apart on a shared filesystem
+        socket.gethostname = lambda: sys.argv[4]
     time.sleep(max(0.0, at - time.time()))
     try:
         l = lease.acquire(run, command="srl racer")
@@ -39,9 +41,7 @@ RACER = textwrap.dedent("""
 
 
 def _spawn(run: Path, at: float, hold: float, host: str | None = None) -> subprocess.Popen:
-    argv = [sys.executable, "-c", RACER, str(run), str(at), str(hold)]
-    if host:  # another node: a UTS namespace of its own with that host name, same filesystem
-        argv = ["unshare", "--uts", "sh", "-c", f'hostname {host} && exec "$0" "$@"', *argv]
+    argv = [sys.executable, "-c", RACER, str(run), str(at), str(hold), *([host] if host else [])]
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
 
@@ -107,12 +107,19 @@ def test_an_unreadable_lease_file_is_taken_over(tmp_path):
     run = RunDir(tmp_path / "r")
     run.launcher.mkdir(parents=True)
     run.lease_file.write_text("{not json")
-    lease.acquire(run).release()
+    got = lease.acquire(run)
+    try:
+        rec = lease.read(run)
+        assert rec.token == got.holder.token and rec.pid == os.getpid()
+        hist = [json.loads(x) for x in run.lease_history.read_text().splitlines()]
+        assert len(hist) == 1 and hist[0]["from"]["command"] == "an unreadable lease file", hist
+        other = _spawn(run.root, 0, 0)  # taken over for good: another launch is refused, naming this process
+        assert other.communicate(timeout=60)[0].split()[::2] == ["refused", str(os.getpid())]
+    finally:
+        got.release()
+    assert not run.lease_file.exists()
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None or subprocess.run(
-    ["unshare", "--uts", "true"], check=False, capture_output=True).returncode != 0,
-    reason="needs unshare --uts (root) to emulate two nodes")  # fmt: skip
 def test_launches_from_two_nodes_racing_for_a_stale_lease_exactly_one_wins(tmp_path):
     for round_ in range(3):
         run = RunDir(tmp_path / f"r{round_}")
