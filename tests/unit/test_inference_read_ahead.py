@@ -90,14 +90,32 @@ def test_files_that_are_not_regular_files_are_skipped_without_blocking(tmp_path,
     assert got == ("0" if kind == "dangling_link" else "300")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 file anyway")
-def test_an_unreadable_file_ends_the_read_ahead_quietly(tmp_path):
-    f = tmp_path / "a.safetensors"
-    f.write_bytes(b"x" * 100)
-    f.chmod(0)
-    ahead = _ReadAhead([f])
+@pytest.mark.parametrize("fault", ["open", "read"])
+def test_a_file_that_cannot_be_read_ends_the_read_ahead_quietly(tmp_path, monkeypatch, fault):
+    # Root-proof faults (root reads a mode-000 file anyway): a symlink loop fails the open for every user (ELOOP);
+    # an I/O error in the middle of a file (EIO), which no real disk gives on demand, is injected into the read.
+    monkeypatch.setattr(_ReadAhead, "CHUNK", 4096)
+    bad, after = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    after.write_bytes(b"y" * 4096)
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    if fault == "open":
+        bad.symlink_to(bad)
+    else:
+        bad.write_bytes(b"x" * 3 * 4096)
+        real, calls = os.readv, []
+
+        def failing_readv(fd, buffers):
+            calls.append(fd)
+            if len(calls) == 2:
+                raise OSError(5, "Input/output error")
+            return real(fd, buffers)
+
+        monkeypatch.setattr(os, "readv", failing_readv)
+    ahead = _ReadAhead([bad, after])
     ahead.join()
-    assert ahead.bytes_read == 0
+    # The first failure ends the read ahead: nothing raised, and the file after it is not read either.
+    assert not errors and ahead.bytes_read == (0 if fault == "open" else 4096)
 
 
 @pytest.mark.parametrize("fault", ["removed", "truncated"])
