@@ -85,7 +85,9 @@ def test_chain_runs_sft_on_two_nodes_then_rl_from_its_model(workdir, slurm_clust
     assert trainer["num_nodes"] == 2 and "torchrun" in trainer["command"][0]
     rl_state = slurm.wait(rl_job, timeout_s=1200, poll_s=2.0)
     assert rl_state.state == "COMPLETED", _logs(rl)
-    assert rl_state.start_time is None or s.end_time is None or rl_state.start_time >= s.end_time
+    # Both jobs are final, so Slurm reports their times; without them the order check below would prove nothing.
+    assert rl_state.start_time is not None and s.end_time is not None, (rl_state, s)
+    assert rl_state.start_time >= s.end_time
     e, f = _evals(rl), _evals(sft)
     assert f[0] < 0.3 and f[250] >= 0.5, f
     assert abs(e[0] - f[250]) < 0.15, (f, e)
