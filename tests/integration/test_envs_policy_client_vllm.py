@@ -2,9 +2,10 @@
 
 The codebook tool episode (``codebook_lookup`` with verifiers' chat program, ``offline_chat``) runs through
 ``vf.Agent.run``; every model call goes through ``PolicyModelClient`` to the real ``PolicyClient`` and the engine,
-which serves the STABLE broadcast of step 1. The random tiny model does not write tool calls, so the episode is one
-turn; what is checked is the token path: the trace's training sample holds exactly the prompt srl rendered (tool
-schema included) and the ids and logprobs the engine returned, with the version the engine reported.
+which serves the STABLE broadcast of step 1 (the version the policy client is told). The random tiny model does
+not write tool calls, so the episode is one turn; what is checked is the token path: the trace's training sample
+holds exactly the prompt srl rendered (tool schema included) and the ids and logprobs the engine returned, with
+the policy version.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def test_engine_tokens_reach_the_trace_sample_unchanged(deployment, monkeypatch)
     served = []
 
     async def run():
-        async with PolicyClient(dep.base_url, "tiny", timeout_s=120) as policy:
+        # The version the client believes is served, as the orchestrator sets it after each weight update.
+        async with PolicyClient(dep.base_url, "tiny", timeout_s=120, policy_version=dep.policy_version) as policy:
 
             async def generate(prompt_ids, sampling, *, session_id):
                 gen = await policy.generate(prompt_ids, sampling, session_id=session_id)
