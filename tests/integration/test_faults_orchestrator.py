@@ -26,19 +26,25 @@ from loopback_server import LoopbackServer
 
 from toolkit import batches
 from toolkit.config.model import RLConfig
+from toolkit.fsutil import write_marker
 from toolkit.inference.health import write_ready
 from toolkit.orchestrator.main import Orchestrator
 from toolkit.run import ending
-from toolkit.run.layout import RunDir
+from toolkit.run.layout import STABLE_MARKER, RunDir
+from toolkit.run.metrics import ORCHESTRATOR, recorded_steps
 
 
-def _cfg(max_steps: int, max_empty_steps: int | None) -> RLConfig:
+def _cfg(max_steps: int, max_empty_steps: int | None, max_async_level: int | None = None) -> RLConfig:
+    """The loopback run's config; ``max_async_level`` None: ``max_steps`` (no step ever waits for a policy)."""
+    async_level = max_steps if max_async_level is None else max_async_level
     return RLConfig.model_validate({
         "max_steps": max_steps, "seed": 5, "ckpt": {"interval": 2},
         "orchestrator": {
-            "batch_size": 4, "group_size": 2, "max_async_level": max_steps, "max_concurrent": 4,
+            "batch_size": 4, "group_size": 2, "max_async_level": async_level, "max_concurrent": 4,
+            # The loopback server cannot load weights: steps wait for the trainer's published version only.
+            "update_weights": max_async_level is None,
             "train": {"sampling": {"max_completion_tokens": 8},
-                      "env": [{"name": "rev", "taskset": {"id": "reverse-text"}, "retries": 3}]},
+                      "env": [{"name": "rev", "taskset": {"id": "srl-reverse-text"}, "retries": 3}]},
         },
         "monitors": {"stop": {"max_empty_steps": max_empty_steps}},
     })  # fmt: skip
@@ -54,7 +60,9 @@ def _ready(run: RunDir, url: str) -> None:
 
 def test_killed_env_worker_is_replaced_and_the_run_completes(tmp_path):
     run = RunDir(tmp_path / "run")
-    cfg = _cfg(max_steps=6, max_empty_steps=None)
+    # max_async_level 1: step n needs policy version n - 2, so the orchestrator writes steps 1 and 2 and then waits
+    # at step 3 for version 1, which only this test publishes (it plays the trainer).
+    cfg = _cfg(max_steps=6, max_empty_steps=None, max_async_level=1)
     killed = []
     with LoopbackServer([73, 72, 71, 2]) as srv:
         _ready(run, srv.url)
@@ -62,11 +70,19 @@ def test_killed_env_worker_is_replaced_and_the_run_completes(tmp_path):
         async def go():
             orch = Orchestrator(cfg, run)
             task = asyncio.create_task(orch.run_until_done())
-            while not batches.is_ready(run.rollout_step(2)) and not task.done():
+            while 2 not in recorded_steps(run.metrics, ORCHESTRATOR) and not task.done():
                 await asyncio.sleep(0.05)
-            assert not task.done(), task.result()
+            assert not task.done(), task.result()  # held at step 3 until version 1 is published
             worker = orch.train_envs["rev"].runtime.workers[0]
             killed.append(worker.proc.pid)
+            # Stopped, the worker takes step 3's requests and answers none: they stay in flight until the kill.
+            os.kill(worker.proc.pid, signal.SIGSTOP)
+            for version in range(1, 5):  # every version steps 3..6 need (up to 6 - 2 = 4)
+                run.broadcast_step(version).mkdir(parents=True)
+                write_marker(run.broadcast_step(version) / STABLE_MARKER)
+            while worker.conn.inflight == 0 and not task.done():
+                await asyncio.sleep(0.05)
+            assert not task.done(), task.result()
             os.kill(worker.proc.pid, signal.SIGKILL)  # mid-run, rollouts in flight
             replaced = None
             # The runtime restarts the dead worker in the background, into the same worker slot.
@@ -87,7 +103,8 @@ def test_killed_env_worker_is_replaced_and_the_run_completes(tmp_path):
     assert new_pid is not None and new_pid != killed[0]  # a replacement worker served the rest of the run
     assert sorted(_orch_steps(run)) == [1, 2, 3, 4, 5, 6]
     assert all(batches.is_ready(run.rollout_step(s)) for s in range(1, 7))
-    print(f"\n[figure] env worker {killed[0]} killed after batch 2; replaced by {new_pid}; 6/6 steps written")
+    print(f"\n[figure] env worker {killed[0]} killed with step 3's requests in flight; replaced by {new_pid}; 6/6 "
+          "steps written")
 
 
 def test_zero_signal_guard_warns_with_counts_and_stops(tmp_path, caplog):

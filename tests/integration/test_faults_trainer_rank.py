@@ -35,6 +35,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: this file also runs as the driver script
 from run_records import role_steps
 
+from toolkit.run import heartbeat
+
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "jobs/reverse-text/rl.toml"
 MAX_STEPS = 6
@@ -83,6 +85,17 @@ def _rank_pid(run: Path, rank: int, **env: str) -> int:
             found.append(int(d.name))
     assert len(found) == 1, f"expected one trainer rank {rank} process of {run}, found {found}"
     return found[0]
+
+
+def _both_ranks_wait_for_batch(run, step: int) -> bool:
+    """Whether the progress records of trainer ranks 0 and 1 of ``run`` (a RunDir) both say they wait for the
+    orchestrator's batch of ``step``."""
+    records = heartbeat.read_all(run)
+    return all(
+        (r := records.get(f"trainer.rank{rank}")) is not None and r.get("step") == step
+        and r.get("waiting_for") == "orchestrator"
+        for rank in (0, 1)
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -173,7 +186,12 @@ def test_local_launcher_ends_run_when_a_rank_dies_while_ranks_wait_for_a_batch(t
         assert proc.poll() is None, f"launcher exited early ({proc.returncode}):\n{proc.stdout.read()[-6000:]}"
         assert time.monotonic() < deadline, "trainer step 2 not reached in 300 s"
         time.sleep(0.2)
-    time.sleep(1.0)  # both ranks are now polling for batch 3
+    # Both ranks' progress records say they wait for batch 3: past the step's collectives, polling for the file.
+    deadline = time.monotonic() + 120
+    while not _both_ranks_wait_for_batch(rd, 3):
+        assert proc.poll() is None, f"launcher exited early ({proc.returncode}):\n{proc.stdout.read()[-6000:]}"
+        assert time.monotonic() < deadline, f"both ranks not waiting for batch 3 in 120 s: {heartbeat.read_all(rd)}"
+        time.sleep(0.2)
     rank0, rank1 = _rank_pid(run, 0), _rank_pid(run, 1)
     os.kill(rank1, signal.SIGKILL)
     t0 = time.monotonic()

@@ -55,8 +55,12 @@ def test_ctrl_c_during_engine_start_up_stops_promptly(tmp_path):
     print(f"\n[figure] stop during engine start-up took {took:.1f} s (rc {rc})")
     assert rc in (0, 130), text[-3000:]
     assert took < 120, text[-3000:]  # was > 300 s (checkpoint grace) before the fix
-    time.sleep(2)
-    assert _run_processes(run) == [], "processes of the run outlived the launcher"
+    # The launcher has killed them; a killed vLLM process can take seconds to vanish on a loaded machine, one the
+    # launcher left behind stays.
+    deadline = time.monotonic() + 60
+    while _run_processes(run) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _run_processes(run) == [], "processes of the run outlived the launcher by more than 60 s"
     run_id = json.loads((run / "run_meta.json").read_text())["run_id"]
     # Local JIT caches live in the one per-user directory that persists between runs; nothing per attempt.
     assert not [p for p in Path("/tmp").iterdir() if run_id in p.name], "the attempt left a directory in /tmp"
