@@ -277,7 +277,10 @@ def signal_steps(step_ids: Sequence[str], signal_name: str, *, env: Mapping[str,
     (``"12.3"``) with ``scancel --signal``: Slurm delivers it on every node of the step. Unlike a signal to the
     step's ``srun``: srun answers SIGTERM by SIGKILLing its tasks at once. Raises SlurmCommandError when scancel
     fails (e.g. a step already ended), cannot start or exceeds ``timeout_s`` seconds."""
-    cmd = ["scancel", f"--signal={signal_name}", *step_ids]
+    # --ctld: through slurmctld, which sends the signal to the step's own nodes. Without it scancel (22.05) sends it
+    # to every node of the job itself, and each node that runs no task of the step makes scancel fail ("Invalid job
+    # id specified") although the step's nodes got the signal.
+    cmd = ["scancel", "--ctld", f"--signal={signal_name}", *step_ids]
     proc = _run(cmd, timeout_s=timeout_s, env=env)
     if proc.returncode != 0:
         raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
