@@ -17,9 +17,9 @@ __all__ = [
 ]
 
 BUILTIN_TASKSETS: dict[str, str] = {
-    "reverse-text": "toolkit.envs.tasksets.reverse_text",
-    "alphabet-sort": "toolkit.envs.tasksets.alphabet_sort",
-    "arith": "toolkit.envs.tasksets.arith",
+    "srl-reverse-text": "toolkit.envs.tasksets.reverse_text",
+    "srl-alphabet-sort": "toolkit.envs.tasksets.alphabet_sort",
+    "srl-arith": "toolkit.envs.tasksets.arith",
 }
 """Built-in taskset id -> module. An id resolves as verifiers resolves it first (its own taskset package, then an
 importable module of that name: an installed environment wins); a built-in serves only an id nothing else
