@@ -72,11 +72,14 @@ def test_correct_fixtures_pass_and_broken_twins_fail_naming_the_fault(tmp_path, 
     for env in ("exec-raises", "tagged-raises"):
         failed = items[(env, "known_failures")]
         assert failed.status == "FAIL" and "raised" in failed.detail
-        assert "TaskError" in str(failed.evidence["examples"][0]["error"])
+        # verifiers' noop check records the raise as it came; srl's scored replies carry it as a TaskError.
+        assert "untouched" in failed.evidence["cases"] and set(failed.evidence["verifiers"]) == {"error"}
+        assert all(("checker crashed" in str(e["error"]) or "grader misconfigured" in str(e["error"]))
+                   for e in failed.evidence["examples"])
     for env in ("exec-wrong-ref", "tagged-wrong-ref"):
         failed = items[(env, "known_successes")]
-        assert failed.status == "FAIL" and "Task.validate returned False" in failed.detail
-        assert failed.evidence["examples"][0]["result"] is False
+        assert failed.status == "FAIL" and "Task.validate(runtime) check(s) returned False" in failed.detail
+        assert failed.evidence["examples"][0]["verifiers"] == "invalid"
     assert str(private_fixtures) not in sys.path  # the workers' path is only borrowed
 
 
