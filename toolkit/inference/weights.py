@@ -33,6 +33,7 @@ saved untied (``tie_word_embeddings: false`` and an explicit ``lm_head.weight``)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import ssl
@@ -155,6 +156,10 @@ class WeightUpdater:
         # retire_reset_version (KV store retired while prefix caches are reset and the version set), resume,
         # kv_store_purge (benchmarks, reload records)
         self.last_steps: dict[str, float] = {}
+        # One HTTP client (and its open connections) for every update of this event loop: a client per update
+        # paid a TCP connect per engine and call sequence on every step (see _session).
+        self._http: httpx.AsyncClient | None = None
+        self._http_loop: asyncio.AbstractEventLoop | None = None
 
     async def _call(self, http: httpx.AsyncClient, url: str, path: str, *, optional: bool = False,
                     method: str = "POST", **kw) -> httpx.Response | None:  # fmt: skip
@@ -203,7 +208,7 @@ class WeightUpdater:
             steps[name] = now - mark
             mark = now
 
-        async with self._client() as http:
+        async with self._session() as http:
             lap("client")
             # Before the pause, not during it: vLLM's first /server_info collects its environment (once per
             # engine; 0.5 s idle, 8 s on a loaded 2-core host), which must not stall generation.
@@ -242,8 +247,24 @@ class WeightUpdater:
         pause). vLLM's first ``/server_info`` collects its environment: 0.5-8 s per engine (2-core host,
         idle to loaded), so a caller that knows its first update is coming (the orchestrator, once inference is
         ready) takes it off the STABLE-to-serving path. Returns the distinct stores; raises WeightUpdateError."""
-        async with self._client() as http:
+        async with self._session() as http:
             return await self._kv_file_stores(http)
+
+    @contextlib.asynccontextmanager
+    async def _session(self):
+        """The updater's kept-open client for the running event loop (a new one when the loop changed, as with
+        successive ``asyncio.run`` calls; the old one's connections belong to a loop that is gone). Connections
+        stay open between updates: an update is ~8 admin calls and one runs every trainer step."""
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http.is_closed or self._http_loop is not loop:
+            self._http, self._http_loop = self._client(), loop
+        yield self._http
+
+    async def aclose(self) -> None:
+        """Close the kept-open client (idempotent); the next call opens a new one."""
+        http, self._http = self._http, None
+        if http is not None and not http.is_closed and self._http_loop is asyncio.get_running_loop():
+            await http.aclose()
 
     def _client(self, timeout_s: float | None = None) -> httpx.AsyncClient:
         """An HTTP client with the admin headers and the shared TLS context (a fresh httpx client otherwise loads
@@ -370,15 +391,15 @@ class WeightUpdater:
         /weight_info``), or, once this updater has loaded an adapter, of that adapter (``GET /srl/weight_versions``,
         srl's engine middleware)."""
         out: dict[str, str | None] = {}
-        async with self._client(10.0) as http:
+        async with self._session() as http:
             for url in self.engine_urls:
                 try:
                     if self.served_model:
-                        resp = await http.get(url + VERSIONS_PATH)
+                        resp = await http.get(url + VERSIONS_PATH, timeout=10.0)
                         data = resp.json() if resp.status_code == 200 else {}
                         out[url] = (data.get("adapters") or {}).get(self.served_model)
                     else:
-                        resp = await http.get(url + "/weight_info")
+                        resp = await http.get(url + "/weight_info", timeout=10.0)
                         out[url] = resp.json().get("weight_version") if resp.status_code == 200 else None
                 except (httpx.HTTPError, ValueError, AttributeError):
                     out[url] = None

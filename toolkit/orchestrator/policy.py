@@ -79,11 +79,15 @@ class PolicyTracker:
     ``client`` is the ``PolicyClient`` (its ``policy_version`` is set after each load); ``updater`` a
     ``WeightUpdater`` (None only when ``update_weights`` is false); ``served_version`` the version the engines
     serve at start (from the inference ready file; 0 = base model). ``poll_s``: seconds between broadcast scans.
+
+    The scan interval is the orchestrator's hand-off latency from a STABLE broadcast to the weight load, on the
+    critical path of every step that waits for a policy; a scan (a listing of ``broadcasts/``, a stat) costs about
+    0.1 ms, so 20 ms scans cost ~0.5 % of a core, where 200 ms added ~0.1 s to the mean step of the tiny CPU job.
     """
 
     def __init__(
         self, run: RunDir, client: Any, updater: Any | None, *, update_weights: bool = True,
-        served_version: int = 0, poll_s: float = 0.2,
+        served_version: int = 0, poll_s: float = 0.02,
     ) -> None:  # fmt: skip
         if update_weights and updater is None:
             raise ValueError("update_weights needs a WeightUpdater")

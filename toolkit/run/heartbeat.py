@@ -160,7 +160,8 @@ class Heartbeat:
         self.written_at = self.clock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.path, self.record())
+            # A liveness record is worthless after a crash of the machine: no fsync on the trainer's hot path.
+            atomic_write_json(self.path, self.record(), sync=False)
         except OSError as e:
             if not self.failed:
                 print(f"srl: cannot write the progress record {self.path}: {e}", file=sys.stderr, flush=True)

@@ -136,8 +136,8 @@ def write_hf_dir(
         fsutil.atomic_write_json(tmp / "config.json", cfg)
         if base_model_dir is not None:
             copy_tokenizer_files(Path(base_model_dir), tmp)
-        if marker:
-            fsutil.write_marker(tmp / marker)
+        if marker:  # made durable by atomic_directory's fsync of the directory (see fsutil.write_marker)
+            fsutil.write_marker(tmp / marker, sync=False)
     return Path(final)
 
 
@@ -155,7 +155,7 @@ def write_adapter_broadcast(
     with fsutil.atomic_directory(run.broadcast_step(step)) as tmp:
         save_safetensors(tmp / ADAPTER_WEIGHTS_FILE, tensors)
         fsutil.atomic_write_json(tmp / ADAPTER_CONFIG_FILE, adapter_config)
-        fsutil.write_marker(tmp / STABLE_MARKER)
+        fsutil.write_marker(tmp / STABLE_MARKER, sync=False)  # durable through the directory's fsync
     return run.broadcast_step(step)
 
 
