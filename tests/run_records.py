@@ -1,5 +1,6 @@
-"""What integration tests read from a run they started: its metrics lines and the steps each role recorded, and
-the `srl rl` submission of the reverse-text job to the local Slurm cluster.
+"""What integration tests read from a run they started: its metrics lines and the steps each role recorded, the
+`srl rl` submission of the reverse-text job to the local Slurm cluster, the error lines of a batch job's log and the
+processes of a run still alive on this machine.
 
 Readers tolerate a run still being written: a missing file is no lines, a torn last line is skipped. Steps come
 back in file order with repeats kept, so a test can assert that every step was recorded exactly once.
@@ -8,8 +9,10 @@ back in file order with repeats kept, so a test can assert that every step was r
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from toolkit.launch.submit import read_job_ids
@@ -57,3 +60,40 @@ def submit_slurm_rl(out: Path, name: str, *overrides: str) -> tuple[RunDir, str]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = RunDir(out / name)
     return run, read_job_ids(run)[-1][0]
+
+
+def error_lines(text: str) -> list[str]:
+    """The lines of ``text`` (a batch job's log) that contain "error" in any case: srun's ``srun: error: node1: task
+    0: Killed``, slurmstepd's, a traceback's last line..."""
+    return [line for line in text.splitlines() if "error" in line.lower()]
+
+
+def processes_of(run_root: Path) -> list[str]:
+    """Command lines of the live processes on this machine (where every emulated node runs) whose command line names
+    the run directory ``run_root`` or whose environment's ``SRL_RUN_DIR`` is it (each process srl starts for a run,
+    engines included); zombies and this process are left out."""
+    root = str(Path(run_root)).encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            cmdline = (d / "cmdline").read_bytes()
+            env = (d / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if root in cmdline or b"SRL_RUN_DIR=" + root in env:
+            text = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            out.append(f"{d.name}: {text[:200]}")
+    return out
+
+
+def processes_left(run_root: Path, timeout_s: float = 30.0) -> list[str]:
+    """:func:`processes_of` ``run_root`` once none is left, or what is still there after ``timeout_s`` seconds (a
+    job's final state may come before its last process is reaped)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_of(run_root)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left

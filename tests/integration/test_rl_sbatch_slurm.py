@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_records import error_lines, processes_left
 
 from analysis.diagnose import diagnose
 from toolkit.config import load_config
@@ -170,16 +171,23 @@ def test_recorded_placement_equals_plan(probe_run, capsys):
     cfg, run, attempt = probe_run("place3", trainer_seconds=4)
     job = submit_job(cfg, run, attempt)
     st = slurm.wait(job, timeout_s=90)
-    assert st.state == "COMPLETED", _batch_log(run)
+    assert st.state == "COMPLETED" and st.exit_code == 0, _batch_log(run)
+    # A clean finish: the engines and the router still serving were stopped through Slurm (SIGINT to the engines',
+    # SIGTERM to the router's tasks, which end with status 0), not by srun's SIGTERM, which SIGKILLs them and logs
+    # "srun: error: ... Killed".
+    assert error_lines(_batch_log(run)) == [], _batch_log(run)
+    assert processes_left(run.root) == []
     capsys.readouterr()
     assert status_main([str(run.root)]) == 0
     status = capsys.readouterr().out
     assert f"{job}\trl\tattempt {attempt}\tCOMPLETED" in status  # scontrol, no sacct
     # srl's teardown wrote control/STOP for the steps still running; with the job final that is not news.
     assert run.stop_request.exists() and "stop requested" not in status
-    # Those steps' logs say CANCELLED (slurmstepd), but srl stopped them: diagnose must not report a cancel.
-    cancelled = [p for p in run.logs.rglob("*.log") if re.search(rf"STEP {job}\.\d+ .*CANCELLED", p.read_text())]
+    # The router's log says CANCELLED (slurmstepd writes it for a SIGTERM sent to a step), but srl stopped it:
+    # diagnose must not report a cancel.
+    cancelled = [p.name for p in run.logs.rglob("*.log") if re.search(rf"STEP {job}\.\d+ .*CANCELLED", p.read_text())]
     assert cancelled, "no step of the job was stopped by srl: the diagnose check below tests nothing"
+    assert not [name for name in cancelled if name.startswith("inference")], cancelled  # SIGINT: no such line
     assert [f.boundary for f in diagnose(run) if f.boundary.startswith("Slurm")] == []
     assert logs_main([str(run.root), "--role", "trainer"]) == 0
     out = capsys.readouterr().out

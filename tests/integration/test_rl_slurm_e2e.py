@@ -11,7 +11,10 @@ Checks (issues 3, 5, 7):
   2-rank trainer and a COMPLETE final checkpoint;
 - learning: mean reward of the last 20 steps exceeds the first 20 by >= 0.05; mismatch_kl < 1e-3 where measured;
 - resume: ``scancel`` mid-run, then the same command with ``--resume`` continues to ``max_steps``; metrics.jsonl
-  has every step exactly once for the trainer and for the orchestrator.
+  has every step exactly once for the trainer and for the orchestrator;
+- a clean finish: the job's log holds no error line (the engine, still serving when the trainer ends, is
+  stopped by a SIGTERM Slurm delivers to its tasks, not by srun's own SIGTERM, which SIGKILLs them and logs
+  ``srun: error: node1: task 0: Killed``) and no process of the run is left.
 
 Figures (time to first step, seconds per step, rewards) are printed; run with ``-s`` to see them.
 """
@@ -24,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from run_records import metrics_lines, submit_slurm_rl
+from run_records import error_lines, metrics_lines, processes_left, submit_slurm_rl
 
 from toolkit.launch import slurm
 from toolkit.placement import read_plan
@@ -41,6 +44,10 @@ LEARN_STEPS = 130
 LEARN_BUDGET_S = 2400.0
 # The job must end within this many seconds after the trainer's last metrics line (teardown, not walltime).
 TEARDOWN_S = 60.0
+# Steps of the clean-finish check: every role starts, trains and the run ends by reaching max_steps.
+CLEAN_STEPS = 3
+# Engine start-up plus those steps on the shared cores (a few minutes measured), with room for a busy machine.
+CLEAN_BUDGET_S = 1200.0
 
 
 def _submit(out: Path, name: str, *extra: str) -> tuple[RunDir, str]:
@@ -63,6 +70,10 @@ def _logs(run: RunDir) -> str:
     return "\n".join(parts)[-12000:]
 
 
+def _batch_log(run: RunDir) -> str:
+    return "\n".join(p.read_text() for p in sorted(run.logs.glob("*.out")))
+
+
 def _wait_final(run: RunDir, job: str, timeout_s: float) -> slurm.JobState:
     try:
         return slurm.wait(job, timeout_s=timeout_s, poll_s=2.0)
@@ -83,6 +94,7 @@ def test_rl_job_on_slurm_places_completes_and_learns(tmp_path: Path) -> None:
     run, job = _submit(tmp_path, "learn", "--max-steps", str(LEARN_STEPS))
     st = _wait_final(run, job, LEARN_BUDGET_S)
     assert st.state == "COMPLETED" and st.exit_code == 0, f"{st}\n{_logs(run)}"
+    assert error_lines(_batch_log(run)) == [], _batch_log(run)[-6000:]
 
     # ---- placement: engine + orchestrator on node 0, the trainer on nodes 1-2 (other hosts), rendezvous there
     plan = read_plan(run)
@@ -130,6 +142,24 @@ def test_rl_job_on_slurm_places_completes_and_learns(tmp_path: Path) -> None:
           f"mismatch_kl max {max(kls):.1e} on {len(kls)} steps")
     assert kls and max(kls) < 1e-3
     assert gain >= 0.05, f"gain {gain:+.4f} (first 20 {first:.4f}, last 20 {last:.4f})"
+
+
+@pytest.mark.timeout(CLEAN_BUDGET_S + 300)
+def test_a_clean_finish_logs_no_error_and_leaves_nothing_running(tmp_path: Path) -> None:
+    run, job = _submit(tmp_path, "clean", "--max-steps", str(CLEAN_STEPS))
+    st = _wait_final(run, job, CLEAN_BUDGET_S)
+    assert st.state == "COMPLETED" and st.exit_code == 0, f"{st}\n{_logs(run)}"
+    assert sorted(_steps(_metrics(run), "trainer")) == list(range(1, CLEAN_STEPS + 1))
+    log = _batch_log(run)
+    assert error_lines(log) == [], log[-6000:]
+    # The engine ended on the SIGTERM Slurm delivered: srun's own kill was not needed.
+    assert "stopping them through srun" not in log and "(srun's SIGTERM)" not in log, log[-6000:]
+    assert processes_left(run.root) == []
+    # SIGINT, not SIGTERM, ended the engine: slurmstepd wrote no "error: *** STEP ... CANCELLED ***" into its log.
+    engine_log = (run.log_attempt(1) / "inference-0-0.log").read_text()
+    assert [line for line in engine_log.splitlines() if line.startswith("slurmstepd")] == [], engine_log[-3000:]
+    print(f"\nslurm clean finish: job {job}, {CLEAN_STEPS} steps; engine log ends:\n"
+          + "\n".join(engine_log.splitlines()[-8:]))
 
 
 @pytest.mark.timeout(2400)

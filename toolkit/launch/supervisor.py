@@ -20,9 +20,9 @@ waits until every engine answers /health and publishes the addresses, and superv
 - an engine step that dies is restarted (``inference.max_restarts`` within ``inference.restart_window_s``) and must
   answer /health again within ``inference.startup_timeout_s``, exactly as in a local run;
 - the first other step that ends ends the job: the stop request is written, the trainer and orchestrator get
-  ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (SIGTERM to each step's tasks
-  through Slurm, not srun, so an engine that shuts down cleanly leaves no error in the job's log; srun's kill after
-  15 s: :meth:`Supervisor.stop_all`); an orchestrator that finished cleanly waits for the trainer's last steps, a
+  ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (SIGTERM, SIGINT for an engine, to
+  each step's tasks through Slurm, not srun, so an engine that shuts down cleanly leaves no error in the job's log;
+  srun's kill after 15 s: :meth:`Supervisor.stop_all`); an orchestrator that finished cleanly waits for the trainer's last steps, a
   trainer that finished gives the orchestrator ``slurm.checkpoint_grace_s`` for an SFT run's final eval; a
   multi-node trainer whose torchrun rendezvous did not complete (``deployment.trainer_rendezvous_timeout_s``) ends it
   with a reason naming the trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`);
@@ -98,6 +98,11 @@ RESTARTABLE_ROLES = ("inference",)
 POLL_S = 0.5
 # Seconds a stopped process gets between SIGTERM and SIGKILL.
 TERM_GRACE_S = 15.0
+# The signal a job step's tasks get to end (scancel's name), by role; SIGTERM for the others. vLLM's server shuts down
+# on SIGINT exactly as on SIGTERM, and a SIGINT spares its log the line slurmstepd writes for a SIGTERM sent to a step
+# ("error: *** STEP 12.0 ON node1 CANCELLED ... ***"). vllm-router dies of SIGINT (its Python launcher's
+# KeyboardInterrupt) but exits 0 on SIGTERM; the trainer and orchestrator stop on SIGTERM as in a local run.
+STEP_STOP_SIGNALS = {"inference": "INT"}
 # Seconds a job step's srun gets to exit after its own SIGTERM (it SIGKILLs its tasks at once and exits when they are
 # gone) before it is SIGKILLed.
 SRUN_EXIT_WAIT_S = 15.0
@@ -207,8 +212,8 @@ class Supervisor:
         self._next_health_check = 0.0
         # Inside a batch job: how to look at (and ask for the stacks of) processes on another node.
         self.remote_probe: Callable[[str, list[int]], dict[int, str | None]] | None = None
-        # Inside a batch job: how to SIGTERM the tasks of job steps without their srun (see stop_all); returns the
-        # steps it could not reach.
+        # Inside a batch job: how to signal the tasks of job steps to end without their srun (see stop_all); returns
+        # the steps it could not reach.
         self.term_steps: Callable[[list[Child]], list[Child]] | None = None
         heartbeat.clear(run)  # the previous attempt's records describe processes that are gone
 
@@ -543,9 +548,9 @@ class Supervisor:
         """SIGTERM every live child, SIGKILL what is left after ``term_wait_s`` seconds, and close the reaper.
 
         A local child's SIGTERM goes to its process group. A job step's goes to its tasks through
-        :attr:`term_steps` (Slurm, on every node of the step), never to its srun: srun answers SIGTERM by SIGKILLing
-        the tasks and reporting each as an error ("task 0: Killed"), even an engine that would have shut down
-        cleanly. A step still running after ``term_wait_s`` (or one ``term_steps`` could not reach, or every step
+        :attr:`term_steps` (Slurm, on every node of the step; SIGINT for an engine: :data:`STEP_STOP_SIGNALS`),
+        never to its srun: srun answers SIGTERM by SIGKILLing the tasks and reporting each as an error ("task 0:
+        Killed"), even an engine that would have shut down cleanly. A step still running after ``term_wait_s`` (or one ``term_steps`` could not reach, or every step
         when ``term_wait_s`` is 0 or there is no ``term_steps``) gets srun's SIGTERM, then its srun SIGKILL
         :data:`SRUN_EXIT_WAIT_S` seconds later."""
         live = [c for c in self.children if c.proc.poll() is None]
@@ -559,8 +564,8 @@ class Supervisor:
         self._wait_children(self.children, term_wait_s)
         late = [c for c in steps if c not in through_srun and c.proc.poll() is None]
         if late:
-            self.say(f"{', '.join(c.name for c in late)} still running {term_wait_s:g} s after SIGTERM; killing "
-                     "(srun's SIGTERM)", error=True)  # fmt: skip
+            self.say(f"{', '.join(c.name for c in late)} still running {term_wait_s:g} s after the signal to end; "
+                     "killing (srun's SIGTERM)", error=True)  # fmt: skip
             for c in late:
                 self._signal(c, signal.SIGTERM)
             self._wait_children(late, SRUN_EXIT_WAIT_S)
@@ -798,9 +803,10 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
 
 
 def _term_steps(children: list[Child], env: dict[str, str]) -> list[Child]:
-    """SIGTERM to every process of the job steps of ``children`` (srun processes of this job, their steps named by
-    :func:`step_argv`) through Slurm (:func:`toolkit.launch.slurm.signal_steps`); returns the children whose step
-    was not signalled (not listed by squeue, or squeue/scancel failed), to be stopped through their srun."""
+    """The signal to end (:data:`STEP_STOP_SIGNALS`, else SIGTERM) to every process of the job steps of
+    ``children`` (srun processes of this job, their steps named by :func:`step_argv`) through Slurm
+    (:func:`toolkit.launch.slurm.signal_steps`); returns the children whose step was not signalled (not listed by
+    squeue, or squeue/scancel failed), to be stopped through their srun."""
     from .slurm import SlurmCommandError, job_steps, signal_steps
 
     # A het job's steps belong to its components' job ids (SLURM_JOB_ID is the first component's).
@@ -817,7 +823,7 @@ def _term_steps(children: list[Child], env: dict[str, str]) -> list[Child]:
         why = None if ids else f"squeue lists no step named {c.name}"
         if ids:
             try:  # one step at a time: a step that ended meanwhile makes scancel fail, and only that step's
-                signal_steps(ids, "TERM", env=env)
+                signal_steps(ids, STEP_STOP_SIGNALS.get(c.role, "TERM"), env=env)
             except SlurmCommandError as e:
                 why = str(e)
         if why and c.proc.poll() is None:

@@ -1,8 +1,9 @@
 """Probe that stands in for every srl component in Slurm placement tests (installed as python, srl, torchrun and
 vllm-router on PATH). It records where it runs and what it was given, then behaves like its role:
 
-- inference engines and the router serve ``GET /health`` on their planned host and port until terminated; an engine
-  started again in the same attempt (a restart: its record exists already) first waits
+- inference engines and the router serve ``GET /health`` on their planned host and port until terminated, and end
+  with status 0 on SIGTERM, an engine on SIGINT too, as vLLM's server and vllm-router shut down (the trainer and
+  orchestrator probes exit 143 on SIGTERM); an engine started again in the same attempt (a restart: its record exists already) first waits
   ``probe/engine_restart_delay_s`` seconds (default 0), so a test can tell a health check from none;
 - the orchestrator waits for the stop request, then exits 0;
 - the trainer exits 0 after ``probe/trainer_seconds`` seconds (default 4); when a stop request appears first it
@@ -41,7 +42,9 @@ tmp.write_text(json.dumps(rec, indent=1))
 restarted = (out / f"{name}@{node}#{restart}.json").exists()
 tmp.rename(out / f"{name}@{node}#{restart}.json")
 print(f"probe {name} ({role}) on {node}, restart {restart}", flush=True)
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0 if role in ("inference", "router") else 143))
+if role == "inference":
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
 stop = run / "control" / "STOP"
 if role in ("inference", "router"):
     # Serve /health on the planned host and port, like an engine or the router once ready.
