@@ -94,3 +94,20 @@ def test_an_unknown_entry_name_is_refused_naming_file_and_names(tmp_path: Path) 
         load_config([JOBS / "rl.toml", over])
     text = e.value.render()
     assert "revers-text" in text and "'reverse-text'" in text and str(over) in text
+
+
+def test_an_amendment_before_the_list_exists_is_refused_not_dropped(tmp_path: Path) -> None:
+    # Composed before the job file, the amendment was replaced by the job's list without a word (rollout stayed 60).
+    early = tmp_path / "early.toml"
+    early.write_text('[orchestrator.train.env.reverse-text]\ntimeout = { rollout = 120 }\n')
+    with pytest.raises(ConfigError) as e:
+        load_config([early, JOBS / "rl.toml"])
+    (issue,) = e.value.issues
+    assert issue.path == "orchestrator.train.env"
+    assert str(early) in issue.message and "'reverse-text'" in issue.message
+    assert f"after {JOBS / 'rl.toml'}" in issue.message
+    # Alone (no list at all), the table is named as an amendment instead of pydantic's "a valid list".
+    with pytest.raises(ConfigError) as e:
+        load_config([early])
+    text = e.value.render()
+    assert "[[orchestrator.train.env]]" in text and "'reverse-text'" in text and str(early) in text

@@ -115,6 +115,21 @@ def replaced_lists(before: dict[str, Any], top: dict[str, Any], prefix: str = ""
     return out
 
 
+def dropped_amendments(before: dict[str, Any], top: dict[str, Any], prefix: str = "") -> list[str]:
+    """Where merging ``top`` over ``before`` puts a list of tables in place of a table: the dotted path of each.
+    No field takes both, so the table there was an earlier layer's amendment by name (``[path.<name>]``) given
+    before any layer defined the list, which the list would drop without a word."""
+    out: list[str] = []
+    for key, value in top.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        old = before.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            out += dropped_amendments(old, value, path)
+        elif isinstance(old, dict) and old and _is_table_list(value):
+            out.append(path)
+    return out
+
+
 def record_origins(tree: dict[str, Any], source: str, origins: dict[str, str], prefix: str = "",
                    before: dict[str, Any] | None = None) -> None:
     """Note ``source`` as the origin of every leaf of ``tree`` in ``origins`` (dotted path -> source; list items
@@ -220,7 +235,8 @@ def merge_layers(
     ``(tree, notices)``. Returns ``(merged, origins, notices)``: ``origins`` maps each field path to the file (or
     "command line") that set it last; ``notices`` holds the shape's and one per list of tables that a file
     replaces whole (naming the list and the file). Raises ConfigError for an unreadable file, a malformed override,
-    or a table that amends a list entry by a name the list does not have.
+    a table that amends a list entry by a name the list does not have, or one that amends a list only a later
+    layer defines.
     """
     merged: dict[str, Any] = {}
     origins: dict[str, str] = {}
@@ -233,6 +249,12 @@ def merge_layers(
         if shape is not None:
             tree, got = shape(tree, source=source)
             notices += got
+        for path in dropped_amendments(merged, tree):
+            names = ", ".join(f"'{k}'" for k in subtable(merged, *path.split(".")))
+            raise ConfigError([ConfigIssue(path, f"{origin_of(path, origins) or 'an earlier layer'} amends entries "
+                                           f"of this list by name ({names}) before any layer defines the list, and "
+                                           f"{source} defines it afterwards, which would drop those amendments: "
+                                           f"compose the amending file after {source}", source)])
         if source != "command line":  # an override that sets a list says so itself
             for path, n in replaced_lists(merged, tree):
                 notices.append(

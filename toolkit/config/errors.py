@@ -112,6 +112,13 @@ def pydantic_issues(exc: Any, model_cls: type, *, source: str | None = None) -> 
             field, sep, rest = msg.partition(": ")
             if sep and field.isidentifier():
                 path, msg = (f"{path}.{field}" if path else field), rest
+        elif kind == "list_type" and isinstance(err.get("input"), dict) and _models_at(model_cls, loc):
+            # A table where a list of tables goes: [path.<name>] amends the entry of that name in a list an earlier
+            # layer defines; with no list before it there is nothing to amend.
+            names = ", ".join(f"'{k}'" for k in err["input"])
+            msg = (f"expected a list of tables ([[{path}]] entries), got a table; the table [{path}.<name>] "
+                   f"({names}) amends the entry of that name in a list of entries an earlier file gives, and none "
+                   f"gives any: compose it after the file holding the [[{path}]] entries")
         else:
             got = err.get("input")
             if not isinstance(got, (dict, list)) and got is not None:
