@@ -131,7 +131,7 @@ def test_multi_env_run_on_vllm(tmp_path, external_on_path):
     assert b1.sampling == SamplingParams(temperature=0.7, top_p=0.8, top_k=20)
     kl = _trainer_mismatch_kl(base, b1)
     print(f"[figure] trainer vs engine mismatch KL at temperature 0.7, top_p 0.8, top_k 20: {kl:.2e}")
-    assert kl < 1e-4
+    assert kl < 1e-6  # measured 2e-14 (fp32 on both sides); a trainer ignoring the temperature: 9e-4
 
 
 def _trainer_mismatch_kl(model_dir: Path, batch: batches.Batch) -> float:
