@@ -22,10 +22,11 @@ waits until every engine answers /health and publishes the addresses, and superv
 - the first other step that ends ends the job: the stop request is written, the trainer and orchestrator get
   ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (SIGTERM, SIGINT for an engine, to
   each step's tasks through Slurm, not srun, so an engine that shuts down cleanly leaves no error in the job's log;
-  srun's kill after 15 s: :meth:`Supervisor.stop_all`); an orchestrator that finished cleanly waits for the trainer's last steps, a
-  trainer that finished gives the orchestrator ``slurm.checkpoint_grace_s`` for an SFT run's final eval; a
-  multi-node trainer whose torchrun rendezvous did not complete (``deployment.trainer_rendezvous_timeout_s``) ends it
-  with a reason naming the trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`);
+  srun's kill after 15 s: :meth:`Supervisor.stop_all`); an orchestrator that finished cleanly waits for the
+  trainer's last steps, a trainer that finished gives the orchestrator ``slurm.checkpoint_grace_s`` for an SFT run's
+  final eval; a multi-node trainer whose torchrun rendezvous did not complete
+  (``deployment.trainer_rendezvous_timeout_s``) ends it with a reason naming the trainer nodes that never joined
+  (:mod:`toolkit.launch.rendezvous`);
 - the pre-timeout signal (``slurm.signal``): stop request, wait (bounded) for a new COMPLETE checkpoint,
   ``scontrol requeue``, stop the steps;
 - SIGTERM/SIGINT (scancel, or the time limit): stop request, stop the steps;
@@ -550,9 +551,9 @@ class Supervisor:
         A local child's SIGTERM goes to its process group. A job step's goes to its tasks through
         :attr:`term_steps` (Slurm, on every node of the step; SIGINT for an engine: :data:`STEP_STOP_SIGNALS`),
         never to its srun: srun answers SIGTERM by SIGKILLing the tasks and reporting each as an error ("task 0:
-        Killed"), even an engine that would have shut down cleanly. A step still running after ``term_wait_s`` (or one ``term_steps`` could not reach, or every step
-        when ``term_wait_s`` is 0 or there is no ``term_steps``) gets srun's SIGTERM, then its srun SIGKILL
-        :data:`SRUN_EXIT_WAIT_S` seconds later."""
+        Killed"), even an engine that would have shut down cleanly. A step still running after ``term_wait_s`` (or
+        one ``term_steps`` could not reach, or every step when ``term_wait_s`` is 0 or there is no ``term_steps``)
+        gets srun's SIGTERM, then its srun SIGKILL :data:`SRUN_EXIT_WAIT_S` seconds later."""
         live = [c for c in self.children if c.proc.poll() is None]
         steps = [c for c in live if not c.own_group]
         through_srun = steps
@@ -635,7 +636,8 @@ def step_log(spec: Any, logs: Path) -> Path:
 
 def step_argv(plan: Any, spec: Any, run: RunDir, log: Path, *, python: str, container: list[str]) -> list[str]:
     """The ``srun`` command of plan process ``spec``'s job step, named after the process: one task per node from
-    its first node, output appended to ``log``; the step execs the process through :mod:`toolkit.placement.runtime`."""
+    its first node, output appended to ``log``; the step execs the process through
+    :mod:`toolkit.placement.runtime`."""
     # --overlap: steps share nodes without waiting on each other ("step creation temporarily disabled").
     # --job-name: the step's name, by which the job finds the step to signal its tasks (_term_steps).
     first = plan.groups[spec.het_group].first_node

@@ -3,8 +3,9 @@ vllm-router on PATH). It records where it runs and what it was given, then behav
 
 - inference engines and the router serve ``GET /health`` on their planned host and port until terminated, and end
   with status 0 on SIGTERM, an engine on SIGINT too, as vLLM's server and vllm-router shut down (the trainer and
-  orchestrator probes exit 143 on SIGTERM); an engine started again in the same attempt (a restart: its record exists already) first waits
-  ``probe/engine_restart_delay_s`` seconds (default 0), so a test can tell a health check from none;
+  orchestrator probes exit 143 on SIGTERM); an engine started again in the same attempt (a restart: its record
+  exists already) first waits ``probe/engine_restart_delay_s`` seconds (default 0), so a test can tell a health
+  check from none;
 - the orchestrator waits for the stop request, then exits 0;
 - the trainer exits 0 after ``probe/trainer_seconds`` seconds (default 4); when a stop request appears first it
   writes ``checkpoints/step_1/COMPLETE`` (the checkpoint marker) and exits 0.
