@@ -154,7 +154,7 @@ def test_b09_cache_dir_on_shared_home_warns() -> None:
     from config_cases import validate
     from golden.layouts import BASE, merge
 
-    loaded = validate(merge(BASE, {"site": "prime-intellect", "env_vars": {"TRITON_CACHE_DIR": "$HOME/.triton"}}))
+    loaded = validate(merge(BASE, {"site": "prime-intellect", "env_vars": {"TRITON_CACHE_DIR": "~/.triton"}}))
     assert any("shared filesystem" in w.message for w in loaded.warnings)
 
 

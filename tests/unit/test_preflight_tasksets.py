@@ -149,17 +149,32 @@ def test_sweep_points_sft_eval_and_the_eval_gate_refuse_it_too(tmp_path, monkeyp
 
 def test_relative_env_var_paths_become_absolute_from_where_srl_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    data = config(env_vars={"PYTHONPATH": f"my_envs{os.pathsep}/abs{os.pathsep}$SCRATCH/x", "HF_HOME": "~/hf",
+    data = config(env_vars={"PYTHONPATH": f"my_envs{os.pathsep}/abs{os.pathsep}", "HF_HOME": "~/hf",
                             "NOT_A_PATH": "rel"},
                   orchestrator={"env_vars": {"PYTHONPATH": "../up"}},
                   trainer={"env_vars": {"TRITON_CACHE_DIR": "cache"}})  # fmt: skip
     checked = validate(data)
     cfg = checked.config
-    assert cfg.env_vars["PYTHONPATH"] == os.pathsep.join([str(tmp_path / "my_envs"), "/abs", "$SCRATCH/x"])
+    assert cfg.env_vars["PYTHONPATH"] == os.pathsep.join([str(tmp_path / "my_envs"), "/abs", ""])
     assert cfg.env_vars["HF_HOME"] == str(Path("~/hf").expanduser()) and cfg.env_vars["NOT_A_PATH"] == "rel"
     assert cfg.orchestrator.env_vars["PYTHONPATH"] == str(tmp_path / ".." / "up")
     assert cfg.trainer.env_vars["TRITON_CACHE_DIR"] == str(tmp_path / "cache")
     assert any("env_vars.PYTHONPATH: my_envs" in n for n in checked.notices)
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("PYTHONPATH", f"my_envs{os.pathsep}$SCRATCH/envs", "does not expand $VARIABLES"),
+    ("HF_HOME", "${SCRATCH}/hf", "does not expand $VARIABLES"),
+    ("PYTHONPATH", "~no-such-user-srl/envs", "'~no-such-user-srl' names no user"),
+])
+def test_env_var_paths_the_job_would_not_get_as_meant_are_refused(tmp_path, monkeypatch, key, value, says):
+    # Nothing expands a $VARIABLE on the way to the job's processes (they got "$SCRATCH/envs" as written), and
+    # "~user" of no user raised RuntimeError out of pathlib (a traceback).
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        validate(config(orchestrator={"env_vars": {key: value}}))
+    (issue,) = e.value.issues
+    assert issue.path == f"orchestrator.env_vars.{key}" and says in issue.message and value in issue.message
 
 
 def test_dry_run_with_a_relative_pythonpath_refuses_the_published_taskset_from_another_directory(tmp_path):

@@ -244,7 +244,10 @@ def load_sft_config(files: list[Path], overrides: list[str] | None = None) -> SF
         cfg = SFTConfig.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(name_sources(pydantic_issues(e, SFTConfig), origins)) from None
-    absolute_env_paths(cfg)  # the job sees them from its run directory (toolkit.config.envpaths)
+    try:
+        absolute_env_paths(cfg)  # the job sees them from its run directory (toolkit.config.envpaths)
+    except ConfigError as e:
+        raise ConfigError(name_sources(e.issues, origins)) from None
     try:
         view = cfg.launch_view()
     except ValidationError as e:

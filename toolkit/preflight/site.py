@@ -170,7 +170,9 @@ def _cache_dirs_on_shared_fs(cfg: RLConfig, site: SiteConfig, f: Findings) -> No
             val = table.get(key)
             if val is None:
                 continue
-            on_home = site.filesystem.home_is_shared and (val.startswith(("~", "$HOME", "${HOME}", "/home/")))
+            # Loading made "~/..." absolute (toolkit.config.envpaths): this home's path stands for it.
+            home = str(Path.home()).rstrip("/") + "/"
+            on_home = site.filesystem.home_is_shared and val.startswith(("~", "$HOME", "${HOME}", "/home/", home))
             on_shared = bool(shared) and (val == shared or val.startswith(shared.rstrip("/") + "/"))
             if on_home or on_shared:
                 f.warn(
