@@ -116,3 +116,23 @@ def test_a_run_that_recorded_its_ending_shows_no_pending_stop_request(tmp_path: 
     lines = progress_lines(run, max_steps=200)
     assert not any("stop requested" in line for line in lines), lines
     assert any(line.startswith("ended: ") for line in lines)
+
+
+def test_a_damaged_job_ids_line_or_a_log_named_directory_is_no_traceback(tmp_path: Path) -> None:
+    # A hand-edited job_ids.txt ('123 rl x') made `srl status` (every run of the listing) and `srl logs` raise
+    # ValueError; a directory named like a log made `srl logs` raise IsADirectoryError.
+    out = tmp_path / "outputs"
+    run, lease = _launched(out, "edited")
+    ending.write(run, ending.Ending(ending.COMPLETED, step=1))
+    lease.release()
+    run.job_ids_file.write_text("4242 rl x\n")
+    run.log_attempt(1).mkdir(parents=True)
+    point_symlink(run.latest_logs, "attempt_1")
+    (run.log_attempt(1) / "trainer.log").write_text("step 1\n")
+    (run.log_attempt(1) / "odd.log").mkdir()
+    listed = _srl("status", "--output-dir", str(out), cwd=tmp_path)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert listed.stdout.splitlines()[2].split()[:2] == ["edited", "completed"], listed.stdout
+    logs = _srl("logs", str(run.root), cwd=tmp_path)
+    assert logs.returncode == 0 and "Traceback" not in logs.stderr, logs.stderr
+    assert logs.stdout == "step 1\n"

@@ -278,7 +278,7 @@ def _log_files(run: RunDir, role: str | None) -> list[Path]:
     files = sorted(base.glob(f"{role}*.log" if role else "*.log"))
     if role is None:
         files = sorted(run.logs.glob("*.out")) + files
-    return files
+    return [f for f in files if f.is_file()]  # a directory named like a log has no lines to print
 
 
 def run_is_live(run: RunDir) -> bool:
@@ -316,9 +316,12 @@ def logs_main(args: list[str]) -> int:
         last_round = a.follow and not run_is_live(run)
         for f in _log_files(run, a.role):
             pos = offsets.get(f, 0)
-            with open(f, "rb") as fh:
-                fh.seek(pos)
-                chunk = fh.read()
+            try:
+                with open(f, "rb") as fh:
+                    fh.seek(pos)
+                    chunk = fh.read()
+            except OSError:  # removed since it was listed (a run directory cleaned while followed)
+                continue
             if chunk:
                 if len(files) > 1 or a.follow:
                     for line in chunk.decode(errors="replace").splitlines():

@@ -31,14 +31,17 @@ def record_job_id(run: RunDir, job_id: str, kind: str, attempt: int) -> None:
 
 
 def read_job_ids(run: RunDir) -> list[tuple[str, str, int]]:
-    """``(job_id, kind, attempt)`` per submission, oldest first; [] when nothing was submitted."""
+    """``(job_id, kind, attempt)`` per submission, oldest first; [] when nothing was submitted. An attempt that is
+    not a number (a hand-edited or damaged line) reads as 0, unknown: the job id is still worth asking Slurm about,
+    and one damaged run must not stop ``srl status`` from listing the others."""
     if not run.job_ids_file.exists():
         return []
     out = []
     for line in run.job_ids_file.read_text().splitlines():
         parts = line.split()
         if parts:
-            out.append((parts[0], parts[1] if len(parts) > 1 else "rl", int(parts[2]) if len(parts) > 2 else 0))
+            attempt = parts[2] if len(parts) > 2 else "0"
+            out.append((parts[0], parts[1] if len(parts) > 1 else "rl", int(attempt) if attempt.isdigit() else 0))
     return out
 
 
