@@ -111,3 +111,26 @@ def test_an_amendment_before_the_list_exists_is_refused_not_dropped(tmp_path: Pa
         load_config([early])
     text = e.value.render()
     assert "[[orchestrator.train.env]]" in text and "'reverse-text'" in text and str(early) in text
+
+
+@pytest.mark.parametrize("overrides", [
+    ["--orchestrator.train.env.reverse-text.max-turns", "3", "--orchestrator.train.env",
+     '[{name = "zz", taskset = {id = "srl-reverse-text"}}]'],
+    ["--orchestrator.train.env", '[{name = "zz", taskset = {id = "srl-reverse-text"}}]',
+     "--orchestrator.train.env.zz.max-turns", "3"],
+])
+def test_overrides_that_overlap_are_refused_naming_both(overrides: list[str]) -> None:
+    # The list given after the amendment dropped it without a word (max_turns stayed 1); given before it, the
+    # amendment replaced the list and the error named an entry the user had just given.
+    with pytest.raises(ConfigError) as e:
+        load_config([JOBS / "rl.toml"], overrides)
+    text = e.value.render()
+    assert "--orchestrator.train.env " in text and "max-turns" in text and "overlap" in text
+
+
+def test_repeated_and_sibling_overrides_still_compose() -> None:
+    cfg = load_config([JOBS / "rl.toml"], ["--orchestrator.batch-size", "8", "--orchestrator.batch-size", "16",
+                                           "--orchestrator.train.env.reverse-text.max-turns", "2",
+                                           "--orchestrator.train.env.reverse-text.timeout.rollout", "30"]).config
+    (env,) = cfg.orchestrator.train.env
+    assert cfg.orchestrator.batch_size == 16 and env.max_turns == 2 and env.timeout.rollout == 30

@@ -176,6 +176,7 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     a list item by index (``--orchestrator.train.env.0.name``).
     """
     out: dict[str, Any] = {}
+    seen: dict[tuple[str, ...], str] = {}
     i = 0
     while i < len(args):
         tok = args[i]
@@ -200,8 +201,23 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             # A number would name a table key, not a list item: the whole list would be replaced by a table.
             raise ConfigError(f"override key '{key}': a list item cannot be picked by its index on the command "
                               "line; change the list in a TOML file composed with @ (e.g. its [[...]] table)")
-        subtable(out, *path[:-1])[path[-1]] = value
+        _set_override(out, path, value, key, seen)
     return out
+
+
+def _set_override(out: dict[str, Any], path: list[str], value: Any, key: str,
+                  seen: dict[tuple[str, ...], str]) -> None:
+    """Put one override's ``value`` at ``path`` in ``out``. ``seen`` maps each path set so far to its key as typed.
+    Raises ConfigError when it and an earlier override set a path and a field below it (a list, then an
+    amendment of its entries by name, or the reverse): one would silently replace the other."""
+    above = [seen[tuple(path[:n])] for n in range(1, len(path)) if tuple(path[:n]) in seen]
+    below = [k for p, k in seen.items() if len(p) > len(path) and list(p[:len(path)]) == path]
+    if above or below:
+        raise ConfigError(f"overrides --{(above + below)[0]} and --{key} overlap: the later one would replace what the other "
+                          "sets; give one of them (a list and an amendment of its entries by name go in TOML files "
+                          "composed with @, the list first)")
+    seen[tuple(path)] = key
+    subtable(out, *path[:-1])[path[-1]] = value
 
 
 def _parse_value(raw: str) -> Any:
