@@ -4,6 +4,7 @@ id cannot be a taskset or its module fails as the job's env worker would, and st
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,12 @@ def test_an_editable_install_resolves_through_its_import_hook(tmp_path):
     if installed != "True":
         missing("srl's analysis package is not installed in this interpreter (scripts/setup.sh installs it)")
     assert out.stdout.split("\n")[1] == "None False", (hook_only, out.stdout)
+
+
+def test_a_pythonpath_entry_that_is_a_file_is_named_as_one(tmp_path):
+    # Python skips such an entry without a word; the refusal only listed it among the places looked.
+    module = tmp_path / "my_own_task.py"
+    module.write_text("x = 1\n")
+    text = _id_findings(_train("my-own-task", env_vars={"PYTHONPATH": f"{module}{os.pathsep}{tmp_path / 'gone'}"}))
+    assert f"{module} is a file: put the directory that holds it on PYTHONPATH" in text
+    assert f"{tmp_path / 'gone'} is missing" in text

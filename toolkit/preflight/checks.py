@@ -162,7 +162,20 @@ def _job_interpreter(site: SiteConfig | None) -> tuple[str, str | None]:
 
 def _where_looked(python: str, extra: list[str]) -> str:
     pp = os.pathsep.join(extra) if extra else f"the submitting shell's: {os.environ.get('PYTHONPATH') or 'none'}"
-    return f"with the job's interpreter {python} and PYTHONPATH ({_clip(pp, 200)})"
+    # Python skips an entry that is no directory (a zip archive aside) without a word: say which.
+    odd = [f"{_clip(p, 120)} is {why}" for p in extra if p and not p.endswith(".zip") and (why := _not_a_dir(p))]
+    return (f"with the job's interpreter {python} and PYTHONPATH ({_clip(pp, 200)}"
+            + (f"; {', '.join(odd)}" if odd else "") + ")")
+
+
+def _not_a_dir(path: str) -> str | None:
+    """Why the PYTHONPATH entry ``path`` holds no modules ("a file: ...", "missing"), None for a directory."""
+    try:
+        if Path(path).is_dir():
+            return None
+        return "a file: put the directory that holds it on PYTHONPATH" if Path(path).exists() else "missing"
+    except (OSError, ValueError):  # a NUL byte, a name too long
+        return None
 
 
 def _close_ids(taskset_id: str, extra: list[str]) -> list[str]:
