@@ -6,6 +6,7 @@ an unchecked or valid task into a failed one."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,18 @@ CORPUS = [
     ("empty-wins", {}),
 ]
 N = 3
+
+
+@pytest.fixture(autouse=True)
+def _forget_fixture_modules():
+    """The corpus modules imported here stay out of later tests' sys.modules (some assert a module was never
+    imported into the test process)."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        module = sys.modules.get(name)
+        if any(str(p) in str(getattr(module, "__file__", "") or "") for p in PATHS):
+            del sys.modules[name]
 
 
 def _verifiers_rows(taskset_id: str, fields: dict, out: Path) -> list[dict]:

@@ -48,6 +48,9 @@ REFUSALS: list[tuple[str, str, dict | None, str]] = [
      _eval(harness={"runtime": {"type": "subprocess", "no_such_runtime_field": 1}}), "does not fit verifiers'"),
     ("toolkit/envs/fidelity.py", 'raise EnvFeatureError("\\n".join(listed))', _eval(harness={"id": "tool-agent"}),
      "is not supported"),  # the module-level refusals; the per-task ones need the tasks, which are data
+    ("toolkit/orchestrator/main.py", "one batch holds samples drawn with different temperature",
+     {"orchestrator": {"train": {"env": [{"taskset": {"id": BUILTIN}, "sampling": {"temperature": 0.5}}]}}},
+     "a train env samples with orchestrator.train.sampling's temperature"),
     ("toolkit/orchestrator/main.py", "orchestrator.train.env is empty", {"orchestrator": {"train": {"env": []}}},
      "orchestrator.train.env"),
     ("toolkit/orchestrator/sampler.py", "EnvSampler needs at least one env", {"orchestrator": {"train": {"env": []}}},
