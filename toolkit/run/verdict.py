@@ -28,8 +28,8 @@ Status = Literal["PASS", "FAIL", "WARN", "SKIP"]
 ITEM_TITLES: dict[str, str] = {
     # model-free (srl eval validate)
     "taskset_loads": "taskset loads",
-    "known_successes": "intended reward on known successes (reference answers)",
-    "known_failures": "intended reward on known failures (empty, wrong, malformed)",
+    "known_successes": "intended reward on known successes (Task.validate, reference answers)",
+    "known_failures": "intended reward on known failures (untouched, empty, wrong, malformed)",
     "deterministic_scoring": "scoring is deterministic",
     "bounded_limits": "turn/token/time limits are bounded",
     # live endpoint (srl eval run)
