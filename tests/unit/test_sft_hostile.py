@@ -4,6 +4,7 @@ and the fix, before anything is written, or read the same way by the login check
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -450,3 +451,42 @@ def test_preflight_findings_on_the_launch_view_name_the_sft_fields(tmp_path, cap
     paths = [i.path for i in e.value.issues]
     assert any(p.startswith("eval.env[0]") for p in paths), paths
     assert not any(p.startswith("orchestrator.") for p in paths), paths
+
+
+OWN_TASKSET = """
+import verifiers.v1 as vf
+
+class OwnData(vf.TaskData):
+    answer: str
+
+class OwnTask(vf.Task[OwnData, vf.State, vf.TaskConfig]):
+    @vf.reward(weight=1.0)
+    async def exact(self, task: OwnData, trace: vf.Trace) -> float:
+        return float(trace.last_reply == task.answer)
+
+class OwnTaskset(vf.Taskset[OwnTask, vf.TasksetConfig]):
+    def load(self):
+        for i in range(3):
+            yield OwnTask(OwnData(id=f"own/{i}", prompt=f"{i}+1=", answer=str(i + 1)), self.config.task)
+
+__all__ = ["OwnTaskset"]
+"""
+
+
+def test_make_data_imports_the_taskset_from_the_jobs_pythonpath(tmp_path):
+    """A taskset of one's own on env_vars.PYTHONPATH (README's walkthrough): make-data imports it as the job's env
+    workers do, not only from srl's own sys.path."""
+    from toolkit.commands.sft import cmd_make_data
+
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "own_make_data_tasks.py").write_text(OWN_TASKSET)
+    job = tmp_path / "rl.toml"
+    job.write_text('[[orchestrator.train.env]]\nname = "own"\ntaskset = { id = "own-make-data-tasks" }\n')
+    out = tmp_path / "rows.jsonl"
+    try:
+        assert cmd_make_data([str(out), "@", str(job), "--env-vars.PYTHONPATH", str(tmp_path / "mods")]) == 0
+    finally:
+        sys.modules.pop("own_make_data_tasks", None)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["completion"][0]["content"] for r in rows] == ["1", "2", "3"]
+    assert str(tmp_path / "mods") not in sys.path  # the job's path is only borrowed

@@ -237,9 +237,12 @@ def cmd_make_data(args: list[str]) -> int:
               f"{taskset.split!r} too; SFT on these rows trains on the eval answers",
               file=sys.stderr)  # fmt: skip
     from toolkit.envs.reference import NoReferenceAnswer, write_reference_dataset
+    from toolkit.evalgate.validate import workers_import_path
 
     try:
-        n = write_reference_dataset(taskset, out)
+        # The taskset is imported as the job's env workers import it: with the job's env_vars.PYTHONPATH.
+        with workers_import_path(rl_cfg):
+            n = write_reference_dataset(taskset, out)
     except (NoReferenceAnswer, ValueError, ImportError) as e:  # the taskset's own load errors, e.g. a bad field
         raise ConfigError(str(e)) from None
     except OSError as e:
