@@ -269,7 +269,13 @@ def _failure_raised(run: RunDir, summary: str) -> tuple[str, dict[str, Any]]:
         None, None, None)  # fmt: skip
     if exc is None:
         logs = run.latest_logs
-        for path in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+        named = end.role if end is not None and end.cause == ending.FAILED else None
+
+        def order(path: Path) -> tuple[int, str]:
+            # The failed role's own log first (an engine log may hold a harmless traceback that sorts earlier).
+            return (0 if path.stem == named else 1 if path.stem in ("trainer", "orchestrator") else 2, path.name)
+
+        for path in sorted(logs.glob("*.log"), key=order) if logs.is_dir() else []:
             found = ending.last_exception(path)
             if found is not None:
                 role, exc, at = path.stem, found.exception, found.where

@@ -110,3 +110,16 @@ def test_diagnose_reports_the_exception_of_a_failed_local_run(tmp_path, run):
     run.ending.unlink()
     f = next(f for f in diagnose(run.root) if f.boundary == "local: launcher failed")
     assert f.evidence["exception"].startswith("ValueError: ") and f.evidence["raised_at"] == f"{module}:{line}"
+
+
+def test_diagnose_prefers_a_roles_traceback_over_an_engine_logs_earlier_sorting_one(tmp_path, run):
+    """Without an ending record, the failed role is looked for in the trainer's and orchestrator's logs before
+    others: an engine log (``engine-0.log`` sorts first) may hold a harmless traceback it recovered from."""
+    module, line = _failed_role_log(tmp_path, run, "ValueError")
+    (run.latest_logs / "engine-0.log").write_text(
+        'Traceback (most recent call last):\n  File "/opt/vllm/x.py", line 3, in f\nKeyError: \'harmless\'\n')
+    (run.root / "configs").mkdir()
+    run.local_record.parent.mkdir(parents=True)
+    write_local_record(run, attempt=1, status=1)
+    f = next(f for f in diagnose(run.root) if f.boundary == "local: launcher failed")
+    assert f.evidence["failed_role"] == "orchestrator" and f.evidence["raised_at"] == f"{module}:{line}"

@@ -201,8 +201,9 @@ def test_health_watch_names_an_engine_silent_past_the_bound():
 
 def test_proc_state_sees_a_stopped_process_and_stack_dumps_reach_a_live_one(tmp_path):
     log = tmp_path / "child.log"
-    code = ("import sys, time; from toolkit.run.heartbeat import enable_stack_dumps; enable_stack_dumps(); "
-            "print('ready', flush=True)\ndef waiting_here():\n    time.sleep(600)\nwaiting_here()")
+    # 'ready' is printed inside waiting_here, so a dump asked for after it always shows that frame.
+    code = ("import sys, time; from toolkit.run.heartbeat import enable_stack_dumps; enable_stack_dumps()\n"
+            "def waiting_here():\n    print('ready', flush=True)\n    time.sleep(600)\nwaiting_here()")
     with open(log, "w") as f:
         p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=f, text=True)
     try:

@@ -383,8 +383,9 @@ def validate_config(cfg: Any, *, envs: Sequence[str] | None = None, n: int = 20,
 
 @contextlib.contextmanager
 def workers_import_path(cfg: Any) -> Iterator[None]:
-    """The env workers' import path while the block runs: ``env_vars.PYTHONPATH`` of the run and of the
-    orchestrator in front of ``sys.path`` and of ``os.environ["PYTHONPATH"]``; both restored afterwards."""
+    """The env workers' import path while the block runs: ``cfg.env_pythonpath()`` (the orchestrator's
+    ``env_vars.PYTHONPATH``, else the run's) in front of ``sys.path`` and of ``os.environ["PYTHONPATH"]``; both
+    restored afterwards."""
     entries = cfg.env_pythonpath()
     saved_path, saved_env = list(sys.path), os.environ.get("PYTHONPATH")
     sys.path[:0] = [p for p in entries if p not in sys.path]

@@ -398,8 +398,7 @@ class Supervisor:
                      error=True)  # fmt: skip
             self._report([f"{c.name} did not answer /health for {silent:.0f} s", *self._py_spy([c.proc.pid])])
             self._signal(c, signal.SIGKILL)
-            c.proc.wait()
-            c.poll()
+            self._reap_killed(c)
             self.health.reset(c.name, now)
             if not again:
                 self.stall = watchdog.Stall(c.name, c.role, {"phase": "serving (no /health answer)"}, silent,
@@ -433,9 +432,21 @@ class Supervisor:
             self.say(f"watchdog: {line}", error=True)
         for c in stuck:
             self._signal(c, signal.SIGKILL)
-            c.proc.wait()
-            c.poll()
+            self._reap_killed(c)
         return next((c for c in stuck if c.role == first.role), stuck[0] if stuck else None)
+
+    def _reap_killed(self, c: Child) -> None:
+        """Wait for a child the watchdog just sent SIGKILL, at most :data:`TERM_GRACE_S` seconds: a process in
+        uninterruptible sleep (a hung filesystem or driver, what a watchdog exists for) ignores SIGKILL until the
+        kernel call returns, and the supervisor must not hang on it; its state is logged and the run goes on
+        ending."""
+        try:
+            c.proc.wait(timeout=TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            state = watchdog.describe_state(watchdog.proc_state(c.proc.pid)) if self.reaper else "on its node"
+            self.say(f"watchdog: {c.name} (process {c.proc.pid}) still there {TERM_GRACE_S:g} s after SIGKILL "
+                     f"({state}); not waiting for it", error=True)  # fmt: skip
+        c.poll()
 
     def _evidence(self, x: watchdog.Stall, child: Child | None) -> list[str]:
         """Ask the processes of stall ``x`` for their stacks and describe each one (lines for the report)."""
@@ -730,10 +741,10 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
         try:
             rc = subprocess.run(["srun", "--overlap", "--ntasks-per-node=1", *het, "bash", str(pre_run)], env=env,
                                 check=False, timeout=limit).returncode  # fmt: skip
+            if rc:
+                _job_log(f"pre-run command failed with status {rc}")
         except subprocess.TimeoutExpired:  # run() has killed its srun: the job goes on as after a failed command
-            rc = f"none: still running after {limit:g} s (monitors.stall_timeout_s), stopped"
-        if rc:
-            _job_log(f"pre-run command failed with status {rc}")
+            _job_log(f"pre-run command still running after {limit:g} s (monitors.stall_timeout_s): stopped")
     if plan.external_inference:
         ready = RunDir(Path(plan.external_inference)).inference_ready
         timeout = cfg.inference.startup_timeout_s

@@ -416,9 +416,10 @@ class Orchestrator:
                     log.exception("closing env %s failed", getattr(rt, "name", "?"))
             beat.cancel()
             self.writer.close()
-            aclose = getattr(self.client, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            for owner in (self.client, self.updater):  # their kept-open HTTP connections
+                aclose = getattr(owner, "aclose", None)
+                if aclose is not None:
+                    await aclose()
 
     async def _beat(self) -> None:
         """Say, every second, that the event loop still runs (a loop blocked in a call stops beating)."""

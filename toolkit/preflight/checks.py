@@ -32,7 +32,7 @@ from .lora import check_lora
 
 def check(cfg: RLConfig, *, purpose: str = "rl") -> Findings:
     """Run every check; returns errors and warnings (never raises). ``purpose`` "serve" skips the env runtimes
-    (a serving deployment runs no environments). The tasksets are :mod:`toolkit.preflight.tasksets`'s (they need
+    (a serving deployment runs no environments). The tasksets are checked by :func:`check_tasksets` (it needs
     the site: the job's interpreter)."""
     f = Findings()
     for rule in (_output_dir, _model_name, _topology, check_lora, _references, _env_runtimes):
