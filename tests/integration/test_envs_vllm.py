@@ -88,7 +88,7 @@ class RecordingClient:
 
 def env_cfg(taskset_id: str, **extra):
     return SimpleNamespace(
-        name=taskset_id,
+        name=taskset_id, env_name=taskset_id,
         taskset=SimpleNamespace(id=taskset_id, split="train", seed=0, select={"limit": 2}, model_extra=extra),
         harness=SimpleNamespace(id="default", runtime=SimpleNamespace(type="subprocess")),
         timeout=SimpleNamespace(setup=30, rollout=120, finalize=30, scoring=30),

@@ -46,7 +46,7 @@ def external_on_path(monkeypatch):
 
 def env_cfg(taskset_id: str, *, workers: int = 2, retries: int = 0, timeout=None, **extra):
     return SimpleNamespace(
-        name=taskset_id,
+        name=taskset_id, env_name=taskset_id,
         taskset=SimpleNamespace(id=taskset_id, split="train", seed=0, select={"limit": 4}, model_extra=extra),
         harness=SimpleNamespace(id="default", runtime=SimpleNamespace(type="subprocess")),
         timeout=SimpleNamespace(**({"setup": 10, "rollout": 30, "finalize": 10, "scoring": 10} | (timeout or {}))),

@@ -14,10 +14,11 @@ from toolkit.launch.supervisor import Supervisor
 from toolkit.run.layout import RunDir
 
 
-def _sup(tmp_path: Path, grace_s: float = 60.0, **roles: str) -> Supervisor:
+def _sup(tmp_path: Path, grace_s: float = 60.0, max_restarts: int = 0, **roles: str) -> Supervisor:
     """A supervisor whose children are ``python -c CODE`` processes, one per ``role=CODE``; ``grace_s`` is the
-    run's ``slurm.checkpoint_grace_s``."""
-    cfg = SimpleNamespace(slurm=SimpleNamespace(checkpoint_grace_s=grace_s), monitors=MonitorsConfig())
+    run's ``slurm.checkpoint_grace_s``, ``max_restarts`` its ``inference.max_restarts``."""
+    cfg = SimpleNamespace(slurm=SimpleNamespace(checkpoint_grace_s=grace_s), monitors=MonitorsConfig(),
+                          inference=SimpleNamespace(max_restarts=max_restarts))
     sup = Supervisor(cfg, RunDir(tmp_path / "run"), None, say=lambda *a, **k: None, own_groups=False)
     for role, code in roles.items():
         sup.start(role, role, [sys.executable, "-c", code], dict(os.environ), tmp_path / f"{role}.log")
@@ -82,5 +83,19 @@ def test_a_failed_role_or_any_server_exit_ends_the_run(tmp_path: Path) -> None:
         _settle(sup, "inference")
         first = sup.first_ending()
         assert first is not None and (first.role, first.returncode) == ("inference", 0)  # an engine has no clean exit
+    finally:
+        sup.stop_all(term_wait_s=0.0)
+
+
+def test_a_dead_engine_is_left_to_the_restarts_while_they_are_on(tmp_path: Path) -> None:
+    """An engine that died after this poll's restart check is not the run's end while restarts are on: the next
+    poll restarts it (or ends the run once its budget is used). A stop request turns that off."""
+    sup = _sup(tmp_path, max_restarts=1, inference="pass", trainer="import time; time.sleep(60)")
+    try:
+        _settle(sup, "inference")
+        assert sup.first_ending() is None
+        sup.request_stop()
+        first = sup.first_ending()
+        assert first is not None and first.role == "inference"
     finally:
         sup.stop_all(term_wait_s=0.0)

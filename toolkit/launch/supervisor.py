@@ -493,14 +493,20 @@ class Supervisor:
             self.say(f"watchdog: cannot write its report: {e}", error=True)
 
     def first_ending(self) -> Child | None:
-        """The process whose exit ends the run, if any: any that exited, except a trainer or orchestrator that
-        finished cleanly while the other still works. An orchestrator that wrote its last batch leaves the trainer
+        """The process whose exit ends the run, if any: any that exited, except an engine while restarts are on and
+        no stop was requested (:meth:`watch_restarts` owns those) and a trainer or orchestrator that finished
+        cleanly while the other still works. An orchestrator that wrote its last batch leaves the trainer
         to train on it, however long that takes; a trainer that wrote its final weights leaves the orchestrator
         ``slurm.checkpoint_grace_s`` from its exit (an SFT run's eval of those weights), then ends the run."""
         finite_alive = bool(self.alive())
         now = time.monotonic()
+        restarts = self.cfg.inference.max_restarts > 0 and not self.run.stop_request.exists()
         for c in self.children:
             if c.poll() is None:
+                continue
+            if restarts and is_restartable(c.role):
+                # An engine that died after watch_restarts looked at it this poll (its /health checks take a while):
+                # restarted on the next poll, or the run ends there once its restart budget is used.
                 continue
             if c.role in FINITE_ROLES and c.returncode == 0 and finite_alive:
                 since = self._clean_exit_at.setdefault(c.name, now)
