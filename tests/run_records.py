@@ -17,6 +17,7 @@ from pathlib import Path
 
 from toolkit.launch.submit import read_job_ids
 from toolkit.run.layout import RunDir
+from toolkit.run.metrics import EVAL_POLICY_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_JOB = [str(ROOT / "jobs/reverse-text/rl.toml"), str(ROOT / "jobs/reverse-text/slurm.toml")]
@@ -46,9 +47,17 @@ def served_version(run_root: Path, version: int) -> str:
     return format_version(run_identity(RunDir(run_root)), version)
 
 
+def is_final_eval_line(m: dict) -> bool:
+    """Whether metrics line ``m`` is an eval's own line after step 0 (the final policy's eval, written at the last
+    step beside that step's batch line): an eval record with no batch in it."""
+    return m.get("step", 0) > 0 and EVAL_POLICY_VERSION in m and "effective_batch_size" not in m
+
+
 def role_steps(run_root: Path, role: str, *, first: int = 0) -> list[int]:
-    """Steps >= ``first`` of ``role``'s metrics lines, in file order, repeats kept (step 0 is the baseline eval)."""
-    return [m["step"] for m in metrics_lines(run_root) if m.get("role") == role and m.get("step", -1) >= first]
+    """Steps >= ``first`` of ``role``'s metrics lines, in file order, repeats kept (step 0 is the baseline eval);
+    the final eval's own line is not a step's line (:func:`is_final_eval_line`)."""
+    return [m["step"] for m in metrics_lines(run_root)
+            if m.get("role") == role and m.get("step", -1) >= first and not is_final_eval_line(m)]  # fmt: skip
 
 
 def submit_slurm_rl(out: Path, name: str, *overrides: str) -> tuple[RunDir, str]:

@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from run_records import error_lines, metrics_lines, processes_left, submit_slurm_rl
+from run_records import error_lines, is_final_eval_line, metrics_lines, processes_left, submit_slurm_rl
 
 from toolkit.launch import slurm
 from toolkit.placement import read_plan
@@ -59,7 +59,7 @@ def _metrics(run: RunDir) -> list[dict]:
 
 
 def _steps(metrics: list[dict], role: str) -> list[int]:
-    return [m["step"] for m in metrics if m["role"] == role and m["step"] > 0]
+    return [m["step"] for m in metrics if m["role"] == role and m["step"] > 0 and not is_final_eval_line(m)]
 
 
 def _logs(run: RunDir) -> str:
@@ -134,7 +134,7 @@ def test_rl_job_on_slurm_places_completes_and_learns(tmp_path: Path) -> None:
     gain, first, last = _gain(metrics)
     kls = [m["mismatch_kl/mean"] for m in trainer_lines if "mismatch_kl/mean" in m]
     t_step = statistics.median(m["time/step"] for m in trainer_lines)
-    o_step = statistics.median(m["time/step"] for m in metrics if m["role"] == "orchestrator" and m["step"] > 0)
+    o_step = statistics.median(m["time/step"] for m in metrics if m["role"] == "orchestrator" and "time/step" in m and m["step"] > 0)
     print(f"\nslurm e2e: job {job}, time to first trainer step {first_t - st.start_time.timestamp():.0f} s, "
           f"{LEARN_STEPS} steps in {last_t - first_t:.0f} s ({(last_t - first_t) / (LEARN_STEPS - 1):.2f} s/step; "
           f"median trainer time/step {t_step:.2f} s, orchestrator {o_step:.2f} s), teardown {teardown:.1f} s; "
