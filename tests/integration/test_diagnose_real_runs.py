@@ -124,7 +124,8 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # nothing listens once the socket is closed
 
 
-def test_provider_down_is_provider_error(tmp_path):
+def test_provider_down_is_provider_error(tmp_path, fixtures_on_path):
+    # The config's other envs are the fixtures: the login node checks every env's taskset, so they must resolve.
     from toolkit.evalgate import main
     from toolkit.models import resolve_model
 
