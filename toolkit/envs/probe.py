@@ -136,8 +136,12 @@ def run_probe(specs: Sequence[dict[str, Any]], *, python: str, extra_paths: Sequ
     from toolkit.envs.tasksets import resolve_taskset_source
 
     here = _same_interpreter(python)
+    # Without extra paths the job inherits this environment's PYTHONPATH, which this process's sys.path may not
+    # show (it was read at start-up; a caller may have set it since).
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = list(extra_paths) or inherited
     # An id that resolves to nothing on that path needs no module imported to say so either.
-    local = [here and getattr(resolve_taskset_source(s["taskset"]["id"], list(extra_paths)), "kind", None)
+    local = [here and getattr(resolve_taskset_source(s["taskset"]["id"], paths), "kind", None)
              in ("builtin", None) for s in specs]  # fmt: skip
     results: list[dict[str, Any] | None] = [None] * len(specs)
     for i, spec in enumerate(specs):
