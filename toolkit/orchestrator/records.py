@@ -130,16 +130,7 @@ class MetricsLog:
     def write(self, step: int, metrics: dict[str, Any]) -> bool:
         """Append ``{"step", "time", "role", **metrics}``; returns False (and writes nothing) if the step is
         already recorded. Raises OSError on a failed write."""
-        if step in self.done:
-            log.info("metrics of step %d already recorded by an earlier attempt; not written again", step)
-            return False
-        if self.enabled:
-            self.run.root.mkdir(parents=True, exist_ok=True)
-            append_jsonl(self.run.metrics, {"step": step, "time": time.time(), "role": ORCHESTRATOR, **metrics})
-        self.done.add(step)
-        if EVAL_POLICY_VERSION in metrics:
-            self.evals.add(step)
-        return True
+        return self._append(step, metrics, seen=self.done, what="metrics")
 
     def has_eval(self, step: int) -> bool:
         """Whether a line of ``step`` already holds an eval (this attempt's or an earlier one's)."""
@@ -149,12 +140,20 @@ class MetricsLog:
         """Append an eval's line at ``step`` even when the step's own line exists (readers merge the lines of one
         role and step); returns False (and writes nothing) if an eval of that step is already recorded. Raises
         OSError on a failed write."""
-        if step in self.evals:
-            log.info("eval of step %d already recorded by an earlier attempt; not written again", step)
+        written = self._append(step, metrics, seen=self.evals, what="eval")
+        if written:
+            self.evals.add(step)
+        return written
+
+    def _append(self, step: int, metrics: dict[str, Any], *, seen: set[int], what: str) -> bool:
+        """One orchestrator line at ``step`` unless ``step`` is in ``seen`` (then False, nothing written)."""
+        if step in seen:
+            log.info("%s of step %d already recorded by an earlier attempt; not written again", what, step)
             return False
         if self.enabled:
             self.run.root.mkdir(parents=True, exist_ok=True)
             append_jsonl(self.run.metrics, {"step": step, "time": time.time(), "role": ORCHESTRATOR, **metrics})
         self.done.add(step)
-        self.evals.add(step)
+        if EVAL_POLICY_VERSION in metrics:
+            self.evals.add(step)
         return True
