@@ -253,3 +253,37 @@ def test_a_stall_ending_names_the_role_and_has_its_own_status(run):
     run.stop_request.parent.mkdir(parents=True, exist_ok=True)
     run.stop_request.write_text("orchestrator: zero-signal guard: 10 steps\n")
     assert ending.settle(run, stalled="orchestrator", stalled_reason="r").cause == "stalled"
+
+
+def test_waiting_for_a_role_to_finish_ends_on_its_finished_phase_or_its_silence(run):
+    """The trainer's W&B mirror closes only after the orchestrator's last lines: it waits for the orchestrator's
+    ``finished`` phase while the record keeps changing, and gives up on a record that stopped changing."""
+    clock = Clock()
+    orch = Heartbeat(run, "orchestrator", clock=clock)
+    orch.phase("eval of the final policy", step=4)
+    polls = []
+
+    def on_wait():  # each poll: the orchestrator beats; at the fifth poll it finishes
+        polls.append(clock.t)
+        clock.t += 10.0
+        orch.beat()
+        if len(polls) == 5:
+            orch.phase(heartbeat.FINISHED)
+
+    got = heartbeat.wait_until_finished(run, "orchestrator", on_wait=on_wait, silent_s=30.0, poll_s=0, clock=clock)
+    assert got == "finished" and len(polls) == 5  # 50 s of beats outlast a 30 s silence bound: still waited
+
+    orch.phase("eval of the final policy", step=4)  # a new attempt's record, then the process dies silently
+    polls.clear()
+
+    def silent():
+        polls.append(clock.t)
+        clock.t += 10.0
+
+    got = heartbeat.wait_until_finished(run, "orchestrator", on_wait=silent, silent_s=30.0, poll_s=0, clock=clock)
+    assert got == "silent" and len(polls) == 3
+    heartbeat.clear(run)  # no record at all (the orchestrator never started): silent too, not forever
+    got = heartbeat.wait_until_finished(run, "orchestrator", on_wait=silent, silent_s=30.0, poll_s=0, clock=clock)
+    assert got == "silent"
+    stop = heartbeat.wait_until_finished(run, "orchestrator", should_stop=lambda: True, poll_s=0, clock=clock)
+    assert stop == "stopped"

@@ -51,7 +51,7 @@ def test_offline_files_hold_metrics_jsonl_and_a_resume_continues_the_same_run(tm
     lines.append(_line("orchestrator", 2, **{"reward/all/mean": 0.75}))
     append_jsonl(run.metrics, lines[-1])
     mirror = WandbMirror.start(run, {"offline": True})
-    second = mirror.close(orchestrator_step=2)
+    second = mirror.close()
     assert second is not None and second != first
     assert run.wandb_offline_runs() == [first, second]
     from toolkit.launch.progress import progress_lines

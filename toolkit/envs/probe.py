@@ -148,7 +148,7 @@ def run_probe(specs: Sequence[dict[str, Any]], *, python: str, extra_paths: Sequ
         if local[i]:
             key = ("here", tuple(extra_paths), json.dumps(spec, sort_keys=True))
             if key not in _MEMO:
-                _MEMO[key] = [check_spec(spec, extra_paths)]
+                _MEMO[key] = [_check_builtin(spec, extra_paths)]
             results[i] = _MEMO[key][0]
     rest = [s for s, is_local in zip(specs, local, strict=True) if not is_local]
     if rest:
@@ -157,6 +157,44 @@ def run_probe(specs: Sequence[dict[str, Any]], *, python: str, extra_paths: Sequ
                                        memo_key=memo_key))  # fmt: skip
         results = [r if r is not None else next(answered) for r in results]
     return results  # type: ignore[return-value]
+
+
+def builtin_cache_dir() -> Path:
+    """Where answers for srl's own built-in tasksets are kept between commands: ``$XDG_CACHE_HOME/srl/probe``
+    (``~/.cache/srl/probe`` without it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "srl" / "probe"
+
+
+def _check_builtin(spec: dict[str, Any], extra_paths: Sequence[str]) -> dict[str, Any]:
+    """:func:`check_spec` of a spec that resolves to srl's own code (or to nothing), answered from
+    :func:`builtin_cache_dir` when this srl and verifiers answered the same spec before. Why: the check imports
+    verifiers (about 5 s of CPU), which every login-node command (a dry run, a submission) would otherwise pay
+    for srl's own tasksets, whose answer changes only with srl's or verifiers' code. The key holds the spec, the
+    paths, the interpreter, verifiers' version and the stamp of every file of ``toolkit.envs``; a cache that cannot
+    be read or written is skipped."""
+    import hashlib
+    from importlib import metadata
+
+    try:
+        vf_version = metadata.version("verifiers")
+    except metadata.PackageNotFoundError:
+        vf_version = None
+    envs_pkg = Path(__file__).resolve().parent
+    stamp = file_stamp(sorted(str(p) for p in envs_pkg.rglob("*.py")))
+    key = json.dumps([spec, list(extra_paths), sys.executable, vf_version, stamp], sort_keys=True)
+    path = builtin_cache_dir() / (hashlib.sha256(key.encode()).hexdigest() + ".json")
+    with contextlib.suppress(OSError, ValueError):
+        cached = json.loads(path.read_text())
+        if isinstance(cached, dict) and cached.get("key") == key:
+            return cached["result"]
+    result = check_spec(spec, extra_paths)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "result": result}))
+        os.replace(tmp, path)
+    return result
 
 
 def _same_interpreter(python: str) -> bool:

@@ -52,7 +52,7 @@ from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_stat
 from toolkit.orchestrator.stop import StopChecks
 from toolkit.orchestrator.writer import RecordWriter
 from toolkit.run.control import request_stop
-from toolkit.run.heartbeat import LONG, STARTUP, WEIGHTS, Heartbeat, enable_stack_dumps
+from toolkit.run.heartbeat import FINISHED, LONG, STARTUP, WEIGHTS, Heartbeat, enable_stack_dumps
 from toolkit.run.layout import RunDir
 from toolkit.run.metrics import EVAL_POLICY_VERSION
 from toolkit.run.types import SamplingParams
@@ -415,6 +415,8 @@ class Orchestrator:
                 except Exception:
                     log.exception("closing env %s failed", getattr(rt, "name", "?"))
             beat.cancel()
+            # Nothing more reaches metrics.jsonl from here: the trainer's W&B mirror waits for this phase.
+            self.progress.phase(FINISHED)
             self.writer.close()
             for owner in (self.client, self.updater):  # their kept-open HTTP connections
                 aclose = getattr(owner, "aclose", None)

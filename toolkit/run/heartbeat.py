@@ -60,6 +60,13 @@ LONG = "long"
 WEIGHTS = "weights"
 """Phase kind: writing a checkpoint, broadcasting or updating weights; scaled by ``size_bytes``."""
 KINDS = (STARTUP, LONG, WEIGHTS)
+FINISHED = "finished"
+"""The phase a role enters last, once it will write nothing more to ``metrics.jsonl`` (see
+:func:`wait_until_finished`)."""
+SILENT_S = 60.0
+"""A record not rewritten for this many seconds (of the reader's clock) belongs to a process that ended without
+saying so, or that hangs (the watchdog's business): :func:`wait_until_finished` stops waiting for it. Twelve beat
+intervals, because a loaded event loop can miss several beats."""
 
 
 def enable_stack_dumps(file: Any = None) -> bool:
@@ -95,6 +102,35 @@ def clear(run: RunDir) -> None:
     if run.progress.is_dir():
         for p in run.progress.glob("*.json"):
             p.unlink(missing_ok=True)
+
+
+def wait_until_finished(run: RunDir, key: str, *, should_stop: Any = lambda: False, on_wait: Any = lambda: None,
+                        silent_s: float = SILENT_S, poll_s: float = 0.5, clock: Any = time.monotonic) -> str:
+    """Block until process ``key`` (``orchestrator``) has said it is done writing: its record's phase is
+    :data:`FINISHED`. Why: a role that mirrors or summarises ``metrics.jsonl`` at its own end (the trainer's W&B
+    mirror) must not end before the lines another role writes last (the orchestrator's eval of the final policy,
+    written after the trainer's last step).
+
+    Returns ``"finished"``; ``"silent"`` when the record (or its absence) has not changed for ``silent_s`` seconds
+    of ``clock`` (a crashed or hung process: never waits forever; the host clocks need not agree, only changes of
+    the record are compared); ``"stopped"`` when ``should_stop()`` turned true. ``on_wait`` is called at every poll
+    (the caller's own :meth:`Heartbeat.beat`)."""
+    path = record_path(run, key)
+    seen: Any = object()
+    changed_at = clock()
+    while True:
+        rec = read_json(path)
+        if isinstance(rec, dict) and rec.get("phase") == FINISHED:
+            return "finished"
+        marker = (rec.get("beat"), rec.get("pid")) if isinstance(rec, dict) else None
+        if marker != seen:
+            seen, changed_at = marker, clock()
+        elif clock() - changed_at >= silent_s:
+            return "silent"
+        if should_stop():
+            return "stopped"
+        on_wait()
+        time.sleep(poll_s)
 
 
 class Heartbeat:

@@ -28,7 +28,7 @@ from typing import Any
 
 from toolkit import checkpoints, fsutil
 from toolkit.lease import exit_when_lease_gone
-from toolkit.run.heartbeat import STARTUP, WEIGHTS, Heartbeat, enable_stack_dumps
+from toolkit.run.heartbeat import STARTUP, WEIGHTS, Heartbeat, enable_stack_dumps, wait_until_finished
 from toolkit.run.layout import RunDir
 
 log = logging.getLogger("srl.trainer")
@@ -354,9 +354,14 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
         log.info("stopping after step %d: writing checkpoint", step)
         hb.phase(f"checkpoint {step} (stopping)", step=step, kind=WEIGHTS, size_bytes=3 * wbytes)
         st.save(run, step)
-    hb.phase("finishing (closing the W&B mirror, leaving the process group)", step=step)
     if mirror is not None:
-        mirror.close(orchestrator_step=step or None)
+        # The orchestrator writes the run's last lines (its step line, the final policy's eval) after this
+        # trainer's last step: W&B gets them only if the mirror closes after them.
+        hb.phase("waiting for the orchestrator's last metrics lines (W&B mirror)", step=step,
+                 waiting_for="orchestrator")  # fmt: skip
+        wait_until_finished(run, "orchestrator", on_wait=hb.beat)
+        hb.phase("finishing (closing the W&B mirror, leaving the process group)", step=step)
+        mirror.close()
     tdist.shutdown(info)
     if diverged:
         raise TrainerDiverged(diverged)

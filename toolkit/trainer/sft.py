@@ -139,7 +139,7 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any, progress: Any = None) -
     Raises DataError before step 1 on bad data, ``toolkit.checkpoints.CheckpointError`` when checkpoints exist but
     none can be resumed, TrainerDiverged after ``max_nonfinite_steps`` non-finite steps in a row.
     """
-    from toolkit.run.heartbeat import STARTUP, WEIGHTS
+    from toolkit.run.heartbeat import STARTUP, WEIGHTS, wait_until_finished
     from toolkit.run.metrics import recorded_steps
     from toolkit.trainer import dist as tdist
     from toolkit.trainer.loss import IPOLoss
@@ -272,11 +272,14 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any, progress: Any = None) -
         export_model(model, st.model_dir, run.model_export, info=info)
         if info.is_main:
             log.info("final model written to %s", run.model_export)
+    if mirror is not None and cfg.has_online_eval:
+        # The eval-only orchestrator writes the last step's eval after this broadcast: wait for it to finish so
+        # W&B gets the run's final score too.
+        hb.phase("waiting for the orchestrator's last eval (W&B mirror)", step=step, waiting_for="orchestrator")
+        wait_until_finished(run, "orchestrator", on_wait=hb.beat)
     hb.phase("finishing (W&B mirror, leaving the process group)", step=step)
     if mirror is not None:
-        # The eval of the last step is written by the eval-only orchestrator after this broadcast; wait for it a
-        # while so W&B gets the run's final score too.
-        mirror.close(orchestrator_step=step if cfg.has_online_eval and step else None, wait_s=120.0)
+        mirror.close()
     tdist.shutdown(info)
     return step
 

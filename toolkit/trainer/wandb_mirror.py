@@ -3,9 +3,10 @@
 One writer. The trainer's main rank mirrors the whole ``metrics.jsonl`` (its own lines and the orchestrator's) into
 W&B, instead of each role logging for itself. Why: two processes can share a W&B run only in W&B's ``shared`` mode,
 which is an online mode (wandb 0.31: ``Settings(mode="shared")`` excludes ``mode="offline"``); two offline writers
-with one run id leave two offline directories whose histories collide on their step numbers when synced. The
-trainer's main rank lives until the run's last trainer step, after the orchestrator's lines for those steps are
-written (its line of step n follows batch n within milliseconds; :meth:`WandbMirror.close` waits a little for it).
+with one run id leave two offline directories whose histories collide on their step numbers when synced. Before
+closing, the trainer's main rank waits until the orchestrator says it will write nothing more (its progress record
+reaches the ``finished`` phase), because the orchestrator writes last: its line of step n follows batch n, and its
+eval of the final policy follows the trainer's last step.
 Mirroring the file also makes W&B hold exactly what ``metrics.jsonl`` holds, resumes included (each step is written
 there once).
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -137,18 +137,12 @@ class WandbMirror:
             fsutil.atomic_write_json(self.run.wandb / CURSOR_FILE, {"offset": self.offset, "lines": self.lines})
         return n
 
-    def close(self, *, orchestrator_step: int | None = None, wait_s: float = 10.0) -> Path | None:
-        """Mirror the last lines and finish the W&B run. ``orchestrator_step``: first wait up to ``wait_s`` seconds
-        for the orchestrator's line of that step (written just after the batch the trainer trained last). Returns
-        the offline directory of this attempt (None online or when W&B was off)."""
-        from toolkit.run.metrics import recorded_steps
-
+    def close(self) -> Path | None:
+        """Mirror the last lines and finish the W&B run. Callers first wait for the orchestrator to finish writing
+        (:func:`toolkit.run.heartbeat.wait_until_finished`). Returns the offline directory of this attempt (None
+        online or when W&B was off)."""
         if self.wb_run is None:
             return None
-        deadline = time.monotonic() + wait_s
-        while (orchestrator_step is not None and time.monotonic() < deadline
-               and orchestrator_step not in recorded_steps(self.run.metrics, "orchestrator")):
-            time.sleep(0.2)
         self.pump()
         if self.wb_run is None:
             return None
