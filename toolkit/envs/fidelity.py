@@ -1,17 +1,21 @@
-"""What srl honours of a verifiers v1 environment, and the refusals for what it cannot run unchanged.
+"""Which of srl's two episode paths runs a verifiers v1 environment, and the refusals for what neither can run.
 
-srl drives the policy itself and plays verifiers' single-agent, tool-less chat loop (``SingleAgentEnv`` with the
-``null`` harness) inside its env workers (``toolkit.envs.episode``). Everything an environment can declare beyond
-that loop would change meaning if srl ran it anyway, so it is refused when the env loads, with the env's name and
-the feature in the message (:class:`EnvFeatureError`):
+An env worker plays verifiers' single-agent, tool-less chat loop itself (``toolkit.envs.episode``, in process:
+``SingleAgentEnv`` with the ``null`` harness, turn by turn) when the environment declares nothing beyond it. Anything
+more runs through verifiers' own rollout (``toolkit.envs.traces``: ``Env.run_episode``, its harness program,
+interception and tool servers, with srl's policy as the model). :func:`chat_loop_reasons` lists what sends an
+environment to verifiers' rollout:
 
-- an ``Env`` subclass exported by the taskset's module (verifiers would run that class's ``run``/``finalize``),
+- an ``Env`` subclass exported by the taskset's module (verifiers runs that class's ``run``/``finalize``),
 - a harness bundled with the taskset, or a ``harness.id`` other than the plain chat loop,
 - tool servers (``Task.toolsets`` / ``Taskset.toolsets``), ``@vf.intercept`` hooks, ``@vf.stop`` predicates on a
   ``Request`` or ``Response`` (they need verifiers' interception server between program and model),
-- a runtime type srl cannot provide on the node (remote sandboxes; a container engine that is not installed),
-- a task/runtime pairing verifiers itself refuses (``NEEDS_CONTAINER`` on subprocess, a task image on subprocess),
-- a task without a prompt and no srl ``user_turn`` hook (nobody opens the conversation).
+- a task without a prompt and no srl ``user_turn`` hook (an Env must drive the interaction).
+
+Refused on both paths (:class:`EnvFeatureError`, naming the env and the feature): a runtime type srl cannot provide
+on the node (remote sandboxes; a container engine that is not installed), a harness id verifiers does not know,
+and a task/runtime pairing verifiers itself refuses (``NEEDS_CONTAINER`` on subprocess, a task image on
+subprocess).
 
 The runtime (``harness.runtime``) is verifiers' own runtime class built from the config, one per episode, handed
 to the task's ``setup``/``finalize`` and to ``Task.score`` exactly as verifiers' rollout does.
@@ -134,29 +138,34 @@ def exported(module: Any, base: type) -> list[type]:
 
 def env_class_problems(env_name: str, module: Any, harness_id: str) -> list[str]:
     """What the taskset's module (the one its id imports) declares beyond the plain chat loop: an ``Env`` class, a
-    bundled harness; and a harness id other than the plain chat loop. Returns refusal messages (empty: nothing to
-    refuse)."""
+    bundled harness; and a harness id other than the plain chat loop. Returns one message per finding (empty:
+    the plain chat loop plays it); each sends the env to verifiers' rollout (:func:`chat_loop_reasons`)."""
     import verifiers.v1 as vf
 
     out: list[str] = []
     if harness_id not in PLAIN_CHAT_HARNESSES:
-        out.append(
-            f"env '{env_name}': harness '{harness_id}' is not supported: srl plays the policy itself through the "
-            f"plain chat loop only (harness.id = {' or '.join(repr(h) for h in PLAIN_CHAT_HARNESSES)})"
-        )
+        out.append(f"env '{env_name}': harness '{harness_id}' is not the plain chat loop "
+                   f"({' or '.join(repr(h) for h in PLAIN_CHAT_HARNESSES)})")  # fmt: skip
     for env_cls in exported(module, vf.Env):
-        out.append(
-            f"env '{env_name}': the taskset's module {module.__name__} exports its own Env class "
-            f"{env_cls.__name__}, which verifiers would run instead of the single-agent loop; srl cannot run an "
-            "Env's run()/setup()/finalize() (repeated attempts, comparisons, several agents, a simulated user) "
-            "and refuses it rather than train a different episode"
-        )
+        out.append(f"env '{env_name}': the taskset's module {module.__name__} exports its own Env class "
+                   f"{env_cls.__name__}, whose run()/setup()/finalize() verifiers runs")  # fmt: skip
     for harness_cls in exported(module, vf.Harness):
-        out.append(
-            f"env '{env_name}': the taskset's module {module.__name__} bundles its own harness "
-            f"{harness_cls.__name__}, which verifiers would run by default; srl runs only the plain chat loop"
-        )
+        out.append(f"env '{env_name}': the taskset's module {module.__name__} bundles its own harness "
+                   f"{harness_cls.__name__}, which verifiers runs by default")  # fmt: skip
     return out
+
+
+def harness_id_problem(env_name: str, harness_id: str) -> str | None:
+    """Why ``harness.id`` names no harness verifiers can load (None: the plain chat loop, or one it can)."""
+    if harness_id in PLAIN_CHAT_HARNESSES:
+        return None
+    from verifiers.v1.utils.loaders import harness_class
+
+    try:
+        harness_class(harness_id)
+    except Exception as exc:  # noqa: BLE001 - verifiers' own message says what it tried
+        return f"env '{env_name}': harness.id: {type(exc).__name__}: {exc}"
+    return None
 
 
 def task_class_problems(env_name: str, taskset: Any, task_cls: type) -> list[str]:
@@ -169,18 +178,33 @@ def task_class_problems(env_name: str, taskset: Any, task_cls: type) -> list[str
     except Exception as exc:  # noqa: BLE001 - a toolsets() that raises is itself the finding
         task_tools, shared_tools = [f"toolsets() raised {type(exc).__name__}: {exc}"], []
     if task_tools or shared_tools:
-        out.append(
-            f"env '{env_name}': {task_cls.__name__} serves tools (Task.toolsets / Taskset.toolsets); srl's chat "
-            "loop has no tool servers, so the model could never call them"
-        )
+        out.append(f"env '{env_name}': {task_cls.__name__} serves tools (Task.toolsets / Taskset.toolsets), which "
+                   "verifiers' tool servers host")  # fmt: skip
     return out
 
 
 def task_problems(env_name: str, task: Any, runtime_config: Any, harness: Any = None) -> list[str]:
-    """Refusals for one task object: interception hooks, request/response stops, a pairing verifiers refuses
-    (with ``harness``, default verifiers' ``null``), a task nobody can open."""
-    from verifiers.v1.session import hook_boundary
+    """What the plain chat loop cannot play of one task (:func:`task_hook_reasons`) and the pairing verifiers
+    refuses (:func:`pairing_problems`; ``harness`` defaults to verifiers' ``null``)."""
+    return task_hook_reasons(env_name, task) + pairing_problems(env_name, task, runtime_config, harness)
+
+
+def pairing_problems(env_name: str, task: Any, runtime_config: Any, harness: Any = None) -> list[str]:
+    """verifiers' own refusal of running ``task`` with ``harness`` (default ``null``) on ``runtime_config``."""
     from verifiers.v1.utils.compile import resolve_runtime_config, validate_pairing
+
+    try:
+        resolved = resolve_runtime_config(runtime_config, task)
+        validate_pairing(harness or _null_harness(), type(task), resolved)
+    except ValueError as exc:
+        why = f"env '{env_name}': {exc} (srl: set harness.runtime.type to 'docker', 'podman' or 'apptainer'; "
+        return [why + "remote sandboxes are not provided)"]
+    return []
+
+
+def task_hook_reasons(env_name: str, task: Any) -> list[str]:
+    """What sends one task to verifiers' rollout: interception hooks, request/response stops, no prompt."""
+    from verifiers.v1.session import hook_boundary
     from verifiers.v1.utils.decorators import discover_decorated
 
     out: list[str] = []
@@ -202,14 +226,6 @@ def task_problems(env_name: str, task: Any, runtime_config: Any, harness: Any = 
                 f"env '{env_name}': {name}'s @vf.stop {fn.__name__} takes a {kind} boundary; srl checks only "
                 "stops over the Trace (a request/response stop needs verifiers' interception server)"
             )
-    try:
-        resolved = resolve_runtime_config(runtime_config, task)
-        validate_pairing(harness or _null_harness(), type(task), resolved)
-    except ValueError as exc:
-        out.append(
-            f"env '{env_name}': {exc} (srl: set harness.runtime.type to 'docker', 'podman' or 'apptainer'; "
-            "remote sandboxes are not provided)"
-        )
     if task.data.prompt is None and not callable(getattr(task, "user_turn", None)):
         out.append(
             f"env '{env_name}': task {task_identity(task)!r} has no prompt and no user to open the conversation "
@@ -228,6 +244,28 @@ MAX_LISTED = 10
 """Refusals listed at most in one error (a problem of every task would otherwise print once per task)."""
 
 
+def chat_loop_reasons(env_name: str, taskset: Any, tasks: Iterable[Any], harness_id: str, module: Any) -> list[str]:
+    """Why the plain chat loop cannot play this environment as verifiers would (empty: it can), each reason once:
+    the findings of :func:`env_class_problems`, :func:`task_class_problems` and, per task,
+    :func:`task_hook_reasons`. A non-empty list sends the env to verifiers' own rollout."""
+    out = env_class_problems(env_name, module, harness_id)
+    out += task_class_problems(env_name, taskset, type(taskset).task_type())
+    for task in tasks:
+        out += task_hook_reasons(env_name, task)
+    return list(dict.fromkeys(out))
+
+
+def raise_listed(problems: list[str]) -> None:
+    """Raise EnvFeatureError listing the distinct ``problems`` (at most ``MAX_LISTED``, then a count); nothing
+    when there are none."""
+    problems = list(dict.fromkeys(problems))
+    if problems:
+        listed = problems[:MAX_LISTED]
+        if len(problems) > MAX_LISTED:
+            listed.append(f"... and {len(problems) - MAX_LISTED} more")
+        raise EnvFeatureError("\n".join(listed))
+
+
 def check_loaded(
     env_name: str,
     taskset: Any,
@@ -236,20 +274,16 @@ def check_loaded(
     runtime_config: Any,
     module: Any,
 ) -> None:
-    """Refuse, at load, an environment srl cannot run as verifiers would. Checks the taskset's ``module`` (the one
-    its id imports), its task class and every loaded task. Raises EnvFeatureError listing the distinct refusals
-    (at most ``MAX_LISTED``, then a count of the rest)."""
-    problems = env_class_problems(env_name, module, harness_id)
-    problems += task_class_problems(env_name, taskset, type(taskset).task_type())
+    """Refuse an environment the plain chat loop cannot play as verifiers would (the callers that have only that
+    loop: ``srl eval validate``). Checks the taskset's ``module`` (the one its id imports), its task class and
+    every loaded task. Raises EnvFeatureError listing the distinct findings (at most ``MAX_LISTED``, then a
+    count of the rest)."""
+    tasks = list(tasks)
+    problems = chat_loop_reasons(env_name, taskset, tasks, harness_id, module)
     harness = _null_harness()
     for task in tasks:
-        problems += task_problems(env_name, task, runtime_config, harness)
-    problems = list(dict.fromkeys(problems))  # each distinct refusal once, in order of first appearance
-    if problems:
-        listed = problems[:MAX_LISTED]
-        if len(problems) > MAX_LISTED:
-            listed.append(f"... and {len(problems) - MAX_LISTED} more")
-        raise EnvFeatureError("\n".join(listed))
+        problems += pairing_problems(env_name, task, runtime_config, harness)
+    raise_listed(problems)
 
 
 def task_identity(task: Any) -> str:

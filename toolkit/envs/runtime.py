@@ -38,7 +38,7 @@ from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, unwrap
 from toolkit.models.renderer import CachedRenderer, Renderer, load_renderer
 from toolkit.orchestrator.engines import wait_excluding_outage
 from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
-from toolkit.run.types import TRANSIENT_ERRORS, Rollout, SamplingParams
+from toolkit.run.types import TRANSIENT_ERRORS, Rollout, SamplingParams, TrainingSample
 
 log = logging.getLogger("srl.orchestrator")
 
@@ -208,6 +208,9 @@ class EnvRuntime:
         self.num_examples = 0
         self.task_ids: list[str] = []
         self._spec = b"{}"
+        self.mode = "chat"
+        """The workers' episode path: ``chat`` (srl's plain chat loop, turn by turn from here) or ``trace``
+        (verifiers' own rollout in the worker, model turns called back here; ``toolkit.envs.traces``)."""
         self._rr = 0
         self._rng = random.Random(seed)
 
@@ -223,7 +226,11 @@ class EnvRuntime:
         if address:
             self.workers = [_Worker(host, port, None) for host, port in _addresses(address)]
         else:
-            self._spec = json.dumps(env_spec(self.env_cfg)).encode()
+            # The policy's model and renderer: a worker that runs verifiers' rollout renders the turns itself.
+            policy = {"model_path": str(self.model_path),
+                      "renderer": {"name": getattr(self.renderer_cfg, "name", None),
+                                   "import_path": getattr(self.renderer_cfg, "import_path", None)}}  # fmt: skip
+            self._spec = json.dumps({**env_spec(self.env_cfg), "policy": policy}).encode()
             n = self.env_cfg.pool.max_workers
             started = await asyncio.gather(*(self._spawn() for _ in range(max(1, n))), return_exceptions=True)
             self.workers = [
@@ -236,6 +243,10 @@ class EnvRuntime:
             await w.conn.connect()
         info = await self.workers[0].conn.call("info", WORKER_START_TIMEOUT_S)
         self.num_examples, self.task_ids = int(info["num_examples"]), list(info["task_ids"])
+        self.mode = str(info.get("mode") or "chat")
+        if self.mode == "trace":
+            log.info("env %s runs through verifiers' own rollout in its workers: %s", self.name,
+                     "; ".join(info.get("reasons") or []))  # fmt: skip
         if info.get("source"):  # where the worker, on its node and with its PYTHONPATH, found the taskset
             tid = getattr(getattr(self.env_cfg, "taskset", None), "id", "?")
             log.info("env %s: taskset %s resolved to %s", self.name, tid, info["source"])
@@ -352,6 +363,8 @@ class EnvRuntime:
 
     async def _attempt(self, example_id: int, client: Any, sampling: SamplingParams,
                        session: _RemoteSession | None = None) -> Rollout:  # fmt: skip
+        if self.mode == "trace":
+            return await self._trace_attempt(example_id, client, sampling)
         if session is None:
             session = _RemoteSession(self, self._pick_worker(), example_id)
         worker = session.worker
@@ -372,6 +385,44 @@ class EnvRuntime:
             raise srl_errors.HarnessError(f"rollout timed out after {self.timeouts['rollout']} s") from exc
         finally:
             await session.close()
+
+    async def _trace_attempt(self, example_id: int, client: Any, sampling: SamplingParams) -> Rollout:
+        """One episode through verifiers' rollout on a worker (``run_trace``); its model turns come back to this
+        process as ``generate`` callbacks, answered by ``client`` (the policy client: its retries, its serving
+        gate, the policy version of each turn)."""
+        worker = self._pick_worker()
+        await self._ready(worker)
+        episode = uuid.uuid4().hex
+        conn = worker.conn
+
+        async def on_callback(op: str, params: dict[str, Any]) -> dict[str, Any]:
+            if op != "generate":
+                raise srl_errors.HarnessError(f"env worker asked for unknown callback {op!r}")
+            gen = await client.generate(list(params["prompt_ids"]), SamplingParams(**params["sampling"]),
+                                        session_id=str(params.get("session_id") or episode))  # fmt: skip
+            return {"token_ids": list(gen.token_ids), "logprobs": [float(x) for x in gen.logprobs],
+                    "finish_reason": gen.finish_reason, "policy_version": int(gen.policy_version),
+                    "foreign_version": gen.foreign_version}  # fmt: skip
+
+        conn.callbacks[episode] = on_callback
+        try:
+            r = await wait_excluding_outage(
+                conn.call("run_trace", example_id=example_id, episode=episode, sampling=dataclasses.asdict(sampling)),
+                self.timeouts.get("rollout"), client,
+            )  # fmt: skip
+        except TimeoutError as exc:
+            await self._restart_if_unresponsive(worker)
+            raise srl_errors.HarnessError(f"rollout timed out after {self.timeouts['rollout']} s") from exc
+        finally:
+            conn.callbacks.pop(episode, None)
+        return Rollout(
+            env=self.name, task_id=str(r["task_id"]), example_id=example_id,
+            samples=[TrainingSample(**s) for s in r["samples"]], reward=float(r["reward"]),
+            reward_components=dict(r.get("components") or {}), metrics=dict(r.get("metrics") or {}),
+            num_turns=int(r.get("num_turns") or 0), truncated=bool(r.get("truncated")),
+            truncation_reason=r.get("truncation_reason"), policy_version=int(r.get("policy_version") or 0),
+            foreign_version=r.get("foreign_version"), timings=dict(r.get("timings") or {}),
+        )  # fmt: skip
 
     async def _restart_if_unresponsive(self, worker: _Worker) -> None:
         """After a rollout timeout: a worker that cannot answer ``health`` within GRACE_S is stuck (e.g. a
@@ -425,6 +476,10 @@ class EnvRuntime:
                 sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + k)
             )
 
+        if self.mode == "trace":  # verifiers runs each episode whole: nothing to start ahead
+            return list(await asyncio.gather(*(
+                self.run_rollout(example_id, client=client, sampling=nth(k)) for k in range(group_size)
+            )))  # fmt: skip
         # The first attempts start together on one worker, in one request (protocol: start_group).
         group = _GroupStart(self, self._pick_worker(), example_id, group_size)
         try:

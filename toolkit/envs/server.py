@@ -30,7 +30,15 @@ from toolkit import errors as srl_errors
 from toolkit.envs import fidelity, sigcache
 from toolkit.envs.episode import Episode
 from toolkit.envs.fidelity import task_identity
-from toolkit.envs.protocol import READY_PREFIX, STREAM_LIMIT, coalesce_writes, encode
+from toolkit.envs.protocol import (
+    READY_PREFIX,
+    STREAM_LIMIT,
+    CallbackChannel,
+    coalesce_writes,
+    encode,
+    outcome,
+    settled,
+)
 from toolkit.envs.registry import load_selected, taskset_module, taskset_source
 
 
@@ -49,23 +57,37 @@ class EnvWorker:
     """The episodes of one worker. ``handle`` runs one request; errors come back as seed error classes."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        """Load and select the tasks and refuse what srl cannot run as verifiers would.
+        """Load and select the tasks, choose the episode path (``mode``: ``"chat"``, srl's plain chat loop, or
+        ``"trace"``, verifiers' own rollout; ``toolkit.envs.fidelity``) and refuse what neither can run.
 
-        Raises EnvFeatureError (an unsupported harness, runtime, Env class or task feature), ValueError or
-        pydantic.ValidationError (taskset fields), ModuleNotFoundError (an id that resolves nowhere).
+        Raises EnvFeatureError (a runtime srl cannot provide, a harness verifiers does not know, a pairing
+        verifiers refuses), ValueError or pydantic.ValidationError (taskset, env or seat fields),
+        ModuleNotFoundError (an id that resolves nowhere).
         """
         harness = spec.get("harness") or {}
         name = spec.get("name") or spec["taskset"]["id"]
+        harness_id = harness.get("id", "default")
         runtime = harness.get("runtime") or {"type": "subprocess"}
         self.runtime_config = fidelity.build_runtime_config(name, runtime)
+        fidelity.raise_listed([p for p in [fidelity.harness_id_problem(name, harness_id)] if p])
         taskset, self.tasks = load_selected(
             taskset_namespace(spec["taskset"]), env_name=name, eval_env=bool(spec.get("eval"))
         )
         self.source = taskset_source(spec["taskset"]["id"])
-        fidelity.check_loaded(
-            name, taskset, self.tasks, harness.get("id", "default"), self.runtime_config,
-            module=taskset_module(spec["taskset"]["id"]),
-        )  # fmt: skip
+        module = taskset_module(spec["taskset"]["id"])
+        self.reasons = fidelity.chat_loop_reasons(name, taskset, self.tasks, harness_id, module)
+        self.trace_env = None
+        if self.reasons:
+            from toolkit.envs.traces import TraceEnv
+
+            self.trace_env = TraceEnv(spec)
+            self.tasks = self.trace_env.tasks
+            pairing = [p for t in self.tasks for p in fidelity.pairing_problems(
+                name, t, self.runtime_config, self.trace_env.harness)]  # fmt: skip
+            fidelity.raise_listed(pairing)
+        else:
+            fidelity.check_loaded(name, taskset, self.tasks, harness_id, self.runtime_config, module=module)
+        self.mode = "trace" if self.trace_env is not None else "chat"
         self.max_turns = spec.get("max_turns")
         self.timeout = spec.get("timeout") or {}
         self.episodes: dict[str, Episode] = {}
@@ -77,12 +99,18 @@ class EnvWorker:
         except TimeoutError as exc:
             raise srl_errors.TaskError(f"task {stage} timed out after {limit} s") from exc
 
-    async def handle(self, op: str, req: dict[str, Any]) -> dict[str, Any]:
+    async def handle(self, op: str, req: dict[str, Any], channel: CallbackChannel | None = None) -> dict[str, Any]:
+        """Answer request ``op``; ``channel``: callbacks to the orchestrator over the request's connection."""
         if op == "health":
             return {"episodes": len(self.episodes), "pid": os.getpid()}
         if op == "info":
             return {"num_examples": len(self.tasks), "task_ids": [task_identity(t) for t in self.tasks],
-                    "source": self.source.describe()}  # fmt: skip
+                    "source": self.source.describe(), "mode": self.mode, "reasons": self.reasons}  # fmt: skip
+        if op == "run_trace":
+            if self.trace_env is None or channel is None:
+                raise srl_errors.HarnessError("run_trace: this env runs srl's plain chat loop (op start)")
+            return await self.trace_env.run(int(req["example_id"]), str(req["episode"]), dict(req["sampling"]),
+                                            channel.call)  # fmt: skip
         if op == "start":
             return await self._start(int(req["example_id"]), req["episode"])
         if op == "start_group":
@@ -92,7 +120,7 @@ class EnvWorker:
             outcomes = await asyncio.gather(
                 *(self._start(int(req["example_id"]), e) for e in ids), return_exceptions=True
             )
-            return {"results": [_outcome(o) for o in outcomes]}
+            return {"results": [outcome(o) for o in outcomes]}
         episode = self.episodes.get(req.get("episode", ""))
         if op == "close":
             dropped = self.episodes.pop(req.get("episode", ""), None)
@@ -105,7 +133,7 @@ class EnvWorker:
             messages, done = await episode.step(req["reply"])
             out: dict[str, Any] = {"messages": messages, "done": done}
             if done and req.get("finish"):  # the client asked for the score with the last step (one round trip)
-                out["scored"] = _outcome(await _settled(self._finish(req["episode"], episode)))
+                out["scored"] = outcome(await settled(self._finish(req["episode"], episode)))
             return out
         if op == "finish":
             return await self._finish(req["episode"], episode)
@@ -136,8 +164,9 @@ class EnvWorker:
             await episode.close()
         return {**scored, "wants_more": episode.wants_more}
 
-    async def respond(self, req: dict[str, Any], writer: asyncio.StreamWriter, outbox: list[bytes]) -> None:
-        out = {"id": req.get("id"), **_outcome(await _settled(self.handle(req.get("op", ""), req)))}
+    async def respond(self, req: dict[str, Any], writer: asyncio.StreamWriter, outbox: list[bytes],
+                      channel: CallbackChannel | None = None) -> None:  # fmt: skip
+        out = {"id": req.get("id"), **outcome(await settled(self.handle(req.get("op", ""), req, channel)))}
         if not writer.is_closing():
             coalesce_writes(asyncio.get_running_loop(), writer, outbox, encode(out))
             await writer.drain()
@@ -145,33 +174,21 @@ class EnvWorker:
     async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         running: set[asyncio.Task] = set()
         outbox: list[bytes] = []  # responses of one loop iteration, sent together
+        channel = CallbackChannel(writer, outbox)
         try:
             while line := await reader.readline():
-                task = asyncio.create_task(self.respond(json.loads(line), writer, outbox))
+                msg = json.loads(line)
+                if "cb" in msg and "op" not in msg:  # the orchestrator's answer to a callback
+                    channel.resolve(msg)
+                    continue
+                task = asyncio.create_task(self.respond(msg, writer, outbox, channel))
                 running.add(task)
                 task.add_done_callback(running.discard)
         except (OSError, ConnectionError, ValueError):
             pass
         finally:
+            channel.fail_all("the orchestrator's connection closed")
             writer.close()
-
-
-async def _settled(coro: Any) -> Any:
-    """The result of ``coro``, or the exception it raised (returned, not raised)."""
-    try:
-        return await coro
-    except Exception as exc:  # noqa: BLE001 - every failure is reported to the client by _outcome
-        return exc
-
-
-def _outcome(value: Any) -> dict[str, Any]:
-    """A result or an exception as the wire sees it: ``{"ok": true, "result"}`` or ``{"ok": false, "error_class",
-    "error"}``; an exception that is not a seed error class is a bug in the worker: HarnessError."""
-    if isinstance(value, srl_errors.SrlRolloutError):
-        return {"ok": False, "error_class": value.error_class, "error": str(value)}
-    if isinstance(value, BaseException):
-        return {"ok": False, "error_class": "HarnessError", "error": f"{type(value).__name__}: {value}"}
-    return {"ok": True, "result": value}
 
 
 async def _watch_parent(parent_pid: int) -> None:
@@ -184,6 +201,10 @@ async def _watch_parent(parent_pid: int) -> None:
 async def serve(spec: dict[str, Any], host: str, port: int, parent_pid: int | None) -> None:
     """Load the tasks, listen, announce the address on stdout and serve forever."""
     worker = EnvWorker(spec)
+    if worker.trace_env is not None:
+        await worker.trace_env.start()
+        print(f"env '{worker.trace_env.name}' runs through verifiers' own rollout: " + "; ".join(worker.reasons),
+              file=sys.stderr, flush=True)  # fmt: skip
     sigcache.install()  # verifiers' scoring asks for the same signatures on every rollout (see sigcache)
     # verifiers' modules and the loaded tasks live as long as the worker: moved out of the collector's view, so
     # the collections that episodes' short-lived objects trigger do not walk them again and again (measured: env

@@ -1,0 +1,108 @@
+"""Env workers that run verifiers' own rollout (``toolkit.envs.traces``) for an environment the plain chat loop
+cannot play: ``codebook-lookup`` (tests/fixtures/vf_envs), whose task serves a tool server. Real worker
+processes, verifiers' ``null`` harness program (run with the job's interpreter, no package index), verifiers'
+interception server and the task's MCP tool server; the model turns come back to this process as callbacks and
+are answered by a scripted policy (the vLLM path is tests/integration/test_rl_tool_env.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from prereqs import need_module
+
+need_module("verifiers.v1")
+need_module("transformers")
+
+from toolkit.envs.runtime import EnvRuntime
+from toolkit.errors import ProviderError
+from toolkit.run.types import Generation, SamplingParams
+
+VF_ENVS = Path(__file__).resolve().parents[1] / "fixtures" / "vf_envs"
+TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+
+pytestmark = pytest.mark.slow  # worker processes import verifiers; every episode starts a harness program
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from toolkit.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture
+def vf_envs_on_path(monkeypatch):
+    # The worker resolves the id there, and verifiers starts the tool server as `python -m codebook_lookup`.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(VF_ENVS), os.environ.get("PYTHONPATH")])))
+
+
+def env_cfg(**harness):
+    return SimpleNamespace(
+        name="codebook", env_name="codebook",
+        taskset=SimpleNamespace(id="codebook-lookup", split="train", seed=0, select=None, model_extra={}),
+        harness=SimpleNamespace(id="default", runtime=SimpleNamespace(type="subprocess"), **harness),
+        timeout=SimpleNamespace(setup=60, rollout=120, finalize=60, scoring=60),
+        max_turns=4, max_total_tokens=None, retries=0,
+        pool=SimpleNamespace(type="static", max_workers=1, multiplex=1), address=None,
+    )  # fmt: skip
+
+
+class ToolPolicy:
+    """Turn 1: a Hermes tool call for the animal in the prompt; then the tool's answer. Versions count up."""
+
+    def __init__(self, renderer, fail: bool = False) -> None:
+        self.renderer, self.fail, self.calls = renderer, fail, []
+
+    async def generate(self, prompt_ids, sampling, *, session_id):
+        if self.fail:
+            raise ProviderError("engine unreachable after the retry budget (injected)")
+        text = self.renderer.decode(prompt_ids)
+        responses = TOOL_RESPONSE.findall(text)
+        if responses:
+            reply = responses[-1]
+        else:
+            animal = re.findall(r"code word for (\w+)", text)[-1]
+            reply = "<tool_call>" + json.dumps({"name": "codebook_lookup", "arguments": {"key": animal}}) + "</tool_call>"
+        ids = self.renderer.encode(reply) + [self.renderer.stop_token_ids[0]]
+        self.calls.append((session_id, sampling.max_tokens))
+        return Generation(ids, [-0.25] * len(ids), "stop", policy_version=3 + len(self.calls))
+
+
+def test_a_tool_env_runs_through_verifiers_rollout_with_model_calls_from_the_worker(model_dir, vf_envs_on_path):
+    from toolkit.models.renderer import HermesRenderer
+
+    renderer = HermesRenderer(model_dir)
+
+    async def go():
+        rt = EnvRuntime(env_cfg(), model_path=model_dir, renderer_cfg=SimpleNamespace(name="hermes", import_path=None),
+                        seed=0)  # fmt: skip
+        try:
+            await rt.start()
+            assert rt.mode == "trace" and rt.num_examples == 4
+            policy = ToolPolicy(renderer)
+            group = await rt.run_group(1, 2, client=policy, sampling=SamplingParams(max_tokens=64))
+            failing = await rt.run_group(0, 1, client=ToolPolicy(renderer, fail=True), sampling=SamplingParams())
+            return rt.task_ids, group, failing, policy
+        finally:
+            await rt.aclose()
+
+    task_ids, group, failing, policy = asyncio.run(go())
+    assert len(policy.calls) == 4 and {m for _, m in policy.calls} == {64}  # 2 rollouts x 2 turns, our max_tokens
+    for r in group:
+        assert r.error_class is None, r.error_message
+        assert r.reward == 1.0 and r.num_turns == 2 and r.task_id == task_ids[1] and not r.truncated
+        (sample,) = r.samples  # the second turn's prompt extends the first turn's ids exactly: one branch
+        text = renderer.decode(sample.prompt_ids + sample.completion_ids)
+        assert "<tool_call>" in text and "<tool_response>" in text and text.endswith("<|im_end|>")
+        sampled = [t for t, m in zip(sample.completion_ids, sample.completion_mask, strict=True) if m]
+        assert sum(sample.completion_mask) == len(sampled) > 0 and not sample.completion_mask[-2:] == [False] * 2
+        assert r.policy_version >= 4  # the oldest version that sampled a turn of this rollout
+    (err,) = failing
+    assert err.error_class == "ProviderError" and not err.samples, (err.error_class, err.error_message)
