@@ -102,7 +102,7 @@ def test_a_tool_env_runs_through_verifiers_rollout_with_model_calls_from_the_wor
         text = renderer.decode(sample.prompt_ids + sample.completion_ids)
         assert "<tool_call>" in text and "<tool_response>" in text and text.endswith("<|im_end|>")
         sampled = [t for t, m in zip(sample.completion_ids, sample.completion_mask, strict=True) if m]
-        assert sum(sample.completion_mask) == len(sampled) > 0 and not sample.completion_mask[-2:] == [False] * 2
+        assert sum(sample.completion_mask) == len(sampled) > 0 and sample.completion_mask[-2:] != [False] * 2
         assert r.policy_version >= 4  # the oldest version that sampled a turn of this rollout
     (err,) = failing
     assert err.error_class == "ProviderError" and not err.samples, (err.error_class, err.error_message)
