@@ -81,10 +81,10 @@ def test_same_outcome_as_verifiers(taskset_id, fields, replies):
         ("best-of-two", "solver", lambda ep: len(ep.traces) == 2 and "best_of_two" in ep.traces[0].metrics),
     ],
 )
-def test_env_classes_run_by_verifiers_are_refused_by_srl(taskset_id, role, check):
+def test_env_classes_run_by_verifiers_go_to_verifiers_rollout_in_srl(taskset_id, role, check):
     from tests.vf_differential import run_verifiers_env
-    from toolkit.envs.fidelity import EnvFeatureError
     from toolkit.envs.server import EnvWorker
+    from toolkit.models import resolve_model
 
     async def run():
         async with ScriptedModel() as model:
@@ -92,9 +92,12 @@ def test_env_classes_run_by_verifiers_are_refused_by_srl(taskset_id, role, check
 
     episode = asyncio.run(run())
     assert episode.ok and check(episode)
+    # srl's plain chat loop would play a different episode: the worker serves the taskset's own Env instead.
     spec = {"name": taskset_id, "taskset": {"id": taskset_id, "split": None, "seed": 0, "select": None, "extra": {}},
-            "harness": {"id": "default"}, "max_turns": 8, "timeout": {}}  # fmt: skip
-    with pytest.raises(
-        EnvFeatureError, match=f"env '{taskset_id}': the taskset's module .* exports its own Env"
-    ):
-        EnvWorker(spec)
+            "harness": {"id": "default"}, "max_turns": 8, "timeout": {},
+            "policy": {"model_path": str(resolve_model("tiny-qwen3")), "renderer": {"name": "hermes"}}}  # fmt: skip
+    worker = EnvWorker(spec)
+    assert worker.mode == "trace" and any("exports its own Env" in r for r in worker.reasons)
+    from verifiers.v1.utils.loaders import environment_class
+
+    assert type(worker.trace_env.env) is environment_class(taskset_id)

@@ -1,5 +1,6 @@
 """Environment fidelity: ``harness.runtime`` reaches the env worker and the task, tasks are called the way
-verifiers calls them, and what srl cannot honour is refused when the env loads, naming the env and the feature."""
+verifiers calls them, what the plain chat loop cannot play runs through verifiers' rollout, and what srl cannot
+provide is refused when the env loads, naming the env and the feature."""
 
 from __future__ import annotations
 
@@ -85,18 +86,24 @@ def test_container_runtime_needs_its_program_on_the_node(monkeypatch):
     ("best-of-two", "exports its own Env class BestOfTwoEnv"),
     ("guess-user", "exports its own Env class GuessEnv"),
 ])  # fmt: skip
-def test_custom_env_class_is_refused_at_load(taskset_id, needle):
+def test_an_own_env_class_runs_through_verifiers_rollout(taskset_id, needle):
+    from toolkit.envs.server import EnvWorker
+    from toolkit.models import resolve_model
+
+    spec = {**_spec({"id": taskset_id}, name="researcher-env"),
+            "policy": {"model_path": str(resolve_model("tiny-qwen3")), "renderer": {"name": "hermes"}}}  # fmt: skip
+    worker = EnvWorker(spec)
+    assert worker.mode == "trace" and type(worker.trace_env.env).__name__ == needle.split()[-1]
+    assert any("env 'researcher-env'" in r and needle in r for r in worker.reasons), worker.reasons
+    assert len(worker.tasks) == len(worker.trace_env.tasks) > 0
+
+
+def test_a_harness_verifiers_cannot_load_or_on_a_built_in_taskset_is_refused():
     from toolkit.envs.server import EnvWorker
 
-    with pytest.raises(EnvFeatureError) as err:
-        EnvWorker(_spec({"id": taskset_id}, name="researcher-env"))
-    assert "env 'researcher-env'" in str(err.value) and needle in str(err.value)
-
-
-def test_other_harness_is_refused():
-    from toolkit.envs.server import EnvWorker
-
-    with pytest.raises(EnvFeatureError, match="harness 'bash' is not supported"):
+    with pytest.raises(EnvFeatureError, match="harness.id: ModuleNotFoundError: harness 'tool-agent' not found"):
+        EnvWorker(_spec({"id": "srl-reverse-text"}, harness="tool-agent"))
+    with pytest.raises(EnvFeatureError, match="built-in taskset 'srl-reverse-text' runs with the plain chat loop"):
         EnvWorker(_spec({"id": "srl-reverse-text"}, harness="bash"))
 
 
@@ -168,10 +175,9 @@ def test_preflight_refuses_a_runtime_type_srl_never_provides(tmp_path):
 
 
 def test_reward_skipped_crosses_the_worker_wire_with_its_class():
-    from toolkit.envs.protocol import unwrap
-    from toolkit.envs.server import _outcome
+    from toolkit.envs.protocol import outcome, unwrap
 
-    wire = _outcome(srl_errors.RewardSkippedError("task scoring skipped ['needs_box']"))
+    wire = outcome(srl_errors.RewardSkippedError("task scoring skipped ['needs_box']"))
     assert wire["error_class"] == "RewardSkippedError"
     with pytest.raises(srl_errors.RewardSkippedError) as err:
         unwrap(wire)

@@ -47,7 +47,13 @@ REFUSALS: list[tuple[str, str, dict | None, str]] = [
     ("toolkit/envs/fidelity.py", "does not fit verifiers'",
      _eval(harness={"runtime": {"type": "subprocess", "no_such_runtime_field": 1}}), "does not fit verifiers'"),
     ("toolkit/envs/fidelity.py", 'raise EnvFeatureError("\\n".join(listed))', _eval(harness={"id": "tool-agent"}),
-     "is not supported"),  # the module-level refusals; the per-task ones need the tasks, which are data
+     "harness 'tool-agent' not found"),  # a harness verifiers cannot load; the pairings need the tasks (data)
+    ("toolkit/envs/traces.py", "raise EnvFeatureError(problem)", _eval(harness={"id": "bash"}),
+     "runs with the plain chat loop only"),
+    ("toolkit/envs/traces.py", "is infinite: bound it with select.limit", None,
+     "whether a taskset is finite is known once it is built, which reads its data"),
+    ("toolkit/envs/traces.py", "spec has no policy.model_path", None,
+     "the orchestrator writes the worker's spec with the policy's model; no config value reaches it"),
     ("toolkit/orchestrator/main.py", "one batch holds samples drawn with different temperature",
      {"orchestrator": {"train": {"env": [{"taskset": {"id": BUILTIN}, "sampling": {"temperature": 0.5}}]}}},
      "a train env samples with orchestrator.train.sampling's temperature"),

@@ -101,7 +101,13 @@ def check_spec(spec: dict[str, Any], extra_paths: Sequence[str] = ()) -> dict[st
             fidelity.build_runtime_config(name, runtime)
         except fidelity.EnvFeatureError as e:
             problems.append(str(e))
-    problems += fidelity.env_class_problems(name, registry.taskset_module(tid), harness.get("id", "default"))
+    # What the module declares beyond the plain chat loop (an Env class, tools, another harness) runs through
+    # verifiers' own rollout in the worker; only a harness verifiers cannot load is refused there.
+    hid = str(harness.get("id", "default"))
+    for problem in (fidelity.harness_id_problem(name, hid),
+                    fidelity.builtin_harness_problem(name, tid, source.kind, hid)):  # fmt: skip
+        if problem is not None:
+            problems.append(problem)
     return out
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from toolkit import errors as srl_errors
 from toolkit.envs import registry
-from toolkit.envs.fidelity import runtime_fields, task_identity
+from toolkit.envs.fidelity import EnvFeatureError, builtin_harness_problem, runtime_fields, task_identity
 from toolkit.run.types import Generation, SamplingParams
 
 VF_ERROR_CLASSES = {"EnvError": "TaskError", "InterceptionError": "HarnessError"}
@@ -60,7 +60,8 @@ class TraceEnv:
 
     ``spec``: the worker spec (``toolkit.envs.server``), with ``policy`` = ``{"model_path", "renderer": {"name",
     "import_path"}}`` for srl's renderer. Raises TasksetFieldError (taskset fields), ModuleNotFoundError,
-    pydantic.ValidationError (an env or seat config verifiers rejects).
+    pydantic.ValidationError (an env or seat config verifiers rejects), EnvFeatureError (an srl built-in taskset,
+    which verifiers cannot load by id).
     """
 
     def __init__(self, spec: dict[str, Any]) -> None:
@@ -71,6 +72,10 @@ class TraceEnv:
 
         self.name = spec.get("name") or spec["taskset"]["id"]
         tid = spec["taskset"]["id"]
+        harness_id = str((spec.get("harness") or {}).get("id") or "default")
+        problem = builtin_harness_problem(self.name, tid, registry.taskset_source(tid).kind, harness_id)
+        if problem is not None:
+            raise EnvFeatureError(problem)
         ns = taskset_namespace(spec["taskset"])
         _, ts_config = registry.taskset_config(ns, env_name=self.name, eval_env=bool(spec.get("eval")))
         config_cls = env_config_type(tid)
