@@ -280,11 +280,17 @@ class EnvRuntime:
         host, _, port = text.split()[1].rpartition(":")
         return _Worker(host, int(port), proc)
 
-    @staticmethod
-    async def _drain(proc: asyncio.subprocess.Process) -> None:
+    async def _drain(self, proc: asyncio.subprocess.Process) -> None:
+        """Copy the worker's stderr into this log line by line (a task's prints, verifiers' warnings, a crash's
+        traceback: the evidence of a failing env), so a chatty task cannot block the worker on a full pipe."""
+        pending = b""
         with contextlib.suppress(OSError, ValueError):
-            while await proc.stderr.read(65536):
-                pass
+            while chunk := await proc.stderr.read(65536):  # chunks, not readline: a line may exceed any limit
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if text := line.decode(errors="replace").rstrip():
+                        log.info("env worker %s (pid %d): %s", self.name, proc.pid, text[:2000])
+                pending = pending[-65536:]
 
     async def _call(self, worker: _Worker, op: str, limit: float | None, failure: str, **params: Any) -> Any:
         """``op`` on ``worker``, answered within ``limit`` + GRACE_S seconds (None: no bound). A worker that does not

@@ -143,6 +143,11 @@ class TraceEnv:
             raise srl_errors.TaskError(f"the episode has {len(trainable)} trainable seats {seats}; srl trains "
                                        "episodes with exactly one trainable seat so far")  # fmt: skip
         trace = trainable[0]
+        # A model call that failed ends the program's loop early, yet verifiers may still complete and score the
+        # trace: a reward of a conversation the policy never finished, caused by the infrastructure. Not trained.
+        failed_call = next((c for c in trace.calls if c.error is not None), None)
+        if failed_call is not None:
+            raise srl_error(failed_call.error.type, f"model call failed: {failed_call.error.message}")
         got = trace_samples(trace)
         timing = trace.timing
         return {
