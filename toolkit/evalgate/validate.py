@@ -173,7 +173,10 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         fidelity.check_loaded(name, taskset, all_tasks, env.harness.id, runtime_config,
                               module=taskset_module(env.taskset.id))  # fmt: skip
     except fidelity.EnvFeatureError as exc:
-        return [GateItem("taskset_loads", name, "FAIL", str(exc), ev)]
+        # Training runs such an env through verifiers' own rollout; this gate replays replies through the chat loop.
+        why = ("srl eval validate replays replies through the plain chat loop, which does not play this env as "
+               f"verifiers would (training runs it through verifiers' own rollout): {exc}")
+        return [GateItem("taskset_loads", name, "FAIL", why, ev)]
     if not tasks:
         return [GateItem("taskset_loads", name, "FAIL", "the taskset yields no tasks after select", ev)]
     items: list[GateItem] = []
