@@ -32,7 +32,9 @@ from toolkit.launch import slurm
 from toolkit.launch.submit import read_job_ids
 from toolkit.run.layout import RunDir
 
-pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm, pytest.mark.timeout(2400)]
+# heavy: about 7 minutes on two cores (four 3-node job starts, each with a vLLM engine); the sweep arrays, their
+# shapes and srl cancel of a sweep run in CI in tests/integration/test_sweep_arrays_slurm.py.
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.slurm, pytest.mark.vllm, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS, INTERVAL = 6, 2

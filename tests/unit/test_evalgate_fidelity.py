@@ -87,9 +87,8 @@ def test_refused_environment_fails_taskset_loads_with_the_refusal(tmp_path):
     envs = '[[orchestrator.train.env]]\nname = "bo2"\ntaskset = { id = "best-of-two" }\n'
     verdict = validate_config(_config(tmp_path, FIXTURES, envs), n=2)
     item = next(i for i in verdict.items if i.key == "taskset_loads")
-    assert item.status == "FAIL" and item.detail.startswith(
-        "env 'bo2': the taskset's module best_of_two exports"
-    )
+    assert item.status == "FAIL" and item.detail.startswith("srl eval validate replays replies through the plain chat")
+    assert "env 'bo2': the taskset's module best_of_two exports its own Env class" in item.detail
     sys.modules.pop("best_of_two", None)
 
 
