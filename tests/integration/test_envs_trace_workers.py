@@ -43,13 +43,13 @@ def vf_envs_on_path(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(VF_ENVS), os.environ.get("PYTHONPATH")])))
 
 
-def env_cfg(**harness):
+def env_cfg(max_total_tokens=None, **harness):
     return SimpleNamespace(
         name="codebook", env_name="codebook",
         taskset=SimpleNamespace(id="codebook-lookup", split="train", seed=0, select=None, model_extra={}),
         harness=SimpleNamespace(id="default", runtime=SimpleNamespace(type="subprocess"), **harness),
         timeout=SimpleNamespace(setup=60, rollout=120, finalize=60, scoring=60),
-        max_turns=4, max_total_tokens=None, retries=0,
+        max_turns=4, max_total_tokens=max_total_tokens, retries=0,
         pool=SimpleNamespace(type="static", max_workers=1, multiplex=1), address=None,
     )  # fmt: skip
 
@@ -106,3 +106,27 @@ def test_a_tool_env_runs_through_verifiers_rollout_with_model_calls_from_the_wor
         assert r.policy_version >= 4  # the oldest version that sampled a turn of this rollout
     (err,) = failing
     assert err.error_class == "ProviderError" and not err.samples, (err.error_class, err.error_message)
+
+
+def test_the_envs_token_budget_is_the_seats_limit_in_verifiers(model_dir, vf_envs_on_path):
+    """``max_total_tokens`` reaches the seat: verifiers checks its caps between turns, so with a budget the first
+    turn (a ~1550-token prompt with the tool schemas, then the tool call) already passes, it refuses the second
+    turn; the rollout is truncated with that reason and trains on the one turn sampled."""
+    from toolkit.models.renderer import HermesRenderer
+
+    renderer = HermesRenderer(model_dir)
+
+    async def go():
+        rt = EnvRuntime(env_cfg(max_total_tokens=1560), model_path=model_dir,
+                        renderer_cfg=SimpleNamespace(name="hermes", import_path=None), seed=0)  # fmt: skip
+        try:
+            await rt.start()
+            return await rt.run_group(1, 1, client=ToolPolicy(renderer), sampling=SamplingParams(max_tokens=64))
+        finally:
+            await rt.aclose()
+
+    (r,) = asyncio.run(go())
+    assert r.error_class is None, r.error_message
+    assert r.truncated and r.truncation_reason == "max_total_tokens" and r.num_turns == 1 and r.reward == 0.0
+    (sample,) = r.samples
+    assert "<tool_call>" in renderer.decode(sample.completion_ids) and all(sample.completion_mask)

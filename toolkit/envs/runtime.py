@@ -57,7 +57,8 @@ def _timeouts(env_cfg: Any) -> dict[str, float | None]:
 def env_spec(env_cfg: Any) -> dict[str, Any]:
     """The JSON spec an env worker is started with (see ``toolkit.envs.server``): what preflight probes of the env
     (``toolkit.envs.probe.probe_spec``) plus its turn and time limits."""
-    return {**probe_spec(env_cfg), "max_turns": env_cfg.max_turns, "timeout": _timeouts(env_cfg)}
+    return {**probe_spec(env_cfg), "max_turns": env_cfg.max_turns, "timeout": _timeouts(env_cfg),
+            "max_total_tokens": getattr(env_cfg, "max_total_tokens", None)}  # fmt: skip
 
 
 def _addresses(address: Any) -> list[tuple[str, int]]:

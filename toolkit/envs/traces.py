@@ -13,8 +13,9 @@ of the trainable seat's trace, its turns and truncation (verifiers' ``Trace.is_t
 and its training samples, which are ``Trace.branches`` (``policy_client.trace_samples``). A failed episode raises
 the srl error class of verifiers' error type (``ProviderError``, ``ToolsetError``, ``TaskError``, ...).
 
-Not yet: episodes with several trainable seats (refused per episode as TaskError, naming the seats) and the
-per-rollout ``max_total_tokens`` budget (verifiers' own ``max_*_tokens`` limits of the seat apply).
+The env's ``max_turns`` and ``max_total_tokens`` become the seat's limits of the same names, enforced by verifiers
+(a trace it stops there is truncated, with verifiers' stop condition as the reason). Not yet: episodes with several
+trainable seats (each such episode fails as TaskError, naming the seats).
 """
 
 from __future__ import annotations
@@ -44,14 +45,16 @@ def srl_error(vf_type: str, message: str) -> srl_errors.SrlRolloutError:
 
 def seat_config(spec: dict[str, Any]) -> dict[str, Any]:
     """The agent seat verifiers builds from the env spec: its ``harness`` (omitted for ``default``: the env's own
-    default, a harness the taskset bundles or verifiers' ``null``), ``runtime`` and ``max_turns``."""
+    default, a harness the taskset bundles or verifiers' ``null``), ``runtime``, ``max_turns`` and
+    ``max_total_tokens``."""
     harness = spec.get("harness") or {}
     seat: dict[str, Any] = {"runtime": runtime_fields(harness.get("runtime"))}
     hid = harness.get("id") or "default"
     if hid != "default":
         seat["harness"] = {"id": hid}
-    if spec.get("max_turns") is not None:
-        seat["max_turns"] = int(spec["max_turns"])
+    for limit in ("max_turns", "max_total_tokens"):  # verifiers' own limits of the seat, same names and meaning
+        if spec.get(limit) is not None:
+            seat[limit] = int(spec[limit])
     return seat
 
 
