@@ -103,6 +103,40 @@ def pid_alive(pid: int, start_time: int | None = None) -> bool:
     return True
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, their children, ...), from ``/proc``; parents before children.
+    Local to this machine; a process that exits meanwhile is skipped."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if len(fields) > 1 and fields[0] != b"Z":
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    out: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def end_descendants(grace_s: float) -> list[int]:
+    """SIGTERM every process below this one, then SIGKILL those still alive after ``grace_s`` seconds; returns the
+    pids signalled. Why: programs a library started in their own sessions (a harness program, a tool server) do
+    not die with this process's group."""
+    pids = descendants(os.getpid())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, sig)
+        if sig == signal.SIGTERM:
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+                time.sleep(0.05)
+    return pids
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

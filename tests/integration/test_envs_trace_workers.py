@@ -8,6 +8,7 @@ are answered by a scripted policy (the vLLM path is tests/integration/test_rl_to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -130,3 +131,41 @@ def test_the_envs_token_budget_is_the_seats_limit_in_verifiers(model_dir, vf_env
     assert r.truncated and r.truncation_reason == "max_total_tokens" and r.num_turns == 1 and r.reward == 0.0
     (sample,) = r.samples
     assert "<tool_call>" in renderer.decode(sample.completion_ids) and all(sample.completion_mask)
+
+
+def test_stopping_the_runtime_mid_episode_leaves_no_harness_program_or_tool_server(model_dir, vf_envs_on_path):
+    """The orchestrator stops its workers (SIGTERM) while an episode waits for the model: the worker stops
+    verifiers' servers and ends every process its episodes started (the harness program, the task's tool server),
+    which run in sessions of their own and would otherwise outlive it."""
+    from toolkit.procutil import descendants, pid_alive
+
+    class HangingPolicy:
+        def __init__(self) -> None:
+            self.asked = asyncio.Event()
+
+        async def generate(self, prompt_ids, sampling, *, session_id):
+            self.asked.set()
+            await asyncio.Event().wait()  # the engine never answers
+
+    async def go():
+        rt = EnvRuntime(env_cfg(), model_path=model_dir, renderer_cfg=SimpleNamespace(name="hermes", import_path=None),
+                        seed=0)  # fmt: skip
+        await rt.start()
+        policy = HangingPolicy()
+        group = asyncio.create_task(rt.run_group(0, 1, client=policy, sampling=SamplingParams(max_tokens=16)))
+        await asyncio.wait_for(policy.asked.wait(), 120)
+        (worker,) = rt.workers
+        below = descendants(worker.proc.pid)
+        cmdlines = []
+        for pid in below:
+            with contextlib.suppress(OSError):
+                cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        group.cancel()
+        await asyncio.gather(group, return_exceptions=True)
+        await rt.aclose()
+        return worker.proc.pid, below, cmdlines
+
+    worker_pid, below, cmdlines = asyncio.run(go())
+    # While the episode waited, the harness program and the tool server were running below the worker.
+    assert any("codebook_lookup" in c for c in cmdlines) and len(below) >= 2, cmdlines
+    assert not pid_alive(worker_pid) and [p for p in below if pid_alive(p)] == []

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,6 +42,10 @@ from toolkit.envs.protocol import (
     settled,
 )
 from toolkit.envs.registry import load_selected, taskset_module, taskset_source
+from toolkit.procutil import end_descendants
+
+GRACE_S = 2.0
+"""Seconds the worker's own processes get between SIGTERM and SIGKILL when it stops."""
 
 
 def taskset_namespace(spec_taskset: dict[str, Any]) -> SimpleNamespace:
@@ -195,11 +201,13 @@ async def _watch_parent(parent_pid: int) -> None:
     while True:
         await asyncio.sleep(1.0)
         if os.getppid() != parent_pid:
+            end_descendants(GRACE_S)  # harness programs and tool servers of live episodes go too
             os._exit(0)  # the orchestrator is gone: do not linger as an orphan
 
 
 async def serve(spec: dict[str, Any], host: str, port: int, parent_pid: int | None) -> None:
-    """Load the tasks, listen, announce the address on stdout and serve forever."""
+    """Load the tasks, listen, announce the address on stdout and serve until SIGTERM (then stop verifiers'
+    servers and every program the episodes started)."""
     worker = EnvWorker(spec)
     if worker.trace_env is not None:
         await worker.trace_env.start()
@@ -211,14 +219,22 @@ async def serve(spec: dict[str, Any], host: str, port: int, parent_pid: int | No
     # worker CPU per episode -15%, orchestrator_overhead 267-275 -> 350-380 rollouts/s in interleaved runs).
     gc.collect()
     gc.freeze()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     server = await asyncio.start_server(worker.serve_connection, host, port, limit=STREAM_LIMIT)
     bound_host, bound_port = server.sockets[0].getsockname()[:2]
     print(f"{READY_PREFIX} {bound_host}:{bound_port}", flush=True)
     watcher = asyncio.create_task(_watch_parent(parent_pid)) if parent_pid else None
-    async with server:
-        await server.serve_forever()
-    if watcher is not None:
-        watcher.cancel()
+    try:
+        async with server:
+            await stop.wait()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        if worker.trace_env is not None:
+            with contextlib.suppress(Exception):  # a server that will not stop: its processes are ended below
+                await asyncio.wait_for(worker.trace_env.aclose(), GRACE_S)
+        end_descendants(GRACE_S)
 
 
 def main(argv: list[str] | None = None) -> None:
