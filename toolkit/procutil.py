@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -126,15 +126,23 @@ def end_descendants(grace_s: float) -> list[int]:
     pids signalled. Why: programs a library started in their own sessions (a harness program, a tool server) do
     not die with this process's group."""
     pids = descendants(os.getpid())
+    _term_then_kill(pids, os.kill, pid_alive, grace_s)
+    return pids
+
+
+def _term_then_kill(targets: Iterable[int], send: Callable[[int, int], None], alive: Callable[[int], bool],
+                    grace_s: float) -> None:  # fmt: skip
+    """``send(target, SIGTERM)`` to each target, wait up to ``grace_s`` seconds while any is ``alive``, then
+    ``send(target, SIGKILL)`` to each (a target already gone is skipped)."""
+    targets = list(targets)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in pids:
+        for t in targets:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(p, sig)
+                send(t, sig)
         if sig == signal.SIGTERM:
             deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+            while time.monotonic() < deadline and any(alive(t) for t in targets):
                 time.sleep(0.05)
-    return pids
 
 
 def _group_alive(pgid: int) -> bool:
@@ -149,14 +157,7 @@ def _group_alive(pgid: int) -> bool:
 
 def kill_groups(pgids: set[int], grace_s: float) -> None:
     """SIGTERM each process group in ``pgids``, then SIGKILL the groups still alive after ``grace_s`` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for g in pgids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(g, sig)
-        if sig == signal.SIGTERM:
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and any(_group_alive(g) for g in pgids):
-                time.sleep(0.1)
+    _term_then_kill(pgids, os.killpg, _group_alive, grace_s)
 
 
 class GroupReaper:

@@ -380,18 +380,21 @@ class EnvRuntime:
         await self._ready(worker)
         session_id = f"{self.name}-{example_id}-{session.episode[:12]}"
         try:
-            return await wait_excluding_outage(
-                run_rollout(
-                    session, client=client, renderer=self.renderer, sampling=sampling, env_name=self.name,
-                    example_id=example_id, session_id=session_id, limits=self.limits,
-                ),
-                self.timeouts.get("rollout"), client,
-            )  # fmt: skip
+            return await self._within_rollout_timeout(worker, client, run_rollout(
+                session, client=client, renderer=self.renderer, sampling=sampling, env_name=self.name,
+                example_id=example_id, session_id=session_id, limits=self.limits,
+            ))  # fmt: skip
+        finally:
+            await session.close()
+
+    async def _within_rollout_timeout(self, worker: _Worker, client: Any, coro: Any) -> Any:
+        """``coro`` bounded by the rollout timeout, engine outages excluded. Raises HarnessError on expiry (after
+        replacing ``worker`` if it no longer answers)."""
+        try:
+            return await wait_excluding_outage(coro, self.timeouts.get("rollout"), client)
         except TimeoutError as exc:
             await self._restart_if_unresponsive(worker)
             raise srl_errors.HarnessError(f"rollout timed out after {self.timeouts['rollout']} s") from exc
-        finally:
-            await session.close()
 
     async def _trace_attempt(self, example_id: int, client: Any, sampling: SamplingParams) -> Rollout:
         """One episode through verifiers' rollout on a worker (``run_trace``); its model turns come back to this
@@ -413,13 +416,8 @@ class EnvRuntime:
 
         conn.callbacks[episode] = on_callback
         try:
-            r = await wait_excluding_outage(
-                conn.call("run_trace", example_id=example_id, episode=episode, sampling=dataclasses.asdict(sampling)),
-                self.timeouts.get("rollout"), client,
-            )  # fmt: skip
-        except TimeoutError as exc:
-            await self._restart_if_unresponsive(worker)
-            raise srl_errors.HarnessError(f"rollout timed out after {self.timeouts['rollout']} s") from exc
+            call = conn.call("run_trace", example_id=example_id, episode=episode, sampling=dataclasses.asdict(sampling))
+            r = await self._within_rollout_timeout(worker, client, call)
         finally:
             conn.callbacks.pop(episode, None)
         return Rollout(
