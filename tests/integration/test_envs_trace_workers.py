@@ -44,10 +44,10 @@ def vf_envs_on_path(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(VF_ENVS), os.environ.get("PYTHONPATH")])))
 
 
-def env_cfg(max_total_tokens=None, **harness):
+def env_cfg(max_total_tokens=None, taskset_id="codebook-lookup", **harness):
     return SimpleNamespace(
         name="codebook", env_name="codebook",
-        taskset=SimpleNamespace(id="codebook-lookup", split="train", seed=0, select=None, model_extra={}),
+        taskset=SimpleNamespace(id=taskset_id, split="train", seed=0, select=None, model_extra={}),
         harness=SimpleNamespace(id="default", runtime=SimpleNamespace(type="subprocess"), **harness),
         timeout=SimpleNamespace(setup=60, rollout=120, finalize=60, scoring=60),
         max_turns=4, max_total_tokens=max_total_tokens, retries=0,
@@ -110,15 +110,16 @@ def test_a_tool_env_runs_through_verifiers_rollout_with_model_calls_from_the_wor
 
 
 def test_the_envs_token_budget_is_the_seats_limit_in_verifiers(model_dir, vf_envs_on_path):
-    """``max_total_tokens`` reaches the seat: verifiers checks its caps between turns, so with a budget the first
-    turn (a ~1550-token prompt with the tool schemas, then the tool call) already passes, it refuses the second
-    turn; the rollout is truncated with that reason and trains on the one turn sampled."""
+    """``max_total_tokens`` reaches the seat: verifiers checks its caps between turns (the turn that crosses one
+    still completes), so with a budget the first turn (a prompt of over a thousand tokens with the tool schemas,
+    then the tool call) already passes, it refuses the second turn; the rollout is truncated with that reason and
+    trains on the one turn sampled."""
     from toolkit.models.renderer import HermesRenderer
 
     renderer = HermesRenderer(model_dir)
 
     async def go():
-        rt = EnvRuntime(env_cfg(max_total_tokens=1560), model_path=model_dir,
+        rt = EnvRuntime(env_cfg(max_total_tokens=100), model_path=model_dir,
                         renderer_cfg=SimpleNamespace(name="hermes", import_path=None), seed=0)  # fmt: skip
         try:
             await rt.start()
@@ -169,3 +170,37 @@ def test_stopping_the_runtime_mid_episode_leaves_no_harness_program_or_tool_serv
     # While the episode waited, the harness program and the tool server were running below the worker.
     assert any("codebook_lookup" in c for c in cmdlines) and len(below) >= 2, cmdlines
     assert not pid_alive(worker_pid) and [p for p in below if pid_alive(p)] == []
+
+
+def test_an_env_that_runs_two_attempts_gives_a_rollout_per_trainable_trace(model_dir, vf_envs_on_path):
+    """best-of-two (tests/fixtures/vf_envs) exports its own Env, which runs the solver twice per episode and records
+    the better reward on both traces: a group of 2 episodes gives 4 rollouts, each with its own sample, reward and
+    verifiers' metric."""
+    from toolkit.models.renderer import HermesRenderer
+
+    renderer = HermesRenderer(model_dir)
+
+    class Yes:
+        calls = 0
+
+        async def generate(self, prompt_ids, sampling, *, session_id):
+            Yes.calls += 1
+            ids = renderer.encode("yes") + [renderer.stop_token_ids[0]]
+            return Generation(ids, [-0.5] * len(ids), "stop", policy_version=2)
+
+    async def go():
+        rt = EnvRuntime(env_cfg(taskset_id="best-of-two"), model_path=model_dir,
+                        renderer_cfg=SimpleNamespace(name="hermes", import_path=None), seed=0)  # fmt: skip
+        try:
+            await rt.start()
+            assert rt.mode == "trace"
+            return await rt.run_group(0, 2, client=Yes(), sampling=SamplingParams(max_tokens=8))
+        finally:
+            await rt.aclose()
+
+    group = asyncio.run(go())
+    assert Yes.calls == 4 and len(group) == 4, [(r.error_class, r.error_message) for r in group]
+    for r in group:
+        assert r.error_class is None and r.reward == 1.0 and r.metrics["best_of_two"] == 1.0, r
+        (sample,) = r.samples
+        assert renderer.decode(sample.completion_ids) == "yes<|im_end|>" and r.policy_version == 2

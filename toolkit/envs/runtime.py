@@ -369,9 +369,14 @@ class EnvRuntime:
         return min(live, key=lambda w: (w.conn.inflight, (self._rr + live.index(w)) % len(live)))
 
     async def _attempt(self, example_id: int, client: Any, sampling: SamplingParams,
-                       session: _RemoteSession | None = None) -> Rollout:  # fmt: skip
+                       session: _RemoteSession | None = None) -> list[Rollout]:  # fmt: skip
+        """One attempt at an episode: its rollouts (one; through verifiers' rollout, one per trainable trace)."""
         if self.mode == "trace":
             return await self._trace_attempt(example_id, client, sampling)
+        return [await self._chat_attempt(example_id, client, sampling, session)]
+
+    async def _chat_attempt(self, example_id: int, client: Any, sampling: SamplingParams,
+                            session: _RemoteSession | None) -> Rollout:  # fmt: skip
         if session is None:
             session = _RemoteSession(self, self._pick_worker(), example_id)
         worker = session.worker
@@ -396,10 +401,10 @@ class EnvRuntime:
             await self._restart_if_unresponsive(worker)
             raise srl_errors.HarnessError(f"rollout timed out after {self.timeouts['rollout']} s") from exc
 
-    async def _trace_attempt(self, example_id: int, client: Any, sampling: SamplingParams) -> Rollout:
+    async def _trace_attempt(self, example_id: int, client: Any, sampling: SamplingParams) -> list[Rollout]:
         """One episode through verifiers' rollout on a worker (``run_trace``); its model turns come back to this
         process as ``generate`` callbacks, answered by ``client`` (the policy client: its retries, its serving
-        gate, the policy version of each turn)."""
+        gate, the policy version of each turn). One Rollout per trainable trace of the episode."""
         worker = self._pick_worker()
         await self._ready(worker)
         episode = uuid.uuid4().hex
@@ -420,14 +425,14 @@ class EnvRuntime:
             r = await self._within_rollout_timeout(worker, client, call)
         finally:
             conn.callbacks.pop(episode, None)
-        return Rollout(
-            env=self.name, task_id=str(r["task_id"]), example_id=example_id,
-            samples=[TrainingSample(**s) for s in r["samples"]], reward=float(r["reward"]),
-            reward_components=dict(r.get("components") or {}), metrics=dict(r.get("metrics") or {}),
-            num_turns=int(r.get("num_turns") or 0), truncated=bool(r.get("truncated")),
-            truncation_reason=r.get("truncation_reason"), policy_version=int(r.get("policy_version") or 0),
-            foreign_version=r.get("foreign_version"), timings=dict(r.get("timings") or {}),
-        )  # fmt: skip
+        return [Rollout(
+            env=self.name, task_id=str(t["task_id"]), example_id=example_id,
+            samples=[TrainingSample(**s) for s in t["samples"]], reward=float(t["reward"]),
+            reward_components=dict(t.get("components") or {}), metrics=dict(t.get("metrics") or {}),
+            num_turns=int(t.get("num_turns") or 0), truncated=bool(t.get("truncated")),
+            truncation_reason=t.get("truncation_reason"), policy_version=int(t.get("policy_version") or 0),
+            foreign_version=t.get("foreign_version"), timings=dict(t.get("timings") or {}),
+        ) for t in r["traces"]]  # fmt: skip
 
     async def _restart_if_unresponsive(self, worker: _Worker) -> None:
         """After a rollout timeout: a worker that cannot answer ``health`` within GRACE_S is stuck (e.g. a
@@ -440,24 +445,26 @@ class EnvRuntime:
         except srl_errors.SrlRolloutError:
             pass  # connection already lost: the next attempt restarts it
 
-    async def run_rollout(self, example_id: int, *, client: Any, sampling: SamplingParams,
-                          first: _RemoteSession | None = None) -> Rollout:  # fmt: skip
-        """One rollout with retries of transient failures; an errored Rollout (no samples) when it fails.
-        ``first``: the session of the first attempt (a group's pre-started one); retries start their own."""
+    async def run_episode(self, example_id: int, *, client: Any, sampling: SamplingParams,
+                          first: _RemoteSession | None = None) -> list[Rollout]:  # fmt: skip
+        """One episode with retries of transient failures: its rollouts (one from the chat loop; one per trainable
+        trace from verifiers' rollout), or one errored Rollout (no samples) when it fails. ``first``: the session
+        of the first attempt (a group's pre-started one); retries start their own."""
         errors: list[str] = []
         for attempt in range(self.retries + 1):
             try:
-                rollout = await self._attempt(example_id, client, sampling, first if attempt == 0 else None)
+                rollouts = await self._attempt(example_id, client, sampling, first if attempt == 0 else None)
                 if errors:
-                    rollout.metrics["retries"] = float(len(errors))
-                return rollout
+                    for rollout in rollouts:
+                        rollout.metrics["retries"] = float(len(errors))
+                return rollouts
             except srl_errors.SrlRolloutError as exc:
                 errors.append(f"{exc.error_class}: {exc}")
                 if exc.error_class in TRANSIENT_ERRORS and attempt < self.retries:
                     jitter = 1.0 + 0.5 * self._rng.random()  # spreads retries of a failed group apart
                     await asyncio.sleep(min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt) * jitter)
                     continue
-                return self._errored(example_id, exc.error_class, errors)
+                return [self._errored(example_id, exc.error_class, errors)]
         raise AssertionError("unreachable")
 
     def _errored(self, example_id: int, error_class: str, errors: list[str]) -> Rollout:
@@ -470,7 +477,10 @@ class EnvRuntime:
     async def run_group(
         self, example_id: int, group_size: int, *, client: Any, sampling: SamplingParams
     ) -> list[Rollout]:
-        """``group_size`` rollouts of one example, run concurrently; errored ones carry ``error_class``.
+        """The rollouts of ``group_size`` episodes of one example, run concurrently; errored ones carry
+        ``error_class``. An episode gives one rollout, or through verifiers' rollout one per trainable trace (an
+        Env that runs several attempts or several trainable seats): all of them share the group, so the group's
+        advantage baseline is the mean over every trace of its episodes.
 
         With ``sampling.seed`` set, rollout k of the group samples with seed ``seed + k``: reproducible, and the
         group stays diverse (one shared seed would give identical completions and no group-relative signal).
@@ -482,17 +492,22 @@ class EnvRuntime:
             )
 
         if self.mode == "trace":  # verifiers runs each episode whole: nothing to start ahead
-            return list(await asyncio.gather(*(
-                self.run_rollout(example_id, client=client, sampling=nth(k)) for k in range(group_size)
+            return _flat(await asyncio.gather(*(
+                self.run_episode(example_id, client=client, sampling=nth(k)) for k in range(group_size)
             )))  # fmt: skip
         # The first attempts start together on one worker, in one request (protocol: start_group).
         group = _GroupStart(self, self._pick_worker(), example_id, group_size)
         try:
-            return list(await asyncio.gather(*(
-                self.run_rollout(example_id, client=client, sampling=nth(k), first=group.sessions[k])
+            return _flat(await asyncio.gather(*(
+                self.run_episode(example_id, client=client, sampling=nth(k), first=group.sessions[k])
                 for k in range(group_size)
             )))  # fmt: skip
         finally:
             if not group.task.done():  # every rollout was cancelled before its start result came
                 group.task.cancel()
             await asyncio.gather(group.task, return_exceptions=True)
+
+
+def _flat(episodes: list[list[Rollout]]) -> list[Rollout]:
+    """The rollouts of a group's episodes, in episode order."""
+    return [r for rollouts in episodes for r in rollouts]

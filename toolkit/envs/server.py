@@ -88,8 +88,8 @@ class EnvWorker:
 
             self.trace_env = TraceEnv(spec)
             self.tasks = self.trace_env.tasks
-            pairing = [p for t in self.tasks for p in fidelity.pairing_problems(
-                name, t, self.runtime_config, self.trace_env.harness)]  # fmt: skip
+            pairing = [p for h in self.trace_env.harnesses for t in self.tasks
+                       for p in fidelity.pairing_problems(name, t, self.runtime_config, h)]  # fmt: skip
             fidelity.raise_listed(pairing)
         else:
             fidelity.check_loaded(name, taskset, self.tasks, harness_id, self.runtime_config, module=module)

@@ -3,19 +3,19 @@
 For an environment the plain chat loop (``toolkit.envs.episode``) cannot play as verifiers would (tool servers,
 ``@vf.intercept`` hooks, request/response stops, the taskset module's own ``Env`` or harness, another harness id),
 the worker builds the environment the way verifiers does (``env_config_type`` / ``environment_class`` of the
-taskset id, with the env's ``harness`` and ``runtime`` as its agent seat) and runs ``Env.run_episode`` inside
+taskset id, with the env's ``harness`` and ``runtime`` on its agent seats: :func:`seat_overrides`) and runs ``Env.run_episode`` inside
 ``policy_serving``: verifiers runs setup, the harness program, tool servers, stops, interception and scoring; each
 model turn reaches srl's ``PolicyModelClient``, whose ``generate`` is a callback to the orchestrator (the policy
 client, its retries and the policy version per turn stay there; ``toolkit.envs.protocol``).
 
-What comes back per episode (:meth:`TraceEnv.run`) is a Rollout's fields: reward, reward components and metrics
-of the trainable seat's trace, its turns and truncation (verifiers' ``Trace.is_truncated`` and stop condition),
-and its training samples, which are ``Trace.branches`` (``policy_client.trace_samples``). A failed episode raises
-the srl error class of verifiers' error type (``ProviderError``, ``ToolsetError``, ``TaskError``, ...).
+What comes back per episode (:meth:`TraceEnv.run`) is one Rollout's fields per trainable trace (an Env that runs
+several attempts, or several trainable seats, gives several): reward, reward components and metrics of the trace,
+its turns and truncation (verifiers' ``Trace.is_truncated`` and stop condition), and its training samples, which
+are ``Trace.branches`` (``policy_client.trace_samples``). A failed episode, or a failed model call of a trainable
+trace, raises the srl error class of verifiers' error type (``ProviderError``, ``ToolsetError``, ``TaskError``).
 
-The env's ``max_turns`` and ``max_total_tokens`` become the seat's limits of the same names, enforced by verifiers
-(a trace it stops there is truncated, with verifiers' stop condition as the reason). Not yet: episodes with several
-trainable seats (each such episode fails as TaskError, naming the seats).
+The env's ``max_turns`` and ``max_total_tokens`` become the seats' limits of the same names, enforced by verifiers
+(a trace it stops there is truncated, with verifiers' stop condition as the reason).
 """
 
 from __future__ import annotations
@@ -43,19 +43,33 @@ def srl_error(vf_type: str, message: str) -> srl_errors.SrlRolloutError:
     return klass(f"{vf_type}: {message}" if name != vf_type else message)
 
 
-def seat_config(spec: dict[str, Any]) -> dict[str, Any]:
-    """The agent seat verifiers builds from the env spec: its ``harness`` (omitted for ``default``: the env's own
-    default, a harness the taskset bundles or verifiers' ``null``), ``runtime``, ``max_turns`` and
-    ``max_total_tokens``."""
+def seat_overrides(spec: dict[str, Any], config_cls: Any, bundles_harness: bool) -> dict[str, dict[str, Any]]:
+    """What srl's env config sets on each agent seat of verifiers' env config class ``config_cls`` (every field
+    whose default is an ``AgentConfig``: ``agent`` of a single-agent env, an Env's own seats), merged by verifiers
+    onto the seat's declared defaults:
+
+    - ``runtime``: the env's ``harness.runtime`` on every seat (verifiers' own default is a remote sandbox);
+    - ``harness``: on a seat whose env leaves it unset, ``harness.id`` (``default`` means what srl's chat loop
+      plays: verifiers' ``null``, or the harness the taskset bundles when it has one); a seat the env pinned to a
+      harness keeps it;
+    - ``max_turns``, ``max_total_tokens``: verifiers' seat limits of the same names, when set.
+    """
+    from verifiers.v1.configs.agent import AgentConfig
+
     harness = spec.get("harness") or {}
-    seat: dict[str, Any] = {"runtime": runtime_fields(harness.get("runtime"))}
-    hid = harness.get("id") or "default"
-    if hid != "default":
-        seat["harness"] = {"id": hid}
-    for limit in ("max_turns", "max_total_tokens"):  # verifiers' own limits of the seat, same names and meaning
-        if spec.get(limit) is not None:
-            seat[limit] = int(spec[limit])
-    return seat
+    hid = str(harness.get("id") or "default")
+    out: dict[str, dict[str, Any]] = {}
+    for name, field in config_cls.model_fields.items():
+        if not isinstance(field.default, AgentConfig):
+            continue
+        seat: dict[str, Any] = {"runtime": runtime_fields(harness.get("runtime"))}
+        if field.default.harness is None and not (hid == "default" and bundles_harness):
+            seat["harness"] = {"id": "null" if hid == "default" else hid}
+        for limit in ("max_turns", "max_total_tokens"):
+            if spec.get(limit) is not None:
+                seat[limit] = int(spec[limit])
+        out[name] = seat
+    return out
 
 
 class TraceEnv:
@@ -81,12 +95,15 @@ class TraceEnv:
             raise EnvFeatureError(problem)
         ns = taskset_namespace(spec["taskset"])
         _, ts_config = registry.taskset_config(ns, env_name=self.name, eval_env=bool(spec.get("eval")))
+        import verifiers.v1 as vf
+
+        from toolkit.envs.fidelity import exported
+
         config_cls = env_config_type(tid)
-        fields: dict[str, Any] = {"taskset": ts_config.model_dump()}
-        if "agent" in config_cls.model_fields:
-            fields["agent"] = seat_config(spec)
+        bundles = bool(exported(registry.taskset_module(tid), vf.Harness))
+        fields: dict[str, Any] = {"taskset": ts_config.model_dump(), **seat_overrides(spec, config_cls, bundles)}
         self.env = environment_class(tid)(config_cls.model_validate(fields))
-        self.harness = _seat_harness(self.env)
+        self.harnesses = _seat_harnesses(self.env)
         view = self.env.taskset.select(registry.select_config(ns.select, default_seed=ns.seed or 0))
         if not view.bounded:
             raise ValueError(f"taskset {tid!r} is infinite: bound it with select.limit")
@@ -111,12 +128,13 @@ class TraceEnv:
 
     async def run(self, example_id: int, episode_id: str, sampling: dict[str, Any], call: Any) -> dict[str, Any]:
         """One episode of task ``example_id``; ``sampling``: the rollout's ``SamplingParams`` as a dict;
-        ``call(op, **params)``: the callback to the orchestrator. Returns the Rollout fields (module docstring).
-        Raises TaskError (bad example id, several trainable seats) or the srl class of the episode's error."""
+        ``call(op, **params)``: the callback to the orchestrator. Returns ``{"traces": [Rollout fields, one per
+        trainable trace]}`` (module docstring). Raises TaskError (bad example id, no trainable trace) or the srl
+        class of the episode's error."""
         import verifiers.v1 as vf
         from verifiers.v1.clients import ModelContext
 
-        from toolkit.envs.policy_client import PolicyClientConfig, PolicyModelClient, trace_samples
+        from toolkit.envs.policy_client import PolicyClientConfig, PolicyModelClient
 
         if not 0 <= example_id < len(self.tasks):
             raise srl_errors.TaskError(f"example_id {example_id} out of range [0, {len(self.tasks)})")
@@ -141,43 +159,52 @@ class TraceEnv:
         if failed is not None or (not episode.ok and episode.last_error is not None):
             err = failed.errors[-1] if failed is not None and failed.errors else episode.last_error
             raise srl_error(err.type, err.message)
-        if len(trainable) != 1:
-            seats = [t.agent.name for t in trainable]
-            raise srl_errors.TaskError(f"the episode has {len(trainable)} trainable seats {seats}; srl trains "
-                                       "episodes with exactly one trainable seat so far")  # fmt: skip
-        trace = trainable[0]
-        # A model call that failed ends the program's loop early, yet verifiers may still complete and score the
-        # trace: a reward of a conversation the policy never finished, caused by the infrastructure. Not trained.
-        failed_call = next((c for c in trace.calls if c.error is not None), None)
-        if failed_call is not None:
-            raise srl_error(failed_call.error.type, f"model call failed: {failed_call.error.message}")
-        got = trace_samples(trace)
-        timing = trace.timing
-        return {
-            "task_id": task_identity(task),
-            "reward": float(trace.reward),
-            "components": {k: float(r.value) for k, r in trace.rewards.items() if r is not None},
-            "metrics": {k: float(v) for k, v in trace.metrics.items() if isinstance(v, (int, float))},
-            "num_turns": trace.num_turns,
-            "truncated": bool(trace.is_truncated),
-            "truncation_reason": (trace.stop_condition or "max_tokens") if trace.is_truncated else None,
-            "samples": [dataclasses.asdict(s) for s in got.samples],
-            "policy_version": got.policy_version or 0,
-            "foreign_version": got.foreign_version,
-            "timings": {
-                "setup": timing.setup.duration, "scoring": timing.scoring.duration,
-                "generation": timing.agent.model.duration, "env": timing.agent.harness.duration,
-            },
-        }
+        if not trainable:
+            raise srl_errors.TaskError(f"the episode ran no trainable seat (seats: "
+                                       f"{[t.agent.name for t in episode.traces]})")  # fmt: skip
+        for trace in trainable:
+            # A model call that failed ends the program's loop early, yet verifiers may still complete and score
+            # the trace: a reward of a conversation the policy never finished, caused by the infrastructure.
+            failed_call = next((c for c in trace.calls if c.error is not None), None)
+            if failed_call is not None:
+                raise srl_error(failed_call.error.type, f"model call failed: {failed_call.error.message}")
+        return {"traces": [_rollout_fields(task, trace) for trace in trainable]}
 
 
-def _seat_harness(env: Any) -> Any:
-    """The harness of the env's trainable agent seat (for verifiers' pairing check), or None (``null``)."""
+def _rollout_fields(task: Any, trace: Any) -> dict[str, Any]:
+    """A Rollout's fields from one finished trainable trace (see the module docstring)."""
+    from toolkit.envs.policy_client import trace_samples
+
+    got = trace_samples(trace)
+    timing = trace.timing
+    return {
+        "task_id": task_identity(task),
+        "seat": trace.agent.name,
+        "reward": float(trace.reward),
+        "components": {k: float(r.value) for k, r in trace.rewards.items() if r is not None},
+        "metrics": {k: float(v) for k, v in trace.metrics.items() if isinstance(v, (int, float))},
+        "num_turns": trace.num_turns,
+        "truncated": bool(trace.is_truncated),
+        "truncation_reason": (trace.stop_condition or "max_tokens") if trace.is_truncated else None,
+        "samples": [dataclasses.asdict(s) for s in got.samples],
+        "policy_version": got.policy_version or 0,
+        "foreign_version": got.foreign_version,
+        "timings": {
+            "setup": timing.setup.duration, "scoring": timing.scoring.duration,
+            "generation": timing.agent.model.duration, "env": timing.agent.harness.duration,
+        },
+    }
+
+
+def _seat_harnesses(env: Any) -> list[Any]:
+    """The harness of each agent seat of the env (for verifiers' pairing check); an unset one resolves as
+    verifiers resolves it (the taskset's bundled harness, else ``bash``)."""
+    from verifiers.v1.configs.agent import agent_config_fields
+    from verifiers.v1.configs.env import default_agent_harness
     from verifiers.v1.utils.loaders import load_harness
 
-    agent = getattr(env.config, "agent", None)
-    harness_cfg = getattr(agent, "harness", None)
-    return load_harness(harness_cfg) if harness_cfg is not None else None
+    return [load_harness(seat.harness or default_agent_harness(env.config.taskset.id))
+            for seat in agent_config_fields(env.config).values()]  # fmt: skip
 
 
 def _renderer(policy: dict[str, Any]) -> Any:

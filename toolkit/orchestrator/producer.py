@@ -137,9 +137,10 @@ class GroupProducer:
                             example, env.group_size, client=self.client, sampling=env.sampling
                         )
                     else:
-                        group = list(await asyncio.gather(*(
-                            env.runtime.run_rollout(example, client=self.client, sampling=s) for s in per_rollout
-                        )))  # fmt: skip
+                        episodes = await asyncio.gather(*(
+                            env.runtime.run_episode(example, client=self.client, sampling=s) for s in per_rollout
+                        ))  # fmt: skip
+                        group = [r for rollouts in episodes for r in rollouts]
                 except Exception as exc:
                     log.exception("env %s failed to run a group of example %d", env.name, example)
                     group = [
