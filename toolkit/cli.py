@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, args = argv[0], argv[1:]
     from .config.errors import ConfigError
+    from .launch.slurm import SubmitError
 
     try:
         if cmd == "rl":
@@ -89,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"srl {cmd}: {e.render()}", file=sys.stderr)
         return 2
+    except SubmitError as e:
+        print(f"srl {cmd}: Slurm did not take the job: {e}\n  nothing was queued; once Slurm accepts jobs, the same "
+              "command starts the run again in the same run directory", file=sys.stderr)  # fmt: skip
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

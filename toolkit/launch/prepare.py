@@ -95,6 +95,12 @@ def prepare_attempt(
     return prepare_run(loaded, argv=argv, resume=resume, clean=clean, run=live, dry_run=dry_run)
 
 
+def mark_not_launched(run: RunDir, attempt: int, why: str) -> None:
+    """Record that ``attempt`` launched nothing (a dry run; an sbatch that refused the job), so a later command may
+    take a directory of such attempts over (:func:`only_dry_runs`)."""
+    atomic_write_text(run.config_attempt(attempt) / DRY_RUN_MARKER, f"{why}: nothing was launched from this attempt\n")
+
+
 def only_dry_runs(run: RunDir) -> bool:
     """Whether ``run`` holds nothing but what dry runs write, so a real run may take the directory over (a dry run
     first, then the same command without ``--dry-run``).
@@ -316,7 +322,7 @@ def _prepare_run(loaded: LoadedConfig, run: RunDir, *, argv: list[str], resume: 
         shutil.copyfile(src, adir / "inputs" / f"{i:02d}-{Path(src).name}")
     atomic_write_text(adir / "command.txt", shlex.join(argv) + "\n")
     if dry_run:
-        atomic_write_text(adir / DRY_RUN_MARKER, "srl --dry-run: nothing was launched from this attempt\n")
+        mark_not_launched(run, attempt, "srl --dry-run")
     cfg = loaded.config
     atomic_write_json(adir / "resolved" / "rl.json", cfg.model_dump(mode="json"))
     for role in ("trainer", "orchestrator", "inference"):

@@ -8,6 +8,7 @@ carries sbatch's own stderr.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ..preflight.site import load_site
 from ..render import render_job
 from ..run.layout import RunDir, point_symlink
 from . import slurm
+from .prepare import mark_not_launched
 
 INFERENCE_ROLES = ("inference", "router")
 
@@ -55,6 +57,22 @@ def hand_over(run: RunDir, attempt: int) -> None:
         mine.release()
 
 
+def _undo_hand_over(run: RunDir, attempt: int) -> None:
+    """After sbatch refused ``attempt``: remove the (empty) log directory :func:`hand_over` made for it and point
+    ``logs/latest`` back at the attempt before, if any."""
+    log_dir = run.log_attempt(attempt)
+    try:
+        log_dir.rmdir()  # only when empty: nothing wrote there
+    except OSError:
+        return
+    if run.latest_logs.is_symlink() and os.readlink(run.latest_logs) == log_dir.name:
+        earlier = sorted((p for p in run.logs.glob("attempt_*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        if earlier:
+            point_symlink(run.latest_logs, earlier[-1].name)
+        else:
+            run.latest_logs.unlink()
+
+
 def submit_job(cfg: RLConfig, run: RunDir, attempt: int, kind: str = "rl", *, site: SiteConfig | None = None,
                plan: Plan | None = None, dependency: str | None = None, roles: tuple[str, ...] | None = None) -> str:
     """Render ``<run>/launcher/<kind>.sbatch`` and submit it; returns the Slurm job id.
@@ -64,7 +82,8 @@ def submit_job(cfg: RLConfig, run: RunDir, attempt: int, kind: str = "rl", *, si
     dir>``). ``plan`` defaults to a fresh :func:`build_plan` with the run's port block (:func:`run_port_key`); the
     job fills in its id and hosts when it starts. ``dependency`` (e.g. ``"afterok:123"``) chains this job after
     another. ``roles`` restricts the job (default: every role of ``kind``; an SFT run: the trainer only). Raises
-    ``toolkit.launch.slurm.SubmitError`` with sbatch's stderr, ``RenderError`` for unsafe values.
+    ``toolkit.launch.slurm.SubmitError`` with sbatch's stderr (the attempt is then marked as having launched
+    nothing), ``RenderError`` for unsafe values.
     """
     roles = roles or (ROLES if kind == "rl" else INFERENCE_ROLES)
     site = site or load_site(cfg.site)
@@ -76,7 +95,14 @@ def submit_job(cfg: RLConfig, run: RunDir, attempt: int, kind: str = "rl", *, si
     script = render_job(cfg, run, plan, kind, attempt=attempt, site=site)
     hand_over(run, attempt)
     extra = [f"--dependency={dependency}", "--kill-on-invalid-dep=yes"] if dependency else []
-    job_id = slurm.submit(script, extra_args=extra, cwd=str(run.root))
+    try:
+        job_id = slurm.submit(script, extra_args=extra, cwd=str(run.root))
+    except slurm.SlurmCommandError:
+        # Nothing was queued: the attempt launched nothing, like a dry run, so the same command may take the
+        # directory over once Slurm accepts jobs (instead of asking for --resume of a run that never ran).
+        _undo_hand_over(run, attempt)
+        mark_not_launched(run, attempt, "sbatch did not accept the job")
+        raise
     record_job_id(run, job_id, kind, attempt)
     print(f"submitted {kind} job {job_id} (site {site.name})", file=sys.stderr)
     print(f"  script:    {script}", file=sys.stderr)

@@ -1,0 +1,48 @@
+"""sbatch refuses the job (here: the controller cannot be reached, injected with an `sbatch` on PATH that fails as
+Slurm's does; squeue, sinfo and the rest are the real local cluster's): `srl rl` says so in one message without a
+traceback, exits 1, and the attempt counts as having launched nothing, so the same command run again is not told
+to --resume a run that never ran; once sbatch works, it submits into the same run directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolkit.launch.prepare import only_dry_runs
+from toolkit.run.layout import RunDir
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+
+def _srl(tmp_path: Path, env: dict) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", "jobs/reverse-text/rl.toml", "@",
+           "jobs/reverse-text/slurm.toml", "--output-dir", str(tmp_path), "--run.name", "refused"]  # fmt: skip
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300, check=False)
+
+
+def test_a_refused_submission_is_one_message_and_the_same_command_retries(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Unable to contact "
+                                 "slurm controller (connect failure)' >&2\nexit 1\n")  # fmt: skip
+    (fake / "sbatch").chmod(0o755)
+    refusing = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+    run = RunDir(tmp_path / "refused")
+    for _ in range(2):  # the second time is the same command, not a --resume
+        r = _srl(tmp_path, refusing)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "Slurm did not take the job" in r.stderr and "Unable to contact slurm controller" in r.stderr
+        assert "Traceback" not in r.stderr and "already exists" not in r.stderr, r.stderr
+        assert only_dry_runs(run) and not run.job_ids_file.exists()
+    r = _srl(tmp_path, dict(os.environ))
+    try:
+        assert r.returncode == 0 and "submitted job" in r.stdout, r.stdout + r.stderr
+    finally:
+        job_ids = run.job_ids_file.read_text().split() if run.job_ids_file.exists() else []
+        if job_ids:
+            subprocess.run(["scancel", job_ids[0]], check=False)
