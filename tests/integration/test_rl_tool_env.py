@@ -45,7 +45,8 @@ def test_rl_on_a_tool_env_trains_three_steps_through_verifiers_rollout(tmp_path)
     assert sorted(trainer) == [1, 2, 3] and {1, 2, 3} <= set(orch), sorted(orch)
     for step in (1, 2, 3):
         o = orch[step]
-        assert o["errored_rollouts"] == 0 and o["num_turns/mean"] >= 1 and o["seq_len/mean"] > 1000, o
+        # Over 400 tokens: the tool's schema is in the prompt (the question alone is about 100 characters).
+        assert o["errored_rollouts"] == 0 and o["num_turns/mean"] >= 1 and o["seq_len/mean"] > 400, o
         assert trainer[step]["mismatch_kl/mean"] < 1e-3, trainer[step]
     log_text = (run / "logs" / "attempt_1" / "orchestrator.log").read_text()
     assert "runs through verifiers' own rollout" in log_text and "serves tools" in log_text
