@@ -20,9 +20,7 @@ from prereqs import need_module
 
 ROOT = Path(__file__).resolve().parents[2]
 VF_ENVS = ROOT / "tests" / "fixtures" / "vf_envs"
-# heavy: about 6 minutes on two loaded cores (every rollout starts a harness program and a tool server);
-# tests/integration/test_envs_trace_workers.py covers the worker path in CI.
-pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]  # about 2 minutes on an idle machine
 
 
 def test_rl_on_a_tool_env_trains_three_steps_through_verifiers_rollout(tmp_path):
