@@ -91,8 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"srl {cmd}: {e.render()}", file=sys.stderr)
         return 2
     except SubmitError as e:
-        print(f"srl {cmd}: Slurm did not take the job: {e}\n  nothing was queued; once Slurm accepts jobs, the same "
-              "command starts the run again in the same run directory", file=sys.stderr)  # fmt: skip
+        from .launch.submit import nothing_queued
+
+        then = ("nothing was queued; once Slurm accepts jobs, the same command starts the run again in the same run "
+                "directory") if nothing_queued(e) else (
+                "the job may have been queued anyway: check `squeue --me` before running the command again")  # fmt: skip
+        print(f"srl {cmd}: Slurm did not take the job: {e}\n  {then}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

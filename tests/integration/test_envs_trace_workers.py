@@ -59,7 +59,7 @@ class ToolPolicy:
     """Turn 1: a Hermes tool call for the animal in the prompt; then the tool's answer. Versions count up."""
 
     def __init__(self, renderer, fail: bool = False) -> None:
-        self.renderer, self.fail, self.calls = renderer, fail, []
+        self.renderer, self.fail, self.calls, self.prompt_lens = renderer, fail, [], []
 
     async def generate(self, prompt_ids, sampling, *, session_id):
         if self.fail:
@@ -73,7 +73,10 @@ class ToolPolicy:
             reply = "<tool_call>" + json.dumps({"name": "codebook_lookup", "arguments": {"key": animal}}) + "</tool_call>"
         ids = self.renderer.encode(reply) + [self.renderer.stop_token_ids[0]]
         self.calls.append((session_id, sampling.max_tokens))
-        return Generation(ids, [-0.25] * len(ids), "stop", policy_version=3 + len(self.calls))
+        self.prompt_lens.append(len(prompt_ids))
+        cut = len(ids) > sampling.max_tokens  # as an engine does: at most max_tokens, then finish by length
+        ids = ids[: sampling.max_tokens]
+        return Generation(ids, [-0.25] * len(ids), "length" if cut else "stop", policy_version=3 + len(self.calls))
 
 
 def test_a_tool_env_runs_through_verifiers_rollout_with_model_calls_from_the_worker(model_dir, vf_envs_on_path):
@@ -88,14 +91,14 @@ def test_a_tool_env_runs_through_verifiers_rollout_with_model_calls_from_the_wor
             await rt.start()
             assert rt.mode == "trace" and rt.num_examples == 4
             policy = ToolPolicy(renderer)
-            group = await rt.run_group(1, 2, client=policy, sampling=SamplingParams(max_tokens=64))
+            group = await rt.run_group(1, 2, client=policy, sampling=SamplingParams(max_tokens=256))
             failing = await rt.run_group(0, 1, client=ToolPolicy(renderer, fail=True), sampling=SamplingParams())
             return rt.task_ids, group, failing, policy
         finally:
             await rt.aclose()
 
     task_ids, group, failing, policy = asyncio.run(go())
-    assert len(policy.calls) == 4 and {m for _, m in policy.calls} == {64}  # 2 rollouts x 2 turns, our max_tokens
+    assert len(policy.calls) == 4 and {m for _, m in policy.calls} == {256}  # 2 rollouts x 2 turns, our max_tokens
     for r in group:
         assert r.error_class is None, r.error_message
         assert r.reward == 1.0 and r.num_turns == 2 and r.task_id == task_ids[1] and not r.truncated
@@ -109,29 +112,85 @@ def test_a_tool_env_runs_through_verifiers_rollout_with_model_calls_from_the_wor
     assert err.error_class == "ProviderError" and not err.samples, (err.error_class, err.error_message)
 
 
-def test_the_envs_token_budget_is_the_seats_limit_in_verifiers(model_dir, vf_envs_on_path):
-    """``max_total_tokens`` reaches the seat: verifiers checks its caps between turns (the turn that crosses one
-    still completes), so with a budget the first turn (a prompt of over a thousand tokens with the tool schemas,
-    then the tool call) already passes, it refuses the second turn; the rollout is truncated with that reason and
-    trains on the one turn sampled."""
+def test_the_rollout_token_budget_clips_turns_and_ends_the_episode(model_dir, vf_envs_on_path):
+    """``max_total_tokens`` bounds prompt + completion of every sampled turn, as in the chat loop (and so the
+    trainer's rows): a turn is clipped to what is left of the budget and, when nothing is left, not sampled at all;
+    the rollout is truncated with reason ``max_total_tokens``. The budget is set from the first turn's measured
+    prompt length (the tool schemas make it several hundred tokens)."""
     from toolkit.models.renderer import HermesRenderer
 
     renderer = HermesRenderer(model_dir)
 
     async def go():
-        rt = EnvRuntime(env_cfg(max_total_tokens=100), model_path=model_dir,
-                        renderer_cfg=SimpleNamespace(name="hermes", import_path=None), seed=0)  # fmt: skip
+        rt = EnvRuntime(env_cfg(), model_path=model_dir, renderer_cfg=SimpleNamespace(name="hermes", import_path=None),
+                        seed=0)  # fmt: skip
         try:
             await rt.start()
-            return await rt.run_group(1, 1, client=ToolPolicy(renderer), sampling=SamplingParams(max_tokens=64))
+            free = ToolPolicy(renderer)
+            (whole,) = await rt.run_group(1, 1, client=free, sampling=SamplingParams(max_tokens=256))
+            first_prompt = free.prompt_lens[0]
+            rt.limits.max_total_tokens = first_prompt + 10  # the tool call (tens of tokens) no longer fits
+            clipped_policy = ToolPolicy(renderer)
+            (clipped,) = await rt.run_group(1, 1, client=clipped_policy, sampling=SamplingParams(max_tokens=256))
+            rt.limits.max_total_tokens = first_prompt - 1  # not even the prompt fits
+            none_policy = ToolPolicy(renderer)
+            (empty,) = await rt.run_group(1, 1, client=none_policy, sampling=SamplingParams(max_tokens=256))
+            return whole, first_prompt, clipped, clipped_policy, empty, none_policy
         finally:
             await rt.aclose()
 
-    (r,) = asyncio.run(go())
-    assert r.error_class is None, r.error_message
-    assert r.truncated and r.truncation_reason == "max_total_tokens" and r.num_turns == 1 and r.reward == 0.0
-    (sample,) = r.samples
-    assert "<tool_call>" in renderer.decode(sample.completion_ids) and all(sample.completion_mask)
+    whole, first_prompt, clipped, clipped_policy, empty, none_policy = asyncio.run(go())
+    assert whole.error_class is None and not whole.truncated and whole.num_turns == 2
+    assert clipped.error_class is None and clipped.truncated and clipped.truncation_reason == "max_total_tokens"
+    assert clipped_policy.calls[0][1] == 10 and clipped.reward == 0.0
+    for sample in clipped.samples:
+        assert len(sample.prompt_ids) + len(sample.completion_ids) <= first_prompt + 10
+    assert empty.error_class is None and empty.truncated and empty.truncation_reason == "max_total_tokens"
+    assert none_policy.calls == [] and not any(m for s in empty.samples for m in s.completion_mask)
+
+
+def test_a_rollout_timeout_ends_the_episode_in_the_worker(model_dir, vf_envs_on_path):
+    """The rollout times out while the model never answers: the rollout is a HarnessError, and the worker (still
+    alive and serving) ends that episode too, its harness program and tool server included, instead of leaving
+    them running with nobody waiting."""
+    from toolkit.procutil import descendants
+
+    class HangingPolicy:
+        def __init__(self) -> None:
+            self.asked = asyncio.Event()
+
+        async def generate(self, prompt_ids, sampling, *, session_id):
+            self.asked.set()
+            await asyncio.Event().wait()
+
+    async def go():
+        cfg = env_cfg()
+        cfg.timeout.rollout = 20
+        rt = EnvRuntime(cfg, model_path=model_dir, renderer_cfg=SimpleNamespace(name="hermes", import_path=None),
+                        seed=0)  # fmt: skip
+        try:
+            await rt.start()
+            (worker,) = rt.workers
+            policy = HangingPolicy()
+            group = asyncio.create_task(rt.run_group(0, 1, client=policy, sampling=SamplingParams(max_tokens=16)))
+            await asyncio.wait_for(policy.asked.wait(), 120)
+            during = set(descendants(worker.proc.pid))
+            (r,) = await group
+            left = set(descendants(worker.proc.pid)) & during
+            for _ in range(100):  # the cancel reaches the worker and verifiers tears the episode down
+                if not left:
+                    break
+                await asyncio.sleep(0.2)
+                left = set(descendants(worker.proc.pid)) & during
+            health = await worker.conn.call("health", 10)
+            return r, during, left, health
+        finally:
+            await rt.aclose()
+
+    r, during, left, health = asyncio.run(go())
+    assert r.error_class == "HarnessError" and "timed out" in r.error_message, r.error_message
+    assert len(during) >= 2 and left == set(), (during, left)
+    assert health["episodes"] == 0  # the worker lives on for the next episodes
 
 
 def test_stopping_the_runtime_mid_episode_leaves_no_harness_program_or_tool_server(model_dir, vf_envs_on_path):

@@ -1,9 +1,9 @@
 """The env workers' load of each env, minus the data, in the job's own interpreter: for the login node's preflight.
 
 An env worker resolves its taskset id on the compute node with the job's ``PYTHONPATH`` and refuses a field the
-taskset's config class does not declare, a ``select`` it cannot read, a runtime verifiers rejects or a module srl
-cannot run (an own Env class, a bundled harness). All of that is known before any data is read, so preflight asks
-the same question here: :func:`run_probe` starts ``python -m toolkit.envs.probe`` with the job's interpreter and
+taskset's config class does not declare, a ``select`` it cannot read, a runtime verifiers rejects or srl cannot
+provide (a remote sandbox), a harness verifiers cannot load, or a harness other than the chat loop on an srl
+built-in. All of that is known before any data is read, so preflight asks the same question here: :func:`run_probe` starts ``python -m toolkit.envs.probe`` with the job's interpreter and
 ``PYTHONPATH`` (a fresh process: a taskset module is imported there, never in srl's own process) and reads back one
 result per env; srl's own built-ins it checks in process. :func:`check_spec` is the check itself,
 built from the worker's own functions (``registry.taskset_config``, ``fidelity``), so the two cannot drift.
@@ -188,7 +188,13 @@ def _check_builtin(spec: dict[str, Any], extra_paths: Sequence[str]) -> dict[str
         vf_version = None
     envs_pkg = Path(__file__).resolve().parent
     stamp = file_stamp(sorted(str(p) for p in envs_pkg.rglob("*.py")))
-    key = json.dumps([spec, list(extra_paths), sys.executable, vf_version, stamp], sort_keys=True)
+    import shutil
+
+    from toolkit.envs.fidelity import LOCAL_RUNTIME_BINARIES
+
+    # Whether a container program is on PATH decides whether its runtime fields are checked at all.
+    programs = {b: shutil.which(b) for b in LOCAL_RUNTIME_BINARIES.values() if b}
+    key = json.dumps([spec, list(extra_paths), sys.executable, vf_version, stamp, programs], sort_keys=True)
     path = builtin_cache_dir() / (hashlib.sha256(key.encode()).hexdigest() + ".json")
     with contextlib.suppress(OSError, ValueError):
         cached = json.loads(path.read_text())

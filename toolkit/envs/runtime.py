@@ -46,6 +46,8 @@ log = logging.getLogger("srl.orchestrator")
 WORKER_START_TIMEOUT_S = 600.0
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 30.0
+MAX_WORKER_LOG_LINES = 1000
+"""Lines of a worker's stderr copied into the orchestrator log (a start-up message, warnings, a crash's traceback)."""
 GRACE_S = 5.0  # client-side slack over the worker's own stage timeout before the worker is presumed hung
 
 
@@ -284,14 +286,20 @@ class EnvRuntime:
     async def _drain(self, proc: asyncio.subprocess.Process) -> None:
         """Copy the worker's stderr into this log line by line (a task's prints, verifiers' warnings, a crash's
         traceback: the evidence of a failing env), so a chatty task cannot block the worker on a full pipe."""
-        pending = b""
+        pending, logged = b"", 0
         with contextlib.suppress(OSError, ValueError):
             while chunk := await proc.stderr.read(65536):  # chunks, not readline: a line may exceed any limit
                 *lines, pending = (pending + chunk).split(b"\n")
+                pending = pending[-65536:]
+                if logged > MAX_WORKER_LOG_LINES:
+                    continue  # a task printing per episode must not flood the log or load this event loop
                 for line in lines:
                     if text := line.decode(errors="replace").rstrip():
+                        logged += 1
                         log.info("env worker %s (pid %d): %s", self.name, proc.pid, text[:2000])
-                pending = pending[-65536:]
+                if logged > MAX_WORKER_LOG_LINES:
+                    log.info("env worker %s (pid %d): more than %d lines on stderr; the rest is not logged",
+                             self.name, proc.pid, MAX_WORKER_LOG_LINES)  # fmt: skip
 
     async def _call(self, worker: _Worker, op: str, limit: float | None, failure: str, **params: Any) -> Any:
         """``op`` on ``worker``, answered within ``limit`` + GRACE_S seconds (None: no bound). A worker that does not
@@ -409,28 +417,55 @@ class EnvRuntime:
         await self._ready(worker)
         episode = uuid.uuid4().hex
         conn = worker.conn
+        clipped_and_cut = False  # a turn the budget clipped ran out: the rollout's truncation is the budget's
 
         async def on_callback(op: str, params: dict[str, Any]) -> dict[str, Any]:
+            nonlocal clipped_and_cut
             if op != "generate":
                 raise srl_errors.HarnessError(f"env worker asked for unknown callback {op!r}")
-            gen = await client.generate(list(params["prompt_ids"]), SamplingParams(**params["sampling"]),
-                                        session_id=str(params.get("session_id") or episode))  # fmt: skip
+            prompt, turn = list(params["prompt_ids"]), SamplingParams(**params["sampling"])
+            cap = self.limits.max_total_tokens
+            if cap is not None:
+                # Prompt + completion stays within the rollout's budget (and so within the trainer's rows), as in
+                # the chat loop: the turn is clipped to what is left; with nothing left it is empty, cut by length
+                # (verifiers then stops the episode on its own max_total_tokens, the seat's limit).
+                left = cap - len(prompt)
+                if left <= 0:
+                    clipped_and_cut = True
+                    return {"token_ids": [], "logprobs": [], "finish_reason": "length", "policy_version": 0,
+                            "foreign_version": None}  # fmt: skip
+                if left < turn.max_tokens:
+                    turn = dataclasses.replace(turn, max_tokens=left)
+                    clipped = True
+                else:
+                    clipped = False
+            gen = await client.generate(prompt, turn, session_id=str(params.get("session_id") or episode))
+            if cap is not None and clipped and gen.finish_reason == "length":
+                clipped_and_cut = True
             return {"token_ids": list(gen.token_ids), "logprobs": [float(x) for x in gen.logprobs],
                     "finish_reason": gen.finish_reason, "policy_version": int(gen.policy_version),
                     "foreign_version": gen.foreign_version}  # fmt: skip
 
         conn.callbacks[episode] = on_callback
+        done = False
         try:
             call = conn.call("run_trace", example_id=example_id, episode=episode, sampling=dataclasses.asdict(sampling))
             r = await self._within_rollout_timeout(worker, client, call)
+            done = True
         finally:
             conn.callbacks.pop(episode, None)
+            if not done and not conn.closed:
+                # Timed out or cancelled here: the worker ends the episode too (its harness program, tool servers
+                # and runtime), instead of running it on with nobody waiting.
+                cancel = asyncio.ensure_future(conn.call("cancel", GRACE_S, episode=episode))
+                cancel.add_done_callback(lambda t: t.cancelled() or t.exception())
         return [Rollout(
             env=self.name, task_id=str(t["task_id"]), example_id=example_id,
             samples=[TrainingSample(**s) for s in t["samples"]], reward=float(t["reward"]),
             reward_components=dict(t.get("components") or {}), metrics=dict(t.get("metrics") or {}),
             num_turns=int(t.get("num_turns") or 0), truncated=bool(t.get("truncated")),
-            truncation_reason=t.get("truncation_reason"), policy_version=int(t.get("policy_version") or 0),
+            truncation_reason=("max_total_tokens" if clipped_and_cut and t.get("truncated") else t.get("truncation_reason")),
+            policy_version=int(t.get("policy_version") or 0),
             foreign_version=t.get("foreign_version"), timings=dict(t.get("timings") or {}),
         ) for t in r["traces"]]  # fmt: skip
 

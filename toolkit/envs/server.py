@@ -94,6 +94,7 @@ class EnvWorker:
         else:
             fidelity.check_loaded(name, taskset, self.tasks, harness_id, self.runtime_config, module=module)
         self.mode = "trace" if self.trace_env is not None else "chat"
+        self.trace_runs: dict[str, asyncio.Future] = {}  # episode id -> its run, for op cancel
         self.max_turns = spec.get("max_turns")
         self.timeout = spec.get("timeout") or {}
         self.episodes: dict[str, Episode] = {}
@@ -115,8 +116,21 @@ class EnvWorker:
         if op == "run_trace":
             if self.trace_env is None or channel is None:
                 raise srl_errors.HarnessError("run_trace: this env runs srl's plain chat loop (op start)")
-            return await self.trace_env.run(int(req["example_id"]), str(req["episode"]), dict(req["sampling"]),
-                                            channel.call)  # fmt: skip
+            eid = str(req["episode"])
+            run = asyncio.ensure_future(self.trace_env.run(int(req["example_id"]), eid, dict(req["sampling"]),
+                                                           channel.call))  # fmt: skip
+            self.trace_runs[eid] = run
+            try:
+                return await run
+            except asyncio.CancelledError:
+                raise srl_errors.HarnessError(f"episode {eid} cancelled by the orchestrator") from None
+            finally:
+                self.trace_runs.pop(eid, None)
+        if op == "cancel":  # the orchestrator gave up on a trace episode (its rollout timeout)
+            run = self.trace_runs.get(str(req.get("episode")))
+            if run is not None:
+                run.cancel()
+            return {"cancelled": run is not None}
         if op == "start":
             return await self._start(int(req["example_id"]), req["episode"])
         if op == "start_group":
@@ -209,6 +223,9 @@ async def serve(spec: dict[str, Any], host: str, port: int, parent_pid: int | No
     """Load the tasks, listen, announce the address on stdout and serve until SIGTERM (then stop verifiers'
     servers and every program the episodes started)."""
     worker = EnvWorker(spec)
+    stop = asyncio.Event()
+    # Before verifiers' shared servers start, so a SIGTERM during their start-up still ends them (below).
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     if worker.trace_env is not None:
         await worker.trace_env.start()
         print(f"env '{worker.trace_env.name}' runs through verifiers' own rollout: " + "; ".join(worker.reasons),
@@ -219,8 +236,6 @@ async def serve(spec: dict[str, Any], host: str, port: int, parent_pid: int | No
     # worker CPU per episode -15%, orchestrator_overhead 267-275 -> 350-380 rollouts/s in interleaved runs).
     gc.collect()
     gc.freeze()
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     server = await asyncio.start_server(worker.serve_connection, host, port, limit=STREAM_LIMIT)
     bound_host, bound_port = server.sockets[0].getsockname()[:2]
     print(f"{READY_PREFIX} {bound_host}:{bound_port}", flush=True)

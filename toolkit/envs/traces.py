@@ -158,6 +158,9 @@ class TraceEnv:
         failed = next((t for t in trainable if t.has_error), None)
         if failed is not None or (not episode.ok and episode.last_error is not None):
             err = failed.errors[-1] if failed is not None and failed.errors else episode.last_error
+            if err is None:
+                raise srl_errors.HarnessError(f"the episode failed without an error recorded (trace "
+                                              f"{getattr(failed, 'id', '?')}, stop {getattr(failed, 'stop_condition', None)!r})")  # fmt: skip
             raise srl_error(err.type, err.message)
         if not trainable:
             raise srl_errors.TaskError(f"the episode ran no trainable seat (seats: "
@@ -185,7 +188,7 @@ def _rollout_fields(task: Any, trace: Any) -> dict[str, Any]:
         "metrics": {k: float(v) for k, v in trace.metrics.items() if isinstance(v, (int, float))},
         "num_turns": trace.num_turns,
         "truncated": bool(trace.is_truncated),
-        "truncation_reason": (trace.stop_condition or "max_tokens") if trace.is_truncated else None,
+        "truncation_reason": _truncation_reason(trace),
         "samples": [dataclasses.asdict(s) for s in got.samples],
         "policy_version": got.policy_version or 0,
         "foreign_version": got.foreign_version,
@@ -194,6 +197,19 @@ def _rollout_fields(task: Any, trace: Any) -> dict[str, Any]:
             "generation": timing.agent.model.duration, "env": timing.agent.harness.duration,
         },
     }
+
+
+LIMIT_STOPS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens", "compaction_failed")
+"""verifiers' stop conditions that truncate a trace (a framework limit); any other truncation is a response cut by
+its token limit."""
+
+
+def _truncation_reason(trace: Any) -> str | None:
+    """None for a complete trace; the limit verifiers stopped it at; else ``max_tokens`` (the last response was
+    cut by its token limit)."""
+    if not trace.is_truncated:
+        return None
+    return trace.stop_condition if trace.stop_condition in LIMIT_STOPS else "max_tokens"
 
 
 def _seat_harnesses(env: Any) -> list[Any]:

@@ -57,6 +57,11 @@ def hand_over(run: RunDir, attempt: int) -> None:
         mine.release()
 
 
+def nothing_queued(e: slurm.SlurmCommandError) -> bool:
+    """Whether a failed ``sbatch`` certainly queued nothing: it exited non-zero, or could not start."""
+    return (e.returncode is not None and e.returncode != 0) or e.what == "could not start"
+
+
 def _undo_hand_over(run: RunDir, attempt: int) -> None:
     """After sbatch refused ``attempt``: remove the (empty) log directory :func:`hand_over` made for it and point
     ``logs/latest`` back at the attempt before, if any."""
@@ -97,11 +102,13 @@ def submit_job(cfg: RLConfig, run: RunDir, attempt: int, kind: str = "rl", *, si
     extra = [f"--dependency={dependency}", "--kill-on-invalid-dep=yes"] if dependency else []
     try:
         job_id = slurm.submit(script, extra_args=extra, cwd=str(run.root))
-    except slurm.SlurmCommandError:
-        # Nothing was queued: the attempt launched nothing, like a dry run, so the same command may take the
-        # directory over once Slurm accepts jobs (instead of asking for --resume of a run that never ran).
-        _undo_hand_over(run, attempt)
-        mark_not_launched(run, attempt, "sbatch did not accept the job")
+    except slurm.SlurmCommandError as e:
+        # sbatch exited non-zero or never started: nothing was queued, so the attempt launched nothing, like a dry
+        # run, and the same command may take the directory over once Slurm accepts jobs. A timeout or an answer
+        # without a job id may have queued it: the attempt is left as it is (the user checks squeue).
+        if nothing_queued(e):
+            _undo_hand_over(run, attempt)
+            mark_not_launched(run, attempt, "sbatch did not accept the job")
         raise
     record_job_id(run, job_id, kind, attempt)
     print(f"submitted {kind} job {job_id} (site {site.name})", file=sys.stderr)
