@@ -55,6 +55,11 @@ def env_cfg(max_total_tokens=None, taskset_id="codebook-lookup", **harness):
     )  # fmt: skip
 
 
+def runtime(cfg, model_dir) -> EnvRuntime:
+    """The env's runtime with the tiny model and the Hermes renderer (tool schemas in the prompt)."""
+    return EnvRuntime(cfg, model_path=model_dir, renderer_cfg=SimpleNamespace(name="hermes", import_path=None), seed=0)
+
+
 class ToolPolicy:
     """Turn 1: a Hermes tool call for the animal in the prompt; then the tool's answer. Versions count up."""
 
@@ -85,8 +90,7 @@ def test_a_tool_env_runs_through_verifiers_rollout_with_model_calls_from_the_wor
     renderer = HermesRenderer(model_dir)
 
     async def go():
-        rt = EnvRuntime(env_cfg(), model_path=model_dir, renderer_cfg=SimpleNamespace(name="hermes", import_path=None),
-                        seed=0)  # fmt: skip
+        rt = runtime(env_cfg(), model_dir)
         try:
             await rt.start()
             assert rt.mode == "trace" and rt.num_examples == 4
@@ -122,8 +126,7 @@ def test_the_rollout_token_budget_clips_turns_and_ends_the_episode(model_dir, vf
     renderer = HermesRenderer(model_dir)
 
     async def go():
-        rt = EnvRuntime(env_cfg(), model_path=model_dir, renderer_cfg=SimpleNamespace(name="hermes", import_path=None),
-                        seed=0)  # fmt: skip
+        rt = runtime(env_cfg(), model_dir)
         try:
             await rt.start()
             free = ToolPolicy(renderer)
@@ -166,8 +169,7 @@ def test_a_rollout_timeout_ends_the_episode_in_the_worker(model_dir, vf_envs_on_
     async def go():
         cfg = env_cfg()
         cfg.timeout.rollout = 20
-        rt = EnvRuntime(cfg, model_path=model_dir, renderer_cfg=SimpleNamespace(name="hermes", import_path=None),
-                        seed=0)  # fmt: skip
+        rt = runtime(cfg, model_dir)
         try:
             await rt.start()
             (worker,) = rt.workers
@@ -208,8 +210,7 @@ def test_stopping_the_runtime_mid_episode_leaves_no_harness_program_or_tool_serv
             await asyncio.Event().wait()  # the engine never answers
 
     async def go():
-        rt = EnvRuntime(env_cfg(), model_path=model_dir, renderer_cfg=SimpleNamespace(name="hermes", import_path=None),
-                        seed=0)  # fmt: skip
+        rt = runtime(env_cfg(), model_dir)
         await rt.start()
         policy = HangingPolicy()
         group = asyncio.create_task(rt.run_group(0, 1, client=policy, sampling=SamplingParams(max_tokens=16)))
@@ -248,8 +249,7 @@ def test_an_env_that_runs_two_attempts_gives_a_rollout_per_trainable_trace(model
             return Generation(ids, [-0.5] * len(ids), "stop", policy_version=2)
 
     async def go():
-        rt = EnvRuntime(env_cfg(taskset_id="best-of-two"), model_path=model_dir,
-                        renderer_cfg=SimpleNamespace(name="hermes", import_path=None), seed=0)  # fmt: skip
+        rt = runtime(env_cfg(taskset_id="best-of-two"), model_dir)
         try:
             await rt.start()
             assert rt.mode == "trace"
