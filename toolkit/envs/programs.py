@@ -15,10 +15,13 @@ message names uv). Container runtimes are untouched (the program runs inside the
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import sys
 import tomllib
+import uuid
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 _BLOCK = re.compile(r"(?m)^# /// script\s*$\n(?P<body>(?:^#(?: .*)?$\n)+?)^# ///\s*$")
@@ -73,9 +76,15 @@ def use_job_interpreter() -> None:
         if missing_requirements(script_requirements(data)):
             return await uv_path(self, script, env, activate=activate)
         # The same place verifiers writes it (one file per script content), so what runs is inspectable there.
-        path = f"{self.scripts_dir}/{hashlib.sha256(data).hexdigest()}.py"
-        await self.write(path, data)
-        return [sys.executable, path]
+        # Written once, whole (temporary file, then rename): concurrent episodes start the same program, and one
+        # must never read the file half-written by another.
+        path = Path(self.scripts_dir) / f"{hashlib.sha256(data).hexdigest()}.py"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        return [sys.executable, str(path)]
 
     prepare_uv_script._srl_job_interpreter = True  # type: ignore[attr-defined]
     SubprocessRuntime.prepare_uv_script = prepare_uv_script  # type: ignore[method-assign]
