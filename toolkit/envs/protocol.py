@@ -43,10 +43,16 @@ def unwrap(outcome: dict[str, Any]) -> Any:
     (``{"ok": false, "error_class", "error"}``); an unknown class becomes HarnessError (the env server's code)."""
     if outcome.get("ok"):
         return outcome.get("result")
-    klass = getattr(srl_errors, outcome.get("error_class", "HarnessError"), None)
+    raise error_class(outcome.get("error_class", "HarnessError"))(outcome.get("error", ""))
+
+
+def error_class(name: str) -> type[srl_errors.SrlRolloutError]:
+    """srl's error class called ``name`` (``toolkit.errors``); an unknown name is HarnessError (the failing side's
+    own code)."""
+    klass = getattr(srl_errors, name, None)
     if not (isinstance(klass, type) and issubclass(klass, srl_errors.SrlRolloutError)):
         klass = srl_errors.HarnessError
-    raise klass(outcome.get("error", ""))
+    return klass
 
 
 def outcome(value: Any) -> dict[str, Any]:

@@ -26,7 +26,14 @@ from typing import Any
 
 from toolkit import errors as srl_errors
 from toolkit.envs import registry
-from toolkit.envs.fidelity import EnvFeatureError, builtin_harness_problem, runtime_fields, task_identity
+from toolkit.envs.fidelity import (
+    EnvFeatureError,
+    builtin_harness_problem,
+    exported,
+    runtime_fields,
+    task_identity,
+)
+from toolkit.envs.protocol import error_class
 from toolkit.run.types import Generation, SamplingParams
 
 VF_ERROR_CLASSES = {"EnvError": "TaskError", "InterceptionError": "HarnessError"}
@@ -37,10 +44,7 @@ def srl_error(vf_type: str, message: str) -> srl_errors.SrlRolloutError:
     """The srl exception for a verifiers error type name (``ToolsetError`` -> ``toolkit.errors.ToolsetError``);
     an unknown type is a HarnessError (the harness program or the env's code failed)."""
     name = VF_ERROR_CLASSES.get(vf_type, vf_type)
-    klass = getattr(srl_errors, name, None)
-    if not (isinstance(klass, type) and issubclass(klass, srl_errors.SrlRolloutError)):
-        klass = srl_errors.HarnessError
-    return klass(f"{vf_type}: {message}" if name != vf_type else message)
+    return error_class(name)(f"{vf_type}: {message}" if name != vf_type else message)
 
 
 def seat_overrides(spec: dict[str, Any], config_cls: Any, bundles_harness: bool) -> dict[str, dict[str, Any]]:
@@ -82,6 +86,7 @@ class TraceEnv:
     """
 
     def __init__(self, spec: dict[str, Any]) -> None:
+        import verifiers.v1 as vf
         from verifiers.v1.utils.loaders import env_config_type, environment_class
 
         from toolkit.envs.programs import use_job_interpreter
@@ -95,10 +100,6 @@ class TraceEnv:
             raise EnvFeatureError(problem)
         ns = taskset_namespace(spec["taskset"])
         _, ts_config = registry.taskset_config(ns, env_name=self.name, eval_env=bool(spec.get("eval")))
-        import verifiers.v1 as vf
-
-        from toolkit.envs.fidelity import exported
-
         config_cls = env_config_type(tid)
         bundles = bool(exported(registry.taskset_module(tid), vf.Harness))
         fields: dict[str, Any] = {"taskset": ts_config.model_dump(), **seat_overrides(spec, config_cls, bundles)}
