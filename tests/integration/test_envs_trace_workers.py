@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -159,10 +160,19 @@ def test_a_rollout_timeout_ends_the_episode_in_the_worker(model_dir, vf_envs_on_
     from toolkit.procutil import descendants
 
     class HangingPolicy:
+        """Never answers. Until its first call it reports the time as an inference outage (``outage_seconds``, which
+        the rollout timeout does not count), so the timeout runs from the model call on: starting the tool server
+        and harness program on a loaded machine cannot use it up before the episode reaches the model."""
+
         def __init__(self) -> None:
             self.asked = asyncio.Event()
+            self.t0, self.first_call = time.monotonic(), None
+
+        def outage_seconds(self) -> float:
+            return (self.first_call or time.monotonic()) - self.t0
 
         async def generate(self, prompt_ids, sampling, *, session_id):
+            self.first_call = self.first_call or time.monotonic()
             self.asked.set()
             await asyncio.Event().wait()
 

@@ -213,7 +213,9 @@ def test_hung_scorer_worker_is_killed_and_replaced(model_dir, external_on_path, 
     import toolkit.envs.runtime as runtime_mod
 
     monkeypatch.setattr(runtime_mod, "GRACE_S", 0.5)
-    cfg = env_cfg("hanging-scorer", workers=1, timeout={"finalize": 1, "scoring": 1})
+    # The limits also bound the healthy episode on the replacement worker (its first scoring in a fresh process):
+    # 10 s leaves room for a loaded machine and still ends the hung scorer long before its hour.
+    cfg = env_cfg("hanging-scorer", workers=1, timeout={"finalize": 10, "scoring": 10})
 
     async def go():
         rt = EnvRuntime(cfg, model_path=model_dir, renderer_cfg=None, seed=0)
@@ -244,7 +246,8 @@ def test_hung_user_turn_times_out_rollout_and_replaces_worker(model_dir, externa
     import toolkit.envs.runtime as runtime_mod
 
     monkeypatch.setattr(runtime_mod, "GRACE_S", 0.5)
-    cfg = env_cfg("hanging-scorer", workers=1, timeout={"rollout": 3}, hang_in="user_turn")
+    # The rollout limit also bounds the healthy episode on the replacement worker: 10 s, room for a loaded machine.
+    cfg = env_cfg("hanging-scorer", workers=1, timeout={"rollout": 10}, hang_in="user_turn")
 
     async def go():
         rt = EnvRuntime(cfg, model_path=model_dir, renderer_cfg=None, seed=0)

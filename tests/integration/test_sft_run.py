@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from toolkit.run import heartbeat
+from toolkit.run.layout import RunDir
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +85,14 @@ def test_sft_stopped_and_resumed_trains_exactly_the_uninterrupted_samples(workdi
         assert proc.poll() is None, proc.stdout.read()
         assert time.monotonic() < deadline, "the SFT run did not reach step 10"
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)
+    # Hold the trainer (found by its progress record) while Ctrl-C reaches the run: it cannot train the remaining
+    # steps between the test's poll and the signal however the two are scheduled, and resumes to see the stop.
+    trainer_pid = next(r["pid"] for r in heartbeat.read_all(RunDir(b)).values() if r.get("role") == "trainer")
+    os.kill(trainer_pid, signal.SIGSTOP)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+    finally:
+        os.kill(trainer_pid, signal.SIGCONT)
     out = proc.communicate(timeout=120)[0]
     stopped_at = max(_trainer_steps(b))
     assert stopped_at < STEPS, "stopped too late to test a resume"

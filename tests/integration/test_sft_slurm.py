@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm, pytest.mark
 
 REPO = Path(__file__).resolve().parents[2]
 EVAL = "eval/reverse-text-test/avg@4"
+# SFT steps of the chain's first job: enough for its final eval to stand far above the random model's (the README
+# job's SFT reads ~0.7 at step 100), few enough to keep this 2-node CPU test short.
+SFT_STEPS = 120
 
 
 def _srl(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -59,7 +62,8 @@ def _chain(workdir: Path, name: str, *sft_extra: str) -> subprocess.CompletedPro
     slurm_toml = str(REPO / "jobs/reverse-text/slurm.toml")
     return _srl(
         workdir, "sft", "chain", "@", str(REPO / "jobs/reverse-text/sft.toml"), "@", slurm_toml,
-        "--data.name", "data/rt.jsonl", "--max-steps", "250", "--eval.interval", "250", "--run.name", f"{name}-sft",
+        "--data.name", "data/rt.jsonl", "--max-steps", str(SFT_STEPS), "--eval.interval", str(SFT_STEPS),
+        "--run.name", f"{name}-sft",
         *sft_extra,
         "--then", "@", str(REPO / "jobs/reverse-text/rl.toml"), "@", str(REPO / "jobs/reverse-text/rl-after-sft.toml"),
         "@", slurm_toml, "--max-steps", "2", "--orchestrator.eval.interval", "2", "--run.name", f"{name}-rl",
@@ -89,7 +93,8 @@ def test_chain_runs_sft_on_two_nodes_then_rl_from_its_model(workdir, slurm_clust
     assert rl_state.start_time is not None and s.end_time is not None, (rl_state, s)
     assert rl_state.start_time >= s.end_time
     e, f = _evals(rl), _evals(sft)
-    assert f[0] < 0.3 and f[250] >= 0.5, f
+    # Far above the random model (avg@4 ~0.07), so an RL step-0 eval that matches it shows RL started from SFT's model.
+    assert f[0] < 0.3 and f[SFT_STEPS] >= 0.4, f
     assert abs(e[0] - f[250]) < 0.15, (f, e)
 
 
