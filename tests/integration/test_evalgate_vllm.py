@@ -118,6 +118,8 @@ def test_eval_run_local_server_never_healthy_fails_clearly(tmp_path, capsys):
     assert rc == 1
     assert "the local vLLM server did not start: inference not healthy after 2 s" in err, err
     assert str(run_dir / "logs" / "eval" / "inference-0-0.log") in err
-    assert time.monotonic() - t0 < 60
+    # The whole command (preflight, the engine's start and stop included, slow on a busy machine) ends far sooner
+    # than the default start-up timeout (900 s) could end it: the configured 2 s did.
+    assert time.monotonic() - t0 < 300
     assert not (run_dir / "control" / "inference_ready.json").exists()
     assert _serving(run_dir) == []

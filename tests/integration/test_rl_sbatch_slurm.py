@@ -33,6 +33,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).resolve().parent / "probe" / "probe.py"
+# Waits for what the job records (probe records, log lines, Slurm states) are generous (minutes): slurmctld, slurmd
+# and the probes act late on two busy cores, and a bound only ends a wait that would otherwise never end.
+WAIT_S = 300
+# A trainer probe that runs until the job stops it (the stop request or a signal), not out of its own time during
+# the waits above.
+UNTIL_STOPPED_S = 3600
 
 
 def _probe_bin(tmp: Path) -> Path:
@@ -124,6 +130,19 @@ def _wait_records(run, n: int, timeout_s: float, restart: str = "0") -> dict:
 
 def _batch_log(run) -> str:
     return "\n".join(p.read_text() for p in sorted(run.logs.glob("*.out")))
+
+
+def _wait_log(run, pattern: str, timeout_s: float, path: Path | None = None) -> re.Match:
+    """The first match of ``pattern`` in the batch log (or in the file ``path``), polled until it is written."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = _batch_log(run) if path is None else (path.read_text() if path.exists() else "")
+        m = re.search(pattern, text)
+        if m:
+            return m
+        time.sleep(0.2)
+    raise AssertionError(f"no {pattern!r} in {path or 'the batch log'} after {timeout_s} s; "
+                         f"batch log:\n{_batch_log(run)}")
 
 
 def _assert_real_parsers_accept(run) -> None:
@@ -222,32 +241,37 @@ def test_recorded_placement_equals_plan(probe_run, capsys):
     ("kill4", "inference-0-0", "[inference]\nmax_restarts = 0"),
 ])
 def test_killing_one_component_ends_the_job(probe_run, name, victim_name, extra):
-    cfg, run, attempt = probe_run(name, trainer_seconds=120, extra=extra)
+    # The trainer runs until stopped, so only the victim's death can end this job.
+    cfg, run, attempt = probe_run(name, trainer_seconds=UNTIL_STOPPED_S, extra=extra)
     job = submit_job(cfg, run, attempt)
-    recs = _wait_records(run, 6, 60)
+    recs = _wait_records(run, 6, WAIT_S)
     victim = next(r for k, r in recs.items() if k[0] == victim_name)
     t0 = time.monotonic()
     os.kill(victim["pid"], signal.SIGKILL)
-    st = slurm.wait(job, timeout_s=60)
-    elapsed = time.monotonic() - t0
+    # Timed up to the supervisor's own record that it saw the death, not to slurmctld's state (which lags on a
+    # busy machine): it polls its steps every 0.5 s, so even a loaded machine records it well within the bound.
+    _wait_log(run, re.escape(f"teardown: {victim_name} exited first (status"), WAIT_S)
+    noticed = time.monotonic() - t0
+    assert noticed < 60, f"the supervisor took {noticed:.1f} s to notice that {victim_name} died"
+    # No other component ends on its own (trainer: UNTIL_STOPPED_S; engines, router, orchestrator: never): a job
+    # that is not torn down outlives this wait.
+    st = slurm.wait(job, timeout_s=WAIT_S)
     assert st.state == "FAILED", (st, _batch_log(run))
     assert st.exit_code not in (None, 0)
-    assert elapsed < 20, f"job took {elapsed:.1f} s to end after a component died"
-    assert f"{victim_name} exited first" in _batch_log(run)
     findings = {f.boundary: f for f in diagnose(run)}
     assert f"teardown: {victim_name} exited first (status" in findings["Slurm: component failed"].evidence["excerpt"]
     assert "Slurm: cancelled" not in findings  # srl stopped the other steps; nobody cancelled the job
 
 
 def test_signal_checkpoints_and_requeues(probe_run):
-    cfg, run, attempt = probe_run("sig3", trainer_seconds=120)
+    cfg, run, attempt = probe_run("sig3", trainer_seconds=UNTIL_STOPPED_S)
     job = submit_job(cfg, run, attempt)
-    _wait_records(run, 6, 60)
+    _wait_records(run, 6, WAIT_S)
     (run.root / "probe" / "trainer_seconds").write_text("3")  # read by the second run's trainer probe
     subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True, timeout=30)
-    recs = _wait_records(run, 6, 120, restart="1")
+    recs = _wait_records(run, 6, WAIT_S, restart="1")
     assert (run.checkpoints / "step_1" / "COMPLETE").exists()
-    st = slurm.wait(job, timeout_s=90)
+    st = slurm.wait(job, timeout_s=WAIT_S)
     assert st.state == "COMPLETED", _batch_log(run)
     assert st.restart_count == 1
     assert all(r["env"]["SLURM_RESTART_COUNT"] == "1" for r in recs.values())
@@ -259,15 +283,15 @@ def test_signal_checkpoints_and_requeues(probe_run):
 def test_srl_cancel_stops_the_job_and_prints_how_to_continue(probe_run, capsys):
     from toolkit.launch.control import cancel_main, status_main
 
-    cfg, run, attempt = probe_run("cancel3", trainer_seconds=120)
+    cfg, run, attempt = probe_run("cancel3", trainer_seconds=UNTIL_STOPPED_S)
     job = submit_job(cfg, run, attempt)
-    _wait_records(run, 6, 60)
+    _wait_records(run, 6, WAIT_S)
     capsys.readouterr()
     assert cancel_main([str(run.root)]) == 0
     out = capsys.readouterr().out
     assert f"cancelled {job}" in out
     assert f"srl rl --run.name {run.root.name} --resume" in out  # the recorded command (here "srl rl"), resuming
-    st = slurm.wait(job, timeout_s=90)
+    st = slurm.wait(job, timeout_s=WAIT_S)
     assert st.state == "CANCELLED", (st, _batch_log(run))
     assert status_main([str(run.root)]) == 0
     assert f"{job}\trl\tattempt {attempt}\tCANCELLED" in capsys.readouterr().out

@@ -17,11 +17,14 @@ from toolkit.run.layout import RunDir
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "reverse-text" / "rl.toml"
 SERVE = ROOT / "jobs" / "serve" / "tiny.toml"
+# A fresh interpreter per command; a first dry run with a cold cache imports verifiers, slow on a busy machine. Only
+# a hung command reaches this bound.
+CLI_TIMEOUT_S = 300
 
 
 def srl(*args):
     return subprocess.run([sys.executable, "-m", "toolkit.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60, check=False)
+                          cwd=ROOT, timeout=CLI_TIMEOUT_S, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +179,8 @@ def test_a_dry_run_directory_is_kept_when_slurm_cannot_say_whether_its_script_wa
     env = _failing_squeue(tmp_path / "bin")
     r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--output-dir",
                         str(tmp_path / "out"), "--run.name", "r", "--site", "local-slurm"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=60, check=False, env=env)  # fmt: skip
+                       capture_output=True, text=True, cwd=ROOT, timeout=CLI_TIMEOUT_S, check=False,
+                       env=env)  # fmt: skip
     assert r.returncode != 0
     assert "squeue could not say" in r.stderr and "--clean" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
@@ -184,7 +188,8 @@ def test_a_dry_run_directory_is_kept_when_slurm_cannot_say_whether_its_script_wa
     # --clean is the user's explicit word: it replaces the directory without asking Slurm.
     r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--clean",
                         "--output-dir", str(tmp_path / "out"), "--run.name", "r", "--site", "local-slurm"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=60, check=False, env=env)  # fmt: skip
+                       capture_output=True, text=True, cwd=ROOT, timeout=CLI_TIMEOUT_S, check=False,
+                       env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr
 
 
@@ -194,7 +199,8 @@ def test_a_local_dry_run_directory_is_taken_over_without_asking_slurm(tmp_path):
     for _ in range(2):
         r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--output-dir",
                             str(tmp_path / "out"), "--run.name", "r"],
-                           capture_output=True, text=True, cwd=ROOT, timeout=60, check=False, env=env)  # fmt: skip
+                           capture_output=True, text=True, cwd=ROOT, timeout=CLI_TIMEOUT_S, check=False,
+                           env=env)  # fmt: skip
         assert r.returncode == 0, r.stderr
     assert not list((tmp_path / "out" / "r" / "launcher").glob("*.sbatch"))
 
@@ -224,7 +230,8 @@ def test_a_dry_run_directory_is_kept_when_squeue_output_is_odd(dry_template, tmp
     env = _squeue_printing(tmp_path / "bin", body)
     r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--output-dir",
                         str(tmp_path / "out"), "--run.name", "r", "--site", "local-slurm"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=60, check=False, env=env)  # fmt: skip
+                       capture_output=True, text=True, cwd=ROOT, timeout=CLI_TIMEOUT_S, check=False,
+                       env=env)  # fmt: skip
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     want = "squeue could not say" if case == "junk-exit-0" else "Slurm job(s) 6 submitted from it"
     assert want in r.stderr, r.stderr
@@ -244,6 +251,6 @@ def test_the_shadow_of_a_dry_run_of_an_existing_run_is_kept_while_slurm_cannot_s
     shadow = out / ".dry-run" / "r"
     assert (shadow / "launcher" / "rl.sbatch").exists()
     r = subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                       timeout=60, check=False, env=_failing_squeue(tmp_path / "bin"))  # fmt: skip
+                       timeout=CLI_TIMEOUT_S, check=False, env=_failing_squeue(tmp_path / "bin"))  # fmt: skip
     assert r.returncode != 0 and "squeue could not say" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert (shadow / "launcher" / "rl.sbatch").exists()

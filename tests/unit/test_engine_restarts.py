@@ -215,27 +215,44 @@ def test_gate_held_past_the_budget_raises_provider_error():
 
 
 # -- rollout timeout without the outage ------------------------------------------------------------------------
-class _Outage:
-    """Stands in for a client whose gate is held for ``seconds`` from creation (injects the outage)."""
+class _Gate:
+    """Stands in for the policy client's serving gate: ``outage_seconds`` grows while it is held, as the client's
+    does while an engine restarts (injects the outage)."""
 
-    def __init__(self, seconds: float) -> None:
-        self.t0, self.seconds = time.monotonic(), seconds
+    def __init__(self) -> None:
+        self.total, self.since = 0.0, None
+
+    def hold(self) -> None:
+        self.since = time.monotonic()
+
+    def release(self) -> None:
+        self.total += time.monotonic() - self.since
+        self.since = None
 
     def outage_seconds(self) -> float:
-        return min(time.monotonic() - self.t0, self.seconds)
+        return self.total + (time.monotonic() - self.since if self.since is not None else 0.0)
 
 
 def test_rollout_timeout_does_not_count_an_inference_outage():
-    async def work(s: float) -> str:
-        await asyncio.sleep(s)
+    async def work(gate: _Gate | None, own_s: float, outage_s: float) -> str:
+        await asyncio.sleep(own_s)
+        if outage_s:  # the rollout waits behind the closed gate while an engine restarts
+            gate.hold()
+            await asyncio.sleep(outage_s)
+            gate.release()
         return "done"
 
-    # 0.6 s of work under a 0.4 s timeout, of which 0.5 s were an outage: 0.1 s of own time, within the bound.
-    assert asyncio.run(wait_excluding_outage(work(0.6), 0.4, _Outage(0.5))) == "done"
+    # The outage is the time the work really spent behind the gate (from inside the event loop, however late the
+    # loop started or the sleep ended): 0.1 s of own time and a 0.5 s outage under a 0.4 s timeout pass, though the
+    # whole takes more than 0.6 s, which a timeout counting the outage would have ended.
+    gate = _Gate()
+    assert asyncio.run(wait_excluding_outage(work(gate, 0.1, 0.5), 0.4, gate)) == "done"
+    assert gate.total >= 0.5
+    gate = _Gate()
+    with pytest.raises(asyncio.TimeoutError):  # 0.6 s of own time: no outage excuses it
+        asyncio.run(wait_excluding_outage(work(gate, 0.6, 0.0), 0.4, gate))
     with pytest.raises(asyncio.TimeoutError):
-        asyncio.run(wait_excluding_outage(work(0.6), 0.4, _Outage(0.0)))
-    with pytest.raises(asyncio.TimeoutError):
-        asyncio.run(wait_excluding_outage(work(0.6), 0.4, object()))  # no gate: a plain timeout
+        asyncio.run(wait_excluding_outage(work(None, 0.6, 0.0), 0.4, object()))  # no gate: a plain timeout
 
 
 def test_a_version_tolerated_at_start_is_not_taken_for_a_restart():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import textwrap
@@ -21,29 +22,42 @@ from toolkit.run.layout import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 
-# A process that takes the lease of RUN at wall time AT and reports; a winner holds it HOLD seconds.
+# A process that takes the lease of RUN and reports; a winner holds it until its stdin closes (it releases it at
+# exit). Given a READY file, it creates it once imported and takes the lease only once the GO file exists, so that
+# racers start together.
 RACER = textwrap.dedent("""
     import socket, sys, time
+    from pathlib import Path
     from toolkit import lease
     from toolkit.run.layout import RunDir
-    run, at, hold = RunDir(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-    if len(sys.argv) > 4:  # another node: the host name is all that tells nodes apart on a shared filesystem
-        socket.gethostname = lambda: sys.argv[4]
-    time.sleep(max(0.0, at - time.time()))
+    run, host, ready, go = RunDir(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    if host:  # another node: the host name is all that tells nodes apart on a shared filesystem
+        socket.gethostname = lambda: host
+    if ready:
+        Path(ready).touch()
+        while not Path(go).exists():
+            time.sleep(0.01)
     try:
         l = lease.acquire(run, command="srl racer")
     except lease.LeaseHeld as e:
         print("refused", socket.gethostname(), e.holder.pid, flush=True)
         sys.exit(0)
     print("won", socket.gethostname(), l.holder.pid, flush=True)
-    time.sleep(hold)
+    sys.stdin.read()
 """)
 
 
-def _spawn(run: Path, at: float, hold: float, host: str | None = None) -> subprocess.Popen:
-    argv = [sys.executable, "-c", RACER, str(run), str(at), str(hold), *([host] if host else [])]
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+def _spawn(run: Path, host: str = "", ready: Path | None = None, go: Path | None = None) -> subprocess.Popen:
+    argv = [sys.executable, "-c", RACER, str(run), host, str(ready or ""), str(go or "")]
+    return subprocess.Popen(argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+
+
+def _report(p: subprocess.Popen, deadline: float) -> list[str]:
+    """The line racer ``p`` prints once it has tried for the lease (split); [] when it ended without one."""
+    ready, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
+    assert ready, f"racer {p.pid} did not report"  # only a hung lease.acquire gets here
+    return p.stdout.readline().split()
 
 
 def _stale(run: RunDir, **over) -> lease.Holder:
@@ -58,7 +72,7 @@ def _stale(run: RunDir, **over) -> lease.Holder:
 
 def test_a_live_holder_is_named_and_refuses_others_then_its_death_frees_the_run(tmp_path):
     run = RunDir(tmp_path / "r")
-    holder = _spawn(run.root, time.time(), 60)
+    holder = _spawn(run.root)
     assert holder.stdout.readline().startswith("won")
     with pytest.raises(lease.LeaseHeld) as e:
         lease.acquire(run)
@@ -113,8 +127,8 @@ def test_an_unreadable_lease_file_is_taken_over(tmp_path):
         assert rec.token == got.holder.token and rec.pid == os.getpid()
         hist = [json.loads(x) for x in run.lease_history.read_text().splitlines()]
         assert len(hist) == 1 and hist[0]["from"]["command"] == "an unreadable lease file", hist
-        other = _spawn(run.root, 0, 0)  # taken over for good: another launch is refused, naming this process
-        assert other.communicate(timeout=60)[0].split()[::2] == ["refused", str(os.getpid())]
+        other = _spawn(run.root)  # taken over for good: another launch is refused, naming this process
+        assert other.communicate(timeout=300)[0].split()[::2] == ["refused", str(os.getpid())]
     finally:
         got.release()
     assert not run.lease_file.exists()
@@ -124,10 +138,29 @@ def test_launches_from_two_nodes_racing_for_a_stale_lease_exactly_one_wins(tmp_p
     for round_ in range(3):
         run = RunDir(tmp_path / f"r{round_}")
         _stale(run)
-        at = time.time() + 2.5  # every racer has imported by then: they hit the file together
-        procs = [_spawn(run.root, at, 4.0, host=f"node-{'ab'[i % 2]}") for i in range(8)]
-        outs = [p.communicate(timeout=60)[0].split() for p in procs]
-        assert all(p.returncode == 0 for p in procs), [p.stderr.read() if p.stderr else "" for p in procs]
+        go = tmp_path / f"go{round_}"
+        ready = [tmp_path / f"ready{round_}-{i}" for i in range(8)]
+        procs = [_spawn(run.root, f"node-{'ab'[i % 2]}", r, go) for i, r in enumerate(ready)]
+        try:
+            # Once every racer has imported and waits, the go file lets them hit the lease file together.
+            deadline = time.monotonic() + 300  # only a hung racer reaches it
+            while not all(r.exists() for r in ready):
+                ended = [p.communicate()[1] for p in procs if p.poll() is not None]
+                assert not ended and time.monotonic() < deadline, (ended, [r.exists() for r in ready])
+                time.sleep(0.05)
+            go.touch()
+            # Each racer reports once it has tried. A winner holds the lease until every racer has reported (its
+            # stdin closed by communicate), so none can find it released and win after it.
+            deadline = time.monotonic() + 300
+            firsts = [_report(p, deadline) for p in procs]
+            rests = [p.communicate(timeout=300) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        outs = [first + rest[0].split() for first, rest in zip(firsts, rests, strict=True)]
+        assert all(p.returncode == 0 for p in procs), [rest[1] for rest in rests]
         winners = [o for o in outs if o[0] == "won"]
         assert len(winners) == 1, outs
         # Every loser names the winner (not the stale holder).
@@ -183,7 +216,7 @@ def test_a_takeover_written_while_a_renewal_syncs_its_record_is_kept(tmp_path, m
 
 def test_a_role_started_under_a_lease_exits_when_its_supervisor_dies(tmp_path):
     run = RunDir(tmp_path / "r")
-    sup = _spawn(run.root, time.time(), 60)
+    sup = _spawn(run.root)
     assert sup.stdout.readline().startswith("won")
     token = lease.read(run).token
     role = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
@@ -212,7 +245,7 @@ def test_srl_rl_and_resume_are_refused_while_a_live_supervisor_holds_the_run(tmp
 
     out = tmp_path / "out"
     run = RunDir(out / "held")
-    holder = _spawn(run.root, time.time(), 60)
+    holder = _spawn(run.root)
     assert holder.stdout.readline().startswith("won")
     try:
         for extra in ([], ["--resume"], ["--clean"]):
@@ -233,7 +266,7 @@ def test_srl_cancel_stops_a_local_supervisor_and_status_names_it(tmp_path, capsy
 
     run = RunDir(tmp_path / "r")
     run.configs.mkdir(parents=True)
-    holder = _spawn(run.root, time.time(), 60)
+    holder = _spawn(run.root)
     assert holder.stdout.readline().startswith("won")
     assert status_main([str(run.root)]) == 0
     assert f"supervised by srl racer (pid {holder.pid}" in capsys.readouterr().out
