@@ -16,8 +16,10 @@ checkpoint present when the first run ended, finish with state COMPLETED, record
 step in metrics.jsonl exactly once (steps after that checkpoint are trained again), and keep the first run's
 logs (component logs are appended, the batch log holds both runs).
 
-(a) is in the default selection (CI): one run of the main job on Slurm with a 2-node trainer that ends COMPLETED with
-every step once, through a requeue (about 3 minutes on two cores). (b) is heavy (``scripts/test.sh -m heavy``).
+Both are heavy (``scripts/test.sh -m heavy``, about 3 minutes each on two cores). CI runs the same requeue and
+resume of this job shape through a stalled trainer (test_faults_stalled_slurm.py: the watchdog requeues the job,
+which ends COMPLETED with every step once, checked by this file's helpers) and the pre-timeout signal's checkpoint
+and requeue (test_rl_sbatch_slurm.py).
 
 Figures (wall time per phase) are printed; run with ``-s`` to see them.
 """
@@ -200,6 +202,7 @@ def _node_state(node: str) -> str:
     return rec.get("State", "")
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(FIRST_RUN_S + REQUEUE_S + FINISH_S + 300)
 def test_scontrol_requeue_from_outside_resumes_each_step_once(tmp_path: Path) -> None:
     t0 = time.monotonic()

@@ -730,6 +730,11 @@ class MonitorsConfig(Section):
     stall_s_per_gib: float = Field(120.0, ge=0, le=_MAX_TIMEOUT_S)
     """Phases that move weights (checkpoint write, weight broadcast or update) get this many seconds more per GiB
     they move, on top of ``stall_timeout_s``: the bound grows with the model, no size is hard-coded."""
+    stall_restarts: int = Field(1, ge=0, le=100)
+    """On Slurm with ``slurm.requeue``: how many times a stall requeues the batch job, which restarts every role
+    from the newest complete checkpoint (a hang that a restart clears costs one attempt, not the run); the stall
+    after those ends the run (status 7). Counted per Slurm job (a later ``--resume`` submits a new one). 0: the
+    first stall ends it. Local runs end on the first stall."""
 
     @model_validator(mode="after")
     def _wandb_mirrors_the_file(self) -> MonitorsConfig:

@@ -39,7 +39,9 @@ the orchestrator keep a progress record (:mod:`toolkit.run.heartbeat`); one that
 into its own log; a stopped process cannot answer, and its ``/proc`` state ``T`` is recorded instead), described in
 ``logs/attempt_<n>/watchdog.log``, killed, and the run ends with status 7 naming it; the role that merely waits on
 it is not blamed. An engine that does not answer /health for ``monitors.stall_timeout_s`` is killed and restarted
-as a dead one (or ends the run the same way when ``inference.max_restarts = 0``).
+as a dead one (or ends the run the same way when ``inference.max_restarts = 0``). In a batch job with
+``slurm.requeue``, a stall first requeues the job (every role restarts from the newest complete checkpoint) up to
+``monitors.stall_restarts`` times per job, each recorded in ``launcher/stall_restarts.jsonl``.
 
 Every wait in srl and what bounds it:
 
@@ -68,6 +70,8 @@ Every line it logs reads ``<date> <time> srl[<job id>]: ...`` (``analysis.diagno
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -80,7 +84,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import lease as leases
-from ..fsutil import atomic_write_text, write_marker
+from ..fsutil import append_jsonl, atomic_write_text, write_marker
 from ..placement.runtime import is_multinode_torchrun
 from ..procutil import GroupReaper, kill_with_parent_preexec
 from ..run import heartbeat
@@ -417,7 +421,8 @@ class Supervisor:
             return None
         self._next_progress_check = now + PROGRESS_CHECK_S
         live = self.alive()
-        stalls = self.progress.observe(heartbeat.read_all(self.run), {c.role for c in live}, now)
+        running = {c.role for c in self.children if c.poll() is None}  # a record may wait on an engine too
+        stalls = self.progress.observe(heartbeat.read_all(self.run), running, now)
         if not stalls:
             return None
         self.stall = first = stalls[0]
@@ -802,12 +807,7 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
         else:
             _job_log(f"no complete checkpoint within {grace:g} s; requeueing anyway (resume uses the newest "
                      "complete one)")  # fmt: skip
-        from .slurm import SlurmCommandError, requeue
-
-        try:
-            requeue(env.get("SLURM_JOB_ID", ""))
-        except SlurmCommandError as e:
-            _job_log(f"scontrol requeue failed: {e}")
+        _requeue(env)
         sup.stop_all()
         return settle_job(run, requeued=True)
     if sup.signalled is not None:
@@ -818,7 +818,52 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
         # scancel / srl cancel, or the time limit: toolkit.run.ending tells them apart.
         return settle_job(run, signalled=name.removeprefix("SIG"))
     assert first is not None
+    if sup.stall is not None and s.requeue:
+        why = _stall_restart(run, cfg.monitors.stall_restarts, sup.stall, env)
+        if why is not None and _requeue(env):
+            from ..run import ending
+
+            _job_log(why)
+            sup.request_stop()  # nothing can checkpoint: the stuck role was killed; resume takes the newest COMPLETE
+            sup.stop_all()
+            end = ending.settle(run, requeued=True, requeued_reason=why, stalled=sup.stall.role)
+            print(end.line(), flush=True)
+            return end.exit_status
     return _teardown(sup, first, exit_status(first.returncode), reason=_failure_reason(plan, first, rdzv_logs))
+
+
+def _requeue(env: dict[str, str]) -> bool:
+    """``scontrol requeue`` this batch job (it starts again once this one has ended); False when Slurm refused."""
+    from .slurm import SlurmCommandError, requeue
+
+    try:
+        requeue(env.get("SLURM_JOB_ID", ""))
+    except SlurmCommandError as e:
+        _job_log(f"scontrol requeue failed: {e}")
+        return False
+    return True
+
+
+def _stall_restart(run: RunDir, allowed: int, stall: watchdog.Stall, env: dict[str, str]) -> str | None:
+    """When this Slurm job may still be requeued for a stall (fewer than ``allowed`` lines of this job in
+    ``launcher/stall_restarts.jsonl``, ``monitors.stall_restarts``), append one and return what the job log and
+    the ending say; None when the stall ends the run."""
+    job = env.get("SLURM_JOB_ID", "")
+    try:
+        lines = run.stall_restarts.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        lines = []
+    used = 0
+    for line in lines:
+        with contextlib.suppress(ValueError, AttributeError):
+            used += json.loads(line).get("job") == job
+    if used >= allowed:
+        _job_log(f"stall: {used} of monitors.stall_restarts = {allowed} requeues used by this job; the run ends")
+        return None
+    why = (f"{stall.message()}; every role restarts from the newest complete checkpoint (stall restart {used + 1} "
+           f"of {allowed}, monitors.stall_restarts)")  # fmt: skip
+    append_jsonl(run.stall_restarts, {"time": time.time(), "job": job, "role": stall.role, "reason": stall.message()})
+    return why
 
 
 def _term_steps(children: list[Child], env: dict[str, str]) -> list[Child]:

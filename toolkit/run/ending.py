@@ -125,7 +125,8 @@ class Ending:
         if self.cause == TIME_LIMIT:
             return f"ended by the Slurm time limit{at}{why}"
         if self.cause == PREEMPTED:
-            return f"preempted{at}; requeued{why}"
+            # ``role`` set: the progress watchdog's stall requeued the job (monitors.stall_restarts)
+            return f"{'stalled' if self.role else 'preempted'}{at}; requeued{why}"
         return f"stopped{at}: another supervisor took the run over{why}"
 
     def line(self) -> str:
@@ -194,6 +195,7 @@ def settle(
     user_stop: bool = False,
     time_limit: bool = False,
     requeued: bool = False,
+    requeued_reason: str = "",
     lease_lost: bool = False,
     stalled: str | None = None,
     stalled_reason: str = "",
@@ -204,7 +206,8 @@ def settle(
     ``(log: PATH)``); the exception and the line that raised it are read from that log's last traceback (else from
     ``logs/latest/<process>.log``). The decision, first match wins: a lost lease (nothing is written: the run is someone else's now); a
     requeue; a stall (``stalled`` names the stuck role, ``stalled_reason`` what it was doing: the processes the
-    watchdog then kills would otherwise read as failures); a criterion recorded by a role (its own non-zero exit,
+    watchdog then kills would otherwise read as failures; with ``requeued``, the stall that requeued the job, whose
+    ``requeued_reason`` says so); a criterion recorded by a role (its own non-zero exit,
     as a diverged trainer's, is part of that stop, not a failure); a failure; the time limit; a user's stop; a
     stop request whose text names a criterion (a role that wrote it without a record); otherwise the run
     completed.
@@ -213,8 +216,8 @@ def settle(
     if lease_lost:
         return Ending(LEASE_LOST, step=step)
     if requeued:
-        return write(run, Ending(PREEMPTED, "the job's pre-timeout signal came; it checkpointed and requeued",
-                                 step=step))  # fmt: skip
+        why = requeued_reason or "the job's pre-timeout signal came; it checkpointed and requeued"
+        return write(run, Ending(PREEMPTED, why, role=stalled, step=step))
     if stalled is not None:  # a hang outranks what the run was stopping for: nothing stopped cleanly
         return write(run, Ending(STALLED, stalled_reason, role=stalled, step=step))
     recorded = read(run)

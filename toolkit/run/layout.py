@@ -7,6 +7,7 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
     launcher/            placement.json, ports.json, rendered sbatch scripts, job ids,
                          admin_token (0600; inference-only deployments),
                          lease.json (who supervises the run now) + lease_history.jsonl (takeovers),
+                         stall_restarts.jsonl (stalls that requeued the batch job: monitors.stall_restarts),
                          policy_owner.json (a deployment: the run whose weights it serves)
                          lora_tenants/<run id>.json (a deployment: the runs whose adapters it serves)
     logs/attempt_<n>/    <role>.log ; logs/latest -> attempt_<n>
@@ -100,6 +101,8 @@ class RunDir:
     lora_tenants = _Under("launcher", "lora_tenants")
     # JSON lines appended by toolkit.lease whenever a lease is taken over from a dead holder.
     lease_history = _Under("launcher", "lease_history.jsonl")
+    # One line per stall that requeued the batch job (toolkit.launch.supervisor), counted against stall_restarts.
+    stall_restarts = _Under("launcher", "stall_restarts.jsonl")
     logs = _Under("logs")
     latest_logs = _Under("logs", "latest")
 
