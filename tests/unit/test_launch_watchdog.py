@@ -126,6 +126,40 @@ def test_a_waiting_role_is_never_blamed_while_its_peer_progresses(run):
         assert w.observe(heartbeat.read_all(run), LIVE, float(now)) == []
 
 
+def test_an_orchestrator_waiting_for_a_restarting_engine_is_not_blamed_while_an_engine_lives(run):
+    clock = Clock()
+    t, o = _roles(run, clock)
+    w = ProgressWatch(Bounds(10.0))
+    t.phase("waiting for batch 3", step=3, waiting_for="orchestrator")
+    o.phase("waiting for inference (an engine is down or restarting) during: collecting the groups of step 3",
+            waiting_for="inference")  # fmt: skip
+    serving = LIVE | {"inference"}
+    w.observe(heartbeat.read_all(run), serving, 0.0)
+    for now in range(5, 100, 5):  # an engine restart longer than the bound: its own watch bounds it
+        clock.t += 5
+        t.beat()
+        o.beat()
+        assert w.observe(heartbeat.read_all(run), serving, float(now)) == []
+    # No engine process left: nobody will ever serve; the orchestrator is named, and why.
+    stalls = w.observe(heartbeat.read_all(run), LIVE, 100.0)
+    assert [s.role for s in stalls] == ["orchestrator"] and stalls[0].peer_gone
+    assert "the inference it waits for has exited" in stalls[0].message()
+
+
+def test_an_orchestrator_collecting_nothing_from_a_healthy_engine_is_blamed(run):
+    # Not waiting on anyone (the gate is open: the engine answers /health but never completes a request).
+    clock = Clock()
+    t, o = _roles(run, clock)
+    w = ProgressWatch(Bounds(10.0))
+    t.phase("waiting for batch 3", step=3, waiting_for="orchestrator")
+    o.phase("collecting the groups of step 3", step=3)
+    w.observe(heartbeat.read_all(run), LIVE | {"inference"}, 0.0)
+    clock.t += 11
+    t.beat()
+    o.beat()
+    assert [s.role for s in w.observe(heartbeat.read_all(run), LIVE | {"inference"}, 11.0)] == ["orchestrator"]
+
+
 def test_roles_without_a_record_and_exited_roles_are_not_watched(run):
     clock = Clock()
     t, _ = _roles(run, clock)

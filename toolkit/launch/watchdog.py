@@ -13,7 +13,11 @@ Who is blamed, among the records that stood still past their bound (first rule t
 1. processes that stopped beating too: stuck in a call, a collective, or stopped;
 2. processes not waiting on another role, or waiting on a role that has no live process any more (a trainer
    waiting for batches from an orchestrator that exited);
-3. when every watched role waits on another (a deadlock between roles that still beat), all of them.
+3. when every watched role waits on another watched one (a deadlock between roles that still beat), all of them.
+
+An orchestrator waiting for inference (its serving gate closed while an engine is down or restarting) is not
+blamed while an engine process lives: the engine's own bounds (``HealthWatch``, ``inference.startup_timeout_s``)
+end a restart that never serves.
 
 A process that waits, beats, and whose peer is alive is never blamed: its peer's own record decides. A live
 process without a record is not judged (each watched role writes one first thing in its entry point). Pure logic
@@ -133,7 +137,8 @@ class ProgressWatch:
     def observe(self, records: dict[str, dict[str, Any]], live_roles: set[str] | frozenset[str],
                 now: float) -> list[Stall]:
         """Update what was seen at ``now`` and return the stalled processes to blame, longest idle first ([]
-        while everything progresses)."""
+        while everything progresses). ``live_roles``: every role with a live process, served ones (inference)
+        included: a record may wait on them."""
         live = {r for r in live_roles if r in self.roles}
         current: dict[str, _Seen] = {}
         for key, rec in records.items():
@@ -150,9 +155,9 @@ class ProgressWatch:
         # A live process without a record is not judged: every watched role writes one first thing in its entry
         # point, and a role that does not report (an older one) must not be taken for a stuck one.
         self.seen = current
-        return self._blame(live, now)
+        return self._blame(live, set(live_roles), now)
 
-    def _blame(self, live: set[str], now: float) -> list[Stall]:
+    def _blame(self, live: set[str], live_all: set[str], now: float) -> list[Stall]:
         stalled: list[Stall] = []
         for key, s in self.seen.items():
             bound = self.bounds.bound(s.record)
@@ -160,16 +165,19 @@ class ProgressWatch:
             if idle > bound:
                 waits = (s.record or {}).get("waiting_for")
                 stalled.append(Stall(key, s.role, s.record, idle, bound, hung=now - s.beat_at > bound,
-                                     peer_gone=bool(waits) and waits in self.roles and waits not in live))  # fmt: skip
+                                     peer_gone=bool(waits) and waits not in live_all))  # fmt: skip
         stalled.sort(key=lambda x: -x.idle_s)
         hung = [x for x in stalled if x.hung]
         if hung:
             return hung
-        free = [x for x in stalled if x.peer_gone or not (x.record or {}).get("waiting_for")
-                or (x.record or {}).get("waiting_for") not in self.roles]  # fmt: skip
+        # Waiting on a live peer is not a stall of one's own: a watched peer's record decides, and a served one
+        # (inference: an engine down or restarting) is bounded by the supervisor's engine watch.
+        free = [x for x in stalled if x.peer_gone or not (x.record or {}).get("waiting_for")]
         if free:
             return free
-        if stalled and {x.role for x in stalled} >= live:  # every watched role waits on another one
+        # Every watched role waits on another watched one: a deadlock between roles that still beat.
+        if stalled and {x.role for x in stalled} >= live and all(
+                (x.record or {}).get("waiting_for") in self.roles for x in stalled):  # fmt: skip
             return stalled
         return []
 

@@ -424,9 +424,23 @@ class Orchestrator:
                     await aclose()
 
     async def _beat(self) -> None:
-        """Say, every second, that the event loop still runs (a loop blocked in a call stops beating)."""
+        """Say, every second, that the event loop still runs (a loop blocked in a call stops beating). While the
+        policy client's serving gate is closed (an engine down or restarting) the record says the orchestrator
+        waits for inference: the supervisor's engine watch bounds that wait, and the progress watchdog does not
+        blame the orchestrator for it. The phase it was in comes back when the gate opens."""
+        p, saved = self.progress, None
         while True:
-            self.progress.beat()
+            if getattr(self.client, "held", False):
+                if p.waiting_for != "inference":  # the gate closed, or the main loop entered a new phase meanwhile
+                    saved = (p.name, p.waiting_for, p.kind, p.size_bytes)
+                    p.phase(f"waiting for inference (an engine is down or restarting) during: {p.name}",
+                            waiting_for="inference")  # fmt: skip
+            elif saved is not None:
+                if p.waiting_for == "inference":
+                    name, waits, kind, size = saved
+                    p.phase(name, waiting_for=waits, kind=kind, size_bytes=size)
+                saved = None
+            p.beat()
             await asyncio.sleep(1.0)
 
     def eval_points(self) -> list[int]:
