@@ -72,6 +72,26 @@ def test_updater_names_the_failing_engine(tmp_path):
         asyncio.run(WeightUpdater([url], timeout_s=2).update(tmp_path, 1))
 
 
+def test_the_reload_call_is_bounded_by_the_size_of_the_weights(tmp_path):
+    # A sparse 3 GiB weights file: st_size counts, no disk is used.
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.truncate(3 * 2**30)
+    (tmp_path / "config.json").write_text("{}")
+
+    calls = []
+
+    class Recording(WeightUpdater):
+        async def _call(self, http, url, path, **kw):
+            calls.append((url, path, kw.get("timeout")))
+
+    updater = Recording(["http://a", "http://b"], timeout_s=300.0, s_per_gib=120.0)
+    assert updater.reload_timeout_s(tmp_path) == pytest.approx(300.0 + 3 * 120.0, abs=1e-3)
+    asyncio.run(updater._reload_all(None, tmp_path))
+    assert sorted(calls) == [("http://a", "/collective_rpc", pytest.approx(660.0, abs=1e-3)),
+                                       ("http://b", "/collective_rpc", pytest.approx(660.0, abs=1e-3))]  # fmt: skip
+    assert WeightUpdater(["http://a"]).reload_timeout_s(tmp_path) == 300.0  # no per-GiB allowance unless given
+
+
 def test_newest_stable_broadcast_skips_unmarked_and_temp_dirs(tmp_path):
     run = RunDir(tmp_path)
     assert newest_stable_broadcast(run) is None

@@ -729,7 +729,8 @@ class MonitorsConfig(Section):
     ``stall_timeout_s`` times this."""
     stall_s_per_gib: float = Field(120.0, ge=0, le=_MAX_TIMEOUT_S)
     """Phases that move weights (checkpoint write, weight broadcast or update) get this many seconds more per GiB
-    they move, on top of ``stall_timeout_s``: the bound grows with the model, no size is hard-coded."""
+    they move, on top of ``stall_timeout_s``: the bound grows with the model, no size is hard-coded. The admin call
+    that loads a broadcast into an engine gets the same per GiB on top of its own 300 s."""
     stall_restarts: int = Field(1, ge=0, le=100)
     """On Slurm with ``slurm.requeue``: how many times a stall requeues the batch job, which restarts every role
     from the newest complete checkpoint (a hang that a restart clears costs one attempt, not the run); the stall

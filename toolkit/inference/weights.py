@@ -114,7 +114,8 @@ class WeightUpdater:
     """Pushes new policy weights into every engine of a deployment.
 
     ``engine_urls`` are the engines' own base URLs (never the router). ``timeout_s`` bounds each admin call
-    (seconds). ``admin_token`` is the deployment's admin token; None reads
+    (seconds); the call that loads a broadcast gets ``s_per_gib`` seconds more per GiB of weights it reads, so the
+    bound grows with the model (the orchestrator passes ``monitors.stall_s_per_gib``). ``admin_token`` is the deployment's admin token; None reads
     ``SRL_ADMIN_TOKEN`` from this process's environment (set by srl's launchers). Without one, the engines answer
     401/403 and updates raise WeightUpdateError. ``profile_reload`` asks engines with srl's worker extension for a
     per-phase breakdown of their reload (``last_reload``; benchmarks). ``run_id``: the run whose weights these
@@ -127,6 +128,7 @@ class WeightUpdater:
         engine_urls: Sequence[str],
         *,
         timeout_s: float = 300.0,
+        s_per_gib: float = 0.0,
         admin_token: str | None = None,
         profile_reload: bool = False,
         run_id: str | None = None,
@@ -136,6 +138,7 @@ class WeightUpdater:
         self._headers = admin_headers(admin_token or admin_token_from_env())  # kept out of repr and messages
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
         self.timeout_s = timeout_s
+        self.s_per_gib = s_per_gib
         self._optional_missing: set[tuple[str, str]] = set()  # (url, path) the engine does not offer
         # engine URL -> its connector's KV file store (None: no file store). A restarted engine runs the same
         # command, hence the same store, so one lookup per URL holds for the updater's life.
@@ -279,17 +282,25 @@ class WeightUpdater:
         """Reload every engine from ``broadcast_dir`` (engines paused), each with its own method (module doc,
         step 2). Raises WeightUpdateError naming the engine."""
         self.last_reload = {}
+        timeout = self.reload_timeout_s(broadcast_dir)
 
         async def reload(url: str) -> None:
             method = self.reload_methods.get(url, "reload_weights")
             kwargs: dict[str, object] = {"weights_path": str(broadcast_dir)}
             if method == RELOAD_METHOD and self.profile_reload:
                 kwargs["profile"] = True
-            resp = await self._call(http, url, "/collective_rpc", json={"method": method, "kwargs": kwargs})
+            resp = await self._call(http, url, "/collective_rpc", json={"method": method, "kwargs": kwargs},
+                                    timeout=timeout)  # fmt: skip
             if method == RELOAD_METHOD and resp is not None:
                 self.last_reload[url] = _extension_answer(url, resp)
 
         await _on_every_engine(reload(u) for u in self.engine_urls)
+
+    def reload_timeout_s(self, broadcast_dir: Path) -> float:
+        """Seconds the admin call that loads ``broadcast_dir`` may take: ``timeout_s`` plus ``s_per_gib`` per GiB
+        of its files (a hard-coded bound that suits a small model kills the update of a large one)."""
+        size = sum(f.stat().st_size for f in Path(broadcast_dir).iterdir() if f.is_file())
+        return self.timeout_s + self.s_per_gib * size / 2**30
 
     async def _reset_and_version(self, http: httpx.AsyncClient, version: str | None) -> None:
         """Reset the prefix caches, then record ``version`` as the base weights' version (None: leave it; an

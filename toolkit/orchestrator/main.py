@@ -138,7 +138,8 @@ class Orchestrator:
         else:
             self._admin_token = admin_token_from_env()
         if self.updater is None and self.ocfg.update_weights:
-            self.updater = WeightUpdater(ready["engine_urls"], admin_token=self._admin_token, run_id=self.run_id)
+            self.updater = WeightUpdater(ready["engine_urls"], admin_token=self._admin_token, run_id=self.run_id,
+                                         s_per_gib=self.cfg.monitors.stall_s_per_gib)  # fmt: skip
             # Look up the engines' KV file stores now (vLLM's first /server_info takes seconds), while the env
             # workers start, rather than on the first update's STABLE-to-serving path.
             try:
