@@ -8,6 +8,7 @@ Modules:
   ids, config fields, ``select``, runtime, module.
 - ``lora``: LoRA rules that need the model family and an external deployment's engines.
 - ``site``: site files by name (``site-configs/``), checked against this machine; the run-vs-site rules.
+- ``partitions``: a Slurm job's node groups against what Slurm says of their partitions (time, nodes, GPUs).
 
 Typical use::
 
@@ -28,6 +29,7 @@ from ..placement.plan import PlacementError, Plan, build_plan
 from ..placement.topology import TopologyError
 from ..run.layout import RunDir
 from . import checks
+from .partitions import check_partitions
 from .site import check_owned_env, check_run_against_site, load_site, site_configs_dir
 
 __all__ = ["Preflight", "load_site", "preflight", "site_configs_dir"]
@@ -100,4 +102,6 @@ def _site_and_plan(cfg: RLConfig, f: Findings) -> tuple[SiteConfig | None, Plan 
     except PlacementError as e:
         f.error("inference / site ports", str(e))
         return site, None
+    if site.is_slurm:
+        check_partitions(cfg, plan, f)
     return site, plan
