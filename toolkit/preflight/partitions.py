@@ -100,12 +100,23 @@ def read_partitions(run: Runner | None = None) -> dict[str, Partition]:
     return out
 
 
+_live: dict[str, Partition] | None = None
+
+
+def _live_partitions() -> dict[str, Partition]:
+    """This cluster's partitions, asked once per process (a sweep preflights every point)."""
+    global _live
+    if _live is None:
+        _live = read_partitions(_run)
+    return _live
+
+
 def check_partitions(cfg: Any, plan: Any, f: Findings, *, run: Runner | None = None) -> None:
     """Add an error to ``f`` for each node group of ``plan`` (``toolkit.placement.plan.Plan``) its partition can
     never run (see the module docstring), naming the config field and the partition's limit; a warning when the
     partition is not UP or Slurm cannot be asked. ``cfg``: the run config (``slurm.time``)."""
     try:
-        parts = read_partitions(run)
+        parts = read_partitions(run) if run is not None else _live_partitions()
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         f.warn("slurm.partition", f"cannot ask Slurm about its partitions ({e}); partition limits are not checked "
                "here, sbatch will")  # fmt: skip
