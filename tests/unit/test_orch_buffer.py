@@ -98,3 +98,24 @@ def test_max_rl_through_builder():
     b = StepBatch(step=1, settings=BufferSettings(batch_size=4, algo="max_rl"))
     b.offer(_group("a", [1, 0, 0, 0]))
     assert [r.advantage for r in b.rollouts] == pytest.approx([3, -1, -1, -1])
+
+
+def test_each_seat_of_a_game_gets_its_own_baseline():
+    # Two episodes of a zero-sum two-seat game: in episode 1 p0 wins (+1, p1 -1), in episode 2 p1 wins. A shared
+    # mean (0) would give p0's win and p1's win the same +1 whatever the seat; per seat, each seat's win is
+    # measured against that seat's loss in the other episode.
+    rows = [("p0", 1.0), ("p1", -1.0), ("p0", -1.0), ("p1", 1.0), ("p0", 1.0), ("p1", -1.0)]
+    group = []
+    for seat, reward in rows:
+        r = _rollout("g", reward)
+        r.seat = seat
+        group.append(r)
+    b = StepBatch(step=1, settings=BufferSettings(batch_size=6))
+    assert b.offer(group) is None
+    p0 = [r.advantage for r in b.rollouts if r.seat == "p0"]
+    p1 = [r.advantage for r in b.rollouts if r.seat == "p1"]
+    assert p0 == pytest.approx([2 / 3, -4 / 3, 2 / 3]) and p1 == pytest.approx([-2 / 3, 4 / 3, -2 / 3])
+    # Rollouts without a seat (the chat loop, single-agent traces) keep one baseline for the whole group.
+    b2 = StepBatch(step=1, settings=BufferSettings(batch_size=4))
+    assert b2.offer(_group("a", [1, 0, 0, 1])) is None
+    assert [r.advantage for r in b2.rollouts] == [0.5, -0.5, -0.5, 0.5]

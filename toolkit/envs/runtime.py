@@ -466,7 +466,7 @@ class EnvRuntime:
             num_turns=int(t.get("num_turns") or 0), truncated=bool(t.get("truncated")),
             truncation_reason=("max_total_tokens" if clipped_and_cut and t.get("truncated") else t.get("truncation_reason")),
             policy_version=int(t.get("policy_version") or 0),
-            foreign_version=t.get("foreign_version"), timings=dict(t.get("timings") or {}),
+            foreign_version=t.get("foreign_version"), timings=dict(t.get("timings") or {}), seat=t.get("seat"),
         ) for t in r["traces"]]  # fmt: skip
 
     async def _restart_if_unresponsive(self, worker: _Worker) -> None:
@@ -514,8 +514,8 @@ class EnvRuntime:
     ) -> list[Rollout]:
         """The rollouts of ``group_size`` episodes of one example, run concurrently; errored ones carry
         ``error_class``. An episode gives one rollout, or through verifiers' rollout one per trainable trace (an
-        Env that runs several attempts or several trainable seats): all of them share the group, so the group's
-        advantage baseline is the mean over every trace of its episodes.
+        Env that runs several attempts or several trainable seats): all of them share the group, and each seat's
+        traces get the baseline of that seat's traces in the group (``Rollout.seat``; the orchestrator's buffer).
 
         With ``sampling.seed`` set, rollout k of the group samples with seed ``seed + k``: reproducible, and the
         group stays diverse (one shared seed would give identical completions and no group-relative signal).

@@ -6,7 +6,8 @@ Groups are offered in the order they finish. For each group the builder:
 2. drops the whole group when an engine reported that any of its tokens came from another run's weights
    (``foreign_policy``: never trained on, and its rewards would skew the group's baseline);
 3. drops the whole group when its policy is older than the off-policy bound (``off_policy``);
-4. computes advantages over the group's valid rollouts (see :mod:`toolkit.orchestrator.advantages`);
+4. computes advantages over the group's valid rollouts, per seat when traces of several agent seats share it
+   (see :mod:`toolkit.orchestrator.advantages`);
 5. drops groups without signal when difficulty filtering is on (see :mod:`toolkit.orchestrator.filtering`);
 6. adds the group to the batch.
 
@@ -108,8 +109,15 @@ class StepBatch:
             self.scored.extend(valid)
             penalized = penalized_rewards(rewards, [r.completion_len for r in valid], length_penalty=s.length_penalty,
                                           max_completion_tokens=max_completion_tokens)  # fmt: skip
-            for r, a in zip(valid, group_advantages(penalized, s.algo), strict=True):
-                r.advantage = a
+            # One baseline per seat: in a game the seats' rewards answer each other (one player's win is the
+            # other's loss), so a shared mean would measure a seat against its opponent instead of against the
+            # same seat's other episodes of the task.
+            by_seat: dict[str | None, list[int]] = {}
+            for i, r in enumerate(valid):
+                by_seat.setdefault(r.seat, []).append(i)
+            for idx in by_seat.values():
+                for i, a in zip(idx, group_advantages([penalized[i] for i in idx], s.algo), strict=True):
+                    valid[i].advantage = a
         reason = drop_reason(
             rewards, enabled=s.filtering, easy_threshold=s.easy_threshold, hard_threshold=s.hard_threshold
         )

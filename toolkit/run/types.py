@@ -99,6 +99,9 @@ class Rollout:
     group_id: int = -1
     advantage: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    seat: str | None = None
+    """The agent seat whose trace this is (verifiers' ``agent.name``; trace path only): rollouts of one group
+    from different seats (two players of a game) each get their own seat's advantage baseline."""
 
     @property
     def prompt_len(self) -> int:
