@@ -271,5 +271,6 @@ def test_an_env_that_runs_two_attempts_gives_a_rollout_per_trainable_trace(model
     assert Yes.calls == 4 and len(group) == 4, [(r.error_class, r.error_message) for r in group]
     for r in group:
         assert r.error_class is None and r.reward == 1.0 and r.metrics["best_of_two"] == 1.0, r
+        assert r.seat == "solver"  # the env's seat: the buffer's per-seat baseline groups by it
         (sample,) = r.samples
         assert renderer.decode(sample.completion_ids) == "yes<|im_end|>" and r.policy_version == 2
