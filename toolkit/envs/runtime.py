@@ -56,10 +56,18 @@ def _timeouts(env_cfg: Any) -> dict[str, float | None]:
     return {s: getattr(env_cfg.timeout, s) for s in ("setup", "rollout", "finalize", "scoring")}
 
 
+def _timeouts_given(env_cfg: Any) -> list[str]:
+    """The stages whose timeout the user moved off srl's default (a resolved config spells out every field, so
+    the fields set are not a user's choice any more); on the trace path they bound verifiers' own stages."""
+    t = env_cfg.timeout
+    return sorted(k for k in _timeouts(env_cfg) if getattr(t, k) != type(t).model_fields[k].default)
+
+
 def env_spec(env_cfg: Any) -> dict[str, Any]:
     """The JSON spec an env worker is started with (see ``toolkit.envs.server``): what preflight probes of the env
     (``toolkit.envs.probe.probe_spec``) plus its turn and time limits."""
     return {**probe_spec(env_cfg), "max_turns": env_cfg.max_turns, "timeout": _timeouts(env_cfg),
+            "timeout_given": _timeouts_given(env_cfg),
             "max_total_tokens": getattr(env_cfg, "max_total_tokens", None)}  # fmt: skip
 
 

@@ -56,7 +56,10 @@ def seat_overrides(spec: dict[str, Any], config_cls: Any, bundles_harness: bool)
     - ``harness``: on a seat whose env leaves it unset, ``harness.id`` (``default`` means what srl's chat loop
       plays: verifiers' ``null``, or the harness the taskset bundles when it has one); a seat the env pinned to a
       harness keeps it;
-    - ``max_turns``, ``max_total_tokens``: verifiers' seat limits of the same names, when set.
+    - ``max_turns``, ``max_total_tokens``: verifiers' seat limits of the same names, when set;
+    - ``timeout``: the stages of srl's ``timeout`` set off srl's defaults (``timeout_given`` in the spec) on the seats
+      whose env leaves that stage unset, so a stage that runs over fails as verifiers fails it (its error class)
+      rather than as the whole episode's timeout; a stage the env declared keeps its own bound.
     """
     from verifiers.v1.configs.agent import AgentConfig
 
@@ -72,6 +75,11 @@ def seat_overrides(spec: dict[str, Any], config_cls: Any, bundles_harness: bool)
         for limit in ("max_turns", "max_total_tokens"):
             if spec.get(limit) is not None:
                 seat[limit] = int(spec[limit])
+        given = spec.get("timeout") or {}
+        stages = {k: float(given[k]) for k in spec.get("timeout_given") or ()
+                  if given.get(k) is not None and getattr(field.default.timeout, k, None) is None}  # fmt: skip
+        if stages:
+            seat["timeout"] = stages
         out[name] = seat
     return out
 
