@@ -83,13 +83,30 @@ def test_correct_fixtures_pass_and_broken_twins_fail_naming_the_fault(tmp_path, 
     assert str(private_fixtures) not in sys.path  # the workers' path is only borrowed
 
 
-def test_refused_environment_fails_taskset_loads_with_the_refusal(tmp_path):
-    envs = '[[orchestrator.train.env]]\nname = "bo2"\ntaskset = { id = "best-of-two" }\n'
+def test_envs_on_verifiers_own_rollout_get_verifiers_checks_only(tmp_path):
+    # best-of-two exports its own Env, codebook-lookup serves a tool: training runs both through verifiers' own
+    # rollout, so no reply is replayed; verifiers' gold (None: unchecked) and noop checks decide, as verifiers'
+    # own validate does, and nothing contradicts them.
+    envs = ('[[orchestrator.train.env]]\nname = "bo2"\ntaskset = { id = "best-of-two" }\n'
+            '[[orchestrator.train.env]]\nname = "codes"\ntaskset = { id = "codebook-lookup" }\n')
     verdict = validate_config(_config(tmp_path, FIXTURES, envs), n=2)
-    item = next(i for i in verdict.items if i.key == "taskset_loads")
-    assert item.status == "FAIL" and item.detail.startswith("srl eval validate replays replies through the plain chat")
-    assert "env 'bo2': the taskset's module best_of_two exports its own Env class" in item.detail
-    sys.modules.pop("best_of_two", None)
+    items = {(i.env, i.key): i for i in verdict.items}
+    for env in ("bo2", "codes"):
+        loads = items[(env, "taskset_loads")]
+        assert loads.status == "PASS" and "runs through verifiers' own rollout" in loads.detail, loads
+        assert loads.evidence["runs_through"] == "verifiers' own rollout" and loads.evidence["why_verifiers_rollout"]
+        ok = items[(env, "known_successes")]
+        assert ok.status == "WARN" and ok.evidence["verifiers"]["gold"] == {"unchecked": 2}, ok
+        assert "define `Task.validate(runtime)`" in ok.detail and "reference_replies" not in ok.detail
+        bad = items[(env, "known_failures")]
+        assert bad.status == "PASS" and bad.evidence["verifiers"] == {"valid": 2}, bad
+        assert "no reply replayed" in bad.detail and set(bad.evidence) == {"verifiers"}
+        assert items[(env, "deterministic_scoring")].status == "PASS"
+        assert items[(env, "deterministic_scoring")].evidence["replies_rescored"] == 0
+    assert "env 'bo2': the taskset's module best_of_two exports its own Env class" in " ".join(
+        items[("bo2", "taskset_loads")].evidence["why_verifiers_rollout"])
+    for mod in ("best_of_two", "codebook_lookup"):
+        sys.modules.pop(mod, None)
 
 
 def test_multi_line_errors_stay_in_their_markdown_row():

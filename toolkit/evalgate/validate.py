@@ -21,6 +21,10 @@ For every train and eval env of a run config (or the ones named with ``--env``),
 - ``bounded_limits``: ``max_turns`` lets the reference finish, the per-rollout token budget fits the engine's
   ``max_model_len``, and the slowest scoring measured here stays under half the ``scoring`` stage timeout.
 
+An env that training runs through verifiers' own rollout (tools, hooks, an Env class or harness of its own:
+``toolkit.envs.fidelity.chat_loop_reasons``) gets verifiers' checks only (gold and noop, and the reload check): its
+replies cannot be replayed without a model, so no srl reply case runs and ``taskset_loads`` says so.
+
 Replies are scored in this process by the same ``Episode`` the env workers run (``toolkit.envs.episode``), turn by
 turn through the task's ``user_turn`` hook, with the env's ``max_turns``; async stages are bounded by the env's
 ``setup`` and ``scoring`` timeouts (a CPU-bound hang cannot be interrupted in-process; ``srl eval run`` exercises
@@ -170,13 +174,18 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     try:
         runtime_config = fidelity.build_runtime_config(name, fidelity.runtime_fields(env.harness.runtime))
         ev["source"] = taskset_source(env.taskset.id).describe()
-        fidelity.check_loaded(name, taskset, all_tasks, env.harness.id, runtime_config,
-                              module=taskset_module(env.taskset.id))  # fmt: skip
+        module = taskset_module(env.taskset.id)
+        # What sends the env to verifiers' own rollout in training (tools, hooks, its own Env...): replies cannot
+        # be replayed through the plain chat loop then, so only verifiers' own checks run (no model here).
+        trace_reasons = fidelity.chat_loop_reasons(name, taskset, all_tasks, env.harness.id, module)
+        if not trace_reasons:
+            fidelity.check_loaded(name, taskset, all_tasks, env.harness.id, runtime_config, module=module)
     except fidelity.EnvFeatureError as exc:
-        # Training runs such an env through verifiers' own rollout; this gate replays replies through the chat loop.
-        why = ("srl eval validate replays replies through the plain chat loop, which does not play this env as "
-               f"verifiers would (training runs it through verifiers' own rollout): {exc}")
-        return [GateItem("taskset_loads", name, "FAIL", why, ev)]
+        return [GateItem("taskset_loads", name, "FAIL", str(exc), ev)]
+    replay = not trace_reasons
+    ev["runs_through"] = "srl's chat loop" if replay else "verifiers' own rollout"
+    if trace_reasons:
+        ev["why_verifiers_rollout"] = trace_reasons[:3]
     if not tasks:
         return [GateItem("taskset_loads", name, "FAIL", "the taskset yields no tasks after select", ev)]
     items: list[GateItem] = []
@@ -188,7 +197,10 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     elif len(tasks) < n:
         items.append(GateItem("taskset_loads", name, "WARN", f"only {len(tasks)} tasks (asked for {n})", ev))
     else:
-        items.append(GateItem("taskset_loads", name, "PASS", f"{len(all_tasks)} tasks, checked {len(tasks)}", ev))
+        how = "" if replay else ("; it runs through verifiers' own rollout, so only verifiers' own checks run here "
+                                 "(no reply is replayed)")  # fmt: skip
+        items.append(GateItem("taskset_loads", name, "PASS", f"{len(all_tasks)} tasks, checked {len(tasks)}{how}",
+                              ev))  # fmt: skip
 
     timeout = env.timeout
     kw = {"max_turns": env.max_turns, "setup_s": timeout.setup, "scoring_s": timeout.scoring,
@@ -208,7 +220,8 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     vf_counts = {mode: dict(Counter(row["reason"] for row in rows)) for mode, rows in checks.items()}
 
     # -- known successes: verifiers' gold verdict; srl's reference replies only where gold is unchecked -----------
-    refs = [None if checks["gold"][i]["reason"] != "unchecked" else reference_replies(t) for i, t in enumerate(tasks)]
+    refs = [None if not replay or checks["gold"][i]["reason"] != "unchecked" else reference_replies(t)
+            for i, t in enumerate(tasks)]  # fmt: skip
     scored: dict[tuple[int, str], tuple[list[str], dict[str, Any]]] = {}
     bad_gold = [{"task": task_identity(t), "verifiers": row["reason"], "error": row["error"]}
                 for t, row in zip(tasks, checks["gold"], strict=True) if row["reason"] not in ("valid", "unchecked")]
@@ -242,10 +255,14 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         items.append(GateItem("known_successes", name, "FAIL", f"{'; '.join(what)} (of {len(tasks)} tasks)",
                               {**sev, "examples": (bad_gold + bad_success)[:3], "success_min": success_min}))
     elif unchecked and not validated and not ref_ok:
+        if replay:
+            why = (f"verifiers: Task.validate returned None; no reference reply srl knows scores {success_min}); "
+                   "define `Task.validate(runtime)` or a `reference_replies()` method")
+        else:
+            why = ("verifiers: Task.validate returned None); define `Task.validate(runtime)` (an env on verifiers' "
+                   "own rollout gets no replayed replies)")
         items.append(GateItem("known_successes", name, "WARN",
-                              f"unchecked: none of the {len(tasks)} tasks has a model-free success check "
-                              "(verifiers: Task.validate returned None; no reference reply srl knows scores "
-                              f"{success_min}); define `Task.validate(runtime)` or a `reference_replies()` method",
+                              f"unchecked: none of the {len(tasks)} tasks has a model-free success check ({why}",
                               {**sev, "tasks": unchecked[:5]}))  # fmt: skip
     else:
         what = [f"{validated} pass Task.validate(runtime)"] if validated else []
@@ -260,7 +277,7 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         for t, row in zip(tasks, checks["noop"], strict=True) if row["reason"] not in ("valid", "unchecked")
     ]  # fmt: skip
     fail_rewards: dict[str, list[float]] = {"empty": [], "wrong": [], "malformed": []}
-    for i, task in enumerate(tasks):
+    for i, task in enumerate(tasks if replay else []):
         ref_reward = scored.get((i, "reference"), ([], {}))[1].get("reward")
         if ref_reward is not None and ref_reward < success_min - _EPS:
             ref_reward = None  # a reference that is not a success says nothing about what a failure may score
@@ -285,10 +302,14 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
                               f"or raised (the untouched task must score below 1.0 (verifiers' noop check), an "
                               f"empty reply <= {failure_max}, others < {success_min})",
                               {"cases": cases, "examples": bad_fail[:3], **fev}))  # fmt: skip
-    else:
+    elif replay:
         items.append(GateItem("known_failures", name, "PASS",
                               f"untouched < 1.0, empty <= {failure_max}, wrong and malformed < {success_min} on "
                               f"{len(tasks)} tasks", fev))  # fmt: skip
+    else:
+        items.append(GateItem("known_failures", name, "PASS",
+                              f"untouched < 1.0 on {len(tasks)} tasks (verifiers' noop check; no reply replayed)",
+                              fev))  # fmt: skip
 
     # -- determinism: score everything again, reload the taskset ------------------------------------------------
     diffs: list[dict[str, Any]] = []
@@ -312,9 +333,10 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         items.append(GateItem("deterministic_scoring", name, "FAIL", "; ".join(what),
                               {"examples": diffs[:3], "tasks_reload_identically": reload_same}))  # fmt: skip
     else:
+        rescored = sum("error" not in s for _, s in scored.values())
         items.append(GateItem("deterministic_scoring", name, "PASS",
-                              "every reply scored identically twice; the taskset reloads identically",
-                              {"replies_rescored": sum("error" not in s for _, s in scored.values())}))  # fmt: skip
+                              ("every reply scored identically twice; " if rescored else "") +
+                              "the taskset reloads identically", {"replies_rescored": rescored}))  # fmt: skip
 
     # -- bounded limits -----------------------------------------------------------------------------------------
     items.append(_bounded_limits(env, refs, [s for _, s in scored.values()], max_model_len, sampling_max_tokens))
