@@ -115,8 +115,9 @@ class WeightUpdater:
 
     ``engine_urls`` are the engines' own base URLs (never the router). ``timeout_s`` bounds each admin call
     (seconds); the call that loads a broadcast gets ``s_per_gib`` seconds more per GiB of weights it reads, so the
-    bound grows with the model (the orchestrator passes ``monitors.stall_s_per_gib``). ``admin_token`` is the deployment's admin token; None reads
-    ``SRL_ADMIN_TOKEN`` from this process's environment (set by srl's launchers). Without one, the engines answer
+    bound grows with the model (the orchestrator passes ``monitors.stall_s_per_gib``). ``admin_token`` is the
+    deployment's admin token; None reads ``SRL_ADMIN_TOKEN`` from this process's environment (set by srl's
+    launchers). Without one, the engines answer
     401/403 and updates raise WeightUpdateError. ``profile_reload`` asks engines with srl's worker extension for a
     per-phase breakdown of their reload (``last_reload``; benchmarks). ``run_id``: the run whose weights these
     are; versions are recorded as ``"<run id>:<step>"`` and a LoRA run's adapter is served as ``srl-lora-<run id>``
