@@ -21,6 +21,7 @@ learning rate so each adapter moves its policy far from the base model and from 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ from lora_checks import assert_adapter_broadcasts, assert_serves_adapter
 from prereqs import need_module
 from run_records import is_final_eval_line, metrics_lines, role_steps, served_version
 
+from toolkit.run import heartbeat
 from toolkit.run.layout import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1500)]
@@ -49,14 +51,15 @@ def _srl(*argv: str, log: Path) -> subprocess.Popen:
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
 
 
-def _until(what: str, cond, procs: dict[str, tuple[subprocess.Popen, Path]], timeout_s: float) -> None:
+def _until(what: str, cond, procs: dict[str, tuple[subprocess.Popen, Path]], timeout_s: float,
+           poll_s: float = 0.5) -> None:  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while not cond():
         for name, (p, log) in procs.items():
             if p.poll() is not None:
                 pytest.fail(f"{name} exited ({p.returncode}) before {what}:\n{log.read_text()[-4000:]}")
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.5)
+        time.sleep(poll_s)
 
 
 def _stop(p: subprocess.Popen) -> None:
@@ -102,14 +105,32 @@ def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
         for name, seed in runs.items():
             log = tmp_path / f"{name}.log"
             procs[name] = (_srl(*_lora_run(out, name, seed, dep), log=log), log)
-        tenants = RunDir(dep).lora_tenants
-        _until("both runs hold their LoRA-tenant leases", lambda: len(list(tenants.glob("*.json"))) == 2, procs,
-               600)  # fmt: skip
+        # Both runs are held while a full-weight run is refused: each trainer is stopped (SIGSTOP) as soon as its
+        # progress record appears, before its first step, so the 3-step runs cannot end and give their tenant
+        # leases back before the refusal is looked at; their orchestrators, which hold the leases, renew them.
+        held: dict[str, int] = {}
 
-        full = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-                               "--output-dir", str(out), "--run.name", "full", "--inference.external", str(dep),
-                               "--max-steps", "2"], cwd=REPO, check=False, capture_output=True, text=True,
-                              timeout=300)  # fmt: skip
+        def trainers_held() -> bool:
+            for name in runs:
+                rec = heartbeat.read_all(RunDir(out / name)).get("trainer.rank0")
+                if name not in held and rec is not None:
+                    os.kill(rec["pid"], signal.SIGSTOP)
+                    held[name] = rec["pid"]
+            return len(held) == len(runs)
+
+        tenants = RunDir(dep).lora_tenants
+        try:
+            _until("both trainers started", trainers_held, procs, 600, poll_s=0.05)
+            _until("both runs hold their LoRA-tenant leases", lambda: len(list(tenants.glob("*.json"))) == 2, procs,
+                   600)  # fmt: skip
+            full = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@",
+                                   str(REPO / "jobs/reverse-text/rl.toml"), "--output-dir", str(out), "--run.name",
+                                   "full", "--inference.external", str(dep), "--max-steps", "2"], cwd=REPO,
+                                  check=False, capture_output=True, text=True, timeout=300)  # fmt: skip
+        finally:
+            for pid in held.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
         assert full.returncode == 2, full.stdout + full.stderr
         assert "serves the LoRA adapter of run" in full.stderr and "srl cancel" in full.stderr, full.stderr
         assert not (out / "full" / "configs").exists()
