@@ -51,7 +51,7 @@ Models and roles
 _ROLE_COMMANDS = {
     "trainer": "toolkit.trainer.main:main",
     "orchestrator": "toolkit.orchestrator.main:main",
-    "inference": "toolkit.inference.main:main",
+    "inference": "toolkit.commands.inference:main",
     "sweep": "toolkit.sweep:main",
     "report": "analysis.report:main",
     "diagnose": "analysis.diagnose:main",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.inference.main import main
+from toolkit.commands.inference import main
 from toolkit.run.layout import RunDir
 
 

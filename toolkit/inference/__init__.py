@@ -14,5 +14,4 @@ Modules:
   versions  weight versions that name their owner run; the engine-side record that tags each completion
   worker_ext  vLLM worker extension for fast in-place weight reloads
   multinode  one engine spread over several nodes (data parallel across nodes)
-  main      ``srl inference``: a standalone deployment, locally or as a Slurm job
 """

@@ -77,7 +77,7 @@ def _queues(argv: list[str]) -> int:
     if len(argv) != 1:
         raise ConfigError(usage)
     from ..run.layout import RunDir
-    from .queues import run_queue_depths
+    from ..inference.queues import run_queue_depths
 
     run = RunDir(Path(argv[0]))
     if not run.inference_ready.exists():
