@@ -1,7 +1,7 @@
 """Engines started directly for tests of the inference internals: one engine, several behind a router, P/D pairs.
 
 ``start_local_deployment`` starts vLLM engines (and vllm-router) as children of the test process with the same
-command and environment builders as the plan (``toolkit.inference.commands``), waits for /health and can load the
+command and environment builders as the plan (``toolkit.engines.commands``), waits for /health and can load the
 newest STABLE broadcast first; ``Deployment.stop`` ends each child's process group (vLLM's worker processes too).
 srl itself starts engines only through the supervisor (``toolkit.launch.local.serve_local`` and ``srl inference``
 locally, the batch job's supervisor on Slurm); this fixture gives tests shapes a plan does not produce (a router in
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, admin_token_from_env, new_admin_token
-from toolkit.inference.commands import ENGINE_DEFAULTS, engine_command, engine_env, router_command
-from toolkit.inference.health import clear_ready, is_healthy, write_ready
+from toolkit.engines.admin_token import ADMIN_TOKEN_ENV, admin_token_from_env, new_admin_token
+from toolkit.engines.commands import ENGINE_DEFAULTS, engine_command, engine_env, router_command
+from toolkit.engines.health import clear_ready, is_healthy, write_ready
 from toolkit.inference.weights import WeightUpdater
 from toolkit.run.layout import RunDir, newest_stable_broadcast
 

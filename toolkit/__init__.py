@@ -8,6 +8,7 @@ Packages, lowest layer first:
 - :mod:`toolkit.config`: the schema of every config, TOML composition and command-line overrides (a leaf).
 - :mod:`toolkit.run`: the run directory; for each artifact its path, writer, reader and marker.
 - :mod:`toolkit.models`: model aliases, the tiny local model, SmolLM2 from its wheel.
+- :mod:`toolkit.engines`: engine and router command lines, health and ready files, the admin token (pure).
 - :mod:`toolkit.placement`: the plan: which process runs where, with which ports, command and environment.
 - :mod:`toolkit.preflight`: checks of what a config points at outside itself; builds the plan once.
 - :mod:`toolkit.launch`: local runs and Slurm submissions, the one supervisor, status and control.

@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for loopb
 from loopback_server import LoopbackServer
 
 from toolkit.config.model import RLConfig
+from toolkit.engines.health import write_ready
 from toolkit.inference.client import completion_payload
-from toolkit.inference.health import write_ready
 from toolkit.models import resolve_model
 from toolkit.orchestrator.main import Orchestrator
 from toolkit.run.layout import RunDir

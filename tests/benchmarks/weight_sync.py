@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import httpx
 
 from tests.local_engines import start_local_deployment
+from toolkit.engines.admin_token import admin_headers
 from toolkit.fsutil import write_marker
-from toolkit.inference.admin_token import admin_headers
 from toolkit.inference.weights import WeightUpdater
 from toolkit.models import build_tiny_model
 from toolkit.run.layout import RunDir, newest_stable_broadcast

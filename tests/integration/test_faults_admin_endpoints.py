@@ -76,7 +76,7 @@ def router_over_recorder():
     need_router()
     from local_engines import free_port
 
-    from toolkit.inference.commands import router_command
+    from toolkit.engines.commands import router_command
 
     backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
@@ -138,8 +138,8 @@ def test_guarded_engine_behind_router_refuses_admin_routes_but_reloads_with_toke
     need_router()
     from local_engines import start_local_deployment
 
+    from toolkit.engines.admin_token import ADMIN_TOKEN_HEADER
     from toolkit.fsutil import write_marker
-    from toolkit.inference.admin_token import ADMIN_TOKEN_HEADER
     from toolkit.inference.weights import WeightUpdateError, WeightUpdater
     from toolkit.models import build_tiny_model
     from toolkit.run.layout import RunDir

@@ -26,8 +26,8 @@ from loopback_server import LoopbackServer
 
 from toolkit import batches
 from toolkit.config.model import RLConfig
+from toolkit.engines.health import write_ready
 from toolkit.fsutil import write_marker
-from toolkit.inference.health import write_ready
 from toolkit.orchestrator.main import Orchestrator
 from toolkit.run import ending
 from toolkit.run.layout import STABLE_MARKER, RunDir

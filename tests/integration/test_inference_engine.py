@@ -24,9 +24,9 @@ need_module("vllm")
 
 from local_engines import start_local_deployment
 
+from toolkit.engines.health import read_ready
 from toolkit.fsutil import write_marker
 from toolkit.inference.client import PolicyClient, completion_payload, parse_completion
-from toolkit.inference.health import read_ready
 from toolkit.inference.queues import parse_metric, queue_depths
 from toolkit.inference.weights import WeightUpdater
 from toolkit.models import build_tiny_model

@@ -23,7 +23,7 @@ need_module("vllm")
 
 from local_engines import start_local_deployment
 
-from toolkit.inference.admin_token import admin_headers
+from toolkit.engines.admin_token import admin_headers
 from toolkit.inference.client import PolicyClient
 from toolkit.inference.weights import WeightUpdateError, WeightUpdater
 from toolkit.inference.worker_ext import RELOAD_METHOD, RESULT_MARKER

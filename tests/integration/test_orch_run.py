@@ -28,8 +28,8 @@ from loopback_server import LoopbackServer
 
 from toolkit import batches, checkpoints
 from toolkit.config.model import RLConfig
+from toolkit.engines.health import write_ready
 from toolkit.fsutil import write_marker
-from toolkit.inference.health import write_ready
 from toolkit.orchestrator.main import Orchestrator
 from toolkit.run.layout import STABLE_MARKER, RunDir
 from toolkit.run.metrics import ORCHESTRATOR, recorded_steps

@@ -83,7 +83,7 @@ def _lora_run(out: Path, name: str, seed: int, dep: Path) -> list[str]:
 def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
     need_module("torch")
     need_module("peft")
-    from toolkit.inference.admin_token import read_token_file
+    from toolkit.engines.admin_token import read_token_file
     from toolkit.inference.client import PolicyClient
     from toolkit.inference.versions import VERSIONS_PATH, lora_name
     from toolkit.inference.weights import WeightUpdater

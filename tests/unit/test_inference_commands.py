@@ -11,7 +11,7 @@ import pytest
 from local_engines import cpu_binds
 from prereqs import need_module
 
-from toolkit.inference.commands import (
+from toolkit.engines.commands import (
     CommandError,
     engine_command,
     engine_env,
@@ -165,7 +165,7 @@ def test_parse_metric_sums_label_sets():
 
 
 def test_ready_file_roundtrip_and_timeout(tmp_path):
-    from toolkit.inference.health import clear_ready, read_ready, write_ready
+    from toolkit.engines.health import clear_ready, read_ready, write_ready
 
     run = RunDir(tmp_path / "run")
     with pytest.raises(TimeoutError, match="inference_ready"):
@@ -179,7 +179,7 @@ def test_ready_file_roundtrip_and_timeout(tmp_path):
 def test_run_queue_depths_groups_by_role_and_reports_unreachable(tmp_path):
     from local_engines import free_port
 
-    from toolkit.inference.health import write_ready
+    from toolkit.engines.health import write_ready
     from toolkit.inference.queues import run_queue_depths
 
     run = RunDir(tmp_path / "run")
@@ -191,7 +191,7 @@ def test_run_queue_depths_groups_by_role_and_reports_unreachable(tmp_path):
 
 
 def test_read_ready_returns_none_on_a_stop_request(tmp_path):
-    from toolkit.inference.health import read_ready
+    from toolkit.engines.health import read_ready
 
     t0 = time.monotonic()
     assert read_ready(RunDir(tmp_path / "run"), timeout_s=60, interval_s=0.05, should_stop=lambda: True) is None

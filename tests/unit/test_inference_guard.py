@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from toolkit.inference import admin_token as at
-from toolkit.inference.commands import GUARD_MIDDLEWARE, engine_command
+from toolkit.engines import admin_token as at
+from toolkit.engines.commands import GUARD_MIDDLEWARE, engine_command
 from toolkit.inference.guard import OPEN_PATHS, AdminGuard, is_open
 from toolkit.inference.weights import WeightUpdateError, WeightUpdater
 from toolkit.run.layout import RunDir

@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from toolkit.inference import commands
+from toolkit.engines import commands
 from toolkit.inference.weights import WeightUpdateError, _extension_answer, _has_extension
 from toolkit.inference.worker_ext import (
     EXTENSION_CLS,
@@ -23,7 +23,9 @@ from toolkit.inference.worker_ext import (
 
 
 def test_engine_defaults_load_the_extension():
-    assert commands.ENGINE_DEFAULTS["worker_extension_cls"] == EXTENSION_CLS
+    assert commands.ENGINE_DEFAULTS["worker_extension_cls"] == EXTENSION_CLS == commands.WORKER_EXTENSION_CLS
+    module, _, cls = EXTENSION_CLS.rpartition(".")  # the path vLLM imports names the class itself
+    assert getattr(__import__(module, fromlist=[cls]), cls) is SrlWorkerExtension
     argv = commands.engine_command(model_path="/m", host="127.0.0.1", port=8000, vllm_args={}, tp=1, dp=1,
                                    served_model_name="m", kv_role=None, kv_connector=None, kv_extra=None,
                                    defaults=commands.ENGINE_DEFAULTS)  # fmt: skip

@@ -10,7 +10,7 @@ import pytest
 from golden.layouts import LAYOUTS, make_cfg, merge, multi
 
 from toolkit.config import ConfigError
-from toolkit.inference.commands import WORKER_EXTENSION_CLS
+from toolkit.engines.commands import WORKER_EXTENSION_CLS
 from toolkit.placement import GpuBindingError, Plan, build_plan, fill, read_plan, visible_devices, write_plan
 from toolkit.placement.runtime import ResolveError, group_hostlists, node_addresses
 from toolkit.preflight.site import load_site
@@ -286,7 +286,7 @@ def test_inference_only_plan() -> None:
 
 
 def test_engine_spanning_two_nodes_runs_headless_on_the_second() -> None:
-    from toolkit.inference.multinode import node_engine_argv
+    from toolkit.engines.multinode import node_engine_argv
 
     over = {"run": {"name": "mn"}, "deployment": multi(1, 2, num_infer_replicas=1),
             "inference": {"vllm": {"tensor_parallel_size": 4}, "deployment": {"type": "multi_node", "num_nodes": 2}}}

@@ -15,7 +15,7 @@ need_module("peft")
 
 from safetensors.torch import load_file
 
-from toolkit.inference.commands import LORA_ENGINE_ENV, CommandError, lora_engine_args
+from toolkit.engines.commands import LORA_ENGINE_ENV, CommandError, lora_engine_args
 from toolkit.inference.weights import is_lora_adapter
 from toolkit.models.tiny import build_tiny_model
 from toolkit.run.layout import STABLE_MARKER, RunDir

@@ -29,7 +29,7 @@ WAITS: dict[tuple[str, str, str], str] = {
     ("toolkit/inference/client.py", "_post", "while True"): "each attempt waits for the gate with a deadline "
                                                             "(_wait_open) and the request has the client's timeout; "
                                                             "retries end at max_retries or the retry budget",
-    ("toolkit/inference/health.py", "read_ready", "while True"): "its timeout (inference.startup_timeout_s + 60 s) "
+    ("toolkit/engines/health.py", "read_ready", "while True"): "its timeout (inference.startup_timeout_s + 60 s) "
                                                                  "and should_stop",
     ("toolkit/inference/versions.py", "_read_body", "while True"): "ends at the request body's last message; the "
                                                                    "ASGI server bounds a client that stops sending",

@@ -18,7 +18,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from toolkit import lease
-from toolkit.inference.admin_token import ADMIN_TOKEN_HEADER
+from toolkit.engines.admin_token import ADMIN_TOKEN_HEADER
 from toolkit.inference.client import PolicyClient
 from toolkit.inference.guard import AdminGuard
 from toolkit.inference.versions import (

@@ -76,8 +76,8 @@ def _queues(argv: list[str]) -> int:
         return 0
     if len(argv) != 1:
         raise ConfigError(usage)
-    from ..run.layout import RunDir
     from ..inference.queues import run_queue_depths
+    from ..run.layout import RunDir
 
     run = RunDir(Path(argv[0]))
     if not run.inference_ready.exists():

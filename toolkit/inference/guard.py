@@ -36,7 +36,7 @@ import hmac
 import json
 from typing import Any
 
-from toolkit.inference.admin_token import ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, admin_token_from_env
+from toolkit.engines.admin_token import ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, admin_token_from_env
 from toolkit.inference.versions import WeightVersionTag, route_path
 
 OPEN_PATHS = frozenset({

@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from toolkit.inference.admin_token import admin_headers, admin_token_from_env
+from toolkit.engines.admin_token import admin_headers, admin_token_from_env
 from toolkit.inference.kv_store import kv_store_from_config, purge_retired, retire_kv_store
 from toolkit.inference.versions import (
     BASE_VERSIONS,

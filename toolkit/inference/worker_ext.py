@@ -48,7 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-# the --worker-extension-cls value (commands.ENGINE_DEFAULTS)
+# the --worker-extension-cls value (toolkit.engines.commands.WORKER_EXTENSION_CLS, the same text: the engine's
+# worker imports this module alone, and tests/unit/test_inference_worker_ext.py checks the two agree)
 EXTENSION_CLS = "toolkit.inference.worker_ext.SrlWorkerExtension"
 RELOAD_METHOD = "srl_reload_weights"  # the /collective_rpc method name
 RESULT_MARKER = "srl_reload"  # key every srl_reload_weights result carries (value: EXTENSION_API_VERSION)

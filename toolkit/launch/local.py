@@ -32,8 +32,8 @@ from typing import Any
 from .. import lease as leases
 from ..config.errors import ConfigError
 from ..config.model import RLConfig
-from ..inference.admin_token import ADMIN_TOKEN_ENV, for_local_deployment, restore_admin_token
-from ..inference.health import clear_ready
+from ..engines.admin_token import ADMIN_TOKEN_ENV, for_local_deployment, restore_admin_token
+from ..engines.health import clear_ready
 from ..run import ending, metrics
 from ..run.launcher import write_local_record
 from ..run.layout import RunDir, point_symlink

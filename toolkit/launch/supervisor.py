@@ -292,7 +292,7 @@ class Supervisor:
         ends the run at once. Raises ComponentFailed, LeaseLost, or TimeoutError after
         ``inference.startup_timeout_s``.
         """
-        from ..inference.health import is_healthy, write_ready
+        from ..engines.health import is_healthy, write_ready
         from ..placement.runtime import ready_info
 
         pending = {c.name: c.health_url.removesuffix("/health")
@@ -349,7 +349,7 @@ class Supervisor:
     def watch_restarts(self) -> Child | None:
         """Restart engines that died; report restarted ones that answer /health again. Returns a child that ends
         the run (restart budget used, or not healthy within ``inference.startup_timeout_s``), else None."""
-        from ..inference.health import is_healthy
+        from ..engines.health import is_healthy
 
         inf = self.cfg.inference
         for c in self.children:
@@ -377,7 +377,7 @@ class Supervisor:
         ready): an engine that has not answered /health for ``monitors.stall_timeout_s`` is killed, after its
         state is logged, so that it is restarted as a dead engine is. Returns it when it cannot be restarted
         (``inference.max_restarts = 0``): the run then ends as stalled, naming it. None otherwise."""
-        from ..inference.health import is_healthy
+        from ..engines.health import is_healthy
 
         now = time.monotonic() if now is None else now
         if not self.ready or now < self._next_health_check:
@@ -643,7 +643,7 @@ def job_environment(run: RunDir, *, kind: str, secrets: list[str], env: dict[str
     (fresh per attempt; an inference-only deployment keeps it in ``launcher/admin_token``, 0600, for the runs that
     use it). Warns about each of ``secrets`` (variable names) missing from ``env``; secret values reach the steps by
     inheritance only and are never written."""
-    from ..inference.admin_token import ADMIN_TOKEN_ENV, for_local_deployment
+    from ..engines.admin_token import ADMIN_TOKEN_ENV, for_local_deployment
 
     for name in sorted(set(secrets)):
         if not env.get(name):

@@ -108,8 +108,8 @@ class Orchestrator:
     # -- setup ------------------------------------------------------------------------------------------------
     async def _connect_inference(self) -> int:
         """Build the client and weight updater from the readiness file; returns the served policy version."""
+        from toolkit.engines.health import read_ready
         from toolkit.inference.client import PolicyClient
-        from toolkit.inference.health import read_ready
         from toolkit.inference.weights import WeightUpdater
 
         ready_run = RunDir(self.cfg.inference.external) if self.cfg.inference.external else self.run
@@ -128,7 +128,7 @@ class Orchestrator:
             )  # fmt: skip
         # Admin token for the engines' admin routes (weight updates, the engine watch): own engines take the
         # launcher's SRL_ADMIN_TOKEN, an external deployment its token file.
-        from toolkit.inference.admin_token import admin_token_from_env, read_token_file
+        from toolkit.engines.admin_token import admin_token_from_env, read_token_file
 
         if self.cfg.inference.external:
             self._admin_token = read_token_file(ready_run.admin_token_file)
@@ -482,7 +482,7 @@ class Orchestrator:
         stop = asyncio.Event()
         if not self.engine_urls or not hasattr(self.client, "hold"):
             return tracker, stop, []
-        from toolkit.inference.admin_token import admin_headers
+        from toolkit.engines.admin_token import admin_headers
 
         watch = EngineWatch(self.client, tracker, self.engine_urls, headers=admin_headers(self._admin_token))
         return tracker, stop, [asyncio.create_task(watch.run(stop))]

@@ -19,8 +19,7 @@ from typing import Any
 
 from ..config.model import RLConfig
 from ..config.site import SiteConfig
-from ..fsutil import atomic_write_json
-from ..inference.commands import (
+from ..engines.commands import (
     ENGINE_DEFAULTS,
     LORA_ENGINE_ENV,
     CommandError,
@@ -29,6 +28,7 @@ from ..inference.commands import (
     lora_engine_args,
     router_command,
 )
+from ..fsutil import atomic_write_json
 from ..run.layout import RunDir
 from . import environment as envmod
 from .ports import PortAllocator, PortError

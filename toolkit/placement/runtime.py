@@ -193,9 +193,9 @@ def exec_process(run: RunDir, name: str, env: dict[str, str]) -> None:
         from ..config import load_resolved
 
         model = model_path_for(load_resolved(run.resolved("rl")).model.name)
-    from ..inference.multinode import node_engine_argv
+    from ..engines.multinode import node_engine_argv
 
-    # An engine spanning several nodes: only its head node runs the API server (see inference/multinode.py).
+    # An engine spanning several nodes: only its head node runs the API server (see engines/multinode.py).
     argv = node_engine_argv([fill(a, plan, node, model) for a in spec.command], spec.node_indices, node)
     out = dict(env)
     for k, v in spec.env.items():
@@ -229,7 +229,7 @@ def newest_complete_since(run: RunDir, since: float) -> int | None:
 
 
 def ready_info(plan: Plan, model: str) -> dict:
-    """The readiness record (keys of ``toolkit.inference.health.write_ready``) with this allocation's addresses:
+    """The readiness record (keys of ``toolkit.engines.health.write_ready``) with this allocation's addresses:
     ``base_url`` (router, else the only engine), ``router_url``, ``engine_urls``, ``roles``, ``model``,
     ``policy_version``, plus ``job_id`` and ``hosts``."""
 

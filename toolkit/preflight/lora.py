@@ -13,7 +13,7 @@ from pathlib import Path
 from ..config.errors import Findings
 from ..config.model import RLConfig
 from ..config.passthrough import option_key
-from ..inference.commands import VLLM_LORA_RANKS, lora_engine_args
+from ..engines.commands import VLLM_LORA_RANKS, lora_engine_args
 from ..run.layout import RunDir
 
 # LoRA target modules srl can train and vLLM can serve, per HF ``model_type``: the attention and MLP projections of

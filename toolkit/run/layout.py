@@ -90,7 +90,7 @@ class RunDir:
     job_ids_file = _Under("launcher", "job_ids.txt")
     # Written by the local launcher when an attempt starts and when it exits (toolkit.run.launcher).
     local_record = _Under("launcher", "local.json")
-    # Mode-0600 file with an inference-only deployment's admin token (toolkit.inference.admin_token): the one place
+    # Mode-0600 file with an inference-only deployment's admin token (toolkit.engines.admin_token): the one place
     # a token is written, so RL runs using the deployment as inference.external can reload it.
     admin_token_file = _Under("launcher", "admin_token")
     # The run lease: the one supervisor allowed to run the run's processes now (toolkit.lease).

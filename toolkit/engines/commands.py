@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from ..config.passthrough import option_key
-from .worker_ext import EXTENSION_CLS as WORKER_EXTENSION_CLS
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 
@@ -47,6 +46,9 @@ PLAN_OWNED_ENV = (
 # ASGI middleware every engine loads (``--middleware``): admin/dev routes need the run's admin token (guard.py).
 # An import path resolved in the engine's Python, where the srl package is installed.
 GUARD_MIDDLEWARE = "toolkit.inference.guard.AdminGuard"
+# srl's vLLM worker extension (its fast in-place reload), loaded by vLLM in the engine's worker process by this
+# path; toolkit.inference.worker_ext takes its own name from here (a unit test imports the class by it).
+WORKER_EXTENSION_CLS = "toolkit.inference.worker_ext.SrlWorkerExtension"
 
 ENGINE_ROLES = ("engine", "prefill", "decode")
 
