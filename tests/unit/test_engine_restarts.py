@@ -14,6 +14,7 @@ import pytest
 from local_engines import free_port
 
 from toolkit.config.model import InferenceConfig
+from toolkit.envs.rollout import wait_excluding_outage
 from toolkit.errors import ProviderError
 from toolkit.inference.client import PolicyClient
 from toolkit.launch.supervisor import RestartBudget, is_restartable
@@ -25,7 +26,6 @@ from toolkit.orchestrator.engines import (
     expected_versions,
     next_state,
     provider_retry_budget_s,
-    wait_excluding_outage,
 )
 from toolkit.run.types import SamplingParams
 

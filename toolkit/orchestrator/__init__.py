@@ -4,7 +4,6 @@ Modules:
   main        ``srl orchestrator --run-dir RUN``: the async loop (train batches, eval, weight updates, stops)
   producer    keeps groups in flight within ``max_concurrent`` and the off-policy bound
   sampler     which env and task the next group uses (ratios, epoch-shuffled tasks; resumable)
-  rollout     one rollout, token-in/token-out through the policy client
   advantages  group-relative advantages of one group
   filtering   which groups carry learning signal (uniform rewards, thresholds)
   buffer      a trainer step's batch from finished groups

@@ -110,33 +110,6 @@ async def probe_engine(http: httpx.AsyncClient, url: str, timeout_s: float, adap
     return Probe(True, None if version is None else str(version))
 
 
-async def wait_excluding_outage(aw: Any, timeout_s: float | None, client: Any) -> Any:
-    """Await ``aw`` for at most ``timeout_s`` seconds, not counting time the policy client's serving gate was
-    closed (growth of ``client.outage_seconds()``, while an engine restarts): a rollout timeout bounds the harness,
-    not an inference outage. A client without a gate gives a plain ``asyncio.wait_for``. Raises
-    asyncio.TimeoutError (``aw`` cancelled) when the time is up."""
-    outage = getattr(client, "outage_seconds", None)
-    if timeout_s is None or outage is None:
-        return await asyncio.wait_for(aw, timeout_s)
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(aw)
-    t0, held0 = loop.time(), outage()
-    try:
-        while True:
-            left = timeout_s - (loop.time() - t0 - (outage() - held0))
-            if left <= 0:
-                break
-            done, _ = await asyncio.wait({task}, timeout=left)
-            if done:
-                return task.result()
-    except BaseException:
-        task.cancel()
-        raise
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    raise TimeoutError
-
-
 class EngineWatch:
     """Keeps the client's serving gate closed while any engine is down or restarted without the current policy.
 
