@@ -10,6 +10,7 @@ Light: pydantic and the standard library only (login-node safe).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import tomllib
@@ -146,6 +147,12 @@ class SiteConfig(Section):
     @property
     def is_slurm(self) -> bool:
         return self.scheduler == "slurm"
+
+
+def site_configs_dir() -> Path:
+    """Directory of site TOMLs: ``$SRL_SITE_CONFIGS`` or the repository's ``site-configs/``."""
+    env = os.environ.get("SRL_SITE_CONFIGS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "site-configs"
 
 
 def read_site(path: Path) -> SiteConfig:

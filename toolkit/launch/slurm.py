@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
-from ClusterShell.NodeSet import NodeSet
+from ..placement.slurm_records import expand_nodelist, parse_scontrol_record
 
 # Environment prefixes that Slurm reads as input options (SBATCH_*, SRUN_*, SALLOC_*) or sets inside an
 # allocation (SLURM_*). Submitting from inside a job would otherwise hand the new job its parent's geometry,
@@ -192,19 +192,6 @@ def scrubbed_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in src.items() if k in _KEPT or not k.startswith(_SCRUBBED_PREFIXES)}
 
 
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand a Slurm host list (``"node[1-3,7],gpu-a[01-02]"``) into host names, in Slurm's order.
-
-    Uses ClusterShell's NodeSet, which implements Slurm's bracket syntax, including nested and
-    multi-dimensional ranges. Empty strings and Slurm's ``(null)``/``None`` placeholders give ``[]``. Raises
-    ``ClusterShell.NodeSet.NodeSetParseError`` on malformed input.
-    """
-    s = nodelist.strip()
-    if s in ("", "(null)", "None", "N/A"):
-        return []
-    return list(NodeSet(s))
-
-
 def submit(
     script_path: str | os.PathLike[str],
     *,
@@ -301,25 +288,7 @@ def requeue(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
 # ------------------------------------------------------------------------------------------------------------
 # Reading job state
 
-# A key starts a record field: letters, digits and the separators Slurm uses in keys (AllocNode:Sid,
-# CPUs/Task).
-_KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
 _NO_VALUE = {"", "(null)", "None", "N/A", "Unknown", "UNLIMITED"}
-
-
-def parse_scontrol_record(line: str) -> dict[str, str]:
-    """Parse one ``scontrol show job -o`` line into ``{key: value}``; values keep inner ``=``
-    (``TRES=cpu=1,...``).
-
-    A value containing a space followed by ``word=`` would be split there; Slurm prints such free text only in
-    Comment/Command fields, which srl does not read.
-    """
-    matches = list(_KEY_RE.finditer(line))
-    out: dict[str, str] = {}
-    for i, m in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-        out[m.group(1)] = line[m.end() : end].strip()
-    return out
 
 
 def _time(value: str | None) -> datetime | None:

@@ -10,6 +10,7 @@ Modules:
   environment  per-process environment layers, JIT caches on node-local scratch, GPU binding
   cpus         CPU threads and cores per process on CPU-only plans
   runtime      node-side helpers of the batch job's supervisor (hosts of the job, exec of a process)
+  slurm_records  Slurm host lists and ``scontrol show -o`` records, parsed (pure)
 """
 
 from .environment import GpuBindingError, visible_devices

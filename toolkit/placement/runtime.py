@@ -62,7 +62,7 @@ def group_hostlists(env: dict[str, str], ngroups: int) -> list[list[str]]:
     """
     from ClusterShell.NodeSet import NodeSetException
 
-    from ..launch.slurm import expand_nodelist
+    from .slurm_records import expand_nodelist
 
     out = []
     for g in range(ngroups):
@@ -87,7 +87,7 @@ def node_addresses(hosts: list[str]) -> list[str]:
         proc = subprocess.run(["scontrol", "show", "node", "-o", ",".join(sorted(set(hosts)))], capture_output=True,
                               text=True, timeout=30, check=False)
         if proc.returncode == 0:
-            from ..launch.slurm import parse_scontrol_record
+            from .slurm_records import parse_scontrol_record
 
             for line in proc.stdout.splitlines():
                 rec = parse_scontrol_record(line)
@@ -102,15 +102,17 @@ def node_addresses(hosts: list[str]) -> list[str]:
 def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
     """Rebuild the plan for this allocation (job id, hosts, addresses) and write it. See module docstring."""
     from ..config import load_resolved
-    from ..preflight.site import load_site
+    from ..config.site import read_site, site_configs_dir
 
     job_id = env.get("SLURM_JOB_ID")
     if not job_id:
         raise ResolveError("SLURM_JOB_ID is not set: resolve runs inside the batch job")
     old = read_plan(run)
     cfg = load_resolved(run.resolved("rl", attempt))
+    # The site file the job was rendered with (launcher/site.toml; checked on the login node), else the plan's
+    # site by name.
     site_file = run.launcher / "site.toml"
-    site = load_site(site_file if site_file.exists() else old.site)
+    site = read_site(site_file if site_file.is_file() else site_configs_dir() / f"{old.site}.toml")
     plan = build_plan(cfg, site, run, job_id=job_id, roles=old.roles, port_key=old.port_key)
     groups = group_hostlists(env, len(plan.groups))
     for g, hosts in zip(plan.groups, groups):

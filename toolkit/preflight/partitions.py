@@ -22,6 +22,7 @@ from typing import Any
 
 from ..config.errors import Findings
 from ..config.slurm_time import parse_slurm_time
+from ..placement.slurm_records import parse_scontrol_record
 
 QUERY_TIMEOUT_S = 30.0
 _GPU_COUNT = re.compile(r"^gpu(?::[^:(]+)?:(\d+)")
@@ -81,8 +82,7 @@ def read_partitions(run: Runner | None = None) -> dict[str, Partition]:
     run = run or _run
     out: dict[str, Partition] = {}
     for line in run(["scontrol", "show", "partition", "-o"]).splitlines():
-        # One partition per line, KEY=VALUE fields (a value may hold '=': TRES=cpu=8,node=4).
-        rec = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        rec = parse_scontrol_record(line.strip())
         name = rec.get("PartitionName")
         if not name:
             continue

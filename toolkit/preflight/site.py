@@ -9,26 +9,19 @@ port srl hands to a server. A run is then checked against its site (accounting, 
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from ..config.errors import ConfigError, Findings
 from ..config.model import RLConfig
 from ..config.rules import env_tables
-from ..config.site import SBATCH_UNSAFE, SiteConfig, read_site
+from ..config.site import SBATCH_UNSAFE, SiteConfig, read_site, site_configs_dir
 from ..placement.environment import CACHE_VARS, is_owned
 from ..placement.topology import TopologyError, derive_topology
 
 # Linux's default when /proc cannot be read (net.ipv4.ip_local_port_range).
 DEFAULT_EPHEMERAL = (32768, 60999)
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_.,:@%+=/-]+")
-
-
-def site_configs_dir() -> Path:
-    """Directory of site TOMLs: ``$SRL_SITE_CONFIGS`` or the repository's ``site-configs/``."""
-    env = os.environ.get("SRL_SITE_CONFIGS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "site-configs"
 
 
 def ephemeral_port_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
