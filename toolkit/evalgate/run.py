@@ -184,7 +184,8 @@ def _env_items(env: Any, groups: list[list[Any]], info: dict[str, Any], prompts:
             why = f"{x.num_turns} turns but {_policy_segments(x.samples[0].completion_mask)} policy segments"
         elif x.num_turns > 1 and len(x.samples) == 1 and all(x.samples[0].completion_mask):
             why = "multi-turn rollout without env/user tokens between turns"
-        elif renderer is not None and x.task_id in prompts:
+        elif renderer is not None and x.task_id in prompts and x.seat is None:
+            # (a trace of verifiers' own rollout, which names its seat, gets the prompt its harness builds)
             text = renderer.decode(x.samples[0].prompt_ids)
             if prompts[x.task_id] not in text:
                 why = "the task's prompt text is not in the decoded prompt"
