@@ -202,30 +202,43 @@ def _node_state(node: str) -> str:
     return rec.get("State", "")
 
 
+def fault_then_resume(run: RunDir, job: str, fault) -> dict[str, float]:
+    """Once the trainer is past checkpoint INTERVAL, call ``fault()``; wait until Slurm has requeued the job and runs
+    it again with nothing of its first run left, then check the resumed run to its end (:func:`_check_resumed_run`).
+    Returns the figures: seconds to the fault, to the requeue and to running again, and the step resumed from."""
+    t_first = _wait_past_checkpoint(run, job)
+    logs_before = _trainer_logs(run)
+    fault()
+    t_fault = time.monotonic()
+    _wait_requeued(run, job)
+    t_requeued = time.monotonic() - t_fault
+    _wait_running(run, job)
+    t_back = time.monotonic() - t_fault
+    assert not _first_run_leftovers(job), _first_run_leftovers(job)
+    # Once the second run has started, the first run's processes are gone: the newest COMPLETE checkpoint
+    # cannot change any more before the second run's trainer loads it (it writes nothing before that).
+    resumed_from = checkpoints.latest_complete(run)
+    assert resumed_from is not None and resumed_from >= INTERVAL, checkpoints.describe(run)
+    _check_resumed_run(run, job, resumed_from, logs_before)
+    return {"first": t_first, "requeued": t_requeued, "back": t_back, "resumed_from": resumed_from}
+
+
 @pytest.mark.heavy
 @pytest.mark.timeout(FIRST_RUN_S + REQUEUE_S + FINISH_S + 300)
 def test_scontrol_requeue_from_outside_resumes_each_step_once(tmp_path: Path) -> None:
     t0 = time.monotonic()
     run, job = _submit(tmp_path, "requeue")
-    try:
-        t_first = _wait_past_checkpoint(run, job)
+
+    def requeue() -> None:
         _check_two_node_trainer(run, job)
-        logs_before = _trainer_logs(run)
         slurm.requeue(job)
-        t_fault = time.monotonic()
-        _wait_requeued(run, job)
-        _wait_running(run, job)
-        t_back = time.monotonic() - t_fault
-        assert not _first_run_leftovers(job), _first_run_leftovers(job)
-        # Once the second run has started, the first run's processes are gone: the newest COMPLETE checkpoint
-        # cannot change any more before the second run's trainer loads it (it writes nothing before that).
-        resumed_from = checkpoints.latest_complete(run)
-        assert resumed_from is not None and resumed_from >= INTERVAL, checkpoints.describe(run)
-        _check_resumed_run(run, job, resumed_from, logs_before)
+
+    try:
+        f = fault_then_resume(run, job, requeue)
     finally:
         slurm.cancel(job)
-    print(f"\nrequeue from outside: job {job} past step {FAULT_AFTER_STEP} after {t_first:.0f} s, running again "
-          f"{t_back:.0f} s after `scontrol requeue`, resumed from step {resumed_from}, {MAX_STEPS} steps; "
+    print(f"\nrequeue from outside: job {job} past step {FAULT_AFTER_STEP} after {f['first']:.0f} s, running again "
+          f"{f['back']:.0f} s after `scontrol requeue`, resumed from step {f['resumed_from']}, {MAX_STEPS} steps; "
           f"{time.monotonic() - t0:.0f} s in all")
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 from run_records import submit_slurm_rl
 
-from toolkit import checkpoints
 from toolkit.launch import slurm
 from toolkit.run import heartbeat
 
@@ -36,13 +35,8 @@ from test_faults_requeue_slurm import (
     INTERVAL,
     MAX_STEPS,
     REQUEUE_S,
-    _check_resumed_run,
-    _first_run_leftovers,
     _logs,
-    _trainer_logs,
-    _wait_past_checkpoint,
-    _wait_requeued,
-    _wait_running,
+    fault_then_resume,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm]
@@ -61,21 +55,17 @@ def test_a_stopped_trainer_rank_requeues_the_job_once_and_it_resumes_to_the_end(
     t0 = time.monotonic()
     run, job = submit_slurm_rl(tmp_path, "stall", "--max-steps", str(MAX_STEPS), "--ckpt.interval", str(INTERVAL),
                                "--monitors.stall-timeout-s", str(STALL_S))  # fmt: skip
+    stopped: list[int] = []
+
+    def stop_rank0() -> None:
+        stopped.append(_rank0_pid(run))
+        os.kill(stopped[0], signal.SIGSTOP)
+
     try:
-        t_first = _wait_past_checkpoint(run, job)
-        logs_before = _trainer_logs(run)
-        pid = _rank0_pid(run)
-        os.kill(pid, signal.SIGSTOP)
-        t_fault = time.monotonic()
-        _wait_requeued(run, job)
-        t_requeued = time.monotonic() - t_fault
-        _wait_running(run, job)
-        assert not _first_run_leftovers(job), _first_run_leftovers(job)
-        resumed_from = checkpoints.latest_complete(run)
-        assert resumed_from is not None and resumed_from >= INTERVAL, checkpoints.describe(run)
-        _check_resumed_run(run, job, resumed_from, logs_before)
+        f = fault_then_resume(run, job, stop_rank0)
     finally:
         slurm.cancel(job)
+    pid = stopped[0]
     # The watchdog, not something else, requeued the job: its record, its report and the batch log say so.
     (row,) = [json.loads(x) for x in run.stall_restarts.read_text().splitlines()]
     assert (row["job"], row["role"]) == (job, "trainer") and "made no progress" in row["reason"], row
@@ -86,6 +76,6 @@ def test_a_stopped_trainer_rank_requeues_the_job_once_and_it_resumes_to_the_end(
     assert "run ended: stalled" in batch_log and "requeued" in batch_log, batch_log[-4000:]
     end = json.loads(run.ending.read_text())
     assert end["cause"] == "completed", end
-    print(f"\nstalled trainer on Slurm: job {job} past step {INTERVAL + 1} after {t_first:.0f} s; rank 0 stopped -> "
-          f"requeued after {t_requeued:.0f} s (stall bound {STALL_S} s); resumed from step {resumed_from}, "
+    print(f"\nstalled trainer on Slurm: job {job} past step {INTERVAL + 1} after {f['first']:.0f} s; rank 0 stopped -> "
+          f"requeued after {f['requeued']:.0f} s (stall bound {STALL_S} s); resumed from step {f['resumed_from']}, "
           f"{MAX_STEPS} steps; {time.monotonic() - t0:.0f} s in all\n{_logs(run)[-1500:]}")
