@@ -150,6 +150,34 @@ def test_a_renderer_that_renders_tools_and_tool_calls_trains_them(renderer, tmp_
     assert '"name": "f"' in renderer.decode([int(t) for t, m in zip(ids, mask, strict=True) if m])
 
 
+def test_tool_call_rows_train_the_calls_and_answers_not_the_tool_results_with_the_hermes_renderer(tmp_path):
+    # srl's own hermes renderer (what a tool env trains with) on the tiny model: the tool schema reaches the
+    # prompt, the assistant's tool call and its final answer are trained, the tool's result and the user's turn
+    # are not (masks as the RL samples of the same conversation have them).
+    from toolkit.models import resolve_model
+    from toolkit.models.renderer import HermesRenderer
+
+    hermes = HermesRenderer(resolve_model("tiny-qwen3"))
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"word": "heron"}'}}
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "look a word up",
+                                                "parameters": {"type": "object", "properties": {
+                                                    "word": {"type": "string"}}}}}]  # fmt: skip
+    msgs = [{"role": "user", "content": "What is the code for heron?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "BLUE-7", "tool_call_id": "c1"},
+            {"role": "assistant", "content": "The code is BLUE-7."}]  # fmt: skip
+    f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs, "tools": json.dumps(tools)}])
+    (conv,), _ = load_conversations(f, ColumnsConfig())
+    ids, mask = tokenize(hermes, conv, LossMaskConfig(), "d.jsonl: row 0")
+    trained = hermes.decode([int(t) for t, m in zip(ids, mask, strict=True) if m])
+    untrained = hermes.decode([int(t) for t, m in zip(ids, mask, strict=True) if not m])
+    assert '<tool_call>\n{"name": "lookup", "arguments": {"word": "heron"}}\n</tool_call>' in trained, trained
+    assert "The code is BLUE-7." in trained
+    assert "<tool_response>\nBLUE-7\n</tool_response>" in untrained and "<tool_response>" not in trained
+    assert "What is the code for heron?" in untrained and '"name": "lookup"' in untrained  # the schema in <tools>
+    assert hermes.decode([int(t) for t in ids]) == hermes.render_text(msgs, add_generation_prompt=False, tools=tools)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # srl sft: refused at login, before the run directory is written
 # ------------------------------------------------------------------------------------------------------------
