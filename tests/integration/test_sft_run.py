@@ -10,6 +10,7 @@ the final model loads in transformers and its loss on a batch equals the trainer
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -160,3 +161,35 @@ def test_sft_run_logs_its_metrics_to_wandb_offline(workdir):
     for row, line in zip(rows, lines, strict=True):
         assert same_values(unprefixed(row), line), (row, line)
     assert "wandb sync" in r.stdout and str(attempt) in r.stdout, r.stdout[-2000:]
+
+
+def test_sft_on_tool_call_rows_with_the_hermes_renderer(workdir):
+    """``srl sft`` on conversations with tools, tool calls and tool results (the shape a tool env's traces have),
+    rendered by srl's hermes renderer as the RL job on a tool env renders them: the run trains, its loss falls on
+    the trained tokens (the calls and answers), and it ends with its model."""
+    words = ["heron", "maple", "quartz", "otter", "cedar", "falcon", "lotus", "amber"]
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "the code of a word",
+                                                "parameters": {"type": "object", "properties": {
+                                                    "word": {"type": "string"}}, "required": ["word"]}}}]  # fmt: skip
+    rows = []
+    for i in range(64):
+        w = words[i % len(words)]
+        code = f"{w[:3].upper()}-{i % 10}"
+        call = {"id": f"c{i}", "type": "function",
+                "function": {"name": "lookup", "arguments": json.dumps({"word": w})}}  # fmt: skip
+        rows.append({"tools": tools, "messages": [
+            {"role": "user", "content": f"What is the code for {w}?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": code, "tool_call_id": f"c{i}"},
+            {"role": "assistant", "content": f"The code is {code}."}]})  # fmt: skip
+    (workdir / "data" / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = _srl("sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", "data/tools.jsonl",
+             "--renderer.name", "hermes", "--data.seq-len", "2048", "--data.batch-size", "8", "--max-steps", "12",
+             "--val.interval", "12", "--ckpt.interval", "12", "--eval.env", "[]", "--run.name", "tools",
+             cwd=workdir)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = workdir / "outputs" / "tools"
+    assert _trainer_steps(run) == list(range(1, 13))
+    losses = [m["loss/mean"] for m in _lines(run / "metrics.jsonl") if m.get("role") == "trainer"]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
+    assert (run / "model" / "model.safetensors").is_file()
