@@ -160,6 +160,26 @@ def test_an_orchestrator_collecting_nothing_from_a_healthy_engine_is_blamed(run)
     assert [s.role for s in w.observe(heartbeat.read_all(run), LIVE | {"inference"}, 11.0)] == ["orchestrator"]
 
 
+def test_an_excused_role_starts_its_clock_again(run):
+    # The supervisor excuses the orchestrator while an engine does not answer: its bound counts from then on.
+    clock = Clock()
+    t, o = _roles(run, clock)
+    w = ProgressWatch(Bounds(10.0))
+    t.phase("waiting for batch 3", step=3, waiting_for="orchestrator")
+    o.phase("collecting the groups of step 3", step=3)
+    w.observe(heartbeat.read_all(run), LIVE, 0.0)
+    clock.t += 11
+    t.beat()
+    o.beat()
+    assert [s.role for s in w.observe(heartbeat.read_all(run), LIVE, 11.0)] == ["orchestrator"]
+    w.excuse("orchestrator", 11.0)
+    for now, blamed in ((16.0, []), (20.0, []), (22.0, ["orchestrator"])):
+        clock.t += 3
+        t.beat()
+        o.beat()
+        assert [s.role for s in w.observe(heartbeat.read_all(run), LIVE, now)] == blamed, now
+
+
 def test_roles_without_a_record_and_exited_roles_are_not_watched(run):
     clock = Clock()
     t, _ = _roles(run, clock)

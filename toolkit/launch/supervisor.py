@@ -38,8 +38,10 @@ the orchestrator keep a progress record (:mod:`toolkit.run.heartbeat`); one that
 ``+ monitors.stall_s_per_gib`` per GiB moved) is asked for its Python stacks (SIGURG, answered by ``faulthandler``
 into its own log; a stopped process cannot answer, and its ``/proc`` state ``T`` is recorded instead), described in
 ``logs/attempt_<n>/watchdog.log``, killed, and the run ends with status 7 naming it; the role that merely waits on
-it is not blamed. An engine that does not answer /health for ``monitors.stall_timeout_s`` is killed and restarted
-as a dead one (or ends the run the same way when ``inference.max_restarts = 0``). In a batch job with
+it is not blamed, nor is an orchestrator while one of its engines is dead, restarting or silent on /health (its
+requests hang; its clock starts again once every engine answers). An engine that does not answer /health for
+``monitors.stall_timeout_s`` is killed and restarted as a dead one (or ends the run the same way when
+``inference.max_restarts = 0``). In a batch job with
 ``slurm.requeue``, a stall first requeues the job (every role restarts from the newest complete checkpoint) up to
 ``monitors.stall_restarts`` times per job, each recorded in ``launcher/stall_restarts.jsonl``.
 
@@ -423,6 +425,12 @@ class Supervisor:
         live = self.alive()
         running = {c.role for c in self.children if c.poll() is None}  # a record may wait on an engine too
         stalls = self.progress.observe(heartbeat.read_all(self.run), running, now)
+        if any(x.role == "orchestrator" and not x.hung for x in stalls) and self._an_engine_is_out():
+            # Its requests to an engine that does not answer (stopped, dead, restarting) hang without closing its
+            # serving gate; the engine watch bounds that engine. The orchestrator's clock starts again once every
+            # engine answers.
+            self.progress.excuse("orchestrator", now)
+            stalls = [x for x in stalls if x.role != "orchestrator"]
         if not stalls:
             return None
         self.stall = first = stalls[0]
@@ -439,6 +447,19 @@ class Supervisor:
             self._signal(c, signal.SIGKILL)
             self._reap_killed(c)
         return next((c for c in stuck if c.role == first.role), stuck[0] if stuck else None)
+
+    def _an_engine_is_out(self) -> bool:
+        """Whether one of this run's engines is dead, restarting, or does not answer /health now."""
+        from ..engines.health import is_healthy
+
+        for c in self.children:
+            if c.role != "inference" or not c.health_url:
+                continue
+            if c.poll() is not None or c.restarted_at is not None:
+                return True
+            if not is_healthy(c.health_url.removesuffix("/health"), timeout_s=HEALTH_TIMEOUT_S):
+                return True
+        return False
 
     def _reap_killed(self, c: Child) -> None:
         """Wait for a child the watchdog just sent SIGKILL, at most :data:`TERM_GRACE_S` seconds: a process in

@@ -157,6 +157,13 @@ class ProgressWatch:
         self.seen = current
         return self._blame(live, set(live_roles), now)
 
+    def excuse(self, role: str, now: float) -> None:
+        """Start the progress clocks of ``role``'s records again at ``now``: it waits on something the records do
+        not show (an engine that does not answer /health, whose own bound the engine watch keeps)."""
+        for key, s in self.seen.items():
+            if s.role == role:
+                self.seen[key] = _Seen(s.role, s.record, now, now)
+
     def _blame(self, live: set[str], live_all: set[str], now: float) -> list[Stall]:
         stalled: list[Stall] = []
         for key, s in self.seen.items():
