@@ -55,8 +55,9 @@ def test_dry_run_writes_resolved_configs_and_refuses_existing(tmp_path):
     out = srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "r1")
     assert out.returncode == 0, out.stderr
     run = tmp_path / "r1"
-    for role in ("rl", "trainer", "orchestrator", "inference"):
-        assert json.loads((run / "configs" / "latest" / "resolved" / f"{role}.json").read_text())
+    # One resolved config, read by every role (no per-role copies that nothing reads).
+    assert [p.name for p in (run / "configs" / "latest" / "resolved").iterdir()] == ["rl.json"]
+    assert json.loads((run / "configs" / "latest" / "resolved" / "rl.json").read_text())
     assert (run / "configs" / "attempt_1" / "command.txt").read_text().startswith("srl rl @")
     assert (run / "configs" / "latest").resolve().name == "attempt_1"
     assert (run / "launcher" / "placement.json").exists()

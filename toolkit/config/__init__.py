@@ -46,7 +46,6 @@ __all__ = [
     "load_config",
     "load_resolved",
     "name_sources",
-    "role_view",
     "toml_data",
     "validate_dict",
 ]
@@ -153,21 +152,3 @@ def _toml_value(value: Any, dumped: Any) -> Any:
     return dumped
 
 
-# Sections each role receives in resolved/<role>.json (torchtitan-style: a role sees only its own part, plus the
-# few shared top-level values it needs).
-_ROLE_SECTIONS = {
-    "trainer": ("trainer", "ckpt", "resume", "weight_broadcast", "monitors"),
-    "orchestrator": ("orchestrator", "ckpt", "resume", "monitors"),
-    "inference": ("inference",),
-}
-_SHARED = ("output_dir", "run", "max_steps", "seed", "model", "env_vars")
-
-
-def role_view(cfg: RLConfig, role: str) -> dict[str, Any]:
-    """The JSON-able part of ``cfg`` a role needs. Raises KeyError for an unknown role."""
-    data = cfg.model_dump(mode="json")
-    keys = _SHARED + _ROLE_SECTIONS[role]
-    view = {k: data[k] for k in keys}
-    if role == "trainer":
-        view["max_async_level"] = cfg.orchestrator.max_async_level
-    return view

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 from .. import lease as leases
-from ..config import LoadedConfig, role_view
+from ..config import LoadedConfig
 from ..config.errors import ConfigError
 from ..fsutil import atomic_write_json, atomic_write_text
 from ..run.layout import RunDir, point_symlink
@@ -325,8 +325,6 @@ def _prepare_run(loaded: LoadedConfig, run: RunDir, *, argv: list[str], resume: 
         mark_not_launched(run, attempt, "srl --dry-run")
     cfg = loaded.config
     atomic_write_json(adir / "resolved" / "rl.json", cfg.model_dump(mode="json"))
-    for role in ("trainer", "orchestrator", "inference"):
-        atomic_write_json(adir / "resolved" / f"{role}.json", role_view(cfg, role))
     point_symlink(run.latest_configs, adir.name)
     if not run.run_meta.exists():
         atomic_write_json(run.run_meta, {"run_id": uuid.uuid4().hex, "created": time.time(), "name": cfg.run.name})

@@ -2,7 +2,7 @@
 
 A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
 
-    configs/attempt_<n>/{command.txt, inputs/, resolved/{rl,trainer,orchestrator,inference}.json}
+    configs/attempt_<n>/{command.txt, inputs/, resolved/rl.json (sft.json for an SFT run)}
     configs/latest -> attempt_<n>
     launcher/            placement.json, ports.json, rendered sbatch scripts, job ids,
                          admin_token (0600; inference-only deployments),
