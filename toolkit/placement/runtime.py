@@ -169,18 +169,15 @@ def shell_env(plan: Plan) -> str:
 
 
 def model_path_for(name: str) -> str:
-    """Local directory of model ``name``: a directory (an SFT run directory gives its final ``model/``), else
-    ``srl model path NAME``. Raises FileNotFoundError for a directory that holds no model."""
-    if Path(name).is_dir():
-        from toolkit.models.resolve import resolve_model  # directories only: imports nothing heavy
+    """Local directory of model ``name`` (:func:`toolkit.models.resolve.resolve_model`: a directory, an SFT run
+    directory's final ``model/``, or an alias, built on first use under its lock). Raises ResolveError naming the
+    model when it cannot be resolved."""
+    from toolkit.models.resolve import resolve_model
 
+    try:
         return str(resolve_model(name).absolute())
-    # This interpreter's srl (the venv's), whatever PATH holds on the node.
-    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "model", "path", name], capture_output=True,
-                          text=True, timeout=600, check=False)
-    if proc.returncode != 0 or not proc.stdout.strip():
-        raise ResolveError(f"cannot resolve model {name!r}: `srl model path` said: {proc.stderr.strip()}")
-    return proc.stdout.strip().splitlines()[-1]
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        raise ResolveError(f"cannot resolve model {name!r}: {e}") from None
 
 
 def exec_process(run: RunDir, name: str, env: dict[str, str]) -> None:
