@@ -58,8 +58,10 @@ def _timeouts(env_cfg: Any) -> dict[str, float | None]:
 def _timeouts_given(env_cfg: Any) -> list[str]:
     """The stages whose timeout the user moved off srl's default (a resolved config spells out every field, so
     the fields set are not a user's choice any more); on the trace path they bound verifiers' own stages."""
-    t = env_cfg.timeout
-    return sorted(k for k in _timeouts(env_cfg) if getattr(t, k) != type(t).model_fields[k].default)
+    from toolkit.config.model import TimeoutConfig
+
+    defaults = TimeoutConfig.model_fields
+    return sorted(k for k, v in _timeouts(env_cfg).items() if v is not None and v != defaults[k].default)
 
 
 def env_spec(env_cfg: Any) -> dict[str, Any]:
