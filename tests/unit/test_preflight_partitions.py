@@ -102,3 +102,20 @@ def test_no_default_partition_and_unreachable_slurm():
     f = Findings()
     check_partitions(SimpleNamespace(slurm=SimpleNamespace(time="1")), _plan((99, 99, "x")), f, run=down)
     assert not f.errors and "partition limits are not checked here" in f.warnings[0].message
+
+
+def test_the_cached_answer_is_not_used_once_slurm_is_replaced(monkeypatch):
+    # A process that asked the real Slurm keeps its answer; a runner put in its place is asked instead.
+    from toolkit.preflight import partitions
+
+    monkeypatch.setattr(partitions, "_run", slurm)
+    monkeypatch.setattr(partitions, "_live", None)
+    assert sorted(partitions._live_partitions()) == ["cpu", "debug", "short"]
+
+    def down(argv):
+        raise FileNotFoundError("scontrol is not on PATH")
+
+    monkeypatch.setattr(partitions, "_run", down)
+    f = Findings()
+    check_partitions(SimpleNamespace(slurm=SimpleNamespace(time="1")), _plan((1, 0, "gpu")), f)
+    assert not f.errors and "partition limits are not checked here" in f.warnings[0].message

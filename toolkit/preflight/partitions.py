@@ -100,15 +100,16 @@ def read_partitions(run: Runner | None = None) -> dict[str, Partition]:
     return out
 
 
-_live: dict[str, Partition] | None = None
+_live: tuple[Runner, dict[str, Partition]] | None = None
 
 
 def _live_partitions() -> dict[str, Partition]:
-    """This cluster's partitions, asked once per process (a sweep preflights every point)."""
+    """This cluster's partitions, asked once per process (a sweep preflights every point); asked again when the
+    runner was replaced (tests put one in place of Slurm)."""
     global _live
-    if _live is None:
-        _live = read_partitions(_run)
-    return _live
+    if _live is None or _live[0] is not _run:
+        _live = (_run, read_partitions(_run))
+    return _live[1]
 
 
 def check_partitions(cfg: Any, plan: Any, f: Findings, *, run: Runner | None = None) -> None:
