@@ -95,7 +95,7 @@ def test_chain_runs_sft_on_two_nodes_then_rl_from_its_model(workdir, slurm_clust
     e, f = _evals(rl), _evals(sft)
     # Far above the random model (avg@4 ~0.07), so an RL step-0 eval that matches it shows RL started from SFT's model.
     assert f[0] < 0.3 and f[SFT_STEPS] >= 0.4, f
-    assert abs(e[0] - f[250]) < 0.15, (f, e)
+    assert abs(e[0] - f[SFT_STEPS]) < 0.15, (f, e)
 
 
 def test_a_failed_sft_job_leaves_the_rl_job_cancelled_by_slurm(workdir, slurm_cluster):
