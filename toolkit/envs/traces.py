@@ -57,9 +57,10 @@ def seat_overrides(spec: dict[str, Any], config_cls: Any, bundles_harness: bool)
       plays: verifiers' ``null``, or the harness the taskset bundles when it has one); a seat the env pinned to a
       harness keeps it;
     - ``max_turns``, ``max_total_tokens``: verifiers' seat limits of the same names, when set;
-    - ``timeout``: the stages of srl's ``timeout`` set off srl's defaults (``timeout_given`` in the spec) on the seats
-      whose env leaves that stage unset, so a stage that runs over fails as verifiers fails it (its error class)
-      rather than as the whole episode's timeout; a stage the env declared keeps its own bound.
+    - ``timeout``: the ``setup``, ``finalize`` and ``scoring`` stages of srl's ``timeout`` set off srl's defaults
+      (``timeout_given`` in the spec) on the seats whose env leaves that stage unset, so a stage that runs over
+      fails as verifiers fails it (its error class) rather than as the whole episode's timeout; a stage the env
+      declared keeps its own bound.
     """
     from verifiers.v1.configs.agent import AgentConfig
 
@@ -76,8 +77,11 @@ def seat_overrides(spec: dict[str, Any], config_cls: Any, bundles_harness: bool)
             if spec.get(limit) is not None:
                 seat[limit] = int(spec[limit])
         given = spec.get("timeout") or {}
+        # Not ``rollout``: srl's rollout timeout bounds the whole episode from the orchestrator (a HarnessError,
+        # the episode cancelled in the worker); verifiers' own would end the solve attempt and score it.
         stages = {k: float(given[k]) for k in spec.get("timeout_given") or ()
-                  if given.get(k) is not None and getattr(field.default.timeout, k, None) is None}  # fmt: skip
+                  if k != "rollout" and given.get(k) is not None
+                  and getattr(field.default.timeout, k, None) is None}  # fmt: skip
         if stages:
             seat["timeout"] = stages
         out[name] = seat
