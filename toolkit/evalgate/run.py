@@ -394,8 +394,12 @@ def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r:
                 tok_path = resolve_model(cfg.model.name)
             endpoint = Endpoint(base_url.rstrip("/").removesuffix("/v1"), name, tok_path)
         t0 = time.monotonic()
-        asyncio.run(_gate_async(cfg, run, endpoint, headers, envs=selected, n=n, r=r, shuffle=shuffle, th=th,
-                                rich=rich, verdict=verdict))  # fmt: skip
+        from .validate import workers_import_path
+
+        # The env workers import their tasksets from the job's env_vars.PYTHONPATH, as the orchestrator's do.
+        with workers_import_path(cfg):
+            asyncio.run(_gate_async(cfg, run, endpoint, headers, envs=selected, n=n, r=r, shuffle=shuffle, th=th,
+                                    rich=rich, verdict=verdict))  # fmt: skip
         verdict.settings["eval_wall_s"] = round(time.monotonic() - t0, 1)
     verdict.write(run.reports, GATE_STEM)
     return verdict
