@@ -21,15 +21,16 @@ SCONTROL = (
     "PartitionName=short AllowGroups=ALL Default=NO MaxNodes=2 MaxTime=00:30:00 State=UP TotalNodes=3\n"
     "PartitionName=cpu Default=NO MaxNodes=UNLIMITED MaxTime=1-00:00:00 State=DRAIN TotalNodes=8\n"
 )
-GRES = {"debug": "gpu:4\ngpu:4\ngpu:4\ngpu:4\n", "short": "gpu:a100:8(S:0-1)\n(null)\ngpu:a100:4,gpu:v100:2\n",
-        "cpu": "(null)\n(null)\n"}  # fmt: skip
+# sinfo -h -N -o "%R %G": a line per node and partition
+SINFO = ("debug gpu:4\ndebug gpu:4\ndebug gpu:4\ndebug gpu:4\nshort gpu:a100:8(S:0-1)\nshort (null)\n"
+         "short gpu:a100:4,gpu:v100:2\ncpu (null)\ncpu (null)\n")
 
 
 def slurm(argv: list[str]) -> str:
     if argv[:3] == ["scontrol", "show", "partition"]:
         return SCONTROL
-    assert argv[0] == "sinfo"
-    return GRES[argv[argv.index("-p") + 1]]
+    assert argv == ["sinfo", "-h", "-N", "-o", "%R %G"], argv
+    return SINFO
 
 
 def _plan(*groups) -> SimpleNamespace:

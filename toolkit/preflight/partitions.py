@@ -8,7 +8,7 @@ nodes, and some of its nodes have the GPUs per node the group asks for (``sinfo`
 not UP is a warning (the job waits). When Slurm cannot be asked (no ``scontrol`` here, no controller), nothing is
 refused and a warning says the limits were not checked.
 
-Stdlib only; the login node's commands: ``scontrol show partition -o`` and ``sinfo -h -N -p P -o %G``.
+Stdlib only; the login node's commands: ``scontrol show partition -o`` and ``sinfo -h -N -o '%R %G'``.
 """
 
 from __future__ import annotations
@@ -80,20 +80,23 @@ def read_partitions(run: Runner | None = None) -> dict[str, Partition]:
     one). Raises OSError / subprocess.SubprocessError when Slurm cannot be asked, ValueError for a record it cannot
     read."""
     run = run or _run
+    # One sinfo for every partition: a line per node and partition, "<partition> <gres>".
+    gres: dict[str, list[str]] = {}
+    for line in run(["sinfo", "-h", "-N", "-o", "%R %G"]).splitlines():
+        part, _, text = line.strip().partition(" ")
+        gres.setdefault(part, []).append(text)
     out: dict[str, Partition] = {}
     for line in run(["scontrol", "show", "partition", "-o"]).splitlines():
         rec = parse_scontrol_record(line.strip())
         name = rec.get("PartitionName")
         if not name:
             continue
-        gres = run(["sinfo", "-h", "-N", "-p", name, "-o", "%G"]).split()
-        time_text = rec.get("MaxTime", "UNLIMITED")
         out[name] = Partition(
             name=name,
-            max_time_s=parse_slurm_time(time_text) if time_text.upper() not in ("UNLIMITED", "INFINITE") else None,
+            max_time_s=parse_slurm_time(rec.get("MaxTime", "UNLIMITED")),
             max_nodes=_limit(rec.get("MaxNodes")),
             total_nodes=int(rec.get("TotalNodes", "0")),
-            gpus_per_node=max((gpus_of(g) for g in gres), default=0),
+            gpus_per_node=max((gpus_of(g) for g in gres.get(name, [])), default=0),
             state=rec.get("State", "UP"),
             default=rec.get("Default", "NO") == "YES",
         )
