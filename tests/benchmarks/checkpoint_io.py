@@ -13,7 +13,15 @@ two moment estimates, about 12 bytes per parameter. The measured paths are the r
 ``os.write`` calls followed by one ``fsync`` (the checkpoint and broadcast paths fsync every file, so an unsynced
 baseline would only measure the page cache), and reads it back in 16 MiB ``readinto`` calls. Before every read
 (real or baseline) the files' page cache is dropped with ``posix_fadvise(DONTNEED)`` (per file: other processes are
-unaffected), so reads come from the device. Each figure is the median of ``--repeats`` interleaved rounds. The load
+unaffected), so reads come from the device.
+
+Rounds: each round measures every real operation right next to its raw twin, in alternating order (real first in
+odd rounds, raw first in even ones, so a drift of the device within a round favours neither), and records the
+round's ratio real rate / raw rate. One device's raw speed can change several-fold between runs and even between
+rounds (498 MB/s then 1903 MB/s on the same idle disk), so only ratios taken within a round are compared: rounds
+repeat (``--min-rounds`` to ``--max-rounds``) until every pair's ratio is known to within ``--spread`` (half the
+interquartile range of its rounds, relative to their median), and the median ratio is printed with that spread and
+the number of rounds. The load
 restores into the live model and optimizer (as a rollback would; their tensors are overwritten in place); it is
 also compared with a plain read of the checkpoint's own files, and a load into an optimizer without state (a resume
 in a new process, which must allocate Adam's moments) is printed too: neither is part of the goal.
@@ -23,6 +31,7 @@ Goal (issue 5): every ratio >= 0.7.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import statistics
@@ -122,11 +131,37 @@ def timed(fn: Callable[..., object], *args: object) -> float:
     return time.perf_counter() - t0
 
 
+def spread(xs: list[float]) -> float:
+    """Half the interquartile range of ``xs`` relative to their median (0 for fewer than 2 values)."""
+    if len(xs) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return (q3 - q1) / 2 / max(statistics.median(xs), 1e-12)
+
+
+def load_s(part: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
+    """Seconds to load checkpoint part ``part`` into ``model`` and ``opt`` from the device (page cache dropped)."""
+    drop_cache(part)
+    return timed(load_trainer_state, part, model, opt, None)
+
+
+def pair(real: Callable[[], float], raw: Callable[[], float], real_first: bool) -> tuple[float, float]:
+    """Seconds of ``real()`` and ``raw()`` (each returns its own seconds), run in the given order."""
+    if real_first:
+        a = real()
+        return a, raw()
+    b = raw()
+    return real(), b
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-mb", type=float, default=50.0, help="fp32 weight bytes of the model, MB (default 50)")
     ap.add_argument("--hidden", type=int, default=512, help="block width d (default 512: 8 MB per block)")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds; medians are reported (default 3)")
+    ap.add_argument("--min-rounds", type=int, default=5, help="rounds always run (default 5)")
+    ap.add_argument("--max-rounds", type=int, default=25, help="rounds at most (default 25)")
+    ap.add_argument("--spread", type=float, default=0.1,
+                    help="stop once every ratio's relative half-IQR is at most this (default 0.1)")
     ap.add_argument("--dir", type=Path, default=None,
                     help="filesystem to measure: a temporary directory is made and removed under it "
                          "(default: under ./outputs, where runs write)")  # fmt: skip
@@ -141,59 +176,76 @@ def main() -> int:
     run = RunDir(root / "run")
     chunk = os.urandom(CHUNK)
     buf = bytearray(CHUNK)
-    t: dict[str, list[float]] = {k: [] for k in ("save", "load", "load_fresh", "bcast", "raw_w_ckpt", "raw_r_ckpt", "raw_r_same",
-                                                "raw_w_bc")}
+    raw = root / "raw.bin"
+    names = ("checkpoint save", "checkpoint load", "broadcast write")
+    ratios: dict[str, list[float]] = {k: [] for k in names}
+    rates: dict[str, list[tuple[float, float]]] = {k: [] for k in names}  # (real, raw) bytes/s per round
+    same: list[float] = []  # load / raw read of the checkpoint's own files
+    fresh: list[float] = []  # load into an optimizer without state / raw read
+    ckpt_bytes = bc_bytes = 0
+
+    def record(name: str, nbytes: int, real_s: float, raw_s: float) -> None:
+        rates[name].append((nbytes / max(real_s, 1e-9), nbytes / max(raw_s, 1e-9)))
+        ratios[name].append(raw_s / max(real_s, 1e-9))
+
     try:
-        for r in range(args.repeats):
-            step = r + 1
-            t["save"].append(timed(save_trainer_state, run, step, model, opt, None))
+        # A first, unrecorded save and broadcast: their sizes are the raw twins' sizes, and the first write of each
+        # kind (page-cache growth, allocator) does not land in a recorded round.
+        save_trainer_state(run, 0, model, opt, None)
+        ckpt_bytes = tree_bytes(checkpoints.part_dir(run, 0, "trainer"))
+        write_broadcast(run, 0, model.state_dict(), {"model_type": "bench"}, None)
+        bc_bytes = tree_bytes(run.broadcast_step(0))
+        shutil.rmtree(run.checkpoint_step(0), ignore_errors=True)
+        shutil.rmtree(run.broadcast_step(0), ignore_errors=True)
+        step = 0
+        while step < args.max_rounds:
+            step += 1
+            first = step % 2 == 1
             part = checkpoints.part_dir(run, step, "trainer")
-            ckpt_bytes = tree_bytes(part)
-            drop_cache(part)
-            t["load"].append(timed(load_trainer_state, part, model, opt, None))
-            t["raw_r_same"].append(raw_read_tree_s(part, buf))  # the checkpoint's own files: same placement
-            drop_cache(part)  # a resume in a new process: the optimizer has no state yet, every moment is allocated
+            record("checkpoint save", ckpt_bytes, *pair(
+                functools.partial(timed, save_trainer_state, run, step, model, opt, None),
+                functools.partial(raw_write_s, raw, ckpt_bytes, chunk), first))
+            real_s, raw_s = pair(functools.partial(load_s, part, model, opt),
+                                 functools.partial(raw_read_s, raw, buf), first)  # fmt: skip
+            record("checkpoint load", ckpt_bytes, real_s, raw_s)
+            same.append(raw_read_tree_s(part, buf) / max(real_s, 1e-9))  # the checkpoint's own files
+            # A resume in a new process: the optimizer has no state yet, every moment is allocated.
             fresh_opt = build_optimizer(model, lr=1e-4, weight_decay=0.01, betas=(0.9, 0.999))
-            t["load_fresh"].append(timed(load_trainer_state, part, model, fresh_opt, None))
+            fresh.append(raw_s / max(load_s(part, model, fresh_opt), 1e-9))
             del fresh_opt
-            raw = root / "raw.bin"
-            t["raw_w_ckpt"].append(raw_write_s(raw, ckpt_bytes, chunk))
-            t["raw_r_ckpt"].append(raw_read_s(raw, buf))
             raw.unlink()
-            sd = model.state_dict()
-            t["bcast"].append(timed(write_broadcast, run, step, sd, {"model_type": "bench"}, None))
-            bc_bytes = tree_bytes(run.broadcast_step(step))
-            t["raw_w_bc"].append(raw_write_s(raw, bc_bytes, chunk))
+            record("broadcast write", bc_bytes, *pair(
+                functools.partial(timed, write_broadcast, run, step, model.state_dict(), {"model_type": "bench"}, None),
+                functools.partial(raw_write_s, raw, bc_bytes, chunk), first))
             raw.unlink()
             shutil.rmtree(run.checkpoint_step(step), ignore_errors=True)  # keep the disk footprint to one round
             shutil.rmtree(run.broadcast_step(step), ignore_errors=True)
+            if step >= args.min_rounds and all(spread(v) <= args.spread for v in ratios.values()):
+                break
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in t.items()}
-
-    def rate(nbytes: int, s: float) -> float:
-        return nbytes / max(s, 1e-9)
-
-    rows = [
-        ("checkpoint save", rate(ckpt_bytes, med["save"]), rate(ckpt_bytes, med["raw_w_ckpt"])),
-        ("checkpoint load", rate(ckpt_bytes, med["load"]), rate(ckpt_bytes, med["raw_r_ckpt"])),
-        ("broadcast write", rate(bc_bytes, med["bcast"]), rate(bc_bytes, med["raw_w_bc"])),
-    ]
     print(f"model {n_params / 1e6:.1f} M params ({4 * n_params / 1e6:.0f} MB fp32); checkpoint "
           f"{ckpt_bytes / 1e6:.0f} MB, broadcast {bc_bytes / 1e6:.0f} MB; filesystem of {base.resolve()}; "
-          f"medians of {args.repeats}")  # fmt: skip
-    ratios = []
-    for name, real, raw_rate in rows:
-        ratios.append(real / raw_rate)
-        print(f"{name:16s} {real / 1e6:8.0f} MB/s   raw {raw_rate / 1e6:8.0f} MB/s   ratio {real / raw_rate:.2f}")
-    same = rate(ckpt_bytes, med["raw_r_same"])
-    print(f"(load against a raw read of the checkpoint's own files: raw {same / 1e6:.0f} MB/s, ratio "
-          f"{rate(ckpt_bytes, med['load']) / same:.2f}; the files of one filesystem can read at different speeds)")
-    fresh = rate(ckpt_bytes, med["load_fresh"])
-    print(f"(load into an optimizer without state, as a resume in a new process: {fresh / 1e6:.0f} MB/s, ratio "
-          f"{fresh / rows[1][2]:.2f}; Adam's moments are allocated, a page fault per 4 KiB page)")
-    met = min(ratios) >= GOAL
-    print(f"GOAL (every ratio >= {GOAL}): {'met' if met else 'NOT met'} (lowest {min(ratios):.2f})")
+          f"{step} rounds (stop at a spread <= {args.spread:g} after {args.min_rounds}, at most {args.max_rounds})")
+    lowest = float("inf")
+    settled = True
+    for name in names:
+        r = statistics.median(ratios[name])
+        real = statistics.median(x for x, _ in rates[name])
+        raw_rate = statistics.median(y for _, y in rates[name])
+        lowest = min(lowest, r)
+        settled &= spread(ratios[name]) <= args.spread
+        print(f"{name:16s} {real / 1e6:8.0f} MB/s   raw {raw_rate / 1e6:8.0f} MB/s   ratio {r:.2f} "
+              f"± {spread(ratios[name]) * r:.2f} (half-IQR; rounds {min(ratios[name]):.2f}-{max(ratios[name]):.2f})")
+    print(f"(load against a raw read of the checkpoint's own files: ratio {statistics.median(same):.2f}; the files "
+          "of one filesystem can read at different speeds)")
+    print(f"(load into an optimizer without state, as a resume in a new process: ratio {statistics.median(fresh):.2f}; "
+          "Adam's moments are allocated, a page fault per 4 KiB page)")
+    if not settled:
+        print(f"note: a ratio's spread stayed above {args.spread:g} after {step} rounds: the device is noisy; "
+              "the verdict uses the medians")
+    met = lowest >= GOAL
+    print(f"GOAL (every ratio >= {GOAL}): {'met' if met else 'NOT met'} (lowest {lowest:.2f})")
     return 0 if met else 1
 
 

@@ -3,15 +3,31 @@ rest, counted over every process of one machine (nodes with the same address sha
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from toolkit.config import load_config
 from toolkit.placement import build_plan
-from toolkit.placement.cpus import cpu_thread_env
+from toolkit.placement.cpus import (
+    affinity_of,
+    apply_affinity,
+    cpu_thread_env,
+    format_cpu_list,
+    parse_cpu_list,
+)
 from toolkit.preflight.site import load_site
 from toolkit.run.layout import RunDir
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text"
+
+
+def _engine(cpus: str) -> dict[str, str]:
+    """An engine's settings: its OpenMP threads bound to ``cpus`` and its whole process tree pinned there."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": cpus, "SRL_CPU_AFFINITY": cpus}
 
 
 def _slurm_plan(addresses: list[str], **env_tables):
@@ -26,20 +42,20 @@ def _slurm_plan(addresses: list[str], **env_tables):
 
 def test_emulated_nodes_on_one_machine_share_its_cores() -> None:
     plan = _slurm_plan(["127.0.0.1"] * 3)
-    assert cpu_thread_env(plan, "inference-0-0", 0, 2) == {"VLLM_CPU_OMP_THREADS_BIND": "0"}
+    assert cpu_thread_env(plan, "inference-0-0", 0, 2) == _engine("0")
     # 2 cores - 1 for the engine = 1 left for 2 trainer ranks on the same machine: 1 thread each, never 0
     assert cpu_thread_env(plan, "trainer", 1, 2) == {"OMP_NUM_THREADS": "1"}
     assert cpu_thread_env(plan, "trainer", 2, 2) == {"OMP_NUM_THREADS": "1"}
     assert cpu_thread_env(plan, "orchestrator", 0, 2) == {}
     # 16 cores: the engine keeps 15, each rank gets half of the one left (at least 1)
-    assert cpu_thread_env(plan, "inference-0-0", 0, 16) == {"VLLM_CPU_OMP_THREADS_BIND": "0-14"}
+    assert cpu_thread_env(plan, "inference-0-0", 0, 16) == _engine("0-14")
 
 
 def test_real_nodes_split_their_own_cores() -> None:
     plan = _slurm_plan(["10.0.0.1", "10.0.0.2", "10.0.0.3"])
     # a trainer node without an engine gives its rank every core
     assert cpu_thread_env(plan, "trainer", 1, 8) == {"OMP_NUM_THREADS": "8"}
-    assert cpu_thread_env(plan, "inference-0-0", 0, 8) == {"VLLM_CPU_OMP_THREADS_BIND": "0-6"}
+    assert cpu_thread_env(plan, "inference-0-0", 0, 8) == _engine("0-6")
 
 
 def test_values_set_in_the_config_are_kept() -> None:
@@ -64,5 +80,35 @@ def test_an_inference_only_plan_gives_its_engines_every_core() -> None:
                       roles=("inference", "router"))
     engines = [p.name for p in plan.processes if p.role == "inference"]
     assert engines and not [p for p in plan.processes if p.role in ("trainer", "orchestrator")]
-    assert cpu_thread_env(plan, engines[0], 0, 2) == {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
-    assert cpu_thread_env(plan, engines[0], 0, 16) == {"VLLM_CPU_OMP_THREADS_BIND": "0-15"}
+    assert cpu_thread_env(plan, engines[0], 0, 2) == _engine("0-1")
+    assert cpu_thread_env(plan, engines[0], 0, 16) == _engine("0-15")
+
+
+def test_core_positions_map_to_the_cpus_this_process_may_use() -> None:
+    # A Slurm allocation of cores 8-15 of a node: the engine binds CPUs 8-14, not 0-6 (outside the allocation).
+    plan = _slurm_plan(["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+    assert cpu_thread_env(plan, "inference-0-0", 0, 8, list(range(8, 16))) == _engine("8-14")
+    assert cpu_thread_env(plan, "inference-0-0", 0, 4, [1, 3, 5, 7]) == _engine("1,3,5")
+    assert cpu_thread_env(plan, "trainer", 1, 8, list(range(8, 16))) == {"OMP_NUM_THREADS": "8"}
+
+
+def test_cpu_lists_round_trip_and_bad_ones_name_the_variable() -> None:
+    assert format_cpu_list([0]) == "0" and format_cpu_list([2, 3, 4]) == "2-4" and format_cpu_list([8, 10]) == "8,10"
+    assert parse_cpu_list("0,2,4-6") == {0, 2, 4, 5, 6}
+    assert affinity_of({}) is None and affinity_of({"SRL_CPU_AFFINITY": " 1 "}) == {1}
+    for bad in ("a", "3-1", "-1", "1,,2"):
+        with pytest.raises(ValueError, match="SRL_CPU_AFFINITY"):
+            parse_cpu_list(bad)
+
+
+def test_a_pinned_child_and_its_children_run_on_the_engine_cores_only() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    code = ("import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); sys.stdout.flush(); "
+            "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'])")
+    out = subprocess.run([sys.executable, "-c", code], preexec_fn=lambda: apply_affinity({cpu}),
+                         capture_output=True, text=True, check=True).stdout.split("\n")  # fmt: skip
+    assert out[:2] == [str([cpu]), str([cpu])]
+    # CPUs the process may not use are dropped; none left: unchanged
+    before = os.sched_getaffinity(0)
+    apply_affinity({10_000})
+    assert os.sched_getaffinity(0) == before

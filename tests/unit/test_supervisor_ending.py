@@ -99,3 +99,17 @@ def test_a_dead_engine_is_left_to_the_restarts_while_they_are_on(tmp_path: Path)
         assert first is not None and first.role == "inference"
     finally:
         sup.stop_all(term_wait_s=0.0)
+
+
+def test_a_child_whose_env_names_cpus_starts_pinned_to_them(tmp_path: Path) -> None:
+    # An engine's SRL_CPU_AFFINITY (placement/cpus.py) is applied between fork and exec, also on a restart.
+    cpu = min(os.sched_getaffinity(0))
+    out = tmp_path / "affinity.txt"
+    code = f"import os, pathlib; pathlib.Path({str(out)!r}).write_text(str(sorted(os.sched_getaffinity(0))))"
+    cfg = SimpleNamespace(slurm=SimpleNamespace(checkpoint_grace_s=60.0), monitors=MonitorsConfig(),
+                          inference=SimpleNamespace(max_restarts=0))
+    sup = Supervisor(cfg, RunDir(tmp_path / "run"), None, say=lambda *a, **k: None, own_groups=False)
+    env = {**os.environ, "SRL_CPU_AFFINITY": str(cpu)}
+    sup.start("inference-0-0", "inference", [sys.executable, "-c", code], env, tmp_path / "e.log")
+    _settle(sup, "inference")
+    assert out.read_text() == str([cpu])

@@ -87,6 +87,7 @@ from typing import IO, Any
 
 from .. import lease as leases
 from ..fsutil import append_jsonl, atomic_write_text, write_marker
+from ..placement.cpus import affinity_of, apply_affinity
 from ..placement.runtime import is_multinode_torchrun
 from ..procutil import GroupReaper, kill_with_parent_preexec
 from ..run import heartbeat
@@ -245,9 +246,16 @@ class Supervisor:
         # too. preexec_fn while other threads may run is safe here: the function only makes two system calls
         # through a ctypes handle prepared in the parent; it imports nothing and takes no lock.
         own = self.reaper is not None
+        die_with_parent = kill_with_parent_preexec()
+        cpus = affinity_of(env)  # an engine on its own cores (placement/cpus.py); parsed here, before the fork
+
+        def preexec() -> None:
+            if die_with_parent is not None:
+                die_with_parent()
+            apply_affinity(cpus)
+
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT if own else None,
-                                stdin=subprocess.DEVNULL, start_new_session=own,
-                                preexec_fn=kill_with_parent_preexec())  # noqa: PLW1509
+                                stdin=subprocess.DEVNULL, start_new_session=own, preexec_fn=preexec)  # noqa: PLW1509
         if self.reaper is not None:
             self.reaper.add(proc.pid)  # a new session's group id is its leader's PID
         return proc

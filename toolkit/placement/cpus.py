@@ -16,14 +16,26 @@ each engine gets ``per = max(1, (n_cores - 1) // E)`` cores (``1`` when ``n_core
 neither a trainer rank nor the orchestrator runs on the host, as in an inference-only deployment), bound with
 ``VLLM_CPU_OMP_THREADS_BIND``; the trainer ranks share the rest, ``max(1, (n_cores - per * E) // R)`` threads each
 (``OMP_NUM_THREADS``). Values a user set in the config's env tables are kept.
+
+Core numbers are positions in the CPUs this process may use (``cpu_ids``, e.g. a Slurm allocation's cores 8-15),
+mapped to those CPUs' ids. An engine's whole process tree is also pinned to its cores (``SRL_CPU_AFFINITY``,
+applied by the launcher with :func:`apply_affinity` just before the engine starts): vLLM's engine core and its
+worker poll each other's shared-memory queues in a ``sched_yield`` loop for up to a second after each message, so
+under load they spin without pause on whatever cores they run on; pinned, they spin only against each other and
+the engine's own API server. Measured with ``tests/benchmarks/rl_loop.py`` on 2 cores in interleaved runs: the
+mean step went from 0.67-0.69 s unpinned to 0.47-0.55 s pinned (the trainer's own step from 0.24-0.28 s to
+0.18-0.21 s), and pinning only the engine core and its worker, leaving the API server free, was slower than
+pinning all three (mean 0.42-0.57 s against 0.32-0.36 s in the same session).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 OMP_THREADS = "OMP_NUM_THREADS"
+AFFINITY = "SRL_CPU_AFFINITY"
 
 
 def _host_nodes(plan: Any, node: int) -> set[int]:
@@ -34,16 +46,19 @@ def _host_nodes(plan: Any, node: int) -> set[int]:
     return {i for i, a in enumerate(addrs) if a == addrs[node]}
 
 
-def cpu_thread_env(plan: Any, name: str, node: int, n_cores: int) -> dict[str, str]:
+def cpu_thread_env(plan: Any, name: str, node: int, n_cores: int, cpu_ids: list[int] | None = None) -> dict[str, str]:
     """Extra environment for process ``name`` running on node index ``node`` of a CPU-only ``plan``.
 
-    ``n_cores``: cores this process may use on its machine (e.g. ``len(os.sched_getaffinity(0))``), >= 1.
+    ``n_cores``: cores this process may use on its machine (e.g. ``len(os.sched_getaffinity(0))``), >= 1;
+    ``cpu_ids``: their CPU ids in ascending order (default ``0 .. n_cores - 1``).
     Returns ``{}`` for GPU plans, for roles that need no setting (orchestrator, router) and for variables the
-    process's env already sets. Engines on the host are ordered by plan position, so every process of the host
-    computes the same split without talking to the others.
+    process's env already sets. An engine gets ``VLLM_CPU_OMP_THREADS_BIND`` and ``SRL_CPU_AFFINITY`` (the same
+    CPUs, for :func:`apply_affinity`) unless its env sets the bind. Engines on the host are ordered by plan
+    position, so every process of the host computes the same split without talking to the others.
     """
     if plan.gpus_per_node or n_cores < 1:
         return {}
+    ids = list(cpu_ids) if cpu_ids is not None and len(cpu_ids) == n_cores else list(range(n_cores))
     spec = plan.process(name)
     host = _host_nodes(plan, node)
     engines = [p.name for p in plan.processes if p.role == "inference" and host & set(p.node_indices)]
@@ -56,8 +71,50 @@ def cpu_thread_env(plan: Any, name: str, node: int, n_cores: int) -> dict[str, s
     if spec.role == "inference" and name in engines and OMP_BIND not in spec.env:
         lo = (engines.index(name) * per) % n_cores
         hi = min(n_cores - 1, lo + per - 1)
-        return {OMP_BIND: str(lo) if lo == hi else f"{lo}-{hi}"}
+        text = format_cpu_list(ids[lo : hi + 1])
+        return {k: text for k in (OMP_BIND, AFFINITY) if k not in spec.env}
     if spec.role == "trainer" and OMP_THREADS not in spec.env:
         left = max(1, n_cores - per * len(engines))
         return {OMP_THREADS: str(max(1, left // max(1, ranks)))}
     return {}
+
+
+def format_cpu_list(cpus: list[int]) -> str:
+    """``[0]`` -> ``"0"``, ``[0, 1, 2]`` -> ``"0-2"``, ``[8, 10]`` -> ``"8,10"`` (ascending ids)."""
+    if cpus == list(range(cpus[0], cpus[-1] + 1)):
+        return str(cpus[0]) if len(cpus) == 1 else f"{cpus[0]}-{cpus[-1]}"
+    return ",".join(str(c) for c in cpus)
+
+
+def parse_cpu_list(text: str, name: str = AFFINITY) -> set[int]:
+    """CPU ids of a list like ``"0"``, ``"0-3"`` or ``"0,2,4-7"`` (the format of ``VLLM_CPU_OMP_THREADS_BIND`` and
+    ``taskset -c``). Raises ValueError naming the variable ``name`` and the text when it is not one."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            a, b = int(lo), int(hi or lo)
+            if a < 0 or b < a:
+                raise ValueError
+            cpus.update(range(a, b + 1))
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected CPU ids like 0, 0-3 or 0,2,4-7") from None
+    return cpus
+
+
+def affinity_of(env: dict[str, str]) -> set[int] | None:
+    """The CPUs a process started with ``env`` is to be pinned to (``SRL_CPU_AFFINITY``), or None (no pinning).
+    Raises ValueError on a malformed value."""
+    text = env.get(AFFINITY, "").strip()
+    return parse_cpu_list(text) if text else None
+
+
+def apply_affinity(cpus: set[int] | None) -> None:
+    """Pin the calling process (and so everything it starts afterwards) to ``cpus``; None does nothing. CPUs this
+    process may not use are dropped; when none is left the affinity stays as it is (a changed machine must not stop
+    a run). Plain system call: safe in a ``preexec_fn`` between fork and exec."""
+    if not cpus:
+        return
+    allowed = os.sched_getaffinity(0) & cpus
+    if allowed:
+        os.sched_setaffinity(0, allowed)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..run.layout import COMPLETE_MARKER, RunDir, numbered_steps
-from .cpus import cpu_thread_env
+from .cpus import affinity_of, apply_affinity, cpu_thread_env
 from .environment import visible_devices
 from .plan import KV_ROLE_NAMES, Plan, build_plan, fill, read_plan, write_plan
 from .ports import ports_free
@@ -206,7 +206,9 @@ def exec_process(run: RunDir, name: str, env: dict[str, str]) -> None:
     out["CUDA_VISIBLE_DEVICES"] = visible_devices(spec.gpus, env.get("CUDA_VISIBLE_DEVICES"), plan.gpus_per_node)
     out["SRL_NODE_INDEX"] = str(node)
     # CPU-only plans: engines bind their own cores, trainer ranks get the rest (nodes sharing an address share cores).
-    out.update(cpu_thread_env(plan, name, node, len(os.sched_getaffinity(0))))
+    cpu_ids = sorted(os.sched_getaffinity(0))
+    out.update(cpu_thread_env(plan, name, node, len(cpu_ids), cpu_ids))
+    apply_affinity(affinity_of(out))  # an engine's whole process tree on its own cores (placement/cpus.py)
     if is_multinode_torchrun(spec) and node in spec.node_indices:
         host = plan.hosts[node] if node < len(plan.hosts) else me or "?"
         print(torchrun_starting_line(spec.node_indices.index(node), spec.num_nodes, host), file=sys.stderr)
