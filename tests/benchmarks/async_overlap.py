@@ -122,7 +122,8 @@ def figures(metrics: list[dict], warmup: int) -> dict[str, float]:
     whole cycle (interval between its metrics lines) less the time it waited for a batch: train step, weight
     broadcast, batch reading and packing."""
     trainer = sorted((m for m in metrics if m["role"] == "trainer"), key=lambda m: m["step"])
-    orch = [m for m in metrics if m["role"] == "orchestrator" and m["step"] > warmup]
+    # Step lines only: the final policy's eval has a line of its own at the last step, without step times.
+    orch = [m for m in metrics if m["role"] == "orchestrator" and m["step"] > warmup and "time/step" in m]
     pairs = list(itertools.pairwise(trainer))[warmup:]
     return {
         "step": statistics.median(b["time"] - a["time"] for a, b in pairs),
