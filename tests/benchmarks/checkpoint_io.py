@@ -178,15 +178,15 @@ def main() -> int:
     buf = bytearray(CHUNK)
     raw = root / "raw.bin"
     names = ("checkpoint save", "checkpoint load", "broadcast write")
-    ratios: dict[str, list[float]] = {k: [] for k in names}
     rates: dict[str, list[tuple[float, float]]] = {k: [] for k in names}  # (real, raw) bytes/s per round
     same: list[float] = []  # load / raw read of the checkpoint's own files
     fresh: list[float] = []  # load into an optimizer without state / raw read
-    ckpt_bytes = bc_bytes = 0
 
     def record(name: str, nbytes: int, real_s: float, raw_s: float) -> None:
         rates[name].append((nbytes / max(real_s, 1e-9), nbytes / max(raw_s, 1e-9)))
-        ratios[name].append(raw_s / max(real_s, 1e-9))
+
+    def ratios(name: str) -> list[float]:  # real rate / raw rate, per round
+        return [real / raw for real, raw in rates[name]]
 
     try:
         # A first, unrecorded save and broadcast: their sizes are the raw twins' sizes, and the first write of each
@@ -220,7 +220,7 @@ def main() -> int:
             raw.unlink()
             shutil.rmtree(run.checkpoint_step(step), ignore_errors=True)  # keep the disk footprint to one round
             shutil.rmtree(run.broadcast_step(step), ignore_errors=True)
-            if step >= args.min_rounds and all(spread(v) <= args.spread for v in ratios.values()):
+            if step >= args.min_rounds and all(spread(ratios(n)) <= args.spread for n in names):
                 break
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -230,13 +230,14 @@ def main() -> int:
     lowest = float("inf")
     settled = True
     for name in names:
-        r = statistics.median(ratios[name])
+        rs = ratios(name)
+        r, sp = statistics.median(rs), spread(rs)
         real = statistics.median(x for x, _ in rates[name])
         raw_rate = statistics.median(y for _, y in rates[name])
         lowest = min(lowest, r)
-        settled &= spread(ratios[name]) <= args.spread
+        settled &= sp <= args.spread
         print(f"{name:16s} {real / 1e6:8.0f} MB/s   raw {raw_rate / 1e6:8.0f} MB/s   ratio {r:.2f} "
-              f"± {spread(ratios[name]) * r:.2f} (half-IQR; rounds {min(ratios[name]):.2f}-{max(ratios[name]):.2f})")
+              f"± {sp * r:.2f} (half-IQR; rounds {min(rs):.2f}-{max(rs):.2f})")
     print(f"(load against a raw read of the checkpoint's own files: ratio {statistics.median(same):.2f}; the files "
           "of one filesystem can read at different speeds)")
     print(f"(load into an optimizer without state, as a resume in a new process: ratio {statistics.median(fresh):.2f}; "

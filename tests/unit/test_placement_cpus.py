@@ -42,33 +42,33 @@ def _slurm_plan(addresses: list[str], **env_tables):
 
 def test_emulated_nodes_on_one_machine_share_its_cores() -> None:
     plan = _slurm_plan(["127.0.0.1"] * 3)
-    assert cpu_thread_env(plan, "inference-0-0", 0, 2) == _engine("0")
+    assert cpu_thread_env(plan, "inference-0-0", 0, range(2)) == _engine("0")
     # 2 cores - 1 for the engine = 1 left for 2 trainer ranks on the same machine: 1 thread each, never 0
-    assert cpu_thread_env(plan, "trainer", 1, 2) == {"OMP_NUM_THREADS": "1"}
-    assert cpu_thread_env(plan, "trainer", 2, 2) == {"OMP_NUM_THREADS": "1"}
-    assert cpu_thread_env(plan, "orchestrator", 0, 2) == {}
+    assert cpu_thread_env(plan, "trainer", 1, range(2)) == {"OMP_NUM_THREADS": "1"}
+    assert cpu_thread_env(plan, "trainer", 2, range(2)) == {"OMP_NUM_THREADS": "1"}
+    assert cpu_thread_env(plan, "orchestrator", 0, range(2)) == {}
     # 16 cores: the engine keeps 15, each rank gets half of the one left (at least 1)
-    assert cpu_thread_env(plan, "inference-0-0", 0, 16) == _engine("0-14")
+    assert cpu_thread_env(plan, "inference-0-0", 0, range(16)) == _engine("0-14")
 
 
 def test_real_nodes_split_their_own_cores() -> None:
     plan = _slurm_plan(["10.0.0.1", "10.0.0.2", "10.0.0.3"])
     # a trainer node without an engine gives its rank every core
-    assert cpu_thread_env(plan, "trainer", 1, 8) == {"OMP_NUM_THREADS": "8"}
-    assert cpu_thread_env(plan, "inference-0-0", 0, 8) == _engine("0-6")
+    assert cpu_thread_env(plan, "trainer", 1, range(8)) == {"OMP_NUM_THREADS": "8"}
+    assert cpu_thread_env(plan, "inference-0-0", 0, range(8)) == _engine("0-6")
 
 
 def test_values_set_in_the_config_are_kept() -> None:
     plan = _slurm_plan(["127.0.0.1"] * 3, trainer={"OMP_NUM_THREADS": "2"},
                        inference={"VLLM_CPU_OMP_THREADS_BIND": "1"})
-    assert cpu_thread_env(plan, "trainer", 1, 2) == {}
-    assert cpu_thread_env(plan, "inference-0-0", 0, 2) == {}
+    assert cpu_thread_env(plan, "trainer", 1, range(2)) == {}
+    assert cpu_thread_env(plan, "inference-0-0", 0, range(2)) == {}
 
 
 def test_gpu_plans_get_nothing() -> None:
     plan = _slurm_plan(["127.0.0.1"] * 3)
     plan.gpus_per_node = 4
-    assert cpu_thread_env(plan, "trainer", 1, 2) == {}
+    assert cpu_thread_env(plan, "trainer", 1, range(2)) == {}
 
 
 
@@ -80,16 +80,16 @@ def test_an_inference_only_plan_gives_its_engines_every_core() -> None:
                       roles=("inference", "router"))
     engines = [p.name for p in plan.processes if p.role == "inference"]
     assert engines and not [p for p in plan.processes if p.role in ("trainer", "orchestrator")]
-    assert cpu_thread_env(plan, engines[0], 0, 2) == _engine("0-1")
-    assert cpu_thread_env(plan, engines[0], 0, 16) == _engine("0-15")
+    assert cpu_thread_env(plan, engines[0], 0, range(2)) == _engine("0-1")
+    assert cpu_thread_env(plan, engines[0], 0, range(16)) == _engine("0-15")
 
 
 def test_core_positions_map_to_the_cpus_this_process_may_use() -> None:
     # A Slurm allocation of cores 8-15 of a node: the engine binds CPUs 8-14, not 0-6 (outside the allocation).
     plan = _slurm_plan(["10.0.0.1", "10.0.0.2", "10.0.0.3"])
-    assert cpu_thread_env(plan, "inference-0-0", 0, 8, list(range(8, 16))) == _engine("8-14")
-    assert cpu_thread_env(plan, "inference-0-0", 0, 4, [1, 3, 5, 7]) == _engine("1,3,5")
-    assert cpu_thread_env(plan, "trainer", 1, 8, list(range(8, 16))) == {"OMP_NUM_THREADS": "8"}
+    assert cpu_thread_env(plan, "inference-0-0", 0, range(8, 16)) == _engine("8-14")
+    assert cpu_thread_env(plan, "inference-0-0", 0, [1, 3, 5, 7]) == _engine("1,3,5")
+    assert cpu_thread_env(plan, "trainer", 1, range(8, 16)) == {"OMP_NUM_THREADS": "8"}
 
 
 def test_cpu_lists_round_trip_and_bad_ones_name_the_variable() -> None:

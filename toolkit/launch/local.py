@@ -248,9 +248,8 @@ def _start_all(sup: Supervisor, plan: Any, model_path: str, logs: Path, extra_en
     from ..placement.plan import fill
 
     clear_ready(sup.run)  # an earlier attempt's URLs may point at dead engines
-    cpu_ids = sorted(os.sched_getaffinity(0))
     for spec in plan.processes:
-        env = {**os.environ, **cpu_thread_env(plan, spec.name, spec.node_index, len(cpu_ids), cpu_ids), **extra_env}
+        env = {**os.environ, **cpu_thread_env(plan, spec.name, spec.node_index), **extra_env}
         env.update({k: fill(v, plan, spec.node_index, model_path) for k, v in spec.env.items()})
         argv = [fill(a, plan, spec.node_index, model_path) for a in spec.command]
         if argv:

@@ -243,8 +243,9 @@ class Supervisor:
     def _spawn(self, argv: list[str], env: dict[str, str], log: IO[bytes] | None) -> subprocess.Popen:
         # The child gets SIGKILL from the kernel when the supervisor dies (its parent-death signal); a local child
         # also gets its own process group, which the reaper learns, so its own children die with the supervisor
-        # too. preexec_fn while other threads may run is safe here: the function only makes two system calls
-        # through a ctypes handle prepared in the parent; it imports nothing and takes no lock.
+        # too; an engine is pinned to its cores. preexec_fn while other threads may run is safe here: it only makes
+        # system calls (prctl through a ctypes handle and the CPU list, both prepared in the parent, and
+        # sched_setaffinity); it imports nothing and takes no lock.
         own = self.reaper is not None
         die_with_parent = kill_with_parent_preexec()
         cpus = affinity_of(env)  # an engine on its own cores (placement/cpus.py); parsed here, before the fork

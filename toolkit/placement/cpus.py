@@ -31,6 +31,7 @@ pinning all three (mean 0.42-0.57 s against 0.32-0.36 s in the same session).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
@@ -46,19 +47,20 @@ def _host_nodes(plan: Any, node: int) -> set[int]:
     return {i for i, a in enumerate(addrs) if a == addrs[node]}
 
 
-def cpu_thread_env(plan: Any, name: str, node: int, n_cores: int, cpu_ids: list[int] | None = None) -> dict[str, str]:
+def cpu_thread_env(plan: Any, name: str, node: int, cpu_ids: Sequence[int] | None = None) -> dict[str, str]:
     """Extra environment for process ``name`` running on node index ``node`` of a CPU-only ``plan``.
 
-    ``n_cores``: cores this process may use on its machine (e.g. ``len(os.sched_getaffinity(0))``), >= 1;
-    ``cpu_ids``: their CPU ids in ascending order (default ``0 .. n_cores - 1``).
+    ``cpu_ids``: the CPUs this process may use on its machine, ascending (default: this process's affinity);
+    ``n_cores`` above is their number.
     Returns ``{}`` for GPU plans, for roles that need no setting (orchestrator, router) and for variables the
     process's env already sets. An engine gets ``VLLM_CPU_OMP_THREADS_BIND`` and ``SRL_CPU_AFFINITY`` (the same
     CPUs, for :func:`apply_affinity`) unless its env sets the bind. Engines on the host are ordered by plan
     position, so every process of the host computes the same split without talking to the others.
     """
+    ids = sorted(os.sched_getaffinity(0)) if cpu_ids is None else list(cpu_ids)
+    n_cores = len(ids)
     if plan.gpus_per_node or n_cores < 1:
         return {}
-    ids = list(cpu_ids) if cpu_ids is not None and len(cpu_ids) == n_cores else list(range(n_cores))
     spec = plan.process(name)
     host = _host_nodes(plan, node)
     engines = [p.name for p in plan.processes if p.role == "inference" and host & set(p.node_indices)]
@@ -86,9 +88,9 @@ def format_cpu_list(cpus: list[int]) -> str:
     return ",".join(str(c) for c in cpus)
 
 
-def parse_cpu_list(text: str, name: str = AFFINITY) -> set[int]:
+def parse_cpu_list(text: str) -> set[int]:
     """CPU ids of a list like ``"0"``, ``"0-3"`` or ``"0,2,4-7"`` (the format of ``VLLM_CPU_OMP_THREADS_BIND`` and
-    ``taskset -c``). Raises ValueError naming the variable ``name`` and the text when it is not one."""
+    ``taskset -c``). Raises ValueError naming ``SRL_CPU_AFFINITY`` and the text when it is not one."""
     cpus: set[int] = set()
     try:
         for part in text.split(","):
@@ -98,7 +100,7 @@ def parse_cpu_list(text: str, name: str = AFFINITY) -> set[int]:
                 raise ValueError
             cpus.update(range(a, b + 1))
     except ValueError:
-        raise ValueError(f"{name}={text!r}: expected CPU ids like 0, 0-3 or 0,2,4-7") from None
+        raise ValueError(f"{AFFINITY}={text!r}: expected CPU ids like 0, 0-3 or 0,2,4-7") from None
     return cpus
 
 

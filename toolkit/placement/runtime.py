@@ -206,8 +206,7 @@ def exec_process(run: RunDir, name: str, env: dict[str, str]) -> None:
     out["CUDA_VISIBLE_DEVICES"] = visible_devices(spec.gpus, env.get("CUDA_VISIBLE_DEVICES"), plan.gpus_per_node)
     out["SRL_NODE_INDEX"] = str(node)
     # CPU-only plans: engines bind their own cores, trainer ranks get the rest (nodes sharing an address share cores).
-    cpu_ids = sorted(os.sched_getaffinity(0))
-    out.update(cpu_thread_env(plan, name, node, len(cpu_ids), cpu_ids))
+    out.update(cpu_thread_env(plan, name, node))
     apply_affinity(affinity_of(out))  # an engine's whole process tree on its own cores (placement/cpus.py)
     if is_multinode_torchrun(spec) and node in spec.node_indices:
         host = plan.hosts[node] if node < len(plan.hosts) else me or "?"
