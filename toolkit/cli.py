@@ -109,13 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _print_warnings(loaded) -> None:
-    for n in loaded.notices:
-        print(f"note: {n}", file=sys.stderr)
-    for w in loaded.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-
-
 def resume_changes(previous: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted config fields whose value differs between the run's last resolved config (``previous``, the
     ``rl.json`` of its latest attempt) and the one a ``--resume`` is about to use (``current``), as
@@ -166,8 +159,8 @@ def cmd_rl(args: list[str], full_argv: list[str], *, dependency: str | None = No
     ``dependency``, e.g. ``afterok:<job>``, when given: ``srl sft chain``)."""
     from .config import ConfigError, load_config
     from .config.cli_args import split_config_args
-    from .launch.prepare import RESUME_CLEAN_MSG, prepare_attempt, run_dir_for
-    from .preflight import preflight
+    from .launch.pipeline import Launch, start
+    from .launch.prepare import RESUME_CLEAN_MSG, run_dir_for
 
     files, overrides, flags = split_config_args(args)
     if flags["help"]:
@@ -179,20 +172,18 @@ def cmd_rl(args: list[str], full_argv: list[str], *, dependency: str | None = No
         raise ConfigError("give at least one config file: srl rl @ jobs/reverse-text/rl.toml")
     if flags["resume"] and flags["clean"]:  # before the configs are even read
         raise ConfigError(RESUME_CLEAN_MSG)
-    checked = preflight(load_config(files, overrides))
-    loaded = checked.loaded
-    _print_warnings(checked)
+    loaded = load_config(files, overrides)
     live = run_dir_for(loaded, resume=flags["resume"])
-    if flags["resume"] and live.configs.exists():
-        _note_resume_changes(live, loaded.config)
-        if not flags["dry_run"]:
-            _refuse_resume_of_finished_run(live, loaded.config)
-    run, attempt = prepare_attempt(loaded, live, argv=["srl", *full_argv], dry_run=flags["dry_run"],
-                                   resume=flags["resume"], clean=flags["clean"])  # fmt: skip
-    from .launch.dispatch import launch
 
-    return launch(loaded.config, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"],
-                  site=checked.site, dependency=dependency)
+    def refuse(checked: Any) -> None:
+        if flags["resume"] and live.configs.exists():
+            _note_resume_changes(live, loaded.config)
+            if not flags["dry_run"]:
+                _refuse_resume_of_finished_run(live, loaded.config)
+
+    req = Launch(loaded, live, argv=["srl", *full_argv], dry_run=flags["dry_run"], resume=flags["resume"],
+                 clean=flags["clean"], dependency=dependency)
+    return start(req, before_prepare=refuse).status
 
 
 def cmd_config(args: list[str]) -> int:
@@ -201,6 +192,7 @@ def cmd_config(args: list[str]) -> int:
 
     from .config import ConfigError, load_config, toml_data
     from .config.cli_args import print_help_if_asked, split_config_args
+    from .launch.pipeline import print_findings
     from .preflight import preflight
 
     usage = ("usage: srl config show @ run.toml [...]    print the resolved (canonical) config as TOML\n"
@@ -216,7 +208,7 @@ def cmd_config(args: list[str]) -> int:
         if len(args) != 2:
             raise ConfigError("usage: srl config convert FILE")
         loaded = preflight(load_config([Path(args[1])]))
-    _print_warnings(loaded)
+    print_findings(loaded)
     print(tomli_w.dumps(toml_data(loaded.config)), end="")
     return 0
 

@@ -29,6 +29,7 @@ import math
 import random
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from .config import ConfigError, ConfigIssue, LoadedConfig, name_sources, valida
 from .config.cli_args import split_config_args
 from .config.compose import deep_merge, merge_layers, parse_overrides, read_toml, record_origins, subtable
 from .config.convert import to_canonical
-from .preflight import preflight
+from .preflight import Preflight, preflight
 
 # Upper bound on points per sweep; far above a Slurm MaxArraySize (1001 by default), so only typos hit it.
 MAX_POINTS = 100_000
@@ -207,13 +208,38 @@ def _check_distribution(key: str, kind: str, arg: Any, source: str) -> None:
         raise ConfigError(f"sweep.random.{key}: choice needs a non-empty list of values", source=source)
 
 
-def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None) -> LoadedConfig:
-    """The full validated run config of one point (run name = point id, under ``<output_dir>/<sweep name>``).
+def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None) -> Preflight:
+    """The full validated and preflighted run config of one point (run name = point id, under
+    ``<output_dir>/<sweep name>``), with the plan its job uses (:func:`toolkit.preflight.preflight`).
 
     Layers, later wins: the sweep's ``base`` files, its ``[config]`` table, the overlay files and dotted overrides
     of the command line (every point gets them), the point's own axis values, its seed. ``output_dir`` (a path)
     replaces the merged ``output_dir``. Raises ConfigError naming the point, its values and the field.
     """
+    loaded, origins = _point_loaded(sweep, point, output_dir)
+    return _point_check(point, origins)(loaded)
+
+
+def _named(point: SweepPoint, origins: dict[str, str], e: ConfigError) -> ConfigError:
+    for issue in name_sources(e.issues, origins):
+        issue.message = f"[{point.point_id} {point.params} seed={point.seed}] {issue.message}"
+    return e
+
+
+def _point_check(point: SweepPoint, origins: dict[str, str]) -> Callable[..., Preflight]:
+    """Preflight for one point's config, its errors naming the point, its values and the file that set a field."""
+    def check(loaded: LoadedConfig, **kw: Any) -> Preflight:
+        try:
+            return preflight(loaded, **kw)
+        except ConfigError as e:
+            raise _named(point, origins, e) from None
+
+    return check
+
+
+def _point_loaded(sweep: Sweep, point: SweepPoint,
+                  output_dir: Path | None) -> tuple[LoadedConfig, dict[str, str]]:
+    """One point's merged config, validated (schema and cross-field rules), and the origin of each field."""
     merged, origins, _ = merge_layers(sweep.base_files, shape=to_canonical)
     merged = deep_merge(merged, sweep.common)
     record_origins(sweep.common, f"{sweep.name} [config]", origins)
@@ -233,21 +259,18 @@ def point_config(sweep: Sweep, point: SweepPoint, output_dir: Path | None = None
         raise ConfigError(f"run must be a table, got {merged['run']!r}", source=f"sweep {sweep.name}")
     merged["run"]["name"] = point.point_id
     try:
-        checked = preflight(validate_dict(merged, source=f"sweep point {point.point_id}"))
+        loaded = validate_dict(merged, source=f"sweep point {point.point_id}")
     except ConfigError as e:
-        for issue in name_sources(e.issues, origins):
-            issue.message = f"[{point.point_id} {point.params} seed={point.seed}] {issue.message}"
-        raise
-    loaded = checked.loaded
+        raise _named(point, origins, e) from None
     loaded.inputs = [*sweep.base_files, *sweep.overlays]
-    return loaded
+    return loaded, origins
 
 
 # Failing points whose problems are listed in full; a sweep with a bad axis value can fail on every point.
 _POINTS_SHOWN = 5
 
 
-def point_configs(sweep: Sweep, output_dir: Path | None = None) -> list[LoadedConfig]:
+def point_configs(sweep: Sweep, output_dir: Path | None = None) -> list[Preflight]:
     """:func:`point_config` of every point, in order. Raises one ConfigError with the problems of every failing
     point (of the first five, and how many more fail), so one edit fixes them all."""
     out, issues, failing = [], [], []
@@ -423,19 +446,16 @@ def run_point(manifest: Path, index: int) -> int:
     sweep = sweep_from_manifest(manifest)
     point = sweep.points[index]
     root = Path(manifest).parent
-    loaded = point_config(sweep, point, root.parent)
-    cfg = loaded.config
-    from .launch.dispatch import launch
-    from .launch.prepare import prepare_run
+    loaded, origins = _point_loaded(sweep, point, root.parent)
+    from .launch.pipeline import Launch, start
     from .launch.sweeps import point_meta, update_run_meta
     from .run.layout import RunDir
 
-    run_dir = RunDir(root / point.point_id)
-    resume = run_dir.configs.exists()
-    run, attempt = prepare_run(loaded, argv=["srl", "sweep", "run-point", str(manifest), str(index)], resume=resume)
-    update_run_meta(run, {"sweep": sweep.name, **point_meta(point)})
-    return launch(cfg, run, attempt=attempt, dry_run=False, resume=resume)
-
+    live = RunDir(root / point.point_id)
+    req = Launch(loaded, live, argv=["srl", "sweep", "run-point", str(manifest), str(index)],
+                 resume=live.configs.exists())
+    return start(req, check=_point_check(point, origins),
+                 after_prepare=lambda run, _: update_run_meta(run, {"sweep": sweep.name, **point_meta(point)})).status
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -123,17 +123,16 @@ def _driver(argv: list[str]) -> int:
     """``python test_faults_trainer_rank.py OVERLAY [--resume] [--trainer-only]``: one local attempt of the job with
     a 2-rank trainer (and only the trainer with ``--trainer-only``); returns the launcher's exit status."""
     from toolkit.config import load_config
-    from toolkit.launch.dispatch import local_plan
     from toolkit.launch.local import run_local
     from toolkit.launch.prepare import prepare_run
-    from toolkit.placement.plan import write_plan
+    from toolkit.placement.plan import ROLES, launch_plan, write_plan
     from toolkit.preflight.site import load_site
 
     resume = "--resume" in argv
     roles = ("trainer",) if "--trainer-only" in argv else None
     loaded = load_config([JOB, Path(argv[0])])
     run, attempt = prepare_run(loaded, argv=["srl", "rl", "@", str(JOB), "@", argv[0]], resume=resume)
-    plan = local_plan(loaded.config, load_site(loaded.config.site), run, roles=roles)
+    plan = launch_plan(loaded.config, load_site(loaded.config.site), run, roles=roles or ROLES, probe=True)
     _two_rank_trainer(plan)
     write_plan(run, plan)
     return run_local(loaded.config, run, plan, attempt=attempt)

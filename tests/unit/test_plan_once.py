@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from plan_checks import without_job
 
 from toolkit.cli import main
@@ -41,3 +42,50 @@ def test_dry_run_writes_the_plan_the_submitted_job_uses(tmp_path: Path, monkeypa
     assert started.job_id == "4242" and placed["hosts"] == ["node1", "node2", "node3"]
     assert placed["ports"] == dry["ports"] and placed["roles"] == dry["roles"]
     assert without_job(placed) == without_job(dry, job_id="4242")
+
+
+def _counting_build_plan(monkeypatch) -> list[str]:
+    """Record the job id of every plan built from here on (every path to a plan goes through build_plan)."""
+    from toolkit.placement import plan as plan_mod
+
+    calls: list[str] = []
+    real = plan_mod.build_plan
+
+    def counted(*args, **kw):
+        calls.append(str(kw.get("job_id")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(plan_mod, "build_plan", counted)
+    return calls
+
+
+def _sft_args(tmp_path: Path) -> list[str]:
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"p{i}", "completion": f"c{i}"}) + "\n" for i in range(8)))
+    return ["sft", "@", str(JOBS / "sft.toml"), "--data.name", str(data), "--eval.env", "[]"]
+
+
+@pytest.mark.parametrize("verb", ["rl", "sft", "inference"])
+def test_one_slurm_launch_builds_its_plan_once(tmp_path: Path, monkeypatch, verb: str) -> None:
+    """``srl rl``, ``srl sft`` and ``srl inference`` on a Slurm site, submitted (sbatch faked): the login node builds
+    the plan once, in preflight, and that plan is the one written and submitted; a dry run builds it once too."""
+    if verb == "rl":
+        args = ["rl", "@", str(JOBS / "rl.toml"), "@", str(JOBS / "slurm.toml")]
+    elif verb == "sft":
+        args = _sft_args(tmp_path)
+    else:
+        args = ["inference", "@", str(JOBS.parent / "serve" / "tiny.toml")]
+    args += ["--site", "local-slurm", "--output-dir", str(tmp_path / "out"), "--run.name", "r"]
+    calls = _counting_build_plan(monkeypatch)
+    assert main([*args, "--dry-run"]) == 0
+    assert calls == ["$SLURM_JOB_ID"], calls
+    scripts: list[str] = []
+    monkeypatch.setattr(slurm, "jobs_logging_under", lambda root: [])
+    monkeypatch.setattr(slurm, "submit", lambda script, **kw: scripts.append(script) or "4243")
+    calls.clear()
+    assert main(args) == 0
+    assert calls == ["$SLURM_JOB_ID"] and len(scripts) == 1, (calls, scripts)
+    placed = _placement(tmp_path / "out" / "r")
+    assert placed["job_id"] == "$SLURM_JOB_ID"
+    assert set(placed["roles"]) == {"rl": {"inference", "router", "orchestrator", "trainer"},
+                                    "sft": {"trainer"}, "inference": {"inference", "router"}}[verb]

@@ -203,16 +203,19 @@ def test_missing_model_or_unknown_site_is_refused_before_the_run_directory(tmp_p
 
 def test_local_start_from_an_unfinished_sft_run_is_a_config_error(tmp_path):
     from toolkit.config import load_config
-    from toolkit.launch.dispatch import launch
+    from toolkit.launch.pipeline import Launch, start
     from toolkit.run.layout import RunDir
 
     sft_run = tmp_path / "sft-run"
     sft_run.mkdir()
     (sft_run / "run_meta.json").write_text("{}")
-    cfg = load_config([RL_TOML], ["--model.name", str(sft_run)]).config
+    loaded = load_config([RL_TOML], ["--model.name", str(sft_run), "--output-dir", str(tmp_path),
+                                     "--run.name", "rl-run"])
     with pytest.raises(ConfigError, match="model.name: run directory .* has no final model yet"):
-        launch(cfg, RunDir(tmp_path / "rl-run"), attempt=1, dry_run=False, resume=False)
+        start(Launch(loaded, RunDir(tmp_path / "rl-run"), argv=["srl", "rl"]))
     assert not (tmp_path / "rl-run").exists()
+    # A dry run (or a Slurm job, which may queue behind the SFT run) is not refused for it.
+    assert start(Launch(loaded, RunDir(tmp_path / "rl-run"), argv=["srl", "rl"], dry_run=True)).status == 0
 
 
 # ------------------------------------------------------------------------------------------------------------

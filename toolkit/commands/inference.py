@@ -15,56 +15,28 @@ from pathlib import Path
 
 from ..config import load_config
 from ..config.errors import ConfigError
-from ..preflight import preflight
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "queues":
         return _queues(argv[1:])
-    from ..cli import _print_warnings
     from ..config.cli_args import split_config_args
+    from ..launch.pipeline import Launch, start
+    from ..launch.prepare import run_dir_for
 
     files, overrides, flags = split_config_args(argv)
     if flags["help"] or not files:
         print(__doc__)
         return 0 if flags["help"] else 2
-    checked = preflight(load_config(files, overrides, purpose="serve"))
-    loaded, site = checked.loaded, checked.site
-    _print_warnings(checked)
-    cfg = loaded.config
-    from ..launch.prepare import prepare_attempt, run_dir_for
-    from ..placement.plan import build_plan, run_port_key, write_plan
-
+    loaded = load_config(files, overrides, purpose="serve")
     # A dry run never touches a deployment that exists (it may be serving: other runs read its placement, ready
-    # file and admin token), let alone deletes it for --clean.
-    run, attempt = prepare_attempt(loaded, run_dir_for(loaded, resume=flags["resume"]),
-                                   argv=["srl", "inference", *argv], dry_run=flags["dry_run"],
-                                   resume=flags["resume"], clean=flags["clean"])  # fmt: skip
-    if site.is_slurm:
-        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=("inference", "router"),
-                          port_key=run_port_key(cfg))
-    else:
-        from ..launch.dispatch import local_plan
-
-        plan = local_plan(cfg, site, run, probe=not flags["dry_run"], roles=("inference", "router"))
-    write_plan(run, plan)
-    if site.is_slurm:
-        from ..launch.submit import submit_job
-        from ..render import render_job
-
-        if flags["dry_run"]:
-            print(f"dry run: {render_job(cfg, run, plan, 'inference')}")
-            return 0
-        job_id = submit_job(cfg, run, attempt, "inference", site=site, plan=plan)
-        print(f"submitted inference job {job_id}; ready file {run.inference_ready}")
-        return 0
-    if flags["dry_run"]:
-        print(f"dry run: placement {run.placement_file}")
-        return 0
-    from ..launch.local import run_local
-
-    print("srl: serving until Ctrl-C")
-    return run_local(cfg, run, plan, attempt=attempt)
+    # file and admin token), let alone deletes it for --clean: the pipeline writes it to the run's shadow.
+    req = Launch(loaded, run_dir_for(loaded, resume=flags["resume"]), argv=["srl", "inference", *argv],
+                 dry_run=flags["dry_run"], resume=flags["resume"], clean=flags["clean"], kind="inference")
+    started = start(req)
+    if started.job_id is not None:
+        print(f"inference job {started.job_id}: ready file {started.run.inference_ready}")
+    return started.status
 
 
 def _queues(argv: list[str]) -> int:

@@ -24,13 +24,21 @@ from typing import Any
 
 
 def load(files: list[Path], overrides: list[str]) -> Any:
-    """The validated SFTConfig plus its launch view, with the datasets checked on this machine.
+    """The validated SFTConfig, its datasets checked on this machine and its launch view through preflight (model,
+    site, ports, placement, [eval] tasksets), as ``srl sft`` checks it before anything is written.
 
     Raises ConfigError naming the field, or the dataset file, row and column of a bad sample.
     """
-    from toolkit.config import ConfigError, ConfigIssue
+    cfg = _read(files, overrides)
+    _checks(cfg)(_launch_loaded(cfg, files))
+    return cfg
+
+
+def _read(files: list[Path], overrides: list[str]) -> Any:
+    """The validated SFTConfig (schema and cross-field rules), its dataset paths made absolute. Raises ConfigError
+    naming the field."""
+    from toolkit.config import ConfigError
     from toolkit.config.sft import load_sft_config
-    from toolkit.trainer.sft_data import DataError, check_dataset
 
     if not files:
         raise ConfigError("give at least one config file: srl sft @ jobs/reverse-text/sft.toml")
@@ -39,7 +47,26 @@ def load(files: list[Path], overrides: list[str]) -> Any:
     cfg.data.name = cfg.data.name.expanduser().absolute()
     if cfg.val is not None and cfg.val.data is not None:
         cfg.val.data.name = cfg.val.data.name.expanduser().absolute()
-    _check_world(cfg)
+    return cfg
+
+
+def _checks(cfg: Any) -> Any:
+    """The launch pipeline's check of SFT run ``cfg``: preflight of its launch view (:func:`_check_world`), then its
+    datasets on this machine (:func:`_check_data`). Returns the Preflight."""
+    def check(loaded: Any, **kw: Any) -> Any:
+        checked = _check_world(loaded, **kw)
+        _check_data(cfg)
+        return checked
+
+    return check
+
+
+def _check_data(cfg: Any) -> None:
+    """Every dataset of ``cfg`` read on this machine. Raises ConfigError naming the field, or the dataset file, row
+    and column of a bad sample."""
+    from toolkit.config import ConfigError, ConfigIssue
+    from toolkit.trainer.sft_data import DataError, check_dataset
+
     checks = [("data.name", cfg.data)] + ([("val.data.name", cfg.val.data)] if cfg.val and cfg.val.data else [])
     for field, section in checks:
         try:
@@ -52,36 +79,35 @@ def load(files: list[Path], overrides: list[str]) -> Any:
             raise ConfigError([ConfigIssue("val.fraction", f"{section.name} has {rows} row; holding out "
                                            "val.fraction of it leaves nothing to train on; give [val.data], more "
                                            "rows, or drop [val]")])  # fmt: skip
-    return cfg
 
 
-def _check_world(cfg: Any) -> None:
+def _launch_loaded(cfg: Any, files: list[Path]) -> Any:
+    """The SFT run's launch view as the LoadedConfig the launch pipeline checks and writes."""
+    from toolkit.config.sft import launch_loaded
+
+    loaded = launch_loaded(cfg)
+    loaded.inputs = [Path(f) for f in files]
+    return loaded
+
+
+def _check_world(loaded: Any, *, run: Any = None, roles: tuple[str, ...] = ("trainer",), probe: bool = False) -> Any:
     """The preflight ``srl rl`` runs (model.name, site, ports, placement, [eval] tasksets and runtimes), on the SFT
-    run's launch view (a writable output_dir among them): a missing model or an unknown site is reported here, before the
-    run directory is written, instead of as a traceback when the trainer starts. Prints warnings; raises
-    ConfigError naming the SFT config's fields."""
+    run's launch view ``loaded`` (a writable output_dir among them): a missing model or an unknown site is reported
+    here, before the run directory is written, instead of as a traceback when the trainer starts. Prints notes
+    and warnings; returns the Preflight; raises ConfigError naming the SFT config's fields."""
     from toolkit.config import ConfigError
-    from toolkit.config.sft import in_sft_terms, launch_loaded
+    from toolkit.config.sft import in_sft_terms
     from toolkit.preflight import preflight
 
     try:
-        checked = preflight(launch_loaded(cfg))
+        checked = preflight(loaded, run=run, roles=roles, probe=probe)
     except ConfigError as e:
         raise ConfigError(in_sft_terms(e.issues)) from None
     for n in checked.notices:
         print(f"note: {n}", file=sys.stderr)
     for w in in_sft_terms(checked.warnings):
         print(f"warning: {w}", file=sys.stderr)
-
-
-def _check_model_now(cfg: Any, *, dry_run: bool) -> None:
-    """A run that starts here and now (local site, no dry run) needs its model now: an SFT run directory without
-    its final model is refused before the run directory is written (a Slurm job may still queue behind it)."""
-    from toolkit.launch.dispatch import check_local_model
-    from toolkit.preflight.site import load_site
-
-    if not dry_run and not load_site(cfg.site).is_slurm:
-        check_local_model(cfg.launch_view())
+    return checked
 
 
 def _run_dir(cfg: Any, resume: bool) -> Any:
@@ -103,54 +129,81 @@ def _run_dir(cfg: Any, resume: bool) -> Any:
     return RunDir(Path(cfg.output_dir) / cfg.run.name)
 
 
-def prepare(cfg: Any, argv: list[str], *, files: list[Path], dry_run: bool, resume: bool,
-            clean: bool) -> tuple[Any, Any, int]:
-    """Create or reopen the run directory and write this attempt's configs (``resolved/sft.json`` marks the run
-    as SFT for the trainer). Returns ``(launch_view, run, attempt)``. Raises ConfigError as ``srl rl`` does
-    (existing run without --resume/--clean, a finished run resumed, ...)."""
+def _refuse_finished(cfg: Any, live: Any, *, resume: bool, dry_run: bool) -> None:
+    """``--resume`` of an SFT run whose last checkpoint is already at max_steps: ConfigError, nothing written."""
     from toolkit import checkpoints
-    from toolkit.config import ConfigError, LoadedConfig
-    from toolkit.fsutil import atomic_write_json
-    from toolkit.launch.prepare import prepare_attempt
+    from toolkit.config import ConfigError
     from toolkit.trainer.sft import PARTS
 
-    live = _run_dir(cfg, resume)
     if resume and not dry_run and live.configs.exists():
         step = cfg.resume.step or checkpoints.latest_complete(live, PARTS)
         if step is not None and step >= cfg.max_steps:
             raise ConfigError(f"--resume: {live.root} already finished (checkpoint step {step}, max_steps = "
                               f"{cfg.max_steps}); raise max_steps to train on, or use --clean to start over")
-    view = cfg.launch_view()
-    loaded = LoadedConfig(view, inputs=[Path(f) for f in files])
-    run, attempt = prepare_attempt(loaded, live, argv=["srl", *argv], dry_run=dry_run, resume=resume, clean=clean)
+
+
+def _write_sft_config(cfg: Any, run: Any, attempt: int) -> None:
+    """``configs/attempt_<n>/resolved/sft.json``: marks the run as SFT for the trainer, which reads it."""
+    from toolkit.fsutil import atomic_write_json
+
     atomic_write_json(run.config_attempt(attempt) / "resolved" / "sft.json", cfg.model_dump(mode="json"))
-    return view, run, attempt
+
+
+def _request(cfg: Any, files: list[Path], argv: list[str], flags: dict[str, Any]) -> Any:
+    """The launch pipeline's request for SFT run ``cfg`` (its run directory decided here)."""
+    from toolkit.launch.pipeline import Launch
+
+    live = _run_dir(cfg, flags["resume"])
+    return Launch(_launch_loaded(cfg, files), live, argv=["srl", *argv], dry_run=flags["dry_run"],
+                  resume=flags["resume"], clean=flags["clean"], roles=cfg.roles())
+
+
+def _start(cfg: Any, req: Any) -> Any:
+    """Start SFT request ``req`` through the launch pipeline (SFT's own checks and files as its hooks)."""
+    from toolkit.launch.pipeline import start
+
+    def after(run: Any, attempt: int) -> None:
+        _write_sft_config(cfg, run, attempt)
+        if req.dry_run:
+            print(f"dry run: SFT config {run.resolved('sft')}")
+
+    return start(req, check=_checks(cfg),
+                 before_prepare=lambda _: _refuse_finished(cfg, req.live, resume=req.resume, dry_run=req.dry_run),
+                 after_prepare=after)
+
+
+def prepare(cfg: Any, argv: list[str], *, files: list[Path], dry_run: bool, resume: bool,
+            clean: bool) -> tuple[Any, Any, int]:
+    """Create or reopen the run directory and write this attempt's configs, without launching (a test that is the
+    run's supervisor itself). Returns ``(launch_view, run, attempt)``. Raises ConfigError as ``srl sft`` does."""
+    from toolkit.launch.prepare import prepare_attempt
+
+    req = _request(cfg, files, argv, {"dry_run": dry_run, "resume": resume, "clean": clean})
+    _refuse_finished(cfg, req.live, resume=resume, dry_run=dry_run)
+    run, attempt = prepare_attempt(req.loaded, req.live, argv=req.argv, dry_run=dry_run, resume=resume, clean=clean)
+    _write_sft_config(cfg, run, attempt)
+    return req.loaded.config, run, attempt
 
 
 def cmd_run(args: list[str]) -> int:
     """``srl sft @ ...``: validate, prepare the run directory, launch or submit."""
     from toolkit.config.cli_args import split_config_args
-    from toolkit.launch.dispatch import launch
 
     files, overrides, flags = split_config_args(args)
     if flags["help"]:
         print(__doc__)
         return 0
-    cfg = load(files, overrides)
-    _check_model_now(cfg, dry_run=flags["dry_run"])
-    view, run, attempt = prepare(cfg, ["sft", *args], files=files, dry_run=flags["dry_run"], resume=flags["resume"],
-                                 clean=flags["clean"])  # fmt: skip
-    if flags["dry_run"]:
-        print(f"dry run: SFT config {run.resolved('sft')}")
-    status = launch(view, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"], roles=cfg.roles())
-    if status == 0 and not flags["dry_run"] and not view.site.startswith("local-slurm") and run.model_export.exists():
+    cfg = _read(files, overrides)
+    started = _start(cfg, _request(cfg, files, ["sft", *args], flags))
+    run = started.run
+    if started.status == 0 and not flags["dry_run"] and started.job_id is None and run.model_export.exists():
         print(f"srl: final model {run.model_export} (use it with: srl rl @ rl.toml --model.name {run.root})")
         from toolkit.run import ending
 
         end = ending.read(run)
         if end is not None:
             print(end.line(), flush=True)  # how the run ended stays the last line
-    return status
+    return started.status
 
 
 def _take_options(args: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
@@ -292,8 +345,6 @@ def cmd_chain(args: list[str]) -> int:
     from toolkit.cli import cmd_rl
     from toolkit.config import ConfigError
     from toolkit.config.cli_args import print_help_if_asked, split_config_args
-    from toolkit.launch.dispatch import launch
-    from toolkit.launch.submit import submit_job
 
     usage = "usage: srl sft chain @ sft.toml [...] --then @ rl.toml [...]"
     if print_help_if_asked(args, usage + "\n\nRuns the SFT run, then the RL run from its final model (on Slurm: "
@@ -310,25 +361,20 @@ def cmd_chain(args: list[str]) -> int:
         # Written last on the line, it reads as "dry-run the chain", but the SFT run would train for real.
         raise ConfigError("--dry-run after --then dry-runs the RL run only while SFT trains for real; put --dry-run "
                           "before --then to dry-run both")  # fmt: skip
-    cfg = load(files, overrides)
-    _check_model_now(cfg, dry_run=flags["dry_run"])
+    cfg = _read(files, overrides)
     _check_rl_args(rl_args, cfg)
-    view, run, attempt = prepare(cfg, ["sft", *sft_args], files=files, dry_run=flags["dry_run"], resume=flags["resume"],
-                                 clean=flags["clean"])  # fmt: skip
-    from toolkit.preflight.site import load_site
-
-    site = load_site(view.site)
-    rl_full = [*rl_args, "--model.name", str(run.root)]
+    req = _request(cfg, files, ["sft", *sft_args], flags)
+    rl_full = [*rl_args, "--model.name", str(req.live.root)]
     if flags["dry_run"]:
         rl_full.append("--dry-run")
-    if site.is_slurm and not flags["dry_run"]:
-        job = submit_job(view, run, attempt, roles=cfg.roles())
-        print(f"srl: SFT job {job}; the RL job waits for it to complete (afterok) and starts from {run.model_export}")
-        return cmd_rl(rl_full, ["rl", *rl_full], dependency=f"afterok:{job}")
-    status = launch(view, run, attempt=attempt, dry_run=flags["dry_run"], resume=flags["resume"], roles=cfg.roles())
-    if status != 0:
-        print(f"srl: SFT ended with status {status}; RL not started", file=sys.stderr)
-        return int(status)
+    started = _start(cfg, req)
+    if started.job_id is not None:
+        print(f"srl: SFT job {started.job_id}; the RL job waits for it to complete (afterok) and starts from "
+              f"{started.run.model_export}")
+        return cmd_rl(rl_full, ["rl", *rl_full], dependency=f"afterok:{started.job_id}")
+    if started.status != 0:
+        print(f"srl: SFT ended with status {started.status}; RL not started", file=sys.stderr)
+        return int(started.status)
     return cmd_rl(rl_full, ["rl", *rl_full])
 
 

@@ -2,7 +2,8 @@
 
 Modules:
   prepare     the run directory of a new attempt (lease, configs, command line); refusals of a second launch
-  dispatch    a prepared run to its launcher: the local supervisor, or a Slurm submission (dry run: render only)
+  pipeline    the one launch pipeline of every command that starts work: preflight (the plan, built once), the
+              run directory, then the local supervisor or a Slurm submission (dry run: render only)
   local       ``srl rl`` on this machine: the supervisor over local child processes, the progress line, the ending;
               ``serve_local``: a config's engines (and router) served here for a block of code (the eval gate)
   supervisor  the one supervisor of a run's processes, local children or ``srun`` job steps inside the batch job

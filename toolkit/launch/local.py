@@ -287,11 +287,11 @@ def serve_local(cfg: RLConfig, run: RunDir, *, logs: Path, site: Any = None, pub
     within ``inference.startup_timeout_s``; names the logs).
     """
     from ..models import resolve_model
+    from ..placement.plan import INFERENCE_ROLES, launch_plan
     from ..placement.runtime import ready_info
     from ..preflight.site import load_site
-    from .dispatch import local_plan
 
-    plan = local_plan(cfg, site or load_site(cfg.site), run, roles=("inference", "router"))
+    plan = launch_plan(cfg, site or load_site(cfg.site), run, roles=INFERENCE_ROLES, probe=True)
     _on_this_machine(plan)
     logs.mkdir(parents=True, exist_ok=True)
     sup = Supervisor(cfg, run, plan, say=say or _say, own_groups=True)

@@ -52,12 +52,25 @@ def run_dir_for(loaded: LoadedConfig, *, resume: bool = False) -> RunDir:
     return RunDir(Path(cfg.output_dir) / cfg.run.name)
 
 
-def dry_run_dir(live: RunDir) -> RunDir:
-    """Where a dry run of an *existing* run writes its would-be configs, placement and scripts:
-    ``<output_dir>/.dry-run/<name>/``, emptied first. A dry run must never touch a live run (its ``configs/latest``,
+def launch_target(live: RunDir, *, dry_run: bool, resume: bool, clean: bool) -> RunDir:
+    """The directory a launch of ``live`` writes, decided before anything is written (so preflight builds the plan
+    for it): ``live`` itself, or for a dry run with ``--resume``/``--clean`` of an existing run its shadow
+    ``<output_dir>/.dry-run/<name>/``. A dry run must never touch a live run (its ``configs/latest``,
     ``placement.json`` and attempt numbers are read by running and requeued jobs), let alone delete it for
-    ``--clean``. Paths inside the dry-run files refer to this directory, not to the live run."""
-    shadow = RunDir(live.root.parent / ".dry-run" / live.root.name)
+    ``--clean``. Paths inside the dry-run files refer to the shadow, not to the live run."""
+    if dry_run and live.configs.exists() and (resume or clean):
+        return _shadow(live)
+    return live
+
+
+def _shadow(live: RunDir) -> RunDir:
+    return RunDir(live.root.parent / ".dry-run" / live.root.name)
+
+
+def dry_run_dir(live: RunDir) -> RunDir:
+    """The shadow of the existing run ``live`` (:func:`launch_target`), emptied for a new dry run. Raises
+    ConfigError when a batch script of an earlier dry run there was submitted by hand and its job is queued."""
+    shadow = _shadow(live)
     if shadow.root.is_dir():  # an earlier dry run's batch script may have been submitted by hand and still wait
         _refuse_if_jobs_queued(shadow, remedy=f"cancel them (scancel) or delete {shadow.root} yourself")
     shutil.rmtree(shadow.root, ignore_errors=True)
@@ -88,7 +101,7 @@ def prepare_attempt(
     included, whichever path)."""
     if resume and clean:
         raise ConfigError(RESUME_CLEAN_MSG)
-    if dry_run and live.configs.exists() and (resume or clean):
+    if launch_target(live, dry_run=dry_run, resume=resume, clean=clean) is not live:
         shadow = dry_run_dir(live)
         print(f"dry run of the existing run {live.root}: nothing in it is changed; would-be files go to {shadow.root}")
         return prepare_run(loaded, argv=argv, run=shadow, dry_run=True)

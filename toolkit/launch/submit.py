@@ -15,14 +15,12 @@ from pathlib import Path
 from .. import lease as leases
 from ..config.model import RLConfig
 from ..config.site import SiteConfig
-from ..placement.plan import ROLES, Plan, build_plan, run_port_key, write_plan
+from ..placement.plan import INFERENCE_ROLES, ROLES, Plan, launch_plan, write_plan
 from ..preflight.site import load_site
 from ..render import render_job
 from ..run.layout import RunDir, point_symlink
 from . import slurm
 from .prepare import mark_not_launched
-
-INFERENCE_ROLES = ("inference", "router")
 
 
 def record_job_id(run: RunDir, job_id: str, kind: str, attempt: int) -> None:
@@ -84,8 +82,8 @@ def submit_job(cfg: RLConfig, run: RunDir, attempt: int, kind: str = "rl", *, si
 
     ``kind``: ``"rl"`` (an RL or SFT run) or ``"inference"`` (an inference-only deployment, engines + router, that
     publishes ``control/inference_ready.json`` for RL or eval jobs started with ``inference.external = <this run
-    dir>``). ``plan`` defaults to a fresh :func:`build_plan` with the run's port block (:func:`run_port_key`); the
-    job fills in its id and hosts when it starts. ``dependency`` (e.g. ``"afterok:123"``) chains this job after
+    dir>``). ``plan``: the one preflight built (:mod:`toolkit.launch.pipeline`); without it (a test or a library
+    caller) :func:`launch_plan` builds it here. The job fills in its id and hosts when it starts. ``dependency`` (e.g. ``"afterok:123"``) chains this job after
     another. ``roles`` restricts the job (default: every role of ``kind``; an SFT run: the trainer only). Raises
     ``toolkit.launch.slurm.SubmitError`` with sbatch's stderr (the attempt is then marked as having launched
     nothing), ``RenderError`` for unsafe values.
@@ -95,7 +93,7 @@ def submit_job(cfg: RLConfig, run: RunDir, attempt: int, kind: str = "rl", *, si
     if not site.is_slurm:
         raise ValueError(f"site '{site.name}' has no Slurm; use the local launcher")
     if plan is None:
-        plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=roles, port_key=run_port_key(cfg))
+        plan = launch_plan(cfg, site, run, roles=roles)
         write_plan(run, plan)
     script = render_job(cfg, run, plan, kind, attempt=attempt, site=site)
     hand_over(run, attempt)

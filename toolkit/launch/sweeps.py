@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, LoadedConfig
+from ..config import ConfigError
 from ..config.site import SiteConfig
 from ..fsutil import atomic_write_json, atomic_write_text
-from ..placement.plan import build_plan, run_port_key, write_plan
+from ..placement.plan import write_plan
+from ..preflight import Preflight
 from ..render import _env, build_context, job_name, render_job, sbatch_value
 from ..run.layout import RunDir
 from . import slurm
@@ -138,21 +139,20 @@ def _shape(directives: list[list[str]]) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(d for d in group if not d.startswith(_PER_JOB)) for group in directives)
 
 
-def prepare_points(sweep: Any, configs: list[LoadedConfig], site: SiteConfig, root: Path, *, argv: list[str],
+def prepare_points(sweep: Any, configs: list[Preflight], site: SiteConfig, root: Path, *, argv: list[str],
                    dry_run: bool, resume: bool, clean: bool) -> list[PreparedPoint]:
-    """Write each point's run directory, plan and batch script, as ``srl rl`` (``--dry-run``) would.
+    """Write each point's run directory, plan (the one its preflight built, ``configs``) and batch script, as
+    ``srl rl`` (``--dry-run``) would.
 
     With ``resume``: a point whose run finished is left out, an existing one gets a resumed attempt, a missing one
-    a first attempt. Every plan is built before any point is written. A point that cannot run on the site (more
+    a first attempt. Every plan was built by the points' preflight, before any point is written. A point that cannot run on the site (more
     nodes or GPUs per node than it has) was already refused, naming the point, by the preflight of its config
     (``toolkit.sweep.point_config``). Raises ConfigError (an existing point without ``--resume``/``--clean``, a live
     holder of a point's lease) at the point concerned.
     """
-    runs = [RunDir(root / point.point_id) for point in sweep.points]
-    plans = [build_plan(loaded.config, site, run, job_id="$SLURM_JOB_ID", port_key=run_port_key(loaded.config))
-             for loaded, run in zip(configs, runs)]
     out: list[PreparedPoint] = []
-    for point, loaded, plan, live in zip(sweep.points, configs, plans, runs):
+    for point, checked in zip(sweep.points, configs):
+        loaded, plan, live = checked.loaded, checked.plan, RunDir(root / point.point_id)
         cfg = loaded.config
         if resume and finished(live, cfg.max_steps):
             print(f"  {point.point_id}: finished (checkpoint at step {cfg.max_steps}); skipped")

@@ -31,7 +31,7 @@ from ..engines.commands import (
 from ..fsutil import atomic_write_json
 from ..run.layout import RunDir
 from . import environment as envmod
-from .ports import PortAllocator, PortError
+from .ports import PortAllocator, PortError, ports_free
 from .topology import Topology, derive_topology
 
 ROLES = ("inference", "router", "orchestrator", "trainer")
@@ -303,6 +303,32 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
         return _place(cfg, site, run, str(job_id), roles, port_key)
     except (CommandError, PortError) as err:  # bad pass-through values, too small a port range
         raise PlacementError(str(err)) from None
+
+
+INFERENCE_ROLES = ("inference", "router")
+
+
+def launch_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, roles: tuple[str, ...] = ROLES,
+                probe: bool = False, tries: int = 64) -> Plan:
+    """The plan a launch of ``run`` uses, built once (by preflight) and then written, rendered and submitted as is.
+
+    Slurm: job id ``$SLURM_JOB_ID`` (the job fills in its id and hosts) and the run's port block
+    (:func:`run_port_key`), so a dry run writes the plan a later submission uses. Local: a local run has no job id,
+    so the block is keyed by the run (its ``run_meta.json`` id when it exists, else its directory name) and, with
+    ``probe``, moved on until every port is free on this machine; without it a second local run would talk to the
+    first run's engine. Raises PlacementError (also when no free block is found in ``tries``), TopologyError.
+    """
+    if site.is_slurm:
+        return build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", port_key=run_port_key(cfg), roles=roles)
+    try:
+        run_id = json.loads(run.run_meta.read_text())["run_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        run_id = run.root.name
+    for i in range(tries):
+        plan = build_plan(cfg, site, run, job_id=f"local-{run_id}-{i}", roles=roles)
+        if not probe or ports_free(plan.ports.values(), "127.0.0.1"):
+            return plan
+    raise PlacementError(f"no free port block in the site's port range after {tries} tries; is the range too small?")
 
 
 def _place(cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[str, ...],

@@ -13,8 +13,8 @@ Modules:
 Typical use::
 
     loaded = load_config(files, overrides)   # toolkit.config: schema and cross-field rules
-    checked = preflight(loaded)              # raises ConfigError listing every problem found here
-    checked.site, checked.plan, checked.warnings
+    checked = preflight(loaded, run=target)  # raises ConfigError listing every problem found here
+    checked.site, checked.plan, checked.warnings   # the plan is the one the launch writes and submits
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from ..config import ConfigError, ConfigIssue, LoadedConfig, RLConfig, name_sources
 from ..config.errors import Findings
 from ..config.site import SiteConfig
-from ..placement.plan import PlacementError, Plan, build_plan
+from ..placement.plan import ROLES, PlacementError, Plan, launch_plan
 from ..placement.topology import TopologyError
 from ..run.layout import RunDir
 from . import checks
@@ -44,8 +44,9 @@ class Preflight:
     findings: Findings
     """Warnings of the preflight checks (errors raise)."""
     plan: Plan | None
-    """Every process of the run placed on the site (job id "validate"); None when the deployment cannot be laid
-    out on nodes, which :mod:`checks` reports."""
+    """Every process of the run placed on the site (:func:`toolkit.placement.plan.launch_plan`): the plan a launch
+    writes and submits, built only here. None when the deployment cannot be laid out on nodes, which
+    :mod:`checks` reports."""
 
     @property
     def config(self) -> RLConfig:
@@ -61,14 +62,19 @@ class Preflight:
         return self.loaded.notices
 
 
-def preflight(loaded: LoadedConfig) -> Preflight:
+def preflight(loaded: LoadedConfig, *, run: RunDir | None = None, roles: tuple[str, ...] = ROLES,
+              probe: bool = False) -> Preflight:
     """Check ``loaded`` against the world (model, tasksets, files, site, ports) and build its placement plan once.
 
+    ``run``: the directory the launch will write (default ``output_dir/run.name``, or ``.../validate`` without a
+    name); ``roles``: the roles to place (an SFT run: the trainer; a deployment: engines and router); ``probe``: a
+    local launch moves its port block on until every port is free here (a dry run or a check does not).
     Raises ConfigError listing every problem, each naming the file that set the field when known.
     """
     cfg = loaded.config
     f = checks.check(cfg, purpose=loaded.purpose)
-    site, plan = _site_and_plan(cfg, f)
+    run = run or RunDir(Path(cfg.output_dir) / (cfg.run.name or "validate"))
+    site, plan = _site_and_plan(cfg, f, run, roles, probe)
     sources = [] if loaded.purpose == "serve" else checks.check_tasksets(cfg, site, f)
     if f.errors:
         raise ConfigError(name_sources(f.errors, loaded.origins))
@@ -78,7 +84,8 @@ def preflight(loaded: LoadedConfig) -> Preflight:
     return Preflight(loaded, site, f, plan)
 
 
-def _site_and_plan(cfg: RLConfig, f: Findings) -> tuple[SiteConfig | None, Plan | None]:
+def _site_and_plan(cfg: RLConfig, f: Findings, run: RunDir, roles: tuple[str, ...],
+                   probe: bool) -> tuple[SiteConfig | None, Plan | None]:
     """Load the site, apply the run-vs-site rules, and build the plan so that pass-through argument and port-range
     problems surface before anything is written."""
     sites = sorted(p.stem for p in site_configs_dir().glob("*.toml"))
@@ -96,7 +103,7 @@ def _site_and_plan(cfg: RLConfig, f: Findings) -> tuple[SiteConfig | None, Plan 
     if f.errors:
         return site, None
     try:
-        plan = build_plan(cfg, site, RunDir(Path(cfg.output_dir) / (cfg.run.name or "validate")), job_id="validate")
+        plan = launch_plan(cfg, site, run, roles=roles, probe=probe)
     except TopologyError:
         return site, None  # reported by checks
     except PlacementError as e:

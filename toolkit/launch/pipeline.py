@@ -1,0 +1,155 @@
+"""The one launch pipeline: every command that starts work (``srl rl``, ``srl sft``, ``srl sft chain``,
+``srl inference``, a local sweep point) goes through :func:`start`.
+
+    preflight (checks, and the placement plan, built once for the directory the launch writes)
+      -> the command's own refusals (``before_prepare``)
+      -> the run directory of a new attempt (:func:`toolkit.launch.prepare.prepare_attempt`)
+      -> the command's own files (``after_prepare``)
+      -> the plan written; a dry run renders and stops; Slurm submits; a local run is supervised here
+
+Nothing is written before preflight and the command's refusals passed, so a bad config costs no queue wait and
+leaves no directory. A new verb is a small module that fills a :class:`Launch` and calls :func:`start`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..config import ConfigError, ConfigIssue, LoadedConfig, RLConfig
+from ..placement.plan import INFERENCE_ROLES, ROLES, write_plan
+from ..preflight import Preflight, preflight
+from ..run.layout import RunDir
+from .prepare import launch_target, prepare_attempt
+
+
+@dataclass
+class Launch:
+    """What a command asks to start."""
+
+    loaded: LoadedConfig
+    """The config to launch (an SFT run: its launch view, :func:`toolkit.config.sft.launch_loaded`)."""
+    live: RunDir
+    """The run directory the config names (:func:`toolkit.launch.prepare.run_dir_for`); a dry run of an existing
+    run writes to its shadow instead (:func:`toolkit.launch.prepare.launch_target`)."""
+    argv: list[str]
+    """The command line, recorded in the attempt's configs."""
+    dry_run: bool = False
+    resume: bool = False
+    clean: bool = False
+    kind: str = "rl"
+    """``"rl"`` (an RL or SFT run) or ``"inference"`` (a standalone deployment: engines and router)."""
+    roles: tuple[str, ...] | None = None
+    """The roles to place; default every role of ``kind`` (an SFT run passes the trainer only)."""
+    dependency: str | None = None
+    """Slurm only: queue the job behind another (``afterok:<id>``)."""
+
+    @property
+    def placed_roles(self) -> tuple[str, ...]:
+        return self.roles or (ROLES if self.kind == "rl" else INFERENCE_ROLES)
+
+
+@dataclass
+class Started:
+    """What :func:`start` did: ``status`` is the command's exit status (0 after a submission or a dry run; a local
+    run's ending status otherwise); ``job_id`` the Slurm job id of a submission, else None."""
+
+    status: int
+    run: RunDir
+    attempt: int
+    job_id: str | None = None
+
+
+def print_findings(checked: Preflight) -> None:
+    """Print preflight's notes and warnings to stderr, one per line."""
+    for n in checked.notices:
+        print(f"note: {n}", file=sys.stderr)
+    for w in checked.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+
+
+def checked_and_printed(loaded: LoadedConfig, *, run: RunDir, roles: tuple[str, ...], probe: bool) -> Preflight:
+    """:func:`toolkit.preflight.preflight`, then its notes and warnings printed: the default check of :func:`start`."""
+    checked = preflight(loaded, run=run, roles=roles, probe=probe)
+    print_findings(checked)
+    return checked
+
+
+def check_local_model(cfg: RLConfig) -> None:
+    """Raise ConfigError (field model.name) when a local run's model cannot be resolved now.
+
+    The login checks only warn about an SFT run directory without its final model (a Slurm job may queue behind
+    that run), but a local run starts at once and would end in a traceback from the launcher.
+    """
+    from ..models import resolve_model
+
+    try:
+        resolve_model(cfg.model.name)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError([ConfigIssue("model.name", str(e))]) from None
+
+
+Check = Callable[..., Preflight]
+
+
+def start(req: Launch, *, check: Check = checked_and_printed,
+          before_prepare: Callable[[Preflight], None] | None = None,
+          after_prepare: Callable[[RunDir, int], None] | None = None) -> Started:
+    """Check, prepare and launch ``req`` (module docstring). ``check`` replaces the default preflight-and-print
+    (an SFT run names its findings in SFT terms); ``before_prepare`` refuses what only the command knows (a
+    finished run resumed) and ``after_prepare`` writes the command's own files into the new attempt.
+
+    Raises ConfigError (nothing written), SubmitError (sbatch refused; the attempt is marked as launching nothing),
+    RenderError.
+    """
+    target = launch_target(req.live, dry_run=req.dry_run, resume=req.resume, clean=req.clean)
+    checked = check(req.loaded, run=target, roles=req.placed_roles, probe=not req.dry_run)
+    if checked.plan is None:  # preflight reports why as an error; this is a guard, not a path
+        raise RuntimeError("preflight passed without a placement plan")
+    if before_prepare is not None:
+        before_prepare(checked)
+    if not req.dry_run and not checked.site.is_slurm:
+        check_local_model(checked.config)
+    run, attempt = prepare_attempt(req.loaded, req.live, argv=req.argv, dry_run=req.dry_run, resume=req.resume,
+                                   clean=req.clean)
+    if run.root != target.root:
+        raise RuntimeError(f"prepared {run.root}, but the plan was built for {target.root}")
+    if after_prepare is not None:
+        after_prepare(run, attempt)
+    return _launch(req, checked, run, attempt)
+
+
+def _launch(req: Launch, checked: Preflight, run: RunDir, attempt: int) -> Started:
+    cfg, site, plan = checked.config, checked.site, checked.plan
+    write_plan(run, plan)
+    if site.is_slurm:
+        from .submit import render_job, submit_job
+
+        if req.dry_run:
+            script = render_job(cfg, run, plan, req.kind, attempt=attempt, site=site)
+            print(f"dry run: resolved configs in {run.latest_configs}/resolved, sbatch script {script}")
+            return Started(0, run, attempt)
+        job_id = submit_job(cfg, run, attempt, req.kind, site=site, plan=plan, roles=req.placed_roles,
+                            dependency=req.dependency)
+        what = "inference job" if req.kind == "inference" else "job"
+        print(f"submitted {what} {job_id}; run directory {run.root}; follow with: srl logs {run.root} --follow")
+        return Started(0, run, attempt, job_id)
+    if req.dry_run:
+        print(f"dry run: resolved configs in {run.latest_configs}/resolved; placement {run.placement_file}")
+        return Started(0, run, attempt)
+    from .local import run_local
+    from .progress import wandb_sync_command
+
+    if req.kind == "inference":
+        print("srl: serving until Ctrl-C", flush=True)
+    rc = run_local(cfg, run, plan, attempt=attempt)
+    sync = wandb_sync_command(run)
+    if sync:
+        print(f"srl: W&B files saved offline; upload with: {sync}", flush=True)
+        from ..run import ending
+
+        end = ending.read(run)
+        if end is not None:
+            print(end.line(), flush=True)  # how the run ended stays the last line
+    return Started(rc, run, attempt)
