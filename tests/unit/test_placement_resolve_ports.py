@@ -29,8 +29,8 @@ def test_resolve_on_one_machine_moves_off_a_busy_port_block(tmp_path: Path, monk
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", busy_port))
         s.listen()
-        plan = runtime.resolve(run, None, env)
+        plan = runtime.resolve(run, *runtime.job_config(run, None), env)
     assert busy_port not in plan.ports.values()
     assert plan.job_id == "4242" and read_plan(run).ports == plan.ports
-    free = runtime.resolve(run, None, env)  # nothing listens any more: the job id's own block
+    free = runtime.resolve(run, *runtime.job_config(run, None), env)  # nothing listens any more: the job id's own block
     assert free.ports["inference-0-0.http"] == busy_port

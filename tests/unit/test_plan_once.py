@@ -4,6 +4,7 @@ and the batch job only fills in its id and hosts (toolkit.launch.dispatch, toolk
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,9 @@ def test_dry_run_writes_the_plan_the_submitted_job_uses(tmp_path: Path, monkeypa
 
     # The job starts on three emulated nodes: it keeps the login node's ports and roles, and adds its id and hosts.
     monkeypatch.setattr(runtime, "node_addresses", lambda hosts: [f"10.0.0.{i + 1}" for i in range(len(hosts))])
-    started = runtime.resolve(RunDir(tmp_path / "r"), None, {"SLURM_JOB_ID": "4242",
-                                                              "SLURM_JOB_NODELIST": "node[1-3]"})
+    run = RunDir(tmp_path / "r")
+    started = runtime.resolve(run, *runtime.job_config(run, None), {"SLURM_JOB_ID": "4242",
+                                                                     "SLURM_JOB_NODELIST": "node[1-3]"})
     placed = _placement(tmp_path / "r")
     assert started.job_id == "4242" and placed["hosts"] == ["node1", "node2", "node3"]
     assert placed["ports"] == dry["ports"] and placed["roles"] == dry["roles"]
@@ -89,3 +91,51 @@ def test_one_slurm_launch_builds_its_plan_once(tmp_path: Path, monkeypatch, verb
     assert placed["job_id"] == "$SLURM_JOB_ID"
     assert set(placed["roles"]) == {"rl": {"inference", "router", "orchestrator", "trainer"},
                                     "sft": {"trainer"}, "inference": {"inference", "router"}}[verb]
+
+
+def test_the_batch_job_reads_its_config_once_and_fills_in_the_plan(tmp_path: Path, monkeypatch) -> None:
+    """Inside the batch job: the supervisor reads the resolved config and the site once (for resolve and for
+    supervising), builds no plan (the login node's gets its id, hosts and model path), and a step's exec reads no
+    config at all; each role then reads it once for itself (its own process)."""
+    import toolkit.config
+    from toolkit.config.site import read_site as real_read_site
+    from toolkit.launch import supervisor
+
+    args = ["rl", "@", str(JOBS / "rl.toml"), "@", str(JOBS / "slurm.toml"), "--site", "local-slurm",
+            "--output-dir", str(tmp_path), "--run.name", "r"]
+    monkeypatch.setattr(slurm, "jobs_logging_under", lambda root: [])
+    monkeypatch.setattr(slurm, "submit", lambda script, **kw: "4244")
+    assert main(args) == 0
+    login = _placement(tmp_path / "r")
+
+    reads: list[str] = []
+    real_load = toolkit.config.load_resolved
+    monkeypatch.setattr(toolkit.config, "load_resolved", lambda path: reads.append(str(path)) or real_load(path))
+    monkeypatch.setattr("toolkit.config.site.read_site", lambda path: reads.append(str(path)) or real_read_site(path))
+    builds = _counting_build_plan(monkeypatch)
+    monkeypatch.setattr(runtime, "node_addresses", lambda hosts: [f"10.0.0.{i + 1}" for i in range(len(hosts))])
+    supervised: list = []
+    monkeypatch.setattr(supervisor, "_supervise_job", lambda cfg, site, run, plan, *a, **kw: supervised.append(
+        (cfg, site, plan)) or 0)
+    env = {**os.environ, "SLURM_JOB_ID": "4244", "SLURM_JOB_NODELIST": "node[1-3]"}
+    assert supervisor.run_job(RunDir(tmp_path / "r"), attempt=None, kind="rl", env=env) == 0
+    assert len(supervised) == 1 and builds == []
+    assert [Path(r).name for r in reads] == ["rl.json", "site.toml"], reads
+    placed = _placement(tmp_path / "r")
+    assert placed["job_id"] == "4244" and placed["ports"] == login["ports"]
+    assert placed["model_path"] and Path(placed["model_path"]).is_dir()
+    assert without_job(placed) == without_job(login, job_id="4244")
+
+    # A step of the job: fills in its command and environment from the plan alone.
+    reads.clear()
+    execs: list[list[str]] = []
+
+    def fake_exec(path, argv, env):
+        execs.append(argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execvpe", fake_exec)
+    engine = next(p["name"] for p in placed["processes"] if p["role"] == "inference")
+    with pytest.raises(SystemExit):
+        runtime.exec_process(RunDir(tmp_path / "r"), engine, {**env, "SLURMD_NODENAME": "node1"})
+    assert reads == [] and placed["model_path"] in execs[0], execs

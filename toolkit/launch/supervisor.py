@@ -727,9 +727,8 @@ def run_job(run: RunDir, *, attempt: int | None, kind: str, secrets: list[str] |
             env: dict[str, str] | None = None) -> int:
     """Supervise this Slurm batch job's run (see the module docstring; ``secrets``: see :func:`job_environment`);
     returns the job's exit status."""
-    from ..config import load_resolved
-    from ..placement.runtime import ResolveError, resolve, shell_env
-    from ..preflight.site import load_site
+    from ..config import ConfigError
+    from ..placement.runtime import ResolveError, job_config, resolve, shell_env
 
     env = dict(os.environ if env is None else env)
     job = env.get("SLURM_JOB_ID", "?")
@@ -745,8 +744,9 @@ def run_job(run: RunDir, *, attempt: int | None, kind: str, secrets: list[str] |
         # Hosts, addresses, ports and the rendezvous host are resolved here, on the host side, in Python (no
         # scontrol inside containers, no localhost fallback). Nothing is launched if this fails.
         try:
-            plan = resolve(run, attempt, env)
-        except (ResolveError, KeyError, OSError) as e:
+            cfg, site = job_config(run, attempt)  # read once for the whole job
+            plan = resolve(run, cfg, site, env)
+        except (ResolveError, ConfigError, KeyError, OSError) as e:
             _job_log(f"error: {e}")
             _job_log("cannot resolve this allocation's placement; nothing was launched")
             return 1
@@ -755,9 +755,6 @@ def run_job(run: RunDir, *, attempt: int | None, kind: str, secrets: list[str] |
             hosts = ",".join(plan.hosts[i] for i in p.node_indices)
             _job_log(f"{p.name}: nodes {list(p.node_indices)} ({hosts}) gpus {list(p.gpus)} ports {p.ports}")
         _job_log(f"hosts: {','.join(plan.hosts)}")
-        cfg = load_resolved(run.resolved("rl", attempt))
-        site_file = run.launcher / "site.toml"
-        site = load_site(site_file if site_file.exists() else plan.site)
         extra = job_environment(run, kind=kind, secrets=secrets or [], env=env)
         step_env = {**env, **extra, leases.LEASE_ENV: lease.token}
         return _supervise_job(cfg, site, run, plan, lease, step_env, attempt=attempt)

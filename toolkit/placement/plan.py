@@ -134,6 +134,9 @@ class Plan:
     """What picks the port block: a Slurm run's identity (:func:`run_port_key`), decided on the login node and
     kept by the job (which moves to another block only when a port is taken on its one machine); None: the job
     id."""
+    model_path: str | None = None
+    """Local directory of the run's model, for commands with ``{model_path}``: resolved once on the allocation
+    (:mod:`toolkit.placement.runtime`), None before."""
 
     @property
     def is_het(self) -> bool:

@@ -3,9 +3,9 @@
 :func:`resolve` runs once in the batch job, on the host side (outside any container), before anything is launched.
 It expands ``SLURM_JOB_NODELIST`` (per het group when heterogeneous) in Python, without ``scontrol``, looks up each
 node's routable address (``scontrol show node``'s NodeAddr when scontrol works, else the host name; never
-``localhost``), rebuilds the plan for this job id with the roles and port block the login node chose (another block
-only when every node shares this machine's address and a port is taken), writes placement.json and ports.json and
-removes a stale stop request. It raises ResolveError when the host list is missing or does not match the plan.
+``localhost``), fills this job's id, hosts, addresses and model path into the plan the login node built (another
+port block only when every node shares this machine's address and a port is taken), writes placement.json and
+ports.json and removes a stale stop request. It raises ResolveError when the host list is missing or does not match the plan.
 
 ``python -m toolkit.placement.runtime exec --run-dir R --process NAME``
     Runs as the Slurm step of one process: fills the command's placeholders, sets ``CUDA_VISIBLE_DEVICES`` from the
@@ -99,21 +99,44 @@ def node_addresses(hosts: list[str]) -> list[str]:
     return [addr[h] for h in hosts]
 
 
-def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
-    """Rebuild the plan for this allocation (job id, hosts, addresses) and write it. See module docstring."""
+def job_config(run: RunDir, attempt: int | None) -> tuple[Any, Any]:
+    """The batch job's resolved run config and site, each read once for the whole job: ``configs/attempt_<n>/
+    resolved/rl.json`` and the site file the job was rendered with (``launcher/site.toml``, checked on the login
+    node; else the plan's site by name). Raises ConfigError, OSError."""
     from ..config import load_resolved
     from ..config.site import read_site, site_configs_dir
 
+    cfg = load_resolved(run.resolved("rl", attempt))
+    site_file = run.launcher / "site.toml"
+    site = read_site(site_file if site_file.is_file() else site_configs_dir() / f"{read_plan(run).site}.toml")
+    return cfg, site
+
+
+def with_job_id(plan: Plan, job_id: str) -> Plan:
+    """``plan`` with its ``$SLURM_JOB_ID`` placeholders (the login node's, :func:`toolkit.placement.plan.launch_plan`)
+    replaced by the job's id: the plan the job runs, not rebuilt. The placeholder is a whole token in every value
+    that holds it, so a textual replacement cannot touch a port or another number."""
+    import json
+
+    text = json.dumps(plan.to_json()).replace("$SLURM_JOB_ID", job_id)
+    return Plan.from_json(json.loads(text))
+
+
+def resolve(run: RunDir, cfg: Any, site: Any, env: dict[str, str]) -> Plan:
+    """The plan for this allocation (job id, hosts, addresses), written. See module docstring.
+
+    ``cfg``, ``site``: :func:`job_config`. The login node's plan is kept and only its job id filled in; it is
+    rebuilt (same roles and port key) only for a plan that already holds another job's id (a batch script
+    submitted again by hand, a requeue) or has no port key, or moved to another port block when one is busy.
+    """
     job_id = env.get("SLURM_JOB_ID")
     if not job_id:
         raise ResolveError("SLURM_JOB_ID is not set: resolve runs inside the batch job")
     old = read_plan(run)
-    cfg = load_resolved(run.resolved("rl", attempt))
-    # The site file the job was rendered with (launcher/site.toml; checked on the login node), else the plan's
-    # site by name.
-    site_file = run.launcher / "site.toml"
-    site = read_site(site_file if site_file.is_file() else site_configs_dir() / f"{old.site}.toml")
-    plan = build_plan(cfg, site, run, job_id=job_id, roles=old.roles, port_key=old.port_key)
+    if old.job_id == "$SLURM_JOB_ID" and old.port_key is not None:
+        plan = with_job_id(old, job_id)
+    else:
+        plan = build_plan(cfg, site, run, job_id=job_id, roles=old.roles, port_key=old.port_key)
     groups = group_hostlists(env, len(plan.groups))
     for g, hosts in zip(plan.groups, groups):
         if len(hosts) != g.num_nodes:
@@ -129,6 +152,9 @@ def resolve(run: RunDir, attempt: int | None, env: dict[str, str]) -> Plan:
         # another job or a local run already listens on would make an engine fail to start, so move to a free one.
         plan = _free_port_plan(cfg, site, run, plan, job_id, addrs[0])
     plan.hosts, plan.addresses = hosts, addrs
+    if any("{model_path}" in a for p in plan.processes for a in p.command):
+        # Once for the job, so that no step has to read the run config only to find the model.
+        plan.model_path = model_path_for(cfg.model.name)
     user_master = env.get("MASTER_ADDR")
     if plan.master_node is not None and user_master and user_master not in (hosts[plan.master_node],
                                                                              addrs[plan.master_node]):
@@ -187,15 +213,10 @@ def exec_process(run: RunDir, name: str, env: dict[str, str]) -> None:
     me = env.get("SLURMD_NODENAME")
     # This step's node: the first of the process's nodes whose host is this one (the first node when unknown).
     node = next((i for i, h in enumerate(plan.hosts) if me and h == me and i in spec.node_indices), spec.node_index)
-    model = None
-    if any("{model_path}" in a for a in spec.command):
-        from ..config import load_resolved
-
-        model = model_path_for(load_resolved(run.resolved("rl")).model.name)
     from ..engines.multinode import node_engine_argv
 
     # An engine spanning several nodes: only its head node runs the API server (see engines/multinode.py).
-    argv = node_engine_argv([fill(a, plan, node, model) for a in spec.command], spec.node_indices, node)
+    argv = node_engine_argv([fill(a, plan, node, plan.model_path) for a in spec.command], spec.node_indices, node)
     out = dict(env)
     for k, v in spec.env.items():
         v = fill(v, plan, node)
