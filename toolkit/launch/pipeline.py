@@ -111,7 +111,7 @@ def start(req: Launch, *, check: Check = checked_and_printed,
         before_prepare(checked)
     if not req.dry_run and not checked.site.is_slurm:
         check_local_model(checked.config)
-    run, attempt = prepare_attempt(req.loaded, req.live, argv=req.argv, dry_run=req.dry_run, resume=req.resume,
+    run, attempt = prepare_attempt(checked.loaded, req.live, argv=req.argv, dry_run=req.dry_run, resume=req.resume,
                                    clean=req.clean)
     if run.root != target.root:
         raise RuntimeError(f"prepared {run.root}, but the plan was built for {target.root}")

@@ -19,7 +19,7 @@ Typical use::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import ConfigError, ConfigIssue, LoadedConfig, RLConfig, name_sources
@@ -40,6 +40,8 @@ class Preflight:
     """A config that passed preflight: the loaded config, its site, the warnings found here, and the plan."""
 
     loaded: LoadedConfig
+    """The config as checked, with preflight's notes added (a copy: the one given to preflight is not changed);
+    the one a launch writes."""
     site: SiteConfig
     findings: Findings
     """Warnings of the preflight checks (errors raise)."""
@@ -78,10 +80,11 @@ def preflight(loaded: LoadedConfig, *, run: RunDir | None = None, roles: tuple[s
     sources = [] if loaded.purpose == "serve" else checks.check_tasksets(cfg, site, f)
     if f.errors:
         raise ConfigError(name_sources(f.errors, loaded.origins))
-    # Printed with the other notes and kept in the resolved config (configs/attempt_<n>/resolved/rl.json).
-    loaded.notices += sources
-    cfg.notices = [*cfg.notices, *sources]
-    return Preflight(loaded, site, f, plan)
+    # Printed with the other notes and kept in the resolved config (configs/attempt_<n>/resolved/rl.json): a new
+    # LoadedConfig and config, so the caller's stay as they were given.
+    checked = replace(loaded, config=cfg.model_copy(update={"notices": [*cfg.notices, *sources]}),
+                      notices=[*loaded.notices, *sources])
+    return Preflight(checked, site, f, plan)
 
 
 def _site_and_plan(cfg: RLConfig, f: Findings, run: RunDir, roles: tuple[str, ...],
