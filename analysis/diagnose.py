@@ -46,18 +46,14 @@ ADVICE = {
     "router logs and the served model name. Retries with backoff help a transient outage; a wrong model name or "
     "an unsupported request field fails every time. " + _NOT_HYPERPARAMS,
     "HarnessError": "The harness program failed to install, launch, or exited non-zero. This is deterministic: "
-    "retries do not fix it. Reproduce with `srl eval run` on one example and fix the harness. "
-    + _NOT_HYPERPARAMS,
+    "retries do not fix it. Reproduce with `srl eval run` on one example and fix the harness. " + _NOT_HYPERPARAMS,
     "ToolsetError/UserError": "A tool server or the simulated-user server failed at start-up, was unreachable from "
-    "the env workers, or misbehaved on a call. Check its placement, reachability and isolation. "
-    + _NOT_HYPERPARAMS,
+    "the env workers, or misbehaved on a call. Check its placement, reachability and isolation. " + _NOT_HYPERPARAMS,
     "SandboxError/TunnelError": "The runtime (sandbox capacity, lifecycle, filesystem, network, rate limits) or the "
     "interception tunnel failed. Retries may help transient failures; otherwise cap pool workers and sandbox "
-    "creation rate, use multiplex to bound tunnel count, and set explicit stage timeouts. "
-    + _NOT_HYPERPARAMS,
+    "creation rate, use multiplex to bound tunnel count, and set explicit stage timeouts. " + _NOT_HYPERPARAMS,
     "TaskError": "Task setup, finalize or scoring code raised during rollouts. This is deterministic: retries do "
-    "not fix it. Fix the taskset and pass `srl eval validate` (model-free) before training again. "
-    + _NOT_HYPERPARAMS,
+    "not fix it. Fix the taskset and pass `srl eval validate` (model-free) before training again. " + _NOT_HYPERPARAMS,
     "RewardSkippedError": "Scoring finished but left a reward or metric unscored: verifiers skips a signal that "
     "needs a runtime when none is handed to Task.score, so the reward would have read as a silent 0 and training "
     "would have followed a constant. Check that every reward's `runtime` parameter gets one (harness.runtime) and "
@@ -124,9 +120,7 @@ OWN_STOP_RE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) srl\[(\d+)\]: "
     r"(?:teardown: |received SIG\w+: asking the trainer to checkpoint)"
 )
-STEP_CANCELLED_RE = re.compile(
-    r"\*\*\* STEP (\d+)(?:\+\d+)?\.\S+ ON \S+ CANCELLED AT (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)"
-)
+STEP_CANCELLED_RE = re.compile(r"\*\*\* STEP (\d+)(?:\+\d+)?\.\S+ ON \S+ CANCELLED AT (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
 LOG_SUFFIXES = {".log", ".out", ".err", ".txt"}
 # Mean per-token KL (nats) between a stale batch's sampling policy and the trainer's weights above which updates
 # are too large. Healthy runs of the reverse-text job measure far below it (their mismatch_kl, the same quantity
@@ -265,8 +259,9 @@ def _failure_raised(run: RunDir, summary: str) -> tuple[str, dict[str, Any]]:
     it (the run's ending record, else the last traceback of that attempt's role logs), and that as evidence
     (``exception``, ``raised_at``, ``failed_role``). Unchanged when no traceback names it."""
     end = ending.read(run)
-    role, exc, at = (end.role, end.exception, end.where) if end is not None and end.cause == ending.FAILED else (
-        None, None, None)  # fmt: skip
+    role, exc, at = (
+        (end.role, end.exception, end.where) if end is not None and end.cause == ending.FAILED else (None, None, None)
+    )
     if exc is None:
         logs = run.latest_logs
         named = end.role if end is not None and end.cause == ending.FAILED else None
@@ -283,8 +278,10 @@ def _failure_raised(run: RunDir, summary: str) -> tuple[str, dict[str, Any]]:
     if exc is None:
         return summary, {}
     by = f"{role} raised " if role else "raised "
-    return (f"{summary}: {by}{exc}" + (f" at {at}" if at else ""),
-            {"failed_role": role, "exception": exc, "raised_at": at})  # fmt: skip
+    return (
+        f"{summary}: {by}{exc}" + (f" at {at}" if at else ""),
+        {"failed_role": role, "exception": exc, "raised_at": at},
+    )
 
 
 def scan_logs(run: RunDir) -> tuple[dict[str, _LogHit], dict[str, _LogHit]]:
@@ -387,9 +384,7 @@ def _error_findings(
         err = rollouts[rollouts["error_class"].notna()]
         for cls, sub in err.groupby(err["error_class"].astype(str), sort=True):
             boundary = CLASS_BOUNDARY.get(cls, cls)
-            ev = per_boundary.setdefault(
-                boundary, {"count": 0, "classes": {}, "first_step": None, "envs": set()}
-            )
+            ev = per_boundary.setdefault(boundary, {"count": 0, "classes": {}, "first_step": None, "envs": set()})
             ev["count"] += len(sub)
             ev["classes"][cls] = len(sub)
             first = int(sub["step"].min())
@@ -635,8 +630,10 @@ def _spikes(
 def format_findings(findings: list[Finding]) -> str:
     """Plain-text rendering (no rich markup): one block per finding with evidence lines and advice."""
     if not findings:
-        return ("No failures found: no errored rollouts, no trainer instability, no failed launcher, no Slurm-level "
-                "causes in the logs.\n")
+        return (
+            "No failures found: no errored rollouts, no trainer instability, no failed launcher, no Slurm-level "
+            "causes in the logs.\n"
+        )
     lines = []
     for i, f in enumerate(findings, 1):
         lines.append(f"{i}. [{f.severity.upper()}] {f.boundary}: {f.summary}")

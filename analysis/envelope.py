@@ -154,12 +154,12 @@ class Envelope:
         return [
             (
                 "Allocation",
-                "unknown"
-                if self.num_nodes is None
-                else f"{self.num_nodes} node(s) x {self.gpus_per_node} GPU(s)",
+                "unknown" if self.num_nodes is None else f"{self.num_nodes} node(s) x {self.gpus_per_node} GPU(s)",
             ),
-            ("Wall time (first start to last record)",
-             "unknown" if self.wall_seconds is None else f"{self.wall_seconds / 3600:.3f} h"),
+            (
+                "Wall time (first start to last record)",
+                "unknown" if self.wall_seconds is None else f"{self.wall_seconds / 3600:.3f} h",
+            ),
             (
                 "GPU-hours (nodes x GPUs/node x wall h)",
                 "unknown" if self.gpu_hours is None else f"{self.gpu_hours:.3f}",
@@ -216,8 +216,10 @@ def estimate(
     model_dir = _model_dir(model_name, weights_dirs)
     num_params = count_parameters(model_dir) if model_dir else None
     if num_params is None:
-        notes.append("parameter count unknown (the model is neither a local safetensors directory nor a built "
-                     "alias, and the run kept no weight broadcast)")  # fmt: skip
+        notes.append(
+            "parameter count unknown (the model is neither a local safetensors directory nor a built "
+            "alias, and the run kept no weight broadcast)"
+        )
     ckpt = config.get("ckpt") if isinstance(config.get("ckpt"), dict) else {}
     keep_last = ckpt.get("keep_last")
     disk = checkpoint_disk_bytes(num_params, int(keep_last)) if num_params and keep_last is not None else None
@@ -237,11 +239,7 @@ def estimate(
             num_layers=shape.get("num_hidden_layers", 0),
             vocab_size=shape.get("vocab_size", 0),
         )
-        vllm = (
-            ((config.get("inference") or {}).get("vllm") or {})
-            if isinstance(config.get("inference"), dict)
-            else {}
-        )
+        vllm = ((config.get("inference") or {}).get("vllm") or {}) if isinstance(config.get("inference"), dict) else {}
         tp = int(vllm.get("tensor_parallel_size", vllm.get("tensor-parallel-size", 1)) or 1)
         infer_w = inference_weights_per_gpu_bytes(num_params, tp)
     return Envelope(

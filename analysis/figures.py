@@ -93,9 +93,7 @@ def fig_batch(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | Non
         ax.plot(d["step"], d["rollouts"], marker=".", label="rollouts stored")
         ax.plot(d["step"], d["effective_batch_size"], marker=".", label="effective batch size (store)")
     if "effective_batch_size" in orch.columns:
-        ax.plot(
-            orch.index, orch["effective_batch_size"], ls="--", label="effective_batch_size (orchestrator)"
-        )
+        ax.plot(orch.index, orch["effective_batch_size"], ls="--", label="effective_batch_size (orchestrator)")
     ax.set_ylabel("rollouts")
     ax.legend(loc="best", fontsize=8)
     fig.suptitle("Effective batch size")
@@ -208,9 +206,7 @@ def fig_throughput(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure 
         for c in ("time/step", "time/wait_for_batch", "time/save_ckpt", "time/broadcast")
         if c in tr.columns
     ]
-    waits += [
-        (orch, c, f"orchestrator {c}") for c in ("time/step", "time/wait_for_policy") if c in orch.columns
-    ]
+    waits += [(orch, c, f"orchestrator {c}") for c in ("time/step", "time/wait_for_policy") if c in orch.columns]
     has_tp = "perf/throughput" in tr.columns
     if not waits and not has_tp:
         return None
@@ -263,16 +259,30 @@ def fig_eval(
             err = orch[c + STDERR_SUFFIX].reindex(d.index).astype(float) if c + STDERR_SUFFIX in orch else None
             with_errors = with_errors or (err is not None and err.notna().any())
             name = f"{c} ({label})" if label else c
-            bars = ax.errorbar(d.index + offset, d.values, yerr=None if err is None else err.fillna(0).values,
-                               marker="o" if not label else "s", ls="-" if not label else ":", capsize=3,
-                               color=colors.get(c), label=name)  # fmt: skip
+            bars = ax.errorbar(
+                d.index + offset,
+                d.values,
+                yerr=None if err is None else err.fillna(0).values,
+                marker="o" if not label else "s",
+                ls="-" if not label else ":",
+                capsize=3,
+                color=colors.get(c),
+                label=name,
+            )
             colors.setdefault(c, bars.lines[0].get_color())
         if label and i + 1 < len(runs):
             trainer = role_metrics(m, "trainer")
             offset = int(max([*orch.index, *trainer.index], default=0))
             ax.axvline(offset, color="gray", ls="--", lw=1)
-            ax.annotate(f"{label} ends", (offset, 0), xytext=(3, 3), textcoords="offset points", fontsize=7,
-                        color="gray", xycoords=("data", "axes fraction"))  # fmt: skip
+            ax.annotate(
+                f"{label} ends",
+                (offset, 0),
+                xytext=(3, 3),
+                textcoords="offset points",
+                fontsize=7,
+                color="gray",
+                xycoords=("data", "axes fraction"),
+            )
     ax.set_ylabel("score (bars: ± 1 standard error)" if with_errors else "score")
     ax.set_xlabel("step" if not before or len(runs) == 1 else f"step ({runs[0][0]} steps, then this run's)")
     ax.legend(loc="best", fontsize=8)

@@ -126,10 +126,7 @@ def require_run_dir(run_dir: Path | RunDir) -> RunDir:
         raise FileNotFoundError(f"run directory {run.root} does not exist")
     if not run.root.is_dir():
         raise FileNotFoundError(f"{run.root} is not a directory; give the run directory `srl rl` printed")
-    if not any(
-        p.exists()
-        for p in (run.configs, run.logs, run.launcher, run.metrics, run.run_meta, run.rollout_store)
-    ):
+    if not any(p.exists() for p in (run.configs, run.logs, run.launcher, run.metrics, run.run_meta, run.rollout_store)):
         raise FileNotFoundError(
             f"{run.root} is not a run directory (no configs/, logs/, launcher/, metrics.jsonl, run_meta.json or "
             "rollout store); "

@@ -2,7 +2,8 @@
 Markdown twin (figures as PNG files next to it), and CSV tables.
 
 Each run opens with its outcome (:func:`_outcome`: how it ended, steps, wall time, eval first -> best -> last, the
-reward and eval figures, the top diagnosis findings), then the deliverable sections of a run report: 1. version and resolved
+reward and eval figures, the top diagnosis findings), then the deliverable sections of a run report: 1. version and
+resolved
 config; 2. taskset, harness, runtime, renderer, group, batch and eval settings; 3. pre-training validation evidence
 (the step-0 eval); 4. resource and cost envelope; 5. monitoring and stop criteria; 6. failures with their boundary
 (:mod:`analysis.diagnose`). When runs carry a ``sweep_point`` in ``run_meta.json``, a sweep section compares the
@@ -92,13 +93,12 @@ class _Doc:
 
     def pre(self, text: str, summary: str | None = None) -> None:
         body = f"<pre>{html.escape(text)}</pre>"
-        self.html.append(
-            f"<details><summary>{html.escape(summary)}</summary>{body}</details>" if summary else body
-        )
+        self.html.append(f"<details><summary>{html.escape(summary)}</summary>{body}</details>" if summary else body)
         block = ["```", text.rstrip("\n"), "```", ""]
         # Markdown renderers that take HTML (GitHub, most viewers) fold it the same way as the HTML twin.
-        self.md += ([f"<details><summary>{html.escape(summary)}</summary>", "", *block, "</details>", ""]
-                    if summary else block)  # fmt: skip
+        self.md += (
+            [f"<details><summary>{html.escape(summary)}</summary>", "", *block, "</details>", ""] if summary else block
+        )
 
     def table(self, df: pd.DataFrame, name: str | None = None, max_rows: int = 60) -> None:
         if name:
@@ -131,9 +131,7 @@ class _Doc:
         path.write_bytes(png)
         self.paths.figures[name] = path
         b64 = base64.b64encode(png).decode("ascii")
-        self.html.append(
-            f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{b64}"/></figure>'
-        )
+        self.html.append(f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{b64}"/></figure>')
         self.md += [f"![{name}](figures/{name}.png)", ""]
 
 
@@ -193,8 +191,12 @@ def expand_sweep_dirs(paths: list[Path]) -> list[Path]:
             out.append(p)
             continue
         # The manifest holds absolute paths; a sweep copied elsewhere still has its points next to the manifest.
-        dirs = {str(pt.get("point_id")): next((d for d in (Path(pt["run_dir"]), p / str(pt.get("point_id")))
-                                               if d.is_dir()), None) for pt in points}
+        dirs = {
+            str(pt.get("point_id")): next(
+                (d for d in (Path(pt["run_dir"]), p / str(pt.get("point_id"))) if d.is_dir()), None
+            )
+            for pt in points
+        }
         found = [d for d in dirs.values() if d is not None]
         missing = [pid for pid, d in dirs.items() if d is None]
         if missing:
@@ -239,7 +241,9 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
         + ("" if shown else " (not found: the run was not started through srl rl or srl sft).")
     )
     if shown:
-        doc.pre(json.dumps(shown, indent=2, sort_keys=True), summary=f"resolved {'sft' if sft.is_file() else 'rl'}.json")
+        doc.pre(
+            json.dumps(shown, indent=2, sort_keys=True), summary=f"resolved {'sft' if sft.is_file() else 'rl'}.json"
+        )
 
     doc.heading("2. Taskset, harness, runtime, renderer, group, batch and eval settings", level + 1)
     doc.kv(_sft_settings(shown) if sft.is_file() else _settings(run.config))
@@ -300,8 +304,9 @@ def _run_section(doc: _Doc, run: RunData, prefix: str, figures: bool) -> None:
     doc.pre(format_findings(findings))
 
 
-def _outcome(doc: _Doc, run: RunData, steps: pd.DataFrame | None, findings: list[Finding], key: Any, *,
-             figures: bool) -> None:  # fmt: skip
+def _outcome(
+    doc: _Doc, run: RunData, steps: pd.DataFrame | None, findings: list[Finding], key: Any, *, figures: bool
+) -> None:
     """The run's outcome first: how it ended, steps, wall time, eval first -> best -> last, reward, the reward and
     eval figures side by side, and the top diagnosis findings."""
     doc.raw('<section class="outcome" id="outcome">', [])
@@ -326,7 +331,9 @@ def _outcome(doc: _Doc, run: RunData, steps: pd.DataFrame | None, findings: list
         more = f" (all {len(findings)} in section 6)" if len(findings) > len(top) else ""
         doc.para(f"Top findings of srl diagnose{more}:")
         items = [f"[{f.severity.upper()}] {f.boundary}: {f.summary}" for f in top]
-        doc.raw("<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>", [f"- {i}" for i in items] + [""])
+        doc.raw(
+            "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>", [f"- {i}" for i in items] + [""]
+        )
     else:
         doc.para("srl diagnose found no failures.")
     doc.raw("</section>", [])
@@ -367,8 +374,12 @@ def outcome_rows(run: RunData) -> list[tuple[str, str]]:
     if "reward/all/mean" in orch.columns:
         r = orch["reward/all/mean"].astype(float).dropna()
         if not r.empty:
-            rows.append(("train reward first -> last",
-                         f"{r.iloc[0]:.3g} (step {r.index[0]}) -> {r.iloc[-1]:.3g} (step {r.index[-1]})"))  # fmt: skip
+            rows.append(
+                (
+                    "train reward first -> last",
+                    f"{r.iloc[0]:.3g} (step {r.index[0]}) -> {r.iloc[-1]:.3g} (step {r.index[-1]})",
+                )
+            )
     rows += truncation_rows(samples_mod.truncation(run.rollouts))
     return rows
 
@@ -381,12 +392,21 @@ def truncation_rows(trunc: pd.DataFrame) -> list[tuple[str, str]]:
     for t in trunc.itertuples(index=False):
         if not t.truncated_share and not t.last_step_share:
             continue
-        flag = ("TRUNCATED: rewards are of cut-off replies; raise the limit or check the replies below. "
-                if t.last_step_share >= samples_mod.TRUNCATED_HIGH else "")  # fmt: skip
+        flag = (
+            "TRUNCATED: rewards are of cut-off replies; raise the limit or check the replies below. "
+            if t.last_step_share >= samples_mod.TRUNCATED_HIGH
+            else ""
+        )
         why = f", limit {t.reason}" if t.reason else ""
-        rows.append((f"truncated rollouts ({t.kind} {t.env})",
-                     (f"{flag}{t.last_step_share:.1%} at step {t.last_step}, {t.truncated_share:.1%} of "
-                     f"{t.rollouts} over the run{why}")))  # fmt: skip
+        rows.append(
+            (
+                f"truncated rollouts ({t.kind} {t.env})",
+                (
+                    f"{flag}{t.last_step_share:.1%} at step {t.last_step}, {t.truncated_share:.1%} of "
+                    f"{t.rollouts} over the run{why}"
+                ),
+            )
+        )
     return rows
 
 
@@ -505,8 +525,12 @@ def _validation(doc: _Doc, run: RunData, key: Any) -> None:
     found = False
     for name, verdict in read_verdicts(run.run).items():
         doc.para(f"First-run gate `srl eval {name}`: {'PASSED' if verdict.passed else 'FAILED'}.")
-        doc.table(pd.DataFrame([{"env": i.env, "item": i.title, "status": i.status, "detail": i.detail}
-                                for i in verdict.items]), name=key(f"gate_{name}"))
+        doc.table(
+            pd.DataFrame(
+                [{"env": i.env, "item": i.title, "status": i.status, "detail": i.detail} for i in verdict.items]
+            ),
+            name=key(f"gate_{name}"),
+        )
         found = True
     orch = role_metrics(run.metrics, "orchestrator")
     eval_cols = [c for c in orch.columns if c.startswith("eval/")]
@@ -543,10 +567,22 @@ def _samples(doc: _Doc, run: RunData, key: Any) -> None:
     shown = samples_mod.sample_texts(run.run.rollout_store, picks, model)
     if samples_mod.decoder(model) is None:
         doc.para(f"The tokenizer of model {model!r} was not found: prompts and completions are shown as token ids.")
-    doc.para("Per env and kind, at its newest step: the valid rollout with the highest reward, the one with the "
-             "lowest, and a truncated one (cut by a length limit). Prompts show their end, completions their start.")  # fmt: skip
-    cols = ["kind", "env", "which", "step", "reward", "truncated", "truncation_reason", "completion_len", "prompt",
-            "completion"]  # fmt: skip
+    doc.para(
+        "Per env and kind, at its newest step: the valid rollout with the highest reward, the one with the "
+        "lowest, and a truncated one (cut by a length limit). Prompts show their end, completions their start."
+    )
+    cols = [
+        "kind",
+        "env",
+        "which",
+        "step",
+        "reward",
+        "truncated",
+        "truncation_reason",
+        "completion_len",
+        "prompt",
+        "completion",
+    ]
     doc.table(shown[cols], name=key("samples"))
 
 
@@ -732,8 +768,9 @@ def _sweep_section(doc: _Doc, runs: list[RunData]) -> None:
                 "seed": (r.meta.get("sweep_point") or {}).get("seed", r.meta.get("seed")),
                 "array_index": r.meta.get("array_task_id", r.meta.get("sweep_index")),
                 # The array task as Slurm names it (its log is <logs>/%x_<array job>_<task>.out).
-                "array_task": (f"{r.meta['array_job_id']}_{r.meta.get('array_task_id')}"
-                               if r.meta.get("array_job_id") else None),
+                "array_task": (
+                    f"{r.meta['array_job_id']}_{r.meta.get('array_task_id')}" if r.meta.get("array_job_id") else None
+                ),
             }
             for r in runs
         ]
@@ -750,7 +787,7 @@ def _sweep_section(doc: _Doc, runs: list[RunData]) -> None:
     doc.table(table, name="sweep")
     # The held-out scores first (avg@k before pass@k), then the train reward.
     scores = sorted((m for m in table["metric"].unique() if is_eval_score(m)), key=lambda m: ("/pass@" in m, m))
-    for metric in scores[:MAX_SWEEP_FIGURES - 1] + [SWEEP_METRIC]:
+    for metric in scores[: MAX_SWEEP_FIGURES - 1] + [SWEEP_METRIC]:
         sub = table[table["metric"] == metric]
         fig = fig_sweep(
             curves[curves["metric"] == metric],

@@ -74,12 +74,19 @@ def pick_samples(rollouts: pd.DataFrame) -> pd.DataFrame:
             chosen.append(("truncated", last.index[last["truncated"].astype(bool).to_numpy()][0]))
         for which, row in chosen:
             r = last.loc[row]
-            picks.append({
-                "row": int(row), "kind": kind, "env": env, "which": which, "step": int(r["step"]),
-                "reward": float(r["reward"]), "truncated": bool(r.get("truncated", False)),
-                "truncation_reason": None if pd.isna(r.get("truncation_reason")) else str(r["truncation_reason"]),
-                "completion_len": int(r["completion_len"]) if "completion_len" in r else None,
-            })  # fmt: skip
+            picks.append(
+                {
+                    "row": int(row),
+                    "kind": kind,
+                    "env": env,
+                    "which": which,
+                    "step": int(r["step"]),
+                    "reward": float(r["reward"]),
+                    "truncated": bool(r.get("truncated", False)),
+                    "truncation_reason": None if pd.isna(r.get("truncation_reason")) else str(r["truncation_reason"]),
+                    "completion_len": int(r["completion_len"]) if "completion_len" in r else None,
+                }
+            )
     return pd.DataFrame(picks, columns=cols)
 
 
@@ -111,15 +118,22 @@ def truncation(rollouts: pd.DataFrame | None) -> pd.DataFrame:
     cols = ["kind", "env", "rollouts", "truncated_share", "last_step", "last_step_share", "reason"]
     if rollouts is None or rollouts.empty or "truncated" not in rollouts.columns:
         return pd.DataFrame(columns=cols)
-    df = rollouts.assign(kind=rollouts["kind"].astype(str), env=rollouts["env"].astype(str),
-                         truncated=rollouts["truncated"].astype(bool))  # fmt: skip
+    df = rollouts.assign(
+        kind=rollouts["kind"].astype(str), env=rollouts["env"].astype(str), truncated=rollouts["truncated"].astype(bool)
+    )
     rows = []
     for (kind, env), d in df.groupby(["kind", "env"], sort=True):
         last = d[d["step"] == d["step"].max()]
         reasons = d.loc[d["truncated"], "truncation_reason"].dropna().astype(str) if "truncation_reason" in d else []
-        rows.append({
-            "kind": kind, "env": env, "rollouts": len(d), "truncated_share": float(d["truncated"].mean()),
-            "last_step": int(last["step"].iloc[0]), "last_step_share": float(last["truncated"].mean()),
-            "reason": pd.Series(reasons).mode().iloc[0] if len(reasons) else "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "kind": kind,
+                "env": env,
+                "rollouts": len(d),
+                "truncated_share": float(d["truncated"].mean()),
+                "last_step": int(last["step"].iloc[0]),
+                "last_step_share": float(last["truncated"].mean()),
+                "reason": pd.Series(reasons).mode().iloc[0] if len(reasons) else "",
+            }
+        )
     return pd.DataFrame(rows, columns=cols)

@@ -69,7 +69,7 @@ def _last_lines(text: str, n: int = 4) -> str:
     for marker in (": error:", "validation error", "Error"):  # argparse's line; pydantic's; an exception
         found = [i for i, line in enumerate(lines) if marker in line]
         if found:
-            return " | ".join(lines[found[-1]:][:n])
+            return " | ".join(lines[found[-1] :][:n])
     return " | ".join(lines[-n:])
 
 
@@ -123,8 +123,19 @@ def _check_srl(args: list[str]) -> str:
 
 # The --rdzv-conf keys torch's c10d rendezvous reads (dynamic_rendezvous.create_handler and the c10d backend), plus
 # the two torchrun adds itself; torch ignores any other key, so a misspelled one would leave its default in force.
-_C10D_RDZV_KEYS = {"join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout", "keep_alive_interval",
-                   "keep_alive_max_attempt", "read_timeout", "is_host", "store_type", "timeout", "rank"}
+_C10D_RDZV_KEYS = {
+    "join_timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "heartbeat_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "read_timeout",
+    "is_host",
+    "store_type",
+    "timeout",
+    "rank",
+}
 
 
 def _rdzv_conf_problem(config) -> str:
@@ -139,8 +150,9 @@ def _rdzv_conf_problem(config) -> str:
     if unknown:
         return f"--rdzv-conf: torch's c10d rendezvous reads no key {', '.join(unknown)}"
     try:
-        params = RendezvousParameters(config.rdzv_backend, config.rdzv_endpoint, config.run_id, config.min_nodes,
-                                      config.max_nodes, **conf)  # fmt: skip
+        params = RendezvousParameters(
+            config.rdzv_backend, config.rdzv_endpoint, config.run_id, config.min_nodes, config.max_nodes, **conf
+        )
         RendezvousTimeout(*(_get_timeout(params, k) for k in ("join", "last_call", "close", "heartbeat")))
         if (params.get_as_int("read_timeout", 60) or 0) <= 0:
             return "--rdzv-conf: read_timeout must be a positive integer"
@@ -170,7 +182,7 @@ def _check_torchrun(args: list[str]) -> str:
     if not isinstance(cmd, str) or Path(cmd).name not in PYTHONS or "-m" not in cmd_args:
         return f"torchrun would start {cmd!r} {cmd_args!r}: not a python -m worker this check knows"
     i = cmd_args.index("-m")
-    why = _check_python_module(cmd_args[i + 1], list(cmd_args[i + 2:]))
+    why = _check_python_module(cmd_args[i + 1], list(cmd_args[i + 2 :]))
     return f"torchrun's worker {cmd_args[i + 1]}: {why}" if why else ""
 
 
@@ -212,8 +224,15 @@ def argv_problem(argv: list[str]) -> str:
 def argv_problems(argvs: list[list[str]]) -> list[str]:
     """``argv_problems`` of each argv, as "<argv>: <why>" for the refused ones, run in a fresh interpreter.
     Raises AssertionError when the checker itself fails."""
-    proc = subprocess.run([sys.executable, __file__], input=json.dumps(argvs), capture_output=True, text=True,
-                          cwd=REPO, timeout=600, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, __file__],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        check=False,
+    )
     if proc.returncode != 0:
         raise AssertionError(f"the argv checker failed (status {proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -44,8 +44,15 @@ from toolkit.launch.submit import read_job_ids
 from toolkit.run.layout import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
-FAULTS = ("engine-kill", "engine-stop", "env-worker-kill", "trainer-stop", "requeue", "trainer-kill",
-          "orchestrator-kill")  # fmt: skip
+FAULTS = (
+    "engine-kill",
+    "engine-stop",
+    "env-worker-kill",
+    "trainer-stop",
+    "requeue",
+    "trainer-kill",
+    "orchestrator-kill",
+)
 STALL_S = 30
 WAIT_S = 900.0  # any one wait: engine start-up on two loaded cores plus a restart; only a hung run reaches it
 STEPS_PER_FAULT = 4  # room per fault: 2 steps before it, steps redone after a resume from the last checkpoint
@@ -81,11 +88,31 @@ class Chaos:
 
     # -- the run ----------------------------------------------------------------------------------------------
     def _srl_rl(self, *extra: str) -> str:
-        cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", SLURM_JOB[0], "@", SLURM_JOB[1],
-               "--output-dir", str(self.out), "--run.name", self.name, "--max-steps", str(self.max_steps),
-               "--ckpt.interval", "2", "--monitors.stall-timeout-s", str(STALL_S),
-               "--monitors.stall-restarts", str(self.faults + 1), "--inference.max-restarts", str(self.faults + 1),
-               *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "toolkit.cli",
+            "rl",
+            "@",
+            SLURM_JOB[0],
+            "@",
+            SLURM_JOB[1],
+            "--output-dir",
+            str(self.out),
+            "--run.name",
+            self.name,
+            "--max-steps",
+            str(self.max_steps),
+            "--ckpt.interval",
+            "2",
+            "--monitors.stall-timeout-s",
+            str(STALL_S),
+            "--monitors.stall-restarts",
+            str(self.faults + 1),
+            "--inference.max-restarts",
+            str(self.faults + 1),
+            *extra,
+        ]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return read_job_ids(self.run)[-1][0]
@@ -103,8 +130,9 @@ class Chaos:
     def logs(self) -> str:
         parts = [p.read_text(errors="replace")[-3000:] for p in sorted(self.run.logs.glob("*.out"))]
         for p in sorted(self.run.logs.glob("attempt_*/*.log")):
-            parts.append(f"---- {p.relative_to(self.run.root)}\n" + "\n".join(p.read_text(errors="replace")
-                                                                                .splitlines()[-15:]))  # fmt: skip
+            parts.append(
+                f"---- {p.relative_to(self.run.root)}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+            )
         return "\n".join(self.log) + "\n" + "\n".join(parts)[-10000:]
 
     def wait_steps_beyond(self, step: int) -> int:
@@ -136,11 +164,16 @@ class Chaos:
 
     def _pick(self, role: str) -> int:
         """A live process of ``role`` of this job, drawn with the seeded generator (an engine: its API server)."""
+
         def of_role(cmd: str) -> bool:
             if cmd.startswith("srun") or "torchrun" in cmd:  # Slurm's and torchrun's launchers, not the role
                 return False
-            return {"engine": "vllm.entrypoints.openai.api_server" in cmd, "env-worker": "toolkit.envs.server" in cmd,
-                    "trainer": "-m toolkit.trainer.main" in cmd, "orchestrator": " orchestrator --run-dir" in cmd}[role]
+            return {
+                "engine": "vllm.entrypoints.openai.api_server" in cmd,
+                "env-worker": "toolkit.envs.server" in cmd,
+                "trainer": "-m toolkit.trainer.main" in cmd,
+                "orchestrator": " orchestrator --run-dir" in cmd,
+            }[role]
 
         pids = sorted(pid for pid, cmd in self._job_processes() if of_role(cmd))
         assert pids, f"no live {role} process of job {self.job}\n{self.logs()}"

@@ -60,8 +60,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         except ClusterUnavailable as e:
             problems.append(f"the local Slurm cluster is unavailable: {e}")
     if problems:
-        pytest.exit("CI=true, but this machine lacks what the tests need:\n  - " + "\n  - ".join(problems),
-                    returncode=pytest.ExitCode.TESTS_FAILED)  # fmt: skip
+        pytest.exit(
+            "CI=true, but this machine lacks what the tests need:\n  - " + "\n  - ".join(problems),
+            returncode=pytest.ExitCode.TESTS_FAILED,
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -69,9 +69,7 @@ def wait_healthy(
             p = procs.get(url)
             if p is not None and p.poll() is not None:
                 tail = _log_tail(log_paths.get(url)) if log_paths else ""
-                raise EngineStartError(
-                    f"process serving {url} exited with code {p.returncode} before healthy{tail}"
-                )
+                raise EngineStartError(f"process serving {url} exited with code {p.returncode} before healthy{tail}")
             if is_healthy(url):
                 pending.remove(url)
         if not pending:
@@ -285,7 +283,8 @@ def start_local_deployment(
 
     Aggregated mode: ``num_engines`` replicas behind a router (router when more than one engine, or when
     ``use_router`` is True). P/D mode: ``prefill_replicas`` > 0 and ``decode_replicas`` > 0 (then
-    ``num_engines`` is ignored); KV moves through ``kv_connector`` ("ExampleConnector": files in ``<run>/scratch/kv_store``,
+    ``num_engines`` is ignored); KV moves through ``kv_connector`` ("ExampleConnector": files in
+    ``<run>/scratch/kv_store``,
     removed at start and stop). On CPU each engine is pinned to its own cores. Logs go to ``log_dir/<name>.log``.
     If ``<run>/broadcasts`` holds a STABLE step, every engine loads it before readiness (a restarted deployment
     resumes the policy it served). Engines get the admin token ``admin_token``; None means this process's
@@ -308,9 +307,7 @@ def start_local_deployment(
     kv_extra: dict[str, Any] | None = None
     if pd and kv_connector == "ExampleConnector":
         kv_store = run.scratch / "kv_store"
-        shutil.rmtree(
-            kv_store, ignore_errors=True
-        )  # the connector never cleans its store; it grows per prompt
+        shutil.rmtree(kv_store, ignore_errors=True)  # the connector never cleans its store; it grows per prompt
         kv_store.mkdir(parents=True)
         kv_extra = {"shared_storage_path": str(kv_store)}
 
@@ -336,11 +333,26 @@ def start_local_deployment(
             python=python,
             defaults=defaults,
         )
-        env = engine_env(role=role, omp_bind=bind, side_channel_host=None, side_channel_port=None, cpu=cpu,
-                         user_env=user_env[role] or {})  # fmt: skip
+        env = engine_env(
+            role=role,
+            omp_bind=bind,
+            side_channel_host=None,
+            side_channel_port=None,
+            cpu=cpu,
+            user_env=user_env[role] or {},
+        )
         name = f"{role}_{i}"
-        engines.append(ManagedProcess(name, role, f"http://{host}:{port}", argv, env, Path(log_dir) / f"{name}.log",
-                                      secret_env={ADMIN_TOKEN_ENV: token}))  # fmt: skip
+        engines.append(
+            ManagedProcess(
+                name,
+                role,
+                f"http://{host}:{port}",
+                argv,
+                env,
+                Path(log_dir) / f"{name}.log",
+                secret_env={ADMIN_TOKEN_ENV: token},
+            )
+        )
 
     dep = Deployment(run=run, model=served_model_name, engines=engines, kv_store=kv_store, admin_token=token)
     try:
@@ -365,12 +377,11 @@ def start_local_deployment(
                 health_check_interval_s=health_check_interval_s,
                 executable=_router_executable(python),
             )
-            dep.router = ManagedProcess("router", "router", f"http://{host}:{rport}", argv, {},
-                                        Path(log_dir) / "router.log")  # fmt: skip
-            dep.router.start()
-            wait_healthy(
-                [dep.router.url], 60, proc=dep.router.proc, log_paths={dep.router.url: dep.router.log_path}
+            dep.router = ManagedProcess(
+                "router", "router", f"http://{host}:{rport}", argv, {}, Path(log_dir) / "router.log"
             )
+            dep.router.start()
+            wait_healthy([dep.router.url], 60, proc=dep.router.proc, log_paths={dep.router.url: dep.router.log_path})
         if load_newest_stable:
             newest = newest_stable_broadcast(run)
             if newest is not None:
@@ -385,4 +396,3 @@ def start_local_deployment(
         dep.stop(grace_s=10)
         raise
     return dep
-

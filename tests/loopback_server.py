@@ -23,13 +23,28 @@ from pathlib import Path
 
 
 def _response(token_ids: list[int], logprob: float) -> bytes:
-    body = json.dumps({
-        "id": "cmpl-loopback", "object": "text_completion", "model": "loopback",
-        "choices": [{"index": 0, "text": "", "token_ids": token_ids, "finish_reason": "stop",
-                     "logprobs": {"token_logprobs": [logprob] * len(token_ids), "tokens": [], "top_logprobs": None,
-                                  "text_offset": []}}],
-        "usage": {"prompt_tokens": 0, "completion_tokens": len(token_ids), "total_tokens": len(token_ids)},
-    }).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "id": "cmpl-loopback",
+            "object": "text_completion",
+            "model": "loopback",
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "",
+                    "token_ids": token_ids,
+                    "finish_reason": "stop",
+                    "logprobs": {
+                        "token_logprobs": [logprob] * len(token_ids),
+                        "tokens": [],
+                        "top_logprobs": None,
+                        "text_offset": [],
+                    },
+                }
+            ],
+            "usage": {"prompt_tokens": 0, "completion_tokens": len(token_ids), "total_tokens": len(token_ids)},
+        }
+    ).encode()
     head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
     return head.encode() + body
 
@@ -53,8 +68,13 @@ async def _serve(host: str, port: int, token_ids: list[int], logprob: float) -> 
                     await reader.readexactly(length)
                 path = head.split(b" ", 2)[1]
                 requests += 1
-                writer.write(completion if path.startswith(b"/v1/completions") else
-                             health if path.startswith(b"/health") else missing)  # fmt: skip
+                writer.write(
+                    completion
+                    if path.startswith(b"/v1/completions")
+                    else health
+                    if path.startswith(b"/health")
+                    else missing
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
@@ -78,10 +98,21 @@ class LoopbackServer:
 
     def __enter__(self) -> LoopbackServer:  # noqa: PYI034
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).absolute()), "--host", self.host, "--port", "0",
-             "--tokens", ",".join(map(str, self.token_ids)), "--logprob", str(self.logprob)],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(Path(__file__).absolute()),
+                "--host",
+                self.host,
+                "--port",
+                "0",
+                "--tokens",
+                ",".join(map(str, self.token_ids)),
+                "--logprob",
+                str(self.logprob),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stdout.readline().strip()
         if not line.startswith("READY "):
             self.__exit__()

@@ -63,8 +63,15 @@ def served_logprob_gaps(run: Path, batch_step: int, adapter_step: int, model_nam
     model_dir = resolve_model(model_name)
     base = load_policy(model_dir)
     lora_cfg = json.loads((rd.broadcast_step(adapter_step) / "adapter_config.json").read_text())
-    policy = apply_lora(load_policy(model_dir), {"rank": lora_cfg["r"], "alpha": lora_cfg["lora_alpha"],
-                                                 "dropout": 0.0, "target_modules": lora_cfg["target_modules"]})
+    policy = apply_lora(
+        load_policy(model_dir),
+        {
+            "rank": lora_cfg["r"],
+            "alpha": lora_cfg["lora_alpha"],
+            "dropout": 0.0,
+            "target_modules": lora_cfg["target_modules"],
+        },
+    )
     load_adapter(policy, rd.broadcast_step(adapter_step))
     base.eval()
     policy.eval()

@@ -7,7 +7,8 @@ import json
 
 
 def without_job(plan: dict, job_id: str | None = None) -> dict:
-    """A placement.json dict with its job id, hosts, addresses and model path (what the job fills in) left out, so two placements of one run compare equal.
+    """A placement.json dict with its job id, hosts, addresses and model path (what the job fills in) left out, so two
+    placements of one run compare equal.
 
     Before the job id is known, values holding it name ``$SLURM_JOB_ID`` and are marked for expansion on the node
     (``node_expand``); that marking goes too. ``job_id``: the started job's id, put in place of those placeholders

@@ -56,15 +56,31 @@ def is_final_eval_line(m: dict) -> bool:
 def role_steps(run_root: Path, role: str, *, first: int = 0) -> list[int]:
     """Steps >= ``first`` of ``role``'s metrics lines, in file order, repeats kept (step 0 is the baseline eval);
     the final eval's own line is not a step's line (:func:`is_final_eval_line`)."""
-    return [m["step"] for m in metrics_lines(run_root)
-            if m.get("role") == role and m.get("step", -1) >= first and not is_final_eval_line(m)]  # fmt: skip
+    return [
+        m["step"]
+        for m in metrics_lines(run_root)
+        if m.get("role") == role and m.get("step", -1) >= first and not is_final_eval_line(m)
+    ]
 
 
 def submit_slurm_rl(out: Path, name: str, *overrides: str) -> tuple[RunDir, str]:
     """Run `srl rl @ rl.toml @ slurm.toml` into ``out/name`` with ``overrides``; returns the run directory and the
     id of the job it submitted. Asserts the command succeeded (its output is the assertion message)."""
-    cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", SLURM_JOB[0], "@", SLURM_JOB[1], "--output-dir", str(out),
-           "--run.name", name, *overrides]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        SLURM_JOB[0],
+        "@",
+        SLURM_JOB[1],
+        "--output-dir",
+        str(out),
+        "--run.name",
+        name,
+        *overrides,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = RunDir(out / name)

@@ -76,13 +76,9 @@ class LocalSlurmCluster:
         t0 = time.monotonic()
         proc = self._script("start", timeout_s)
         if proc.returncode == _EXIT_CANNOT_INSTALL:
-            raise ClusterUnavailable(
-                f"cannot install Slurm here ({self.script} start): {proc.stderr.strip()}"
-            )
+            raise ClusterUnavailable(f"cannot install Slurm here ({self.script} start): {proc.stderr.strip()}")
         if proc.returncode != 0:
-            raise RuntimeError(
-                f"{self.script} start failed (exit {proc.returncode}):\n{proc.stderr}{proc.stdout}"
-            )
+            raise RuntimeError(f"{self.script} start failed (exit {proc.returncode}):\n{proc.stderr}{proc.stdout}")
         self.started_here = True
         self.cold_start_s = time.monotonic() - t0
         self._check_client()

@@ -45,12 +45,18 @@ class ScriptedModel:
         async def answer(request: web.Request) -> web.Response:
             body = await request.json()
             self.requests.append(body)
-            return web.json_response({
-                "id": "scripted", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.reply},
-                             "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-            })  # fmt: skip
+            return web.json_response(
+                {
+                    "id": "scripted",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": body.get("model", "m"),
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": self.reply}, "finish_reason": "stop"}
+                    ],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }
+            )
 
         app = web.Application()
         app.router.add_post("/v1/chat/completions", answer)
@@ -88,9 +94,11 @@ async def verifiers_agent(model: ScriptedModel, runtime_config: Any):
 
     os.environ.setdefault(KEY_VAR, "scripted")
     config = vf.AgentConfig(
-        harness=ScriptedChatConfig(), runtime=runtime_config, model="scripted",
+        harness=ScriptedChatConfig(),
+        runtime=runtime_config,
+        model="scripted",
         client=EvalClientConfig(base_url=model.base_url, api_key_var=KEY_VAR),
-    )  # fmt: skip
+    )
     async with vf.Agent(config) as agent:
         yield agent
 

@@ -19,8 +19,9 @@ WANDB = Path(sys.executable).with_name("wandb")
 def read_offline_run(offline_dir: Path) -> tuple[dict, list[dict]]:
     """``(run record, history rows)`` of one ``offline-run-*`` directory; each row is its ``history.item``."""
     (log,) = Path(offline_dir).glob("run-*.wandb")
-    out = subprocess.run([str(WANDB), "leet", "inspect", "--json", str(log)], capture_output=True, text=True,
-                         timeout=120, check=True)  # fmt: skip
+    out = subprocess.run(
+        [str(WANDB), "leet", "inspect", "--json", str(log)], capture_output=True, text=True, timeout=120, check=True
+    )
     run, rows = {}, []
     for line in out.stdout.splitlines():
         rec = json.loads(line)

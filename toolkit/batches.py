@@ -92,8 +92,10 @@ class Batch:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"batch {self.step}: meta.sampling {rec!r} needs temperature, top_p, top_k") from e
         if not (t > 0 and 0 < p <= 1 and k >= 0):
-            raise ValueError(f"batch {self.step}: meta.sampling {rec!r} is not a train sampling "
-                             "(temperature > 0, 0 < top_p <= 1, top_k >= 0)")  # fmt: skip
+            raise ValueError(
+                f"batch {self.step}: meta.sampling {rec!r} is not a train sampling "
+                "(temperature > 0, 0 < top_p <= 1, top_k >= 0)"
+            )
         return SamplingParams(temperature=t, top_p=p, top_k=k or None)
 
     @property
@@ -134,8 +136,11 @@ class Batch:
 def sampling_meta(sampling: SamplingParams) -> dict[str, Any]:
     """The ``meta["sampling"]`` record of a batch whose tokens were drawn with ``sampling``: its temperature,
     top_p and top_k (0: no top-k), the part of the sampling that shapes the distribution the trainer scores."""
-    return {"temperature": float(sampling.temperature), "top_p": float(sampling.top_p),
-            "top_k": int(sampling.top_k or 0)}  # fmt: skip
+    return {
+        "temperature": float(sampling.temperature),
+        "top_p": float(sampling.top_p),
+        "top_k": int(sampling.top_k or 0),
+    }
 
 
 def samples_to_batch(

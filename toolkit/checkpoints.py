@@ -100,7 +100,8 @@ def resume_step(run: RunDir, requested: int | None, parts: tuple[str, ...] | Non
 
     ``requested`` None means the newest complete checkpoint (incomplete newer ones are skipped with a warning);
     None also when the only step directories hold nothing but orchestrator parts (written ahead of the trainer's
-    first checkpoint, so no trainer state exists to lose). Raises CheckpointError, listing every step directory and what it lacks, when ``requested`` is given and not
+    first checkpoint, so no trainer state exists to lose). Raises CheckpointError, listing every step directory and what
+    it lacks, when ``requested`` is given and not
     complete, or when step directories exist but none is complete (never a silent restart from step 0).
     """
     parts = parts or parts_of(run)
@@ -121,8 +122,11 @@ def resume_step(run: RunDir, requested: int | None, parts: tuple[str, ...] | Non
         # The orchestrator saves its part of step n when it writes batch n, ahead of the trainer; a crash before the
         # trainer's first checkpoint leaves only such parts. No trainer state was ever saved, so nothing is lost by
         # starting at step 0 (the orchestrator continues after the batches already written).
-        log.warning("no complete checkpoint yet, only orchestrator parts written ahead of the trainer (%s): "
-                    "starting from step 0", ", ".join(f"step_{s}" for s in steps))
+        log.warning(
+            "no complete checkpoint yet, only orchestrator parts written ahead of the trainer (%s): "
+            "starting from step 0",
+            ", ".join(f"step_{s}" for s in steps),
+        )
         return None
     if found is None:
         raise CheckpointError(

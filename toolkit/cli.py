@@ -14,7 +14,13 @@ import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolkit.config.model import RLConfig
+    from toolkit.preflight import Preflight
+    from toolkit.run.layout import RunDir
+
 
 USAGE = """usage: srl <command> [...]
 
@@ -93,9 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     except SubmitError as e:
         from .launch.submit import nothing_queued
 
-        then = ("nothing was queued; once Slurm accepts jobs, the same command starts the run again in the same run "
-                "directory") if nothing_queued(e) else (
-                "the job may have been queued anyway: check `squeue --me` before running the command again")  # fmt: skip
+        then = (
+            (
+                "nothing was queued; once Slurm accepts jobs, the same command starts the run again in the same run "
+                "directory"
+            )
+            if nothing_queued(e)
+            else ("the job may have been queued anyway: check `squeue --me` before running the command again")
+        )
         print(f"srl {cmd}: Slurm did not take the job: {e}\n  {then}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -123,7 +134,7 @@ def resume_changes(previous: dict[str, Any], current: dict[str, Any], prefix: st
     return out
 
 
-def _note_resume_changes(run: Any, cfg: Any) -> None:
+def _note_resume_changes(run: RunDir, cfg: RLConfig) -> None:
     """A resume takes its config from this command line, not from the run: print what differs from the run's last
     attempt (an override not repeated falls back to the job file's value), so it is a choice, not a surprise."""
     import json
@@ -135,11 +146,14 @@ def _note_resume_changes(run: Any, cfg: Any) -> None:
     changes = resume_changes(previous, cfg.model_dump(mode="json"))
     if changes:
         shown = changes[:20] + ([f"... and {len(changes) - 20} more"] if len(changes) > 20 else [])
-        print("note: --resume: the config differs from the run's last attempt (overrides are not carried over; "
-              "repeat them to keep them):\n  " + "\n  ".join(shown), file=sys.stderr)
+        print(
+            "note: --resume: the config differs from the run's last attempt (overrides are not carried over; "
+            "repeat them to keep them):\n  " + "\n  ".join(shown),
+            file=sys.stderr,
+        )
 
 
-def _refuse_resume_of_finished_run(run: Any, cfg: Any) -> None:
+def _refuse_resume_of_finished_run(run: RunDir, cfg: RLConfig) -> None:
     """``--resume`` of a run whose resume point already is its last step would start every component only to stop
     again: say so instead (ConfigError), before anything is written or started."""
     from .checkpoints import latest_complete
@@ -175,14 +189,21 @@ def cmd_rl(args: list[str], full_argv: list[str], *, dependency: str | None = No
     loaded = load_config(files, overrides)
     live = run_dir_for(loaded, resume=flags["resume"])
 
-    def refuse(checked: Any) -> None:
+    def refuse(checked: Preflight) -> None:
         if flags["resume"] and live.configs.exists():
-            _note_resume_changes(live, loaded.config)
+            _note_resume_changes(live, checked.config)  # as it will be written: preflight's notes included
             if not flags["dry_run"]:
-                _refuse_resume_of_finished_run(live, loaded.config)
+                _refuse_resume_of_finished_run(live, checked.config)
 
-    req = Launch(loaded, live, argv=["srl", *full_argv], dry_run=flags["dry_run"], resume=flags["resume"],
-                 clean=flags["clean"], dependency=dependency)
+    req = Launch(
+        loaded,
+        live,
+        argv=["srl", *full_argv],
+        dry_run=flags["dry_run"],
+        resume=flags["resume"],
+        clean=flags["clean"],
+        dependency=dependency,
+    )
     return start(req, before_prepare=refuse).status
 
 
@@ -195,8 +216,10 @@ def cmd_config(args: list[str]) -> int:
     from .launch.pipeline import print_findings
     from .preflight import preflight
 
-    usage = ("usage: srl config show @ run.toml [...]    print the resolved (canonical) config as TOML\n"
-             "       srl config convert FILE             print FILE converted to the canonical shape")
+    usage = (
+        "usage: srl config show @ run.toml [...]    print the resolved (canonical) config as TOML\n"
+        "       srl config convert FILE             print FILE converted to the canonical shape"
+    )
     if print_help_if_asked(args, usage):
         return 0
     if not args or args[0] not in ("show", "convert"):

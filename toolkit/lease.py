@@ -130,16 +130,22 @@ class _Slot:
 
     def refusal(self, holder: Holder) -> str:
         if not self.owner:
-            return (f"{self.what} is being run by {holder.describe()}; stop it with: srl cancel "
-                    f"{self.path.parent.parent} (or wait for it to end)")  # fmt: skip
+            return (
+                f"{self.what} is being run by {holder.describe()}; stop it with: srl cancel "
+                f"{self.path.parent.parent} (or wait for it to end)"
+            )
         if self.tenant:
-            return (f"{self.what} serves the LoRA adapter of run {holder.run} ({holder.describe()}); loading full "
-                    "weights would change the base model under that run's adapter (only LoRA runs, each with its "
-                    f"own adapter, may share a deployment). Stop that run (srl cancel {holder.run}) or give this run "
-                    "a deployment of its own")  # fmt: skip
-        return (f"{self.what} already serves the weights of run {holder.run} ({holder.describe()}); two runs loading "
-                "their weights into one deployment would each train on rollouts of the other's policy. Stop that "
-                f"run (srl cancel {holder.run}) or give this run a deployment of its own")  # fmt: skip
+            return (
+                f"{self.what} serves the LoRA adapter of run {holder.run} ({holder.describe()}); loading full "
+                "weights would change the base model under that run's adapter (only LoRA runs, each with its "
+                f"own adapter, may share a deployment). Stop that run (srl cancel {holder.run}) or give this run "
+                "a deployment of its own"
+            )
+        return (
+            f"{self.what} already serves the weights of run {holder.run} ({holder.describe()}); two runs loading "
+            "their weights into one deployment would each train on rollouts of the other's policy. Stop that "
+            f"run (srl cancel {holder.run}) or give this run a deployment of its own"
+        )
 
 
 def _run_slot(run: RunDir) -> _Slot:
@@ -147,13 +153,19 @@ def _run_slot(run: RunDir) -> _Slot:
 
 
 def _owner_slot(deployment: RunDir) -> _Slot:
-    return _Slot(deployment.policy_owner_file, deployment.lease_history, f"inference deployment {deployment.root}",
-                 owner=True)  # fmt: skip
+    return _Slot(
+        deployment.policy_owner_file, deployment.lease_history, f"inference deployment {deployment.root}", owner=True
+    )
 
 
 def _tenant_slot(deployment: RunDir, run_id: str) -> _Slot:
-    return _Slot(deployment.lora_tenants / f"{run_id}.json", deployment.lease_history,
-                 f"inference deployment {deployment.root}", owner=True, tenant=True)  # fmt: skip
+    return _Slot(
+        deployment.lora_tenants / f"{run_id}.json",
+        deployment.lease_history,
+        f"inference deployment {deployment.root}",
+        owner=True,
+        tenant=True,
+    )
 
 
 def read(run: RunDir) -> Holder | None:
@@ -201,8 +213,17 @@ def _parse(raw: bytes) -> Holder:
     try:
         return _RECORD.validate_python(json.loads(raw))
     except ValueError:  # not JSON, or a record with a missing or mistyped field (pydantic's ValidationError)
-        return Holder(token="?", host="?", pid=0, pid_start=None, job_id=None, command="an unreadable lease file",
-                      acquired=0.0, renewed=0.0, expires=0.0)  # fmt: skip
+        return Holder(
+            token="?",
+            host="?",
+            pid=0,
+            pid_start=None,
+            job_id=None,
+            command="an unreadable lease file",
+            acquired=0.0,
+            renewed=0.0,
+            expires=0.0,
+        )
 
 
 class Lease:
@@ -327,8 +348,9 @@ def acquire_policy_owner(deployment: RunDir, owner: RunDir, *, command: str, job
     return lease
 
 
-def acquire_lora_tenant(deployment: RunDir, owner: RunDir, run_id: str, *, command: str,
-                        job_id: str | None = None) -> Lease:  # fmt: skip
+def acquire_lora_tenant(
+    deployment: RunDir, owner: RunDir, run_id: str, *, command: str, job_id: str | None = None
+) -> Lease:
     """Become one of the runs whose LoRA adapter inference deployment ``deployment`` serves (``owner``: the run,
     ``run_id`` its id, which names its adapter and its record). Other LoRA runs may hold theirs meanwhile. Raises
     :class:`LeaseHeld` naming a live run that loads full weights there (the record is then given back), or the
@@ -347,9 +369,18 @@ def _acquire(slot: _Slot, run: RunDir, *, command: str, job_id: str | None) -> L
         return mine
     job_id = job_id if job_id is not None else (os.environ.get("SLURM_JOB_ID") or None)
     now = time.time()
-    me = Holder(token=uuid.uuid4().hex, host=_host(), pid=os.getpid(), pid_start=process_start_time(os.getpid()),
-                job_id=job_id, command=command, acquired=now, renewed=now, expires=now + TTL_S,
-                run=str(run.root))  # fmt: skip
+    me = Holder(
+        token=uuid.uuid4().hex,
+        host=_host(),
+        pid=os.getpid(),
+        pid_start=process_start_time(os.getpid()),
+        job_id=job_id,
+        command=command,
+        acquired=now,
+        renewed=now,
+        expires=now + TTL_S,
+        run=str(run.root),
+    )
     slot.path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(8):
         if _write(slot.path, me, create=True):
@@ -394,8 +425,16 @@ def _take_over(slot: _Slot, raw: bytes, stale: Holder, me: Holder, why: str) -> 
     kind = "the policy-owner lease" if slot.owner else "the run lease"
     print(f"srl: took over {kind} of {slot.what} from {stale.describe()}: {why}", file=sys.stderr, flush=True)
     try:
-        append_jsonl(slot.history, {"time": time.time(), "event": "policy owner takeover" if slot.owner else
-                                    "takeover", "reason": why, "from": asdict(stale), "to": asdict(me)})  # fmt: skip
+        append_jsonl(
+            slot.history,
+            {
+                "time": time.time(),
+                "event": "policy owner takeover" if slot.owner else "takeover",
+                "reason": why,
+                "from": asdict(stale),
+                "to": asdict(me),
+            },
+        )
     except OSError as e:
         log.warning("could not record the lease takeover in %s: %s", slot.history, e)
     return True
@@ -454,6 +493,7 @@ def watch(run: RunDir, token: str, on_gone: Callable[[str], None]) -> threading.
     valid: the record names another holder, was removed, or its holder is dead. Looks every ``WATCH_S``
     seconds. For roles: a process started under one supervisor must never write into a run
     that another attempt owns, nor run on without its supervisor. Returns the thread."""
+
     def _loop() -> None:
         while True:
             time.sleep(WATCH_S)

@@ -130,8 +130,9 @@ def end_descendants(grace_s: float) -> list[int]:
     return pids
 
 
-def _term_then_kill(targets: Iterable[int], send: Callable[[int, int], None], alive: Callable[[int], bool],
-                    grace_s: float) -> None:  # fmt: skip
+def _term_then_kill(
+    targets: Iterable[int], send: Callable[[int, int], None], alive: Callable[[int], bool], grace_s: float
+) -> None:
     """``send(target, SIGTERM)`` to each target, wait up to ``grace_s`` seconds while any is ``alive``, then
     ``send(target, SIGKILL)`` to each (a target already gone is skipped)."""
     targets = list(targets)
@@ -175,8 +176,10 @@ class GroupReaper:
     def __init__(self, grace_s: float = 3.0) -> None:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "toolkit.procutil", "reap", "--grace", str(grace_s)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     @property
     def pid(self) -> int:

@@ -88,8 +88,13 @@ def common_directives(cfg: RLConfig, site: SiteConfig, run: RunDir, *, name: str
     """Directives every script carries: name, logs (absolute, append), time, account, qos, signal, extras."""
     s = cfg.slurm
     logs = sbatch_value(str(run.logs / "%x-%j.out"), "log path (output_dir / run.name)")
-    d = [f"--job-name={name}", f"--output={logs}", f"--error={logs}", "--open-mode=append",
-         f"--time={sbatch_value(s.time, 'slurm.time')}"]
+    d = [
+        f"--job-name={name}",
+        f"--output={logs}",
+        f"--error={logs}",
+        "--open-mode=append",
+        f"--time={sbatch_value(s.time, 'slurm.time')}",
+    ]
     if site.accounting.enabled and (s.account or site.accounting.default_account):
         d.append(f"--account={sbatch_value(s.account or site.accounting.default_account, 'slurm.account')}")
     optional = ("qos", "constraint", "nodelist", "exclude")
@@ -132,8 +137,9 @@ class ScriptContext:
     """Quoted options of the supervisor line: the secret variables' names."""
 
 
-def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, attempt: int,
-                  kind: str = "rl") -> ScriptContext:
+def build_context(
+    cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, attempt: int, kind: str = "rl"
+) -> ScriptContext:
     """Compute every value the rl/inference templates print. Raises RenderError for unsafe #SBATCH values."""
     name = job_name(cfg, "" if kind == "rl" else f"-{kind}")
     groups = group_directives(site, plan)
@@ -147,11 +153,18 @@ def build_context(cfg: RLConfig, site: SiteConfig, run: RunDir, plan: Plan, *, a
     # The secret variables the job needs, by name only (sbatch propagates their values).
     secrets = set(cfg.slurm.secret_env_vars) | ({cfg.monitors.wandb.api_key_var} if cfg.monitors.wandb else set())
     return ScriptContext(
-        kind=kind, directives=groups, run_root=str(run.root), launcher=str(run.launcher), attempt=attempt,
+        kind=kind,
+        directives=groups,
+        run_root=str(run.root),
+        launcher=str(run.launcher),
+        attempt=attempt,
         # The interpreter's directory goes first on the job's PATH: a virtual environment's srl, torchrun and
         # vllm-router live next to its python, and the submitting shell may not have activated it.
-        python=python, path_prepend=str(Path(python).parent) if python.startswith("/") else None,
-        modules=list(site.environment.modules), setup=list(site.environment.setup), steps=steps,
+        python=python,
+        path_prepend=str(Path(python).parent) if python.startswith("/") else None,
+        modules=list(site.environment.modules),
+        setup=list(site.environment.setup),
+        steps=steps,
         step_options=[f"--secret {_quote(n)}" for n in sorted(secrets)],
     )
 
@@ -176,8 +189,15 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def render_job(cfg: RLConfig, run: RunDir, plan: Plan, kind: str = "rl", *, attempt: int | None = None,
-               site: SiteConfig | None = None) -> Path:
+def render_job(
+    cfg: RLConfig,
+    run: RunDir,
+    plan: Plan,
+    kind: str = "rl",
+    *,
+    attempt: int | None = None,
+    site: SiteConfig | None = None,
+) -> Path:
     """Render ``<run>/launcher/<kind>.sbatch`` (and ``pre_run.sh``, ``site.toml``) for ``plan``; returns the script
     path. ``kind``: "rl" (a whole run, or an SFT run's launch view) or "inference" (an inference-only plan, roles
     inference + router).

@@ -16,7 +16,8 @@ Sweep file (TOML)::
 Every point is validated as a full run config (the base files, ``[config]``, then the command line's overlay files
 and dotted overrides, then the point's own values) before anything is written or submitted. Each point runs in its
 own run directory ``<output_dir>/<sweep>/<point id>``, keyed by point id, never by ``SLURM_JOB_ID`` (a requeued
-task may get a new one). On a Slurm site every point runs as the ``srl rl`` batch job it would be on its own, inside a job array task
+task may get a new one). On a Slurm site every point runs as the ``srl rl`` batch job it would be on its own, inside a
+job array task
 that requests its whole allocation (``toolkit.launch.sweeps``); locally the points run here, ``max_parallel`` at
 a time.
 """
@@ -73,33 +74,45 @@ def load_sweep(path: Path) -> Sweep:
     raw = read_toml(path)
     unknown = set(raw) - {"sweep", "config"}
     if unknown:
-        raise ConfigError([ConfigIssue(k, "unknown table; a sweep file has [sweep] and [config]", str(path))
-                           for k in sorted(unknown)])
+        raise ConfigError(
+            [ConfigIssue(k, "unknown table; a sweep file has [sweep] and [config]", str(path)) for k in sorted(unknown)]
+        )
     sw = raw.get("sweep")
     if not isinstance(sw, dict):
         raise ConfigError("missing [sweep] table", source=str(path))
     allowed = {"name", "base", "seeds", "max_parallel", "grid", "zip", "random"}
     bad = set(sw) - allowed
     if bad:
-        raise ConfigError([ConfigIssue(f"sweep.{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})",
-                                       str(path)) for k in sorted(bad)])
+        raise ConfigError(
+            [
+                ConfigIssue(f"sweep.{k}", f"unknown key (allowed: {', '.join(sorted(allowed))})", str(path))
+                for k in sorted(bad)
+            ]
+        )
     name = sw.get("name")
     # ASCII only, starting with a letter or digit, as run.name: str.isalnum() let '²' or '٣' into Slurm job names
     # and directory names, and a leading '-' reads as an option to the commands that take the sweep directory.
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}", name):
-        raise ConfigError(f"sweep.name must be 1-128 ASCII letters, digits, '-' or '_', starting with a letter or "
-                          f"digit (got {name!r})", source=str(path))
+        raise ConfigError(
+            f"sweep.name must be 1-128 ASCII letters, digits, '-' or '_', starting with a letter or "
+            f"digit (got {name!r})",
+            source=str(path),
+        )
     base = sw.get("base", [])
     if not isinstance(base, list) or not base or not all(isinstance(b, str) and "\x00" not in b for b in base):
         raise ConfigError("sweep.base must be a non-empty list of config file paths (no NUL bytes)", source=str(path))
     base_files = [(path.parent / b).resolve() for b in base]
     seeds = sw.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
-                                                           for s in seeds):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    ):
         raise ConfigError("sweep.seeds must be a non-empty list of integers", source=str(path))
     if len(set(seeds)) != len(seeds):
-        raise ConfigError(f"sweep.seeds lists a seed more than once ({seeds}): those points would run twice",
-                          source=str(path))
+        raise ConfigError(
+            f"sweep.seeds lists a seed more than once ({seeds}): those points would run twice", source=str(path)
+        )
     max_parallel = sw.get("max_parallel", 4)
     if not isinstance(max_parallel, int) or isinstance(max_parallel, bool) or max_parallel < 1:
         raise ConfigError("sweep.max_parallel must be an integer >= 1", source=str(path))
@@ -130,8 +143,11 @@ def _expand(sw: dict[str, Any], source: str) -> list[dict[str, Any]]:
     n_random = rnd.get("samples", 1) if isinstance(rnd, dict) and isinstance(rnd.get("samples"), int) else 1
     n_points = math.prod(len(v) for v in grid.values()) * (len(next(iter(zipped.values()))) if zipped else 1)
     if n_points * max(1, n_random) > MAX_POINTS:
-        raise ConfigError(f"sweep expands to {n_points * max(1, n_random)} points (grid x zip x random.samples); "
-                          f"at most {MAX_POINTS} are allowed", source=source)
+        raise ConfigError(
+            f"sweep expands to {n_points * max(1, n_random)} points (grid x zip x random.samples); "
+            f"at most {MAX_POINTS} are allowed",
+            source=source,
+        )
     grid_pts = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())] if grid else [{}]
     zip_pts = [dict(zip(zipped, vals)) for vals in zip(*zipped.values())] if zipped else [{}]
     combos = [{**g, **z} for g in grid_pts for z in zip_pts]
@@ -146,21 +162,33 @@ def _refuse_repeated_points(grid: dict[str, list], zipped: dict[str, list], sour
     (zip's value won), a grid axis listing a value twice, or two equal rows of the zip lists."""
     for key, table in (("grid", grid), ("zip", zipped)):
         if "seed" in table:
-            raise ConfigError(f"sweep.{key}.seed: seeds are varied by sweep.seeds = [...] (each point's seed is set "
-                              "from it, so a seed axis here would be replaced); list the seeds there", source=source)
+            raise ConfigError(
+                f"sweep.{key}.seed: seeds are varied by sweep.seeds = [...] (each point's seed is set "
+                "from it, so a seed axis here would be replaced); list the seeds there",
+                source=source,
+            )
     both = sorted(set(grid) & set(zipped))
     if both:
-        raise ConfigError(f"{', '.join(both)}: in both sweep.grid and sweep.zip (the zip value would win); "
-                          "keep each path in one of them", source=source)
+        raise ConfigError(
+            f"{', '.join(both)}: in both sweep.grid and sweep.zip (the zip value would win); "
+            "keep each path in one of them",
+            source=source,
+        )
     for key, values in grid.items():
         seen = [json.dumps(v, sort_keys=True) for v in values]
         if len(set(seen)) != len(seen):
-            raise ConfigError(f"sweep.grid.{key} lists a value more than once ({values}): its points would run "
-                              "twice; give each value once", source=source)
+            raise ConfigError(
+                f"sweep.grid.{key} lists a value more than once ({values}): its points would run "
+                "twice; give each value once",
+                source=source,
+            )
     rows = [json.dumps(row, sort_keys=True) for row in zip(*zipped.values())]
     if len(set(rows)) != len(rows):
-        raise ConfigError(f"sweep.zip has two equal rows over {', '.join(zipped)}: those points would run twice; "
-                          "give each combination once", source=source)
+        raise ConfigError(
+            f"sweep.zip has two equal rows over {', '.join(zipped)}: those points would run twice; "
+            "give each combination once",
+            source=source,
+        )
 
 
 def _random_points(rnd: Any, source: str) -> list[dict[str, Any]]:
@@ -177,9 +205,10 @@ def _random_points(rnd: Any, source: str) -> list[dict[str, Any]]:
         point = {}
         for key, spec in specs.items():
             if not isinstance(spec, dict) or len(spec) != 1:
-                raise ConfigError(f"sweep.random.{key}: give one of uniform=[a,b], log_uniform=[a,b], choice=[...]",
-                                  source=source)
-            (kind, arg), = spec.items()
+                raise ConfigError(
+                    f"sweep.random.{key}: give one of uniform=[a,b], log_uniform=[a,b], choice=[...]", source=source
+                )
+            ((kind, arg),) = spec.items()
             _check_distribution(key, kind, arg, source)
             if kind == "uniform":
                 point[key] = rng.uniform(*arg)
@@ -195,13 +224,15 @@ def _random_points(rnd: Any, source: str) -> list[dict[str, Any]]:
 
 def _check_distribution(key: str, kind: str, arg: Any, source: str) -> None:
     """Raise ConfigError unless ``arg`` suits ``kind``: [a, b] numbers (log_uniform: 0 < a), or a non-empty list."""
+
     def num(x: Any) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
     if kind in ("uniform", "log_uniform"):
         if not (isinstance(arg, list) and len(arg) == 2 and all(num(x) for x in arg) and arg[0] <= arg[1]):
-            raise ConfigError(f"sweep.random.{key}: {kind} needs [low, high] with finite numbers low <= high",
-                              source=source)
+            raise ConfigError(
+                f"sweep.random.{key}: {kind} needs [low, high] with finite numbers low <= high", source=source
+            )
         if kind == "log_uniform" and arg[0] <= 0:
             raise ConfigError(f"sweep.random.{key}: log_uniform needs 0 < low", source=source)
     elif kind == "choice" and not (isinstance(arg, list) and arg):
@@ -228,6 +259,7 @@ def _named(point: SweepPoint, origins: dict[str, str], e: ConfigError) -> Config
 
 def _point_check(point: SweepPoint, origins: dict[str, str]) -> Callable[..., Preflight]:
     """Preflight for one point's config, its errors naming the point, its values and the file that set a field."""
+
     def check(loaded: LoadedConfig, **kw: Any) -> Preflight:
         try:
             return preflight(loaded, **kw)
@@ -237,8 +269,7 @@ def _point_check(point: SweepPoint, origins: dict[str, str]) -> Callable[..., Pr
     return check
 
 
-def _point_loaded(sweep: Sweep, point: SweepPoint,
-                  output_dir: Path | None) -> tuple[LoadedConfig, dict[str, str]]:
+def _point_loaded(sweep: Sweep, point: SweepPoint, output_dir: Path | None) -> tuple[LoadedConfig, dict[str, str]]:
     """One point's merged config, validated (schema and cross-field rules), and the origin of each field."""
     merged, origins, _ = merge_layers(sweep.base_files, shape=to_canonical)
     merged = deep_merge(merged, sweep.common)
@@ -283,10 +314,15 @@ def point_configs(sweep: Sweep, output_dir: Path | None = None) -> list[Prefligh
                 issues += e.issues
     if failing:
         if len(failing) > _POINTS_SHOWN:
-            issues.append(ConfigIssue("", f"{len(failing) - _POINTS_SHOWN} more of the {len(sweep.points)} points "
-                                      f"fail ({', '.join(failing[_POINTS_SHOWN:_POINTS_SHOWN + 10])}"
-                                      f"{', ...' if len(failing) > _POINTS_SHOWN + 10 else ''})",
-                                      f"sweep {sweep.name}"))  # fmt: skip
+            issues.append(
+                ConfigIssue(
+                    "",
+                    f"{len(failing) - _POINTS_SHOWN} more of the {len(sweep.points)} points "
+                    f"fail ({', '.join(failing[_POINTS_SHOWN : _POINTS_SHOWN + 10])}"
+                    f"{', ...' if len(failing) > _POINTS_SHOWN + 10 else ''})",
+                    f"sweep {sweep.name}",
+                )
+            )
         raise ConfigError(issues)
     return out
 
@@ -298,14 +334,23 @@ def check_overrides(sweep: Sweep) -> None:
     ConfigError naming the field and the file (or the command line) that set it."""
     flat: dict[str, str] = {}
     own = [(str(f), t["sweep"]) for f in sweep.overlays if isinstance((t := read_toml(f)).get("sweep"), dict)]
-    own += [("command line", t["sweep"]) for t in [parse_overrides(sweep.overrides)] if isinstance(t.get("sweep"), dict)]
+    own += [
+        ("command line", t["sweep"]) for t in [parse_overrides(sweep.overrides)] if isinstance(t.get("sweep"), dict)
+    ]
     if own:
         # Checked once, here: left in, every point's run config would report it as an unknown key.
-        raise ConfigError([ConfigIssue("sweep." + ", sweep.".join(sorted(tree)),
-                                       "the sweep's own settings are read from the sweep file (the first @ file) "
-                                       "only; change them there (overlays and --section.field overrides apply to every "
-                                       "point's run config)", source)
-                           for source, tree in own])  # fmt: skip
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "sweep." + ", sweep.".join(sorted(tree)),
+                    "the sweep's own settings are read from the sweep file (the first @ file) "
+                    "only; change them there (overlays and --section.field overrides apply to every "
+                    "point's run config)",
+                    source,
+                )
+                for source, tree in own
+            ]
+        )
 
     def walk(tree: dict[str, Any], prefix: str, source: str) -> None:
         for k, v in tree.items():
@@ -322,10 +367,17 @@ def check_overrides(sweep: Sweep) -> None:
     # An axis that is a whole table (``deployment = [{...}, ...]``) replaces it: every field under it clashes too.
     clash = sorted(k for k in flat if any(k == a or k.startswith(a + ".") for a in axes))
     if clash:
-        raise ConfigError([ConfigIssue(k, "is varied by the sweep itself (an axis of [sweep], or sweep.seeds); "
-                                       "change it in the sweep file, not in an overlay or on the command line",
-                                       flat[k])
-                           for k in clash])  # fmt: skip
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    k,
+                    "is varied by the sweep itself (an axis of [sweep], or sweep.seeds); "
+                    "change it in the sweep file, not in an overlay or on the command line",
+                    flat[k],
+                )
+                for k in clash
+            ]
+        )
 
 
 def write_manifest(sweep: Sweep, root: Path, command: list[str] | None = None) -> Path:
@@ -334,10 +386,16 @@ def write_manifest(sweep: Sweep, root: Path, command: list[str] | None = None) -
     from .fsutil import atomic_write_json
 
     root.mkdir(parents=True, exist_ok=True)
-    data = {"name": sweep.name, "base": [str(p) for p in sweep.base_files], "common": sweep.common,
-            "overlays": [str(p) for p in sweep.overlays], "overrides": list(sweep.overrides),
-            "command": list(command or []), "max_parallel": sweep.max_parallel,
-            "points": [{**asdict(p), "run_dir": str(root / p.point_id)} for p in sweep.points]}
+    data = {
+        "name": sweep.name,
+        "base": [str(p) for p in sweep.base_files],
+        "common": sweep.common,
+        "overlays": [str(p) for p in sweep.overlays],
+        "overrides": list(sweep.overrides),
+        "command": list(command or []),
+        "max_parallel": sweep.max_parallel,
+        "points": [{**asdict(p), "run_dir": str(root / p.point_id)} for p in sweep.points],
+    }
     path = root / "manifest.json"
     atomic_write_json(path, data)
     return path
@@ -385,8 +443,10 @@ def main(argv: list[str]) -> int:
     root = Path(configs[0].config.output_dir).expanduser().resolve()
     if (root / "configs").is_dir():
         # A run of the same name lives there: its files would hide the sweep from srl status and srl cancel.
-        raise ConfigError(f"{root} is a run directory (it has configs/), not a sweep's; give the sweep another "
-                          "sweep.name or --output-dir")
+        raise ConfigError(
+            f"{root} is a run directory (it has configs/), not a sweep's; give the sweep another "
+            "sweep.name or --output-dir"
+        )
     from .preflight.site import load_site
 
     site = load_site(configs[0].config.site)
@@ -400,10 +460,17 @@ def main(argv: list[str]) -> int:
             refuse_if_sweep_live(root)
         manifest = write_manifest(sweep, root, command=argv)
         print(f"sweep {sweep.name}: {len(sweep.points)} points, manifest {manifest}")
-        prepared = prepare_points(sweep, configs, site, root, argv=["srl", "sweep", *argv],
-                                  dry_run=flags["dry_run"], resume=flags["resume"], clean=flags["clean"])
-        ids = submit_arrays(sweep.name, prepared, site, root, max_parallel=sweep.max_parallel,
-                            dry_run=flags["dry_run"])
+        prepared = prepare_points(
+            sweep,
+            configs,
+            site,
+            root,
+            argv=["srl", "sweep", *argv],
+            dry_run=flags["dry_run"],
+            resume=flags["resume"],
+            clean=flags["clean"],
+        )
+        ids = submit_arrays(sweep.name, prepared, site, root, max_parallel=sweep.max_parallel, dry_run=flags["dry_run"])
         if not ids:
             print("every point of the sweep has finished; nothing to submit")
             return 0
@@ -437,8 +504,15 @@ def sweep_from_manifest(manifest: Path) -> Sweep:
 
     data = read_manifest(Path(manifest).parent)
     points = [SweepPoint(p["index"], p["point_id"], p["params"], p["seed"]) for p in data["points"]]
-    return Sweep(data["name"], [Path(b) for b in data["base"]], points, int(data.get("max_parallel", 1)),
-                 data["common"], [Path(o) for o in data.get("overlays", [])], list(data.get("overrides", [])))
+    return Sweep(
+        data["name"],
+        [Path(b) for b in data["base"]],
+        points,
+        int(data.get("max_parallel", 1)),
+        data["common"],
+        [Path(o) for o in data.get("overlays", [])],
+        list(data.get("overrides", [])),
+    )
 
 
 def run_point(manifest: Path, index: int) -> int:
@@ -452,10 +526,15 @@ def run_point(manifest: Path, index: int) -> int:
     from .run.layout import RunDir
 
     live = RunDir(root / point.point_id)
-    req = Launch(loaded, live, argv=["srl", "sweep", "run-point", str(manifest), str(index)],
-                 resume=live.configs.exists())
-    return start(req, check=_point_check(point, origins),
-                 after_prepare=lambda run, _: update_run_meta(run, {"sweep": sweep.name, **point_meta(point)})).status
+    req = Launch(
+        loaded, live, argv=["srl", "sweep", "run-point", str(manifest), str(index)], resume=live.configs.exists()
+    )
+    return start(
+        req,
+        check=_point_check(point, origins),
+        after_prepare=lambda run, _: update_run_meta(run, {"sweep": sweep.name, **point_meta(point)}),
+    ).status
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -94,16 +94,35 @@ def run_job(out: Path, async_level: int, steps: int) -> list[dict]:
     """Run the local job to ``steps`` steps with ``max_async_level = async_level``, the rollout side on
     ROLLOUT_CORE and the trainer on TRAINER_CORE; return its metrics lines."""
     name = f"async{async_level}"
-    cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(ROOT / "jobs/reverse-text/rl.toml"),
-           "--output-dir", str(out), "--run.name", name, "--max-steps", str(steps),
-           "--orchestrator.max-async-level", str(async_level)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(ROOT / "jobs/reverse-text/rl.toml"),
+        "--output-dir",
+        str(out),
+        "--run.name",
+        name,
+        "--max-steps",
+        str(steps),
+        "--orchestrator.max-async-level",
+        str(async_level),
+    ]
     pinner = TrainerPinner((out / name).absolute())
     pinner.start()
     t0 = time.monotonic()
     try:
         with open(out / f"{name}.out", "wb") as log:
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False,
-                                  preexec_fn=lambda: os.sched_setaffinity(0, {ROLLOUT_CORE}))  # fmt: skip
+            proc = subprocess.run(
+                cmd,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=False,
+                preexec_fn=lambda: os.sched_setaffinity(0, {ROLLOUT_CORE}),
+            )
     finally:
         pinner.stop.set()
         pinner.join()
@@ -112,8 +131,11 @@ def run_job(out: Path, async_level: int, steps: int) -> list[dict]:
         raise SystemExit(f"async level {async_level}: srl rl exited with {proc.returncode}\n{tail}")
     if not pinner.pinned:
         raise SystemExit(f"async level {async_level}: no trainer process of the run was seen to pin")
-    print(f"  async level {async_level}: {steps} steps, whole run {time.monotonic() - t0:.0f} s; trainer processes "
-          f"pinned to core {TRAINER_CORE}: {len(pinner.pinned)}", flush=True)
+    print(
+        f"  async level {async_level}: {steps} steps, whole run {time.monotonic() - t0:.0f} s; trainer processes "
+        f"pinned to core {TRAINER_CORE}: {len(pinner.pinned)}",
+        flush=True,
+    )
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
@@ -144,27 +166,38 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--steps must exceed --warmup by at least 5")
     cores = os.sched_getaffinity(0)
     if not {ROLLOUT_CORE, TRAINER_CORE} <= cores:
-        print(f"async overlap benchmark needs cores {ROLLOUT_CORE} and {TRAINER_CORE}; this process may use "
-              f"{sorted(cores)}: not measured", file=sys.stderr)
+        print(
+            f"async overlap benchmark needs cores {ROLLOUT_CORE} and {TRAINER_CORE}; this process may use "
+            f"{sorted(cores)}: not measured",
+            file=sys.stderr,
+        )
         return 1
     out = a.out or Path(tempfile.mkdtemp(prefix="srl-async-overlap-"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"async overlap benchmark: {a.steps} steps per setting, {a.warmup} warm-up, rollout side on core "
-          f"{ROLLOUT_CORE}, trainer on core {TRAINER_CORE}; runs under {out}")
+    print(
+        f"async overlap benchmark: {a.steps} steps per setting, {a.warmup} warm-up, rollout side on core "
+        f"{ROLLOUT_CORE}, trainer on core {TRAINER_CORE}; runs under {out}"
+    )
     res = {k: figures(run_job(out, k, a.steps), a.warmup) for k in (0, 1)}
     print(f"{'async':>5} {'step s':>7} {'trainer s':>9} {'rollout s':>9} {'bcast s':>7} {'wait s':>6}")
     for k, f in res.items():
-        print(f"{k:>5} {f['step']:7.2f} {f['trainer']:9.2f} {f['rollout']:9.2f} {f['broadcast']:7.2f} "
-              f"{f['wait_for_policy']:6.2f}")
+        print(
+            f"{k:>5} {f['step']:7.2f} {f['trainer']:9.2f} {f['rollout']:9.2f} {f['broadcast']:7.2f} "
+            f"{f['wait_for_policy']:6.2f}"
+        )
     alone, period = res[0], res[1]["step"]
     slower = max(alone["trainer"], alone["rollout"])
     ratio = period / slower
     ok = ratio <= GOAL
-    print(f"each side alone on its core (async 0): trainer {alone['trainer']:.2f} s, rollout {alone['rollout']:.2f} s; "
-          f"no overlap would give {(alone['trainer'] + alone['rollout']) / slower:.2f} x the slower side")
-    print(f"async 1: step time {period:.2f} s = {ratio:.2f} x max(trainer alone, rollout alone) "
-          f"= {period / (alone['trainer'] + alone['rollout']):.2f} x their sum; async 1 / async 0 step time "
-          f"{period / alone['step']:.2f}")
+    print(
+        f"each side alone on its core (async 0): trainer {alone['trainer']:.2f} s, rollout {alone['rollout']:.2f} s; "
+        f"no overlap would give {(alone['trainer'] + alone['rollout']) / slower:.2f} x the slower side"
+    )
+    print(
+        f"async 1: step time {period:.2f} s = {ratio:.2f} x max(trainer alone, rollout alone) "
+        f"= {period / (alone['trainer'] + alone['rollout']):.2f} x their sum; async 1 / async 0 step time "
+        f"{period / alone['step']:.2f}"
+    )
     print(f"goal: step time <= {GOAL} x max(trainer alone, rollout alone): {ratio:.2f} -> {'met' if ok else 'NOT met'}")
     return 0 if ok else 1
 

@@ -160,11 +160,19 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=512, help="block width d (default 512: 8 MB per block)")
     ap.add_argument("--min-rounds", type=int, default=5, help="rounds always run (default 5)")
     ap.add_argument("--max-rounds", type=int, default=25, help="rounds at most (default 25)")
-    ap.add_argument("--spread", type=float, default=0.1,
-                    help="stop once every ratio's relative half-IQR is at most this (default 0.1)")
-    ap.add_argument("--dir", type=Path, default=None,
-                    help="filesystem to measure: a temporary directory is made and removed under it "
-                         "(default: under ./outputs, where runs write)")  # fmt: skip
+    ap.add_argument(
+        "--spread",
+        type=float,
+        default=0.1,
+        help="stop once every ratio's relative half-IQR is at most this (default 0.1)",
+    )
+    ap.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="filesystem to measure: a temporary directory is made and removed under it "
+        "(default: under ./outputs, where runs write)",
+    )
     args = ap.parse_args()
     base = args.dir or Path("outputs")
     base.mkdir(parents=True, exist_ok=True)
@@ -202,11 +210,18 @@ def main() -> int:
             step += 1
             first = step % 2 == 1
             part = checkpoints.part_dir(run, step, "trainer")
-            record("checkpoint save", ckpt_bytes, *pair(
-                functools.partial(timed, save_trainer_state, run, step, model, opt, None),
-                functools.partial(raw_write_s, raw, ckpt_bytes, chunk), first))
-            real_s, raw_s = pair(functools.partial(load_s, part, model, opt),
-                                 functools.partial(raw_read_s, raw, buf), first)  # fmt: skip
+            record(
+                "checkpoint save",
+                ckpt_bytes,
+                *pair(
+                    functools.partial(timed, save_trainer_state, run, step, model, opt, None),
+                    functools.partial(raw_write_s, raw, ckpt_bytes, chunk),
+                    first,
+                ),
+            )
+            real_s, raw_s = pair(
+                functools.partial(load_s, part, model, opt), functools.partial(raw_read_s, raw, buf), first
+            )
             record("checkpoint load", ckpt_bytes, real_s, raw_s)
             same.append(raw_read_tree_s(part, buf) / max(real_s, 1e-9))  # the checkpoint's own files
             # A resume in a new process: the optimizer has no state yet, every moment is allocated.
@@ -214,9 +229,17 @@ def main() -> int:
             fresh.append(raw_s / max(load_s(part, model, fresh_opt), 1e-9))
             del fresh_opt
             raw.unlink()
-            record("broadcast write", bc_bytes, *pair(
-                functools.partial(timed, write_broadcast, run, step, model.state_dict(), {"model_type": "bench"}, None),
-                functools.partial(raw_write_s, raw, bc_bytes, chunk), first))
+            record(
+                "broadcast write",
+                bc_bytes,
+                *pair(
+                    functools.partial(
+                        timed, write_broadcast, run, step, model.state_dict(), {"model_type": "bench"}, None
+                    ),
+                    functools.partial(raw_write_s, raw, bc_bytes, chunk),
+                    first,
+                ),
+            )
             raw.unlink()
             shutil.rmtree(run.checkpoint_step(step), ignore_errors=True)  # keep the disk footprint to one round
             shutil.rmtree(run.broadcast_step(step), ignore_errors=True)
@@ -224,9 +247,11 @@ def main() -> int:
                 break
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"model {n_params / 1e6:.1f} M params ({4 * n_params / 1e6:.0f} MB fp32); checkpoint "
-          f"{ckpt_bytes / 1e6:.0f} MB, broadcast {bc_bytes / 1e6:.0f} MB; filesystem of {base.resolve()}; "
-          f"{step} rounds (stop at a spread <= {args.spread:g} after {args.min_rounds}, at most {args.max_rounds})")
+    print(
+        f"model {n_params / 1e6:.1f} M params ({4 * n_params / 1e6:.0f} MB fp32); checkpoint "
+        f"{ckpt_bytes / 1e6:.0f} MB, broadcast {bc_bytes / 1e6:.0f} MB; filesystem of {base.resolve()}; "
+        f"{step} rounds (stop at a spread <= {args.spread:g} after {args.min_rounds}, at most {args.max_rounds})"
+    )
     lowest = float("inf")
     settled = True
     for name in names:
@@ -236,15 +261,23 @@ def main() -> int:
         raw_rate = statistics.median(y for _, y in rates[name])
         lowest = min(lowest, r)
         settled &= sp <= args.spread
-        print(f"{name:16s} {real / 1e6:8.0f} MB/s   raw {raw_rate / 1e6:8.0f} MB/s   ratio {r:.2f} "
-              f"± {sp * r:.2f} (half-IQR; rounds {min(rs):.2f}-{max(rs):.2f})")
-    print(f"(load against a raw read of the checkpoint's own files: ratio {statistics.median(same):.2f}; the files "
-          "of one filesystem can read at different speeds)")
-    print(f"(load into an optimizer without state, as a resume in a new process: ratio {statistics.median(fresh):.2f}; "
-          "Adam's moments are allocated, a page fault per 4 KiB page)")
+        print(
+            f"{name:16s} {real / 1e6:8.0f} MB/s   raw {raw_rate / 1e6:8.0f} MB/s   ratio {r:.2f} "
+            f"± {sp * r:.2f} (half-IQR; rounds {min(rs):.2f}-{max(rs):.2f})"
+        )
+    print(
+        f"(load against a raw read of the checkpoint's own files: ratio {statistics.median(same):.2f}; the files "
+        "of one filesystem can read at different speeds)"
+    )
+    print(
+        f"(load into an optimizer without state, as a resume in a new process: ratio {statistics.median(fresh):.2f}; "
+        "Adam's moments are allocated, a page fault per 4 KiB page)"
+    )
     if not settled:
-        print(f"note: a ratio's spread stayed above {args.spread:g} after {step} rounds: the device is noisy; "
-              "the verdict uses the medians")
+        print(
+            f"note: a ratio's spread stayed above {args.spread:g} after {step} rounds: the device is noisy; "
+            "the verdict uses the medians"
+        )
     met = lowest >= GOAL
     print(f"GOAL (every ratio >= {GOAL}): {'met' if met else 'NOT met'} (lowest {lowest:.2f})")
     return 0 if met else 1

@@ -39,15 +39,32 @@ def main() -> int:
         dry = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            subprocess.run([py, "-m", "toolkit.cli", "rl", "@", "jobs/reverse-text/rl.toml", "--dry-run",
-                            "--output-dir", out, "--run.name", f"b{next(runs)}"], check=True, capture_output=True,
-                           cwd=ROOT)
+            subprocess.run(
+                [
+                    py,
+                    "-m",
+                    "toolkit.cli",
+                    "rl",
+                    "@",
+                    "jobs/reverse-text/rl.toml",
+                    "--dry-run",
+                    "--output-dir",
+                    out,
+                    "--run.name",
+                    f"b{next(runs)}",
+                ],
+                check=True,
+                capture_output=True,
+                cwd=ROOT,
+            )
             dry.append(time.perf_counter() - t0)
         dry_s = statistics.median(dry)
     print(f"python -c pass      : {base:.3f} s (baseline)")
     print(f"srl --help          : {help_s:.3f} s = {help_s / base:.1f}x baseline, +{help_s - base:.3f} s")
-    print(f"srl rl ... --dry-run: {dry_s:.3f} s = {dry_s / base:.1f}x baseline, +{dry_s - base:.3f} s "
-          f"(goal: under +1 s) -> {'PASS' if dry_s - base < 1.0 else 'FAIL'}")
+    print(
+        f"srl rl ... --dry-run: {dry_s:.3f} s = {dry_s / base:.1f}x baseline, +{dry_s - base:.3f} s "
+        f"(goal: under +1 s) -> {'PASS' if dry_s - base < 1.0 else 'FAIL'}"
+    )
     return 0 if dry_s - base < 1.0 else 1
 
 

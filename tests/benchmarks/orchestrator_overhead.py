@@ -6,10 +6,12 @@ client-side rate the orchestrator keeps. The orchestrator path is everything a t
 rendering the prompt to token ids, the env worker's episode (setup, the reply, scoring: reverse-text's LCS
 reward), the policy client, advantages, filtering, the HDF5 store append, the batch write and the metrics line.
 Single-turn rollouts, one completion request each, so a bare request is the fair unit; the bare client sends the
-same prompts (the taskset's examples rendered by the same renderer, ~107 tokens each), so both send the same bytes. The rate counts the
+same prompts (the taskset's examples rendered by the same renderer, ~107 tokens each), so both send the same bytes. The
+rate counts the
 rollouts of steps 3..N over the wall time between the metrics lines of step 2 and step N, i.e. whole steps
 including their store and batch writes (``time/step`` stops before the writes, so summing it would leave them
-out; the next step's groups are generated while they run); steps 1-2 are warm-up (imports, first template render, HDF5 file
+out; the next step's groups are generated while they run); steps 1-2 are warm-up (imports, first template render, HDF5
+file
 creation) and env worker start-up is never counted. The bare client sends as many requests as are counted but at
 least 8192 (a window of a few seconds: sub-second windows varied by 2x between runs), at the same concurrency
 (``--concurrency``, the orchestrator's ``max_concurrent``), after warming its pool.
@@ -234,19 +236,29 @@ def orchestrator_rate(
     """Rollouts/s of the whole orchestrator over steps 3..N (wall time, writes included), the rollouts counted,
     and the CPU seconds per process group between the metrics lines of steps 2 and N."""
     run = RunDir(root / "run")
-    cfg = RLConfig.model_validate({
-        "max_steps": args.steps, "seed": 0,
-        # Fixed tokens give every rollout the same reward: no group has signal, which must not stop the run.
-        "monitors": {"stop": {"max_empty_steps": None}},
-        "orchestrator": {
-            "batch_size": args.batch_size, "group_size": args.group_size, "max_async_level": min(args.steps - 1, 64),
-            "max_concurrent": args.concurrency,
-            "train": {"sampling": {"max_completion_tokens": 16},
-                      "env": [{"name": "rev", "taskset": {"id": "srl-reverse-text"}, "pool": {"max_workers": args.workers}}]},
-        },
-    })  # fmt: skip
-    write_ready(run, {"base_url": url, "router_url": None, "engine_urls": [url], "model": "loopback",
-                      "policy_version": 0})  # fmt: skip
+    cfg = RLConfig.model_validate(
+        {
+            "max_steps": args.steps,
+            "seed": 0,
+            # Fixed tokens give every rollout the same reward: no group has signal, which must not stop the run.
+            "monitors": {"stop": {"max_empty_steps": None}},
+            "orchestrator": {
+                "batch_size": args.batch_size,
+                "group_size": args.group_size,
+                "max_async_level": min(args.steps - 1, 64),
+                "max_concurrent": args.concurrency,
+                "train": {
+                    "sampling": {"max_completion_tokens": 16},
+                    "env": [
+                        {"name": "rev", "taskset": {"id": "srl-reverse-text"}, "pool": {"max_workers": args.workers}}
+                    ],
+                },
+            },
+        }
+    )
+    write_ready(
+        run, {"base_url": url, "router_url": None, "engine_urls": [url], "model": "loopback", "policy_version": 0}
+    )
     with StepWatcher(run.metrics, (2, args.steps), sampler) as watch:
         rc = asyncio.run(Orchestrator(cfg, run).run_until_done())
     if rc != 0:
@@ -291,13 +303,17 @@ def main() -> int:
     cores = len(psutil.Process().cpu_affinity() or []) or psutil.cpu_count()
     bare_ms = print_cpu("bare request", {k: bare_cpu[k] for k in ("orchestrator process", "server")}, n)
     orch_ms = print_cpu("orchestrator rollout", orch_cpu, counted)
-    print(f"CPU bound on {cores} cores: bare <= {cores * 1000 / bare_ms:.0f} requests/s, orchestrator <= "
-          f"{cores * 1000 / orch_ms:.0f} rollouts/s")
+    print(
+        f"CPU bound on {cores} cores: bare <= {cores * 1000 / bare_ms:.0f} requests/s, orchestrator <= "
+        f"{cores * 1000 / orch_ms:.0f} rollouts/s"
+    )
     # The floor of any design: a rollout costs at least the bare request (client and server) plus the env's episode.
     floor_ms = bare_ms + episode_cpu_ms()
-    print(f"floor per rollout: bare request {bare_ms:.3f} + env episode in process {floor_ms - bare_ms:.3f} = "
-          f"{floor_ms:.3f} ms CPU: at most {cores * 1000 / floor_ms:.0f} rollouts/s on {cores} cores, ratio <= "
-          f"{cores * 1000 / floor_ms / bare:.2f} with no orchestration, IPC or record cost at all")
+    print(
+        f"floor per rollout: bare request {bare_ms:.3f} + env episode in process {floor_ms - bare_ms:.3f} = "
+        f"{floor_ms:.3f} ms CPU: at most {cores * 1000 / floor_ms:.0f} rollouts/s on {cores} cores, ratio <= "
+        f"{cores * 1000 / floor_ms / bare:.2f} with no orchestration, IPC or record cost at all"
+    )
     return 0 if ok else 1
 
 

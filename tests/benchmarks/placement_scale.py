@@ -33,12 +33,20 @@ def layout(nodes: int) -> dict:
     """P/D islands of 4 nodes (3 prefill : 1 decode) on half the nodes, the trainer on the rest."""
     islands = max(1, nodes // 8)
     infer = islands * 4
-    return {"run": {"name": f"bench{nodes}"},
-            "deployment": {"type": "multi_node", "gpus_per_node": 8, "num_train_nodes": nodes - infer,
-                           "num_infer_nodes": infer, "num_infer_replicas": islands},
-            "inference": {"vllm": {"tensor_parallel_size": 2},
-                          "deployment": {"type": "disaggregated", "num_prefill_replicas": 3,
-                                         "num_decode_replicas": 1}}}  # fmt: skip
+    return {
+        "run": {"name": f"bench{nodes}"},
+        "deployment": {
+            "type": "multi_node",
+            "gpus_per_node": 8,
+            "num_train_nodes": nodes - infer,
+            "num_infer_nodes": infer,
+            "num_infer_replicas": islands,
+        },
+        "inference": {
+            "vllm": {"tensor_parallel_size": 2},
+            "deployment": {"type": "disaggregated", "num_prefill_replicas": 3, "num_decode_replicas": 1},
+        },
+    }
 
 
 def measure(nodes: int, repeats: int = 3) -> float:
@@ -63,8 +71,10 @@ def main() -> int:
         print(f"{n:>6} {t:>9.4f} {t / n:>10.6f} {t / n / base:>22.3f}")
     t, ratio = times[1024], times[1024] / 1024 / base
     ok = t < GOAL_1024_S and ratio <= GOAL_RATIO
-    print(f"goal: 1024 nodes < {GOAL_1024_S} s and per-node ratio <= {GOAL_RATIO}: {t:.3f} s, ratio {ratio:.2f} "
-          f"-> {'met' if ok else 'NOT met'}")
+    print(
+        f"goal: 1024 nodes < {GOAL_1024_S} s and per-node ratio <= {GOAL_RATIO}: {t:.3f} s, ratio {ratio:.2f} "
+        f"-> {'met' if ok else 'NOT met'}"
+    )
     return 0 if ok else 1
 
 

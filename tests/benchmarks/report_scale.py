@@ -149,11 +149,15 @@ def main() -> int:
     t_store = results["store"][1]
     best = min(("JSONL", "Parquet"), key=lambda name: results[name][1])
     ratio = t_store / results[best][1]
-    print(f"store / best plain-pandas path ({best}), load + summarise: {ratio:.2f}x; "
-          f"store / JSONL (pyarrow): {t_store / results['JSONL'][1]:.2f}x")
+    print(
+        f"store / best plain-pandas path ({best}), load + summarise: {ratio:.2f}x; "
+        f"store / JSONL (pyarrow): {t_store / results['JSONL'][1]:.2f}x"
+    )
     ok = t_store < GOAL_S and ratio <= GOAL_VS_BEST
-    print(f"goal (store < {GOAL_S:.0f} s and <= {GOAL_VS_BEST}x the best plain-pandas path): {t_store:.2f} s, "
-          f"{ratio:.2f}x -> {'met' if ok else 'NOT met'}")
+    print(
+        f"goal (store < {GOAL_S:.0f} s and <= {GOAL_VS_BEST}x the best plain-pandas path): {t_store:.2f} s, "
+        f"{ratio:.2f}x -> {'met' if ok else 'NOT met'}"
+    )
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1

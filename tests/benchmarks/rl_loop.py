@@ -64,14 +64,17 @@ def srl_phases(run: Path, warmup: int) -> dict[str, float]:
     gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(trainer) if a["step"] >= warmup]
     # The mean beside the median: a rare long stall (a lost wake-up, a slow reload) hardly moves the median but
     # is paid in every minute of training.
-    out = {"step wall time (trainer line interval)": _median(gaps),
-           "step wall time, mean": statistics.fmean(gaps) if gaps else float("nan")}
+    out = {
+        "step wall time (trainer line interval)": _median(gaps),
+        "step wall time, mean": statistics.fmean(gaps) if gaps else float("nan"),
+    }
     for key in ("time/step", "time/broadcast", "time/wait_for_batch"):
         out[f"trainer {key}"] = _median([x[key] for x in steady if key in x])
     for key in ("time/step", "time/wait_for_policy"):
         out[f"orchestrator {key}"] = _median([x[key] for x in orch if key in x])
     out["orchestrator rollouts (time/step - wait_for_policy)"] = _median(
-        [x["time/step"] - x["time/wait_for_policy"] for x in orch])
+        [x["time/step"] - x["time/wait_for_policy"] for x in orch]
+    )
     reloads = run / "policy_reloads.jsonl"
     if reloads.is_file():
         recs = [json.loads(x) for x in reloads.read_text().splitlines() if x.strip()]
@@ -137,11 +140,20 @@ def minimal_loop(run: Path, steps: int, warmup: int) -> dict[str, float]:
             prompt = renderer.render(initial_messages(task.data), add_generation_prompt=True)
             ids = torch.tensor([prompt] * group)
             with torch.no_grad():
-                g = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                   temperature=sampling.temperature, top_k=0, top_p=1.0,
-                                   max_new_tokens=sampling.max_completion_tokens, eos_token_id=eos,
-                                   pad_token_id=eos[0], output_logits=True, return_dict_in_generate=True)
-            new = g.sequences[:, len(prompt):]
+                g = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=True,
+                    temperature=sampling.temperature,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=sampling.max_completion_tokens,
+                    eos_token_id=eos,
+                    pad_token_id=eos[0],
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                )
+            new = g.sequences[:, len(prompt) :]
             logp = torch.stack(g.logits, 1).float().div(sampling.temperature).log_softmax(-1)
             logp = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
             rewards = []
@@ -154,12 +166,18 @@ def minimal_loop(run: Path, steps: int, warmup: int) -> dict[str, float]:
                 samples.append(TrainingSample(prompt, comp, [True] * end, logp[i, :end].tolist()))
             advantages += group_advantages(rewards, o.train.algo.type)
         t1 = time.perf_counter()
-        batch = samples_to_batch(n, samples, advantages, policy_versions=[n - 1] * len(samples),
-                                 envs=["e"] * len(samples),
-                                 meta={"sampling": sampling_meta(SamplingParams(temperature=sampling.temperature))})
+        batch = samples_to_batch(
+            n,
+            samples,
+            advantages,
+            policy_versions=[n - 1] * len(samples),
+            envs=["e"] * len(samples),
+            meta={"sampling": sampling_meta(SamplingParams(temperature=sampling.temperature))},
+        )
         mbs = plan_micro_batches(batch, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size)
-        train_step(model, optimizer, None, mbs, loss_cfg=t.loss, max_norm=t.optim.max_norm,
-                   num_samples=batch.num_samples)
+        train_step(
+            model, optimizer, None, mbs, loss_cfg=t.loss, max_norm=t.optim.max_norm, num_samples=batch.num_samples
+        )
         t2 = time.perf_counter()
         if n > warmup:
             gen_s.append(t1 - t0)
@@ -167,8 +185,6 @@ def minimal_loop(run: Path, steps: int, warmup: int) -> dict[str, float]:
             total_s.append(t2 - t0)
     loop.close()
     return {"step wall time": _median(total_s), "generate + score": _median(gen_s), "train step": _median(train_s)}
-
-
 
 
 def main() -> int:

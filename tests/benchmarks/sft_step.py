@@ -42,8 +42,9 @@ def _data(d: Path, rows: int, seq_len: int) -> tuple[Path, SFTData]:
             out.write(json.dumps({"id": i, "prompt": f"Reverse: {w}", "completion": w[::-1]}) + "\n")
     model_dir = build_tiny_model(d / "m", seed=0)
     convs, wheres = load_conversations(f, ColumnsConfig())
-    data = SFTData.build(convs, load_renderer(None, model_dir), LossMaskConfig(), seq_len=seq_len, source=str(f),
-                         wheres=wheres)  # fmt: skip
+    data = SFTData.build(
+        convs, load_renderer(None, model_dir), LossMaskConfig(), seq_len=seq_len, source=str(f), wheres=wheres
+    )
     return model_dir, data
 
 
@@ -81,8 +82,7 @@ def main() -> int:
             rows, _ = step_rows(len(data), batch_size=args.batch_size, step=step, seed=0, shuffle=True)
             batch = to_batch(data, rows, step)
             mbs = plan_micro_batches(batch, seq_len=args.seq_len, micro_batch_size=4)
-            train_step(srl_model, srl_opt, sched, mbs, loss_cfg=IPOLoss(), max_norm=1.0,
-                       num_samples=batch.num_samples)  # fmt: skip
+            train_step(srl_model, srl_opt, sched, mbs, loss_cfg=IPOLoss(), max_norm=1.0, num_samples=batch.num_samples)
             s = time.perf_counter() - t0
             b = plain_step(base_model, base_opt, mbs)
             if step > 1:
@@ -94,8 +94,10 @@ def main() -> int:
         ratio = srl_tps / base_tps
         ok = ratio >= GOAL
         print(f"steps {args.steps}  tokens/step {np.mean(tokens):,.0f}  rows {len(data)}")
-        print(f"srl SFT step {srl_tps:,.0f} tok/s  plain PyTorch loop {base_tps:,.0f} tok/s  ratio {ratio:.3f} "
-              f"(goal >= {GOAL}): {'PASS' if ok else 'MISS'}")  # fmt: skip
+        print(
+            f"srl SFT step {srl_tps:,.0f} tok/s  plain PyTorch loop {base_tps:,.0f} tok/s  ratio {ratio:.3f} "
+            f"(goal >= {GOAL}): {'PASS' if ok else 'MISS'}"
+        )
         return 0 if ok else 1
 
 

@@ -33,8 +33,14 @@ def realistic_batch(n: int, seed: int = 0):
     for _ in range(n):
         p = int(rng.integers(20, 200))
         c = int(np.clip(rng.lognormal(5.0, 0.7), 8, 700))
-        samples.append(TrainingSample(rng.integers(4, 100, p).tolist(), rng.integers(4, 100, c).tolist(), [True] * c,
-                                      (-rng.random(c) * 3).tolist()))
+        samples.append(
+            TrainingSample(
+                rng.integers(4, 100, p).tolist(),
+                rng.integers(4, 100, c).tolist(),
+                [True] * c,
+                (-rng.random(c) * 3).tolist(),
+            )
+        )
     return samples_to_batch(1, samples, rng.normal(size=n).tolist(), policy_versions=[0] * n, envs=["e"] * n)
 
 
@@ -67,8 +73,9 @@ def main() -> int:
         base_opt = torch.optim.AdamW(base_model.parameters(), lr=1e-4)
         srl_t, base_t = [], []
         for i in range(args.steps + 1):  # interleaved so load changes hit both; step 0 is warm-up
-            m = train_step(srl_model, srl_opt, None, mbs, loss_cfg=IPOLoss(), max_norm=1.0,
-                           num_samples=batch.num_samples)
+            m = train_step(
+                srl_model, srl_opt, None, mbs, loss_cfg=IPOLoss(), max_norm=1.0, num_samples=batch.num_samples
+            )
             b = plain_step(base_model, base_opt, mbs)
             if i:
                 srl_t.append(m["time/step"])
@@ -77,8 +84,10 @@ def main() -> int:
         srl_tps, base_tps = real / np.median(srl_t), real / np.median(base_t)
         ok = eff >= 0.95 and srl_tps / base_tps >= 0.9
         print(f"tokens/step {real}  micro-batches {len(mbs)}  packing efficiency {eff:.3f} (goal >= 0.95)")
-        print(f"srl train step {srl_tps:,.0f} tok/s  plain loop {base_tps:,.0f} tok/s  "
-              f"ratio {srl_tps / base_tps:.3f} (goal >= 0.9)")
+        print(
+            f"srl train step {srl_tps:,.0f} tok/s  plain loop {base_tps:,.0f} tok/s  "
+            f"ratio {srl_tps / base_tps:.3f} (goal >= 0.9)"
+        )
         print(f"goals: {'met' if ok else 'NOT met'}")
         return 0 if ok else 1
 

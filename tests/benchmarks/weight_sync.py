@@ -6,7 +6,8 @@ read of the same bytes from the same filesystem, measured in the same run.
     python tests/benchmarks/weight_sync.py --hidden 1024 --layers 8 --updates 3 --plain-reload  # before/after
 
 Per update: a new weights directory is written under ``<run>/broadcasts/step_<n>/``, its files fsynced, and its
-STABLE marker last (the trainer's protocol); the page cache of its files is dropped (``posix_fadvise(DONTNEED)``, per file, so other
+STABLE marker last (the trainer's protocol); the page cache of its files is dropped (``posix_fadvise(DONTNEED)``, per
+file, so other
 processes are unaffected); the clock starts when the marker exists; the follower (``follow_broadcasts`` below, polling
 every 50 ms) pauses, reloads, resets the prefix cache and resumes the engine; the clock stops when ``/weight_info``
 reports the new version and the engine is resumed. Goal: ratio at most 2x. Fixed per-update costs (HTTP round trips,
@@ -139,9 +140,7 @@ async def follow_broadcasts(run: RunDir, updater: WeightUpdater, *, poll_s: floa
         await asyncio.sleep(poll_s)
 
 
-async def measure(
-    run: RunDir, dep, sources: list[Path], updates: int
-) -> tuple[list[float], list[float], dict]:
+async def measure(run: RunDir, dep, sources: list[Path], updates: int) -> tuple[list[float], list[float], dict]:
     """Per update: STABLE -> serving seconds, plain-read seconds, and the breakdown (name -> list of seconds)."""
     updater = WeightUpdater(dep.engine_urls, timeout_s=600, admin_token=dep.admin_token, profile_reload=True)
     started: dict[int, float] = {}
@@ -208,10 +207,18 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=None, help="larger random model: hidden size (e.g. 1024)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--plain-reload", action="store_true",
-                    help="engine without srl's worker extension: vLLM's reload_weights (the fallback path)")  # fmt: skip
-    ap.add_argument("--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra engine argument, e.g. safetensors_load_strategy=prefetch (repeatable)")  # fmt: skip
+    ap.add_argument(
+        "--plain-reload",
+        action="store_true",
+        help="engine without srl's worker extension: vLLM's reload_weights (the fallback path)",
+    )
+    ap.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra engine argument, e.g. safetensors_load_strategy=prefetch (repeatable)",
+    )
     args = ap.parse_args()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="srl_weight_sync_"))
     sources = [build_model(root / f"src_{s}", s, args.hidden, args.layers) for s in (0, 1)]
@@ -222,8 +229,9 @@ def main() -> int:
     vllm_args: dict = dict(kv.split("=", 1) for kv in args.vllm_arg)
     if args.plain_reload:
         vllm_args["worker_extension_cls"] = None  # replaces srl's default: no --worker-extension-cls
-    dep = start_local_deployment(run, model_path=sources[0], served_model_name="bench", log_dir=root / "logs",
-                                 vllm_args=vllm_args)  # fmt: skip
+    dep = start_local_deployment(
+        run, model_path=sources[0], served_model_name="bench", log_dir=root / "logs", vllm_args=vllm_args
+    )
     try:
         sync_s, read_s, breakdown = asyncio.run(measure(run, dep, sources, args.updates))
     finally:
@@ -233,21 +241,23 @@ def main() -> int:
     quiet, paired = breakdown.pop("quiet_read"), breakdown.pop("paired_read")
     s, r, q = statistics.median(sync_s), statistics.median(read_s), statistics.median(quiet)
     p = statistics.median(paired)
-    print(
-        f"weights: {size / 1e6:.1f} MB; engine start-up {dep.timings['startup_s']:.1f} s; extra args {vllm_args}"
-    )
+    print(f"weights: {size / 1e6:.1f} MB; engine start-up {dep.timings['startup_s']:.1f} s; extra args {vllm_args}")
     print(
         f"STABLE -> serving new weights: median {s:.3f} s over {len(sync_s)} ({', '.join(f'{x:.3f}' for x in sync_s)})"
     )
     print(f"read right after each update: median {r:.4f} s ({size / max(r, 1e-9) / 1e9:.2f} GB/s)")
     print(f"quiet read ({QUIET_S:.0f} s after the last update, engine idle): median {q:.4f} s")
-    print(f"paired read (a copy written, fsynced, dropped and read at once before each update): median {p:.4f} s "
-          f"({', '.join(f'{x:.3f}' for x in paired)})")
+    print(
+        f"paired read (a copy written, fsynced, dropped and read at once before each update): median {p:.4f} s "
+        f"({', '.join(f'{x:.3f}' for x in paired)})"
+    )
     ok = s / max(p, 1e-9) <= 2.0
-    print(f"ratio (goal <= 2.0: {'met' if ok else 'NOT met'}): {s / max(p, 1e-9):.1f}x against the paired read "
-          "(the engine's conditions), "
-          f"{s / max(r, 1e-9):.1f}x against the read right after each update, {s / max(q, 1e-9):.1f}x against the "
-          "quiet read")
+    print(
+        f"ratio (goal <= 2.0: {'met' if ok else 'NOT met'}): {s / max(p, 1e-9):.1f}x against the paired read "
+        "(the engine's conditions), "
+        f"{s / max(r, 1e-9):.1f}x against the read right after each update, {s / max(q, 1e-9):.1f}x against the "
+        "quiet read"
+    )
     print("breakdown, median seconds (first update in brackets where it differs: one-time costs):")
     for name, xs in breakdown.items():
         first = f" [{xs[0]:.4f}]" if len(xs) > 1 and abs(xs[0] - statistics.median(xs)) > 0.005 else ""

@@ -1,6 +1,7 @@
 """Run configs of the golden layouts (issue 3) and a helper to build configs for placement/render tests.
 
-Every config is a plain dict merged over a minimal valid run, validated with ``config_cases.validate`` (schema, rules, preflight).
+Every config is a plain dict merged over a minimal valid run, validated with ``config_cases.validate`` (schema, rules,
+preflight).
 Output paths are fixed (``/shared/runs``) so rendered scripts are byte-stable.
 """
 
@@ -46,8 +47,13 @@ def multi(train: int, infer: int, **dep: Any) -> dict:
 
 
 def _pd(prefill: int, decode: int) -> dict:
-    return {"type": "disaggregated", "num_prefill_replicas": prefill, "num_decode_replicas": decode,
-            "prefill_nodes_per_replica": 1, "decode_nodes_per_replica": 1}
+    return {
+        "type": "disaggregated",
+        "num_prefill_replicas": prefill,
+        "num_decode_replicas": decode,
+        "prefill_nodes_per_replica": 1,
+        "decode_nodes_per_replica": 1,
+    }
 
 
 LAYOUTS: dict[str, dict] = {

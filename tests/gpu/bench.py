@@ -5,7 +5,8 @@
 
 The model is built here, from nothing (no model hub): a random-init ``Qwen3ForCausalLM`` written as a HF directory
 and loaded through srl's own ``toolkit.trainer.model.load_policy`` (SDPA, untied output layer, as the trainer
-loads a policy; bf16 on GPU, fp32 in the CPU dry mode). The GPU shape is Qwen3-0.6B's decoder (28 layers, hidden 1024, 16 query and 8 key/value
+loads a policy; bf16 on GPU, fp32 in the CPU dry mode). The GPU shape is Qwen3-0.6B's decoder (28 layers, hidden 1024,
+16 query and 8 key/value
 heads of 128, MLP 3072) with a 32,768-token vocabulary and its own output layer: 0.51B parameters. The CPU dry
 mode uses srl's tiny shape (``toolkit.models.tiny.TINY_SHAPE``).
 
@@ -64,8 +65,16 @@ from toolkit.trainer.packing import plan_micro_batches
 from toolkit.trainer.step import train_step
 
 # Qwen3-0.6B's decoder with a 32k vocabulary and an untied output layer: 0.51B parameters.
-GPU_SHAPE = {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-             "head_dim": 128, "intermediate_size": 3072, "max_position_embeddings": 32768, "vocab_size": 32768}  # fmt: skip
+GPU_SHAPE = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 32768,
+    "vocab_size": 32768,
+}
 CPU_SHAPE = {**TINY_SHAPE, "vocab_size": 101}
 
 
@@ -88,8 +97,14 @@ def rl_like_batch(n: int, vocab: int, seed: int = 0):
     samples = []
     for _ in range(n):
         p, c = int(rng.integers(20, 200)), int(np.clip(rng.lognormal(5.0, 0.7), 8, 700))
-        samples.append(TrainingSample(rng.integers(4, vocab, p).tolist(), rng.integers(4, vocab, c).tolist(),
-                                      [True] * c, (-rng.random(c) * 3).tolist()))  # fmt: skip
+        samples.append(
+            TrainingSample(
+                rng.integers(4, vocab, p).tolist(),
+                rng.integers(4, vocab, c).tolist(),
+                [True] * c,
+                (-rng.random(c) * 3).tolist(),
+            )
+        )
     batch = samples_to_batch(1, samples, rng.normal(size=n).tolist(), policy_versions=[0] * n, envs=["bench"] * n)
     return batch, [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
 
@@ -101,8 +116,9 @@ def matmul_params(model: torch.nn.Module) -> int:
 
 def step_flops(model_cfg, n_matmul: int, lengths: list[int]) -> float:
     """Training FLOPs (forward + backward) of one step over samples of ``lengths`` tokens (see module doc)."""
-    d_attn = model_cfg.num_attention_heads * getattr(model_cfg, "head_dim", model_cfg.hidden_size //
-                                                     model_cfg.num_attention_heads)  # fmt: skip
+    d_attn = model_cfg.num_attention_heads * getattr(
+        model_cfg, "head_dim", model_cfg.hidden_size // model_cfg.num_attention_heads
+    )
     return 6.0 * n_matmul * sum(lengths) + 6.0 * model_cfg.num_hidden_layers * d_attn * sum(n * n for n in lengths)
 
 
@@ -126,8 +142,9 @@ def init_one_rank(device: torch.device) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=0, world_size=1)  # fmt: skip
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+    )
 
 
 def time_steps(model, mbs, num_samples: int, device, warmup: int, steps: int) -> list[float]:
@@ -135,8 +152,7 @@ def time_steps(model, mbs, num_samples: int, device, warmup: int, steps: int) ->
     opt = build_optimizer(model, lr=1e-5, weight_decay=0.0, betas=(0.9, 0.999))
     times = []
     for i in range(warmup + steps):
-        m = train_step(model, opt, None, mbs, loss_cfg=IPOLoss(), max_norm=1.0, num_samples=num_samples,
-                       device=device)  # fmt: skip
+        m = train_step(model, opt, None, mbs, loss_cfg=IPOLoss(), max_norm=1.0, num_samples=num_samples, device=device)
         if m["optim/skipped_update"] or not math.isfinite(m["loss/mean"]):
             raise SystemExit(f"step {i}: not finite: {m}")
         if i >= warmup:
@@ -183,18 +199,24 @@ def main(argv: list[str] | None = None) -> int:
         plain = load_policy(model_dir, dtype=dtype, device=str(device))
     n_params = sum(p.numel() for p in plain.parameters())
     n_matmul = matmul_params(plain)
-    print(f"model: Qwen3ForCausalLM {n_params / 1e9:.4f}B parameters ({n_matmul / 1e9:.4f}B in matmuls), {dtype}, "
-          f"on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; built and loaded in "
-          f"{time.monotonic() - t:.1f} s", flush=True)  # fmt: skip
+    print(
+        f"model: Qwen3ForCausalLM {n_params / 1e9:.4f}B parameters ({n_matmul / 1e9:.4f}B in matmuls), {dtype}, "
+        f"on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; built and loaded in "
+        f"{time.monotonic() - t:.1f} s",
+        flush=True,
+    )
 
     batch, lengths = rl_like_batch(samples, shape["vocab_size"])
     mbs = plan_micro_batches(batch, seq_len=seq_len, micro_batch_size=a.micro_batch_size)
     flops = step_flops(plain.config, n_matmul, lengths)
     peak, peak_text = device_peak(device, a.peak_tflops)
     efficiency = sum(mb.real_tokens for mb in mbs) / sum(mb.processed_tokens for mb in mbs)  # padding excluded
-    print(f"batch: {samples} samples, {batch.num_tokens} real tokens, {len(mbs)} micro-batches of "
-          f"{a.micro_batch_size} x {seq_len}, packing efficiency {efficiency:.3f}; "
-          f"{flops / 1e12:.4g} TFLOP per step; peak {peak_text}", flush=True)
+    print(
+        f"batch: {samples} samples, {batch.num_tokens} real tokens, {len(mbs)} micro-batches of "
+        f"{a.micro_batch_size} x {seq_len}, packing efficiency {efficiency:.3f}; "
+        f"{flops / 1e12:.4g} TFLOP per step; peak {peak_text}",
+        flush=True,
+    )
 
     def report(name: str, times: list[float]) -> None:
         step = statistics.median(times)
@@ -202,9 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         mfu = f"{achieved / peak:.1%}" if peak else "n/a"
         # What the trainer logs as perf/mfu: 6 x all parameters x tokens/s, attention left out.
         logged = f"{6 * n_params * batch.num_tokens / step / peak:.1%}" if peak else "n/a"
-        print(f"MFU {name}: {mfu} ({achieved / 1e12:.4g} TFLOP/s achieved, step {step:.3f} s median of "
-              f"{len(times)}, {batch.num_tokens / step:,.0f} tokens/s; the trainer's perf/mfu formula gives "
-              f"{logged})", flush=True)
+        print(
+            f"MFU {name}: {mfu} ({achieved / 1e12:.4g} TFLOP/s achieved, step {step:.3f} s median of "
+            f"{len(times)}, {batch.num_tokens / step:,.0f} tokens/s; the trainer's perf/mfu formula gives "
+            f"{logged})",
+            flush=True,
+        )
 
     report("plain", time_steps(plain, mbs, batch.num_samples, device, warmup, steps))
 
@@ -212,22 +237,29 @@ def main(argv: list[str] | None = None) -> int:
     run = RunDir(work / "run")
     run.root.mkdir(parents=True, exist_ok=True)
     opt = build_optimizer(plain, lr=1e-5, weight_decay=0.0, betas=(0.9, 0.999))
-    train_step(plain, opt, None, mbs[:1], loss_cfg=IPOLoss(), max_norm=1.0, num_samples=batch.num_samples,
-               device=device)  # fmt: skip
+    train_step(
+        plain, opt, None, mbs[:1], loss_cfg=IPOLoss(), max_norm=1.0, num_samples=batch.num_samples, device=device
+    )
     t = time.perf_counter()
     part = save_trainer_state(run, 1, plain, opt, None)
     t_ckpt = time.perf_counter() - t
     size = tree_bytes(part)
-    print(f"checkpoint write: {size / 1e6:.1f} MB in {t_ckpt:.2f} s = {size / t_ckpt / 1e6:.0f} MB/s "
-          f"(weights + AdamW state, save_trainer_state, under {work})", flush=True)
+    print(
+        f"checkpoint write: {size / 1e6:.1f} MB in {t_ckpt:.2f} s = {size / t_ckpt / 1e6:.0f} MB/s "
+        f"(weights + AdamW state, save_trainer_state, under {work})",
+        flush=True,
+    )
     t = time.perf_counter()
     sd = full_state_dict(plain)
     t_copy = time.perf_counter() - t
     final = write_broadcast(run, 1, sd, model_config_dict(plain), None)
     t_bcast = time.perf_counter() - t
     size = tree_bytes(final)
-    print(f"broadcast write: {size / 1e6:.1f} MB in {t_bcast:.2f} s = {size / t_bcast / 1e6:.0f} MB/s "
-          f"(device-to-host {t_copy:.2f} s, then write_broadcast with STABLE last)", flush=True)
+    print(
+        f"broadcast write: {size / 1e6:.1f} MB in {t_bcast:.2f} s = {size / t_bcast / 1e6:.0f} MB/s "
+        f"(device-to-host {t_copy:.2f} s, then write_broadcast with STABLE last)",
+        flush=True,
+    )
     del sd, opt, plain
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -49,8 +49,14 @@ def _first(run_dir: Path) -> tuple[Finding, list[Finding]]:
 
 
 def _srl(*args: str, timeout_s: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -77,8 +83,18 @@ def test_slurm_time_limit_is_named_from_the_job_log(slurm_cluster, tmp_path):
     # requeue = false renders no `--signal` (signal_lead_s is then unused; it only has to be below the limit).
     overlay = tmp_path / "timeout.toml"
     overlay.write_text('site = "local-slurm"\n[slurm]\ntime = "00:01:00"\nrequeue = false\nsignal_lead_s = 1\n')
-    proc = _srl("inference", "@", str(REPO / "jobs/serve/tiny.toml"), "@", str(overlay),
-                "--output-dir", str(tmp_path), "--run.name", "timeout", timeout_s=300)  # fmt: skip
+    proc = _srl(
+        "inference",
+        "@",
+        str(REPO / "jobs/serve/tiny.toml"),
+        "@",
+        str(overlay),
+        "--output-dir",
+        str(tmp_path),
+        "--run.name",
+        "timeout",
+        timeout_s=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = proc.stdout.split("submitted inference job ")[1].split(";")[0].strip()
     try:
@@ -102,11 +118,28 @@ def test_slurm_time_limit_is_named_from_the_job_log(slurm_cluster, tmp_path):
 def test_diverging_trainer_is_trainer_instability(tmp_path):
     need_module("vllm")
     t0 = time.monotonic()
-    proc = _srl("rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "--max-steps", "6",
-                "--trainer.optim.lr", "1.0", "--trainer.optim.max-norm", "1e9",
-                "--orchestrator.batch-size", "16", "--orchestrator.group-size", "4",
-                "--orchestrator.eval.interval", "100", "--output-dir", str(tmp_path), "--run.name", "diverge",
-                timeout_s=840)  # fmt: skip
+    proc = _srl(
+        "rl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "--max-steps",
+        "6",
+        "--trainer.optim.lr",
+        "1.0",
+        "--trainer.optim.max-norm",
+        "1e9",
+        "--orchestrator.batch-size",
+        "16",
+        "--orchestrator.group-size",
+        "4",
+        "--orchestrator.eval.interval",
+        "100",
+        "--output-dir",
+        str(tmp_path),
+        "--run.name",
+        "diverge",
+        timeout_s=840,
+    )
     run = tmp_path / "diverge"
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     first, findings = _first(run)
@@ -131,9 +164,28 @@ def test_provider_down_is_provider_error(tmp_path, fixtures_on_path):
 
     t0 = time.monotonic()
     run_dir = tmp_path / "provider"
-    rc = main(["run", "@", str(EVAL_TOML), "--env", "reverse-text", "-n", "2", "-r", "2", "-m", "tiny",
-               "--tokenizer", str(resolve_model("tiny-qwen3")), "--base-url", f"http://127.0.0.1:{_closed_port()}/v1",
-               "--run-dir", str(run_dir), "--no-rich"])  # fmt: skip
+    rc = main(
+        [
+            "run",
+            "@",
+            str(EVAL_TOML),
+            "--env",
+            "reverse-text",
+            "-n",
+            "2",
+            "-r",
+            "2",
+            "-m",
+            "tiny",
+            "--tokenizer",
+            str(resolve_model("tiny-qwen3")),
+            "--base-url",
+            f"http://127.0.0.1:{_closed_port()}/v1",
+            "--run-dir",
+            str(run_dir),
+            "--no-rich",
+        ]
+    )
     assert rc == 1
     df = load_rollouts(RunDir(run_dir).rollout_store)
     assert len(df) == 4 and set(df["error_class"].astype(str)) == {"ProviderError"}
@@ -165,17 +217,39 @@ def _gate(tmp_path: Path, env: str, engine, n: int = 2, r: int = 4) -> tuple[int
     base_url, model = engine
     run_dir = tmp_path / env
     t0 = time.monotonic()
-    rc = main(["run", "@", str(EVAL_TOML), "--env", env, "-n", str(n), "-r", str(r), "-m", "tiny-qwen3",
-               "--tokenizer", str(model), "--base-url", base_url, "--run-dir", str(run_dir), "--no-rich"])  # fmt: skip
+    rc = main(
+        [
+            "run",
+            "@",
+            str(EVAL_TOML),
+            "--env",
+            env,
+            "-n",
+            str(n),
+            "-r",
+            str(r),
+            "-m",
+            "tiny-qwen3",
+            "--tokenizer",
+            str(model),
+            "--base-url",
+            base_url,
+            "--run-dir",
+            str(run_dir),
+            "--no-rich",
+        ]
+    )
     return rc, run_dir, time.monotonic() - t0
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize(
     ("env", "boundary", "message", "label"),
-    [("stalling-harness", "HarnessError", "timed out", "harness-crash"),
-     ("raising-scorer", "TaskError", "scorer bug on purpose", "task-error")],
-)  # fmt: skip
+    [
+        ("stalling-harness", "HarnessError", "timed out", "harness-crash"),
+        ("raising-scorer", "TaskError", "scorer bug on purpose", "task-error"),
+    ],
+)
 def test_errored_rollouts_name_their_boundary(tmp_path, engine, fixtures_on_path, env, boundary, message, label):
     rc, run_dir, wall = _gate(tmp_path, env, engine)
     assert rc == 1

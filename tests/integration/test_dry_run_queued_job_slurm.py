@@ -22,8 +22,14 @@ JOB = ROOT / "jobs" / "reverse-text" / "rl.toml"
 
 
 def srl(*args):
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_a_queued_job_from_a_dry_run_keeps_the_directory_until_it_is_cancelled(slurm_cluster, tmp_path):

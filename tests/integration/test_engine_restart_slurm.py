@@ -55,8 +55,7 @@ def _kill_engine(run, timeout_s: float = WAIT_S) -> int:
 def test_restarted_engine_step_is_health_checked_then_the_budget_ends_the_job(probe_run):
     delay = 4.0
     # The trainer runs until stopped: only the engine's deaths can end this job.
-    cfg, run, attempt = probe_run("restart3", trainer_seconds=UNTIL_STOPPED_S,
-                                  tail="[inference]\nmax_restarts = 1\n")
+    cfg, run, attempt = probe_run("restart3", trainer_seconds=UNTIL_STOPPED_S, tail="[inference]\nmax_restarts = 1\n")
     (run.root / "probe" / "engine_restart_delay_s").write_text(str(delay))
     job = submit_job(cfg, run, attempt)
     try:
@@ -82,8 +81,9 @@ def test_restarted_engine_step_is_health_checked_then_the_budget_ends_the_job(pr
 def test_restarted_engine_that_never_answers_health_ends_the_job(probe_run):
     # The engine's first start answers at once; its restart never does: after inference.startup_timeout_s the
     # supervisor ends the job instead of leaving the orchestrator a dead engine.
-    cfg, run, attempt = probe_run("restart4", trainer_seconds=UNTIL_STOPPED_S,
-                                  tail="[inference]\nmax_restarts = 2\nstartup_timeout_s = 8\n")
+    cfg, run, attempt = probe_run(
+        "restart4", trainer_seconds=UNTIL_STOPPED_S, tail="[inference]\nmax_restarts = 2\nstartup_timeout_s = 8\n"
+    )
     (run.root / "probe" / "engine_restart_delay_s").write_text("100000")
     job = submit_job(cfg, run, attempt)
     try:

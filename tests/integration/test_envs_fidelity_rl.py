@@ -24,13 +24,23 @@ FIXTURES = REPO / "tests" / "fixtures" / "vf_envs"
 
 
 def test_outside_fixtures_train_with_finite_recorded_rewards(tmp_path):
-    cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(FIXTURES / "rl.toml"),
-           "--env-vars.PYTHONPATH", str(FIXTURES), "--output-dir", str(tmp_path), "--run.name", "fixtures"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(FIXTURES / "rl.toml"),
+        "--env-vars.PYTHONPATH",
+        str(FIXTURES),
+        "--output-dir",
+        str(tmp_path),
+        "--run.name",
+        "fixtures",
+    ]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1400, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert (
-        "taskset 'exec-check' resolves to module exec_check at" in done.stderr
-    )  # the dry run's / run's note
+    assert "taskset 'exec-check' resolves to module exec_check at" in done.stderr  # the dry run's / run's note
     run = RunDir(tmp_path / "fixtures")
     rollouts = load_rollouts(run.rollout_store)
     assert rollouts["error_class"].isna().all(), rollouts["error_message"].dropna().head().tolist()

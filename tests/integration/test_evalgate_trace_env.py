@@ -52,10 +52,35 @@ def test_eval_run_on_envs_of_verifiers_own_rollout(tmp_path):
     yes = hermes.encode("yes") + [hermes.stop_token_ids[0]]
     (tmp_path / "gate.toml").write_text(CONFIG)
     with LoopbackServer(yes) as srv:
-        r = subprocess.run([sys.executable, "-m", "toolkit.cli", "eval", "run", "@", str(tmp_path / "gate.toml"),
-                            "--base-url", srv.url, "-m", "loopback", "--tokenizer", str(resolve_model("tiny-qwen3")),
-                            "-n", "2", "-r", "2", "--run-dir", str(tmp_path / "gate"), "--no-rich"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "toolkit.cli",
+                "eval",
+                "run",
+                "@",
+                str(tmp_path / "gate.toml"),
+                "--base-url",
+                srv.url,
+                "-m",
+                "loopback",
+                "--tokenizer",
+                str(resolve_model("tiny-qwen3")),
+                "-n",
+                "2",
+                "-r",
+                "2",
+                "--run-dir",
+                str(tmp_path / "gate"),
+                "--no-rich",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
     out = r.stdout + r.stderr
     gate = tmp_path / "gate" / "reports" / "eval_gate.json"
     assert gate.is_file(), out[-3000:]

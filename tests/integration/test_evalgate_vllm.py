@@ -36,8 +36,25 @@ def _alive(pid: int) -> bool:
 
 def test_eval_run_local_server_writes_store_and_verdict(tmp_path, capsys):
     run_dir = tmp_path / "gate"
-    rc = main(["run", "@", str(EVAL_TOML), "-n", "3", "-r", "3", "--env", "reverse-text", "--shuffle",
-               "--run-dir", str(run_dir), "--no-rich", "--max-truncation-rate", "1.0"])
+    rc = main(
+        [
+            "run",
+            "@",
+            str(EVAL_TOML),
+            "-n",
+            "3",
+            "-r",
+            "3",
+            "--env",
+            "reverse-text",
+            "--shuffle",
+            "--run-dir",
+            str(run_dir),
+            "--no-rich",
+            "--max-truncation-rate",
+            "1.0",
+        ]
+    )
     out = capsys.readouterr().out
     items = _items(run_dir)
     assert LIVE <= set(items), out
@@ -75,9 +92,30 @@ def test_eval_run_against_base_url_with_key_variable(tmp_path, capsys, monkeypat
     server = load_config([EVAL_TOML], ["--inference.vllm.max_model_len", "512"]).config  # serves "tiny-qwen3"
     with serve_local(server, RunDir(tmp_path / "server"), logs=tmp_path / "logs") as served:
         run_dir = tmp_path / "gate"
-        main(["run", "@", str(EVAL_TOML), "-m", "tiny-qwen3", "--tokenizer", str(model), "-n", "2", "-r", "2",
-              "--env", "reverse-text", "--base-url", served.base_url + "/v1", "--api-key-var", "SRL_GATE_TEST_KEY",
-              "--run-dir", str(run_dir), "--no-rich"])
+        main(
+            [
+                "run",
+                "@",
+                str(EVAL_TOML),
+                "-m",
+                "tiny-qwen3",
+                "--tokenizer",
+                str(model),
+                "-n",
+                "2",
+                "-r",
+                "2",
+                "--env",
+                "reverse-text",
+                "--base-url",
+                served.base_url + "/v1",
+                "--api-key-var",
+                "SRL_GATE_TEST_KEY",
+                "--run-dir",
+                str(run_dir),
+                "--no-rich",
+            ]
+        )
     out = capsys.readouterr().out
     items = _items(run_dir)
     assert items["error_rate"]["status"] == "PASS", items["error_rate"]
@@ -87,8 +125,10 @@ def test_eval_run_against_base_url_with_key_variable(tmp_path, capsys, monkeypat
     for path in run_dir.rglob("*"):
         if path.is_file() and path.suffix in (".json", ".md", ".log", ".txt"):
             assert secret not in path.read_text(errors="replace"), path
-    assert json.loads((run_dir / "reports" / "eval_gate.json").read_text())["settings"]["api_key_var"] == \
-        "SRL_GATE_TEST_KEY"
+    assert (
+        json.loads((run_dir / "reports" / "eval_gate.json").read_text())["settings"]["api_key_var"]
+        == "SRL_GATE_TEST_KEY"
+    )
     assert os.environ["SRL_GATE_TEST_KEY"] == secret
 
 
@@ -112,8 +152,24 @@ def test_eval_run_local_server_never_healthy_fails_clearly(tmp_path, capsys):
 
     run_dir = tmp_path / "gate"
     t0 = time.monotonic()
-    rc = main(["run", "@", str(EVAL_TOML), "-n", "1", "-r", "2", "--env", "reverse-text", "--run-dir", str(run_dir),
-               "--no-rich", "--inference.startup_timeout_s", "2"])  # fmt: skip
+    rc = main(
+        [
+            "run",
+            "@",
+            str(EVAL_TOML),
+            "-n",
+            "1",
+            "-r",
+            "2",
+            "--env",
+            "reverse-text",
+            "--run-dir",
+            str(run_dir),
+            "--no-rich",
+            "--inference.startup_timeout_s",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1
     assert "the local vLLM server did not start: inference not healthy after 2 s" in err, err

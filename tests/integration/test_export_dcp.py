@@ -27,16 +27,27 @@ def _run_dir(root: Path, model_dir: Path):
     from toolkit.run.types import TrainingSample
 
     run = RunDir(root)
-    cfg = RLConfig.model_validate({
-        "max_steps": 3, "model": {"name": str(model_dir)}, "ckpt": {"interval": 2},
-        "trainer": {"seq_len": 64, "micro_batch_size": 1, "optim": {"lr": 1e-2}, "batch_timeout_s": 60},
-    })  # fmt: skip
+    cfg = RLConfig.model_validate(
+        {
+            "max_steps": 3,
+            "model": {"name": str(model_dir)},
+            "ckpt": {"interval": 2},
+            "trainer": {"seq_len": 64, "micro_batch_size": 1, "optim": {"lr": 1e-2}, "batch_timeout_s": 60},
+        }
+    )
     run.resolved("rl").parent.mkdir(parents=True)
     run.resolved("rl").write_text(cfg.model_dump_json())
     rng = np.random.default_rng(0)
     for step in (1, 2, 3):
-        samples = [TrainingSample(rng.integers(4, 100, 6).tolist(), rng.integers(4, 100, 20).tolist(), [True] * 20,
-                                  (-rng.random(20) * 3).tolist()) for _ in range(6)]
+        samples = [
+            TrainingSample(
+                rng.integers(4, 100, 6).tolist(),
+                rng.integers(4, 100, 20).tolist(),
+                [True] * 20,
+                (-rng.random(20) * 3).tolist(),
+            )
+            for _ in range(6)
+        ]
         write_batch(run, step, samples, rng.normal(size=6).tolist(), policy_versions=[0] * 6, envs=["e"] * 6, meta={})
     return run
 
@@ -50,17 +61,40 @@ def test_export_of_a_two_rank_dcp_checkpoint_equals_the_trainers_broadcast(tmp_p
 
     run = _run_dir(tmp_path / "run", build_tiny_model(tmp_path / "tiny", seed=0))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        "-m", "toolkit.trainer.main", "--run-dir", str(run.root)],
-                       env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "toolkit.trainer.main",
+            "--run-dir",
+            str(run.root),
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     assert (run.checkpoint_step(2) / "trainer" / "dcp").is_dir()
     part_dir(run, 2, "orchestrator").mkdir(parents=True)
     assert mark_complete_if_ready(run, 2)
 
     out = tmp_path / "export"
-    r = subprocess.run([sys.executable, "-m", "toolkit.cli", "export", str(run.root), str(out)], cwd=REPO,
-                       capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", "export", str(run.root), str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "exported checkpoint step 2" in r.stdout  # the newest complete one (step 3 lacks the orchestrator part)
     got = load_file(str(out / "model.safetensors"))

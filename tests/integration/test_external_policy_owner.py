@@ -24,9 +24,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _srl(*argv: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "toolkit.cli", *argv], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", *argv],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def _until(what: str, cond, procs: list[subprocess.Popen], timeout_s: float) -> None:
@@ -55,8 +61,19 @@ def _owner_run(dep: Path) -> str | None:
 
 
 def _rl(out: Path, name: str, steps: int, dep: Path) -> list[str]:
-    return ["rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "--max-steps", str(steps), "--output-dir", str(out),
-            "--run.name", name, "--inference.external", str(dep)]  # fmt: skip
+    return [
+        "rl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "--max-steps",
+        str(steps),
+        "--output-dir",
+        str(out),
+        "--run.name",
+        name,
+        "--inference.external",
+        str(dep),
+    ]
 
 
 def test_a_second_full_weight_run_on_one_deployment_is_refused_while_the_first_lives(tmp_path):
@@ -67,12 +84,21 @@ def test_a_second_full_weight_run_on_one_deployment_is_refused_while_the_first_l
     try:
         _until("deployment ready", lambda: RunDir(dep).inference_ready.exists(), [serve], 900)
         a = _srl(*_rl(out, "a", 200, dep))
-        _until("run a trains on the deployment", lambda: (_owner_run(dep) == str(out / "a")
-                                                          and max(role_steps(out / "a", "trainer"), default=0) >= 1),
-               [serve, a], 900)  # fmt: skip
+        _until(
+            "run a trains on the deployment",
+            lambda: _owner_run(dep) == str(out / "a") and max(role_steps(out / "a", "trainer"), default=0) >= 1,
+            [serve, a],
+            900,
+        )
 
-        b = subprocess.run([sys.executable, "-m", "toolkit.cli", *_rl(out, "b", 2, dep)], cwd=REPO, check=False,
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+        b = subprocess.run(
+            [sys.executable, "-m", "toolkit.cli", *_rl(out, "b", 2, dep)],
+            cwd=REPO,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert b.returncode == 2, b.stdout + b.stderr
         assert f"already serves the weights of run {out / 'a'}" in b.stderr and f"srl cancel {out / 'a'}" in b.stderr
         assert not (out / "b" / "configs").exists()

@@ -28,8 +28,19 @@ from prereqs import ROUTER, need_module, need_router
 pytestmark = pytest.mark.slow
 
 OPENAI_ROUTES = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models")]
-ADMIN_ROUTES = ["/collective_rpc", "/pause", "/resume", "/reset_prefix_cache", "/sleep", "/wake_up",
-                "/update_weights", "/v1/load_lora_adapter", "/start_profile", "/is_sleeping", "/server_info"]
+ADMIN_ROUTES = [
+    "/collective_rpc",
+    "/pause",
+    "/resume",
+    "/reset_prefix_cache",
+    "/sleep",
+    "/wake_up",
+    "/update_weights",
+    "/v1/load_lora_adapter",
+    "/start_profile",
+    "/is_sleeping",
+    "/server_info",
+]
 
 
 def test_engines_and_router_bind_the_node_address_only(tmp_path):
@@ -39,8 +50,10 @@ def test_engines_and_router_bind_the_node_address_only(tmp_path):
     from toolkit.run.layout import RunDir
 
     root = Path(__file__).resolve().parents[2]
-    loaded = load_config([root / "jobs/reverse-text/rl.toml", root / "jobs/reverse-text/slurm.toml"],
-                         ["--site", "local-slurm", "--output-dir", str(tmp_path)])
+    loaded = load_config(
+        [root / "jobs/reverse-text/rl.toml", root / "jobs/reverse-text/slurm.toml"],
+        ["--site", "local-slurm", "--output-dir", str(tmp_path)],
+    )
     plan = build_plan(loaded.config, load_site("local-slurm"), RunDir(tmp_path / "r"), job_id="1")
     served = [p for p in plan.processes if p.role in ("inference", "router")]
     assert served
@@ -57,8 +70,15 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     def _answer(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))
         self.seen.append((self.command, self.path.split("?")[0]))
-        body = json.dumps({"id": "x", "object": "list", "model": "m", "data": [],
-                           "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "id": "x",
+                "object": "list",
+                "model": "m",
+                "data": [],
+                "choices": [{"index": 0, "text": "", "finish_reason": "stop"}],
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
@@ -81,9 +101,15 @@ def router_over_recorder():
     backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     port = free_port()
-    argv = router_command(host="127.0.0.1", port=port, engine_urls=[f"http://127.0.0.1:{backend.server_port}"],
-                          policy="round_robin", request_timeout_s=10, health_check_interval_s=5,
-                          executable=str(ROUTER))  # fmt: skip
+    argv = router_command(
+        host="127.0.0.1",
+        port=port,
+        engine_urls=[f"http://127.0.0.1:{backend.server_port}"],
+        policy="round_robin",
+        request_timeout_s=10,
+        health_check_interval_s=5,
+        executable=str(ROUTER),
+    )
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -147,10 +173,20 @@ def test_guarded_engine_behind_router_refuses_admin_routes_but_reloads_with_toke
     base = build_tiny_model(tmp_path / "base", seed=0)
     run = RunDir(tmp_path / "run")
     new = build_tiny_model(run.broadcast_step(1), seed=1)
-    dep = start_local_deployment(run, model_path=base, served_model_name="tiny", log_dir=tmp_path / "logs",
-                                 num_engines=1, use_router=True, router_policy="round_robin",
-                                 request_timeout_s=120, health_check_interval_s=2, startup_timeout_s=900,
-                                 load_newest_stable=False, admin_token="t-" + "k" * 41)  # fmt: skip
+    dep = start_local_deployment(
+        run,
+        model_path=base,
+        served_model_name="tiny",
+        log_dir=tmp_path / "logs",
+        num_engines=1,
+        use_router=True,
+        router_policy="round_robin",
+        request_timeout_s=120,
+        health_check_interval_s=2,
+        startup_timeout_s=900,
+        load_newest_stable=False,
+        admin_token="t-" + "k" * 41,
+    )
     token = dep.admin_token
     engine = dep.engine_urls[0]
     try:
@@ -163,12 +199,16 @@ def test_guarded_engine_behind_router_refuses_admin_routes_but_reloads_with_toke
                 r = c.post(path, json={"method": "reload_weights", "kwargs": {"weights_path": str(new)}})
                 refused[path] = r.status_code
                 assert token not in r.text
-            print(f"\n[figure] admin routes refused through the router: "
-                  f"{sum(v in (401, 403) for v in refused.values())}/{len(ADMIN_ROUTES)}: {refused}")  # fmt: skip
+            print(
+                f"\n[figure] admin routes refused through the router: "
+                f"{sum(v in (401, 403) for v in refused.values())}/{len(ADMIN_ROUTES)}: {refused}"
+            )
             assert all(v == 401 for v in refused.values()), refused
             # None of them took effect: the engine is not paused or asleep and still serves the base weights.
-            state = {p: httpx.get(engine + p, headers={ADMIN_TOKEN_HEADER: token}, timeout=30).json()
-                     for p in ("/is_paused", "/is_sleeping")}  # fmt: skip
+            state = {
+                p: httpx.get(engine + p, headers={ADMIN_TOKEN_HEADER: token}, timeout=30).json()
+                for p in ("/is_paused", "/is_sleeping")
+            }
             assert state == {"/is_paused": {"is_paused": False}, "/is_sleeping": {"is_sleeping": False}}, state
             assert _completion_logprobs(dep.router.url) == pytest.approx(before, abs=1e-5)
             assert c.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2}).status_code == 200

@@ -26,8 +26,12 @@ def small_fs(tmp_path):
     mounted = []
 
     def mount(size: int):
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True,
-                           text=True, check=False)  # fmt: skip
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if r.returncode != 0:
             missing(f"cannot mount a tmpfs here (needs root and mount rights): {r.stderr.strip()}")
         mounted.append(mnt)
@@ -61,13 +65,23 @@ def test_checkpoint_on_full_disk_fails_clearly_and_keeps_previous(tmp_path, smal
     run = RunDir(mnt / "run")
     for step in (1, 2, 3):
         samples = [TrainingSample([5, 6, 7], [8, 9, 10], [True] * 3, [-1.0] * 3) for _ in range(4)]
-        batches.write_batch(run, step, samples, [1.0, -1.0, 0.5, -0.5], policy_versions=[step - 1] * 4,
-                            envs=["rev"] * 4, meta={})  # fmt: skip
+        batches.write_batch(
+            run, step, samples, [1.0, -1.0, 0.5, -0.5], policy_versions=[step - 1] * 4, envs=["rev"] * 4, meta={}
+        )
         save_state(run, step, {"sampler": {}})  # the orchestrator's part is there; COMPLETE follows the trainer's
     # The default RL config's settings (what srl rl hands the trainer), with this test's run shape.
-    settings = dataclasses.replace(TrainerSettings.from_config(RLConfig()), model_name=str(model_dir), max_steps=3,
-                                   ckpt_interval=1, keep_last=1, broadcast_keep=2, batch_timeout_s=5, seq_len=64,
-                                   micro_batch_size=1, lr=1e-3)  # fmt: skip
+    settings = dataclasses.replace(
+        TrainerSettings.from_config(RLConfig()),
+        model_name=str(model_dir),
+        max_steps=3,
+        ckpt_interval=1,
+        keep_last=1,
+        broadcast_keep=2,
+        batch_timeout_s=5,
+        seq_len=64,
+        micro_batch_size=1,
+        lr=1e-3,
+    )
     with pytest.raises(CheckpointSpaceError) as info:
         run_trainer(run, settings)
     msg = str(info.value)

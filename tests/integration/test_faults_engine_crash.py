@@ -32,13 +32,34 @@ MAX_STEPS = 6
 
 
 def _start(out: Path, *extra: str, resume: bool = False) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-            "--max-steps", str(MAX_STEPS), "--ckpt.interval", "2", "--output-dir", str(out), "--run.name", "faults",
-            *extra]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "--max-steps",
+        str(MAX_STEPS),
+        "--ckpt.interval",
+        "2",
+        "--output-dir",
+        str(out),
+        "--run.name",
+        "faults",
+        *extra,
+    ]
     if resume:
         argv.append("--resume")
-    return subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _engine_pid(run: Path) -> tuple[str, int]:
@@ -95,9 +116,11 @@ def test_engine_kill_is_survived_by_a_restart_with_the_newest_stable_weights(tmp
     back = [ln for ln in orch.splitlines() if "inference back after" in ln]
     assert back, orch[-3000:]
     outage_s = float(back[0].split("inference back after ")[1].split(" s")[0])
-    print(f"\n[figure] engine kill -9 -> restored version {r['version']} (newest STABLE at kill {stable_at_kill}) "
-          f"after {outage_s:.1f} s of held generation, reload {r['seconds']:.2f} s; run completed {MAX_STEPS} "
-          "steps, 0 lost, 0 repeated")  # fmt: skip
+    print(
+        f"\n[figure] engine kill -9 -> restored version {r['version']} (newest STABLE at kill {stable_at_kill}) "
+        f"after {outage_s:.1f} s of held generation, reload {r['seconds']:.2f} s; run completed {MAX_STEPS} "
+        "steps, 0 lost, 0 repeated"
+    )
 
 
 def test_engine_kill_without_restarts_ends_run_naming_it_and_resume_loses_no_step(tmp_path):
@@ -118,5 +141,7 @@ def test_engine_kill_without_restarts_ends_run_naming_it_and_resume_loses_no_ste
     rc, text = _finish(proc, START_TIMEOUT_S + 600)
     assert rc == 0, text
     _exactly_once(run)
-    print(f"\n[figure] engine kill -9 (max_restarts 0) -> launcher exit in {took:.1f} s; resumed to step {MAX_STEPS}, "
-          "0 steps lost")
+    print(
+        f"\n[figure] engine kill -9 (max_restarts 0) -> launcher exit in {took:.1f} s; resumed to step {MAX_STEPS}, "
+        "0 steps lost"
+    )

@@ -40,9 +40,11 @@ def test_inference_script_never_executes_injected_values(tmp_path, monkeypatch):
     (model / "config.json").write_text("{}")  # HF-format dir for config validation; never loaded
     evil_dir = tmp_path / "o;touch${IFS}PWNED1;$(touch${IFS}PWNED2)|&<>*?{a,b}"
     cfg = tmp_path / "serve.toml"
-    cfg.write_text(f'output_dir = {json.dumps(str(evil_dir))}\nsite = "stub"\n[model]\nname = "{model}"\n'
-                   f'[run]\nname = "srv.1"\n[slurm]\njob_name = "j$(touch${{IFS}}PWNED6)"\n'
-                   f'secret_env_vars = ["HF_TOKEN"]\n[inference.env_vars]\nEVIL = {json.dumps(EVIL_VALUE)}\n')
+    cfg.write_text(
+        f'output_dir = {json.dumps(str(evil_dir))}\nsite = "stub"\n[model]\nname = "{model}"\n'
+        f'[run]\nname = "srv.1"\n[slurm]\njob_name = "j$(touch${{IFS}}PWNED6)"\n'
+        f'secret_env_vars = ["HF_TOKEN"]\n[inference.env_vars]\nEVIL = {json.dumps(EVIL_VALUE)}\n'
+    )
     loaded = load_config([cfg], purpose="serve")  # what `srl inference` validates
     run, attempt = prepare_run(loaded, argv=["srl", "inference"])
     # Submission hands the run's lease over to the job (launch/submit.py); here the test runs the job itself.
@@ -54,8 +56,15 @@ def test_inference_script_never_executes_injected_values(tmp_path, monkeypatch):
     (run.root / "probe").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
     env.update(PATH=f"{stubs}:{env['PATH']}", STUB_LOG=str(tmp_path), SLURM_JOB_ID="9002", SLURM_JOB_NODELIST="node1")
-    proc = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     engines = [p for p in plan.processes if p.role == "inference"]
     deadline = time.monotonic() + 90
     try:
@@ -71,5 +80,7 @@ def test_inference_script_never_executes_injected_values(tmp_path, monkeypatch):
     assert all(r["env"]["SRL_RUN_DIR"] == str(run.root) for r in eng)
     pwned = list(tmp_path.rglob("PWNED*")) + list(Path.cwd().glob("PWNED*"))
     assert not pwned, f"injected commands ran: {pwned}\n{out}"
-    print(f"\n[figure] inference.sbatch: 3 injected values (output dir, job name, env value) "
-          f"reached {len(eng)} engine(s) verbatim, 0 executed")
+    print(
+        f"\n[figure] inference.sbatch: 3 injected values (output dir, job name, env value) "
+        f"reached {len(eng)} engine(s) verbatim, 0 executed"
+    )

@@ -47,14 +47,30 @@ def _steps(run: Path, role: str) -> list[int]:
 
 
 def _start(out: Path, resume: bool) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-            "--max-steps", str(MAX_STEPS), "--ckpt.interval", "2", "--output-dir", str(out), "--run.name", "faults",
-            "--slurm.secret-env-vars", json.dumps(sorted(CANARIES))]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "--max-steps",
+        str(MAX_STEPS),
+        "--ckpt.interval",
+        "2",
+        "--output-dir",
+        str(out),
+        "--run.name",
+        "faults",
+        "--slurm.secret-env-vars",
+        json.dumps(sorted(CANARIES)),
+    ]
     if resume:
         argv.append("--resume")
     env = {**os.environ, **CANARIES, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def _wait_trainer_step(proc: subprocess.Popen, run: Path, step: int, timeout_s: float) -> None:
@@ -84,7 +100,7 @@ def _role_pid(run: Path, role: str) -> int:
                 argv = (d / "cmdline").read_bytes().decode().split("\0")
             except OSError:
                 continue
-            if any(argv[i:i + 4] == want for i in range(len(argv))):
+            if any(argv[i : i + 4] == want for i in range(len(argv))):
                 return int(d.name)
     raise AssertionError(f"no {role} process for {run}")
 

@@ -37,17 +37,26 @@ from toolkit.run.metrics import ORCHESTRATOR, recorded_steps
 def _cfg(max_steps: int, max_empty_steps: int | None, max_async_level: int | None = None) -> RLConfig:
     """The loopback run's config; ``max_async_level`` None: ``max_steps`` (no step ever waits for a policy)."""
     async_level = max_steps if max_async_level is None else max_async_level
-    return RLConfig.model_validate({
-        "max_steps": max_steps, "seed": 5, "ckpt": {"interval": 2},
-        "orchestrator": {
-            "batch_size": 4, "group_size": 2, "max_async_level": async_level, "max_concurrent": 4,
-            # The loopback server cannot load weights: steps wait for the trainer's published version only.
-            "update_weights": max_async_level is None,
-            "train": {"sampling": {"max_completion_tokens": 8},
-                      "env": [{"name": "rev", "taskset": {"id": "srl-reverse-text"}, "retries": 3}]},
-        },
-        "monitors": {"stop": {"max_empty_steps": max_empty_steps}},
-    })  # fmt: skip
+    return RLConfig.model_validate(
+        {
+            "max_steps": max_steps,
+            "seed": 5,
+            "ckpt": {"interval": 2},
+            "orchestrator": {
+                "batch_size": 4,
+                "group_size": 2,
+                "max_async_level": async_level,
+                "max_concurrent": 4,
+                # The loopback server cannot load weights: steps wait for the trainer's published version only.
+                "update_weights": max_async_level is None,
+                "train": {
+                    "sampling": {"max_completion_tokens": 8},
+                    "env": [{"name": "rev", "taskset": {"id": "srl-reverse-text"}, "retries": 3}],
+                },
+            },
+            "monitors": {"stop": {"max_empty_steps": max_empty_steps}},
+        }
+    )
 
 
 def _orch_steps(run: RunDir) -> list[int]:
@@ -103,8 +112,10 @@ def test_killed_env_worker_is_replaced_and_the_run_completes(tmp_path):
     assert new_pid is not None and new_pid != killed[0]  # a replacement worker served the rest of the run
     assert sorted(_orch_steps(run)) == [1, 2, 3, 4, 5, 6]
     assert all(batches.is_ready(run.rollout_step(s)) for s in range(1, 7))
-    print(f"\n[figure] env worker {killed[0]} killed with step 3's requests in flight; replaced by {new_pid}; 6/6 "
-          "steps written")
+    print(
+        f"\n[figure] env worker {killed[0]} killed with step 3's requests in flight; replaced by {new_pid}; 6/6 "
+        "steps written"
+    )
 
 
 def test_zero_signal_guard_warns_with_counts_and_stops(tmp_path, caplog):
@@ -124,6 +135,9 @@ def test_zero_signal_guard_warns_with_counts_and_stops(tmp_path, caplog):
     # The orchestrator recorded why the run ends; the supervisor's settle keeps it and exits with status 4.
     recorded = ending.read(run)
     assert recorded is not None and (recorded.cause, recorded.criterion, recorded.role) == (
-        "no-signal", "zero-signal guard", "orchestrator")
+        "no-signal",
+        "zero-signal guard",
+        "orchestrator",
+    )
     assert ending.settle(run).exit_status == 4
     print(f"\n[figure] zero-signal: stopped after steps {steps}; stop request: {reason.strip()}")

@@ -150,8 +150,12 @@ def _check_two_node_trainer(run: RunDir, job: str) -> None:
     assert [p.node_index for p in plan.processes if p.role == "inference"] == [0] and orch.node_index == 0
     assert trainer.node_indices == (1, 2) and trainer.nprocs_per_node == 1 and trainer.command[0] == "torchrun"
     # "srl.trainer INFO rank R of W (local rank L) on NODE, device cpu", once per rank
-    lines = [line.split("INFO rank ", 1)[1] for text in _trainer_logs(run).values() for line in text.splitlines()
-             if "srl.trainer INFO rank " in line]  # fmt: skip
+    lines = [
+        line.split("INFO rank ", 1)[1]
+        for text in _trainer_logs(run).values()
+        for line in text.splitlines()
+        if "srl.trainer INFO rank " in line
+    ]
     ranks = sorted(line.split(" (")[0] for line in lines)
     hosts = {line.rsplit(" on ", 1)[1].split(",")[0] for line in lines}
     assert ranks == ["0 of 2", "1 of 2"] and hosts == {plan.hosts[1], plan.hosts[2]}, (ranks, hosts)
@@ -237,9 +241,11 @@ def test_scontrol_requeue_from_outside_resumes_each_step_once(tmp_path: Path) ->
         f = fault_then_resume(run, job, requeue)
     finally:
         slurm.cancel(job)
-    print(f"\nrequeue from outside: job {job} past step {FAULT_AFTER_STEP} after {f['first']:.0f} s, running again "
-          f"{f['back']:.0f} s after `scontrol requeue`, resumed from step {f['resumed_from']}, {MAX_STEPS} steps; "
-          f"{time.monotonic() - t0:.0f} s in all")
+    print(
+        f"\nrequeue from outside: job {job} past step {FAULT_AFTER_STEP} after {f['first']:.0f} s, running again "
+        f"{f['back']:.0f} s after `scontrol requeue`, resumed from step {f['resumed_from']}, {MAX_STEPS} steps; "
+        f"{time.monotonic() - t0:.0f} s in all"
+    )
 
 
 @pytest.mark.heavy
@@ -285,6 +291,8 @@ def test_node_down_requeues_and_resumes_each_step_once(tmp_path: Path) -> None:
         if lost is not None:
             _scontrol("update", f"nodename={lost}", "state=resume")
         slurm.cancel(job)
-    print(f"\nnode lost: job {job} past step {FAULT_AFTER_STEP} after {t_first:.0f} s, running again on "
-          f"{','.join(st.node_list)} {t_back:.0f} s after the node went down, resumed from step {resumed_from}, "
-          f"steps {redone} trained again, {MAX_STEPS} steps; {time.monotonic() - t0:.0f} s in all")
+    print(
+        f"\nnode lost: job {job} past step {FAULT_AFTER_STEP} after {t_first:.0f} s, running again on "
+        f"{','.join(st.node_list)} {t_back:.0f} s after the node went down, resumed from step {resumed_from}, "
+        f"steps {redone} trained again, {MAX_STEPS} steps; {time.monotonic() - t0:.0f} s in all"
+    )

@@ -53,8 +53,16 @@ def _rank0_pid(run) -> int:
 @pytest.mark.timeout(FIRST_RUN_S + REQUEUE_S + FINISH_S + 300)
 def test_a_stopped_trainer_rank_requeues_the_job_once_and_it_resumes_to_the_end(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    run, job = submit_slurm_rl(tmp_path, "stall", "--max-steps", str(MAX_STEPS), "--ckpt.interval", str(INTERVAL),
-                               "--monitors.stall-timeout-s", str(STALL_S))  # fmt: skip
+    run, job = submit_slurm_rl(
+        tmp_path,
+        "stall",
+        "--max-steps",
+        str(MAX_STEPS),
+        "--ckpt.interval",
+        str(INTERVAL),
+        "--monitors.stall-timeout-s",
+        str(STALL_S),
+    )
     stopped: list[int] = []
 
     def stop_rank0() -> None:
@@ -76,6 +84,8 @@ def test_a_stopped_trainer_rank_requeues_the_job_once_and_it_resumes_to_the_end(
     assert "run ended: stalled" in batch_log and "requeued" in batch_log, batch_log[-4000:]
     end = json.loads(run.ending.read_text())
     assert end["cause"] == "completed", end
-    print(f"\nstalled trainer on Slurm: job {job} past step {INTERVAL + 1} after {f['first']:.0f} s; rank 0 stopped -> "
-          f"requeued after {f['requeued']:.0f} s (stall bound {STALL_S} s); resumed from step {f['resumed_from']}, "
-          f"{MAX_STEPS} steps; {time.monotonic() - t0:.0f} s in all\n{_logs(run)[-1500:]}")
+    print(
+        f"\nstalled trainer on Slurm: job {job} past step {INTERVAL + 1} after {f['first']:.0f} s; rank 0 stopped -> "
+        f"requeued after {f['requeued']:.0f} s (stall bound {STALL_S} s); resumed from step {f['resumed_from']}, "
+        f"{MAX_STEPS} steps; {time.monotonic() - t0:.0f} s in all\n{_logs(run)[-1500:]}"
+    )

@@ -38,11 +38,33 @@ END_WITHIN_S = STALL_S + GRACE_S + 15 + 120
 
 
 def _start(out: Path, max_steps: int) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-            "--max-steps", str(max_steps), "--output-dir", str(out), "--run.name", "stall",
-            "--monitors.stall-timeout-s", str(STALL_S), "--slurm.checkpoint-grace-s", str(GRACE_S)]  # fmt: skip
-    return subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "--max-steps",
+        str(max_steps),
+        "--output-dir",
+        str(out),
+        "--run.name",
+        "stall",
+        "--monitors.stall-timeout-s",
+        str(STALL_S),
+        "--slurm.checkpoint-grace-s",
+        str(GRACE_S),
+    ]
+    return subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _gone(pid: int) -> bool:
@@ -75,14 +97,15 @@ def test_a_stopped_role_ends_the_run_naming_it_within_the_bound(tmp_path, role, 
     assert f"pid {stopped}" in report and "stopped (state T)" in report, report
     assert f"{waiting} made no progress" not in report, report
     assert _gone(stopped)  # killed, not left behind
-    print(f"\n[figure] {role} SIGSTOP -> run ended (exit 7) after {took:.1f} s (stall bound {STALL_S} s, grace "
-          f"{GRACE_S} s); {end['reason']}")  # fmt: skip
+    print(
+        f"\n[figure] {role} SIGSTOP -> run ended (exit 7) after {took:.1f} s (stall bound {STALL_S} s, grace "
+        f"{GRACE_S} s); {end['reason']}"
+    )
 
 
 def _engine_pid(run: Path) -> int:
     """The run's vLLM API server (the launcher's inference child), found by its command line."""
-    pids = [int(line.split(":", 1)[0]) for line in processes_of(run)
-            if "vllm.entrypoints.openai.api_server" in line]  # fmt: skip
+    pids = [int(line.split(":", 1)[0]) for line in processes_of(run) if "vllm.entrypoints.openai.api_server" in line]
     assert pids, processes_of(run)
     return min(pids)  # the API server starts before its engine-core processes
 
@@ -110,5 +133,7 @@ def test_a_stopped_engine_is_restarted_and_the_run_completes(tmp_path):
     for r in ("trainer", "orchestrator"):
         assert sorted(role_steps(run, r, first=1)) == list(range(1, steps + 1)), r
     assert _gone(engine)
-    print(f"\n[figure] engine SIGSTOP -> killed, restarted, run completed {steps} steps {took:.1f} s later "
-          f"(stall bound {STALL_S} s)")
+    print(
+        f"\n[figure] engine SIGSTOP -> killed, restarted, run completed {steps} steps {took:.1f} s later "
+        f"(stall bound {STALL_S} s)"
+    )

@@ -51,8 +51,15 @@ def _batch_writer(run: RunDir) -> None:
     step = (max(numbered_steps(run.rollouts), default=0)) + 1
     while True:
         s = _samples(step)
-        batches.write_batch(run, step, s, [1.0] * len(s), policy_versions=[step - 1] * len(s),
-                            envs=["rev"] * len(s), meta={"step": step})  # fmt: skip
+        batches.write_batch(
+            run,
+            step,
+            s,
+            [1.0] * len(s),
+            policy_versions=[step - 1] * len(s),
+            envs=["rev"] * len(s),
+            meta={"step": step},
+        )
         step += 1
 
 
@@ -81,8 +88,10 @@ def test_sigkill_during_batch_writes_never_exposes_a_partial_batch(tmp_path):
         torn += _leftovers(run.rollouts)
         fsutil.remove_stale_temps(run.rollouts)  # what the orchestrator does at start
         assert _leftovers(run.rollouts) == 0
-    print(f"\n[figure] batch writes: {kills} kill points, {torn} landed inside a write, "
-          f"{len(numbered_steps(run.rollouts))} whole batches, 0 partial batches read")  # fmt: skip
+    print(
+        f"\n[figure] batch writes: {kills} kill points, {torn} landed inside a write, "
+        f"{len(numbered_steps(run.rollouts))} whole batches, 0 partial batches read"
+    )
     assert torn >= MIN_TORN, f"only {torn} of {kills} kills landed inside a write: too few to prove anything"
 
 
@@ -136,7 +145,9 @@ def test_sigkill_during_broadcasts_never_exposes_partial_weights(tmp_path):
             assert (path / "config.json").is_file() and (path / "tokenizer.json").is_file()
         torn += _leftovers(run.broadcasts)
         fsutil.remove_stale_temps(run.broadcasts)  # what the trainer does at start
-    print(f"\n[figure] broadcasts: {kills} kill points, {torn} left a torn temp, newest STABLE "
-          f"{newest_stable_broadcast(run)[0] if newest_stable_broadcast(run) else None}, 0 partial loads")
+    print(
+        f"\n[figure] broadcasts: {kills} kill points, {torn} left a torn temp, newest STABLE "
+        f"{newest_stable_broadcast(run)[0] if newest_stable_broadcast(run) else None}, 0 partial loads"
+    )
     assert newest_stable_broadcast(run) is not None
     assert torn >= MIN_TORN, f"only {torn} of {kills} kills landed inside a write: too few to prove anything"

@@ -92,7 +92,8 @@ def _both_ranks_wait_for_batch(run, step: int) -> bool:
     orchestrator's batch of ``step``."""
     records = heartbeat.read_all(run)
     return all(
-        (r := records.get(f"trainer.rank{rank}")) is not None and r.get("step") == step
+        (r := records.get(f"trainer.rank{rank}")) is not None
+        and r.get("step") == step
         and r.get("waiting_for") == "orchestrator"
         for rank in (0, 1)
     )
@@ -111,9 +112,23 @@ def _two_rank_trainer(plan) -> None:
     """Give the plan's trainer two ranks on its node: the torchrun command ``build_plan`` writes for
     ``nproc_per_node`` > 1 (c10d rendezvous on the master address and the plan's rdzv port)."""
     t = plan.process("trainer")
-    t.command = ["torchrun", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", f"{{master_addr}}:{t.ports['rdzv']}", "--rdzv-id", f"srl-{plan.job_id}",
-                 "-m", "toolkit.trainer.main", "--run-dir", t.env["SRL_RUN_DIR"]]  # fmt: skip
+    t.command = [
+        "torchrun",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{{master_addr}}:{t.ports['rdzv']}",
+        "--rdzv-id",
+        f"srl-{plan.job_id}",
+        "-m",
+        "toolkit.trainer.main",
+        "--run-dir",
+        t.env["SRL_RUN_DIR"],
+    ]
     t.nprocs_per_node = 2
     t.env["SRL_TRAINER_DP"] = "2"
     plan.trainer_dp = 2
@@ -141,8 +156,9 @@ def _driver(argv: list[str]) -> int:
 def _start_local(overlay: Path, resume: bool, *flags: str) -> subprocess.Popen:
     argv = [sys.executable, __file__, str(overlay), *(["--resume"] if resume else []), *flags]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
@@ -171,13 +187,22 @@ def test_local_launcher_ends_run_when_a_rank_dies_while_ranks_wait_for_a_batch(t
     out = tmp_path / "out"
     run = out / "waiting"
     overlay = tmp_path / "overlay.toml"
-    overlay.write_text(f'max_steps = 4\noutput_dir = "{out}"\n[run]\nname = "waiting"\n[model]\nname = "{model}"\n'
-                       "[trainer]\nseq_len = 64\nmicro_batch_size = 1\nbatch_timeout_s = 600\n")
+    overlay.write_text(
+        f'max_steps = 4\noutput_dir = "{out}"\n[run]\nname = "waiting"\n[model]\nname = "{model}"\n'
+        "[trainer]\nseq_len = 64\nmicro_batch_size = 1\nbatch_timeout_s = 600\n"
+    )
     rng = np.random.default_rng(0)
     rd = RunDir(run)
     for step in (1, 2):
-        samples = [TrainingSample(rng.integers(4, 100, 6).tolist(), rng.integers(4, 100, 20).tolist(), [True] * 20,
-                                  (-rng.random(20) * 3).tolist()) for _ in range(4)]
+        samples = [
+            TrainingSample(
+                rng.integers(4, 100, 6).tolist(),
+                rng.integers(4, 100, 20).tolist(),
+                [True] * 20,
+                (-rng.random(20) * 3).tolist(),
+            )
+            for _ in range(4)
+        ]
         write_batch(rd, step, samples, rng.normal(size=4).tolist(), policy_versions=[0] * 4, envs=["e"] * 4, meta={})
     proc = _start_local(overlay, False, "--trainer-only")
     deadline = time.monotonic() + 300
@@ -211,8 +236,10 @@ def test_local_kill_one_trainer_rank_ends_run_and_resume_loses_no_step(tmp_path)
     out = tmp_path / "out"
     run = out / "rank"
     overlay = tmp_path / "overlay.toml"
-    overlay.write_text(f'max_steps = {MAX_STEPS}\noutput_dir = "{out}"\n[run]\nname = "rank"\n'
-                       f"[ckpt]\ninterval = {CKPT_INTERVAL}\n[orchestrator]\nbatch_size = 16\n")
+    overlay.write_text(
+        f'max_steps = {MAX_STEPS}\noutput_dir = "{out}"\n[run]\nname = "rank"\n'
+        f"[ckpt]\ninterval = {CKPT_INTERVAL}\n[orchestrator]\nbatch_size = 16\n"
+    )
     rng = random.Random(11)
     figures: dict = {}
 
@@ -249,9 +276,10 @@ def test_local_kill_one_trainer_rank_ends_run_and_resume_loses_no_step(tmp_path)
         assert sorted(counts) == list(range(1, MAX_STEPS + 1)), (role, sorted(counts))
         assert set(counts.values()) == {1}, (role, counts)  # no step twice
     assert (run / "checkpoints" / f"step_{MAX_STEPS}" / "COMPLETE").is_file()
-    print(f"\n[figure] local 2-rank trainer: {figures}; killed after trainer step {killed_after}, resumed from "
-          f"COMPLETE step {complete[-1]}, {MAX_STEPS} steps each recorded once")
-
+    print(
+        f"\n[figure] local 2-rank trainer: {figures}; killed after trainer step {killed_after}, resumed from "
+        f"COMPLETE step {complete[-1]}, {MAX_STEPS} steps each recorded once"
+    )
 
 
 # ---- Slurm ---------------------------------------------------------------------------------------------------------
@@ -274,8 +302,24 @@ def test_slurm_kill_rank_on_second_trainer_node_fails_job_within_seconds(tmp_pat
     from toolkit.run.layout import RunDir
 
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "@", str(REPO / "jobs/reverse-text/slurm.toml"),
-           "--output-dir", str(out), "--run.name", "rank", "--max-steps", "40", "--ckpt.interval", "2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(JOB),
+        "@",
+        str(REPO / "jobs/reverse-text/slurm.toml"),
+        "--output-dir",
+        str(out),
+        "--run.name",
+        "rank",
+        "--max-steps",
+        "40",
+        "--ckpt.interval",
+        "2",
+    ]
     sub = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert sub.returncode == 0, sub.stdout + sub.stderr
     rd = RunDir(out / "rank")
@@ -291,10 +335,15 @@ def test_slurm_kill_rank_on_second_trainer_node_fails_job_within_seconds(tmp_pat
         time.sleep(random.Random(5).uniform(0.0, 3.0))  # a random moment of the step in flight
         plan = read_plan(rd)
         second = plan.hosts[plan.process("trainer").node_indices[1]]
-        victim = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                  if "toolkit.trainer.main" in _cmdline(pid) and "torch.distributed.run" not in _cmdline(pid)
-                  and _environ(pid).get("SLURM_JOB_ID") == job and _environ(pid).get("SLURMD_NODENAME") == second
-                  and "RANK" in _environ(pid)]  # fmt: skip
+        victim = [
+            pid
+            for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+            if "toolkit.trainer.main" in _cmdline(pid)
+            and "torch.distributed.run" not in _cmdline(pid)
+            and _environ(pid).get("SLURM_JOB_ID") == job
+            and _environ(pid).get("SLURMD_NODENAME") == second
+            and "RANK" in _environ(pid)
+        ]
         assert len(victim) == 1, (victim, second)
         rank = _environ(victim[0])["RANK"]
         others = [_rank_pid(run, r, SLURM_JOB_ID=job) for r in ("0", "1") if r != rank]
@@ -309,8 +358,10 @@ def test_slurm_kill_rank_on_second_trainer_node_fails_job_within_seconds(tmp_pat
     assert "trainer exited first" in log, log
     assert took < END_WITHIN_S, f"job took {took:.1f} s to end after a trainer rank died\n{log}"
     assert not any(_alive(p) for p in others), "the other trainer rank outlived the job"
-    print(f"\n[figure] slurm 2-node trainer: kill -9 of rank {rank} on {second} after trainer step "
-          f"{max(_steps(run, 'trainer'))} -> job {job} {st.state} (exit {st.exit_code}) in {took:.1f} s")
+    print(
+        f"\n[figure] slurm 2-node trainer: kill -9 of rank {rank} on {second} after trainer step "
+        f"{max(_steps(run, 'trainer'))} -> job {job} {st.state} (exit {st.exit_code}) in {took:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -70,10 +70,13 @@ def deployment(tmp_path_factory):
     for step, seed in ((1, 1), (2, 2)):
         build_tiny_model(run.broadcast_step(step), seed=seed)
     write_marker(run.broadcast_step(1) / "STABLE")  # step_2 has no marker: still being written
-    dep = start_local_deployment(run, model_path=base, served_model_name="tiny", log_dir=root / "logs",
-                                 num_engines=1, startup_timeout_s=600)  # fmt: skip
-    print(f"\n[figure] engine start-up to ready: {dep.timings['startup_s']:.1f} s "
-          f"(initial STABLE load {dep.timings.get('initial_reload_s', float('nan')):.2f} s)")  # fmt: skip
+    dep = start_local_deployment(
+        run, model_path=base, served_model_name="tiny", log_dir=root / "logs", num_engines=1, startup_timeout_s=600
+    )
+    print(
+        f"\n[figure] engine start-up to ready: {dep.timings['startup_s']:.1f} s "
+        f"(initial STABLE load {dep.timings.get('initial_reload_s', float('nan')):.2f} s)"
+    )
     try:
         yield dep, run, base, root
     finally:
@@ -104,8 +107,15 @@ def test_chat_completion_with_logprobs_and_token_ids(deployment):
     import httpx
 
     dep = deployment[0]
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "abc"}], "max_tokens": 5, "logprobs": True,
-            "return_token_ids": True, "temperature": 1.0, "skip_special_tokens": False}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "abc"}],
+        "max_tokens": 5,
+        "logprobs": True,
+        "return_token_ids": True,
+        "temperature": 1.0,
+        "skip_special_tokens": False,
+    }
     data = httpx.post(dep.base_url + "/v1/chat/completions", json=body, timeout=60).json()
     choice = data["choices"][0]
     assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) >= 1
@@ -120,8 +130,9 @@ def test_logprobs_are_those_of_the_temperature_scaled_distribution(deployment):
 
     async def go():
         async with PolicyClient(dep.base_url, "tiny", timeout_s=60) as client:
-            return await client.generate(PROMPT, SamplingParams(max_tokens=12, temperature=0.5, seed=3),
-                                         session_id="t0")  # fmt: skip
+            return await client.generate(
+                PROMPT, SamplingParams(max_tokens=12, temperature=0.5, seed=3), session_id="t0"
+            )
 
     gen = asyncio.run(go())
     weights = run.broadcast_step(int(served))
@@ -166,13 +177,14 @@ async def _stream(client: httpx.AsyncClient, base_url: str, body: dict, received
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            choice = json.loads(line[len("data: "):])["choices"][0]
+            choice = json.loads(line[len("data: ") :])["choices"][0]
             token_ids += choice.get("token_ids") or []
             logprobs += (choice.get("logprobs") or {}).get("token_logprobs") or []
             finish = choice.get("finish_reason") or finish
             received[i] = len(token_ids)
-    return parse_completion({"choices": [{"token_ids": token_ids, "logprobs": {"token_logprobs": logprobs},
-                                          "finish_reason": finish}]}, 0)  # fmt: skip
+    return parse_completion(
+        {"choices": [{"token_ids": token_ids, "logprobs": {"token_logprobs": logprobs}, "finish_reason": finish}]}, 0
+    )
 
 
 def test_reload_while_requests_in_flight_keeps_them(deployment):
@@ -217,7 +229,8 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
             for i in range(attempts):
                 before, pause_s, gens = await attempt(client, updater, took, 10 + 2 * i)
                 assert all(g.finish_reason == "length" and len(g.token_ids) == max_tokens for g in gens), [
-                    (g.finish_reason, len(g.token_ids)) for g in gens]  # not aborted  # fmt: skip
+                    (g.finish_reason, len(g.token_ids)) for g in gens
+                ]  # not aborted
                 switched_at = []
                 for g, seen in zip(gens, before):
                     under_a = hf_logprobs(base, PROMPT, g.token_ids)
@@ -234,9 +247,11 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
 
     took, tries, versions, version = asyncio.run(go())
     for before, pause_s, switched_at in tries:
-        print(f"\n[figure] reload mid-flight ({n} requests of {max_tokens} tokens that take {took:.2f} s; reload asked "
-              f"for after {min(before)}..{max(before)} streamed tokens, pause took {pause_s:.3f} s): the weights "
-              f"changed after token {min(switched_at)}..{max(switched_at)}")
+        print(
+            f"\n[figure] reload mid-flight ({n} requests of {max_tokens} tokens that take {took:.2f} s; reload asked "
+            f"for after {min(before)}..{max(before)} streamed tokens, pause took {pause_s:.3f} s): the weights "
+            f"changed after token {min(switched_at)}..{max(switched_at)}"
+        )
     assert versions is not None, f"in {attempts} attempts no request saw the weights change while it ran: {tries}"
     assert versions == {dep.engines[0].url: str(version)}
 
@@ -273,8 +288,9 @@ def test_throughput_and_queue_depths(deployment):
     async def go():
         async with httpx.AsyncClient(timeout=300) as client:
             t0 = time.monotonic()
-            gens = await asyncio.gather(*(_complete(client, dep.base_url, _to_length(max_tokens, None))
-                                          for _ in range(n)))  # fmt: skip
+            gens = await asyncio.gather(
+                *(_complete(client, dep.base_url, _to_length(max_tokens, None)) for _ in range(n))
+            )
             return gens, time.monotonic() - t0
 
     tokens0, iters0 = _engine_counters(url)
@@ -290,9 +306,11 @@ def test_throughput_and_queue_depths(deployment):
     per_iteration = (tokens1 - tokens0) / max(1.0, iters1 - iters0)
     answered = [s for s in samples if s["running"] is not None]
     peak = max((s["running"] for s in answered), default=0.0)
-    print(f"\n[figure] throughput {n} x {max_tokens} tokens: {tokens / dt:.0f} tokens/s ({dt:.2f} s); "
-          f"{per_iteration:.1f} tokens per engine iteration; {len(answered)} of {len(samples)} queue reads "
-          f"answered, at most {peak:.0f} running at once")
+    print(
+        f"\n[figure] throughput {n} x {max_tokens} tokens: {tokens / dt:.0f} tokens/s ({dt:.2f} s); "
+        f"{per_iteration:.1f} tokens per engine iteration; {len(answered)} of {len(samples)} queue reads "
+        f"answered, at most {peak:.0f} running at once"
+    )
     assert tokens == n * max_tokens and all(g.finish_reason == "length" for g in gens)
     assert tokens1 - tokens0 >= tokens, (tokens0, tokens1, tokens)
     # One request at a time generates at most one token per engine iteration; above one, iterations decoded

@@ -43,9 +43,17 @@ def hf_greedy(model_dir, prompt: list[int], n: int) -> list[int]:
 def test_prefill_decode_with_example_connector(tmp_path):
     model = build_tiny_model(tmp_path / "model", seed=0)
     run = RunDir(tmp_path / "run")
-    dep = start_local_deployment(run, model_path=model, served_model_name="tiny", log_dir=tmp_path / "logs",
-                                 prefill_replicas=1, decode_replicas=1, kv_connector="ExampleConnector",
-                                 request_timeout_s=120, startup_timeout_s=900)  # fmt: skip
+    dep = start_local_deployment(
+        run,
+        model_path=model,
+        served_model_name="tiny",
+        log_dir=tmp_path / "logs",
+        prefill_replicas=1,
+        decode_replicas=1,
+        kv_connector="ExampleConnector",
+        request_timeout_s=120,
+        startup_timeout_s=900,
+    )
     print(f"\n[figure] P/D (1 prefill + 1 decode + router) start-up: {dep.timings['startup_s']:.1f} s")
     decode = next(e for e in dep.engines if e.role == "decode")
     try:
@@ -74,9 +82,7 @@ def test_prefill_decode_with_example_connector(tmp_path):
         print(f"\n[figure] decode engine external prefix-cache hits: {hits:.0f} tokens")
         assert hits >= 2 * 128  # whole 128-token blocks of both prompts
         assert "Inject KV cache" in decode.log_path.read_text()
-        q = queue_depths(
-            {"prefill": [e.url for e in dep.engines if e.role == "prefill"], "decode": [decode.url]}
-        )
+        q = queue_depths({"prefill": [e.url for e in dep.engines if e.role == "prefill"], "decode": [decode.url]})
         assert q["advice"].startswith("balanced")
     finally:
         dep.stop(grace_s=10)

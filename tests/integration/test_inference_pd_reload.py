@@ -48,25 +48,28 @@ def hf_logprobs(model_dir, prompt: list[int], completion: list[int]) -> list[flo
 
 
 def external_hits(url: str) -> float:
-    return (
-        parse_metric(httpx.get(url + "/metrics", timeout=10).text, "vllm:external_prefix_cache_hits_total")
-        or 0.0
-    )
+    return parse_metric(httpx.get(url + "/metrics", timeout=10).text, "vllm:external_prefix_cache_hits_total") or 0.0
 
 
 def test_reload_never_serves_stale_connector_kv(tmp_path):
     old = build_tiny_model(tmp_path / "old", seed=0)
     new = build_tiny_model(tmp_path / "new", seed=1)
     run = RunDir(tmp_path / "run")
-    dep = start_local_deployment(run, model_path=old, served_model_name="tiny", log_dir=tmp_path / "logs",
-                                 prefill_replicas=1, decode_replicas=1, kv_connector="ExampleConnector",
-                                 request_timeout_s=120, startup_timeout_s=900)  # fmt: skip
+    dep = start_local_deployment(
+        run,
+        model_path=old,
+        served_model_name="tiny",
+        log_dir=tmp_path / "logs",
+        prefill_replicas=1,
+        decode_replicas=1,
+        kv_connector="ExampleConnector",
+        request_timeout_s=120,
+        startup_timeout_s=900,
+    )
     decode = next(e for e in dep.engines if e.role == "decode")
     rng = random.Random(0)
     prompt = [rng.randrange(3, 100) for _ in range(300)]  # two whole 128-token KV blocks go through the store
-    sp = SamplingParams(
-        temperature=1.0, max_tokens=12, seed=7
-    )  # temperature 1: processed = plain log-softmax
+    sp = SamplingParams(temperature=1.0, max_tokens=12, seed=7)  # temperature 1: processed = plain log-softmax
 
     async def ask(tag: str):
         async with PolicyClient(dep.base_url, "tiny", timeout_s=120) as client:

@@ -60,8 +60,9 @@ def deployment(tmp_path_factory):
     base = build_tiny_model(root / "base", seed=0)
     weights = [build_tiny_model(root / f"w{seed}", seed=seed) for seed in (1, 2)]
     run = RunDir(root / "run")
-    dep = start_local_deployment(run, model_path=base, served_model_name="tiny", log_dir=root / "logs",
-                                 num_engines=1, startup_timeout_s=600)  # fmt: skip
+    dep = start_local_deployment(
+        run, model_path=base, served_model_name="tiny", log_dir=root / "logs", num_engines=1, startup_timeout_s=600
+    )
     try:
         yield dep, base, weights, root
     finally:

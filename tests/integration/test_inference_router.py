@@ -30,16 +30,23 @@ from toolkit.run.types import SamplingParams
 
 
 def served_counts(urls: list[str]) -> list[float]:
-    return [parse_metric(httpx.get(u + "/metrics", timeout=10).text, "vllm:request_success_total") or 0.0
-            for u in urls]  # fmt: skip
+    return [parse_metric(httpx.get(u + "/metrics", timeout=10).text, "vllm:request_success_total") or 0.0 for u in urls]
 
 
 def test_two_replicas_sticky_sessions_and_failover(tmp_path):
     model = build_tiny_model(tmp_path / "model", seed=0)
     run = RunDir(tmp_path / "run")
-    dep = start_local_deployment(run, model_path=model, served_model_name="tiny", log_dir=tmp_path / "logs",
-                                 num_engines=2, router_policy="sticky_least_loaded", request_timeout_s=60,
-                                 health_check_interval_s=2, startup_timeout_s=900)  # fmt: skip
+    dep = start_local_deployment(
+        run,
+        model_path=model,
+        served_model_name="tiny",
+        log_dir=tmp_path / "logs",
+        num_engines=2,
+        router_policy="sticky_least_loaded",
+        request_timeout_s=60,
+        health_check_interval_s=2,
+        startup_timeout_s=900,
+    )
     print(f"\n[figure] 2 replicas + router start-up: {dep.timings['startup_s']:.1f} s")
     try:
         assert dep.router is not None and len(dep.engine_urls) == 2
@@ -81,8 +88,9 @@ def test_two_replicas_sticky_sessions_and_failover(tmp_path):
             return times, errors
 
         times, errors = asyncio.run(after_kill())
-        print(f"\n[figure] after killing one replica: per-request seconds {[round(t, 2) for t in times]}, "
-              f"errors {errors}")  # fmt: skip
+        print(
+            f"\n[figure] after killing one replica: per-request seconds {[round(t, 2) for t in times]}, errors {errors}"
+        )
         assert errors == 0 and max(times) < 60
         assert is_healthy(dep.engine_urls[0]) and not is_healthy(dep.engine_urls[1])
 
@@ -91,9 +99,7 @@ def test_two_replicas_sticky_sessions_and_failover(tmp_path):
         dep.engines[0].proc.wait(timeout=30)
 
         async def all_down():
-            async with PolicyClient(
-                dep.base_url, "tiny", timeout_s=10, max_retries=2, backoff_s=0.2
-            ) as client:
+            async with PolicyClient(dep.base_url, "tiny", timeout_s=10, max_retries=2, backoff_s=0.2) as client:
                 await client.generate([5, 6, 7], sp, session_id="x")
 
         t0 = time.monotonic()

@@ -31,8 +31,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def _run(tmp_path: Path, name: str, *extra: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(ROOT / "jobs/reverse-text/rl.toml"),
-           "--output-dir", str(tmp_path), "--run.name", name, "--max-steps", str(LEARN_STEPS), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(ROOT / "jobs/reverse-text/rl.toml"),
+        "--output-dir",
+        str(tmp_path),
+        "--run.name",
+        name,
+        "--max-steps",
+        str(LEARN_STEPS),
+        *extra,
+    ]
     log = open(tmp_path / f"{name}.out", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     t0 = time.monotonic()
@@ -49,8 +62,11 @@ def _run(tmp_path: Path, name: str, *extra: str) -> list[dict]:
 
 
 def _gain(metrics: list[dict]) -> float:
-    rewards = [m["reward/all/mean"] for m in sorted(metrics, key=lambda m: m["step"])
-               if m["role"] == "orchestrator" and "reward/all/mean" in m]
+    rewards = [
+        m["reward/all/mean"]
+        for m in sorted(metrics, key=lambda m: m["step"])
+        if m["role"] == "orchestrator" and "reward/all/mean" in m
+    ]
     assert len(rewards) == LEARN_STEPS, f"{len(rewards)} orchestrator steps recorded, expected {LEARN_STEPS}"
     first, last = rewards[:20], rewards[-20:]
     gain = sum(last) / 20 - sum(first) / 20

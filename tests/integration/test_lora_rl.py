@@ -35,10 +35,30 @@ def test_lora_run_serves_the_trainers_adapter(tmp_path):
     need_module("torch")
     need_module("peft")
     name = "lora"
-    cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(ROOT / "jobs/reverse-text/rl-lora.toml"),
-           "--output-dir", str(tmp_path), "--run.name", name, "--max-steps", "3",
-           "--orchestrator.max-async-level", "0", "--orchestrator.batch-size", "16",
-           "--trainer.optim.lr", "3e-2", "--weight-broadcast.keep", "3", "--orchestrator.eval.interval", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(ROOT / "jobs/reverse-text/rl-lora.toml"),
+        "--output-dir",
+        str(tmp_path),
+        "--run.name",
+        name,
+        "--max-steps",
+        "3",
+        "--orchestrator.max-async-level",
+        "0",
+        "--orchestrator.batch-size",
+        "16",
+        "--trainer.optim.lr",
+        "3e-2",
+        "--weight-broadcast.keep",
+        "3",
+        "--orchestrator.eval.interval",
+        "0",
+    ]
     out = tmp_path / "srl.out"
     with open(out, "wb") as log:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=900, check=False)

@@ -39,9 +39,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "external_taskset"
 
 
 def _orch_lines(run: RunDir) -> list[dict]:
-    return [
-        x for x in map(json.loads, run.metrics.read_text().splitlines()) if x.get("role") == "orchestrator"
-    ]
+    return [x for x in map(json.loads, run.metrics.read_text().splitlines()) if x.get("role") == "orchestrator"]
 
 
 def _store_rows(run: RunDir):
@@ -52,9 +50,7 @@ def _store_rows(run: RunDir):
 
 @pytest.fixture
 def external_on_path(monkeypatch):
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")]))
-    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")])))
     monkeypatch.syspath_prepend(str(FIXTURES))
 
 
@@ -66,23 +62,40 @@ def test_multi_env_run_on_vllm(tmp_path, external_on_path):
 
     base = build_tiny_model(tmp_path / "base", seed=0)
     run = RunDir(tmp_path / "run")
-    cfg = RLConfig.model_validate({
-        "max_steps": 3, "seed": 3, "model": {"name": str(base)},
-        "orchestrator": {
-            "batch_size": 8, "group_size": 4, "max_async_level": 1, "max_concurrent": 16,
-            # Temperature and truncation that the trainer must apply too (the trainer-vs-sampler check below).
-            "train": {"sampling": {"max_completion_tokens": 12, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
-                      "env": [
-                {"name": "rev", "taskset": {"id": "srl-reverse-text"}, "ratio": 2},
-                {"name": "ari", "taskset": {"id": "srl-arith"}, "ratio": 1},
-                {"name": "broken", "taskset": {"id": "raising_scorer"}, "ratio": 1},
-            ]},
-            "eval": {"interval": 2, "env": [
-                {"name": "rev-test", "taskset": {"id": "srl-reverse-text", "split": "test"}, "num_examples": 2,
-                 "group_size": 2}]},
-        },
-        "monitors": {"stop": {"max_errored_share": None}},
-    })  # fmt: skip
+    cfg = RLConfig.model_validate(
+        {
+            "max_steps": 3,
+            "seed": 3,
+            "model": {"name": str(base)},
+            "orchestrator": {
+                "batch_size": 8,
+                "group_size": 4,
+                "max_async_level": 1,
+                "max_concurrent": 16,
+                # Temperature and truncation that the trainer must apply too (the trainer-vs-sampler check below).
+                "train": {
+                    "sampling": {"max_completion_tokens": 12, "temperature": 0.7, "top_p": 0.8, "top_k": 20},
+                    "env": [
+                        {"name": "rev", "taskset": {"id": "srl-reverse-text"}, "ratio": 2},
+                        {"name": "ari", "taskset": {"id": "srl-arith"}, "ratio": 1},
+                        {"name": "broken", "taskset": {"id": "raising_scorer"}, "ratio": 1},
+                    ],
+                },
+                "eval": {
+                    "interval": 2,
+                    "env": [
+                        {
+                            "name": "rev-test",
+                            "taskset": {"id": "srl-reverse-text", "split": "test"},
+                            "num_examples": 2,
+                            "group_size": 2,
+                        }
+                    ],
+                },
+            },
+            "monitors": {"stop": {"max_errored_share": None}},
+        }
+    )
     # The engine is the one srl starts for this config (its plan, through the supervisor), as in a run.
     with serve_local(cfg, run, logs=tmp_path / "logs"):
 
@@ -145,8 +158,16 @@ def _trainer_mismatch_kl(model_dir: Path, batch: batches.Batch) -> float:
 
     model = load_policy(model_dir)
     mbs = plan_micro_batches(batch, seq_len=int(batch.lengths.max()), micro_batch_size=4)
-    m = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), None, mbs, loss_cfg=IPOLoss(), max_norm=1.0,
-                   num_samples=batch.num_samples, apply_update=False)  # fmt: skip
+    m = train_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        None,
+        mbs,
+        loss_cfg=IPOLoss(),
+        max_norm=1.0,
+        num_samples=batch.num_samples,
+        apply_update=False,
+    )
     return float(m["mismatch_kl/mean"])
 
 
@@ -154,23 +175,35 @@ def _loopback_cfg(tmp_path: Path, max_steps: int) -> RLConfig:
     # max_async_level 1: step n needs policy version n - 2, so without a trainer the orchestrator writes steps 1
     # and 2 and then waits at step 3 for version 1, which only the test publishes. The loopback server cannot load
     # weights, so the orchestrator paces on the published version alone (update_weights false).
-    return RLConfig.model_validate({
-        "max_steps": max_steps, "seed": 5, "ckpt": {"interval": 2},
-        "orchestrator": {
-            "batch_size": 4, "group_size": 2, "max_async_level": 1, "max_concurrent": 8, "update_weights": False,
-            "train": {"sampling": {"max_completion_tokens": 8},
-                      "env": [{"name": "rev", "taskset": {"id": "srl-reverse-text"}}]},
-        },
-        "monitors": {"stop": {"max_empty_steps": None}},
-    })  # fmt: skip
+    return RLConfig.model_validate(
+        {
+            "max_steps": max_steps,
+            "seed": 5,
+            "ckpt": {"interval": 2},
+            "orchestrator": {
+                "batch_size": 4,
+                "group_size": 2,
+                "max_async_level": 1,
+                "max_concurrent": 8,
+                "update_weights": False,
+                "train": {
+                    "sampling": {"max_completion_tokens": 8},
+                    "env": [{"name": "rev", "taskset": {"id": "srl-reverse-text"}}],
+                },
+            },
+            "monitors": {"stop": {"max_empty_steps": None}},
+        }
+    )
 
 
 def test_stop_then_resume_records_each_step_once(tmp_path):
     run = RunDir(tmp_path / "run")
     cfg = _loopback_cfg(tmp_path, max_steps=6)
     with LoopbackServer([73, 72, 71, 2]) as srv:
-        write_ready(run, {"base_url": srv.url, "router_url": None, "engine_urls": [srv.url], "model": "tiny",
-                          "policy_version": 0})  # fmt: skip
+        write_ready(
+            run,
+            {"base_url": srv.url, "router_url": None, "engine_urls": [srv.url], "model": "tiny", "policy_version": 0},
+        )
 
         async def first():
             task = asyncio.create_task(Orchestrator(cfg, run).run_until_done())

@@ -22,9 +22,22 @@ PUBLISHED = REPO / "tests" / "fixtures" / "published_reverse_text"
 
 
 def test_readme_rl_job_runs_with_published_reverse_text_on_the_path(tmp_path):
-    cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs" / "reverse-text" / "rl.toml"),
-           "--env-vars.PYTHONPATH", str(PUBLISHED), "--max-steps", "3", "--output-dir", str(tmp_path),
-           "--run.name", "beside-published"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(REPO / "jobs" / "reverse-text" / "rl.toml"),
+        "--env-vars.PYTHONPATH",
+        str(PUBLISHED),
+        "--max-steps",
+        "3",
+        "--output-dir",
+        str(tmp_path),
+        "--run.name",
+        "beside-published",
+    ]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1100, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = RunDir(tmp_path / "beside-published")

@@ -52,7 +52,7 @@ TASKSET = textwrap.dedent('''
     __all__ = ["EchoTaskset"]
 ''')
 
-CONFIG = textwrap.dedent('''
+CONFIG = textwrap.dedent("""
     max_steps = 2
     seed = 0
     output_dir = "{out}"
@@ -80,7 +80,7 @@ CONFIG = textwrap.dedent('''
     orchestrator = "with_inference"
     [slurm]
     time = "00:30:00"
-''')
+""")
 
 
 @pytest.mark.timeout(BUDGET_S + 600)
@@ -88,8 +88,14 @@ def test_a_relative_pythonpath_taskset_job_completes_on_slurm(tmp_path: Path) ->
     (tmp_path / "my_envs").mkdir()
     (tmp_path / "my_envs" / "own_echo.py").write_text(TASKSET)
     (tmp_path / "rl.toml").write_text(CONFIG.format(out=tmp_path / "out"))
-    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", "rl.toml"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", "rl", "@", "rl.toml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     module = tmp_path / "my_envs" / "own_echo.py"
     assert f"taskset 'own-echo' resolves to module own_echo at {module}" in proc.stdout + proc.stderr

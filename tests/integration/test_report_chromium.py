@@ -86,9 +86,21 @@ def _positions(html: Path, profile: Path) -> dict:
 
     probe = html.with_name("probe.html")
     probe.write_text(html.read_text().replace("</body>", _POSITIONS_JS + "</body>"))
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-           "--window-size=1280,900", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()]  # fmt: skip
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--window-size=1280,900",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        probe.as_uri(),
+    ]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180)
     m = re.search(r'<pre id="positions">([^<]*)</pre>', proc.stdout)
     assert m, f"no positions in the dumped page (rc {proc.returncode}): {proc.stderr[-2000:]}"

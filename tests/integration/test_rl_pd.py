@@ -65,16 +65,22 @@ def _engine_logs(run: Path) -> dict[str, tuple[int, Path]]:
     engines = [p for p in plan["processes"] if p["role"] == "inference"]
     kinds = sorted(p["kv_role"] for p in engines)
     assert kinds == ["kv_consumer", "kv_producer"], kinds  # exactly one prefill and one decode engine
-    return {p["kv_role"]: (urlparse(p["healthcheck_url"].replace("{node_addr}", "h")).port,
-                           run / "logs" / "latest" / p["log_name"]) for p in engines}  # fmt: skip
+    return {
+        p["kv_role"]: (
+            urlparse(p["healthcheck_url"].replace("{node_addr}", "h")).port,
+            run / "logs" / "latest" / p["log_name"],
+        )
+        for p in engines
+    }
 
 
 def _run_srl(argv: list[str]) -> float:
     """Run ``srl rl`` as a user would; fails the test on a non-zero status or after RUN_TIMEOUT_S. Returns the
     wall time (seconds)."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         text, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -120,9 +126,24 @@ def _kv_injections(logs: dict[str, tuple[int, Path]]) -> tuple[list[int], int]:
 def test_rl_prefill_decode(tmp_path, max_steps):
     out = tmp_path / "out"
     run = out / "pd"
-    argv = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-            "@", str(REPO / "jobs/reverse-text/rl-pd.toml"), "--max-steps", str(max_steps),
-            "--orchestrator.max-async-level", str(MAX_ASYNC_LEVEL), "--output-dir", str(out), "--run.name", "pd"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "@",
+        str(REPO / "jobs/reverse-text/rl-pd.toml"),
+        "--max-steps",
+        str(max_steps),
+        "--orchestrator.max-async-level",
+        str(MAX_ASYNC_LEVEL),
+        "--output-dir",
+        str(out),
+        "--run.name",
+        "pd",
+    ]
     wall_s = _run_srl(argv)
 
     # -- steps, each exactly once; mismatch_kl on every measured step ----------------------------------------
@@ -158,12 +179,14 @@ def test_rl_prefill_decode(tmp_path, max_steps):
     assert injected and min(injected) >= KV_BLOCK_TOKENS, injected[:20]
     assert hits >= len(used), hits  # at least one external hit per policy version served
 
-    print(f"\n[figure] P/D RL: {max_steps} steps in {wall_s:.0f} s wall; {len(reloads)} reloads (versions "
-          f"{versions[0]}..{versions[-1]}), each reported by prefill and decode /weight_info; rollout versions used "
-          f"{used[0]}..{used[-1]}; decode KV injections {len(injected)} ({sum(injected)} tokens, min "
-          f"{min(injected)}), external cache hits {hits}, train rollouts {len(train)}, prompt_len "
-          f"{int(train['prompt_len'].min())}..{int(train['prompt_len'].max())}; mismatch_kl max {max(kls):.2e} "
-          f"on {len(kls)} steps")
+    print(
+        f"\n[figure] P/D RL: {max_steps} steps in {wall_s:.0f} s wall; {len(reloads)} reloads (versions "
+        f"{versions[0]}..{versions[-1]}), each reported by prefill and decode /weight_info; rollout versions used "
+        f"{used[0]}..{used[-1]}; decode KV injections {len(injected)} ({sum(injected)} tokens, min "
+        f"{min(injected)}), external cache hits {hits}, train rollouts {len(train)}, prompt_len "
+        f"{int(train['prompt_len'].min())}..{int(train['prompt_len'].max())}; mismatch_kl max {max(kls):.2e} "
+        f"on {len(kls)} steps"
+    )
 
 
 LORA_STEPS = 4
@@ -186,11 +209,32 @@ def test_rl_prefill_decode_lora(tmp_path):
 
     out = tmp_path / "out"
     run = out / "pd-lora"
-    argv = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl-lora.toml"),
-            "@", str(REPO / "jobs/reverse-text/rl-pd.toml"), "--max-steps", str(LORA_STEPS),
-            "--orchestrator.max-async-level", "0", "--orchestrator.batch-size", "16", "--trainer.optim.lr", "3e-2",
-            "--weight-broadcast.keep", str(LORA_STEPS), "--orchestrator.eval.interval", "0",
-            "--output-dir", str(out), "--run.name", "pd-lora"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl-lora.toml"),
+        "@",
+        str(REPO / "jobs/reverse-text/rl-pd.toml"),
+        "--max-steps",
+        str(LORA_STEPS),
+        "--orchestrator.max-async-level",
+        "0",
+        "--orchestrator.batch-size",
+        "16",
+        "--trainer.optim.lr",
+        "3e-2",
+        "--weight-broadcast.keep",
+        str(LORA_STEPS),
+        "--orchestrator.eval.interval",
+        "0",
+        "--output-dir",
+        str(out),
+        "--run.name",
+        "pd-lora",
+    ]
     wall_s = _run_srl(argv)
 
     assert_adapter_broadcasts(run, range(1, LORA_STEPS + 1))
@@ -210,7 +254,9 @@ def test_rl_prefill_decode_lora(tmp_path):
 
     last = LORA_STEPS
     gap_adapter, gap_base, n = assert_serves_adapter(run, batch_step=last, adapter_step=last - 1)
-    print(f"\n[figure] P/D + LoRA RL: {LORA_STEPS} steps in {wall_s:.0f} s wall; reloads {versions} on prefill and "
-          f"decode; decode KV injections {len(injected)} (min {min(injected)} tokens), external cache hits {hits}; "
-          f"mismatch_kl {kls}; batch {last} vs adapter {last - 1}: mean |logprob gap| {gap_adapter:.2e} over {n} "
-          f"sampled tokens, vs base model {gap_base:.2e}")
+    print(
+        f"\n[figure] P/D + LoRA RL: {LORA_STEPS} steps in {wall_s:.0f} s wall; reloads {versions} on prefill and "
+        f"decode; decode KV injections {len(injected)} (min {min(injected)} tokens), external cache hits {hits}; "
+        f"mismatch_kl {kls}; batch {last} vs adapter {last - 1}: mean |logprob gap| {gap_adapter:.2e} over {n} "
+        f"sampled tokens, vs base model {gap_base:.2e}"
+    )

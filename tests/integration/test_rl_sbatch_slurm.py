@@ -46,7 +46,7 @@ def _probe_bin(tmp: Path) -> Path:
     bindir.mkdir()
     for name in ("python", "srl", "torchrun", "vllm-router"):
         p = bindir / name
-        p.write_text(f"#!/bin/sh\nexec {sys.executable} {PROBE} \"$@\"\n")
+        p.write_text(f'#!/bin/sh\nexec {sys.executable} {PROBE} "$@"\n')
         p.chmod(0o755)
     return bindir
 
@@ -56,20 +56,29 @@ def _site_dir(tmp: Path, bindir: Path) -> Path:
     sites.mkdir()
     text = (REPO / "site-configs" / "local-slurm.toml").read_text()
     text = text.replace('name = "local-slurm"', 'name = "probe-slurm"')
-    text, n = re.subn(r'(?m)^python = .*$', f'python = "python"\nsetup = ["export PATH={bindir}:$PATH"]', text)
+    text, n = re.subn(r"(?m)^python = .*$", f'python = "python"\nsetup = ["export PATH={bindir}:$PATH"]', text)
     assert n == 1, "local-slurm.toml must set [environment] python once"
     (sites / "probe-slurm.toml").write_text(text)
     return sites
 
 
-def _config(tmp: Path, name: str, extra: str = "", train_nodes: int = 2, orchestrator: str = "with_inference",
-            tail: str = "", infer_nodes: int = 1) -> Path:
+def _config(
+    tmp: Path,
+    name: str,
+    extra: str = "",
+    train_nodes: int = 2,
+    orchestrator: str = "with_inference",
+    tail: str = "",
+    infer_nodes: int = 1,
+) -> Path:
     model = tmp / "model"
     model.mkdir(exist_ok=True)
-    (model / "config.json").write_text("{}")  # a HF-format directory as far as config validation looks; probes never load it
+    (model / "config.json").write_text(
+        "{}"
+    )  # a HF-format directory as far as config validation looks; probes never load it
     path = tmp / f"{name}.toml"
     path.write_text(f"""
-output_dir = "{tmp / 'out'}"
+output_dir = "{tmp / "out"}"
 site = "probe-slurm"
 [run]
 name = "{name}"
@@ -124,8 +133,9 @@ def _wait_records(run, n: int, timeout_s: float, restart: str = "0") -> dict:
         if len(recs) >= n:
             return recs
         time.sleep(0.2)
-    raise AssertionError(f"only {sorted(_records(run))} probe records after {timeout_s} s; "
-                         f"batch log:\n{_batch_log(run)}")
+    raise AssertionError(
+        f"only {sorted(_records(run))} probe records after {timeout_s} s; batch log:\n{_batch_log(run)}"
+    )
 
 
 def _batch_log(run) -> str:
@@ -141,8 +151,9 @@ def _wait_log(run, pattern: str, timeout_s: float, path: Path | None = None) -> 
         if m:
             return m
         time.sleep(0.2)
-    raise AssertionError(f"no {pattern!r} in {path or 'the batch log'} after {timeout_s} s; "
-                         f"batch log:\n{_batch_log(run)}")
+    raise AssertionError(
+        f"no {pattern!r} in {path or 'the batch log'} after {timeout_s} s; batch log:\n{_batch_log(run)}"
+    )
 
 
 def _assert_real_parsers_accept(run) -> None:
@@ -236,10 +247,13 @@ def test_recorded_placement_equals_plan(probe_run, capsys):
 
 # An engine is restarted by default (inference.max_restarts, tests/integration/test_faults_engine_restart_sbatch.py);
 # with restarts off its death ends the job like any other component's.
-@pytest.mark.parametrize(("name", "victim_name", "extra"), [
-    ("kill3", "orchestrator", ""),
-    ("kill4", "inference-0-0", "[inference]\nmax_restarts = 0"),
-])
+@pytest.mark.parametrize(
+    ("name", "victim_name", "extra"),
+    [
+        ("kill3", "orchestrator", ""),
+        ("kill4", "inference-0-0", "[inference]\nmax_restarts = 0"),
+    ],
+)
 def test_killing_one_component_ends_the_job(probe_run, name, victim_name, extra):
     # The trainer runs until stopped, so only the victim's death can end this job.
     cfg, run, attempt = probe_run(name, trainer_seconds=UNTIL_STOPPED_S, extra=extra)
@@ -300,8 +314,9 @@ def test_srl_cancel_stops_the_job_and_prints_how_to_continue(probe_run, capsys):
 
 def test_hetjob_orchestrator_on_its_own_node(probe_run):
     # 1 inference + 1 trainer node in group 0, the orchestrator alone in het group 1
-    cfg, run, attempt = probe_run("het", trainer_seconds=3, train_nodes=1,
-                                  orchestrator='own_node"\norchestrator_partition = "debug')
+    cfg, run, attempt = probe_run(
+        "het", trainer_seconds=3, train_nodes=1, orchestrator='own_node"\norchestrator_partition = "debug'
+    )
     job = submit_job(cfg, run, attempt)
     st = slurm.wait(job, timeout_s=90)
     assert st.state == "COMPLETED", _batch_log(run)
@@ -322,8 +337,10 @@ def test_hetjob_orchestrator_on_its_own_node(probe_run):
 def test_prefill_decode_placement_and_its_command_lines(probe_run):
     # One prefill and one decode engine (ExampleConnector) behind the router in P/D mode, 2 trainer nodes: the
     # whole 4-node cluster. Engines get a --kv-transfer-config JSON that vLLM validates on parsing.
-    pd = ('[inference.deployment]\ntype = "disaggregated"\nnum_prefill_replicas = 1\nprefill_nodes_per_replica = 1\n'
-          'num_decode_replicas = 1\ndecode_nodes_per_replica = 1\nkv_connector = "ExampleConnector"\n')
+    pd = (
+        '[inference.deployment]\ntype = "disaggregated"\nnum_prefill_replicas = 1\nprefill_nodes_per_replica = 1\n'
+        'num_decode_replicas = 1\ndecode_nodes_per_replica = 1\nkv_connector = "ExampleConnector"\n'
+    )
     cfg, run, attempt = probe_run("pd", trainer_seconds=3, infer_nodes=2, tail=pd)
     job = submit_job(cfg, run, attempt)
     st = slurm.wait(job, timeout_s=120)
@@ -342,8 +359,7 @@ def test_two_allocations_inference_job_then_rl_job(probe_run, tmp_path):
     icfg, irun, iattempt = probe_run("serve", trainer_seconds=3)
     ijob = submit_job(icfg, irun, iattempt, "inference")
     try:
-        cfg, run, attempt = probe_run("uses-serve", trainer_seconds=3,
-                                      tail=f'[inference]\nexternal = "{irun.root}"\n')
+        cfg, run, attempt = probe_run("uses-serve", trainer_seconds=3, tail=f'[inference]\nexternal = "{irun.root}"\n')
         job = submit_job(cfg, run, attempt)
         st = slurm.wait(job, timeout_s=120)
         assert st.state == "COMPLETED", _batch_log(run) + _batch_log(irun)

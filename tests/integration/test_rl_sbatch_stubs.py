@@ -40,7 +40,8 @@ exec "$@"
 SCONTROL = """#!/bin/bash
 echo "$*" >> "$STUB_LOG/scontrol.log"
 [[ $1 == requeue ]] && exit 0
-[[ $1 == show && $2 == node ]] && { echo "NodeName=node1 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=localhost"; exit 0; }
+[[ $1 == show && $2 == node ]] && { echo "NodeName=node1 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=localhost"; exit 0;
+}
 exit 1
 """
 
@@ -53,7 +54,7 @@ def _bin(tmp: Path) -> tuple[Path, Path]:
         (stubs / name).write_text(body)
         (stubs / name).chmod(0o755)
     for name in ("python", "srl", "torchrun", "vllm-router"):
-        (probes / name).write_text(f"#!/bin/sh\nexec {sys.executable} {PROBE} \"$@\"\n")
+        (probes / name).write_text(f'#!/bin/sh\nexec {sys.executable} {PROBE} "$@"\n')
         (probes / name).chmod(0o755)
     return stubs, probes
 
@@ -62,8 +63,10 @@ def stub_site(tmp_path: Path, probes: Path, monkeypatch) -> None:
     """A site "stub" whose batch setup puts the probe programs first on PATH; srl reads it via SRL_SITE_CONFIGS."""
     sites = tmp_path / "sites"
     sites.mkdir()
-    (sites / "stub.toml").write_text(f'name = "stub"\n[partitions]\ndefault = "debug"\n'
-                                     f'[environment]\npython = "python"\nsetup = ["export PATH={probes}:$PATH"]\n')
+    (sites / "stub.toml").write_text(
+        f'name = "stub"\n[partitions]\ndefault = "debug"\n'
+        f'[environment]\npython = "python"\nsetup = ["export PATH={probes}:$PATH"]\n'
+    )
     monkeypatch.setenv("SRL_SITE_CONFIGS", str(sites))
 
 
@@ -77,9 +80,11 @@ def stub_job(tmp_path, monkeypatch):
         model.mkdir(exist_ok=True)
         (model / "config.json").write_text("{}")  # HF-format dir for config validation; never loaded
         cfgfile = tmp_path / f"{uuid.uuid4().hex[:6]}.toml"
-        cfgfile.write_text(f'output_dir = {json.dumps(str(output_dir))}\nsite = "stub"\n[model]\n'
-                           f'name = "{model}"\n[[orchestrator.train.env]]\ntaskset = {{ id = "srl-reverse-text" }}\n'
-                           f'[slurm]\ncheckpoint_grace_s = 5\nsignal_lead_s = 60\n' + toml)
+        cfgfile.write_text(
+            f'output_dir = {json.dumps(str(output_dir))}\nsite = "stub"\n[model]\n'
+            f'name = "{model}"\n[[orchestrator.train.env]]\ntaskset = {{ id = "srl-reverse-text" }}\n'
+            f"[slurm]\ncheckpoint_grace_s = 5\nsignal_lead_s = 60\n" + toml
+        )
         loaded = load_config([cfgfile])
         run, attempt = prepare_run(loaded, argv=["srl", "rl"])
         # Submission hands the run's lease over to the job (launch/submit.py); here the test runs the job itself.
@@ -91,16 +96,24 @@ def stub_job(tmp_path, monkeypatch):
         (run.root / "probe").mkdir()
         (run.root / "probe" / "trainer_seconds").write_text(str(trainer_seconds))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
-        env.update(PATH=f"{stubs}:{env['PATH']}", STUB_LOG=str(tmp_path), SLURM_JOB_ID="9001",
-                   SLURM_JOB_NODELIST="node1")
+        env.update(
+            PATH=f"{stubs}:{env['PATH']}", STUB_LOG=str(tmp_path), SLURM_JOB_ID="9001", SLURM_JOB_NODELIST="node1"
+        )
         return run, script, env
 
     return make
 
 
 def _start(script: Path, env: dict, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(["bash", str(script)], env=env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        ["bash", str(script)],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def test_b07_no_host_list_launches_nothing(stub_job, tmp_path) -> None:
@@ -118,9 +131,11 @@ def test_b07_no_host_list_launches_nothing(stub_job, tmp_path) -> None:
 
 def test_shell_metacharacters_never_execute(stub_job, tmp_path) -> None:
     evil_dir = tmp_path / "o;touch${IFS}PWNED1;$(touch${IFS}PWNED2)|&<>*?{a,b}"
-    toml = ('job_name = "j$(touch${IFS}PWNED6)"\npartition = "debug;touch${IFS}PWNED7"\n'
-            'secret_env_vars = ["HF_TOKEN"]\n'
-            '[run]\nname = "r.1-x"\n[env_vars]\nEVIL = "$(touch PWNED3); `touch PWNED4` \\" \' && touch PWNED5"\n')
+    toml = (
+        'job_name = "j$(touch${IFS}PWNED6)"\npartition = "debug;touch${IFS}PWNED7"\n'
+        'secret_env_vars = ["HF_TOKEN"]\n'
+        '[run]\nname = "r.1-x"\n[env_vars]\nEVIL = "$(touch PWNED3); `touch PWNED4` \\" \' && touch PWNED5"\n'
+    )
     run, script, env = stub_job(toml, evil_dir, trainer_seconds=1)
     proc = _start(script, env, tmp_path)
     out, _ = proc.communicate(timeout=90)
@@ -147,9 +162,21 @@ def test_a_job_refuses_a_run_held_by_a_live_supervisor_and_a_requeued_job_takes_
 
     # The lease the job's previous incarnation left (still unexpired, on another node): the requeued job takes it.
     now = time.time()
-    run.lease_file.write_text(json.dumps({"token": "prev", "host": "node9", "pid": 1, "pid_start": None,
-                                          "job_id": "9001", "command": "srl rl (batch job)", "acquired": now - 60,
-                                          "renewed": now - 1, "expires": now + 44}))  # fmt: skip
+    run.lease_file.write_text(
+        json.dumps(
+            {
+                "token": "prev",
+                "host": "node9",
+                "pid": 1,
+                "pid_start": None,
+                "job_id": "9001",
+                "command": "srl rl (batch job)",
+                "acquired": now - 60,
+                "renewed": now - 1,
+                "expires": now + 44,
+            }
+        )
+    )
     proc = _start(script, env, tmp_path)
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, out

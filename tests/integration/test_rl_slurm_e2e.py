@@ -83,8 +83,11 @@ def _wait_final(run: RunDir, job: str, timeout_s: float) -> slurm.JobState:
 
 
 def _gain(metrics: list[dict]) -> tuple[float, float, float]:
-    rewards = [m["reward/all/mean"] for m in sorted(metrics, key=lambda m: m["step"])
-               if m["role"] == "orchestrator" and "reward/all/mean" in m]
+    rewards = [
+        m["reward/all/mean"]
+        for m in sorted(metrics, key=lambda m: m["step"])
+        if m["role"] == "orchestrator" and "reward/all/mean" in m
+    ]
     first, last = statistics.mean(rewards[:20]), statistics.mean(rewards[-20:])
     return last - first, first, last
 
@@ -106,8 +109,12 @@ def test_rl_job_on_slurm_places_completes_and_learns(tmp_path: Path) -> None:
     assert trainer.command[0] == "torchrun" and f"{{master_addr}}:{trainer.ports['rdzv']}" in trainer.command
     logs = run.log_attempt(1)
     # "srl.trainer INFO rank R of W (local rank L) on NODE, device cpu", once per rank
-    rank_lines = [line.split("INFO rank ", 1)[1] for i in (0, 1)
-                  for line in (logs / f"trainer-{i}.log").read_text().splitlines() if "srl.trainer INFO rank " in line]
+    rank_lines = [
+        line.split("INFO rank ", 1)[1]
+        for i in (0, 1)
+        for line in (logs / f"trainer-{i}.log").read_text().splitlines()
+        if "srl.trainer INFO rank " in line
+    ]
     ranks = sorted(line.split(" (")[0] for line in rank_lines)
     assert ranks == ["0 of 2", "1 of 2"], ranks  # one rank per trainer node, a 2-rank process group
     hosts = {line.rsplit(" on ", 1)[1].split(",")[0] for line in rank_lines}
@@ -134,12 +141,16 @@ def test_rl_job_on_slurm_places_completes_and_learns(tmp_path: Path) -> None:
     gain, first, last = _gain(metrics)
     kls = [m["mismatch_kl/mean"] for m in trainer_lines if "mismatch_kl/mean" in m]
     t_step = statistics.median(m["time/step"] for m in trainer_lines)
-    o_step = statistics.median(m["time/step"] for m in metrics if m["role"] == "orchestrator" and "time/step" in m and m["step"] > 0)
-    print(f"\nslurm e2e: job {job}, time to first trainer step {first_t - st.start_time.timestamp():.0f} s, "
-          f"{LEARN_STEPS} steps in {last_t - first_t:.0f} s ({(last_t - first_t) / (LEARN_STEPS - 1):.2f} s/step; "
-          f"median trainer time/step {t_step:.2f} s, orchestrator {o_step:.2f} s), teardown {teardown:.1f} s; "
-          f"reward first 20 {first:.4f}, last 20 {last:.4f}, gain {gain:+.4f}; "
-          f"mismatch_kl max {max(kls):.1e} on {len(kls)} steps")
+    o_step = statistics.median(
+        m["time/step"] for m in metrics if m["role"] == "orchestrator" and "time/step" in m and m["step"] > 0
+    )
+    print(
+        f"\nslurm e2e: job {job}, time to first trainer step {first_t - st.start_time.timestamp():.0f} s, "
+        f"{LEARN_STEPS} steps in {last_t - first_t:.0f} s ({(last_t - first_t) / (LEARN_STEPS - 1):.2f} s/step; "
+        f"median trainer time/step {t_step:.2f} s, orchestrator {o_step:.2f} s), teardown {teardown:.1f} s; "
+        f"reward first 20 {first:.4f}, last 20 {last:.4f}, gain {gain:+.4f}; "
+        f"mismatch_kl max {max(kls):.1e} on {len(kls)} steps"
+    )
     assert kls and max(kls) < 1e-3
     assert gain >= 0.05, f"gain {gain:+.4f} (first 20 {first:.4f}, last 20 {last:.4f})"
 
@@ -158,8 +169,10 @@ def test_a_clean_finish_logs_no_error_and_leaves_nothing_running(tmp_path: Path)
     # SIGINT, not SIGTERM, ended the engine: slurmstepd wrote no "error: *** STEP ... CANCELLED ***" into its log.
     engine_log = (run.log_attempt(1) / "inference-0-0.log").read_text()
     assert [line for line in engine_log.splitlines() if line.startswith("slurmstepd")] == [], engine_log[-3000:]
-    print(f"\nslurm clean finish: job {job}, {CLEAN_STEPS} steps; engine log ends:\n"
-          + "\n".join(engine_log.splitlines()[-8:]))
+    print(
+        f"\nslurm clean finish: job {job}, {CLEAN_STEPS} steps; engine log ends:\n"
+        + "\n".join(engine_log.splitlines()[-8:])
+    )
 
 
 @pytest.mark.timeout(2400)
@@ -191,5 +204,7 @@ def test_scancel_then_resume_records_each_step_once(tmp_path: Path) -> None:
     resumed = (run.log_attempt(2) / "trainer-0.log").read_text() + (run.log_attempt(2) / "trainer-1.log").read_text()
     assert "resumed from" in resumed, _logs(run)
     assert (run.checkpoints / f"step_{max_steps}" / "COMPLETE").exists()
-    print(f"\nslurm resume: cancelled job {job} after trainer step {max(before)}, job {job2} resumed and finished "
-          f"{max_steps} steps")
+    print(
+        f"\nslurm resume: cancelled job {job} after trainer step {max(before)}, job {job2} resumed and finished "
+        f"{max_steps} steps"
+    )

@@ -29,11 +29,27 @@ def test_rl_on_a_tool_env_trains_three_steps_through_verifiers_rollout(tmp_path)
     log = tmp_path / "srl.out"
     with open(log, "wb") as out:
         r = subprocess.run(
-            [sys.executable, "-m", "toolkit.cli", "rl", "@", str(VF_ENVS / "rl-tools.toml"),
-             "--env-vars.PYTHONPATH", str(VF_ENVS), "--output-dir", str(tmp_path), "--run.name", "tools"],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=1500, check=False,
+            [
+                sys.executable,
+                "-m",
+                "toolkit.cli",
+                "rl",
+                "@",
+                str(VF_ENVS / "rl-tools.toml"),
+                "--env-vars.PYTHONPATH",
+                str(VF_ENVS),
+                "--output-dir",
+                str(tmp_path),
+                "--run.name",
+                "tools",
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=1500,
+            check=False,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+        )
     text = log.read_text()
     assert r.returncode == 0 and "reached max_steps (step 3)" in text, text[-4000:]
     run = tmp_path / "tools"

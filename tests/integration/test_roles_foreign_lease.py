@@ -25,9 +25,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _role(role: str, run: RunDir, token: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "toolkit.cli", role, "--run-dir", str(run.root)], cwd=REPO,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", lease.LEASE_ENV: token},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", role, "--run-dir", str(run.root)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", lease.LEASE_ENV: token},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _env_workers_of(pid: int) -> list[int]:
@@ -50,8 +55,17 @@ def _env_workers_of(pid: int) -> list[int]:
 def _take_over(run: RunDir) -> None:
     """What a second launch's record looks like: a live process on this host (this test), a fresh expiry."""
     now = time.time()
-    rec = lease.Holder(token=uuid.uuid4().hex, host=os.uname().nodename, pid=os.getpid(), pid_start=None,
-                       job_id=None, command="srl rl --resume", acquired=now, renewed=now, expires=now + 600)
+    rec = lease.Holder(
+        token=uuid.uuid4().hex,
+        host=os.uname().nodename,
+        pid=os.getpid(),
+        pid_start=None,
+        job_id=None,
+        command="srl rl --resume",
+        acquired=now,
+        renewed=now,
+        expires=now + 600,
+    )
     tmp = run.lease_file.with_name("lease.json.test")
     tmp.write_text(json.dumps(asdict(rec)))
     os.replace(tmp, run.lease_file)
@@ -72,13 +86,36 @@ def test_a_training_sft_trainer_exits_when_the_lease_is_taken_by_another_supervi
     from toolkit.config.cli_args import split_config_args
 
     data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Reverse: {w}", "completion": w[::-1]}) + "\n"
-                            for w in ("abc", "hello", "lease", "srl", "trainer", "tokens") * 20))  # fmt: skip
-    args = ["@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", str(data), "--max-steps", "500",
-            "--data.batch-size", "4", "--val.interval", "1000", "--ckpt.interval", "1000", "--eval.env", "[]",
-            "--output-dir", str(tmp_path / "out"), "--run.name", "fl"]  # fmt: skip
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"Reverse: {w}", "completion": w[::-1]}) + "\n"
+            for w in ("abc", "hello", "lease", "srl", "trainer", "tokens") * 20
+        )
+    )
+    args = [
+        "@",
+        str(REPO / "jobs/reverse-text/sft.toml"),
+        "--data.name",
+        str(data),
+        "--max-steps",
+        "500",
+        "--data.batch-size",
+        "4",
+        "--val.interval",
+        "1000",
+        "--ckpt.interval",
+        "1000",
+        "--eval.env",
+        "[]",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--run.name",
+        "fl",
+    ]
     files, overrides, _ = split_config_args(args)
-    _view, run, _attempt = prepare(load(files, overrides), ["sft", *args], files=files, dry_run=False, resume=False, clean=False)
+    _view, run, _attempt = prepare(
+        load(files, overrides), ["sft", *args], files=files, dry_run=False, resume=False, clean=False
+    )
     mine = lease.held(run)  # this test is the supervisor: lease A
     trainer = _role("trainer", run, mine.token)
     deadline = time.monotonic() + 300
@@ -102,8 +139,9 @@ def test_an_orchestrator_exits_when_the_lease_is_taken_by_another_supervisor(tmp
     from toolkit.config import load_config
     from toolkit.launch.prepare import prepare_run
 
-    loaded = load_config([REPO / "jobs/reverse-text/rl.toml"],
-                         ["--output-dir", str(tmp_path / "out"), "--run.name", "fo"])  # fmt: skip
+    loaded = load_config(
+        [REPO / "jobs/reverse-text/rl.toml"], ["--output-dir", str(tmp_path / "out"), "--run.name", "fo"]
+    )
     run, _ = prepare_run(loaded, argv=["srl", "rl"])
     mine = lease.held(run)
     orch = _role("orchestrator", run, mine.token)
@@ -129,8 +167,10 @@ def test_an_orchestrator_refuses_a_deployment_that_serves_another_runs_weights(t
     from toolkit.launch.prepare import prepare_run
 
     dep = RunDir(tmp_path / "serve")
-    loaded = load_config([REPO / "jobs/reverse-text/rl.toml"], ["--output-dir", str(tmp_path / "out"), "--run.name",
-                                                               "late", "--inference.external", str(dep.root)])  # fmt: skip
+    loaded = load_config(
+        [REPO / "jobs/reverse-text/rl.toml"],
+        ["--output-dir", str(tmp_path / "out"), "--run.name", "late", "--inference.external", str(dep.root)],
+    )
     run, _ = prepare_run(loaded, argv=["srl", "rl"])
     first = RunDir(tmp_path / "out" / "first")
     owner = lease.acquire_policy_owner(dep, first, command="srl orchestrator")  # the other run got there first

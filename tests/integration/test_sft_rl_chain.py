@@ -19,7 +19,8 @@ from prereqs import need_module
 
 # About 140 s: runs with the heavy tests (scripts/test.sh -m heavy) to keep CI's whole run under 60 minutes. CI
 # checks the same chain and the same bounds (SFT eval from < 0.3 to >= 0.5; RL starts from that model) on the Slurm
-# cluster with a 2-node trainer: tests/integration/test_sft_slurm.py::test_chain_runs_sft_on_two_nodes_then_rl_from_its_model.
+# cluster with a 2-node trainer:
+# tests/integration/test_sft_slurm.py::test_chain_runs_sft_on_two_nodes_then_rl_from_its_model.
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.heavy, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,17 +40,59 @@ def test_sft_then_rl_learns_reverse_text(tmp_path):
     need_module("vllm")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     srl = [sys.executable, "-m", "toolkit.cli"]
-    r = subprocess.run([*srl, "sft", "make-data", "data/rt.jsonl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-                        "--taskset.num-train-examples", "4000"], cwd=tmp_path, env=env, text=True,
-                       capture_output=True, timeout=300, check=False)  # fmt: skip
+    r = subprocess.run(
+        [
+            *srl,
+            "sft",
+            "make-data",
+            "data/rt.jsonl",
+            "@",
+            str(REPO / "jobs/reverse-text/rl.toml"),
+            "--taskset.num-train-examples",
+            "4000",
+        ],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     r = subprocess.run(
-        [*srl, "sft", "chain", "@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", "data/rt.jsonl",
-         "--max-steps", "250", "--eval.interval", "125", "--run.name", "sft",
-         "--then", "@", str(REPO / "jobs/reverse-text/rl.toml"), "@", str(REPO / "jobs/reverse-text/rl-after-sft.toml"),
-         "--max-steps", "4", "--orchestrator.eval.interval", "4", "--run.name", "rl"],
-        cwd=tmp_path, env=env, text=True, capture_output=True, timeout=1100, check=False,
-    )  # fmt: skip
+        [
+            *srl,
+            "sft",
+            "chain",
+            "@",
+            str(REPO / "jobs/reverse-text/sft.toml"),
+            "--data.name",
+            "data/rt.jsonl",
+            "--max-steps",
+            "250",
+            "--eval.interval",
+            "125",
+            "--run.name",
+            "sft",
+            "--then",
+            "@",
+            str(REPO / "jobs/reverse-text/rl.toml"),
+            "@",
+            str(REPO / "jobs/reverse-text/rl-after-sft.toml"),
+            "--max-steps",
+            "4",
+            "--orchestrator.eval.interval",
+            "4",
+            "--run.name",
+            "rl",
+        ],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=1100,
+        check=False,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     sft, rl = tmp_path / "outputs" / "sft", tmp_path / "outputs" / "rl"
     s = _evals(sft)

@@ -30,8 +30,15 @@ STEPS = 24
 
 
 def _srl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], cwd=cwd, text=True, capture_output=True, check=False,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *args],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        timeout=600,
+    )
 
 
 def _lines(path: Path) -> list[dict]:
@@ -45,8 +52,16 @@ def _trainer_steps(run: Path) -> list[int]:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("sft")
-    r = _srl("sft", "make-data", "data/rt.jsonl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-             "--taskset.num-train-examples", "600", cwd=d)  # fmt: skip
+    r = _srl(
+        "sft",
+        "make-data",
+        "data/rt.jsonl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "--taskset.num-train-examples",
+        "600",
+        cwd=d,
+    )
     assert r.returncode == 0, r.stderr
     assert "wrote 600 rows" in r.stdout
     return d
@@ -54,9 +69,25 @@ def workdir(tmp_path_factory) -> Path:
 
 def _argv(name: str) -> list[str]:
     # No online eval here (test_sft_rl_chain has it): the trainer alone keeps this test quick.
-    return ["sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", "data/rt.jsonl",
-            "--max-steps", str(STEPS), "--ckpt.interval", "4", "--val.interval", "8", "--data.batch-size", "16",
-            "--eval.env", "[]", "--run.name", name]  # fmt: skip
+    return [
+        "sft",
+        "@",
+        str(REPO / "jobs/reverse-text/sft.toml"),
+        "--data.name",
+        "data/rt.jsonl",
+        "--max-steps",
+        str(STEPS),
+        "--ckpt.interval",
+        "4",
+        "--val.interval",
+        "8",
+        "--data.batch-size",
+        "16",
+        "--eval.env",
+        "[]",
+        "--run.name",
+        name,
+    ]
 
 
 def test_sft_stopped_and_resumed_trains_exactly_the_uninterrupted_samples(workdir):
@@ -66,8 +97,18 @@ def test_sft_stopped_and_resumed_trains_exactly_the_uninterrupted_samples(workdi
     assert _trainer_steps(a) == list(range(1, STEPS + 1))
     trainer = [m for m in _lines(a / "metrics.jsonl") if m.get("role") == "trainer"]
     last = trainer[-1]
-    for key in ("loss/mean", "loss/perplexity", "val/loss", "val/perplexity", "optim/lr", "optim/grad_norm",
-                "progress/epoch", "progress/num_samples", "progress/num_tokens", "perf/throughput"):
+    for key in (
+        "loss/mean",
+        "loss/perplexity",
+        "val/loss",
+        "val/perplexity",
+        "optim/lr",
+        "optim/grad_norm",
+        "progress/epoch",
+        "progress/num_samples",
+        "progress/num_tokens",
+        "perf/throughput",
+    ):
         assert key in last, key
     first = trainer[0]
     assert last["loss/mean"] < first["loss/mean"]  # it learns
@@ -78,9 +119,15 @@ def test_sft_stopped_and_resumed_trains_exactly_the_uninterrupted_samples(workdi
 
     # The twin: Ctrl-C after step 10, then --resume.
     b = workdir / "outputs" / "stopped"
-    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", *_argv("stopped")], cwd=workdir, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", *_argv("stopped")],
+        cwd=workdir,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     deadline = time.monotonic() + 300
     while max((_trainer_steps(b) if (b / "metrics.jsonl").exists() else []), default=0) < 10:
         assert proc.poll() is None, proc.stdout.read()
@@ -116,8 +163,9 @@ def test_sft_stopped_and_resumed_trains_exactly_the_uninterrupted_samples(workdi
 
     tok = AutoTokenizer.from_pretrained(a / "model")
     model = AutoModelForCausalLM.from_pretrained(a / "model")
-    ids = tok.apply_chat_template([{"role": "user", "content": "Reverse: abc"}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"]  # fmt: skip
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Reverse: abc"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
     gen = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert gen.shape[1] > ids.shape[1]
 
@@ -133,8 +181,9 @@ def test_a_resume_of_a_finished_sft_run_is_refused(workdir):
 def test_bad_data_is_refused_before_anything_is_written(workdir):
     bad = workdir / "data" / "bad.jsonl"
     bad.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a"\n')
-    r = _srl("sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", str(bad), "--run.name", "bad",
-             cwd=workdir)  # fmt: skip
+    r = _srl(
+        "sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", str(bad), "--run.name", "bad", cwd=workdir
+    )
     assert r.returncode == 2
     assert "bad.jsonl: row 1 (line 2): not valid JSON" in r.stderr
     assert not (workdir / "outputs" / "bad").exists()
@@ -147,9 +196,26 @@ def test_sft_run_logs_its_metrics_to_wandb_offline(workdir):
     from wandb_records import read_offline_run, same_values, unprefixed
 
     need_module("wandb")
-    r = _srl("sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", "data/rt.jsonl", "--max-steps", "4",
-             "--data.batch-size", "8", "--val.interval", "2", "--eval.env", "[]", "--monitors.wandb.project",
-             "srl-sft-test", "--run.name", "wb", cwd=workdir)  # fmt: skip
+    r = _srl(
+        "sft",
+        "@",
+        str(REPO / "jobs/reverse-text/sft.toml"),
+        "--data.name",
+        "data/rt.jsonl",
+        "--max-steps",
+        "4",
+        "--data.batch-size",
+        "8",
+        "--val.interval",
+        "2",
+        "--eval.env",
+        "[]",
+        "--monitors.wandb.project",
+        "srl-sft-test",
+        "--run.name",
+        "wb",
+        cwd=workdir,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     run = workdir / "outputs" / "wb"
     lines = _lines(run / "metrics.jsonl")
@@ -168,25 +234,57 @@ def test_sft_on_tool_call_rows_with_the_hermes_renderer(workdir):
     rendered by srl's hermes renderer as the RL job on a tool env renders them: the run trains, its loss falls on
     the trained tokens (the calls and answers), and it ends with its model."""
     words = ["heron", "maple", "quartz", "otter", "cedar", "falcon", "lotus", "amber"]
-    tools = [{"type": "function", "function": {"name": "lookup", "description": "the code of a word",
-                                                "parameters": {"type": "object", "properties": {
-                                                    "word": {"type": "string"}}, "required": ["word"]}}}]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "the code of a word",
+                "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+            },
+        }
+    ]
     rows = []
     for i in range(64):
         w = words[i % len(words)]
         code = f"{w[:3].upper()}-{i % 10}"
-        call = {"id": f"c{i}", "type": "function",
-                "function": {"name": "lookup", "arguments": json.dumps({"word": w})}}  # fmt: skip
-        rows.append({"tools": tools, "messages": [
-            {"role": "user", "content": f"What is the code for {w}?"},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "content": code, "tool_call_id": f"c{i}"},
-            {"role": "assistant", "content": f"The code is {code}."}]})  # fmt: skip
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "lookup", "arguments": json.dumps({"word": w})}}
+        rows.append(
+            {
+                "tools": tools,
+                "messages": [
+                    {"role": "user", "content": f"What is the code for {w}?"},
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "content": code, "tool_call_id": f"c{i}"},
+                    {"role": "assistant", "content": f"The code is {code}."},
+                ],
+            }
+        )
     (workdir / "data" / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    r = _srl("sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", "data/tools.jsonl",
-             "--renderer.name", "hermes", "--data.seq-len", "2048", "--data.batch-size", "8", "--max-steps", "12",
-             "--val.interval", "12", "--ckpt.interval", "12", "--eval.env", "[]", "--run.name", "tools",
-             cwd=workdir)  # fmt: skip
+    r = _srl(
+        "sft",
+        "@",
+        str(REPO / "jobs/reverse-text/sft.toml"),
+        "--data.name",
+        "data/tools.jsonl",
+        "--renderer.name",
+        "hermes",
+        "--data.seq-len",
+        "2048",
+        "--data.batch-size",
+        "8",
+        "--max-steps",
+        "12",
+        "--val.interval",
+        "12",
+        "--ckpt.interval",
+        "12",
+        "--eval.env",
+        "[]",
+        "--run.name",
+        "tools",
+        cwd=workdir,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     run = workdir / "outputs" / "tools"
     assert _trainer_steps(run) == list(range(1, 13))

@@ -34,8 +34,15 @@ SFT_STEPS = 120
 
 
 def _srl(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], cwd=cwd, text=True, capture_output=True, check=False,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *args],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        timeout=timeout,
+    )
 
 
 def _evals(run: Path) -> dict[int, float]:
@@ -52,8 +59,16 @@ def _logs(run: Path) -> str:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("sft-slurm")
-    r = _srl(d, "sft", "make-data", "data/rt.jsonl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-             "--taskset.num-train-examples", "4000")  # fmt: skip
+    r = _srl(
+        d,
+        "sft",
+        "make-data",
+        "data/rt.jsonl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "--taskset.num-train-examples",
+        "4000",
+    )
     assert r.returncode == 0, r.stderr
     return d
 
@@ -61,13 +76,36 @@ def workdir(tmp_path_factory) -> Path:
 def _chain(workdir: Path, name: str, *sft_extra: str) -> subprocess.CompletedProcess:
     slurm_toml = str(REPO / "jobs/reverse-text/slurm.toml")
     return _srl(
-        workdir, "sft", "chain", "@", str(REPO / "jobs/reverse-text/sft.toml"), "@", slurm_toml,
-        "--data.name", "data/rt.jsonl", "--max-steps", str(SFT_STEPS), "--eval.interval", str(SFT_STEPS),
-        "--run.name", f"{name}-sft",
+        workdir,
+        "sft",
+        "chain",
+        "@",
+        str(REPO / "jobs/reverse-text/sft.toml"),
+        "@",
+        slurm_toml,
+        "--data.name",
+        "data/rt.jsonl",
+        "--max-steps",
+        str(SFT_STEPS),
+        "--eval.interval",
+        str(SFT_STEPS),
+        "--run.name",
+        f"{name}-sft",
         *sft_extra,
-        "--then", "@", str(REPO / "jobs/reverse-text/rl.toml"), "@", str(REPO / "jobs/reverse-text/rl-after-sft.toml"),
-        "@", slurm_toml, "--max-steps", "2", "--orchestrator.eval.interval", "2", "--run.name", f"{name}-rl",
-    )  # fmt: skip
+        "--then",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "@",
+        str(REPO / "jobs/reverse-text/rl-after-sft.toml"),
+        "@",
+        slurm_toml,
+        "--max-steps",
+        "2",
+        "--orchestrator.eval.interval",
+        "2",
+        "--run.name",
+        f"{name}-rl",
+    )
 
 
 def _jobs(run: Path) -> list[str]:
@@ -126,9 +164,29 @@ def _trainer_steps(run: Path) -> list[int]:
 
 
 def _sft_job(workdir: Path, name: str, *extra: str) -> str:
-    r = _srl(workdir, "sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "@", str(REPO / "jobs/reverse-text/slurm.toml"),
-             "--data.name", "data/rt.jsonl", "--max-steps", "40", "--data.batch-size", "8", "--ckpt.interval", "5",
-             "--val.interval", "20", "--eval.env", "[]", "--run.name", name, *extra)  # fmt: skip
+    r = _srl(
+        workdir,
+        "sft",
+        "@",
+        str(REPO / "jobs/reverse-text/sft.toml"),
+        "@",
+        str(REPO / "jobs/reverse-text/slurm.toml"),
+        "--data.name",
+        "data/rt.jsonl",
+        "--max-steps",
+        "40",
+        "--data.batch-size",
+        "8",
+        "--ckpt.interval",
+        "5",
+        "--val.interval",
+        "20",
+        "--eval.env",
+        "[]",
+        "--run.name",
+        name,
+        *extra,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return _jobs(workdir / "outputs" / name)[-1]
 
@@ -164,10 +222,29 @@ def test_scancelled_sft_job_resumed_trains_exactly_the_uninterrupted_samples(wor
     # complete checkpoint (steps after it are trained again on the same samples, and recorded once).
     deadline = time.monotonic() + 120
     while True:
-        r = _srl(workdir, "sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "@",
-                 str(REPO / "jobs/reverse-text/slurm.toml"), "--data.name", "data/rt.jsonl", "--max-steps", "40",
-                 "--data.batch-size", "8", "--ckpt.interval", "5", "--val.interval", "20", "--eval.env", "[]",
-                 "--run.name", "cut", "--resume")  # fmt: skip
+        r = _srl(
+            workdir,
+            "sft",
+            "@",
+            str(REPO / "jobs/reverse-text/sft.toml"),
+            "@",
+            str(REPO / "jobs/reverse-text/slurm.toml"),
+            "--data.name",
+            "data/rt.jsonl",
+            "--max-steps",
+            "40",
+            "--data.batch-size",
+            "8",
+            "--ckpt.interval",
+            "5",
+            "--val.interval",
+            "20",
+            "--eval.env",
+            "[]",
+            "--run.name",
+            "cut",
+            "--resume",
+        )
         if r.returncode == 0 or time.monotonic() > deadline:
             break
         time.sleep(5)

@@ -46,13 +46,19 @@ STEPS = 3
 
 def _srl(*argv: str, log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "toolkit.cli", *argv], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", "toolkit.cli", *argv],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
 
-def _until(what: str, cond, procs: dict[str, tuple[subprocess.Popen, Path]], timeout_s: float,
-           poll_s: float = 0.5) -> None:  # fmt: skip
+def _until(
+    what: str, cond, procs: dict[str, tuple[subprocess.Popen, Path]], timeout_s: float, poll_s: float = 0.5
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
         for name, (p, log) in procs.items():
@@ -73,11 +79,33 @@ def _stop(p: subprocess.Popen) -> None:
 
 
 def _lora_run(out: Path, name: str, seed: int, dep: Path) -> list[str]:
-    return ["rl", "@", str(REPO / "jobs/reverse-text/rl-lora.toml"), "--output-dir", str(out), "--run.name", name,
-            "--inference.external", str(dep), "--max-steps", str(STEPS), "--seed", str(seed),
-            "--orchestrator.max-async-level", "0", "--orchestrator.batch-size", "16",
-            "--orchestrator.max-concurrent", "16", "--trainer.optim.lr", "3e-2",
-            "--orchestrator.eval.interval", "0", "--weight-broadcast.keep", str(STEPS)]  # fmt: skip
+    return [
+        "rl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl-lora.toml"),
+        "--output-dir",
+        str(out),
+        "--run.name",
+        name,
+        "--inference.external",
+        str(dep),
+        "--max-steps",
+        str(STEPS),
+        "--seed",
+        str(seed),
+        "--orchestrator.max-async-level",
+        "0",
+        "--orchestrator.batch-size",
+        "16",
+        "--orchestrator.max-concurrent",
+        "16",
+        "--trainer.optim.lr",
+        "3e-2",
+        "--orchestrator.eval.interval",
+        "0",
+        "--weight-broadcast.keep",
+        str(STEPS),
+    ]
 
 
 def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
@@ -95,9 +123,20 @@ def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     dep = out / "serve"
-    serve = _srl("inference", "@", str(REPO / "jobs/serve/tiny.toml"), "--output-dir", str(out), "--run.name",
-                 "serve", "--trainer.model.lora.rank", "8", "--inference.vllm.max-loras", "2",
-                 log=tmp_path / "serve.log")  # fmt: skip
+    serve = _srl(
+        "inference",
+        "@",
+        str(REPO / "jobs/serve/tiny.toml"),
+        "--output-dir",
+        str(out),
+        "--run.name",
+        "serve",
+        "--trainer.model.lora.rank",
+        "8",
+        "--inference.vllm.max-loras",
+        "2",
+        log=tmp_path / "serve.log",
+    )
     procs = {"srl inference": (serve, tmp_path / "serve.log")}
     runs = {"a": 1, "b": 2}
     try:
@@ -121,12 +160,32 @@ def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
         tenants = RunDir(dep).lora_tenants
         try:
             _until("both trainers started", trainers_held, procs, 600, poll_s=0.05)
-            _until("both runs hold their LoRA-tenant leases", lambda: len(list(tenants.glob("*.json"))) == 2, procs,
-                   600)  # fmt: skip
-            full = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@",
-                                   str(REPO / "jobs/reverse-text/rl.toml"), "--output-dir", str(out), "--run.name",
-                                   "full", "--inference.external", str(dep), "--max-steps", "2"], cwd=REPO,
-                                  check=False, capture_output=True, text=True, timeout=300)  # fmt: skip
+            _until(
+                "both runs hold their LoRA-tenant leases", lambda: len(list(tenants.glob("*.json"))) == 2, procs, 600
+            )
+            full = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "toolkit.cli",
+                    "rl",
+                    "@",
+                    str(REPO / "jobs/reverse-text/rl.toml"),
+                    "--output-dir",
+                    str(out),
+                    "--run.name",
+                    "full",
+                    "--inference.external",
+                    str(dep),
+                    "--max-steps",
+                    "2",
+                ],
+                cwd=REPO,
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
         finally:
             for pid in held.values():
                 with contextlib.suppress(ProcessLookupError):
@@ -166,8 +225,10 @@ def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
             # run's adapter, trained with another seed).
             assert_adapter_broadcasts(run, range(1, STEPS + 1))
             gap_own, gap_base, n = assert_serves_adapter(run, batch_step=STEPS, adapter_step=STEPS - 1)
-            print(f"run {name}: batch {STEPS} vs adapter step {STEPS - 1}: {gap_own:.2e} nats/token, vs base "
-                  f"{gap_base:.2e}, {n} tokens")
+            print(
+                f"run {name}: batch {STEPS} vs adapter step {STEPS - 1}: {gap_own:.2e} nats/token, vs base "
+                f"{gap_base:.2e}, {n} tokens"
+            )
         assert list(tenants.glob("*.json")) == []  # both released the deployment
 
         # The real engine's record and tags, read by the real client and updater.
@@ -190,14 +251,20 @@ def test_two_lora_runs_share_a_deployment_each_on_its_own_adapter(tmp_path):
             return got
 
         got = asyncio.run(probe())
-        last = {name: max(json.loads(x)["version"] for x in (out / name / "policy_reloads.jsonl").read_text()
-                                                                .splitlines()) for name in runs}  # fmt: skip
-        assert got["record"] == {"base": "default", "adapters": {
-            lora_name(ids[n]): served_version(out / n, last[n]) for n in runs}}, got["record"]  # fmt: skip
+        last = {
+            name: max(json.loads(x)["version"] for x in (out / name / "policy_reloads.jsonl").read_text().splitlines())
+            for name in runs
+        }
+        assert got["record"] == {
+            "base": "default",
+            "adapters": {lora_name(ids[n]): served_version(out / n, last[n]) for n in runs},
+        }, got["record"]
         assert got["own"].foreign_version is None and got["own"].policy_version == last["a"]
         assert got["after"].foreign_version == "intruder:1", got["after"]
-        print(f"two LoRA runs of {STEPS} steps on one deployment: {runs_s:.0f} s from `srl inference` to both ended; "
-              f"test {time.monotonic() - t0:.0f} s")  # fmt: skip
+        print(
+            f"two LoRA runs of {STEPS} steps on one deployment: {runs_s:.0f} s from `srl inference` to both ended; "
+            f"test {time.monotonic() - t0:.0f} s"
+        )
     finally:
         for p, _ in reversed(list(procs.values())):
             _stop(p)

@@ -37,8 +37,18 @@ def _run_processes(run: Path) -> list[int]:
 
 def test_ctrl_c_during_engine_start_up_stops_promptly(tmp_path):
     run = tmp_path / "startup-stop"
-    cmd = [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-           "--output-dir", str(tmp_path), "--run.name", "startup-stop"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "rl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "--output-dir",
+        str(tmp_path),
+        "--run.name",
+        "startup-stop",
+    ]
     with open(tmp_path / "out.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         # Wait until the roles are up and the engine is starting (its log exists), but before it is ready.

@@ -77,17 +77,26 @@ def seconds_until_gone(procs: dict[int, int | None], timeout_s: float = LEFT_AFT
 
 def start(argv: list[str], cwd: Path) -> subprocess.Popen:
     """``srl ARGV`` as a user starts it, in a session of its own (the test kills it like a node agent would)."""
-    return subprocess.Popen([sys.executable, "-m", "toolkit.cli", *argv], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", *argv],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def trainer_steps(run: Path) -> list[int]:
     path = run / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(x)["step"] for x in path.read_text().splitlines()
-            if x.strip() and json.loads(x).get("role") == "trainer"]  # fmt: skip
+    return [
+        json.loads(x)["step"]
+        for x in path.read_text().splitlines()
+        if x.strip() and json.loads(x).get("role") == "trainer"
+    ]
 
 
 def wait_for(what: str, cond, proc: subprocess.Popen, timeout_s: float, every_s: float = 0.2) -> None:
@@ -115,18 +124,50 @@ def kill_9_and_measure(proc: subprocess.Popen, run: Path) -> float:
 @pytest.fixture(scope="module")
 def sft_workdir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("sftkill")
-    r = subprocess.run([sys.executable, "-m", "toolkit.cli", "sft", "make-data", "data/rt.jsonl", "@",
-                        str(REPO / "jobs/reverse-text/rl.toml"), "--taskset.num-train-examples", "200"],
-                       check=False, cwd=d, capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.cli",
+            "sft",
+            "make-data",
+            "data/rt.jsonl",
+            "@",
+            str(REPO / "jobs/reverse-text/rl.toml"),
+            "--taskset.num-train-examples",
+            "200",
+        ],
+        check=False,
+        cwd=d,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     return d
 
 
 def sft_argv(name: str, steps: int = 200) -> list[str]:
     """A trainer-only SFT run (no online eval, so no engine)."""
-    return ["sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "--data.name", "data/rt.jsonl", "--max-steps",
-            str(steps), "--ckpt.interval", "2", "--val.interval", "1000", "--data.batch-size", "8",
-            "--eval.env", "[]", "--run.name", name]  # fmt: skip
+    return [
+        "sft",
+        "@",
+        str(REPO / "jobs/reverse-text/sft.toml"),
+        "--data.name",
+        "data/rt.jsonl",
+        "--max-steps",
+        str(steps),
+        "--ckpt.interval",
+        "2",
+        "--val.interval",
+        "1000",
+        "--data.batch-size",
+        "8",
+        "--eval.env",
+        "[]",
+        "--run.name",
+        name,
+    ]
 
 
 @pytest.mark.slow
@@ -146,8 +187,20 @@ RL_STEPS = 6
 
 
 def rl_argv(out: Path, *extra: str) -> list[str]:
-    return ["rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "--max-steps", str(RL_STEPS), "--ckpt.interval", "2",
-            "--output-dir", str(out), "--run.name", "k9", *extra]  # fmt: skip
+    return [
+        "rl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "--max-steps",
+        str(RL_STEPS),
+        "--ckpt.interval",
+        "2",
+        "--output-dir",
+        str(out),
+        "--run.name",
+        "k9",
+        *extra,
+    ]
 
 
 def _incomplete_checkpoints(checkpoints: Path) -> set[str]:
@@ -156,8 +209,11 @@ def _incomplete_checkpoints(checkpoints: Path) -> set[str]:
         entries = list(checkpoints.iterdir())
     except FileNotFoundError:
         return set()
-    return {e.name for e in entries
-            if e.name.startswith(".step_") or (e.name.startswith("step_") and not (e / "COMPLETE").exists())}
+    return {
+        e.name
+        for e in entries
+        if e.name.startswith(".step_") or (e.name.startswith("step_") and not (e / "COMPLETE").exists())
+    }
 
 
 def _has_engine(proc: subprocess.Popen) -> bool:
@@ -191,8 +247,14 @@ def test_rl_kill_9_at_three_moments_leaves_nothing_and_resume_is_refused_while_l
     # 2. --resume after that kill works at once (the dead holder's lease is taken over); kill -9 mid-training.
     proc = start(rl_argv(out, "--resume"), REPO)
     wait_for("trainer step 3", lambda: max(role_steps(run, "trainer"), default=0) >= 3, proc, 1200)
-    rival = subprocess.run([sys.executable, "-m", "toolkit.cli", *rl_argv(out, "--resume")], cwd=REPO, check=False,
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    rival = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *rl_argv(out, "--resume")],
+        cwd=REPO,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rival.returncode == 2, rival.stdout + rival.stderr
     assert f"pid {proc.pid}" in rival.stderr and f"srl cancel {run}" in rival.stderr, rival.stderr
     assert len(list((run / "configs").glob("attempt_*"))) == 2, "a refused --resume must not start an attempt"
@@ -204,8 +266,7 @@ def test_rl_kill_9_at_three_moments_leaves_nothing_and_resume_is_refused_while_l
     # 3. --resume with a checkpoint every step; kill -9 while one is being written (its COMPLETE not yet there).
     left = _incomplete_checkpoints(run / "checkpoints")  # what the kill mid-training left half-written
     proc = start(rl_argv(out, "--resume", "--ckpt.interval", "1"), REPO)
-    wait_for("a checkpoint in flight", lambda: _incomplete_checkpoints(run / "checkpoints") - left, proc, 1200,
-             0.005)  # fmt: skip
+    wait_for("a checkpoint in flight", lambda: _incomplete_checkpoints(run / "checkpoints") - left, proc, 1200, 0.005)
     figures["kill -9 during a checkpoint: s until no process"] = kill_9_and_measure(proc, run)
 
     # 4. --resume to the end: every step exactly once.
@@ -241,5 +302,7 @@ def test_a_process_group_kill_after_killwait_leaves_no_process(sft_workdir):
     proc.wait()
     seconds_until_gone(procs)
     assert not naming(run)
-    print(f"\nprocess-group TERM, KILL after {kill_wait_s:.0f} s: no process of the run left "
-          f"{time.monotonic() - t0:.1f} s after the TERM")
+    print(
+        f"\nprocess-group TERM, KILL after {kill_wait_s:.0f} s: no process of the run left "
+        f"{time.monotonic() - t0:.1f} s after the TERM"
+    )

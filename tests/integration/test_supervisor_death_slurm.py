@@ -26,8 +26,15 @@ KILL_WAIT_S = 5.0  # the local cluster's KillWait
 
 
 def _srl(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], cwd=cwd, text=True, capture_output=True,
-                          check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *args],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        timeout=600,
+    )
 
 
 def _naming(run: Path) -> list[int]:
@@ -51,12 +58,38 @@ def _trainer_steps(run: Path) -> list[int]:
 
 
 def test_scancel_leaves_no_process_and_a_resume_meanwhile_is_refused(tmp_path, slurm_cluster):
-    r = _srl(tmp_path, "sft", "make-data", "data/rt.jsonl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-             "--taskset.num-train-examples", "200")  # fmt: skip
+    r = _srl(
+        tmp_path,
+        "sft",
+        "make-data",
+        "data/rt.jsonl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "--taskset.num-train-examples",
+        "200",
+    )
     assert r.returncode == 0, r.stderr
-    argv = ["sft", "@", str(REPO / "jobs/reverse-text/sft.toml"), "@", str(REPO / "jobs/reverse-text/slurm.toml"),
-            "--data.name", "data/rt.jsonl", "--max-steps", "400", "--data.batch-size", "8", "--val.interval", "1000",
-            "--ckpt.interval", "1000", "--eval.env", "[]", "--run.name", "sc"]  # fmt: skip
+    argv = [
+        "sft",
+        "@",
+        str(REPO / "jobs/reverse-text/sft.toml"),
+        "@",
+        str(REPO / "jobs/reverse-text/slurm.toml"),
+        "--data.name",
+        "data/rt.jsonl",
+        "--max-steps",
+        "400",
+        "--data.batch-size",
+        "8",
+        "--val.interval",
+        "1000",
+        "--ckpt.interval",
+        "1000",
+        "--eval.env",
+        "[]",
+        "--run.name",
+        "sc",
+    ]
     r = _srl(tmp_path, *argv)
     assert r.returncode == 0, r.stdout + r.stderr
     run = tmp_path / "outputs" / "sc"
@@ -65,7 +98,8 @@ def test_scancel_leaves_no_process_and_a_resume_meanwhile_is_refused(tmp_path, s
     while max(_trainer_steps(run), default=0) < 2:
         st = slurm.job_state(job)
         assert not st.is_terminal, f"job {job} ended ({st.state}) before step 2:\n" + "\n".join(
-            p.read_text()[-3000:] for p in run.glob("logs/**/*") if p.is_file())
+            p.read_text()[-3000:] for p in run.glob("logs/**/*") if p.is_file()
+        )
         assert time.monotonic() < deadline, "no trainer step 2 within 900 s"
         time.sleep(1)
     holder = lease.read(RunDir(run))
@@ -83,7 +117,9 @@ def test_scancel_leaves_no_process_and_a_resume_meanwhile_is_refused(tmp_path, s
         time.sleep(0.2)
     left = _naming(run)
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left if Path(f"/proc/{p}").exists()]
-    print(f"\nscancel: no process of the run left {time.monotonic() - t0:.1f} s after it (KillWait {KILL_WAIT_S:.0f} s)")
+    print(
+        f"\nscancel: no process of the run left {time.monotonic() - t0:.1f} s after it (KillWait {KILL_WAIT_S:.0f} s)"
+    )
     steps = _trainer_steps(run)
     time.sleep(3)
     assert _trainer_steps(run) == steps

@@ -1,5 +1,6 @@
 """The batch job's supervisor (toolkit/launch/supervisor.py) on the real local Slurm cluster, every component a
-probe (probe/probe.py): the pre-run command runs from its file on every node and never on a command line. (The pre-timeout signal, teardown and engine restarts: test_rl_sbatch_slurm.py and
+probe (probe/probe.py): the pre-run command runs from its file on every node and never on a command line. (The
+pre-timeout signal, teardown and engine restarts: test_rl_sbatch_slurm.py and
 test_engine_restart_slurm.py.)
 """
 
@@ -27,8 +28,9 @@ def test_pre_run_command_runs_from_its_file_and_never_on_a_command_line(probe_ru
     token = f"srl-prerun-{uuid.uuid4().hex}"
     # pkill -f with a unique token kills every process whose command line holds it: srun, the supervisor or bash
     # would die if the command's text were passed on a command line.
-    cfg, run, attempt = probe_run("prerun", trainer_seconds=2,
-                                  extra=f'pre_run_command = "pkill -9 -f {token} || true; echo pre-run-done-{token}"')
+    cfg, run, attempt = probe_run(
+        "prerun", trainer_seconds=2, extra=f'pre_run_command = "pkill -9 -f {token} || true; echo pre-run-done-{token}"'
+    )
     job = submit_job(cfg, run, attempt)
     st = slurm.wait(job, timeout_s=120)
     log = _batch_log(run)

@@ -43,8 +43,14 @@ def _sweep(tmp_path: Path, name: str, body: str) -> tuple[Path, list[str]]:
     base = _config(tmp_path, "base")
     f = tmp_path / f"{name}.toml"
     f.write_text(f'[sweep]\nname = "{name}"\nbase = ["{base}"]\n{body}')
-    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "sweep", "@", str(f), "--output-dir",
-                           str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", "sweep", "@", str(f), "--output-dir", str(tmp_path / "out")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ids = proc.stdout.strip().splitlines()[-1].split(":", 1)[1].split(",")
     return tmp_path / "out" / name, [i.strip() for i in ids]
@@ -57,8 +63,13 @@ def _watch(root: Path, jobs: list[str], budget_s: float) -> tuple[int, dict[str,
     deadline = time.monotonic() + budget_s
     pattern = re.compile(r"^(\d+)_(\d+) (\S+)$")
     while True:
-        out = subprocess.run(["squeue", "-h", "-r", "-j", ",".join(jobs), "-o", "%i %T"], capture_output=True,
-                             text=True, timeout=30, check=False).stdout
+        out = subprocess.run(
+            ["squeue", "-h", "-r", "-j", ",".join(jobs), "-o", "%i %T"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
         lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
         running = 0
         for ln in lines:
@@ -86,7 +97,7 @@ def _final_states(root: Path) -> dict[str, tuple[str, int | None]]:
     out = {}
     for p in json.loads((root / "manifest.json").read_text())["points"]:
         run = RunDir(Path(p["run_dir"]))
-        (task, _, _), = [j for j in _read_ids(run)]
+        ((task, _, _),) = [j for j in _read_ids(run)]
         st = slurm.job_state(task)
         out[p["point_id"]] = (st.state, st.exit_code)
     return out
@@ -100,13 +111,17 @@ def _read_ids(run: RunDir):
 
 def test_points_of_1_3_3_nodes_split_by_shape_within_max_parallel(tmp_path, probe_site, capsys):
     t0 = time.monotonic()
-    root, jobs = _sweep(tmp_path, "shapes", """max_parallel = 2
+    root, jobs = _sweep(
+        tmp_path,
+        "shapes",
+        """max_parallel = 2
 [sweep.zip]
 "trainer.optim.lr" = [1e-4, 2e-4, 3e-4]
 deployment = [{ type = "single_node", gpus_per_node = 4, num_infer_gpus = 2, num_train_gpus = 2 },
               { type = "multi_node", gpus_per_node = 4, num_infer_nodes = 1, num_train_nodes = 2 },
               { type = "multi_node", gpus_per_node = 4, num_infer_nodes = 1, num_train_nodes = 2 }]
-""")
+""",
+    )
     assert len(jobs) == 2, jobs  # one array per shape
     most, seen = _watch(root, jobs, 400)
     wall = time.monotonic() - t0
@@ -132,11 +147,15 @@ def test_split_arrays_share_max_parallel(tmp_path, probe_site, capsys):
     assert "max_array_size = 2" in text
     probe_site.write_text(text)
     t0 = time.monotonic()
-    root, jobs = _sweep(tmp_path, "chunks", """max_parallel = 3
+    root, jobs = _sweep(
+        tmp_path,
+        "chunks",
+        """max_parallel = 3
 seeds = [0, 1, 2, 3, 4]
 [sweep.zip]
 deployment = [{ type = "single_node", gpus_per_node = 4, num_infer_gpus = 2, num_train_gpus = 2 }]
-""")
+""",
+    )
     assert len(jobs) == 3, jobs  # 2 + 2 + 1 tasks
     most, seen = _watch(root, jobs, 400)
     wall = time.monotonic() - t0
@@ -147,8 +166,10 @@ deployment = [{ type = "single_node", gpus_per_node = 4, num_infer_gpus = 2, num
     arrays = [json.loads(ln) for ln in (root / "arrays.jsonl").read_text().splitlines()]
     assert sum(a["throttle"] for a in arrays if a["after"] is None) == 3, arrays
     with capsys.disabled():
-        print(f"\n5 points, MaxArraySize 2: {len(jobs)} arrays, at most {most} tasks running (max_parallel 3), "
-              f"{wall:.0f} s")
+        print(
+            f"\n5 points, MaxArraySize 2: {len(jobs)} arrays, at most {most} tasks running (max_parallel 3), "
+            f"{wall:.0f} s"
+        )
 
 
 def test_srl_cancel_of_a_sweep_checkpoints_running_points_and_prints_how_to_continue(tmp_path, probe_site, capsys):
@@ -159,14 +180,21 @@ def test_srl_cancel_of_a_sweep_checkpoints_running_points_and_prints_how_to_cont
 
     base = _config(tmp_path, "base")
     f = tmp_path / "c.toml"
-    f.write_text(f'[sweep]\nname = "cx"\nbase = ["{base}"]\nmax_parallel = 1\n[sweep.grid]\n'
-                 '"trainer.optim.lr" = [1e-4, 2e-4]\n')
+    f.write_text(
+        f'[sweep]\nname = "cx"\nbase = ["{base}"]\nmax_parallel = 1\n[sweep.grid]\n"trainer.optim.lr" = [1e-4, 2e-4]\n'
+    )
     argv = ["sweep", "@", str(f), "--output-dir", str(tmp_path / "out")]
     # A dry run writes the points; the probe trainer reads how long to run from each, then the sweep is submitted
     # with --resume (continuing the dry-run points).
     for extra in (["--dry-run"], ["--resume"]):
-        proc = subprocess.run([sys.executable, "-m", "toolkit.cli", *argv, *extra], cwd=REPO, capture_output=True,
-                              text=True, timeout=300, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "toolkit.cli", *argv, *extra],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         if extra == ["--dry-run"]:
             for pid in ("p000", "p001"):
@@ -187,7 +215,7 @@ def test_srl_cancel_of_a_sweep_checkpoints_running_points_and_prints_how_to_cont
     assert f"srl sweep @ {f} --output-dir {tmp_path / 'out'} --resume" in out, out
     assert (p0.checkpoints / "step_1" / "COMPLETE").exists()  # the probe trainer's checkpoint on the stop request
     assert not any((p1.root / "probe").glob("*@*.json"))  # the pending point never started
-    (task0, _, _), = _read_ids(p0)[-1:]
+    ((task0, _, _),) = _read_ids(p0)[-1:]
     # Ended by its stop request within the grace period, not killed by the cancel: the job's exit status is the
     # run's ending (a user's stop), not Slurm's CANCELLED.
     st0 = slurm.job_state(task0)

@@ -44,8 +44,15 @@ PHASE_S = 900.0  # engine start-up (about a minute on two loaded cores) plus the
 
 
 def _srl(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def _steps(run: RunDir, role: str) -> list[int]:
@@ -79,8 +86,10 @@ def _naming(run: RunDir) -> list[int]:
 
 
 def _logs(root: Path) -> str:
-    parts = [f"---- {p.relative_to(root)}\n{p.read_text(errors='replace')[-2500:]}"
-             for p in sorted(root.glob("**/logs/*.out")) + sorted(root.glob("p*/logs/attempt_*/*.log"))]
+    parts = [
+        f"---- {p.relative_to(root)}\n{p.read_text(errors='replace')[-2500:]}"
+        for p in sorted(root.glob("**/logs/*.out")) + sorted(root.glob("p*/logs/attempt_*/*.log"))
+    ]
     return "\n".join(parts)[-20000:]
 
 
@@ -107,8 +116,17 @@ max_parallel = 1
 [sweep.grid]
 "trainer.optim.lr" = [5e-4, 1e-3]
 """)
-    argv = ["sweep", "@", str(sweep), "--max-steps", str(MAX_STEPS), "--ckpt.interval", str(INTERVAL),
-            "--output-dir", str(tmp_path / "out")]
+    argv = [
+        "sweep",
+        "@",
+        str(sweep),
+        "--max-steps",
+        str(MAX_STEPS),
+        "--ckpt.interval",
+        str(INTERVAL),
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     t0 = time.monotonic()
     r = _srl(*argv)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -119,8 +137,11 @@ max_parallel = 1
     figures = {}
     try:
         # ---- p000: pre-timeout signal mid-run -> checkpoint, requeue; the requeued task waits behind the throttle
-        _wait("p000 past step 3 with a checkpoint", lambda: max(_steps(p0, "trainer"), default=0) >= PREEMPT_AT
-              and latest_complete(p0) is not None, root)
+        _wait(
+            "p000 past step 3 with a checkpoint",
+            lambda: max(_steps(p0, "trainer"), default=0) >= PREEMPT_AT and latest_complete(p0) is not None,
+            root,
+        )
         figures["p000 to step 3"] = time.monotonic() - t0
         st = slurm.job_state(_task(p0))
         assert st.state == "RUNNING" and len(st.node_list) == 3, st
@@ -148,7 +169,9 @@ max_parallel = 1
         assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left if Path(f"/proc/{p}").exists()]
         figures["scancel -> no process of p001"] = time.monotonic() - t2
         cut = latest_complete(p1)
-        assert cut is None or cut < MAX_STEPS, f"p001 finished (checkpoint {cut}) before the cancel at step {cancel_step}"
+        assert cut is None or cut < MAX_STEPS, (
+            f"p001 finished (checkpoint {cut}) before the cancel at step {cancel_step}"
+        )
 
         # ---- p000 comes back as the same point and finishes from its checkpoint
         t1 = time.monotonic()
@@ -184,5 +207,8 @@ max_parallel = 1
     assert rows["p000"][2] == rows["p001"][2] == str(MAX_STEPS), r.stdout
     log = "".join(p.read_text() for p in p0.logs.glob("*.out"))
     assert "restart 0" in log and "restart 1" in log, log[-3000:]
-    print("\n" + "; ".join(f"{k}: {v:.0f} s" for k, v in figures.items())
-          + f"; p001 cancelled at trainer step {cancel_step}; total {time.monotonic() - t0:.0f} s")
+    print(
+        "\n"
+        + "; ".join(f"{k}: {v:.0f} s" for k, v in figures.items())
+        + f"; p001 cancelled at trainer step {cancel_step}; total {time.monotonic() - t0:.0f} s"
+    )

@@ -31,7 +31,9 @@ def test_report_on_sweep_root_joins_each_task_to_its_point(tmp_path: Path) -> No
     assert set(table.loc[table["metric"] == "reward/all/mean", "point"]) == set(runs["point"])
 
 
-def test_report_on_sweep_with_no_point_started_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_on_sweep_with_no_point_started_fails_cleanly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = make_sweep_runs(tmp_path, ran=())
     assert main([str(root)]) == 2
     assert "no point run directory yet" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """A real 6-point sweep (2 learning rates x 3 seeds) as ONE job array on the real local Slurm cluster (issue 8).
 
 `srl sweep @ sweep.toml` is run as a user would. Each array task is a real, short RL run of its point (tiny model,
-vLLM CPU engine, orchestrator, trainer; ``max_steps`` 3) on one emulated node, as the point's own batch job. The array is throttled to one task
+vLLM CPU engine, orchestrator, trainer; ``max_steps`` 3) on one emulated node, as the point's own batch job. The array
+is throttled to one task
 at a time (``%1``): the four emulated nodes share this machine's two cores, and one vLLM engine at a time is what
 the machine holds.
 
@@ -128,8 +129,10 @@ def _mean_interval(xs: list[float]) -> tuple[float, float, float]:
 
 
 def _logs(root: Path) -> str:
-    parts = [f"---- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-30:])
-             for p in sorted((root / "logs").glob("*.out"))]
+    parts = [
+        f"---- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-30:])
+        for p in sorted((root / "logs").glob("*.out"))
+    ]
     for p in sorted(root.glob("p*/logs/attempt_*/*.log")):
         parts.append(f"---- {p.relative_to(root)}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:]))
     return "\n".join(parts)[-15000:]
@@ -138,9 +141,14 @@ def _logs(root: Path) -> str:
 def _submit(tmp_path: Path) -> tuple[Path, str]:
     """`srl sweep @ sweep.toml`; returns the sweep root and the one array job id."""
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "sweep", "@", str(_sweep_file(tmp_path)),
-                           "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", "sweep", "@", str(_sweep_file(tmp_path)), "--output-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # "submitted array job(s): 42": one array for the whole sweep
     ids = proc.stdout.strip().splitlines()[-1].split(":", 1)[1].split(",")
@@ -178,8 +186,10 @@ def _watch(root: Path, array_id: str, budget_s: float) -> Watched:
         w.max_running = max(w.max_running, sum(t.state == "RUNNING" for t in tasks))
         if len(w.tasks) == n_tasks and all(t.is_terminal for t in w.tasks.values()):
             return w
-        assert time.monotonic() < deadline, (f"array {array_id} not finished after {budget_s:.0f} s: "
-                                             f"{ {i: t.state for i, t in w.tasks.items()} }\n{_logs(root)}")
+        assert time.monotonic() < deadline, (
+            f"array {array_id} not finished after {budget_s:.0f} s: "
+            f"{ {i: t.state for i, t in w.tasks.items()} }\n{_logs(root)}"
+        )
         time.sleep(2.0)
 
 
@@ -217,8 +227,12 @@ def _check_sweep(root: Path, array_id: str, w: Watched) -> str:
         assert Path(p["run_dir"]) == run.root and run.root.is_dir()
         cfg = json.loads(run.resolved("rl").read_text())
         lr = p["params"]["trainer.optim.lr"]
-        assert (cfg["trainer"]["optim"]["lr"], cfg["seed"], cfg["run"]["name"], cfg["max_steps"]) == \
-            (lr, p["seed"], p["point_id"], MAX_STEPS)
+        assert (cfg["trainer"]["optim"]["lr"], cfg["seed"], cfg["run"]["name"], cfg["max_steps"]) == (
+            lr,
+            p["seed"],
+            p["point_id"],
+            MAX_STEPS,
+        )
         meta = json.loads(run.run_meta.read_text())
         assert (meta["array_job_id"], meta["array_task_id"], meta["sweep_index"]) == (array_id, p["index"], p["index"])
         m = _read_metrics(run)
@@ -230,8 +244,14 @@ def _check_sweep(root: Path, array_id: str, w: Watched) -> str:
 
     # ---- srl report on the sweep root: 2 rows (one per lr) with mean and 95% interval over 3 seeds
     t0 = time.monotonic()
-    rep = subprocess.run([sys.executable, "-m", "toolkit.cli", "report", str(root)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600, check=False)
+    rep = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", "report", str(root)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     report_s = time.monotonic() - t0
     assert rep.returncode == 0, rep.stdout + rep.stderr
     reports = RunDir(root).reports
@@ -246,16 +266,23 @@ def _check_sweep(root: Path, array_id: str, w: Watched) -> str:
         for prefix, values in (("final", finals[lr]), ("best", bests[lr])):
             expect = _mean_interval(values)
             got = (row[f"{prefix}_mean"], row[f"{prefix}_low"], row[f"{prefix}_high"])
-            assert all(math.isclose(g, e, rel_tol=1e-6, abs_tol=1e-9) for g, e in zip(got, expect)), \
-                (lr, prefix, got, expect, values)
+            assert all(math.isclose(g, e, rel_tol=1e-6, abs_tol=1e-9) for g, e in zip(got, expect)), (
+                lr,
+                prefix,
+                got,
+                expect,
+                values,
+            )
     assert "## Sweep" in (reports / "report.md").read_text()
 
     walls = {i: (b - a).total_seconds() for i, (a, b) in sorted(spans.items())}
     first, last = min(a for a, _ in spans.values()), max(b for _, b in spans.values())
     cols = ["seeds", "final_mean", "final_low", "final_high", "best_mean", "best_low", "best_high"]
-    return (f"sweep array {array_id}: {n_tasks} tasks %{MAX_PARALLEL}, max running seen {w.max_running}; "
-            f"per-task wall s {walls}; first start -> last end {(last - first).total_seconds():.0f} s; "
-            f"srl report {report_s:.1f} s\nfinal values per lr: {finals}\n" + rows[cols].to_string())
+    return (
+        f"sweep array {array_id}: {n_tasks} tasks %{MAX_PARALLEL}, max running seen {w.max_running}; "
+        f"per-task wall s {walls}; first start -> last end {(last - first).total_seconds():.0f} s; "
+        f"srl report {report_s:.1f} s\nfinal values per lr: {finals}\n" + rows[cols].to_string()
+    )
 
 
 @pytest.mark.timeout(ARRAY_BUDGET_S + FOREIGN_JOBS_WAIT_S + 600)

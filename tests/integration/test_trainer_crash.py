@@ -69,6 +69,8 @@ def test_sigkill_during_saves_never_breaks_resume(tmp_path):
         kill_at_random(writer, rng=rng, max_delay_s=0.5)
         step, *_ = resume_and_check()
         resumed.append(step)
-    print(f"\n[figure] checkpoint saves: {KILL_POINTS} kill points, {KILL_POINTS} resumes verified, "
-          f"newest complete step {resumed[-1]}, complete steps kept {ck.complete_steps(run)}")
+    print(
+        f"\n[figure] checkpoint saves: {KILL_POINTS} kill points, {KILL_POINTS} resumes verified, "
+        f"newest complete step {resumed[-1]}, complete steps kept {ck.complete_steps(run)}"
+    )
     assert resumed[-1] > 0 and resumed == sorted(resumed)  # resume never went backwards

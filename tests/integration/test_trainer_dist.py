@@ -27,8 +27,14 @@ def _batch():
     for _ in range(11):  # odd count and mixed lengths: uneven rows per rank, padding micro-batches
         p, c = int(rng.integers(2, 10)), int(rng.integers(2, 30))
         mask = (rng.random(c) > 0.1).tolist()
-        samples.append(TrainingSample(rng.integers(4, 100, p).tolist(), rng.integers(4, 100, c).tolist(), mask,
-                                      np.where(mask, -rng.random(c) * 5, 0.0).tolist()))
+        samples.append(
+            TrainingSample(
+                rng.integers(4, 100, p).tolist(),
+                rng.integers(4, 100, c).tolist(),
+                mask,
+                np.where(mask, -rng.random(c) * 5, 0.0).tolist(),
+            )
+        )
         adv.append(float(rng.normal()))
     return samples_to_batch(1, samples, adv, policy_versions=[0] * 11, envs=["e"] * 11)
 
@@ -69,8 +75,17 @@ def _grads(model_dir: str, rank: int, world: int, lora: bool = False):
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     b = _batch()
     mbs = plan_micro_batches(b, seq_len=48, micro_batch_size=2, rank=rank, world_size=world)
-    m = train_step(model, opt, None, mbs, loss_cfg=IPOLoss(), max_norm=0.0, num_samples=b.num_samples, info=info,
-                   apply_update=False)
+    m = train_step(
+        model,
+        opt,
+        None,
+        mbs,
+        loss_cfg=IPOLoss(),
+        max_norm=0.0,
+        num_samples=b.num_samples,
+        info=info,
+        apply_update=False,
+    )
     grads = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -171,18 +186,33 @@ def _trainer_run(root: Path, tiny_dir: Path, *, lora: dict | None = None):
     from toolkit.run.types import TrainingSample
 
     run = RunDir(root)
-    cfg = RLConfig.model_validate({
-        "max_steps": 3, "model": {"name": str(tiny_dir)},
-        "trainer": {"seq_len": 64, "micro_batch_size": 1, "optim": {"lr": 1e-3}, "batch_timeout_s": 60,
-                    "model": {"lora": lora}},
-        "ckpt": {"interval": 2},
-    })  # fmt: skip
+    cfg = RLConfig.model_validate(
+        {
+            "max_steps": 3,
+            "model": {"name": str(tiny_dir)},
+            "trainer": {
+                "seq_len": 64,
+                "micro_batch_size": 1,
+                "optim": {"lr": 1e-3},
+                "batch_timeout_s": 60,
+                "model": {"lora": lora},
+            },
+            "ckpt": {"interval": 2},
+        }
+    )
     run.resolved("rl").parent.mkdir(parents=True)
     run.resolved("rl").write_text(cfg.model_dump_json())
     rng = np.random.default_rng(0)
     for step in (1, 2, 3):
-        samples = [TrainingSample(rng.integers(4, 100, 6).tolist(), rng.integers(4, 100, 20).tolist(), [True] * 20,
-                                  (-rng.random(20) * 3).tolist()) for _ in range(6)]
+        samples = [
+            TrainingSample(
+                rng.integers(4, 100, 6).tolist(),
+                rng.integers(4, 100, 20).tolist(),
+                [True] * 20,
+                (-rng.random(20) * 3).tolist(),
+            )
+            for _ in range(6)
+        ]
         write_batch(run, step, samples, rng.normal(size=6).tolist(), policy_versions=[0] * 6, envs=["e"] * 6, meta={})
     return run
 
@@ -225,8 +255,15 @@ def test_two_rank_lora_run_matches_one_rank_and_resumes(tiny_dir, tmp_path):
     one = _trainer_run(tmp_path / "one", tiny_dir, lora=LORA)
     _torchrun(["-m", "toolkit.trainer.main", "--run-dir", str(two.root)])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-m", "toolkit.trainer.main", "--run-dir", str(one.root)], env=env,
-                       cwd=REPO, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "toolkit.trainer.main", "--run-dir", str(one.root)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
     def adapter(run, step):

@@ -36,13 +36,25 @@ def test_nonfinite_steps_skip_updates_then_stop_with_a_resumable_checkpoint(tmp_
     run = RunDir(tmp_path / "run")
     for step in range(1, 7):
         adv = [1.0, -1.0, 0.5, -0.5] if step == 1 else [math.nan] * 4
-        samples = [TrainingSample([5, 6, 7], [8 + i, 9, 10], [True] * 3, [-4.6] * 3) for i in range(4)]  # near the random model: not IPO-masked
+        samples = [
+            TrainingSample([5, 6, 7], [8 + i, 9, 10], [True] * 3, [-4.6] * 3) for i in range(4)
+        ]  # near the random model: not IPO-masked
         batches.write_batch(run, step, samples, adv, policy_versions=[step - 1] * 4, envs=["rev"] * 4, meta={})
         save_state(run, step, {"sampler": {}})  # the orchestrator's part, so the trainer's save completes a step
     # The default RL config's settings (what srl rl hands the trainer), with this test's run shape.
-    settings = dataclasses.replace(TrainerSettings.from_config(RLConfig()), model_name=str(model_dir), max_steps=6,
-                                   max_nonfinite_steps=3, ckpt_interval=None, keep_last=2, broadcast_keep=2,
-                                   batch_timeout_s=10, seq_len=64, micro_batch_size=1, lr=1e-2)  # fmt: skip
+    settings = dataclasses.replace(
+        TrainerSettings.from_config(RLConfig()),
+        model_name=str(model_dir),
+        max_steps=6,
+        max_nonfinite_steps=3,
+        ckpt_interval=None,
+        keep_last=2,
+        broadcast_keep=2,
+        batch_timeout_s=10,
+        seq_len=64,
+        micro_batch_size=1,
+        lr=1e-2,
+    )
     with pytest.raises(TrainerDiverged, match=r"not finite for 3 steps in a row \(steps 2-4\)"):
         run_trainer(run, settings)
 

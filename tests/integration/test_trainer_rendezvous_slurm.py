@@ -39,9 +39,11 @@ def _site(tmp: Path, bindir: Path, python: Path) -> Path:
     sites = tmp / "sites"
     sites.mkdir()
     (sites / "rdzv-slurm.toml").write_text(
-        (REPO / "site-configs" / "local-slurm.toml").read_text()
+        (REPO / "site-configs" / "local-slurm.toml")
+        .read_text()
         .replace('name = "local-slurm"', 'name = "rdzv-slurm"')
-        .replace('python = "python3"', f'python = "{python}"\nsetup = ["export PATH={bindir}:$PATH"]'))
+        .replace('python = "python3"', f'python = "{python}"\nsetup = ["export PATH={bindir}:$PATH"]')
+    )
     return sites
 
 
@@ -67,7 +69,7 @@ exec {bindir / "python"} "$@"
 def test_a_trainer_node_that_never_joins_fails_the_job_within_the_timeout_naming_it(tmp_path, monkeypatch, capsys):
     bindir = _probe_bin(tmp_path)
     torchrun = bindir / "torchrun"  # the real torchrun of this interpreter instead of the probe
-    torchrun.write_text(f"#!/bin/sh\nexec {sys.executable} -m torch.distributed.run \"$@\"\n")
+    torchrun.write_text(f'#!/bin/sh\nexec {sys.executable} -m torch.distributed.run "$@"\n')
     monkeypatch.setenv("SRL_SITE_CONFIGS", str(_site(tmp_path, bindir, _hanging_python(tmp_path, bindir))))
     path = _config(tmp_path, "rdzv")
     text = path.read_text().replace('site = "probe-slurm"', 'site = "rdzv-slurm"')
@@ -102,9 +104,11 @@ def test_a_trainer_node_that_never_joins_fails_the_job_within_the_timeout_naming
 
     end = json.loads(run.ending.read_text())
     assert (end["cause"], end["role"]) == ("failed", "trainer"), end
-    expected = (f"the torchrun rendezvous of the 2 trainer nodes did not complete within {TIMEOUT_S} s "
-                f"(deployment.trainer_rendezvous_timeout_s): {missing} (trainer node 1 of 2; log "
-                f"{logs / 'trainer-1.log'}) did not join (its torchrun never started)")  # fmt: skip
+    expected = (
+        f"the torchrun rendezvous of the 2 trainer nodes did not complete within {TIMEOUT_S} s "
+        f"(deployment.trainer_rendezvous_timeout_s): {missing} (trainer node 1 of 2; log "
+        f"{logs / 'trainer-1.log'}) did not join (its torchrun never started)"
+    )
     assert end["reason"] == expected, end
     assert f"trainer failed: {expected}" in log  # the supervisor's log
     assert f"srl: run ended: failed in trainer: {expected} (exit status 1)" in log

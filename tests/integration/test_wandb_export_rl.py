@@ -30,13 +30,36 @@ TEXT = "Reverse: srl exports\nstropxe lrs"
 
 def _srl(*args: object, log: Path, timeout: int = 900) -> subprocess.CompletedProcess:
     with open(log, "ab") as out:
-        return subprocess.run([sys.executable, "-m", "toolkit.cli", *map(str, args)], cwd=ROOT, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=timeout, check=False)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "toolkit.cli", *map(str, args)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        )
 
 
 def _rl(job: str, out_dir: Path, name: str, *extra: object, log: Path) -> None:
-    r = _srl("rl", "@", ROOT / job, "--output-dir", out_dir, "--run.name", name, "--orchestrator.batch-size", 16,
-             "--trainer.optim.lr", "2e-2", "--ckpt.interval", 1, "--ckpt.keep-last", "None", *extra, log=log)
+    r = _srl(
+        "rl",
+        "@",
+        ROOT / job,
+        "--output-dir",
+        out_dir,
+        "--run.name",
+        name,
+        "--orchestrator.batch-size",
+        16,
+        "--trainer.optim.lr",
+        "2e-2",
+        "--ckpt.interval",
+        1,
+        "--ckpt.keep-last",
+        "None",
+        *extra,
+        log=log,
+    )
     assert r.returncode == 0, log.read_text()[-4000:]
 
 
@@ -50,7 +73,7 @@ def full_run(tmp_path_factory):
     _rl("jobs/reverse-text/rl.toml", tmp, "full", "--max-steps", 3, *common, log=log)
     first = log.read_text()
     _rl("jobs/reverse-text/rl.toml", tmp, "full", "--max-steps", 4, "--resume", *common, log=log)
-    return tmp / "full", first, log.read_text()[len(first):]
+    return tmp / "full", first, log.read_text()[len(first) :]
 
 
 def test_wandb_offline_files_hold_metrics_jsonl_across_a_resume(full_run):
@@ -102,8 +125,9 @@ def _trainer_policy(run: Path, step: int):
 
         model = apply_lora(model, s.lora)
     opt = build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay, betas=s.betas)
-    sched = build_scheduler(opt, kind=s.scheduler, warmup_steps=s.warmup_steps, total_steps=s.max_steps,
-                            min_lr_ratio=s.min_lr_ratio)  # fmt: skip
+    sched = build_scheduler(
+        opt, kind=s.scheduler, warmup_steps=s.warmup_steps, total_steps=s.max_steps, min_lr_ratio=s.min_lr_ratio
+    )
     assert load_trainer_state(rd.checkpoint_step(step) / "trainer", model, opt, sched) == step
     return model.eval(), resolve_model(s.model_name)
 
@@ -121,15 +145,21 @@ print("LOGPROBS " + json.dumps(lps), flush=True)
 
 def _vllm_prompt_logprobs(model_dir: Path, ids: list[int], log: Path) -> list[float]:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-c", _VLLM_PROBE, str(model_dir), json.dumps(ids)], capture_output=True,
-                       text=True, timeout=600, env=env, check=False)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", _VLLM_PROBE, str(model_dir), json.dumps(ids)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
     log.write_text(r.stdout + r.stderr)
     # vLLM's engine threads can abort the interpreter's own shutdown on CPU ("terminate called without an active
     # exception", status -6) after the answer is printed; that says nothing about the exported model.
     answered = any(x.startswith("LOGPROBS ") for x in r.stdout.splitlines())
     assert r.returncode == 0 or (answered and r.returncode == -6), (r.stdout + r.stderr)[-4000:]
     (line,) = [x for x in r.stdout.splitlines() if x.startswith("LOGPROBS ")]
-    return json.loads(line[len("LOGPROBS "):])
+    return json.loads(line[len("LOGPROBS ") :])
 
 
 def _check_export(run: Path, step: int, out: Path, tmp: Path, *, atol_hf: float) -> None:
@@ -150,8 +180,10 @@ def _check_export(run: Path, step: int, out: Path, tmp: Path, *, atol_hf: float)
     base_gap = (_token_logprobs(AutoModelForCausalLM.from_pretrained(base_dir).eval(), ids) - want).abs().max().item()
     served = torch.tensor(_vllm_prompt_logprobs(out, ids, tmp / "vllm.out"), dtype=torch.float64)
     vllm_gap = (served - want).abs().max().item()
-    print(f"step {step}: max |logprob gap| export vs trainer {gap:.2e} (transformers), {vllm_gap:.2e} (vLLM); "
-          f"base model vs trainer {base_gap:.2e}")
+    print(
+        f"step {step}: max |logprob gap| export vs trainer {gap:.2e} (transformers), {vllm_gap:.2e} (vLLM); "
+        f"base model vs trainer {base_gap:.2e}"
+    )
     assert gap <= atol_hf
     assert vllm_gap <= 1e-3
     assert base_gap > 100 * max(gap, 1e-6) and base_gap > 1e-2, "training did not move the policy: cannot tell"
@@ -177,7 +209,17 @@ def test_export_of_a_lora_checkpoint_merges_the_adapter(tmp_path):
     need_module("vllm")
     need_module("peft")
     log = tmp_path / "srl.out"
-    _rl("jobs/reverse-text/rl-lora.toml", tmp_path, "lora", "--max-steps", 2, "--orchestrator.max-async-level", 0,
-        "--orchestrator.eval.interval", 0, log=log)
+    _rl(
+        "jobs/reverse-text/rl-lora.toml",
+        tmp_path,
+        "lora",
+        "--max-steps",
+        2,
+        "--orchestrator.max-async-level",
+        0,
+        "--orchestrator.eval.interval",
+        0,
+        log=log,
+    )
     # Merging folds (alpha / r) * B A into W: the same function up to float rounding.
     _check_export(tmp_path / "lora", 2, tmp_path / "model", tmp_path, atol_hf=1e-4)

@@ -136,9 +136,7 @@ def _group(
     error = ERROR_FAILURES.get(failure or "")
     out = []
     for i in range(size):
-        err = (
-            error if error and (i % 2 == 0) else None
-        )  # half of each group fails: the class is clearly present
+        err = error if error and (i % 2 == 0) else None  # half of each group fails: the class is clearly present
         if failure == "all_zero":
             reward = 0.0
         elif failure == "low_reward":

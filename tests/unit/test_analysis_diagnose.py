@@ -123,25 +123,32 @@ def test_steps_stopped_by_srls_own_teardown_are_not_a_cancel(tmp_path: Path) -> 
 
 
 def test_steps_stopped_for_a_requeue_are_not_a_cancel(tmp_path: Path) -> None:
-    batch = ("2026-12-01 11:25:59 srl[25]: received SIGUSR2: asking the trainer to checkpoint\n"
-             "slurmstepd-node1: error: *** JOB 25 ON node1 CANCELLED AT 2026-12-01T11:26:10 DUE TO JOB REQUEUE ***\n")
+    batch = (
+        "2026-12-01 11:25:59 srl[25]: received SIGUSR2: asking the trainer to checkpoint\n"
+        "slurmstepd-node1: error: *** JOB 25 ON node1 CANCELLED AT 2026-12-01T11:26:10 DUE TO JOB REQUEUE ***\n"
+    )
     assert _slurm_logs(tmp_path, batch, _STEP_CANCELLED.format(job=25, time="11:26:10")) == []
 
 
 def test_user_scancel_of_the_job_is_a_cancel(tmp_path: Path) -> None:
-    batch = ("slurmstepd-node1: error: *** JOB 25 ON node1 CANCELLED AT 2026-12-01T11:25:58 ***\n"
-             "2026-12-01 11:25:58 srl[25]: received SIGTERM: stopping\n")  # fmt: skip
+    batch = (
+        "slurmstepd-node1: error: *** JOB 25 ON node1 CANCELLED AT 2026-12-01T11:25:58 ***\n"
+        "2026-12-01 11:25:58 srl[25]: received SIGTERM: stopping\n"
+    )
     assert _slurm_logs(tmp_path, batch, _STEP_CANCELLED.format(job=25, time="11:25:58")) == ["Slurm: cancelled"]
     # Without the JOB line (only the steps' lines made it to the logs) the steps' cancel still counts.
-    assert _slurm_logs(tmp_path / "b", batch.splitlines(keepends=True)[1],
-                       _STEP_CANCELLED.format(job=25, time="11:25:58")) == ["Slurm: cancelled"]  # fmt: skip
+    assert _slurm_logs(
+        tmp_path / "b", batch.splitlines(keepends=True)[1], _STEP_CANCELLED.format(job=25, time="11:25:58")
+    ) == ["Slurm: cancelled"]
 
 
 def test_step_cancelled_before_srl_stopped_anything_is_a_cancel(tmp_path: Path) -> None:
     """`scancel 25.0` by someone: the step is cancelled first, then srl tears the job down because it ended."""
     batch = "2026-12-01 11:26:05 srl[25]: teardown: inference-0-0 exited first (status 143)\n"
     assert sorted(_slurm_logs(tmp_path, batch, _STEP_CANCELLED.format(job=25, time="11:26:04"))) == [
-        "Slurm: cancelled", "Slurm: component failed"]
+        "Slurm: cancelled",
+        "Slurm: component failed",
+    ]
 
 
 def test_a_component_that_failed_first_is_named(tmp_path: Path) -> None:

@@ -15,8 +15,7 @@ def _run(tmp_path, rows):
     run = RunDir(tmp_path / "run")
     run.root.mkdir(parents=True)
     for i, extra in enumerate(rows, 1):
-        append_jsonl(run.metrics, {"step": i, "time": 1000.0 + i, "role": "trainer", "optim/grad_norm": 0.1,
-                                   **extra})  # fmt: skip
+        append_jsonl(run.metrics, {"step": i, "time": 1000.0 + i, "role": "trainer", "optim/grad_norm": 0.1, **extra})
     return run
 
 
@@ -59,10 +58,19 @@ def _grad_run(tmp_path, norms, signal_groups, *, groups=4, max_norm=1.0):
         atomic_write_json(run.resolved("rl", attempt=1), {"trainer": {"optim": {"lr": 1e-3, "max_norm": max_norm}}})
         point_symlink(run.latest_configs, "attempt_1")
     for i, (norm, signal) in enumerate(zip(norms, signal_groups, strict=True), 1):
-        append_jsonl(run.metrics, {"step": i, "time": 1000.0 + i, "role": "orchestrator",
-                                   "filter/groups_offered": float(groups), "filter/signal_groups": float(signal)})
-        append_jsonl(run.metrics, {"step": i, "time": 1000.5 + i, "role": "trainer", "loss/mean": 0.001,
-                                   "optim/grad_norm": norm})  # fmt: skip
+        append_jsonl(
+            run.metrics,
+            {
+                "step": i,
+                "time": 1000.0 + i,
+                "role": "orchestrator",
+                "filter/groups_offered": float(groups),
+                "filter/signal_groups": float(signal),
+            },
+        )
+        append_jsonl(
+            run.metrics, {"step": i, "time": 1000.5 + i, "role": "trainer", "loss/mean": 0.001, "optim/grad_norm": norm}
+        )
     return run
 
 
@@ -78,7 +86,7 @@ def _readme_like_norms(n=60, seed=0):
 def test_small_grad_norms_of_a_low_signal_run_are_healthy(tmp_path):
     norms, signal = _readme_like_norms()
     run = _grad_run(tmp_path, norms, signal)
-    old_rule = [n for i, n in enumerate(norms) if i >= 3 and n > 10 * statistics.median(norms[max(0, i - 10):i])]
+    old_rule = [n for i, n in enumerate(norms) if i >= 3 and n > 10 * statistics.median(norms[max(0, i - 10) : i])]
     assert len(old_rule) >= 5 and max(norms) < 1.0  # what the relative test alone called spikes
     assert diagnose(run) == []
 

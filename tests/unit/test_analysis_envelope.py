@@ -54,9 +54,7 @@ def test_count_parameters_and_estimate(tmp_path: Path) -> None:
     env = envelope.estimate(cfg, wall_seconds=3600, store_path=None, steps=None)
     assert (env.num_nodes, env.gpus_per_node, env.gpu_hours) == (3, 4, 12.0)
     assert env.checkpoint_disk_bytes == 2 * 12 * 70
-    assert env.trainer_memory_per_gpu_bytes == pytest.approx(
-        16 * 70 / 4 + 2 * 32 * 8 * 2 + 34 * 32 * 8 + 4 * 32 * 4
-    )
+    assert env.trainer_memory_per_gpu_bytes == pytest.approx(16 * 70 / 4 + 2 * 32 * 8 * 2 + 34 * 32 * 8 + 4 * 32 * 4)
     labels = [k for k, _ in env.rows()]
     assert "GPU-hours (nodes x GPUs/node x wall h)" in labels
     unknown = envelope.estimate({}, wall_seconds=None, store_path=None, steps=None)

@@ -21,7 +21,7 @@ def test_sections_and_tables_without_figures(tmp_path: Path) -> None:
     headings = [line for line in md.splitlines() if line.startswith("### ")]
     # The outcome comes first: how the run ended, its steps, eval first -> best -> last, top findings.
     assert headings[0] == "### Outcome"
-    outcome = md[md.index("### Outcome"):md.index("### 1.")]
+    outcome = md[md.index("### Outcome") : md.index("### 1.")]
     assert "failed in orchestrator at step 2: exit status 1 (exit status 1)" in outcome
     assert "trainer steps" in outcome and " first -> best -> last " in outcome and "(step 0) ->" in outcome
     assert "Top findings of srl diagnose" in outcome and "ProviderError" in outcome
@@ -44,9 +44,7 @@ def test_sections_and_tables_without_figures(tmp_path: Path) -> None:
 
 def test_sweep_table_groups_seeds_by_point(tmp_path: Path) -> None:
     runs = [
-        load_run(
-            make_run(tmp_path / f"r{i}", steps=2, seed=i, meta={"sweep_point": {"lr": lr, "seed": i}}).root
-        )
+        load_run(make_run(tmp_path / f"r{i}", steps=2, seed=i, meta={"sweep_point": {"lr": lr, "seed": i}}).root)
         for i, lr in enumerate([1, 1, 2])
     ]
     table, curves = sweep_table(runs, ["reward/all/mean"])

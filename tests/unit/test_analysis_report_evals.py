@@ -26,9 +26,17 @@ def _with_eval_extras(run: RunDir, steps: list[int]) -> None:
     """What the orchestrator records beside each eval's scores: standard errors and the eval's bookkeeping, whose
     values (64 examples, version 7) are larger than any score and so would be ranked 'best' if taken for one."""
     for s in steps:
-        append_jsonl(run.metrics, {"step": s, "time": 1.0, "role": "orchestrator", **BOOKKEEPING,
-                                   "eval/arith-test/avg@2/stderr": 0.01 + 0.001 * s,
-                                   "eval/arith-test/pass@2/stderr": 0.02})  # fmt: skip
+        append_jsonl(
+            run.metrics,
+            {
+                "step": s,
+                "time": 1.0,
+                "role": "orchestrator",
+                **BOOKKEEPING,
+                "eval/arith-test/avg@2/stderr": 0.01 + 0.001 * s,
+                "eval/arith-test/pass@2/stderr": 0.02,
+            },
+        )
 
 
 def test_outcome_ranks_only_scores_and_gives_their_stderr(tmp_path: Path) -> None:
@@ -86,13 +94,21 @@ def _char_tokenizer(model_dir: Path) -> dict[str, int]:
     return vocab
 
 
-def _rollout(vocab: dict[str, int], text: str, reply: str, reward: float, *, truncated: bool = False,
-             gid: int = 0) -> Rollout:  # fmt: skip
+def _rollout(
+    vocab: dict[str, int], text: str, reply: str, reward: float, *, truncated: bool = False, gid: int = 0
+) -> Rollout:
     ids = [vocab[c] for c in reply]
-    return Rollout(env="rev", task_id=text, example_id=gid, reward=reward, truncated=truncated,
-                   truncation_reason="max_tokens" if truncated else None, group_id=gid, num_turns=1,
-                   samples=[TrainingSample([vocab[c] for c in f"Reverse: {text}"], ids, [True] * len(ids),
-                                           [0.0] * len(ids))])  # fmt: skip
+    return Rollout(
+        env="rev",
+        task_id=text,
+        example_id=gid,
+        reward=reward,
+        truncated=truncated,
+        truncation_reason="max_tokens" if truncated else None,
+        group_id=gid,
+        num_turns=1,
+        samples=[TrainingSample([vocab[c] for c in f"Reverse: {text}"], ids, [True] * len(ids), [0.0] * len(ids))],
+    )
 
 
 def test_report_shows_sample_rollouts_as_text_and_flags_truncation(tmp_path: Path) -> None:
@@ -103,9 +119,11 @@ def test_report_shows_sample_rollouts_as_text_and_flags_truncation(tmp_path: Pat
     atomic_write_json(run.resolved("rl", attempt=1), {"model": {"name": str(tmp_path / "model")}, "max_steps": 2})
     with RolloutStoreWriter(run.rollout_store) as w:
         w.append([_rollout(vocab, "abc", "zz", 0.1, truncated=True)] * 4, step=1)
-        w.append([_rollout(vocab, "abc", "cba", 1.0, gid=1), _rollout(vocab, "abcd", "dxxxxxxx", 0.2, gid=2,
-                                                                          truncated=True)]
-                 + [_rollout(vocab, "xyz", "zyxxxxx", 0.5, truncated=True, gid=3)] * 8, step=2)  # fmt: skip
+        w.append(
+            [_rollout(vocab, "abc", "cba", 1.0, gid=1), _rollout(vocab, "abcd", "dxxxxxxx", 0.2, gid=2, truncated=True)]
+            + [_rollout(vocab, "xyz", "zyxxxxx", 0.5, truncated=True, gid=3)] * 8,
+            step=2,
+        )
     picks = samples_mod.pick_samples(load_rollouts(run.rollout_store))
     assert list(picks["which"]) == ["best", "worst", "truncated"] and set(picks["step"]) == {2}
     rows = load_samples(run.rollout_store, picks["row"].tolist())
@@ -117,7 +135,7 @@ def test_report_shows_sample_rollouts_as_text_and_flags_truncation(tmp_path: Pat
     assert list(shown["completion"]) == ["cba", "dxxxxxxx", "dxxxxxxx"]
     assert list(shown["prompt"]) == ["Reverse: abc", "Reverse: abcd", "Reverse: abcd"]
     assert "#### Sample rollouts" in md
-    outcome = md[md.index("### Outcome"):md.index("### 1.")]
+    outcome = md[md.index("### Outcome") : md.index("### 1.")]
     assert "truncated rollouts (train rev)" in outcome
     assert "TRUNCATED: rewards are of cut-off replies" in outcome and "90.0% at step 2" in outcome
     assert "92.9% of 14 over the run, limit max_tokens" in outcome
@@ -143,5 +161,8 @@ def test_sweep_compares_scores_not_bookkeeping(tmp_path: Path) -> None:
     table, _ = sweep_table([load_run(r) for r in roots])
     assert set(table["metric"]) == {"reward/all/mean", "eval/arith-test/avg@2", "eval/arith-test/pass@2"}
     paths = build_report(roots, tmp_path / "out", run_figures=False)
-    assert list(paths.figures) == ["sweep_eval_arith-test_avg_2", "sweep_eval_arith-test_pass_2",
-                                   "sweep_reward_all_mean"]  # fmt: skip
+    assert list(paths.figures) == [
+        "sweep_eval_arith-test_avg_2",
+        "sweep_eval_arith-test_pass_2",
+        "sweep_reward_all_mean",
+    ]

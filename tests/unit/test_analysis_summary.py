@@ -41,9 +41,7 @@ def test_step_summary() -> None:
     s = step_summary(_df()).set_index("env")
     assert s.loc["a", "effective_batch_size"] == 4 and s.loc["b", "effective_batch_size"] == 0
     assert s.loc["all", "effective_batch_size"] == 4 and s.loc["all", "rollouts"] == 12
-    assert s.loc["all", "solve_none"] == pytest.approx(1 / 3) and s.loc["all", "solve_all"] == pytest.approx(
-        1 / 3
-    )
+    assert s.loc["all", "solve_none"] == pytest.approx(1 / 3) and s.loc["all", "solve_all"] == pytest.approx(1 / 3)
     assert s.loc["b", "errored_rate"] == 0.25 and s.loc["all", "errored_rate"] == pytest.approx(1 / 12)
     assert s.loc["a", "reward_mean"] == 0.25 and s.loc["b", "reward_mean"] == 1.0
     assert s.loc["a", "truncated_rate"] == 0.125 and s.loc["all", "off_policy_age_max"] == 1

@@ -64,7 +64,8 @@ def test_read_waits_then_times_out_naming_path(tmp_path):
 def test_read_sees_batch_written_while_waiting(tmp_path):
     run = RunDir(tmp_path)
     writer = threading.Timer(
-        0.1, lambda: batches.write_batch(run, 2, _samples(), [1.0, 1.0], policy_versions=[0, 0], envs=["a", "a"], meta={})
+        0.1,
+        lambda: batches.write_batch(run, 2, _samples(), [1.0, 1.0], policy_versions=[0, 0], envs=["a", "a"], meta={}),
     )
     writer.start()
     b = batches.read_batch(run, 2, timeout_s=5.0, poll_s=0.01)

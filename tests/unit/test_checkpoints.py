@@ -91,6 +91,7 @@ def test_retention_deletion_failure_is_a_warning(tmp_path, caplog, monkeypatch):
     run = RunDir(tmp_path / "run1")
     _make(run, 1)
     _make(run, 2)
+
     # Fault injection: a real filesystem here cannot produce NFS's "directory not empty" on demand.
     def boom(path, *a, **k):
         if not k.get("ignore_errors"):

@@ -37,12 +37,34 @@ def test_importorskip_fails_under_ci(tmp_path, in_ci):
     # need_module is what the suite calls; a test that still calls pytest.importorskip must not pass CI by skipping.
     (tmp_path / "test_module_level.py").write_text('import pytest\npytest.importorskip("srl_no_such_module")\n')
     (tmp_path / "test_in_test.py").write_text(
-        'import pytest\n\ndef test_x():\n    pytest.importorskip("srl_no_such_module")\n')
+        'import pytest\n\ndef test_x():\n    pytest.importorskip("srl_no_such_module")\n'
+    )
     env = {**os.environ, "CI": "true" if in_ci else "", "PYTHONPATH": str(TESTS)}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "prereqs", "-p", "no:cacheprovider", "-o",
-                           "addopts=", "--continue-on-collection-errors", "-q", "-rA", "--rootdir", str(tmp_path),
-                           str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "prereqs",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            "--continue-on-collection-errors",
+            "-q",
+            "-rA",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     out = proc.stdout + proc.stderr
     if in_ci:
         assert proc.returncode == pytest.ExitCode.TESTS_FAILED, out

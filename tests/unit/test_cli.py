@@ -17,14 +17,22 @@ CLI_TIMEOUT_S = 300
 
 
 def srl(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd or ROOT, timeout=CLI_TIMEOUT_S, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
 
 
 def test_help_and_schema():
     assert srl("--help").returncode == 0
     out = srl("rl", "--help")
-    assert out.returncode == 0 and "orchestrator.batch_size" in out.stdout and "Rollouts per training step" in out.stdout
+    assert (
+        out.returncode == 0 and "orchestrator.batch_size" in out.stdout and "Rollouts per training step" in out.stdout
+    )
 
 
 def test_config_error_exit_2_without_traceback(tmp_path):
@@ -89,15 +97,19 @@ def test_auto_run_name(tmp_path):
     assert name.startswith("reverse-text--tiny-qwen3--")
 
 
-@pytest.mark.parametrize("code", [
-    "import toolkit.cli, toolkit.config, toolkit.config.schema_help",
-    "from toolkit.cli import main; main(['rl', '@', r'{job}', '--dry-run', '--output-dir', r'{out}'])",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import toolkit.cli, toolkit.config, toolkit.config.schema_help",
+        "from toolkit.cli import main; main(['rl', '@', r'{job}', '--dry-run', '--output-dir', r'{out}'])",
+    ],
+)
 def test_login_node_paths_import_no_torch_or_vllm(code, tmp_path):
     code = code.format(job=JOB, out=tmp_path)
     probe = f"import sys\n{code}\nbad=[m for m in ('torch','vllm','transformers') if m in sys.modules]\nprint(bad)"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
-                         timeout=CLI_TIMEOUT_S, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=CLI_TIMEOUT_S, check=False
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -115,8 +127,10 @@ def test_dry_run_of_an_existing_run_leaves_it_untouched(tmp_path, flag):
     assert (tmp_path / ".dry-run" / "live" / "launcher" / "placement.json").exists()
 
 
-@pytest.mark.parametrize(("tok", "want"), [("--dryrun", "--dry-run"), ("--dry_run", "--dry-run"),
-                                           ("--resum", "--resume"), ("--clena", "--clean")])
+@pytest.mark.parametrize(
+    ("tok", "want"),
+    [("--dryrun", "--dry-run"), ("--dry_run", "--dry-run"), ("--resum", "--resume"), ("--clena", "--clean")],
+)
 def test_misspelt_own_flag_gets_a_did_you_mean(tok, want):
     from toolkit.config import ConfigError
     from toolkit.config.cli_args import split_config_args
@@ -135,8 +149,10 @@ def test_an_override_followed_by_a_file_is_refused_naming_both(argv):
     opt = next(t for t in argv if t.startswith("--"))
     with pytest.raises(ConfigError, match=f"{opt} is followed by '@.*without a value; give the value without '@'"):
         split_config_args(argv)
-    assert split_config_args(["--no-foo.bar", "@", "x.toml", "--a.b=1", "@y.toml"])[0] == [Path("x.toml"),
-                                                                                              Path("y.toml")]
+    assert split_config_args(["--no-foo.bar", "@", "x.toml", "--a.b=1", "@y.toml"])[0] == [
+        Path("x.toml"),
+        Path("y.toml"),
+    ]
 
 
 def test_an_override_picking_a_list_item_by_index_says_so():
@@ -144,7 +160,9 @@ def test_an_override_picking_a_list_item_by_index_says_so():
     from toolkit.config import ConfigError
     from toolkit.config.compose import parse_overrides
 
-    with pytest.raises(ConfigError, match=r"'orchestrator.train.env.0.name': a list item cannot be picked by its index"):
+    with pytest.raises(
+        ConfigError, match=r"'orchestrator.train.env.0.name': a list item cannot be picked by its index"
+    ):
         parse_overrides(["--orchestrator.train.env.0.name", "x"])
     with pytest.raises(ConfigError, match="bad override key 'a..b'"):
         parse_overrides(["--a..b", "1"])
@@ -164,10 +182,14 @@ def test_resume_without_name_continues_the_newest_run_that_trained(tmp_path):
 def test_continue_command_is_ready_to_paste():
     from toolkit.launch.progress import continue_command
 
-    assert continue_command([".venv/bin/srl", "rl", "@", "jobs/a.toml", "--max-steps", "5"], "r1") == \
-        ".venv/bin/srl rl @ jobs/a.toml --max-steps 5 --run.name r1 --resume"
-    assert continue_command(["x/cli.py", "rl", "@", "a b.toml", "--run.name=o", "--clean", "--resume"], "o") == \
-        "srl rl @ 'a b.toml' --resume --run.name o"
+    assert (
+        continue_command([".venv/bin/srl", "rl", "@", "jobs/a.toml", "--max-steps", "5"], "r1")
+        == ".venv/bin/srl rl @ jobs/a.toml --max-steps 5 --run.name r1 --resume"
+    )
+    assert (
+        continue_command(["x/cli.py", "rl", "@", "a b.toml", "--run.name=o", "--clean", "--resume"], "o")
+        == "srl rl @ 'a b.toml' --resume --run.name o"
+    )
 
 
 def test_continue_command_of_a_run_is_its_newest_attempts_command(tmp_path):
@@ -179,8 +201,13 @@ def test_continue_command_of_a_run_is_its_newest_attempts_command(tmp_path):
     assert continue_command_for(run) is None  # no attempt recorded
     for n, extra in ((1, ""), (2, " --max-steps 400")):
         run.config_attempt(n).mkdir(parents=True)
-        (run.config_attempt(n) / "command.txt").write_text(f"srl rl @ jobs/a.toml @ jobs/s.toml{extra} --output-dir o\n")
-    assert continue_command_for(run) == "srl rl @ jobs/a.toml @ jobs/s.toml --max-steps 400 --output-dir o --run.name r7 --resume"
+        (run.config_attempt(n) / "command.txt").write_text(
+            f"srl rl @ jobs/a.toml @ jobs/s.toml{extra} --output-dir o\n"
+        )
+    assert (
+        continue_command_for(run)
+        == "srl rl @ jobs/a.toml @ jobs/s.toml --max-steps 400 --output-dir o --run.name r7 --resume"
+    )
     (run.config_attempt(2) / "command.txt").write_text("srl rl @ 'unclosed\n")  # unreadable: no hint, no error
     assert continue_command_for(run) is None
 
@@ -209,7 +236,10 @@ def test_resume_says_which_overrides_it_did_not_repeat(tmp_path):
 
 
 def test_resume_of_a_finished_run_says_so_and_starts_nothing(tmp_path):
-    assert srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "done", "--max-steps", "4").returncode == 0
+    assert (
+        srl("rl", "@", JOB, "--dry-run", "--output-dir", tmp_path, "--run.name", "done", "--max-steps", "4").returncode
+        == 0
+    )
     run = tmp_path / "done"
     for part in ("trainer", "orchestrator"):  # a COMPLETE checkpoint at the last step, as a finished run leaves
         (run / "checkpoints" / "step_4" / part).mkdir(parents=True)
@@ -219,7 +249,9 @@ def test_resume_of_a_finished_run_says_so_and_starts_nothing(tmp_path):
     assert out.returncode == 2 and "already finished" in out.stderr and "--max-steps 8" in out.stderr, out.stderr
     assert sorted(p.name for p in (run / "configs").iterdir()) == attempts  # no new attempt written
     # A dry run is not refused: it only shows what a resume would write, in a shadow directory.
-    out = srl("rl", "@", JOB, "--resume", "--dry-run", "--output-dir", tmp_path, "--run.name", "done", "--max-steps", "4")
+    out = srl(
+        "rl", "@", JOB, "--resume", "--dry-run", "--output-dir", tmp_path, "--run.name", "done", "--max-steps", "4"
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -230,16 +262,29 @@ def test_an_output_dir_that_cannot_hold_runs_is_refused_naming_it(tmp_path, comm
     # check): srl rl and srl sweep ended in a NotADirectoryError / FileNotFoundError traceback at the first mkdir.
     (tmp_path / "afile").write_text("")
     out = tmp_path / "afile" / "runs" if where == "file" else Path("/proc/srl-test-nope")
-    job = {"rl": JOB, "sft": ROOT / "jobs/reverse-text/sft.toml", "sweep": ROOT / "jobs/reverse-text/sweep.toml",
-           "inference": ROOT / "jobs/serve/tiny.toml"}[command]
+    job = {
+        "rl": JOB,
+        "sft": ROOT / "jobs/reverse-text/sft.toml",
+        "sweep": ROOT / "jobs/reverse-text/sweep.toml",
+        "inference": ROOT / "jobs/serve/tiny.toml",
+    }[command]
     r = srl(command, "@", job, "--output-dir", out, "--dry-run", cwd=tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and "output_dir" in r.stderr and "cannot hold run directories" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written
 
 
-@pytest.mark.parametrize("command", [["sft", "chain"], ["sft", "make-data"], ["config"], ["config", "show"],
-                                     ["config", "convert"], ["inference", "queues"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sft", "chain"],
+        ["sft", "make-data"],
+        ["config"],
+        ["config", "show"],
+        ["config", "convert"],
+        ["inference", "queues"],
+    ],
+)
 def test_subcommand_help_prints_its_usage(tmp_path, command):
     # --help was read as a config file, an output path or a run directory: "invalid config", exit 2.
     r = srl(*command, "--help", cwd=tmp_path)

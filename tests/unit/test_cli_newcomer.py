@@ -34,8 +34,16 @@ def test_a_toml_value_of_an_override_is_still_a_value() -> None:
 
 
 def test_sweep_settings_on_the_command_line_are_refused_once(tmp_path: Path, capsys) -> None:
-    argv = ["sweep", "@", str(JOBS / "sweep.toml"), "--sweep.seeds", "[0, 1]", "--output-dir", str(tmp_path),
-            "--dry-run"]  # fmt: skip
+    argv = [
+        "sweep",
+        "@",
+        str(JOBS / "sweep.toml"),
+        "--sweep.seeds",
+        "[0, 1]",
+        "--output-dir",
+        str(tmp_path),
+        "--dry-run",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "(1 problem)" in err and err.count("sweep.seeds") == 1, err

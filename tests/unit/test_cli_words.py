@@ -14,17 +14,32 @@ from golden.layouts import BASE, merge
 from toolkit.config.schema_help import schema_help
 
 # "the seed's boundaries", "field case B14", "(B18)", "issue 9 item 7", "shared/seeds/...".
-FOREIGN = re.compile(r"\bthe seeds?\b|\bseed's|\bseeds'|field case|\bB\d\d\b|\bissue \d|shared/(seeds|notes)", re.IGNORECASE)
+FOREIGN = re.compile(
+    r"\bthe seeds?\b|\bseed's|\bseeds'|field case|\bB\d\d\b|\bissue \d|shared/(seeds|notes)", re.IGNORECASE
+)
 
-COMMANDS = [["--help"], ["rl", "--help"], ["sft", "--help"], ["sft", "chain", "--help"], ["diagnose", "--help"],
-            ["report", "--help"], ["status", "--help"], ["cancel", "--help"], ["logs", "--help"], ["eval", "--help"],
-            ["sweep", "--help"], ["model", "--help"], ["config"]]  # fmt: skip
+COMMANDS = [
+    ["--help"],
+    ["rl", "--help"],
+    ["sft", "--help"],
+    ["sft", "chain", "--help"],
+    ["diagnose", "--help"],
+    ["report", "--help"],
+    ["status", "--help"],
+    ["cancel", "--help"],
+    ["logs", "--help"],
+    ["eval", "--help"],
+    ["sweep", "--help"],
+    ["model", "--help"],
+    ["config"],
+]
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
 def test_help_texts_name_nothing_the_user_does_not_have(argv):
-    r = subprocess.run([sys.executable, "-m", "toolkit.cli", *argv], capture_output=True, text=True, timeout=120,
-                       check=False)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *argv], capture_output=True, text=True, timeout=120, check=False
+    )
     text = r.stdout + r.stderr
     assert text.strip(), argv
     # A verb wired to a module or function that is gone prints its own error; help must still succeed.
@@ -65,7 +80,8 @@ def test_usage_names_exactly_the_verbs_srl_dispatches():
 
 @pytest.mark.parametrize("verb", _usage_verbs(), ids=" ".join)
 def test_every_verb_in_usage_answers_help_with_status_0(verb):
-    r = subprocess.run([sys.executable, "-m", "toolkit.cli", *verb, "--help"], capture_output=True, text=True,
-                       timeout=120, check=False)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *verb, "--help"], capture_output=True, text=True, timeout=120, check=False
+    )
     assert r.returncode == 0, (verb, r.returncode, (r.stdout + r.stderr)[-2000:])
     assert verb[-1] in r.stdout + r.stderr, verb  # its own help, not an error about something else

@@ -24,9 +24,13 @@ def _paths(tree, prefix=()):
 
 PATHS = sorted(_paths(VALID))
 weird = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True),
-    st.text(max_size=30), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(),
-                                                                                 max_size=2),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=30),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
     st.sampled_from(["$(touch /tmp/pwned)", "; rm -rf /", "../../etc/passwd", "ünïcødé", "1e999", "-1"]),
 )
 

@@ -41,8 +41,12 @@ def _changed(base: list[Path], overlay: Path) -> set[str]:
 
 # What each overlay's name says it changes (dotted prefixes of the resolved config).
 _OWN = {
-    "rl-pd.toml": ("inference.deployment.", "deployment.", "orchestrator.train.env[0].taskset.prompt_padding",
-                   "orchestrator.train.env[0].timeout.rollout"),
+    "rl-pd.toml": (
+        "inference.deployment.",
+        "deployment.",
+        "orchestrator.train.env[0].taskset.prompt_padding",
+        "orchestrator.train.env[0].timeout.rollout",
+    ),
     "slurm.toml": ("site", "deployment.", "slurm."),
 }
 
@@ -78,7 +82,7 @@ def test_replacing_a_whole_list_prints_a_note_naming_list_and_file(tmp_path: Pat
 
 def test_an_entry_is_amended_by_name_from_a_file_and_the_command_line(tmp_path: Path) -> None:
     over = tmp_path / "longer.toml"
-    over.write_text('[orchestrator.eval.env.reverse-text-test]\nnum_examples = 8\n')
+    over.write_text("[orchestrator.eval.env.reverse-text-test]\nnum_examples = 8\n")
     loaded = load_config([JOBS / "rl.toml", over], ["--orchestrator.train.env.reverse-text.timeout.rollout", "90"])
     assert loaded.config.orchestrator.eval.env[0].num_examples == 8
     assert loaded.config.orchestrator.eval.env[0].taskset.model_extra["prompt"] == "Reverse: {text}"
@@ -89,7 +93,7 @@ def test_an_entry_is_amended_by_name_from_a_file_and_the_command_line(tmp_path: 
 
 def test_an_unknown_entry_name_is_refused_naming_file_and_names(tmp_path: Path) -> None:
     over = tmp_path / "typo.toml"
-    over.write_text('[orchestrator.train.env.revers-text]\ntimeout = { rollout = 5 }\n')
+    over.write_text("[orchestrator.train.env.revers-text]\ntimeout = { rollout = 5 }\n")
     with pytest.raises(ConfigError) as e:
         load_config([JOBS / "rl.toml", over])
     text = e.value.render()
@@ -99,7 +103,7 @@ def test_an_unknown_entry_name_is_refused_naming_file_and_names(tmp_path: Path) 
 def test_an_amendment_before_the_list_exists_is_refused_not_dropped(tmp_path: Path) -> None:
     # Composed before the job file, the amendment was replaced by the job's list without a word (rollout stayed 60).
     early = tmp_path / "early.toml"
-    early.write_text('[orchestrator.train.env.reverse-text]\ntimeout = { rollout = 120 }\n')
+    early.write_text("[orchestrator.train.env.reverse-text]\ntimeout = { rollout = 120 }\n")
     with pytest.raises(ConfigError) as e:
         load_config([early, JOBS / "rl.toml"])
     (issue,) = e.value.issues
@@ -113,12 +117,23 @@ def test_an_amendment_before_the_list_exists_is_refused_not_dropped(tmp_path: Pa
     assert "[[orchestrator.train.env]]" in text and "'reverse-text'" in text and str(early) in text
 
 
-@pytest.mark.parametrize("overrides", [
-    ["--orchestrator.train.env.reverse-text.max-turns", "3", "--orchestrator.train.env",
-     '[{name = "zz", taskset = {id = "srl-reverse-text"}}]'],
-    ["--orchestrator.train.env", '[{name = "zz", taskset = {id = "srl-reverse-text"}}]',
-     "--orchestrator.train.env.zz.max-turns", "3"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [
+            "--orchestrator.train.env.reverse-text.max-turns",
+            "3",
+            "--orchestrator.train.env",
+            '[{name = "zz", taskset = {id = "srl-reverse-text"}}]',
+        ],
+        [
+            "--orchestrator.train.env",
+            '[{name = "zz", taskset = {id = "srl-reverse-text"}}]',
+            "--orchestrator.train.env.zz.max-turns",
+            "3",
+        ],
+    ],
+)
 def test_overrides_that_overlap_are_refused_naming_both(overrides: list[str]) -> None:
     # The list given after the amendment dropped it without a word (max_turns stayed 1); given before it, the
     # amendment replaced the list and the error named an entry the user had just given.
@@ -129,8 +144,18 @@ def test_overrides_that_overlap_are_refused_naming_both(overrides: list[str]) ->
 
 
 def test_repeated_and_sibling_overrides_still_compose() -> None:
-    cfg = load_config([JOBS / "rl.toml"], ["--orchestrator.batch-size", "8", "--orchestrator.batch-size", "16",
-                                           "--orchestrator.train.env.reverse-text.max-turns", "2",
-                                           "--orchestrator.train.env.reverse-text.timeout.rollout", "30"]).config
+    cfg = load_config(
+        [JOBS / "rl.toml"],
+        [
+            "--orchestrator.batch-size",
+            "8",
+            "--orchestrator.batch-size",
+            "16",
+            "--orchestrator.train.env.reverse-text.max-turns",
+            "2",
+            "--orchestrator.train.env.reverse-text.timeout.rollout",
+            "30",
+        ],
+    ).config
     (env,) = cfg.orchestrator.train.env
     assert cfg.orchestrator.batch_size == 16 and env.max_turns == 2 and env.timeout.rollout == 30

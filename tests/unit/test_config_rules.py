@@ -101,8 +101,15 @@ def _errors_with_sites(data, tmp_path, monkeypatch):
 def test_b30_disaggregated_nodes_from_nodes_per_replica(tmp_path, monkeypatch):
     from toolkit.placement.topology import derive_topology
 
-    infer = {"deployment": {"type": "disaggregated", "num_prefill_replicas": 1, "prefill_nodes_per_replica": 1,
-                            "num_decode_replicas": 1, "decode_nodes_per_replica": 2}}
+    infer = {
+        "deployment": {
+            "type": "disaggregated",
+            "num_prefill_replicas": 1,
+            "prefill_nodes_per_replica": 1,
+            "num_decode_replicas": 1,
+            "decode_nodes_per_replica": 2,
+        }
+    }
     data = _slurm_cfg(inference=infer, deployment={"num_infer_nodes": 3, "num_train_nodes": 2})
     topo = derive_topology(_validate_with_sites(data, tmp_path, monkeypatch).config)
     assert topo.num_nodes == 5
@@ -142,8 +149,15 @@ def test_b18_broadcast_retention_covers_async_window():
 
 @pytest.mark.parametrize(
     "text, seconds",
-    [("90", 5400), ("30:00", 1800), ("04:00:00", 14400), ("2-12", 216000), ("3-0:00", 259200),
-     ("1-02:03:04", 93784), ("UNLIMITED", None)],
+    [
+        ("90", 5400),
+        ("30:00", 1800),
+        ("04:00:00", 14400),
+        ("2-12", 216000),
+        ("3-0:00", 259200),
+        ("1-02:03:04", 93784),
+        ("UNLIMITED", None),
+    ],
 )
 def test_slurm_time_forms(text, seconds):
     assert parse_slurm_time(text) == seconds

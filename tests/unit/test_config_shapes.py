@@ -61,7 +61,8 @@ def test_unsupported_pool_is_refused(tmp_path):
     assert "allowed: [1]" in issues["orchestrator.train.env[0].pool.multiplex"]
     p = tmp_path / "eval_pool.toml"
     p.write_text(
-        '[[orchestrator.train.env]]\ntaskset = { id = "srl-reverse-text" }\npool = { type = "static", max_workers = 2 }\n'
+        '[[orchestrator.train.env]]\ntaskset = { id = "srl-reverse-text" }\n'
+        'pool = { type = "static", max_workers = 2 }\n'
         '[[orchestrator.eval.env]]\ntaskset = { id = "srl-reverse-text" }\npool = { type = "elastic" }\n'
     )
     with pytest.raises(ConfigError) as e:
@@ -199,8 +200,9 @@ def test_typed_table_without_type_is_the_default_variant():
     assert cfg.trainer.loss.type == "ipo" and cfg.trainer.loss.eps == 0.2
 
 
-@pytest.mark.parametrize(("flag", "variant"), [("--deployment.num-train-nodes", "multi_node"),
-                                               ("--trainer.loss.ratio-low", "icepop")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flag", "variant"), [("--deployment.num-train-nodes", "multi_node"), ("--trainer.loss.ratio-low", "icepop")]
+)
 def test_a_key_of_another_variant_says_which_type_to_set(flag, variant):
     with pytest.raises(ConfigError) as e:
         load_config([JOBS / "reverse-text" / "rl.toml"], [flag, "0.5" if "ratio" in flag else "2"])
@@ -208,10 +210,16 @@ def test_a_key_of_another_variant_says_which_type_to_set(flag, variant):
     assert f"belongs to type '{variant}'" in issue.message and issue.source == "command line"
 
 
-@pytest.mark.parametrize("text", [
-    'output_dir = "runs\\u0000x"', '[resume]\ndir = "a\\u0000b"', '[inference]\nexternal = "a\\u0000b"',
-    '[trainer.env]\nX = "a\\u0000b"', '[model]\nname = "m\\u0000"',
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        'output_dir = "runs\\u0000x"',
+        '[resume]\ndir = "a\\u0000b"',
+        '[inference]\nexternal = "a\\u0000b"',
+        '[trainer.env]\nX = "a\\u0000b"',
+        '[model]\nname = "m\\u0000"',
+    ],
+)
 def test_a_nul_byte_in_any_value_is_a_config_error_naming_the_field(tmp_path, text):
     # Paths with NUL bytes used to escape as "ValueError: embedded null byte" from the first filesystem call.
     over = tmp_path / "over.toml"

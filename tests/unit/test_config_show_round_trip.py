@@ -29,8 +29,11 @@ FIX = ROOT / "tests" / "fixtures" / "configs"
 BASES: dict[str, list[Path]] = {
     "reverse-text": [JOBS / "reverse-text/rl.toml"],
     "reverse-text-slurm": [JOBS / "reverse-text/rl.toml", JOBS / "reverse-text/slurm.toml"],
-    "reverse-text-lora-pd": [JOBS / "reverse-text/rl.toml", JOBS / "reverse-text/rl-lora.toml",
-                             JOBS / "reverse-text/rl-pd.toml"],
+    "reverse-text-lora-pd": [
+        JOBS / "reverse-text/rl.toml",
+        JOBS / "reverse-text/rl-lora.toml",
+        JOBS / "reverse-text/rl-pd.toml",
+    ],
     "multi-env": [JOBS / "multi-env/rl.toml"],
     "native-single": [FIX / "native_single.toml"],
     "legacy-v0": [FIX / "legacy_v0.toml"],
@@ -102,8 +105,9 @@ def configs(draw) -> RLConfig:
     for path, non_null_default in sorted(chosen, key=lambda f: len(f[0])):
         _null(data, path, non_null_default)
     # Text TOML has to quote or escape (quotes, backslashes, newlines, non-ASCII) in a field that takes any text.
-    data["env_vars"] = draw(st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True), env_text,
-                                            max_size=3))  # fmt: skip
+    data["env_vars"] = draw(
+        st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True), env_text, max_size=3)
+    )
     try:  # what load_config does after reading the files: map other shapes, then validate
         return validate_dict(to_canonical(data)[0]).config
     except ConfigError:
@@ -118,8 +122,18 @@ def test_shown_config_loads_back_equal_nulls_included(tmp_path_factory, cfg):
 
 
 def test_config_show_keeps_nulls_that_have_a_non_null_default(tmp_path, capsys):
-    argv = ["@", str(JOBS / "reverse-text/rl.toml"), "--ckpt.keep-last", "None", "--monitors.stop.max-empty-steps",
-            "None", "--inference.restart-window-s", "None", "--monitors.stop.max-errored-share", "None"]  # fmt: skip
+    argv = [
+        "@",
+        str(JOBS / "reverse-text/rl.toml"),
+        "--ckpt.keep-last",
+        "None",
+        "--monitors.stop.max-empty-steps",
+        "None",
+        "--inference.restart-window-s",
+        "None",
+        "--monitors.stop.max-errored-share",
+        "None",
+    ]
     assert main(["config", "show", *argv]) == 0
     shown = tmp_path / "shown.toml"
     shown.write_text(capsys.readouterr().out)

@@ -25,8 +25,9 @@ def test_typo_of_a_built_in_id_is_an_error_naming_the_field_and_the_id_meant():
     text = errors_of(_train(typo))
     assert "orchestrator.train.env[0].taskset.id" in text and f"did you mean '{builtin}'" in text
     assert all(i in text for i in BUILTIN_TASKSETS)  # the built-in ids are listed
-    eval_typo = config({"orchestrator": {"eval": {"env": [{"taskset": {"id": builtin.replace("-", "_"),
-                                                                       "split": "test"}}]}}})  # fmt: skip
+    eval_typo = config(
+        {"orchestrator": {"eval": {"env": [{"taskset": {"id": builtin.replace("-", "_"), "split": "test"}}]}}}
+    )
     assert "orchestrator.eval.env[0].taskset.id" in errors_of(eval_typo)
 
 
@@ -54,7 +55,9 @@ def test_a_module_on_the_jobs_pythonpath_or_sys_path_resolves(tmp_path, monkeypa
         _train("my-own-task", orchestrator={"env_vars": {"PYTHONPATH": str(tmp_path)}})
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert taskset_unresolved_reason("owner/My-Own-Task@1.0") is None  # hub id: owner and version dropped, as verifiers does
+    assert (
+        taskset_unresolved_reason("owner/My-Own-Task@1.0") is None
+    )  # hub id: owner and version dropped, as verifiers does
     assert "my_own_task" not in sys.modules  # imported only in the probe's own process
 
 
@@ -75,8 +78,9 @@ def test_the_check_imports_no_taskset_module_of_the_users_and_no_torch(tmp_path)
         "    'orchestrator': {'train': {'env': [{'taskset': {'id': 'my-own-task'}}]}}}))\n"
         "print(sorted(m for m in ('my_own_task', 'torch', 'vllm', 'transformers') if m in sys.modules))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                         check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300, check=False
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
 

@@ -23,8 +23,14 @@ CLI_TIMEOUT_S = 300
 
 
 def srl(*args):
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=CLI_TIMEOUT_S, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +54,23 @@ def test_a_pure_dry_run_directory_is_recognised(dry_template, tmp_path):
 
 # What a job started from a dry run's batch script by hand (or anything else that ran) leaves behind.
 LEFT_BY_A_RUN = [
-    "logs/r-123.out", "logs/attempt_1/trainer.log", "rollouts/step_0/READY", "broadcasts/step_1/STABLE",
-    "checkpoints/step_1/COMPLETE", "store/rollouts.h5", "control/STOP", "control/inference_ready.json",
-    "reports/summary.md", "launcher/job_ids.txt", "launcher/admin_token", "launcher/local.json",
-    "metrics.jsonl", "policy_reloads.jsonl", "scratch/kv/0", "notes.txt", "configs/README",
+    "logs/r-123.out",
+    "logs/attempt_1/trainer.log",
+    "rollouts/step_0/READY",
+    "broadcasts/step_1/STABLE",
+    "checkpoints/step_1/COMPLETE",
+    "store/rollouts.h5",
+    "control/STOP",
+    "control/inference_ready.json",
+    "reports/summary.md",
+    "launcher/job_ids.txt",
+    "launcher/admin_token",
+    "launcher/local.json",
+    "metrics.jsonl",
+    "policy_reloads.jsonl",
+    "scratch/kv/0",
+    "notes.txt",
+    "configs/README",
 ]
 
 
@@ -71,9 +90,18 @@ def test_a_hand_submitted_dry_run_script_whose_job_logged_is_not_deleted(dry_tem
     assert (run.logs / "r-4242.out").read_text() == "srl: starting trainer\n"
 
 
-@pytest.mark.parametrize("case", ["half_written_attempt", "attempt_is_a_symlink", "latest_points_outside",
-                                  "latest_missing", "marker_is_a_directory", "data_dir_is_a_symlink",
-                                  "empty_configs"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "half_written_attempt",
+        "attempt_is_a_symlink",
+        "latest_points_outside",
+        "latest_missing",
+        "marker_is_a_directory",
+        "data_dir_is_a_symlink",
+        "empty_configs",
+    ],
+)
 def test_odd_configs_are_never_taken_as_dry(dry_template, tmp_path, case):
     run = _copy(dry_template, tmp_path / "r")
     elsewhere = tmp_path / "elsewhere"
@@ -177,19 +205,58 @@ def test_a_dry_run_directory_is_kept_when_slurm_cannot_say_whether_its_script_wa
     run = _copy(dry_template, tmp_path / "out" / "r")
     before = sorted(p.relative_to(run.root) for p in run.root.rglob("*"))
     env = _failing_squeue(tmp_path / "bin")
-    r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--output-dir",
-                        str(tmp_path / "out"), "--run.name", "r", "--site", "local-slurm"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=CLI_TIMEOUT_S, check=False,
-                       env=env)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.cli",
+            "rl",
+            "@",
+            str(JOB),
+            "--dry-run",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--run.name",
+            "r",
+            "--site",
+            "local-slurm",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+        env=env,
+    )
     assert r.returncode != 0
     assert "squeue could not say" in r.stderr and "--clean" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert sorted(p.relative_to(run.root) for p in run.root.rglob("*")) == before  # nothing touched
     # --clean is the user's explicit word: it replaces the directory without asking Slurm.
-    r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--clean",
-                        "--output-dir", str(tmp_path / "out"), "--run.name", "r", "--site", "local-slurm"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=CLI_TIMEOUT_S, check=False,
-                       env=env)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.cli",
+            "rl",
+            "@",
+            str(JOB),
+            "--dry-run",
+            "--clean",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--run.name",
+            "r",
+            "--site",
+            "local-slurm",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -197,10 +264,27 @@ def test_a_local_dry_run_directory_is_taken_over_without_asking_slurm(tmp_path):
     # No batch script was rendered, so nothing can have been submitted: a broken squeue must not matter.
     env = _failing_squeue(tmp_path / "bin")
     for _ in range(2):
-        r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--output-dir",
-                            str(tmp_path / "out"), "--run.name", "r"],
-                           capture_output=True, text=True, cwd=ROOT, timeout=CLI_TIMEOUT_S, check=False,
-                           env=env)  # fmt: skip
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "toolkit.cli",
+                "rl",
+                "@",
+                str(JOB),
+                "--dry-run",
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--run.name",
+                "r",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=CLI_TIMEOUT_S,
+            check=False,
+            env=env,
+        )
         assert r.returncode == 0, r.stderr
     assert not list((tmp_path / "out" / "r" / "launcher").glob("*.sbatch"))
 
@@ -224,14 +308,36 @@ def test_a_dry_run_directory_is_kept_when_squeue_output_is_odd(dry_template, tmp
         # A controller error on stdout with exit 0 is no empty queue.
         "junk-exit-0": b"echo 'slurm_load_jobs error: Unable to contact slurm controller'\n",
         # Another job's log path is not UTF-8; the dry run's script, submitted by hand, is still pending.
-        "not-utf8": b"printf '%s\\n' '5|/w|/data/\xfe%j.out|/data/\xfe%j.out|' '6|/w|" + logs + b"/r-%j.out|"
-                    + logs + b"/r-%j.out|'\n",
-    }[case]  # fmt: skip
+        "not-utf8": b"printf '%s\\n' '5|/w|/data/\xfe%j.out|/data/\xfe%j.out|' '6|/w|"
+        + logs
+        + b"/r-%j.out|"
+        + logs
+        + b"/r-%j.out|'\n",
+    }[case]
     env = _squeue_printing(tmp_path / "bin", body)
-    r = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", str(JOB), "--dry-run", "--output-dir",
-                        str(tmp_path / "out"), "--run.name", "r", "--site", "local-slurm"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=CLI_TIMEOUT_S, check=False,
-                       env=env)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.cli",
+            "rl",
+            "@",
+            str(JOB),
+            "--dry-run",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--run.name",
+            "r",
+            "--site",
+            "local-slurm",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+        env=env,
+    )
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     want = "squeue could not say" if case == "junk-exit-0" else "Slurm job(s) 6 submitted from it"
     assert want in r.stderr, r.stderr
@@ -244,13 +350,31 @@ def test_the_shadow_of_a_dry_run_of_an_existing_run_is_kept_while_slurm_cannot_s
     out = tmp_path / "out"
     _copy(dry_template, out / "r")
     (out / "r" / "logs" / "r-1.out").write_text("a launched run\n")  # the live run: not a dry run any more
-    args = ("rl", "@", str(JOB), "--dry-run", "--resume", "--output-dir", str(out), "--run.name", "r", "--site",
-            "local-slurm")
+    args = (
+        "rl",
+        "@",
+        str(JOB),
+        "--dry-run",
+        "--resume",
+        "--output-dir",
+        str(out),
+        "--run.name",
+        "r",
+        "--site",
+        "local-slurm",
+    )
     first = srl(*args)
     assert first.returncode == 0, first.stderr
     shadow = out / ".dry-run" / "r"
     assert (shadow / "launcher" / "rl.sbatch").exists()
-    r = subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                       timeout=CLI_TIMEOUT_S, check=False, env=_failing_squeue(tmp_path / "bin"))  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+        env=_failing_squeue(tmp_path / "bin"),
+    )
     assert r.returncode != 0 and "squeue could not say" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert (shadow / "launcher" / "rl.sbatch").exists()

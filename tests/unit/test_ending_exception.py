@@ -15,7 +15,7 @@ from toolkit.run.launcher import write_local_record
 from toolkit.run.layout import RunDir
 
 # A role module that fails the way srl's roles fail: an exception raised several frames down, after some logging.
-ROLE = '''
+ROLE = """
 import logging, sys
 logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 logging.getLogger("srl.orchestrator").warning("starting")
@@ -31,7 +31,7 @@ def main():
         check([])
 
 main()
-'''
+"""
 
 
 def _failed_role_log(tmp_path, run: RunDir, exc: str) -> tuple[str, int]:
@@ -81,12 +81,14 @@ def test_a_transient_failure_or_one_without_a_traceback_still_offers_the_resume(
 def test_the_last_traceback_of_a_log_wins_and_odd_logs_answer_none(tmp_path):
     log = tmp_path / "x.log"
     assert ending.last_exception(log) is None and ending.last_exception(None) is None
-    log.write_text("Traceback (most recent call last):\n  File \"/a/toolkit/envs/server.py\", line 3, in f\n"
-                   "    g()\nKeyError: 'old'\nretrying\n"
-                   "Traceback (most recent call last):\n  File \"/venv/lib/site-packages/verifiers/v1/x.py\", "
-                   "line 9, in h\n    raise TasksetFieldError('split')\n    ^^^^^\n"
-                   "toolkit.envs.registry.TasksetFieldError: taskset 'reverse-text' has no field 'split'\n"
-                   "  more of the message\n")  # fmt: skip
+    log.write_text(
+        'Traceback (most recent call last):\n  File "/a/toolkit/envs/server.py", line 3, in f\n'
+        "    g()\nKeyError: 'old'\nretrying\n"
+        'Traceback (most recent call last):\n  File "/venv/lib/site-packages/verifiers/v1/x.py", '
+        "line 9, in h\n    raise TasksetFieldError('split')\n    ^^^^^\n"
+        "toolkit.envs.registry.TasksetFieldError: taskset 'reverse-text' has no field 'split'\n"
+        "  more of the message\n"
+    )
     found = ending.last_exception(log)
     assert found.where == "verifiers/v1/x.py:9"
     assert found.exception == "toolkit.envs.registry.TasksetFieldError: taskset 'reverse-text' has no field 'split'"
@@ -117,7 +119,8 @@ def test_diagnose_prefers_a_roles_traceback_over_an_engine_logs_earlier_sorting_
     others: an engine log (``engine-0.log`` sorts first) may hold a harmless traceback it recovered from."""
     module, line = _failed_role_log(tmp_path, run, "ValueError")
     (run.latest_logs / "engine-0.log").write_text(
-        'Traceback (most recent call last):\n  File "/opt/vllm/x.py", line 3, in f\nKeyError: \'harmless\'\n')
+        "Traceback (most recent call last):\n  File \"/opt/vllm/x.py\", line 3, in f\nKeyError: 'harmless'\n"
+    )
     (run.root / "configs").mkdir()
     run.local_record.parent.mkdir(parents=True)
     write_local_record(run, attempt=1, status=1)

@@ -89,8 +89,9 @@ class _Completions(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         time.sleep(self.delay_s)
-        body = json.dumps({"choices": [{"token_ids": [7], "logprobs": {"token_logprobs": [-0.5]},
-                                        "finish_reason": "length"}]}).encode()  # fmt: skip
+        body = json.dumps(
+            {"choices": [{"token_ids": [7], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "length"}]}
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -158,8 +159,9 @@ def test_response_in_flight_when_the_gate_closes_is_discarded_and_resent():
     threading.Thread(target=srv.serve_forever, daemon=True).start()
 
     async def go():
-        async with PolicyClient(f"http://127.0.0.1:{srv.server_port}", "m", timeout_s=60, retry_budget_s=120,
-                                backoff_s=0.01) as c:  # fmt: skip
+        async with PolicyClient(
+            f"http://127.0.0.1:{srv.server_port}", "m", timeout_s=60, retry_budget_s=120, backoff_s=0.01
+        ) as c:
             task = asyncio.create_task(c.generate([1], SamplingParams(max_tokens=1), session_id="s"))
             assert await asyncio.to_thread(handler.received.wait, 60)  # the request is in flight
             c.hold()
@@ -192,8 +194,9 @@ def test_retry_budget_covers_an_endpoint_that_comes_back():
     threading.Thread(target=start_later, daemon=True).start()
 
     async def go():
-        async with PolicyClient(f"http://127.0.0.1:{port}", "m", timeout_s=5, max_retries=1, backoff_s=0.1,
-                                retry_budget_s=20) as c:  # fmt: skip
+        async with PolicyClient(
+            f"http://127.0.0.1:{port}", "m", timeout_s=5, max_retries=1, backoff_s=0.1, retry_budget_s=20
+        ) as c:
             return await c.generate([1], SamplingParams(max_tokens=1), session_id="s")
 
     try:

@@ -42,9 +42,7 @@ def _reply(task, spec: str) -> str:
     return str(task.data.answer) if spec == "ref" else spec
 
 
-@pytest.mark.parametrize(
-    "taskset_id,fields,replies", CORPUS, ids=[f"{c[0]}-{i}" for i, c in enumerate(CORPUS)]
-)
+@pytest.mark.parametrize("taskset_id,fields,replies", CORPUS, ids=[f"{c[0]}-{i}" for i, c in enumerate(CORPUS)])
 def test_same_outcome_as_verifiers(taskset_id, fields, replies):
     from verifiers.v1.runtimes import SubprocessConfig
 
@@ -93,9 +91,14 @@ def test_env_classes_run_by_verifiers_go_to_verifiers_rollout_in_srl(taskset_id,
     episode = asyncio.run(run())
     assert episode.ok and check(episode)
     # srl's plain chat loop would play a different episode: the worker serves the taskset's own Env instead.
-    spec = {"name": taskset_id, "taskset": {"id": taskset_id, "split": None, "seed": 0, "select": None, "extra": {}},
-            "harness": {"id": "default"}, "max_turns": 8, "timeout": {},
-            "policy": {"model_path": str(resolve_model("tiny-qwen3")), "renderer": {"name": "hermes"}}}  # fmt: skip
+    spec = {
+        "name": taskset_id,
+        "taskset": {"id": taskset_id, "split": None, "seed": 0, "select": None, "extra": {}},
+        "harness": {"id": "default"},
+        "max_turns": 8,
+        "timeout": {},
+        "policy": {"model_path": str(resolve_model("tiny-qwen3")), "renderer": {"name": "hermes"}},
+    }
     worker = EnvWorker(spec)
     assert worker.mode == "trace" and any("exports its own Env" in r for r in worker.reasons)
     from verifiers.v1.utils.loaders import environment_class

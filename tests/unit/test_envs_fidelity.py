@@ -19,22 +19,28 @@ from toolkit.envs.fidelity import EnvFeatureError
 fixtures_on_path()
 
 
-def _spec(
-    taskset: dict, *, runtime: dict | None = None, harness: str = "default", name: str = "my-env"
-) -> dict:
-    ts = {"id": taskset["id"], "split": taskset.get("split"), "seed": 0, "select": None,
-          "extra": {k: v for k, v in taskset.items() if k not in ("id", "split")}}  # fmt: skip
-    return {"name": name, "taskset": ts, "harness": {"id": harness, "runtime": runtime or {"type": "subprocess"}},
-            "max_turns": 1, "timeout": {}}  # fmt: skip
+def _spec(taskset: dict, *, runtime: dict | None = None, harness: str = "default", name: str = "my-env") -> dict:
+    ts = {
+        "id": taskset["id"],
+        "split": taskset.get("split"),
+        "seed": 0,
+        "select": None,
+        "extra": {k: v for k, v in taskset.items() if k not in ("id", "split")},
+    }
+    return {
+        "name": name,
+        "taskset": ts,
+        "harness": {"id": harness, "runtime": runtime or {"type": "subprocess"}},
+        "max_turns": 1,
+        "timeout": {},
+    }
 
 
 def test_env_spec_forwards_harness_runtime():
     from toolkit.config.model import EnvConfig
     from toolkit.envs.runtime import env_spec
 
-    cfg = EnvConfig(
-        taskset={"id": "srl-reverse-text"}, harness={"id": "default", "runtime": {"type": "subprocess"}}
-    )
+    cfg = EnvConfig(taskset={"id": "srl-reverse-text"}, harness={"id": "default", "runtime": {"type": "subprocess"}})
     spec = env_spec(cfg.model_copy(update={"name": cfg.env_name}))
     assert spec["harness"] == {"id": "default", "runtime": {"type": "subprocess"}}
 
@@ -61,12 +67,15 @@ def test_worker_hands_its_runtime_to_setup_and_scoring():
     assert scored["stop_condition"] == "agent_completed"
 
 
-@pytest.mark.parametrize("runtime,needle", [
-    ({"type": "prime"}, "runtime type 'prime' is a remote sandbox"),
-    ({"type": "modal"}, "runtime type 'modal' is a remote sandbox"),
-    ({"type": "local"}, "runtime type 'local' is not a verifiers runtime"),
-    ({"type": "subprocess", "cpu": 2}, "harness.runtime does not fit verifiers' 'subprocess' runtime config (cpu"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "runtime,needle",
+    [
+        ({"type": "prime"}, "runtime type 'prime' is a remote sandbox"),
+        ({"type": "modal"}, "runtime type 'modal' is a remote sandbox"),
+        ({"type": "local"}, "runtime type 'local' is not a verifiers runtime"),
+        ({"type": "subprocess", "cpu": 2}, "harness.runtime does not fit verifiers' 'subprocess' runtime config (cpu"),
+    ],
+)
 def test_runtime_srl_cannot_provide_is_refused_naming_env(runtime, needle):
     with pytest.raises(EnvFeatureError) as err:
         fidelity.build_runtime_config("my-env", runtime)
@@ -82,16 +91,21 @@ def test_container_runtime_needs_its_program_on_the_node(monkeypatch):
     assert cfg.type == "apptainer" and cfg.image == "docker://python:3.11"
 
 
-@pytest.mark.parametrize("taskset_id,needle", [
-    ("best-of-two", "exports its own Env class BestOfTwoEnv"),
-    ("guess-user", "exports its own Env class GuessEnv"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "taskset_id,needle",
+    [
+        ("best-of-two", "exports its own Env class BestOfTwoEnv"),
+        ("guess-user", "exports its own Env class GuessEnv"),
+    ],
+)
 def test_an_own_env_class_runs_through_verifiers_rollout(taskset_id, needle):
     from toolkit.envs.server import EnvWorker
     from toolkit.models import resolve_model
 
-    spec = {**_spec({"id": taskset_id}, name="researcher-env"),
-            "policy": {"model_path": str(resolve_model("tiny-qwen3")), "renderer": {"name": "hermes"}}}  # fmt: skip
+    spec = {
+        **_spec({"id": taskset_id}, name="researcher-env"),
+        "policy": {"model_path": str(resolve_model("tiny-qwen3")), "renderer": {"name": "hermes"}},
+    }
     worker = EnvWorker(spec)
     assert worker.mode == "trace" and type(worker.trace_env.env).__name__ == needle.split()[-1]
     assert any("env 'researcher-env'" in r and needle in r for r in worker.reasons), worker.reasons

@@ -95,7 +95,12 @@ def test_resolved_source_is_noted_and_kept_in_the_resolved_config(tmp_path, inst
 def test_worker_reports_where_it_found_the_taskset(installed_reverse_text):
     from toolkit.envs.server import EnvWorker
 
-    spec = {"name": "rt", "taskset": {"id": "srl-reverse-text", "split": None, "seed": 0, "select": None, "extra": {}},
-            "harness": {"id": "default"}, "max_turns": 1, "timeout": {}}  # fmt: skip
+    spec = {
+        "name": "rt",
+        "taskset": {"id": "srl-reverse-text", "split": None, "seed": 0, "select": None, "extra": {}},
+        "harness": {"id": "default"},
+        "max_turns": 1,
+        "timeout": {},
+    }
     info = __import__("asyncio").run(EnvWorker(spec).handle("info", {}))
     assert info["source"].startswith("module srl_reverse_text at ") and info["task_ids"] == ["shadow-0"]

@@ -80,8 +80,9 @@ def _run_episode(policy, renderer, monkeypatch):
     task = next(t for t in CodebookTaskset(CodebookConfig()) if t.data.animal == "otter")
     client = PolicyModelClient(policy.generate, renderer)
     server = PolicyInterceptionServer({"policy": client})
-    config = vf.AgentConfig(harness=OfflineChatConfig(), runtime=SubprocessConfig(), model="tiny",
-                            client=PolicyClientConfig(), max_turns=4)
+    config = vf.AgentConfig(
+        harness=OfflineChatConfig(), runtime=SubprocessConfig(), model="tiny", client=PolicyClientConfig(), max_turns=4
+    )
 
     async def run():
         async with server, vf.Agent(config, interception=server) as agent:
@@ -113,7 +114,7 @@ def test_a_tool_episode_runs_through_verifiers_with_srl_owning_the_model_call(re
     (p1, c1, l1, v1), (p2, c2, l2, v2) = policy.turns
     assert '"name": "codebook_lookup"' in renderer.decode(p1)
     assert p2[: len(p1) + len(c1)] == p1 + c1
-    assert renderer.decode(p2[len(p1) + len(c1):]).startswith("\n<|im_start|>user\n<tool_response>\nmaple\n")
+    assert renderer.decode(p2[len(p1) + len(c1) :]).startswith("\n<|im_start|>user\n<tool_response>\nmaple\n")
     assert (client.rendered_turns, client.bridged_turns) == (1, 1)
 
     # One trainable branch: the tokens the model saw, the mask True exactly on what it sampled, their logprobs.
@@ -160,16 +161,23 @@ def test_the_continuation_keeps_sampled_ids_and_matches_a_whole_render(renderer,
     completion = sampled + ([renderer.stop_token_ids[0]] if stopped else [])
     tail = [{"role": "tool", "tool_call_id": "c0", "content": "2"}]
     prompt = renderer.render(history, tools=tools)
-    more = renderer.continuation([*history, {"role": "assistant", "content": None, "tool_calls": [call]}], tail,
-                                 completion_ids=completion, tools=tools)
+    more = renderer.continuation(
+        [*history, {"role": "assistant", "content": None, "tool_calls": [call]}],
+        tail,
+        completion_ids=completion,
+        tools=tools,
+    )
     text = renderer.decode(more)
-    assert text == ("" if stopped else "<|im_end|>") + "\n<|im_start|>user\n<tool_response>\n2\n</tool_response>" \
+    assert (
+        text == ("" if stopped else "<|im_end|>") + "\n<|im_start|>user\n<tool_response>\n2\n</tool_response>"
         "<|im_end|>\n<|im_start|>assistant\n"
+    )
     # Spelled the template's way, the bridged prompt is exactly the whole render.
     canonical = renderer.encode('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>')
-    whole = renderer.render([*history, {"role": "assistant", "content": None, "tool_calls": [call]}, *tail],
-                            tools=tools)
-    assert prompt + canonical + completion[len(sampled):] + more == whole
+    whole = renderer.render(
+        [*history, {"role": "assistant", "content": None, "tool_calls": [call]}, *tail], tools=tools
+    )
+    assert prompt + canonical + completion[len(sampled) :] + more == whole
 
 
 def test_env_episodes_run_through_verifiers_own_env_with_one_shared_policy_client(renderer, monkeypatch):
@@ -226,5 +234,8 @@ def test_a_prompt_that_does_not_extend_the_last_turn_becomes_a_second_sample(ren
     (p1, c1, l1, v1), (p2, c2, l2, _) = policy.turns
     assert p2[: len(p1) + len(c1)] != p1 + c1
     got = trace_samples(trace)
-    assert [(s.prompt_ids, s.completion_ids, s.completion_logprobs) for s in got.samples] == [(p1, c1, l1), (p2, c2, l2)]
+    assert [(s.prompt_ids, s.completion_ids, s.completion_logprobs) for s in got.samples] == [
+        (p1, c1, l1),
+        (p2, c2, l2),
+    ]
     assert all(all(s.completion_mask) for s in got.samples) and got.policy_version == v1

@@ -32,8 +32,11 @@ def ts(id_: str, **extra):
 
 
 def test_builtin_ids_resolve():
-    for id_, cls in (("srl-reverse-text", "ReverseTextTaskset"), ("srl-arith", "ArithTaskset"),
-                     ("srl-alphabet-sort", "AlphabetSortTaskset")):  # fmt: skip
+    for id_, cls in (
+        ("srl-reverse-text", "ReverseTextTaskset"),
+        ("srl-arith", "ArithTaskset"),
+        ("srl-alphabet-sort", "AlphabetSortTaskset"),
+    ):
         assert taskset_class(id_).__name__ == cls
 
 

@@ -23,9 +23,12 @@ def _config_class():
 def test_seats_get_runtime_harness_limits_and_the_stage_timeouts_given():
     from toolkit.envs.traces import seat_overrides
 
-    spec = {"harness": {"id": "default", "runtime": {"type": "subprocess"}}, "max_turns": 4,
-            "timeout": {"setup": 120.0, "rollout": 30.0, "finalize": 120.0, "scoring": 15.0},
-            "timeout_given": ["rollout", "scoring"]}  # fmt: skip
+    spec = {
+        "harness": {"id": "default", "runtime": {"type": "subprocess"}},
+        "max_turns": 4,
+        "timeout": {"setup": 120.0, "rollout": 30.0, "finalize": 120.0, "scoring": 15.0},
+        "timeout_given": ["rollout", "scoring"],
+    }
     out = seat_overrides(spec, _config_class(), bundles_harness=False)
     assert set(out) == {"solver", "judge"}
     assert out["solver"]["harness"] == {"id": "null"} and out["solver"]["max_turns"] == 4

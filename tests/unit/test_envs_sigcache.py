@@ -26,8 +26,17 @@ def plain(a, b=2, *, c=3):
     return a + b + c
 
 
-CALLABLES = [plain, Task().reward, Task.reward, Task().wrapped, Task(), Task, functools.partial(plain, 1), len,
-             lambda trace: trace]  # fmt: skip
+CALLABLES = [
+    plain,
+    Task().reward,
+    Task.reward,
+    Task().wrapped,
+    Task(),
+    Task,
+    functools.partial(plain, 1),
+    len,
+    lambda trace: trace,
+]
 
 
 @pytest.mark.parametrize("obj", CALLABLES, ids=lambda o: getattr(o, "__name__", type(o).__name__))

@@ -68,6 +68,4 @@ def test_eval_split_mistake_is_refused_through_the_worker_spec(tmp_path):
     with pytest.raises(TasksetFieldError, match="env 'held-out': taskset 'exec-check' has no field 'split'"):
         EnvWorker(spec)
     worker = EnvWorker(env_spec(train.model_copy(update={"name": train.env_name})))
-    assert (
-        len(worker.tasks) == 2
-    )  # split "train" (srl's default) is not forced on a taskset without the field
+    assert len(worker.tasks) == 2  # split "train" (srl's default) is not forced on a taskset without the field

@@ -86,14 +86,8 @@ def test_alphabet_sort_multi_turn_rewards():
 
 def test_deterministic_and_disjoint_splits():
     for id_ in ("srl-reverse-text", "srl-arith", "srl-alphabet-sort"):
-        a = [
-            t.data.model_dump()
-            for t in load_tasks(ts(id_, seed=3, num_train_examples=50, num_test_examples=20))
-        ]
-        b = [
-            t.data.model_dump()
-            for t in load_tasks(ts(id_, seed=3, num_train_examples=50, num_test_examples=20))
-        ]
+        a = [t.data.model_dump() for t in load_tasks(ts(id_, seed=3, num_train_examples=50, num_test_examples=20))]
+        b = [t.data.model_dump() for t in load_tasks(ts(id_, seed=3, num_train_examples=50, num_test_examples=20))]
         assert a == b
         other = [t.data.model_dump() for t in load_tasks(ts(id_, seed=4, num_train_examples=50))]
         assert a != other
@@ -104,12 +98,10 @@ def test_deterministic_and_disjoint_splits():
 
 def test_select_include_exclude_shuffle_skip_limit():
     base = [t.data.id for t in load_tasks(ts("srl-arith", num_train_examples=30))]
-    assert [t.data.id for t in load_tasks(ts("srl-arith", num_train_examples=30, select={"limit": 4}))] == base[
-        :4
-    ]
-    assert [
-        t.data.id for t in load_tasks(ts("srl-arith", num_train_examples=30, select={"skip": 2, "limit": 3}))
-    ] == (base[2:5])
+    assert [t.data.id for t in load_tasks(ts("srl-arith", num_train_examples=30, select={"limit": 4}))] == base[:4]
+    assert [t.data.id for t in load_tasks(ts("srl-arith", num_train_examples=30, select={"skip": 2, "limit": 3}))] == (
+        base[2:5]
+    )
     inc = load_tasks(
         ts("srl-arith", num_train_examples=30, select={"include": [1, "5:7"], "exclude": ["arith/train/6"]})
     )

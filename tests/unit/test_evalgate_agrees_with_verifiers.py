@@ -48,8 +48,13 @@ def _verifiers_rows(taskset_id: str, fields: dict, out: Path) -> list[dict]:
     from verifiers.v1.configs.cli.validate import ValidateConfig
     from verifiers.v1.runtimes import SubprocessConfig
 
-    config = ValidateConfig(taskset={"id": taskset_id, **fields}, runtime=SubprocessConfig(), rich=False,
-                            output_dir=out, select={"limit": N})  # fmt: skip
+    config = ValidateConfig(
+        taskset={"id": taskset_id, **fields},
+        runtime=SubprocessConfig(),
+        rich=False,
+        output_dir=out,
+        select={"limit": N},
+    )
     return asyncio.run(run_validate(config))
 
 

@@ -74,8 +74,10 @@ def test_correct_fixtures_pass_and_broken_twins_fail_naming_the_fault(tmp_path, 
         assert failed.status == "FAIL" and "raised" in failed.detail
         # verifiers' noop check records the raise as it came; srl's scored replies carry it as a TaskError.
         assert "untouched" in failed.evidence["cases"] and set(failed.evidence["verifiers"]) == {"error"}
-        assert all(("checker crashed" in str(e["error"]) or "grader misconfigured" in str(e["error"]))
-                   for e in failed.evidence["examples"])
+        assert all(
+            ("checker crashed" in str(e["error"]) or "grader misconfigured" in str(e["error"]))
+            for e in failed.evidence["examples"]
+        )
     for env in ("exec-wrong-ref", "tagged-wrong-ref"):
         failed = items[(env, "known_successes")]
         assert failed.status == "FAIL" and "Task.validate(runtime) check(s) returned False" in failed.detail
@@ -87,8 +89,10 @@ def test_envs_on_verifiers_own_rollout_get_verifiers_checks_only(tmp_path):
     # best-of-two exports its own Env, codebook-lookup serves a tool: training runs both through verifiers' own
     # rollout, so no reply is replayed; verifiers' gold (None: unchecked) and noop checks decide, as verifiers'
     # own validate does, and nothing contradicts them.
-    envs = ('[[orchestrator.train.env]]\nname = "bo2"\ntaskset = { id = "best-of-two" }\n'
-            '[[orchestrator.train.env]]\nname = "codes"\ntaskset = { id = "codebook-lookup" }\n')
+    envs = (
+        '[[orchestrator.train.env]]\nname = "bo2"\ntaskset = { id = "best-of-two" }\n'
+        '[[orchestrator.train.env]]\nname = "codes"\ntaskset = { id = "codebook-lookup" }\n'
+    )
     verdict = validate_config(_config(tmp_path, FIXTURES, envs), n=2)
     items = {(i.env, i.key): i for i in verdict.items}
     for env in ("bo2", "codes"):
@@ -104,7 +108,8 @@ def test_envs_on_verifiers_own_rollout_get_verifiers_checks_only(tmp_path):
         assert items[(env, "deterministic_scoring")].status == "PASS"
         assert items[(env, "deterministic_scoring")].evidence["replies_rescored"] == 0
     assert "env 'bo2': the taskset's module best_of_two exports its own Env class" in " ".join(
-        items[("bo2", "taskset_loads")].evidence["why_verifiers_rollout"])
+        items[("bo2", "taskset_loads")].evidence["why_verifiers_rollout"]
+    )
     for mod in ("best_of_two", "codebook_lookup"):
         sys.modules.pop(mod, None)
 
@@ -112,8 +117,6 @@ def test_envs_on_verifiers_own_rollout_get_verifiers_checks_only(tmp_path):
 def test_multi_line_errors_stay_in_their_markdown_row():
     from toolkit.run.verdict import GateItem, Verdict
 
-    v = Verdict(
-        "validate", [GateItem("taskset_loads", "a|b", "FAIL", "first line\nsecond | line", {"e": "x`y"})]
-    )
+    v = Verdict("validate", [GateItem("taskset_loads", "a|b", "FAIL", "first line\nsecond | line", {"e": "x`y"})])
     rows = [line for line in v.to_markdown().splitlines() if line.startswith("| a")]
     assert rows == ['| a\\|b | taskset loads | **FAIL** | first line<br>second \\| line | ``{"e": "x`y"}`` |']

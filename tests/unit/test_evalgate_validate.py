@@ -103,8 +103,20 @@ def test_cli_exit_status_and_report_files(broken_cfg, tmp_path, capsys):
     data = json.loads((tmp_path / "r" / "reports" / "eval_validate.json").read_text())
     assert data["passed"] is False and data["command"] == "validate"
     assert (tmp_path / "r" / "reports" / "eval_validate.md").read_text().startswith("# First-run gate")
-    rc = main(["validate", "@", str(BROKEN / "rl.toml"), "-n", "4", "--no-rich", "--env", "nope",
-               "--run-dir", str(tmp_path / "r")])
+    rc = main(
+        [
+            "validate",
+            "@",
+            str(BROKEN / "rl.toml"),
+            "-n",
+            "4",
+            "--no-rich",
+            "--env",
+            "nope",
+            "--run-dir",
+            str(tmp_path / "r"),
+        ]
+    )
     assert rc == 2
 
 
@@ -121,8 +133,10 @@ def test_reference_replies_shapes(tmp_path):
     assert MALFORMED_REPLY.strip() and MALFORMED_REPLY not in refs
 
 
-@pytest.mark.parametrize("command, extra", [("validate", ["-n", "0"]), ("validate", ["-n", "1000001"]),
-                                            ("run", ["-r", "4097"]), ("run", ["-r", "0"])])  # fmt: skip
+@pytest.mark.parametrize(
+    "command, extra",
+    [("validate", ["-n", "0"]), ("validate", ["-n", "1000001"]), ("run", ["-r", "4097"]), ("run", ["-r", "0"])],
+)
 def test_example_and_rollout_counts_outside_their_bounds_are_usage_errors(command, extra, tmp_path, capsys):
     """-r 10**20 was accepted and would have sampled that many completions of each example."""
     run_dir = tmp_path / "r"

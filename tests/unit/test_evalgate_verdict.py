@@ -36,8 +36,17 @@ def _rollout(example: int, reward: float, *, turns: int = 1, truncated: bool = F
         return Rollout("env", f"t{example}", example, error_class=error, error_message="boom")
     mask = [True, True] + ([False, True] * (turns - 1))
     sample = TrainingSample([1, 2, 3], [5] * len(mask), mask, [-0.1] * len(mask))
-    return Rollout("env", f"t{example}", example, [sample], reward=reward, num_turns=turns, truncated=truncated,
-                   truncation_reason="max_tokens" if truncated else None, timings={"total": 0.5})
+    return Rollout(
+        "env",
+        f"t{example}",
+        example,
+        [sample],
+        reward=reward,
+        num_turns=turns,
+        truncated=truncated,
+        truncation_reason="max_tokens" if truncated else None,
+        timings={"total": 0.5},
+    )
 
 
 def test_live_items_from_rollouts(tmp_path):
@@ -49,8 +58,14 @@ def test_live_items_from_rollouts(tmp_path):
         [_rollout(1, 0.0), _rollout(1, 0.0, truncated=True)],  # solve-none
         [_rollout(2, 1.0), _rollout(2, 0.0, error="ProviderError")],  # one valid rollout: not counted
     ]
-    info = {"kind": "train", "workers": 1, "workers_healthy": 1, "start_s": 0.1, "num_examples": 3,
-            "worker_task_ids": ["t0", "t1", "t2"]}
+    info = {
+        "kind": "train",
+        "workers": 1,
+        "workers_healthy": 1,
+        "start_s": 0.1,
+        "num_examples": 3,
+        "worker_task_ids": ["t0", "t1", "t2"],
+    }
     stored = {"rows": 6, "path": "x"}
     th = GateThresholds(max_error_rate=0.1, max_truncation_rate=0.5, min_mixed_share=0.5)
     items = {i.key: i for i in _env_items(env, groups, info, {"t0": "", "t1": "", "t2": ""}, stored, th)}
@@ -69,8 +84,10 @@ def test_live_items_from_rollouts(tmp_path):
 
 def test_slurm_parameters_follow_site_and_config(tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text('site = "local-slurm"\n[[orchestrator.train.env]]\ntaskset = { id = "srl-reverse-text" }\n'
-                    '[slurm]\ntime = "00:10:30"\nextra_directives = ["--mail-type=END"]\n')
+    path.write_text(
+        'site = "local-slurm"\n[[orchestrator.train.env]]\ntaskset = { id = "srl-reverse-text" }\n'
+        '[slurm]\ntime = "00:10:30"\nextra_directives = ["--mail-type=END"]\n'
+    )
     cfg = load_config([path]).config
     params = executor_parameters(cfg, load_site("local-slurm"), command="run", job_name="g")
     assert params["partition"] == "debug" and params["time"] == 11  # minutes, rounded up

@@ -33,7 +33,9 @@ def test_pick_step_latest_complete_and_refusals(tmp_path):
     assert pick_step(run, 2) == 2
     with pytest.raises(ExportError, match=r"no checkpoint of step 3; complete checkpoints: 2, 4"):
         pick_step(run, 3)
-    with pytest.raises(ExportError, match=r"step 6 .* incomplete \(missing COMPLETE marker\); complete checkpoints: 2, 4"):
+    with pytest.raises(
+        ExportError, match=r"step 6 .* incomplete \(missing COMPLETE marker\); complete checkpoints: 2, 4"
+    ):
         pick_step(run, 6)
     empty = _run_with_checkpoints(tmp_path / "empty", complete=[], incomplete=[1])
     with pytest.raises(ExportError, match="no complete checkpoint to export"):
@@ -41,10 +43,18 @@ def test_pick_step_latest_complete_and_refusals(tmp_path):
 
 
 def _srl(*args: object) -> subprocess.CompletedProcess:
-    probe = ("import sys\nfrom toolkit.cli import main\nrc = main(sys.argv[1:])\n"
-             "print([m for m in ('torch', 'vllm', 'transformers') if m in sys.modules])\nsys.exit(rc)")
-    return subprocess.run([sys.executable, "-c", probe, *map(str, args)], capture_output=True, text=True, check=False,
-                          cwd=ROOT, timeout=60)
+    probe = (
+        "import sys\nfrom toolkit.cli import main\nrc = main(sys.argv[1:])\n"
+        "print([m for m in ('torch', 'vllm', 'transformers') if m in sys.modules])\nsys.exit(rc)"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", probe, *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        timeout=60,
+    )
 
 
 def test_cli_refuses_a_non_empty_target_and_a_missing_run_without_torch(tmp_path):

@@ -52,8 +52,9 @@ def test_flop_count_is_six_n_t_plus_causal_attention():
 
 @pytest.mark.slow  # about 15 s: torch, transformers and two process-group set-ups
 def test_cpu_dry_mode_prints_every_figure(tmp_path):
-    proc = subprocess.run([str(RUN), "--cpu", "--dir", str(tmp_path)], capture_output=True, text=True, timeout=600,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [str(RUN), "--cpu", "--dir", str(tmp_path)], capture_output=True, text=True, timeout=600, check=False
+    )
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     for name in ("plain", "fsdp2"):
@@ -69,8 +70,14 @@ def test_cpu_dry_mode_prints_every_figure(tmp_path):
 def test_missing_modules_are_named_before_anything_runs(tmp_path):
     bare = tmp_path / "bare"
     venv.create(bare, with_pip=False)  # an interpreter without torch and the rest
-    proc = subprocess.run([str(RUN), "--cpu"], capture_output=True, text=True, timeout=120, check=False,
-                          env={"PATH": "/usr/bin:/bin", "SRL_PYTHON": str(bare / "bin" / "python")})  # fmt: skip
+    proc = subprocess.run(
+        [str(RUN), "--cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "SRL_PYTHON": str(bare / "bin" / "python")},
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "cannot import: torch numpy pydantic safetensors transformers" in proc.stderr, proc.stderr
     assert "SRL_GPU_WHEELS" in proc.stderr and "MFU" not in proc.stdout

@@ -48,7 +48,7 @@ def test_b15_restart_without_flag_resumes_latest_complete_and_keeps_run_id(tmp_p
     plan = build_plan(loaded.config, load_site("local-slurm"), run, job_id="1")
     (trainer,) = [p for p in plan.processes if p.role == "trainer"]
     argv = list(trainer.command)
-    args = _parse(argv[argv.index("--run-dir"):])
+    args = _parse(argv[argv.index("--run-dir") :])
     assert args.resume_step is None and args.resume_dir is None
     settings = TrainerSettings.from_config(load_resolved(RunDir(args.run_dir).resolved("rl")))
     assert settings.resume_step is None and settings.resume_dir is None
@@ -65,8 +65,20 @@ def test_b15_batch_script_is_requeueable_and_appends_logs(tmp_path, capsys):
     from toolkit.cli import main
 
     out = tmp_path / "out"
-    rc = main(["rl", "@", str(ROOT / "jobs/reverse-text/rl.toml"), "@", str(ROOT / "jobs/reverse-text/slurm.toml"),
-               "--output-dir", str(out), "--run.name", "b15", "--dry-run"])  # fmt: skip
+    rc = main(
+        [
+            "rl",
+            "@",
+            str(ROOT / "jobs/reverse-text/rl.toml"),
+            "@",
+            str(ROOT / "jobs/reverse-text/slurm.toml"),
+            "--output-dir",
+            str(out),
+            "--run.name",
+            "b15",
+            "--dry-run",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     script = next(out.rglob("rl.sbatch")).read_text()
     assert "#SBATCH --requeue" in script and "#SBATCH --open-mode=append" in script

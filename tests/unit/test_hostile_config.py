@@ -29,8 +29,10 @@ from config_cases import errors_of, validate
 from toolkit.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-SLURM = {"site": "local-slurm", "deployment": {"type": "multi_node", "gpus_per_node": 0, "num_train_nodes": 1,
-                                               "num_infer_nodes": 1}}  # fmt: skip
+SLURM = {
+    "site": "local-slurm",
+    "deployment": {"type": "multi_node", "gpus_per_node": 0, "num_train_nodes": 1, "num_infer_nodes": 1},
+}
 CANARY = "sk-canary-0b5e1d7f3a"
 
 
@@ -74,8 +76,20 @@ def test_cli_refuses_before_writing_and_without_traceback(tmp_path, capsys):
     from toolkit.cli import main
 
     out = tmp_path / "out"
-    rc = main(["rl", "@", str(ROOT / "jobs/reverse-text/rl.toml"), "@", str(ROOT / "jobs/reverse-text/slurm.toml"),
-               "--output-dir", str(out), "--dry-run", "--slurm.partition", "gpu\ntouch /tmp/PWNED"])  # fmt: skip
+    rc = main(
+        [
+            "rl",
+            "@",
+            str(ROOT / "jobs/reverse-text/rl.toml"),
+            "@",
+            str(ROOT / "jobs/reverse-text/slurm.toml"),
+            "--output-dir",
+            str(out),
+            "--dry-run",
+            "--slurm.partition",
+            "gpu\ntouch /tmp/PWNED",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc != 0 and "slurm.partition" in err and "Traceback" not in err
     assert not out.exists()
@@ -89,9 +103,7 @@ def test_cli_refuses_before_writing_and_without_traceback(tmp_path, capsys):
         {"orchestrator": {"train": {"env": [{"taskset": {"id": "srl-reverse-text", "api_key": CANARY}}]}}},
         {
             "orchestrator": {
-                "eval": {
-                    "env": [{"taskset": {"id": "srl-reverse-text", "split": "test", "OPENAI_API_KEY": CANARY}}]
-                }
+                "eval": {"env": [{"taskset": {"id": "srl-reverse-text", "split": "test", "OPENAI_API_KEY": CANARY}}]}
             }
         },
     ],
@@ -105,8 +117,18 @@ def test_secret_vllm_argument_never_reaches_a_file(tmp_path, capsys):
     from toolkit.cli import main
 
     out = tmp_path / "out"
-    rc = main(["rl", "@", str(ROOT / "jobs/reverse-text/rl.toml"), "--output-dir", str(out), "--dry-run",
-               "--inference.vllm.api-key", CANARY])  # fmt: skip
+    rc = main(
+        [
+            "rl",
+            "@",
+            str(ROOT / "jobs/reverse-text/rl.toml"),
+            "--output-dir",
+            str(out),
+            "--dry-run",
+            "--inference.vllm.api-key",
+            CANARY,
+        ]
+    )
     err = capsys.readouterr().err
     assert rc != 0 and "inference.vllm.api_key" in err and CANARY not in err
     assert not out.exists()
@@ -138,14 +160,21 @@ def test_single_node_gpu_split_must_match_the_engines(dep, words):
         assert w in text, text
 
 
-@pytest.mark.parametrize(("patch", "field", "allowed"), [
-    ({"inference": {"router": {"policy": "fastest"}}}, "inference.router.policy", "sticky_least_loaded"),
-    ({"inference": {"deployment": {"type": "disaggregated", "kv_connector": "example"}}},
-     "inference.deployment.disaggregated.kv_connector", "ExampleConnector"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("patch", "field", "allowed"),
+    [
+        ({"inference": {"router": {"policy": "fastest"}}}, "inference.router.policy", "sticky_least_loaded"),
+        (
+            {"inference": {"deployment": {"type": "disaggregated", "kv_connector": "example"}}},
+            "inference.deployment.disaggregated.kv_connector",
+            "ExampleConnector",
+        ),
+    ],
+)
 def test_router_policy_and_kv_connector_outside_their_choices_name_the_field_and_the_choices(patch, field, allowed):
     text = errors_of(cfg(patch))
     assert field in text and allowed in text
+
 
 def test_single_node_gpu_split_that_fits_is_valid():
     dep = {"gpus_per_node": 4, "num_infer_gpus": 2, "num_train_gpus": 2}
@@ -166,11 +195,7 @@ def test_single_node_gpu_split_that_fits_is_valid():
             "orchestrator.buffer.easy_threshold",
         ),
         (
-            {
-                "orchestrator": {
-                    "train": {"env": [{"taskset": {"id": "srl-reverse-text"}, "ratio": float("inf")}]}
-                }
-            },
+            {"orchestrator": {"train": {"env": [{"taskset": {"id": "srl-reverse-text"}, "ratio": float("inf")}]}}},
             "orchestrator.train.env[0].ratio",
         ),
         ({"monitors": {"stop": {"max_mismatch_kl": float("inf")}}}, "monitors.stop.max_mismatch_kl"),
@@ -248,9 +273,7 @@ def test_renderer_import_path_must_be_module_colon_class(path):
 
 def test_valid_references_pass():
     env = {"taskset": {"id": "srl-reverse-text"}, "address": "10.0.0.5:8123"}
-    data = cfg(
-        {"orchestrator": {"train": {"env": [env]}, "renderer": {"import_path": "my_pkg.render:MyRenderer"}}}
-    )
+    data = cfg({"orchestrator": {"train": {"env": [env]}, "renderer": {"import_path": "my_pkg.render:MyRenderer"}}})
     assert validate(data).config
 
 

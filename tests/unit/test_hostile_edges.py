@@ -17,13 +17,21 @@ RT = ROOT / "jobs" / "reverse-text"
 
 def _sweep_file(tmp_path: Path, sweep_lines: str) -> Path:
     f = tmp_path / "sweep.toml"
-    f.write_text(f'[sweep]\nname = "s"\nbase = ["{RT / "rl.toml"}"]\n{sweep_lines}\n'
-                 '[sweep.grid]\n"trainer.optim.lr" = [1e-4, 2e-4]\n')
+    f.write_text(
+        f'[sweep]\nname = "s"\nbase = ["{RT / "rl.toml"}"]\n{sweep_lines}\n'
+        '[sweep.grid]\n"trainer.optim.lr" = [1e-4, 2e-4]\n'
+    )
     return f
 
 
-@pytest.mark.parametrize("line", ["max_parallel = true", "seeds = [true, false]",
-                                  '[sweep.random]\nsamples = true\n"trainer.optim.max_norm" = { choice = [1.0] }'])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "max_parallel = true",
+        "seeds = [true, false]",
+        '[sweep.random]\nsamples = true\n"trainer.optim.max_norm" = { choice = [1.0] }',
+    ],
+)
 def test_sweep_refuses_booleans_for_counts_and_seeds(tmp_path, line):
     # TOML true is a Python int subclass: it ran as max_parallel 1 / seeds 1, 0 / one random sample without a word.
     with pytest.raises(ConfigError, match=r"sweep\.(max_parallel|seeds|random)"):
@@ -71,9 +79,11 @@ def test_export_refuses_a_target_inside_the_run_reached_through_a_link_or_dotdot
 
     run = _run_with_empty_checkpoint(tmp_path / "outputs" / "run", weights=True)
     (tmp_path / "link").symlink_to(run.root)
-    run_arg, out = {"symlinked run": (tmp_path / "link", run.root / "x"),
-                    "dotdot run": (run.root / ".." / "run", run.root / "x"),
-                    "symlinked target": (run.root, tmp_path / "link" / "x")}[how]
+    run_arg, out = {
+        "symlinked run": (tmp_path / "link", run.root / "x"),
+        "dotdot run": (run.root / ".." / "run", run.root / "x"),
+        "symlinked target": (run.root, tmp_path / "link" / "x"),
+    }[how]
     with pytest.raises(ExportError, match="is inside the run directory"):
         export_checkpoint(run_arg, out)
     assert not (run.root / "x").exists()
@@ -118,8 +128,9 @@ def test_status_of_damaged_run_files_says_so_instead_of_crashing(tmp_path):
     # Metrics lines with a non-number time or reward, and a launcher record that is not an object, raised
     # ValueError / AttributeError out of srl status.
     run = _bare_run(tmp_path / "odd")
-    run.metrics.write_text('{"role": "trainer", "step": 2, "time": "x"}\n'
-                           '{"role": "orchestrator", "step": 2, "reward/all/mean": "abc"}\n')
+    run.metrics.write_text(
+        '{"role": "trainer", "step": 2, "time": "x"}\n{"role": "orchestrator", "step": 2, "reward/all/mean": "abc"}\n'
+    )
     run.launcher.mkdir(parents=True, exist_ok=True)
     (run.launcher / "local.json").write_text("[1, 2]")
     lines = progress_lines(run)
@@ -130,8 +141,13 @@ def test_status_of_damaged_run_files_says_so_instead_of_crashing(tmp_path):
 def _env_sampling(base: dict, env: dict) -> dict:
     from config_cases import config
 
-    return config({"orchestrator": {"train": {"sampling": base,
-                                              "env": [{"taskset": {"id": "srl-reverse-text"}, "sampling": env}]}}})
+    return config(
+        {
+            "orchestrator": {
+                "train": {"sampling": base, "env": [{"taskset": {"id": "srl-reverse-text"}, "sampling": env}]}
+            }
+        }
+    )
 
 
 def test_per_env_sampling_is_checked_as_the_env_samples_it():
@@ -144,8 +160,9 @@ def test_per_env_sampling_is_checked_as_the_env_samples_it():
     text = errors_of(_env_sampling({"top_k": 50}, {"top_p": 0.9, "temperature": 0.7}))
     assert "orchestrator.train.env[0].sampling.temperature" in text and "env[0].sampling.top_p" in text, text
     validate(_env_sampling({"top_k": 50, "top_p": 0.9}, {"top_p": 0.9}))  # the same values: nothing differs
-    assert "orchestrator.train.env[0].sampling.top_k" in errors_of(_env_sampling({"top_k": 50, "top_p": 0.9},
-                                                                                 {"top_k": 0}))
+    assert "orchestrator.train.env[0].sampling.top_k" in errors_of(
+        _env_sampling({"top_k": 50, "top_p": 0.9}, {"top_k": 0})
+    )
     # An env that only changes max_completion_tokens samples as the train sampling: one error, at its field.
     text = errors_of(_env_sampling({"temperature": 0.0}, {"max_completion_tokens": 4}))
     assert "orchestrator.train.sampling.temperature" in text and "env[0].sampling.temperature" not in text
@@ -173,10 +190,17 @@ def test_sft_launch_view_refusal_is_a_config_error_not_a_traceback(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "abc", "completion": "cba"}\n' * 4)
     with pytest.raises(ConfigError, match=r"\[inference.deployment\] \(disaggregated\) implies 120000"):
-        load_sft_config([RT / "sft.toml"], [
-            f"--data.name={data}", "--site=local-slurm", "--deployment.type=multi_node",
-            "--inference.deployment.type=disaggregated", "--inference.deployment.prefill_nodes_per_replica=60000",
-            "--inference.deployment.decode_nodes_per_replica=60000"])
+        load_sft_config(
+            [RT / "sft.toml"],
+            [
+                f"--data.name={data}",
+                "--site=local-slurm",
+                "--deployment.type=multi_node",
+                "--inference.deployment.type=disaggregated",
+                "--inference.deployment.prefill_nodes_per_replica=60000",
+                "--inference.deployment.decode_nodes_per_replica=60000",
+            ],
+        )
 
 
 def test_env_without_taskset_shows_the_toml_to_write():
@@ -184,7 +208,7 @@ def test_env_without_taskset_shows_the_toml_to_write():
     from config_cases import config, errors_of
 
     text = errors_of(config({"orchestrator": {"eval": {"env": [{"name": "x"}]}}}))
-    assert 'orchestrator.eval.env[0].taskset' in text and 'taskset = { id = "..." }' in text, text
+    assert "orchestrator.eval.env[0].taskset" in text and 'taskset = { id = "..." }' in text, text
 
 
 def _dry_sweep_root(tmp_path: Path) -> Path:
@@ -248,8 +272,10 @@ def test_sweep_overlay_field_under_a_table_axis_is_refused(tmp_path):
     from toolkit.sweep import check_overrides
 
     f = tmp_path / "sweep.toml"
-    f.write_text(f'[sweep]\nname = "t"\nbase = ["{RT / "rl.toml"}"]\n[sweep.grid]\n'
-                 'deployment = [{ type = "single_node" }, { type = "single_node", cpu_train_ranks = 2 }]\n')
+    f.write_text(
+        f'[sweep]\nname = "t"\nbase = ["{RT / "rl.toml"}"]\n[sweep.grid]\n'
+        'deployment = [{ type = "single_node" }, { type = "single_node", cpu_train_ranks = 2 }]\n'
+    )
     sweep = load_sweep(f)
     sweep.overlays = [RT / "slurm.toml"]  # sets deployment.type, deployment.num_train_nodes, ...: all replaced
     with pytest.raises(ConfigError, match=r"deployment\.type \[.*slurm\.toml\]: is varied by the sweep"):

@@ -26,16 +26,38 @@ from toolkit.config import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 SITES = sorted((ROOT / "site-configs").glob("*.toml"))
 EVIL = [
-    "$(touch PWNED1)", "`touch PWNED2`", "; touch PWNED3", "a'b\"c", "../../../../tmp/escape", "/etc/passwd",
-    "ünïcødé-名前", "x\ny", "\x00", "-rf", "${IFS}", "1e999", "-1", "", " ", "{task_id}", "a" * 5000,
+    "$(touch PWNED1)",
+    "`touch PWNED2`",
+    "; touch PWNED3",
+    "a'b\"c",
+    "../../../../tmp/escape",
+    "/etc/passwd",
+    "ünïcødé-名前",
+    "x\ny",
+    "\x00",
+    "-rf",
+    "${IFS}",
+    "1e999",
+    "-1",
+    "",
+    " ",
+    "{task_id}",
+    "a" * 5000,
 ]
 weird = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True),
-    st.text(max_size=20), st.sampled_from(EVIL), st.lists(st.sampled_from(EVIL + [1, 2.5]), max_size=3),
-    st.dictionaries(st.sampled_from(["a", "uniform", "choice", "log_uniform", "samples"]),
-                    st.one_of(st.integers(-3, 3), st.lists(st.integers(-2, 5), max_size=3), st.text(max_size=3)),
-                    max_size=2),
-)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.sampled_from(EVIL),
+    st.lists(st.sampled_from(EVIL + [1, 2.5]), max_size=3),
+    st.dictionaries(
+        st.sampled_from(["a", "uniform", "choice", "log_uniform", "samples"]),
+        st.one_of(st.integers(-3, 3), st.lists(st.integers(-2, 5), max_size=3), st.text(max_size=3)),
+        max_size=2,
+    ),
+)
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -152,19 +174,35 @@ def test_rl_with_hostile_site_never_submits_after_error(tmp_path_factory, monkey
     monkeypatch.setenv("SRL_SITE_CONFIGS", str(box / "sites"))
     out = box / "out"
     rl_recorder.clear()
-    rc = main(["rl", "@", str(ROOT / "jobs/reverse-text/rl.toml"), "--site", "hostile", "--output-dir", str(out),
-               "--run.name", "h"])
+    rc = main(
+        [
+            "rl",
+            "@",
+            str(ROOT / "jobs/reverse-text/rl.toml"),
+            "--site",
+            "hostile",
+            "--output-dir",
+            str(out),
+            "--run.name",
+            "h",
+        ]
+    )
     written = _files_under(box) - _files_under(box / "sites") - {box / "sites"}
     _assert_refused_or_started_once(rc, capsys.readouterr().err, rl_recorder, written, out)
 
 
 # ---- sweep files -------------------------------------------------------------------------------------------
 SWEEP_BASE = {
-    "sweep": {"name": "hostile", "base": [str(ROOT / "jobs/reverse-text/rl.toml")], "seeds": [0],
-              "max_parallel": 2, "grid": {"trainer.optim.lr": [1e-4]},
-              "random": {"samples": 1, "seed": 1, "trainer.optim.weight_decay": {"uniform": [0.0, 0.1]}}},
+    "sweep": {
+        "name": "hostile",
+        "base": [str(ROOT / "jobs/reverse-text/rl.toml")],
+        "seeds": [0],
+        "max_parallel": 2,
+        "grid": {"trainer.optim.lr": [1e-4]},
+        "random": {"samples": 1, "seed": 1, "trainer.optim.weight_decay": {"uniform": [0.0, 0.1]}},
+    },
     "config": {"max_steps": 5, "output_dir": "outputs", "run": {"name": "x"}},
-}  # fmt: skip
+}
 
 
 @pytest.fixture
@@ -206,8 +244,13 @@ def test_sweep_random_and_size_errors_are_config_errors(tmp_path, recorder):
     from toolkit.sweep import load_sweep
 
     bad = [
-        {"uniform": "abc"}, {"uniform": [1]}, {"log_uniform": [-1, 2]}, {"log_uniform": [0, 1]}, {"choice": []},
-        {"choice": "ab"}, {"uniform": [1, "x"]},
+        {"uniform": "abc"},
+        {"uniform": [1]},
+        {"log_uniform": [-1, 2]},
+        {"log_uniform": [0, 1]},
+        {"choice": []},
+        {"choice": "ab"},
+        {"uniform": [1, "x"]},
     ]
     for spec in bad:
         doc = copy.deepcopy(SWEEP_BASE)

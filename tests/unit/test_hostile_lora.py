@@ -71,13 +71,9 @@ def test_target_modules_of_the_model_family_pass():
 def test_target_modules_checked_against_a_model_directory(tmp_path):
     model = tmp_path / "m"
     model.mkdir()
-    (model / "config.json").write_text(
-        json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
-    )
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
     assert validate(cfg(model={"name": str(model)})).config
-    text = errors_of(
-        cfg(model={"name": str(model)}, trainer={"model": {"lora": {"target_modules": ["c_attn"]}}})
-    )
+    text = errors_of(cfg(model={"name": str(model)}, trainer={"model": {"lora": {"target_modules": ["c_attn"]}}}))
     assert "trainer.model.lora.target_modules" in text and "c_attn" in text
 
 

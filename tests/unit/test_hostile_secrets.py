@@ -39,9 +39,26 @@ def test_rendered_slurm_run_holds_no_secret(tmp_path, canary_env, capsys):
     from toolkit.cli import main
 
     out = tmp_path / "out"
-    rc = main(["rl", "@", str(ROOT / "jobs/reverse-text/rl.toml"), "@", str(ROOT / "jobs/reverse-text/slurm.toml"),
-               "--site", "local-slurm", "--output-dir", str(out), "--run.name", "sec", "--dry-run",
-               "--slurm.secret-env-vars", '["HF_TOKEN", "OPENAI_API_KEY"]', "--monitors.wandb.project", "p"])
+    rc = main(
+        [
+            "rl",
+            "@",
+            str(ROOT / "jobs/reverse-text/rl.toml"),
+            "@",
+            str(ROOT / "jobs/reverse-text/slurm.toml"),
+            "--site",
+            "local-slurm",
+            "--output-dir",
+            str(out),
+            "--run.name",
+            "sec",
+            "--dry-run",
+            "--slurm.secret-env-vars",
+            '["HF_TOKEN", "OPENAI_API_KEY"]',
+            "--monitors.wandb.project",
+            "p",
+        ]
+    )
     text = "".join(capsys.readouterr())
     assert rc == 0, text
     script = out / "sec" / "launcher" / "rl.sbatch"
@@ -55,9 +72,12 @@ def test_rendered_sweep_holds_no_secret(tmp_path, canary_env, capsys):
     from toolkit.cli import main
 
     sweep = tmp_path / "s.toml"
-    sweep.write_text(f'[sweep]\nname = "sec"\nbase = ["{ROOT}/jobs/reverse-text/rl.toml"]\nseeds = [0, 1]\n'
-                     '[config]\nslurm = {{ secret_env_vars = ["HF_TOKEN", "OPENAI_API_KEY"] }}\n'.replace("{{", "{")
-                     .replace("}}", "}"))  # fmt: skip
+    sweep.write_text(
+        f'[sweep]\nname = "sec"\nbase = ["{ROOT}/jobs/reverse-text/rl.toml"]\nseeds = [0, 1]\n'
+        '[config]\nslurm = {{ secret_env_vars = ["HF_TOKEN", "OPENAI_API_KEY"] }}\n'.replace("{{", "{").replace(
+            "}}", "}"
+        )
+    )
     out = tmp_path / "out"
     rc = main(["sweep", "@", str(sweep), "--output-dir", str(out), "--site", "local-slurm", "--dry-run"])
     text = "".join(capsys.readouterr())
@@ -71,8 +91,18 @@ def test_secret_value_in_config_is_refused_before_writing(tmp_path, canary_env, 
     from toolkit.cli import main
 
     out = tmp_path / "out"
-    rc = main(["rl", "@", str(ROOT / "jobs/reverse-text/rl.toml"), "--output-dir", str(out), "--dry-run",
-               f"--{table}.OPENAI_API_KEY", CANARIES["OPENAI_API_KEY"]])
+    rc = main(
+        [
+            "rl",
+            "@",
+            str(ROOT / "jobs/reverse-text/rl.toml"),
+            "--output-dir",
+            str(out),
+            "--dry-run",
+            f"--{table}.OPENAI_API_KEY",
+            CANARIES["OPENAI_API_KEY"],
+        ]
+    )
     err = capsys.readouterr().err
     assert rc != 0 and "secret_env_vars" in err
     assert CANARIES["OPENAI_API_KEY"] not in err  # the refusal does not echo the value
@@ -92,11 +122,37 @@ def test_admin_token_is_made_at_job_start_and_never_written_by_srl(tmp_path, can
 
     monkeypatch.setenv("SRL_ADMIN_TOKEN", ADMIN_CANARY)  # a submitting shell's token must not leak into files
     out = tmp_path / "out"
-    rc = main(["rl", "@", str(ROOT / "jobs/reverse-text/rl.toml"), "@", str(ROOT / "jobs/reverse-text/slurm.toml"),
-               "--site", "local-slurm", "--output-dir", str(out), "--run.name", "rl", "--dry-run"])  # fmt: skip
+    rc = main(
+        [
+            "rl",
+            "@",
+            str(ROOT / "jobs/reverse-text/rl.toml"),
+            "@",
+            str(ROOT / "jobs/reverse-text/slurm.toml"),
+            "--site",
+            "local-slurm",
+            "--output-dir",
+            str(out),
+            "--run.name",
+            "rl",
+            "--dry-run",
+        ]
+    )
     assert rc == 0
-    rc = main(["inference", "@", str(ROOT / "jobs/serve/tiny.toml"), "--site", "local-slurm", "--output-dir",
-               str(out), "--run.name", "srv", "--dry-run"])  # fmt: skip
+    rc = main(
+        [
+            "inference",
+            "@",
+            str(ROOT / "jobs/serve/tiny.toml"),
+            "--site",
+            "local-slurm",
+            "--output-dir",
+            str(out),
+            "--run.name",
+            "srv",
+            "--dry-run",
+        ]
+    )
     text = "".join(capsys.readouterr())
     assert rc == 0, text
     files = [f for f in out.rglob("*") if f.is_file()]

@@ -18,20 +18,15 @@ from toolkit.run.types import SamplingParams
 
 
 def test_payload_asks_for_token_ids_and_sampled_logprobs():
-    body = completion_payload("m", [1, 2, 3], SamplingParams(temperature=0.7, top_k=None, max_tokens=9,
-                                                              stop_token_ids=[2], seed=5))  # fmt: skip
-    assert body["prompt"] == [1, 2, 3] and body["logprobs"] == 0 and body["return_token_ids"] is True
-    assert (
-        body["top_k"] == 0 and body["max_tokens"] == 9 and body["stop_token_ids"] == [2] and body["seed"] == 5
+    body = completion_payload(
+        "m", [1, 2, 3], SamplingParams(temperature=0.7, top_k=None, max_tokens=9, stop_token_ids=[2], seed=5)
     )
+    assert body["prompt"] == [1, 2, 3] and body["logprobs"] == 0 and body["return_token_ids"] is True
+    assert body["top_k"] == 0 and body["max_tokens"] == 9 and body["stop_token_ids"] == [2] and body["seed"] == 5
 
 
 def test_parse_completion_and_malformed_responses():
-    data = {
-        "choices": [
-            {"token_ids": [4, 5], "logprobs": {"token_logprobs": [-1.0, -2.5]}, "finish_reason": "stop"}
-        ]
-    }
+    data = {"choices": [{"token_ids": [4, 5], "logprobs": {"token_logprobs": [-1.0, -2.5]}, "finish_reason": "stop"}]}
     gen = parse_completion(data, policy_version=3)
     assert gen.token_ids == [4, 5] and gen.logprobs == [-1.0, -2.5] and gen.finish_reason == "stop"
     assert gen.policy_version == 3
@@ -47,9 +42,7 @@ def test_dead_endpoint_raises_provider_error_after_bounded_retries():
     port = free_port()  # nothing listens there
 
     async def go():
-        async with PolicyClient(
-            f"http://127.0.0.1:{port}", "m", timeout_s=2, max_retries=2, backoff_s=0.05
-        ) as c:
+        async with PolicyClient(f"http://127.0.0.1:{port}", "m", timeout_s=2, max_retries=2, backoff_s=0.05) as c:
             await c.generate([1], SamplingParams(max_tokens=1), session_id="s")
 
     t0 = time.monotonic()
@@ -87,8 +80,10 @@ def test_the_reload_call_is_bounded_by_the_size_of_the_weights(tmp_path):
     updater = Recording(["http://a", "http://b"], timeout_s=300.0, s_per_gib=120.0)
     assert updater.reload_timeout_s(tmp_path) == pytest.approx(300.0 + 3 * 120.0, abs=1e-3)
     asyncio.run(updater._reload_all(None, tmp_path))
-    assert sorted(calls) == [("http://a", "/collective_rpc", pytest.approx(660.0, abs=1e-3)),
-                                       ("http://b", "/collective_rpc", pytest.approx(660.0, abs=1e-3))]  # fmt: skip
+    assert sorted(calls) == [
+        ("http://a", "/collective_rpc", pytest.approx(660.0, abs=1e-3)),
+        ("http://b", "/collective_rpc", pytest.approx(660.0, abs=1e-3)),
+    ]
     assert WeightUpdater(["http://a"]).reload_timeout_s(tmp_path) == 300.0  # no per-GiB allowance unless given
 
 

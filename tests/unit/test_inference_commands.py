@@ -51,14 +51,24 @@ def test_vllm_arg_list_rendering():
         }
     )
     assert got == [
-        "--max-model-len", "2048", "--enable-prefix-caching", "--compilation-config", '{"a":2,"b":1}',
-        "--middleware", "m1", "--middleware", "m2",
-    ]  # fmt: skip
+        "--max-model-len",
+        "2048",
+        "--enable-prefix-caching",
+        "--compilation-config",
+        '{"a":2,"b":1}',
+        "--middleware",
+        "m1",
+        "--middleware",
+        "m2",
+    ]
 
 
 def test_engine_command_plan_values_and_user_override_of_defaults():
-    argv = engine_command(**BASE, vllm_args={"enforce_eager": False, "max_num_seqs": 8},
-                          defaults={"enforce_eager": True, "max_logprobs": 20})  # fmt: skip
+    argv = engine_command(
+        **BASE,
+        vllm_args={"enforce_eager": False, "max_num_seqs": 8},
+        defaults={"enforce_eager": True, "max_logprobs": 20},
+    )
     assert argv[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" not in argv  # the user switched the default off
     assert _flag(argv, "--max-num-seqs") == "8" and _flag(argv, "--max-logprobs") == "20"
@@ -67,36 +77,63 @@ def test_engine_command_plan_values_and_user_override_of_defaults():
     assert _flag(argv, "--tensor-parallel-size") == "1" and "--kv-transfer-config" not in argv
 
 
-@pytest.mark.parametrize("key", ["port", "tensor-parallel-size", "tp", "model", "served_model_name",
-                                 "kv_transfer_config", "--host"])  # fmt: skip
+@pytest.mark.parametrize(
+    "key", ["port", "tensor-parallel-size", "tp", "model", "served_model_name", "kv_transfer_config", "--host"]
+)
 def test_engine_command_refuses_plan_owned_keys(key):
     with pytest.raises(CommandError, match=key.lstrip("-")):
         engine_command(**BASE, vllm_args={key: "x"})
 
 
 def test_kv_transfer_config_roles_and_connectors():
-    argv = engine_command(**{**BASE, "kv_role": "kv_consumer", "kv_connector": "ExampleConnector",
-                             "kv_extra": {"shared_storage_path": "/s"}}, vllm_args={})  # fmt: skip
+    argv = engine_command(
+        **{
+            **BASE,
+            "kv_role": "kv_consumer",
+            "kv_connector": "ExampleConnector",
+            "kv_extra": {"shared_storage_path": "/s"},
+        },
+        vllm_args={},
+    )
     cfg = json.loads(_flag(argv, "--kv-transfer-config"))
-    assert cfg == {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer",
-                   "kv_connector_extra_config": {"shared_storage_path": "/s"}}  # fmt: skip
+    assert cfg == {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_consumer",
+        "kv_connector_extra_config": {"shared_storage_path": "/s"},
+    }
     with pytest.raises(CommandError, match="shared_storage_path"):
         engine_command(**{**BASE, "kv_role": "kv_producer", "kv_connector": "ExampleConnector"}, vllm_args={})
     with pytest.raises(CommandError, match="kv_role"):
         engine_command(**{**BASE, "kv_role": "producer", "kv_connector": "NixlConnector"}, vllm_args={})
-    argv = engine_command(**{**BASE, "kv_role": "kv_producer", "kv_connector": "NixlConnector",
-                             "kv_extra": {"kv_buffer_device": "cpu"}}, vllm_args={})  # fmt: skip
+    argv = engine_command(
+        **{**BASE, "kv_role": "kv_producer", "kv_connector": "NixlConnector", "kv_extra": {"kv_buffer_device": "cpu"}},
+        vllm_args={},
+    )
     assert json.loads(_flag(argv, "--kv-transfer-config")) == {
-        "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu"}  # fmt: skip
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer",
+        "kv_buffer_device": "cpu",
+    }
 
 
 def test_engine_env_cpu_and_nixl():
-    env = engine_env(role="engine", omp_bind="1", side_channel_host=None, side_channel_port=None, cpu=True,
-                     user_env={"FOO": "1"})  # fmt: skip
-    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "1",
-                   "FOO": "1"}  # fmt: skip
-    env = engine_env(role="prefill", omp_bind=None, side_channel_host="10.1.2.3", side_channel_port=5601,
-                     cpu=False, user_env={"UCX_TLS": "rc,cuda_copy"})  # fmt: skip
+    env = engine_env(
+        role="engine", omp_bind="1", side_channel_host=None, side_channel_port=None, cpu=True, user_env={"FOO": "1"}
+    )
+    assert env == {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "1",
+        "FOO": "1",
+    }
+    env = engine_env(
+        role="prefill",
+        omp_bind=None,
+        side_channel_host="10.1.2.3",
+        side_channel_port=5601,
+        cpu=False,
+        user_env={"UCX_TLS": "rc,cuda_copy"},
+    )
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.1.2.3" and env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
     assert "VLLM_CPU_KVCACHE_SPACE" not in env and env["UCX_TLS"] == "rc,cuda_copy"
 
@@ -104,33 +141,58 @@ def test_engine_env_cpu_and_nixl():
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "0.0.0.0", "::1"])
 def test_engine_env_refuses_unroutable_side_channel_host(host):  # field case B08
     with pytest.raises(CommandError, match="not routable from other nodes"):
-        engine_env(role="decode", omp_bind=None, side_channel_host=host, side_channel_port=5600, cpu=False,
-                   user_env={})  # fmt: skip
+        engine_env(role="decode", omp_bind=None, side_channel_host=host, side_channel_port=5600, cpu=False, user_env={})
 
 
 def test_engine_env_refuses_plan_owned_user_env():
     with pytest.raises(CommandError, match="VLLM_NIXL_SIDE_CHANNEL_HOST"):
-        engine_env(role="decode", omp_bind=None, side_channel_host="10.0.0.2", side_channel_port=5600, cpu=False,
-                   user_env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "localhost"})  # fmt: skip
+        engine_env(
+            role="decode",
+            omp_bind=None,
+            side_channel_host="10.0.0.2",
+            side_channel_port=5600,
+            cpu=False,
+            user_env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "localhost"},
+        )
 
 
 def test_router_command_aggregated_and_pd():
-    argv = router_command(host="0.0.0.0", port=9000, engine_urls=["http://a:1", "http://b:2"],
-                          policy="sticky_least_loaded", request_timeout_s=300, health_check_interval_s=5)  # fmt: skip
+    argv = router_command(
+        host="0.0.0.0",
+        port=9000,
+        engine_urls=["http://a:1", "http://b:2"],
+        policy="sticky_least_loaded",
+        request_timeout_s=300,
+        health_check_interval_s=5,
+    )
     assert argv[0] == "vllm-router" and _flag(argv, "--policy") == "sticky_least_loaded"
     assert argv[argv.index("--worker-urls") + 1 : argv.index("--worker-urls") + 3] == [
         "http://a:1",
         "http://b:2",
     ]
     assert _flag(argv, "--request-timeout-secs") == "300"
-    argv = router_command(host="h", port=1, engine_urls=[], policy="round_robin", request_timeout_s=60,
-                          prefill_urls=["http://p:1", "http://p:2"], decode_urls=["http://d:1"])  # fmt: skip
+    argv = router_command(
+        host="h",
+        port=1,
+        engine_urls=[],
+        policy="round_robin",
+        request_timeout_s=60,
+        prefill_urls=["http://p:1", "http://p:2"],
+        decode_urls=["http://d:1"],
+    )
     assert "--vllm-pd-disaggregation" in argv and "--worker-urls" not in argv
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--prefill"] == ["http://p:1", "http://p:2"]
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"] == ["http://d:1"]
     with pytest.raises(CommandError):
-        router_command(host="h", port=1, engine_urls=[], policy="random", request_timeout_s=1,
-                       prefill_urls=["http://p:1"], decode_urls=[])  # fmt: skip
+        router_command(
+            host="h",
+            port=1,
+            engine_urls=[],
+            policy="random",
+            request_timeout_s=1,
+            prefill_urls=["http://p:1"],
+            decode_urls=[],
+        )
 
 
 def test_router_command_parses_with_the_real_router_cli():
@@ -140,8 +202,15 @@ def test_router_command_parses_with_the_real_router_cli():
         "import sys; from vllm_router.launch_router import parse_router_args; "
         "a = parse_router_args(sys.argv[1:]); print(a.policy, a.request_timeout_secs, a.vllm_pd_disaggregation)"
     )
-    argv = router_command(host="127.0.0.1", port=9000, engine_urls=[], policy="sticky_least_loaded",
-                          request_timeout_s=120, prefill_urls=["http://p:1"], decode_urls=["http://d:1"])  # fmt: skip
+    argv = router_command(
+        host="127.0.0.1",
+        port=9000,
+        engine_urls=[],
+        policy="sticky_least_loaded",
+        request_timeout_s=120,
+        prefill_urls=["http://p:1"],
+        decode_urls=["http://d:1"],
+    )
     out = subprocess.run(
         [sys.executable, "-c", code, *argv[1:]], capture_output=True, text=True, timeout=30, check=False
     )

@@ -22,12 +22,39 @@ from toolkit.inference.weights import WeightUpdateError, WeightUpdater
 from toolkit.run.layout import RunDir
 
 TOKEN = "tok-" + "x" * 40
-ADMIN = ["/collective_rpc", "/pause", "/resume", "/reset_prefix_cache", "/update_weight_version", "/sleep",
-         "/wake_up", "/server_info", "/weight_info", "/update_weights", "/v1/load_lora_adapter",
-         "/v1/unload_lora_adapter", "/start_profile", "/inference/v1/generate", "/docs", "/openapi.json",
-         "/v1/completions/", "/v1/../pause", "//pause", "/metricsx", "/"]  # fmt: skip
-OPENAI = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/metrics/",
-          "/tokenize", "/version"]  # fmt: skip
+ADMIN = [
+    "/collective_rpc",
+    "/pause",
+    "/resume",
+    "/reset_prefix_cache",
+    "/update_weight_version",
+    "/sleep",
+    "/wake_up",
+    "/server_info",
+    "/weight_info",
+    "/update_weights",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+    "/start_profile",
+    "/inference/v1/generate",
+    "/docs",
+    "/openapi.json",
+    "/v1/completions/",
+    "/v1/../pause",
+    "//pause",
+    "/metricsx",
+    "/",
+]
+OPENAI = [
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/metrics/",
+    "/tokenize",
+    "/version",
+]
 
 
 def _app(seen: list[tuple[str, str, dict]]) -> Starlette:
@@ -55,8 +82,13 @@ def test_open_routes_pass_without_token_and_admin_routes_need_it():
     assert [p for _, p, _ in seen] == OPENAI
     seen.clear()
     for path in ADMIN:
-        for headers in ({}, {at.ADMIN_TOKEN_HEADER: "wrong"}, {at.ADMIN_TOKEN_HEADER: TOKEN[:-1]},
-                        {at.ADMIN_TOKEN_HEADER: TOKEN + "x"}, {"Authorization": f"Bearer {TOKEN}"}):  # fmt: skip
+        for headers in (
+            {},
+            {at.ADMIN_TOKEN_HEADER: "wrong"},
+            {at.ADMIN_TOKEN_HEADER: TOKEN[:-1]},
+            {at.ADMIN_TOKEN_HEADER: TOKEN + "x"},
+            {"Authorization": f"Bearer {TOKEN}"},
+        ):
             r = c.post(path, json={"method": "reload_weights"}, headers=headers)
             assert r.status_code == 401, (path, headers, r.status_code)
             assert TOKEN not in r.text and r.json()["error"]["type"] == "srl_admin_guard"
@@ -65,8 +97,9 @@ def test_open_routes_pass_without_token_and_admin_routes_need_it():
     for path in ["/collective_rpc", "/pause", "/v1/load_lora_adapter"]:
         r = c.post(path, json={"k": 1}, headers={at.ADMIN_TOKEN_HEADER: TOKEN})
         assert r.status_code == 200 and r.json()["path"] == path
-    assert [(p, b) for _, p, b in seen] == [(p, {"k": 1}) for p in ["/collective_rpc", "/pause",
-                                                                    "/v1/load_lora_adapter"]]  # fmt: skip
+    assert [(p, b) for _, p, b in seen] == [
+        (p, {"k": 1}) for p in ["/collective_rpc", "/pause", "/v1/load_lora_adapter"]
+    ]
     assert c.get("/weight_info", headers={at.ADMIN_TOKEN_HEADER.lower(): TOKEN}).status_code == 200
 
 
@@ -126,8 +159,18 @@ def test_open_list_is_exact_and_small():
 
 
 def test_engine_command_loads_the_guard_and_the_import_path_is_a_class(tmp_path):
-    argv = engine_command(model_path=tmp_path, host="127.0.0.1", port=8000, vllm_args={"middleware": "x.Y"}, tp=1,
-                          dp=1, served_model_name="m", kv_role=None, kv_connector=None, kv_extra=None)  # fmt: skip
+    argv = engine_command(
+        model_path=tmp_path,
+        host="127.0.0.1",
+        port=8000,
+        vllm_args={"middleware": "x.Y"},
+        tp=1,
+        dp=1,
+        served_model_name="m",
+        kv_role=None,
+        kv_connector=None,
+        kv_extra=None,
+    )
     assert argv[argv.index(GUARD_MIDDLEWARE) - 1] == "--middleware"
     assert argv.count("--middleware") == 2  # the user's own middleware is kept
     assert not any(at.ADMIN_TOKEN_ENV in a for a in argv)
@@ -174,8 +217,11 @@ def test_weight_updater_sends_the_token_and_fails_clearly_without_it(tmp_path, m
         assert asyncio.run(updater.served_versions()) == {url: None}  # /weight_info reached (no such field)
         n = len(srv.seen)
         seen = [p for _, p, _ in srv.seen if p != "/server_info"]  # KV store lookup: concurrent with the pause
-        assert seen == ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume",
-                        "/weight_info"] and len(srv.seen) == len(seen) + 1  # fmt: skip
+        assert (
+            seen
+            == ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume", "/weight_info"]
+            and len(srv.seen) == len(seen) + 1
+        )
         rpc = next(b for _, p, b in srv.seen if p == "/collective_rpc")
         assert rpc == {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path.absolute())}}
         for bad in ("wrong", None):  # None: no SRL_ADMIN_TOKEN in this process's environment

@@ -36,12 +36,15 @@ def fill_store(store: Path, prompts: int) -> list[str]:
 
 
 def test_kv_store_from_config_only_for_file_store_connectors(tmp_path):
-    cfg = {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer",
-                                  "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}}  # fmt: skip
+    cfg = {
+        "kv_transfer_config": {
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_consumer",
+            "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+        }
+    }
     assert kv_store_from_config(cfg) == tmp_path
-    assert kv_store_from_config({"kv_transfer_config": {"kv_connector": "SharedStorageConnector"}}) == Path(
-        "/tmp"
-    )
+    assert kv_store_from_config({"kv_transfer_config": {"kv_connector": "SharedStorageConnector"}}) == Path("/tmp")
     assert kv_store_from_config({"kv_transfer_config": {"kv_connector": "NixlConnector"}}) is None
     assert kv_store_from_config({"kv_transfer_config": None}) is None
     assert kv_store_from_config({}) is None
@@ -53,9 +56,7 @@ def test_retire_makes_every_prompt_unreachable_and_purge_deletes_it(tmp_path):
     names = fill_store(store, 5)
     n, retired = retire_kv_store(store)
     assert n == 5 and retired is not None and retired.parent == store
-    assert [p.name for p in store.iterdir()] == [
-        retired.name
-    ]  # no prompt folder left where the connector looks
+    assert [p.name for p in store.iterdir()] == [retired.name]  # no prompt folder left where the connector looks
     assert sorted(p.name for p in retired.iterdir()) == names  # moved, not copied
     assert retire_kv_store(store) == (0, None)  # retired folders are not retired again
     (store / f"{RETIRED_PREFIX}left-by-a-crash").mkdir()

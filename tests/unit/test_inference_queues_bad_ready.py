@@ -11,8 +11,10 @@ from toolkit.commands.inference import main
 from toolkit.run.layout import RunDir
 
 
-@pytest.mark.parametrize("content", [b"{", b"\xa3\xff\x00", b'{"url": 5}', b"[]", b'{"engine_urls": [5]}',
-                                     b'{"engine_urls": [], "roles": [1]}'])  # fmt: skip
+@pytest.mark.parametrize(
+    "content",
+    [b"{", b"\xa3\xff\x00", b'{"url": 5}', b"[]", b'{"engine_urls": [5]}', b'{"engine_urls": [], "roles": [1]}'],
+)
 def test_bad_readiness_file_is_named(tmp_path: Path, content: bytes, capsys) -> None:
     run = RunDir(tmp_path)
     run.inference_ready.parent.mkdir(parents=True)

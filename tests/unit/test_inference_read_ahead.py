@@ -19,8 +19,9 @@ needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason
 
 
 def _python(code: str, timeout: float = 30) -> str:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                         check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=timeout, check=False
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

@@ -26,21 +26,42 @@ def test_engine_defaults_load_the_extension():
     assert commands.ENGINE_DEFAULTS["worker_extension_cls"] == EXTENSION_CLS == commands.WORKER_EXTENSION_CLS
     module, _, cls = EXTENSION_CLS.rpartition(".")  # the path vLLM imports names the class itself
     assert getattr(__import__(module, fromlist=[cls]), cls) is SrlWorkerExtension
-    argv = commands.engine_command(model_path="/m", host="127.0.0.1", port=8000, vllm_args={}, tp=1, dp=1,
-                                   served_model_name="m", kv_role=None, kv_connector=None, kv_extra=None,
-                                   defaults=commands.ENGINE_DEFAULTS)  # fmt: skip
+    argv = commands.engine_command(
+        model_path="/m",
+        host="127.0.0.1",
+        port=8000,
+        vllm_args={},
+        tp=1,
+        dp=1,
+        served_model_name="m",
+        kv_role=None,
+        kv_connector=None,
+        kv_extra=None,
+        defaults=commands.ENGINE_DEFAULTS,
+    )
     assert argv[argv.index("--worker-extension-cls") + 1] == EXTENSION_CLS
     # a user value replaces it (None: no extension, the updater then uses plain reload_weights)
-    argv = commands.engine_command(model_path="/m", host="127.0.0.1", port=8000,
-                                   vllm_args={"worker_extension_cls": None}, tp=1, dp=1, served_model_name="m",
-                                   kv_role=None, kv_connector=None, kv_extra=None,
-                                   defaults=commands.ENGINE_DEFAULTS)  # fmt: skip
+    argv = commands.engine_command(
+        model_path="/m",
+        host="127.0.0.1",
+        port=8000,
+        vllm_args={"worker_extension_cls": None},
+        tp=1,
+        dp=1,
+        served_model_name="m",
+        kv_role=None,
+        kv_connector=None,
+        kv_extra=None,
+        defaults=commands.ENGINE_DEFAULTS,
+    )
     assert "--worker-extension-cls" not in argv
 
 
 def test_login_node_import_pulls_neither_torch_nor_vllm():
-    code = ("import sys, toolkit.inference.worker_ext, toolkit.inference.weights; "
-            "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))")  # fmt: skip
+    code = (
+        "import sys, toolkit.inference.worker_ext, toolkit.inference.weights; "
+        "print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -49,7 +70,9 @@ def test_weight_files_natural_order_and_missing(tmp_path):
     for name in ("model-00010-of-00010.safetensors", "model-00002-of-00010.safetensors", "config.json"):
         (tmp_path / name).write_bytes(b"x")
     assert [f.name for f in weight_files(tmp_path)] == [
-        "model-00002-of-00010.safetensors", "model-00010-of-00010.safetensors"]  # fmt: skip
+        "model-00002-of-00010.safetensors",
+        "model-00010-of-00010.safetensors",
+    ]
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
         weight_files(tmp_path / "nothing")
 
@@ -57,8 +80,10 @@ def test_weight_files_natural_order_and_missing(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
 def test_keep_freed_memory_in_a_child_process():
     # a child: mallopt changes the whole process's allocator for good
-    code = ("from toolkit.inference.worker_ext import keep_freed_memory as k; a = k(); b = k(); "
-            "print(a, b); bytearray(64 << 20)")  # fmt: skip
+    code = (
+        "from toolkit.inference.worker_ext import keep_freed_memory as k; a = k(); b = k(); "
+        "print(a, b); bytearray(64 << 20)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True"]
 

@@ -15,13 +15,16 @@ from toolkit.preflight.site import load_site
 from toolkit.run.layout import RunDir
 
 TIMEOUT = "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n"
-UNREACHABLE = ("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d "
-               "store has failed. See inner exception for details.\n")  # fmt: skip
+UNREACHABLE = (
+    "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d "
+    "store has failed. See inner exception for details.\n"
+)
 
 
 def _trainer(tmp_path: Path, train_nodes: int = 3):
-    over = merge(LAYOUTS["train2-infer1"], {"deployment": {"num_train_nodes": train_nodes,
-                                                           "trainer_rendezvous_timeout_s": 120}})  # fmt: skip
+    over = merge(
+        LAYOUTS["train2-infer1"], {"deployment": {"num_train_nodes": train_nodes, "trainer_rendezvous_timeout_s": 120}}
+    )
     cfg = make_cfg(over, site="prime-intellect")
     plan = build_plan(cfg, load_site("prime-intellect"), RunDir(tmp_path / "run"), job_id="77")
     plan.hosts = [f"gpu-{i:02d}" for i in range(plan.num_nodes)]
@@ -42,20 +45,26 @@ def test_a_node_that_never_started_torchrun_is_named_from_this_start_of_the_step
     logs[0].open("a").write(torchrun_starting_line(0, 3, "gpu-01") + "\n" + TIMEOUT)
     logs[1].open("a").write(torchrun_starting_line(1, 3, "gpu-02") + "\n")  # killed by srun while it waited
     msg = rendezvous_failure(plan, spec, marks.texts(), marks.paths)
-    assert msg == ("the torchrun rendezvous of the 3 trainer nodes did not complete within 120 s "
-                   "(deployment.trainer_rendezvous_timeout_s): gpu-03 (trainer node 2 of 3; log "
-                   f"{logs[2]}) did not join (its torchrun never started)")  # fmt: skip
+    assert msg == (
+        "the torchrun rendezvous of the 3 trainer nodes did not complete within 120 s "
+        "(deployment.trainer_rendezvous_timeout_s): gpu-03 (trainer node 2 of 3; log "
+        f"{logs[2]}) did not join (its torchrun never started)"
+    )
 
 
 def test_nodes_that_could_not_reach_the_first_trainer_node_are_named_with_its_address(tmp_path):
     plan, spec = _trainer(tmp_path)
-    texts = [torchrun_starting_line(0, 3, "gpu-01") + "\n" + TIMEOUT,
-             torchrun_starting_line(1, 3, "gpu-02") + "\n" + UNREACHABLE,
-             torchrun_starting_line(2, 3, "gpu-03") + "\n"]  # fmt: skip
+    texts = [
+        torchrun_starting_line(0, 3, "gpu-01") + "\n" + TIMEOUT,
+        torchrun_starting_line(1, 3, "gpu-02") + "\n" + UNREACHABLE,
+        torchrun_starting_line(2, 3, "gpu-03") + "\n",
+    ]
     msg = rendezvous_failure(plan, spec, texts, node_logs(tmp_path, spec))
-    assert msg is not None and msg.endswith(f"gpu-02 (trainer node 1 of 3; log {tmp_path / 'trainer-1.log'}) did "
-                                            f"not join (could not reach the rendezvous at 10.0.0.1:"
-                                            f"{spec.ports['rdzv']})")  # fmt: skip
+    assert msg is not None and msg.endswith(
+        f"gpu-02 (trainer node 1 of 3; log {tmp_path / 'trainer-1.log'}) did "
+        f"not join (could not reach the rendezvous at 10.0.0.1:"
+        f"{spec.ports['rdzv']})"
+    )
     # When a node never started torchrun, the others' failure to reach it is the consequence, not the news.
     texts[0] = None
     msg = rendezvous_failure(plan, spec, texts, node_logs(tmp_path, spec))

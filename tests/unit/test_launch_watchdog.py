@@ -131,8 +131,10 @@ def test_an_orchestrator_waiting_for_a_restarting_engine_is_not_blamed_while_an_
     t, o = _roles(run, clock)
     w = ProgressWatch(Bounds(10.0))
     t.phase("waiting for batch 3", step=3, waiting_for="orchestrator")
-    o.phase("waiting for inference (an engine is down or restarting) during: collecting the groups of step 3",
-            waiting_for="inference")  # fmt: skip
+    o.phase(
+        "waiting for inference (an engine is down or restarting) during: collecting the groups of step 3",
+        waiting_for="inference",
+    )
     serving = LIVE | {"inference"}
     w.observe(heartbeat.read_all(run), serving, 0.0)
     for now in range(5, 100, 5):  # an engine restart longer than the bound: its own watch bounds it
@@ -256,8 +258,10 @@ def test_health_watch_names_an_engine_silent_past_the_bound():
 def test_proc_state_sees_a_stopped_process_and_stack_dumps_reach_a_live_one(tmp_path):
     log = tmp_path / "child.log"
     # 'ready' is printed inside waiting_here, so a dump asked for after it always shows that frame.
-    code = ("import sys, time; from toolkit.run.heartbeat import enable_stack_dumps; enable_stack_dumps()\n"
-            "def waiting_here():\n    print('ready', flush=True)\n    time.sleep(600)\nwaiting_here()")
+    code = (
+        "import sys, time; from toolkit.run.heartbeat import enable_stack_dumps; enable_stack_dumps()\n"
+        "def waiting_here():\n    print('ready', flush=True)\n    time.sleep(600)\nwaiting_here()"
+    )
     with open(log, "w") as f:
         p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=f, text=True)
     try:
@@ -289,8 +293,9 @@ def test_remote_probe_script_reports_and_signals_like_the_local_one(tmp_path):
         deadline = time.monotonic() + 120
         while watchdog.proc_state(p.pid) != "T" and time.monotonic() < deadline:
             time.sleep(0.05)
-        out = subprocess.run(["sh", "-c", watchdog.remote_probe_script([p.pid, 999_999_99])], capture_output=True,
-                             text=True, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            ["sh", "-c", watchdog.remote_probe_script([p.pid, 999_999_99])], capture_output=True, text=True, check=True
+        ).stdout
         assert watchdog.parse_probe(out) == {p.pid: "T", 999_999_99: None}
     finally:
         p.kill()

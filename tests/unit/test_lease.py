@@ -49,8 +49,15 @@ RACER = textwrap.dedent("""
 
 def _spawn(run: Path, host: str = "", ready: Path | None = None, go: Path | None = None) -> subprocess.Popen:
     argv = [sys.executable, "-c", RACER, str(run), host, str(ready or ""), str(go or "")]
-    return subprocess.Popen(argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def _report(p: subprocess.Popen, deadline: float) -> list[str]:
@@ -62,8 +69,17 @@ def _report(p: subprocess.Popen, deadline: float) -> list[str]:
 
 def _stale(run: RunDir, **over) -> lease.Holder:
     now = time.time()
-    h = lease.Holder(token="old", host="node-z", pid=4242, pid_start=None, job_id=None, command="srl rl",
-                     acquired=now - 600, renewed=now - 300, expires=now - 255)  # fmt: skip
+    h = lease.Holder(
+        token="old",
+        host="node-z",
+        pid=4242,
+        pid_start=None,
+        job_id=None,
+        command="srl rl",
+        acquired=now - 600,
+        renewed=now - 300,
+        expires=now - 255,
+    )
     h = lease.Holder(**{**asdict(h), **over})
     run.launcher.mkdir(parents=True, exist_ok=True)
     run.lease_file.write_text(json.dumps(asdict(h)))
@@ -180,8 +196,15 @@ def test_renewal_notices_a_takeover_and_a_role_watch_exits(tmp_path, monkeypatch
     lease.watch(run, mine.token, gone.append)
     time.sleep(0.5)
     assert not lost and not gone  # renewed, ours
-    _stale(run, token="theirs", host=os.uname().nodename, pid=os.getppid(), pid_start=None,
-           expires=time.time() + 60, command="srl rl --resume")  # another launch took it
+    _stale(
+        run,
+        token="theirs",
+        host=os.uname().nodename,
+        pid=os.getppid(),
+        pid_start=None,
+        expires=time.time() + 60,
+        command="srl rl --resume",
+    )  # another launch took it
     deadline = time.time() + 5
     while (not lost or not gone) and time.time() < deadline:
         time.sleep(0.05)
@@ -201,8 +224,15 @@ def test_a_takeover_written_while_a_renewal_syncs_its_record_is_kept(tmp_path, m
 
     def fsync_meanwhile_taken_over(fd):
         monkeypatch.setattr(lease.os, "fsync", real_fsync)
-        _stale(run, token="theirs", host=os.uname().nodename, pid=os.getppid(), pid_start=None,
-               expires=time.time() + 60, command="srl rl --resume")
+        _stale(
+            run,
+            token="theirs",
+            host=os.uname().nodename,
+            pid=os.getppid(),
+            pid_start=None,
+            expires=time.time() + 60,
+            command="srl rl --resume",
+        )
         real_fsync(fd)
 
     monkeypatch.setattr(lease.os, "fsync", fsync_meanwhile_taken_over)
@@ -219,7 +249,11 @@ def test_a_role_started_under_a_lease_exits_when_its_supervisor_dies(tmp_path):
     sup = _spawn(run.root)
     assert sup.stdout.readline().startswith("won")
     token = lease.read(run).token
-    role = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    role = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import time
         from toolkit import lease
         from toolkit.run.layout import RunDir
@@ -227,8 +261,14 @@ def test_a_role_started_under_a_lease_exits_when_its_supervisor_dies(tmp_path):
         lease.exit_when_lease_gone(RunDir({str(run.root)!r}), "trainer")
         print("watching", flush=True)
         time.sleep(60)
-    """)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), lease.LEASE_ENV: token},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    """),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), lease.LEASE_ENV: token},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert role.stdout.readline() == "watching\n"  # imported and watching, however slowly it started
     time.sleep(1.0)  # several looks at the lease
     assert role.poll() is None  # supervisor alive: the role runs
@@ -249,8 +289,18 @@ def test_srl_rl_and_resume_are_refused_while_a_live_supervisor_holds_the_run(tmp
     assert holder.stdout.readline().startswith("won")
     try:
         for extra in ([], ["--resume"], ["--clean"]):
-            rc = main(["rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "--output-dir", str(out),
-                       "--run.name", "held", *extra])  # fmt: skip
+            rc = main(
+                [
+                    "rl",
+                    "@",
+                    str(REPO / "jobs/reverse-text/rl.toml"),
+                    "--output-dir",
+                    str(out),
+                    "--run.name",
+                    "held",
+                    *extra,
+                ]
+            )
             err = capsys.readouterr().err
             assert rc == 2, err
             assert f"pid {holder.pid}" in err and f"srl cancel {run.root}" in err, err
@@ -290,8 +340,13 @@ OWNER = textwrap.dedent("""
 
 
 def _owner(deployment: Path, run: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", OWNER, str(deployment), str(run)], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(deployment), str(run)],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def test_a_deployment_serves_one_policy_owner_and_a_second_run_is_refused_naming_the_first(tmp_path, capsys):
@@ -310,8 +365,19 @@ def test_a_deployment_serves_one_policy_owner_and_a_second_run_is_refused_naming
         # srl rl refuses the second run before it starts anything (its orchestrator would be refused anyway).
         from toolkit.cli import main
 
-        rc = main(["rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "--output-dir", str(tmp_path / "out"),
-                   "--run.name", "run-b", "--inference.external", str(dep)])  # fmt: skip
+        rc = main(
+            [
+                "rl",
+                "@",
+                str(REPO / "jobs/reverse-text/rl.toml"),
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--run.name",
+                "run-b",
+                "--inference.external",
+                str(dep),
+            ]
+        )
         err = capsys.readouterr().err
         assert rc == 2 and "already serves the weights of run" in err, err
         assert not (tmp_path / "out" / "run-b" / "configs").exists()
@@ -338,8 +404,9 @@ def test_clean_keeps_the_launchs_own_lease_while_it_deletes_the_run(tmp_path, mo
     run, _ = prepare_run(load_config([REPO / "jobs/reverse-text/rl.toml"], over), argv=["srl", "rl"])
     lease.held(run).release()
     for _ in range(5):
-        again, attempt = prepare_run(load_config([REPO / "jobs/reverse-text/rl.toml"], over), argv=["srl", "rl"],
-                                     clean=True)  # fmt: skip
+        again, attempt = prepare_run(
+            load_config([REPO / "jobs/reverse-text/rl.toml"], over), argv=["srl", "rl"], clean=True
+        )
         mine = lease.held(again)
         time.sleep(0.05)
         assert attempt == 1 and mine is not None and mine.lost is None
@@ -369,7 +436,8 @@ def test_a_run_with_a_queued_slurm_job_is_refused_until_the_job_is_cancelled(tmp
     assert "Slurm job(s) 4711 queued or running" in msg and f"srl cancel {run.root}" in msg, msg
     assert lease.read(run) is None and run.attempts() == [1]  # the refused launch left nothing behind
     queued.write_text("")  # cancelled
-    again, attempt = prepare_run(load_config([REPO / "jobs/reverse-text/rl.toml"], over), argv=["srl", "rl"],
-                                 resume=True)  # fmt: skip
+    again, attempt = prepare_run(
+        load_config([REPO / "jobs/reverse-text/rl.toml"], over), argv=["srl", "rl"], resume=True
+    )
     assert attempt == 2
     lease.held(again).release()

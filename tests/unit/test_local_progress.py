@@ -17,8 +17,11 @@ def test_one_line_per_trainer_step_with_the_newest_reward(tmp_path: Path) -> Non
     path = tmp_path / "metrics.jsonl"
     p = _Progress(path)
     assert p.poll() == []  # no file yet
-    _append(path, {"role": "orchestrator", "step": 1, "reward/all/mean": 0.25},
-            {"role": "trainer", "step": 1, "perf/throughput": 812.4, "mismatch_kl/mean": 2e-14})
+    _append(
+        path,
+        {"role": "orchestrator", "step": 1, "reward/all/mean": 0.25},
+        {"role": "trainer", "step": 1, "perf/throughput": 812.4, "mismatch_kl/mean": 2e-14},
+    )
     assert p.poll() == ["step 1 | reward 0.250 (orch step 1) | 812 tok/s | mismatch_kl 2.0e-14"]
     _append(path, {"role": "orchestrator", "step": 2, "reward/all/mean": 0.5}, torn='{"role": "trainer", "st')
     assert p.poll() == []  # the trainer's step 2 line is still being written: no new trainer step
@@ -41,8 +44,14 @@ def test_every_step_gets_its_line_into_a_file_however_the_polls_fall(tmp_path: P
     p = _Progress(path)
 
     def steps(*ns: int) -> list[dict]:
-        return [r for n in ns for r in ({"role": "orchestrator", "step": n, "reward/all/mean": n / 10},
-                                        {"role": "trainer", "step": n, "perf/throughput": 100.0})]
+        return [
+            r
+            for n in ns
+            for r in (
+                {"role": "orchestrator", "step": n, "reward/all/mean": n / 10},
+                {"role": "trainer", "step": n, "perf/throughput": 100.0},
+            )
+        ]
 
     for batch in ((1, 2), (3, 4, 5, 6), (7, 8, 9, 10)):
         _append(path, *steps(*batch))

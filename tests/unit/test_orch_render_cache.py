@@ -50,9 +50,7 @@ def test_cached_renders_equal_uncached(tokenizer):
     for _ in range(3):
         for chat in CHATS:
             for gen in (True, False):
-                assert cached.render(chat, add_generation_prompt=gen) == plain.render(
-                    chat, add_generation_prompt=gen
-                )
+                assert cached.render(chat, add_generation_prompt=gen) == plain.render(chat, add_generation_prompt=gen)
     assert inner.calls == 2 * len(CHATS)  # one application per distinct (conversation, generation prompt)
     assert cached.name == plain.name and cached.stop_token_ids == plain.stop_token_ids
     assert cached.decode([6 + ord("a") - 32]) == plain.decode([6 + ord("a") - 32])

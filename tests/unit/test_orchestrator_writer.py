@@ -24,8 +24,17 @@ from toolkit.run.types import Rollout, TrainingSample
 
 def _rollout(i: int, *, reward: float = 0.5) -> Rollout:
     sample = TrainingSample([5, 6, 7], [8, 9], [-0.25, -0.5], [True, True])
-    return Rollout(env="rev", task_id=f"t{i}", example_id=i, samples=[sample], reward=reward,
-                   num_turns=1, policy_version=1, group_id=i // 2, advantage=reward - 0.5)  # fmt: skip
+    return Rollout(
+        env="rev",
+        task_id=f"t{i}",
+        example_id=i,
+        samples=[sample],
+        reward=reward,
+        num_turns=1,
+        policy_version=1,
+        group_id=i // 2,
+        advantage=reward - 0.5,
+    )
 
 
 def _child_pid(writer: RecordWriter) -> int | None:

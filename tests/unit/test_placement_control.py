@@ -79,18 +79,23 @@ def test_status_of_a_local_run_reads_progress_from_the_run_directory(tmp_path: P
     assert "ended: stopped by the user at step 2 (Ctrl-C or srl cancel) (exit status 130)" in out
 
 
-BAD_RECORDS = ['{"pid": "abc", "host": null, "attempt": 1}', '{"pid": true, "host": "h", "attempt": 1}', "[1, 2]",
-               "not json"]
+BAD_RECORDS = [
+    '{"pid": "abc", "host": null, "attempt": 1}',
+    '{"pid": true, "host": "h", "attempt": 1}',
+    "[1, 2]",
+    "not json",
+]
 
 
 @pytest.mark.parametrize("record", BAD_RECORDS)
 def test_status_with_a_damaged_launcher_record_and_metrics_file_says_they_are_unreadable(
-        tmp_path: Path, capsys, record: str) -> None:  # fmt: skip
+    tmp_path: Path, capsys, record: str
+) -> None:
     run = RunDir(tmp_path / "r")
     run.launcher.mkdir(parents=True)
     run.configs.mkdir()
     run.local_record.write_text(record)
-    run.metrics.write_bytes(b"\x00\x01 not a record\n{\"step\": 1, \"ro")
+    run.metrics.write_bytes(b'\x00\x01 not a record\n{"step": 1, "ro')
     assert status_main([str(run.root)]) == 0
     out = capsys.readouterr().out
     assert "local launcher: unknown" in out and "pid abc" not in out and "on None" not in out

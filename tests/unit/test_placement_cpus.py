@@ -59,8 +59,9 @@ def test_real_nodes_split_their_own_cores() -> None:
 
 
 def test_values_set_in_the_config_are_kept() -> None:
-    plan = _slurm_plan(["127.0.0.1"] * 3, trainer={"OMP_NUM_THREADS": "2"},
-                       inference={"VLLM_CPU_OMP_THREADS_BIND": "1"})
+    plan = _slurm_plan(
+        ["127.0.0.1"] * 3, trainer={"OMP_NUM_THREADS": "2"}, inference={"VLLM_CPU_OMP_THREADS_BIND": "1"}
+    )
     assert cpu_thread_env(plan, "trainer", 1, range(2)) == {}
     assert cpu_thread_env(plan, "inference-0-0", 0, range(2)) == {}
 
@@ -71,13 +72,13 @@ def test_gpu_plans_get_nothing() -> None:
     assert cpu_thread_env(plan, "trainer", 1, range(2)) == {}
 
 
-
 def test_an_inference_only_plan_gives_its_engines_every_core() -> None:
     # srl inference and the eval gate's server: nothing else of the plan runs on the host, so no core is held back
     # (holding one back halved the gate's engine on 2 cores: start-up and sampling took about twice as long).
     cfg = load_config([Path(__file__).resolve().parents[2] / "jobs" / "serve" / "tiny.toml"], purpose="serve").config
-    plan = build_plan(cfg, load_site("local"), RunDir(Path("/tmp/srl-cpus-test")), job_id="7",
-                      roles=("inference", "router"))
+    plan = build_plan(
+        cfg, load_site("local"), RunDir(Path("/tmp/srl-cpus-test")), job_id="7", roles=("inference", "router")
+    )
     engines = [p.name for p in plan.processes if p.role == "inference"]
     assert engines and not [p for p in plan.processes if p.role in ("trainer", "orchestrator")]
     assert cpu_thread_env(plan, engines[0], 0, range(2)) == _engine("0-1")
@@ -103,10 +104,17 @@ def test_cpu_lists_round_trip_and_bad_ones_name_the_variable() -> None:
 
 def test_a_pinned_child_and_its_children_run_on_the_engine_cores_only() -> None:
     cpu = min(os.sched_getaffinity(0))
-    code = ("import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); sys.stdout.flush(); "
-            "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'])")
-    out = subprocess.run([sys.executable, "-c", code], preexec_fn=lambda: apply_affinity({cpu}),
-                         capture_output=True, text=True, check=True).stdout.split("\n")  # fmt: skip
+    code = (
+        "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); sys.stdout.flush(); "
+        "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        preexec_fn=lambda: apply_affinity({cpu}),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
     assert out[:2] == [str([cpu]), str([cpu])]
     # CPUs the process may not use are dropped; none left: unchanged
     before = os.sched_getaffinity(0)

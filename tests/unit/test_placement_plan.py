@@ -41,14 +41,18 @@ def test_b03_gpu_positions_index_the_granted_set() -> None:
 
 def test_b03_more_gpus_than_the_node_has_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="6 \\+ 4 = 10 GPUs > gpus_per_node 8"):
-        make_cfg(site="prime-intellect", deployment={"type": "single_node", "gpus_per_node": 8,
-                                                    "num_infer_gpus": 4, "num_train_gpus": 6})
+        make_cfg(
+            site="prime-intellect",
+            deployment={"type": "single_node", "gpus_per_node": 8, "num_infer_gpus": 4, "num_train_gpus": 6},
+        )
 
 
 def test_b05_ports_differ_between_jobs_and_services_and_avoid_defaults() -> None:
-    over = {"run": {"name": "b05"}, "deployment": {"type": "single_node", "gpus_per_node": 8, "num_infer_gpus": 4,
-                                                   "num_train_gpus": 4},
-            "inference": {"deployment": {"type": "single_node", "num_replicas": 4}}}
+    over = {
+        "run": {"name": "b05"},
+        "deployment": {"type": "single_node", "gpus_per_node": 8, "num_infer_gpus": 4, "num_train_gpus": 4},
+        "inference": {"deployment": {"type": "single_node", "num_replicas": 4}},
+    }
     a, b = plan_for(over, job_id="1001"), plan_for(over, job_id="1002")
     assert len(set(a.ports.values())) == len(a.ports)
     assert set(a.ports.values()).isdisjoint(b.ports.values())
@@ -96,9 +100,14 @@ def test_b07_user_master_addr_is_rejected() -> None:
 
 
 def test_b08_side_channel_host_is_the_node_address_and_ports_distinct_per_host() -> None:
-    over = {"run": {"name": "b08"}, "deployment": multi(1, 2, gpus_per_node=8),
-            "inference": {"vllm": {"tensor_parallel_size": 4},
-                          "deployment": {"type": "disaggregated", "kv_connector": "NixlConnector"}}}
+    over = {
+        "run": {"name": "b08"},
+        "deployment": multi(1, 2, gpus_per_node=8),
+        "inference": {
+            "vllm": {"tensor_parallel_size": 4},
+            "deployment": {"type": "disaggregated", "kv_connector": "NixlConnector"},
+        },
+    }
     plan = plan_for(over)
     plan.addresses = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
     workers = [p for p in plan.processes if p.kv_role]
@@ -115,37 +124,57 @@ def test_b08_side_channel_host_is_the_node_address_and_ports_distinct_per_host()
 
 
 def test_b08_colocated_prefill_and_decode_never_share_a_side_channel_port() -> None:
-    over = {"run": {"name": "b08s"}, "deployment": {"type": "single_node", "gpus_per_node": 8,
-                                                     "num_infer_gpus": 4, "num_train_gpus": 4},
-            "inference": {"vllm": {"tensor_parallel_size": 2},
-                          "deployment": {"type": "disaggregated", "kv_connector": "NixlConnector"}}}
+    over = {
+        "run": {"name": "b08s"},
+        "deployment": {"type": "single_node", "gpus_per_node": 8, "num_infer_gpus": 4, "num_train_gpus": 4},
+        "inference": {
+            "vllm": {"tensor_parallel_size": 2},
+            "deployment": {"type": "disaggregated", "kv_connector": "NixlConnector"},
+        },
+    }
     # single-node P/D: both roles on node 0; every port of every process differs
     plan = plan_for(over)
     all_ports = [v for p in plan.processes for v in p.ports.values()]
     assert len(all_ports) == len(set(all_ports))
 
 
-@pytest.mark.parametrize(("connector", "dialect"), [("NixlConnector", "nixl"), ("MooncakeConnector", "mooncake"),
-                                                    ("LMCacheConnectorV1", "nixl")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("connector", "dialect"),
+    [("NixlConnector", "nixl"), ("MooncakeConnector", "mooncake"), ("LMCacheConnectorV1", "nixl")],
+)
 def test_router_speaks_the_p_d_dialect_of_the_deployments_connector(connector: str, dialect: str) -> None:
-    over = {"run": {"name": "pd"}, "deployment": multi(1, 2, gpus_per_node=8),
-            "inference": {"vllm": {"tensor_parallel_size": 4},
-                          "deployment": {"type": "disaggregated", "kv_connector": connector}}}
+    over = {
+        "run": {"name": "pd"},
+        "deployment": multi(1, 2, gpus_per_node=8),
+        "inference": {
+            "vllm": {"tensor_parallel_size": 4},
+            "deployment": {"type": "disaggregated", "kv_connector": connector},
+        },
+    }
     (router,) = [p for p in plan_for(over).processes if p.role == "router"]
     argv = list(router.command)
     assert "--vllm-pd-disaggregation" in argv and argv[argv.index("--kv-connector") + 1] == dialect
 
+
 def test_b09_jit_caches_on_node_local_scratch_per_job_unless_overridden() -> None:
     hpc = load_site("generic-hpc")
-    over = dict(LAYOUTS["train2-infer1"], deployment=multi(2, 1, gpus_per_node=4),
-                inference={"vllm": {"tensor_parallel_size": 4}})
+    over = dict(
+        LAYOUTS["train2-infer1"],
+        deployment=multi(2, 1, gpus_per_node=4),
+        inference={"vllm": {"tensor_parallel_size": 4}},
+    )
     plan = plan_for(over, site=hpc, job_id="4242", slurm={"account": "p1"})
     for p in plan.processes:
         assert p.env["TRITON_CACHE_DIR"] == "$TMPDIR/srl-4242/triton"
         assert "TRITON_CACHE_DIR" in p.node_expand
         assert p.env["TORCHINDUCTOR_CACHE_DIR"].endswith("srl-4242/inductor")
-    mine = plan_for(over, site=hpc, job_id="4242", slurm={"account": "p1"},
-                    trainer={"env_vars": {"TRITON_CACHE_DIR": "/local/mine"}})
+    mine = plan_for(
+        over,
+        site=hpc,
+        job_id="4242",
+        slurm={"account": "p1"},
+        trainer={"env_vars": {"TRITON_CACHE_DIR": "/local/mine"}},
+    )
     assert mine.process("trainer").env["TRITON_CACHE_DIR"] == "/local/mine"
     assert "TRITON_CACHE_DIR" not in mine.process("trainer").node_expand
 
@@ -159,8 +188,12 @@ def test_b09_cache_dir_on_shared_home_warns() -> None:
 
 
 def test_b29_orchestrator_gets_data_parallel_size() -> None:
-    over = {"run": {"name": "b29"}, "deployment": multi(2, 1), "trainer": {"tp": 2, "cp": 1},
-            "inference": {"vllm": {"tensor_parallel_size": 8}}}
+    over = {
+        "run": {"name": "b29"},
+        "deployment": multi(2, 1),
+        "trainer": {"tp": 2, "cp": 1},
+        "inference": {"vllm": {"tensor_parallel_size": 8}},
+    }
     plan = plan_for(over)
     assert plan.trainer_dp == 8
     assert plan.process("orchestrator").env["SRL_TRAINER_DP"] == "8"
@@ -169,8 +202,13 @@ def test_b29_orchestrator_gets_data_parallel_size() -> None:
 
 
 def test_b30_disaggregated_node_count_from_nodes_per_replica() -> None:
-    pd = {"type": "disaggregated", "num_prefill_replicas": 1, "prefill_nodes_per_replica": 1,
-          "num_decode_replicas": 1, "decode_nodes_per_replica": 2}
+    pd = {
+        "type": "disaggregated",
+        "num_prefill_replicas": 1,
+        "prefill_nodes_per_replica": 1,
+        "num_decode_replicas": 1,
+        "decode_nodes_per_replica": 2,
+    }
     over = {"run": {"name": "b30"}, "deployment": multi(2, 3), "inference": {"deployment": pd}}
     plan = plan_for(over)
     assert plan.num_nodes == 5
@@ -183,9 +221,16 @@ def test_b30_disaggregated_node_count_from_nodes_per_replica() -> None:
 
 
 def test_environment_layers_and_owned_values() -> None:
-    over = {"run": {"name": "envl"}, "deployment": multi(1, 2), "env_vars": {"A": "global", "B": "global"},
-            "inference": {"vllm": {"tensor_parallel_size": 8}, "env_vars": {"B": "component", "C": "component"},
-                          "deployment": {"type": "disaggregated", "prefill_env_vars": {"C": "prefill"}}}}
+    over = {
+        "run": {"name": "envl"},
+        "deployment": multi(1, 2),
+        "env_vars": {"A": "global", "B": "global"},
+        "inference": {
+            "vllm": {"tensor_parallel_size": 8},
+            "env_vars": {"B": "component", "C": "component"},
+            "deployment": {"type": "disaggregated", "prefill_env_vars": {"C": "prefill"}},
+        },
+    }
     plan = plan_for(over)
     pre = next(p for p in plan.processes if p.kv_role == "kv_producer")
     dec = next(p for p in plan.processes if p.kv_role == "kv_consumer")
@@ -194,14 +239,27 @@ def test_environment_layers_and_owned_values() -> None:
     assert plan.process("trainer").env["B"] == "global"
     assert pre.env["SRL_PROCESS"] == pre.name and pre.env["VLLM_SERVER_DEV_MODE"] == "1"
     with pytest.raises(ConfigError, match="VLLM_NIXL_SIDE_CHANNEL_HOST is set by srl"):
-        make_cfg(dict(over, inference={"deployment": {"type": "disaggregated", "decode_env_vars": {
-            "VLLM_NIXL_SIDE_CHANNEL_HOST": "localhost"}}}), site="prime-intellect")
+        make_cfg(
+            dict(
+                over,
+                inference={
+                    "deployment": {
+                        "type": "disaggregated",
+                        "decode_env_vars": {"VLLM_NIXL_SIDE_CHANNEL_HOST": "localhost"},
+                    }
+                },
+            ),
+            site="prime-intellect",
+        )
 
 
 def test_local_site_everything_on_node_zero() -> None:
     local = load_site("local")
-    plan = plan_for({"run": {"name": "loc"}, "inference": {"deployment": {"type": "single_node", "num_replicas": 2}}},
-                    site=local, job_id="local")
+    plan = plan_for(
+        {"run": {"name": "loc"}, "inference": {"deployment": {"type": "single_node", "num_replicas": 2}}},
+        site=local,
+        job_id="local",
+    )
     assert {p.node_index for p in plan.processes} == {0}
     assert [p.name for p in plan.processes] == ["inference-0-0", "inference-0-1", "router", "trainer", "orchestrator"]
     assert plan.process("trainer").command[:2] == ["srl", "trainer"]
@@ -212,10 +270,16 @@ def test_local_site_everything_on_node_zero() -> None:
     assert "--enforce-eager" in eng.command and "{model_path}" in eng.command
     assert eng.healthcheck_url.endswith("/health")
     # Sampling logprobs of the sampling distribution, srl's fast weight reload, the config's dtype.
-    after = {flag: eng.command[eng.command.index(flag) + 1] for flag in
-             ("--max-logprobs", "--logprobs-mode", "--worker-extension-cls", "--dtype")}  # fmt: skip
-    assert after == {"--max-logprobs": "20", "--logprobs-mode": "processed_logprobs",
-                     "--worker-extension-cls": WORKER_EXTENSION_CLS, "--dtype": "float32"}  # fmt: skip
+    after = {
+        flag: eng.command[eng.command.index(flag) + 1]
+        for flag in ("--max-logprobs", "--logprobs-mode", "--worker-extension-cls", "--dtype")
+    }
+    assert after == {
+        "--max-logprobs": "20",
+        "--logprobs-mode": "processed_logprobs",
+        "--worker-extension-cls": WORKER_EXTENSION_CLS,
+        "--dtype": "float32",
+    }
 
 
 def test_multi_rank_trainer_uses_torchrun_one_task_per_node() -> None:
@@ -238,8 +302,11 @@ def test_multi_node_trainer_rendezvous_gives_up_within_the_deployment_timeout() 
     argv = [a.replace("{master_addr}", "10.0.0.1") for a in t.command]
     assert argv_problems([argv]) == []  # torchrun's own parser and rendezvous settings accept it
     # One node: nobody to wait for, torchrun's defaults stand.
-    single = plan_for({"run": {"name": "loc"}, "deployment": {"type": "single_node", "cpu_train_ranks": 2}},
-                      site=load_site("local"), job_id="local").process("trainer")  # fmt: skip
+    single = plan_for(
+        {"run": {"name": "loc"}, "deployment": {"type": "single_node", "cpu_train_ranks": 2}},
+        site=load_site("local"),
+        job_id="local",
+    ).process("trainer")
     assert single.command[0] == "torchrun" and "--rdzv-conf" not in single.command
 
 
@@ -253,14 +320,27 @@ def test_trainer_rendezvous_timeout_must_be_whole_positive_seconds(bad) -> None:
 def test_cpu_node_trainer_ranks_from_cpu_train_ranks() -> None:
     # The embedded default has no GPUs; gloo ranks under torchrun let FSDP2 and rank faults be exercised there.
     local = load_site("local")
-    plan = plan_for({"run": {"name": "loc"}, "deployment": {"type": "single_node", "cpu_train_ranks": 2}},
-                    site=local, job_id="local")  # fmt: skip
+    plan = plan_for(
+        {"run": {"name": "loc"}, "deployment": {"type": "single_node", "cpu_train_ranks": 2}},
+        site=local,
+        job_id="local",
+    )
     t = plan.process("trainer")
     assert t.command[0] == "torchrun" and t.nprocs_per_node == 2 and t.num_nodes == 1 and t.gpus == ()
     assert t.command[t.command.index("--nproc-per-node") + 1] == "2"
     with pytest.raises(ConfigError, match="deployment.cpu_train_ranks"):
-        make_cfg({"deployment": {"type": "single_node", "gpus_per_node": 8, "num_train_gpus": 4,
-                                 "num_infer_gpus": 4, "cpu_train_ranks": 2}}, site="prime-intellect")  # fmt: skip
+        make_cfg(
+            {
+                "deployment": {
+                    "type": "single_node",
+                    "gpus_per_node": 8,
+                    "num_train_gpus": 4,
+                    "num_infer_gpus": 4,
+                    "cpu_train_ranks": 2,
+                }
+            },
+            site="prime-intellect",
+        )
 
 
 def test_hetjob_orchestrator_on_its_own_cpu_group() -> None:
@@ -288,8 +368,11 @@ def test_inference_only_plan() -> None:
 def test_engine_spanning_two_nodes_runs_headless_on_the_second() -> None:
     from toolkit.engines.multinode import node_engine_argv
 
-    over = {"run": {"name": "mn"}, "deployment": multi(1, 2, num_infer_replicas=1),
-            "inference": {"vllm": {"tensor_parallel_size": 4}, "deployment": {"type": "multi_node", "num_nodes": 2}}}
+    over = {
+        "run": {"name": "mn"},
+        "deployment": multi(1, 2, num_infer_replicas=1),
+        "inference": {"vllm": {"tensor_parallel_size": 4}, "deployment": {"type": "multi_node", "num_nodes": 2}},
+    }
     plan = plan_for(over)
     plan.addresses = [f"10.0.0.{i + 1}" for i in range(plan.num_nodes)]
     (eng,) = [p for p in plan.processes if p.role == "inference"]

@@ -18,11 +18,18 @@ from toolkit.run.layout import RunDir
 EPHEMERAL = ephemeral_port_range()
 
 _LAYOUTS = [
-    {"deployment": {"type": "single_node", "gpus_per_node": 8, "num_infer_gpus": 4, "num_train_gpus": 4},
-     "inference": {"deployment": {"type": "single_node", "num_replicas": 4}}},
+    {
+        "deployment": {"type": "single_node", "gpus_per_node": 8, "num_infer_gpus": 4, "num_train_gpus": 4},
+        "inference": {"deployment": {"type": "single_node", "num_replicas": 4}},
+    },
     {"deployment": multi(2, 2, num_infer_replicas=2), "inference": {"vllm": {"tensor_parallel_size": 1}}},
-    {"deployment": multi(1, 4, num_infer_replicas=2), "inference": {"vllm": {"tensor_parallel_size": 2},
-     "deployment": {"type": "disaggregated", "kv_connector": "NixlConnector", "num_decode_replicas": 1}}},
+    {
+        "deployment": multi(1, 4, num_infer_replicas=2),
+        "inference": {
+            "vllm": {"tensor_parallel_size": 2},
+            "deployment": {"type": "disaggregated", "kv_connector": "NixlConnector", "num_decode_replicas": 1},
+        },
+    },
 ]
 _CFGS = [make_cfg(dict(over, run={"name": f"p{i}"}), site="prime-intellect") for i, over in enumerate(_LAYOUTS)]
 
@@ -32,9 +39,13 @@ def _site(lo: int, hi: int, shared: bool) -> SiteConfig:
 
 
 @settings(max_examples=150, deadline=None)
-@given(job=st.one_of(st.integers(1, 10**9), st.text(min_size=1, max_size=12)),
-       layout=st.integers(0, len(_CFGS) - 1),
-       lo=st.integers(1024, 20000), width=st.integers(512, 12000), shared=st.booleans())
+@given(
+    job=st.one_of(st.integers(1, 10**9), st.text(min_size=1, max_size=12)),
+    layout=st.integers(0, len(_CFGS) - 1),
+    lo=st.integers(1024, 20000),
+    width=st.integers(512, 12000),
+    shared=st.booleans(),
+)
 def test_ports_in_range_distinct_and_outside_ephemeral(job, layout, lo, width, shared) -> None:
     hi = min(lo + width, EPHEMERAL[0])
     site = _site(lo, hi, shared)

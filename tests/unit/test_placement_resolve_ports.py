@@ -17,8 +17,9 @@ JOBS = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text"
 def test_resolve_on_one_machine_moves_off_a_busy_port_block(tmp_path: Path, monkeypatch) -> None:
     # Emulated nodes share 127.0.0.1: a port of this job's block already listened on (another job, a local run)
     # would stop the engine from starting, so the node-side resolve takes the next free block.
-    loaded = load_config([JOBS / "rl.toml", JOBS / "slurm.toml"], ["--output-dir", str(tmp_path),
-                                                                    "--run.name", "ports"])
+    loaded = load_config(
+        [JOBS / "rl.toml", JOBS / "slurm.toml"], ["--output-dir", str(tmp_path), "--run.name", "ports"]
+    )
     run, _ = prepare_run(loaded, argv=["srl", "rl"])
     site = load_site("local-slurm")
     write_plan(run, build_plan(loaded.config, site, run, job_id="$SLURM_JOB_ID"))

@@ -54,8 +54,12 @@ def test_account_rules() -> None:
     with pytest.raises(ConfigError, match="no accounting plugin"):
         make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect", slurm={"account": "a"})
     with pytest.raises(ConfigError, match="requires an account"):
-        make_cfg(LAYOUTS["train2-infer1"], site="generic-hpc", deployment={"gpus_per_node": 4},
-                 inference={"vllm": {"tensor_parallel_size": 4}})
+        make_cfg(
+            LAYOUTS["train2-infer1"],
+            site="generic-hpc",
+            deployment={"gpus_per_node": 4},
+            inference={"vllm": {"tensor_parallel_size": 4}},
+        )
 
 
 def test_gpus_per_node_beyond_site_nodes() -> None:

@@ -23,8 +23,19 @@ def _placement(run: Path) -> dict:
 
 
 def test_dry_run_writes_the_plan_the_submitted_job_uses(tmp_path: Path, monkeypatch) -> None:
-    args = ["rl", "@", str(JOBS / "rl.toml"), "@", str(JOBS / "slurm.toml"), "--site", "local-slurm",
-            "--output-dir", str(tmp_path), "--run.name", "r"]  # fmt: skip
+    args = [
+        "rl",
+        "@",
+        str(JOBS / "rl.toml"),
+        "@",
+        str(JOBS / "slurm.toml"),
+        "--site",
+        "local-slurm",
+        "--output-dir",
+        str(tmp_path),
+        "--run.name",
+        "r",
+    ]
     assert main([*args, "--dry-run"]) == 0
     dry = _placement(tmp_path / "r")
 
@@ -38,8 +49,9 @@ def test_dry_run_writes_the_plan_the_submitted_job_uses(tmp_path: Path, monkeypa
     # The job starts on three emulated nodes: it keeps the login node's ports and roles, and adds its id and hosts.
     monkeypatch.setattr(runtime, "node_addresses", lambda hosts: [f"10.0.0.{i + 1}" for i in range(len(hosts))])
     run = RunDir(tmp_path / "r")
-    started = runtime.resolve(run, *runtime.job_config(run, None), {"SLURM_JOB_ID": "4242",
-                                                                     "SLURM_JOB_NODELIST": "node[1-3]"})
+    started = runtime.resolve(
+        run, *runtime.job_config(run, None), {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-3]"}
+    )
     placed = _placement(tmp_path / "r")
     assert started.job_id == "4242" and placed["hosts"] == ["node1", "node2", "node3"]
     assert placed["ports"] == dry["ports"] and placed["roles"] == dry["roles"]
@@ -89,8 +101,14 @@ def test_one_slurm_launch_builds_its_plan_once(tmp_path: Path, monkeypatch, verb
     assert calls == ["$SLURM_JOB_ID"] and len(scripts) == 1, (calls, scripts)
     placed = _placement(tmp_path / "out" / "r")
     assert placed["job_id"] == "$SLURM_JOB_ID"
-    assert set(placed["roles"]) == {"rl": {"inference", "router", "orchestrator", "trainer"},
-                                    "sft": {"trainer"}, "inference": {"inference", "router"}}[verb]
+    assert (
+        set(placed["roles"])
+        == {
+            "rl": {"inference", "router", "orchestrator", "trainer"},
+            "sft": {"trainer"},
+            "inference": {"inference", "router"},
+        }[verb]
+    )
 
 
 def test_the_batch_job_reads_its_config_once_and_fills_in_the_plan(tmp_path: Path, monkeypatch) -> None:
@@ -101,8 +119,19 @@ def test_the_batch_job_reads_its_config_once_and_fills_in_the_plan(tmp_path: Pat
     from toolkit.config.site import read_site as real_read_site
     from toolkit.launch import supervisor
 
-    args = ["rl", "@", str(JOBS / "rl.toml"), "@", str(JOBS / "slurm.toml"), "--site", "local-slurm",
-            "--output-dir", str(tmp_path), "--run.name", "r"]
+    args = [
+        "rl",
+        "@",
+        str(JOBS / "rl.toml"),
+        "@",
+        str(JOBS / "slurm.toml"),
+        "--site",
+        "local-slurm",
+        "--output-dir",
+        str(tmp_path),
+        "--run.name",
+        "r",
+    ]
     monkeypatch.setattr(slurm, "jobs_logging_under", lambda root: [])
     monkeypatch.setattr(slurm, "submit", lambda script, **kw: "4244")
     assert main(args) == 0
@@ -115,8 +144,9 @@ def test_the_batch_job_reads_its_config_once_and_fills_in_the_plan(tmp_path: Pat
     builds = _counting_build_plan(monkeypatch)
     monkeypatch.setattr(runtime, "node_addresses", lambda hosts: [f"10.0.0.{i + 1}" for i in range(len(hosts))])
     supervised: list = []
-    monkeypatch.setattr(supervisor, "_supervise_job", lambda cfg, site, run, plan, *a, **kw: supervised.append(
-        (cfg, site, plan)) or 0)
+    monkeypatch.setattr(
+        supervisor, "_supervise_job", lambda cfg, site, run, plan, *a, **kw: supervised.append((cfg, site, plan)) or 0
+    )
     env = {**os.environ, "SLURM_JOB_ID": "4244", "SLURM_JOB_NODELIST": "node[1-3]"}
     assert supervisor.run_job(RunDir(tmp_path / "r"), attempt=None, kind="rl", env=env) == 0
     assert len(supervised) == 1 and builds == []

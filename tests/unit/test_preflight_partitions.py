@@ -22,8 +22,10 @@ SCONTROL = (
     "PartitionName=cpu Default=NO MaxNodes=UNLIMITED MaxTime=1-00:00:00 State=DRAIN TotalNodes=8\n"
 )
 # sinfo -h -N -o "%R %G": a line per node and partition
-SINFO = ("debug gpu:4\ndebug gpu:4\ndebug gpu:4\ndebug gpu:4\nshort gpu:a100:8(S:0-1)\nshort (null)\n"
-         "short gpu:a100:4,gpu:v100:2\ncpu (null)\ncpu (null)\n")
+SINFO = (
+    "debug gpu:4\ndebug gpu:4\ndebug gpu:4\ndebug gpu:4\nshort gpu:a100:8(S:0-1)\nshort (null)\n"
+    "short gpu:a100:4,gpu:v100:2\ncpu (null)\ncpu (null)\n"
+)
 
 
 def slurm(argv: list[str]) -> str:
@@ -34,8 +36,11 @@ def slurm(argv: list[str]) -> str:
 
 
 def _plan(*groups) -> SimpleNamespace:
-    return SimpleNamespace(groups=[SimpleNamespace(index=i, num_nodes=n, gpus_per_node=g, partition=p)
-                                   for i, (n, g, p) in enumerate(groups)])  # fmt: skip
+    return SimpleNamespace(
+        groups=[
+            SimpleNamespace(index=i, num_nodes=n, gpus_per_node=g, partition=p) for i, (n, g, p) in enumerate(groups)
+        ]
+    )
 
 
 def _check(time: str, *groups) -> Findings:
@@ -56,8 +61,13 @@ def test_gres_texts():
 def test_partitions_are_read_with_their_limits():
     p = read_partitions(slurm)
     assert sorted(p) == ["cpu", "debug", "short"]
-    assert (p["debug"].max_time_s, p["debug"].max_nodes, p["debug"].total_nodes, p["debug"].gpus_per_node,
-            p["debug"].default) == (None, None, 4, 4, True)  # fmt: skip
+    assert (
+        p["debug"].max_time_s,
+        p["debug"].max_nodes,
+        p["debug"].total_nodes,
+        p["debug"].gpus_per_node,
+        p["debug"].default,
+    ) == (None, None, 4, 4, True)
     assert (p["short"].max_time_s, p["short"].max_nodes, p["short"].gpus_per_node) == (1800, 2, 8)
     assert p["cpu"].max_time_s == 86400 and p["cpu"].state == "DRAIN" and p["cpu"].gpus_per_node == 0
 
@@ -66,23 +76,49 @@ def test_a_job_that_fits_passes():
     f = _check("04:00:00", (3, 4, None), (1, 0, "cpu"))
     assert not f.errors, _texts(f.errors)
     assert _texts(f.warnings) == [
-        ("deployment.orchestrator_partition: partition 'cpu' (the orchestrator's component) is DRAIN: the job will "
-        "wait until it is UP")]
+        (
+            "deployment.orchestrator_partition: partition 'cpu' (the orchestrator's component) is DRAIN: the job will "
+            "wait until it is UP"
+        )
+    ]
 
 
-@pytest.mark.parametrize(("time", "groups", "path", "text"), [
-    ("04:00:00", [(1, 0, "nosuch")], "slurm.partition",
-     "partition 'nosuch' does not exist on this cluster; partitions: cpu, debug, short"),
-    ("04:00:00", [(5, 4, None)], "deployment", "the job needs 5 nodes in partition 'debug', which has at most 4"),
-    ("00:10:00", [(3, 0, "short")], "deployment", ("the job needs 3 nodes in partition 'short', which has at most 2 "
-     "(MaxNodes)")),
-    ("00:10:00", [(2, 16, "short")], "deployment.gpus_per_node",
-     "16 GPUs per node requested but no node of partition 'short' has more than 8"),
-    ("01:00:00", [(1, 0, "short")], "slurm.time", ("01:00:00 is longer than partition 'short' allows (00:30:00, "
-     "MaxTime)")),
-    ("04:00:00", [(1, 0, None), (1, 0, "gone")], "deployment.orchestrator_partition",
-     "partition 'gone' does not exist"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("time", "groups", "path", "text"),
+    [
+        (
+            "04:00:00",
+            [(1, 0, "nosuch")],
+            "slurm.partition",
+            "partition 'nosuch' does not exist on this cluster; partitions: cpu, debug, short",
+        ),
+        ("04:00:00", [(5, 4, None)], "deployment", "the job needs 5 nodes in partition 'debug', which has at most 4"),
+        (
+            "00:10:00",
+            [(3, 0, "short")],
+            "deployment",
+            ("the job needs 3 nodes in partition 'short', which has at most 2 (MaxNodes)"),
+        ),
+        (
+            "00:10:00",
+            [(2, 16, "short")],
+            "deployment.gpus_per_node",
+            "16 GPUs per node requested but no node of partition 'short' has more than 8",
+        ),
+        (
+            "01:00:00",
+            [(1, 0, "short")],
+            "slurm.time",
+            ("01:00:00 is longer than partition 'short' allows (00:30:00, MaxTime)"),
+        ),
+        (
+            "04:00:00",
+            [(1, 0, None), (1, 0, "gone")],
+            "deployment.orchestrator_partition",
+            "partition 'gone' does not exist",
+        ),
+    ],
+)
 def test_what_the_partition_can_never_run_is_refused_naming_the_field(time, groups, path, text):
     f = _check(time, *groups)
     assert any(i.path == path and text in i.message for i in f.errors), _texts(f.errors)

@@ -20,7 +20,7 @@ from toolkit.envs.tasksets import BUILTIN_TASKSETS
 ROOT = Path(__file__).resolve().parents[2]
 
 # verifiers' published reverse-text keeps its split in ``dataset_split``; its data must never be read here.
-PUBLISHED = textwrap.dedent('''
+PUBLISHED = textwrap.dedent("""
     import verifiers.v1 as vf
 
     class PublishedConfig(vf.TasksetConfig):
@@ -32,7 +32,7 @@ PUBLISHED = textwrap.dedent('''
             raise RuntimeError("data loaded on the login node")
 
     __all__ = ["PublishedTaskset"]
-''')
+""")
 
 
 def _published(root: Path, module: str = "reverse_text") -> Path:
@@ -42,13 +42,19 @@ def _published(root: Path, module: str = "reverse_text") -> Path:
 
 
 def _envs(train_id: str, eval_id: str, **taskset) -> dict:
-    return {"orchestrator": {"train": {"env": [{"taskset": {"id": train_id}}]},
-                             "eval": {"env": [{"taskset": {"id": eval_id, "split": "test", **taskset}}]}}}  # fmt: skip
+    return {
+        "orchestrator": {
+            "train": {"env": [{"taskset": {"id": train_id}}]},
+            "eval": {"env": [{"taskset": {"id": eval_id, "split": "test", **taskset}}]},
+        }
+    }
 
 
 def _refusal_named(text: str, root: Path) -> None:
     assert "orchestrator.eval.env[0].taskset" in text
-    assert "taskset 'reverse-text'" in text and f"module reverse_text at {root / 'reverse_text' / '__init__.py'}" in text
+    assert (
+        "taskset 'reverse-text'" in text and f"module reverse_text at {root / 'reverse_text' / '__init__.py'}" in text
+    )
     assert "has no field 'split'" in text and "dataset_split = 'train'" in text and "dataset_name" in text
 
 
@@ -64,8 +70,11 @@ def test_the_job_sees_the_orchestrators_pythonpath_not_the_runs(tmp_path):
     root = _published(tmp_path / "envs")
     builtin = min(BUILTIN_TASKSETS)
     # The orchestrator's own PYTHONPATH replaces the run's in its process: the published module is out of reach.
-    data = config(_envs(builtin, "reverse-text"), env_vars={"PYTHONPATH": str(root)},
-                  orchestrator={"env_vars": {"PYTHONPATH": str(tmp_path / "elsewhere")}})  # fmt: skip
+    data = config(
+        _envs(builtin, "reverse-text"),
+        env_vars={"PYTHONPATH": str(root)},
+        orchestrator={"env_vars": {"PYTHONPATH": str(tmp_path / "elsewhere")}},
+    )
     try:  # srl's own reverse-text answers when it has that id; an error naming the id when it does not
         assert any("srl's built-in" in n for n in validate(data).notices if "'reverse-text'" in n)
     except ConfigError as e:
@@ -108,9 +117,10 @@ def test_sweep_points_sft_eval_and_the_eval_gate_refuse_it_too(tmp_path, monkeyp
     root = _published(tmp_path / "envs")
     builtin = min(BUILTIN_TASKSETS)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "rl.toml").write_text(textwrap.dedent(f'''
+    (tmp_path / "rl.toml").write_text(
+        textwrap.dedent(f'''
         max_steps = 2
-        output_dir = "{tmp_path / 'out'}"
+        output_dir = "{tmp_path / "out"}"
         [env_vars]
         PYTHONPATH = "envs"
         [orchestrator]
@@ -120,7 +130,8 @@ def test_sweep_points_sft_eval_and_the_eval_gate_refuse_it_too(tmp_path, monkeyp
         taskset = {{ id = "{builtin}" }}
         [[orchestrator.eval.env]]
         taskset = {{ id = "reverse-text", split = "test" }}
-    '''))
+    ''')
+    )
     (tmp_path / "sweep.toml").write_text('[sweep]\nname = "s"\nbase = ["rl.toml"]\nseeds = [0, 1]\n')
     with pytest.raises(ConfigError) as e:
         point_configs(load_sweep(tmp_path / "sweep.toml"))
@@ -129,9 +140,10 @@ def test_sweep_points_sft_eval_and_the_eval_gate_refuse_it_too(tmp_path, monkeyp
         eval_main(["validate", "@", str(tmp_path / "rl.toml")])
     _refusal_named(str(e.value), root)
     (tmp_path / "data.jsonl").write_text('{"prompt": "a", "completion": "b"}\n' * 4)
-    (tmp_path / "sft.toml").write_text(textwrap.dedent(f'''
+    (tmp_path / "sft.toml").write_text(
+        textwrap.dedent(f'''
         max_steps = 2
-        output_dir = "{tmp_path / 'out'}"
+        output_dir = "{tmp_path / "out"}"
         [env_vars]
         PYTHONPATH = "envs"
         [data]
@@ -140,7 +152,8 @@ def test_sweep_points_sft_eval_and_the_eval_gate_refuse_it_too(tmp_path, monkeyp
         interval = 1
         [[eval.env]]
         taskset = {{ id = "reverse-text", split = "test" }}
-    '''))
+    ''')
+    )
     with pytest.raises(ConfigError) as e:
         load_sft([tmp_path / "sft.toml"], [])
     assert "eval.env[0].taskset" in str(e.value) and "has no field 'split'" in str(e.value)
@@ -149,10 +162,11 @@ def test_sweep_points_sft_eval_and_the_eval_gate_refuse_it_too(tmp_path, monkeyp
 
 def test_relative_env_var_paths_become_absolute_from_where_srl_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    data = config(env_vars={"PYTHONPATH": f"my_envs{os.pathsep}/abs{os.pathsep}", "HF_HOME": "~/hf",
-                            "NOT_A_PATH": "rel"},
-                  orchestrator={"env_vars": {"PYTHONPATH": "../up"}},
-                  trainer={"env_vars": {"TRITON_CACHE_DIR": "cache"}})  # fmt: skip
+    data = config(
+        env_vars={"PYTHONPATH": f"my_envs{os.pathsep}/abs{os.pathsep}", "HF_HOME": "~/hf", "NOT_A_PATH": "rel"},
+        orchestrator={"env_vars": {"PYTHONPATH": "../up"}},
+        trainer={"env_vars": {"TRITON_CACHE_DIR": "cache"}},
+    )
     checked = validate(data)
     cfg = checked.config
     assert cfg.env_vars["PYTHONPATH"] == os.pathsep.join([str(tmp_path / "my_envs"), "/abs", ""])
@@ -162,11 +176,14 @@ def test_relative_env_var_paths_become_absolute_from_where_srl_runs(tmp_path, mo
     assert any("env_vars.PYTHONPATH: my_envs" in n for n in checked.notices)
 
 
-@pytest.mark.parametrize(("key", "value", "says"), [
-    ("PYTHONPATH", f"my_envs{os.pathsep}$SCRATCH/envs", "does not expand $VARIABLES"),
-    ("HF_HOME", "${SCRATCH}/hf", "does not expand $VARIABLES"),
-    ("PYTHONPATH", "~no-such-user-srl/envs", "'~no-such-user-srl' names no user"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("PYTHONPATH", f"my_envs{os.pathsep}$SCRATCH/envs", "does not expand $VARIABLES"),
+        ("HF_HOME", "${SCRATCH}/hf", "does not expand $VARIABLES"),
+        ("PYTHONPATH", "~no-such-user-srl/envs", "'~no-such-user-srl' names no user"),
+    ],
+)
 def test_env_var_paths_the_job_would_not_get_as_meant_are_refused(tmp_path, monkeypatch, key, value, says):
     # Nothing expands a $VARIABLE on the way to the job's processes (they got "$SCRATCH/envs" as written), and
     # "~user" of no user raised RuntimeError out of pathlib (a traceback).
@@ -182,7 +199,8 @@ def test_dry_run_with_a_relative_pythonpath_refuses_the_published_taskset_from_a
     ``my_envs``, with the relative PYTHONPATH the job would have resolved in its run directory."""
     _published(tmp_path / "my_envs")
     builtin = min(BUILTIN_TASKSETS)
-    (tmp_path / "rl.toml").write_text(textwrap.dedent(f'''
+    (tmp_path / "rl.toml").write_text(
+        textwrap.dedent(f'''
         max_steps = 2
         output_dir = "out"
         env_vars = {{ PYTHONPATH = "my_envs" }}
@@ -193,9 +211,16 @@ def test_dry_run_with_a_relative_pythonpath_refuses_the_published_taskset_from_a
         taskset = {{ id = "{builtin}" }}
         [[orchestrator.eval.env]]
         taskset = {{ id = "reverse-text", split = "test" }}
-    '''))
-    out = subprocess.run([sys.executable, "-m", "toolkit.cli", "rl", "@", "rl.toml", "--dry-run"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    ''')
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", "rl", "@", "rl.toml", "--dry-run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert out.returncode != 0
     _refusal_named(out.stderr, tmp_path / "my_envs")
     assert not (tmp_path / "out").exists()  # refused before the run directory is written

@@ -17,9 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spec(**taskset) -> dict:
-    return {"name": "reverse-text", "eval": False, "harness": {"id": "default", "runtime": {"type": "subprocess"}},
-            "taskset": {"id": "srl-reverse-text", "split": None, "seed": None, "select": None, "extra": {},
-                        **taskset}}  # fmt: skip
+    return {
+        "name": "reverse-text",
+        "eval": False,
+        "harness": {"id": "default", "runtime": {"type": "subprocess"}},
+        "taskset": {"id": "srl-reverse-text", "split": None, "seed": None, "select": None, "extra": {}, **taskset},
+    }
 
 
 @pytest.fixture
@@ -70,8 +73,15 @@ def test_a_second_dry_run_of_the_readme_job_does_not_import_verifiers(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     outs = []
     for i in (1, 2):
-        r = subprocess.run([sys.executable, "-c", script, str(tmp_path / f"out{i}")], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / f"out{i}")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         outs.append(r.stdout.strip().splitlines()[-1])
     assert outs == ["verifiers imported: True rc 0", "verifiers imported: False rc 0"], outs

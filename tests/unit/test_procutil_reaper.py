@@ -52,8 +52,13 @@ def _gone_within(pids: list[int], timeout_s: float) -> float:
 
 
 def test_kill_9_of_the_supervisor_leaves_no_child_nor_grandchild():
-    sup = subprocess.Popen([sys.executable, "-c", SUPERVISOR], cwd=REPO, stdout=subprocess.PIPE, text=True,
-                           env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    sup = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     reaper, *tree = map(int, sup.stdout.readline().split())
     assert len(tree) == 4 and all(pid_alive(p) for p in tree)
     sup.send_signal(signal.SIGKILL)
@@ -63,12 +68,19 @@ def test_kill_9_of_the_supervisor_leaves_no_child_nor_grandchild():
 
 
 def test_children_die_with_their_parent_even_without_a_reaper():
-    code = ("import subprocess, sys, time; from toolkit.procutil import kill_with_parent_preexec; "
-            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
-            "start_new_session=True, preexec_fn=kill_with_parent_preexec()); print(p.pid, flush=True); "
-            "time.sleep(600)")
-    sup = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True,
-                           env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    code = (
+        "import subprocess, sys, time; from toolkit.procutil import kill_with_parent_preexec; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+        "start_new_session=True, preexec_fn=kill_with_parent_preexec()); print(p.pid, flush=True); "
+        "time.sleep(600)"
+    )
+    sup = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     child = int(sup.stdout.readline())
     sup.kill()
     sup.wait()

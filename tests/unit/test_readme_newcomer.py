@@ -44,8 +44,24 @@ def test_the_taskset_of_your_own_passes_validate_as_written(tmp_path: Path) -> N
     folder.mkdir()
     (folder / "sum_answer.py").write_text(module)
     (folder / "rl.toml").write_text(job)
-    r = subprocess.run([sys.executable, "-m", "toolkit.cli", "eval", "validate", "@", "my_tasks/rl.toml",
-                        "--env-vars.PYTHONPATH", str(folder), "--no-rich"], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=600, check=False)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.cli",
+            "eval",
+            "validate",
+            "@",
+            "my_tasks/rl.toml",
+            "--env-vars.PYTHONPATH",
+            str(folder),
+            "--no-rich",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert r.returncode == 0 and "GATE PASSED" in r.stdout, r.stdout + r.stderr
     assert "FAIL" not in r.stdout

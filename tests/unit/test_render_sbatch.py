@@ -20,8 +20,9 @@ PI = load_site("prime-intellect")
 
 
 def rendered(over=None, site=PI, tmp: Path | None = None, **kw) -> str:
-    cfg = make_cfg(merge(LAYOUTS["train2-infer1"], over or {}), site=site.name,
-                   **({"output_dir": str(tmp)} if tmp else {}), **kw)
+    cfg = make_cfg(
+        merge(LAYOUTS["train2-infer1"], over or {}), site=site.name, **({"output_dir": str(tmp)} if tmp else {}), **kw
+    )
     run = RunDir(Path(cfg.output_dir) / cfg.run.name)
     plan = build_plan(cfg, site, run, job_id="pending")
     if tmp:
@@ -65,8 +66,11 @@ def test_b02_torchrun_step_one_task_per_node_never_gpus_per_task() -> None:
     assert "--nodes=2 --ntasks=2 --ntasks-per-node=1" in step and "--gpus-per-task" not in step
     assert step.startswith("srun --job-name=trainer ")  # the job finds the step by name to stop it (_term_steps)
     with pytest.raises(ConfigError, match="per-task GPU binding"):
-        make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect",
-                 slurm={"extra_directives": ["--gpus-per-task=1", "--ntasks-per-node=4"]})
+        make_cfg(
+            LAYOUTS["train2-infer1"],
+            site="prime-intellect",
+            slurm={"extra_directives": ["--gpus-per-task=1", "--ntasks-per-node=4"]},
+        )
 
 
 def test_b13_signal_and_requeue_directives_and_background_wait() -> None:
@@ -86,8 +90,9 @@ def test_b14_default_signal_is_usr2_and_usr1_with_nccl_warns() -> None:
     from config_cases import validate
     from golden.layouts import BASE
 
-    loaded = validate(merge(merge(BASE, LAYOUTS["train2-infer1"]), {"site": "prime-intellect",
-                                                                         "slurm": {"signal": "USR1"}}))
+    loaded = validate(
+        merge(merge(BASE, LAYOUTS["train2-infer1"]), {"site": "prime-intellect", "slurm": {"signal": "USR1"}})
+    )
     assert any("NCCL" in w.message for w in loaded.warnings)
     text = rendered(slurm={"signal": "USR1"})
     assert "--signal=B:USR1@" in text
@@ -145,8 +150,11 @@ def test_sbatch_values_are_validated() -> None:
 def test_accounting_sites_get_account_others_never() -> None:
     assert "--account" not in rendered()
     hpc = load_site("generic-hpc")
-    text = rendered({"deployment": {"gpus_per_node": 4}, "inference": {"vllm": {"tensor_parallel_size": 4}}},
-                    site=hpc, slurm={"account": "proj123"})
+    text = rendered(
+        {"deployment": {"gpus_per_node": 4}, "inference": {"vllm": {"tensor_parallel_size": 4}}},
+        site=hpc,
+        slurm={"account": "proj123"},
+    )
     assert "#SBATCH --account=proj123" in text and "module load cuda/12.4" in text
     from toolkit.placement.environment import container_prefix
 

@@ -40,10 +40,7 @@ def test_custom_renderer_by_import_path(tmp_path):
     ids = r.render([{"role": "user", "content": "hé"}])
     assert r.decode(ids) == "user:hé\nassistant:"
     # The dotted spelling works too.
-    assert (
-        load_renderer(SimpleNamespace(name=None, import_path=f"{__name__}.ByteRenderer"), tmp_path).name
-        == "bytes"
-    )
+    assert load_renderer(SimpleNamespace(name=None, import_path=f"{__name__}.ByteRenderer"), tmp_path).name == "bytes"
 
 
 def test_bad_renderers_fail_clearly(tmp_path):

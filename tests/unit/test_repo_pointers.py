@@ -10,8 +10,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # Spelled in pieces so this file does not match itself.
-_OUTSIDE = re.compile("|".join([r"\.\./" + "shared", "shared/" + "notes", "shared " + "notes", r"in the " + "notes\\b",
-                                r"notes/[\w-]+\.md"]), re.IGNORECASE)  # fmt: skip
+_OUTSIDE = re.compile(
+    "|".join(
+        [r"\.\./" + "shared", "shared/" + "notes", "shared " + "notes", r"in the " + "notes\\b", r"notes/[\w-]+\.md"]
+    ),
+    re.IGNORECASE,
+)
 
 
 def test_no_file_points_outside_the_repository() -> None:
@@ -25,6 +29,9 @@ def test_no_file_points_outside_the_repository() -> None:
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
-        found += [f"{name.decode()}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
-                  if _OUTSIDE.search(line)]  # fmt: skip
+        found += [
+            f"{name.decode()}:{n}: {line.strip()}"
+            for n, line in enumerate(text.splitlines(), 1)
+            if _OUTSIDE.search(line)
+        ]
     assert not found, "pointers to documents outside the repository:\n" + "\n".join(found)

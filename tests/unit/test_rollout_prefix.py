@@ -115,9 +115,7 @@ def test_append_only_template_gives_one_sample(tokenizer):
     assert s.prompt_ids == policy.prompts[0]
     assert s.prompt_ids + s.completion_ids[: len(policy.prompts[1]) - len(s.prompt_ids)] == policy.prompts[1]
     # Sampled tokens: both replies plus their eos tokens.
-    assert sum(s.completion_mask) == sum(
-        len(tokenizer.encode(x, add_special_tokens=False)) + 1 for x in replies
-    )
+    assert sum(s.completion_mask) == sum(len(tokenizer.encode(x, add_special_tokens=False)) + 1 for x in replies)
     check_sample_consistency(r, policy)
 
 

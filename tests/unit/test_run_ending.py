@@ -100,8 +100,17 @@ def test_exit_statuses_are_exactly_readmes_table():
     import re
     from pathlib import Path
 
-    want = {"completed": 0, "preempted": 0, "failed": 1, "lease-lost": 3, "no-signal": 4, "criterion": 5,
-            "time-limit": 6, "stalled": 7, "user": 130}  # fmt: skip
+    want = {
+        "completed": 0,
+        "preempted": 0,
+        "failed": 1,
+        "lease-lost": 3,
+        "no-signal": 4,
+        "criterion": 5,
+        "time-limit": 6,
+        "stalled": 7,
+        "user": 130,
+    }
     assert ending.EXIT_STATUS == want
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = {int(n) for n in re.findall(r"^\| (\d+) \| ", readme, re.MULTILINE)}

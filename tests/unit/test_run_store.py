@@ -124,9 +124,7 @@ def test_uncommitted_append_is_ignored_and_overwritten(tmp_path: Path) -> None:
     path = tmp_path / "rollouts.h5"
     with RolloutStoreWriter(path) as w:
         w.append([_rollout(i) for i in range(4)], step=0)
-        w.append(
-            [_rollout(i, error_class="ProviderError", error_message="down") for i in range(4, 8)], step=1
-        )
+        w.append([_rollout(i, error_class="ProviderError", error_message="down") for i in range(4, 8)], step=1)
     # Inject what a writer killed after writing data but before committing num_rows leaves behind.
     with h5py.File(path, "a") as f:
         f.attrs["num_rows"] = 4
@@ -257,8 +255,15 @@ def _write_scenario(path: Path, retype: bool) -> None:
         _retype(path, _RETYPED)
     with RolloutStoreWriter(path) as w:
         w.append([_rollout(i, samples=[], metrics={}) for i in range(6, 9)], step=1, kind="eval")
-        w.append([_rollout(i, error_class="TaskError", error_message="x" * i, reward=np.nan,
-                           reward_components={"late": -0.0}) for i in range(9, 13)], step=2)  # fmt: skip
+        w.append(
+            [
+                _rollout(
+                    i, error_class="TaskError", error_message="x" * i, reward=np.nan, reward_components={"late": -0.0}
+                )
+                for i in range(9, 13)
+            ],
+            step=2,
+        )
     with h5py.File(path, "a") as f:  # the step-2 append died before committing num_rows
         f.attrs["num_rows"] = 9
     with RolloutStoreWriter(path) as w:
@@ -303,9 +308,12 @@ def test_low_level_append_writes_the_same_bytes_as_the_high_level_write(tmp_path
 def test_every_column_type_reads_back_exactly(tmp_path, retype) -> None:
     path = tmp_path / "rollouts.h5"
     _write_scenario(path, retype)
-    want = ([_rollout(i) for i in range(6)] + [_rollout(i, samples=[], metrics={}) for i in range(6, 9)]
-            + [_rollout(i, truncated=bool(i % 2)) for i in range(13, 15)]
-            + [_rollout(15, samples=[TrainingSample([], [], [], [])])])  # fmt: skip
+    want = (
+        [_rollout(i) for i in range(6)]
+        + [_rollout(i, samples=[], metrics={}) for i in range(6, 9)]
+        + [_rollout(i, truncated=bool(i % 2)) for i in range(13, 15)]
+        + [_rollout(15, samples=[TrainingSample([], [], [], [])])]
+    )
     df = load_rollouts(path, with_tokens=True)
     assert len(df) == len(want) == 12
     assert df["step"].tolist() == [0] * 6 + [1] * 3 + [3] * 2 + [5]
@@ -378,12 +386,21 @@ def test_a_damaged_store_fails_at_once_and_a_locked_one_is_waited_for(tmp_path, 
 
     locked = tmp_path / "locked.h5"
     h5py.File(locked, "w").close()
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import h5py, sys, time\n"
-        f"f = h5py.File({str(locked)!r}, 'a', locking=True)\n"
-        "print('held', flush=True)\n"
-        "time.sleep(1.0)\n"
-        "f.close()\n")], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import h5py, sys, time\n"
+                f"f = h5py.File({str(locked)!r}, 'a', locking=True)\n"
+                "print('held', flush=True)\n"
+                "time.sleep(1.0)\n"
+                "f.close()\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with store_mod._open(locked, "r") as f:  # retried until the holder lets go

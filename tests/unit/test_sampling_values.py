@@ -85,20 +85,21 @@ def _engine_like_batch(model, *, temperature: float, top_p: float, top_k: int | 
             tok = int(torch.multinomial(logp.exp(), 1, generator=g))
             ids.append(tok)
             lps.append(float(logp[tok]))
-        samples.append(TrainingSample(prompt, ids[len(prompt):], [True] * 6, lps))
+        samples.append(TrainingSample(prompt, ids[len(prompt) :], [True] * 6, lps))
     meta = {"sampling": sampling_meta(SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k))}
     return samples_to_batch(1, samples, [1.0, -1.0, 0.5, -0.5], policy_versions=[0] * 4, envs=["e"] * 4, meta=meta)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    temperature=st.one_of(st.sampled_from([0.0, 1e-6, 0.009, MIN_TRAIN_TEMPERATURE, 10.0, 10.5, -1.0, math.nan]),
-                          st.floats(0.0, 12.0)),
+    temperature=st.one_of(
+        st.sampled_from([0.0, 1e-6, 0.009, MIN_TRAIN_TEMPERATURE, 10.0, 10.5, -1.0, math.nan]), st.floats(0.0, 12.0)
+    ),
     top_p=st.one_of(st.just(1.0), st.sampled_from([0.0, 1e-9, 0.5, 1.01, -0.1]), st.floats(0.0, 1.2)),
     top_k=st.one_of(st.none(), st.sampled_from([0, 1, 512, 513, -1]), st.integers(-3, 600)),
     min_p=st.one_of(st.just(_MISSING), st.just(_MISSING), st.floats(0.0, 1.0)),
     seed=st.integers(0, 2**16),
-)  # fmt: skip
+)
 # Draws that must be decided every run, whatever hypothesis picks: greedy and near-greedy temperatures with
 # otherwise plain sampling, the bounds themselves, and truncation with and without a top_k.
 @example(temperature=0.0, top_p=1.0, top_k=None, min_p=_MISSING, seed=0)
@@ -123,9 +124,16 @@ def test_each_sampling_draw_is_refused_naming_its_field_or_trains_with_finite_lo
     s = cfg.orchestrator.train.sampling
     batch = _engine_like_batch(tiny, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed)
     model = copy.deepcopy(tiny)
-    m = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), None,
-                   plan_micro_batches(batch, seq_len=64, micro_batch_size=4), loss_cfg=IPOLoss(), max_norm=1.0,
-                   num_samples=batch.num_samples, apply_update=False)  # fmt: skip
+    m = train_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        None,
+        plan_micro_batches(batch, seq_len=64, micro_batch_size=4),
+        loss_cfg=IPOLoss(),
+        max_norm=1.0,
+        num_samples=batch.num_samples,
+        apply_update=False,
+    )
     assert math.isfinite(m["loss/mean"]) and math.isfinite(m["optim/grad_norm"]), (table, m)
     # Same weights on both sides: the trainer's logprobs are the sampler's (temperature, top-k and top-p applied).
     assert m["mismatch_kl/mean"] < 1e-4, (table, m)
@@ -135,14 +143,23 @@ def test_each_sampling_draw_is_refused_naming_its_field_or_trains_with_finite_lo
 
 def test_temperature_zero_is_refused_with_the_reason_and_the_eval_may_use_it():
     over = {"orchestrator": {"train": {"sampling": {"temperature": 0}}}}
-    with pytest.raises(ConfigError, match=r"orchestrator\.train\.sampling\.temperature: train sampling needs "
-                                          r"temperature >= 0\.01 \(got 0\)"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"orchestrator\.train\.sampling\.temperature: train sampling needs "
+        r"temperature >= 0\.01 \(got 0\)",
+    ):
         validate(merge(BASE, over))
     env = {"taskset": {"id": "srl-reverse-text"}, "sampling": {"temperature": 0.0}}
     with pytest.raises(ConfigError, match=r"orchestrator\.train\.env\[0\]\.sampling\.temperature"):
         validate(merge(BASE, {"orchestrator": {"train": {"env": [env]}}}))
-    greedy_eval = {"orchestrator": {"eval": {"sampling": {"temperature": 0.0},
-                                             "env": [{"taskset": {"id": "srl-reverse-text", "split": "test"}}]}}}  # fmt: skip
+    greedy_eval = {
+        "orchestrator": {
+            "eval": {
+                "sampling": {"temperature": 0.0},
+                "env": [{"taskset": {"id": "srl-reverse-text", "split": "test"}}],
+            }
+        }
+    }
     assert validate(merge(BASE, greedy_eval)).config.orchestrator.eval.sampling.temperature == 0.0
 
 
@@ -155,9 +172,16 @@ def test_trainer_scores_tokens_under_the_temperature_and_truncation_the_batch_re
 
     def kl(b):
         model = copy.deepcopy(tiny)
-        m = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), None,
-                       plan_micro_batches(b, seq_len=64, micro_batch_size=4), loss_cfg=IPOLoss(), max_norm=1.0,
-                       num_samples=b.num_samples, apply_update=False)  # fmt: skip
+        m = train_step(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.0),
+            None,
+            plan_micro_batches(b, seq_len=64, micro_batch_size=4),
+            loss_cfg=IPOLoss(),
+            max_norm=1.0,
+            num_samples=b.num_samples,
+            apply_update=False,
+        )
         return m["mismatch_kl/mean"]
 
     assert kl(batch) < 1e-5

@@ -43,8 +43,12 @@ def test_prompt_completion_trains_the_completion_and_its_end_of_turn_only(render
 
 
 def test_two_assistant_turns_are_both_trained(renderer, tmp_path):
-    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "xy"},
-            {"role": "user", "content": "b"}, {"role": "assistant", "content": "zw"}]
+    msgs = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "xy"},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "zw"},
+    ]
     f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs}])
     (conv,), _ = load_conversations(f, ColumnsConfig())
     ids, mask = tokenize(renderer, conv, LossMaskConfig(), "x")
@@ -55,25 +59,44 @@ def test_two_assistant_turns_are_both_trained(renderer, tmp_path):
 
 
 def test_message_loss_mask_keeps_only_the_selected_message(renderer, tmp_path):
-    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "xy"},
-            {"role": "user", "content": "b"}, {"role": "assistant", "content": "zw"}]
+    msgs = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "xy"},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "zw"},
+    ]
     f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs, "message_loss_mask": [0, 0, 0, 1]}])
     (conv,), _ = load_conversations(f, ColumnsConfig())
     ids, mask = tokenize(renderer, conv, LossMaskConfig(), "x")
     assert _text(renderer, ids, mask) == "zw<|im_end|>"
     # prompt/completion rows: the mask covers prompt + completion messages
-    f = _jsonl(tmp_path / "e.jsonl", [{"prompt": [{"role": "user", "content": "a"}],
-                                       "completion": [{"role": "assistant", "content": "q"}],
-                                       "message_loss_mask": [True, False]}])
+    f = _jsonl(
+        tmp_path / "e.jsonl",
+        [
+            {
+                "prompt": [{"role": "user", "content": "a"}],
+                "completion": [{"role": "assistant", "content": "q"}],
+                "message_loss_mask": [True, False],
+            }
+        ],
+    )
     (conv,), _ = load_conversations(f, ColumnsConfig())
     with pytest.raises(DataError, match="no token is trained"):
         tokenize(renderer, conv, LossMaskConfig(), "row 0")
 
 
 def test_messages_win_over_prompt_completion_and_columns_are_renamed(tmp_path):
-    f = _jsonl(tmp_path / "d.jsonl", [{"conversation": [{"role": "user", "content": "m"},
-                                                        {"role": "assistant", "content": "n"}],
-                                       "q": "p", "a": "c", "key": 7}])
+    f = _jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {
+                "conversation": [{"role": "user", "content": "m"}, {"role": "assistant", "content": "n"}],
+                "q": "p",
+                "a": "c",
+                "key": 7,
+            }
+        ],
+    )
     cols = ColumnsConfig(messages="conversation", prompt="q", completion="a", id="key")
     (conv,), _ = load_conversations(f, cols)
     assert [m["content"] for m in conv.messages] == ["m", "n"] and conv.sample_id == "7"
@@ -85,12 +108,14 @@ def test_messages_win_over_prompt_completion_and_columns_are_renamed(tmp_path):
     "content, match",
     [
         (b'{"prompt": "a"}\n', r"row 0: needs a 'messages' column, or both 'prompt' and 'completion'"),
-        (b'{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": "b", "message_loss_mask": [1]}\n',
-         r"row 1, column 'message_loss_mask': 1 entries for 2 messages"),
+        (
+            b'{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": "b", "message_loss_mask": [1]}\n',
+            r"row 1, column 'message_loss_mask': 1 entries for 2 messages",
+        ),
         (b"", r"the dataset has no rows"),
         (b'{"prompt": "a", "completion": "b"}\n{"prompt": "a", \n', r"row 1 \(line 2\): not valid JSON"),
         (b'{"prompt": "a", "completion": "\xff\xfe"}\n', r"row 0 \(line 1\): not UTF-8"),
-        (b'[1, 2]\n', r"row 0: expected a JSON object"),
+        (b"[1, 2]\n", r"row 0: expected a JSON object"),
         (b'{"messages": [{"role": "robot", "content": "x"}]}\n', r"column 'messages', message 0: role 'robot'"),
     ],
 )

@@ -33,8 +33,10 @@ _jsonl = write_jsonl
 
 def _sft_toml(tmp_path: Path, data: Path, extra: str = "") -> Path:
     f = tmp_path / "sft.toml"
-    f.write_text(f'max_steps = 2\noutput_dir = "{tmp_path / "outputs"}"\n[model]\nname = "tiny-qwen3"\n'
-                 f'[data]\nname = "{data}"\nbatch_size = 2\nseq_len = 128\n{extra}')  # fmt: skip
+    f.write_text(
+        f'max_steps = 2\noutput_dir = "{tmp_path / "outputs"}"\n[model]\nname = "tiny-qwen3"\n'
+        f'[data]\nname = "{data}"\nbatch_size = 2\nseq_len = 128\n{extra}'
+    )
     return f
 
 
@@ -77,8 +79,9 @@ def test_files_of_one_directory_may_differ_in_columns_and_types(tmp_path):
     p = tmp_path / "p"
     p.mkdir()
     pq.write_table(pa.table({"prompt": ["a"], "completion": ["b"]}), p / "a.parquet")
-    pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "c"}]], "completion": ["d"], "x": [1]}),
-                   p / "b.parquet")
+    pq.write_table(
+        pa.table({"prompt": [[{"role": "user", "content": "c"}]], "completion": ["d"], "x": [1]}), p / "b.parquet"
+    )
     assert [c.messages[0]["content"] for c in load_conversations(p, ColumnsConfig())[0]] == ["a", "c"]
 
 
@@ -123,8 +126,12 @@ def test_tools_the_template_ignores_are_refused(renderer, tmp_path):
 
 
 def test_tool_calls_the_template_ignores_are_refused(renderer, tmp_path):
-    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [_CALL]},
-            {"role": "tool", "content": "1", "tool_call_id": "c1"}, {"role": "assistant", "content": "done"}]
+    msgs = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": None, "tool_calls": [_CALL]},
+        {"role": "tool", "content": "1", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "done"},
+    ]
     f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs}])
     (conv,), _ = load_conversations(f, ColumnsConfig())
     with pytest.raises(DataError, match="message 1: renderer 'auto' .* ignores the message's tool_calls"):
@@ -137,8 +144,9 @@ def test_a_renderer_that_renders_tools_and_tool_calls_trains_them(renderer, tmp_
         stop_token_ids = renderer.stop_token_ids
 
         def render(self, messages, *, add_generation_prompt=True, tools=None):
-            msgs = [{"role": m["role"], "content": m["content"] + json.dumps(m.get("tool_calls", ""))}
-                    for m in messages]
+            msgs = [
+                {"role": m["role"], "content": m["content"] + json.dumps(m.get("tool_calls", ""))} for m in messages
+            ]
             if tools:
                 msgs = [{"role": "system", "content": json.dumps(tools)}, *msgs]
             return renderer.render(msgs, add_generation_prompt=add_generation_prompt)
@@ -159,13 +167,22 @@ def test_tool_call_rows_train_the_calls_and_answers_not_the_tool_results_with_th
 
     hermes = HermesRenderer(resolve_model("tiny-qwen3"))
     call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"word": "heron"}'}}
-    tools = [{"type": "function", "function": {"name": "lookup", "description": "look a word up",
-                                                "parameters": {"type": "object", "properties": {
-                                                    "word": {"type": "string"}}}}}]  # fmt: skip
-    msgs = [{"role": "user", "content": "What is the code for heron?"},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "content": "BLUE-7", "tool_call_id": "c1"},
-            {"role": "assistant", "content": "The code is BLUE-7."}]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "look a word up",
+                "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+            },
+        }
+    ]
+    msgs = [
+        {"role": "user", "content": "What is the code for heron?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "BLUE-7", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "The code is BLUE-7."},
+    ]
     f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs, "tools": json.dumps(tools)}])
     (conv,), _ = load_conversations(f, ColumnsConfig())
     ids, mask = tokenize(hermes, conv, LossMaskConfig(), "d.jsonl: row 0")
@@ -190,8 +207,10 @@ def test_one_row_with_a_held_out_val_split_is_refused_at_login(tmp_path):
     load([_sft_toml(tmp_path, data)], [])  # without [val], one row trains
 
 
-@pytest.mark.parametrize(("override", "field"), [(["--model.name", "/nonexistent/model"], "model.name"),
-                                                 (["--site", "no-such-site"], "site")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [(["--model.name", "/nonexistent/model"], "model.name"), (["--site", "no-such-site"], "site")],
+)
 def test_missing_model_or_unknown_site_is_refused_before_the_run_directory(tmp_path, override, field):
     from toolkit.cli import main
 
@@ -209,8 +228,9 @@ def test_local_start_from_an_unfinished_sft_run_is_a_config_error(tmp_path):
     sft_run = tmp_path / "sft-run"
     sft_run.mkdir()
     (sft_run / "run_meta.json").write_text("{}")
-    loaded = load_config([RL_TOML], ["--model.name", str(sft_run), "--output-dir", str(tmp_path),
-                                     "--run.name", "rl-run"])
+    loaded = load_config(
+        [RL_TOML], ["--model.name", str(sft_run), "--output-dir", str(tmp_path), "--run.name", "rl-run"]
+    )
     with pytest.raises(ConfigError, match="model.name: run directory .* has no final model yet"):
         start(Launch(loaded, RunDir(tmp_path / "rl-run"), argv=["srl", "rl"]))
     assert not (tmp_path / "rl-run").exists()
@@ -221,8 +241,9 @@ def test_local_start_from_an_unfinished_sft_run_is_a_config_error(tmp_path):
 # ------------------------------------------------------------------------------------------------------------
 # srl sft chain: the RL half is checked before the SFT run is written
 # ------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("rl", [[], ["@", str(RL_TOML), "--orchestrator.batch-size", "-3"],
-                                ["@", str(RL_TOML), "--then", "@", str(RL_TOML)]])  # fmt: skip
+@pytest.mark.parametrize(
+    "rl", [[], ["@", str(RL_TOML), "--orchestrator.batch-size", "-3"], ["@", str(RL_TOML), "--then", "@", str(RL_TOML)]]
+)
 def test_chain_refuses_a_bad_rl_half_before_writing_the_sft_run(tmp_path, rl):
     from toolkit.commands.sft import cmd_chain
 
@@ -286,8 +307,9 @@ def test_two_roles_naming_one_column_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="data.columns .*prompt and completion both name the column 'completion'"):
         load_sft_config([_sft_toml(tmp_path, data)], ["--data.columns.prompt", "completion"])
     # a swap is two distinct columns: allowed
-    cfg = load_sft_config([_sft_toml(tmp_path, data)], ["--data.columns.prompt", "completion",
-                                                        "--data.columns.completion", "prompt"])  # fmt: skip
+    cfg = load_sft_config(
+        [_sft_toml(tmp_path, data)], ["--data.columns.prompt", "completion", "--data.columns.completion", "prompt"]
+    )
     assert cfg.data.columns.prompt == "completion"
 
 
@@ -314,10 +336,10 @@ def test_diagnose_reports_a_failed_local_launcher_with_the_error_line(tmp_path, 
     run = tmp_path / "run"
     (run / "launcher").mkdir(parents=True)
     (run / "logs" / "attempt_1").mkdir(parents=True)
-    (run / "launcher" / "local.json").write_text(json.dumps({"pid": 1, "host": "h", "attempt": 1,
-                                                             "status": status}))  # fmt: skip
+    (run / "launcher" / "local.json").write_text(json.dumps({"pid": 1, "host": "h", "attempt": 1, "status": status}))
     (run / "logs" / "attempt_1" / "trainer.log").write_text(
-        "x srl.trainer INFO rank 0 of 1\nx srl.trainer ERROR DataError: d.jsonl: 1 row(s) cannot be split\n")
+        "x srl.trainer INFO rank 0 of 1\nx srl.trainer ERROR DataError: d.jsonl: 1 row(s) cannot be split\n"
+    )
     findings = [f for f in diagnose(run) if f.boundary == "local: launcher failed"]
     assert bool(findings) is found
     if found:
@@ -371,7 +393,8 @@ def test_make_data_warns_when_it_writes_the_split_the_rl_job_evaluates_on(tmp_pa
     assert "eval answers" not in capsys.readouterr().err
     assert _make_data(tmp_path / "test.jsonl", "--taskset.split", "test") == 0
     assert "eval env(s) ['reverse-text-test'] of this config evaluate on taskset 'srl-reverse-text' split 'test'" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
 
 
 def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path):
@@ -383,8 +406,12 @@ def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path):
 
 
 def test_openai_style_message_weight_is_refused_not_ignored(tmp_path):
-    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "bad", "weight": 0},
-            {"role": "user", "content": "b"}, {"role": "assistant", "content": "good", "weight": 1}]
+    msgs = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "bad", "weight": 0},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "good", "weight": 1},
+    ]
     f = _jsonl(tmp_path / "d.jsonl", [{"messages": msgs}])
     with pytest.raises(DataError, match=r"row 0, column 'messages', message 1: has a 'weight' key"):
         check_dataset(f, ColumnsConfig())
@@ -451,15 +478,21 @@ def test_local_sft_from_an_unfinished_sft_run_is_refused_before_its_run_director
 # ------------------------------------------------------------------------------------------------------------
 # The cross-field rules srl rl applies hold for srl sft too (one rule set, run on the SFT run's launch view)
 # ------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("extra", "field", "says"), [
-    ('[slurm]\nextra_directives = ["--nodes=4"]\n', "slurm.extra_directives", "set by srl"),
-    ('[env_vars]\nHF_TOKEN = "hf_abc"\n', "env_vars.HF_TOKEN", "looks like a secret"),
-    ('[env_vars]\n"BAD-NAME" = "1"\n', "env_vars.BAD-NAME", "not a valid environment variable name"),
-    ('[trainer.env_vars]\n"1X" = "1"\n', "trainer.env_vars.1X", "not a valid environment variable name"),
-    ('[slurm]\ntime = "ninety minutes"\n', "slurm.time", ""),
-    ('[[eval.env]]\ntaskset = { id = "srl-reverse-text" }\n[[eval.env]]\ntaskset = { id = "srl-reverse-text" }\n',
-     "eval.env", "used 2 times"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("extra", "field", "says"),
+    [
+        ('[slurm]\nextra_directives = ["--nodes=4"]\n', "slurm.extra_directives", "set by srl"),
+        ('[env_vars]\nHF_TOKEN = "hf_abc"\n', "env_vars.HF_TOKEN", "looks like a secret"),
+        ('[env_vars]\n"BAD-NAME" = "1"\n', "env_vars.BAD-NAME", "not a valid environment variable name"),
+        ('[trainer.env_vars]\n"1X" = "1"\n', "trainer.env_vars.1X", "not a valid environment variable name"),
+        ('[slurm]\ntime = "ninety minutes"\n', "slurm.time", ""),
+        (
+            '[[eval.env]]\ntaskset = { id = "srl-reverse-text" }\n' * 2,
+            "eval.env",
+            "used 2 times",
+        ),
+    ],
+)
 def test_rl_rules_refuse_the_same_values_in_an_sft_config(tmp_path, extra, field, says):
     from toolkit.config.sft import load_sft_config
 

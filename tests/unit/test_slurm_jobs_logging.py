@@ -28,13 +28,15 @@ def _line(job: str, workdir: str, out: str, err: str | None = None) -> str:
 
 
 def test_a_pending_job_logging_under_the_run_is_found_and_others_are_not() -> None:
-    text = "\n".join([
-        _line("41", "/home/u", "/out/r/logs/r-%j.out"),          # the dry run's script, submitted by hand
-        _line("42", "/home/u", "/out/r2/logs/r2-%j.out"),        # a run whose name merely starts the same
-        _line("43", "/home/u", "/out/rr/logs/x.out"),
-        _line("44", "/out/r", "/elsewhere/x.out", "/out/r/logs/x.err"),  # only its stderr is under the run
-        _line("45", "/home/u", "/out/r", "/dev/null"),            # the run directory itself as a file name
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            _line("41", "/home/u", "/out/r/logs/r-%j.out"),  # the dry run's script, submitted by hand
+            _line("42", "/home/u", "/out/r2/logs/r2-%j.out"),  # a run whose name merely starts the same
+            _line("43", "/home/u", "/out/rr/logs/x.out"),
+            _line("44", "/out/r", "/elsewhere/x.out", "/out/r/logs/x.err"),  # only its stderr is under the run
+            _line("45", "/home/u", "/out/r", "/dev/null"),  # the run directory itself as a file name
+        ]
+    )
     assert jobs_logging_under_in(text, "/out/r") == ["41", "44", "45"]
     assert jobs_logging_under_in(text, "/out/r/") == ["41", "44", "45"]
     assert jobs_logging_under_in(text, "/out/r2") == ["42"]
@@ -42,14 +44,16 @@ def test_a_pending_job_logging_under_the_run_is_found_and_others_are_not() -> No
 
 
 def test_hetjob_components_and_array_tasks_are_named_as_squeue_names_them_each_once() -> None:
-    text = "\n".join([
-        _line("123+0", "/w", "/out/r/logs/r-%j.out"),
-        _line("123+1", "/w", "/out/r/logs/r-%j.out"),
-        _line("77_[1-3%2]", "/w", "/out/r/logs/sweep-%A_%a.out"),
-        _line("77_4", "/w", "/out/r/logs/sweep-%A_%a.out"),
-        _line("77_4", "/w", "/out/r/logs/sweep-%A_%a.out"),
-        _line("78_[5,7]", "/w", "/out/q/logs/x.out"),
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            _line("123+0", "/w", "/out/r/logs/r-%j.out"),
+            _line("123+1", "/w", "/out/r/logs/r-%j.out"),
+            _line("77_[1-3%2]", "/w", "/out/r/logs/sweep-%A_%a.out"),
+            _line("77_4", "/w", "/out/r/logs/sweep-%A_%a.out"),
+            _line("77_4", "/w", "/out/r/logs/sweep-%A_%a.out"),
+            _line("78_[5,7]", "/w", "/out/q/logs/x.out"),
+        ]
+    )
     assert jobs_logging_under_in(text, "/out/r") == ["123+0", "123+1", "77_[1-3%2]", "77_4"]
 
 
@@ -67,12 +71,14 @@ def test_unexpanded_patterns_count_when_their_fixed_part_could_lead_under_the_ru
 
 
 def test_relative_log_paths_are_taken_from_the_job_working_directory() -> None:
-    text = "\n".join([
-        _line("1", "/out/r", "logs/x.out"),
-        _line("2", "/out", "r/logs/x.out", "r2/y.err"),
-        _line("3", "/home/u", "logs/x.out"),
-        _line("4", "/out/r/sub", "../../r2/x.out"),
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            _line("1", "/out/r", "logs/x.out"),
+            _line("2", "/out", "r/logs/x.out", "r2/y.err"),
+            _line("3", "/home/u", "logs/x.out"),
+            _line("4", "/out/r/sub", "../../r2/x.out"),
+        ]
+    )
     assert jobs_logging_under_in(text, "/out/r") == ["1", "2"]
     # A relative path with no working directory to resolve it against cannot be placed: counted.
     assert jobs_logging_under_in(_line("5", "N/A", "logs/x.out"), "/out/r") == ["5"]
@@ -92,11 +98,13 @@ def test_padded_fields_are_read() -> None:
 
 def test_paths_holding_the_field_separator_are_tried_every_way() -> None:
     # "|" is legal in directory names (and in output_dir: #SBATCH values only exclude whitespace and quotes).
-    text = "\n".join([
-        _line("11", "/home/u", "/out/a|b/logs/r-%j.out"),
-        _line("12", "/w|x", "/out/a|b2/logs/x.out", "/dev/null"),
-        _line("13", "/out/a|b", "logs/x.out", "/dev/null"),
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            _line("11", "/home/u", "/out/a|b/logs/r-%j.out"),
+            _line("12", "/w|x", "/out/a|b2/logs/x.out", "/dev/null"),
+            _line("13", "/out/a|b", "logs/x.out", "/dev/null"),
+        ]
+    )
     assert jobs_logging_under_in(text, "/out/a|b") == ["11", "13"]
     assert jobs_logging_under_in(text, "/out/c") == []
     # One way of splitting "/out/a|b/logs/..." names the file "/out/a": for run /out/a it is ambiguous, and kept.
@@ -120,12 +128,15 @@ def test_symlinked_run_directories_match_by_either_name(tmp_path: Path) -> None:
     assert jobs_logging_under_in(text, tmp_path / "home" / "r") == ["21", "22", "23"]
 
 
-@pytest.mark.parametrize("junk", [
-    "slurm_load_jobs error: Socket timed out on send/recv operation",
-    "JOBID|WORK_DIR|STDOUT|STDERR|",  # a header: the option that suppresses it was not honoured
-    "42|/out/r/logs/x.out|",  # fewer fields than asked for
-    "42 /w /out/r/logs/x.out /out/r/logs/x.out",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "junk",
+    [
+        "slurm_load_jobs error: Socket timed out on send/recv operation",
+        "JOBID|WORK_DIR|STDOUT|STDERR|",  # a header: the option that suppresses it was not honoured
+        "42|/out/r/logs/x.out|",  # fewer fields than asked for
+        "42 /w /out/r/logs/x.out /out/r/logs/x.out",
+    ],
+)
 def test_lines_that_are_no_job_records_raise(junk: str) -> None:
     with pytest.raises(ValueError, match="not a squeue job record"):
         jobs_logging_under_in(_line("1", "/w", "/x") + "\n" + junk, "/out/r")
@@ -180,7 +191,7 @@ def test_a_squeue_that_is_no_program_is_an_error(fake_bin, monkeypatch) -> None:
 def test_log_paths_that_are_not_utf8_are_read(fake_bin, tmp_path) -> None:
     run = os.fsencode(tmp_path) + b"/r\xff"  # a run directory whose name is not UTF-8
     os.mkdir(run)
-    body = (b"printf '%s\\n' '1|/w|/data/\xfe.out|/data/\xfe.out|' '2|/w|" + run + b"/logs/r-%j.out|/dev/null|'\n")
+    body = b"printf '%s\\n' '1|/w|/data/\xfe.out|/data/\xfe.out|' '2|/w|" + run + b"/logs/r-%j.out|/dev/null|'\n"
     _fake_squeue(fake_bin, body)
     assert slurm.jobs_logging_under(Path(os.fsdecode(run))) == ["2"]
 

@@ -14,9 +14,7 @@ from toolkit.launch import slurm
 
 
 def _state(records: list[str], job_id: str) -> slurm.JobState:
-    return slurm.summarize(
-        job_id, [slurm.job_state_from_record(slurm.parse_scontrol_record(r)) for r in records]
-    )
+    return slurm.summarize(job_id, [slurm.job_state_from_record(slurm.parse_scontrol_record(r)) for r in records])
 
 
 def _squeue_state(lines: list[str], job_id: str) -> slurm.JobState:

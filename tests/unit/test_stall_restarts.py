@@ -58,8 +58,9 @@ def test_torn_or_foreign_lines_do_not_count(tmp_path):
 
 def test_the_ending_says_a_stall_requeued_the_job(tmp_path):
     run = _run(tmp_path)
-    end = ending.settle(run, requeued=True, requeued_reason="trainer made no progress ...; every role restarts",
-                        stalled="trainer")  # fmt: skip
+    end = ending.settle(
+        run, requeued=True, requeued_reason="trainer made no progress ...; every role restarts", stalled="trainer"
+    )
     assert (end.cause, end.role, end.exit_status) == (ending.PREEMPTED, "trainer", 0)
     assert end.line().startswith("srl: run ended: stalled; requeued: trainer made no progress")
     assert ending.read(run) == end

@@ -27,8 +27,14 @@ JOB = REPO / "jobs" / "reverse-text" / "rl.toml"
 
 
 def _srl(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _launched(out: Path, name: str):
@@ -43,7 +49,9 @@ def _launched(out: Path, name: str):
 
 def _record(run: RunDir, step: int, reward: float) -> None:
     with open(run.metrics, "a") as f:
-        f.write(json.dumps({"role": "orchestrator", "step": step, "reward/all/mean": reward, "time": time.time()}) + "\n")
+        f.write(
+            json.dumps({"role": "orchestrator", "step": step, "reward/all/mean": reward, "time": time.time()}) + "\n"
+        )
         f.write(json.dumps({"role": "trainer", "step": step, "time": time.time()}) + "\n")
 
 
@@ -86,8 +94,12 @@ def test_logs_follow_ends_when_the_run_ends(tmp_path: Path) -> None:
     point_symlink(run.latest_logs, "attempt_1")
     log = run.log_attempt(1) / "orchestrator.log"
     log.write_text("step 1\n")
-    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "logs", str(run.root), "--follow"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", "logs", str(run.root), "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline() == "[orchestrator.log] step 1\n"  # following while the lease is held
         with open(log, "a") as f:

@@ -17,8 +17,11 @@ from toolkit.run.layout import RunDir
 def _sup(tmp_path: Path, grace_s: float = 60.0, max_restarts: int = 0, **roles: str) -> Supervisor:
     """A supervisor whose children are ``python -c CODE`` processes, one per ``role=CODE``; ``grace_s`` is the
     run's ``slurm.checkpoint_grace_s``, ``max_restarts`` its ``inference.max_restarts``."""
-    cfg = SimpleNamespace(slurm=SimpleNamespace(checkpoint_grace_s=grace_s), monitors=MonitorsConfig(),
-                          inference=SimpleNamespace(max_restarts=max_restarts))
+    cfg = SimpleNamespace(
+        slurm=SimpleNamespace(checkpoint_grace_s=grace_s),
+        monitors=MonitorsConfig(),
+        inference=SimpleNamespace(max_restarts=max_restarts),
+    )
     sup = Supervisor(cfg, RunDir(tmp_path / "run"), None, say=lambda *a, **k: None, own_groups=False)
     for role, code in roles.items():
         sup.start(role, role, [sys.executable, "-c", code], dict(os.environ), tmp_path / f"{role}.log")
@@ -106,8 +109,11 @@ def test_a_child_whose_env_names_cpus_starts_pinned_to_them(tmp_path: Path) -> N
     cpu = min(os.sched_getaffinity(0))
     out = tmp_path / "affinity.txt"
     code = f"import os, pathlib; pathlib.Path({str(out)!r}).write_text(str(sorted(os.sched_getaffinity(0))))"
-    cfg = SimpleNamespace(slurm=SimpleNamespace(checkpoint_grace_s=60.0), monitors=MonitorsConfig(),
-                          inference=SimpleNamespace(max_restarts=0))
+    cfg = SimpleNamespace(
+        slurm=SimpleNamespace(checkpoint_grace_s=60.0),
+        monitors=MonitorsConfig(),
+        inference=SimpleNamespace(max_restarts=0),
+    )
     sup = Supervisor(cfg, RunDir(tmp_path / "run"), None, say=lambda *a, **k: None, own_groups=False)
     env = {**os.environ, "SRL_CPU_AFFINITY": str(cpu)}
     sup.start("inference-0-0", "inference", [sys.executable, "-c", code], env, tmp_path / "e.log")

@@ -40,7 +40,9 @@ samples = 3
     sweep = load_sweep(f)
     assert len(sweep.points) == 6
     assert {(p.params["trainer.optim.lr"], p.params["orchestrator.group_size"]) for p in sweep.points} == {
-        (1e-4, 8), (2e-4, 16)}
+        (1e-4, 8),
+        (2e-4, 16),
+    }
     assert all(0 <= p.params["trainer.optim.weight_decay"] <= 0.1 for p in sweep.points)
 
 
@@ -72,13 +74,25 @@ base = ["{ROOT}/jobs/reverse-text/rl.toml"]
     with pytest.raises(ConfigError) as e:
         point_configs(load_sweep(f), tmp_path)
     text = str(e.value)
-    assert [pid for pid in ("p001", "p002", "p003", "p004", "p005") if f"[{pid} " in text] == \
-        ["p001", "p002", "p003", "p004", "p005"], text  # the first five failing points in full
+    assert [pid for pid in ("p001", "p002", "p003", "p004", "p005") if f"[{pid} " in text] == [
+        "p001",
+        "p002",
+        "p003",
+        "p004",
+        "p005",
+    ], text  # the first five failing points in full
     assert "[p000 " not in text and "2 more of the 8 points fail (p006, p007)" in text, text
 
 
-@pytest.mark.parametrize("body", ['[sweep]\nname="x"\n', '[sweep]\nname="x"\nbase=["a.toml"]\nseeds="0"\n',
-                                  '[sweep]\nname="x"\nbase=["a"]\nbogus=1\n', '[other]\n'])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '[sweep]\nname="x"\n',
+        '[sweep]\nname="x"\nbase=["a.toml"]\nseeds="0"\n',
+        '[sweep]\nname="x"\nbase=["a"]\nbogus=1\n',
+        "[other]\n",
+    ],
+)
 def test_bad_sweep_files(tmp_path, body):
     f = tmp_path / "s.toml"
     f.write_text(body)

@@ -36,8 +36,11 @@ def _max_running(chunks) -> int:
 
 
 @settings(max_examples=200, deadline=None)
-@given(shapes=st.lists(st.tuples(st.integers(1, 40), st.booleans()), min_size=1, max_size=6),
-       max_parallel=st.integers(1, 12), size=st.integers(1, 15))
+@given(
+    shapes=st.lists(st.tuples(st.integers(1, 40), st.booleans()), min_size=1, max_size=6),
+    max_parallel=st.integers(1, 12),
+    size=st.integers(1, 15),
+)
 def test_split_never_runs_more_than_max_parallel(shapes, max_parallel, size):
     chunks = plan_arrays(shapes, max_parallel, size)
     # every point exactly once, in shape order, each chunk within one shape and within MaxArraySize
@@ -64,8 +67,11 @@ def test_split_examples():
     assert [(x.points, x.throttle, x.after) for x in c] == [([0], 1, None), ([1, 2], 1, 0)]
     # het-group points: one plain job each, chained when max_parallel allows only one
     c = plan_arrays([(3, False)], 2, 1001)
-    assert [(x.points, x.array, x.lane, x.after) for x in c] == [([0], False, 0, None), ([1], False, 1, None),
-                                                                  ([2], False, 0, 0)]
+    assert [(x.points, x.array, x.lane, x.after) for x in c] == [
+        ([0], False, 0, None),
+        ([1], False, 1, None),
+        ([2], False, 0, 0),
+    ]
 
 
 def _sweep(tmp_path: Path, body: str, name: str = "s") -> Path:
@@ -75,22 +81,45 @@ def _sweep(tmp_path: Path, body: str, name: str = "s") -> Path:
 
 
 def _directives(text: str) -> list[str]:
-    return [ln[len("#SBATCH "):] for ln in text.splitlines() if ln.startswith("#SBATCH ")]
+    return [ln[len("#SBATCH ") :] for ln in text.splitlines() if ln.startswith("#SBATCH ")]
 
 
 def test_sweep_composes_like_srl_rl(tmp_path: Path, capsys) -> None:
     overlay = tmp_path / "overlay.toml"
     overlay.write_text("[orchestrator]\nbatch_size = 32\n")
-    f = _sweep(tmp_path, f'base = ["{ROOT}/jobs/reverse-text/rl.toml"]\nmax_parallel = 1\n'
-                         '[sweep.grid]\n"trainer.optim.lr" = [1e-4, 3e-4]\n')
+    f = _sweep(
+        tmp_path,
+        f'base = ["{ROOT}/jobs/reverse-text/rl.toml"]\nmax_parallel = 1\n'
+        '[sweep.grid]\n"trainer.optim.lr" = [1e-4, 3e-4]\n',
+    )
     out = tmp_path / "out"
-    assert main(["@", str(f), "@", str(overlay), "--max-steps", "7", "--site", "local-slurm", "--output-dir",
-                 str(out), "--dry-run"]) == 0
+    assert (
+        main(
+            [
+                "@",
+                str(f),
+                "@",
+                str(overlay),
+                "--max-steps",
+                "7",
+                "--site",
+                "local-slurm",
+                "--output-dir",
+                str(out),
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     root = out / "s"
     for pid, lr in (("p000", 1e-4), ("p001", 3e-4)):
         cfg = json.loads((root / pid / "configs" / "latest" / "resolved" / "rl.json").read_text())
-        assert (cfg["orchestrator"]["batch_size"], cfg["max_steps"], cfg["site"], cfg["trainer"]["optim"]["lr"]) \
-            == (32, 7, "local-slurm", lr)
+        assert (cfg["orchestrator"]["batch_size"], cfg["max_steps"], cfg["site"], cfg["trainer"]["optim"]["lr"]) == (
+            32,
+            7,
+            "local-slurm",
+            lr,
+        )
         assert (root / pid / "launcher" / "rl.sbatch").exists()
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["overlays"] == [str(overlay)] and manifest["overrides"][:2] == ["--max-steps", "7"]
@@ -102,8 +131,11 @@ def test_sweep_composes_like_srl_rl(tmp_path: Path, capsys) -> None:
 
 
 def test_point_that_does_not_fit_the_site_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    f = _sweep(tmp_path, f'base = ["{ROOT}/jobs/reverse-text/rl.toml", "{ROOT}/jobs/reverse-text/slurm.toml"]\n'
-                         '[sweep.grid]\n"deployment.num_train_nodes" = [2, 4]\n')
+    f = _sweep(
+        tmp_path,
+        f'base = ["{ROOT}/jobs/reverse-text/rl.toml", "{ROOT}/jobs/reverse-text/slurm.toml"]\n'
+        '[sweep.grid]\n"deployment.num_train_nodes" = [2, 4]\n',
+    )
     with pytest.raises(ConfigError) as e:
         main(["@", str(f), "--output-dir", str(tmp_path / "out")])
     assert "p001" in str(e.value) and "5 nodes" in str(e.value) and "max_nodes" in str(e.value)
@@ -150,22 +182,33 @@ def _golden(name: str, text: str) -> None:
 def test_gpu_site_sweep_golden(tmp_path: Path) -> None:
     """generic-hpc (GPUs requested per node, a required account, partitions): a point of 1 inference + 1 trainer
     node and one of 1 + 2, each node 4 GPUs, go into two arrays requesting 2 and 3 nodes with 4 GPUs each."""
-    f = _sweep(tmp_path, f'base = ["{ROOT}/jobs/reverse-text/rl.toml"]\nmax_parallel = 3\n'
-                         '[sweep.grid]\n"deployment.num_train_nodes" = [1, 2]\n'
-                         '[config]\nsite = "generic-hpc"\n[config.slurm]\naccount = "proj42"\ntime = "02:00:00"\n'
-                         '[config.deployment]\ntype = "multi_node"\ngpus_per_node = 4\nnum_infer_nodes = 1\n',
-                name="gpu")
+    f = _sweep(
+        tmp_path,
+        f'base = ["{ROOT}/jobs/reverse-text/rl.toml"]\nmax_parallel = 3\n'
+        '[sweep.grid]\n"deployment.num_train_nodes" = [1, 2]\n'
+        '[config]\nsite = "generic-hpc"\n[config.slurm]\naccount = "proj42"\ntime = "02:00:00"\n'
+        '[config.deployment]\ntype = "multi_node"\ngpus_per_node = 4\nnum_infer_nodes = 1\n',
+        name="gpu",
+    )
     out = tmp_path / "out"
     assert main(["@", str(f), "--output-dir", str(out), "--dry-run"]) == 0
     root = out / "gpu"
     texts = [(root / f"array_{k}.sbatch").read_text() for k in (0, 1)]
     for k, (nodes, pid) in enumerate(((2, "p000"), (3, "p001"))):
         d = _directives(texts[k])
-        assert {f"--nodes={nodes}", "--gpus-per-node=4", "--account=proj42", "--partition=gpu", "--time=02:00:00",
-                "--requeue", "--array=0-0%1"} <= set(d), d  # a throttle never exceeds its array
+        assert {
+            f"--nodes={nodes}",
+            "--gpus-per-node=4",
+            "--account=proj42",
+            "--partition=gpu",
+            "--time=02:00:00",
+            "--requeue",
+            "--array=0-0%1",
+        } <= set(d), d  # a throttle never exceeds its array
         point = _directives((root / pid / "launcher" / "rl.sbatch").read_text())
-        assert [x for x in point if not x.startswith(("--job-name", "--output", "--error"))] == \
-            [x for x in d if not x.startswith(("--job-name", "--output", "--error", "--array"))]
+        assert [x for x in point if not x.startswith(("--job-name", "--output", "--error"))] == [
+            x for x in d if not x.startswith(("--job-name", "--output", "--error", "--array"))
+        ]
         subprocess.run(["bash", "-n", str(root / f"array_{k}.sbatch")], check=True)
         _golden(f"sweep-gpu-array_{k}.sbatch", texts[k].replace(str(tmp_path), "/TMP"))
 
@@ -190,14 +233,28 @@ def test_array_script_runs_its_tasks_point_script_with_hostile_paths(tmp_path: P
     script.write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     for task in ("1", "0"):
-        r = subprocess.run(["bash", str(script)], env={**env, "SLURM_JOB_ID": "55", "SLURM_ARRAY_TASK_ID": task},
-                           cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False)
+        r = subprocess.run(
+            ["bash", str(script)],
+            env={**env, "SLURM_JOB_ID": "55", "SLURM_ARRAY_TASK_ID": task},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         assert r.returncode == 0, r.stderr
         assert f"runs sweep point p00{task}" in r.stderr
         log = root / f"p00{task}" / "logs" / f"p00{task}-55.out"
         assert log.read_text() == f"point {task} in {root / f'p00{task}'} job 55\n"
-    r = subprocess.run(["bash", str(script)], env={**env, "SLURM_JOB_ID": "56", "SLURM_ARRAY_TASK_ID": "2"},
-                       cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False)
+    r = subprocess.run(
+        ["bash", str(script)],
+        env={**env, "SLURM_JOB_ID": "56", "SLURM_ARRAY_TASK_ID": "2"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert r.returncode == 2 and "no point" in r.stderr
     assert not list(tmp_path.rglob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
 
@@ -213,25 +270,39 @@ def test_status_and_continue_command_of_a_dry_run_sweep(tmp_path: Path, capsys) 
     capsys.readouterr()
     assert status_main([str(root)]) == 0
     rows = [ln.split("\t") for ln in capsys.readouterr().out.splitlines() if ln.startswith("p00")]
-    assert [(r[0], r[1], r[4], r[6]) for r in rows] == [("p000", "NOT SUBMITTED", "-", "- seed=0"),
-                                                        ("p001", "NOT SUBMITTED", "-", "- seed=1")]
-    assert continue_command(root) == f"srl sweep @ {f} --max-steps 4 --site local-slurm --output-dir {tmp_path / 'o'} " \
-                                     "--resume"
+    assert [(r[0], r[1], r[4], r[6]) for r in rows] == [
+        ("p000", "NOT SUBMITTED", "-", "- seed=0"),
+        ("p001", "NOT SUBMITTED", "-", "- seed=1"),
+    ]
+    assert (
+        continue_command(root) == f"srl sweep @ {f} --max-steps 4 --site local-slurm --output-dir {tmp_path / 'o'} "
+        "--resume"
+    )
     assert _task_indices("2-5%1") == [2, 3, 4, 5] and _task_indices("1,3-4") == [1, 3, 4] and _task_indices("x") == []
 
 
 def test_points_with_a_het_group_run_as_plain_jobs(tmp_path: Path) -> None:
     """Slurm has no heterogeneous job arrays: a point whose orchestrator has its own node (het group 1) is one
     plain job with both groups, one per point."""
-    f = _sweep(tmp_path, f'base = ["{ROOT}/jobs/reverse-text/rl.toml", "{ROOT}/jobs/reverse-text/slurm.toml"]\n'
-                         'max_parallel = 1\n[sweep.grid]\n"trainer.optim.lr" = [1e-4, 3e-4]\n[config.deployment]\n'
-                         'num_train_nodes = 1\norchestrator = "own_node"\norchestrator_partition = "debug"\n')
+    f = _sweep(
+        tmp_path,
+        f'base = ["{ROOT}/jobs/reverse-text/rl.toml", "{ROOT}/jobs/reverse-text/slurm.toml"]\n'
+        'max_parallel = 1\n[sweep.grid]\n"trainer.optim.lr" = [1e-4, 3e-4]\n[config.deployment]\n'
+        'num_train_nodes = 1\norchestrator = "own_node"\norchestrator_partition = "debug"\n',
+    )
     assert main(["@", str(f), "--output-dir", str(tmp_path / "o"), "--dry-run"]) == 0
     root = tmp_path / "o" / "s"
     for k, pid in ((0, "p000"), (1, "p001")):
         text = (root / f"array_{k}.sbatch").read_text()
         d = _directives(text)
         assert d.count("hetjob") == 1 and not any(x.startswith("--array") for x in d), d
-        assert d[d.index("hetjob") - 3:] == ["--nodes=2", "--ntasks-per-node=1", "--partition=debug", "hetjob",
-                                             "--nodes=1", "--ntasks-per-node=1", "--partition=debug"], d
+        assert d[d.index("hetjob") - 3 :] == [
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--partition=debug",
+            "hetjob",
+            "--nodes=1",
+            "--ntasks-per-node=1",
+            "--partition=debug",
+        ], d
         assert f"srl_points=( {pid} )" in text and f"--output={root}/logs/%x-%j.out" in d

@@ -40,7 +40,7 @@ def _directives(script: str) -> dict[str, str]:
     out = {}
     for line in script.splitlines():
         if line.startswith("#SBATCH --"):
-            key, _, value = line[len("#SBATCH --"):].partition("=")
+            key, _, value = line[len("#SBATCH --") :].partition("=")
             out[key] = value
     return out
 
@@ -60,8 +60,9 @@ def test_array_script_names_logs_by_array_job_and_task(tmp_path: Path) -> None:
     assert "srl_points=( p000 p001 p002 )" in text and "${SLURM_ARRAY_TASK_ID:-0}" in text
     assert "%j" not in text and "SLURM_JOB_ID}/" not in text
     manifest = json.loads((root / "manifest.json").read_text())
-    assert [(p["index"], p["point_id"], p["params"]["trainer.optim.lr"], p["run_dir"]) for p in manifest["points"]] \
-        == [(i, f"p{i:03d}", lr, str(root / f"p{i:03d}")) for i, lr in enumerate([1e-6, 3e-6, 1e-5])]
+    assert [(p["index"], p["point_id"], p["params"]["trainer.optim.lr"], p["run_dir"]) for p in manifest["points"]] == [
+        (i, f"p{i:03d}", lr, str(root / f"p{i:03d}")) for i, lr in enumerate([1e-6, 3e-6, 1e-5])
+    ]
 
 
 def make_sweep_runs(tmp_path: Path, ran: tuple[int, ...] = (0, 2)) -> Path:
@@ -71,9 +72,21 @@ def make_sweep_runs(tmp_path: Path, ran: tuple[int, ...] = (0, 2)) -> Path:
     root = tmp_path / "out" / "b11"
     write_manifest(sweep, root)
     for p in (sweep.points[i] for i in ran):
-        make_run(root / p.point_id, steps=2, seed=p.index, lr=p.params["trainer.optim.lr"],
-                 meta={"sweep": "b11", "sweep_point": p.params, "seed": p.seed, "point_id": p.point_id,
-                       "sweep_index": p.index, "array_job_id": "77", "array_task_id": p.index})
+        make_run(
+            root / p.point_id,
+            steps=2,
+            seed=p.index,
+            lr=p.params["trainer.optim.lr"],
+            meta={
+                "sweep": "b11",
+                "sweep_point": p.params,
+                "seed": p.seed,
+                "point_id": p.point_id,
+                "sweep_index": p.index,
+                "array_job_id": "77",
+                "array_task_id": p.index,
+            },
+        )
     return root
 
 
@@ -86,8 +99,10 @@ def test_sweep_root_expands_to_its_points_and_joins_metrics_to_points(tmp_path: 
     assert [(r.meta["array_job_id"], r.meta["array_task_id"]) for r in runs] == [("77", 0), ("77", 2)]
     table, curves = sweep_table(runs, ["reward/all/mean"])
     assert list(table["point"]) == ["trainer.optim.lr=1e-05", "trainer.optim.lr=1e-06"]
-    assert dict(zip(curves["run"], curves["point"])) == {"p000": "trainer.optim.lr=1e-06",
-                                                         "p002": "trainer.optim.lr=1e-05"}
+    assert dict(zip(curves["run"], curves["point"])) == {
+        "p000": "trainer.optim.lr=1e-06",
+        "p002": "trainer.optim.lr=1e-05",
+    }
 
 
 def test_plain_run_dirs_pass_through(tmp_path: Path) -> None:

@@ -32,20 +32,44 @@ def _id_findings(data: dict) -> str:
         return str(e)
 
 
-@pytest.mark.parametrize("tid", ["owner/", "x@", "@", "/", ".", "..", "../x", "a.b", "os.path", "ünï-cødé",
-                                 "with spaces", "x" * 5000, "owner/" + "y" * 300 + "@1", "json", "os", "sys",
-                                 "tab\there", "nul\0byte", "-"])  # fmt: skip
+@pytest.mark.parametrize(
+    "tid",
+    [
+        "owner/",
+        "x@",
+        "@",
+        "/",
+        ".",
+        "..",
+        "../x",
+        "a.b",
+        "os.path",
+        "ünï-cødé",
+        "with spaces",
+        "x" * 5000,
+        "owner/" + "y" * 300 + "@1",
+        "json",
+        "os",
+        "sys",
+        "tab\there",
+        "nul\0byte",
+        "-",
+    ],
+)
 def test_odd_ids_give_a_finding_never_another_exception(tid):
     text = _id_findings(_train(tid))
     assert ".taskset.id" in text
     assert max(map(len, text.splitlines())) < 1200  # a 5000-character id is clipped, not echoed
 
 
-@pytest.mark.parametrize("path", ["\0", ":::", "/" + "p" * 5000, "relative/dir", "~/nowhere", "$HOME/x",
-                                  str(ROOT / "pyproject.toml")])  # fmt: skip
+@pytest.mark.parametrize(
+    "path", ["\0", ":::", "/" + "p" * 5000, "relative/dir", "~/nowhere", "$HOME/x", str(ROOT / "pyproject.toml")]
+)
 def test_odd_pythonpath_values_never_raise(path):
-    for data in (_train("my-own-task", env_vars={"PYTHONPATH": path}),
-                 _train("my-own-task", orchestrator={"env_vars": {"PYTHONPATH": path}})):  # fmt: skip
+    for data in (
+        _train("my-own-task", env_vars={"PYTHONPATH": path}),
+        _train("my-own-task", orchestrator={"env_vars": {"PYTHONPATH": path}}),
+    ):
         # A NUL byte or a $VARIABLE (which nothing would expand for the job) is refused by the config's own rules.
         text = _id_findings(data)
         assert ".taskset.id" in text or "NUL byte" in text or "does not expand $VARIABLES" in text
@@ -104,8 +128,9 @@ def test_an_editable_install_resolves_through_its_import_hook(tmp_path):
         "print(taskset_unresolved_reason('analysis'), 'analysis' in sys.modules)\n"
     )
     # -I: no current directory or PYTHONPATH on sys.path, so only the installation can provide the package.
-    out = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, cwd=tmp_path,
-                         timeout=60, check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False
+    )
     assert out.returncode == 0, out.stderr
     hook_only, installed = out.stdout.split("\n")[0].split()
     if installed != "True":

@@ -39,8 +39,13 @@ def _alive(pid: int) -> bool:
 
 
 def test_worker_is_killed_when_its_agent_is_killed():
-    agent = subprocess.Popen([sys.executable, "-c", AGENT, WORKER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))  # fmt: skip
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT, WORKER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+    )
     worker = int(agent.stdout.readline())
     try:
         assert agent.stderr.readline().strip() == "armed"  # torch imported and prctl done

@@ -31,8 +31,12 @@ def tiny_dir(tmp_path_factory):
 def _batch(step):
     rng = np.random.default_rng(step)
     samples = [
-        TrainingSample(rng.integers(4, 100, 4).tolist(), rng.integers(4, 100, 8).tolist(), [True] * 8,
-                       (-rng.random(8) * 3).tolist())
+        TrainingSample(
+            rng.integers(4, 100, 4).tolist(),
+            rng.integers(4, 100, 8).tolist(),
+            [True] * 8,
+            (-rng.random(8) * 3).tolist(),
+        )
         for _ in range(4)
     ]
     return samples_to_batch(step, samples, rng.normal(size=4).tolist(), policy_versions=[0] * 4, envs=["e"] * 4)
@@ -137,8 +141,16 @@ def test_untie_gives_separate_lm_head(tmp_path):
 
     from toolkit.trainer.model import untie_output_embeddings
 
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)
+    cfg = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=True,
+    )
     model = Qwen3ForCausalLM(cfg)
     assert model.lm_head.weight is model.get_input_embeddings().weight
     assert untie_output_embeddings(model)

@@ -32,19 +32,33 @@ A = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
 B = {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}
 
 
-@pytest.mark.parametrize(("header", "data", "length", "match"), [
-    ({"a": A, "b": B}, FLOATS, 2**40, "not a safetensors file"),  # corrupt length: no terabyte allocation
-    ({"a": A, "b": A}, FLOATS, None, "overlap"),  # b would silently read a's bytes
-    ({"a": A, "b": {**B, "data_offsets": [-8, 0]}}, FLOATS, None, "malformed"),  # into the header
-    ({"a": A, "b": {**B, "data_offsets": [8, 16.0]}}, FLOATS, None, "malformed"),
-    ({"a": A, "b": {**B, "shape": "2"}}, FLOATS, None, "malformed"),
-    ({"a": A, "b": [0, 8]}, FLOATS, None, "malformed"),
-    ([1, 2], FLOATS, None, "JSON object"),
-    ({"a": A, "b": B}, FLOATS[:12], None, "ends inside tensor b"),  # truncated
-    ({"a": A, "b": B}, FLOATS + b"\0" * 8, None, "after the last tensor"),
-    ({"a": A, "b": {**B, "data_offsets": [12, 20]}}, FLOATS + b"\0" * 4, None, "gap"),
-], ids=["huge_length", "overlap", "negative", "float_offset", "shape_str", "entry_list", "not_object", "truncated",
-        "trailing", "gap"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("header", "data", "length", "match"),
+    [
+        ({"a": A, "b": B}, FLOATS, 2**40, "not a safetensors file"),  # corrupt length: no terabyte allocation
+        ({"a": A, "b": A}, FLOATS, None, "overlap"),  # b would silently read a's bytes
+        ({"a": A, "b": {**B, "data_offsets": [-8, 0]}}, FLOATS, None, "malformed"),  # into the header
+        ({"a": A, "b": {**B, "data_offsets": [8, 16.0]}}, FLOATS, None, "malformed"),
+        ({"a": A, "b": {**B, "shape": "2"}}, FLOATS, None, "malformed"),
+        ({"a": A, "b": [0, 8]}, FLOATS, None, "malformed"),
+        ([1, 2], FLOATS, None, "JSON object"),
+        ({"a": A, "b": B}, FLOATS[:12], None, "ends inside tensor b"),  # truncated
+        ({"a": A, "b": B}, FLOATS + b"\0" * 8, None, "after the last tensor"),
+        ({"a": A, "b": {**B, "data_offsets": [12, 20]}}, FLOATS + b"\0" * 4, None, "gap"),
+    ],
+    ids=[
+        "huge_length",
+        "overlap",
+        "negative",
+        "float_offset",
+        "shape_str",
+        "entry_list",
+        "not_object",
+        "truncated",
+        "trailing",
+        "gap",
+    ],
+)
 def test_malformed_files_raise_value_error_and_write_nothing(tmp_path, header, data, length, match):
     path = _file(tmp_path / "x.safetensors", header, data, length=length)
     dst = {"a": torch.full((2,), 7.0), "b": torch.full((2,), 7.0)}
@@ -80,8 +94,11 @@ def _trained(seed: int, order=None):
     torch.manual_seed(seed)
     net = _Net()
     params = order(net) if order else None
-    opt = (torch.optim.AdamW([{"params": params}], lr=1e-2) if params
-           else build_optimizer(net, lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99)))  # fmt: skip
+    opt = (
+        torch.optim.AdamW([{"params": params}], lr=1e-2)
+        if params
+        else build_optimizer(net, lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99))
+    )
     for _ in range(2):
         opt.zero_grad()
         net(torch.randn(5, 4)).backward()
@@ -90,8 +107,11 @@ def _trained(seed: int, order=None):
 
 
 def _moments(opt) -> dict:
-    return {(i, k): v.clone() for i, p in enumerate(x for g in opt.param_groups for x in g["params"])
-            for k, v in opt.state[p].items()}  # fmt: skip
+    return {
+        (i, k): v.clone()
+        for i, p in enumerate(x for g in opt.param_groups for x in g["params"])
+        for k, v in opt.state[p].items()
+    }
 
 
 @pytest.fixture

@@ -21,8 +21,12 @@ class _Mixed(torch.nn.Module):
 
 def _source() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return {"w": torch.randn(3, 5, generator=g), "h": torch.randn(7, generator=g).to(torch.bfloat16),
-            "scale": torch.tensor(2.5), "mask": torch.tensor([True, False, True, True])}  # fmt: skip
+    return {
+        "w": torch.randn(3, 5, generator=g),
+        "h": torch.randn(7, generator=g).to(torch.bfloat16),
+        "scale": torch.tensor(2.5),
+        "mask": torch.tensor([True, False, True, True]),
+    }
 
 
 def test_in_place_read_is_exact_and_keeps_parameter_storage(tmp_path):

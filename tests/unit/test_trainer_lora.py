@@ -76,7 +76,9 @@ def test_adapter_broadcast_round_trip(tiny_dir, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted([ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, STABLE_MARKER])
     assert is_lora_adapter(out)
     cfg = json.loads((out / ADAPTER_CONFIG_FILE).read_text())
-    assert cfg["r"] == 4 and cfg["lora_alpha"] == 8.0 and sorted(cfg["target_modules"]) == sorted(LORA["target_modules"])
+    assert (
+        cfg["r"] == 4 and cfg["lora_alpha"] == 8.0 and sorted(cfg["target_modules"]) == sorted(LORA["target_modules"])
+    )
     assert cfg["peft_type"] == "LORA" and cfg["base_model_name_or_path"] == str(tiny_dir)
     on_disk = load_file(str(out / ADAPTER_WEIGHTS_FILE))
     assert set(on_disk) == set(tensors) and all(torch.equal(on_disk[k], tensors[k]) for k in tensors)
@@ -118,7 +120,6 @@ def test_lora_engine_args_round_rank_up_to_vllm_values():
     with pytest.raises(CommandError, match="512"):
         lora_engine_args(1000)
     assert LORA_ENGINE_ENV == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-
 
 
 def test_stage_adapter_keeps_one_served_path_with_the_newest_adapter(tiny_dir, tmp_path):

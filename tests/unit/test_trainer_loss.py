@@ -43,8 +43,16 @@ def test_ipo_loss_value_and_gradient_by_hand():
     train = _lp([0.6, 0.9, 0.2, 0.3]).requires_grad_(True)  # token 1 moved 0.4 > 0.3: masked
     adv = torch.tensor([1.0, 2.0, -1.0, 0.5])
     loss_mask = torch.tensor([True, True, True, False])  # token 3 is not an RL token
-    parts = rl_loss(train, infer, adv, loss_mask, torch.zeros(4, dtype=torch.bool), IPOLoss(eps=0.3, adv_tau=2.0),
-                    rl_denominator=3, ce_denominator=0)
+    parts = rl_loss(
+        train,
+        infer,
+        adv,
+        loss_mask,
+        torch.zeros(4, dtype=torch.bool),
+        IPOLoss(eps=0.3, adv_tau=2.0),
+        rl_denominator=3,
+        ce_denominator=0,
+    )
     # kept: token 0 (ratio 1.2, A 1) and token 2 (ratio 1.0, A -1); N = 3 RL tokens including the masked one.
     expected = -(2.0 * 1.0 * 1.2 + 2.0 * -1.0 * 1.0) / 3
     assert parts.loss.item() == pytest.approx(expected, abs=1e-6)
@@ -83,8 +91,12 @@ def test_normalisation_across_micro_batches():
     (g_whole,) = torch.autograd.grad(whole, train)
     total = 0.0
     for sl in (slice(0, 5), slice(5, 7), slice(7, 12)):
-        total = total + rl_loss(train[sl], infer[sl], adv[sl], lm[sl], ce[sl], cfg,
-                                rl_denominator=int(lm.sum()), ce_denominator=0).loss
+        total = (
+            total
+            + rl_loss(
+                train[sl], infer[sl], adv[sl], lm[sl], ce[sl], cfg, rl_denominator=int(lm.sum()), ce_denominator=0
+            ).loss
+        )
     (g_split,) = torch.autograd.grad(total, train)
     assert total.item() == pytest.approx(whole.item(), abs=1e-6)
     torch.testing.assert_close(g_split, g_whole)

@@ -29,7 +29,9 @@ def _batch(seed=0, n=6, vocab=101):
         p, c = int(rng.integers(2, 9)), int(rng.integers(1, 12))
         mask = (rng.random(c) > 0.2).tolist()
         lps = np.where(mask, -rng.random(c) * 4 - 0.5, 0.0).tolist()  # far from the model: some IPO masking
-        samples.append(TrainingSample(rng.integers(4, vocab, p).tolist(), rng.integers(4, vocab, c).tolist(), mask, lps))
+        samples.append(
+            TrainingSample(rng.integers(4, vocab, p).tolist(), rng.integers(4, vocab, c).tolist(), mask, lps)
+        )
         adv.append(float(rng.normal()))
     return samples, samples_to_batch(1, samples, adv, policy_versions=[0] * n, envs=["e"] * n)
 
@@ -89,8 +91,9 @@ def test_packed_step_equals_unpacked_step(tiny_dir):
         model = copy.deepcopy(base)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         mbs = plan_micro_batches(batch, seq_len=int(seq_len), micro_batch_size=mbs_rows)
-        m = train_step(model, opt, None, mbs, loss_cfg=IPOLoss(), max_norm=0.0, num_samples=batch.num_samples,
-                       apply_update=False)
+        m = train_step(
+            model, opt, None, mbs, loss_cfg=IPOLoss(), max_norm=0.0, num_samples=batch.num_samples, apply_update=False
+        )
         results.append((m, {n: p.grad.clone() for n, p in model.named_parameters()}, len(mbs)))
     (m1, g1, n1), (m2, g2, n2) = results
     assert n1 < n2  # the packed plan really used fewer forwards

@@ -30,9 +30,11 @@ def test_offline_files_hold_metrics_jsonl_and_a_resume_continues_the_same_run(tm
     from toolkit.trainer.wandb_mirror import WandbMirror
 
     run = _run(tmp_path)
-    lines = [_line("orchestrator", 0, **{"eval/rt/avg@4": 0.25}),
-             _line("orchestrator", 1, **{"reward/all/mean": 0.5, "time/step": 2.0}),
-             _line("trainer", 1, **{"loss/mean": -0.01, "time/step": 1.5, "optim/grad_norm": float("nan")})]
+    lines = [
+        _line("orchestrator", 0, **{"eval/rt/avg@4": 0.25}),
+        _line("orchestrator", 1, **{"reward/all/mean": 0.5, "time/step": 2.0}),
+        _line("trainer", 1, **{"loss/mean": -0.01, "time/step": 1.5, "optim/grad_norm": float("nan")}),
+    ]
     for m in lines[:2]:
         append_jsonl(run.metrics, m)
     mirror = WandbMirror.start(run, {"project": "p", "offline": True})
@@ -70,6 +72,7 @@ def test_offline_files_hold_metrics_jsonl_and_a_resume_continues_the_same_run(tm
         assert same_values(got, line), (got, line)
     assert rows[2]["trainer/optim/grad_norm"] in ("NaN", "nan") or math.isnan(rows[2]["trainer/optim/grad_norm"])
 
+
 def test_sweep_points_are_grouped_by_sweep_name(tmp_path):
     need_module("wandb")
     from toolkit.trainer.wandb_mirror import WandbMirror, sweep_group
@@ -98,6 +101,7 @@ def test_config_panel_holds_the_runs_own_resolved_config_without_env_vars(tmp_pa
     rec, _ = read_offline_run(WandbMirror.start(run, {"offline": True}).close())
     config = rec["config"]["update"]
     assert config["trainer"] == {"lr": 2e-5} and "env_vars" not in config
+
 
 def test_online_without_the_key_variable_logs_offline_and_never_reads_another(tmp_path, monkeypatch):
     need_module("wandb")

@@ -52,8 +52,12 @@ def _app(gate: dict) -> Starlette:
             gate["entered"].set()
         if gate.get("hold") is not None:
             await asyncio.to_thread(gate["hold"].wait, 10)
-        return JSONResponse({"model": body["model"], "choices": [{"token_ids": [7], "finish_reason": "length",
-                                                                   "logprobs": {"token_logprobs": [-0.5]}}]})
+        return JSONResponse(
+            {
+                "model": body["model"],
+                "choices": [{"token_ids": [7], "finish_reason": "length", "logprobs": {"token_logprobs": [-0.5]}}],
+            }
+        )
 
     async def admin(request):
         body = await request.body()
@@ -65,9 +69,13 @@ def _app(gate: dict) -> Starlette:
     async def weight_info(request):
         return JSONResponse({"weight_version": gate.get("version", "default")})
 
-    return Starlette(routes=[Route("/v1/completions", completion, methods=["POST"]),
-                             Route("/weight_info", weight_info, methods=["GET"]),
-                             Route("/{path:path}", admin, methods=["GET", "POST"])])  # fmt: skip
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completion, methods=["POST"]),
+            Route("/weight_info", weight_info, methods=["GET"]),
+            Route("/{path:path}", admin, methods=["GET", "POST"]),
+        ]
+    )
 
 
 def _client(gate: dict) -> TestClient:
@@ -103,8 +111,11 @@ def test_the_engine_records_loads_it_admitted_and_tags_completions():
     assert c.post("/update_weight_version", json={"new_version": "A:1"}, headers=ADMIN).status_code == 200
     assert _complete(c) == (["A:1"], None)
     # An adapter carries its own version (header of its load); the base weights' version is left alone.
-    r = c.post("/v1/load_lora_adapter", json={"lora_name": "srl-lora-L", "lora_path": "/x", "load_inplace": True},
-               headers={**ADMIN, VERSION_HEADER: "L:2"})  # fmt: skip
+    r = c.post(
+        "/v1/load_lora_adapter",
+        json={"lora_name": "srl-lora-L", "lora_path": "/x", "load_inplace": True},
+        headers={**ADMIN, VERSION_HEADER: "L:2"},
+    )
     assert r.status_code == 200
     assert _complete(c, "srl-lora-L") == (["A:1"], "L:2")
     assert _complete(c, "srl-lora-other") == (["A:1"], None)  # not a loaded adapter: no adapter header
@@ -129,20 +140,23 @@ def test_a_completion_that_spans_a_load_lists_every_version_it_saw():
     assert answer["v"] == (["A:1", "B:1", "A:2"], None)
 
 
-@pytest.mark.parametrize(("base", "adapter", "lora", "want"), [
-    (["R:3"], None, False, Verdict(3)),
-    (["R:3", "R:4"], None, False, Verdict(3)),  # a load during the request: the oldest counts
-    (["default"], None, False, Verdict(0)),  # the base model: version 0 of any run
-    (["R:3", "Q:3", "R:4"], None, False, Verdict(9, foreign="Q:3")),  # version 3 of run Q is not version 3 of R
-    (["3"], None, False, Verdict(9, foreign="3")),  # a bare step names no run
-    (["?"], None, False, Verdict(9, foreign="?")),
-    ([], None, False, Verdict(9)),  # an engine without srl's middleware: the believed version
-    (["default"], ["R:2"], True, Verdict(2)),
-    (["default"], None, True, Verdict(0)),  # before the adapter's first load: the base model
-    (["default"], ["R:2", "Q:5"], True, Verdict(9, foreign="adapter Q:5")),
-    (["Q:1"], ["R:2"], True, Verdict(9, foreign="Q:1")),  # a full-weight run changed the base under the adapter
-    (["R:1"], ["R:2"], True, Verdict(9, foreign="R:1")),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("base", "adapter", "lora", "want"),
+    [
+        (["R:3"], None, False, Verdict(3)),
+        (["R:3", "R:4"], None, False, Verdict(3)),  # a load during the request: the oldest counts
+        (["default"], None, False, Verdict(0)),  # the base model: version 0 of any run
+        (["R:3", "Q:3", "R:4"], None, False, Verdict(9, foreign="Q:3")),  # version 3 of run Q is not version 3 of R
+        (["3"], None, False, Verdict(9, foreign="3")),  # a bare step names no run
+        (["?"], None, False, Verdict(9, foreign="?")),
+        ([], None, False, Verdict(9)),  # an engine without srl's middleware: the believed version
+        (["default"], ["R:2"], True, Verdict(2)),
+        (["default"], None, True, Verdict(0)),  # before the adapter's first load: the base model
+        (["default"], ["R:2", "Q:5"], True, Verdict(9, foreign="adapter Q:5")),
+        (["Q:1"], ["R:2"], True, Verdict(9, foreign="Q:1")),  # a full-weight run changed the base under the adapter
+        (["R:1"], ["R:2"], True, Verdict(9, foreign="R:1")),
+    ],
+)
 def test_judge(base, adapter, lora, want):
     assert judge("R", 9, base, adapter, lora=lora) == want
     assert judge(None, 9, base, adapter, lora=lora) == Verdict(9)  # no owner check outside a run
@@ -196,8 +210,15 @@ def test_updaters_and_clients_of_two_runs_on_one_engine(tmp_path):
 
 def _rollout(reward: float, *, version: int = 0, foreign: str | None = None) -> Rollout:
     smp = TrainingSample([1, 2], [5, 6], [True, True], [-0.5, -0.5])
-    return Rollout(env="a", task_id="t", example_id=0, samples=[smp], reward=reward, policy_version=version,
-                   foreign_version=foreign)  # fmt: skip
+    return Rollout(
+        env="a",
+        task_id="t",
+        example_id=0,
+        samples=[smp],
+        reward=reward,
+        policy_version=version,
+        foreign_version=foreign,
+    )
 
 
 def test_a_group_sampled_in_part_with_another_runs_weights_is_never_trained_on():
@@ -238,8 +259,18 @@ def test_a_dead_lora_tenant_does_not_block_a_full_weight_run(tmp_path):
     dep = RunDir(tmp_path / "serve")
     dep.lora_tenants.mkdir(parents=True)
     now = time.time()
-    dead = {"token": "t", "host": "elsewhere", "pid": 1, "pid_start": None, "job_id": None, "command": "srl",
-            "acquired": now - 100, "renewed": now - 90, "expires": now - 45, "run": str(tmp_path / "gone")}
+    dead = {
+        "token": "t",
+        "host": "elsewhere",
+        "pid": 1,
+        "pid_start": None,
+        "job_id": None,
+        "command": "srl",
+        "acquired": now - 100,
+        "renewed": now - 90,
+        "expires": now - 45,
+        "run": str(tmp_path / "gone"),
+    }
     (dep.lora_tenants / "gone.json").write_text(json.dumps(dead))
     assert lease.live_lora_tenants(dep) == []
     lease.acquire_policy_owner(dep, RunDir(tmp_path / "full"), command="srl orchestrator").release()

@@ -20,13 +20,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("run", type=Path, metavar="RUN", help="the run directory (outputs/<run name>)")
     p.add_argument("out", type=Path, metavar="DIR", help="where to write the model (a new or empty directory)")
-    p.add_argument("--step", type=int, default=None, metavar="N", help="checkpoint step to export (default: the newest complete)")
+    p.add_argument(
+        "--step", type=int, default=None, metavar="N", help="checkpoint step to export (default: the newest complete)"
+    )
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     out = args.out.absolute()
     # Refused before torch is imported: these need no weights.
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        print(f"srl export: {out} exists and is not an empty directory; give a new or empty directory",
-              file=sys.stderr)
+        print(f"srl export: {out} exists and is not an empty directory; give a new or empty directory", file=sys.stderr)
         return 2
     if not args.run.is_dir():
         print(f"srl export: {args.run}: no such run directory", file=sys.stderr)

@@ -31,8 +31,15 @@ def main(argv: list[str]) -> int:
     loaded = load_config(files, overrides, purpose="serve")
     # A dry run never touches a deployment that exists (it may be serving: other runs read its placement, ready
     # file and admin token), let alone deletes it for --clean: the pipeline writes it to the run's shadow.
-    req = Launch(loaded, run_dir_for(loaded, resume=flags["resume"]), argv=["srl", "inference", *argv],
-                 dry_run=flags["dry_run"], resume=flags["resume"], clean=flags["clean"], kind="inference")
+    req = Launch(
+        loaded,
+        run_dir_for(loaded, resume=flags["resume"]),
+        argv=["srl", "inference", *argv],
+        dry_run=flags["dry_run"],
+        resume=flags["resume"],
+        clean=flags["clean"],
+        kind="inference",
+    )
     started = start(req)
     if started.job_id is not None:
         print(f"inference job {started.job_id}: ready file {started.run.inference_ready}")
@@ -43,8 +50,11 @@ def _queues(argv: list[str]) -> int:
     from ..config.cli_args import print_help_if_asked
 
     usage = "usage: srl inference queues RUN_DIR"
-    if print_help_if_asked(argv, usage + "\n\nPrints the waiting requests per engine role of a running deployment "
-                           "(JSON): which side\nof prefill/decode to grow."):
+    if print_help_if_asked(
+        argv,
+        usage + "\n\nPrints the waiting requests per engine role of a running deployment "
+        "(JSON): which side\nof prefill/decode to grow.",
+    ):
         return 0
     if len(argv) != 1:
         raise ConfigError(usage)

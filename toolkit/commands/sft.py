@@ -53,6 +53,7 @@ def _read(files: list[Path], overrides: list[str]) -> Any:
 def _checks(cfg: Any) -> Any:
     """The launch pipeline's check of SFT run ``cfg``: preflight of its launch view (:func:`_check_world`), then its
     datasets on this machine (:func:`_check_data`). Returns the Preflight."""
+
     def check(loaded: Any, **kw: Any) -> Any:
         checked = _check_world(loaded, **kw)
         _check_data(cfg)
@@ -76,9 +77,16 @@ def _check_data(cfg: Any) -> None:
         # The trainer holds val.fraction of the rows out; with one row there is nothing left to train on, and
         # finding that out in the trainer (after the job queued and the model loaded) is too late.
         if field == "data.name" and cfg.val is not None and cfg.val.data is None and rows < 2:
-            raise ConfigError([ConfigIssue("val.fraction", f"{section.name} has {rows} row; holding out "
-                                           "val.fraction of it leaves nothing to train on; give [val.data], more "
-                                           "rows, or drop [val]")])  # fmt: skip
+            raise ConfigError(
+                [
+                    ConfigIssue(
+                        "val.fraction",
+                        f"{section.name} has {rows} row; holding out "
+                        "val.fraction of it leaves nothing to train on; give [val.data], more "
+                        "rows, or drop [val]",
+                    )
+                ]
+            )
 
 
 def _launch_loaded(cfg: Any, files: list[Path]) -> Any:
@@ -120,8 +128,10 @@ def _run_dir(cfg: Any, resume: bool) -> Any:
         prefix = re.sub(r"[^A-Za-z0-9._+-]", "-", raw)[:110] + "--"
         name = prefix + uuid.uuid4().hex[:6]
         if resume:
-            runs = sorted((p for p in Path(cfg.output_dir).glob(prefix + "*") if RunDir(p).metrics.exists()),
-                          key=lambda p: RunDir(p).metrics.stat().st_mtime)  # fmt: skip
+            runs = sorted(
+                (p for p in Path(cfg.output_dir).glob(prefix + "*") if RunDir(p).metrics.exists()),
+                key=lambda p: RunDir(p).metrics.stat().st_mtime,
+            )
             if runs:
                 name = runs[-1].name
                 print(f"srl: --resume without run.name: continuing {runs[-1]}", file=sys.stderr)
@@ -138,8 +148,10 @@ def _refuse_finished(cfg: Any, live: Any, *, resume: bool, dry_run: bool) -> Non
     if resume and not dry_run and live.configs.exists():
         step = cfg.resume.step or checkpoints.latest_complete(live, PARTS)
         if step is not None and step >= cfg.max_steps:
-            raise ConfigError(f"--resume: {live.root} already finished (checkpoint step {step}, max_steps = "
-                              f"{cfg.max_steps}); raise max_steps to train on, or use --clean to start over")
+            raise ConfigError(
+                f"--resume: {live.root} already finished (checkpoint step {step}, max_steps = "
+                f"{cfg.max_steps}); raise max_steps to train on, or use --clean to start over"
+            )
 
 
 def _write_sft_config(cfg: Any, run: Any, attempt: int) -> None:
@@ -154,8 +166,15 @@ def _request(cfg: Any, files: list[Path], argv: list[str], flags: dict[str, Any]
     from toolkit.launch.pipeline import Launch
 
     live = _run_dir(cfg, flags["resume"])
-    return Launch(_launch_loaded(cfg, files), live, argv=["srl", *argv], dry_run=flags["dry_run"],
-                  resume=flags["resume"], clean=flags["clean"], roles=cfg.roles())
+    return Launch(
+        _launch_loaded(cfg, files),
+        live,
+        argv=["srl", *argv],
+        dry_run=flags["dry_run"],
+        resume=flags["resume"],
+        clean=flags["clean"],
+        roles=cfg.roles(),
+    )
 
 
 def _start(cfg: Any, req: Any) -> Any:
@@ -167,13 +186,17 @@ def _start(cfg: Any, req: Any) -> Any:
         if req.dry_run:
             print(f"dry run: SFT config {run.resolved('sft')}")
 
-    return start(req, check=_checks(cfg),
-                 before_prepare=lambda _: _refuse_finished(cfg, req.live, resume=req.resume, dry_run=req.dry_run),
-                 after_prepare=after)
+    return start(
+        req,
+        check=_checks(cfg),
+        before_prepare=lambda _: _refuse_finished(cfg, req.live, resume=req.resume, dry_run=req.dry_run),
+        after_prepare=after,
+    )
 
 
-def prepare(cfg: Any, argv: list[str], *, files: list[Path], dry_run: bool, resume: bool,
-            clean: bool) -> tuple[Any, Any, int]:
+def prepare(
+    cfg: Any, argv: list[str], *, files: list[Path], dry_run: bool, resume: bool, clean: bool
+) -> tuple[Any, Any, int]:
     """Create or reopen the run directory and write this attempt's configs, without launching (a test that is the
     run's supervisor itself). Returns ``(launch_view, run, attempt)``. Raises ConfigError as ``srl sft`` does."""
     from toolkit.launch.prepare import prepare_attempt
@@ -253,8 +276,11 @@ def cmd_make_data(args: list[str]) -> int:
     from toolkit.config.compose import _parse_value
 
     usage = "usage: srl sft make-data OUT.jsonl @ rl.toml [--env NAME] [--taskset.FIELD VALUE ...]"
-    if print_help_if_asked(args, usage + "\n\nWrites a prompt/completion JSONL of the reference answers of a train "
-                           "env's taskset\n(the RL job's own prompts), for an SFT warm-up (srl sft)."):
+    if print_help_if_asked(
+        args,
+        usage + "\n\nWrites a prompt/completion JSONL of the reference answers of a train "
+        "env's taskset\n(the RL job's own prompts), for an SFT warm-up (srl sft).",
+    ):
         return 0
     if not args or args[0].startswith(("@", "-")):
         raise ConfigError(usage)
@@ -263,8 +289,10 @@ def cmd_make_data(args: list[str]) -> int:
     env_name, fields, rest = _take_options(args[1:])
     files, overrides, _ = split_config_args(rest)
     if not files:
-        raise ConfigError("give the RL job's config: srl sft make-data OUT.jsonl @ rl.toml (its train env's "
-                          "taskset supplies the prompts and reference answers)")  # fmt: skip
+        raise ConfigError(
+            "give the RL job's config: srl sft make-data OUT.jsonl @ rl.toml (its train env's "
+            "taskset supplies the prompts and reference answers)"
+        )
     rl_cfg = load_config(files, overrides).config
     envs = rl_cfg.orchestrator.train.env
     names = [e.env_name for e in envs]
@@ -278,17 +306,23 @@ def cmd_make_data(args: list[str]) -> int:
         from toolkit.config.errors import pydantic_issues
 
         try:
-            taskset = type(taskset).model_validate({**taskset.model_dump(), **{k: _parse_value(v) for k, v in
-                                                                                fields.items()}})  # fmt: skip
+            taskset = type(taskset).model_validate(
+                {**taskset.model_dump(), **{k: _parse_value(v) for k, v in fields.items()}}
+            )
         except ValidationError as e:
             raise ConfigError(list(pydantic_issues(e, type(taskset)))) from None
     # Reference answers of the split the RL job evaluates on would make its eval measure memorisation.
-    held_out = [e.env_name for e in rl_cfg.orchestrator.eval.env if e.taskset is not None
-                and e.taskset.id == taskset.id and e.taskset.split == taskset.split]
+    held_out = [
+        e.env_name
+        for e in rl_cfg.orchestrator.eval.env
+        if e.taskset is not None and e.taskset.id == taskset.id and e.taskset.split == taskset.split
+    ]
     if held_out:
-        print(f"warning: eval env(s) {held_out} of this config evaluate on taskset {taskset.id!r} split "
-              f"{taskset.split!r} too; SFT on these rows trains on the eval answers",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"warning: eval env(s) {held_out} of this config evaluate on taskset {taskset.id!r} split "
+            f"{taskset.split!r} too; SFT on these rows trains on the eval answers",
+            file=sys.stderr,
+        )
     from toolkit.envs.reference import NoReferenceAnswer, write_reference_dataset
     from toolkit.evalgate.validate import workers_import_path
 
@@ -311,13 +345,17 @@ def _refuse_chain_misuse(rl_args: list[str]) -> None:
     from toolkit.config import ConfigError
 
     if "--then" in rl_args:
-        raise ConfigError("--then is given twice: a chain is one SFT run, then one RL run "
-                          "(srl sft chain @ sft.toml [...] --then @ rl.toml [...])")  # fmt: skip
+        raise ConfigError(
+            "--then is given twice: a chain is one SFT run, then one RL run "
+            "(srl sft chain @ sft.toml [...] --then @ rl.toml [...])"
+        )
     for tok in rl_args:
         if tok.split("=", 1)[0].replace("-", "_") == "__model.name":
-            raise ConfigError("--then ... --model.name: the RL half of a chain starts from the SFT run's final "
-                              "model, so srl sets model.name itself; give the base model to the SFT half "
-                              "(before --then), or run srl rl on its own to start from another model")  # fmt: skip
+            raise ConfigError(
+                "--then ... --model.name: the RL half of a chain starts from the SFT run's final "
+                "model, so srl sets model.name itself; give the base model to the SFT half "
+                "(before --then), or run srl rl on its own to start from another model"
+            )
 
 
 def _check_rl_args(rl_args: list[str], cfg: Any) -> None:
@@ -347,9 +385,12 @@ def cmd_chain(args: list[str]) -> int:
     from toolkit.config.cli_args import print_help_if_asked, split_config_args
 
     usage = "usage: srl sft chain @ sft.toml [...] --then @ rl.toml [...]"
-    if print_help_if_asked(args, usage + "\n\nRuns the SFT run, then the RL run from its final model (on Slurm: "
-                           "two jobs, the RL one\nstarting only after the SFT one succeeded). Options before --then "
-                           "are srl sft's,\nafter it srl rl's (srl sft --help, srl rl --help)."):
+    if print_help_if_asked(
+        args,
+        usage + "\n\nRuns the SFT run, then the RL run from its final model (on Slurm: "
+        "two jobs, the RL one\nstarting only after the SFT one succeeded). Options before --then "
+        "are srl sft's,\nafter it srl rl's (srl sft --help, srl rl --help).",
+    ):
         return 0
     if "--then" not in args:
         raise ConfigError(usage)
@@ -359,8 +400,10 @@ def cmd_chain(args: list[str]) -> int:
     files, overrides, flags = split_config_args(sft_args)
     if "--dry-run" in rl_args and not flags["dry_run"]:
         # Written last on the line, it reads as "dry-run the chain", but the SFT run would train for real.
-        raise ConfigError("--dry-run after --then dry-runs the RL run only while SFT trains for real; put --dry-run "
-                          "before --then to dry-run both")  # fmt: skip
+        raise ConfigError(
+            "--dry-run after --then dry-runs the RL run only while SFT trains for real; put --dry-run "
+            "before --then to dry-run both"
+        )
     cfg = _read(files, overrides)
     _check_rl_args(rl_args, cfg)
     req = _request(cfg, files, ["sft", *sft_args], flags)
@@ -369,8 +412,10 @@ def cmd_chain(args: list[str]) -> int:
         rl_full.append("--dry-run")
     started = _start(cfg, req)
     if started.job_id is not None:
-        print(f"srl: SFT job {started.job_id}; the RL job waits for it to complete (afterok) and starts from "
-              f"{started.run.model_export}")
+        print(
+            f"srl: SFT job {started.job_id}; the RL job waits for it to complete (afterok) and starts from "
+            f"{started.run.model_export}"
+        )
         return cmd_rl(rl_full, ["rl", *rl_full], dependency=f"afterok:{started.job_id}")
     if started.status != 0:
         print(f"srl: SFT ended with status {started.status}; RL not started", file=sys.stderr)

@@ -150,5 +150,3 @@ def _toml_value(value: Any, dumped: Any) -> Any:
     if isinstance(value, dict):
         return {k: _toml_value(value[k], d) for k, d in dumped.items() if value.get(k) is not None}
     return dumped
-
-

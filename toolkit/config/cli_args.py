@@ -33,8 +33,10 @@ def refuse_misspelt_flag(tok: str) -> None:
         return
     close = difflib.get_close_matches(tok.replace("_", "-"), OWN_FLAGS[:-1], n=1, cutoff=0.8)
     if close:
-        raise ConfigError(f"unknown option {tok}; did you mean {close[0]}? (srl's own flags: "
-                          f"{', '.join(OWN_FLAGS[:-1])}; config overrides look like --section.field VALUE)")  # fmt: skip
+        raise ConfigError(
+            f"unknown option {tok}; did you mean {close[0]}? (srl's own flags: "
+            f"{', '.join(OWN_FLAGS[:-1])}; config overrides look like --section.field VALUE)"
+        )
 
 
 def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str, bool]]:
@@ -54,9 +56,11 @@ def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str,
         if tok.startswith("@") and rest and rest[-1] == argv[i - 1] and _wants_value(rest[-1]):
             # Composed as a file, the path would leave the option without a value: it would read as "true" and
             # fail later as a wrong type, while the file's keys fail as unknown keys of the run config.
-            raise ConfigError(f"{rest[-1]} is followed by '{tok}': '@' composes a config file, leaving {rest[-1]} "
-                              f"without a value; give the value without '@' ({rest[-1]} VALUE), or write "
-                              f"{rest[-1]}=true for an on/off field")  # fmt: skip
+            raise ConfigError(
+                f"{rest[-1]} is followed by '{tok}': '@' composes a config file, leaving {rest[-1]} "
+                f"without a value; give the value without '@' ({rest[-1]} VALUE), or write "
+                f"{rest[-1]}=true for an on/off field"
+            )
         if tok == "@":
             if i + 1 >= len(argv):
                 raise ConfigError("'@' must be followed by a TOML file path")
@@ -70,8 +74,10 @@ def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str,
         elif tok.endswith(".toml") and not (rest and _wants_value(rest[-1])):
             # Read as an override it would only be "unexpected argument"; without any file, the command would
             # answer with its own example file instead of this one.
-            raise ConfigError(f"'{tok}' looks like a config file: compose it with '@' before it (@ {tok}); "
-                              "several compose left to right (@ job.toml @ overlay.toml)")
+            raise ConfigError(
+                f"'{tok}' looks like a config file: compose it with '@' before it (@ {tok}); "
+                "several compose left to right (@ job.toml @ overlay.toml)"
+            )
         else:
             refuse_misspelt_flag(tok)
             rest.append(tok)

@@ -39,8 +39,9 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError([ConfigIssue("", f"broken TOML: {e}", str(path))]) from None
 
 
-def deep_merge(base: dict[str, Any], top: dict[str, Any], *, source: str | None = None,
-               _prefix: str = "") -> dict[str, Any]:
+def deep_merge(
+    base: dict[str, Any], top: dict[str, Any], *, source: str | None = None, _prefix: str = ""
+) -> dict[str, Any]:
     """Merge ``top`` over ``base``: tables merge recursively, a table over a list of tables amends the entries it
     names (:func:`amend_by_name`), everything else (lists included) is replaced. ``source`` (the layer's file)
     only names it in errors. Raises ConfigError for a table naming an entry the list does not have."""
@@ -81,20 +82,35 @@ def _entry_index(items: list[dict[str, Any]], key: str, *, path: str, source: st
         return found[0]
     known = ", ".join(repr(n) for n in names if n is not None) or "none (give each entry a name)"
     why = f"several entries are named '{key}'" if found else f"no entry of {path} is named '{key}'"
-    raise ConfigError([ConfigIssue(f"{path}.{key}", f"{why}; the table [{path}.<name>] amends the entry of that "
-                                   f"name, and the names are: {known}", source)])
+    raise ConfigError(
+        [
+            ConfigIssue(
+                f"{path}.{key}",
+                f"{why}; the table [{path}.<name>] amends the entry of that name, and the names are: {known}",
+                source,
+            )
+        ]
+    )
 
 
-def amend_by_name(items: list[dict[str, Any]], patches: dict[str, Any], *, path: str,
-                  source: str | None = None) -> list[dict[str, Any]]:
+def amend_by_name(
+    items: list[dict[str, Any]], patches: dict[str, Any], *, path: str, source: str | None = None
+) -> list[dict[str, Any]]:
     """``items`` (a list of tables, e.g. the envs) with each table of ``patches`` (entry name -> fields) deep-merged
     into the entry of that name; the other entries are kept as they are. Raises ConfigError when a name matches
     no entry (or several), or a patch is not a table."""
     out = copy.deepcopy(items)
     for key, patch in patches.items():
         if not isinstance(patch, dict):
-            raise ConfigError([ConfigIssue(f"{path}.{key}", f"expected a table of fields for the entry named "
-                                           f"'{key}' (e.g. [{path}.{key}]), got {patch!r}", source)])
+            raise ConfigError(
+                [
+                    ConfigIssue(
+                        f"{path}.{key}",
+                        f"expected a table of fields for the entry named '{key}' (e.g. [{path}.{key}]), got {patch!r}",
+                        source,
+                    )
+                ]
+            )
         i = _entry_index(out, key, path=path, source=source)
         out[i] = deep_merge(out[i], patch, source=source, _prefix=f"{path}[{i}]")
     return out
@@ -130,8 +146,9 @@ def dropped_amendments(before: dict[str, Any], top: dict[str, Any], prefix: str 
     return out
 
 
-def record_origins(tree: dict[str, Any], source: str, origins: dict[str, str], prefix: str = "",
-                   before: dict[str, Any] | None = None) -> None:
+def record_origins(
+    tree: dict[str, Any], source: str, origins: dict[str, str], prefix: str = "", before: dict[str, Any] | None = None
+) -> None:
     """Note ``source`` as the origin of every leaf of ``tree`` in ``origins`` (dotted path -> source; list items
     as ``[i]``, the spelling of config error paths). Called per layer in merge order, so the last writer wins.
     ``before``: the merged config this layer goes over, which places a table amending a list's entry by name
@@ -199,23 +216,26 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             raise ConfigError(f"bad override key '{key}': use dotted names like orchestrator.batch-size")
         if any(p.isdigit() for p in path):
             # A number would name a table key, not a list item: the whole list would be replaced by a table.
-            raise ConfigError(f"override key '{key}': a list item cannot be picked by its index on the command "
-                              "line; change the list in a TOML file composed with @ (e.g. its [[...]] table)")
+            raise ConfigError(
+                f"override key '{key}': a list item cannot be picked by its index on the command "
+                "line; change the list in a TOML file composed with @ (e.g. its [[...]] table)"
+            )
         _set_override(out, path, value, key, seen)
     return out
 
 
-def _set_override(out: dict[str, Any], path: list[str], value: Any, key: str,
-                  seen: dict[tuple[str, ...], str]) -> None:
+def _set_override(out: dict[str, Any], path: list[str], value: Any, key: str, seen: dict[tuple[str, ...], str]) -> None:
     """Put one override's ``value`` at ``path`` in ``out``. ``seen`` maps each path set so far to its key as typed.
     Raises ConfigError when it and an earlier override set a path and a field below it (a list, then an
     amendment of its entries by name, or the reverse): one would silently replace the other."""
     above = [seen[tuple(path[:n])] for n in range(1, len(path)) if tuple(path[:n]) in seen]
-    below = [k for p, k in seen.items() if len(p) > len(path) and list(p[:len(path)]) == path]
+    below = [k for p, k in seen.items() if len(p) > len(path) and list(p[: len(path)]) == path]
     if above or below:
-        raise ConfigError(f"overrides --{(above + below)[0]} and --{key} overlap: the later one would replace what the other "
-                          "sets; give one of them (a list and an amendment of its entries by name go in TOML files "
-                          "composed with @, the list first)")
+        raise ConfigError(
+            f"overrides --{(above + below)[0]} and --{key} overlap: the later one would replace what the other "
+            "sets; give one of them (a list and an amendment of its entries by name go in TOML files "
+            "composed with @, the list first)"
+        )
     seen[tuple(path)] = key
     subtable(out, *path[:-1])[path[-1]] = value
 
@@ -267,17 +287,25 @@ def merge_layers(
             notices += got
         for path in dropped_amendments(merged, tree):
             names = ", ".join(f"'{k}'" for k in subtable(merged, *path.split(".")))
-            raise ConfigError([ConfigIssue(path, f"{origin_of(path, origins) or 'an earlier layer'} amends entries "
-                                           f"of this list by name ({names}) before any layer defines the list, and "
-                                           f"{source} defines it afterwards, which would drop those amendments: "
-                                           f"compose the amending file after {source}", source)])
+            raise ConfigError(
+                [
+                    ConfigIssue(
+                        path,
+                        f"{origin_of(path, origins) or 'an earlier layer'} amends entries "
+                        f"of this list by name ({names}) before any layer defines the list, and "
+                        f"{source} defines it afterwards, which would drop those amendments: "
+                        f"compose the amending file after {source}",
+                        source,
+                    )
+                ]
+            )
         if source != "command line":  # an override that sets a list says so itself
             for path, n in replaced_lists(merged, tree):
                 notices.append(
                     f"{source} replaces the whole list {path} ({n} {'entry' if n == 1 else 'entries'} before it; "
                     f"those it does not repeat are gone). To change one entry and keep the rest, give a table "
-                    f"keyed by its name instead: [{path}.<name>]")
+                    f"keyed by its name instead: [{path}.<name>]"
+                )
         record_origins(tree, source, origins, before=merged)
         merged = deep_merge(merged, tree, source=source)
     return merged, origins, notices
-

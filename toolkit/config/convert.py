@@ -39,7 +39,7 @@ def to_canonical(raw: dict[str, Any], *, source: str | None = None) -> tuple[dic
 def _hosted_flat(data: dict[str, Any], notices: list[str], where: str) -> None:
     if isinstance(data.get("model"), str):
         data["model"] = {"name": data["model"]}
-        notices.append(f"hosted shape{where}: model = \"...\" -> [model] name")
+        notices.append(f'hosted shape{where}: model = "..." -> [model] name')
     moves = {
         "batch_size": ("orchestrator", "batch_size"),
         "rollouts_per_example": ("orchestrator", "group_size"),
@@ -57,8 +57,9 @@ def _hosted_flat(data: dict[str, Any], notices: list[str], where: str) -> None:
         if "max_tokens" in sampling:
             sampling["max_completion_tokens"] = sampling.pop("max_tokens")
         subtable(data, "orchestrator", "train", "sampling").update(sampling)
-        notices.append(f"hosted shape{where}: [sampling] -> [orchestrator.train.sampling] (max_tokens -> "
-                       "max_completion_tokens)")
+        notices.append(
+            f"hosted shape{where}: [sampling] -> [orchestrator.train.sampling] (max_tokens -> max_completion_tokens)"
+        )
     if isinstance(data.get("env"), list):
         envs = data.pop("env")
         subtable(data, "orchestrator", "train").setdefault("env", []).extend(envs)
@@ -116,12 +117,14 @@ def _legacy_envs(data: dict[str, Any], notices: list[str], where: str, source: s
             continue  # a wrong type of args: pydantic reports it with its path
         misplaced = sorted(NATIVE_V1_FIELDS & set(args))
         if misplaced:
-            issues.append(ConfigIssue(
-                f"{path}.args",
-                f"native v1 fields {misplaced} found under args (the legacy v0 bridge); move them to the env "
-                "entry's top level",
-                source,
-            ))
+            issues.append(
+                ConfigIssue(
+                    f"{path}.args",
+                    f"native v1 fields {misplaced} found under args (the legacy v0 bridge); move them to the env "
+                    "entry's top level",
+                    source,
+                )
+            )
             continue
         env["taskset"] = {"id": env["id"], **args}
         env["legacy"] = True

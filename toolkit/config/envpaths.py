@@ -23,11 +23,23 @@ from .errors import ConfigError, ConfigIssue
 
 PATH_LIST_VARS = frozenset({"PYTHONPATH", "PATH", "LD_LIBRARY_PATH"})
 """Variables holding an ``os.pathsep``-separated list of paths."""
-PATH_VARS = frozenset({
-    "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE", "XDG_CACHE_HOME", "TMPDIR",
-    "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE",
-    "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
-})  # fmt: skip
+PATH_VARS = frozenset(
+    {
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HF_DATASETS_CACHE",
+        "TRANSFORMERS_CACHE",
+        "XDG_CACHE_HOME",
+        "TMPDIR",
+        "TRITON_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "VLLM_CACHE_ROOT",
+        "FLASHINFER_WORKSPACE_BASE",
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+    }
+)
 """Variables holding one path."""
 
 
@@ -74,14 +86,15 @@ def _absolute(entry: str, root: Path) -> str:
     """``entry`` absolute from ``root`` (``~`` expanded; empty stays empty). Raises ValueError for a ``$VARIABLE``
     or a ``~user`` this machine has no home for."""
     if "$" in entry:
-        raise ValueError("srl does not expand $VARIABLES in env_vars: the job's processes would get the text as "
-                         "written; write the path out (an absolute path, one relative to where srl runs, or ~/...)")
+        raise ValueError(
+            "srl does not expand $VARIABLES in env_vars: the job's processes would get the text as "
+            "written; write the path out (an absolute path, one relative to where srl runs, or ~/...)"
+        )
     if not entry:
         return entry
     try:
         path = Path(entry).expanduser()
     except RuntimeError:  # ~name with no such user
         user = entry[1:].split("/", 1)[0]
-        raise ValueError(f"'~{user}' names no user with a home directory on this machine; write the path "
-                         "out") from None
+        raise ValueError(f"'~{user}' names no user with a home directory on this machine; write the path out") from None
     return str(path if path.is_absolute() else root / path)

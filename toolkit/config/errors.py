@@ -72,7 +72,7 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
 # config key (``sweep`` is one letter from ``seed``).
 _OTHER_FILES_KEYS = {
     "sweep": "[sweep] (name, base, seeds, grid, max_parallel) belongs to a sweep file, which `srl sweep @ FILE` "
-             "reads; change it there (a run config, its overlays and --section.field overrides have no [sweep])",
+    "reads; change it there (a run config, its overlays and --section.field overrides have no [sweep])",
 }
 
 
@@ -92,8 +92,11 @@ def pydantic_issues(exc: Any, model_cls: type, *, source: str | None = None) -> 
             variants = _other_variants_with(model_cls, loc[:-1], key)
             if variants and isinstance(loc[-2], str) and len(loc) >= 3:
                 where = _loc_to_path(loc[:-2])
-                msg += (f" for {where}.type = '{loc[-2]}'; it belongs to type "
-                        + " or ".join(f"'{v}'" for v in variants) + f": set {where}.type")
+                msg += (
+                    f" for {where}.type = '{loc[-2]}'; it belongs to type "
+                    + " or ".join(f"'{v}'" for v in variants)
+                    + f": set {where}.type"
+                )
             elif len(loc) == 1 and key in _OTHER_FILES_KEYS:
                 msg += f": {_OTHER_FILES_KEYS[key]}"
                 allowed = []  # the near names of a run config's keys would only mislead
@@ -116,9 +119,11 @@ def pydantic_issues(exc: Any, model_cls: type, *, source: str | None = None) -> 
             # A table where a list of tables goes: [path.<name>] amends the entry of that name in a list an earlier
             # layer defines; with no list before it there is nothing to amend.
             names = ", ".join(f"'{k}'" for k in err["input"])
-            msg = (f"expected a list of tables ([[{path}]] entries), got a table; the table [{path}.<name>] "
-                   f"({names}) amends the entry of that name in a list of entries an earlier file gives, and none "
-                   f"gives any: compose it after the file holding the [[{path}]] entries")
+            msg = (
+                f"expected a list of tables ([[{path}]] entries), got a table; the table [{path}.<name>] "
+                f"({names}) amends the entry of that name in a list of entries an earlier file gives, and none "
+                f"gives any: compose it after the file holding the [[{path}]] entries"
+            )
         else:
             got = err.get("input")
             if not isinstance(got, (dict, list)) and got is not None:

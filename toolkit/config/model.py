@@ -98,9 +98,7 @@ class Section(BaseModel):
 
     # allow_inf_nan=False: no float field has a meaning for inf or NaN (a NaN threshold never trips, an inf scale
     # makes every update NaN), so TOML's inf/nan are refused everywhere, naming the field.
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False
-    )
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -113,8 +111,7 @@ class Section(BaseModel):
                 nested = isinstance(value, dict) and _is_table(cls.model_fields.get(key))  # checked by its own model
                 found = _nul_at(key, repr(key)) or (None if nested else _nul_at(value, str(key)))
                 if found is not None:
-                    raise ValueError(f"{found}: contains a NUL byte (\\x00), which no path, name or argument "
-                                     "can hold")  # fmt: skip
+                    raise ValueError(f"{found}: contains a NUL byte (\\x00), which no path, name or argument can hold")
         return data
 
     @model_validator(mode="before")
@@ -132,8 +129,9 @@ class Section(BaseModel):
             for name, field in cls.model_fields.items():
                 for key in {name, field.alias} - {None}:
                     if isinstance(data.get(key), bool) and _numeric_without_bool(field.annotation):
-                        raise ValueError(f"{key}: expects a number, got a boolean "
-                                         "(a bare --flag means true: give the flag a value)")  # fmt: skip
+                        raise ValueError(
+                            f"{key}: expects a number, got a boolean (a bare --flag means true: give the flag a value)"
+                        )
                 tag, value = field.discriminator, data.get(name)
                 if value == NULL_SPELLING and _null_spelling_means_null(field.annotation):
                     data = {**data, name: None}
@@ -442,8 +440,10 @@ class IcePopLoss(Section):
         # The band must hold ratio 1 (trainer and engine agree): otherwise every on-policy token is masked and the
         # run trains on nothing.
         if not self.ratio_low < 1.0 < self.ratio_high:
-            raise ValueError(f"ratio_low ({self.ratio_low}) < 1 < ratio_high ({self.ratio_high}) is required: "
-                             "tokens whose ratio is 1 (on-policy) must not be masked")  # fmt: skip
+            raise ValueError(
+                f"ratio_low ({self.ratio_low}) < 1 < ratio_high ({self.ratio_high}) is required: "
+                "tokens whose ratio is 1 (on-policy) must not be masked"
+            )
         return self
 
 
@@ -518,8 +518,10 @@ def implied_infer_nodes(infer: Any) -> int:
     if infer.type == "multi_node":
         return int(infer.num_nodes)
     if infer.type == "disaggregated":
-        return (infer.prefill_nodes_per_replica * infer.num_prefill_replicas
-                + infer.decode_nodes_per_replica * infer.num_decode_replicas)
+        return (
+            infer.prefill_nodes_per_replica * infer.num_prefill_replicas
+            + infer.decode_nodes_per_replica * infer.num_decode_replicas
+        )
     return 1
 
 
@@ -616,6 +618,7 @@ class SlurmConfig(Section):
         if isinstance(v, datetime.time):
             return v.strftime("%H:%M:%S")
         return v
+
     qos: str | None = None
     constraint: str | None = None
     nodelist: str | None = None
@@ -709,8 +712,10 @@ class WandbConfig(Section):
     def _var_name(cls, v: str) -> str:
         # A key pasted here would be a secret in the config; the value is never echoed back.
         if not ENV_VAR_NAME.fullmatch(v):
-            raise ValueError("must be the name of an environment variable (letters, digits, '_'; not starting with "
-                             "a digit), never the key itself")  # fmt: skip
+            raise ValueError(
+                "must be the name of an environment variable (letters, digits, '_'; not starting with "
+                "a digit), never the key itself"
+            )
         return v
 
 
@@ -787,7 +792,8 @@ class RLConfig(Section):
                 raise ValueError(
                     f"[inference.deployment] ({infer.type}) implies {per} node(s) per replica x "
                     f"{dep.num_infer_replicas} replica(s) (deployment.num_infer_replicas) = "
-                    f"{per * dep.num_infer_replicas} inference nodes; at most {_MAX_INFER_NODES}")
+                    f"{per * dep.num_infer_replicas} inference nodes; at most {_MAX_INFER_NODES}"
+                )
             dep.num_infer_nodes = per * dep.num_infer_replicas
         return self
 

@@ -86,8 +86,11 @@ def _batch_and_groups(cfg: RLConfig, f: Findings) -> None:
             f.error(path, f"group-relative advantage ({algo}) needs group_size >= 2; with 1 every advantage is zero")
             continue
         if g < 8:
-            f.warn(path, f"group_size {g} is small: with fewer than 8 rollouts per task, few groups have differing rewards "
-                   "to learn from (16 is a common baseline)")
+            f.warn(
+                path,
+                f"group_size {g} is small: with fewer than 8 rollouts per task, few groups have differing rewards "
+                "to learn from (16 is a common baseline)",
+            )
         if o.batch_size % g:
             f.error(
                 f"orchestrator.batch_size, {path}",
@@ -107,8 +110,11 @@ def _train_envs(cfg: RLConfig, f: Findings) -> None:
     if o.eval.interval and not o.eval.env:
         f.warn("orchestrator.eval.interval", "eval interval is set but there is no [[orchestrator.eval.env]]")
     if not o.eval.env:
-        f.warn("orchestrator.eval.env", "no held-out eval env: without one nothing tells whether the run "
-               "generalizes; add [[orchestrator.eval.env]] with a held-out split and set orchestrator.eval.interval")
+        f.warn(
+            "orchestrator.eval.env",
+            "no held-out eval env: without one nothing tells whether the run "
+            "generalizes; add [[orchestrator.eval.env]] with a held-out split and set orchestrator.eval.interval",
+        )
 
 
 def _env_names(cfg: RLConfig, f: Findings) -> None:
@@ -123,7 +129,7 @@ def _env_names(cfg: RLConfig, f: Findings) -> None:
                 )
         for i, e in enumerate(envs):
             if e.taskset is None and not e.legacy:
-                f.error(f"orchestrator.{section}.env[{i}].taskset", "missing: give taskset = { id = \"...\" }")
+                f.error(f"orchestrator.{section}.env[{i}].taskset", 'missing: give taskset = { id = "..." }')
 
 
 def _concurrency(cfg: RLConfig, f: Findings) -> None:
@@ -227,10 +233,15 @@ def _deployment(cfg: RLConfig, f: Findings) -> None:
                 f"{dep.num_train_gpus} + {dep.num_infer_gpus} = {used} GPUs > gpus_per_node {dep.gpus_per_node}",
             )
         if dep.gpus_per_node and dep.cpu_train_ranks > 1:
-            f.error("deployment.cpu_train_ranks", "is for CPU-only nodes (gpus_per_node = 0); with GPUs the trainer "
-                    "has one rank per GPU: set deployment.num_train_gpus")  # fmt: skip
+            f.error(
+                "deployment.cpu_train_ranks",
+                "is for CPU-only nodes (gpus_per_node = 0); with GPUs the trainer "
+                "has one rank per GPU: set deployment.num_train_gpus",
+            )
         if dep.gpus_per_node and dep.num_infer_gpus % tp:
-            f.error("inference.vllm.tensor_parallel_size", f"tp {tp} does not divide num_infer_gpus {dep.num_infer_gpus}")
+            f.error(
+                "inference.vllm.tensor_parallel_size", f"tp {tp} does not divide num_infer_gpus {dep.num_infer_gpus}"
+            )
         elif dep.gpus_per_node:
             _single_node_gpu_split(cfg, tp, f)
     else:
@@ -253,8 +264,11 @@ def _deployment(cfg: RLConfig, f: Findings) -> None:
     if dep.type == "multi_node" and dep.nodes_per_fsdp_group:
         unused.append(("deployment.nodes_per_fsdp_group", dep.nodes_per_fsdp_group))
     for path, value in unused:
-        f.warn(path, f"= {value} is not implemented by srl's trainer, which shards with FSDP2 over all trainer "
-               "ranks (every rank data parallel); the value only changes the reported data-parallel size")  # fmt: skip
+        f.warn(
+            path,
+            f"= {value} is not implemented by srl's trainer, which shards with FSDP2 over all trainer "
+            "ranks (every rank data parallel); the value only changes the reported data-parallel size",
+        )
 
 
 def _single_node_gpu_split(cfg: RLConfig, tp: int, f: Findings) -> None:
@@ -269,9 +283,12 @@ def _single_node_gpu_split(cfg: RLConfig, tp: int, f: Findings) -> None:
         engines, what = (infer.num_replicas if infer.type == "single_node" else 1), "inference.deployment.num_replicas"
     need = engines * tp
     if dep.num_infer_gpus != need:
-        f.error("deployment.num_infer_gpus", f"{dep.num_infer_gpus} GPUs, but {engines} engine(s) ({what}) x "
-                f"tensor_parallel_size {tp} use {need}; set deployment.num_infer_gpus = {need} or change the "
-                "engine count")  # fmt: skip
+        f.error(
+            "deployment.num_infer_gpus",
+            f"{dep.num_infer_gpus} GPUs, but {engines} engine(s) ({what}) x "
+            f"tensor_parallel_size {tp} use {need}; set deployment.num_infer_gpus = {need} or change the "
+            "engine count",
+        )
 
 
 def _trainer_gpus(cfg: RLConfig, f: Findings) -> None:
@@ -280,8 +297,11 @@ def _trainer_gpus(cfg: RLConfig, f: Findings) -> None:
     dep = cfg.deployment
     if dep.type == "single_node" and dep.gpus_per_node and dep.num_train_gpus < 1:
         free = dep.gpus_per_node - dep.num_infer_gpus
-        f.error("deployment.num_train_gpus", f"is 0 on a GPU node (gpus_per_node = {dep.gpus_per_node}): the trainer "
-                f"needs at least one GPU of its own; allowed: 1..{max(1, free)}")  # fmt: skip
+        f.error(
+            "deployment.num_train_gpus",
+            f"is 0 on a GPU node (gpus_per_node = {dep.gpus_per_node}): the trainer "
+            f"needs at least one GPU of its own; allowed: 1..{max(1, free)}",
+        )
 
 
 def _weight_retention(cfg: RLConfig, f: Findings) -> None:
@@ -332,8 +352,11 @@ def _slurm(cfg: RLConfig, f: Findings) -> None:
     for i, name in enumerate(s.secret_env_vars):
         if not ENV_VAR_NAME.fullmatch(name):
             # Not echoed: what stands here instead of a name is often the pasted secret itself.
-            f.error("slurm.secret_env_vars", f"item {i + 1} is not an environment variable name (letters, digits, "
-                    "'_'; not starting with a digit): list the names of exported variables, never their values")
+            f.error(
+                "slurm.secret_env_vars",
+                f"item {i + 1} is not an environment variable name (letters, digits, "
+                "'_'; not starting with a digit): list the names of exported variables, never their values",
+            )
 
 
 def env_tables(cfg: RLConfig) -> dict[str, dict[str, str]]:

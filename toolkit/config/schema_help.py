@@ -29,8 +29,13 @@ def _attribute_docs() -> dict[tuple[str, str], str]:
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             body = cls.body
             for a, b in itertools.pairwise(body):
-                if (isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
-                        and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)):
+                if (
+                    isinstance(a, ast.AnnAssign)
+                    and isinstance(a.target, ast.Name)
+                    and isinstance(b, ast.Expr)
+                    and isinstance(b.value, ast.Constant)
+                    and isinstance(b.value.value, str)
+                ):
                     docs[(cls.name, a.target.id)] = " ".join(b.value.value.split())
     return docs
 
@@ -83,7 +88,7 @@ def schema_help(model: type[BaseModel] = RLConfig, prefix: str = "", docs: dict 
             for m in subs:
                 sub = schema_help(m, prefix=f"{path}.", docs=docs)
                 if len(subs) > 1:
-                    lines.append(f"  (type = \"{m.model_fields['type'].default}\")")
+                    lines.append(f'  (type = "{m.model_fields["type"].default}")')
                 lines.append(sub)
             continue
         lines.append(f"  {path} ({_type_name(fld.annotation)}, default {_default_text(fld)}): {desc}".rstrip(": "))

@@ -63,8 +63,9 @@ class ColumnsConfig(Section):
         seen: dict[str, str] = {}
         for field, column in self.model_dump().items():
             if column in seen:
-                raise ValueError(f"{seen[column]} and {field} both name the column {column!r}; each role needs a "
-                                 "column of its own")  # fmt: skip
+                raise ValueError(
+                    f"{seen[column]} and {field} both name the column {column!r}; each role needs a column of its own"
+                )
             seen[column] = field
         return self
 
@@ -188,10 +189,20 @@ class SFTConfig(Section):
             seed=self.seed,
             model=self.model,
             env_vars=self.env_vars,
-            trainer=TrainerConfig(optim=t.optim, scheduler=t.scheduler, micro_batch_size=t.micro_batch_size,
-                                  seq_len=self.data.seq_len, model=t.model, env_vars=t.env_vars),
-            orchestrator=OrchestratorConfig(training_mode="sft", renderer=self.renderer,
-                                            eval=self.eval or EvalSection(), max_concurrent=self.max_concurrent),
+            trainer=TrainerConfig(
+                optim=t.optim,
+                scheduler=t.scheduler,
+                micro_batch_size=t.micro_batch_size,
+                seq_len=self.data.seq_len,
+                model=t.model,
+                env_vars=t.env_vars,
+            ),
+            orchestrator=OrchestratorConfig(
+                training_mode="sft",
+                renderer=self.renderer,
+                eval=self.eval or EvalSection(),
+                max_concurrent=self.max_concurrent,
+            ),
             inference=self.inference,
             deployment=self.deployment,
             slurm=self.slurm,
@@ -217,7 +228,7 @@ def _renamed(path: str, pairs) -> str:
     ``[``) replaced by ``new``; unchanged when none does."""
     for old, new in pairs:
         if path == old or path.startswith((old + ".", old + "[")):
-            return new + path[len(old):]
+            return new + path[len(old) :]
     return path
 
 
@@ -269,11 +280,19 @@ def launch_loaded(cfg: SFTConfig) -> LoadedConfig:
     names the file that set the field. Map findings back with :func:`in_sft_terms`."""
     back = [(sft, view) for view, sft in _VIEW_TO_SFT]
     origins = {_renamed(path, back): src for path, src in cfg._origins.items()}
-    return LoadedConfig(cfg.launch_view(), warnings=list(cfg._warnings), notices=list(cfg._notices), purpose="sft",
-                        origins=origins)
+    return LoadedConfig(
+        cfg.launch_view(), warnings=list(cfg._warnings), notices=list(cfg._notices), purpose="sft", origins=origins
+    )
 
 
 __all__ = [
-    "ColumnsConfig", "DataConfig", "LossMaskConfig", "SFTConfig", "SFTTrainerConfig", "ValConfig", "in_sft_terms",
-    "launch_loaded", "load_sft_config",
+    "ColumnsConfig",
+    "DataConfig",
+    "LossMaskConfig",
+    "SFTConfig",
+    "SFTTrainerConfig",
+    "ValConfig",
+    "in_sft_terms",
+    "launch_loaded",
+    "load_sft_config",
 ]

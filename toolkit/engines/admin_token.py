@@ -15,7 +15,8 @@ Life of a token (32 random bytes, URL-safe base64 or hex):
   job step inherits it. A requeued RL job creates a new one: all its components restart with it;
 - the one exception to "environment only": an inference-only deployment (``srl inference``, local or Slurm) also
   writes it to ``<run>/launcher/admin_token`` (mode 0600, the user's own file on the shared filesystem) and reuses
-  that file across requeues, so an RL run with ``inference.external = <that run>`` can read it (:func:`read_token_file`).
+  that file across requeues, so an RL run with ``inference.external = <that run>`` can read it
+  (:func:`read_token_file`).
 
 An engine started without the variable refuses every admin route (fail closed).
 """

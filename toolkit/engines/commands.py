@@ -133,9 +133,7 @@ def kv_transfer_config(kv_connector: str, kv_role: str, kv_extra: Mapping[str, A
     if "kv_buffer_device" in extra:
         cfg["kv_buffer_device"] = extra.pop("kv_buffer_device")
     if kv_connector == "ExampleConnector" and "shared_storage_path" not in extra:
-        raise CommandError(
-            "ExampleConnector needs kv_extra['shared_storage_path'] (put it in the run's scratch)"
-        )
+        raise CommandError("ExampleConnector needs kv_extra['shared_storage_path'] (put it in the run's scratch)")
     if extra:
         cfg["kv_connector_extra_config"] = extra
     return cfg
@@ -289,11 +287,15 @@ def router_command(
             raise CommandError("router needs at least one engine URL")
         argv += ["--worker-urls", *engine_urls]
     argv += [
-        "--request-timeout-secs", str(max(1, round(request_timeout_s))),
-        "--health-check-interval-secs", str(max(1, round(health_check_interval_s))),
-        "--health-failure-threshold", "3",
-        "--worker-startup-timeout-secs", str(max(1, round(worker_startup_timeout_s))),
-    ]  # fmt: skip
+        "--request-timeout-secs",
+        str(max(1, round(request_timeout_s))),
+        "--health-check-interval-secs",
+        str(max(1, round(health_check_interval_s))),
+        "--health-failure-threshold",
+        "3",
+        "--worker-startup-timeout-secs",
+        str(max(1, round(worker_startup_timeout_s))),
+    ]
     if prometheus_port is not None:
         argv += ["--prometheus-port", str(int(prometheus_port))]
     return argv

@@ -52,6 +52,7 @@ _VF_ERROR_CLASSES = {
     "TaskError",
 }
 
+
 def as_srl_error(exc: BaseException, default: type[srl_errors.SrlRolloutError], context: str):
     """``exc`` as an srl rollout error: srl errors pass through, verifiers' typed errors keep their class name
     (verifiers.v1.errors uses the same taxonomy), anything else becomes ``default``."""
@@ -104,8 +105,10 @@ provide; see ``toolkit.envs.fidelity``)."""
 
 
 def _unbound_stop_hooks(task: vf.Task) -> list[tuple[Any, bool]]:
-    return [(h.__func__, True) if isinstance(h, types.MethodType) and h.__self__ is task else (h, False)
-            for h in task.hooks("stop")]  # fmt: skip
+    return [
+        (h.__func__, True) if isinstance(h, types.MethodType) and h.__self__ is task else (h, False)
+        for h in task.hooks("stop")
+    ]
 
 
 def _stop_hooks(task: vf.Task) -> list[Any]:

@@ -119,9 +119,7 @@ def build_runtime_config(env_name: str, fields: Mapping[str, Any]) -> Any:
     try:
         return TypeAdapter(RuntimeConfig).validate_python(dict(fields))
     except ValidationError as exc:
-        issues = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'][1:]) or 'runtime'}: {e['msg']}" for e in exc.errors()
-        )
+        issues = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'runtime'}: {e['msg']}" for e in exc.errors())
         raise EnvFeatureError(
             f"env '{env_name}': harness.runtime does not fit verifiers' '{rtype}' runtime config ({issues})"
         ) from None
@@ -144,14 +142,20 @@ def env_class_problems(env_name: str, module: Any, harness_id: str) -> list[str]
 
     out: list[str] = []
     if harness_id not in PLAIN_CHAT_HARNESSES:
-        out.append(f"env '{env_name}': harness '{harness_id}' is not the plain chat loop "
-                   f"({' or '.join(repr(h) for h in PLAIN_CHAT_HARNESSES)})")  # fmt: skip
+        out.append(
+            f"env '{env_name}': harness '{harness_id}' is not the plain chat loop "
+            f"({' or '.join(repr(h) for h in PLAIN_CHAT_HARNESSES)})"
+        )
     for env_cls in exported(module, vf.Env):
-        out.append(f"env '{env_name}': the taskset's module {module.__name__} exports its own Env class "
-                   f"{env_cls.__name__}, whose run()/setup()/finalize() verifiers runs")  # fmt: skip
+        out.append(
+            f"env '{env_name}': the taskset's module {module.__name__} exports its own Env class "
+            f"{env_cls.__name__}, whose run()/setup()/finalize() verifiers runs"
+        )
     for harness_cls in exported(module, vf.Harness):
-        out.append(f"env '{env_name}': the taskset's module {module.__name__} bundles its own harness "
-                   f"{harness_cls.__name__}, which verifiers runs by default")  # fmt: skip
+        out.append(
+            f"env '{env_name}': the taskset's module {module.__name__} bundles its own harness "
+            f"{harness_cls.__name__}, which verifiers runs by default"
+        )
     return out
 
 
@@ -161,9 +165,11 @@ def builtin_harness_problem(env_name: str, taskset_id: str, source_kind: str, ha
     plain chat loop only."""
     if source_kind != "builtin" or harness_id in PLAIN_CHAT_HARNESSES:
         return None
-    return (f"env '{env_name}': srl's built-in taskset '{taskset_id}' runs with the plain chat loop only "
-            f"(harness.id 'default'), not harness '{harness_id}': verifiers' rollout loads a taskset by its id, "
-            "which only srl resolves for built-ins")  # fmt: skip
+    return (
+        f"env '{env_name}': srl's built-in taskset '{taskset_id}' runs with the plain chat loop only "
+        f"(harness.id 'default'), not harness '{harness_id}': verifiers' rollout loads a taskset by its id, "
+        "which only srl resolves for built-ins"
+    )
 
 
 def harness_id_problem(env_name: str, harness_id: str) -> str | None:
@@ -189,8 +195,10 @@ def task_class_problems(env_name: str, taskset: Any, task_cls: type) -> list[str
     except Exception as exc:  # noqa: BLE001 - a toolsets() that raises is itself the finding
         task_tools, shared_tools = [f"toolsets() raised {type(exc).__name__}: {exc}"], []
     if task_tools or shared_tools:
-        out.append(f"env '{env_name}': {task_cls.__name__} serves tools (Task.toolsets / Taskset.toolsets), which "
-                   "verifiers' tool servers host")  # fmt: skip
+        out.append(
+            f"env '{env_name}': {task_cls.__name__} serves tools (Task.toolsets / Taskset.toolsets), which "
+            "verifiers' tool servers host"
+        )
     return out
 
 

@@ -55,7 +55,9 @@ _TAIL_ROLES = frozenset({"tool", "user"})
 class PolicyGenerate(Protocol):
     """srl's policy: ``PolicyClient.generate`` or anything with its signature."""
 
-    def __call__(self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Awaitable[Generation]: ...
+    def __call__(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str
+    ) -> Awaitable[Generation]: ...
 
 
 class PolicyClientConfig(TrainClientConfig):
@@ -106,8 +108,10 @@ class PolicyModelClient(Client):
     def __init__(self, generate: PolicyGenerate, renderer: Any, sampling: SamplingParams | None = None) -> None:
         for attr in ("render", "render_text", "continuation", "decode", "stop_token_ids"):
             if not hasattr(renderer, attr):
-                raise TypeError(f"renderer {getattr(renderer, 'name', renderer)!r} lacks {attr!r}; use 'auto' or "
-                                f"'hermes' (toolkit.models.renderer)")
+                raise TypeError(
+                    f"renderer {getattr(renderer, 'name', renderer)!r} lacks {attr!r}; use 'auto' or "
+                    f"'hermes' (toolkit.models.renderer)"
+                )
         self.generate = generate
         self.renderer = renderer
         self.sampling = sampling or SamplingParams()
@@ -116,7 +120,9 @@ class PolicyModelClient(Client):
         self.rendered_turns = 0
         """Turns whose prompt was rendered whole (first turns and broken prefixes)."""
 
-    def _prompt_ids(self, turn: PendingTurn | None, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], bool]:
+    def _prompt_ids(
+        self, turn: PendingTurn | None, messages: list[dict], tools: list[dict] | None
+    ) -> tuple[list[int], bool]:
         """(prompt ids, bridged): the previous turn's ids + the rendered tail when the graph has them."""
         previous = turn.previous_renderer_token_ids() if turn is not None else None
         tail = [message_to_wire(m) for m in turn.tail] if turn is not None else []
@@ -142,8 +148,9 @@ class PolicyModelClient(Client):
         """One model turn: render, sample from the policy, parse tool calls; returns a ``Response`` with
         ``tokens`` (prompt ids, completion ids, sampling logprobs). Raises verifiers' ``ProviderError``."""
         if not isinstance(dialect, ChatDialect):
-            raise VfProviderError(f"srl's policy client serves chat completions only, not {type(dialect).__name__}",
-                                  status_code=400)
+            raise VfProviderError(
+                f"srl's policy client serves chat completions only, not {type(dialect).__name__}", status_code=400
+            )
         if turn is not None:
             prompt, tool_specs = turn.prompt, turn.tools
         else:
@@ -157,8 +164,9 @@ class PolicyModelClient(Client):
         try:
             prompt_ids, bridged = self._prompt_ids(turn, messages, tools)
         except Exception as exc:  # a template that cannot render this conversation
-            raise VfProviderError(f"renderer {self.renderer.name} failed: {type(exc).__name__}: {exc}",
-                                  status_code=400) from exc
+            raise VfProviderError(
+                f"renderer {self.renderer.name} failed: {type(exc).__name__}: {exc}", status_code=400
+            ) from exc
         params = _sampling_params(self.sampling, sampling, self.renderer.stop_token_ids)
         try:
             gen = await self.generate(list(prompt_ids), params, session_id=session_id or uuid.uuid4().hex)
@@ -172,8 +180,9 @@ class PolicyModelClient(Client):
             reply_ids = reply_ids[:-1]
         content, calls = parse_tool_calls(self.renderer.decode(reply_ids))
         response_id = f"srl-{uuid.uuid4().hex[:16]}"
-        tool_calls = [ToolCall(id=f"{response_id}-{i}", name=c["name"], arguments=c["arguments"])
-                      for i, c in enumerate(calls)]
+        tool_calls = [
+            ToolCall(id=f"{response_id}-{i}", name=c["name"], arguments=c["arguments"]) for i, c in enumerate(calls)
+        ]
         finish = "length" if gen.finish_reason == "length" else ("tool_calls" if tool_calls else "stop")
         model = str(body.get("model") or "policy")
         response = Response(
@@ -226,7 +235,9 @@ class PolicyInterceptionServer(InterceptionServer):
 
 
 @contextlib.asynccontextmanager
-async def policy_serving(env: Any, policies: Mapping[str, PolicyModelClient]) -> AsyncIterator[PolicyInterceptionServer]:
+async def policy_serving(
+    env: Any, policies: Mapping[str, PolicyModelClient]
+) -> AsyncIterator[PolicyInterceptionServer]:
     """``env.serving()`` with a ``PolicyInterceptionServer`` as the env's interception: inside it,
     ``env.run_episode(task, ModelContext(model, PolicyClientConfig(), sampling))`` samples from srl's policy.
 
@@ -292,15 +303,19 @@ def trace_samples(trace: Any) -> TraceSamples:
             if node.sampled and any(node.mask):
                 record = book.get(sequence_key(ids[:end]))
                 if record is None:
-                    raise ValueError(f"trace {trace.id}: a sampled turn ending at token {end} has no srl policy "
-                                     "version (not sampled through PolicyModelClient)")
+                    raise ValueError(
+                        f"trace {trace.id}: a sampled turn ending at token {end} has no srl policy "
+                        "version (not sampled through PolicyModelClient)"
+                    )
                 versions.append(int(record["version"]))
                 foreign = foreign or record.get("foreign")
         start = mask.index(True)
-        samples.append(TrainingSample(
-            prompt_ids=list(ids[:start]),
-            completion_ids=list(ids[start:]),
-            completion_mask=list(mask[start:]),
-            completion_logprobs=[float(x) for x in logprobs[start:]],
-        ))
+        samples.append(
+            TrainingSample(
+                prompt_ids=list(ids[:start]),
+                completion_ids=list(ids[start:]),
+                completion_mask=list(mask[start:]),
+                completion_logprobs=[float(x) for x in logprobs[start:]],
+            )
+        )
     return TraceSamples(samples, min(versions) if versions else None, foreign)

@@ -3,7 +3,8 @@
 An env worker resolves its taskset id on the compute node with the job's ``PYTHONPATH`` and refuses a field the
 taskset's config class does not declare, a ``select`` it cannot read, a runtime verifiers rejects or srl cannot
 provide (a remote sandbox), a harness verifiers cannot load, or a harness other than the chat loop on an srl
-built-in. All of that is known before any data is read, so preflight asks the same question here: :func:`run_probe` starts ``python -m toolkit.envs.probe`` with the job's interpreter and
+built-in. All of that is known before any data is read, so preflight asks the same question here: :func:`run_probe`
+starts ``python -m toolkit.envs.probe`` with the job's interpreter and
 ``PYTHONPATH`` (a fresh process: a taskset module is imported there, never in srl's own process) and reads back one
 result per env; srl's own built-ins it checks in process. :func:`check_spec` is the check itself,
 built from the worker's own functions (``registry.taskset_config``, ``fidelity``), so the two cannot drift.
@@ -74,8 +75,7 @@ def check_spec(spec: dict[str, Any], extra_paths: Sequence[str] = ()) -> dict[st
     from toolkit.envs.tasksets import resolve_taskset_source, taskset_unresolved_reason
 
     name, tid = spec["name"], spec["taskset"]["id"]
-    out: dict[str, Any] = {"name": name, "id": tid, "source": None, "module": None, "unresolved": None,
-                           "problems": []}  # fmt: skip
+    out: dict[str, Any] = {"name": name, "id": tid, "source": None, "module": None, "unresolved": None, "problems": []}
     source = resolve_taskset_source(tid, list(extra_paths))
     if source is None:
         out["unresolved"] = taskset_unresolved_reason(tid, list(extra_paths)) or "no module provides it"
@@ -104,8 +104,10 @@ def check_spec(spec: dict[str, Any], extra_paths: Sequence[str] = ()) -> dict[st
     # What the module declares beyond the plain chat loop (an Env class, tools, another harness) runs through
     # verifiers' own rollout in the worker; only a harness verifiers cannot load is refused there.
     hid = str(harness.get("id", "default"))
-    for problem in (fidelity.harness_id_problem(name, hid),
-                    fidelity.builtin_harness_problem(name, tid, source.kind, hid)):  # fmt: skip
+    for problem in (
+        fidelity.harness_id_problem(name, hid),
+        fidelity.builtin_harness_problem(name, tid, source.kind, hid),
+    ):
         if problem is not None:
             problems.append(problem)
     return out
@@ -126,13 +128,20 @@ def main() -> int:
 _MEMO: dict[tuple, list[dict[str, Any]]] = {}
 
 
-def run_probe(specs: Sequence[dict[str, Any]], *, python: str, extra_paths: Sequence[str],
-              timeout_s: float = PROBE_TIMEOUT_S, memo_key: tuple = ()) -> list[dict[str, Any]]:  # fmt: skip
+def run_probe(
+    specs: Sequence[dict[str, Any]],
+    *,
+    python: str,
+    extra_paths: Sequence[str],
+    timeout_s: float = PROBE_TIMEOUT_S,
+    memo_key: tuple = (),
+) -> list[dict[str, Any]]:
     """:func:`check_spec` of each spec as the job's ``python`` with ``PYTHONPATH`` = ``extra_paths`` (empty: this
     process's, which a job that sets none inherits) would load it. Results in ``specs`` order.
 
     A spec whose id resolves to srl's own built-in (or to nothing) on that path, when ``python`` is this
-    interpreter, is checked in this process (the same code either way; verifiers is imported here once instead of once per check). Every
+    interpreter, is checked in this process (the same code either way; verifiers is imported here once instead of once
+    per check). Every
     other spec is checked in a fresh ``python`` from an empty working directory (a worker's ``-m`` start puts its
     directory first on ``sys.path``; the run directory holds no modules): the taskset's own module is never
     imported into srl's process. Answers from a per-process memo for the same specs, interpreter, path and
@@ -147,8 +156,10 @@ def run_probe(specs: Sequence[dict[str, Any]], *, python: str, extra_paths: Sequ
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     paths = list(extra_paths) or inherited
     # An id that resolves to nothing on that path needs no module imported to say so either.
-    local = [here and getattr(resolve_taskset_source(s["taskset"]["id"], paths), "kind", None)
-             in ("builtin", None) for s in specs]  # fmt: skip
+    local = [
+        here and getattr(resolve_taskset_source(s["taskset"]["id"], paths), "kind", None) in ("builtin", None)
+        for s in specs
+    ]
     results: list[dict[str, Any] | None] = [None] * len(specs)
     for i, spec in enumerate(specs):
         if local[i]:
@@ -159,8 +170,9 @@ def run_probe(specs: Sequence[dict[str, Any]], *, python: str, extra_paths: Sequ
     rest = [s for s, is_local in zip(specs, local, strict=True) if not is_local]
     if rest:
         pythonpath = os.pathsep.join(extra_paths) if extra_paths else None
-        answered = iter(_in_subprocess(rest, python=python, pythonpath=pythonpath, timeout_s=timeout_s,
-                                       memo_key=memo_key))  # fmt: skip
+        answered = iter(
+            _in_subprocess(rest, python=python, pythonpath=pythonpath, timeout_s=timeout_s, memo_key=memo_key)
+        )
         results = [r if r is not None else next(answered) for r in results]
     return results  # type: ignore[return-value]
 
@@ -215,8 +227,9 @@ def _same_interpreter(python: str) -> bool:
     return False
 
 
-def _in_subprocess(specs: Sequence[dict[str, Any]], *, python: str, pythonpath: str | None, timeout_s: float,
-                   memo_key: tuple) -> list[dict[str, Any]]:  # fmt: skip
+def _in_subprocess(
+    specs: Sequence[dict[str, Any]], *, python: str, pythonpath: str | None, timeout_s: float, memo_key: tuple
+) -> list[dict[str, Any]]:
     payload = json.dumps(list(specs), sort_keys=True)
     key = (python, pythonpath, payload, memo_key)
     if key in _MEMO:
@@ -227,8 +240,9 @@ def _in_subprocess(specs: Sequence[dict[str, Any]], *, python: str, pythonpath: 
     cmd = [python, "-m", "toolkit.envs.probe"]
     with tempfile.TemporaryDirectory(prefix="srl-probe-") as cwd:
         try:
-            proc = subprocess.run(cmd, input=payload, capture_output=True, text=True, env=env, cwd=cwd,
-                                  timeout=timeout_s, check=False)  # fmt: skip
+            proc = subprocess.run(
+                cmd, input=payload, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout_s, check=False
+            )
         except subprocess.TimeoutExpired:
             raise ProbeError(f"{' '.join(cmd)} did not answer within {timeout_s:g} s", timed_out=True) from None
         except OSError as e:
@@ -236,9 +250,11 @@ def _in_subprocess(specs: Sequence[dict[str, Any]], *, python: str, pythonpath: 
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         tail = proc.stderr.strip().splitlines()[-6:]
-        raise ProbeError(f"{' '.join(cmd)} exited with status {proc.returncode} without a result"
-                         + (": " + " | ".join(tail) if tail else ""))  # fmt: skip
-    results = json.loads(lines[-1][len(RESULT_PREFIX):])
+        raise ProbeError(
+            f"{' '.join(cmd)} exited with status {proc.returncode} without a result"
+            + (": " + " | ".join(tail) if tail else "")
+        )
+    results = json.loads(lines[-1][len(RESULT_PREFIX) :])
     _MEMO[key] = results
     return results
 

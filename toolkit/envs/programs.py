@@ -70,8 +70,9 @@ def use_job_interpreter() -> None:
         return
     uv_path = SubprocessRuntime.prepare_uv_script
 
-    async def prepare_uv_script(self: Any, script: str | bytes, env: dict[str, str] | None = None, *,
-                                activate: bool = True) -> list[str]:  # fmt: skip
+    async def prepare_uv_script(
+        self: Any, script: str | bytes, env: dict[str, str] | None = None, *, activate: bool = True
+    ) -> list[str]:
         data = script.encode() if isinstance(script, str) else script
         if missing_requirements(script_requirements(data)):
             return await uv_path(self, script, env, activate=activate)

@@ -196,8 +196,9 @@ class WorkerConnection:
             params = {k: v for k, v in msg.items() if k not in ("cb", "op", "episode")}
             result = await settled(handler(msg.get("op"), params))
         if self._writer is not None and not self._writer.is_closing():
-            coalesce_writes(asyncio.get_running_loop(), self._writer, self._outbox,
-                            encode({"cb": msg.get("cb"), **outcome(result)}))  # fmt: skip
+            coalesce_writes(
+                asyncio.get_running_loop(), self._writer, self._outbox, encode({"cb": msg.get("cb"), **outcome(result)})
+            )
             with contextlib.suppress(OSError, ConnectionError):
                 await self._writer.drain()
 

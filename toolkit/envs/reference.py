@@ -34,10 +34,13 @@ def reference_rows(taskset_cfg: Any) -> list[dict[str, Any]]:
         tid = data.id or i
         answer = getattr(data, "answer", None)  # a field of the taskset's own TaskData, when it has one
         if not isinstance(answer, str):
-            raise NoReferenceAnswer(f"taskset {taskset_cfg.id!r}: task {tid} has no reference answer (data.answer "
-                                    "must be a string) to write as a completion")  # fmt: skip
-        rows.append({"id": str(tid), "prompt": initial_messages(data),
-                     "completion": [{"role": "assistant", "content": answer}]})
+            raise NoReferenceAnswer(
+                f"taskset {taskset_cfg.id!r}: task {tid} has no reference answer (data.answer "
+                "must be a string) to write as a completion"
+            )
+        rows.append(
+            {"id": str(tid), "prompt": initial_messages(data), "completion": [{"role": "assistant", "content": answer}]}
+        )
     return rows
 
 
@@ -49,8 +52,10 @@ def write_reference_dataset(taskset_cfg: Any, out: Path) -> int:
     """
     rows = reference_rows(taskset_cfg)
     if not rows:
-        raise ValueError(f"taskset {taskset_cfg.id!r} (split {taskset_cfg.split!r}) selects no "
-                         f"task; nothing written to {out} (raise its number of examples)")  # fmt: skip
+        raise ValueError(
+            f"taskset {taskset_cfg.id!r} (split {taskset_cfg.split!r}) selects no "
+            f"task; nothing written to {out} (raise its number of examples)"
+        )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fsutil.atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

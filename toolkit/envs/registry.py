@@ -124,9 +124,7 @@ def taskset_config(
     try:
         config = config_cls(**fields)
     except ValidationError as exc:
-        issues = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
-        )
+        issues = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
         raise TasksetFieldError(
             f"{who}taskset '{tid}' rejects its fields ({issues}); its config {config_cls.__name__} has: "
             f"{own_fields(config_cls)}"
@@ -135,8 +133,7 @@ def taskset_config(
         train = {n: v for n, v in split_fields(config).items() if v == "train"}
         if train:
             how = ", ".join(
-                f"{n} = 'train' ({'set in the config' if n in fields else 'the taskset default'})"
-                for n in train
+                f"{n} = 'train' ({'set in the config' if n in fields else 'the taskset default'})" for n in train
             )
             raise TasksetFieldError(
                 f"{who}an eval env would load the taskset's train rows: {how}; set "

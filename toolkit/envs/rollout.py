@@ -28,9 +28,7 @@ from toolkit.run.types import Generation, Rollout, SamplingParams, TrainingSampl
 
 
 class PolicyLike(Protocol):
-    async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str
-    ) -> Generation: ...
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Generation: ...
 
 
 class EnvSession(Protocol):
@@ -127,9 +125,7 @@ async def run_rollout(
         gen = await client.generate(list(prompt_ids), turn_sampling, session_id=session_id)
         timings["generation"] += time.perf_counter() - t
         if len(gen.logprobs) != len(gen.token_ids):
-            raise ProviderError(
-                f"policy returned {len(gen.token_ids)} tokens but {len(gen.logprobs)} logprobs"
-            )
+            raise ProviderError(f"policy returned {len(gen.token_ids)} tokens but {len(gen.logprobs)} logprobs")
         versions.append(gen.policy_version)
         foreign = foreign or gen.foreign_version
         current.completion_ids.extend(gen.token_ids)

@@ -9,7 +9,8 @@ these bounds:
   task hooks (expiry = TaskError); ``rollout`` bounds the whole episode (expiry = HarnessError, the harness turns
   did not finish in time);
 - transient classes (ProviderError, SandboxError, TunnelError) are retried ``env_cfg.retries`` times with
-  exponential backoff (0.5 s, 1 s, 2 s, ... capped at 30 s, times a seeded jitter in [1, 1.5)); deterministic classes are not retried;
+  exponential backoff (0.5 s, 1 s, 2 s, ... capped at 30 s, times a seeded jitter in [1, 1.5)); deterministic classes
+  are not retried;
 - a rollout that still fails comes back with ``error_class`` set and no training samples.
 
 A worker that stops answering within its stage timeout (e.g. a scorer stuck in a CPU loop), or that cannot
@@ -67,9 +68,13 @@ def _timeouts_given(env_cfg: Any) -> list[str]:
 def env_spec(env_cfg: Any) -> dict[str, Any]:
     """The JSON spec an env worker is started with (see ``toolkit.envs.server``): what preflight probes of the env
     (``toolkit.envs.probe.probe_spec``) plus its turn and time limits."""
-    return {**probe_spec(env_cfg), "max_turns": env_cfg.max_turns, "timeout": _timeouts(env_cfg),
-            "timeout_given": _timeouts_given(env_cfg),
-            "max_total_tokens": getattr(env_cfg, "max_total_tokens", None)}  # fmt: skip
+    return {
+        **probe_spec(env_cfg),
+        "max_turns": env_cfg.max_turns,
+        "timeout": _timeouts(env_cfg),
+        "timeout_given": _timeouts_given(env_cfg),
+        "max_total_tokens": getattr(env_cfg, "max_total_tokens", None),
+    }
 
 
 def _addresses(address: Any) -> list[tuple[str, int]]:
@@ -102,9 +107,14 @@ class _GroupStart:
     async def _run(self) -> list[dict[str, Any]]:
         await self.runtime._ready(self.worker)
         limit = self.runtime.timeouts.get("setup")
-        r = await self.runtime._call(self.worker, "start_group", limit,
-                                     f"env worker did not answer start within {limit} s (+{GRACE_S} s)",
-                                     example_id=self.example_id, episodes=[x.episode for x in self.sessions])  # fmt: skip
+        r = await self.runtime._call(
+            self.worker,
+            "start_group",
+            limit,
+            f"env worker did not answer start within {limit} s (+{GRACE_S} s)",
+            example_id=self.example_id,
+            episodes=[x.episode for x in self.sessions],
+        )
         return list(r["results"])
 
     async def outcome(self, index: int) -> dict[str, Any]:
@@ -132,8 +142,9 @@ class _RemoteSession:
     request of its own after the group's start.
     """
 
-    def __init__(self, runtime: EnvRuntime, worker: _Worker, example_id: int, *, group: _GroupStart | None = None,
-                 index: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, runtime: EnvRuntime, worker: _Worker, example_id: int, *, group: _GroupStart | None = None, index: int = 0
+    ) -> None:
         self.runtime, self.worker, self.example_id = runtime, worker, example_id
         self.group, self.index = group, index
         self.episode = uuid.uuid4().hex
@@ -144,8 +155,14 @@ class _RemoteSession:
 
     async def _call(self, op: str, stage: str | None, **params: Any) -> dict[str, Any]:
         limit = self.runtime.timeouts.get(stage) if stage else None
-        return await self.runtime._call(self.worker, op, limit, f"env worker did not answer {op} within {limit} s "
-                                        f"(+{GRACE_S} s)", episode=self.episode, **params)  # fmt: skip
+        return await self.runtime._call(
+            self.worker,
+            op,
+            limit,
+            f"env worker did not answer {op} within {limit} s (+{GRACE_S} s)",
+            episode=self.episode,
+            **params,
+        )
 
     async def start(self) -> tuple[str, list[dict[str, str]]]:
         if self.group is not None:
@@ -165,9 +182,14 @@ class _RemoteSession:
         """``op`` bounded by the finalize + scoring timeouts (+ grace): a worker that does not answer in time is
         replaced and the rollout fails as TaskError."""
         limit = sum(self.runtime.timeouts.get(s) or 0 for s in ("finalize", "scoring"))
-        return await self.runtime._call(self.worker, op, limit or None,
-                                        f"env worker did not finish scoring within {limit} s",
-                                        episode=self.episode, **params)  # fmt: skip
+        return await self.runtime._call(
+            self.worker,
+            op,
+            limit or None,
+            f"env worker did not finish scoring within {limit} s",
+            episode=self.episode,
+            **params,
+        )
 
     async def step(self, reply: str) -> tuple[list[dict[str, str]], bool]:
         if self.single_turn:  # this step ends the episode (no user turn): its score comes with the answer
@@ -239,15 +261,17 @@ class EnvRuntime:
             self.workers = [_Worker(host, port, None) for host, port in _addresses(address)]
         else:
             # The policy's model and renderer: a worker that runs verifiers' rollout renders the turns itself.
-            policy = {"model_path": str(self.model_path),
-                      "renderer": {"name": getattr(self.renderer_cfg, "name", None),
-                                   "import_path": getattr(self.renderer_cfg, "import_path", None)}}  # fmt: skip
+            policy = {
+                "model_path": str(self.model_path),
+                "renderer": {
+                    "name": getattr(self.renderer_cfg, "name", None),
+                    "import_path": getattr(self.renderer_cfg, "import_path", None),
+                },
+            }
             self._spec = json.dumps({**env_spec(self.env_cfg), "policy": policy}).encode()
             n = self.env_cfg.pool.max_workers
             started = await asyncio.gather(*(self._spawn() for _ in range(max(1, n))), return_exceptions=True)
-            self.workers = [
-                w for w in started if isinstance(w, _Worker)
-            ]  # aclose stops these even on failure
+            self.workers = [w for w in started if isinstance(w, _Worker)]  # aclose stops these even on failure
             failed = [e for e in started if isinstance(e, BaseException)]
             if failed:
                 raise failed[0]
@@ -257,18 +281,30 @@ class EnvRuntime:
         self.num_examples, self.task_ids = int(info["num_examples"]), list(info["task_ids"])
         self.mode = str(info.get("mode") or "chat")
         if self.mode == "trace":
-            log.info("env %s runs through verifiers' own rollout in its workers: %s", self.name,
-                     "; ".join(info.get("reasons") or []))  # fmt: skip
+            log.info(
+                "env %s runs through verifiers' own rollout in its workers: %s",
+                self.name,
+                "; ".join(info.get("reasons") or []),
+            )
         if info.get("source"):  # where the worker, on its node and with its PYTHONPATH, found the taskset
             tid = getattr(getattr(self.env_cfg, "taskset", None), "id", "?")
             log.info("env %s: taskset %s resolved to %s", self.name, tid, info["source"])
 
     async def _spawn(self) -> _Worker:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "toolkit.envs.server", "--spec", "-", "--port", "0",
-            "--parent-pid", str(os.getpid()),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "toolkit.envs.server",
+            "--spec",
+            "-",
+            "--port",
+            "0",
+            "--parent-pid",
+            str(os.getpid()),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         # The spec goes through stdin: no file to clean up, whatever happens to this process.
         proc.stdin.write(self._spec)
         await proc.stdin.drain()
@@ -307,8 +343,12 @@ class EnvRuntime:
                         logged += 1
                         log.info("env worker %s (pid %d): %s", self.name, proc.pid, text[:2000])
                 if logged > MAX_WORKER_LOG_LINES:
-                    log.info("env worker %s (pid %d): more than %d lines on stderr; the rest is not logged",
-                             self.name, proc.pid, MAX_WORKER_LOG_LINES)  # fmt: skip
+                    log.info(
+                        "env worker %s (pid %d): more than %d lines on stderr; the rest is not logged",
+                        self.name,
+                        proc.pid,
+                        MAX_WORKER_LOG_LINES,
+                    )
 
     async def _call(self, worker: _Worker, op: str, limit: float | None, failure: str, **params: Any) -> Any:
         """``op`` on ``worker``, answered within ``limit`` + GRACE_S seconds (None: no bound). A worker that does not
@@ -385,15 +425,17 @@ class EnvRuntime:
         self._rr += 1
         return min(live, key=lambda w: (w.conn.inflight, (self._rr + live.index(w)) % len(live)))
 
-    async def _attempt(self, example_id: int, client: Any, sampling: SamplingParams,
-                       session: _RemoteSession | None = None) -> list[Rollout]:  # fmt: skip
+    async def _attempt(
+        self, example_id: int, client: Any, sampling: SamplingParams, session: _RemoteSession | None = None
+    ) -> list[Rollout]:
         """One attempt at an episode: its rollouts (one; through verifiers' rollout, one per trainable trace)."""
         if self.mode == "trace":
             return await self._trace_attempt(example_id, client, sampling)
         return [await self._chat_attempt(example_id, client, sampling, session)]
 
-    async def _chat_attempt(self, example_id: int, client: Any, sampling: SamplingParams,
-                            session: _RemoteSession | None) -> Rollout:  # fmt: skip
+    async def _chat_attempt(
+        self, example_id: int, client: Any, sampling: SamplingParams, session: _RemoteSession | None
+    ) -> Rollout:
         if session is None:
             session = _RemoteSession(self, self._pick_worker(), example_id)
         worker = session.worker
@@ -402,10 +444,20 @@ class EnvRuntime:
         await self._ready(worker)
         session_id = f"{self.name}-{example_id}-{session.episode[:12]}"
         try:
-            return await self._within_rollout_timeout(worker, client, run_rollout(
-                session, client=client, renderer=self.renderer, sampling=sampling, env_name=self.name,
-                example_id=example_id, session_id=session_id, limits=self.limits,
-            ))  # fmt: skip
+            return await self._within_rollout_timeout(
+                worker,
+                client,
+                run_rollout(
+                    session,
+                    client=client,
+                    renderer=self.renderer,
+                    sampling=sampling,
+                    env_name=self.name,
+                    example_id=example_id,
+                    session_id=session_id,
+                    limits=self.limits,
+                ),
+            )
         finally:
             await session.close()
 
@@ -441,8 +493,13 @@ class EnvRuntime:
                 left = cap - len(prompt)
                 if left <= 0:
                     clipped_and_cut = True
-                    return {"token_ids": [], "logprobs": [], "finish_reason": "length", "policy_version": 0,
-                            "foreign_version": None}  # fmt: skip
+                    return {
+                        "token_ids": [],
+                        "logprobs": [],
+                        "finish_reason": "length",
+                        "policy_version": 0,
+                        "foreign_version": None,
+                    }
                 if left < turn.max_tokens:
                     turn = dataclasses.replace(turn, max_tokens=left)
                     clipped = True
@@ -451,9 +508,13 @@ class EnvRuntime:
             gen = await client.generate(prompt, turn, session_id=str(params.get("session_id") or episode))
             if cap is not None and clipped and gen.finish_reason == "length":
                 clipped_and_cut = True
-            return {"token_ids": list(gen.token_ids), "logprobs": [float(x) for x in gen.logprobs],
-                    "finish_reason": gen.finish_reason, "policy_version": int(gen.policy_version),
-                    "foreign_version": gen.foreign_version}  # fmt: skip
+            return {
+                "token_ids": list(gen.token_ids),
+                "logprobs": [float(x) for x in gen.logprobs],
+                "finish_reason": gen.finish_reason,
+                "policy_version": int(gen.policy_version),
+                "foreign_version": gen.foreign_version,
+            }
 
         conn.callbacks[episode] = on_callback
         done = False
@@ -468,15 +529,27 @@ class EnvRuntime:
                 # and runtime), instead of running it on with nobody waiting.
                 cancel = asyncio.ensure_future(conn.call("cancel", GRACE_S, episode=episode))
                 cancel.add_done_callback(lambda t: t.cancelled() or t.exception())
-        return [Rollout(
-            env=self.name, task_id=str(t["task_id"]), example_id=example_id,
-            samples=[TrainingSample(**s) for s in t["samples"]], reward=float(t["reward"]),
-            reward_components=dict(t.get("components") or {}), metrics=dict(t.get("metrics") or {}),
-            num_turns=int(t.get("num_turns") or 0), truncated=bool(t.get("truncated")),
-            truncation_reason=("max_total_tokens" if clipped_and_cut and t.get("truncated") else t.get("truncation_reason")),
-            policy_version=int(t.get("policy_version") or 0),
-            foreign_version=t.get("foreign_version"), timings=dict(t.get("timings") or {}), seat=t.get("seat"),
-        ) for t in r["traces"]]  # fmt: skip
+        return [
+            Rollout(
+                env=self.name,
+                task_id=str(t["task_id"]),
+                example_id=example_id,
+                samples=[TrainingSample(**s) for s in t["samples"]],
+                reward=float(t["reward"]),
+                reward_components=dict(t.get("components") or {}),
+                metrics=dict(t.get("metrics") or {}),
+                num_turns=int(t.get("num_turns") or 0),
+                truncated=bool(t.get("truncated")),
+                truncation_reason=(
+                    "max_total_tokens" if clipped_and_cut and t.get("truncated") else t.get("truncation_reason")
+                ),
+                policy_version=int(t.get("policy_version") or 0),
+                foreign_version=t.get("foreign_version"),
+                timings=dict(t.get("timings") or {}),
+                seat=t.get("seat"),
+            )
+            for t in r["traces"]
+        ]
 
     async def _restart_if_unresponsive(self, worker: _Worker) -> None:
         """After a rollout timeout: a worker that cannot answer ``health`` within GRACE_S is stuck (e.g. a
@@ -489,8 +562,9 @@ class EnvRuntime:
         except srl_errors.SrlRolloutError:
             pass  # connection already lost: the next attempt restarts it
 
-    async def run_episode(self, example_id: int, *, client: Any, sampling: SamplingParams,
-                          first: _RemoteSession | None = None) -> list[Rollout]:  # fmt: skip
+    async def run_episode(
+        self, example_id: int, *, client: Any, sampling: SamplingParams, first: _RemoteSession | None = None
+    ) -> list[Rollout]:
         """One episode with retries of transient failures: its rollouts (one from the chat loop; one per trainable
         trace from verifiers' rollout), or one errored Rollout (no samples) when it fails. ``first``: the session
         of the first attempt (a group's pre-started one); retries start their own."""
@@ -514,9 +588,14 @@ class EnvRuntime:
     def _errored(self, example_id: int, error_class: str, errors: list[str]) -> Rollout:
         task_id = self.task_ids[example_id] if 0 <= example_id < len(self.task_ids) else str(example_id)
         return Rollout(
-            env=self.name, task_id=task_id, example_id=example_id, samples=[], error_class=error_class,
-            error_message=errors[-1], metrics={"retries": float(len(errors) - 1)},
-        )  # fmt: skip
+            env=self.name,
+            task_id=task_id,
+            example_id=example_id,
+            samples=[],
+            error_class=error_class,
+            error_message=errors[-1],
+            metrics={"retries": float(len(errors) - 1)},
+        )
 
     async def run_group(
         self, example_id: int, group_size: int, *, client: Any, sampling: SamplingParams
@@ -531,21 +610,25 @@ class EnvRuntime:
         """
 
         def nth(k: int) -> SamplingParams:
-            return (
-                sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + k)
-            )
+            return sampling if sampling.seed is None else dataclasses.replace(sampling, seed=sampling.seed + k)
 
         if self.mode == "trace":  # verifiers runs each episode whole: nothing to start ahead
-            return _flat(await asyncio.gather(*(
-                self.run_episode(example_id, client=client, sampling=nth(k)) for k in range(group_size)
-            )))  # fmt: skip
+            return _flat(
+                await asyncio.gather(
+                    *(self.run_episode(example_id, client=client, sampling=nth(k)) for k in range(group_size))
+                )
+            )
         # The first attempts start together on one worker, in one request (protocol: start_group).
         group = _GroupStart(self, self._pick_worker(), example_id, group_size)
         try:
-            return _flat(await asyncio.gather(*(
-                self.run_episode(example_id, client=client, sampling=nth(k), first=group.sessions[k])
-                for k in range(group_size)
-            )))  # fmt: skip
+            return _flat(
+                await asyncio.gather(
+                    *(
+                        self.run_episode(example_id, client=client, sampling=nth(k), first=group.sessions[k])
+                        for k in range(group_size)
+                    )
+                )
+            )
         finally:
             if not group.task.done():  # every rollout was cancelled before its start result came
                 group.task.cancel()

@@ -88,8 +88,12 @@ class EnvWorker:
 
             self.trace_env = TraceEnv(spec)
             self.tasks = self.trace_env.tasks
-            pairing = [p for h in self.trace_env.harnesses for t in self.tasks
-                       for p in fidelity.pairing_problems(name, t, self.runtime_config, h)]  # fmt: skip
+            pairing = [
+                p
+                for h in self.trace_env.harnesses
+                for t in self.tasks
+                for p in fidelity.pairing_problems(name, t, self.runtime_config, h)
+            ]
             fidelity.raise_listed(pairing)
         else:
             fidelity.check_loaded(name, taskset, self.tasks, harness_id, self.runtime_config, module=module)
@@ -111,14 +115,20 @@ class EnvWorker:
         if op == "health":
             return {"episodes": len(self.episodes), "pid": os.getpid()}
         if op == "info":
-            return {"num_examples": len(self.tasks), "task_ids": [task_identity(t) for t in self.tasks],
-                    "source": self.source.describe(), "mode": self.mode, "reasons": self.reasons}  # fmt: skip
+            return {
+                "num_examples": len(self.tasks),
+                "task_ids": [task_identity(t) for t in self.tasks],
+                "source": self.source.describe(),
+                "mode": self.mode,
+                "reasons": self.reasons,
+            }
         if op == "run_trace":
             if self.trace_env is None or channel is None:
                 raise srl_errors.HarnessError("run_trace: this env runs srl's plain chat loop (op start)")
             eid = str(req["episode"])
-            run = asyncio.ensure_future(self.trace_env.run(int(req["example_id"]), eid, dict(req["sampling"]),
-                                                           channel.call))  # fmt: skip
+            run = asyncio.ensure_future(
+                self.trace_env.run(int(req["example_id"]), eid, dict(req["sampling"]), channel.call)
+            )
             self.trace_runs[eid] = run
             try:
                 return await run
@@ -184,8 +194,13 @@ class EnvWorker:
             await episode.close()
         return {**scored, "wants_more": episode.wants_more}
 
-    async def respond(self, req: dict[str, Any], writer: asyncio.StreamWriter, outbox: list[bytes],
-                      channel: CallbackChannel | None = None) -> None:  # fmt: skip
+    async def respond(
+        self,
+        req: dict[str, Any],
+        writer: asyncio.StreamWriter,
+        outbox: list[bytes],
+        channel: CallbackChannel | None = None,
+    ) -> None:
         out = {"id": req.get("id"), **outcome(await settled(self.handle(req.get("op", ""), req, channel)))}
         if not writer.is_closing():
             coalesce_writes(asyncio.get_running_loop(), writer, outbox, encode(out))
@@ -228,8 +243,11 @@ async def serve(spec: dict[str, Any], host: str, port: int, parent_pid: int | No
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     if worker.trace_env is not None:
         await worker.trace_env.start()
-        print(f"env '{worker.trace_env.name}' runs through verifiers' own rollout: " + "; ".join(worker.reasons),
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"env '{worker.trace_env.name}' runs through verifiers' own rollout: " + "; ".join(worker.reasons),
+            file=sys.stderr,
+            flush=True,
+        )
     sigcache.install()  # verifiers' scoring asks for the same signatures on every rollout (see sigcache)
     # verifiers' modules and the loaded tasks live as long as the worker: moved out of the collector's view, so
     # the collections that episodes' short-lived objects trigger do not walk them again and again (measured: env

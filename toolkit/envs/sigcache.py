@@ -44,8 +44,9 @@ def _state(fn: types.FunctionType) -> tuple[Any, ...]:
     return fn.__code__, fn.__defaults__, fn.__kwdefaults__, fn.__annotations__
 
 
-def signature(obj: Any, *, follow_wrapped: bool = True, globals: Any = None, locals: Any = None,
-              eval_str: bool = False) -> inspect.Signature:  # fmt: skip
+def signature(
+    obj: Any, *, follow_wrapped: bool = True, globals: Any = None, locals: Any = None, eval_str: bool = False
+) -> inspect.Signature:
     """``inspect.signature(obj, ...)``, memoised for plain functions and bound methods (module docstring).
     Raises what ``inspect.signature`` raises (TypeError, ValueError)."""
     plain = follow_wrapped and globals is None and locals is None and not eval_str

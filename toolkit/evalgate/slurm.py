@@ -17,10 +17,14 @@ Light at import: submitit is imported when submitting.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolkit.run.layout import RunDir
 from toolkit.run.verdict import GATE_STEM, VALIDATE_STEM, Verdict, read_verdict
+
+if TYPE_CHECKING:
+    from toolkit.config.model import RLConfig
+    from toolkit.config.site import SiteConfig
 
 
 class GateFailed(RuntimeError):
@@ -51,7 +55,7 @@ def _latest_verdict(argv: list[str]) -> Verdict | None:
     return read_verdict(RunDir(argv[argv.index("--run-dir") + 1]), stem)
 
 
-def executor_parameters(cfg: Any, site: Any, *, command: str, job_name: str) -> dict[str, Any]:
+def executor_parameters(cfg: RLConfig, site: SiteConfig, *, command: str, job_name: str) -> dict[str, Any]:
     """submitit ``SlurmExecutor.update_parameters`` keywords for the gate job on ``site``.
 
     ``time`` is in minutes (from ``cfg.slurm.time``, rounded up; unlimited -> 0 = the partition's limit).
@@ -96,7 +100,7 @@ def executor_parameters(cfg: Any, site: Any, *, command: str, job_name: str) -> 
     return params
 
 
-def submit_gate(cfg: Any, site: Any, run: RunDir, argv: list[str], *, command: str) -> Any:
+def submit_gate(cfg: RLConfig, site: SiteConfig, run: RunDir, argv: list[str], *, command: str) -> Any:
     """Submit ``srl eval <command> <argv>`` as a submitit Slurm job; returns the submitit Job (``job_id``).
 
     ``argv`` must name config files by absolute path and include ``--run-dir`` (the node may start elsewhere).
@@ -113,8 +117,9 @@ def submit_gate(cfg: Any, site: Any, run: RunDir, argv: list[str], *, command: s
     return executor.submit(job_main, [command, *argv])
 
 
-def wait_gate(job: Any, run: RunDir, *, command: str, submitted_at: float, timeout_s: float,
-              poll_s: float = 1.0) -> tuple[int, Verdict | None, str]:  # fmt: skip
+def wait_gate(
+    job: Any, run: RunDir, *, command: str, submitted_at: float, timeout_s: float, poll_s: float = 1.0
+) -> tuple[int, Verdict | None, str]:
     """Wait for the gate job to end (state from scontrol/squeue); returns (exit code, verdict, Slurm state).
 
     The exit code is 0 for a passed gate, 1 for a failed one, 3 when the job ended without a verdict (killed,

@@ -48,10 +48,14 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolkit.envs.fidelity import task_identity
 from toolkit.run.verdict import GateItem, Verdict
+
+if TYPE_CHECKING:
+    from toolkit.config.model import RLConfig
+
 
 # A reply no verifier should accept: chat-template markup, JSON debris, control and replacement characters.
 MALFORMED_REPLY = "<|im_end|>}{\x00\ufffd ### [[ ]] \t\n<|endoftext|>"
@@ -84,8 +88,9 @@ def reference_is_declared(task: Any) -> bool:
     return getattr(task.data, "answer", None) is None
 
 
-async def verifiers_checks(tasks: Sequence[Any], runtime_config: Any, *, setup_s: float | None,
-                           total_s: float | None) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+async def verifiers_checks(
+    tasks: Sequence[Any], runtime_config: Any, *, setup_s: float | None, total_s: float | None
+) -> dict[str, list[dict[str, Any]]]:
     """verifiers' own model-free checks of each task, as ``vf-validate`` runs them: ``gold`` (``Task.validate``
     after ``setup``, in a fresh runtime) and ``noop`` (``setup``, ``finalize`` and scoring of the untouched task; it
     must not reach 1.0). Returns ``{"gold": [row, ...], "noop": [row, ...]}``, one row per task in order, each
@@ -96,16 +101,23 @@ async def verifiers_checks(tasks: Sequence[Any], runtime_config: Any, *, setup_s
     from verifiers.v1.cli import validate as vf_validate
     from verifiers.v1.configs.cli.validate import CheckTimeoutConfig, ValidateConfig
 
-    config = ValidateConfig(runtime=runtime_config, timeout=CheckTimeoutConfig(setup=setup_s, total=total_s),
-                            rich=False)  # fmt: skip
+    config = ValidateConfig(
+        runtime=runtime_config, timeout=CheckTimeoutConfig(setup=setup_s, total=total_s), rich=False
+    )
     # The per-task check is verifiers' own; its public entry (run_validate) would load the taskset by id, which
     # srl's built-ins and the config's field mapping do not go through.
     return {mode: [await vf_validate._run_check(t, config, mode) for t in tasks] for mode in ("gold", "noop")}
 
 
 async def score_replies(
-    task: Any, replies: Sequence[str], *, max_turns: int | None, setup_s: float | None, scoring_s: float | None,
-    turn_s: float | None = None, runtime_config: Any = None,
+    task: Any,
+    replies: Sequence[str],
+    *,
+    max_turns: int | None,
+    setup_s: float | None,
+    scoring_s: float | None,
+    turn_s: float | None = None,
+    runtime_config: Any = None,
 ) -> dict[str, Any]:
     """Play ``replies`` as the assistant's turns of one fresh episode of ``task`` and score it.
 
@@ -132,7 +144,12 @@ async def score_replies(
         scored = await asyncio.wait_for(ep.score(), scoring_s)
     finally:
         await ep.close()
-    return {**scored, "turns": ep.turns, "wanted_more": ep.wants_more or not done, "scoring_s": time.perf_counter() - t0}
+    return {
+        **scored,
+        "turns": ep.turns,
+        "wanted_more": ep.wants_more or not done,
+        "scoring_s": time.perf_counter() - t0,
+    }
 
 
 def _failure_cases(i: int, refs: list[list[str] | None]) -> dict[str, list[str]]:
@@ -148,9 +165,16 @@ def _task_fingerprint(tasks: Sequence[Any]) -> list[tuple[str, str, str]]:
     return [(task_identity(t), str(t.data.prompt), str(t.hash)) for t in tasks]
 
 
-async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_max: float,
-                              max_model_len: int | None, sampling_max_tokens: int | None,
-                              kind: str = "train") -> list[GateItem]:  # fmt: skip
+async def _validate_env_async(
+    env: Any,
+    *,
+    n: int,
+    success_min: float,
+    failure_max: float,
+    max_model_len: int | None,
+    sampling_max_tokens: int | None,
+    kind: str = "train",
+) -> list[GateItem]:
     from toolkit.envs import fidelity
     from toolkit.envs.registry import load_selected, split_fields, taskset_module, taskset_source
 
@@ -161,16 +185,29 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         # The rows the env's workers load: same fields, same eval-split rule.
         taskset, all_tasks = load_selected(env.taskset, env_name=name, eval_env=kind == "eval")
     except Exception as exc:  # noqa: BLE001 - any failure to build the taskset is the finding itself
-        return [GateItem("taskset_loads", name, "FAIL", f"taskset {env.taskset.id!r} failed to load: "
-                         f"{type(exc).__name__}: {exc}", {"taskset": env.taskset.id})]  # fmt: skip
+        return [
+            GateItem(
+                "taskset_loads",
+                name,
+                "FAIL",
+                f"taskset {env.taskset.id!r} failed to load: {type(exc).__name__}: {exc}",
+                {"taskset": env.taskset.id},
+            )
+        ]
     load_s = time.perf_counter() - t0
     tasks = all_tasks[:n]
     ids = [task_identity(t) for t in all_tasks]
     dupes = sorted(x for x, c in Counter(ids).items() if c > 1)[:5]
     key_counts = Counter(t.key for t in all_tasks)
     twins = sorted({ids[i] for i, t in enumerate(all_tasks) if key_counts[t.key] > 1})[:5]
-    ev = {"taskset": env.taskset.id, "split": split_fields(taskset.config), "tasks_selected": len(all_tasks),
-          "tasks_checked": len(tasks), "first_ids": ids[:3], "load_s": round(load_s, 3)}  # fmt: skip
+    ev = {
+        "taskset": env.taskset.id,
+        "split": split_fields(taskset.config),
+        "tasks_selected": len(all_tasks),
+        "tasks_checked": len(tasks),
+        "first_ids": ids[:3],
+        "load_s": round(load_s, 3),
+    }
     try:
         runtime_config = fidelity.build_runtime_config(name, fidelity.runtime_fields(env.harness.runtime))
         ev["source"] = taskset_source(env.taskset.id).describe()
@@ -190,28 +227,46 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
         return [GateItem("taskset_loads", name, "FAIL", "the taskset yields no tasks after select", ev)]
     items: list[GateItem] = []
     if twins:
-        items.append(GateItem("taskset_loads", name, "FAIL", f"task keys (Task.key, verifiers' identity) are not "
-                              f"unique: {twins} carry the same key", ev))  # fmt: skip
+        items.append(
+            GateItem(
+                "taskset_loads",
+                name,
+                "FAIL",
+                f"task keys (Task.key, verifiers' identity) are not unique: {twins} carry the same key",
+                ev,
+            )
+        )
     elif dupes:
         items.append(GateItem("taskset_loads", name, "FAIL", f"task ids are not unique (e.g. {dupes})", ev))
     elif len(tasks) < n:
         items.append(GateItem("taskset_loads", name, "WARN", f"only {len(tasks)} tasks (asked for {n})", ev))
     else:
-        how = "" if replay else ("; it runs through verifiers' own rollout, so only verifiers' own checks run here "
-                                 "(no reply is replayed)")  # fmt: skip
-        items.append(GateItem("taskset_loads", name, "PASS", f"{len(all_tasks)} tasks, checked {len(tasks)}{how}",
-                              ev))  # fmt: skip
+        how = (
+            ""
+            if replay
+            else (
+                "; it runs through verifiers' own rollout, so only verifiers' own checks run here "
+                "(no reply is replayed)"
+            )
+        )
+        items.append(GateItem("taskset_loads", name, "PASS", f"{len(all_tasks)} tasks, checked {len(tasks)}{how}", ev))
 
     timeout = env.timeout
-    kw = {"max_turns": env.max_turns, "setup_s": timeout.setup, "scoring_s": timeout.scoring,
-          "turn_s": timeout.rollout, "runtime_config": runtime_config}
+    kw = {
+        "max_turns": env.max_turns,
+        "setup_s": timeout.setup,
+        "scoring_s": timeout.scoring,
+        "turn_s": timeout.rollout,
+        "runtime_config": runtime_config,
+    }
 
     async def score(task: Any, replies: list[str]) -> dict[str, Any]:
         try:
             return await score_replies(task, replies, **kw)
         except TimeoutError:
-            return {"error": f"timed out (setup {timeout.setup} s / turn {timeout.rollout} s / scoring "
-                             f"{timeout.scoring} s)"}
+            return {
+                "error": f"timed out (setup {timeout.setup} s / turn {timeout.rollout} s / scoring {timeout.scoring} s)"
+            }
         except Exception as exc:  # noqa: BLE001 - TaskError and anything the task raised: evidence, not a crash of the gate
             return {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -220,11 +275,16 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     vf_counts = {mode: dict(Counter(row["reason"] for row in rows)) for mode, rows in checks.items()}
 
     # -- known successes: verifiers' gold verdict; srl's reference replies only where gold is unchecked -----------
-    refs = [None if not replay or checks["gold"][i]["reason"] != "unchecked" else reference_replies(t)
-            for i, t in enumerate(tasks)]  # fmt: skip
+    refs = [
+        None if not replay or checks["gold"][i]["reason"] != "unchecked" else reference_replies(t)
+        for i, t in enumerate(tasks)
+    ]
     scored: dict[tuple[int, str], tuple[list[str], dict[str, Any]]] = {}
-    bad_gold = [{"task": task_identity(t), "verifiers": row["reason"], "error": row["error"]}
-                for t, row in zip(tasks, checks["gold"], strict=True) if row["reason"] not in ("valid", "unchecked")]
+    bad_gold = [
+        {"task": task_identity(t), "verifiers": row["reason"], "error": row["error"]}
+        for t, row in zip(tasks, checks["gold"], strict=True)
+        if row["reason"] not in ("valid", "unchecked")
+    ]
     bad_success: list[dict[str, Any]] = []
     unchecked: list[str] = []
     for i, (task, ref) in enumerate(zip(tasks, refs, strict=True)):
@@ -244,26 +304,50 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
             # task unchecked, and so does srl.
             unchecked.append(task_identity(task))
     validated = vf_counts["gold"].get("valid", 0)
-    ref_ok = [s["reward"] for (_, case), (_, s) in scored.items() if case == "reference" and "error" not in s
-              and s["reward"] >= success_min - _EPS]
-    sev = {"verifiers": vf_counts, "validated": validated, "reward_min": min(ref_ok, default=None),
-           "reward_max": max(ref_ok, default=None)}  # fmt: skip
+    ref_ok = [
+        s["reward"]
+        for (_, case), (_, s) in scored.items()
+        if case == "reference" and "error" not in s and s["reward"] >= success_min - _EPS
+    ]
+    sev = {
+        "verifiers": vf_counts,
+        "validated": validated,
+        "reward_min": min(ref_ok, default=None),
+        "reward_max": max(ref_ok, default=None),
+    }
     if bad_gold or bad_success:
         gold_what = f"{len(bad_gold)} Task.validate(runtime) check(s) returned False, raised or timed out"
         what = [f"{gold_what} (verifiers' gold check)"] if bad_gold else []
         what += [f"{len(bad_success)} declared reference solution(s) score below {success_min}"] if bad_success else []
-        items.append(GateItem("known_successes", name, "FAIL", f"{'; '.join(what)} (of {len(tasks)} tasks)",
-                              {**sev, "examples": (bad_gold + bad_success)[:3], "success_min": success_min}))
+        items.append(
+            GateItem(
+                "known_successes",
+                name,
+                "FAIL",
+                f"{'; '.join(what)} (of {len(tasks)} tasks)",
+                {**sev, "examples": (bad_gold + bad_success)[:3], "success_min": success_min},
+            )
+        )
     elif unchecked and not validated and not ref_ok:
         if replay:
-            why = (f"verifiers: Task.validate returned None; no reference reply srl knows scores {success_min}); "
-                   "define `Task.validate(runtime)` or a `reference_replies()` method")
+            why = (
+                f"verifiers: Task.validate returned None; no reference reply srl knows scores {success_min}); "
+                "define `Task.validate(runtime)` or a `reference_replies()` method"
+            )
         else:
-            why = ("verifiers: Task.validate returned None); define `Task.validate(runtime)` (an env on verifiers' "
-                   "own rollout gets no replayed replies)")
-        items.append(GateItem("known_successes", name, "WARN",
-                              f"unchecked: none of the {len(tasks)} tasks has a model-free success check ({why}",
-                              {**sev, "tasks": unchecked[:5]}))  # fmt: skip
+            why = (
+                "verifiers: Task.validate returned None); define `Task.validate(runtime)` (an env on verifiers' "
+                "own rollout gets no replayed replies)"
+            )
+        items.append(
+            GateItem(
+                "known_successes",
+                name,
+                "WARN",
+                f"unchecked: none of the {len(tasks)} tasks has a model-free success check ({why}",
+                {**sev, "tasks": unchecked[:5]},
+            )
+        )
     else:
         what = [f"{validated} pass Task.validate(runtime)"] if validated else []
         what += [f"{len(ref_ok)} reference solutions score >= {success_min}"] if ref_ok else []
@@ -272,10 +356,15 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
 
     # -- known failures: verifiers' noop check, then empty, wrong and malformed replies ----------------------------
     bad_fail: list[dict[str, Any]] = [
-        {"task": task_identity(t), "case": "untouched", "verifiers": row["reason"],
-         **({"reward": row.get("reward")} if row["reason"] == "invalid" else {"error": row["error"]})}
-        for t, row in zip(tasks, checks["noop"], strict=True) if row["reason"] not in ("valid", "unchecked")
-    ]  # fmt: skip
+        {
+            "task": task_identity(t),
+            "case": "untouched",
+            "verifiers": row["reason"],
+            **({"reward": row.get("reward")} if row["reason"] == "invalid" else {"error": row["error"]}),
+        }
+        for t, row in zip(tasks, checks["noop"], strict=True)
+        if row["reason"] not in ("valid", "unchecked")
+    ]
     fail_rewards: dict[str, list[float]] = {"empty": [], "wrong": [], "malformed": []}
     for i, task in enumerate(tasks if replay else []):
         ref_reward = scored.get((i, "reference"), ([], {}))[1].get("reward")
@@ -297,19 +386,37 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     fev["verifiers"] = vf_counts["noop"]
     if bad_fail:
         cases = sorted({b["case"] for b in bad_fail})
-        items.append(GateItem("known_failures", name, "FAIL",
-                              f"{len(bad_fail)} known-failure case(s) ({', '.join(cases)}) scored like a success "
-                              f"or raised (the untouched task must score below 1.0 (verifiers' noop check), an "
-                              f"empty reply <= {failure_max}, others < {success_min})",
-                              {"cases": cases, "examples": bad_fail[:3], **fev}))  # fmt: skip
+        items.append(
+            GateItem(
+                "known_failures",
+                name,
+                "FAIL",
+                f"{len(bad_fail)} known-failure case(s) ({', '.join(cases)}) scored like a success "
+                f"or raised (the untouched task must score below 1.0 (verifiers' noop check), an "
+                f"empty reply <= {failure_max}, others < {success_min})",
+                {"cases": cases, "examples": bad_fail[:3], **fev},
+            )
+        )
     elif replay:
-        items.append(GateItem("known_failures", name, "PASS",
-                              f"untouched < 1.0, empty <= {failure_max}, wrong and malformed < {success_min} on "
-                              f"{len(tasks)} tasks", fev))  # fmt: skip
+        items.append(
+            GateItem(
+                "known_failures",
+                name,
+                "PASS",
+                f"untouched < 1.0, empty <= {failure_max}, wrong and malformed < {success_min} on {len(tasks)} tasks",
+                fev,
+            )
+        )
     else:
-        items.append(GateItem("known_failures", name, "PASS",
-                              f"untouched < 1.0 on {len(tasks)} tasks (verifiers' noop check; no reply replayed)",
-                              fev))  # fmt: skip
+        items.append(
+            GateItem(
+                "known_failures",
+                name,
+                "PASS",
+                f"untouched < 1.0 on {len(tasks)} tasks (verifiers' noop check; no reply replayed)",
+                fev,
+            )
+        )
 
     # -- determinism: score everything again, reload the taskset ------------------------------------------------
     diffs: list[dict[str, Any]] = []
@@ -319,8 +426,9 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
             continue
         again = await score(tasks[i], replies)
         if "error" in again or again["reward"] != before["reward"] or again["components"] != before["components"]:
-            diffs.append({"task": task_identity(tasks[i]), "case": case, "first": _brief(before),
-                          "second": _brief(again)})  # fmt: skip
+            diffs.append(
+                {"task": task_identity(tasks[i]), "case": case, "first": _brief(before), "second": _brief(again)}
+            )
     try:
         reloaded = load_selected(env.taskset, env_name=name, eval_env=kind == "eval")[1]
         reload_same = _task_fingerprint(reloaded[:n]) == _task_fingerprint(tasks)
@@ -330,13 +438,26 @@ async def _validate_env_async(env: Any, *, n: int, success_min: float, failure_m
     if diffs or not reload_same:
         what = [f"{len(diffs)} repl(ies) scored differently on a second scoring"] if diffs else []
         what += [] if reload_same else ["reloading the taskset gave different tasks"]
-        items.append(GateItem("deterministic_scoring", name, "FAIL", "; ".join(what),
-                              {"examples": diffs[:3], "tasks_reload_identically": reload_same}))  # fmt: skip
+        items.append(
+            GateItem(
+                "deterministic_scoring",
+                name,
+                "FAIL",
+                "; ".join(what),
+                {"examples": diffs[:3], "tasks_reload_identically": reload_same},
+            )
+        )
     else:
         rescored = sum("error" not in s for _, s in scored.values())
-        items.append(GateItem("deterministic_scoring", name, "PASS",
-                              ("every reply scored identically twice; " if rescored else "") +
-                              "the taskset reloads identically", {"replies_rescored": rescored}))  # fmt: skip
+        items.append(
+            GateItem(
+                "deterministic_scoring",
+                name,
+                "PASS",
+                ("every reply scored identically twice; " if rescored else "") + "the taskset reloads identically",
+                {"replies_rescored": rescored},
+            )
+        )
 
     # -- bounded limits -----------------------------------------------------------------------------------------
     items.append(_bounded_limits(env, refs, [s for _, s in scored.values()], max_model_len, sampling_max_tokens))
@@ -349,17 +470,25 @@ def _brief(s: dict[str, Any]) -> dict[str, Any]:
     return {"reward": s["reward"], "components": s["components"], "turns": s["turns"]}
 
 
-def _bounded_limits(env: Any, refs: list[list[str] | None], scores: list[dict[str, Any]], max_model_len: int | None,
-                    sampling_max_tokens: int | None) -> GateItem:  # fmt: skip
+def _bounded_limits(
+    env: Any,
+    refs: list[list[str] | None],
+    scores: list[dict[str, Any]],
+    max_model_len: int | None,
+    sampling_max_tokens: int | None,
+) -> GateItem:
     t = env.timeout
     scoring_times = [s["scoring_s"] for s in scores if "scoring_s" in s]
     need_turns = max((len(r) for r in refs if r), default=1)
     ev: dict[str, Any] = {
-        "max_turns": env.max_turns, "reference_turns_max": need_turns, "max_total_tokens": env.max_total_tokens,
-        "max_completion_tokens": sampling_max_tokens, "max_model_len": max_model_len,
+        "max_turns": env.max_turns,
+        "reference_turns_max": need_turns,
+        "max_total_tokens": env.max_total_tokens,
+        "max_completion_tokens": sampling_max_tokens,
+        "max_model_len": max_model_len,
         "timeout_s": {"setup": t.setup, "rollout": t.rollout, "finalize": t.finalize, "scoring": t.scoring},
         "scoring_s_max": round(max(scoring_times), 4) if scoring_times else None,
-    }  # fmt: skip
+    }
     fails, warns = [], []
     values = [env.max_turns, env.max_total_tokens, t.setup, t.rollout, t.finalize, t.scoring]
     if any(v is None or not math.isfinite(v) for v in values):
@@ -369,21 +498,29 @@ def _bounded_limits(env: Any, refs: list[list[str] | None], scores: list[dict[st
     if scoring_times and max(scoring_times) > 0.5 * t.scoring:
         fails.append(f"scoring took {max(scoring_times):.2f} s, over half the {t.scoring} s scoring timeout")
     if max_model_len is not None and env.max_total_tokens > max_model_len:
-        warns.append(f"max_total_tokens {env.max_total_tokens} > inference max_model_len {max_model_len}: a long "
-                     "rollout would be rejected by the engine (ProviderError) instead of truncated")
+        warns.append(
+            f"max_total_tokens {env.max_total_tokens} > inference max_model_len {max_model_len}: a long "
+            "rollout would be rejected by the engine (ProviderError) instead of truncated"
+        )
     if sampling_max_tokens is not None and sampling_max_tokens >= env.max_total_tokens:
         warns.append(f"max_completion_tokens {sampling_max_tokens} >= max_total_tokens {env.max_total_tokens}")
     if fails:
         return GateItem("bounded_limits", env.name, "FAIL", "; ".join(fails + warns), ev)
     if warns:
         return GateItem("bounded_limits", env.name, "WARN", "; ".join(warns), ev)
-    return GateItem("bounded_limits", env.name, "PASS",
-                    f"max_turns {env.max_turns}, max_total_tokens {env.max_total_tokens}, rollout timeout "
-                    f"{t.rollout} s; scoring well within its timeout", ev)  # fmt: skip
+    return GateItem(
+        "bounded_limits",
+        env.name,
+        "PASS",
+        f"max_turns {env.max_turns}, max_total_tokens {env.max_total_tokens}, rollout timeout "
+        f"{t.rollout} s; scoring well within its timeout",
+        ev,
+    )
 
 
-def validate_config(cfg: Any, *, envs: Sequence[str] | None = None, n: int = 20, success_min: float = 1.0,
-                    failure_max: float = 0.0) -> Verdict:  # fmt: skip
+def validate_config(
+    cfg: RLConfig, *, envs: Sequence[str] | None = None, n: int = 20, success_min: float = 1.0, failure_max: float = 0.0
+) -> Verdict:
     """Run the model-free gate on every selected env of ``cfg`` (an ``RLConfig``); returns the Verdict.
 
     ``n``: tasks checked per env (the first n after ``select``); ``success_min``: the reward a reference solution
@@ -393,21 +530,36 @@ def validate_config(cfg: Any, *, envs: Sequence[str] | None = None, n: int = 20,
 
     selected = env_list(cfg, envs)
     max_model_len = cfg.inference.vllm.get("max_model_len")
-    verdict = Verdict("validate", settings={
-        "envs": [e.name for e, _ in selected], "n": n, "success_min": success_min, "failure_max": failure_max,
-    })  # fmt: skip
+    verdict = Verdict(
+        "validate",
+        settings={
+            "envs": [e.name for e, _ in selected],
+            "n": n,
+            "success_min": success_min,
+            "failure_max": failure_max,
+        },
+    )
     with workers_import_path(cfg):
         for env, kind in selected:
             max_tokens = env_sampling(cfg, env, kind).max_tokens
-            verdict.items.extend(asyncio.run(_validate_env_async(
-                env, n=n, success_min=success_min, failure_max=failure_max,
-                max_model_len=int(max_model_len) if max_model_len else None, sampling_max_tokens=max_tokens, kind=kind,
-            )))  # fmt: skip
+            verdict.items.extend(
+                asyncio.run(
+                    _validate_env_async(
+                        env,
+                        n=n,
+                        success_min=success_min,
+                        failure_max=failure_max,
+                        max_model_len=int(max_model_len) if max_model_len else None,
+                        sampling_max_tokens=max_tokens,
+                        kind=kind,
+                    )
+                )
+            )
     return verdict
 
 
 @contextlib.contextmanager
-def workers_import_path(cfg: Any) -> Iterator[None]:
+def workers_import_path(cfg: RLConfig) -> Iterator[None]:
     """The env workers' import path while the block runs: ``cfg.env_pythonpath()`` (the orchestrator's
     ``env_vars.PYTHONPATH``, else the run's) in front of ``sys.path`` and of ``os.environ["PYTHONPATH"]``; both
     restored afterwards."""

@@ -110,7 +110,8 @@ class PolicyClient:
     ProviderError. With ``retry_budget_s`` (seconds) they are instead retried until that much time has passed
     since the request began (backoff capped at ``MAX_BACKOFF_S``), time spent waiting at a closed serving gate
     included. ``policy_version`` is the version the client believes is served; the weight updater's owner sets it
-    after each successful update. ``run_id`` (the run whose policy this client samples; ``lora``: a run that trains an adapter)
+    after each successful update. ``run_id`` (the run whose policy this client samples; ``lora``: a run that trains an
+    adapter)
     turns on the owner check: a Generation then carries the version its engine reported (``versions.judge``), and
     ``foreign_version`` when any of its tokens came from another run's weights; without it (or from an engine
     without srl's middleware) it carries the believed version.
@@ -197,11 +198,17 @@ class PolicyClient:
         try:
             await asyncio.wait_for(self._open.wait(), limit)
         except TimeoutError:
-            raise ProviderError(f"{self.base_url}: inference still unavailable (held for a restarting engine) "
-                                f"after {limit:.0f} s") from None  # fmt: skip
+            raise ProviderError(
+                f"{self.base_url}: inference still unavailable (held for a restarting engine) after {limit:.0f} s"
+            ) from None
 
-    async def _post(self, path: str, *, json: dict | None = None, headers: dict | None = None,
-                    ) -> tuple[dict[str, Any], int, Any]:  # fmt: skip
+    async def _post(
+        self,
+        path: str,
+        *,
+        json: dict | None = None,
+        headers: dict | None = None,
+    ) -> tuple[dict[str, Any], int, Any]:
         """POST with retries; returns the JSON body of the response, the policy version believed served when
         the answered attempt was sent (after any wait at the gate, so a restore that happened meanwhile is
         reflected) and the response's headers."""
@@ -242,16 +249,15 @@ class PolicyClient:
             else:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ProviderError(f"{self.base_url}{path} failed for {self.retry_budget_s:.0f} s "
-                                        f"({attempt} attempts): {last}")  # fmt: skip
+                    raise ProviderError(
+                        f"{self.base_url}{path} failed for {self.retry_budget_s:.0f} s ({attempt} attempts): {last}"
+                    )
                 delay = min(delay, MAX_BACKOFF_S, left)
             if epoch != self._epoch and not self._open.is_set():
                 continue  # the gate closed: wait for it to open rather than backing off blindly
             await asyncio.sleep(delay)
 
-    async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str
-    ) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Generation:
         """Sample one completion of ``prompt_ids`` (token ids); returns ids, sampling logprobs, finish reason.
 
         ``session_id`` identifies the rollout (sticky routing). ``latency_s`` is the wall time including retries.
@@ -265,8 +271,13 @@ class PolicyClient:
         )
         gen = parse_completion(data, version)
         adapter = answer_headers.get(ADAPTER_VERSION_HEADER)
-        verdict = judge(self.run_id, version, split_header(answer_headers.get(VERSION_HEADER)),
-                        None if adapter is None else split_header(adapter), lora=self.lora)  # fmt: skip
+        verdict = judge(
+            self.run_id,
+            version,
+            split_header(answer_headers.get(VERSION_HEADER)),
+            None if adapter is None else split_header(adapter),
+            lora=self.lora,
+        )
         gen.policy_version, gen.foreign_version = verdict.version, verdict.foreign
         gen.latency_s = time.monotonic() - t0
         return gen

@@ -39,11 +39,21 @@ from typing import Any
 from toolkit.engines.admin_token import ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, admin_token_from_env
 from toolkit.inference.versions import WeightVersionTag, route_path
 
-OPEN_PATHS = frozenset({
-    "/health", "/ping", "/version", "/metrics",
-    "/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings",
-    "/tokenize", "/detokenize",
-})  # fmt: skip
+OPEN_PATHS = frozenset(
+    {
+        "/health",
+        "/ping",
+        "/version",
+        "/metrics",
+        "/v1/models",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/tokenize",
+        "/detokenize",
+    }
+)
 OPEN_PREFIXES = ("/metrics/",)  # the Prometheus app is mounted at /metrics and may redirect to /metrics/
 _HEADER_KEY = ADMIN_TOKEN_HEADER.lower().encode("latin-1")  # ASGI header names are lower-case bytes
 
@@ -74,8 +84,10 @@ class AdminGuard:
         if is_open(path):
             return None
         if self._token is None:
-            return 403, (f"admin route {path} is disabled: this engine was started without {ADMIN_TOKEN_ENV} "
-                         "(srl's launchers set it)")  # fmt: skip
+            return 403, (
+                f"admin route {path} is disabled: this engine was started without {ADMIN_TOKEN_ENV} "
+                "(srl's launchers set it)"
+            )
         if supplied is None:
             return 401, f"admin route {path} needs the run's admin token in header {ADMIN_TOKEN_HEADER}"
         if not hmac.compare_digest(supplied, self._token):
@@ -97,8 +109,15 @@ class AdminGuard:
             await send({"type": "websocket.close", "code": 1008, "reason": reason[:120]})  # policy violation
             return
         body = json.dumps({"error": {"message": reason, "type": "srl_admin_guard", "code": status}}).encode()
-        await send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", ADMIN_TOKEN_HEADER.encode()),
-        ]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", ADMIN_TOKEN_HEADER.encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

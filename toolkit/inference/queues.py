@@ -9,9 +9,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from toolkit.run.layout import RunDir
+
 
 # One sample line of the Prometheus text format: name{labels} value
 _SAMPLE_RE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
@@ -50,9 +54,7 @@ def engine_queue(url: str, *, timeout_s: float = 5.0) -> dict[str, float | None]
     return {key: parse_metric(resp.text, name) for key, name in _METRICS.items()}
 
 
-def queue_depths(
-    engine_urls_by_role: Mapping[str, Sequence[str]], *, timeout_s: float = 5.0
-) -> dict[str, Any]:
+def queue_depths(engine_urls_by_role: Mapping[str, Sequence[str]], *, timeout_s: float = 5.0) -> dict[str, Any]:
     """Queue depths of every engine, grouped by role ("engine", "prefill", "decode").
 
     Returns ``{role: {"engines": {url: engine_queue(url)}, "waiting": total, "running": total}}`` (totals over
@@ -80,7 +82,7 @@ def queue_depths(
     return out
 
 
-def run_queue_depths(run: Any, *, timeout_s: float = 5.0) -> dict[str, Any]:
+def run_queue_depths(run: RunDir, *, timeout_s: float = 5.0) -> dict[str, Any]:
     """``srl inference queues <run>``: queue depths of the engines listed in the run's readiness file.
 
     ``run`` is a ``RunDir``. Raises FileNotFoundError when the deployment has not reported ready, ValueError naming
@@ -94,8 +96,10 @@ def run_queue_depths(run: Any, *, timeout_s: float = 5.0) -> dict[str, Any]:
     urls = info.get("engine_urls") if isinstance(info, dict) else None
     roles = info.get("roles") if isinstance(info, dict) else None
     if not (isinstance(urls, list) and all(isinstance(u, str) for u in urls)) or not isinstance(roles or {}, dict):
-        raise ValueError(f"{path} is not a readiness record (it needs engine_urls, a list of URLs); the deployment "
-                         "rewrites it when it next starts")  # fmt: skip
+        raise ValueError(
+            f"{path} is not a readiness record (it needs engine_urls, a list of URLs); the deployment "
+            "rewrites it when it next starts"
+        )
     by_role: dict[str, list[str]] = {}
     for url in urls:
         by_role.setdefault(str((roles or {}).get(url, "engine")), []).append(url)

@@ -81,8 +81,9 @@ class Verdict:
     foreign: str | None = None
 
 
-def judge(run_id: str | None, believed: int, base: Iterable[str], adapter: Iterable[str] | None = None, *,
-          lora: bool = False) -> Verdict:  # fmt: skip
+def judge(
+    run_id: str | None, believed: int, base: Iterable[str], adapter: Iterable[str] | None = None, *, lora: bool = False
+) -> Verdict:
     """Judge one completion of run ``run_id`` from the versions its engine reported.
 
     ``base``: the engine's base-weight versions while it sampled (header ``X-SRL-Weight-Version``); ``adapter``: its
@@ -185,8 +186,12 @@ class WeightVersionTag:
         if path == VERSIONS_PATH and scope.get("method") == "GET":
             await self._answer_versions(send)
             return
-        if scope.get("method") != "POST" or path not in (*_COMPLETION_PATHS, "/update_weight_version",
-                                                     "/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+        if scope.get("method") != "POST" or path not in (
+            *_COMPLETION_PATHS,
+            "/update_weight_version",
+            "/v1/load_lora_adapter",
+            "/v1/unload_lora_adapter",
+        ):
             await self.app(scope, receive, send)
             return
         body, messages = await _read_body(receive)
@@ -227,8 +232,12 @@ class WeightVersionTag:
             if msg["type"] == "http.response.start":
                 extra = [(VERSION_HEADER.lower().encode(), ",".join(self.book.since(None, seq)).encode("latin-1"))]
                 if adapter is not None:
-                    extra.append((ADAPTER_VERSION_HEADER.lower().encode(),
-                                  ",".join(self.book.since(adapter, seq)).encode("latin-1")))  # fmt: skip
+                    extra.append(
+                        (
+                            ADAPTER_VERSION_HEADER.lower().encode(),
+                            ",".join(self.book.since(adapter, seq)).encode("latin-1"),
+                        )
+                    )
                 msg = {**msg, "headers": [*msg.get("headers", []), *extra]}
             await send(msg)
 
@@ -237,6 +246,11 @@ class WeightVersionTag:
     async def _answer_versions(self, send: Any) -> None:
         current = {k: h[-1][1] for k, h in self.book.history.items() if h}
         body = json.dumps({"base": current.pop(None, None), "adapters": current}).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -7,7 +7,8 @@ on every engine directly (admin calls never go through the router, which would d
    (the asynchronous-RL choice: in-flight rollouts finish on the new weights instead of being aborted),
 2. ``POST /collective_rpc`` ``{"method": "srl_reload_weights", "kwargs": {"weights_path": DIR}}`` on engines
    started with srl's worker extension (``toolkit.inference.worker_ext``: vLLM's reload with freed memory kept
-   for reuse, which halves the CPU re-pack of the weights), else ``{"method": "reload_weights", ...}`` (vLLM dev mode). Which one
+   for reuse, which halves the CPU re-pack of the weights), else ``{"method": "reload_weights", ...}`` (vLLM dev mode).
+   Which one
    an engine has is read from its ``GET /server_info`` (``parallel_config.worker_extension_cls``) before the first
    pause; an unknown collective_rpc method would make vLLM 0.32 stop the engine, so it is never tried blindly,
 3. KV file stores of the engines' connectors (vLLM's ExampleConnector, CPU prefill/decode) are retired
@@ -27,7 +28,8 @@ on every engine directly (admin calls never go through the router, which would d
 
 Engines are paused all together and resumed all together, so no replica serves the new version while another
 still serves the old one. Every call carries the run's admin token (header ``X-SRL-Admin-Token``): the engines'
-guard middleware refuses admin routes without it (``toolkit.inference.guard``). vLLM 0.32 leaves a tied output layer on the old weights after a reload: models must be
+guard middleware refuses admin routes without it (``toolkit.inference.guard``). vLLM 0.32 leaves a tied output layer on
+the old weights after a reload: models must be
 saved untied (``tie_word_embeddings: false`` and an explicit ``lm_head.weight``); ``check_untied`` refuses others.
 """
 
@@ -166,8 +168,9 @@ class WeightUpdater:
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
 
-    async def _call(self, http: httpx.AsyncClient, url: str, path: str, *, optional: bool = False,
-                    method: str = "POST", **kw) -> httpx.Response | None:  # fmt: skip
+    async def _call(
+        self, http: httpx.AsyncClient, url: str, path: str, *, optional: bool = False, method: str = "POST", **kw
+    ) -> httpx.Response | None:
         if (url, path) in self._optional_missing:
             return None
         try:
@@ -235,8 +238,9 @@ class WeightUpdater:
                     raise errors[0]
                 lap("retire_reset_version")
             except BaseException:  # resume every engine, each one tried even when another fails
-                await asyncio.gather(*(self._call(http, u, "/resume", optional=True) for u in self.engine_urls),
-                                     return_exceptions=True)  # fmt: skip
+                await asyncio.gather(
+                    *(self._call(http, u, "/resume", optional=True) for u in self.engine_urls), return_exceptions=True
+                )
                 raise
             await self._all(http, "/resume", optional=True)
             lap("resume")
@@ -291,8 +295,9 @@ class WeightUpdater:
             kwargs: dict[str, object] = {"weights_path": str(broadcast_dir)}
             if method == RELOAD_METHOD and self.profile_reload:
                 kwargs["profile"] = True
-            resp = await self._call(http, url, "/collective_rpc", json={"method": method, "kwargs": kwargs},
-                                    timeout=timeout)  # fmt: skip
+            resp = await self._call(
+                http, url, "/collective_rpc", json={"method": method, "kwargs": kwargs}, timeout=timeout
+            )
             if method == RELOAD_METHOD and resp is not None:
                 self.last_reload[url] = _extension_answer(url, resp)
 
@@ -318,8 +323,9 @@ class WeightUpdater:
         with that run's weights and dropped. Returns the load's seconds, or None when nothing was loaded. Raises
         WeightUpdateError."""
         versions = await self.served_versions()
-        foreign = sorted({v for v in versions.values()
-                          if v is not None and v not in BASE_VERSIONS and _owner(v) != self.run_id})  # fmt: skip
+        foreign = sorted(
+            {v for v in versions.values() if v is not None and v not in BASE_VERSIONS and _owner(v) != self.run_id}
+        )
         if not foreign:
             return None
         return await self.update(Path(model_dir), 0, label="base")
@@ -331,8 +337,9 @@ class WeightUpdater:
         404/405) counts as storeless and without the extension. Raises WeightUpdateError on other failures."""
 
         async def lookup(url: str) -> None:
-            resp = await self._call(http, url, "/server_info", optional=True, method="GET",
-                                    params={"config_format": "json"})  # fmt: skip
+            resp = await self._call(
+                http, url, "/server_info", optional=True, method="GET", params={"config_format": "json"}
+            )
             try:
                 config = None if resp is None else resp.json().get("vllm_config")
             except ValueError as exc:
@@ -362,8 +369,10 @@ class WeightUpdater:
         async def reset(url: str) -> None:
             resp = await self._call(http, url, "/reset_prefix_cache", optional=True, params=params)
             if resp is not None and not _reset_succeeded(resp):
-                raise WeightUpdateError(f"{url}/reset_prefix_cache: the engine kept its prefix cache even after "
-                                        "preempting its running requests")  # fmt: skip
+                raise WeightUpdateError(
+                    f"{url}/reset_prefix_cache: the engine kept its prefix cache even after "
+                    "preempting its running requests"
+                )
 
         await _on_every_engine(reset(u) for u in self.engine_urls)
 

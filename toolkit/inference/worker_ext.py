@@ -22,7 +22,8 @@ what cuts its cost on the CPU backend (measured with tests/benchmarks/weight_syn
   vLLM's automatic binding leaves a core for the API server, idle while the engine is paused for the reload), so
   reads, copies and re-packing took turns on one core. A thread moved to the cores the worker does not use reads
   the files sequentially into the page cache while the loaders copy and re-pack: STABLE -> serving 1.34-1.37 s ->
-  0.72-0.94 s (medians of 6-8 updates, 487 MB, tests/benchmarks/weight_sync.py). The same read ahead on the worker's own core (the thread
+  0.72-0.94 s (medians of 6-8 updates, 487 MB, tests/benchmarks/weight_sync.py). The same read ahead on the worker's own
+  core (the thread
   inherits its pin) gained nothing, nor did ``posix_fadvise(WILLNEED)`` from the other core (1.04-1.12 s: the
   kernel's readahead submits the reads, but the worker still waits for most of them) or vLLM's
   ``--safetensors-load-strategy prefetch``.
@@ -62,6 +63,7 @@ _M_MMAP_THRESHOLD = -3
 # largest single weight of models served on CPU here (a 8192 x 1024 fp32 gate_up is 32 MiB).
 _MMAP_THRESHOLD_BYTES = 1 << 30
 _TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # int max: never return freed heap top to the kernel
+
 
 @functools.cache
 def keep_freed_memory() -> bool:
@@ -160,7 +162,8 @@ class _PhaseTimer:
 
 class _ReadAhead:
     """Reads ``files`` sequentially into the page cache from a background thread, on the CPUs this process was given
-    (its parent's affinity, :meth:`cpus_of`) but the calling thread is not pinned to; where there are none (a process given one CPU)
+    (its parent's affinity, :meth:`cpus_of`) but the calling thread is not pinned to; where there are none (a process
+    given one CPU)
     it stays on the calling thread's CPUs. See the module doc for why.
 
     Advisory only, and never the reason a reload fails or hangs: it raises nothing; a file that vanishes or cannot
@@ -193,8 +196,7 @@ class _ReadAhead:
         self.cpus = self.cpus_of(os.getppid()) - self.cpus_of(0)
         self.bytes_read = 0
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="srl-read-ahead",
-                                                                 daemon=True)  # fmt: skip
+        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="srl-read-ahead", daemon=True)
         try:
             self._thread.start()
         except RuntimeError:  # "can't start new thread" (a thread or memory limit): the reload goes on without it

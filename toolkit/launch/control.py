@@ -57,16 +57,27 @@ def status_main(args: list[str]) -> int:
     one line per point (:func:`toolkit.launch.sweeps.status_main`). Without a run directory, or given a directory
     that holds runs (``--output-dir``, default ``outputs``), one line per run: :func:`list_runs`. Exit 1 when the
     directory is neither a run directory nor holds any."""
-    ap = argparse.ArgumentParser(prog="srl status", description="A run's progress; without RUN_DIR, every run under "
-                                 "the output directory (name, state, step, reward).")
+    ap = argparse.ArgumentParser(
+        prog="srl status",
+        description="A run's progress; without RUN_DIR, every run under "
+        "the output directory (name, state, step, reward).",
+    )
     ap.add_argument("run_dir", type=Path, nargs="?", help="a run directory, a sweep's directory or an output directory")
-    ap.add_argument("--output-dir", type=Path, default=Path("outputs"),
-                    help="where to list runs when no RUN_DIR is given (default: outputs)")
+    ap.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("outputs"),
+        help="where to list runs when no RUN_DIR is given (default: outputs)",
+    )
     a = ap.parse_args(args)
     from . import sweeps
 
-    if a.run_dir is None or (a.run_dir.is_dir() and not (a.run_dir / "configs").exists()
-                             and not sweeps.is_sweep_root(a.run_dir) and run_dirs(a.run_dir)):
+    if a.run_dir is None or (
+        a.run_dir.is_dir()
+        and not (a.run_dir / "configs").exists()
+        and not sweeps.is_sweep_root(a.run_dir)
+        and run_dirs(a.run_dir)
+    ):
         return list_runs(a.run_dir or a.output_dir)
     if sweeps.is_sweep_root(a.run_dir):
         return sweeps.status_main(a.run_dir)
@@ -109,9 +120,13 @@ def status_main(args: list[str]) -> int:
         if isinstance(st, slurm.SlurmCommandError):
             print(f"{job_id}\t{kind}\tattempt {attempt}\tcannot read state: {st}", file=sys.stderr)
             continue
-        bits = [st.state, st.reason and f"reason={st.reason}",
-                st.exit_code is not None and f"exit={st.exit_code}:{st.signal or 0}",
-                st.restart_count and f"restarts={st.restart_count}", st.node_list and "nodes=" + ",".join(st.node_list)]
+        bits = [
+            st.state,
+            st.reason and f"reason={st.reason}",
+            st.exit_code is not None and f"exit={st.exit_code}:{st.signal or 0}",
+            st.restart_count and f"restarts={st.restart_count}",
+            st.node_list and "nodes=" + ",".join(st.node_list),
+        ]
         print(f"{job_id}\t{kind}\tattempt {attempt}\t" + " ".join(b for b in bits if b))
         why = _dependency_note(st)
         if why:
@@ -130,8 +145,9 @@ def run_dirs(out_dir: Path) -> list[Path]:
         entries = sorted(out_dir.iterdir())
     except OSError:
         return []
-    return [p for p in entries if not p.name.startswith(".") and (p / "configs").is_dir()
-            and not only_dry_runs(RunDir(p))]
+    return [
+        p for p in entries if not p.name.startswith(".") and (p / "configs").is_dir() and not only_dry_runs(RunDir(p))
+    ]
 
 
 def run_state(run: RunDir) -> str:
@@ -173,8 +189,11 @@ def list_runs(out_dir: Path) -> int:
         sweep_roots = []
     if not runs and not sweep_roots:
         where = f"{out_dir} does not exist" if not out_dir.exists() else f"no runs under {out_dir}"
-        print(f"srl status: {where}; give a run directory (srl status outputs/<run name>) or the output directory "
-              "with --output-dir", file=sys.stderr)
+        print(
+            f"srl status: {where}; give a run directory (srl status outputs/<run name>) or the output directory "
+            "with --output-dir",
+            file=sys.stderr,
+        )
         return 1
     rows = [("run", "state", "step", "reward")]
     for root in runs:
@@ -183,8 +202,14 @@ def list_runs(out_dir: Path) -> int:
         step = last.get("trainer", {}).get("step")
         top = resolved_max_steps(run)
         reward = last.get("orchestrator", {}).get("reward/all/mean")
-        rows.append((root.name, run_state(run), "-" if step is None else f"{step}" + (f"/{top}" if top else ""),
-                     f"{reward:.4f}" if isinstance(reward, (int, float)) else "-"))
+        rows.append(
+            (
+                root.name,
+                run_state(run),
+                "-" if step is None else f"{step}" + (f"/{top}" if top else ""),
+                f"{reward:.4f}" if isinstance(reward, (int, float)) else "-",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     print(f"runs under {out_dir} (details: srl status {out_dir}/<run>):")
     for r in rows:
@@ -200,9 +225,11 @@ def _dependency_note(st: Any) -> str | None:
     if st.state == "PENDING" and reason == "Dependency":
         return "waiting for the job it depends on (e.g. the SFT job of an srl sft chain) to complete"
     if reason == "DependencyNeverSatisfied":
-        return ("the job it depends on did not complete successfully (e.g. the SFT job of an srl sft chain "
-                "failed), so Slurm " + ("cancelled this job; nothing of it ran" if st.state == "CANCELLED" else
-                                        "will never start it"))  # fmt: skip
+        return (
+            "the job it depends on did not complete successfully (e.g. the SFT job of an srl sft chain "
+            "failed), so Slurm "
+            + ("cancelled this job; nothing of it ran" if st.state == "CANCELLED" else "will never start it")
+        )
     return None
 
 
@@ -254,15 +281,21 @@ def _cancel_local(run: RunDir, holder: leases.Holder) -> int:
     """Stop a run supervised by a local launcher (the lease holder): SIGTERM asks it to checkpoint and stop, as
     Ctrl-C does. Only possible from the holder's host; elsewhere, say where it runs. Returns the exit status."""
     if holder.host != socket.gethostname():
-        print(f"{run.root} is run by {holder.describe()}; stop it on host {holder.host} "
-              f"(srl cancel {run.root} there, or Ctrl-C in its terminal)", file=sys.stderr)  # fmt: skip
+        print(
+            f"{run.root} is run by {holder.describe()}; stop it on host {holder.host} "
+            f"(srl cancel {run.root} there, or Ctrl-C in its terminal)",
+            file=sys.stderr,
+        )
         return 1
     if holder.pid_start is None or holder.pid <= 1:
         # Without the start time the PID cannot be told from a later process that reused it (or from init, in a
         # hand-edited record): signalling it could stop something that is not srl.
-        print(f"{run.root}: its lease names pid {holder.pid} without the process's start time, so srl cannot "
-              f"confirm that pid {holder.pid} is the launcher; stop it in its terminal (Ctrl-C) or check "
-              f"`ps -p {holder.pid}` and signal it yourself", file=sys.stderr)  # fmt: skip
+        print(
+            f"{run.root}: its lease names pid {holder.pid} without the process's start time, so srl cannot "
+            f"confirm that pid {holder.pid} is the launcher; stop it in its terminal (Ctrl-C) or check "
+            f"`ps -p {holder.pid}` and signal it yourself",
+            file=sys.stderr,
+        )
         return 1
     try:
         os.kill(holder.pid, signal.SIGTERM)

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import lease as leases
 from ..config.errors import ConfigError
@@ -39,6 +39,11 @@ from ..run.launcher import write_local_record
 from ..run.layout import RunDir, point_symlink
 from .progress import continue_command
 from .supervisor import FINITE_ROLES, Child, ComponentFailed, LeaseLost, Supervisor
+
+if TYPE_CHECKING:
+    from toolkit.config.site import SiteConfig
+    from toolkit.placement.plan import Plan
+
 
 # What a plan command's first word runs here: this interpreter's programs, whatever PATH says (a venv that is not
 # activated).
@@ -103,7 +108,7 @@ class _Progress:
                 print(line, flush=True)
 
 
-def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
+def run_local(cfg: RLConfig, run: RunDir, plan: Plan, *, attempt: int) -> int:
     """Start, supervise and stop all plan processes. Returns the exit status of how the run ended
     (``toolkit.run.ending``: 0 only when it reached max_steps; 3 when the run's lease was taken by another
     supervisor: everything is stopped at once, nothing more written), whose line it prints last.
@@ -127,8 +132,12 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Any, *, attempt: int) -> int:
     print(f"srl: run directory {run.root}")
     print(f"srl: logs in {logs} ; metrics {run.metrics} ; checkpoints {run.checkpoints}")
     roles = [r for r in ("inference", "trainer", "orchestrator") if any(p.role == r for p in plan.processes)]
-    print(f"srl: starting {', '.join(roles)}" + (" (vLLM start-up takes about a minute on CPU)" if "inference" in roles
-          else "") + " ...", flush=True)  # fmt: skip
+    print(
+        f"srl: starting {', '.join(roles)}"
+        + (" (vLLM start-up takes about a minute on CPU)" if "inference" in roles else "")
+        + " ...",
+        flush=True,
+    )
 
     sup = Supervisor(cfg, run, plan, say=_say, own_groups=True)
     # Set from the lease's heartbeat thread; the supervision loops end the run when they see it.
@@ -182,26 +191,38 @@ def _end(sup: Supervisor, first: Child | None, failure: str) -> Any:
         if sup.stop_at is not None:
             sup.stop_after()  # decided after: the trainer's last checkpointed step is the run's
             end = ending.settle(sup.run, user_stop=True)
-            print(f"\nsrl: stopped on request; continue with:\n  {continue_command(sys.argv, sup.run.root.name)}",
-                  flush=True)  # fmt: skip
+            print(
+                f"\nsrl: stopped on request; continue with:\n  {continue_command(sys.argv, sup.run.root.name)}",
+                flush=True,
+            )
             return end
         if sup.stall is not None:
-            _say(f"the watchdog stopped the run: {sup.stall.message()}; the stuck processes' stacks (or their "
-                 f"state) are in {sup.run.latest_logs}/watchdog.log and their own logs. Continue from the newest "
-                 f"complete checkpoint with:\n  {continue_command(sys.argv, sup.run.root.name)}", error=True)  # fmt: skip
+            _say(
+                f"the watchdog stopped the run: {sup.stall.message()}; the stuck processes' stacks (or their "
+                f"state) are in {sup.run.latest_logs}/watchdog.log and their own logs. Continue from the newest "
+                f"complete checkpoint with:\n  {continue_command(sys.argv, sup.run.root.name)}",
+                error=True,
+            )
         elif first is not None and first.returncode != 0:
-            _say(f"{first.name} exited with status {first.returncode}; stopping the run (log: {first.log_path})",
-                 error=True)  # fmt: skip
+            _say(
+                f"{first.name} exited with status {first.returncode}; stopping the run (log: {first.log_path})",
+                error=True,
+            )
             end = sup.end(first)
             if end.exception:
                 _say(f"{first.name} raised {end.exception}" + (f" at {end.where}" if end.where else ""), error=True)
             if first.role in FINITE_ROLES and end.resume_helps:
                 # Resume loads the newest COMPLETE checkpoint; steps after it are trained again, recorded once.
-                _say(f"continue from the newest complete checkpoint with:\n  "
-                     f"{continue_command(sys.argv, sup.run.root.name)}", error=True)  # fmt: skip
+                _say(
+                    f"continue from the newest complete checkpoint with:\n  "
+                    f"{continue_command(sys.argv, sup.run.root.name)}",
+                    error=True,
+                )
             elif first.role in FINITE_ROLES:
-                _say("a resume would raise it again: fix what it names (the config, the env's module or the data) "
-                     "first", error=True)  # fmt: skip
+                _say(
+                    "a resume would raise it again: fix what it names (the config, the env's module or the data) first",
+                    error=True,
+                )
             return end
         elif first is not None and first.role in FINITE_ROLES:
             _say(f"report with: srl report {sup.run.root}")
@@ -215,7 +236,7 @@ def _say(text: str, *, error: bool = False) -> None:
     print(f"\nsrl: {text}", file=sys.stderr if error else sys.stdout, flush=True)
 
 
-def _on_this_machine(plan: Any) -> None:
+def _on_this_machine(plan: Plan) -> None:
     """Make every node of a local plan this machine, and check its JIT-cache directory: local caches persist
     between runs under a predictable name (``placement.environment.srl_defaults``), so it is refused, before
     anything starts, unless it is this user's alone. Raises ConfigError naming the directory."""
@@ -231,7 +252,7 @@ def _on_this_machine(plan: Any) -> None:
                 raise ConfigError(str(e)) from None
 
 
-def _export_admin_token(run: RunDir, plan: Any, *, publish: bool) -> str | None:
+def _export_admin_token(run: RunDir, plan: Plan, *, publish: bool) -> str | None:
     """Put the engines' admin token (inference/guard.py), fresh per run, in this process's environment, where every
     child (engines, orchestrator, restarted ones too) inherits it; ``publish`` also keeps it in
     ``<run>/launcher/admin_token`` (0600). Returns the previous value for ``restore_admin_token``."""
@@ -241,7 +262,7 @@ def _export_admin_token(run: RunDir, plan: Any, *, publish: bool) -> str | None:
     return saved
 
 
-def _start_all(sup: Supervisor, plan: Any, model_path: str, logs: Path, extra_env: dict[str, str]) -> None:
+def _start_all(sup: Supervisor, plan: Plan, model_path: str, logs: Path, extra_env: dict[str, str]) -> None:
     """Start every process of ``plan`` on this machine with this interpreter's programs, engines and trainer on
     their own cores (the same split as on a Slurm node; see placement/cpus.py)."""
     from ..placement.cpus import cpu_thread_env
@@ -275,8 +296,15 @@ class Served:
 
 
 @contextmanager
-def serve_local(cfg: RLConfig, run: RunDir, *, logs: Path, site: Any = None, publish_token: bool = False,
-                say: Any = None) -> Iterator[Served]:
+def serve_local(
+    cfg: RLConfig,
+    run: RunDir,
+    *,
+    logs: Path,
+    site: SiteConfig | None = None,
+    publish_token: bool = False,
+    say: Any = None,
+) -> Iterator[Served]:
     """Serve ``cfg``'s inference deployment (engines, and a router when it has several engines or P/D) on this
     machine through the supervisor, as ``srl inference`` does: yields once every engine answers /health (the ready
     file is written), then stops every process (and their workers) and removes the ready file.

@@ -93,9 +93,13 @@ def check_local_model(cfg: RLConfig) -> None:
 Check = Callable[..., Preflight]
 
 
-def start(req: Launch, *, check: Check = checked_and_printed,
-          before_prepare: Callable[[Preflight], None] | None = None,
-          after_prepare: Callable[[RunDir, int], None] | None = None) -> Started:
+def start(
+    req: Launch,
+    *,
+    check: Check = checked_and_printed,
+    before_prepare: Callable[[Preflight], None] | None = None,
+    after_prepare: Callable[[RunDir, int], None] | None = None,
+) -> Started:
     """Check, prepare and launch ``req`` (module docstring). ``check`` replaces the default preflight-and-print
     (an SFT run names its findings in SFT terms); ``before_prepare`` refuses what only the command knows (a
     finished run resumed) and ``after_prepare`` writes the command's own files into the new attempt.
@@ -111,8 +115,9 @@ def start(req: Launch, *, check: Check = checked_and_printed,
         before_prepare(checked)
     if not req.dry_run and not checked.site.is_slurm:
         check_local_model(checked.config)
-    run, attempt = prepare_attempt(checked.loaded, req.live, argv=req.argv, dry_run=req.dry_run, resume=req.resume,
-                                   clean=req.clean)
+    run, attempt = prepare_attempt(
+        checked.loaded, req.live, argv=req.argv, dry_run=req.dry_run, resume=req.resume, clean=req.clean
+    )
     if run.root != target.root:
         raise RuntimeError(f"prepared {run.root}, but the plan was built for {target.root}")
     if after_prepare is not None:
@@ -130,8 +135,9 @@ def _launch(req: Launch, checked: Preflight, run: RunDir, attempt: int) -> Start
             script = render_job(cfg, run, plan, req.kind, attempt=attempt, site=site)
             print(f"dry run: resolved configs in {run.latest_configs}/resolved, sbatch script {script}")
             return Started(0, run, attempt)
-        job_id = submit_job(cfg, run, attempt, req.kind, site=site, plan=plan, roles=req.placed_roles,
-                            dependency=req.dependency)
+        job_id = submit_job(
+            cfg, run, attempt, req.kind, site=site, plan=plan, roles=req.placed_roles, dependency=req.dependency
+        )
         what = "inference job" if req.kind == "inference" else "job"
         print(f"submitted {what} {job_id}; run directory {run.root}; follow with: srl logs {run.root} --follow")
         return Started(0, run, attempt, job_id)

@@ -42,12 +42,17 @@ def run_dir_for(loaded: LoadedConfig, *, resume: bool = False) -> RunDir:
             prefix = name.rsplit("--", 1)[0] + "--"
             out = Path(cfg.output_dir)
             # Only runs that actually trained count: a dry run (configs, no metrics) is not something to resume.
-            runs = sorted((p for p in out.glob(f"{prefix}*") if RunDir(p).configs.is_dir() and RunDir(p).metrics.exists()),
-                          key=lambda p: RunDir(p).metrics.stat().st_mtime)  # fmt: skip
+            runs = sorted(
+                (p for p in out.glob(f"{prefix}*") if RunDir(p).configs.is_dir() and RunDir(p).metrics.exists()),
+                key=lambda p: RunDir(p).metrics.stat().st_mtime,
+            )
             if runs:
                 name = runs[-1].name
-                print(f"srl: --resume without run.name: continuing {runs[-1]} (the newest run of this config that "
-                      "recorded metrics)", file=sys.stderr)
+                print(
+                    f"srl: --resume without run.name: continuing {runs[-1]} (the newest run of this config that "
+                    "recorded metrics)",
+                    file=sys.stderr,
+                )
         cfg.run.name = name
     return RunDir(Path(cfg.output_dir) / cfg.run.name)
 
@@ -132,8 +137,10 @@ def only_dry_runs(run: RunDir) -> bool:
         return False
 
 
-_TAKEOVER_REMEDY = ("cancel them (scancel), pass --resume to continue that run, --clean to replace the directory "
-                    "anyway, or set a different run.name")
+_TAKEOVER_REMEDY = (
+    "cancel them (scancel), pass --resume to continue that run, --clean to replace the directory "
+    "anyway, or set a different run.name"
+)
 
 
 def _refuse_if_jobs_queued(run: RunDir, remedy: str = _TAKEOVER_REMEDY) -> None:
@@ -184,8 +191,9 @@ def _only_dry_runs(run: RunDir) -> bool:
             if entry.is_symlink() or not entry.is_dir():
                 return False
             for f in os.scandir(entry.path):
-                if not (f.is_file(follow_symlinks=False)
-                        and (f.name in _DRY_LAUNCHER_FILES or f.name.endswith(".sbatch"))):
+                if not (
+                    f.is_file(follow_symlinks=False) and (f.name in _DRY_LAUNCHER_FILES or f.name.endswith(".sbatch"))
+                ):
                     return False
         elif name in _DRY_EMPTY_DIRS:
             if entry.is_symlink() or not entry.is_dir() or any(os.scandir(entry.path)):
@@ -235,8 +243,10 @@ def prepare_run(
     run = run or run_dir_for(loaded, resume=resume)
     if (run.root / "manifest.json").is_file() and not run.configs.is_dir():
         # A sweep's root: run files there would hide the sweep from srl status and srl cancel.
-        raise ConfigError(f"{run.root} is a sweep's directory (it has manifest.json), not a run's; set a different "
-                          "run.name or output_dir")
+        raise ConfigError(
+            f"{run.root} is a sweep's directory (it has manifest.json), not a run's; set a different "
+            "run.name or output_dir"
+        )
     if dry_run:
         return _prepare_run(loaded, run, argv=argv, resume=resume, clean=clean, dry_run=True)
     # Before anything in the directory is read for a decision or changed: another supervisor may be running it.
@@ -274,8 +284,10 @@ def refuse_live_jobs(root: Path, what: str) -> None:
         print(f"note: could not ask Slurm whether a job of the {what} {root} is queued ({exc})", file=sys.stderr)
         return
     if jobs:
-        raise ConfigError(f"{what} {root} has Slurm job(s) {', '.join(jobs)} queued or running, which will run it; "
-                          f"stop them first: srl cancel {root}")  # fmt: skip
+        raise ConfigError(
+            f"{what} {root} has Slurm job(s) {', '.join(jobs)} queued or running, which will run it; "
+            f"stop them first: srl cancel {root}"
+        )
 
 
 def _refuse_owned_deployment(loaded: LoadedConfig, run: RunDir) -> None:
@@ -300,8 +312,16 @@ def _take_lease(run: RunDir, argv: list[str]) -> leases.Lease:
         raise ConfigError(str(e)) from None
 
 
-def _prepare_run(loaded: LoadedConfig, run: RunDir, *, argv: list[str], resume: bool, clean: bool, dry_run: bool,
-                 held: leases.Lease | None = None) -> tuple[RunDir, int]:
+def _prepare_run(
+    loaded: LoadedConfig,
+    run: RunDir,
+    *,
+    argv: list[str],
+    resume: bool,
+    clean: bool,
+    dry_run: bool,
+    held: leases.Lease | None = None,
+) -> tuple[RunDir, int]:
     exists = run.configs.exists() or run.configs.is_symlink()
     if exists and not resume and not clean and only_dry_runs(run):
         _refuse_if_jobs_queued(run)
@@ -317,8 +337,17 @@ def _prepare_run(loaded: LoadedConfig, run: RunDir, *, argv: list[str], resume: 
     if clean and exists:
         _delete_keeping_lease(run, held)
     try:
-        for d in (run.configs, run.launcher, run.logs, run.rollouts, run.broadcasts, run.checkpoints, run.store,
-                  run.control, run.reports):
+        for d in (
+            run.configs,
+            run.launcher,
+            run.logs,
+            run.rollouts,
+            run.broadcasts,
+            run.checkpoints,
+            run.store,
+            run.control,
+            run.reports,
+        ):
             d.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # preflight checked output_dir; the filesystem can still change or fill up since
         raise ConfigError(f"output_dir: cannot create the run directory {run.root}: {e.strerror or e}") from e

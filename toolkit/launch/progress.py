@@ -92,7 +92,9 @@ def progress_lines(run: RunDir, *, max_steps: int | None = None, jobs_final: boo
         lines.append(f"trainer: step {t.get('step')}{of}, last record {age:.0f} s ago")
     if "orchestrator" in last:
         o = last["orchestrator"]
-        lines.append(f"orchestrator: step {o.get('step')}{of}, reward {_number(o['reward/all/mean'], float('nan')):.4f}")
+        lines.append(
+            f"orchestrator: step {o.get('step')}{of}, reward {_number(o['reward/all/mean'], float('nan')):.4f}"
+        )
     if not last and file_size(run.metrics) and not metrics.tail(run.metrics):
         lines.append(f"no readable metrics: {run.metrics} holds no complete record (damaged?)")
     elif not last:

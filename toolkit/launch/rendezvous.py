@@ -16,11 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..placement.plan import fill
 from ..placement.runtime import TORCHRUN_STARTING
 from .progress import file_size
+
+if TYPE_CHECKING:
+    from toolkit.placement.plan import Plan
+
 
 # torchrun's exception class names (torch.distributed.elastic.rendezvous.api), printed in its traceback.
 RDZV_TIMEOUT = "RendezvousTimeoutError"
@@ -75,7 +79,7 @@ def join_timeout_s(spec: Any) -> int | None:
     return None
 
 
-def rendezvous_failure(plan: Any, spec: Any, texts: list[str | None], paths: list[Path]) -> str | None:
+def rendezvous_failure(plan: Plan, spec: Any, texts: list[str | None], paths: list[Path]) -> str | None:
     """The message for a failed start of torchrun step ``spec`` of ``plan`` (hosts resolved) when its rendezvous
     did not complete, naming the trainer nodes that never joined; None when the step failed for another reason.
 
@@ -95,8 +99,10 @@ def rendezvous_failure(plan: Any, spec: Any, texts: list[str | None], paths: lis
         return f"{host} (trainer node {k} of {n}; log {paths[k]})"
 
     timeout = join_timeout_s(spec)
-    head = (f"the torchrun rendezvous of the {n} trainer nodes did not complete"
-            f"{f' within {timeout} s ({TIMEOUT_FIELD})' if timeout is not None else ''}")  # fmt: skip
+    head = (
+        f"the torchrun rendezvous of the {n} trainer nodes did not complete"
+        f"{f' within {timeout} s ({TIMEOUT_FIELD})' if timeout is not None else ''}"
+    )
     # A node whose torchrun reported a rendezvous error started it, marker line or not.
     started = (TORCHRUN_STARTING, RDZV_TIMEOUT, RDZV_CONNECTION)
     never = [k for k, t in enumerate(seen) if not any(m in t for m in started)]
@@ -109,7 +115,11 @@ def rendezvous_failure(plan: Any, spec: Any, texts: list[str | None], paths: lis
             endpoint = fill(_option(spec.command, "--rdzv-endpoint") or "?", plan, None)
         except KeyError:
             endpoint = "the first trainer node"
-        return (f"{head}: {', '.join(who(k) for k in unreachable)} did not join (could not reach the rendezvous "
-                f"at {endpoint})")  # fmt: skip
-    return (f"{head}: every trainer node started torchrun, yet not all of them joined; see their logs: "
-            f"{', '.join(str(p) for p in paths)}")  # fmt: skip
+        return (
+            f"{head}: {', '.join(who(k) for k in unreachable)} did not join (could not reach the rendezvous "
+            f"at {endpoint})"
+        )
+    return (
+        f"{head}: every trainer node started torchrun, yet not all of them joined; see their logs: "
+        f"{', '.join(str(p) for p in paths)}"
+    )

@@ -240,8 +240,9 @@ def cancel(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
 
 
-def job_steps(job_ids: Iterable[str], *, env: Mapping[str, str] | None = None,
-              timeout_s: float = STEP_TIMEOUT_S) -> dict[str, list[str]]:
+def job_steps(
+    job_ids: Iterable[str], *, env: Mapping[str, str] | None = None, timeout_s: float = STEP_TIMEOUT_S
+) -> dict[str, list[str]]:
     """The running steps of the jobs ``job_ids`` (a job, or each component of a het job) by step name (srun's
     ``--job-name``): name -> the ids of the steps so named, as Slurm prints them (``"12.3"``), read from ``squeue
     --steps``. ``env`` (default ``os.environ``) is squeue's environment. Raises SlurmCommandError when squeue fails,
@@ -258,8 +259,13 @@ def job_steps(job_ids: Iterable[str], *, env: Mapping[str, str] | None = None,
     return steps
 
 
-def signal_steps(step_ids: Sequence[str], signal_name: str, *, env: Mapping[str, str] | None = None,
-                 timeout_s: float = STEP_TIMEOUT_S) -> None:
+def signal_steps(
+    step_ids: Sequence[str],
+    signal_name: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = STEP_TIMEOUT_S,
+) -> None:
     """Send signal ``signal_name`` (``"TERM"``, ``"INT"``...) to every process of each job step in ``step_ids``
     (``"12.3"``) with ``scancel --signal``: Slurm delivers it on every node of the step. Unlike a signal to the
     step's ``srun``: srun answers SIGTERM by SIGKILLing its tasks at once. Raises SlurmCommandError when scancel
@@ -308,10 +314,32 @@ def _int(value: str | None, default: int = 0) -> int:
 
 
 # Where a record holds each JobState field: scontrol's keys, and the names of squeue's --Format fields.
-_SCONTROL_KEYS = ("JobId", "HetJobId", "HetJobOffset", "ArrayJobId", "ArrayTaskId", "JobState", "Reason", "Restarts",
-                  "NodeList", "StartTime", "EndTime")  # fmt: skip
-_SQUEUE_KEYS = ("JobID", "HetJobID", "HetJobOffset", "ArrayJobID", "ArrayTaskID", "State", "Reason", "RestartCnt",
-                "NodeList", "StartTime", "EndTime")  # fmt: skip
+_SCONTROL_KEYS = (
+    "JobId",
+    "HetJobId",
+    "HetJobOffset",
+    "ArrayJobId",
+    "ArrayTaskId",
+    "JobState",
+    "Reason",
+    "Restarts",
+    "NodeList",
+    "StartTime",
+    "EndTime",
+)
+_SQUEUE_KEYS = (
+    "JobID",
+    "HetJobID",
+    "HetJobOffset",
+    "ArrayJobID",
+    "ArrayTaskID",
+    "State",
+    "Reason",
+    "RestartCnt",
+    "NodeList",
+    "StartTime",
+    "EndTime",
+)
 
 
 def _state_from_record(rec: Mapping[str, str], keys: tuple[str, ...], exit_pair: tuple[int, int] | None) -> JobState:
@@ -540,10 +568,18 @@ def job_state(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> JobState:
     both commands and their errors when neither knows the job (wrong id, or ended over MinJobAge ago).
     """
     # Each reader: its command, which output lines are job records, and how one is parsed.
-    readers = ((["scontrol", "show", "job", "-o", str(job_id)], lambda ln: ln.startswith("JobId="),
-                lambda ln: job_state_from_record(parse_scontrol_record(ln))),
-               (["squeue", "-h", "-t", "all", "-j", str(job_id), "-O", ",".join(f"{f}:|" for f in _SQUEUE_FIELDS)],
-                str.strip, parse_squeue_line))  # fmt: skip
+    readers = (
+        (
+            ["scontrol", "show", "job", "-o", str(job_id)],
+            lambda ln: ln.startswith("JobId="),
+            lambda ln: job_state_from_record(parse_scontrol_record(ln)),
+        ),
+        (
+            ["squeue", "-h", "-t", "all", "-j", str(job_id), "-O", ",".join(f"{f}:|" for f in _SQUEUE_FIELDS)],
+            str.strip,
+            parse_squeue_line,
+        ),
+    )
     errors: list[SlurmCommandError] = []
     for cmd, is_record, parse in readers:
         try:
@@ -575,9 +611,7 @@ def live_jobs(job_ids: Iterable[str], *, timeout_s: float = DEFAULT_TIMEOUT_S) -
     return out
 
 
-def wait(
-    job_id: str, *, timeout_s: float, until: Iterable[str] = TERMINAL_STATES, poll_s: float = 0.2
-) -> JobState:
+def wait(job_id: str, *, timeout_s: float, until: Iterable[str] = TERMINAL_STATES, poll_s: float = 0.2) -> JobState:
     """Poll :func:`job_state` every ``poll_s`` seconds until its state is in ``until``; return that JobState.
 
     Polling is used instead of ``sbatch --wait``, whose client checks only every few seconds. Raises
@@ -591,7 +625,6 @@ def wait(
             return st
         if time.monotonic() >= deadline:
             raise TimeoutError(
-                f"job {job_id} still {st.state} (reason {st.reason}) after {timeout_s:g} s; "
-                f"waited for {sorted(wanted)}"
+                f"job {job_id} still {st.state} (reason {st.reason}) after {timeout_s:g} s; waited for {sorted(wanted)}"
             )
         time.sleep(poll_s)

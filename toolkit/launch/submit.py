@@ -76,14 +76,24 @@ def _undo_hand_over(run: RunDir, attempt: int) -> None:
             run.latest_logs.unlink()
 
 
-def submit_job(cfg: RLConfig, run: RunDir, attempt: int, kind: str = "rl", *, site: SiteConfig | None = None,
-               plan: Plan | None = None, dependency: str | None = None, roles: tuple[str, ...] | None = None) -> str:
+def submit_job(
+    cfg: RLConfig,
+    run: RunDir,
+    attempt: int,
+    kind: str = "rl",
+    *,
+    site: SiteConfig | None = None,
+    plan: Plan | None = None,
+    dependency: str | None = None,
+    roles: tuple[str, ...] | None = None,
+) -> str:
     """Render ``<run>/launcher/<kind>.sbatch`` and submit it; returns the Slurm job id.
 
     ``kind``: ``"rl"`` (an RL or SFT run) or ``"inference"`` (an inference-only deployment, engines + router, that
     publishes ``control/inference_ready.json`` for RL or eval jobs started with ``inference.external = <this run
     dir>``). ``plan``: the one preflight built (:mod:`toolkit.launch.pipeline`); without it (a test or a library
-    caller) :func:`launch_plan` builds it here. The job fills in its id and hosts when it starts. ``dependency`` (e.g. ``"afterok:123"``) chains this job after
+    caller) :func:`launch_plan` builds it here. The job fills in its id and hosts when it starts. ``dependency`` (e.g.
+    ``"afterok:123"``) chains this job after
     another. ``roles`` restricts the job (default: every role of ``kind``; an SFT run: the trainer only). Raises
     ``toolkit.launch.slurm.SubmitError`` with sbatch's stderr (the attempt is then marked as having launched
     nothing), ``RenderError`` for unsafe values.
@@ -112,7 +122,10 @@ def submit_job(cfg: RLConfig, run: RunDir, attempt: int, kind: str = "rl", *, si
     print(f"submitted {kind} job {job_id} (site {site.name})", file=sys.stderr)
     print(f"  script:    {script}", file=sys.stderr)
     print(f"  placement: {run.placement_file}", file=sys.stderr)
-    print(f"  logs:      {run.logs}/ ({cfg.slurm.job_name or cfg.run.name}-{job_id}.out and {Path(run.log_attempt(attempt)).name}/)",
-          file=sys.stderr)
+    out_log = f"{cfg.slurm.job_name or cfg.run.name}-{job_id}.out"
+    print(
+        f"  logs:      {run.logs}/ ({out_log} and {Path(run.log_attempt(attempt)).name}/)",
+        file=sys.stderr,
+    )
     print(f"  status:    srl status {run.root}", file=sys.stderr)
     return job_id

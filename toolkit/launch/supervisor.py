@@ -83,7 +83,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .. import lease as leases
 from ..fsutil import append_jsonl, atomic_write_text, write_marker
@@ -93,6 +93,12 @@ from ..procutil import GroupReaper, kill_with_parent_preexec
 from ..run import heartbeat
 from ..run.layout import RunDir
 from . import rendezvous, watchdog
+
+if TYPE_CHECKING:
+    from toolkit.config.model import RLConfig
+    from toolkit.config.site import SiteConfig
+    from toolkit.placement.plan import Plan
+
 
 # Roles whose clean exit means the run is done; inference and router serve until told to stop.
 FINITE_ROLES = ("trainer", "orchestrator")
@@ -197,8 +203,16 @@ class Supervisor:
     groups should the supervisor die (local); job steps stay in the batch job's group, which Slurm tracks.
     """
 
-    def __init__(self, cfg: Any, run: RunDir, plan: Any, *, say: Callable[..., None], own_groups: bool,
-                 restart_before_ready: bool = False):
+    def __init__(
+        self,
+        cfg: RLConfig,
+        run: RunDir,
+        plan: Plan,
+        *,
+        say: Callable[..., None],
+        own_groups: bool,
+        restart_before_ready: bool = False,
+    ):
         self.cfg, self.run, self.plan, self.say = cfg, run, plan, say
         # An engine that dies before every engine first answered: restarted like any later death (a batch job,
         # whose engines may start on a node still busy with a previous job), or the end of the run (a local run:
@@ -226,8 +240,9 @@ class Supervisor:
         heartbeat.clear(run)  # the previous attempt's records describe processes that are gone
 
     # -- starting --------------------------------------------------------------------------------------------
-    def start(self, name: str, role: str, argv: list[str], env: dict[str, str], log_path: Path,
-              health_url: str | None = None) -> Child:
+    def start(
+        self, name: str, role: str, argv: list[str], env: dict[str, str], log_path: Path, health_url: str | None = None
+    ) -> Child:
         """Start one process (``argv`` with environment ``env``), output appended to ``log_path`` for a local
         child; returns it. Call from the main thread: the parent-death signal follows the thread that started it."""
         log = None
@@ -235,8 +250,17 @@ class Supervisor:
             log = open(log_path, "ab")  # noqa: SIM115 - held open for the child's lifetime
             log.write(f"# srl: starting {name}: {' '.join(argv)}\n".encode())
             log.flush()
-        child = Child(name, role, self._spawn(argv, env, log), log, log_path, argv, env, self.reaper is not None,
-                      health_url=health_url)  # fmt: skip
+        child = Child(
+            name,
+            role,
+            self._spawn(argv, env, log),
+            log,
+            log_path,
+            argv,
+            env,
+            self.reaper is not None,
+            health_url=health_url,
+        )
         self.children.append(child)
         return child
 
@@ -255,8 +279,15 @@ class Supervisor:
                 die_with_parent()
             apply_affinity(cpus)
 
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT if own else None,
-                                stdin=subprocess.DEVNULL, start_new_session=own, preexec_fn=preexec)  # noqa: PLW1509
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT if own else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=own,
+            preexec_fn=preexec,  # noqa: PLW1509
+        )
         if self.reaper is not None:
             self.reaper.add(proc.pid)  # a new session's group id is its leader's PID
         return proc
@@ -306,8 +337,11 @@ class Supervisor:
         from ..engines.health import is_healthy, write_ready
         from ..placement.runtime import ready_info
 
-        pending = {c.name: c.health_url.removesuffix("/health")
-                   for c in self.children if c.role in ("inference", "router") and c.health_url}
+        pending = {
+            c.name: c.health_url.removesuffix("/health")
+            for c in self.children
+            if c.role in ("inference", "router") and c.health_url
+        }
         n = len(pending)
         timeout = self.cfg.inference.startup_timeout_s
         deadline = time.monotonic() + timeout
@@ -325,8 +359,9 @@ class Supervisor:
                     del pending[name]
             if time.monotonic() > deadline:
                 logs = sorted(str(c.log_path) for c in self.children if c.name in pending)
-                raise TimeoutError(f"inference not healthy after {timeout:.0f} s: {sorted(pending.values())} "
-                                   f"(see {', '.join(logs)})")
+                raise TimeoutError(
+                    f"inference not healthy after {timeout:.0f} s: {sorted(pending.values())} (see {', '.join(logs)})"
+                )
             time.sleep(POLL_S)
         if n:  # nothing to publish for a plan without engines (a trainer-only plan, or inference.external)
             write_ready(self.run, ready_info(self.plan, self.cfg.model.name))
@@ -343,8 +378,11 @@ class Supervisor:
         if not c.budget.try_restart(now):
             return False
         window = f" within {inf.restart_window_s:.0f} s" if inf.restart_window_s is not None else ""
-        self.say(f"{c.name} exited with status {c.returncode}; restarting it (restart {c.budget.used(now)} of "
-                 f"{inf.max_restarts}{window}; log: {c.log_path})", error=True)  # fmt: skip
+        self.say(
+            f"{c.name} exited with status {c.returncode}; restarting it (restart {c.budget.used(now)} of "
+            f"{inf.max_restarts}{window}; log: {c.log_path})",
+            error=True,
+        )
         # The dead leader's workers (vLLM's engine-core process) would keep memory, cores and maybe the port.
         self._signal(c, signal.SIGKILL)
         c.proc.wait()
@@ -368,15 +406,20 @@ class Supervisor:
                 continue
             if c.poll() is not None:
                 if not self._restart(c):
-                    self.say(f"{c.name} exited with status {c.returncode}; restart budget used "
-                             f"({inf.max_restarts} restart(s)); stopping the run", error=True)  # fmt: skip
+                    self.say(
+                        f"{c.name} exited with status {c.returncode}; restart budget used "
+                        f"({inf.max_restarts} restart(s)); stopping the run",
+                        error=True,
+                    )
                     return c
             elif c.restarted_at is not None and c.health_url:
                 took = time.monotonic() - c.restarted_at
                 if is_healthy(c.health_url.removesuffix("/health"), timeout_s=1.0):
                     c.restarted_at = None
-                    self.say(f"{c.name} healthy again {took:.1f} s after its restart; the orchestrator loads the "
-                             "newest STABLE weights into it before it serves rollouts")  # fmt: skip
+                    self.say(
+                        f"{c.name} healthy again {took:.1f} s after its restart; the orchestrator loads the "
+                        "newest STABLE weights into it before it serves rollouts"
+                    )
                 elif took > inf.startup_timeout_s:
                     self.say(f"restarted {c.name} not healthy after {took:.0f} s; stopping the run", error=True)
                     c.returncode = c.returncode or 1
@@ -400,7 +443,9 @@ class Supervisor:
             if c.restarted_at is not None:  # still starting again: inference.startup_timeout_s bounds it
                 self.health.reset(c.name, now)
                 continue
-            ok = is_healthy(c.health_url.removesuffix("/health"), timeout_s=min(HEALTH_TIMEOUT_S, self.health.timeout_s))
+            ok = is_healthy(
+                c.health_url.removesuffix("/health"), timeout_s=min(HEALTH_TIMEOUT_S, self.health.timeout_s)
+            )
             now = time.monotonic()
             self.health.observe(c.name, ok, now)
             if c.name not in self.health.overdue(now):
@@ -408,16 +453,19 @@ class Supervisor:
             silent = self.health.silent_for(c.name, now)
             state = watchdog.describe_state(watchdog.proc_state(c.proc.pid)) if self.reaper else "on its node"
             again = is_restartable(c.role) and self.cfg.inference.max_restarts > 0
-            self.say(f"watchdog: {c.name} did not answer /health for {silent:.0f} s (monitors.stall_timeout_s; "
-                     f"process {c.proc.pid}: {state}); killing it{' to restart it' if again else ''}",
-                     error=True)  # fmt: skip
+            self.say(
+                f"watchdog: {c.name} did not answer /health for {silent:.0f} s (monitors.stall_timeout_s; "
+                f"process {c.proc.pid}: {state}); killing it{' to restart it' if again else ''}",
+                error=True,
+            )
             self._report([f"{c.name} did not answer /health for {silent:.0f} s", *self._py_spy([c.proc.pid])])
             self._signal(c, signal.SIGKILL)
             self._reap_killed(c)
             self.health.reset(c.name, now)
             if not again:
-                self.stall = watchdog.Stall(c.name, c.role, {"phase": "serving (no /health answer)"}, silent,
-                                            self.health.timeout_s, hung=True)  # fmt: skip
+                self.stall = watchdog.Stall(
+                    c.name, c.role, {"phase": "serving (no /health answer)"}, silent, self.health.timeout_s, hung=True
+                )
                 return c
         return None
 
@@ -443,8 +491,10 @@ class Supervisor:
         if not stalls:
             return None
         self.stall = first = stalls[0]
-        self.say(f"watchdog: {first.message()}; writing the stuck processes' stacks to their logs and stopping the "
-                 "run", error=True)  # fmt: skip
+        self.say(
+            f"watchdog: {first.message()}; writing the stuck processes' stacks to their logs and stopping the run",
+            error=True,
+        )
         lines = [f"stall: {first.message()}"]
         stuck = [c for c in live if c.role in {x.role for x in stalls}]
         for x in stalls:
@@ -479,8 +529,11 @@ class Supervisor:
             c.proc.wait(timeout=TERM_GRACE_S)
         except subprocess.TimeoutExpired:
             state = watchdog.describe_state(watchdog.proc_state(c.proc.pid)) if self.reaper else "on its node"
-            self.say(f"watchdog: {c.name} (process {c.proc.pid}) still there {TERM_GRACE_S:g} s after SIGKILL "
-                     f"({state}); not waiting for it", error=True)  # fmt: skip
+            self.say(
+                f"watchdog: {c.name} (process {c.proc.pid}) still there {TERM_GRACE_S:g} s after SIGKILL "
+                f"({state}); not waiting for it",
+                error=True,
+            )
         c.poll()
 
     def _evidence(self, x: watchdog.Stall, child: Child | None) -> list[str]:
@@ -499,8 +552,11 @@ class Supervisor:
         if any(st not in (None, "T", "t", "Z") for st in states.values()):
             time.sleep(watchdog.DUMP_WAIT_S)  # faulthandler writes from its signal handler: let it finish
         log = child.log_path if child is not None else "its log"
-        out = [f"{x.key} pid {pid} on {host or 'this machine'}: {watchdog.describe_state(st)}"
-               + (f" ({log})" if st not in (None, "T", "t", "Z") else "") for pid, st in states.items()]  # fmt: skip
+        out = [
+            f"{x.key} pid {pid} on {host or 'this machine'}: {watchdog.describe_state(st)}"
+            + (f" ({log})" if st not in (None, "T", "t", "Z") else "")
+            for pid, st in states.items()
+        ]
         if host in (None, socket.gethostname()):
             out += self._py_spy([p for p, st in states.items() if st not in (None, "T", "t", "Z")])
         return out
@@ -559,8 +615,11 @@ class Supervisor:
             self.check_lease()
             if on_poll is not None:
                 on_poll()
-            first = ((None if self.run.stop_request.exists() else self.watch_restarts()) or self.first_ending()
-                     or self.check_progress())  # fmt: skip
+            first = (
+                (None if self.run.stop_request.exists() else self.watch_restarts())
+                or self.first_ending()
+                or self.check_progress()
+            )
             if first is not None:
                 return first
             time.sleep(POLL_S)
@@ -579,8 +638,9 @@ class Supervisor:
         if self.stall is not None:  # the watchdog's kill is not the failure: the hang before it is
             end = ending.settle(self.run, stalled=self.stall.role, stalled_reason=self.stall.message())
         else:
-            end = ending.settle(self.run, failed=(first.name if first else "inference") if failed else None,
-                                failed_reason=why)  # fmt: skip
+            end = ending.settle(
+                self.run, failed=(first.name if first else "inference") if failed else None, failed_reason=why
+            )
         self.request_stop()
         self.stop_after()
         return end
@@ -617,8 +677,11 @@ class Supervisor:
         self._wait_children(self.children, term_wait_s)
         late = [c for c in steps if c not in through_srun and c.proc.poll() is None]
         if late:
-            self.say(f"{', '.join(c.name for c in late)} still running {term_wait_s:g} s after the signal to end; "
-                     "killing (srun's SIGTERM)", error=True)  # fmt: skip
+            self.say(
+                f"{', '.join(c.name for c in late)} still running {term_wait_s:g} s after the signal to end; "
+                "killing (srun's SIGTERM)",
+                error=True,
+            )
             for c in late:
                 self._signal(c, signal.SIGTERM)
             self._wait_children(late, SRUN_EXIT_WAIT_S)
@@ -686,7 +749,7 @@ def step_log(spec: Any, logs: Path) -> Path:
     return logs / (spec.log_name if spec.num_nodes == 1 else spec.log_name.replace(".log", "-%t.log"))
 
 
-def step_argv(plan: Any, spec: Any, run: RunDir, log: Path, *, python: str, container: list[str]) -> list[str]:
+def step_argv(plan: Plan, spec: Any, run: RunDir, log: Path, *, python: str, container: list[str]) -> list[str]:
     """The ``srun`` command of plan process ``spec``'s job step, named after the process: one task per node from
     its first node, output appended to ``log``; the step execs the process through
     :mod:`toolkit.placement.runtime`."""
@@ -694,11 +757,29 @@ def step_argv(plan: Any, spec: Any, run: RunDir, log: Path, *, python: str, cont
     # --job-name: the step's name, by which the job finds the step to signal its tasks (_term_steps).
     first = plan.groups[spec.het_group].first_node
     het = [f"--het-group={spec.het_group}"] if plan.is_het else []
-    return ["srun", f"--job-name={spec.name}", "--overlap", "--kill-on-bad-exit=1", "--open-mode=append",
-            f"--output={log}", f"--error={log}",
-            *het, f"--nodes={spec.num_nodes}", f"--ntasks={spec.num_nodes}", "--ntasks-per-node=1",
-            f"--relative={spec.node_index - first}", *container, python, "-m", "toolkit.placement.runtime", "exec",
-            "--run-dir", str(run.root), "--process", spec.name]  # fmt: skip
+    return [
+        "srun",
+        f"--job-name={spec.name}",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--open-mode=append",
+        f"--output={log}",
+        f"--error={log}",
+        *het,
+        f"--nodes={spec.num_nodes}",
+        f"--ntasks={spec.num_nodes}",
+        "--ntasks-per-node=1",
+        f"--relative={spec.node_index - first}",
+        *container,
+        python,
+        "-m",
+        "toolkit.placement.runtime",
+        "exec",
+        "--run-dir",
+        str(run.root),
+        "--process",
+        spec.name,
+    ]
 
 
 def settle_job(run: RunDir, *, signalled: str | None = None, requeued: bool = False, lost: bool = False) -> int:
@@ -723,8 +804,9 @@ def _wait(check: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
-def run_job(run: RunDir, *, attempt: int | None, kind: str, secrets: list[str] | None = None,
-            env: dict[str, str] | None = None) -> int:
+def run_job(
+    run: RunDir, *, attempt: int | None, kind: str, secrets: list[str] | None = None, env: dict[str, str] | None = None
+) -> int:
     """Supervise this Slurm batch job's run (see the module docstring; ``secrets``: see :func:`job_environment`);
     returns the job's exit status."""
     from ..config import ConfigError
@@ -762,8 +844,16 @@ def run_job(run: RunDir, *, attempt: int | None, kind: str, secrets: list[str] |
         lease.release()
 
 
-def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Lease, env: dict[str, str], *,
-                   attempt: int | None) -> int:
+def _supervise_job(
+    cfg: RLConfig,
+    site: SiteConfig,
+    run: RunDir,
+    plan: Plan,
+    lease: leases.Lease,
+    env: dict[str, str],
+    *,
+    attempt: int | None,
+) -> int:
     from ..placement.environment import container_prefix
     from ..placement.plan import fill
     from ..placement.runtime import newest_complete_since
@@ -777,8 +867,12 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
         het = ["--het-group=0"] if plan.is_het else []
         limit = cfg.monitors.stall_timeout_s
         try:
-            rc = subprocess.run(["srun", "--overlap", "--ntasks-per-node=1", *het, "bash", str(pre_run)], env=env,
-                                check=False, timeout=limit).returncode  # fmt: skip
+            rc = subprocess.run(
+                ["srun", "--overlap", "--ntasks-per-node=1", *het, "bash", str(pre_run)],
+                env=env,
+                check=False,
+                timeout=limit,
+            ).returncode
             if rc:
                 _job_log(f"pre-run command failed with status {rc}")
         except subprocess.TimeoutExpired:  # run() has killed its srun: the job goes on as after a failed command
@@ -800,14 +894,23 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
     first: Child | None = None
     # Where this start of each multi-node torchrun step begins in its node logs: a failed rendezvous is explained
     # from what this start wrote (the logs are appended across requeues).
-    rdzv_logs = {spec.name: rendezvous.StepLogs.mark(rendezvous.node_logs(logs, spec))
-                 for spec in plan.processes if is_multinode_torchrun(spec)}  # fmt: skip
+    rdzv_logs = {
+        spec.name: rendezvous.StepLogs.mark(rendezvous.node_logs(logs, spec))
+        for spec in plan.processes
+        if is_multinode_torchrun(spec)
+    }
     try:
         for spec in plan.processes:
             log = step_log(spec, logs)
             health = fill(spec.healthcheck_url, plan, spec.node_index) if spec.healthcheck_url else None
-            c = sup.start(spec.name, spec.role, step_argv(plan, spec, run, log, python=python, container=container),
-                          env, log, health_url=health)  # fmt: skip
+            c = sup.start(
+                spec.name,
+                spec.role,
+                step_argv(plan, spec, run, log, python=python, container=container),
+                env,
+                log,
+                health_url=health,
+            )
             _job_log(f"started {spec.name} (srun pid {c.proc.pid}, log {log})")
         try:
             sup.wait_ready(interrupt=lambda: sup.signalled is not None)
@@ -832,8 +935,9 @@ def _supervise_job(cfg: Any, site: Any, run: RunDir, plan: Any, lease: leases.Le
         if _wait(lambda: newest_complete_since(run, since) is not None, grace):
             _job_log("checkpoint complete")
         else:
-            _job_log(f"no complete checkpoint within {grace:g} s; requeueing anyway (resume uses the newest "
-                     "complete one)")  # fmt: skip
+            _job_log(
+                f"no complete checkpoint within {grace:g} s; requeueing anyway (resume uses the newest complete one)"
+            )
         _requeue(env)
         sup.stop_all()
         return settle_job(run, requeued=True)
@@ -887,8 +991,10 @@ def _stall_restart(run: RunDir, allowed: int, stall: watchdog.Stall, env: dict[s
     if used >= allowed:
         _job_log(f"stall: {used} of monitors.stall_restarts = {allowed} requeues used by this job; the run ends")
         return None
-    why = (f"{stall.message()}; every role restarts from the newest complete checkpoint (stall restart {used + 1} "
-           f"of {allowed}, monitors.stall_restarts)")  # fmt: skip
+    why = (
+        f"{stall.message()}; every role restarts from the newest complete checkpoint (stall restart {used + 1} "
+        f"of {allowed}, monitors.stall_restarts)"
+    )
     append_jsonl(run.stall_restarts, {"time": time.time(), "job": job, "role": stall.role, "reason": stall.message()})
     return why
 
@@ -901,8 +1007,9 @@ def _term_steps(children: list[Child], env: dict[str, str]) -> list[Child]:
     from .slurm import SlurmCommandError, job_steps, signal_steps
 
     # A het job's steps belong to its components' job ids (SLURM_JOB_ID is the first component's).
-    jobs = dict.fromkeys([env.get("SLURM_JOB_ID", ""), *(v for k, v in sorted(env.items())
-                                                        if k.startswith("SLURM_JOB_ID_HET_GROUP_"))])  # fmt: skip
+    jobs = dict.fromkeys(
+        [env.get("SLURM_JOB_ID", ""), *(v for k, v in sorted(env.items()) if k.startswith("SLURM_JOB_ID_HET_GROUP_"))]
+    )
     try:
         steps = job_steps([j for j in jobs if j], env=env)
     except SlurmCommandError as e:
@@ -927,8 +1034,17 @@ def _srun_probe(host: str, pids: list[int], env: dict[str, str]) -> dict[int, st
     """The states of ``pids`` on node ``host`` of this job, each asked for its stacks unless stopped
     (:func:`toolkit.launch.watchdog.remote_probe_script` through an overlapping ``srun``, bounded by
     :data:`REMOTE_PROBE_TIMEOUT_S`); {} when the node cannot be reached."""
-    argv = ["srun", "--overlap", f"--jobid={env.get('SLURM_JOB_ID', '')}", "--nodes=1", "--ntasks=1",
-            f"--nodelist={host}", "sh", "-c", watchdog.remote_probe_script(pids)]  # fmt: skip
+    argv = [
+        "srun",
+        "--overlap",
+        f"--jobid={env.get('SLURM_JOB_ID', '')}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={host}",
+        "sh",
+        "-c",
+        watchdog.remote_probe_script(pids),
+    ]
     try:
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=REMOTE_PROBE_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -943,7 +1059,7 @@ def exit_status(rc: int | None) -> int:
     return 1 if rc is None else (128 - rc if rc < 0 else rc)
 
 
-def _failure_reason(plan: Any, first: Child, rdzv_logs: dict[str, rendezvous.StepLogs]) -> str | None:
+def _failure_reason(plan: Plan, first: Child, rdzv_logs: dict[str, rendezvous.StepLogs]) -> str | None:
     """What to tell the user about step ``first``'s failure beyond its exit status: for a multi-node torchrun step
     whose rendezvous did not complete, the trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`)."""
     logs = rdzv_logs.get(first.name)

@@ -139,13 +139,23 @@ def _shape(directives: list[list[str]]) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(d for d in group if not d.startswith(_PER_JOB)) for group in directives)
 
 
-def prepare_points(sweep: Any, configs: list[Preflight], site: SiteConfig, root: Path, *, argv: list[str],
-                   dry_run: bool, resume: bool, clean: bool) -> list[PreparedPoint]:
+def prepare_points(
+    sweep: Any,
+    configs: list[Preflight],
+    site: SiteConfig,
+    root: Path,
+    *,
+    argv: list[str],
+    dry_run: bool,
+    resume: bool,
+    clean: bool,
+) -> list[PreparedPoint]:
     """Write each point's run directory, plan (the one its preflight built, ``configs``) and batch script, as
     ``srl rl`` (``--dry-run``) would.
 
     With ``resume``: a point whose run finished is left out, an existing one gets a resumed attempt, a missing one
-    a first attempt. Every plan was built by the points' preflight, before any point is written. A point that cannot run on the site (more
+    a first attempt. Every plan was built by the points' preflight, before any point is written. A point that cannot run
+    on the site (more
     nodes or GPUs per node than it has) was already refused, naming the point, by the preflight of its config
     (``toolkit.sweep.point_config``). Raises ConfigError (an existing point without ``--resume``/``--clean``, a live
     holder of a point's lease) at the point concerned.
@@ -157,16 +167,18 @@ def prepare_points(sweep: Any, configs: list[Preflight], site: SiteConfig, root:
         if resume and finished(live, cfg.max_steps):
             print(f"  {point.point_id}: finished (checkpoint at step {cfg.max_steps}); skipped")
             continue
-        run, attempt = prepare_attempt(loaded, live, argv=argv, dry_run=dry_run,
-                                       resume=resume and live.configs.exists(), clean=clean)  # fmt: skip
+        run, attempt = prepare_attempt(
+            loaded, live, argv=argv, dry_run=dry_run, resume=resume and live.configs.exists(), clean=clean
+        )
         update_run_meta(run, {"sweep": sweep.name, **point_meta(point), "sweep_root": str(root)})
         write_plan(run, plan)
         script = render_job(cfg, run, plan, attempt=attempt, site=site)
         ctx = build_context(cfg, site, run, plan, attempt=attempt)
         if not dry_run:
             hand_over(run, attempt)  # the array task takes the lease when it starts
-        out.append(PreparedPoint(point.index, point.point_id, run, attempt, script, _shape(ctx.directives),
-                                 job_name(cfg)))
+        out.append(
+            PreparedPoint(point.index, point.point_id, run, attempt, script, _shape(ctx.directives), job_name(cfg))
+        )
     return out
 
 
@@ -182,13 +194,27 @@ def render_array(sweep_name: str, index: int, chunk: ArrayChunk, prepared: list[
     if chunk.array:
         groups[0].append(f"--array=0-{len(pts) - 1}%{chunk.throttle}")
     # What sweep.sbatch.j2 prints: directives per het group, the sweep root, points and log prefixes in task order.
-    ctx = {"sweep": sweep_name, "index": index, "directives": groups, "root": str(root), "array": chunk.array,
-           "points": [p.point_id for p in pts], "logs": [f"{p.log_prefix}-" for p in pts]}
+    ctx = {
+        "sweep": sweep_name,
+        "index": index,
+        "directives": groups,
+        "root": str(root),
+        "array": chunk.array,
+        "points": [p.point_id for p in pts],
+        "logs": [f"{p.log_prefix}-" for p in pts],
+    }
     return _env().get_template("sweep.sbatch.j2").render(ctx=ctx)
 
 
-def submit_arrays(sweep_name: str, prepared: list[PreparedPoint], site: SiteConfig, root: Path, *,
-                  max_parallel: int, dry_run: bool = False) -> list[str]:
+def submit_arrays(
+    sweep_name: str,
+    prepared: list[PreparedPoint],
+    site: SiteConfig,
+    root: Path,
+    *,
+    max_parallel: int,
+    dry_run: bool = False,
+) -> list[str]:
     """Group ``prepared`` points by shape, plan the submissions (:func:`plan_arrays`), render
     ``<root>/array_<k>.sbatch`` for each and, unless ``dry_run``, submit them in order (each behind its lane's
     previous one). Records ``arrays.jsonl`` and, in each point's ``launcher/job_ids.txt``, its task as
@@ -217,19 +243,29 @@ def submit_arrays(sweep_name: str, prepared: list[PreparedPoint], site: SiteConf
             p = ordered[i]
             record_job_id(p.run, f"{chunk.job_id}_{task}" if chunk.array else chunk.job_id, "rl", p.attempt)
             update_run_meta(p.run, {"array_job_id": chunk.job_id, "array_task_id": task if chunk.array else None})
-        rec = {"job_id": chunk.job_id, "script": script.name, "array": chunk.array, "throttle": chunk.throttle,
-               "after": chunks[chunk.after].job_id if chunk.after is not None else None,
-               "points": [ordered[i].point_id for i in chunk.points], "time": time.time()}
+        rec = {
+            "job_id": chunk.job_id,
+            "script": script.name,
+            "array": chunk.array,
+            "throttle": chunk.throttle,
+            "after": chunks[chunk.after].job_id if chunk.after is not None else None,
+            "points": [ordered[i].point_id for i in chunk.points],
+            "time": time.time(),
+        }
         with open(root / "arrays.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
         how = f"array 0-{len(chunk.points) - 1}%{chunk.throttle}" if chunk.array else "plain job (het groups)"
         after = f", after {rec['after']}" if rec["after"] else ""
-        print(f"  {chunk.job_id}: {how}{after}: {' '.join(rec['points'])} ({' '.join(ordered[chunk.points[0]].shape[0])})",
-              file=sys.stderr)
+        shape = " ".join(ordered[chunk.points[0]].shape[0])
+        print(
+            f"  {chunk.job_id}: {how}{after}: {' '.join(rec['points'])} ({shape})",
+            file=sys.stderr,
+        )
     return out
 
 
 # ---- srl status / srl cancel of a sweep root --------------------------------------------------------------------
+
 
 def read_manifest(root: Path) -> dict[str, Any]:
     """The sweep's ``manifest.json`` (name, points with their id, params, seed and run directory, the command).
@@ -240,10 +276,16 @@ def read_manifest(root: Path) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read the sweep manifest {path}: {e}") from None
     points = data.get("points") if isinstance(data, dict) else None
-    if not (isinstance(data, dict) and isinstance(data.get("name"), str) and isinstance(points, list)
-            and all(isinstance(p, dict) and {"point_id", "params", "seed", "run_dir"} <= p.keys() for p in points)):
-        raise ConfigError(f"{path} is not a sweep manifest (it needs name and points, each with point_id, params, "
-                          "seed and run_dir); `srl sweep ... --dry-run` writes it again")
+    if not (
+        isinstance(data, dict)
+        and isinstance(data.get("name"), str)
+        and isinstance(points, list)
+        and all(isinstance(p, dict) and {"point_id", "params", "seed", "run_dir"} <= p.keys() for p in points)
+    ):
+        raise ConfigError(
+            f"{path} is not a sweep manifest (it needs name and points, each with point_id, params, "
+            "seed and run_dir); `srl sweep ... --dry-run` writes it again"
+        )
     return data
 
 
@@ -343,8 +385,11 @@ def sweep_status(root: Path) -> list[PointStatus]:
         else:
             state = "ENDED" if step is not None else "UNKNOWN"
         requeues = st.restart_count if st is not None else 0
-        rows.append(PointStatus(p["point_id"], p["params"], state, step, None if reward is None else float(reward),
-                                task, requeues))
+        rows.append(
+            PointStatus(
+                p["point_id"], p["params"], state, step, None if reward is None else float(reward), task, requeues
+            )
+        )
     return rows
 
 
@@ -357,12 +402,17 @@ def status_main(root: Path) -> int:
     for point, r in zip(manifest["points"], rows):  # rows are in the manifest's order
         reward = "-" if r.reward is None else f"{r.reward:.4f}"
         params = " ".join(f"{k}={v}" for k, v in r.params.items()) or "-"
-        print(f"{r.point_id}\t{r.state}\t{'-' if r.step is None else r.step}\t{reward}\t{r.task or '-'}\t"
-              f"{r.requeues}\t{params} seed={point['seed']}")
+        print(
+            f"{r.point_id}\t{r.state}\t{'-' if r.step is None else r.step}\t{reward}\t{r.task or '-'}\t"
+            f"{r.requeues}\t{params} seed={point['seed']}"
+        )
     for rec in read_arrays(root):
-        print(f"job {rec['job_id']}: " + ("array" if rec.get("array") else "plain job") +
-              f" of {len(rec.get('points') or [])} point(s), throttle {rec.get('throttle')}" +
-              (f", after {rec['after']}" if rec.get("after") else ""))
+        print(
+            f"job {rec['job_id']}: "
+            + ("array" if rec.get("array") else "plain job")
+            + f" of {len(rec.get('points') or [])} point(s), throttle {rec.get('throttle')}"
+            + (f", after {rec['after']}" if rec.get("after") else "")
+        )
     return 0
 
 
@@ -412,8 +462,11 @@ def cancel_main(root: Path, *, grace_s: float = 300.0) -> int:
     try:
         again = continue_command(root)
     except ConfigError as e:
-        print(f"{e.issues[0].message}; continue the sweep with its srl sweep command line and --resume", file=sys.stderr)
+        print(
+            f"{e.issues[0].message}; continue the sweep with its srl sweep command line and --resume", file=sys.stderr
+        )
         return 0
-    print(f"continue the sweep (finished points are skipped, the others resume from their newest checkpoint):\n"
-          f"  {again}")
+    print(
+        f"continue the sweep (finished points are skipped, the others resume from their newest checkpoint):\n  {again}"
+    )
     return 0

@@ -45,7 +45,8 @@ PY_SPY_TIMEOUT_S = 30.0
 @dataclass(frozen=True)
 class Bounds:
     """How long a phase may go without progress, seconds: ``timeout_s`` (``monitors.stall_timeout_s``, > 0);
-    start-up and other long phases ``timeout_s * startup_factor``; weight phases ``timeout_s + s_per_gib * GiB moved``."""
+    start-up and other long phases ``timeout_s * startup_factor``; weight phases ``timeout_s + s_per_gib * GiB
+    moved``."""
 
     timeout_s: float
     startup_factor: float = 3.0
@@ -111,8 +112,10 @@ class Stall:
             extra = f"; the {waits} it waits for has exited"
         elif not self.hung and waits:
             extra = f"; waiting for the {waits}"
-        return (f"{self.role} made no progress for {self.idle_s:.0f} s{at} (phase: {self.phase}{extra}; bound "
-                f"{self.bound_s:.0f} s, monitors.stall_timeout_s)")  # fmt: skip
+        return (
+            f"{self.role} made no progress for {self.idle_s:.0f} s{at} (phase: {self.phase}{extra}; bound "
+            f"{self.bound_s:.0f} s, monitors.stall_timeout_s)"
+        )
 
     def pids(self) -> list[int]:
         """The processes to ask for stacks (the role's own and those it listed, e.g. env workers)."""
@@ -134,8 +137,9 @@ class ProgressWatch:
     roles: tuple[str, ...] = ("trainer", "orchestrator")
     seen: dict[str, _Seen] = field(default_factory=dict)
 
-    def observe(self, records: dict[str, dict[str, Any]], live_roles: set[str] | frozenset[str],
-                now: float) -> list[Stall]:
+    def observe(
+        self, records: dict[str, dict[str, Any]], live_roles: set[str] | frozenset[str], now: float
+    ) -> list[Stall]:
         """Update what was seen at ``now`` and return the stalled processes to blame, longest idle first ([]
         while everything progresses). ``live_roles``: every role with a live process, served ones (inference)
         included: a record may wait on them."""
@@ -171,8 +175,17 @@ class ProgressWatch:
             idle = now - s.progress_at
             if idle > bound:
                 waits = (s.record or {}).get("waiting_for")
-                stalled.append(Stall(key, s.role, s.record, idle, bound, hung=now - s.beat_at > bound,
-                                     peer_gone=bool(waits) and waits not in live_all))  # fmt: skip
+                stalled.append(
+                    Stall(
+                        key,
+                        s.role,
+                        s.record,
+                        idle,
+                        bound,
+                        hung=now - s.beat_at > bound,
+                        peer_gone=bool(waits) and waits not in live_all,
+                    )
+                )
         stalled.sort(key=lambda x: -x.idle_s)
         hung = [x for x in stalled if x.hung]
         if hung:
@@ -183,8 +196,11 @@ class ProgressWatch:
         if free:
             return free
         # Every watched role waits on another watched one: a deadlock between roles that still beat.
-        if stalled and {x.role for x in stalled} >= live and all(
-                (x.record or {}).get("waiting_for") in self.roles for x in stalled):  # fmt: skip
+        if (
+            stalled
+            and {x.role for x in stalled} >= live
+            and all((x.record or {}).get("waiting_for") in self.roles for x in stalled)
+        ):
             return stalled
         return []
 
@@ -227,7 +243,7 @@ def proc_state(pid: int) -> str | None:
     except OSError:
         return None
     # The command name may hold spaces and parentheses: the state is the first field after its last ')'.
-    rest = text[text.rfind(")") + 1:].split()
+    rest = text[text.rfind(")") + 1 :].split()
     return rest[0] if rest else None
 
 
@@ -235,8 +251,10 @@ def describe_state(state: str | None) -> str:
     if state is None:
         return "gone (or not on this machine)"
     if state == "T" or state == "t":
-        return (f"stopped (state {state}): a stopped process cannot dump its stacks until it is continued; it is "
-                "killed instead")  # fmt: skip
+        return (
+            f"stopped (state {state}): a stopped process cannot dump its stacks until it is continued; it is "
+            "killed instead"
+        )
     return f"state {state}; asked to write its Python stacks to its log"
 
 
@@ -261,8 +279,9 @@ def py_spy_dump(pid: int) -> str | None:
     if exe is None:
         return None
     try:
-        r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                           timeout=PY_SPY_TIMEOUT_S, check=False)  # fmt: skip
+        r = subprocess.run(
+            [exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"py-spy dump failed: {e}"
     return (r.stdout + r.stderr).strip()
@@ -273,8 +292,10 @@ def remote_probe_script(pids: list[int]) -> str:
     stopped nor gone :data:`STACK_DUMP_SIGNAL`: what the batch job runs on another node (through ``srun``)."""
     sig = int(STACK_DUMP_SIGNAL)
     ids = " ".join(str(int(p)) for p in pids)
-    return (f"for p in {ids}; do s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f1); "
-            f'echo "$p ${{s:-gone}}"; case "$s" in ""|T|t|Z) ;; *) kill -{sig} $p 2>/dev/null;; esac; done')
+    return (
+        f"for p in {ids}; do s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f1); "
+        f'echo "$p ${{s:-gone}}"; case "$s" in ""|T|t|Z) ;; *) kill -{sig} $p 2>/dev/null;; esac; done'
+    )
 
 
 def parse_probe(text: str) -> dict[int, str | None]:

@@ -50,5 +50,7 @@ def _not_replaceable(out: Path) -> str | None:
     if out.is_dir() and not out.is_symlink() and ((out / "config.json").is_file() or not any(out.iterdir())):
         return None
     what = "a directory of other files" if out.is_dir() else "not a directory"
-    return (f"{out} exists and is {what}; srl replaces the directory it builds into, so give a new or empty "
-            "directory (or a model directory to rebuild)")
+    return (
+        f"{out} exists and is {what}; srl replaces the directory it builds into, so give a new or empty "
+        "directory (or a model directory to rebuild)"
+    )

@@ -88,21 +88,24 @@ class ChatTemplateRenderer(_TokenizerRenderer):
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"tokenizer at {model_path} has no chat template; use renderer name 'plain'")
 
-    def render_text(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None) -> str:
+    def render_text(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
         """The chat template's text for ``messages``; ``tools`` (OpenAI function schemas) go to it as is."""
         extra = {"tools": tools} if tools else {}
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
         )
 
-    def render(self, messages: list[Message], *, add_generation_prompt: bool = True,
-               tools: list[dict] | None = None) -> list[int]:
+    def render(
+        self, messages: list[Message], *, add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> list[int]:
         """Prompt ids through the chat template; ``tools`` (OpenAI function schemas) go to the template as is."""
         return self.encode(self.render_text(messages, add_generation_prompt=add_generation_prompt, tools=tools))
 
-    def continuation(self, history: list[dict], tail: list[dict], *, completion_ids: list[int],
-                     tools: list[dict] | None = None) -> list[int] | None:
+    def continuation(
+        self, history: list[dict], tail: list[dict], *, completion_ids: list[int], tools: list[dict] | None = None
+    ) -> list[int] | None:
         """Token ids that follow a sampled assistant turn up to the next generation prompt, or None.
 
         ``history`` ends with the assistant message that ``completion_ids`` (the sampled ids, stop token
@@ -122,16 +125,17 @@ class ChatTemplateRenderer(_TokenizerRenderer):
         if completion_ids and completion_ids[-1] in self.stop_token_ids:
             stop_text = self.decode([completion_ids[-1]])
             closer = closer.removeprefix(stop_text)
-        return self.encode(closer + full[len(head):])
+        return self.encode(closer + full[len(head) :])
 
     @functools.cached_property
     def assistant_closer(self) -> str | None:
         """What the template writes after an assistant message's content (``"<|im_end|>\\n"`` for ChatML); None
         when a probe message's content does not appear in its rendering."""
         probe = "srl-probe-7f3a"
-        text = self.render_text([{"role": "user", "content": "u"}, {"role": "assistant", "content": probe}],
-                                add_generation_prompt=False)
-        return text[text.rindex(probe) + len(probe):] if probe in text else None
+        text = self.render_text(
+            [{"role": "user", "content": "u"}, {"role": "assistant", "content": probe}], add_generation_prompt=False
+        )
+        return text[text.rindex(probe) + len(probe) :] if probe in text else None
 
 
 class PlainRenderer(_TokenizerRenderer):
@@ -179,8 +183,9 @@ class HermesRenderer(ChatTemplateRenderer):
 
     name = "hermes"
 
-    def render_text(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None) -> str:
+    def render_text(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
         return super().render_text(self.plain_messages(messages, tools), add_generation_prompt=add_generation_prompt)
 
     @staticmethod
@@ -201,9 +206,12 @@ class HermesRenderer(ChatTemplateRenderer):
             out.append({"role": role, "content": text})
         if tools:
             spec = "\n".join(json.dumps(t) for t in tools)
-            section = ("# Tools\n\nFunctions you can call, one JSON schema per line:\n<tools>\n" + spec +
-                       "\n</tools>\n\nTo call one, reply with\n<tool_call>\n"
-                       '{"name": <function name>, "arguments": <arguments as a JSON object>}\n</tool_call>')
+            section = (
+                "# Tools\n\nFunctions you can call, one JSON schema per line:\n<tools>\n"
+                + spec
+                + "\n</tools>\n\nTo call one, reply with\n<tool_call>\n"
+                '{"name": <function name>, "arguments": <arguments as a JSON object>}\n</tool_call>'
+            )
             if out and out[0]["role"] == "system":
                 out[0]["content"] = (out[0]["content"] + "\n\n" + section) if out[0]["content"] else section
             else:
@@ -230,10 +238,11 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
             continue
         arguments = body.get("arguments", {})
-        kept.append(text[pos:found.start()])
+        kept.append(text[pos : found.start()])
         pos = found.end()
-        calls.append({"name": body["name"],
-                      "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
+        calls.append(
+            {"name": body["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}
+        )
     kept.append(text[pos:])
     return "".join(kept).strip() if calls else text, calls
 
@@ -242,12 +251,7 @@ RENDERERS: dict[str, type] = {"auto": ChatTemplateRenderer, "plain": PlainRender
 
 
 def _plain_message(m: Any) -> bool:
-    return (
-        isinstance(m, dict)
-        and len(m) == 2
-        and isinstance(m.get("role"), str)
-        and isinstance(m.get("content"), str)
-    )
+    return isinstance(m, dict) and len(m) == 2 and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
 
 
 class CachedRenderer:
@@ -271,8 +275,9 @@ class CachedRenderer:
         messages = [{"role": role, "content": content} for role, content in pairs]
         return tuple(self.inner.render(messages, add_generation_prompt=add_generation_prompt))
 
-    def render(self, messages: list[Message], *, add_generation_prompt: bool = True,
-               tools: list[dict] | None = None) -> list[int]:
+    def render(
+        self, messages: list[Message], *, add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> list[int]:
         # Only plain role/content messages with string content are cached: the key must hold all the input.
         if tools:
             return self.inner.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)

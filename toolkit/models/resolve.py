@@ -92,8 +92,10 @@ def resolve_model(name: str, cache_dir: Path | None = None) -> Path:
         # this module free of other toolkit packages).
         if (path / "model" / "config.json").is_file():
             return path / "model"
-        raise FileNotFoundError(f"run directory {path} has no final model yet (model/config.json): is its SFT run "
-                                "finished? (srl status " + str(path) + ")")
+        raise FileNotFoundError(
+            f"run directory {path} has no final model yet (model/config.json): is its SFT run "
+            "finished? (srl status " + str(path) + ")"
+        )
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
@@ -102,9 +104,7 @@ def resolve_model(name: str, cache_dir: Path | None = None) -> Path:
         return path
     if name not in MODEL_ALIASES:
         allowed = ", ".join(sorted(MODEL_ALIASES))
-        raise ValueError(
-            f"model {name!r} is neither an existing directory nor a built-in alias (allowed: {allowed})"
-        )
+        raise ValueError(f"model {name!r} is neither an existing directory nor a built-in alias (allowed: {allowed})")
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = cache / name
     if _is_built(target):

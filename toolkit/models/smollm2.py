@@ -122,17 +122,16 @@ def import_smollm2(out_dir: Path) -> Path:
 
     chat_template = tokenizer.chat_template
     if not chat_template:
-        raise RuntimeError(
-            f"{gguf_path} carries no chat template; the import expects SmolLM2's ChatML template"
-        )
+        raise RuntimeError(f"{gguf_path} carries no chat template; the import expects SmolLM2's ChatML template")
     with atomic_directory(out_dir) as tmp, quiet_transformers():
         model.save_pretrained(tmp, safe_serialization=True)
         add_legacy_config_keys(tmp)
         tokenizer.save_pretrained(tmp)
         _rewrite_tokenizer_config(tmp, chat_template)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        gen = plain_sampling_generation_config(eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
-                                               bos_token_id=tokenizer.bos_token_id)  # fmt: skip
+        gen = plain_sampling_generation_config(
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=pad, bos_token_id=tokenizer.bos_token_id
+        )
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
         make_world_readable(tmp)
     return out_dir

@@ -65,9 +65,7 @@ TINY_SHAPE: dict[str, int] = {
 }
 
 
-def plain_sampling_generation_config(
-    *, eos_token_id: int, pad_token_id: int, bos_token_id: int | None
-) -> dict:
+def plain_sampling_generation_config(*, eos_token_id: int, pad_token_id: int, bos_token_id: int | None) -> dict:
     """Generation defaults that sample from the untruncated softmax (top_k 0, top_p 1, temperature 1).
 
     With these, transformers' ``generate`` samples from exactly the distribution the trainer's forward pass
@@ -182,7 +180,8 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
     Shape: hidden 128, 2 layers, 4 attention heads of head_dim 32, 2 KV heads, MLP 512, vocabulary 101
     (4 specials: pad=0, <|im_start|>=1, <|im_end|>=2 (eos), unk=3; newline, tab, ASCII 0x20..0x7E), fp32,
     untied embeddings. Files: config.json, model.safetensors, generation_config.json, tokenizer.json,
-    tokenizer_config.json, special_tokens_map.json (config and tokenizer load under transformers 4.x and 5.x). About 0.5 MB-2.5 MB on disk, about 2 s to build.
+    tokenizer_config.json, special_tokens_map.json (config and tokenizer load under transformers 4.x and 5.x). About 0.5
+    MB-2.5 MB on disk, about 2 s to build.
 
     Same ``seed`` and library versions give byte-identical files. The directory appears atomically
     (complete or not at all); an existing ``out_dir`` is replaced. The caller's torch RNG state is preserved.

@@ -97,18 +97,18 @@ class StepBatch:
             self.foreign_versions.append(foreign)
             return self._drop("foreign_policy", valid)
         version = min((r.policy_version for r in valid), default=0)
-        if (
-            valid
-            and s.max_off_policy_steps is not None
-            and is_stale(self.step, version, s.max_off_policy_steps)
-        ):
+        if valid and s.max_off_policy_steps is not None and is_stale(self.step, version, s.max_off_policy_steps):
             return self._drop("off_policy", valid)
         rewards = [r.reward for r in valid]
         if valid:
             self.group_rewards.append(rewards)
             self.scored.extend(valid)
-            penalized = penalized_rewards(rewards, [r.completion_len for r in valid], length_penalty=s.length_penalty,
-                                          max_completion_tokens=max_completion_tokens)  # fmt: skip
+            penalized = penalized_rewards(
+                rewards,
+                [r.completion_len for r in valid],
+                length_penalty=s.length_penalty,
+                max_completion_tokens=max_completion_tokens,
+            )
             # One baseline per seat: in a game the seats' rewards answer each other (one player's win is the
             # other's loss), so a shared mean would measure a seat against its opponent instead of against the
             # same seat's other episodes of the task.

@@ -73,8 +73,9 @@ def expected_versions(served_version: int, run_id: str | None = None) -> frozens
     return frozenset({str(served_version), *own})
 
 
-def next_state(previous: str, probe: Probe, served_version: int, tolerated: str | None = None,
-               run_id: str | None = None) -> str:
+def next_state(
+    previous: str, probe: Probe, served_version: int, tolerated: str | None = None, run_id: str | None = None
+) -> str:
     """Engine state after ``probe`` (OK, DOWN or RESTARTED) given the ``previous`` one. See the module doc.
     ``tolerated``: a version string accepted besides the expected ones (what an external engine reported when the
     orchestrator started, e.g. a version left by an earlier run); ``run_id``: see :func:`expected_versions`."""
@@ -84,8 +85,11 @@ def next_state(previous: str, probe: Probe, served_version: int, tolerated: str 
         return DOWN
     if previous in (DOWN, RESTARTED):
         return RESTARTED  # back after an outage: its weights are unknown until restored
-    if probe.version is not None and probe.version not in expected_versions(served_version, run_id) \
-            and probe.version != tolerated:
+    if (
+        probe.version is not None
+        and probe.version not in expected_versions(served_version, run_id)
+        and probe.version != tolerated
+    ):
         return RESTARTED
     return OK
 
@@ -118,8 +122,16 @@ class EngineWatch:
     ``headers``: admin headers for ``/weight_info``; ``poll_s`` and ``probe_timeout_s`` in seconds.
     """
 
-    def __init__(self, client: Any, tracker: Any, engine_urls: Sequence[str], *, headers: Mapping[str, str],
-                 poll_s: float = 1.0, probe_timeout_s: float = 5.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: Any,
+        tracker: Any,
+        engine_urls: Sequence[str],
+        *,
+        headers: Mapping[str, str],
+        poll_s: float = 1.0,
+        probe_timeout_s: float = 5.0,
+    ) -> None:
         self.client = client
         self.tracker = tracker
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
@@ -139,16 +151,22 @@ class EngineWatch:
             updater = getattr(self.tracker, "updater", None)
             run_id = getattr(updater, "run_id", None)  # the run's loads name it
             adapter = getattr(updater, "served_model", None)  # a LoRA run: its adapter's version is the policy's
-            probes = await asyncio.gather(*(probe_engine(http, u, self.probe_timeout_s, adapter)
-                                            for u in self.engine_urls))  # fmt: skip
+            probes = await asyncio.gather(
+                *(probe_engine(http, u, self.probe_timeout_s, adapter) for u in self.engine_urls)
+            )
             for url, probe in zip(self.engine_urls, probes, strict=True):
                 if self._first and probe.reachable and probe.version not in (None, *expected_versions(served, run_id)):
-                    log.warning("engine %s reports weight version %r while policy version %d is expected; "
-                                "taking it as served", url, probe.version, served)  # fmt: skip
+                    log.warning(
+                        "engine %s reports weight version %r while policy version %d is expected; taking it as served",
+                        url,
+                        probe.version,
+                        served,
+                    )
                     self._tolerated[url] = (served, probe.version)
                 tol = self._tolerated.get(url)
-                self.states[url] = next_state(self.states[url], probe, served, tol[1] if tol and tol[0] == served else None,
-                                              run_id)
+                self.states[url] = next_state(
+                    self.states[url], probe, served, tol[1] if tol and tol[0] == served else None, run_id
+                )
             self._first = False
         bad = {u: s for u, s in self.states.items() if s != OK}
         if not bad:
@@ -157,8 +175,9 @@ class EngineWatch:
             self._since = time.monotonic()
             self.client.hold()
             self.tracker.engines_ok = False
-            log.warning("inference engine(s) %s: holding generation until they serve policy version %d again",
-                        bad, served)  # fmt: skip
+            log.warning(
+                "inference engine(s) %s: holding generation until they serve policy version %d again", bad, served
+            )
         if any(s == DOWN for s in bad.values()):
             return
         if not await self.tracker.restore():
@@ -169,8 +188,12 @@ class EngineWatch:
         self._since = None
         self.tracker.engines_ok = True
         self.client.release()
-        log.info("inference back after %.1f s: restarted engine(s) %s hold policy version %d; generation resumes",
-                 outage, sorted(bad), self.tracker.served_version)  # fmt: skip
+        log.info(
+            "inference back after %.1f s: restarted engine(s) %s hold policy version %d; generation resumes",
+            outage,
+            sorted(bad),
+            self.tracker.served_version,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Check every ``poll_s`` seconds until ``stop`` is set; never raises (a failed probe is logged)."""

@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolkit import batches, checkpoints, fsutil, lease
 from toolkit.lease import exit_when_lease_gone
@@ -56,6 +56,10 @@ from toolkit.run.heartbeat import FINISHED, LONG, STARTUP, WEIGHTS, Heartbeat, e
 from toolkit.run.layout import RunDir
 from toolkit.run.metrics import EVAL_POLICY_VERSION
 from toolkit.run.types import SamplingParams
+
+if TYPE_CHECKING:
+    from toolkit.config.model import RLConfig
+
 
 log = logging.getLogger("srl.orchestrator")
 QUEUE_POLL_S = 0.2
@@ -82,7 +86,7 @@ class Orchestrator:
     """One run's orchestrator. ``cfg`` is the resolved ``RLConfig``; ``client`` and ``updater`` may be given (tests,
     benchmarks); otherwise they are built from the inference readiness file."""
 
-    def __init__(self, cfg: Any, run: RunDir, *, client: Any = None, updater: Any = None) -> None:
+    def __init__(self, cfg: RLConfig, run: RunDir, *, client: Any = None, updater: Any = None) -> None:
         self.cfg = cfg
         self.run = run
         self.ocfg = cfg.orchestrator
@@ -120,12 +124,16 @@ class Orchestrator:
         base_url = ready.get("router_url") or ready.get("base_url") or ready["engine_urls"][0]
         if self.client is None:
             self.client = PolicyClient(
-                base_url, ready["model"], timeout_s=self.cfg.inference.router.request_timeout_s,
+                base_url,
+                ready["model"],
+                timeout_s=self.cfg.inference.router.request_timeout_s,
                 max_connections=max(16, self.ocfg.max_concurrent),
-                retry_budget_s=provider_retry_budget_s(self.cfg.inference.startup_timeout_s,
-                                                       self.cfg.inference.max_restarts),
-                run_id=self.run_id, lora=self.cfg.trainer.model.lora is not None,
-            )  # fmt: skip
+                retry_budget_s=provider_retry_budget_s(
+                    self.cfg.inference.startup_timeout_s, self.cfg.inference.max_restarts
+                ),
+                run_id=self.run_id,
+                lora=self.cfg.trainer.model.lora is not None,
+            )
         # Admin token for the engines' admin routes (weight updates, the engine watch): own engines take the
         # launcher's SRL_ADMIN_TOKEN, an external deployment its token file.
         from toolkit.engines.admin_token import admin_token_from_env, read_token_file
@@ -133,13 +141,18 @@ class Orchestrator:
         if self.cfg.inference.external:
             self._admin_token = read_token_file(ready_run.admin_token_file)
             if self._admin_token is None:
-                log.warning("%s is missing: the external deployment will refuse weight updates",
-                            ready_run.admin_token_file)  # fmt: skip
+                log.warning(
+                    "%s is missing: the external deployment will refuse weight updates", ready_run.admin_token_file
+                )
         else:
             self._admin_token = admin_token_from_env()
         if self.updater is None and self.ocfg.update_weights:
-            self.updater = WeightUpdater(ready["engine_urls"], admin_token=self._admin_token, run_id=self.run_id,
-                                         s_per_gib=self.cfg.monitors.stall_s_per_gib)  # fmt: skip
+            self.updater = WeightUpdater(
+                ready["engine_urls"],
+                admin_token=self._admin_token,
+                run_id=self.run_id,
+                s_per_gib=self.cfg.monitors.stall_s_per_gib,
+            )
             # Look up the engines' KV file stores now (vLLM's first /server_info takes seconds), while the env
             # workers start, rather than on the first update's STABLE-to-serving path.
             try:
@@ -161,8 +174,13 @@ class Orchestrator:
         path = await asyncio.to_thread(resolve_model, self.cfg.model.name)
         seconds = await self.updater.reset_base(Path(path))
         if seconds is not None:
-            log.warning("the external deployment %s served weights of another run; loaded this run's base model "
-                        "%s into it (%.2f s)", self.cfg.inference.external, path, seconds)  # fmt: skip
+            log.warning(
+                "the external deployment %s served weights of another run; loaded this run's base model "
+                "%s into it (%.2f s)",
+                self.cfg.inference.external,
+                path,
+                seconds,
+            )
 
     async def _start_envs(self) -> None:
         from toolkit.envs.runtime import EnvRuntime
@@ -171,10 +189,7 @@ class Orchestrator:
         model_path = await asyncio.to_thread(resolve_model, self.cfg.model.name)
         o = self.ocfg
         specs = env_list(self.cfg)
-        runtimes = [
-            EnvRuntime(e, model_path=model_path, renderer_cfg=o.renderer, seed=self.cfg.seed)
-            for e, _ in specs
-        ]
+        runtimes = [EnvRuntime(e, model_path=model_path, renderer_cfg=o.renderer, seed=self.cfg.seed) for e, _ in specs]
         self.runtimes.extend(runtimes)
         # worker start-up is slow (imports): overlap it
         await asyncio.gather(*(rt.start() for rt in runtimes))
@@ -204,16 +219,12 @@ class Orchestrator:
         if self.cfg.resume.step is None:  # an explicit older step starts a new timeline: regenerate after it
             while batches.is_ready(self.run.rollout_step(step + 1)):
                 step += 1
-                meta = json.loads((self.run.rollout_step(step) / batches.META_FILE).read_text()).get(
-                    "meta", {}
-                )
+                meta = json.loads((self.run.rollout_step(step) / batches.META_FILE).read_text()).get("meta", {})
                 if not self.metrics.has(step) and "metrics" in meta:
                     self.metrics.write(step, {**meta["metrics"], "resumed_from_batch": 1.0})
                 state = meta.get("orchestrator_state") or state
             if step != (ckpt or 0):
-                log.info(
-                    "batches up to step %d were written by an earlier attempt; continuing after them", step
-                )
+                log.info("batches up to step %d were written by an earlier attempt; continuing after them", step)
         if state.get("sampler"):
             sampler.load_state_dict(state["sampler"])
         return step, state
@@ -259,10 +270,14 @@ class Orchestrator:
         b = o.buffer
         max_off_policy = o.max_off_policy_steps if o.max_off_policy_steps is not None else o.max_async_level
         settings = BufferSettings(
-            batch_size=o.batch_size, algo=o.train.algo.type, length_penalty=o.train.algo.length_penalty,
-            filtering=b.online_difficulty_filtering, easy_threshold=b.easy_threshold, hard_threshold=b.hard_threshold,
+            batch_size=o.batch_size,
+            algo=o.train.algo.type,
+            length_penalty=o.train.algo.length_penalty,
+            filtering=b.online_difficulty_filtering,
+            easy_threshold=b.easy_threshold,
+            hard_threshold=b.hard_threshold,
             max_off_policy_steps=max_off_policy if o.update_weights else None,
-        )  # fmt: skip
+        )
         batch = StepBatch(step=step, settings=settings)
         self.progress.phase(f"collecting the groups of step {step}", step=step)
         planned = self._planned_groups()
@@ -285,17 +300,25 @@ class Orchestrator:
             env = self.train_envs.get(group[0].env) if group else None
             dropped = batch.offer(group, max_completion_tokens=env.sampling.max_tokens if env else None)
             if dropped == "foreign_policy":
-                log.warning("step %d: dropped a group of %d rollouts: the engine sampled them with weights of "
-                            "another run (version %s; this run's versions are %s:<step>); they are never trained "
-                            "on (off_policy/foreign_dropped)", step, len(group), batch.foreign_versions[-1],
-                            self.run_id)  # fmt: skip
+                log.warning(
+                    "step %d: dropped a group of %d rollouts: the engine sampled them with weights of "
+                    "another run (version %s; this run's versions are %s:<step>); they are never trained "
+                    "on (off_policy/foreign_dropped)",
+                    step,
+                    len(group),
+                    batch.foreign_versions[-1],
+                    self.run_id,
+                )
             offered = batch.groups_offered - w_offered
             if o.constant_trainer_batch_size and offered >= planned and not batch.full:
                 if batch.signal_groups == w_signal:  # a whole step's worth of groups without signal: an empty step
                     reason = self.stop_criteria.guard.observe(
-                        step, groups_offered=offered, groups_kept=batch.groups_kept - w_kept, signal_groups=0,
+                        step,
+                        groups_offered=offered,
+                        groups_kept=batch.groups_kept - w_kept,
+                        signal_groups=0,
                         dropped=dict(batch.dropped_groups),
-                    )  # fmt: skip
+                    )
                     if reason:
                         producer.pause()
                         return None, reason
@@ -303,8 +326,15 @@ class Orchestrator:
         producer.pause()
         return batch, None
 
-    async def _write_step(self, step: int, batch: StepBatch, times: dict[str, float], extra: dict[str, float],
-                          sampler_state: dict[str, Any], tracker: PolicyTracker) -> dict[str, float]:  # fmt: skip
+    async def _write_step(
+        self,
+        step: int,
+        batch: StepBatch,
+        times: dict[str, float],
+        extra: dict[str, float],
+        sampler_state: dict[str, Any],
+        tracker: PolicyTracker,
+    ) -> dict[str, float]:
         """Store rows, the trainer's batch, then the metrics line (the order a resume relies on).
 
         ``sampler_state`` is the producer's position when the batch was complete (``sampler`` and
@@ -313,9 +343,13 @@ class Orchestrator:
         metrics = {**step_metrics(batch), **times, **extra, "policy/served_version": float(tracker.served_version)}
         state = {"step": step, **sampler_state, "served_version": tracker.served_version}
         training = batch.training_samples()
-        meta = {"metrics": metrics, "orchestrator_state": state, "algo": self.ocfg.train.algo.type,
-                "rollouts": len(batch.rollouts),
-                batches.SAMPLING_KEY: sampling_record(self.train_envs, training[3])}  # fmt: skip
+        meta = {
+            "metrics": metrics,
+            "orchestrator_state": state,
+            "algo": self.ocfg.train.algo.type,
+            "rollouts": len(batch.rollouts),
+            batches.SAMPLING_KEY: sampling_record(self.train_envs, training[3]),
+        }
         # Written by the record writer's process, so the rollouts in flight keep being served meanwhile.
         ages = [off_policy_age(step, r.policy_version) for r in batch.recorded]
         self.progress.phase(f"writing batch {step}", step=step)
@@ -360,8 +394,9 @@ class Orchestrator:
         await self.writer.append_store(rollouts, step=step, kind="eval", ages=ages)
         metrics[EVAL_POLICY_VERSION] = float(version)
         metrics["time/eval"] = time.monotonic() - t0
-        log.info("eval at step %d (policy %d): %s", step, version,
-                 {k: round(v, 4) for k, v in metrics.items() if "@" in k})  # fmt: skip
+        log.info(
+            "eval at step %d (policy %d): %s", step, version, {k: round(v, 4) for k, v in metrics.items() if "@" in k}
+        )
         return metrics
 
     async def _final_eval(self, tracker: PolicyTracker) -> None:
@@ -434,8 +469,10 @@ class Orchestrator:
             if getattr(self.client, "held", False):
                 if p.waiting_for != "inference":  # the gate closed, or the main loop entered a new phase meanwhile
                     saved = (p.name, p.waiting_for, p.kind, p.size_bytes)
-                    p.phase(f"waiting for inference (an engine is down or restarting) during: {p.name}",
-                            waiting_for="inference")  # fmt: skip
+                    p.phase(
+                        f"waiting for inference (an engine is down or restarting) during: {p.name}",
+                        waiting_for="inference",
+                    )
             elif saved is not None:
                 if p.waiting_for == "inference":
                     name, waits, kind, size = saved
@@ -477,8 +514,9 @@ class Orchestrator:
         """The policy tracker, the event that ends the loop's background tasks, and those tasks: the engine watch,
         which holds generation while an engine restarts (none with an injected client without a serving gate, as
         in tests, or when no engine URLs are known)."""
-        tracker = PolicyTracker(self.run, self.client, self.updater, update_weights=self.ocfg.update_weights,
-                                served_version=served)  # fmt: skip
+        tracker = PolicyTracker(
+            self.run, self.client, self.updater, update_weights=self.ocfg.update_weights, served_version=served
+        )
         stop = asyncio.Event()
         if not self.engine_urls or not hasattr(self.client, "hold"):
             return tracker, stop, []
@@ -495,12 +533,18 @@ class Orchestrator:
         o = self.ocfg
         sampler = EnvSampler(
             {n: e.runtime.example_ids() for n, e in self.train_envs.items()},
-            {e.env_name: e.ratio for e in o.train.env}, seed=self.cfg.seed,
-        )  # fmt: skip
+            {e.env_name: e.ratio for e in o.train.env},
+            seed=self.cfg.seed,
+        )
         last, state = self._resume(sampler)
         tracker, stop_follow, bg = self._start_tracker(served)
-        producer = GroupProducer(self.train_envs, sampler, self.client, max_concurrent=o.max_concurrent,
-                                 next_group_id=int(state.get("next_group_id", 0)))  # fmt: skip
+        producer = GroupProducer(
+            self.train_envs,
+            sampler,
+            self.client,
+            max_concurrent=o.max_concurrent,
+            next_group_id=int(state.get("next_group_id", 0)),
+        )
         bg += [asyncio.create_task(producer.run()), asyncio.create_task(tracker.follow(stop_follow))]
         try:
             if last == 0 and self.eval_envs and not self.metrics.has(0):
@@ -512,8 +556,9 @@ class Orchestrator:
                     break
                 t0 = time.monotonic()
                 need = min_policy_version(step, o.max_async_level)
-                self.progress.phase(f"waiting for policy {need} to collect step {step}", step=step,
-                                    waiting_for="trainer")  # fmt: skip
+                self.progress.phase(
+                    f"waiting for policy {need} to collect step {step}", step=step, waiting_for="trainer"
+                )
                 waited = await tracker.wait_for(need, self._should_stop)
                 if self._should_stop():
                     break
@@ -534,19 +579,26 @@ class Orchestrator:
                 log.info(
                     "step %d: reward %.4f, batch %d rollouts (%d groups offered, %d kept), errored %d, "
                     "off-policy max %d, waited %.2f s for policy %d, %.2f s",
-                    step, m.get("reward/all/mean", float("nan")), len(batch.rollouts), batch.groups_offered,
-                    batch.groups_kept, int(m["errored_rollouts"]), int(m["off_policy/max"]), waited, need,
+                    step,
+                    m.get("reward/all/mean", float("nan")),
+                    len(batch.rollouts),
+                    batch.groups_offered,
+                    batch.groups_kept,
+                    int(m["errored_rollouts"]),
+                    int(m["off_policy/max"]),
+                    waited,
+                    need,
                     m["time/step"],
-                )  # fmt: skip
+                )
                 if is_checkpoint_step(step, self.cfg.max_steps, self.cfg.ckpt.interval):
                     self._save(step)
-                reason = (
-                    self.stop_criteria.check(step, m)
-                    or self.stop_criteria.guard.observe(
-                        step, groups_offered=batch.groups_offered, groups_kept=batch.groups_kept,
-                        signal_groups=batch.signal_groups, dropped=dict(batch.dropped_groups),
-                    )
-                )  # fmt: skip
+                reason = self.stop_criteria.check(step, m) or self.stop_criteria.guard.observe(
+                    step,
+                    groups_offered=batch.groups_offered,
+                    groups_kept=batch.groups_kept,
+                    signal_groups=batch.signal_groups,
+                    dropped=dict(batch.dropped_groups),
+                )
                 if reason:
                     request_stop(self.run, reason)
             if self._should_stop():
@@ -575,9 +627,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stdout,
+        level=args.log_level.upper(),
+        stream=sys.stdout,
         format="%(asctime)s %(levelname)s orchestrator %(name)s: %(message)s",
-    )  # fmt: skip
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step lines
     from toolkit.config import load_resolved
 
@@ -604,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
             owner.release()
 
 
-def own_external_deployment(cfg: Any, run: RunDir) -> lease.Lease | None:
+def own_external_deployment(cfg: RLConfig, run: RunDir) -> lease.Lease | None:
     """Become the one run whose weights the external inference deployment serves (``inference.external``), before
     loading any weights into it; None when this run starts its own engines or never loads weights. Should the
     ownership ever pass to another run, this process exits at once (status 3): a weight load from here would

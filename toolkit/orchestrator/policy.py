@@ -86,9 +86,15 @@ class PolicyTracker:
     """
 
     def __init__(
-        self, run: RunDir, client: Any, updater: Any | None, *, update_weights: bool = True,
-        served_version: int = 0, poll_s: float = 0.02,
-    ) -> None:  # fmt: skip
+        self,
+        run: RunDir,
+        client: Any,
+        updater: Any | None,
+        *,
+        update_weights: bool = True,
+        served_version: int = 0,
+        poll_s: float = 0.02,
+    ) -> None:
         if update_weights and updater is None:
             raise ValueError("update_weights needs a WeightUpdater")
         self.run = run
@@ -134,8 +140,11 @@ class PolicyTracker:
             if not self.update_weights or (found is None and self.served_version == 0):
                 return True
             if found is None:
-                log.error("cannot restore policy version %d into a restarted engine: no STABLE broadcast in %s",
-                          self.served_version, self.run.broadcasts)  # fmt: skip
+                log.error(
+                    "cannot restore policy version %d into a restarted engine: no STABLE broadcast in %s",
+                    self.served_version,
+                    self.run.broadcasts,
+                )
                 return False
             version, path = found
             return await self._load(version, path, restore=True)
@@ -157,8 +166,12 @@ class PolicyTracker:
         if self.updater.served_model:  # a LoRA run: the policy is served under the adapter's name
             self.client.model = self.updater.served_model
         self.client.policy_version = version
-        log.info("policy version %d loaded into %s in %.2f s", version,
-                 "the restarted engines" if restore else "inference", seconds)  # fmt: skip
+        log.info(
+            "policy version %d loaded into %s in %.2f s",
+            version,
+            "the restarted engines" if restore else "inference",
+            seconds,
+        )
         return True
 
     async def _record_reload(self, version: int, seconds: float, *, restore: bool = False) -> None:

@@ -15,10 +15,14 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolkit.orchestrator.sampler import EnvSampler
 from toolkit.run.types import Rollout, SamplingParams
+
+if TYPE_CHECKING:
+    from toolkit.config.model import RLConfig
+
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +72,14 @@ class GroupProducer:
     """
 
     def __init__(
-        self, envs: dict[str, TrainEnv], sampler: EnvSampler, client: Any, *, max_concurrent: int,
+        self,
+        envs: dict[str, TrainEnv],
+        sampler: EnvSampler,
+        client: Any,
+        *,
+        max_concurrent: int,
         next_group_id: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.envs = envs
         self.sampler = sampler
         self.client = client
@@ -137,17 +146,22 @@ class GroupProducer:
                             example, env.group_size, client=self.client, sampling=env.sampling
                         )
                     else:
-                        episodes = await asyncio.gather(*(
-                            env.runtime.run_episode(example, client=self.client, sampling=s) for s in per_rollout
-                        ))  # fmt: skip
+                        episodes = await asyncio.gather(
+                            *(env.runtime.run_episode(example, client=self.client, sampling=s) for s in per_rollout)
+                        )
                         group = [r for rollouts in episodes for r in rollouts]
                 except Exception as exc:
                     log.exception("env %s failed to run a group of example %d", env.name, example)
                     group = [
-                        Rollout(env=env.name, task_id=str(example), example_id=example, error_class="SandboxError",
-                                error_message=f"{type(exc).__name__}: {exc}")
+                        Rollout(
+                            env=env.name,
+                            task_id=str(example),
+                            example_id=example,
+                            error_class="SandboxError",
+                            error_message=f"{type(exc).__name__}: {exc}",
+                        )
                         for _ in range(env.group_size)
-                    ]  # fmt: skip
+                    ]
             for r in group:
                 r.group_id = group_id
             self.queue.put_nowait(group)
@@ -163,12 +177,15 @@ def sampling_params(base: Any, override: Any | None = None) -> SamplingParams:
     if override is not None:
         fields.update({k: v for k, v in override.model_dump().items() if v is not None})
     return SamplingParams(
-        temperature=float(fields["temperature"]), top_p=float(fields["top_p"]), top_k=fields["top_k"],
-        max_tokens=int(fields["max_completion_tokens"]), seed=fields["seed"],
-    )  # fmt: skip
+        temperature=float(fields["temperature"]),
+        top_p=float(fields["top_p"]),
+        top_k=fields["top_k"],
+        max_tokens=int(fields["max_completion_tokens"]),
+        seed=fields["seed"],
+    )
 
 
-def env_list(cfg: Any, names: Sequence[str] | None = None) -> list[tuple[Any, str]]:
+def env_list(cfg: RLConfig, names: Sequence[str] | None = None) -> list[tuple[Any, str]]:
     """``[(env_cfg with its name filled, "train" | "eval"), ...]`` of a run config, optionally only ``names``.
 
     Raises ValueError naming the available envs when a requested name does not exist.
@@ -185,7 +202,7 @@ def env_list(cfg: Any, names: Sequence[str] | None = None) -> list[tuple[Any, st
     return envs
 
 
-def env_sampling(cfg: Any, env: Any, kind: str) -> SamplingParams:
+def env_sampling(cfg: RLConfig, env: Any, kind: str) -> SamplingParams:
     """The sampling of one env of ``env_list``: its override over the train sampling (an eval env: over the eval
     sampling, the train one when that is unset)."""
     o = cfg.orchestrator

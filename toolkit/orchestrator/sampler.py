@@ -28,9 +28,12 @@ class EnvSampler:
     """
 
     def __init__(
-        self, example_ids: Mapping[str, Sequence[int]], ratios: Mapping[str, float | None] | None = None, *,
+        self,
+        example_ids: Mapping[str, Sequence[int]],
+        ratios: Mapping[str, float | None] | None = None,
+        *,
         seed: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not example_ids:
             raise ValueError("EnvSampler needs at least one env")
         self.names = list(example_ids)
@@ -41,9 +44,7 @@ class EnvSampler:
         ratios = dict(ratios or {})
         self.weights = [float(ratios.get(n) if ratios.get(n) is not None else 1.0) for n in self.names]
         if any(w <= 0 for w in self.weights):
-            raise ValueError(
-                f"env ratios must be > 0, got {dict(zip(self.names, self.weights, strict=True))}"
-            )
+            raise ValueError(f"env ratios must be > 0, got {dict(zip(self.names, self.weights, strict=True))}")
         self.seed = seed
         self._rng = random.Random(seed)
         self._epoch = {n: 0 for n in self.names}

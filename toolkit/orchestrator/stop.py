@@ -30,8 +30,9 @@ class ZeroSignalGuard:
         self.max_empty_steps = max_empty_steps
         self.consecutive = 0
 
-    def observe(self, step: int, *, groups_offered: int, groups_kept: int, signal_groups: int,
-                dropped: dict[str, int]) -> str | None:  # fmt: skip
+    def observe(
+        self, step: int, *, groups_offered: int, groups_kept: int, signal_groups: int, dropped: dict[str, int]
+    ) -> str | None:
         """Record one step (or one window of groups when a constant-size batch cannot fill); returns a stop
         reason when the limit is reached, else None. Warns on every empty step."""
         if signal_groups > 0:
@@ -41,9 +42,13 @@ class ZeroSignalGuard:
         log.warning(
             "step %d has no learning signal: %d groups offered, %d kept, 0 with differing rewards; dropped %s "
             "(%d empty step(s) in a row%s)",
-            step, groups_offered, groups_kept, dict(dropped) or "none", self.consecutive,
+            step,
+            groups_offered,
+            groups_kept,
+            dict(dropped) or "none",
+            self.consecutive,
             f", stop after {self.max_empty_steps}" if self.max_empty_steps else "",
-        )  # fmt: skip
+        )
         if self.max_empty_steps is not None and self.consecutive >= self.max_empty_steps:
             return (
                 f"zero-signal guard: {self.consecutive} consecutive steps without any group with differing rewards "

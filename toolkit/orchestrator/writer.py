@@ -65,9 +65,14 @@ def _store_append(store_path: str, rollouts: list[Rollout], step: int, kind: str
     writer.append(rollouts, step=step, kind=kind, off_policy_age=ages)
 
 
-def _persist_step(run_root: str, step: int, recorded: list[Rollout], ages: list[int],
-                  training: tuple[list[TrainingSample], list[float], list[int], list[str]],
-                  meta: dict[str, Any]) -> None:  # fmt: skip
+def _persist_step(
+    run_root: str,
+    step: int,
+    recorded: list[Rollout],
+    ages: list[int],
+    training: tuple[list[TrainingSample], list[float], list[int], list[str]],
+    meta: dict[str, Any],
+) -> None:
     from toolkit import batches
 
     run = RunDir(run_root)
@@ -104,9 +109,13 @@ class RecordWriter:
             raise RecordWriterDied(f"the record writer process for {self.run_root} died: {exc}") from exc
 
     async def persist_step(
-        self, step: int, recorded: Sequence[Rollout], ages: Sequence[int],
-        training: tuple[list[TrainingSample], list[float], list[int], list[str]], meta: dict[str, Any],
-    ) -> None:  # fmt: skip
+        self,
+        step: int,
+        recorded: Sequence[Rollout],
+        ages: Sequence[int],
+        training: tuple[list[TrainingSample], list[float], list[int], list[str]],
+        meta: dict[str, Any],
+    ) -> None:
         """Append ``recorded`` (with off-policy ``ages``) to the store as ``train`` rows of ``step``, then write the
         step's training batch (``training`` = samples, advantages, policy versions, env names; see
         ``batches.write_batch``) with ``meta``."""

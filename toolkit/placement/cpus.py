@@ -32,14 +32,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from toolkit.placement.plan import Plan
+
 
 OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 OMP_THREADS = "OMP_NUM_THREADS"
 AFFINITY = "SRL_CPU_AFFINITY"
 
 
-def _host_nodes(plan: Any, node: int) -> set[int]:
+def _host_nodes(plan: Plan, node: int) -> set[int]:
     """Node indices on the same machine as ``node`` (same address; just ``node`` when addresses are unknown)."""
     addrs = plan.addresses
     if node >= len(addrs):
@@ -47,7 +51,7 @@ def _host_nodes(plan: Any, node: int) -> set[int]:
     return {i for i, a in enumerate(addrs) if a == addrs[node]}
 
 
-def cpu_thread_env(plan: Any, name: str, node: int, cpu_ids: Sequence[int] | None = None) -> dict[str, str]:
+def cpu_thread_env(plan: Plan, name: str, node: int, cpu_ids: Sequence[int] | None = None) -> dict[str, str]:
     """Extra environment for process ``name`` running on node index ``node`` of a CPU-only ``plan``.
 
     ``cpu_ids``: the CPUs this process may use on its machine, ascending (default: this process's affinity);

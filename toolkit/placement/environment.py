@@ -82,9 +82,11 @@ def private_cache_root(path: str | os.PathLike[str]) -> None:
         os.mkdir(path, 0o700)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise PermissionError(f"{path} (srl's JIT-cache directory) is not a directory that only you (uid "
-                              f"{os.getuid()}) may write: remove it, or set filesystem.node_local_scratch in the site "
-                              "config to a directory of your own")  # fmt: skip
+        raise PermissionError(
+            f"{path} (srl's JIT-cache directory) is not a directory that only you (uid "
+            f"{os.getuid()}) may write: remove it, or set filesystem.node_local_scratch in the site "
+            "config to a directory of your own"
+        )
 
 
 def layered(*layers: Mapping[str, str] | None) -> dict[str, str]:

@@ -157,8 +157,11 @@ class Plan:
 
     def ports_json(self) -> dict[str, Any]:
         """ports.json: every service's node and port, the inference URL, the rendezvous endpoint."""
-        services = {f"{p.name}.{k}": {"node_index": p.node_index, "port": v, "process": p.name}
-                    for p in self.processes for k, v in p.ports.items()}
+        services = {
+            f"{p.name}.{k}": {"node_index": p.node_index, "port": v, "process": p.name}
+            for p in self.processes
+            for k, v in p.ports.items()
+        }
         return {
             "job_id": self.job_id,
             "port_base": self.port_base,
@@ -168,7 +171,8 @@ class Plan:
             "trainer_dp": self.trainer_dp,
             "hosts": self.hosts,
             "addresses": self.addresses,
-            "inference_url_resolved": fill(self.inference_url, self, None) if self.addresses and self.inference_url
+            "inference_url_resolved": fill(self.inference_url, self, None)
+            if self.addresses and self.inference_url
             else None,
         }
 
@@ -177,8 +181,10 @@ class Plan:
         """Inverse of :meth:`to_json`."""
         data = dict(data)
         data.pop("schema", None)
-        procs = [ProcessSpec(**{**p, "gpus": tuple(p["gpus"]), "node_expand": tuple(p.get("node_expand", ()))})
-                 for p in data.pop("processes")]
+        procs = [
+            ProcessSpec(**{**p, "gpus": tuple(p["gpus"]), "node_expand": tuple(p.get("node_expand", ()))})
+            for p in data.pop("processes")
+        ]
         groups = [NodeGroup(**g) for g in data.pop("groups")]
         data["roles"] = tuple(data.get("roles", ROLES))
         return cls(processes=procs, groups=groups, **data)
@@ -252,10 +258,14 @@ def _engines(topo: Topology, cfg: RLConfig) -> list[_Engine]:
         i = isl.index
         # (name, nodes, kv role, whether one engine spans the nodes) per replica
         if infer.type == "disaggregated":
-            reps = [(f"{kind}-{i}-{r}", nodes, kv, len(nodes) > 1)
-                    for kind, replicas, kv in (("prefill", isl.prefill_nodes, "kv_producer"),
-                                               ("decode", isl.decode_nodes, "kv_consumer"))
-                    for r, nodes in enumerate(replicas)]
+            reps = [
+                (f"{kind}-{i}-{r}", nodes, kv, len(nodes) > 1)
+                for kind, replicas, kv in (
+                    ("prefill", isl.prefill_nodes, "kv_producer"),
+                    ("decode", isl.decode_nodes, "kv_consumer"),
+                )
+                for r, nodes in enumerate(replicas)
+            ]
         else:
             reps = [(f"inference-{i}", isl.nodes, None, infer.type == "multi_node")]
         for name, nodes, kv, span in reps:
@@ -266,15 +276,20 @@ def _engines(topo: Topology, cfg: RLConfig) -> list[_Engine]:
     return out
 
 
-def _router(cfg: RLConfig, connector: str | None, engines: list[_Engine], urls: dict[str, str], port: int,
-            metrics_port: int) -> list[str]:
+def _router(
+    cfg: RLConfig, connector: str | None, engines: list[_Engine], urls: dict[str, str], port: int, metrics_port: int
+) -> list[str]:
     """vllm-router argv in front of the engines (P/D mode with prefill/decode URL lists when ``connector``, the
     deployment's KV connector, is set)."""
     r = cfg.inference.router
     common: dict[str, Any] = {
-        "host": "{node_addr}", "port": port, "policy": r.policy, "request_timeout_s": r.request_timeout_s,
+        "host": "{node_addr}",
+        "port": port,
+        "policy": r.policy,
+        "request_timeout_s": r.request_timeout_s,
         "health_check_interval_s": r.health_check_interval_s,
-        "worker_startup_timeout_s": cfg.inference.startup_timeout_s, "prometheus_port": metrics_port,
+        "worker_startup_timeout_s": cfg.inference.startup_timeout_s,
+        "prometheus_port": metrics_port,
     }
     if connector:
         pre = [urls[e.name] for e in engines if e.kv_role == "kv_producer"]
@@ -290,8 +305,15 @@ def run_port_key(cfg: RLConfig) -> str:
     return str(Path(cfg.output_dir).expanduser().absolute() / (cfg.run.name or ""))
 
 
-def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | int = "local",
-               roles: tuple[str, ...] = ROLES, port_key: str | None = None) -> Plan:
+def build_plan(
+    cfg: RLConfig,
+    site: SiteConfig,
+    run: RunDir,
+    *,
+    job_id: str | int = "local",
+    roles: tuple[str, ...] = ROLES,
+    port_key: str | None = None,
+) -> Plan:
     """Place every process of ``cfg`` on ``site`` for job ``job_id``. Pure: reads nothing, starts nothing.
 
     ``port_key`` picks the port block instead of the job id: a Slurm run's :func:`run_port_key`, so the block is
@@ -311,8 +333,15 @@ def build_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, job_id: str | in
 INFERENCE_ROLES = ("inference", "router")
 
 
-def launch_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, roles: tuple[str, ...] = ROLES,
-                probe: bool = False, tries: int = 64) -> Plan:
+def launch_plan(
+    cfg: RLConfig,
+    site: SiteConfig,
+    run: RunDir,
+    *,
+    roles: tuple[str, ...] = ROLES,
+    probe: bool = False,
+    tries: int = 64,
+) -> Plan:
     """The plan a launch of ``run`` uses, built once (by preflight) and then written, rendered and submitted as is.
 
     Slurm: job id ``$SLURM_JOB_ID`` (the job fills in its id and hosts) and the run's port block
@@ -334,8 +363,9 @@ def launch_plan(cfg: RLConfig, site: SiteConfig, run: RunDir, *, roles: tuple[st
     raise PlacementError(f"no free port block in the site's port range after {tries} tries; is the range too small?")
 
 
-def _place(cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[str, ...],
-           port_key: str | None) -> Plan:
+def _place(
+    cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[str, ...], port_key: str | None
+) -> Plan:
     topo = derive_topology(cfg)
     dep = cfg.deployment
     gpn = dep.gpus_per_node
@@ -378,17 +408,39 @@ def _place(cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[
     # them once per distinct combination.
     bases: dict[tuple, tuple[dict[str, str], tuple[str, ...]]] = {}
 
-    def add(name: str, role: str, node: int, gpus: tuple[int, ...], pports: dict[str, int], command: list[str],
-            component: dict[str, str], owned: dict[str, str], *, role_vars: dict[str, str] | None = None,
-            extra_defaults: dict[str, str] | None = None, **kw: Any) -> None:
+    def add(
+        name: str,
+        role: str,
+        node: int,
+        gpus: tuple[int, ...],
+        pports: dict[str, int],
+        command: list[str],
+        component: dict[str, str],
+        owned: dict[str, str],
+        *,
+        role_vars: dict[str, str] | None = None,
+        extra_defaults: dict[str, str] | None = None,
+        **kw: Any,
+    ) -> None:
         key = (id(component), id(role_vars), tuple(sorted((extra_defaults or {}).items())))
         if key not in bases:
             base = envmod.layered(defaults, extra_defaults, cfg.env_vars, component, role_vars, owned_common)
             bases[key] = (base, envmod.node_expanded_keys(base, defaults))
         base, expand = bases[key]
         env = {**base, "SRL_PROCESS": name, "SRL_ROLE": role, **{k: str(v) for k, v in owned.items()}}
-        procs.append(ProcessSpec(name=name, role=role, node_index=node, gpus=gpus, ports=pports, command=command,
-                                 env=env, node_expand=expand, **kw))
+        procs.append(
+            ProcessSpec(
+                name=name,
+                role=role,
+                node_index=node,
+                gpus=gpus,
+                ports=pports,
+                command=command,
+                env=env,
+                node_expand=expand,
+                **kw,
+            )
+        )
 
     # ---- inference engines ---------------------------------------------------------------------------------
     py = site.environment.python
@@ -408,19 +460,39 @@ def _place(cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[
         http = ports[f"{e.name}.http"]
         extra_args = dict(eng_defaults)
         if e.dp > 1:
-            extra_args.update({"data_parallel_size_local": topo.engines_per_node,
-                               "data_parallel_address": f"{{node_addr_{e.node}}}",
-                               "data_parallel_rpc_port": ports[f"{e.name}.dp_rpc"]})
+            extra_args.update(
+                {
+                    "data_parallel_size_local": topo.engines_per_node,
+                    "data_parallel_address": f"{{node_addr_{e.node}}}",
+                    "data_parallel_rpc_port": ports[f"{e.name}.dp_rpc"],
+                }
+            )
         side = ports.get(f"{e.name}.side_channel")
         # Engines of one kind differ only in their ports: build argv/env once per kind, then set the ports.
         kind = (e.kv_role, e.dp, side is not None)
         if kind not in engine_kinds or e.dp > 1:
-            cmd = engine_command(model_path="{model_path}", host="{node_addr}", port=http, vllm_args=vargs, tp=tp,
-                                 dp=e.dp, served_model_name=cfg.model.name, kv_role=e.kv_role,
-                                 kv_connector=connector, kv_extra=kv_extra, python=py, defaults=extra_args)
-            eenv = engine_env(role=KV_ROLE_NAMES.get(e.kv_role, "engine"), omp_bind=None,
-                              side_channel_host="{node_addr}" if side else None, side_channel_port=side,
-                              cpu=not gpn, user_env=LORA_ENGINE_ENV if lora is not None else None)
+            cmd = engine_command(
+                model_path="{model_path}",
+                host="{node_addr}",
+                port=http,
+                vllm_args=vargs,
+                tp=tp,
+                dp=e.dp,
+                served_model_name=cfg.model.name,
+                kv_role=e.kv_role,
+                kv_connector=connector,
+                kv_extra=kv_extra,
+                python=py,
+                defaults=extra_args,
+            )
+            eenv = engine_env(
+                role=KV_ROLE_NAMES.get(e.kv_role, "engine"),
+                omp_bind=None,
+                side_channel_host="{node_addr}" if side else None,
+                side_channel_port=side,
+                cpu=not gpn,
+                user_env=LORA_ENGINE_ENV if lora is not None else None,
+            )
             engine_kinds[kind] = (cmd, cmd.index("--port") + 1, eenv)
         else:
             cmd0, at, eenv = engine_kinds[kind]
@@ -437,17 +509,41 @@ def _place(cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[
         pp = {k: ports[f"{e.name}.{k}"] for k in ("http", "side_channel", "dp_rpc") if f"{e.name}.{k}" in ports}
         addr = "{node_addr}" if use_router and e.node == router_node else f"{{node_addr_{e.node}}}"
         urls[e.name] = f"http://{addr}:{http}"
-        add(e.name, "inference", e.node, e.gpus, pp, cmd, cfg.inference.env_vars, owned, role_vars=role_vars,
-            extra_defaults=eng_def, log_name=f"{e.name}.log", num_nodes=e.nodes,
-            healthcheck_url=f"http://{{node_addr}}:{http}/health", island=e.island, kv_role=e.kv_role)
+        add(
+            e.name,
+            "inference",
+            e.node,
+            e.gpus,
+            pp,
+            cmd,
+            cfg.inference.env_vars,
+            owned,
+            role_vars=role_vars,
+            extra_defaults=eng_def,
+            log_name=f"{e.name}.log",
+            num_nodes=e.nodes,
+            healthcheck_url=f"http://{{node_addr}}:{http}/health",
+            island=e.island,
+            kv_role=e.kv_role,
+        )
 
     # ---- router --------------------------------------------------------------------------------------------
     inference_url: str | None = None
     if use_router:
         rport = ports["router.http"]
         rcmd = _router(cfg, connector, engines, urls, rport, ports["router.metrics"])
-        add("router", "router", router_node, (), {"http": rport, "metrics": ports["router.metrics"]}, rcmd,
-            cfg.inference.env_vars, {}, log_name="router.log", healthcheck_url=f"http://{{node_addr}}:{rport}/health")
+        add(
+            "router",
+            "router",
+            router_node,
+            (),
+            {"http": rport, "metrics": ports["router.metrics"]},
+            rcmd,
+            cfg.inference.env_vars,
+            {},
+            log_name="router.log",
+            healthcheck_url=f"http://{{node_addr}}:{rport}/health",
+        )
         inference_url = f"http://{{node_addr_{router_node}}}:{rport}"
     elif engines:
         e = engines[0]
@@ -464,18 +560,44 @@ def _place(cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[
             nproc = max(1, gpn)
             tgpus = tuple(range(gpn))
             tnodes = len(topo.trainer_nodes)
-            # A node that never joins ends the rendezvous within the deployment's timeout, naming it (toolkit.launch.rendezvous).
+            # A node that never joins ends the rendezvous within the deployment's timeout, naming it
+            # (toolkit.launch.rendezvous).
             conf = ["--rdzv-conf", rendezvous_conf(dep.trainer_rendezvous_timeout_s)] if tnodes > 1 else []
         rdzv = ports["trainer.rdzv"]
         if nproc * tnodes > 1:
-            tcmd = ["torchrun", "--nnodes", str(tnodes), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"{{master_addr}}:{rdzv}", "--rdzv-id", f"srl-{job}", *conf,
-                    "-m", "toolkit.trainer.main", "--run-dir", root]
+            tcmd = [
+                "torchrun",
+                "--nnodes",
+                str(tnodes),
+                "--nproc-per-node",
+                str(nproc),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"{{master_addr}}:{rdzv}",
+                "--rdzv-id",
+                f"srl-{job}",
+                *conf,
+                "-m",
+                "toolkit.trainer.main",
+                "--run-dir",
+                root,
+            ]
         else:
             tcmd = ["srl", "trainer", "--run-dir", root]
-        add("trainer", "trainer", topo.trainer_nodes[0], tgpus, {"rdzv": rdzv}, tcmd, cfg.trainer.env_vars,
+        add(
+            "trainer",
+            "trainer",
+            topo.trainer_nodes[0],
+            tgpus,
+            {"rdzv": rdzv},
+            tcmd,
+            cfg.trainer.env_vars,
             {"MASTER_ADDR": "{master_addr}", "MASTER_PORT": str(rdzv), "SRL_TRAINER_DP": str(topo.trainer_dp)},
-            log_name="trainer.log", nprocs_per_node=nproc, num_nodes=tnodes)
+            log_name="trainer.log",
+            nprocs_per_node=nproc,
+            num_nodes=tnodes,
+        )
 
     # ---- orchestrator --------------------------------------------------------------------------------------
     if "orchestrator" in roles:
@@ -485,15 +607,32 @@ def _place(cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[
             owned["SRL_INFERENCE_URL"] = inference_url.replace(f"{{node_addr_{onode}}}", "{node_addr}")
         if external:
             owned["SRL_INFERENCE_RUN_DIR"] = str(Path(external).absolute())
-        add("orchestrator", "orchestrator", onode, (), {}, ["srl", "orchestrator", "--run-dir", root],
-            cfg.orchestrator.env_vars, owned, log_name="orchestrator.log", het_group=topo.orchestrator_het_group)
+        add(
+            "orchestrator",
+            "orchestrator",
+            onode,
+            (),
+            {},
+            ["srl", "orchestrator", "--run-dir", root],
+            cfg.orchestrator.env_vars,
+            owned,
+            log_name="orchestrator.log",
+            het_group=topo.orchestrator_het_group,
+        )
 
     # ---- groups --------------------------------------------------------------------------------------------
     part = cfg.slurm.partition or site.partitions.default
     groups = [NodeGroup(0, topo.num_nodes, gpn, part, 0)]
     if topo.orchestrator_het_group and "orchestrator" in roles:
-        groups.append(NodeGroup(1, 1, 0, dep.orchestrator_partition or site.partitions.cpu,  # type: ignore
-                                topo.num_nodes))
+        groups.append(
+            NodeGroup(
+                1,
+                1,
+                0,
+                dep.orchestrator_partition or site.partitions.cpu,  # type: ignore
+                topo.num_nodes,
+            )
+        )
     if (external or "inference" not in roles and "trainer" in roles) and dep.type == "multi_node":
         # The inference islands live in another allocation (or a trainer-only plan, an SFT run, has none): drop
         # their nodes and shift the others down.
@@ -508,7 +647,20 @@ def _place(cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[
     if set(roles) != set(ROLES) and not external and used:
         # An inference-only plan asks for the nodes it uses (the islands), not the trainer's.
         groups[0].num_nodes = max(n for n in used if n < topo.num_nodes) + 1
-    return Plan(job_id=job, site=site.name, run_dir=root, num_nodes=groups[0].num_nodes, gpus_per_node=gpn,
-                groups=groups, processes=procs, roles=tuple(roles), ports=ports, port_base=alloc.base or 0,
-                master_node=master, inference_url=inference_url, trainer_dp=topo.trainer_dp,
-                external_inference=str(Path(external).absolute()) if external else None, port_key=port_key)
+    return Plan(
+        job_id=job,
+        site=site.name,
+        run_dir=root,
+        num_nodes=groups[0].num_nodes,
+        gpus_per_node=gpn,
+        groups=groups,
+        processes=procs,
+        roles=tuple(roles),
+        ports=ports,
+        port_base=alloc.base or 0,
+        master_node=master,
+        inference_url=inference_url,
+        trainer_dp=topo.trainer_dp,
+        external_inference=str(Path(external).absolute()) if external else None,
+        port_key=port_key,
+    )

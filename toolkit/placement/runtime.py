@@ -5,7 +5,8 @@ It expands ``SLURM_JOB_NODELIST`` (per het group when heterogeneous) in Python, 
 node's routable address (``scontrol show node``'s NodeAddr when scontrol works, else the host name; never
 ``localhost``), fills this job's id, hosts, addresses and model path into the plan the login node built (another
 port block only when every node shares this machine's address and a port is taken), writes placement.json and
-ports.json and removes a stale stop request. It raises ResolveError when the host list is missing or does not match the plan.
+ports.json and removes a stale stop request. It raises ResolveError when the host list is missing or does not match the
+plan.
 
 ``python -m toolkit.placement.runtime exec --run-dir R --process NAME``
     Runs as the Slurm step of one process: fills the command's placeholders, sets ``CUDA_VISIBLE_DEVICES`` from the
@@ -22,13 +23,18 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..run.layout import COMPLETE_MARKER, RunDir, numbered_steps
 from .cpus import affinity_of, apply_affinity, cpu_thread_env
 from .environment import visible_devices
 from .plan import KV_ROLE_NAMES, Plan, build_plan, fill, read_plan, write_plan
 from .ports import ports_free
+
+if TYPE_CHECKING:
+    from toolkit.config.model import RLConfig
+    from toolkit.config.site import SiteConfig
+
 
 _LOOPBACK = ("localhost", "127.0.0.1", "0.0.0.0", "::1", "")
 # The line each node of a multi-node torchrun step writes to its own log just before it becomes torchrun: a node's
@@ -84,8 +90,13 @@ def node_addresses(hosts: list[str]) -> list[str]:
     """Routable address per host: Slurm's NodeAddr when ``scontrol`` answers, else the host name itself."""
     addr = {h: h for h in hosts}
     try:
-        proc = subprocess.run(["scontrol", "show", "node", "-o", ",".join(sorted(set(hosts)))], capture_output=True,
-                              text=True, timeout=30, check=False)
+        proc = subprocess.run(
+            ["scontrol", "show", "node", "-o", ",".join(sorted(set(hosts)))],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         if proc.returncode == 0:
             from .slurm_records import parse_scontrol_record
 
@@ -99,7 +110,7 @@ def node_addresses(hosts: list[str]) -> list[str]:
     return [addr[h] for h in hosts]
 
 
-def job_config(run: RunDir, attempt: int | None) -> tuple[Any, Any]:
+def job_config(run: RunDir, attempt: int | None) -> tuple[RLConfig, SiteConfig]:
     """The batch job's resolved run config and site, each read once for the whole job: ``configs/attempt_<n>/
     resolved/rl.json`` and the site file the job was rendered with (``launcher/site.toml``, checked on the login
     node; else the plan's site by name). Raises ConfigError, OSError."""
@@ -122,7 +133,7 @@ def with_job_id(plan: Plan, job_id: str) -> Plan:
     return Plan.from_json(json.loads(text))
 
 
-def resolve(run: RunDir, cfg: Any, site: Any, env: dict[str, str]) -> Plan:
+def resolve(run: RunDir, cfg: RLConfig, site: SiteConfig, env: dict[str, str]) -> Plan:
     """The plan for this allocation (job id, hosts, addresses), written. See module docstring.
 
     ``cfg``, ``site``: :func:`job_config`. The login node's plan is kept and only its job id filled in; it is
@@ -140,8 +151,10 @@ def resolve(run: RunDir, cfg: Any, site: Any, env: dict[str, str]) -> Plan:
     groups = group_hostlists(env, len(plan.groups))
     for g, hosts in zip(plan.groups, groups):
         if len(hosts) != g.num_nodes:
-            raise ResolveError(f"het group {g.index}: the plan needs {g.num_nodes} node(s), the allocation has "
-                               f"{len(hosts)} ({','.join(hosts)})")
+            raise ResolveError(
+                f"het group {g.index}: the plan needs {g.num_nodes} node(s), the allocation has "
+                f"{len(hosts)} ({','.join(hosts)})"
+            )
     hosts = [h for hs in groups for h in hs]
     addrs = node_addresses(hosts)
     bad = [h for h, a in zip(hosts, addrs) if a in _LOOPBACK] if len(set(addrs)) > 1 else []
@@ -156,10 +169,15 @@ def resolve(run: RunDir, cfg: Any, site: Any, env: dict[str, str]) -> Plan:
         # Once for the job, so that no step has to read the run config only to find the model.
         plan.model_path = model_path_for(cfg.model.name)
     user_master = env.get("MASTER_ADDR")
-    if plan.master_node is not None and user_master and user_master not in (hosts[plan.master_node],
-                                                                             addrs[plan.master_node]):
-        raise ResolveError(f"MASTER_ADDR={user_master} is set in the job's environment but the first trainer host "
-                           f"is {hosts[plan.master_node]}; unset it (srl resolves the rendezvous host itself)")
+    if (
+        plan.master_node is not None
+        and user_master
+        and user_master not in (hosts[plan.master_node], addrs[plan.master_node])
+    ):
+        raise ResolveError(
+            f"MASTER_ADDR={user_master} is set in the job's environment but the first trainer host "
+            f"is {hosts[plan.master_node]}; unset it (srl resolves the rendezvous host itself)"
+        )
     write_plan(run, plan)
     run.stop_request.unlink(missing_ok=True)  # left by the previous run of a requeued job
     from ..run import ending

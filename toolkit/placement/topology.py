@@ -7,10 +7,13 @@ Two places computing the same count with different formulas disagree sooner or l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..config.model import implied_infer_nodes
 from ..config.passthrough import vllm_tp
+
+if TYPE_CHECKING:
+    from toolkit.config.model import RLConfig
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class TopologyError(ValueError):
     """A deployment whose arithmetic does not add up; the message shows the numbers."""
 
 
-def derive_topology(cfg: Any) -> Topology:
+def derive_topology(cfg: RLConfig) -> Topology:
     """Derive the node layout from an ``RLConfig``. Raises TopologyError with both numbers when counts disagree."""
     dep = cfg.deployment
     infer = cfg.inference.deployment
@@ -82,8 +85,9 @@ def derive_topology(cfg: Any) -> Topology:
             infer_tp=tp,
             engines_per_node=engines,
             # CPU-only node: cpu_train_ranks gloo ranks under torchrun (the plan's --nproc-per-node), all data parallel.
-            trainer_dp=(max(1, dep.num_train_gpus // max(1, cfg.trainer.tp * cfg.trainer.cp)) if gpn
-                        else dep.cpu_train_ranks),
+            trainer_dp=(
+                max(1, dep.num_train_gpus // max(1, cfg.trainer.tp * cfg.trainer.cp)) if gpn else dep.cpu_train_ranks
+            ),
         )
 
     # multi_node: islands first, then trainer nodes, then (optionally) the orchestrator's own node.
@@ -122,9 +126,8 @@ def derive_topology(cfg: Any) -> Topology:
         orch = islands[0].nodes[0]
     total = cursor
     if dep.nodes is not None and dep.nodes != total:
-        topo_desc = (
-            f"inference {dep.num_infer_replicas} x {per_island} + trainer {dep.num_train_nodes}"
-            + (" + orchestrator 1" if orch == total - 1 and dep.orchestrator == "own_node" else "")
+        topo_desc = f"inference {dep.num_infer_replicas} x {per_island} + trainer {dep.num_train_nodes}" + (
+            " + orchestrator 1" if orch == total - 1 and dep.orchestrator == "own_node" else ""
         )
         raise TopologyError(f"deployment.nodes = {dep.nodes}, but the layout needs {total} nodes ({topo_desc})")
     trainer_gpus = dep.num_train_nodes * gpn

@@ -64,8 +64,9 @@ class Preflight:
         return self.loaded.notices
 
 
-def preflight(loaded: LoadedConfig, *, run: RunDir | None = None, roles: tuple[str, ...] = ROLES,
-              probe: bool = False) -> Preflight:
+def preflight(
+    loaded: LoadedConfig, *, run: RunDir | None = None, roles: tuple[str, ...] = ROLES, probe: bool = False
+) -> Preflight:
     """Check ``loaded`` against the world (model, tasksets, files, site, ports) and build its placement plan once.
 
     ``run``: the directory the launch will write (default ``output_dir/run.name``, or ``.../validate`` without a
@@ -82,13 +83,15 @@ def preflight(loaded: LoadedConfig, *, run: RunDir | None = None, roles: tuple[s
         raise ConfigError(name_sources(f.errors, loaded.origins))
     # Printed with the other notes and kept in the resolved config (configs/attempt_<n>/resolved/rl.json): a new
     # LoadedConfig and config, so the caller's stay as they were given.
-    checked = replace(loaded, config=cfg.model_copy(update={"notices": [*cfg.notices, *sources]}),
-                      notices=[*loaded.notices, *sources])
+    checked = replace(
+        loaded, config=cfg.model_copy(update={"notices": [*cfg.notices, *sources]}), notices=[*loaded.notices, *sources]
+    )
     return Preflight(checked, site, f, plan)
 
 
-def _site_and_plan(cfg: RLConfig, f: Findings, run: RunDir, roles: tuple[str, ...],
-                   probe: bool) -> tuple[SiteConfig | None, Plan | None]:
+def _site_and_plan(
+    cfg: RLConfig, f: Findings, run: RunDir, roles: tuple[str, ...], probe: bool
+) -> tuple[SiteConfig | None, Plan | None]:
     """Load the site, apply the run-vs-site rules, and build the plan so that pass-through argument and port-range
     problems surface before anything is written."""
     sites = sorted(p.stem for p in site_configs_dir().glob("*.toml"))

@@ -1,5 +1,6 @@
 """Checks of what a run config points at outside itself: the model, the env runtimes and tasksets, the node
-arithmetic of the deployment, and the files and run directories it names. Each check reads the config and reports; none mutates it.
+arithmetic of the deployment, and the files and run directories it names. Each check reads the config and reports; none
+mutates it.
 """
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ def unusable_model(name: str) -> str | None:
     if name in MODEL_ALIASES or (path / "config.json").is_file() or RunDir(path).run_meta.is_file():
         return None
     where = "a directory without config.json" if path.is_dir() else "neither an alias nor a directory"
-    return (f"'{name}' is {where}; give a HF-format model directory or one of the built-in aliases: "
-            f"{', '.join(sorted(MODEL_ALIASES))}")
+    return (
+        f"'{name}' is {where}; give a HF-format model directory or one of the built-in aliases: "
+        f"{', '.join(sorted(MODEL_ALIASES))}"
+    )
 
 
 def _model_name(cfg: RLConfig, f: Findings) -> None:
@@ -82,8 +85,11 @@ def _model_name(cfg: RLConfig, f: Findings) -> None:
     run = RunDir(Path(name).expanduser())
     # An srl SFT run directory: its final model/ is written when that run finishes.
     if run.run_meta.is_file() and not (run.model_export / "config.json").is_file():
-        f.warn("model.name", f"run directory '{name}' has no final model yet ({run.model_export}); this run "
-                             "fails at start unless that SFT run finishes first (srl sft chain waits for it)")
+        f.warn(
+            "model.name",
+            f"run directory '{name}' has no final model yet ({run.model_export}); this run "
+            "fails at start unless that SFT run finishes first (srl sft chain waits for it)",
+        )
 
 
 # ---- tasksets -------------------------------------------------------------------------------------------------
@@ -110,13 +116,14 @@ def check_tasksets(cfg: RLConfig, site: SiteConfig | None, f: Findings) -> list[
     python, caveat = _job_interpreter(site)
     origins = [getattr(resolve_taskset_source(e.taskset.id, extra), "origin", None) for _, e in entries]
     try:
-        results = run_probe([probe_spec(e) for _, e in entries], python=python, extra_paths=extra,
-                            memo_key=file_stamp(origins))  # fmt: skip
+        results = run_probe(
+            [probe_spec(e) for _, e in entries], python=python, extra_paths=extra, memo_key=file_stamp(origins)
+        )
     except ProbeError as e:
         where = "; ".join(p for p, _ in entries)
         (f.warn if e.timed_out or caveat else f.error)(
-            "orchestrator env tasksets",
-            f"could not check the tasksets of {where} the way the job loads them: {e}")  # fmt: skip
+            "orchestrator env tasksets", f"could not check the tasksets of {where} the way the job loads them: {e}"
+        )
         _by_path(f, entries, extra)
         return []
     notices = []
@@ -134,12 +141,16 @@ def check_tasksets(cfg: RLConfig, site: SiteConfig | None, f: Findings) -> list[
                 f"{path}.taskset.id",
                 f"unknown taskset '{tid}': {res['unresolved']}; looked for module {tried} {looked}, and among "
                 f"srl's built-in ids ({', '.join(sorted(BUILTIN_TASKSETS))}); {hint}give an installed environment's "
-                f"id or put its module's directory on env_vars.PYTHONPATH{tail}")  # fmt: skip
+                f"id or put its module's directory on env_vars.PYTHONPATH{tail}",
+            )
             continue
         for problem in res["problems"]:
             report(f"{path}.taskset", f"taskset '{tid}' resolves to {res['source']} for the job: {problem}{tail}")
-        shadow = " (an installed environment: srl's built-in of that id is not used)" if (
-            e.taskset.id in BUILTIN_TASKSETS and not res["source"].startswith("srl's built-in")) else ""  # fmt: skip
+        shadow = (
+            " (an installed environment: srl's built-in of that id is not used)"
+            if (e.taskset.id in BUILTIN_TASKSETS and not res["source"].startswith("srl's built-in"))
+            else ""
+        )
         section = "eval" if path.startswith("orchestrator.eval") else "train"
         notices.append(f"{section} env '{e.env_name}': taskset '{tid}' resolves to {res['source']}{shadow}")
     return notices
@@ -152,8 +163,10 @@ def _job_interpreter(site: SiteConfig | None) -> tuple[str, str | None]:
         return sys.executable, None
     container = site.environment.container
     if container is not None:
-        return sys.executable, (f"site '{site.name}' runs jobs in the container image {container.image}, whose "
-                                "Python this check does not enter")  # fmt: skip
+        return sys.executable, (
+            f"site '{site.name}' runs jobs in the container image {container.image}, whose "
+            "Python this check does not enter"
+        )
     python = job_python(site)
     if not (Path(python).is_file() and os.access(python, os.X_OK)):
         return sys.executable, f"the job's interpreter {python} is not on this machine"
@@ -164,8 +177,11 @@ def _where_looked(python: str, extra: list[str]) -> str:
     pp = os.pathsep.join(extra) if extra else f"the submitting shell's: {os.environ.get('PYTHONPATH') or 'none'}"
     # Python skips an entry that is no directory (a zip archive aside) without a word: say which.
     odd = [f"{_clip(p, 120)} is {why}" for p in extra if p and not p.endswith(".zip") and (why := _not_a_dir(p))]
-    return (f"with the job's interpreter {python} and PYTHONPATH ({_clip(pp, 200)}"
-            + (f"; {', '.join(odd)}" if odd else "") + ")")
+    return (
+        f"with the job's interpreter {python} and PYTHONPATH ({_clip(pp, 200)}"
+        + (f"; {', '.join(odd)}" if odd else "")
+        + ")"
+    )
 
 
 def _not_a_dir(path: str) -> str | None:
@@ -197,7 +213,8 @@ def _by_path(f: Findings, entries: list, extra: list[str]) -> None:
         near = _close_ids(e.taskset.id, extra)
         hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
         (f.error if near and near[0] in BUILTIN_TASKSETS else f.warn)(
-            f"{path}.taskset.id", f"unknown taskset '{_clip(e.taskset.id)}': {why}{hint}")  # fmt: skip
+            f"{path}.taskset.id", f"unknown taskset '{_clip(e.taskset.id)}': {why}{hint}"
+        )
 
 
 def _clip(text: str, width: int = 80) -> str:
@@ -232,13 +249,19 @@ def _references(cfg: RLConfig, f: Findings) -> None:
     if cfg.resume.dir is not None:
         ck = RunDir(Path(cfg.resume.dir).expanduser()).checkpoints
         if not ck.is_dir() or not any(p.name.startswith("step_") for p in ck.iterdir()):
-            f.error("resume.dir", f"{cfg.resume.dir} holds no checkpoints ({ck} has no step directories): the fork "
-                    "would silently start at step 0; give the run directory that holds them")  # fmt: skip
+            f.error(
+                "resume.dir",
+                f"{cfg.resume.dir} holds no checkpoints ({ck} has no step directories): the fork "
+                "would silently start at step 0; give the run directory that holds them",
+            )
     if cfg.inference.external is not None and not Path(cfg.inference.external).expanduser().is_dir():
         # A warning, not an error: the directory may live on a filesystem this host does not mount.
-        f.warn("inference.external", f"{cfg.inference.external} is not a directory here; the orchestrator waits "
-               "for that deployment's control/inference_ready.json until inference.startup_timeout_s; give the run "
-               "directory of a deployment submitted with `srl inference`")  # fmt: skip
+        f.warn(
+            "inference.external",
+            f"{cfg.inference.external} is not a directory here; the orchestrator waits "
+            "for that deployment's control/inference_ready.json until inference.startup_timeout_s; give the run "
+            "directory of a deployment submitted with `srl inference`",
+        )
     tpl = cfg.slurm.template_path
     if tpl is not None and not Path(tpl).expanduser().is_file():
         f.error("slurm.template_path", f"{tpl} is not a file")

@@ -21,7 +21,8 @@ from ..run.layout import RunDir
 # with only some of its parts targeted; embeddings and lm_head are not adapted by srl).
 _DECODER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_TARGETS: dict[str, tuple[str, ...]] = {
-    t: _DECODER_PROJECTIONS for t in ("llama", "mistral", "qwen2", "qwen3")  # dense families only
+    t: _DECODER_PROJECTIONS
+    for t in ("llama", "mistral", "qwen2", "qwen3")  # dense families only
 }
 # model_type of each built-in alias (toolkit.models.resolve.MODEL_ALIASES), known before the alias is built.
 ALIAS_MODEL_TYPES = {"tiny-qwen3": "qwen3", "smollm2-135m": "llama"}
@@ -62,34 +63,54 @@ def check_lora(cfg: RLConfig, f: Findings) -> None:
         norm = option_key(key)
         where = f"inference.vllm.{key}"
         if norm == "enable_lora" and value is not True:
-            f.error(where, f"is {value!r} but trainer.model.lora is set: the engines must serve the adapter; "
-                    "remove the key (srl adds --enable-lora)")  # fmt: skip
+            f.error(
+                where,
+                f"is {value!r} but trainer.model.lora is set: the engines must serve the adapter; "
+                "remove the key (srl adds --enable-lora)",
+            )
         elif norm == "max_lora_rank" and (isinstance(value, bool) or value not in VLLM_LORA_RANKS or value < lora.rank):
             allowed = [r for r in VLLM_LORA_RANKS if r >= lora.rank]
-            f.error(where, f"{value!r} cannot serve trainer.model.lora.rank = {lora.rank}; allowed: {allowed} "
-                    f"(or remove the key: srl sets {need})")  # fmt: skip
+            f.error(
+                where,
+                f"{value!r} cannot serve trainer.model.lora.rank = {lora.rank}; allowed: {allowed} "
+                f"(or remove the key: srl sets {need})",
+            )
         elif norm == "max_loras" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            f.error(where, f"{value!r}: the engines hold the policy adapter, so max_loras must be an integer >= 1 "
-                    "(or remove the key: srl sets 1)")  # fmt: skip
+            f.error(
+                where,
+                f"{value!r}: the engines hold the policy adapter, so max_loras must be an integer >= 1 "
+                "(or remove the key: srl sets 1)",
+            )
 
     if lora.dropout > 0:
         # The trainer computes logprobs in train mode (dropout active) while the engines sample without dropout:
         # the importance ratio and the IPO mask would compare two different policies.
-        f.error("trainer.model.lora.dropout", f"{lora.dropout}: the engines sample without dropout, so the trainer's "
-                "logprobs would not be those of the sampling policy; allowed: 0.0")  # fmt: skip
+        f.error(
+            "trainer.model.lora.dropout",
+            f"{lora.dropout}: the engines sample without dropout, so the trainer's "
+            "logprobs would not be those of the sampling policy; allowed: 0.0",
+        )
     kind = _model_type(cfg.model.name)
     allowed_mods = LORA_TARGETS.get(kind or "")
     if not lora.target_modules:
-        f.error("trainer.model.lora.target_modules", "is empty: name the layers to adapt, from "
-                f"{list(allowed_mods or _DECODER_PROJECTIONS)}")  # fmt: skip
+        f.error(
+            "trainer.model.lora.target_modules",
+            f"is empty: name the layers to adapt, from {list(allowed_mods or _DECODER_PROJECTIONS)}",
+        )
     elif allowed_mods is None:
-        f.warn("trainer.model.lora.target_modules", f"model_type {kind!r} of model.name is not one srl knows "
-               f"({sorted(LORA_TARGETS)}); the target modules are checked only when the trainer starts")  # fmt: skip
+        f.warn(
+            "trainer.model.lora.target_modules",
+            f"model_type {kind!r} of model.name is not one srl knows "
+            f"({sorted(LORA_TARGETS)}); the target modules are checked only when the trainer starts",
+        )
     else:
         bad = [m for m in lora.target_modules if m.rsplit(".", 1)[-1] not in allowed_mods]
         if bad:
-            f.error("trainer.model.lora.target_modules", f"{bad} are not layers of a {kind} model that srl can "
-                    f"adapt; allowed: {list(allowed_mods)} (or a dotted suffix ending in one)")  # fmt: skip
+            f.error(
+                "trainer.model.lora.target_modules",
+                f"{bad} are not layers of a {kind} model that srl can "
+                f"adapt; allowed: {list(allowed_mods)} (or a dotted suffix ending in one)",
+            )
 
     if cfg.inference.external:
         _lora_external(cfg, f, need)
@@ -108,12 +129,18 @@ def _lora_external(cfg: RLConfig, f: Findings, need: int) -> None:
         argv = [str(a) for a in p.get("command", [])]
         rank = _engine_flag(argv, "--max-lora-rank")
         if _engine_flag(argv, "--enable-lora") is None:
-            f.error("inference.external", f"engine {p.get('name')!r} of {cfg.inference.external} runs without "
-                    "--enable-lora, so it cannot serve trainer.model.lora; start that deployment with the same "
-                    "[trainer.model.lora] table")  # fmt: skip
+            f.error(
+                "inference.external",
+                f"engine {p.get('name')!r} of {cfg.inference.external} runs without "
+                "--enable-lora, so it cannot serve trainer.model.lora; start that deployment with the same "
+                "[trainer.model.lora] table",
+            )
             return
         if rank is None or not rank.isdigit() or int(rank) < need:
-            f.error("inference.external", f"engine {p.get('name')!r} of {cfg.inference.external} has "
-                    f"--max-lora-rank {rank}, below the {need} that trainer.model.lora.rank = "
-                    f"{cfg.trainer.model.lora.rank} needs")  # fmt: skip
+            f.error(
+                "inference.external",
+                f"engine {p.get('name')!r} of {cfg.inference.external} has "
+                f"--max-lora-rank {rank}, below the {need} that trainer.model.lora.rank = "
+                f"{cfg.trainer.model.lora.rank} needs",
+            )
             return

@@ -18,11 +18,16 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..config.errors import Findings
 from ..config.slurm_time import parse_slurm_time
 from ..placement.slurm_records import parse_scontrol_record
+
+if TYPE_CHECKING:
+    from toolkit.config.model import RLConfig
+    from toolkit.placement.plan import Plan
+
 
 QUERY_TIMEOUT_S = 30.0
 _GPU_COUNT = re.compile(r"^gpu(?::[^:(]+)?:(\d+)")
@@ -115,15 +120,17 @@ def _live_partitions() -> dict[str, Partition]:
     return _live[1]
 
 
-def check_partitions(cfg: Any, plan: Any, f: Findings, *, run: Runner | None = None) -> None:
+def check_partitions(cfg: RLConfig, plan: Plan, f: Findings, *, run: Runner | None = None) -> None:
     """Add an error to ``f`` for each node group of ``plan`` (``toolkit.placement.plan.Plan``) its partition can
     never run (see the module docstring), naming the config field and the partition's limit; a warning when the
     partition is not UP or Slurm cannot be asked. ``cfg``: the run config (``slurm.time``)."""
     try:
         parts = read_partitions(run) if run is not None else _live_partitions()
     except (OSError, subprocess.SubprocessError, ValueError) as e:
-        f.warn("slurm.partition", f"cannot ask Slurm about its partitions ({e}); partition limits are not checked "
-               "here, sbatch will")  # fmt: skip
+        f.warn(
+            "slurm.partition",
+            f"cannot ask Slurm about its partitions ({e}); partition limits are not checked here, sbatch will",
+        )
         return
     if not parts:
         return
@@ -136,8 +143,11 @@ def check_partitions(cfg: Any, plan: Any, f: Findings, *, run: Runner | None = N
         field = "slurm.partition" if g.index == 0 else "deployment.orchestrator_partition"
         p = parts.get(g.partition) if g.partition else default
         if p is None:
-            named = f"partition '{g.partition}' does not exist on this cluster" if g.partition else \
-                "no partition is named and the cluster has no default one"
+            named = (
+                f"partition '{g.partition}' does not exist on this cluster"
+                if g.partition
+                else "no partition is named and the cluster has no default one"
+            )
             f.error(field, f"{named}; partitions: {', '.join(sorted(parts))}")
             continue
         what = f"partition '{p.name}'" + ("" if g.index == 0 else " (the orchestrator's component)")
@@ -146,14 +156,23 @@ def check_partitions(cfg: Any, plan: Any, f: Findings, *, run: Runner | None = N
         limit = min(x for x in (p.max_nodes, p.total_nodes) if x is not None) if p.total_nodes else p.max_nodes
         if limit is not None and g.num_nodes > limit:
             why = "MaxNodes" if p.max_nodes is not None and p.max_nodes <= p.total_nodes else "nodes in it"
-            f.error("deployment", f"the job needs {g.num_nodes} nodes in {what}, which has at most {limit} "
-                    f"({why}); fewer nodes, or another partition ({field})")  # fmt: skip
+            f.error(
+                "deployment",
+                f"the job needs {g.num_nodes} nodes in {what}, which has at most {limit} "
+                f"({why}); fewer nodes, or another partition ({field})",
+            )
         if g.gpus_per_node > p.gpus_per_node:
-            f.error("deployment.gpus_per_node", f"{g.gpus_per_node} GPUs per node requested but no node of {what} "
-                    f"has more than {p.gpus_per_node} (GRES gpu)")  # fmt: skip
+            f.error(
+                "deployment.gpus_per_node",
+                f"{g.gpus_per_node} GPUs per node requested but no node of {what} "
+                f"has more than {p.gpus_per_node} (GRES gpu)",
+            )
         if g.index == 0 and want_s is not None and p.max_time_s is not None and want_s > p.max_time_s:
-            f.error("slurm.time", f"{cfg.slurm.time} is longer than {what} allows ({_clock(p.max_time_s)}, MaxTime); "
-                    "a shorter slurm.time (the run requeues and resumes from its checkpoints)")  # fmt: skip
+            f.error(
+                "slurm.time",
+                f"{cfg.slurm.time} is longer than {what} allows ({_clock(p.max_time_s)}, MaxTime); "
+                "a shorter slurm.time (the run requeues and resumes from its checkpoints)",
+            )
 
 
 def _clock(seconds: int) -> str:

@@ -118,8 +118,11 @@ def _node_limit(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
         return  # reported by toolkit.preflight.checks
     total = topo.num_nodes + (1 if topo.orchestrator_het_group else 0)
     if total > limit:
-        f.error("deployment", f"the layout needs {total} nodes ({topo.describe()}) but site '{site.name}' allows "
-                f"at most {limit} (limits.max_nodes)")  # fmt: skip
+        f.error(
+            "deployment",
+            f"the layout needs {total} nodes ({topo.describe()}) but site '{site.name}' allows "
+            f"at most {limit} (limits.max_nodes)",
+        )
 
 
 def sbatch_fields(cfg: RLConfig, site: SiteConfig) -> dict[str, str]:
@@ -128,8 +131,10 @@ def sbatch_fields(cfg: RLConfig, site: SiteConfig) -> dict[str, str]:
     The log directory is ``output_dir`` made absolute (the run name is already restricted to safe characters).
     """
     s = cfg.slurm
-    out = {f"slurm.{k}": getattr(s, k) for k in ("job_name", "partition", "account", "qos", "constraint",
-                                                "nodelist", "exclude", "time")}  # fmt: skip
+    out = {
+        f"slurm.{k}": getattr(s, k)
+        for k in ("job_name", "partition", "account", "qos", "constraint", "nodelist", "exclude", "time")
+    }
     out.update({f"slurm.extra_directives[{i}]": d for i, d in enumerate(s.extra_directives)})
     out["output_dir"] = str(Path(cfg.output_dir).expanduser().absolute())
     if cfg.deployment.type == "multi_node":
@@ -146,14 +151,20 @@ def _sbatch_values(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
     fields = sbatch_fields(cfg, site)
     for path, value in fields.items():
         if SBATCH_UNSAFE.search(value):  # an empty value is left out of the script
-            f.error(path, f"{value!r} cannot go into an #SBATCH line: no whitespace, newlines, quotes, backquotes or "
-                    "backslashes (sbatch would split or re-read the option)")  # fmt: skip
+            f.error(
+                path,
+                f"{value!r} cannot go into an #SBATCH line: no whitespace, newlines, quotes, backquotes or "
+                "backslashes (sbatch would split or re-read the option)",
+            )
     log_dir = fields.get("output_dir", "")
     if "%" in log_dir:
         # sbatch expands filename patterns (%j, %x, %u, %%...) anywhere in --output/--error, not only in the file
         # name: the job's logs would land in another directory than the run's.
-        f.error("output_dir", f"{log_dir!r} contains '%', which Slurm expands in the job's log paths (--output); "
-                "choose an output directory without '%'")  # fmt: skip
+        f.error(
+            "output_dir",
+            f"{log_dir!r} contains '%', which Slurm expands in the job's log paths (--output); "
+            "choose an output directory without '%'",
+        )
 
 
 def _cache_dirs_on_shared_fs(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:

@@ -53,8 +53,17 @@ PREEMPTED = "preempted"
 USER = "user"
 
 # One place for the numbers: the CLI, the batch script and README's table all follow this mapping.
-EXIT_STATUS = {COMPLETED: 0, PREEMPTED: 0, FAILED: 1, LEASE_LOST: 3, NO_SIGNAL: 4, CRITERION: 5, TIME_LIMIT: 6,
-               STALLED: 7, USER: 130}  # fmt: skip
+EXIT_STATUS = {
+    COMPLETED: 0,
+    PREEMPTED: 0,
+    FAILED: 1,
+    LEASE_LOST: 3,
+    NO_SIGNAL: 4,
+    CRITERION: 5,
+    TIME_LIMIT: 6,
+    STALLED: 7,
+    USER: 130,
+}
 CAUSES = tuple(EXIT_STATUS)
 
 # Criterion names (the ``criterion`` field).
@@ -204,7 +213,8 @@ def settle(
 
     ``failed`` names the process (or role) whose failure ended the run, ``failed_reason`` says how (exit status,
     ``(log: PATH)``); the exception and the line that raised it are read from that log's last traceback (else from
-    ``logs/latest/<process>.log``). The decision, first match wins: a lost lease (nothing is written: the run is someone else's now); a
+    ``logs/latest/<process>.log``). The decision, first match wins: a lost lease (nothing is written: the run is someone
+    else's now); a
     requeue; a stall (``stalled`` names the stuck role, ``stalled_reason`` what it was doing: the processes the
     watchdog then kills would otherwise read as failures; with ``requeued``, the stall that requeued the job, whose
     ``requeued_reason`` says so); a criterion recorded by a role (its own non-zero exit,
@@ -226,8 +236,17 @@ def settle(
         return write(run, replace(recorded, step=step))
     if failed is not None:
         err = last_exception(_failed_log(run, failed, failed_reason))
-        return write(run, Ending(FAILED, failed_reason, role=failed, step=step,
-                                 exception=err.exception if err else None, where=err.where if err else None))
+        return write(
+            run,
+            Ending(
+                FAILED,
+                failed_reason,
+                role=failed,
+                step=step,
+                exception=err.exception if err else None,
+                where=err.where if err else None,
+            ),
+        )
     if time_limit:
         return write(run, Ending(TIME_LIMIT, "the job was not requeued; resume it with --resume", step=step))
     try:
@@ -270,12 +289,30 @@ def settle_after_signal(run: RunDir, signal: str | None, *, requeued: bool = Fal
 
 
 # Exceptions that the same config, code and data raise again: a resume repeats them until the cause is fixed.
-REPEATING_EXCEPTIONS = frozenset({
-    "ValueError", "TypeError", "KeyError", "IndexError", "AttributeError", "NameError", "AssertionError",
-    "NotImplementedError", "ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError",
-    "UnicodeDecodeError", "ValidationError", "ConfigError", "TasksetFieldError", "EnvFeatureError", "DataError",
-    "ExportError", "JSONDecodeError",
-})  # fmt: skip
+REPEATING_EXCEPTIONS = frozenset(
+    {
+        "ValueError",
+        "TypeError",
+        "KeyError",
+        "IndexError",
+        "AttributeError",
+        "NameError",
+        "AssertionError",
+        "NotImplementedError",
+        "ImportError",
+        "ModuleNotFoundError",
+        "SyntaxError",
+        "IndentationError",
+        "UnicodeDecodeError",
+        "ValidationError",
+        "ConfigError",
+        "TasksetFieldError",
+        "EnvFeatureError",
+        "DataError",
+        "ExportError",
+        "JSONDecodeError",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -307,7 +344,7 @@ def last_exception(log: Path | None) -> LoggedException | None:
     if not starts:
         return None
     where = None
-    for line in lines[starts[-1] + 1:]:
+    for line in lines[starts[-1] + 1 :]:
         frame = _FRAME_RE.match(line)
         if frame:
             where = f"{_short(frame.group(1))}:{frame.group(2)}"
@@ -328,7 +365,7 @@ def _short(path: str) -> str:
     """``path`` from its ``toolkit/`` or ``site-packages/`` part on (the frame a reader can open), else as is."""
     for marker in ("/toolkit/", "/site-packages/"):
         if marker in path:
-            return path[path.rindex(marker) + (1 if marker == "/toolkit/" else len(marker)):]
+            return path[path.rindex(marker) + (1 if marker == "/toolkit/" else len(marker)) :]
     return path
 
 
@@ -339,5 +376,7 @@ def _failed_log(run: RunDir, process: str, reason: str) -> Path | None:
     """The failed process's log: the one its reason names, else ``logs/latest/<process>.log`` or the role's."""
     named = _LOG_IN_REASON.search(reason or "")
     candidates = ([Path(named.group(1))] if named else []) + [
-        run.latest_logs / f"{process}.log", run.latest_logs / f"{_role_of(process)}.log"]  # fmt: skip
+        run.latest_logs / f"{process}.log",
+        run.latest_logs / f"{_role_of(process)}.log",
+    ]
     return next((p for p in candidates if p.is_file()), None)

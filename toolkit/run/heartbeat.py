@@ -19,7 +19,8 @@ atomically when their phase changes and, while they wait in a polling loop, at m
   while the orchestrator waits for a newer policy), so the watchdog blames the role that is stuck, not the one
   waiting on it;
 - ``kind``: a phase known to be long: :data:`STARTUP` (model load, the first step of an attempt: compilation),
-  :data:`LONG` (an eval), :data:`WEIGHTS` (checkpoint write, weight broadcast or update; ``size_bytes`` is what the phase moves), which
+  :data:`LONG` (an eval), :data:`WEIGHTS` (checkpoint write, weight broadcast or update; ``size_bytes`` is what the
+  phase moves), which
   the watchdog's bound scales for (``monitors.stall_*``);
 - ``pids``: processes of this role that answer :data:`STACK_DUMP_SIGNAL` with their Python stacks (the role
   itself and, for the orchestrator, its env workers).
@@ -104,8 +105,16 @@ def clear(run: RunDir) -> None:
             p.unlink(missing_ok=True)
 
 
-def wait_until_finished(run: RunDir, key: str, *, should_stop: Any = lambda: False, on_wait: Any = lambda: None,
-                        silent_s: float = SILENT_S, poll_s: float = 0.5, clock: Any = time.monotonic) -> str:
+def wait_until_finished(
+    run: RunDir,
+    key: str,
+    *,
+    should_stop: Any = lambda: False,
+    on_wait: Any = lambda: None,
+    silent_s: float = SILENT_S,
+    poll_s: float = 0.5,
+    clock: Any = time.monotonic,
+) -> str:
     """Block until process ``key`` (``orchestrator``) has said it is done writing: its record's phase is
     :data:`FINISHED`. Why: a role that mirrors or summarises ``metrics.jsonl`` at its own end (the trainer's W&B
     mirror) must not end before the lines another role writes last (the orchestrator's eval of the final policy,
@@ -157,8 +166,15 @@ class Heartbeat:
         self.written_at = float("-inf")
         self.failed = False  # the last write failed (full disk): said once in the log, retried at the next beat
 
-    def phase(self, name: str, *, step: int | None = None, waiting_for: str | None = None, kind: str | None = None,
-              size_bytes: int = 0) -> None:
+    def phase(
+        self,
+        name: str,
+        *,
+        step: int | None = None,
+        waiting_for: str | None = None,
+        kind: str | None = None,
+        size_bytes: int = 0,
+    ) -> None:
         """Enter phase ``name`` (``train step 5``) of trainer ``step``; ``waiting_for``: the role it waits on;
         ``kind``: :data:`STARTUP` or :data:`WEIGHTS` for a phase known to be long (``size_bytes``: bytes it
         moves). Raises ValueError for an unknown kind."""
@@ -186,10 +202,21 @@ class Heartbeat:
 
     def record(self) -> dict[str, Any]:
         """The record as written (see the module docstring)."""
-        return {"role": self.role, "key": self.key, "pid": self.pid, "host": self.host, "time": self.clock(),
-                "beat": self.beats, "progress": self.progress, "step": self.step, "phase": self.name,
-                "waiting_for": self.waiting_for, "kind": self.kind, "size_bytes": self.size_bytes,
-                "pids": [self.pid, *self.extra_pids]}  # fmt: skip
+        return {
+            "role": self.role,
+            "key": self.key,
+            "pid": self.pid,
+            "host": self.host,
+            "time": self.clock(),
+            "beat": self.beats,
+            "progress": self.progress,
+            "step": self.step,
+            "phase": self.name,
+            "waiting_for": self.waiting_for,
+            "kind": self.kind,
+            "size_bytes": self.size_bytes,
+            "pids": [self.pid, *self.extra_pids],
+        }
 
     def _write(self) -> None:
         self.beats += 1

@@ -34,5 +34,6 @@ def read_local_record(run: RunDir) -> dict[str, Any] | None:
     or a pid, host or attempt of the wrong type: a hand-edited or damaged file)."""
     rec = read_json(run.local_record)
     typed = isinstance(rec, dict) and all(
-        isinstance(rec[k], t) and not isinstance(rec[k], bool) for k, t in _TYPES.items() if k in rec)
+        isinstance(rec[k], t) and not isinstance(rec[k], bool) for k, t in _TYPES.items() if k in rec
+    )
     return rec if typed else None

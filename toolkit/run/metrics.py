@@ -77,8 +77,11 @@ def recorded_steps(path: Path, role: str) -> set[int]:
 
 def recorded_eval_steps(path: Path) -> set[int]:
     """Steps that already have an orchestrator line of a held-out eval (one holding ``EVAL_POLICY_VERSION``)."""
-    return {r["step"] for r in records(path)
-            if r.get("role") == ORCHESTRATOR and EVAL_POLICY_VERSION in r and isinstance(r.get("step"), int)}  # fmt: skip
+    return {
+        r["step"]
+        for r in records(path)
+        if r.get("role") == ORCHESTRATOR and EVAL_POLICY_VERSION in r and isinstance(r.get("step"), int)
+    }
 
 
 def newest_step(path: Path, role: str = TRAINER) -> int | None:

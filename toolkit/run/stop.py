@@ -59,27 +59,34 @@ class StopMonitor:
         c = self.criteria
         reasons = []
         share = _num(metrics.get("errored_share"))
-        if (c.max_errored_share is not None and share is not None
-                and self._streak("errored", share > c.max_errored_share, c.errored_patience_steps)):
-            reasons.append(f"errored rollouts {share:.0%} > {c.max_errored_share:.0%} for "
-                           f"{self._streaks['errored']} steps")  # fmt: skip
+        if (
+            c.max_errored_share is not None
+            and share is not None
+            and self._streak("errored", share > c.max_errored_share, c.errored_patience_steps)
+        ):
+            reasons.append(
+                f"errored rollouts {share:.0%} > {c.max_errored_share:.0%} for {self._streaks['errored']} steps"
+            )
         kl = _num(metrics.get("mismatch_kl/mean"))
-        if (c.max_mismatch_kl is not None and kl is not None
-                and self._streak("kl", kl > c.max_mismatch_kl, c.mismatch_kl_patience_steps)):
+        if (
+            c.max_mismatch_kl is not None
+            and kl is not None
+            and self._streak("kl", kl > c.max_mismatch_kl, c.mismatch_kl_patience_steps)
+        ):
             reasons.append(f"mismatch_kl {kl:.3g} > {c.max_mismatch_kl:g} for {self._streaks['kl']} steps")
         reward = _num(metrics.get("reward/all/mean"))
         if c.reward_collapse_fraction is not None and reward is not None:
             self._best_reward = max(self._best_reward, reward)
             collapsed = self._best_reward > 0 and reward < c.reward_collapse_fraction * self._best_reward
             if self._streak("reward", collapsed, c.reward_collapse_patience_steps):
-                reasons.append(f"reward collapsed to {reward:.3g} (< {c.reward_collapse_fraction:g} x best "
-                               f"{self._best_reward:.3g}) for {self._streaks['reward']} steps")  # fmt: skip
+                reasons.append(
+                    f"reward collapsed to {reward:.3g} (< {c.reward_collapse_fraction:g} x best "
+                    f"{self._best_reward:.3g}) for {self._streaks['reward']} steps"
+                )
         return f"step {step}: " + "; ".join(reasons) if reasons else None
 
 
-def replay(
-    criteria: StopCriteria, steps: Iterable[tuple[int, Mapping[str, float]]]
-) -> tuple[int, str] | None:
+def replay(criteria: StopCriteria, steps: Iterable[tuple[int, Mapping[str, float]]]) -> tuple[int, str] | None:
     """First ``(step, reason)`` at which ``criteria`` trip over ``steps`` (ascending (step, metrics) pairs)."""
     monitor = StopMonitor(criteria)
     for step, metrics in steps:

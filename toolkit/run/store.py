@@ -88,8 +88,16 @@ BASE_COLUMNS: dict[str, Any] = {
     "off_policy_age": np.int64,
 }
 # Base columns read straight from the Rollout attribute of the same name.
-_ROLLOUT_NUMERIC = ("example_id", "group_id", "reward", "advantage", "prompt_len", "completion_len", "num_turns",
-                    "truncated")  # fmt: skip
+_ROLLOUT_NUMERIC = (
+    "example_id",
+    "group_id",
+    "reward",
+    "advantage",
+    "prompt_len",
+    "completion_len",
+    "num_turns",
+    "truncated",
+)
 _ROLLOUT_STRINGS = ("env", "truncation_reason", "error_class")
 # Prefixes of the open-ended float columns, and the Rollout attribute each comes from.
 DYNAMIC_PREFIXES = {"reward/": "reward_components", "timing/": "timings", "metric/": "metrics"}
@@ -173,9 +181,7 @@ class RolloutStoreWriter:
                 f.attrs["counts"] = np.zeros(4, np.int64)
                 self._create_layout(f)
             elif int(version) != SCHEMA_VERSION:
-                raise ValueError(
-                    f"{self.path}: rollout store schema {version}, this srl writes {SCHEMA_VERSION}"
-                )
+                raise ValueError(f"{self.path}: rollout store schema {version}, this srl writes {SCHEMA_VERSION}")
         self._closed = False
         # Per string column: its categories (name -> code) as last read or written by this writer.
         self._categories: dict[str, dict[str, int]] = {}
@@ -247,8 +253,12 @@ class RolloutStoreWriter:
         numeric: dict[str, np.ndarray] = {
             c: np.fromiter((getattr(r, c) for r in rollouts), BASE_COLUMNS[c], n) for c in _ROLLOUT_NUMERIC
         }
-        numeric.update(step=np.full(n, step, np.int64), time=np.full(n, now, np.float64),
-                       policy_version=policy_version, off_policy_age=age)  # fmt: skip
+        numeric.update(
+            step=np.full(n, step, np.int64),
+            time=np.full(n, now, np.float64),
+            policy_version=policy_version,
+            off_policy_age=age,
+        )
         strings: dict[str, list[str | None]] = {c: [getattr(r, c) for r in rollouts] for c in _ROLLOUT_STRINGS}
         strings.update(kind=[kind] * n, task_id=[str(r.task_id) for r in rollouts])
         with _open(self.path, "a") as f:

@@ -57,9 +57,18 @@ def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
 
 # torch dtype -> safetensors dtype tag (the format's spec: https://github.com/huggingface/safetensors, "Format").
 ST_DTYPE_TAGS = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
 }
 _WRITE_CHUNK = 64 << 20  # bytes per os.write call: large enough to amortise syscalls, bounded for huge tensors
 
@@ -141,9 +150,7 @@ def write_hf_dir(
     return Path(final)
 
 
-def write_adapter_broadcast(
-    run: RunDir, step: int, tensors: dict[str, torch.Tensor], adapter_config: dict
-) -> Path:
+def write_adapter_broadcast(run: RunDir, step: int, tensors: dict[str, torch.Tensor], adapter_config: dict) -> Path:
     """Write LoRA policy version ``step`` as a PEFT adapter directory at ``run.broadcast_step(step)``.
 
     Files: ``adapter_model.safetensors`` (``tensors``: PEFT names, contiguous CPU), ``adapter_config.json``
@@ -198,8 +205,16 @@ def apply_broadcast_retention(run: RunDir, keep: int) -> RetentionResult:
     return delete_steps(doomed, run.broadcast_step)
 
 
-def broadcast_policy(run: RunDir, step: int, model: torch.nn.Module, base_model_dir: Path, *, info: Any,
-                     keep: int, adapter_only: bool = False) -> None:  # fmt: skip
+def broadcast_policy(
+    run: RunDir,
+    step: int,
+    model: torch.nn.Module,
+    base_model_dir: Path,
+    *,
+    info: Any,
+    keep: int,
+    adapter_only: bool = False,
+) -> None:
     """Write ``model`` as policy version ``step``, then keep the ``keep`` newest STABLE broadcasts.
 
     Every rank calls this (the weights are gathered from their shards); only the main rank (``info.is_main``)

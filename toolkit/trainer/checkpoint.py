@@ -122,19 +122,28 @@ def _read_header(f, path: Path) -> tuple[int, dict[str, tuple[str, list[int], in
     for name, spec in header.items():
         offs = spec.get("data_offsets") if isinstance(spec, dict) else None
         shape = spec.get("shape") if isinstance(spec, dict) else None
-        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs)
-                and 0 <= offs[0] <= offs[1] and isinstance(shape, list)
-                and all(type(d) is int and d >= 0 for d in shape) and isinstance(spec.get("dtype"), str)):  # fmt: skip
+        if not (
+            isinstance(offs, list)
+            and len(offs) == 2
+            and all(type(o) is int for o in offs)
+            and 0 <= offs[0] <= offs[1]
+            and isinstance(shape, list)
+            and all(type(d) is int and d >= 0 for d in shape)
+            and isinstance(spec.get("dtype"), str)
+        ):
             raise ValueError(f"{path}: malformed header entry for tensor {name}: {str(spec)[:200]}")
         out[name] = (spec["dtype"], shape, offs[0], offs[1])
     expect = 0
     for name, (_, _, begin, end) in sorted(out.items(), key=lambda kv: (kv[1][2], kv[1][3])):
         if begin != expect:
-            raise ValueError(f"{path}: tensor {name} starts at byte {begin} of the data, expected {expect} (the "
-                             "header's data ranges overlap or leave a gap)")  # fmt: skip
+            raise ValueError(
+                f"{path}: tensor {name} starts at byte {begin} of the data, expected {expect} (the "
+                "header's data ranges overlap or leave a gap)"
+            )
         if end > data_len:
-            raise ValueError(f"{path}: file ends inside tensor {name} (data ends at byte {data_len}, the tensor "
-                             f"at {end}): truncated")  # fmt: skip
+            raise ValueError(
+                f"{path}: file ends inside tensor {name} (data ends at byte {data_len}, the tensor at {end}): truncated"
+            )
         expect = end
     if expect != data_len:
         raise ValueError(f"{path}: {data_len - expect} bytes after the last tensor the header names")
@@ -143,8 +152,13 @@ def _read_header(f, path: Path) -> tuple[int, dict[str, tuple[str, list[int], in
 
 def _reusable(t: torch.Tensor | None, shape, dtype: torch.dtype | None) -> bool:
     """Whether bytes of a tensor of ``shape``/``dtype`` can be read straight into ``t``'s memory."""
-    return (t is not None and t.dtype == dtype and tuple(t.shape) == tuple(shape) and t.device.type == "cpu"
-            and t.is_contiguous())  # fmt: skip
+    return (
+        t is not None
+        and t.dtype == dtype
+        and tuple(t.shape) == tuple(shape)
+        and t.device.type == "cpu"
+        and t.is_contiguous()
+    )
 
 
 def _read_safetensors_into(path: Path, state: dict[str, torch.Tensor]) -> bool:
@@ -172,8 +186,11 @@ def _read_safetensors_into(path: Path, state: dict[str, torch.Tensor]) -> bool:
             if not _reusable(t, shape, _ST_DTYPES.get(dtype)) or end - begin != t.numel() * t.element_size():
                 return False
             plan.append((begin, name))
-        jobs = [(base + begin, name, memoryview(state[name].detach().reshape(-1).view(torch.uint8).numpy()))
-                for begin, name in sorted(plan) if state[name].numel()]  # fmt: skip
+        jobs = [
+            (base + begin, name, memoryview(state[name].detach().reshape(-1).view(torch.uint8).numpy()))
+            for begin, name in sorted(plan)
+            if state[name].numel()
+        ]
         total = sum(len(view) for _, _, view in jobs)
         spans = _contiguous_spans(jobs, READ_STREAMS if total >= PARALLEL_READ_BYTES else 1)
         if len(spans) == 1:
@@ -217,23 +234,31 @@ def _check_layout(sd: dict[str, Any], params: list[list[torch.Tensor]], where: P
     tensors, so a mismatched checkpoint leaves them as they were."""
     saved = [g["params"] for g in sd["param_groups"]]
     if [len(g) for g in saved] != [len(g) for g in params]:
-        raise ValueError(f"{where}: the checkpoint's optimizer has parameter groups of sizes "
-                         f"{[len(g) for g in saved]}, this optimizer {[len(g) for g in params]}")  # fmt: skip
+        raise ValueError(
+            f"{where}: the checkpoint's optimizer has parameter groups of sizes "
+            f"{[len(g) for g in saved]}, this optimizer {[len(g) for g in params]}"
+        )
     by_id = {pid: p for ids, ps in zip(saved, params) for pid, p in zip(ids, ps)}
     for pid, entries in sd["state"].items():
         p = by_id.get(pid)
         if p is None:
             raise ValueError(f"{where}: optimizer state for parameter {pid}, which no parameter group lists")
         for key, v in entries.items():
-            shape = tuple(v["shape"]) if isinstance(v, dict) and _TENSOR_REF in v else (
-                tuple(v.shape) if isinstance(v, torch.Tensor) else None)  # fmt: skip
+            shape = (
+                tuple(v["shape"])
+                if isinstance(v, dict) and _TENSOR_REF in v
+                else (tuple(v.shape) if isinstance(v, torch.Tensor) else None)
+            )
             if key in _PARAM_SHAPED and shape is not None and shape != tuple(p.shape):
-                raise ValueError(f"{where}: optimizer state {key} of parameter {pid} has shape {list(shape)}, the "
-                                 f"parameter {list(p.shape)}: the checkpoint is of another model")  # fmt: skip
+                raise ValueError(
+                    f"{where}: optimizer state {key} of parameter {pid} has shape {list(shape)}, the "
+                    f"parameter {list(p.shape)}: the checkpoint is of another model"
+                )
 
 
-def _load_optimizer_state(part: Path, current: dict[str, torch.Tensor] | None = None, *,
-                          params: list[list[torch.Tensor]] | None = None) -> dict[str, Any]:  # fmt: skip
+def _load_optimizer_state(
+    part: Path, current: dict[str, torch.Tensor] | None = None, *, params: list[list[torch.Tensor]] | None = None
+) -> dict[str, Any]:
     """The optimizer ``state_dict`` saved in ``part``: ``optimizer.pt`` plus, in the current layout, the tensors
     of ``optimizer.safetensors`` read straight into tensors (no second copy: AdamW's ``load_state_dict`` keeps a
     tensor that already has the parameter's dtype and device). ``current`` (names as in
@@ -252,8 +277,12 @@ def _load_optimizer_state(part: Path, current: dict[str, torch.Tensor] | None = 
     if not st_path.exists():
         return sd
     current = current or {}
-    refs = [(entries, key, v) for entries in sd["state"].values() for key, v in entries.items()
-            if isinstance(v, dict) and _TENSOR_REF in v]  # fmt: skip
+    refs = [
+        (entries, key, v)
+        for entries in sd["state"].values()
+        for key, v in entries.items()
+        if isinstance(v, dict) and _TENSOR_REF in v
+    ]
     fresh = {}
     for _, _, v in refs:
         name, shape, dtype = v[_TENSOR_REF], v["shape"], v["dtype"]
@@ -322,8 +351,11 @@ def _space_message(run: RunDir, step: int, num_params: int, keep_last: int | Non
         f"checkpoint step {step} does not fit in {run.checkpoints} ({free}): {exc}. A checkpoint takes about "
         f"{BYTES_PER_PARAM} bytes per parameter x {num_params:,} parameters = {_size(one)}, and a run keeps "
         f"keep_last + 1 = {kept} of them while saving: about {_size(kept * one)} (plus weight broadcasts). "
-        + (f"The complete checkpoint step {prev} is untouched. " if prev is not None else "No complete checkpoint "
-           "exists yet. ")
+        + (
+            f"The complete checkpoint step {prev} is untouched. "
+            if prev is not None
+            else "No complete checkpoint exists yet. "
+        )
         + "Free space or lower ckpt.keep_last, then continue with --resume. The trainer stops here: retrying "
         "would hit the same wall."
     )
@@ -360,8 +392,9 @@ def _save_trainer_state(run, step, model, optimizer, scheduler, *, info: DistInf
     meta = {"step": step, "scheduler": scheduler.state_dict() if scheduler is not None else None}
     if info.world_size == 1:
         with fsutil.atomic_directory(final) as tmp:
-            save_safetensors(tmp / "model.safetensors", {k: v.detach().cpu().contiguous()
-                                                        for k, v in model.state_dict().items()})
+            save_safetensors(
+                tmp / "model.safetensors", {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+            )
             tensors, rest = _split_optimizer_state(optimizer.state_dict())
             save_safetensors(tmp / "optimizer.safetensors", tensors)
             _torch_save(rest, tmp / "optimizer.pt")

@@ -45,15 +45,19 @@ def pick_step(run: RunDir, step: int | None) -> int:
     if step is None:
         if not complete:
             found = checkpoints.describe(run, parts)
-            raise ExportError(f"{run.root} has no complete checkpoint to export"
-                              + (f":\n{found}" if found else f" ({run.checkpoints} is empty or missing)"))
+            raise ExportError(
+                f"{run.root} has no complete checkpoint to export"
+                + (f":\n{found}" if found else f" ({run.checkpoints} is empty or missing)")
+            )
         return complete[-1]
     if step in complete:
         return step
     if step in numbered_steps(run.checkpoints):
         defects = checkpoints.missing(run.checkpoint_step(step), parts)
-        raise ExportError(f"checkpoint step {step} of {run.root} is incomplete (missing {', '.join(defects)}); "
-                          f"complete checkpoints: {listing}")
+        raise ExportError(
+            f"checkpoint step {step} of {run.root} is incomplete (missing {', '.join(defects)}); "
+            f"complete checkpoints: {listing}"
+        )
     raise ExportError(f"{run.root} has no checkpoint of step {step}; complete checkpoints: {listing}")
 
 
@@ -108,13 +112,17 @@ def export_checkpoint(run_dir: Path, out: Path, step: int | None = None) -> Expo
     if run.root == out or run.root in out.parents:
         raise ExportError(f"{out} is inside the run directory {run.root}; export somewhere else")
     if not run.resolved("rl").is_file() and not run.resolved("sft").is_file():
-        raise ExportError(f"{run.root} is not an srl run directory (no {run.resolved('rl')}); give outputs/<run "
-                          "name> (a sweep's runs are outputs/<sweep>/<point id>)")
+        raise ExportError(
+            f"{run.root} is not an srl run directory (no {run.resolved('rl')}); give outputs/<run "
+            "name> (a sweep's runs are outputs/<sweep>/<point id>)"
+        )
     step = pick_step(run, step)
     part = checkpoints.part_dir(run, step, "trainer")
     if not (part / "model.safetensors").is_file() and not (part / "dcp").is_dir():
-        raise ExportError(f"checkpoint step {step} of {run.root} is marked complete but {part} holds neither "
-                          "model.safetensors nor dcp/ (deleted or copied in part?)")
+        raise ExportError(
+            f"checkpoint step {step} of {run.root} is marked complete but {part} holds neither "
+            "model.safetensors nor dcp/ (deleted or copied in part?)"
+        )
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)  # now, not after minutes of loading: an unusable DIR fails first

@@ -30,8 +30,12 @@ def apply_lora(model: torch.nn.Module, lora: dict) -> torch.nn.Module:
     except ImportError as e:
         raise ImportError("trainer.model.lora needs peft: pip install 'srl[train]'") from e
     cfg = LoraConfig(
-        r=int(lora["rank"]), lora_alpha=float(lora["alpha"]), lora_dropout=float(lora["dropout"]),
-        target_modules=list(lora["target_modules"]), bias="none", task_type="CAUSAL_LM",
+        r=int(lora["rank"]),
+        lora_alpha=float(lora["alpha"]),
+        lora_dropout=float(lora["dropout"]),
+        target_modules=list(lora["target_modules"]),
+        bias="none",
+        task_type="CAUSAL_LM",
     )
     return get_peft_model(model, cfg)
 
@@ -74,8 +78,11 @@ def merged_state_dict(model: torch.nn.Module, *, is_main: bool = True) -> dict[s
     The product is taken in float32 and cast to the weight's dtype.
     """
     base = model.get_base_model()
-    adapted = {name: mod for name, mod in base.named_modules()
-               if hasattr(mod, "lora_A") and "default" in getattr(mod, "lora_A", {})}  # fmt: skip
+    adapted = {
+        name: mod
+        for name, mod in base.named_modules()
+        if hasattr(mod, "lora_A") and "default" in getattr(mod, "lora_A", {})
+    }
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, t in base.state_dict().items():

@@ -153,8 +153,9 @@ class TrainingStart:
         from toolkit.trainer.checkpoint import save_trainer_state
 
         t0 = time.perf_counter()
-        save_trainer_state(run, step, self.model, self.optimizer, self.scheduler, info=self.info,
-                           keep_last=self.keep_last)
+        save_trainer_state(
+            run, step, self.model, self.optimizer, self.scheduler, info=self.info, keep_last=self.keep_last
+        )
         if self.info.is_main and checkpoints.mark_complete_if_ready(run, step, self.parts):
             checkpoints.apply_retention(run, self.keep_last, self.keep_interval, self.parts)
         return time.perf_counter() - t0
@@ -179,8 +180,14 @@ def start_training(run: RunDir, s: TrainerSettings, *, parts: tuple[str, ...] = 
     from toolkit.trainer.optim import build_optimizer, build_scheduler
 
     info, device = tdist.init_distributed()
-    log.info("rank %d of %d (local rank %d) on %s, device %s", info.rank, info.world_size, info.local_rank,
-             os.environ.get("SLURMD_NODENAME") or socket.gethostname(), device)
+    log.info(
+        "rank %d of %d (local rank %d) on %s, device %s",
+        info.rank,
+        info.world_size,
+        info.local_rank,
+        os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        device,
+    )
     torch.manual_seed(s.seed)
     model_dir = resolve_model(s.model_name)
     # LoRA before sharding: every rank draws the same A matrices (seeded above), then FSDP2 shards them like any
@@ -189,17 +196,32 @@ def start_training(run: RunDir, s: TrainerSettings, *, parts: tuple[str, ...] = 
     n_params = num_parameters(model)
     model = tdist.shard_model(model, info)
     optimizer = build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay, betas=s.betas)
-    scheduler = build_scheduler(optimizer, kind=s.scheduler, warmup_steps=s.warmup_steps,
-                                total_steps=s.max_steps, min_lr_ratio=s.min_lr_ratio)
+    scheduler = build_scheduler(
+        optimizer, kind=s.scheduler, warmup_steps=s.warmup_steps, total_steps=s.max_steps, min_lr_ratio=s.min_lr_ratio
+    )
     source = RunDir(s.resume_dir) if s.resume_dir else run
     start = checkpoints.resume_step(source, s.resume_step, parts)
     done = 0
     if start is not None:
-        done = load_trainer_state(checkpoints.part_dir(source, start, "trainer"), model, optimizer, scheduler, info=info)
+        done = load_trainer_state(
+            checkpoints.part_dir(source, start, "trainer"), model, optimizer, scheduler, info=info
+        )
         log.info("resumed from %s step %d", source.checkpoint_step(start), done)
-    return TrainingStart(info=info, device=device, model=model, optimizer=optimizer, scheduler=scheduler,
-                         model_dir=Path(model_dir), n_params=n_params, done=done, resumed=start is not None,
-                         source=source, keep_last=s.keep_last, keep_interval=s.keep_interval, parts=parts)
+    return TrainingStart(
+        info=info,
+        device=device,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        model_dir=Path(model_dir),
+        n_params=n_params,
+        done=done,
+        resumed=start is not None,
+        source=source,
+        keep_last=s.keep_last,
+        keep_interval=s.keep_interval,
+        parts=parts,
+    )
 
 
 class TrainerDiverged(RuntimeError):
@@ -236,8 +258,9 @@ def weight_bytes(model: Any) -> int:
     return int(sum(p.numel() * p.element_size() for p in model.parameters()))
 
 
-def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None,
-                progress: Heartbeat | None = None) -> int:
+def run_trainer(
+    run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None, progress: Heartbeat | None = None
+) -> int:
     """The trainer loop (see module docstring); returns the last finished trainer step. ``progress``: this
     rank's progress record (default :func:`progress_record`), updated at every phase.
 
@@ -270,6 +293,7 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     def waiting() -> bool:  # polled while the trainer waits for a batch: it is alive, not progressing
         hb.beat()
         return stop()
+
     if info.is_main:
         for d in (run.rollouts, run.broadcasts, run.checkpoints, run.control):
             d.mkdir(parents=True, exist_ok=True)
@@ -299,17 +323,27 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
         if tdist.broadcast_flag(batch is None, info):
             break
         # The attempt's first step compiles and warms up: a start-up phase for the watchdog.
-        hb.phase(f"train step {n} (forward, backward, optimizer; collectives)", step=n,
-                 kind=STARTUP if step == done else None)  # fmt: skip
+        hb.phase(
+            f"train step {n} (forward, backward, optimizer; collectives)",
+            step=n,
+            kind=STARTUP if step == done else None,
+        )
         mbs = plan_micro_batches(
             batch, seq_len=s.seq_len, micro_batch_size=s.micro_batch_size, rank=info.rank, world_size=info.world_size
         )
         metrics = train_step(
-            model, optimizer, scheduler, mbs, loss_cfg=s.loss, max_norm=s.max_norm,
-            num_samples=batch.num_samples, info=info, device=device,
+            model,
+            optimizer,
+            scheduler,
+            mbs,
+            loss_cfg=s.loss,
+            max_norm=s.max_norm,
+            num_samples=batch.num_samples,
+            info=info,
+            device=device,
             # The trainer holds policy version n - 1 while training step n.
             on_policy=torch.as_tensor(batch.policy_version == n - 1),
-        )  # fmt: skip
+        )
         t_bc = time.perf_counter()
         hb.phase(f"weight broadcast {n}", step=n, kind=WEIGHTS, size_bytes=wbytes)
         broadcast_policy(run, n, model, model_dir, info=info, keep=s.broadcast_keep, adapter_only=bool(s.lora))
@@ -324,8 +358,14 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
         hb.phase(f"recording step {n}", step=n)
         if info.is_main:
             m = {"step": n, "time": time.time(), "role": "trainer", **metrics}
-            m.update({"time/wait_for_batch": wait_s, "time/broadcast": bc_s, "time/save_ckpt": ckpt_s,
-                      "policy_version/min": int(batch.policy_version.min()) if batch.num_samples else n - 1})
+            m.update(
+                {
+                    "time/wait_for_batch": wait_s,
+                    "time/broadcast": bc_s,
+                    "time/save_ckpt": ckpt_s,
+                    "policy_version/min": int(batch.policy_version.min()) if batch.num_samples else n - 1,
+                }
+            )
             if device.type == "cuda":
                 m["perf/mfu"] = mfu(metrics["perf/throughput"], n_params, device, info.world_size)
             if n in recorded:
@@ -337,8 +377,14 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
             log.info("step %d loss %.4g grad_norm %.3g %.2fs", n, m["loss/mean"], m["optim/grad_norm"], m["time/step"])
         nonfinite = nonfinite + 1 if metrics["optim/skipped_update"] else 0
         if nonfinite:
-            log.warning("step %d: loss %s / grad norm %s not finite: update skipped (%d in a row, stop at %d)",
-                        n, metrics["loss/mean"], metrics["optim/grad_norm"], nonfinite, s.max_nonfinite_steps)  # fmt: skip
+            log.warning(
+                "step %d: loss %s / grad norm %s not finite: update skipped (%d in a row, stop at %d)",
+                n,
+                metrics["loss/mean"],
+                metrics["optim/grad_norm"],
+                nonfinite,
+                s.max_nonfinite_steps,
+            )
         if nonfinite >= s.max_nonfinite_steps:
             # Stop the whole run the way a stop request does (the orchestrator saves its part too), so the
             # checkpoint written below, which holds the last finite weights, is complete and resumable.
@@ -357,8 +403,9 @@ def run_trainer(run: RunDir, s: TrainerSettings, *, stop: StopFlag | None = None
     if mirror is not None:
         # The orchestrator writes the run's last lines (its step line, the final policy's eval) after this
         # trainer's last step: W&B gets them only if the mirror closes after them.
-        hb.phase("waiting for the orchestrator's last metrics lines (W&B mirror)", step=step,
-                 waiting_for="orchestrator")  # fmt: skip
+        hb.phase(
+            "waiting for the orchestrator's last metrics lines (W&B mirror)", step=step, waiting_for="orchestrator"
+        )
         wait_until_finished(run, "orchestrator", on_wait=hb.beat)
         hb.phase("finishing (closing the W&B mirror, leaving the process group)", step=step)
         mirror.close()

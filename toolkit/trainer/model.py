@@ -6,8 +6,14 @@ from pathlib import Path
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -37,8 +43,9 @@ def untie_output_embeddings(model: torch.nn.Module) -> bool:
     return tied
 
 
-def load_policy(model_dir: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu",
-                lora: dict | None = None) -> torch.nn.Module:  # fmt: skip
+def load_policy(
+    model_dir: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu", lora: dict | None = None
+) -> torch.nn.Module:
     """Load a causal LM from a HF directory (safetensors) with untied output embeddings, on ``device``, wrapped
     in peft LoRA adapters when ``lora`` (``trainer.model.lora`` as a dict) is given.
 
@@ -47,9 +54,7 @@ def load_policy(model_dir: str | Path, *, dtype: str | torch.dtype = "float32", 
     """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch_dtype(dtype), attn_implementation="sdpa"
-    )
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype(dtype), attn_implementation="sdpa")
     untie_output_embeddings(model)
     model = model.to(device)
     if lora:

@@ -24,8 +24,9 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas))
 
 
-def lr_multiplier(k: int, *, kind: str, warmup_steps: int = 0, total_steps: int | None = None,
-                  min_lr_ratio: float = 0.0) -> float:
+def lr_multiplier(
+    k: int, *, kind: str, warmup_steps: int = 0, total_steps: int | None = None, min_lr_ratio: float = 0.0
+) -> float:
     """Learning-rate multiplier of optimizer step ``k`` (0-based count of steps already taken).
 
     - ``constant``: 1.
@@ -56,8 +57,12 @@ def lr_multiplier(k: int, *, kind: str, warmup_steps: int = 0, total_steps: int 
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, *, kind: str = "constant", warmup_steps: int = 0,
-    total_steps: int | None = None, min_lr_ratio: float = 0.0,
+    optimizer: torch.optim.Optimizer,
+    *,
+    kind: str = "constant",
+    warmup_steps: int = 0,
+    total_steps: int | None = None,
+    min_lr_ratio: float = 0.0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A ``LambdaLR`` whose multiplier per optimizer step is :func:`lr_multiplier` (same arguments).
 
@@ -66,6 +71,7 @@ def build_scheduler(
     lr_multiplier(0, kind=kind, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda k: lr_multiplier(k, kind=kind, warmup_steps=warmup_steps, total_steps=total_steps,
-                                min_lr_ratio=min_lr_ratio),
+        lambda k: lr_multiplier(
+            k, kind=kind, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio
+        ),
     )

@@ -52,13 +52,19 @@ class MicroBatch:
     def to(self, device: torch.device | str) -> MicroBatch:
         """Copy of this micro-batch with every tensor on ``device``."""
         moved = {k: v.to(device, non_blocking=True) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
-        return MicroBatch(real_tokens=self.real_tokens, temperature=self.temperature, top_p=self.top_p,
-                          top_k=self.top_k, **moved)  # fmt: skip
+        return MicroBatch(
+            real_tokens=self.real_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, **moved
+        )
 
 
 # The batch's per-token arrays a micro-batch carries, with their dtype in the micro-batch (padding holds 0).
-_DTYPES = {"input_ids": np.int64, "loss_mask": bool, "ce_mask": bool, "inference_logprobs": np.float32,
-           "advantages": np.float32}  # fmt: skip
+_DTYPES = {
+    "input_ids": np.int64,
+    "loss_mask": bool,
+    "ce_mask": bool,
+    "inference_logprobs": np.float32,
+    "advantages": np.float32,
+}
 
 
 def pack_rows(lengths: list[int] | np.ndarray, seq_len: int) -> list[list[int]]:
@@ -129,7 +135,9 @@ def plan_micro_batches(
     than ``seq_len`` or non-positive sizes.
     """
     if seq_len < 1 or micro_batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"bad packing sizes seq_len={seq_len} micro_batch_size={micro_batch_size} rank={rank}/{world_size}")
+        raise ValueError(
+            f"bad packing sizes seq_len={seq_len} micro_batch_size={micro_batch_size} rank={rank}/{world_size}"
+        )
     rows = pack_rows(batch.lengths, seq_len)
     mine = rows[rank::world_size]
     per_rank = math.ceil(len(rows) / world_size)  # rank 0 has the most rows

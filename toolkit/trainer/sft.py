@@ -16,7 +16,8 @@ is appended (``loss/mean``, ``loss/perplexity``, ``optim/lr``, ``optim/grad_norm
 ``progress/num_samples``, ``progress/num_tokens``, ``perf/throughput``; ``val/loss`` and ``val/perplexity`` every
 ``val.interval`` steps and at the end) and the step's sample ids go to ``data_order.jsonl``. With an online eval
 (``[eval]`` envs), the weights of every ``eval.interval``-th step and of the last step are broadcast
-(``broadcasts/step_<n>/``, STABLE last) for the eval-only orchestrator, which evaluates them through vLLM. Checkpoints (every
+(``broadcasts/step_<n>/``, STABLE last) for the eval-only orchestrator, which evaluates them through vLLM. Checkpoints
+(every
 ``ckpt.interval`` steps and at the end) carry the weights as a Hugging Face directory (``hf/``) beside the
 trainer state; the end also writes ``<run>/model/``, which ``srl rl`` takes as ``model.name``.
 """
@@ -51,8 +52,9 @@ def load_data(cfg: Any, model_dir: Path) -> tuple[Any, Any | None]:
 
     def build(d: Any) -> SFTData:
         convs, wheres = load_conversations(d.name, d.columns)
-        return SFTData.build(convs, renderer, cfg.loss_mask, seq_len=cfg.data.seq_len, source=str(d.name),
-                             wheres=wheres)
+        return SFTData.build(
+            convs, renderer, cfg.loss_mask, seq_len=cfg.data.seq_len, source=str(d.name), wheres=wheres
+        )
 
     data = build(cfg.data)
     val = None
@@ -61,8 +63,10 @@ def load_data(cfg: Any, model_dir: Path) -> tuple[Any, Any | None]:
             val = build(cfg.val.data)
         else:
             if len(data) < 2:
-                raise DataError(f"{cfg.data.name}: {len(data)} row(s) cannot be split into train and validation; "
-                                "give [val.data] or more rows")  # fmt: skip
+                raise DataError(
+                    f"{cfg.data.name}: {len(data)} row(s) cannot be split into train and validation; "
+                    "give [val.data] or more rows"
+                )
             n_val = min(len(data) - 1, max(1, round(cfg.val.fraction * len(data))))
             perm = np.random.default_rng([cfg.seed, 1_000_003]).permutation(len(data))
             val, data = data.subset(np.sort(perm[:n_val])), data.subset(np.sort(perm[n_val:]))
@@ -80,8 +84,9 @@ def validation_loss(model: Any, val: Any, *, seq_len: int, micro_batch_size: int
     from toolkit.trainer.step import _all_reduce_sum, token_logprobs
 
     batch = to_batch(val, np.arange(len(val)), step=0)
-    mbs = plan_micro_batches(batch, seq_len=seq_len, micro_batch_size=micro_batch_size, rank=info.rank,
-                             world_size=info.world_size)
+    mbs = plan_micro_batches(
+        batch, seq_len=seq_len, micro_batch_size=micro_batch_size, rank=info.rank, world_size=info.world_size
+    )
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)
     with torch.no_grad():
@@ -124,11 +129,13 @@ def check_resumed_order(run: RunDir, samples_of: Any) -> None:
     last = max(reversed(steps), key=lambda rec: rec["step"])  # the newest line of the highest step
     now = samples_of(last["step"])
     if list(last.get("samples") or []) != list(now):
-        raise DataError(f"--resume: step {last['step']} trained samples {last.get('samples', [])[:3]}... "
-                        f"({run.data_order}), but this attempt's data gives {list(now)[:3]}...: the dataset, "
-                        "data.batch_size, data.shuffle, seed or the validation split changed since the run started. "
-                        "Restore them to resume, or start a new run from this one's weights (model.name = "
-                        f"{run.checkpoints}/step_<n>/hf)")  # fmt: skip
+        raise DataError(
+            f"--resume: step {last['step']} trained samples {last.get('samples', [])[:3]}... "
+            f"({run.data_order}), but this attempt's data gives {list(now)[:3]}...: the dataset, "
+            "data.batch_size, data.shuffle, seed or the validation split changed since the run started. "
+            "Restore them to resume, or start a new run from this one's weights (model.name = "
+            f"{run.checkpoints}/step_<n>/hf)"
+        )
 
 
 def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any, progress: Any = None) -> int:
@@ -157,9 +164,15 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any, progress: Any = None) -
     t_data = time.perf_counter()
     data, val = load_data(cfg, st.model_dir)
     if info.is_main:
-        log.info("data: %d training samples (%d tokens, %d trained) from %s; %s validation samples; %.1fs",
-                 len(data), data.num_tokens, int(data.loss_mask.sum()), cfg.data.name,
-                 len(val) if val is not None else "no", time.perf_counter() - t_data)
+        log.info(
+            "data: %d training samples (%d tokens, %d trained) from %s; %s validation samples; %.1fs",
+            len(data),
+            data.num_tokens,
+            int(data.loss_mask.sum()),
+            cfg.data.name,
+            len(val) if val is not None else "no",
+            time.perf_counter() - t_data,
+        )
         for d in (run.checkpoints, run.control):
             d.mkdir(parents=True, exist_ok=True)
     tdist.barrier(info)
@@ -204,8 +217,9 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any, progress: Any = None) -
         fsutil.remove_stale_temps(run.broadcasts)
 
     def validate() -> dict[str, float]:  # called only with [val], for which load_data always gives data
-        v = validation_loss(model, val, seq_len=d.seq_len, micro_batch_size=s.micro_batch_size, info=info,
-                            device=device)
+        v = validation_loss(
+            model, val, seq_len=d.seq_len, micro_batch_size=s.micro_batch_size, info=info, device=device
+        )
         return {"val/loss": v, "val/perplexity": math.exp(min(v, 80.0))}
 
     step = done
@@ -218,10 +232,20 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any, progress: Any = None) -
         hb.phase(f"train step {n}", step=n, kind=STARTUP if step == done else None)  # the first step compiles
         rows, epoch = rows_of(n)
         batch = to_batch(data, rows, n)
-        mbs = plan_micro_batches(batch, seq_len=d.seq_len, micro_batch_size=s.micro_batch_size, rank=info.rank,
-                                 world_size=info.world_size)
-        metrics = train_step(model, st.optimizer, st.scheduler, mbs, loss_cfg=loss_cfg, max_norm=s.max_norm,
-                             num_samples=batch.num_samples, info=info, device=device)
+        mbs = plan_micro_batches(
+            batch, seq_len=d.seq_len, micro_batch_size=s.micro_batch_size, rank=info.rank, world_size=info.world_size
+        )
+        metrics = train_step(
+            model,
+            st.optimizer,
+            st.scheduler,
+            mbs,
+            loss_cfg=loss_cfg,
+            max_norm=s.max_norm,
+            num_samples=batch.num_samples,
+            info=info,
+            device=device,
+        )
         num_tokens += batch.num_tokens
         step = n
         ckpt_s = 0.0
@@ -230,20 +254,33 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any, progress: Any = None) -
             ckpt_s = checkpoint(n)
             last_saved = n
         hb.phase(f"after step {n}: broadcast, validation, metrics", step=n, kind=WEIGHTS, size_bytes=wbytes)
-        bc_s = broadcast(n) if cfg.has_online_eval and ((eval_every and n % eval_every == 0) or n == s.max_steps) else 0.0
+        bc_s = (
+            broadcast(n) if cfg.has_online_eval and ((eval_every and n % eval_every == 0) or n == s.max_steps) else 0.0
+        )
         extra = validate() if cfg.val is not None and (n % cfg.val.interval == 0 or n == s.max_steps) else {}
         if info.is_main:
             loss = metrics["loss/mean"]
-            m = {"step": n, "time": time.time(), "role": "trainer",
-                 "loss/mean": loss, "loss/perplexity": math.exp(min(loss, 80.0)) if math.isfinite(loss) else loss,
-                 "optim/lr": metrics["optim/lr"], "optim/grad_norm": metrics["optim/grad_norm"],
-                 "optim/skipped_update": metrics["optim/skipped_update"],
-                 "progress/epoch": epoch, "progress/num_samples": n * d.batch_size, "progress/num_tokens": num_tokens,
-                 "train/ce_tokens": int(batch.ce_mask.sum()),
-                 "perf/throughput": metrics["perf/throughput"], "perf/peak_memory": metrics["perf/peak_memory"],
-                 "perf/packing_efficiency": metrics["perf/packing_efficiency"],
-                 "time/step": metrics["time/step"], "time/save_ckpt": ckpt_s, "time/broadcast": bc_s,
-                 **extra}  # fmt: skip
+            m = {
+                "step": n,
+                "time": time.time(),
+                "role": "trainer",
+                "loss/mean": loss,
+                "loss/perplexity": math.exp(min(loss, 80.0)) if math.isfinite(loss) else loss,
+                "optim/lr": metrics["optim/lr"],
+                "optim/grad_norm": metrics["optim/grad_norm"],
+                "optim/skipped_update": metrics["optim/skipped_update"],
+                "progress/epoch": epoch,
+                "progress/num_samples": n * d.batch_size,
+                "progress/num_tokens": num_tokens,
+                "train/ce_tokens": int(batch.ce_mask.sum()),
+                "perf/throughput": metrics["perf/throughput"],
+                "perf/peak_memory": metrics["perf/peak_memory"],
+                "perf/packing_efficiency": metrics["perf/packing_efficiency"],
+                "time/step": metrics["time/step"],
+                "time/save_ckpt": ckpt_s,
+                "time/broadcast": bc_s,
+                **extra,
+            }
             if n in recorded:
                 log.info("metrics of step %d already recorded by an earlier attempt; not written again", n)
             else:
@@ -251,9 +288,16 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any, progress: Any = None) -
                 fsutil.append_jsonl(run.data_order, {"step": n, "samples": [data.sample_ids[r] for r in rows]})
             if mirror is not None:
                 mirror.pump()  # this step's line and the eval lines written since the last step
-            log.info("step %d loss %.4g grad_norm %.3g lr %.3g epoch %.2f %.2fs%s", n, loss, m["optim/grad_norm"],
-                     m["optim/lr"], epoch, m["time/step"],
-                     f" val/loss {extra['val/loss']:.4g}" if extra else "")  # fmt: skip
+            log.info(
+                "step %d loss %.4g grad_norm %.3g lr %.3g epoch %.2f %.2fs%s",
+                n,
+                loss,
+                m["optim/grad_norm"],
+                m["optim/lr"],
+                epoch,
+                m["time/step"],
+                f" val/loss {extra['val/loss']:.4g}" if extra else "",
+            )
         nonfinite = nonfinite + 1 if metrics["optim/skipped_update"] else 0
         if nonfinite >= s.max_nonfinite_steps:
             if step > 0 and last_saved != step:
@@ -282,4 +326,3 @@ def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any, progress: Any = None) -
         mirror.close()
     tdist.shutdown(info)
     return step
-

@@ -60,7 +60,9 @@ def dataset_files(path: Path) -> list[Path]:
         try:
             listed = sorted(path.iterdir())
         except OSError as e:
-            raise DataError(f"{path}: the directory cannot be listed ({e.strerror or e}); check its permissions") from None
+            raise DataError(
+                f"{path}: the directory cannot be listed ({e.strerror or e}); check its permissions"
+            ) from None
         for p in listed:
             if p.suffix.lower() in _SUFFIXES and not p.is_file():
                 what = "a directory (give it as data.name itself)" if p.is_dir() else "a broken or looping symlink"
@@ -71,11 +73,14 @@ def dataset_files(path: Path) -> list[Path]:
         for p in entries:
             low = p.name.lower()
             if p.suffix not in _SUFFIXES and p.suffix.lower() in _SUFFIXES:
-                raise DataError(f"{p}: suffix {p.suffix!r} is not read (only lower-case .jsonl, .json, .parquet); "
-                                "rename the file or move it out of the dataset directory")  # fmt: skip
+                raise DataError(
+                    f"{p}: suffix {p.suffix!r} is not read (only lower-case .jsonl, .json, .parquet); "
+                    "rename the file or move it out of the dataset directory"
+                )
             if any(low.endswith(k + c) for k in _SUFFIXES for c in _COMPRESSED):
-                raise DataError(f"{p}: compressed data files are not read; decompress it or move it out of the "
-                                "dataset directory")  # fmt: skip
+                raise DataError(
+                    f"{p}: compressed data files are not read; decompress it or move it out of the dataset directory"
+                )
     else:
         raise DataError(f"{path}: no such dataset file or directory (data.name must be a local path; no hub here)")
     if not files:
@@ -110,8 +115,10 @@ def _check_encodable(value: Any, where: str) -> None:
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
-        raise DataError(f"{where}: a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its "
-                        "pair), which is not text; fix or drop the row") from None  # fmt: skip
+        raise DataError(
+            f"{where}: a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its "
+            "pair), which is not text; fix or drop the row"
+        ) from None
 
 
 def _json_rows(path: Path) -> Iterator[tuple[int, Any]]:
@@ -148,12 +155,18 @@ def _json_rows(path: Path) -> Iterator[tuple[int, Any]]:
             value = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             # A file that is one JSON document (an array, a pretty-printed object) fails on its first line: say so.
-            hint = ("; the file looks like one JSON document, not one sample per line: write it as JSON Lines, or "
-                    "as one array in a .json file" if row == 0 and text.strip() in ("[", "{") else "")  # fmt: skip
+            hint = (
+                "; the file looks like one JSON document, not one sample per line: write it as JSON Lines, or "
+                "as one array in a .json file"
+                if row == 0 and text.strip() in ("[", "{")
+                else ""
+            )
             raise DataError(f"{path}: row {row} (line {lineno}): not valid JSON ({e.msg}){hint}") from None
         except _DuplicateKey as e:
-            raise DataError(f"{path}: row {row} (line {lineno}): the key {e.args[0]!r} appears twice in one object "
-                            "(readers disagree on which value wins); keep one")  # fmt: skip
+            raise DataError(
+                f"{path}: row {row} (line {lineno}): the key {e.args[0]!r} appears twice in one object "
+                "(readers disagree on which value wins); keep one"
+            )
         if _SURROGATE_ESCAPE.search(line):
             _check_encodable(value, f"{path}: row {row} (line {lineno})")
         yield row, value
@@ -181,10 +194,13 @@ def _file_rows(path: Path) -> Iterator[tuple[int, dict]]:
             rows = table.to_pylist()
         except UnicodeDecodeError:
             # Parquet writers need not validate UTF-8: find the cell to name it (this path only runs on bad data).
-            row, column = next(((i, c) for c in table.column_names for i in range(len(table))
-                                if not _decodes(table[c], i)), ("?", "?"))  # fmt: skip
-            raise DataError(f"{path}: row {row}, column {column!r}: a string holds bytes that are not UTF-8 text; "
-                            "fix the writer's encoding or drop the row") from None  # fmt: skip
+            row, column = next(
+                ((i, c) for c in table.column_names for i in range(len(table)) if not _decodes(table[c], i)), ("?", "?")
+            )
+            raise DataError(
+                f"{path}: row {row}, column {column!r}: a string holds bytes that are not UTF-8 text; "
+                "fix the writer's encoding or drop the row"
+            ) from None
         yield from enumerate(rows)
         return
     for row, value in _json_rows(path):
@@ -207,8 +223,10 @@ def _as_messages(value: Any, default_role: str, where: str, column: str) -> list
     if isinstance(value, str):
         return [{"role": default_role, "content": value}]
     if not isinstance(value, list) or not value:
-        raise DataError(f"{where}, column {column!r}: expected a string or a non-empty list of messages, got "
-                        f"{type(value).__name__ if value is not None else 'null'}")  # fmt: skip
+        raise DataError(
+            f"{where}, column {column!r}: expected a string or a non-empty list of messages, got "
+            f"{type(value).__name__ if value is not None else 'null'}"
+        )
     out = []
     for i, m in enumerate(value):
         if not isinstance(m, dict):
@@ -221,14 +239,18 @@ def _as_messages(value: Any, default_role: str, where: str, column: str) -> list
             raise DataError(f"{where}, column {column!r}, message {i}: content must be a string")
         if role == "assistant" and "content" not in m and not m.get("tool_calls"):
             # A null reply would train the model to end its turn at once; it is missing data, not an answer.
-            raise DataError(f"{where}, column {column!r}, message {i}: an assistant message without content (null "
-                            "or missing) and without tool_calls; fill it in or drop the row")  # fmt: skip
+            raise DataError(
+                f"{where}, column {column!r}, message {i}: an assistant message without content (null "
+                "or missing) and without tool_calls; fill it in or drop the row"
+            )
         if "weight" in m:
             # OpenAI's fine-tuning format excludes a message from the loss with "weight": 0; ignoring the key
             # would train exactly the messages the data says not to.
-            raise DataError(f"{where}, column {column!r}, message {i}: has a 'weight' key (OpenAI fine-tuning "
-                            "format), which srl does not read; move the weights to a message_loss_mask column "
-                            "(one 0/1 per message) and drop the key")  # fmt: skip
+            raise DataError(
+                f"{where}, column {column!r}, message {i}: has a 'weight' key (OpenAI fine-tuning "
+                "format), which srl does not read; move the weights to a message_loss_mask column "
+                "(one 0/1 per message) and drop the key"
+            )
         out.append({**m, "content": content})
     return out
 
@@ -245,15 +267,19 @@ def conversation(row: dict[str, Any], columns: Any, where: str, default_id: str)
         )
     else:
         have = sorted(k for k, v in row.items() if v is not None)
-        raise DataError(f"{where}: needs a {c.messages!r} column, or both {c.prompt!r} and {c.completion!r} "
-                        f"(set [data.columns] when they have other names); the row has {have}")  # fmt: skip
+        raise DataError(
+            f"{where}: needs a {c.messages!r} column, or both {c.prompt!r} and {c.completion!r} "
+            f"(set [data.columns] when they have other names); the row has {have}"
+        )
     mask = row.get(c.message_loss_mask)
     if mask is not None:
         if not isinstance(mask, list) or not all(isinstance(x, (bool, int)) and x in (0, 1) for x in mask):
             raise DataError(f"{where}, column {c.message_loss_mask!r}: expected a list of 0/1 or booleans")
         if len(mask) != len(messages):
-            raise DataError(f"{where}, column {c.message_loss_mask!r}: {len(mask)} entries for {len(messages)} "
-                            "messages (one per message of the whole conversation)")  # fmt: skip
+            raise DataError(
+                f"{where}, column {c.message_loss_mask!r}: {len(mask)} entries for {len(messages)} "
+                "messages (one per message of the whole conversation)"
+            )
         mask = [bool(x) for x in mask]
     tools = row.get(c.tools)
     if isinstance(tools, str):
@@ -281,10 +307,12 @@ def check_dataset(path: Path, columns: Any, loss_mask: Any = None) -> int:
             conv = conversation(value, columns, where, f"{f.name}:{row}")
             if loss_mask is not None and not any(_trained(conv, i, loss_mask) for i in range(len(conv.messages))):
                 roles = [m["role"] for m in conv.messages]
-                raise DataError(f"{where}: no message is trained (roles {roles}; [loss_mask] trains "
-                                f"{[r for r in ROLES if getattr(loss_mask, r)]}, after message_loss_mask); "
-                                "a completion or assistant message is missing, or [data.columns] names the "
-                                "wrong column")  # fmt: skip
+                raise DataError(
+                    f"{where}: no message is trained (roles {roles}; [loss_mask] trains "
+                    f"{[r for r in ROLES if getattr(loss_mask, r)]}, after message_loss_mask); "
+                    "a completion or assistant message is missing, or [data.columns] names the "
+                    "wrong column"
+                )
             count += 1
     if not count:
         raise DataError(f"{path}: the dataset has no rows")
@@ -311,8 +339,10 @@ def _load_arrow(file: Path) -> Any:
         return datasets.load_dataset(builder, data_files=[str(file)], split="train")
     except Exception as e:  # noqa: BLE001 - datasets and pyarrow raise many types for an unreadable file
         cause = e.__cause__ or e.__context__ or e
-        raise DataError(f"{file}: the datasets library cannot read this file ({type(cause).__name__}: "
-                        f"{str(cause)[:300]}); check the file, or convert it to JSON Lines") from None  # fmt: skip
+        raise DataError(
+            f"{file}: the datasets library cannot read this file ({type(cause).__name__}: "
+            f"{str(cause)[:300]}); check the file, or convert it to JSON Lines"
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -330,17 +360,21 @@ def _check_rendered(renderer: Any, conv: Conversation, where: str) -> None:
     """
     with_tools = conv.tools and _render(renderer, conv.messages, False, conv.tools)
     if with_tools and with_tools == _render(renderer, conv.messages, False, None):
-        raise DataError(f"{where}: the row has tools, but renderer {renderer.name!r} (the model's chat template) "
-                        "ignores them; use a model or [renderer] whose template renders tools, or drop the tools "
-                        "column")  # fmt: skip
+        raise DataError(
+            f"{where}: the row has tools, but renderer {renderer.name!r} (the model's chat template) "
+            "ignores them; use a model or [renderer] whose template renders tools, or drop the tools "
+            "column"
+        )
     for i, m in enumerate(conv.messages):
         if m.get("tool_calls"):
             plain = {k: v for k, v in m.items() if k != "tool_calls"}
             upto, without = conv.messages[: i + 1], [*conv.messages[:i], plain]
             if _render(renderer, upto, False, conv.tools) == _render(renderer, without, False, conv.tools):
-                raise DataError(f"{where}, message {i}: renderer {renderer.name!r} (the model's chat template) "
-                                "ignores the message's tool_calls, so the turn would train as its content alone; "
-                                "use a model or [renderer] whose template renders tool calls")  # fmt: skip
+                raise DataError(
+                    f"{where}, message {i}: renderer {renderer.name!r} (the model's chat template) "
+                    "ignores the message's tool_calls, so the turn would train as its content alone; "
+                    "use a model or [renderer] whose template renders tool calls"
+                )
 
 
 def tokenize(renderer: Any, conv: Conversation, loss_mask: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -361,9 +395,11 @@ def tokenize(renderer: Any, conv: Conversation, loss_mask: Any, where: str) -> t
         train_role = _trained(conv, i, loss_mask)
         head = _render(renderer, conv.messages[:i], True, conv.tools) if m["role"] == "assistant" else ids
         if upto[: len(head)] != head or head[: len(ids)] != ids:
-            raise DataError(f"{where}, message {i}: the renderer's ids for the conversation up to this message do "
-                            "not extend those of the messages before it (the template rewrites earlier turns), "
-                            "so the loss cannot be attributed; use another renderer")  # fmt: skip
+            raise DataError(
+                f"{where}, message {i}: the renderer's ids for the conversation up to this message do "
+                "not extend those of the messages before it (the template rewrites earlier turns), "
+                "so the loss cannot be attributed; use another renderer"
+            )
         body = upto[len(head) :]
         mask += [False] * (len(head) - len(ids))  # the generation prompt opening an assistant turn
         if m["role"] == "assistant" and train_role:
@@ -376,8 +412,10 @@ def tokenize(renderer: Any, conv: Conversation, loss_mask: Any, where: str) -> t
         raise DataError(f"{where}: the conversation renders to no tokens")
     mask[0] = False  # the first token has no context to be predicted from
     if not any(mask):
-        raise DataError(f"{where}: no token is trained (no message of a role enabled in [loss_mask], or all "
-                        "masked by message_loss_mask)")  # fmt: skip
+        raise DataError(
+            f"{where}: no token is trained (no message of a role enabled in [loss_mask], or all "
+            "masked by message_loss_mask)"
+        )
     return np.asarray(ids, np.int32), np.asarray(mask, bool)
 
 
@@ -402,8 +440,16 @@ class SFTData:
         return np.diff(self.offsets)
 
     @classmethod
-    def build(cls, convs: list[Conversation], renderer: Any, loss_mask: Any, *, seq_len: int, source: str,
-              wheres: list[str] | None = None) -> SFTData:
+    def build(
+        cls,
+        convs: list[Conversation],
+        renderer: Any,
+        loss_mask: Any,
+        *,
+        seq_len: int,
+        source: str,
+        wheres: list[str] | None = None,
+    ) -> SFTData:
         """Tokenize every conversation. Raises DataError (naming the row) for a sample longer than ``seq_len``
         tokens (it would have to be cut, which trains on a conversation the data does not hold) or any
         :func:`tokenize` error, before any step runs."""
@@ -412,21 +458,29 @@ class SFTData:
             where = wheres[k] if wheres else f"{source}: sample {conv.sample_id}"
             t, m = tokenize(renderer, conv, loss_mask, where)
             if len(t) > seq_len:
-                raise DataError(f"{where}: {len(t)} tokens > data.seq_len = {seq_len}; raise data.seq_len or drop "
-                                "the sample (srl never truncates a sample)")  # fmt: skip
+                raise DataError(
+                    f"{where}: {len(t)} tokens > data.seq_len = {seq_len}; raise data.seq_len or drop "
+                    "the sample (srl never truncates a sample)"
+                )
             ids.append(t)
             masks.append(m)
             offsets.append(offsets[-1] + len(t))
-        return cls(np.concatenate(ids), np.concatenate(masks), np.asarray(offsets, np.int64),
-                   [c.sample_id for c in convs], source)
+        return cls(
+            np.concatenate(ids),
+            np.concatenate(masks),
+            np.asarray(offsets, np.int64),
+            [c.sample_id for c in convs],
+            source,
+        )
 
     def subset(self, rows: np.ndarray) -> SFTData:
         """The samples at ``rows`` (indices), in that order."""
         ids = [self.input_ids[self.offsets[r] : self.offsets[r + 1]] for r in rows]
         masks = [self.loss_mask[self.offsets[r] : self.offsets[r + 1]] for r in rows]
         offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
-        return SFTData(np.concatenate(ids), np.concatenate(masks), offsets, [self.sample_ids[r] for r in rows],
-                       self.source)
+        return SFTData(
+            np.concatenate(ids), np.concatenate(masks), offsets, [self.sample_ids[r] for r in rows], self.source
+        )
 
 
 def load_conversations(path: Path, columns: Any) -> tuple[list[Conversation], list[str]]:
@@ -446,8 +500,9 @@ def load_conversations(path: Path, columns: Any) -> tuple[list[Conversation], li
             try:
                 row = next(rows)
             except UnicodeDecodeError:
-                raise DataError(f"{where}: a string holds bytes that are not UTF-8 text; fix the writer's encoding "
-                                "or drop the row") from None  # fmt: skip
+                raise DataError(
+                    f"{where}: a string holds bytes that are not UTF-8 text; fix the writer's encoding or drop the row"
+                ) from None
             convs.append(conversation(row, columns, where, f"{f.name}:{r}"))
             wheres.append(where)
     if not convs:
@@ -496,4 +551,3 @@ def to_batch(data: SFTData, rows: np.ndarray, step: int) -> Any:
         envs=["sft"] * s,
         meta={"sft": True},
     )
-

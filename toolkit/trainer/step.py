@@ -32,8 +32,9 @@ class DistInfo:
         return self.rank == 0
 
 
-def token_logprobs(model: torch.nn.Module, mb: MicroBatch, *, with_entropy: bool = True
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def token_logprobs(
+    model: torch.nn.Module, mb: MicroBatch, *, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob (nats, float32, with gradient) of every token of ``mb`` given the tokens before it, ``[rows, L]``.
 
     Column 0 (no context) is 0. The logprobs are those of the distribution the inference engine sampled from
@@ -61,8 +62,9 @@ def token_logprobs(model: torch.nn.Module, mb: MicroBatch, *, with_entropy: bool
     return lp, entropy
 
 
-def _truncated_logprobs(logits: torch.Tensor, targets: torch.Tensor, top_k: int, top_p: float, with_entropy: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def _truncated_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, top_k: int, top_p: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Target logprobs (and entropy) under top-k then top-p truncation of ``logits`` ``[rows, L, V]``."""
     vocab = logits.shape[-1]
     vals, idx = logits.topk(top_k if 0 < top_k < vocab else vocab, dim=-1)  # descending
@@ -123,7 +125,8 @@ def train_step(
     ``max_norm`` clips the global gradient L2 norm (<= 0 disables clipping; the norm is still reported).
     With ``apply_update=False`` the gradients are left in the parameters (tests compare them) and neither the
     optimizer nor the scheduler steps. When the global loss or gradient norm is not finite the update is skipped
-    (gradients dropped, weights, optimizer and schedule unchanged) and ``optim/skipped_update`` is 1. Metrics: loss/mean, entropy/mean, mismatch_kl/{mean,max} (per-sample
+    (gradients dropped, weights, optimizer and schedule unchanged) and ``optim/skipped_update`` is 1. Metrics:
+    loss/mean, entropy/mean, mismatch_kl/{mean,max} (per-sample
     means over RL tokens, then mean/max over samples), is_masked/mean, optim/grad_norm, optim/lr,
     perf/throughput (real tokens/s), perf/peak_memory (bytes), perf/packing_efficiency, time/step (s).
 
@@ -151,9 +154,15 @@ def train_step(
     for mb in mbs:
         lp, ent = token_logprobs(model, mb)  # under the batch's sampling, which each micro-batch carries
         parts = rl_loss(
-            lp, mb.inference_logprobs, mb.advantages, mb.loss_mask, mb.ce_mask, loss_cfg,
-            rl_denominator=n_rl, ce_denominator=n_ce,
-        )  # fmt: skip
+            lp,
+            mb.inference_logprobs,
+            mb.advantages,
+            mb.loss_mask,
+            mb.ce_mask,
+            loss_cfg,
+            rl_denominator=n_rl,
+            ce_denominator=n_ce,
+        )
         (parts.loss * info.world_size).backward()
         with torch.no_grad():
             lm = mb.loss_mask

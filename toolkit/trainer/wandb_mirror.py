@@ -77,16 +77,27 @@ class WandbMirror:
                 offline = True
         directory = run.wandb
         directory.mkdir(parents=True, exist_ok=True)
-        settings: dict[str, Any] = {"console": "off", "x_disable_stats": True, "save_code": False,
-                                    "disable_git": True, "silent": True}  # fmt: skip
+        settings: dict[str, Any] = {
+            "console": "off",
+            "x_disable_stats": True,
+            "save_code": False,
+            "disable_git": True,
+            "silent": True,
+        }
         if key:
             settings["api_key"] = key
         try:
             wb_run = wandb.init(
-                project=cfg.get("project") or "srl", name=cfg.get("name") or run.root.name, id=run_id,
-                group=sweep_group(run), dir=str(run.root), mode="offline" if offline else "online",
-                resume="allow", config=_run_config(run), settings=wandb.Settings(**settings),
-            )  # fmt: skip
+                project=cfg.get("project") or "srl",
+                name=cfg.get("name") or run.root.name,
+                id=run_id,
+                group=sweep_group(run),
+                dir=str(run.root),
+                mode="offline" if offline else "online",
+                resume="allow",
+                config=_run_config(run),
+                settings=wandb.Settings(**settings),
+            )
             for role in ROLES:
                 wb_run.define_metric(f"{role}/step")
                 wb_run.define_metric(f"{role}/*", step_metric=f"{role}/step")
@@ -94,8 +105,9 @@ class WandbMirror:
             log.exception("W&B did not start; not logging to W&B (training goes on)")
             return None
         cursor = fsutil.read_json(directory / CURSOR_FILE) or {}
-        log.info("logging metrics to W&B run %s (%s; files in %s)", run_id, "offline" if offline else "online",
-                 directory)  # fmt: skip
+        log.info(
+            "logging metrics to W&B run %s (%s; files in %s)", run_id, "offline" if offline else "online", directory
+        )
         mirror = cls(run, wb_run, cursor)
         mirror.pump()
         return mirror
@@ -164,4 +176,3 @@ def _run_config(run: RunDir) -> dict[str, Any]:
     cfg = fsutil.read_json(run.run_config()) or {}
     cfg.pop("env_vars", None)
     return cfg
-

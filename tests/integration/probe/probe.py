@@ -32,8 +32,12 @@ rec = {
     "node_index": os.environ.get("SRL_NODE_INDEX"),
     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "argv": [os.path.basename(sys.argv[0])] + sys.argv[1:],
-    "env": {k: v for k, v in os.environ.items() if k.startswith(("SRL_", "MASTER_", "VLLM_", "TRITON_"))
-            or k in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_PROCID", "TORCHINDUCTOR_CACHE_DIR", "EVIL")},
+    "env": {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(("SRL_", "MASTER_", "VLLM_", "TRITON_"))
+        or k in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_PROCID", "TORCHINDUCTOR_CACHE_DIR", "EVIL")
+    },
     "pid": os.getpid(),
 }
 out = run / "probe"

@@ -12,8 +12,16 @@ from pathlib import Path
 from toolkit.envs.probe import ProbeError, file_stamp, probe_spec, run_probe
 
 __all__ = [
-    "BUILTIN_TASKSETS", "ProbeError", "TasksetSource", "file_stamp", "known_taskset_ids", "probe_spec",
-    "resolve_taskset_source", "run_probe", "taskset_module_candidates", "taskset_unresolved_reason",
+    "BUILTIN_TASKSETS",
+    "ProbeError",
+    "TasksetSource",
+    "file_stamp",
+    "known_taskset_ids",
+    "probe_spec",
+    "resolve_taskset_source",
+    "run_probe",
+    "taskset_module_candidates",
+    "taskset_unresolved_reason",
 ]
 
 BUILTIN_TASKSETS: dict[str, str] = {

@@ -125,9 +125,7 @@ class AlphabetSortTask(vf.Task[AlphabetSortData, vf.State, vf.TaskConfig]):
         replies = trace.assistant_messages
         if len(replies) < len(task.turns):
             return 0.0
-        return float(
-            reply_lines(replies[len(task.turns) - 1].content or "") == expected_lists(task.turns)[-1]
-        )
+        return float(reply_lines(replies[len(task.turns) - 1].content or "") == expected_lists(task.turns)[-1])
 
 
 class AlphabetSortTaskset(vf.Taskset[AlphabetSortTask, AlphabetSortConfig]):

@@ -35,9 +35,7 @@ def split_rng(seed: int, split: str) -> random.Random:
     return random.Random(f"srl-taskset:{seed}:{split}")
 
 
-def generate_split(
-    config: SplitTasksetConfig, make: Callable[[random.Random], T], key: Callable[[T], str]
-) -> list[T]:
+def generate_split(config: SplitTasksetConfig, make: Callable[[random.Random], T], key: Callable[[T], str]) -> list[T]:
     """The tasks of ``config.split``: ``make(rng)`` draws one item, ``key(item)`` identifies it.
 
     Test items are drawn first; train items whose key is a test key are skipped, so the splits never share
