@@ -20,10 +20,17 @@ import re
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolkit.config import LoadedConfig, RLConfig
+    from toolkit.config.sft import SFTConfig
+    from toolkit.launch.pipeline import Check, Launch, Started
+    from toolkit.preflight import Preflight
+    from toolkit.run.layout import RunDir
 
 
-def load(files: list[Path], overrides: list[str]) -> Any:
+def load(files: list[Path], overrides: list[str]) -> SFTConfig:
     """The validated SFTConfig, its datasets checked on this machine and its launch view through preflight (model,
     site, ports, placement, [eval] tasksets), as ``srl sft`` checks it before anything is written.
 
@@ -34,7 +41,7 @@ def load(files: list[Path], overrides: list[str]) -> Any:
     return cfg
 
 
-def _read(files: list[Path], overrides: list[str]) -> Any:
+def _read(files: list[Path], overrides: list[str]) -> SFTConfig:
     """The validated SFTConfig (schema and cross-field rules), its dataset paths made absolute. Raises ConfigError
     naming the field."""
     from toolkit.config import ConfigError
@@ -50,11 +57,11 @@ def _read(files: list[Path], overrides: list[str]) -> Any:
     return cfg
 
 
-def _checks(cfg: Any) -> Any:
+def _checks(cfg: SFTConfig) -> Check:
     """The launch pipeline's check of SFT run ``cfg``: preflight of its launch view (:func:`_check_world`), then its
     datasets on this machine (:func:`_check_data`). Returns the Preflight."""
 
-    def check(loaded: Any, **kw: Any) -> Any:
+    def check(loaded: LoadedConfig, **kw: Any) -> Preflight:
         checked = _check_world(loaded, **kw)
         _check_data(cfg)
         return checked
@@ -62,7 +69,7 @@ def _checks(cfg: Any) -> Any:
     return check
 
 
-def _check_data(cfg: Any) -> None:
+def _check_data(cfg: SFTConfig) -> None:
     """Every dataset of ``cfg`` read on this machine. Raises ConfigError naming the field, or the dataset file, row
     and column of a bad sample."""
     from toolkit.config import ConfigError, ConfigIssue
@@ -89,7 +96,7 @@ def _check_data(cfg: Any) -> None:
             )
 
 
-def _launch_loaded(cfg: Any, files: list[Path]) -> Any:
+def _launch_loaded(cfg: SFTConfig, files: list[Path]) -> LoadedConfig:
     """The SFT run's launch view as the LoadedConfig the launch pipeline checks and writes."""
     from toolkit.config.sft import launch_loaded
 
@@ -98,7 +105,9 @@ def _launch_loaded(cfg: Any, files: list[Path]) -> Any:
     return loaded
 
 
-def _check_world(loaded: Any, *, run: Any = None, roles: tuple[str, ...] = ("trainer",), probe: bool = False) -> Any:
+def _check_world(
+    loaded: LoadedConfig, *, run: RunDir | None = None, roles: tuple[str, ...] = ("trainer",), probe: bool = False
+) -> Preflight:
     """The preflight ``srl rl`` runs (model.name, site, ports, placement, [eval] tasksets and runtimes), on the SFT
     run's launch view ``loaded`` (a writable output_dir among them): a missing model or an unknown site is reported
     here, before the run directory is written, instead of as a traceback when the trainer starts. Prints notes
@@ -118,7 +127,7 @@ def _check_world(loaded: Any, *, run: Any = None, roles: tuple[str, ...] = ("tra
     return checked
 
 
-def _run_dir(cfg: Any, resume: bool) -> Any:
+def _run_dir(cfg: SFTConfig, resume: bool) -> RunDir:
     """The run directory: ``run.name``, or a new ``sft--<data>--<model>--<id>`` (with ``resume``: the newest run of
     that prefix that recorded metrics)."""
     from toolkit.run.layout import RunDir
@@ -139,7 +148,7 @@ def _run_dir(cfg: Any, resume: bool) -> Any:
     return RunDir(Path(cfg.output_dir) / cfg.run.name)
 
 
-def _refuse_finished(cfg: Any, live: Any, *, resume: bool, dry_run: bool) -> None:
+def _refuse_finished(cfg: SFTConfig, live: RunDir, *, resume: bool, dry_run: bool) -> None:
     """``--resume`` of an SFT run whose last checkpoint is already at max_steps: ConfigError, nothing written."""
     from toolkit import checkpoints
     from toolkit.config import ConfigError
@@ -154,14 +163,14 @@ def _refuse_finished(cfg: Any, live: Any, *, resume: bool, dry_run: bool) -> Non
             )
 
 
-def _write_sft_config(cfg: Any, run: Any, attempt: int) -> None:
+def _write_sft_config(cfg: SFTConfig, run: RunDir, attempt: int) -> None:
     """``configs/attempt_<n>/resolved/sft.json``: marks the run as SFT for the trainer, which reads it."""
     from toolkit.fsutil import atomic_write_json
 
     atomic_write_json(run.config_attempt(attempt) / "resolved" / "sft.json", cfg.model_dump(mode="json"))
 
 
-def _request(cfg: Any, files: list[Path], argv: list[str], flags: dict[str, Any]) -> Any:
+def _request(cfg: SFTConfig, files: list[Path], argv: list[str], flags: dict[str, Any]) -> Launch:
     """The launch pipeline's request for SFT run ``cfg`` (its run directory decided here)."""
     from toolkit.launch.pipeline import Launch
 
@@ -177,11 +186,11 @@ def _request(cfg: Any, files: list[Path], argv: list[str], flags: dict[str, Any]
     )
 
 
-def _start(cfg: Any, req: Any) -> Any:
+def _start(cfg: SFTConfig, req: Launch) -> Started:
     """Start SFT request ``req`` through the launch pipeline (SFT's own checks and files as its hooks)."""
     from toolkit.launch.pipeline import start
 
-    def after(run: Any, attempt: int) -> None:
+    def after(run: RunDir, attempt: int) -> None:
         _write_sft_config(cfg, run, attempt)
         if req.dry_run:
             print(f"dry run: SFT config {run.resolved('sft')}")
@@ -195,8 +204,8 @@ def _start(cfg: Any, req: Any) -> Any:
 
 
 def prepare(
-    cfg: Any, argv: list[str], *, files: list[Path], dry_run: bool, resume: bool, clean: bool
-) -> tuple[Any, Any, int]:
+    cfg: SFTConfig, argv: list[str], *, files: list[Path], dry_run: bool, resume: bool, clean: bool
+) -> tuple[RLConfig, RunDir, int]:
     """Create or reopen the run directory and write this attempt's configs, without launching (a test that is the
     run's supervisor itself). Returns ``(launch_view, run, attempt)``. Raises ConfigError as ``srl sft`` does."""
     from toolkit.launch.prepare import prepare_attempt
@@ -358,7 +367,7 @@ def _refuse_chain_misuse(rl_args: list[str]) -> None:
             )
 
 
-def _check_rl_args(rl_args: list[str], cfg: Any) -> None:
+def _check_rl_args(rl_args: list[str], cfg: SFTConfig) -> None:
     """Validate the RL half of a chain before the SFT run is written or started: a mistake there would otherwise
     surface only after SFT trained (locally) or after its job was submitted (Slurm), which then runs alone.
 
