@@ -18,24 +18,18 @@ from toolkit.run.layout import RunDir
 JOBS = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text"
 
 
+def _slurm_rl_args(out: Path) -> list[str]:
+    """``srl rl`` of the README job on the local Slurm site, run ``r`` under ``out``."""
+    jobs = ["@", str(JOBS / "rl.toml"), "@", str(JOBS / "slurm.toml")]
+    return ["rl", *jobs, "--site", "local-slurm", "--output-dir", str(out), "--run.name", "r"]
+
+
 def _placement(run: Path) -> dict:
     return json.loads((run / "launcher" / "placement.json").read_text())
 
 
 def test_dry_run_writes_the_plan_the_submitted_job_uses(tmp_path: Path, monkeypatch) -> None:
-    args = [
-        "rl",
-        "@",
-        str(JOBS / "rl.toml"),
-        "@",
-        str(JOBS / "slurm.toml"),
-        "--site",
-        "local-slurm",
-        "--output-dir",
-        str(tmp_path),
-        "--run.name",
-        "r",
-    ]
+    args = _slurm_rl_args(tmp_path)
     assert main([*args, "--dry-run"]) == 0
     dry = _placement(tmp_path / "r")
 
@@ -119,19 +113,7 @@ def test_the_batch_job_reads_its_config_once_and_fills_in_the_plan(tmp_path: Pat
     from toolkit.config.site import read_site as real_read_site
     from toolkit.launch import supervisor
 
-    args = [
-        "rl",
-        "@",
-        str(JOBS / "rl.toml"),
-        "@",
-        str(JOBS / "slurm.toml"),
-        "--site",
-        "local-slurm",
-        "--output-dir",
-        str(tmp_path),
-        "--run.name",
-        "r",
-    ]
+    args = _slurm_rl_args(tmp_path)
     monkeypatch.setattr(slurm, "jobs_logging_under", lambda root: [])
     monkeypatch.setattr(slurm, "submit", lambda script, **kw: "4244")
     assert main(args) == 0
