@@ -166,6 +166,14 @@ def test_live_reload_serves_exactly_the_new_weights(deployment):
     assert max(abs(a - b) for a, b in zip(gen.logprobs, old)) > 1e-3
 
 
+def _client(timeout_s: float) -> httpx.AsyncClient:
+    """A plain HTTP client for rounds of streamed requests, with a new connection for every request. The API
+    server closes a connection that stayed idle for its keep-alive time (5 s); a pooled one reused just as it
+    closes fails with ReadError before the request is sent (seen under a CPU hog between two rounds). srl's own
+    client retries such transport errors; these tests measure single requests and must not."""
+    return httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_keepalive_connections=0))
+
+
 async def _stream(client: httpx.AsyncClient, base_url: str, body: dict, received: list[int], i: int):
     """One streamed ``/v1/completions`` request; ``received[i]`` counts the tokens that have reached the client so
     far (each of them was generated before it arrived). Returns the whole Generation."""
@@ -219,7 +227,7 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
 
     async def go():
         updater = WeightUpdater(dep.engine_urls, timeout_s=120)
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with _client(timeout_s=120) as client:
             await updater.update(base, 5)  # also the one-time /server_info lookup, kept out of the reloads below
             for _ in range(2):  # the second run is timed: a fresh engine's first requests are slower
                 t0 = time.monotonic()
@@ -286,7 +294,7 @@ def test_throughput_and_queue_depths(deployment):
     stop = threading.Event()
 
     async def go():
-        async with httpx.AsyncClient(timeout=300) as client:
+        async with _client(timeout_s=300) as client:
             t0 = time.monotonic()
             gens = await asyncio.gather(
                 *(_complete(client, dep.base_url, _to_length(max_tokens, None)) for _ in range(n))
