@@ -24,12 +24,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolkit import checkpoints, fsutil
 from toolkit.lease import exit_when_lease_gone
 from toolkit.run.heartbeat import STARTUP, WEIGHTS, Heartbeat, enable_stack_dumps, wait_until_finished
 from toolkit.run.layout import RunDir
+
+if TYPE_CHECKING:
+    from toolkit.config.model import RLConfig
+    from toolkit.config.sft import SFTConfig
 
 log = logging.getLogger("srl.trainer")
 
@@ -75,7 +79,7 @@ class TrainerSettings:
     batch_timeout_s: float | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any) -> TrainerSettings:
+    def from_config(cls, cfg: RLConfig | SFTConfig) -> TrainerSettings:
         """Map a resolved ``RLConfig`` or ``SFTConfig`` onto settings (attribute names of ``toolkit/config/``). An
         SFT run packs rows of ``data.seq_len`` tokens and leaves the RL loop's fields None."""
         from toolkit.config.sft import SFTConfig
@@ -116,7 +120,7 @@ class TrainerSettings:
         )
 
 
-def load_run_config(run: RunDir) -> Any:
+def load_run_config(run: RunDir) -> RLConfig | SFTConfig:
     """The run's latest resolved config: the ``SFTConfig`` of ``sft.json`` when that file exists, else the
     ``RLConfig`` of ``rl.json``. Raises FileNotFoundError when neither exists, ValidationError on a bad file."""
     from toolkit.config import load_resolved

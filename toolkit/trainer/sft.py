@@ -28,7 +28,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,10 +36,13 @@ from toolkit import fsutil
 from toolkit.checkpoints import SFT_PARTS as PARTS
 from toolkit.run.layout import RunDir
 
+if TYPE_CHECKING:
+    from toolkit.config.sft import SFTConfig
+
 log = logging.getLogger("srl.trainer.sft")
 
 
-def load_data(cfg: Any, model_dir: Path) -> tuple[Any, Any | None]:
+def load_data(cfg: SFTConfig, model_dir: Path) -> tuple[Any, Any | None]:
     """Tokenized train and validation data of an SFT config (validation None without ``[val]``).
 
     Without ``val.data``, ``val.fraction`` of the rows (at least one, at most all but one) is held out, chosen by
@@ -138,7 +141,7 @@ def check_resumed_order(run: RunDir, samples_of: Any) -> None:
         )
 
 
-def run_sft(run: RunDir, cfg: Any, s: Any, *, stop: Any, progress: Any = None) -> int:
+def run_sft(run: RunDir, cfg: SFTConfig, s: Any, *, stop: Any, progress: Any = None) -> int:
     """The SFT loop (module docstring) of ``cfg`` (an ``SFTConfig``) with its trainer settings ``s``
     (``TrainerSettings.from_config(cfg)``, resume overrides applied); returns the last finished step.
     ``progress``: this rank's progress record (``toolkit.run.heartbeat.Heartbeat``; default: a new one).
