@@ -3,11 +3,10 @@ Markdown twin (figures as PNG files next to it), and CSV tables.
 
 Each run opens with its outcome (:func:`_outcome`: how it ended, steps, wall time, eval first -> best -> last, the
 reward and eval figures, the top diagnosis findings), then the deliverable sections of a run report: 1. version and
-resolved
-config; 2. taskset, harness, runtime, renderer, group, batch and eval settings; 3. pre-training validation evidence
-(the step-0 eval); 4. resource and cost envelope; 5. monitoring and stop criteria; 6. failures with their boundary
-(:mod:`analysis.diagnose`). When runs carry a ``sweep_point`` in ``run_meta.json``, a sweep section compares the
-points: final and best metric per point, mean and 95% t-interval across seeds, and a comparison figure.
+resolved config; 2. taskset, harness, runtime, renderer, group, batch and eval settings; 3. pre-training validation
+evidence (the step-0 eval); 4. resource and cost envelope; 5. monitoring and stop criteria; 6. failures with their
+boundary (:mod:`analysis.diagnose`). When runs carry a ``sweep_point`` in ``run_meta.json``, a sweep section compares
+the points: final and best metric per point, mean and 95% t-interval across seeds, and a comparison figure.
 """
 
 from __future__ import annotations

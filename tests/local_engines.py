@@ -284,13 +284,12 @@ def start_local_deployment(
     Aggregated mode: ``num_engines`` replicas behind a router (router when more than one engine, or when
     ``use_router`` is True). P/D mode: ``prefill_replicas`` > 0 and ``decode_replicas`` > 0 (then
     ``num_engines`` is ignored); KV moves through ``kv_connector`` ("ExampleConnector": files in
-    ``<run>/scratch/kv_store``,
-    removed at start and stop). On CPU each engine is pinned to its own cores. Logs go to ``log_dir/<name>.log``.
-    If ``<run>/broadcasts`` holds a STABLE step, every engine loads it before readiness (a restarted deployment
-    resumes the policy it served). Engines get the admin token ``admin_token``; None means this process's
-    ``SRL_ADMIN_TOKEN``, created and exported here when unset, so a ``WeightUpdater`` built later in this process
-    finds it (``Deployment.admin_token`` holds it too). Raises EngineStartError (naming the URL, exit code, log tail) or
-    WeightUpdateError; everything started is stopped before the error propagates.
+    ``<run>/scratch/kv_store``, removed at start and stop). On CPU each engine is pinned to its own cores. Logs go to
+    ``log_dir/<name>.log``. If ``<run>/broadcasts`` holds a STABLE step, every engine loads it before readiness (a
+    restarted deployment resumes the policy it served). Engines get the admin token ``admin_token``; None means this
+    process's ``SRL_ADMIN_TOKEN``, created and exported here when unset, so a ``WeightUpdater`` built later in this
+    process finds it (``Deployment.admin_token`` holds it too). Raises EngineStartError (naming the URL, exit code, log
+    tail) or WeightUpdateError; everything started is stopped before the error propagates.
     """
     t0 = time.monotonic()
     clear_ready(run)

@@ -101,8 +101,8 @@ def resume_step(run: RunDir, requested: int | None, parts: tuple[str, ...] | Non
     ``requested`` None means the newest complete checkpoint (incomplete newer ones are skipped with a warning);
     None also when the only step directories hold nothing but orchestrator parts (written ahead of the trainer's
     first checkpoint, so no trainer state exists to lose). Raises CheckpointError, listing every step directory and what
-    it lacks, when ``requested`` is given and not
-    complete, or when step directories exist but none is complete (never a silent restart from step 0).
+    it lacks, when ``requested`` is given and not complete, or when step directories exist but none is complete (never a
+    silent restart from step 0).
     """
     parts = parts or parts_of(run)
     steps = numbered_steps(run.checkpoints)

@@ -17,9 +17,8 @@ Every point is validated as a full run config (the base files, ``[config]``, the
 and dotted overrides, then the point's own values) before anything is written or submitted. Each point runs in its
 own run directory ``<output_dir>/<sweep>/<point id>``, keyed by point id, never by ``SLURM_JOB_ID`` (a requeued
 task may get a new one). On a Slurm site every point runs as the ``srl rl`` batch job it would be on its own, inside a
-job array task
-that requests its whole allocation (``toolkit.launch.sweeps``); locally the points run here, ``max_parallel`` at
-a time.
+job array task that requests its whole allocation (``toolkit.launch.sweeps``); locally the points run here,
+``max_parallel`` at a time.
 """
 
 from __future__ import annotations

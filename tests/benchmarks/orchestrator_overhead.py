@@ -7,13 +7,11 @@ rendering the prompt to token ids, the env worker's episode (setup, the reply, s
 reward), the policy client, advantages, filtering, the HDF5 store append, the batch write and the metrics line.
 Single-turn rollouts, one completion request each, so a bare request is the fair unit; the bare client sends the
 same prompts (the taskset's examples rendered by the same renderer, ~107 tokens each), so both send the same bytes. The
-rate counts the
-rollouts of steps 3..N over the wall time between the metrics lines of step 2 and step N, i.e. whole steps
-including their store and batch writes (``time/step`` stops before the writes, so summing it would leave them
-out; the next step's groups are generated while they run); steps 1-2 are warm-up (imports, first template render, HDF5
-file
-creation) and env worker start-up is never counted. The bare client sends as many requests as are counted but at
-least 8192 (a window of a few seconds: sub-second windows varied by 2x between runs), at the same concurrency
+rate counts the rollouts of steps 3..N over the wall time between the metrics lines of step 2 and step N, i.e. whole
+steps including their store and batch writes (``time/step`` stops before the writes, so summing it would leave them out;
+the next step's groups are generated while they run); steps 1-2 are warm-up (imports, first template render, HDF5 file
+creation) and env worker start-up is never counted. The bare client sends as many requests as are counted but at least
+8192 (a window of a few seconds: sub-second windows varied by 2x between runs), at the same concurrency
 (``--concurrency``, the orchestrator's ``max_concurrent``), after warming its pool.
 
     python tests/benchmarks/orchestrator_overhead.py [--steps 8] [--batch-size 64] [--group-size 8]

@@ -7,11 +7,10 @@ read of the same bytes from the same filesystem, measured in the same run.
 
 Per update: a new weights directory is written under ``<run>/broadcasts/step_<n>/``, its files fsynced, and its
 STABLE marker last (the trainer's protocol); the page cache of its files is dropped (``posix_fadvise(DONTNEED)``, per
-file, so other
-processes are unaffected); the clock starts when the marker exists; the follower (``follow_broadcasts`` below, polling
-every 50 ms) pauses, reloads, resets the prefix cache and resumes the engine; the clock stops when ``/weight_info``
-reports the new version and the engine is resumed. Goal: ratio at most 2x. Fixed per-update costs (HTTP round trips,
-pause/resume, polling) dominate for small models.
+file, so other processes are unaffected); the clock starts when the marker exists; the follower (``follow_broadcasts``
+below, polling every 50 ms) pauses, reloads, resets the prefix cache and resumes the engine; the clock stops when
+``/weight_info`` reports the new version and the engine is resumed. Goal: ratio at most 2x. Fixed per-update costs (HTTP
+round trips, pause/resume, polling) dominate for small models.
 
 Three plain reads of the same bytes, from the same filesystem, are printed as baselines (each drops the files'
 cache first; sequential 16 MiB reads into one buffer):

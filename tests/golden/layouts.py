@@ -1,8 +1,7 @@
 """Run configs of the golden layouts (issue 3) and a helper to build configs for placement/render tests.
 
 Every config is a plain dict merged over a minimal valid run, validated with ``config_cases.validate`` (schema, rules,
-preflight).
-Output paths are fixed (``/shared/runs``) so rendered scripts are byte-stable.
+preflight). Output paths are fixed (``/shared/runs``) so rendered scripts are byte-stable.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@
 The model is built here, from nothing (no model hub): a random-init ``Qwen3ForCausalLM`` written as a HF directory
 and loaded through srl's own ``toolkit.trainer.model.load_policy`` (SDPA, untied output layer, as the trainer
 loads a policy; bf16 on GPU, fp32 in the CPU dry mode). The GPU shape is Qwen3-0.6B's decoder (28 layers, hidden 1024,
-16 query and 8 key/value
-heads of 128, MLP 3072) with a 32,768-token vocabulary and its own output layer: 0.51B parameters. The CPU dry
-mode uses srl's tiny shape (``toolkit.models.tiny.TINY_SHAPE``).
+16 query and 8 key/value heads of 128, MLP 3072) with a 32,768-token vocabulary and its own output layer: 0.51B
+parameters. The CPU dry mode uses srl's tiny shape (``toolkit.models.tiny.TINY_SHAPE``).
 
 Each step is srl's ``toolkit.trainer.step.train_step`` (IPO loss, AdamW from ``toolkit.trainer.optim``, gradient
 clipping) on micro-batches packed by ``toolkit.trainer.packing.plan_micro_batches`` from an RL-like mix of sample

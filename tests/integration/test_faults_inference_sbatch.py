@@ -23,8 +23,8 @@ from test_rl_sbatch_stubs import _bin, stub_site
 from toolkit import lease
 from toolkit.config import load_config
 from toolkit.launch.prepare import prepare_run
-from toolkit.launch.submit import INFERENCE_ROLES
 from toolkit.placement import build_plan, write_plan
+from toolkit.placement.plan import INFERENCE_ROLES
 from toolkit.preflight.site import load_site
 from toolkit.render import render_job
 

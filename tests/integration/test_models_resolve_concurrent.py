@@ -14,8 +14,7 @@ pytestmark = pytest.mark.slow
 need_module("torch")
 
 # Each worker signals it is ready, then waits for a go file so both pass the "not built yet" check at about the same
-# time, then prints
-# the inode of the directory it was handed and the inode of model.safetensors inside it.
+# time, then prints the inode of the directory it was handed and the inode of model.safetensors inside it.
 _WORKER = """
 import os, sys, time
 from pathlib import Path

@@ -37,11 +37,11 @@ echo "$*" >> "$STUB_LOG/srun.log"
 while [[ $# -gt 0 && $1 == --* ]]; do shift; done
 exec "$@"
 """
-SCONTROL = """#!/bin/bash
+NODE = "NodeName=node1 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=localhost"
+SCONTROL = f"""#!/bin/bash
 echo "$*" >> "$STUB_LOG/scontrol.log"
 [[ $1 == requeue ]] && exit 0
-[[ $1 == show && $2 == node ]] && { echo "NodeName=node1 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=localhost"; exit 0;
-}
+[[ $1 == show && $2 == node ]] && {{ echo "{NODE}"; exit 0; }}
 exit 1
 """
 

@@ -1,7 +1,6 @@
 """The batch job's supervisor (toolkit/launch/supervisor.py) on the real local Slurm cluster, every component a
 probe (probe/probe.py): the pre-run command runs from its file on every node and never on a command line. (The
-pre-timeout signal, teardown and engine restarts: test_rl_sbatch_slurm.py and
-test_engine_restart_slurm.py.)
+pre-timeout signal, teardown and engine restarts: test_rl_sbatch_slurm.py and test_engine_restart_slurm.py.)
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 `srl sweep @ sweep.toml` is run as a user would. Each array task is a real, short RL run of its point (tiny model,
 vLLM CPU engine, orchestrator, trainer; ``max_steps`` 3) on one emulated node, as the point's own batch job. The array
-is throttled to one task
-at a time (``%1``): the four emulated nodes share this machine's two cores, and one vLLM engine at a time is what
-the machine holds.
+is throttled to one task at a time (``%1``): the four emulated nodes share this machine's two cores, and one vLLM engine
+at a time is what the machine holds.
 
 Checks:
 - one array job id with 6 tasks, throttle ``%P`` reported by scontrol and never exceeded (task start/end times,

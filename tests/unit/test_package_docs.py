@@ -15,9 +15,9 @@ PACKAGES = sorted(p.parent for root in ("toolkit", "analysis") for p in (REPO / 
 
 def names_module(doc: str, name: str) -> bool:
     """Whether ``doc`` names module ``name`` as a map entry: in double backticks (``name``, ``name.py``,
-    ``name/``) or a ``:mod:`` reference ending in it, or opening a line of the map (``  name  what it does`` or ``-
-    name: ...``). A word inside prose does
-    not count: a module called ``job`` is not documented by a sentence about a Slurm job."""
+    ``name/``) or a ``:mod:`` reference ending in it, or opening a line of the map (``  name  what it does`` or
+    ``- name: ...``). A word inside prose does not count: a module called ``job`` is not documented by a sentence
+    about a Slurm job."""
     n = re.escape(name)
     quoted = rf"``{n}(?:\.py|/)?``|:mod:`[\w.]*\b{n}`"
     entry = rf"^[ \t]*(?:[-*][ \t]+)?{n}(?:\.py|/)?(?=[ \t:]|$)"

@@ -40,10 +40,7 @@ def main(argv: list[str]) -> int:
         clean=flags["clean"],
         kind="inference",
     )
-    started = start(req)
-    if started.job_id is not None:
-        print(f"inference job {started.job_id}: ready file {started.run.inference_ready}")
-    return started.status
+    return start(req).status
 
 
 def _queues(argv: list[str]) -> int:

@@ -114,16 +114,14 @@ def _check_world(
     and warnings; returns the Preflight; raises ConfigError naming the SFT config's fields."""
     from toolkit.config import ConfigError
     from toolkit.config.sft import in_sft_terms
+    from toolkit.launch.pipeline import print_findings
     from toolkit.preflight import preflight
 
     try:
         checked = preflight(loaded, run=run, roles=roles, probe=probe)
     except ConfigError as e:
         raise ConfigError(in_sft_terms(e.issues)) from None
-    for n in checked.notices:
-        print(f"note: {n}", file=sys.stderr)
-    for w in in_sft_terms(checked.warnings):
-        print(f"warning: {w}", file=sys.stderr)
+    print_findings(checked, in_sft_terms(checked.warnings))
     return checked
 
 

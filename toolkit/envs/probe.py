@@ -141,10 +141,9 @@ def run_probe(
 
     A spec whose id resolves to srl's own built-in (or to nothing) on that path, when ``python`` is this
     interpreter, is checked in this process (the same code either way; verifiers is imported here once instead of once
-    per check). Every
-    other spec is checked in a fresh ``python`` from an empty working directory (a worker's ``-m`` start puts its
-    directory first on ``sys.path``; the run directory holds no modules): the taskset's own module is never
-    imported into srl's process. Answers from a per-process memo for the same specs, interpreter, path and
+    per check). Every other spec is checked in a fresh ``python`` from an empty working directory (a worker's ``-m``
+    start puts its directory first on ``sys.path``; the run directory holds no modules): the taskset's own module is
+    never imported into srl's process. Answers from a per-process memo for the same specs, interpreter, path and
     ``memo_key`` (the caller's stamp of the files involved; a sweep preflights the same envs once per point).
     Raises ProbeError when the process fails to answer within ``timeout_s`` seconds.
     """

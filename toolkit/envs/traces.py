@@ -4,11 +4,9 @@ For an environment the plain chat loop (``toolkit.envs.episode``) cannot play as
 ``@vf.intercept`` hooks, request/response stops, the taskset module's own ``Env`` or harness, another harness id),
 the worker builds the environment the way verifiers does (``env_config_type`` / ``environment_class`` of the
 taskset id, with the env's ``harness`` and ``runtime`` on its agent seats: :func:`seat_overrides`) and runs
-``Env.run_episode`` inside
-``policy_serving``: verifiers runs setup, the harness program, tool servers, stops, interception and scoring; each
-model turn reaches srl's ``PolicyModelClient``, whose ``generate`` is a callback to the orchestrator (the policy
-client, its retries and the policy version per turn stay there; ``toolkit.envs.protocol``).
-
+``Env.run_episode`` inside ``policy_serving``: verifiers runs setup, the harness program, tool servers, stops,
+interception and scoring; each model turn reaches srl's ``PolicyModelClient``, whose ``generate`` is a callback to the
+orchestrator (the policy client, its retries and the policy version per turn stay there; ``toolkit.envs.protocol``).
 What comes back per episode (:meth:`TraceEnv.run`) is one Rollout's fields per trainable trace (an Env that runs
 several attempts, or several trainable seats, gives several): reward, reward components and metrics of the trace,
 its turns and truncation (verifiers' ``Trace.is_truncated`` and stop condition), and its training samples, which

@@ -11,8 +11,7 @@ verdict per gate item, write it to ``<run>/reports/`` (``toolkit.run.verdict``) 
 (``--dependency=afterok:<id>``).
 
 Public API: ``main(argv) -> int``; ``print_verdict``; ``validate.validate_config``; ``run.run_gate``;
-``slurm.submit_gate``.
-Light at import (no torch, no vllm): every heavy import happens inside the command that needs it.
+``slurm.submit_gate``. Light at import (no torch, no vllm): every heavy import happens inside the command that needs it.
 """
 
 from __future__ import annotations

@@ -111,8 +111,8 @@ class PolicyClient:
     since the request began (backoff capped at ``MAX_BACKOFF_S``), time spent waiting at a closed serving gate
     included. ``policy_version`` is the version the client believes is served; the weight updater's owner sets it
     after each successful update. ``run_id`` (the run whose policy this client samples; ``lora``: a run that trains an
-    adapter)
-    turns on the owner check: a Generation then carries the version its engine reported (``versions.judge``), and
+    adapter) turns on the owner check: a Generation then carries the version its engine reported (``versions.judge``),
+    and
     ``foreign_version`` when any of its tokens came from another run's weights; without it (or from an engine
     without srl's middleware) it carries the believed version.
     """

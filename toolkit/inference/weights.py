@@ -8,9 +8,8 @@ on every engine directly (admin calls never go through the router, which would d
 2. ``POST /collective_rpc`` ``{"method": "srl_reload_weights", "kwargs": {"weights_path": DIR}}`` on engines
    started with srl's worker extension (``toolkit.inference.worker_ext``: vLLM's reload with freed memory kept
    for reuse, which halves the CPU re-pack of the weights), else ``{"method": "reload_weights", ...}`` (vLLM dev mode).
-   Which one
-   an engine has is read from its ``GET /server_info`` (``parallel_config.worker_extension_cls``) before the first
-   pause; an unknown collective_rpc method would make vLLM 0.32 stop the engine, so it is never tried blindly,
+   Which one an engine has is read from its ``GET /server_info`` (``parallel_config.worker_extension_cls``) before the
+   first pause; an unknown collective_rpc method would make vLLM 0.32 stop the engine, so it is never tried blindly,
 3. KV file stores of the engines' connectors (vLLM's ExampleConnector, CPU prefill/decode) are retired
    (``toolkit.inference.kv_store``): their files hold KV computed by the old weights, keyed by prompt tokens only,
    and vLLM's cache reset does not touch them. Each engine's store is read once from ``GET /server_info``,
@@ -29,8 +28,8 @@ on every engine directly (admin calls never go through the router, which would d
 Engines are paused all together and resumed all together, so no replica serves the new version while another
 still serves the old one. Every call carries the run's admin token (header ``X-SRL-Admin-Token``): the engines'
 guard middleware refuses admin routes without it (``toolkit.inference.guard``). vLLM 0.32 leaves a tied output layer on
-the old weights after a reload: models must be
-saved untied (``tie_word_embeddings: false`` and an explicit ``lm_head.weight``); ``check_untied`` refuses others.
+the old weights after a reload: models must be saved untied (``tie_word_embeddings: false`` and an explicit
+``lm_head.weight``); ``check_untied`` refuses others.
 """
 
 from __future__ import annotations

@@ -23,9 +23,8 @@ what cuts its cost on the CPU backend (measured with tests/benchmarks/weight_syn
   reads, copies and re-packing took turns on one core. A thread moved to the cores the worker does not use reads
   the files sequentially into the page cache while the loaders copy and re-pack: STABLE -> serving 1.34-1.37 s ->
   0.72-0.94 s (medians of 6-8 updates, 487 MB, tests/benchmarks/weight_sync.py). The same read ahead on the worker's own
-  core (the thread
-  inherits its pin) gained nothing, nor did ``posix_fadvise(WILLNEED)`` from the other core (1.04-1.12 s: the
-  kernel's readahead submits the reads, but the worker still waits for most of them) or vLLM's
+  core (the thread inherits its pin) gained nothing, nor did ``posix_fadvise(WILLNEED)`` from the other core (1.04-1.12
+  s: the kernel's readahead submits the reads, but the worker still waits for most of them) or vLLM's
   ``--safetensors-load-strategy prefetch``.
 
 Why not ``model.load_weights`` directly (skipping ``reload_weights``): on CPU the packed layers hold an empty
@@ -163,8 +162,7 @@ class _PhaseTimer:
 class _ReadAhead:
     """Reads ``files`` sequentially into the page cache from a background thread, on the CPUs this process was given
     (its parent's affinity, :meth:`cpus_of`) but the calling thread is not pinned to; where there are none (a process
-    given one CPU)
-    it stays on the calling thread's CPUs. See the module doc for why.
+    given one CPU) it stays on the calling thread's CPUs. See the module doc for why.
 
     Advisory only, and never the reason a reload fails or hangs: it raises nothing; a file that vanishes or cannot
     be read ends the read ahead silently (vLLM's own read then reports the error); anything that is not a regular

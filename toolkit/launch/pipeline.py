@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import ConfigError, ConfigIssue, LoadedConfig, RLConfig
-from ..placement.plan import INFERENCE_ROLES, ROLES, write_plan
+from ..placement.plan import roles_of, write_plan
 from ..preflight import Preflight, preflight
 from ..run.layout import RunDir
 from .prepare import launch_target, prepare_attempt
@@ -47,7 +47,7 @@ class Launch:
 
     @property
     def placed_roles(self) -> tuple[str, ...]:
-        return self.roles or (ROLES if self.kind == "rl" else INFERENCE_ROLES)
+        return self.roles or roles_of(self.kind)
 
 
 @dataclass
@@ -61,11 +61,12 @@ class Started:
     job_id: str | None = None
 
 
-def print_findings(checked: Preflight) -> None:
-    """Print preflight's notes and warnings to stderr, one per line."""
+def print_findings(checked: Preflight, warnings: list[ConfigIssue] | None = None) -> None:
+    """Print preflight's notes and warnings to stderr, one per line (``warnings``: these instead of the checked
+    config's, e.g. renamed to an SFT config's fields)."""
     for n in checked.notices:
         print(f"note: {n}", file=sys.stderr)
-    for w in checked.warnings:
+    for w in checked.warnings if warnings is None else warnings:
         print(f"warning: {w}", file=sys.stderr)
 
 
@@ -138,8 +139,10 @@ def _launch(req: Launch, checked: Preflight, run: RunDir, attempt: int) -> Start
         job_id = submit_job(
             cfg, run, attempt, req.kind, site=site, plan=plan, roles=req.placed_roles, dependency=req.dependency
         )
-        what = "inference job" if req.kind == "inference" else "job"
-        print(f"submitted {what} {job_id}; run directory {run.root}; follow with: srl logs {run.root} --follow")
+        if req.kind == "inference":
+            print(f"submitted inference job {job_id}; ready file {run.inference_ready}; run directory {run.root}")
+        else:
+            print(f"submitted job {job_id}; run directory {run.root}; follow with: srl logs {run.root} --follow")
         return Started(0, run, attempt, job_id)
     if req.dry_run:
         print(f"dry run: resolved configs in {run.latest_configs}/resolved; placement {run.placement_file}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import lease as leases
 from ..config.model import RLConfig
 from ..config.site import SiteConfig
-from ..placement.plan import INFERENCE_ROLES, ROLES, Plan, launch_plan, write_plan
+from ..placement.plan import Plan, launch_plan, roles_of, write_plan
 from ..preflight.site import load_site
 from ..render import render_job
 from ..run.layout import RunDir, point_symlink
@@ -93,12 +93,12 @@ def submit_job(
     publishes ``control/inference_ready.json`` for RL or eval jobs started with ``inference.external = <this run
     dir>``). ``plan``: the one preflight built (:mod:`toolkit.launch.pipeline`); without it (a test or a library
     caller) :func:`launch_plan` builds it here. The job fills in its id and hosts when it starts. ``dependency`` (e.g.
-    ``"afterok:123"``) chains this job after
-    another. ``roles`` restricts the job (default: every role of ``kind``; an SFT run: the trainer only). Raises
+    ``"afterok:123"``) chains this job after another. ``roles`` restricts the job (default: every role of ``kind``; an
+    SFT run: the trainer only). Raises
     ``toolkit.launch.slurm.SubmitError`` with sbatch's stderr (the attempt is then marked as having launched
     nothing), ``RenderError`` for unsafe values.
     """
-    roles = roles or (ROLES if kind == "rl" else INFERENCE_ROLES)
+    roles = roles or roles_of(kind)
     site = site or load_site(cfg.site)
     if not site.is_slurm:
         raise ValueError(f"site '{site.name}' has no Slurm; use the local launcher")

@@ -155,10 +155,9 @@ def prepare_points(
 
     With ``resume``: a point whose run finished is left out, an existing one gets a resumed attempt, a missing one
     a first attempt. Every plan was built by the points' preflight, before any point is written. A point that cannot run
-    on the site (more
-    nodes or GPUs per node than it has) was already refused, naming the point, by the preflight of its config
-    (``toolkit.sweep.point_config``). Raises ConfigError (an existing point without ``--resume``/``--clean``, a live
-    holder of a point's lease) at the point concerned.
+    on the site (more nodes or GPUs per node than it has) was already refused, naming the point, by the preflight of its
+    config (``toolkit.sweep.point_config``). Raises ConfigError (an existing point without ``--resume``/``--clean``, a
+    live holder of a point's lease) at the point concerned.
     """
     out: list[PreparedPoint] = []
     for point, checked in zip(sweep.points, configs):

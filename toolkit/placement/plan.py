@@ -333,6 +333,14 @@ def build_plan(
 INFERENCE_ROLES = ("inference", "router")
 
 
+def roles_of(kind: str) -> tuple[str, ...]:
+    """The roles a launch of ``kind`` places: ``"rl"`` every role, ``"inference"`` engines and router. Raises
+    ValueError for another kind."""
+    if kind not in ("rl", "inference"):
+        raise ValueError(f"unknown launch kind {kind!r}; allowed: rl, inference")
+    return ROLES if kind == "rl" else INFERENCE_ROLES
+
+
 def launch_plan(
     cfg: RLConfig,
     site: SiteConfig,

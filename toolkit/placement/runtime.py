@@ -18,6 +18,7 @@ plan.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -127,8 +128,6 @@ def with_job_id(plan: Plan, job_id: str) -> Plan:
     """``plan`` with its ``$SLURM_JOB_ID`` placeholders (the login node's, :func:`toolkit.placement.plan.launch_plan`)
     replaced by the job's id: the plan the job runs, not rebuilt. The placeholder is a whole token in every value
     that holds it, so a textual replacement cannot touch a port or another number."""
-    import json
-
     text = json.dumps(plan.to_json()).replace("$SLURM_JOB_ID", job_id)
     return Plan.from_json(json.loads(text))
 

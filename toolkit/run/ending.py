@@ -214,9 +214,9 @@ def settle(
     ``failed`` names the process (or role) whose failure ended the run, ``failed_reason`` says how (exit status,
     ``(log: PATH)``); the exception and the line that raised it are read from that log's last traceback (else from
     ``logs/latest/<process>.log``). The decision, first match wins: a lost lease (nothing is written: the run is someone
-    else's now); a
-    requeue; a stall (``stalled`` names the stuck role, ``stalled_reason`` what it was doing: the processes the
-    watchdog then kills would otherwise read as failures; with ``requeued``, the stall that requeued the job, whose
+    else's now); a requeue; a stall (``stalled`` names the stuck role, ``stalled_reason`` what it was doing: the
+    processes the watchdog then kills would otherwise read as failures; with ``requeued``, the stall that requeued the
+    job, whose
     ``requeued_reason`` says so); a criterion recorded by a role (its own non-zero exit,
     as a diverged trainer's, is part of that stop, not a failure); a failure; the time limit; a user's stop; a
     stop request whose text names a criterion (a role that wrote it without a record); otherwise the run

@@ -20,8 +20,7 @@ atomically when their phase changes and, while they wait in a polling loop, at m
   waiting on it;
 - ``kind``: a phase known to be long: :data:`STARTUP` (model load, the first step of an attempt: compilation),
   :data:`LONG` (an eval), :data:`WEIGHTS` (checkpoint write, weight broadcast or update; ``size_bytes`` is what the
-  phase moves), which
-  the watchdog's bound scales for (``monitors.stall_*``);
+  phase moves), which the watchdog's bound scales for (``monitors.stall_*``);
 - ``pids``: processes of this role that answer :data:`STACK_DUMP_SIGNAL` with their Python stacks (the role
   itself and, for the orchestrator, its env workers).
 

@@ -17,8 +17,7 @@ is appended (``loss/mean``, ``loss/perplexity``, ``optim/lr``, ``optim/grad_norm
 ``val.interval`` steps and at the end) and the step's sample ids go to ``data_order.jsonl``. With an online eval
 (``[eval]`` envs), the weights of every ``eval.interval``-th step and of the last step are broadcast
 (``broadcasts/step_<n>/``, STABLE last) for the eval-only orchestrator, which evaluates them through vLLM. Checkpoints
-(every
-``ckpt.interval`` steps and at the end) carry the weights as a Hugging Face directory (``hf/``) beside the
+(every ``ckpt.interval`` steps and at the end) carry the weights as a Hugging Face directory (``hf/``) beside the
 trainer state; the end also writes ``<run>/model/``, which ``srl rl`` takes as ``model.name``.
 """
 
