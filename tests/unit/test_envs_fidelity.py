@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sys
 
 import pytest
 import verifiers.v1 as vf
@@ -112,13 +113,30 @@ def test_an_own_env_class_runs_through_verifiers_rollout(taskset_id, needle):
     assert len(worker.tasks) == len(worker.trace_env.tasks) > 0
 
 
-def test_a_harness_verifiers_cannot_load_or_on_a_built_in_taskset_is_refused():
+def test_a_harness_verifiers_cannot_load_is_refused():
     from toolkit.envs.server import EnvWorker
 
     with pytest.raises(EnvFeatureError, match="harness.id: ModuleNotFoundError: harness 'tool-agent' not found"):
         EnvWorker(_spec({"id": "srl-reverse-text"}, harness="tool-agent"))
-    with pytest.raises(EnvFeatureError, match="built-in taskset 'srl-reverse-text' runs with the plain chat loop"):
-        EnvWorker(_spec({"id": "srl-reverse-text"}, harness="bash"))
+
+
+def test_a_built_in_taskset_with_tools_loads_through_verifiers_own_loader():
+    """verifiers imports a taskset by id; srl enters its built-ins where that import finds them, so a built-in with
+    a tool server (and a built-in with another harness) runs through verifiers' rollout like an installed env."""
+    from toolkit.envs.server import EnvWorker
+    from toolkit.models import resolve_model
+
+    policy = {"model_path": str(resolve_model("tiny-qwen3")), "renderer": {"name": "hermes"}}
+    try:
+        worker = EnvWorker({**_spec({"id": "srl-code-lookup", "split": "test"}, name="lookup"), "policy": policy})
+        assert worker.mode == "trace" and any("serves tools" in r for r in worker.reasons), worker.reasons
+        assert type(worker.trace_env.env.taskset).__name__ == "CodeLookupTaskset"
+        assert len(worker.trace_env.tasks) == 100
+        worker = EnvWorker({**_spec({"id": "srl-reverse-text"}, harness="bash"), "policy": policy})
+        assert worker.mode == "trace" and type(worker.trace_env.harnesses[0]).__name__ == "BashHarness"
+    finally:  # a worker process serves one env; here later tests install modules of these names
+        for name in ("srl_code_lookup", "srl_reverse_text"):
+            sys.modules.pop(name, None)
 
 
 class _ImageData(vf.TaskData):
@@ -232,3 +250,28 @@ def test_a_stop_that_fires_before_the_first_turn_fails_the_episode():
     with pytest.raises(srl_errors.TaskError, match="@vf.stop never_start fired before the first model turn"):
         asyncio.run(ep.start())
     assert ep.trace.stop_condition == "never_start"
+
+
+def test_reference_rows_of_a_tool_taskset_are_tool_call_conversations_with_the_servers_schema():
+    """``srl sft make-data`` on a taskset whose tasks carry ``reference_messages``: each row is the prompt, the known
+    episode (tool call, tool result, answer) and the function schema verifiers' chat program offers (the server's
+    registered tool, named ``<server>_<tool>``)."""
+    from types import SimpleNamespace
+
+    from toolkit.envs.reference import reference_rows
+    from toolkit.envs.tasksets.code_lookup import code_for
+
+    ns = SimpleNamespace(
+        id="srl-code-lookup", split="train", seed=3, select=None, model_extra={"num_train_examples": 5}
+    )
+    rows = reference_rows(ns)
+    assert len(rows) == 5
+    row = rows[0]
+    key = row["prompt"][-1]["content"].removeprefix("Code for ").removesuffix("?")
+    call, result, answer = row["completion"]
+    assert call["tool_calls"][0]["function"] == {"name": "vault_lookup", "arguments": f'{{"key": "{key}"}}'}
+    assert result == {"role": "tool", "tool_call_id": "call_0", "content": code_for(3, key, 4)}
+    assert answer == {"role": "assistant", "content": code_for(3, key, 4)}
+    (schema,) = row["tools"]
+    assert schema["function"]["name"] == "vault_lookup"
+    assert schema["function"]["parameters"]["required"] == ["key"]

@@ -73,12 +73,6 @@ REFUSALS: list[tuple[str, str, dict | None, str]] = [
     ),  # a harness verifiers cannot load; the pairings need the tasks (data)
     (
         "toolkit/envs/traces.py",
-        "raise EnvFeatureError(problem)",
-        _eval(harness={"id": "bash"}),
-        "runs with the plain chat loop only",
-    ),
-    (
-        "toolkit/envs/traces.py",
         "is infinite: bound it with select.limit",
         None,
         "whether a taskset is finite is known once it is built, which reads its data",

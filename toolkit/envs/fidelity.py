@@ -159,19 +159,6 @@ def env_class_problems(env_name: str, module: Any, harness_id: str) -> list[str]
     return out
 
 
-def builtin_harness_problem(env_name: str, taskset_id: str, source_kind: str, harness_id: str) -> str | None:
-    """Why an srl built-in taskset (``source_kind == "builtin"``) cannot run with ``harness_id`` (None: it can).
-    verifiers' rollout loads a taskset by its id, which only srl resolves for its built-ins, so they run with the
-    plain chat loop only."""
-    if source_kind != "builtin" or harness_id in PLAIN_CHAT_HARNESSES:
-        return None
-    return (
-        f"env '{env_name}': srl's built-in taskset '{taskset_id}' runs with the plain chat loop only "
-        f"(harness.id 'default'), not harness '{harness_id}': verifiers' rollout loads a taskset by its id, "
-        "which only srl resolves for built-ins"
-    )
-
-
 def harness_id_problem(env_name: str, harness_id: str) -> str | None:
     """Why ``harness.id`` names no harness verifiers can load (None: the plain chat loop, or one it can)."""
     if harness_id in PLAIN_CHAT_HARNESSES:

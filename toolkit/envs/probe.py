@@ -104,12 +104,9 @@ def check_spec(spec: dict[str, Any], extra_paths: Sequence[str] = ()) -> dict[st
     # What the module declares beyond the plain chat loop (an Env class, tools, another harness) runs through
     # verifiers' own rollout in the worker; only a harness verifiers cannot load is refused there.
     hid = str(harness.get("id", "default"))
-    for problem in (
-        fidelity.harness_id_problem(name, hid),
-        fidelity.builtin_harness_problem(name, tid, source.kind, hid),
-    ):
-        if problem is not None:
-            problems.append(problem)
+    problem = fidelity.harness_id_problem(name, hid)
+    if problem is not None:
+        problems.append(problem)
     return out
 
 

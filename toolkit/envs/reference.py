@@ -4,6 +4,12 @@ Each task becomes one prompt/completion row: ``prompt`` = the messages the polic
 (:func:`toolkit.envs.episode.initial_messages`: system prompt, then the task's prompt), ``completion`` = one
 assistant message holding the task's reference answer (``data.answer``). SFT on these rows and RL on the same
 taskset config therefore see the same prompt token ids.
+
+A task whose data carries ``reference_messages`` (OpenAI chat messages: the known-good episode after the prompt,
+with assistant ``tool_calls`` and ``tool`` results) is written as that conversation instead, with a ``tools``
+column: the function schemas of the taskset's and the task's tool servers as verifiers' chat program offers them
+to the model (``<server name>_<tool name>``, the tool's description and input schema, read from the servers' own
+MCP registration in this process; no server is started). SFT then trains the tool call and the answer.
 """
 
 from __future__ import annotations
@@ -26,12 +32,25 @@ def reference_rows(taskset_cfg: Any) -> list[dict[str, Any]]:
     load errors (ValueError, ImportError) pass through.
     """
     from toolkit.envs.episode import initial_messages
-    from toolkit.envs.registry import load_tasks
+    from toolkit.envs.registry import load_selected
 
     rows = []
-    for i, task in enumerate(load_tasks(taskset_cfg)):
+    taskset, tasks = load_selected(taskset_cfg)
+    for i, task in enumerate(tasks):
         data = task.data
         tid = data.id or i
+        episode = getattr(data, "reference_messages", None)
+        if isinstance(episode, list) and episode:
+            tools = tool_schemas(taskset, task)
+            rows.append(
+                {
+                    "id": str(tid),
+                    "prompt": initial_messages(data),
+                    "completion": episode,
+                    **({"tools": tools} if tools else {}),
+                }
+            )
+            continue
         answer = getattr(data, "answer", None)  # a field of the taskset's own TaskData, when it has one
         if not isinstance(answer, str):
             raise NoReferenceAnswer(
@@ -42,6 +61,31 @@ def reference_rows(taskset_cfg: Any) -> list[dict[str, Any]]:
             {"id": str(tid), "prompt": initial_messages(data), "completion": [{"role": "assistant", "content": answer}]}
         )
     return rows
+
+
+def tool_schemas(taskset: Any, task: Any) -> list[dict[str, Any]]:
+    """The OpenAI function schemas verifiers' chat program offers for ``task``: one per tool of the taskset's
+    shared servers (``Taskset.toolsets``) and the task's own (``Task.toolsets``), named ``<server>_<tool>``, with
+    the description and input schema the server registers. Built from each server's MCP registration in this
+    process (nothing is started). Raises what a ``toolsets()`` or ``register()`` raises."""
+    import asyncio
+
+    from mcp.server.mcpserver import MCPServer
+
+    servers = [*type(taskset).toolsets(taskset.config), *type(task).toolsets(taskset.config.task)]
+    out: list[dict[str, Any]] = []
+    for server in servers:
+        mcp = MCPServer(server.server_name)
+        server.register(mcp)
+        for tool in asyncio.run(mcp.list_tools()):
+            name = f"{server.server_name}_{tool.name}" if server.server_name else tool.name
+            out.append(
+                {
+                    "type": "function",
+                    "function": {"name": name, "description": tool.description or "", "parameters": tool.input_schema},
+                }
+            )
+    return out
 
 
 def write_reference_dataset(taskset_cfg: Any, out: Path) -> int:
@@ -62,4 +106,4 @@ def write_reference_dataset(taskset_cfg: Any, out: Path) -> int:
     return len(rows)
 
 
-__all__ = ["NoReferenceAnswer", "reference_rows", "write_reference_dataset"]
+__all__ = ["NoReferenceAnswer", "reference_rows", "tool_schemas", "write_reference_dataset"]

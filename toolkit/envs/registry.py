@@ -46,6 +46,22 @@ def taskset_module(taskset_id: str) -> ModuleType:
     return importlib.import_module(taskset_source(taskset_id).module)
 
 
+def expose_to_verifiers(taskset_id: str) -> None:
+    """Make verifiers' own loader (``verifiers.v1.utils.loaders``) import srl's built-in ``taskset_id``: the
+    built-in module is entered in ``sys.modules`` under the top-level name verifiers imports for that id
+    (``srl-code-lookup`` -> ``srl_code_lookup``), so an env worker runs a built-in through verifiers' rollout (its
+    tool servers, Env and harness) like any installed environment. Nothing happens for an id something else
+    provides (that one wins, as in verifiers). Raises ModuleNotFoundError when nothing provides the id.
+    """
+    import sys
+
+    from toolkit.envs.tasksets import taskset_module_candidates
+
+    source = taskset_source(taskset_id)
+    if source.kind == "builtin":
+        sys.modules.setdefault(taskset_module_candidates(taskset_id)[1], importlib.import_module(source.module))
+
+
 def taskset_class(taskset_id: str) -> type[vf.Taskset]:
     """The Taskset subclass for ``taskset_id``, resolved as verifiers resolves it (an installed environment with a
     built-in's id wins over the built-in).

@@ -26,8 +26,6 @@ from typing import Any
 from toolkit import errors as srl_errors
 from toolkit.envs import registry
 from toolkit.envs.fidelity import (
-    EnvFeatureError,
-    builtin_harness_problem,
     exported,
     runtime_fields,
     task_identity,
@@ -94,8 +92,8 @@ class TraceEnv:
 
     ``spec``: the worker spec (``toolkit.envs.server``), with ``policy`` = ``{"model_path", "renderer": {"name",
     "import_path"}}`` for srl's renderer. Raises TasksetFieldError (taskset fields), ModuleNotFoundError,
-    pydantic.ValidationError (an env or seat config verifiers rejects), EnvFeatureError (an srl built-in taskset,
-    which verifiers cannot load by id).
+    pydantic.ValidationError (an env or seat config verifiers rejects). An srl built-in taskset is entered where
+    verifiers' loader finds it (:func:`toolkit.envs.registry.expose_to_verifiers`).
     """
 
     def __init__(self, spec: dict[str, Any]) -> None:
@@ -107,10 +105,7 @@ class TraceEnv:
 
         self.name = spec.get("name") or spec["taskset"]["id"]
         tid = spec["taskset"]["id"]
-        harness_id = str((spec.get("harness") or {}).get("id") or "default")
-        problem = builtin_harness_problem(self.name, tid, registry.taskset_source(tid).kind, harness_id)
-        if problem is not None:
-            raise EnvFeatureError(problem)
+        registry.expose_to_verifiers(tid)
         ns = taskset_namespace(spec["taskset"])
         _, ts_config = registry.taskset_config(ns, env_name=self.name, eval_env=bool(spec.get("eval")))
         config_cls = env_config_type(tid)

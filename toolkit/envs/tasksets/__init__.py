@@ -1,5 +1,6 @@
-"""srl's built-in verifiers v1 tasksets: ``reverse_text``, ``arith`` and ``alphabet_sort`` (multi-turn) each export
-exactly one Taskset subclass in ``__all__``; ``common`` holds what they share (split/seed config, scores)."""
+"""srl's built-in verifiers v1 tasksets: ``reverse_text``, ``arith``, ``alphabet_sort`` (multi-turn) and
+``code_lookup`` (a tool server) each export exactly one Taskset subclass in ``__all__``; ``common`` holds what they
+share (split/seed config, scores)."""
 
 import contextlib
 import importlib.util
@@ -28,6 +29,7 @@ BUILTIN_TASKSETS: dict[str, str] = {
     "srl-reverse-text": "toolkit.envs.tasksets.reverse_text",
     "srl-alphabet-sort": "toolkit.envs.tasksets.alphabet_sort",
     "srl-arith": "toolkit.envs.tasksets.arith",
+    "srl-code-lookup": "toolkit.envs.tasksets.code_lookup",
 }
 """Built-in taskset id -> module. An id resolves as verifiers resolves it first (its own taskset package, then an
 importable module of that name: an installed environment wins); a built-in serves only an id nothing else
@@ -65,6 +67,14 @@ def resolve_taskset_source(taskset_id: str, extra_paths: list[str] = ()) -> Task
     None when nothing resolves. Raises nothing."""
     module = taskset_module_candidates(taskset_id)[1]
     parts = module.split(".")
+    builtin = BUILTIN_TASKSETS.get(taskset_id)
+    if (
+        builtin is not None
+        and sys.modules.get(module) is not None
+        and sys.modules.get(module) is sys.modules.get(builtin)
+    ):
+        # The built-in entered under verifiers' name for it (toolkit.envs.registry.expose_to_verifiers).
+        return TasksetSource("builtin", builtin)
     # Third-party import hooks may raise anything: the built-in still answers.
     with contextlib.suppress(Exception):
         if all(p.isidentifier() for p in parts):

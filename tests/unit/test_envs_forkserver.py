@@ -1,0 +1,118 @@
+"""The harness-program fork server: a program run through it behaves as the same program run by a fresh interpreter
+(argv, environment, directory, stdio, exit status, signals), and a client that is killed takes its program along."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from toolkit.envs.forkserver import ForkServer, program_modules
+
+PROGRAM = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import helper_mod
+    if sys.argv[1:2] == ["wait"]:
+        print(os.getpid(), flush=True)
+        time.sleep(60)
+    data = sys.stdin.read()
+    sys.stderr.write("to stderr\\n")
+    print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "x": os.environ.get("X"), "stdin": data,
+                      "helper": helper_mod.VALUE, "main": __name__, "file": os.path.basename(__file__)}))
+    sys.exit(int(os.environ.get("CODE", "0")))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def server():
+    fs = ForkServer.start(["json"])
+    assert fs is not None
+    yield fs
+    fs.close()
+
+
+@pytest.fixture
+def program(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "helper_mod.py").write_text("VALUE = 'from PYTHONPATH'\n")
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRAM)
+    return path, lib
+
+
+def _env(lib, **extra):
+    return {**os.environ, "PYTHONPATH": str(lib), **extra}
+
+
+def test_the_program_sees_what_a_fresh_interpreter_would(server, program, tmp_path):
+    path, lib = program
+    work = tmp_path / "work"
+    work.mkdir()
+    cmd = [*server.command(str(path)), "a", "b c"]
+    via = subprocess.run(cmd, input=b"in", capture_output=True, env=_env(lib, X="42", CODE="3"), cwd=work)
+    plain = subprocess.run(
+        [sys.executable, str(path), "a", "b c"],
+        input=b"in",
+        capture_output=True,
+        env=_env(lib, X="42", CODE="3"),
+        cwd=work,
+    )
+    assert via.returncode == plain.returncode == 3
+    assert via.stdout == plain.stdout
+    assert b'"helper": "from PYTHONPATH"' in via.stdout and b'"main": "__main__"' in via.stdout
+    assert via.stderr == plain.stderr == b"to stderr\n"
+
+
+def test_a_signal_to_the_client_reaches_the_program_and_the_client_ends_the_same_way(server, program):
+    path, lib = program
+    p = subprocess.Popen([*server.command(str(path)), "wait"], stdout=subprocess.PIPE, env=_env(lib))
+    child = int(p.stdout.readline())
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == -signal.SIGTERM
+    _gone(child)
+
+
+def test_a_killed_client_takes_its_program_along(server, program):
+    path, lib = program
+    p = subprocess.Popen([*server.command(str(path)), "wait"], stdout=subprocess.PIPE, env=_env(lib))
+    child = int(p.stdout.readline())
+    p.kill()
+    p.wait(30)
+    _gone(child)
+
+
+def test_program_modules_skips_type_checking_blocks():
+    source = textwrap.dedent(
+        """
+        import os, json
+        from typing import TYPE_CHECKING
+        from . import sibling
+        if TYPE_CHECKING:
+            import heavy_only_for_types
+        else:
+            import runtime_only
+        def f():
+            from http import client
+        """
+    )
+    assert program_modules(source) == ["os", "json", "typing", "runtime_only", "http"]
+
+
+def _gone(pid: int, timeout_s: float = 30.0) -> None:
+    """Wait until ``pid`` no longer exists (the server reaps it); fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"program {pid} still running {timeout_s} s after its client ended")
