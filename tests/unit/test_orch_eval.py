@@ -40,6 +40,16 @@ def test_errored_rollouts_leave_their_task_out_and_one_task_has_no_stderr():
     assert mean_and_stderr([]) == (0.0, None)
 
 
+def test_the_tasksets_own_metrics_are_means_over_tasks_with_their_stderr():
+    def r(calls: float, error: str | None = None) -> Rollout:
+        return Rollout(env="e", task_id="t", example_id=0, reward=0.0, metrics={"calls": calls}, error_class=error)
+
+    m = eval_metrics("e", [[r(1.0), r(0.0)], [r(1.0), r(1.0)], [r(0.0), r(5.0, "HarnessError")]], 2)
+    assert m["eval/e/metric/calls"] == pytest.approx(statistics.mean([0.5, 1.0, 0.0]))
+    assert m["eval/e/metric/calls/stderr"] == pytest.approx(statistics.stdev([0.5, 1.0, 0.0]) / math.sqrt(3))
+    assert not is_eval_score("eval/e/metric/calls")
+
+
 def test_equal_task_scores_have_zero_stderr():
     m = eval_metrics("e", [[_r(1.0)] * 4 for _ in range(5)], 4)
     assert m["eval/e/avg@4"] == 1.0 and m["eval/e/avg@4/stderr"] == 0.0

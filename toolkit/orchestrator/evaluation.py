@@ -73,7 +73,8 @@ def mean_and_stderr(values: Sequence[float]) -> tuple[float, float | None]:
 
 def eval_metrics(env: str, groups: Sequence[Sequence[Rollout]], k: int) -> dict[str, float]:
     """``eval/<env>/avg@k``, ``eval/<env>/pass@k``, their ``/stderr``, ``eval/<env>/errored`` and
-    ``eval/<env>/examples`` (see the module docstring for the definitions).
+    ``eval/<env>/examples`` (see the module docstring for the definitions), and ``eval/<env>/metric/<name>`` (with
+    ``/stderr``) for each metric the taskset reports: the mean over tasks of each task's mean.
 
     Each group is one task's rollouts. A task whose rollouts all errored is left out of the scores.
     """
@@ -93,6 +94,19 @@ def eval_metrics(env: str, groups: Sequence[Sequence[Rollout]], k: int) -> dict[
         out[f"eval/{env}/{name}"] = mean
         if stderr is not None:
             out[f"eval/{env}/{name}/stderr"] = stderr
+    # The taskset's own metrics (tool calls made, a sub-goal reached): per task the mean over its valid rollouts,
+    # then the mean over the tasks that report it, with its standard error like avg@k.
+    per_task: dict[str, list[float]] = {}
+    for group in groups:
+        valid = [r for r in group if r.error_class is None]
+        for name in sorted({n for r in valid for n in r.metrics}):
+            values = [r.metrics[name] for r in valid if name in r.metrics]
+            per_task.setdefault(name, []).append(math.fsum(values) / len(values))
+    for name, values in per_task.items():
+        mean, stderr = mean_and_stderr(values)
+        out[f"eval/{env}/metric/{name}"] = mean
+        if stderr is not None:
+            out[f"eval/{env}/metric/{name}/stderr"] = stderr
     out[f"eval/{env}/errored"] = float(errored)
     out[f"eval/{env}/examples"] = float(len(groups))
     return out

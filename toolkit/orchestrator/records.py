@@ -16,7 +16,8 @@ tokens, times seconds):
 - ``filter/dropped_groups/<reason>``, ``filter/dropped_rollouts/<reason>``, ``filter/groups_offered``,
   ``filter/groups_kept``, ``filter/signal_groups``, ``filter/trimmed_rollouts``;
 - ``time/step``, ``time/wait_for_policy``, ``policy/served_version``;
-- ``eval/<env>/{avg@k,pass@k}`` with ``/stderr``, ``eval/<env>/{errored,examples}``, ``eval/policy_version`` and
+- ``eval/<env>/{avg@k,pass@k}`` and ``eval/<env>/metric/<name>`` with ``/stderr``, ``eval/<env>/{errored,examples}``,
+  ``eval/policy_version`` and
   ``time/eval`` on eval steps (see :mod:`toolkit.orchestrator.evaluation`).
 
 Each step is written once across attempts: :class:`MetricsLog` reads the steps already recorded by the
