@@ -22,6 +22,8 @@ WAITS: dict[tuple[str, str, str], str] = {
     ("toolkit/envs/runtime.py", "_spawn", ".wait()"): "after proc.kill(): the kernel reaps a SIGKILLed child",
     ("toolkit/envs/runtime.py", "_stop_proc", ".wait()"): "after proc.kill() (the SIGTERM wait before it is bounded "
     "by asyncio.wait_for(grace_s))",
+    ("toolkit/envs/forkserver.py", "start", ".wait()"): "after proc.kill() of a server that did not start",
+    ("toolkit/envs/forkserver.py", "close", ".wait()"): "after proc.kill() (the SIGTERM wait before it is 5 s)",
     ("toolkit/envs/server.py", "_watch_parent", "while True"): "ends the worker once its parent (the orchestrator) "
     "is gone; cancelled at shutdown",
     ("toolkit/envs/server.py", "serve", ".wait()"): "the worker serves until its stop event: SIGTERM, the "
