@@ -63,18 +63,16 @@ def role_steps(run_root: Path, role: str, *, first: int = 0) -> list[int]:
     ]
 
 
-def submit_slurm_rl(out: Path, name: str, *overrides: str) -> tuple[RunDir, str]:
-    """Run `srl rl @ rl.toml @ slurm.toml` into ``out/name`` with ``overrides``; returns the run directory and the
-    id of the job it submitted. Asserts the command succeeded (its output is the assertion message)."""
+def submit_slurm_rl(out: Path, name: str, *overrides: str, configs: tuple[str, ...] = SLURM_JOB) -> tuple[RunDir, str]:
+    """Run `srl rl @ rl.toml @ slurm.toml` (``configs``, default the README job on the local cluster) into
+    ``out/name`` with ``overrides``; returns the run directory and the id of the job it submitted. Asserts the command
+    succeeded (its output is the assertion message)."""
     cmd = [
         sys.executable,
         "-m",
         "toolkit.cli",
         "rl",
-        "@",
-        SLURM_JOB[0],
-        "@",
-        SLURM_JOB[1],
+        *[a for c in configs for a in ("@", c)],
         "--output-dir",
         str(out),
         "--run.name",

@@ -11,41 +11,27 @@ errors; the worker log says why the env took verifiers' path; nothing of the run
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from run_records import metrics_lines, processes_left
+from run_records import metrics_lines, processes_left, submit_slurm_rl
 
 from toolkit.launch import slurm
-from toolkit.launch.submit import read_job_ids
-from toolkit.run.layout import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm]
 
-ROOT = Path(__file__).resolve().parents[2]
 # Engine start-up and 2 steps of 32 tool episodes on two cores shared by four emulated nodes.
 BUDGET_S = 1200.0
 
 
 def test_a_tool_env_trains_on_slurm_through_verifiers_rollout(tmp_path, slurm_cluster):
-    cmd = [
-        sys.executable,
-        "-m",
-        "toolkit.cli",
-        "rl",
-        "@",
-        "jobs/code-lookup/rl.toml",
-        "@",
-        "jobs/reverse-text/slurm.toml",
-    ]
-    cmd += ["--max-steps", "2", "--orchestrator.eval.env.code-lookup-test.num-examples", "8"]
-    cmd += ["--output-dir", str(tmp_path), "--run.name", "tools"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    run = RunDir(tmp_path / "tools")
-    job = read_job_ids(run)[-1][0]
+    run, job = submit_slurm_rl(
+        tmp_path,
+        "tools",
+        "--max-steps",
+        "2",
+        "--orchestrator.eval.env.code-lookup-test.num-examples",
+        "8",
+        configs=("jobs/code-lookup/rl.toml", "jobs/reverse-text/slurm.toml"),
+    )
     state = slurm.wait(job, timeout_s=BUDGET_S, poll_s=2.0)
     logs = "\n".join(p.read_text()[-4000:] for p in sorted(run.logs.rglob("*.log")) + sorted(run.logs.glob("*.out")))
     assert state.state == "COMPLETED", f"job {job} ended {state.state}\n{logs}"
