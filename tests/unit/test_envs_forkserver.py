@@ -117,3 +117,19 @@ def _gone(pid: int, timeout_s: float = 30.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"program {pid} still running {timeout_s} s after its client ended")
+
+
+def test_one_server_per_program_in_a_process_across_event_loops_and_a_switch_to_turn_it_off(monkeypatch):
+    import asyncio
+
+    from toolkit.envs import programs
+
+    script = b"import json\nprint(json.dumps(1))\n"
+    monkeypatch.setattr(programs, "_FORK_SERVERS", {})
+    first = asyncio.run(programs._fork_server(script))
+    try:
+        assert first is not None and asyncio.run(programs._fork_server(script)) is first
+        monkeypatch.setenv("SRL_FORK_PROGRAMS", "0")
+        assert asyncio.run(programs._fork_server(b"print(2)\n")) is None
+    finally:
+        first.close()
