@@ -65,6 +65,10 @@ def test_ports_in_range_distinct_and_outside_ephemeral(job, layout, lo, width, s
                 seen[key] = f"{p.name}.{name}"
 
 
+def test_a_job_id_of_other_unicode_digits_gets_a_block() -> None:
+    assert job_key("²") == job_key("²") and job_key("12_3") == 12  # found by the property test above
+
+
 def test_consecutive_jobs_get_disjoint_blocks() -> None:
     cfg = _CFGS[1]
     site = _site(20000, 30000, False)

@@ -29,7 +29,8 @@ def job_key(job_id: str | int) -> int:
     """Integer used to pick the block: the numeric Slurm job id itself, else CRC32 of the string ("local")."""
     s = str(job_id)
     head = s.split("_", 1)[0].split("+", 1)[0]
-    return int(head) if head.isdigit() else zlib.crc32(s.encode())
+    # isascii: str.isdigit() is true for other Unicode digits ("²"), which int() refuses.
+    return int(head) if head.isascii() and head.isdigit() else zlib.crc32(s.encode())
 
 
 @dataclass
