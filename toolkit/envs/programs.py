@@ -23,6 +23,7 @@ import re
 import sys
 import tomllib
 import uuid
+import weakref
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,8 @@ def missing_requirements(requirements: list[str]) -> list[str]:
 
 
 _FORK_SERVERS: dict[str, Any] = {}
-_FORK_LOCKS: Any = None  # event loop -> asyncio.Lock (a lock belongs to the loop it first waited in)
+_FORK_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Event loop -> asyncio.Lock (a lock belongs to the loop it first waited in)."""
 
 
 async def _fork_server(script: bytes) -> Any:
@@ -77,14 +79,9 @@ async def _fork_server(script: bytes) -> Any:
 
     from toolkit.envs.forkserver import ForkServer, program_modules
 
-    global _FORK_LOCKS
     if os.environ.get("SRL_FORK_PROGRAMS", "1") == "0":
         return None
     key = hashlib.sha256(script).hexdigest()
-    if _FORK_LOCKS is None:
-        import weakref
-
-        _FORK_LOCKS = weakref.WeakKeyDictionary()
     lock = _FORK_LOCKS.setdefault(asyncio.get_running_loop(), asyncio.Lock())
     async with lock:
         if key not in _FORK_SERVERS:

@@ -36,30 +36,27 @@ def reference_rows(taskset_cfg: Any) -> list[dict[str, Any]]:
 
     rows = []
     taskset, tasks = load_selected(taskset_cfg)
+    schemas: dict[type, list[dict[str, Any]]] = {}  # per task class: every task of a class has the same servers
     for i, task in enumerate(tasks):
         data = task.data
         tid = data.id or i
+        row: dict[str, Any] = {"id": str(tid), "prompt": initial_messages(data)}
         episode = getattr(data, "reference_messages", None)
         if isinstance(episode, list) and episode:
-            tools = tool_schemas(taskset, task)
-            rows.append(
-                {
-                    "id": str(tid),
-                    "prompt": initial_messages(data),
-                    "completion": episode,
-                    **({"tools": tools} if tools else {}),
-                }
-            )
-            continue
-        answer = getattr(data, "answer", None)  # a field of the taskset's own TaskData, when it has one
-        if not isinstance(answer, str):
-            raise NoReferenceAnswer(
-                f"taskset {taskset_cfg.id!r}: task {tid} has no reference answer (data.answer "
-                "must be a string) to write as a completion"
-            )
-        rows.append(
-            {"id": str(tid), "prompt": initial_messages(data), "completion": [{"role": "assistant", "content": answer}]}
-        )
+            if type(task) not in schemas:
+                schemas[type(task)] = tool_schemas(taskset, task)
+            row["completion"] = episode
+            if schemas[type(task)]:
+                row["tools"] = schemas[type(task)]
+        else:
+            answer = getattr(data, "answer", None)  # a field of the taskset's own TaskData, when it has one
+            if not isinstance(answer, str):
+                raise NoReferenceAnswer(
+                    f"taskset {taskset_cfg.id!r}: task {tid} has no reference answer (data.answer "
+                    "must be a string) to write as a completion"
+                )
+            row["completion"] = [{"role": "assistant", "content": answer}]
+        rows.append(row)
     return rows
 
 

@@ -80,6 +80,9 @@ def eval_metrics(env: str, groups: Sequence[Sequence[Rollout]], k: int) -> dict[
     """
     scores: list[float] = []
     passes: list[float] = []
+    # The taskset's own metrics (tool calls made, a sub-goal reached): per task the mean over its valid rollouts
+    # that report it; summarised over the tasks like avg@k.
+    per_task: dict[str, list[float]] = {}
     errored = 0
     for group in groups:
         valid = [r for r in group if r.error_class is None]
@@ -88,25 +91,16 @@ def eval_metrics(env: str, groups: Sequence[Sequence[Rollout]], k: int) -> dict[
             scores.append(math.fsum(r.reward for r in valid) / len(valid))
             correct = sum(r.reward >= CORRECT_AT for r in valid)
             passes.append(pass_at_k(len(valid), correct, min(k, len(valid))))
+        for name in sorted({n for r in valid for n in r.metrics}):
+            values = [r.metrics[name] for r in valid if name in r.metrics]
+            per_task.setdefault(name, []).append(math.fsum(values) / len(values))
     out: dict[str, float] = {}
-    for name, values in ((f"avg@{k}", scores), (f"pass@{k}", passes)):
+    summaries = {f"avg@{k}": scores, f"pass@{k}": passes, **{f"metric/{n}": v for n, v in per_task.items()}}
+    for name, values in summaries.items():
         mean, stderr = mean_and_stderr(values)
         out[f"eval/{env}/{name}"] = mean
         if stderr is not None:
             out[f"eval/{env}/{name}/stderr"] = stderr
-    # The taskset's own metrics (tool calls made, a sub-goal reached): per task the mean over its valid rollouts,
-    # then the mean over the tasks that report it, with its standard error like avg@k.
-    per_task: dict[str, list[float]] = {}
-    for group in groups:
-        valid = [r for r in group if r.error_class is None]
-        for name in sorted({n for r in valid for n in r.metrics}):
-            values = [r.metrics[name] for r in valid if name in r.metrics]
-            per_task.setdefault(name, []).append(math.fsum(values) / len(values))
-    for name, values in per_task.items():
-        mean, stderr = mean_and_stderr(values)
-        out[f"eval/{env}/metric/{name}"] = mean
-        if stderr is not None:
-            out[f"eval/{env}/metric/{name}/stderr"] = stderr
     out[f"eval/{env}/errored"] = float(errored)
     out[f"eval/{env}/examples"] = float(len(groups))
     return out

@@ -17,8 +17,7 @@ tokens, times seconds):
   ``filter/groups_kept``, ``filter/signal_groups``, ``filter/trimmed_rollouts``;
 - ``time/step``, ``time/wait_for_policy``, ``policy/served_version``;
 - ``eval/<env>/{avg@k,pass@k}`` and ``eval/<env>/metric/<name>`` with ``/stderr``, ``eval/<env>/{errored,examples}``,
-  ``eval/policy_version`` and
-  ``time/eval`` on eval steps (see :mod:`toolkit.orchestrator.evaluation`).
+  ``eval/policy_version`` and ``time/eval`` on eval steps (see :mod:`toolkit.orchestrator.evaluation`).
 
 Each step is written once across attempts: :class:`MetricsLog` reads the steps already recorded by the
 orchestrator when it starts and refuses to write them again. The one exception is the eval of the final policy,

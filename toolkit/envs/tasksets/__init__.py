@@ -68,11 +68,7 @@ def resolve_taskset_source(taskset_id: str, extra_paths: list[str] = ()) -> Task
     module = taskset_module_candidates(taskset_id)[1]
     parts = module.split(".")
     builtin = BUILTIN_TASKSETS.get(taskset_id)
-    if (
-        builtin is not None
-        and sys.modules.get(module) is not None
-        and sys.modules.get(module) is sys.modules.get(builtin)
-    ):
+    if builtin is not None and sys.modules.get(builtin) is not None and sys.modules.get(module) is sys.modules[builtin]:
         # The built-in entered under verifiers' name for it (toolkit.envs.registry.expose_to_verifiers).
         return TasksetSource("builtin", builtin)
     # Third-party import hooks may raise anything: the built-in still answers.
