@@ -24,11 +24,13 @@ need_module("vllm")
 
 from local_engines import start_local_deployment
 
+from toolkit.engines.admin_token import admin_headers, admin_token_from_env
 from toolkit.engines.health import read_ready
 from toolkit.fsutil import write_marker
 from toolkit.inference.client import PolicyClient, completion_payload, parse_completion
 from toolkit.inference.queues import parse_metric, queue_depths
 from toolkit.inference.weights import WeightUpdater
+from toolkit.inference.worker_ext import IN_FLIGHT_METHOD
 from toolkit.models import build_tiny_model
 from toolkit.run.layout import RunDir, newest_stable_broadcast
 from toolkit.run.types import SamplingParams
@@ -199,69 +201,89 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
     """pause(mode=keep) freezes running requests; they finish after resume instead of being aborted, and the
     tokens after the reload come from the new weights.
 
-    Weights A (the base model) are served and four streamed 1500-token requests run untouched (twice: a fresh
-    engine's first requests are slower); the same requests then start again and, once every one of them has
-    streamed an eighth of its tokens to the client, the weights become B (broadcast step_1). Progress is read from
-    the streams themselves (a loaded engine's API server may leave a ``/metrics`` read unanswered for longer than
-    the requests run); the requests ignore the end-of-sequence token so that each runs its full length. Each request
-    must show both: every token that had reached the client before the reload was asked for has exactly A's
-    logprobs (transformers, fp32), and from some later token on they stop matching A. A reload that aborted or
-    restarted the requests fails at once. On two loaded cores the test process or the API server can stall for
-    seconds, so a reload may land only after the requests have run out: that attempt is repeated with A served
-    again, three attempts in all; a reload that never changes the weights of a running request fails.
+    Weights A (the base model) are served and four streamed 1500-token requests start (they ignore the
+    end-of-sequence token, so each runs its full length). The moment of the reload is chosen from the engine's own
+    state, not from the streams (on two loaded cores the API server streams tokens more than 1000 tokens behind the
+    engine, so a client cannot tell whether a request still runs): the test pauses the engine (mode=keep), reads
+    the tokens each held request has sampled (srl's worker extension, ``srl_in_flight``) and, when all four run and
+    none has finished, loads weights B (broadcast step_1) while the engine stays paused; otherwise it resumes and
+    looks again a moment later. Each request must then show both: every token it had sampled at the pause has
+    exactly A's logprobs (transformers, fp32), and later tokens stop matching A, up to its last one. A reload that
+    aborted or restarted the requests fails at once. Only requests that all finish before the engine could be
+    caught with all four running make an attempt inconclusive; three attempts in all.
     """
     dep, run, base, _ = deployment
+    url = dep.engines[0].url
     n, max_tokens, attempts = 4, 1500, 3
     body = _to_length(max_tokens, seed=1)
 
-    async def attempt(client, updater, took, version):
+    async def hold_mid_flight(admin: httpx.AsyncClient, tasks) -> list[int] | None:
+        """Pause the engine at a step where all ``n`` requests run and none has finished; returns the tokens each
+        has sampled (engine left paused), or None when the requests ended first (engine running)."""
+        while not all(t.done() for t in tasks):
+            (await admin.post(f"{url}/pause", params={"mode": "keep"})).raise_for_status()
+            held = await _held_tokens(admin, url)
+            if len(held) == n and held[0] > 0 and held[-1] < max_tokens:
+                return held
+            (await admin.post(f"{url}/resume")).raise_for_status()
+            await asyncio.sleep(0.01)
+        return None
+
+    async def attempt(client, admin, updater, version):
         await updater.update(base, version)  # A again
-        received = [0] * n
-        tasks = [asyncio.create_task(_stream(client, dep.base_url, body, received, i)) for i in range(n)]
-        deadline = time.monotonic() + 2 * took
-        while min(received) < max_tokens / 8 and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        before = list(received)
-        await updater.update(run.broadcast_step(1), version + 1)  # B, mid-flight
-        return before, updater.last_steps["pause"], await asyncio.gather(*tasks)
+        tasks = [asyncio.create_task(_stream(client, dep.base_url, body, [0] * n, i)) for i in range(n)]
+        held = await hold_mid_flight(admin, tasks)
+        if held is not None:
+            await updater.update(run.broadcast_step(1), version + 1)  # B, into the paused engine; resumes it
+        return held, updater.last_steps.get("pause"), await asyncio.gather(*tasks)
 
     async def go():
         updater = WeightUpdater(dep.engine_urls, timeout_s=120)
-        async with _client(timeout_s=120) as client:
+        tries = []
+        async with _client(timeout_s=300) as client, _admin_client() as admin:
             await updater.update(base, 5)  # also the one-time /server_info lookup, kept out of the reloads below
-            for _ in range(2):  # the second run is timed: a fresh engine's first requests are slower
-                t0 = time.monotonic()
-                await asyncio.gather(*(_stream(client, dep.base_url, body, [0] * n, i) for i in range(n)))
-                took = time.monotonic() - t0
-            tries = []
             for i in range(attempts):
-                before, pause_s, gens = await attempt(client, updater, took, 10 + 2 * i)
+                held, pause_s, gens = await attempt(client, admin, updater, 10 + 2 * i)
                 assert all(g.finish_reason == "length" and len(g.token_ids) == max_tokens for g in gens), [
                     (g.finish_reason, len(g.token_ids)) for g in gens
                 ]  # not aborted
+                if held is None:
+                    tries.append("the requests ended before all four were caught running")
+                    continue
                 switched_at = []
-                for g, seen in zip(gens, before):
+                for g in gens:
                     under_a = hf_logprobs(base, PROMPT, g.token_ids)
                     matches = [abs(a - b) < 1e-4 for a, b in zip(g.logprobs, under_a)]
-                    k = matches.index(False) if False in matches else len(matches)  # tokens sampled under A
-                    assert k >= seen, f"token {k} of a request differs from A; {seen} had streamed before the reload"
-                    if k < len(g.token_ids):
-                        assert abs(g.logprobs[-1] - under_a[-1]) > 1e-3  # the last token came from other weights
-                    switched_at.append(k)
-                tries.append((before, pause_s, switched_at))
-                if max(switched_at) < max_tokens:
-                    return took, tries, await updater.served_versions(), 10 + 2 * i + 1
-            return took, tries, None, None
+                    switched_at.append(matches.index(False) if False in matches else len(matches))
+                    assert abs(g.logprobs[-1] - under_a[-1]) > 1e-3, "a request's last token still came from A"
+                # The engine's table and the streams are not matched by id; sorted, every request's first token
+                # from B must come no earlier than the tokens some request had sampled under A at the pause.
+                for k, sampled in zip(sorted(switched_at), held):
+                    assert k >= sampled, f"a token sampled before the pause differs from A: {switched_at} vs {held}"
+                return held, pause_s, switched_at, await updater.served_versions(), 10 + 2 * i + 1
+        pytest.fail(f"in {attempts} attempts the requests were never caught all running: {tries}")
 
-    took, tries, versions, version = asyncio.run(go())
-    for before, pause_s, switched_at in tries:
-        print(
-            f"\n[figure] reload mid-flight ({n} requests of {max_tokens} tokens that take {took:.2f} s; reload asked "
-            f"for after {min(before)}..{max(before)} streamed tokens, pause took {pause_s:.3f} s): the weights "
-            f"changed after token {min(switched_at)}..{max(switched_at)}"
-        )
-    assert versions is not None, f"in {attempts} attempts no request saw the weights change while it ran: {tries}"
-    assert versions == {dep.engines[0].url: str(version)}
+    held, pause_s, switched_at, versions, version = asyncio.run(go())
+    print(
+        f"\n[figure] reload mid-flight ({n} requests of {max_tokens} tokens; paused with {held} tokens sampled, "
+        f"the update's own pause took {pause_s:.3f} s): the weights changed after tokens {sorted(switched_at)}"
+    )
+    assert versions == {url: str(version)}
+
+
+def _admin_client() -> httpx.AsyncClient:
+    """A client for the engine's admin routes (pause, resume, collective_rpc), with the admin token when the
+    deployment has one (the same environment variable srl's weight updater reads)."""
+    return httpx.AsyncClient(timeout=120, headers=admin_headers(admin_token_from_env()))
+
+
+async def _held_tokens(admin: httpx.AsyncClient, url: str) -> list[int]:
+    """Tokens sampled so far by each request the engine's worker holds, ascending (srl's worker extension)."""
+    resp = await admin.post(f"{url}/collective_rpc", json={"method": IN_FLIGHT_METHOD})
+    resp.raise_for_status()
+    answer = resp.json()["results"][0]
+    assert "error" not in answer, answer
+    return answer["output_tokens"]
 
 
 def _sample_queue(dep, stop: threading.Event, samples: list[dict]) -> None:

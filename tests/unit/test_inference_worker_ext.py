@@ -103,6 +103,27 @@ def test_reload_of_a_directory_without_weights_is_answered_not_raised(tmp_path):
         assert "TypeError" in answer["error"], bad
 
 
+def test_in_flight_lists_each_held_request_by_tokens_sampled():
+    class State:
+        def __init__(self, n):
+            self.output_token_ids = list(range(n))
+
+    class Runner:
+        requests = {"b": State(40), "a": State(3), "c": State(0)}
+
+    class Worker(SrlWorkerExtension):
+        model_runner = Runner()
+
+    answer = Worker().srl_in_flight()
+    assert answer == {RESULT_MARKER: 1, "output_tokens": [0, 3, 40]}
+    json.dumps(answer)
+
+    class Bare(SrlWorkerExtension):  # another runner: answered with an error, never raised
+        model_runner = object()
+
+    assert "no request table" in Bare().srl_in_flight()["error"]
+
+
 def test_has_extension_reads_server_info_config():
     assert _has_extension({"parallel_config": {"worker_extension_cls": EXTENSION_CLS}})
     assert not _has_extension({"parallel_config": {"worker_extension_cls": ""}})

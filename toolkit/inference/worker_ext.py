@@ -52,6 +52,7 @@ from typing import Any
 # worker imports this module alone, and tests/unit/test_inference_worker_ext.py checks the two agree)
 EXTENSION_CLS = "toolkit.inference.worker_ext.SrlWorkerExtension"
 RELOAD_METHOD = "srl_reload_weights"  # the /collective_rpc method name
+IN_FLIGHT_METHOD = "srl_in_flight"  # the /collective_rpc method that lists what the worker is generating
 RESULT_MARKER = "srl_reload"  # key every srl_reload_weights result carries (value: EXTENSION_API_VERSION)
 EXTENSION_API_VERSION = 1
 
@@ -296,3 +297,23 @@ class SrlWorkerExtension:
         if timer is not None:
             out["phases"] = timer.phases(seconds)
         return out
+
+    def srl_in_flight(self) -> dict[str, Any]:
+        """The requests this worker's model runner holds and how far each has got: a diagnostic read of the
+        engine's own state, exact while the engine is paused (no step runs between the read and the reload).
+
+        Returns a JSON-able dict: ``srl_reload`` (EXTENSION_API_VERSION) and ``output_tokens``: for each request
+        in the runner's table, the number of tokens sampled so far, ascending (a list of ints; a request that
+        finished in the last step before a pause is still listed, with its full length). A model runner without a
+        request table (another vLLM runner) is answered with ``error``; raises nothing (an exception in a
+        collective_rpc method would stop the engine).
+
+        Why it exists: an API server on a loaded host can stream a request's tokens seconds behind the engine, so a
+        client cannot tell from its streams whether a request is still running when it asks for a weight update;
+        the engine can.
+        """
+        requests = getattr(getattr(self, "model_runner", None), "requests", None)
+        if not isinstance(requests, dict):
+            return {RESULT_MARKER: EXTENSION_API_VERSION, "error": "this vLLM model runner keeps no request table"}
+        counts = sorted(len(getattr(state, "output_token_ids", None) or ()) for state in list(requests.values()))
+        return {RESULT_MARKER: EXTENSION_API_VERSION, "output_tokens": counts}
