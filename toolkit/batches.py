@@ -16,6 +16,9 @@ Arrays in ``batch.safetensors`` (T = total tokens of all samples, S = number of 
     inference_logprobs  float32 [T]    sampling logprob (natural log) of each token; 0.0 where not sampled
     advantages          float32 [T]    the sample's advantage on every completion token, 0.0 on prompt tokens
     ce_mask             bool    [T]    tokens trained with a cross-entropy (NLL) term; all False by default
+    ref_kl_mask         bool    [T]    policy-sampled tokens trained by distillation (reference-KL term) instead of
+                                       the RL term; ``loss_mask`` is False on them
+    ref_logprobs        float32 [T]    a reference model's logprob of each ``ref_kl_mask`` token; 0.0 elsewhere
     offsets             int64   [S+1]  sample i is tokens ``offsets[i]:offsets[i+1]``
     prompt_lens         int32   [S]    prompt tokens at the start of each sample
     policy_version      int64   [S]    oldest policy version that produced the sample's tokens
@@ -54,7 +57,9 @@ META_FILE = "meta.json"
 READY_MARKER = "READY"
 SAMPLING_KEY = "sampling"  # the key of ``meta`` that records the sampled distribution
 
-_TOKEN_ARRAYS = ("input_ids", "loss_mask", "inference_logprobs", "advantages", "ce_mask")
+_TOKEN_ARRAYS = ("input_ids", "loss_mask", "inference_logprobs", "advantages", "ce_mask", "ref_kl_mask", "ref_logprobs")
+# Arrays a batch written before distillation existed lacks; a reader fills them with "no distillation".
+_OPTIONAL_ARRAYS = {"ref_kl_mask": bool, "ref_logprobs": np.float32}
 _SAMPLE_ARRAYS = ("prompt_lens", "policy_version")
 _ARRAYS = (*_TOKEN_ARRAYS, *_SAMPLE_ARRAYS, "offsets")  # every array of batch.safetensors
 
@@ -77,6 +82,8 @@ class Batch:
     prompt_lens: np.ndarray
     policy_version: np.ndarray
     envs: list[str]
+    ref_kl_mask: np.ndarray
+    ref_logprobs: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -129,8 +136,10 @@ class Batch:
         if len(self.envs) != s:
             raise ValueError(f"envs has {len(self.envs)} entries, expected {s}")
         starts = self.offsets[:-1]
-        if np.any(self.loss_mask[starts]) or np.any(self.ce_mask[starts]):
+        if np.any(self.loss_mask[starts]) or np.any(self.ce_mask[starts]) or np.any(self.ref_kl_mask[starts]):
             raise ValueError("the first token of a sample has no context and cannot carry loss (empty prompt?)")
+        if np.any(self.loss_mask & self.ref_kl_mask):
+            raise ValueError("a token is in both the RL term (loss_mask) and the distillation term (ref_kl_mask)")
 
 
 def sampling_meta(sampling: SamplingParams) -> dict[str, Any]:
@@ -157,7 +166,9 @@ def samples_to_batch(
 
     ``advantages``, ``policy_versions`` and ``envs`` have one entry per sample. A sample's advantage is put on
     every completion token (prompt tokens get 0.0). ``ce_masks`` (optional, one per sample, completion length)
-    marks completion tokens for the CE term. Raises ValueError on mismatched lengths or an untrainable sample.
+    marks completion tokens for the CE term. A sample with ``ref_logprobs`` (distillation) puts its policy tokens
+    in ``ref_kl_mask`` with those logprobs, not in ``loss_mask``. Raises ValueError on mismatched lengths or an
+    untrainable sample.
     """
     n = len(samples)
     for name, seq in (("advantages", advantages), ("policy_versions", policy_versions), ("envs", envs)):
@@ -165,7 +176,7 @@ def samples_to_batch(
             raise ValueError(f"{name} has {len(seq)} entries for {n} samples (one per sample)")
     if ce_masks is not None and len(ce_masks) != n:
         raise ValueError(f"ce_masks has {len(ce_masks)} entries for {n} samples")
-    ids, lm, lp, adv, ce, prompt_lens = [], [], [], [], [], []
+    ids, lm, lp, adv, ce, rm, rlp, prompt_lens = [], [], [], [], [], [], [], []
     offsets = [0]
     for i, smp in enumerate(samples):
         p, c = len(smp.prompt_ids), len(smp.completion_ids)
@@ -177,7 +188,20 @@ def samples_to_batch(
         if p + c == 0:
             raise ValueError(f"sample {i} has no tokens")
         ids.append(np.asarray(list(smp.prompt_ids) + list(smp.completion_ids), dtype=np.int64))
-        lm.append(np.concatenate([np.zeros(p, bool), np.asarray(smp.completion_mask, dtype=bool)]))
+        policy = np.concatenate([np.zeros(p, bool), np.asarray(smp.completion_mask, dtype=bool)])
+        if smp.ref_logprobs is None:
+            lm.append(policy)
+            rm.append(np.zeros(p + c, bool))
+            rlp.append(np.zeros(p + c, np.float32))
+        else:
+            if len(smp.ref_logprobs) != c:
+                raise ValueError(
+                    f"sample {i}: ref_logprobs has {len(smp.ref_logprobs)} entries for {c} completion tokens"
+                )
+            lm.append(np.zeros(p + c, bool))
+            rm.append(policy)
+            ref = np.concatenate([np.zeros(p, np.float32), np.asarray(smp.ref_logprobs, np.float32)])
+            rlp.append(np.where(policy, ref, np.float32(0.0)))
         lp.append(np.concatenate([np.zeros(p, np.float32), np.asarray(smp.completion_logprobs, np.float32)]))
         adv.append(np.concatenate([np.zeros(p, np.float32), np.full(c, advantages[i], np.float32)]))
         cm = np.zeros(c, bool) if ce_masks is None else np.asarray(ce_masks[i], dtype=bool)
@@ -197,6 +221,8 @@ def samples_to_batch(
         inference_logprobs=cat(lp, np.float32),
         advantages=cat(adv, np.float32),
         ce_mask=cat(ce, bool),
+        ref_kl_mask=cat(rm, bool),
+        ref_logprobs=cat(rlp, np.float32),
         offsets=np.asarray(offsets, np.int64),
         prompt_lens=np.asarray(prompt_lens, np.int32),
         policy_version=np.asarray(policy_versions, np.int64),
@@ -260,6 +286,9 @@ def load_batch_dir(step_dir: Path) -> Batch:
     if meta.get("format") != FORMAT_VERSION:
         raise ValueError(f"{step_dir}: unsupported batch format {meta.get('format')!r}")
     arrays = st_load((step_dir / BATCH_FILE).read_bytes())
+    n = len(arrays["input_ids"]) if "input_ids" in arrays else 0
+    for name, dtype in _OPTIONAL_ARRAYS.items():
+        arrays.setdefault(name, np.zeros(n, dtype))
     batch = Batch(
         step=int(meta["step"]),
         envs=list(meta["envs"]),

@@ -84,3 +84,31 @@ def test_directory_without_ready_is_not_read(tmp_path):
     (path / "READY").unlink()  # what a reader would see of a writer that died before the marker
     with pytest.raises(TimeoutError):
         batches.read_batch(run, 1, timeout_s=0.1, poll_s=0.02)
+
+
+def test_distillation_samples_feed_the_ref_kl_term_not_the_rl_term(tmp_path):
+    run = RunDir(tmp_path)
+    rl, opd = _samples()[0], TrainingSample([7], [8, 9, 10], [True, False, True], [-0.1, 0.0, -2.0], [-0.3, 5.0, -1.0])
+    batches.write_batch(run, 1, [rl, opd], [1.0, 0.0], policy_versions=[0, 0], envs=["rl", "opd"], meta={})
+    b = batches.read_batch(run, 1, timeout_s=1.0)
+    assert b.loss_mask.tolist() == [False] * 3 + [True, True] + [False] * 4
+    assert b.ref_kl_mask.tolist() == [False] * 5 + [False, True, False, True]
+    # the teacher's logprob only where the policy sampled (the env's token keeps 0.0 whatever was sent)
+    np.testing.assert_allclose(b.ref_logprobs, [0, 0, 0, 0, 0, 0, -0.3, 0, -1.0])
+    np.testing.assert_allclose(b.inference_logprobs[5:], [0, -0.1, 0, -2.0])  # the sampler's, for the ratio
+    bad = TrainingSample([7], [8, 9], [True, True], [-0.1, -0.2], [-0.3])
+    with pytest.raises(ValueError, match="ref_logprobs has 1 entries for 2"):
+        batches.write_batch(run, 2, [bad], [0.0], policy_versions=[0], envs=["opd"], meta={})
+
+
+def test_batch_written_without_distillation_arrays_still_loads(tmp_path):
+    # A batch from before the ref-KL term (resumed run): read as "no distillation".
+    from safetensors.numpy import load, save
+
+    run = RunDir(tmp_path)
+    path = batches.write_batch(run, 1, _samples(), [1.0, -0.5], policy_versions=[0, 0], envs=["a", "b"], meta={})
+    arrays = load((path / batches.BATCH_FILE).read_bytes())
+    old = {k: v for k, v in arrays.items() if k not in ("ref_kl_mask", "ref_logprobs")}
+    (path / batches.BATCH_FILE).write_bytes(save(old))
+    b = batches.load_batch_dir(path)
+    assert not b.ref_kl_mask.any() and b.ref_logprobs.shape == (9,) and not b.ref_logprobs.any()

@@ -109,7 +109,8 @@ def test_in_flight_lists_each_held_request_by_tokens_sampled():
             self.output_token_ids = list(range(n))
 
     class Runner:
-        requests = {"b": State(40), "a": State(3), "c": State(0)}
+        def __init__(self):
+            self.requests = {"b": State(40), "a": State(3), "c": State(0)}
 
     class Worker(SrlWorkerExtension):
         model_runner = Runner()

@@ -111,3 +111,69 @@ def test_mismatch_kl_resolves_fp32_sized_disagreement():
     want = d.double() ** 2 / 2  # k3 = x^2/2 + O(x^3)
     assert kl[2] == 0 and (kl[:2] > 0).all()
     torch.testing.assert_close(kl[:2].double(), want[:2], rtol=1e-3, atol=0)
+
+
+def test_ref_kl_term_value_and_gradient_by_hand():
+    # Four policy tokens distilled towards a teacher. mu = sampler, pi = trainer, ref = teacher (probabilities).
+    infer = _lp([0.5, 0.4, 0.6, 0.3])
+    train = _lp([0.5, 0.5, 0.3, 0.3]).requires_grad_(True)  # token 2 fell 0.3 > REF_KL_EPS below mu: left out
+    ref = _lp([0.25, 0.8, 0.9, 0.3])
+    ref_mask = torch.tensor([True, True, True, False])  # token 3 is not a distillation token
+    zeros, no = torch.zeros(4), torch.zeros(4, dtype=torch.bool)
+    parts = rl_loss(
+        train, infer, zeros, no, no, IPOLoss(), rl_denominator=0, ce_denominator=0,
+        ref_logprobs=ref, ref_kl_mask=ref_mask, ref_denominator=3,
+    )  # fmt: skip
+    # kept: token 0 (ratio 1, signal log(0.25/0.5)) and token 1 (ratio 1.25, signal log(0.8/0.5)); N = 3
+    s0, s1 = math.log(0.25 / 0.5), math.log(0.8 / 0.5)
+    assert parts.loss.item() == pytest.approx(-(s0 * 1.0 + s1 * 1.25) / 3, abs=1e-6)
+    assert parts.ref_masked.tolist() == [False, False, True, False]
+    assert parts.is_masked.tolist() == [False] * 4  # the RL term's mask is untouched
+    # the reverse-KL estimate log pi - log ref on distillation tokens, masked or not; 0 elsewhere
+    assert parts.ref_kl.tolist() == pytest.approx([-s0, -s1, math.log(0.3 / 0.9), 0.0], abs=1e-6)
+    parts.loss.backward()
+    # d/d lp of -(sg(signal) * exp(lp - ilp))/N = -(signal * ratio)/N on kept tokens: the teacher's preference
+    # raises token 1 (gradient < 0 on the loss) and lowers token 0.
+    assert train.grad.tolist() == pytest.approx([-s0 / 3, -s1 * 1.25 / 3, 0.0, 0.0], abs=1e-6)
+
+
+def test_ref_kl_importance_ratio_corrects_for_the_sampler():
+    # The same trainer, teacher and token; a sampler that drew the token half as likely doubles its weight.
+    train, ref = _lp([0.4]).requires_grad_(True), _lp([0.8])
+    one, no = torch.ones(1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool)
+
+    def grad(mu: float) -> float:
+        train.grad = None
+        rl_loss(
+            train, _lp([mu]), torch.zeros(1), no, no, IPOLoss(), rl_denominator=0, ce_denominator=0,
+            ref_logprobs=ref, ref_kl_mask=one, ref_denominator=1,
+        ).loss.backward()  # fmt: skip
+        return train.grad.item()
+
+    assert grad(0.2) == pytest.approx(2 * grad(0.4), rel=1e-5)
+    assert grad(0.4) == pytest.approx(-math.log(2.0), rel=1e-5)  # on-policy: minus the log-ratio teacher/student
+
+
+def test_ref_kl_gradient_is_that_of_the_reverse_kl():
+    # Exact check of the estimator: over a 3-token vocabulary, the expected gradient of the loss under tokens drawn
+    # from pi itself equals the gradient of KL(pi || ref) = sum_y pi(y) (log pi(y) - log ref(y)) w.r.t. the logits.
+    logits = torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64, requires_grad=True)
+    ref = torch.log(torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64))
+    pi = torch.softmax(logits, 0)
+    exact = torch.autograd.grad((pi * (torch.log(pi) - ref)).sum(), logits)[0]
+    expected = torch.zeros(3, dtype=torch.float64)
+    one, no = torch.ones(1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool)
+    for y in range(3):
+        lp = torch.log_softmax(logits, 0)[y : y + 1]
+        loss = rl_loss(
+            lp, lp.detach(), torch.zeros(1), no, no, IPOLoss(), rl_denominator=0, ce_denominator=0,
+            ref_logprobs=ref[y : y + 1], ref_kl_mask=one, ref_denominator=1,
+        ).loss  # fmt: skip
+        expected += pi[y].detach() * torch.autograd.grad(loss, logits)[0]
+    torch.testing.assert_close(expected, exact, rtol=1e-5, atol=1e-6)
+
+
+def test_ref_kl_needs_both_inputs():
+    x, no = torch.zeros(2), torch.zeros(2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="both"):
+        rl_loss(x, x, x, no, no, IPOLoss(), rl_denominator=0, ce_denominator=0, ref_logprobs=x)

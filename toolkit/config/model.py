@@ -215,11 +215,49 @@ class BufferConfig(Section):
     """Sample this many times the needed groups so filtering still fills a batch."""
 
 
+class TeacherConfig(Section):
+    """``opd``'s teacher: a frozen model behind a vLLM server (the only server that returns prompt logprobs), which
+    scores the policy's own sampled tokens. It must use the policy's tokenizer (checked when the run starts)."""
+
+    name: str = Field(min_length=1)
+    """The model name the endpoint serves (its ``/v1/models`` id)."""
+    base_url: str = Field(min_length=1, pattern=r"^https?://\S+$")
+    """OpenAI-compatible base URL of the teacher's vLLM server, e.g. ``http://node12:8001/v1``."""
+    api_key_var: str | None = None
+    """Name of the environment variable that holds the endpoint's API key (never the key itself)."""
+    max_concurrent: int = Field(32, ge=1, le=65536)
+    """Scoring requests in flight at most."""
+    timeout_s: float = Field(120.0, gt=0, le=_MAX_TIMEOUT_S)
+    """Seconds one scoring request may take; a teacher that stays unreachable for three tries ends the run."""
+
+    @field_validator("api_key_var")
+    @classmethod
+    def _var_name(cls, v: str | None) -> str | None:
+        if v is not None and not ENV_VAR_NAME.fullmatch(v):
+            raise ValueError(f"api_key_var must name an environment variable (letters, digits, _), got {v!r}")
+        return v
+
+
 class AlgoConfig(Section):
-    type: Literal["grpo", "max_rl"] = "grpo"
-    """Advantage: ``grpo`` = reward - group mean; ``max_rl`` = (reward - group mean) / group mean."""
+    """The training signal of an env's rollouts (prime-rl's ``[orchestrator.train.algo]``)."""
+
+    type: Literal["grpo", "max_rl", "opd"] = "grpo"
+    """``grpo``: advantage = reward - group mean; ``max_rl``: (reward - group mean) / group mean; ``opd``: on-policy
+    distillation, no advantage: the teacher's logprobs of the sampled tokens train the policy (reverse KL)."""
     length_penalty: float = Field(0.0, ge=0.0, le=1.0)
     """Subtract ``length_penalty * completion_tokens / max_completion_tokens`` from the reward before advantages."""
+    teacher: TeacherConfig | None = None
+    """``opd`` only: the frozen model the policy distils from."""
+
+    @model_validator(mode="after")
+    def _teacher_with_opd(self) -> AlgoConfig:
+        if self.type == "opd" and self.teacher is None:
+            raise ValueError("type 'opd' needs a teacher: set the algo's teacher.name and teacher.base_url")
+        if self.type != "opd" and self.teacher is not None:
+            raise ValueError(f"a teacher is used by type 'opd' only, not {self.type!r}; remove it or set type = 'opd'")
+        if self.type == "opd" and self.length_penalty:
+            raise ValueError("length_penalty shapes rewards into advantages; 'opd' trains without advantages")
+        return self
 
 
 class SelectConfig(Section):
@@ -298,6 +336,8 @@ class EnvConfig(Section):
     pool: PoolConfig = PoolConfig()
     sampling: SamplingOverride | None = None
     group_size: int | None = Field(None, ge=1, le=4096)
+    algo: AlgoConfig | None = None
+    """A train env's own algorithm (e.g. ``opd`` beside ``grpo`` envs); unset: ``orchestrator.train.algo``."""
     address: str | None = None
     """``host:port`` of an externally managed env server (srl then starts none)."""
     # Legacy v0 bridge. Accepted, labelled legacy in the resolved config.
@@ -361,6 +401,10 @@ class OrchestratorConfig(Section):
     env_vars: dict[str, EnvValue] = {}
     update_weights: bool = True
     """Debug: when false the orchestrator never reloads new policy weights into inference (negative control)."""
+
+    def env_algo(self, env: EnvConfig) -> AlgoConfig:
+        """The algorithm that trains ``env``'s rollouts: its own ``algo`` or the run's ``train.algo``."""
+        return env.algo if env.algo is not None else self.train.algo
 
     def env_entries(self) -> list[tuple[str, EnvConfig]]:
         """Every train env, then every eval env, with its field path (``orchestrator.train.env[0]``)."""

@@ -76,14 +76,24 @@ def _nearest_multiples(n: int, k: int) -> str:
 
 def _batch_and_groups(cfg: RLConfig, f: Findings) -> None:
     o = cfg.orchestrator
-    algo = o.train.algo.type
-    sizes = [("orchestrator.group_size", o.group_size)]
+    # (field, group size, algorithm): the run's group_size serves the envs without their own; it is held to the
+    # group-relative rules when one of those envs computes advantages
+    inherit = [o.env_algo(e).type for e in o.train.env if e.group_size is None] or [o.train.algo.type]
+    sizes = [("orchestrator.group_size", o.group_size, next((a for a in inherit if a in _GROUP_RELATIVE), inherit[0]))]
     for i, env in enumerate(o.train.env):
         if env.group_size is not None:
-            sizes.append((f"orchestrator.train.env[{i}].group_size", env.group_size))
-    for path, g in sizes:
+            sizes.append((f"orchestrator.train.env[{i}].group_size", env.group_size, o.env_algo(env).type))
+    for path, g, algo in sizes:
         if g == 1 and algo in _GROUP_RELATIVE:
             f.error(path, f"group-relative advantage ({algo}) needs group_size >= 2; with 1 every advantage is zero")
+            continue
+        if algo not in _GROUP_RELATIVE:  # distillation: the group only fans out sampling
+            if o.batch_size % g:
+                f.error(
+                    f"orchestrator.batch_size, {path}",
+                    f"batch_size {o.batch_size} is not a whole number of groups of {g}; "
+                    f"use {_nearest_multiples(o.batch_size, g)}",
+                )
             continue
         if g < 8:
             f.warn(
@@ -103,6 +113,9 @@ def _train_envs(cfg: RLConfig, f: Findings) -> None:
     o = cfg.orchestrator
     if not o.train.env:
         f.error("orchestrator.train.env", "at least one [[orchestrator.train.env]] is required")
+    for i, env in enumerate(o.eval.env):
+        if env.algo is not None:
+            f.error(f"orchestrator.eval.env[{i}].algo", "an eval env trains nothing; set algo on train envs only")
     ratios = [e.ratio is not None for e in o.train.env]
     if any(ratios) and not all(ratios):
         missing = [e.env_name for e in o.train.env if e.ratio is None]

@@ -7,8 +7,10 @@ Groups are offered in the order they finish. For each group the builder:
    (``foreign_policy``: never trained on, and its rewards would skew the group's baseline);
 3. drops the whole group when its policy is older than the off-policy bound (``off_policy``);
 4. computes advantages over the group's valid rollouts, per seat when traces of several agent seats share it
-   (see :mod:`toolkit.orchestrator.advantages`);
-5. drops groups without signal when difficulty filtering is on (see :mod:`toolkit.orchestrator.filtering`);
+   (see :mod:`toolkit.orchestrator.advantages`); a distilling env's group (``opd``) gets none: its signal is the
+   teacher's logprobs on its samples, and every such group carries signal;
+5. drops groups without signal when difficulty filtering is on (see :mod:`toolkit.orchestrator.filtering`; never a
+   distilling group: its rewards are not its training signal);
 6. adds the group to the batch.
 
 The batch holds ``batch_size`` rollouts. Groups are whole except possibly the last: when a group does not fit
@@ -22,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from toolkit.orchestrator.advantages import group_advantages, penalized_rewards
+from toolkit.orchestrator.advantages import ALGOS, group_advantages, penalized_rewards
 from toolkit.orchestrator.filtering import drop_reason, is_uniform
 from toolkit.orchestrator.policy import is_stale, off_policy_age
 from toolkit.run.types import Rollout, TrainingSample
@@ -31,7 +33,8 @@ from toolkit.run.types import Rollout, TrainingSample
 @dataclass
 class BufferSettings:
     """What shapes a batch. ``batch_size`` in rollouts; ``max_off_policy_steps`` in policy versions (None = no
-    bound: the negative control without weight updates); ``length_penalty`` per ``algo`` config."""
+    bound: the negative control without weight updates); ``algo`` and ``length_penalty`` per the run's ``algo``
+    config, ``env_algos`` an env's own ``(algo, length_penalty)`` where it sets one."""
 
     batch_size: int
     algo: str = "grpo"
@@ -40,6 +43,11 @@ class BufferSettings:
     easy_threshold: float | None = None
     hard_threshold: float | None = None
     max_off_policy_steps: int | None = 1
+    env_algos: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def algo_of(self, env: str) -> tuple[str, float]:
+        """``(algo type, length penalty)`` that trains ``env``'s rollouts."""
+        return self.env_algos.get(env, (self.algo, self.length_penalty))
 
 
 @dataclass
@@ -100,13 +108,16 @@ class StepBatch:
         if valid and s.max_off_policy_steps is not None and is_stale(self.step, version, s.max_off_policy_steps):
             return self._drop("off_policy", valid)
         rewards = [r.reward for r in valid]
+        algo, length_penalty = s.algo_of(group[0].env) if group else (s.algo, s.length_penalty)
+        distils = algo not in ALGOS  # opd: the teacher's logprobs on the samples are the signal, not rewards
         if valid:
             self.group_rewards.append(rewards)
             self.scored.extend(valid)
+        if valid and not distils:
             penalized = penalized_rewards(
                 rewards,
                 [r.completion_len for r in valid],
-                length_penalty=s.length_penalty,
+                length_penalty=length_penalty,
                 max_completion_tokens=max_completion_tokens,
             )
             # One baseline per seat: in a game the seats' rewards answer each other (one player's win is the
@@ -116,10 +127,13 @@ class StepBatch:
             for i, r in enumerate(valid):
                 by_seat.setdefault(r.seat, []).append(i)
             for idx in by_seat.values():
-                for i, a in zip(idx, group_advantages([penalized[i] for i in idx], s.algo), strict=True):
+                for i, a in zip(idx, group_advantages([penalized[i] for i in idx], algo), strict=True):
                     valid[i].advantage = a
         reason = drop_reason(
-            rewards, enabled=s.filtering, easy_threshold=s.easy_threshold, hard_threshold=s.hard_threshold
+            rewards,
+            enabled=s.filtering and not distils,
+            easy_threshold=s.easy_threshold,
+            hard_threshold=s.hard_threshold,
         )
         if reason is not None:
             return self._drop(reason, valid)
@@ -129,7 +143,7 @@ class StepBatch:
         self.trimmed_rollouts += len(valid) - len(take)
         self.rollouts.extend(take)
         self.groups_kept += 1
-        if not is_uniform(rewards):
+        if distils or not is_uniform(rewards):
             self.signal_groups += 1
         return None
 

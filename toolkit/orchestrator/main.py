@@ -50,6 +50,7 @@ from toolkit.orchestrator.records import MetricsLog, step_metrics
 from toolkit.orchestrator.sampler import EnvSampler
 from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_state
 from toolkit.orchestrator.stop import StopChecks
+from toolkit.orchestrator.teacher import TeacherError, TeacherScorer
 from toolkit.orchestrator.writer import RecordWriter
 from toolkit.run.control import request_stop
 from toolkit.run.heartbeat import FINISHED, LONG, STARTUP, WEIGHTS, Heartbeat, enable_stack_dumps
@@ -107,6 +108,7 @@ class Orchestrator:
         # are dropped (toolkit.inference.versions).
         self.run_id = run_identity(run)
         self._admin_token: str | None = None  # set from the readiness of inference (_connect_inference)
+        self._served_model = cfg.model.name  # the policy's served model name (the readiness file's)
         self._sigterm = False
 
     # -- setup ------------------------------------------------------------------------------------------------
@@ -162,8 +164,23 @@ class Orchestrator:
             if self.cfg.inference.external:
                 await self._claim_base_weights()
         self.engine_urls = list(ready["engine_urls"])  # watched for restarts (engines.EngineWatch)
+        self._served_model = ready["model"]
         log.info("inference ready: %s (model %s, engines %s)", base_url, ready["model"], ready["engine_urls"])
         return int(ready.get("policy_version") or 0)
+
+    async def _check_teachers(self) -> None:
+        """Refuse a distilling env's teacher whose tokenizer is not the policy's (``TeacherError`` names both),
+        before any rollout is sampled. Needs an engine of the policy to compare with (none with an injected client:
+        then only a warning)."""
+        teachers = {e.teacher.label: e.teacher for e in self.train_envs.values() if e.teacher is not None}
+        if not teachers:
+            return
+        if not self.engine_urls:
+            log.warning("no policy engine URL known: the teachers' tokenizers are not checked")
+            return
+        for scorer in teachers.values():
+            await scorer.check_tokenizer(self.engine_urls[0], self._served_model)
+            log.info("%s shares the policy's tokenizer", scorer.label)
 
     async def _claim_base_weights(self) -> None:
         """On an external deployment that serves another run's weights (a run that used it before this one): load
@@ -201,7 +218,9 @@ class Orchestrator:
                 seed = o.eval.seed if o.eval.seed is not None else sp.seed
                 self.eval_envs.append(EvalEnv(env_cfg.name, rt, env_cfg.num_examples, gs, sp, seed=seed))
             else:
-                self.train_envs[env_cfg.name] = TrainEnv(env_cfg.name, rt, gs, sp)
+                teacher = o.env_algo(env_cfg).teacher
+                scorer = TeacherScorer(teacher, label=f"env {env_cfg.name}") if teacher is not None else None
+                self.train_envs[env_cfg.name] = TrainEnv(env_cfg.name, rt, gs, sp, teacher=scorer)
             log.info("env %s started (%s, %d examples, group size %d)", env_cfg.name, kind, rt.num_examples, gs)
         if not self.train_envs and self.ocfg.training_mode == "rl":
             raise ValueError("orchestrator.train.env is empty: nothing to train on")
@@ -257,7 +276,10 @@ class Orchestrator:
         return self._sigterm or self.run.stop_request.exists()
 
     async def _next_group(self, producer: GroupProducer) -> list | None:
+        """The next finished group; None on a stop request. Raises the producer's fatal error (a failed teacher)."""
         while True:
+            if producer.failure is not None:
+                raise producer.failure
             try:
                 return await asyncio.wait_for(producer.queue.get(), QUEUE_POLL_S)
             except TimeoutError:
@@ -273,6 +295,7 @@ class Orchestrator:
             batch_size=o.batch_size,
             algo=o.train.algo.type,
             length_penalty=o.train.algo.length_penalty,
+            env_algos={e.env_name: (e.algo.type, e.algo.length_penalty) for e in o.train.env if e.algo is not None},
             filtering=b.online_difficulty_filtering,
             easy_threshold=b.easy_threshold,
             hard_threshold=b.hard_threshold,
@@ -341,6 +364,11 @@ class Orchestrator:
         ``next_group_id``), taken before the next step's groups were launched, so a resume redraws those.
         """
         metrics = {**step_metrics(batch), **times, **extra, "policy/served_version": float(tracker.served_version)}
+        for name, env in self.train_envs.items():
+            if env.teacher is not None:
+                stats = env.teacher.drain_stats()
+                metrics[f"teacher/{name}/latency_s"] = stats["latency_s"]
+                metrics[f"teacher/{name}/requests"] = stats["requests"]
         state = {"step": step, **sampler_state, "served_version": tracker.served_version}
         training = batch.training_samples()
         meta = {
@@ -436,6 +464,7 @@ class Orchestrator:
                     return 0
                 if isinstance(outcome, BaseException):
                     raise outcome
+            await self._check_teachers()
             # Everything made so far (tokenizer, imported modules, env handles) lives for the whole run: move it out
             # of the collector's generations, so the frequent collections of a busy loop stop re-scanning it
             # (about 15% of the loop's CPU per rollout in tests/benchmarks/orchestrator_overhead.py).
@@ -454,7 +483,8 @@ class Orchestrator:
             # Nothing more reaches metrics.jsonl from here: the trainer's W&B mirror waits for this phase.
             self.progress.phase(FINISHED)
             self.writer.close()
-            for owner in (self.client, self.updater):  # their kept-open HTTP connections
+            teachers = [e.teacher for e in self.train_envs.values() if e.teacher is not None]
+            for owner in (self.client, self.updater, *teachers):  # their kept-open HTTP connections
                 aclose = getattr(owner, "aclose", None)
                 if aclose is not None:
                     await aclose()
@@ -646,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return asyncio.run(Orchestrator(cfg, run).run_until_done())
-    except checkpoints.CheckpointError as exc:
+    except (checkpoints.CheckpointError, TeacherError) as exc:
         log.error("%s", exc)
         return 1
     except Exception:

@@ -55,12 +55,14 @@ class Slots:
 
 @dataclass
 class TrainEnv:
-    """A started training env: its runtime, group size and sampling (``max_tokens`` per turn)."""
+    """A started training env: its runtime, group size, sampling (``max_tokens`` per turn) and, for a distilling env
+    (``opd``), the teacher that scores its groups (a ``teacher.TeacherScorer``)."""
 
     name: str
     runtime: Any
     group_size: int
     sampling: SamplingParams
+    teacher: Any = None
 
 
 class GroupProducer:
@@ -68,7 +70,9 @@ class GroupProducer:
 
     ``max_concurrent`` bounds rollouts in flight. A group whose runtime raises (not an ``SrlRolloutError``: those
     come back as errored rollouts) is returned as ``group_size`` errored rollouts of class SandboxError, so one
-    broken env cannot kill the orchestrator; the exception is logged.
+    broken env cannot kill the orchestrator; the exception is logged. A distilling env's group is scored by its
+    teacher before it is queued; a teacher that fails is fatal: the error is kept in :attr:`failure` (the step loop
+    raises it) and the group is not queued.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class GroupProducer:
         self._seed_counter = 0
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self.failure: Exception | None = None
 
     def want(self, groups: int) -> None:
         """Make sure ``groups`` groups are in flight or queued (launch the difference; never cancels)."""
@@ -164,6 +169,12 @@ class GroupProducer:
                     ]
             for r in group:
                 r.group_id = group_id
+            if env.teacher is not None:
+                try:
+                    await env.teacher.score_group(group)
+                except Exception as exc:  # noqa: BLE001 - kept for the step loop, which ends the run with it
+                    self.failure = self.failure or exc
+                    return
             self.queue.put_nowait(group)
         finally:
             started.set()

@@ -15,6 +15,10 @@ tokens, times seconds):
   weights (also ``filter/dropped_{groups,rollouts}/foreign_policy``);
 - ``filter/dropped_groups/<reason>``, ``filter/dropped_rollouts/<reason>``, ``filter/groups_offered``,
   ``filter/groups_kept``, ``filter/signal_groups``, ``filter/trimmed_rollouts``;
+- distillation (``opd`` envs): ``teacher/<env>/kl`` (mean over the batch's scored tokens of the sampler's logprob
+  minus the teacher's: the reverse-KL estimate at sampling time), ``teacher/<env>/tokens`` and
+  ``teacher/scored_share`` (scored tokens / policy-sampled tokens of the batch); ``teacher/<env>/latency_s`` (mean
+  seconds per scoring request) and ``teacher/<env>/requests`` since the last step;
 - ``time/step``, ``time/wait_for_policy``, ``policy/served_version``;
 - ``eval/<env>/{avg@k,pass@k}`` and ``eval/<env>/metric/<name>`` with ``/stderr``, ``eval/<env>/{errored,examples}``,
   ``eval/policy_version`` and ``time/eval`` on eval steps (see :mod:`toolkit.orchestrator.evaluation`).
@@ -96,7 +100,30 @@ def step_metrics(batch: StepBatch) -> dict[str, float]:
     out["filter/groups_kept"] = float(batch.groups_kept)
     out["filter/signal_groups"] = float(batch.signal_groups)
     out["filter/trimmed_rollouts"] = float(batch.trimmed_rollouts)
+    _teacher_metrics(batch.rollouts, out)
     return out
+
+
+def _teacher_metrics(rollouts: Sequence[Rollout], out: dict[str, float]) -> None:
+    """``teacher/<env>/{kl,tokens}`` and ``teacher/scored_share`` of the batch (module doc); nothing without a
+    scored sample."""
+    kl: dict[str, float] = defaultdict(float)
+    scored: dict[str, int] = defaultdict(int)
+    policy = 0
+    for r in rollouts:
+        for smp in r.samples:
+            policy += sum(smp.completion_mask)
+            if smp.ref_logprobs is None:
+                continue
+            for m, lp, ref in zip(smp.completion_mask, smp.completion_logprobs, smp.ref_logprobs, strict=True):
+                if m:
+                    kl[r.env] += lp - ref
+                    scored[r.env] += 1
+    for env in sorted(scored):
+        out[f"teacher/{env}/kl"] = kl[env] / scored[env]
+        out[f"teacher/{env}/tokens"] = float(scored[env])
+    if scored:
+        out["teacher/scored_share"] = sum(scored.values()) / max(policy, 1)
 
 
 class MetricsLog:

@@ -64,13 +64,16 @@ class TrainingSample:
     ``prompt_ids`` is the first prompt; ``completion_ids`` everything after it (policy tokens of every turn plus
     the environment/user tokens between turns). ``completion_mask[i]`` is True where token i was sampled by the
     policy (the loss applies there) and ``completion_logprobs[i]`` is its sampling logprob (0.0 where masked).
-    All three completion lists have the same length.
+    All completion lists (``ref_logprobs`` too, when set) have the same length.
     """
 
     prompt_ids: list[int]
     completion_ids: list[int]
     completion_mask: list[bool]
     completion_logprobs: list[float]
+    ref_logprobs: list[float] | None = None
+    """A reference model's logprob of each completion token (0.0 where masked), set when the sample's env trains by
+    distillation (``opd``): its policy tokens then feed the trainer's reference-KL term instead of the RL term."""
 
 
 @dataclass

@@ -9,10 +9,21 @@ of RL tokens (all ranks, all micro-batches):
     IPO:     L = -(1/N) * sum_t 1(|pi(y_t) - mu(y_t)| <= eps)            * adv_tau * A_t * pi(y_t) / mu(y_t)
     IcePop:  L = -(1/N) * sum_t 1(ratio_low <= pi(y_t)/mu(y_t) <= ratio_high) * adv_tau * A_t * pi(y_t) / mu(y_t)
     CE:      L_ce = -(1/N_ce) * sum_t ce_mask_t * log pi(y_t)
+    ref-KL:  L_ref = -(1/N_ref) * sum_t 1(pi(y_t) - mu(y_t) >= -REF_KL_EPS) * sg(log ref(y_t) - log pi(y_t))
+                                                                            * pi(y_t) / mu(y_t)
 
-The mask is computed without gradient; the ratio carries the gradient (d ratio = ratio * d log pi). Masked
+The ref-KL term is on-policy distillation (``opd``): the per-token reverse KL to a reference model ``ref`` (a
+teacher scoring the sampled tokens) is the policy-gradient signal in place of an advantage (K. Lu and Thinking
+Machines Lab, "On-Policy Distillation", 2025; the component layout and the one-sided trust region follow prime-rl's
+Algorithms page, § Loss). Its gradient, ``(1/N_ref) sum_t ratio_t * (log pi - log ref) * d log pi``, is the
+importance-weighted score-function estimate of the gradient of KL(pi || ref) over the sampled tokens. The trust
+region is one-sided: a token whose probability already fell more than ``REF_KL_EPS`` below the sampler's is left
+out, so a teacher that dislikes a token cannot push it towards zero in one step; a rise is not bounded, since
+the teacher's signal there is what distillation wants.
+
+The masks are computed without gradient; the ratio carries the gradient (d ratio = ratio * d log pi). Masked
 tokens still count in N (the mask sits inside the sum), so masking lowers the step size instead of reweighting.
-The total loss is ``L + L_ce``; each term uses its own denominator so one does not dilute the other.
+The total loss is ``L + L_ce + L_ref``; each term uses its own denominator so one does not dilute the other.
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ from toolkit.config.model import IcePopLoss, IPOLoss
 
 # The loss settings are the config's classes, so their defaults are defined once: eps, ratio_low/high, adv_tau.
 LossConfig = IPOLoss | IcePopLoss
+# One-sided trust region of the ref-KL term: absolute probability drop (pi - mu) beyond which a token is left out.
+REF_KL_EPS = 0.2
 
 
 @dataclass
@@ -32,13 +45,17 @@ class LossParts:
     """Loss of one micro-batch and the per-token tensors the step aggregates into metrics.
 
     ``loss`` (scalar) is already divided by the global denominators: summing it over micro-batches and ranks
-    gives the step loss. ``is_masked`` (bool) and ``mismatch_kl`` (float32, 0 off the RL tokens) have the inputs'
-    shape and no gradient; they stay tensors so that no device sync happens per micro-batch.
+    gives the step loss. ``is_masked`` (bool, RL tokens the trust region left out), ``ref_masked`` (bool, the same
+    for ref-KL tokens), ``mismatch_kl`` (float32, 0 off the policy tokens of both terms) and ``ref_kl`` (float32,
+    ``log pi - log ref`` on ref-KL tokens, 0 elsewhere: the per-token reverse-KL estimate) have the inputs' shape
+    and no gradient; they stay tensors so that no device sync happens per micro-batch.
     """
 
     loss: torch.Tensor
     is_masked: torch.Tensor
     mismatch_kl: torch.Tensor
+    ref_masked: torch.Tensor
+    ref_kl: torch.Tensor
 
 
 def trust_region_mask(
@@ -81,22 +98,42 @@ def rl_loss(
     *,
     rl_denominator: float,
     ce_denominator: float,
+    ref_logprobs: torch.Tensor | None = None,
+    ref_kl_mask: torch.Tensor | None = None,
+    ref_denominator: float = 0.0,
 ) -> LossParts:
     """Loss of one micro-batch (any shape, all inputs the same shape; logprobs in nats).
 
-    ``rl_denominator`` / ``ce_denominator`` are the global counts of ``loss_mask`` / ``ce_mask`` tokens over
-    every micro-batch and rank of the step (a count of 0 is treated as 1: the term is then 0). Returns
-    :class:`LossParts`; ``loss`` has a gradient through ``trainer_logprobs``.
+    ``rl_denominator`` / ``ce_denominator`` / ``ref_denominator`` are the global counts of ``loss_mask`` /
+    ``ce_mask`` / ``ref_kl_mask`` tokens over every micro-batch and rank of the step (a count of 0 is treated as 1:
+    the term is then 0). ``ref_logprobs`` and ``ref_kl_mask`` (both or neither) add the ref-KL term of the module
+    doc. Returns :class:`LossParts`; ``loss`` has a gradient through ``trainer_logprobs``. Raises ValueError when
+    only one of ``ref_logprobs`` and ``ref_kl_mask`` is given.
     """
+    if (ref_logprobs is None) != (ref_kl_mask is None):
+        raise ValueError("the ref-KL term needs both ref_logprobs and ref_kl_mask")
     lp = trainer_logprobs.float()
     ilp = inference_logprobs.float()
+    zeros = torch.zeros_like(lp)
     rl_mask = loss_mask.bool()
     masked = trust_region_mask(lp, ilp, cfg) & rl_mask
     keep = rl_mask & ~masked
     ratio = torch.exp(lp - ilp)
     pg = -(cfg.adv_tau * advantages.float() * ratio)
-    rl_term = torch.where(keep, pg, torch.zeros_like(pg)).sum() / max(float(rl_denominator), 1.0)
+    loss = torch.where(keep, pg, zeros).sum() / max(float(rl_denominator), 1.0)
     ce = ce_mask.bool()
-    ce_term = torch.where(ce, -lp, torch.zeros_like(lp)).sum() / max(float(ce_denominator), 1.0)
-    kl = torch.where(rl_mask, mismatch_kl(lp, ilp), torch.zeros_like(lp))
-    return LossParts(loss=rl_term + ce_term, is_masked=masked, mismatch_kl=kl)
+    loss = loss + torch.where(ce, -lp, zeros).sum() / max(float(ce_denominator), 1.0)
+    policy = rl_mask
+    ref_masked = torch.zeros_like(rl_mask)
+    ref_kl = zeros.detach()
+    if ref_kl_mask is not None and ref_logprobs is not None:
+        ref_mask = ref_kl_mask.bool()
+        policy = rl_mask | ref_mask
+        with torch.no_grad():
+            ref_masked = ((lp.exp() - ilp.exp()) < -REF_KL_EPS) & ref_mask
+            ref_kl = torch.where(ref_mask, lp - ref_logprobs.float(), zeros)
+        signal = (ref_logprobs.float() - lp).detach()  # -(reverse-KL per token): the "advantage" of distillation
+        ref_term = torch.where(ref_mask & ~ref_masked, -(signal * ratio), zeros).sum()
+        loss = loss + ref_term / max(float(ref_denominator), 1.0)
+    kl = torch.where(policy, mismatch_kl(lp, ilp), zeros)
+    return LossParts(loss=loss, is_masked=masked, mismatch_kl=kl, ref_masked=ref_masked, ref_kl=ref_kl.detach())

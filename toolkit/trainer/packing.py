@@ -26,10 +26,10 @@ from toolkit.batches import Batch
 class MicroBatch:
     """One forward/backward of the train step. Every tensor is ``[rows, length]``.
 
-    ``sample_index`` is the sample's index in the batch (-1 on padding). ``loss_mask`` / ``ce_mask`` are False on
-    padding and on the first token of each sample. ``real_tokens`` counts non-padding tokens. ``temperature``,
-    ``top_p`` and ``top_k`` (0: none) are the batch's sampling (``Batch.sampling``): the trainer's logprobs are
-    taken under that distribution.
+    ``sample_index`` is the sample's index in the batch (-1 on padding). ``loss_mask`` / ``ce_mask`` /
+    ``ref_kl_mask`` are False on padding and on the first token of each sample. ``real_tokens`` counts non-padding
+    tokens. ``temperature``, ``top_p`` and ``top_k`` (0: none) are the batch's sampling (``Batch.sampling``): the
+    trainer's logprobs are taken under that distribution.
     """
 
     input_ids: torch.Tensor  # int64
@@ -38,6 +38,8 @@ class MicroBatch:
     ce_mask: torch.Tensor  # bool
     inference_logprobs: torch.Tensor  # float32
     advantages: torch.Tensor  # float32
+    ref_kl_mask: torch.Tensor  # bool
+    ref_logprobs: torch.Tensor  # float32
     sample_index: torch.Tensor  # int64
     real_tokens: int
     temperature: float = 1.0
@@ -64,6 +66,8 @@ _DTYPES = {
     "ce_mask": bool,
     "inference_logprobs": np.float32,
     "advantages": np.float32,
+    "ref_kl_mask": bool,
+    "ref_logprobs": np.float32,
 }
 
 
@@ -115,7 +119,7 @@ def _build(batch: Batch, rows: list[list[int]]) -> MicroBatch:
             pos[r, at : at + k] = np.arange(k)
             sidx[r, at : at + k] = i
             # The first token of a sample would be "predicted" from the previous sample's last token: never train it.
-            out["loss_mask"][r, at] = out["ce_mask"][r, at] = False
+            out["loss_mask"][r, at] = out["ce_mask"][r, at] = out["ref_kl_mask"][r, at] = False
             at += k
         # Padding is its own segment (positions restart at 0) so it never shares a block with real tokens.
         pos[r, at:] = np.arange(width - at)

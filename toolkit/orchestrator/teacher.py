@@ -1,0 +1,195 @@
+"""On-policy distillation's model calls: the logprobs a frozen teacher gives the policy's own sampled tokens.
+
+The teacher is a vLLM server (``orchestrator.train.algo.teacher``): vLLM returns prompt logprobs, which is what
+scoring needs. Each training sample's exact token ids (prompt + completion) are sent as the prompt of one
+``/v1/completions`` request with ``prompt_logprobs = 0`` and ``max_tokens = 1``: the teacher prefills the sequence
+and answers, for every position, the logprob of the token that stands there. Nothing is decoded or re-tokenized,
+so the teacher scores exactly the tokens the policy sampled; that only means something when both models share a
+tokenizer, which :meth:`TeacherScorer.check_tokenizer` verifies when the run starts (vLLM's ``/tokenize`` of the
+same probe texts on the teacher and on the policy's engine).
+
+Scoring runs as each group finishes (the producer awaits it before queueing the group), with at most
+``teacher.max_concurrent`` requests in flight. Transport errors and server errors are retried (three tries in all,
+with a pause); a teacher that still fails raises :class:`TeacherError` naming it, which ends the run: training on
+unscored rollouts would silently change the algorithm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from toolkit.run.types import Rollout, TrainingSample
+
+log = logging.getLogger(__name__)
+
+TRIES = 3
+RETRY_PAUSE_S = 2.0
+# Texts both tokenizers must split into the same ids: words, digits, spacing, punctuation and non-ASCII letters.
+TOKENIZER_PROBES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading spaces, tabs\tand\nnewlines; 12345 + 67890 = 80235",
+    "Unicode: héllo wörld, naïve café, Ωμέγα, 数学, emoji 🙂 and symbols ∑∫√",
+    "def f(x):\n    return {'k': [x, x**2]}  # code",
+)
+
+
+class TeacherError(RuntimeError):
+    """The teacher could not score (unreachable, malformed answers) or does not match the policy (tokenizer); the
+    message names the teacher and its URL."""
+
+
+class TeacherScorer:
+    """Scores training samples under one teacher (a ``TeacherConfig``). Use from one event loop.
+
+    ``label`` names the teacher in messages (``<env>: teacher <name> at <url>``). Counters since the last
+    :meth:`drain_stats`: requests, their summed latency in seconds, tokens scored.
+    """
+
+    def __init__(self, cfg: Any, *, label: str = "") -> None:
+        self.cfg = cfg
+        self.base_url = cfg.base_url.rstrip("/")
+        # vLLM's /tokenize lives at the server root, beside /v1
+        self.root_url = self.base_url.removesuffix("/v1")
+        self.label = f"{label + ': ' if label else ''}teacher {cfg.name!r} at {self.base_url}"
+        self._limit = asyncio.Semaphore(cfg.max_concurrent)
+        self._http: httpx.AsyncClient | None = None
+        self.requests = 0
+        self.latency_s = 0.0
+        self.tokens = 0
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            headers = {}
+            if self.cfg.api_key_var:
+                key = os.environ.get(self.cfg.api_key_var, "")
+                if not key:
+                    raise TeacherError(f"{self.label}: environment variable {self.cfg.api_key_var} is not set")
+                headers["Authorization"] = f"Bearer {key}"
+            self._http = httpx.AsyncClient(
+                timeout=self.cfg.timeout_s,
+                headers=headers,
+                limits=httpx.Limits(max_connections=self.cfg.max_concurrent),
+            )
+        return self._http
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (idempotent)."""
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
+
+    async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST with retries; the JSON answer. Raises TeacherError after the last try or on a 4xx answer."""
+        last = ""
+        for attempt in range(TRIES):
+            try:
+                resp = await self._client().post(url, json=body)
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code < 400:
+                    try:
+                        return resp.json()
+                    except ValueError:
+                        last = f"answer is not JSON: {resp.text[:200]!r}"
+                elif resp.status_code < 500:  # the request itself is wrong: another try gives the same answer
+                    raise TeacherError(f"{self.label}: {url} answered HTTP {resp.status_code}: {resp.text[:500]}")
+                else:
+                    last = f"HTTP {resp.status_code}: {resp.text[:300]}"
+            if attempt + 1 < TRIES:
+                await asyncio.sleep(RETRY_PAUSE_S)
+        raise TeacherError(f"{self.label}: {url} failed {TRIES} times; last: {last}")
+
+    async def check_tokenizer(self, policy_root_url: str, policy_name: str) -> None:
+        """Refuse a teacher whose tokenizer splits text differently from the policy's engine at
+        ``policy_root_url`` (a vLLM server root, serving ``policy_name``). Raises TeacherError naming both
+        models and the first probe text on which they differ."""
+        policy_http = httpx.AsyncClient(timeout=self.cfg.timeout_s)
+        try:
+            for text in TOKENIZER_PROBES:
+                body = {"prompt": text, "add_special_tokens": False}
+                theirs = await self._post(f"{self.root_url}/tokenize", {**body, "model": self.cfg.name})
+                try:
+                    resp = await policy_http.post(f"{policy_root_url}/tokenize", json={**body, "model": policy_name})
+                    resp.raise_for_status()
+                    ours = resp.json()
+                except (httpx.HTTPError, ValueError) as exc:
+                    raise TeacherError(f"cannot tokenize on the policy's engine {policy_root_url}: {exc}") from exc
+                if theirs.get("tokens") != ours.get("tokens"):
+                    raise TeacherError(
+                        f"{self.label} does not share the policy's tokenizer: the teacher (model {self.cfg.name!r}) "
+                        f"splits {text!r} into {theirs.get('tokens')}, the policy (model {policy_name!r}) into "
+                        f"{ours.get('tokens')}; distillation scores token ids, so both must use one tokenizer"
+                    )
+        finally:
+            await policy_http.aclose()
+
+    async def score(self, sample: TrainingSample) -> list[float]:
+        """The teacher's logprob of each completion token of ``sample`` (nats; one per completion token, 0.0 where
+        ``completion_mask`` is False). Raises TeacherError."""
+        ids = list(sample.prompt_ids) + list(sample.completion_ids)
+        body = {
+            "model": self.cfg.name,
+            "prompt": ids,
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "prompt_logprobs": 0,
+        }
+        async with self._limit:
+            t0 = time.monotonic()
+            answer = await self._post(f"{self.base_url}/completions", body)
+            self.latency_s += time.monotonic() - t0
+            self.requests += 1
+        got = prompt_token_logprobs(answer, ids)
+        if got is None:
+            raise TeacherError(f"{self.label}: the answer holds no prompt logprobs of the sent tokens (not vLLM?)")
+        p = len(sample.prompt_ids)
+        out = [got[p + i] if m else 0.0 for i, m in enumerate(sample.completion_mask)]
+        self.tokens += sum(1 for m in sample.completion_mask if m)
+        return out
+
+    async def score_group(self, group: Sequence[Rollout]) -> None:
+        """Set ``ref_logprobs`` on every sample of the group's valid rollouts (errored ones are never trained).
+        Raises TeacherError."""
+        samples = [s for r in group if r.error_class is None for s in r.samples if s.completion_ids]
+        scores = await asyncio.gather(*(self.score(s) for s in samples))
+        for s, ref in zip(samples, scores, strict=True):
+            s.ref_logprobs = ref
+
+    def drain_stats(self) -> dict[str, float]:
+        """``requests``, ``latency_s`` (mean seconds per request) and ``tokens`` since the last call."""
+        out = {
+            "requests": float(self.requests),
+            "latency_s": self.latency_s / self.requests if self.requests else 0.0,
+            "tokens": float(self.tokens),
+        }
+        self.requests, self.latency_s, self.tokens = 0, 0.0, 0
+        return out
+
+
+def prompt_token_logprobs(answer: dict[str, Any], ids: Sequence[int]) -> list[float] | None:
+    """From a vLLM ``/v1/completions`` answer with ``prompt_logprobs``: the logprob of each token of ``ids`` at its
+    position (index 0, which has no context, gets 0.0). None when the answer has no prompt logprobs, a different
+    number of positions, or lacks the sent token at a position."""
+    try:
+        per_position = answer["choices"][0]["prompt_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(per_position, list) or len(per_position) != len(ids):
+        return None
+    out = [0.0]
+    for tok, entry in zip(ids[1:], per_position[1:], strict=True):
+        if not isinstance(entry, dict):
+            return None
+        item = entry.get(str(tok))
+        if not isinstance(item, dict) or "logprob" not in item:
+            return None
+        out.append(float(item["logprob"]))
+    return out
