@@ -31,6 +31,24 @@ def test_b20_per_env_group_size_checked_too():
     assert "orchestrator.train.env[0].group_size" in text and "60 or 72" in text
 
 
+def test_distillation_allows_a_group_of_one_and_is_per_env():
+    teacher = {"name": "t", "base_url": "http://h:8001/v1"}
+    opd = {"type": "opd", "teacher": teacher}
+    # the run distils: a group only fans out sampling, so one rollout per task is fine (no small-group warning)
+    solo = cfg(orchestrator={"group_size": 1, "train": {"algo": opd}})
+    assert "fewer than 8" not in warnings_of(solo)  # validates, without the small-group warning
+    # a GRPO env beside an OPD env that inherits group_size 1: the group-relative env is refused
+    envs = [{"taskset": {"id": "srl-reverse-text"}, "algo": opd}, {"taskset": {"id": "srl-arith"}}]
+    mixed = cfg(orchestrator={"group_size": 1, "train": {"env": envs}})
+    assert "group-relative advantage (grpo) needs group_size >= 2" in errors_of(mixed)
+    envs[1]["group_size"] = 8
+    validate(cfg(orchestrator={"group_size": 1, "train": {"env": envs}}))
+    # an eval env trains nothing
+    ev = {"taskset": {"id": "srl-reverse-text", "split": "test"}, "algo": opd}
+    text = errors_of(cfg(orchestrator={"eval": {"env": [ev], "interval": 5}}))
+    assert "orchestrator.eval.env[0].algo" in text
+
+
 def test_small_group_warns():
     assert "fewer than 8 rollouts per task" in warnings_of(cfg(orchestrator={"group_size": 4}))
 
@@ -208,3 +226,14 @@ def test_unknown_site_lists_allowed():
 
 def test_bad_run_name_rejected():
     assert "run.name" in errors_of(cfg(run={"name": "../../etc"}))
+
+
+def test_teacher_deployment_must_not_be_the_policys_own(tmp_path):
+    dep = tmp_path / "serve"
+    dep.mkdir()
+    opd = {"type": "opd", "teacher": {"deployment": str(dep)}}
+    text = errors_of(cfg(inference={"external": str(dep)}, orchestrator={"train": {"algo": opd}}))
+    assert "orchestrator.train.algo.teacher.deployment" in text and "also inference.external" in text
+    missing = {"type": "opd", "teacher": {"deployment": str(tmp_path / "nowhere")}}
+    warned = warnings_of(cfg(orchestrator={"train": {"algo": missing}}))
+    assert "orchestrator.train.algo.teacher.deployment" in warned and "srl inference" in warned

@@ -119,3 +119,15 @@ def test_each_seat_of_a_game_gets_its_own_baseline():
     b2 = StepBatch(step=1, settings=BufferSettings(batch_size=4))
     assert b2.offer(_group("a", [1, 0, 0, 1])) is None
     assert [r.advantage for r in b2.rollouts] == [0.5, -0.5, -0.5, 0.5]
+
+
+def test_a_distilling_env_gets_no_advantages_is_never_filtered_and_carries_signal():
+    settings = BufferSettings(batch_size=8, filtering=True, env_algos={"opd": ("opd", 0.0)})
+    b = StepBatch(step=1, settings=settings)
+    assert b.offer(_group("opd", [1, 1, 1, 1])) is None  # uniform rewards: a GRPO group would be dropped
+    assert [r.advantage for r in b.rollouts] == [0.0] * 4
+    assert b.signal_groups == 1  # the teacher's logprobs are its signal: never an "empty step"
+    assert b.offer(_group("grpo", [1, 1, 1, 1])) == "all_one"  # the run's own algo still filters
+    assert b.offer(_group("grpo", [1, 0, 0, 0])) is None
+    assert [r.advantage for r in b.rollouts[4:]] == [0.75, -0.25, -0.25, -0.25]
+    assert b.full and b.groups_kept == 2 and b.signal_groups == 2

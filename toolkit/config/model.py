@@ -217,12 +217,16 @@ class BufferConfig(Section):
 
 class TeacherConfig(Section):
     """``opd``'s teacher: a frozen model behind a vLLM server (the only server that returns prompt logprobs), which
-    scores the policy's own sampled tokens. It must use the policy's tokenizer (checked when the run starts)."""
+    scores the policy's own sampled tokens. Either an endpoint (``name`` + ``base_url``) or an ``srl inference``
+    deployment (``deployment``). It must use the policy's tokenizer (checked when the run starts)."""
 
-    name: str = Field(min_length=1)
-    """The model name the endpoint serves (its ``/v1/models`` id)."""
-    base_url: str = Field(min_length=1, pattern=r"^https?://\S+$")
+    name: str | None = Field(None, min_length=1)
+    """The model name the endpoint serves (its ``/v1/models`` id); with ``deployment``: read from it."""
+    base_url: str | None = Field(None, min_length=1, pattern=r"^https?://\S+$")
     """OpenAI-compatible base URL of the teacher's vLLM server, e.g. ``http://node12:8001/v1``."""
+    deployment: str | None = Field(None, min_length=1)
+    """Run directory of an ``srl inference`` deployment that serves the teacher (locally, or as its own Slurm job):
+    the run waits for it like for ``inference.external`` and never loads weights into it."""
     api_key_var: str | None = None
     """Name of the environment variable that holds the endpoint's API key (never the key itself)."""
     max_concurrent: int = Field(32, ge=1, le=65536)
@@ -236,6 +240,14 @@ class TeacherConfig(Section):
         if v is not None and not ENV_VAR_NAME.fullmatch(v):
             raise ValueError(f"api_key_var must name an environment variable (letters, digits, _), got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TeacherConfig:
+        if (self.base_url is None) == (self.deployment is None):
+            raise ValueError("a teacher is either an endpoint (name and base_url) or a deployment (its run directory)")
+        if self.base_url is not None and self.name is None:
+            raise ValueError("a teacher endpoint needs the model name it serves (name)")
+        return self
 
 
 class AlgoConfig(Section):
@@ -252,7 +264,7 @@ class AlgoConfig(Section):
     @model_validator(mode="after")
     def _teacher_with_opd(self) -> AlgoConfig:
         if self.type == "opd" and self.teacher is None:
-            raise ValueError("type 'opd' needs a teacher: set the algo's teacher.name and teacher.base_url")
+            raise ValueError("type 'opd' needs a teacher: set the algo's teacher (name and base_url, or deployment)")
         if self.type != "opd" and self.teacher is not None:
             raise ValueError(f"a teacher is used by type 'opd' only, not {self.type!r}; remove it or set type = 'opd'")
         if self.type == "opd" and self.length_penalty:

@@ -255,6 +255,7 @@ def prepare_run(
     try:
         _refuse_if_run_jobs_live(run)
         _refuse_owned_deployment(loaded, run)
+        _refuse_trained_teacher(loaded)
         out = _prepare_run(loaded, run, argv=argv, resume=resume, clean=clean, dry_run=False, held=held)
     except BaseException:
         held.release()
@@ -301,6 +302,23 @@ def _refuse_owned_deployment(loaded: LoadedConfig, run: RunDir) -> None:
     why = leases.deployment_refusal(RunDir(Path(cfg.inference.external)), run, lora=lora)
     if why is not None:
         raise ConfigError(f"inference.external: {why}")
+
+
+def _refuse_trained_teacher(loaded: LoadedConfig) -> None:
+    """Raise ConfigError when a distilling env's teacher deployment (``algo.teacher.deployment``) has a live run
+    loading its weights into it: a teacher must stay frozen (the orchestrator looks again when it starts)."""
+    o = loaded.config.orchestrator
+    for i, env in enumerate(o.train.env):
+        teacher = o.env_algo(env).teacher
+        if teacher is None or teacher.deployment is None:
+            continue
+        owner = leases.read_policy_owner(RunDir(Path(teacher.deployment).expanduser()))
+        if owner is not None and owner.dead_reason() is None:
+            where = f"orchestrator.train.env[{i}].algo" if env.algo is not None else "orchestrator.train.algo"
+            raise ConfigError(
+                f"{where}.teacher.deployment: {teacher.deployment} serves the weights run {owner.run} trains; "
+                "a teacher must stay frozen: serve it with a deployment of its own (srl inference)"
+            )
 
 
 def _take_lease(run: RunDir, argv: list[str]) -> leases.Lease:

@@ -168,19 +168,42 @@ class Orchestrator:
         log.info("inference ready: %s (model %s, engines %s)", base_url, ready["model"], ready["engine_urls"])
         return int(ready.get("policy_version") or 0)
 
-    async def _check_teachers(self) -> None:
-        """Refuse a distilling env's teacher whose tokenizer is not the policy's (``TeacherError`` names both),
-        before any rollout is sampled. Needs an engine of the policy to compare with (none with an injected client:
-        then only a warning)."""
-        teachers = {e.teacher.label: e.teacher for e in self.train_envs.values() if e.teacher is not None}
-        if not teachers:
-            return
-        if not self.engine_urls:
-            log.warning("no policy engine URL known: the teachers' tokenizers are not checked")
-            return
-        for scorer in teachers.values():
-            await scorer.check_tokenizer(self.engine_urls[0], self._served_model)
-            log.info("%s shares the policy's tokenizer", scorer.label)
+    async def _connect_teachers(self) -> None:
+        """Give each distilling env (``opd``) its teacher scorer, before any rollout is sampled: an endpoint as
+        configured, or an ``srl inference`` deployment's address from its readiness file (waited for like
+        ``inference.external``; refused while a run trains weights into it). Refuses a teacher whose tokenizer is
+        not the policy's (``TeacherError`` names both); that check needs an engine of the policy to compare with
+        (none with an injected client: then only a warning)."""
+        from toolkit import lease
+        from toolkit.engines.health import read_ready
+
+        for env_cfg in self.ocfg.train.env:
+            cfg = self.ocfg.env_algo(env_cfg).teacher
+            if cfg is None:
+                continue
+            name, base_url = cfg.name, cfg.base_url
+            if cfg.deployment is not None:
+                dep = RunDir(Path(cfg.deployment).expanduser())
+                wait_s = self.cfg.inference.startup_timeout_s + 60.0
+                self.progress.phase(f"waiting for the teacher deployment {dep.root}", kind=STARTUP)
+                ready = await asyncio.to_thread(read_ready, dep, wait_s, should_stop=self._should_stop)
+                if ready is None:
+                    raise StopBeforeStart("stop requested while waiting for the teacher deployment")
+                owner = lease.read_policy_owner(dep)
+                if owner is not None and owner.dead_reason() is None:
+                    raise TeacherError(
+                        f"the teacher deployment {dep.root} is trained by run {owner.run} (it loads its weights "
+                        "there); a teacher must stay frozen: serve it with a deployment of its own"
+                    )
+                name = name or ready["model"]
+                base_url = (ready.get("router_url") or ready.get("base_url") or ready["engine_urls"][0]) + "/v1"
+            scorer = TeacherScorer(cfg, name=name, base_url=base_url, label=f"env {env_cfg.env_name}")
+            if self.engine_urls:
+                await scorer.check_tokenizer(self.engine_urls[0], self._served_model)
+                log.info("%s shares the policy's tokenizer", scorer.label)
+            else:
+                log.warning("no policy engine URL known: the tokenizer of %s is not checked", scorer.label)
+            self.train_envs[env_cfg.env_name].teacher = scorer
 
     async def _claim_base_weights(self) -> None:
         """On an external deployment that serves another run's weights (a run that used it before this one): load
@@ -218,9 +241,7 @@ class Orchestrator:
                 seed = o.eval.seed if o.eval.seed is not None else sp.seed
                 self.eval_envs.append(EvalEnv(env_cfg.name, rt, env_cfg.num_examples, gs, sp, seed=seed))
             else:
-                teacher = o.env_algo(env_cfg).teacher
-                scorer = TeacherScorer(teacher, label=f"env {env_cfg.name}") if teacher is not None else None
-                self.train_envs[env_cfg.name] = TrainEnv(env_cfg.name, rt, gs, sp, teacher=scorer)
+                self.train_envs[env_cfg.name] = TrainEnv(env_cfg.name, rt, gs, sp)
             log.info("env %s started (%s, %d examples, group size %d)", env_cfg.name, kind, rt.num_examples, gs)
         if not self.train_envs and self.ocfg.training_mode == "rl":
             raise ValueError("orchestrator.train.env is empty: nothing to train on")
@@ -464,7 +485,11 @@ class Orchestrator:
                     return 0
                 if isinstance(outcome, BaseException):
                     raise outcome
-            await self._check_teachers()
+            try:
+                await self._connect_teachers()
+            except StopBeforeStart as stop:
+                log.info("%s: stopping before the first step", stop)
+                return 0
             # Everything made so far (tokenizer, imported modules, env handles) lives for the whole run: move it out
             # of the collector's generations, so the frequent collections of a busy loop stop re-scanning it
             # (about 15% of the loop's CPU per rollout in tests/benchmarks/orchestrator_overhead.py).

@@ -46,18 +46,21 @@ class TeacherError(RuntimeError):
 
 
 class TeacherScorer:
-    """Scores training samples under one teacher (a ``TeacherConfig``). Use from one event loop.
+    """Scores training samples under one teacher: the model ``name`` served at ``base_url`` (``.../v1``), with the
+    limits of ``cfg`` (a ``TeacherConfig``: ``max_concurrent``, ``timeout_s``, ``api_key_var``). Use from one event
+    loop.
 
     ``label`` names the teacher in messages (``<env>: teacher <name> at <url>``). Counters since the last
     :meth:`drain_stats`: requests, their summed latency in seconds, tokens scored.
     """
 
-    def __init__(self, cfg: Any, *, label: str = "") -> None:
+    def __init__(self, cfg: Any, *, name: str, base_url: str, label: str = "") -> None:
         self.cfg = cfg
-        self.base_url = cfg.base_url.rstrip("/")
+        self.name = name
+        self.base_url = base_url.rstrip("/")
         # vLLM's /tokenize lives at the server root, beside /v1
         self.root_url = self.base_url.removesuffix("/v1")
-        self.label = f"{label + ': ' if label else ''}teacher {cfg.name!r} at {self.base_url}"
+        self.label = f"{label + ': ' if label else ''}teacher {name!r} at {self.base_url}"
         self._limit = asyncio.Semaphore(cfg.max_concurrent)
         self._http: httpx.AsyncClient | None = None
         self.requests = 0
@@ -115,7 +118,7 @@ class TeacherScorer:
         try:
             for text in TOKENIZER_PROBES:
                 body = {"prompt": text, "add_special_tokens": False}
-                theirs = await self._post(f"{self.root_url}/tokenize", {**body, "model": self.cfg.name})
+                theirs = await self._post(f"{self.root_url}/tokenize", {**body, "model": self.name})
                 try:
                     resp = await policy_http.post(f"{policy_root_url}/tokenize", json={**body, "model": policy_name})
                     resp.raise_for_status()
@@ -124,7 +127,7 @@ class TeacherScorer:
                     raise TeacherError(f"cannot tokenize on the policy's engine {policy_root_url}: {exc}") from exc
                 if theirs.get("tokens") != ours.get("tokens"):
                     raise TeacherError(
-                        f"{self.label} does not share the policy's tokenizer: the teacher (model {self.cfg.name!r}) "
+                        f"{self.label} does not share the policy's tokenizer: the teacher (model {self.name!r}) "
                         f"splits {text!r} into {theirs.get('tokens')}, the policy (model {policy_name!r}) into "
                         f"{ours.get('tokens')}; distillation scores token ids, so both must use one tokenizer"
                     )
@@ -136,7 +139,7 @@ class TeacherScorer:
         ``completion_mask`` is False). Raises TeacherError."""
         ids = list(sample.prompt_ids) + list(sample.completion_ids)
         body = {
-            "model": self.cfg.name,
+            "model": self.name,
             "prompt": ids,
             "max_tokens": 1,
             "temperature": 1.0,

@@ -262,6 +262,26 @@ def _references(cfg: RLConfig, f: Findings) -> None:
             "for that deployment's control/inference_ready.json until inference.startup_timeout_s; give the run "
             "directory of a deployment submitted with `srl inference`",
         )
+    o = cfg.orchestrator
+    policy_deployment = Path(cfg.inference.external).expanduser().absolute() if cfg.inference.external else None
+    for i, env in enumerate(o.train.env):
+        teacher = o.env_algo(env).teacher
+        if teacher is None or teacher.deployment is None:
+            continue
+        field = f"orchestrator.train.env[{i}].algo" if env.algo is not None else "orchestrator.train.algo"
+        dep = Path(teacher.deployment).expanduser()
+        if policy_deployment is not None and dep.absolute() == policy_deployment:
+            f.error(
+                f"{field}.teacher.deployment",
+                f"{teacher.deployment} is also inference.external, the deployment this run loads its weights into; "
+                "the teacher would change with the policy: give the teacher a deployment of its own",
+            )
+        elif not dep.is_dir():
+            f.warn(
+                f"{field}.teacher.deployment",
+                f"{teacher.deployment} is not a directory here; the orchestrator waits for that deployment's "
+                "control/inference_ready.json until inference.startup_timeout_s; start it with `srl inference`",
+            )
     tpl = cfg.slurm.template_path
     if tpl is not None and not Path(tpl).expanduser().is_file():
         f.error("slurm.template_path", f"{tpl} is not a file")
