@@ -126,9 +126,21 @@ def start(
     return _launch(req, checked, run, attempt)
 
 
+def _teacher_lines(cfg: RLConfig) -> list[str]:
+    """What a dry run says about each distilling env's teacher (a deployment or endpoint outside the plan)."""
+    out = []
+    for env, t in cfg.orchestrator.teachers() if cfg.orchestrator.training_mode == "rl" else []:
+        where = f"the srl inference deployment {t.deployment}" if t.deployment else f"{t.name} at {t.base_url}"
+        out.append(f"dry run: env {env} distils (opd) from {where}; the run waits for it and never changes its weights")
+    return out
+
+
 def _launch(req: Launch, checked: Preflight, run: RunDir, attempt: int) -> Started:
     cfg, site, plan = checked.config, checked.site, checked.plan
     write_plan(run, plan)
+    if req.dry_run and req.kind == "rl":
+        for line in _teacher_lines(cfg):
+            print(line)
     if site.is_slurm:
         from .submit import render_job, submit_job
 

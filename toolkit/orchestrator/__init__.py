@@ -7,6 +7,7 @@ Modules:
   advantages  group-relative advantages of one group
   filtering   which groups carry learning signal (uniform rewards, thresholds)
   buffer      a trainer step's batch from finished groups
+  teacher     on-policy distillation: a frozen teacher's logprobs of the policy's sampled tokens
   policy      the served policy version and the off-policy bound
   engines     the engine watch: a restarted engine gets the current weights before it serves a rollout
   evaluation  periodic held-out eval: avg@k and pass@k per eval env

@@ -1,0 +1,155 @@
+"""On-policy distillation end to end on CPU (real vLLM, real runs, nothing faked): a teacher served by
+``srl inference``, a student run ``srl rl @ jobs/reverse-text/rl.toml @ jobs/reverse-text/opd.toml`` that scores its
+own samples under it, and a student whose tokenizer differs, refused before its first rollout.
+
+What the first run must show: every policy token of every batch is a distillation token (``ref_kl_mask``; the RL
+term gets none), and its teacher logprob in the batch is exactly what transformers computes with the teacher's
+weights for that token in that context (fp32, to 1e-4), so the trainer distils from the teacher's real opinion of
+the student's own tokens; the step metrics carry the teacher-student KL and the trainer's ref-KL term.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prereqs import need_module
+from run_records import metrics_lines
+
+from toolkit import batches
+from toolkit.run.layout import RunDir
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1800)]
+
+torch = need_module("torch")
+need_module("vllm")
+
+from toolkit.models import build_tiny_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _srl(*argv: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", *argv],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        **kw,
+    )
+
+
+def _stop(p: subprocess.Popen, timeout_s: float = 300) -> str:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGINT)
+    try:
+        return p.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        return p.communicate()[0]
+
+
+def _hf_logprobs(model_dir: Path, ids: list[int]) -> list[float]:
+    """transformers fp32 logprob of each token of ``ids`` given the tokens before it (position 0: 0.0)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    return [0.0] + [lp[i - 1, t].item() for i, t in enumerate(ids) if i > 0]
+
+
+def _permuted_tokenizer(model_dir: Path) -> None:
+    """Swap the ids of 'a' and 'e' in the tiny model's tokenizer: another tokenizer over the same vocabulary."""
+    path = model_dir / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["a"], vocab["e"] = vocab["e"], vocab["a"]
+    path.write_text(json.dumps(tok))
+
+
+def _student(out: Path, name: str, *extra: str) -> list[str]:
+    return [
+        "rl",
+        "@",
+        str(REPO / "jobs/reverse-text/rl.toml"),
+        "@",
+        str(REPO / "jobs/reverse-text/opd.toml"),
+        "--output-dir",
+        str(out),
+        "--run.name",
+        name,
+        "--orchestrator.train.algo.teacher.deployment",
+        str(out / "teacher"),
+        "--orchestrator.eval.interval",
+        "0",
+        *extra,
+    ]
+
+
+def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_is_refused(tmp_path):
+    out = tmp_path / "out"
+    teacher_model = build_tiny_model(tmp_path / "teacher-model", seed=7)
+    serve = _srl(
+        "inference", "@", str(REPO / "jobs/serve/tiny.toml"), "--output-dir", str(out), "--run.name", "teacher",
+        "--model.name", str(teacher_model),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900
+        while not RunDir(out / "teacher").inference_ready.exists():
+            assert serve.poll() is None, f"the teacher deployment exited:\n{serve.stdout.read()[-4000:]}"
+            assert time.monotonic() < deadline, "the teacher deployment was not ready in 900 s"
+            time.sleep(0.5)
+
+        # -- a student with the same tokenizer distils ------------------------------------------------------
+        run = subprocess.run(
+            [sys.executable, "-m", "toolkit.cli", *_student(out, "student", "--max-steps", "3")],
+            cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+        root = out / "student"
+        log = (root / "logs" / "orchestrator.log").read_text()
+        assert "shares the policy's tokenizer" in log
+        lines = metrics_lines(root)
+        orch = [m for m in lines if m.get("role") == "orchestrator" and "teacher/scored_share" in m]
+        trainer = [m for m in lines if m.get("role") == "trainer" and "ref_kl/mean" in m]
+        assert [m["step"] for m in orch] == [1, 2, 3] and [m["step"] for m in trainer] == [1, 2, 3]
+        assert all(m["teacher/scored_share"] == 1.0 and m["teacher/reverse-text/kl"] != 0.0 for m in orch)
+        assert all(m["teacher/reverse-text/requests"] > 0 for m in orch)
+        assert all(m["train/ref_kl_tokens"] > 0 and m["train/rl_tokens"] == 0 for m in trainer)
+
+        batch = batches.load_batch_dir(RunDir(root).rollout_step(1))
+        assert not batch.loss_mask.any() and batch.ref_kl_mask.sum() > 0
+        for i in range(min(4, batch.num_samples)):
+            sl = batch.sample_slice(i)
+            ids = batch.input_ids[sl].tolist()
+            want = _hf_logprobs(teacher_model, ids)
+            mask = batch.ref_kl_mask[sl]
+            got = batch.ref_logprobs[sl]
+            diffs = [abs(float(g) - w) for g, w, m in zip(got, want, mask) if m]
+            assert diffs and max(diffs) < 1e-4, (i, diffs)
+
+        # -- a student with another tokenizer is refused before its first rollout ------------------------------
+        foreign = build_tiny_model(tmp_path / "foreign-model", seed=0)
+        _permuted_tokenizer(foreign)
+        bad = subprocess.run(
+            [sys.executable, "-m", "toolkit.cli",
+             *_student(out, "foreign", "--max-steps", "2", "--model.name", str(foreign))],
+            cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        assert bad.returncode != 0
+        text = (out / "foreign" / "logs" / "orchestrator.log").read_text()
+        assert "does not share the policy's tokenizer" in text, text[-3000:]
+        assert str(teacher_model) in text and str(foreign) in text  # both models named
+        assert not RunDir(out / "foreign").rollout_step(1).exists()
+    finally:
+        _stop(serve)
