@@ -186,6 +186,37 @@ def fig_mismatch_kl(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure
     )
 
 
+def fig_distillation(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | None:
+    """On-policy distillation (``opd`` envs): the teacher-student KL per env at sampling time
+    (``teacher/<env>/kl``) and the trainer's reverse-KL term (``ref_kl/mean``) beside the env's mean reward, and
+    the teacher's mean latency per scoring request. None for a run without a teacher."""
+    orch = role_metrics(metrics, "orchestrator")
+    tr = role_metrics(metrics, "trainer")
+    kl_cols = sorted(c for c in orch.columns if c.startswith("teacher/") and c.endswith("/kl"))
+    if not kl_cols:
+        return None
+    fig, (ax, ax2) = _new(2)
+    for c in kl_cols:
+        ax.plot(orch.index, orch[c].astype(float), marker=".", label=c)
+    if "ref_kl/mean" in tr.columns:
+        ax.plot(tr.index, tr["ref_kl/mean"].astype(float), marker=".", ls="--", label="ref_kl/mean (trainer)")
+    ax.set_ylabel("KL estimate (nats/token)")
+    ax.legend(loc="upper left", fontsize=8)
+    rewards = [f"reward/{c.split('/')[1]}/mean" for c in kl_cols if f"reward/{c.split('/')[1]}/mean" in orch]
+    if rewards:
+        twin = ax.twinx()
+        for c in rewards:
+            twin.plot(orch.index, orch[c].astype(float), color="tab:green", alpha=0.6, label=c)
+        twin.set_ylabel("reward")
+        twin.legend(loc="upper right", fontsize=8)
+    for c in sorted(c for c in orch.columns if c.startswith("teacher/") and c.endswith("/latency_s")):
+        ax2.plot(orch.index, orch[c].astype(float), marker=".", label=c)
+    ax2.set_ylabel("seconds per request")
+    ax2.legend(loc="best", fontsize=8)
+    fig.suptitle("Distillation: teacher-student KL, reward and teacher latency")
+    return fig
+
+
 def fig_entropy(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | None:
     """Policy entropy, loss and gradient norm."""
     return _metric_fig(
@@ -297,6 +328,7 @@ RUN_FIGURES: dict[str, Callable[[pd.DataFrame | None, pd.DataFrame], Figure | No
     "lengths_turns": fig_lengths,
     "off_policy_age": fig_off_policy,
     "mismatch_kl": fig_mismatch_kl,
+    "distillation": fig_distillation,
     "entropy_loss_grad": fig_entropy,
     "throughput_waits": fig_throughput,
     "eval": fig_eval,

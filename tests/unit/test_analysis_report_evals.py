@@ -166,3 +166,26 @@ def test_sweep_compares_scores_not_bookkeeping(tmp_path: Path) -> None:
         "sweep_eval_arith-test_pass_2",
         "sweep_reward_all_mean",
     ]
+
+
+def test_a_distilling_run_gets_the_distillation_figure_and_others_do_not(tmp_path: Path) -> None:
+    from analysis.figures import fig_distillation
+
+    run = make_run(tmp_path / "run", steps=3)
+    assert fig_distillation(None, load_metrics(run)) is None  # no teacher: no figure
+    for s in (1, 2, 3):
+        append_jsonl(
+            run.metrics,
+            {
+                "step": s,
+                "time": 1.0,
+                "role": "orchestrator",
+                "reward/opd/mean": 0.1 * s,
+                "teacher/opd/kl": 1.0 / s,
+                "teacher/opd/latency_s": 0.05,
+            },
+        )
+        append_jsonl(run.metrics, {"step": s, "time": 1.0, "role": "trainer", "ref_kl/mean": 0.9 / s})
+    fig = fig_distillation(None, load_metrics(run))
+    labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+    assert {"teacher/opd/kl", "ref_kl/mean (trainer)", "reward/opd/mean", "teacher/opd/latency_s"} <= set(labels)
