@@ -153,3 +153,57 @@ def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_i
         assert not RunDir(out / "foreign").rollout_step(1).exists()
     finally:
         _stop(serve)
+
+
+@pytest.mark.slurm
+def test_opd_on_slurm_with_the_teacher_in_its_own_allocation(tmp_path, slurm_cluster):
+    """The teacher is an `srl inference` job of its own (one node), the student `srl rl @ rl.toml @ opd.toml @
+    slurm.toml` another (three nodes): the student's job waits for the teacher's readiness, scores every batch under
+    it across the cluster's network, and ends COMPLETED; cancelling the teacher afterwards leaves nothing running."""
+    from run_records import processes_left, submit_slurm_rl
+
+    from toolkit.launch import slurm
+
+    out = tmp_path / "out"
+    teacher_model = build_tiny_model(tmp_path / "teacher-model", seed=7)
+    serve = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", "inference", "@", str(REPO / "jobs/serve/tiny.toml"),
+         "--site", "local-slurm", "--slurm.time", "00:30:00", "--output-dir", str(out), "--run.name", "teacher",
+         "--model.name", str(teacher_model)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert serve.returncode == 0, serve.stdout + serve.stderr
+    teacher = RunDir(out / "teacher")
+    try:
+        run, job = submit_slurm_rl(
+            out,
+            "student",
+            "--max-steps",
+            "2",
+            "--orchestrator.train.algo.teacher.deployment",
+            str(teacher.root),
+            "--orchestrator.eval.env.reverse-text-test.num-examples",
+            "8",
+            configs=(
+                str(REPO / "jobs/reverse-text/rl.toml"),
+                str(REPO / "jobs/reverse-text/opd.toml"),
+                str(REPO / "jobs/reverse-text/slurm.toml"),
+            ),
+        )
+        state = slurm.wait(job, timeout_s=1500, poll_s=2.0)
+        logs = "\n".join(p.read_text()[-3000:] for p in sorted(run.logs.rglob("*.log")))
+        assert state.state == "COMPLETED", f"job {job} ended {state.state}\n{logs}"
+        lines = metrics_lines(run.root)
+        orch = [m for m in lines if m.get("role") == "orchestrator" and "teacher/scored_share" in m]
+        trainer = [m for m in lines if m.get("role") == "trainer" and "ref_kl/mean" in m]
+        assert [m["step"] for m in orch] == [1, 2] and [m["step"] for m in trainer] == [1, 2]
+        assert all(m["teacher/scored_share"] == 1.0 for m in orch)
+        ready = json.loads(teacher.inference_ready.read_text())
+        orch_log = "\n".join(p.read_text() for p in run.logs.glob("attempt_*/orchestrator*.log"))
+        assert f"at {ready.get('router_url') or ready['base_url']}/v1" in orch_log  # the teacher job's address
+        assert processes_left(run.root) == []
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "toolkit.cli", "cancel", str(teacher.root)],
+            cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
