@@ -207,3 +207,49 @@ def test_opd_on_slurm_with_the_teacher_in_its_own_allocation(tmp_path, slurm_clu
             [sys.executable, "-m", "toolkit.cli", "cancel", str(teacher.root)],
             cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
+
+
+def test_opsd_scores_with_the_policy_shown_the_demonstration(tmp_path):
+    """Self-distillation on the policy's own engines: step 1's batch is sampled and scored before the trainer's
+    first update, so each distillation token's reference logprob must be exactly the base model's (transformers,
+    fp32, to 1e-4) for that token after the system message showing the task's answer, then the prompt and the
+    completion before it; and it must differ from the logprob without that message (the sampler's own)."""
+    from toolkit.config.model import AlgoConfig, RendererConfig
+    from toolkit.models.renderer import load_renderer
+    from toolkit.models.resolve import resolve_model
+
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
+         "--orchestrator.train.algo.type", "opsd", "--max-steps", "2", "--output-dir", str(out),
+         "--run.name", "self", "--orchestrator.eval.interval", "0",
+         "--orchestrator.eval.env.reverse-text-test.num-examples", "8"],
+        cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    root = out / "self"
+    trainer = [m for m in metrics_lines(root) if m.get("role") == "trainer" and "ref_kl/mean" in m]
+    assert [m["step"] for m in trainer] == [1, 2]
+    model = Path(resolve_model("tiny-qwen3"))
+    renderer = load_renderer(RendererConfig(), model)
+    template = AlgoConfig(type="opsd").template
+    batch = batches.load_batch_dir(RunDir(root).rollout_step(1))
+    assert not batch.loss_mask.any() and batch.ref_kl_mask.sum() > 0
+    checked = 0
+    for i in range(min(4, batch.num_samples)):
+        sl = batch.sample_slice(i)
+        ids = batch.input_ids[sl].tolist()
+        p = int(batch.prompt_lens[i])
+        text = renderer.decode(ids[:p]).split("Reverse: ", 1)[1].split("<|im_end|>", 1)[0]
+        system = {"role": "system", "content": template.replace("{demonstration}", text[::-1])}
+        hint = list(renderer.render([system], add_generation_prompt=False))
+        shown = _hf_logprobs(model, hint + ids)[len(hint) :]
+        unseen = _hf_logprobs(model, ids)
+        mask = batch.ref_kl_mask[sl]
+        got = [float(x) for x, m in zip(batch.ref_logprobs[sl], mask) if m]
+        want = [w for w, m in zip(shown, mask) if m]
+        plain = [w for w, m in zip(unseen, mask) if m]
+        assert got and max(abs(g - w) for g, w in zip(got, want)) < 1e-4, (i, got, want)
+        assert max(abs(g - w) for g, w in zip(got, plain)) > 1e-3  # the demonstration changed the opinion
+        checked += 1
+    assert checked

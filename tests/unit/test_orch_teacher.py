@@ -165,3 +165,23 @@ def test_teacher_config_names_one_source_and_opd_needs_one():
         AlgoConfig(teacher={"deployment": "d"})
     with pytest.raises(ValueError, match="without advantages"):
         AlgoConfig(type="opd", teacher={"deployment": "d"}, length_penalty=0.1)
+
+
+def test_the_demonstration_of_a_real_task_is_its_answer_or_nothing():
+    from toolkit.config.model import TasksetConfig
+    from toolkit.envs.registry import load_selected
+    from toolkit.envs.server import demonstration
+
+    _, tasks = load_selected(TasksetConfig(id="srl-reverse-text", split="test", prompt="Reverse: {text}"))
+    task = tasks[0]
+    text = task.data.prompt.removeprefix("Reverse: ")
+    assert demonstration(task, "answer") == text[::-1] and text
+    assert demonstration(task, "no_such_field") is None
+
+
+def test_opsd_config_needs_its_placeholder_and_no_teacher():
+    assert AlgoConfig(type="opsd").demo_key == "answer"
+    with pytest.raises(ValueError, match="must contain"):
+        AlgoConfig(type="opsd", template="Answer: {answer}")
+    with pytest.raises(ValueError, match="used by type 'opd' only"):
+        AlgoConfig(type="opsd", teacher={"deployment": "d"})

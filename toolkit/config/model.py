@@ -215,6 +215,10 @@ class BufferConfig(Section):
     """Sample this many times the needed groups so filtering still fills a batch."""
 
 
+# Algorithms whose signal is a reference model's logprobs on the sampled tokens, not a reward advantage.
+DISTILLATION = ("opd", "opsd")
+
+
 class TeacherConfig(Section):
     """``opd``'s teacher: a frozen model behind a vLLM server (the only server that returns prompt logprobs), which
     scores the policy's own sampled tokens. Either an endpoint (``name`` + ``base_url``) or an ``srl inference``
@@ -253,13 +257,18 @@ class TeacherConfig(Section):
 class AlgoConfig(Section):
     """The training signal of an env's rollouts (prime-rl's ``[orchestrator.train.algo]``)."""
 
-    type: Literal["grpo", "max_rl", "opd"] = "grpo"
+    type: Literal["grpo", "max_rl", "opd", "opsd"] = "grpo"
     """``grpo``: advantage = reward - group mean; ``max_rl``: (reward - group mean) / group mean; ``opd``: on-policy
-    distillation, no advantage: the teacher's logprobs of the sampled tokens train the policy (reverse KL)."""
+    distillation, no advantage: the teacher's logprobs of the sampled tokens train the policy (reverse KL);
+    ``opsd``: self-distillation, the same with the policy itself as teacher, shown a demonstration of the task."""
     length_penalty: float = Field(0.0, ge=0.0, le=1.0)
     """Subtract ``length_penalty * completion_tokens / max_completion_tokens`` from the reward before advantages."""
     teacher: TeacherConfig | None = None
     """``opd`` only: the frozen model the policy distils from."""
+    demo_key: str = Field("answer", min_length=1)
+    """``opsd``: the task data field that holds the demonstration (e.g. the reference ``answer``)."""
+    template: str = "A correct reply to the next request is: {demonstration}"
+    """``opsd``: the system message, placed before the prompt, that shows the policy the demonstration."""
 
     @model_validator(mode="after")
     def _teacher_with_opd(self) -> AlgoConfig:
@@ -267,8 +276,10 @@ class AlgoConfig(Section):
             raise ValueError("type 'opd' needs a teacher: set the algo's teacher (name and base_url, or deployment)")
         if self.type != "opd" and self.teacher is not None:
             raise ValueError(f"a teacher is used by type 'opd' only, not {self.type!r}; remove it or set type = 'opd'")
-        if self.type == "opd" and self.length_penalty:
-            raise ValueError("length_penalty shapes rewards into advantages; 'opd' trains without advantages")
+        if self.type in DISTILLATION and self.length_penalty:
+            raise ValueError(f"length_penalty shapes rewards into advantages; {self.type!r} trains without advantages")
+        if self.type == "opsd" and "{demonstration}" not in self.template:
+            raise ValueError("template must contain {demonstration}, where the task's demonstration goes")
         return self
 
 

@@ -247,6 +247,7 @@ class EnvRuntime:
         (verifiers' own rollout in the worker, model turns called back here; ``toolkit.envs.traces``)."""
         self._rr = 0
         self._rng = random.Random(seed)
+        self._demonstrations: dict[tuple[int, str], str | None] = {}  # self-distillation's, asked once per task
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -419,6 +420,24 @@ class EnvRuntime:
         """The selected examples' ids (positions after ``select``), the first ``n`` of them when n is given."""
         ids = list(range(self.num_examples))
         return ids if n is None else ids[:n]
+
+    async def demonstration(self, example_id: int, key: str) -> str | None:
+        """Task ``example_id``'s demonstration for self-distillation (its data field ``key``, or ``info[key]``;
+        None when it has none), asked of a worker once per task and kept. Raises TaskError."""
+        cache = self._demonstrations
+        if (example_id, key) not in cache:
+            worker = self._pick_worker()
+            await self._ready(worker)
+            answer = await self._call(
+                worker,
+                "demonstration",
+                self.timeouts.get("setup"),
+                f"env {self.name}: no answer to the demonstration of task {example_id}",
+                example_id=example_id,
+                key=key,
+            )
+            cache[(example_id, key)] = answer.get("text")
+        return cache[(example_id, key)]
 
     def _pick_worker(self) -> _Worker:
         live = [w for w in self.workers if not w.conn.closed] or self.workers

@@ -59,6 +59,17 @@ def taskset_namespace(spec_taskset: dict[str, Any]) -> SimpleNamespace:
     )
 
 
+def demonstration(task: Any, key: str) -> str | None:
+    """The task's demonstration for self-distillation: its data field ``key`` (``data.answer``, ...) or, failing
+    that, ``data.info[key]``; None when neither is a string."""
+    data = getattr(task, "data", None)
+    value = getattr(data, key, None)
+    if not isinstance(value, str):
+        info = getattr(data, "info", None)
+        value = info.get(key) if isinstance(info, dict) else None
+    return value if isinstance(value, str) else None
+
+
 class EnvWorker:
     """The episodes of one worker. ``handle`` runs one request; errors come back as seed error classes."""
 
@@ -122,6 +133,11 @@ class EnvWorker:
                 "mode": self.mode,
                 "reasons": self.reasons,
             }
+        if op == "demonstration":  # self-distillation's privileged context: a task field, e.g. its answer
+            eid = int(req["example_id"])
+            if not 0 <= eid < len(self.tasks):
+                raise srl_errors.TaskError(f"example_id {eid} out of range [0, {len(self.tasks)})")
+            return {"text": demonstration(self.tasks[eid], str(req["key"]))}
         if op == "run_trace":
             if self.trace_env is None or channel is None:
                 raise srl_errors.HarnessError("run_trace: this env runs srl's plain chat loop (op start)")

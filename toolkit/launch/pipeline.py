@@ -127,11 +127,21 @@ def start(
 
 
 def _teacher_lines(cfg: RLConfig) -> list[str]:
-    """What a dry run says about each distilling env's teacher (a deployment or endpoint outside the plan)."""
+    """What a dry run says about each distilling env's teacher (a deployment or endpoint outside the plan, or the
+    policy's own engines)."""
+    o = cfg.orchestrator
     out = []
-    for env, t in cfg.orchestrator.teachers() if cfg.orchestrator.training_mode == "rl" else []:
-        where = f"the srl inference deployment {t.deployment}" if t.deployment else f"{t.name} at {t.base_url}"
-        out.append(f"dry run: env {env} distils (opd) from {where}; the run waits for it and never changes its weights")
+    for env in o.train.env if o.training_mode == "rl" else []:
+        algo = o.env_algo(env)
+        t = algo.teacher
+        if algo.type == "opsd":
+            where = f"the policy itself on its engines, shown the task field {algo.demo_key!r}"
+        elif t is not None:
+            where = f"the srl inference deployment {t.deployment}" if t.deployment else f"{t.name} at {t.base_url}"
+            where += "; the run waits for it and never changes its weights"
+        else:
+            continue
+        out.append(f"dry run: env {env.env_name} distils ({algo.type}) from {where}")
     return out
 
 

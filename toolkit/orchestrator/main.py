@@ -31,6 +31,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from toolkit import batches, checkpoints, fsutil, lease
@@ -50,7 +51,7 @@ from toolkit.orchestrator.records import MetricsLog, step_metrics
 from toolkit.orchestrator.sampler import EnvSampler
 from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_state
 from toolkit.orchestrator.stop import StopChecks
-from toolkit.orchestrator.teacher import TeacherError, TeacherScorer
+from toolkit.orchestrator.teacher import SelfDistillation, TeacherError, TeacherScorer
 from toolkit.orchestrator.writer import RecordWriter
 from toolkit.run.control import request_stop
 from toolkit.run.heartbeat import FINISHED, LONG, STARTUP, WEIGHTS, Heartbeat, enable_stack_dumps
@@ -169,16 +170,29 @@ class Orchestrator:
         return int(ready.get("policy_version") or 0)
 
     async def _connect_teachers(self) -> None:
-        """Give each distilling env (``opd``) its teacher scorer, before any rollout is sampled: an endpoint as
-        configured, or an ``srl inference`` deployment's address from its readiness file (waited for like
-        ``inference.external``; refused while a run trains weights into it). Refuses a teacher whose tokenizer is
+        """Give each distilling env its teacher scorer, before any rollout is sampled: for ``opsd`` the policy's own
+        engines (:class:`SelfDistillation`); for ``opd`` an endpoint as configured, or an ``srl inference``
+        deployment's address from its readiness file (waited for like ``inference.external``; refused while a run
+        trains weights into it). Refuses a teacher whose tokenizer is
         not the policy's (``TeacherError`` names both); that check needs an engine of the policy to compare with
         (none with an injected client: then only a warning)."""
         from toolkit import lease
         from toolkit.engines.health import read_ready
 
         for env_cfg in self.ocfg.train.env:
-            cfg = self.ocfg.env_algo(env_cfg).teacher
+            algo = self.ocfg.env_algo(env_cfg)
+            if algo.type == "opsd":
+                limits = SimpleNamespace(
+                    max_concurrent=self.ocfg.max_concurrent,
+                    timeout_s=self.cfg.inference.router.request_timeout_s,
+                    api_key_var=None,
+                )
+                env = self.train_envs[env_cfg.env_name]
+                env.teacher = SelfDistillation(
+                    algo, client=self.client, runtime=env.runtime, limits=limits, label=f"env {env_cfg.env_name}"
+                )
+                continue
+            cfg = algo.teacher
             if cfg is None:
                 continue
             name, base_url = cfg.name, cfg.base_url

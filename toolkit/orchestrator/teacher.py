@@ -1,4 +1,4 @@
-"""On-policy distillation's model calls: the logprobs a frozen teacher gives the policy's own sampled tokens.
+"""On-policy distillation's model calls: the logprobs a teacher gives the policy's own sampled tokens.
 
 The teacher is a vLLM server (``orchestrator.train.algo.teacher``): vLLM returns prompt logprobs, which is what
 scoring needs. Each training sample's exact token ids (prompt + completion) are sent as the prompt of one
@@ -7,6 +7,9 @@ and answers, for every position, the logprob of the token that stands there. Not
 so the teacher scores exactly the tokens the policy sampled; that only means something when both models share a
 tokenizer, which :meth:`TeacherScorer.check_tokenizer` verifies when the run starts (vLLM's ``/tokenize`` of the
 same probe texts on the teacher and on the policy's engine).
+
+Self-distillation (``opsd``, :class:`SelfDistillation`) needs no teacher of its own: the policy's engines score the
+sample after a system message that shows the task's demonstration, which the policy did not see while sampling.
 
 Scoring runs as each group finishes (the producer awaits it before queueing the group), with at most
 ``teacher.max_concurrent`` requests in flight. Transport errors and server errors are retried (three tries in all,
@@ -134,12 +137,17 @@ class TeacherScorer:
         finally:
             await policy_http.aclose()
 
-    async def score(self, sample: TrainingSample) -> list[float]:
+    def model_name(self) -> str:
+        """The model name scoring requests ask for."""
+        return self.name
+
+    async def score(self, sample: TrainingSample, prefix: Sequence[int] = ()) -> list[float]:
         """The teacher's logprob of each completion token of ``sample`` (nats; one per completion token, 0.0 where
-        ``completion_mask`` is False). Raises TeacherError."""
-        ids = list(sample.prompt_ids) + list(sample.completion_ids)
+        ``completion_mask`` is False), in the context ``prefix`` + prompt + the completion before it (``prefix``:
+        privileged context the policy never saw, e.g. self-distillation's demonstration). Raises TeacherError."""
+        ids = list(prefix) + list(sample.prompt_ids) + list(sample.completion_ids)
         body = {
-            "model": self.name,
+            "model": self.model_name(),
             "prompt": ids,
             "max_tokens": 1,
             "temperature": 1.0,
@@ -153,17 +161,25 @@ class TeacherScorer:
         got = prompt_token_logprobs(answer, ids)
         if got is None:
             raise TeacherError(f"{self.label}: the answer holds no prompt logprobs of the sent tokens (not vLLM?)")
-        p = len(sample.prompt_ids)
+        p = len(prefix) + len(sample.prompt_ids)
         out = [got[p + i] if m else 0.0 for i, m in enumerate(sample.completion_mask)]
         self.tokens += sum(1 for m in sample.completion_mask if m)
         return out
 
+    async def prefix(self, rollout: Rollout) -> list[int]:
+        """Token ids placed before a sample of ``rollout`` when it is scored (none for a teacher of its own)."""
+        return []
+
     async def score_group(self, group: Sequence[Rollout]) -> None:
         """Set ``ref_logprobs`` on every sample of the group's valid rollouts (errored ones are never trained).
         Raises TeacherError."""
-        samples = [s for r in group if r.error_class is None for s in r.samples if s.completion_ids]
-        scores = await asyncio.gather(*(self.score(s) for s in samples))
-        for s, ref in zip(samples, scores, strict=True):
+        jobs = []
+        for r in group:
+            if r.error_class is None:
+                prefix = await self.prefix(r)
+                jobs += [(s, prefix) for s in r.samples if s.completion_ids]
+        scores = await asyncio.gather(*(self.score(s, prefix) for s, prefix in jobs))
+        for (s, _), ref in zip(jobs, scores, strict=True):
             s.ref_logprobs = ref
 
     def drain_stats(self) -> dict[str, float]:
@@ -175,6 +191,36 @@ class TeacherScorer:
         }
         self.requests, self.latency_s, self.tokens = 0, 0.0, 0
         return out
+
+
+class SelfDistillation(TeacherScorer):
+    """``opsd``: the policy is its own teacher, shown what it could not see while sampling. Each sample is scored
+    by the policy's own engines (``client``: the orchestrator's ``PolicyClient``; its current model name, so a LoRA
+    run scores with its adapter) after a system message that holds the task's demonstration (``algo.template`` with
+    ``{demonstration}`` replaced by the task field ``algo.demo_key``, read from ``runtime``, the env's
+    ``EnvRuntime``, and rendered with its renderer). The sampled tokens are scored verbatim after that block, so no
+    text is re-tokenized (self-distillation fine-tuning, SDFT: arXiv 2601.19897). No second deployment;
+    ``limits`` supplies ``max_concurrent`` and ``timeout_s``."""
+
+    def __init__(self, algo: Any, *, client: Any, runtime: Any, limits: Any, label: str = "") -> None:
+        super().__init__(limits, name=client.model, base_url=client.base_url + "/v1", label=label)
+        self.label = f"{label + ': ' if label else ''}self-distillation on the policy's engines {self.base_url}"
+        self.algo = algo
+        self.client = client
+        self.runtime = runtime
+
+    def model_name(self) -> str:
+        return self.client.model
+
+    async def prefix(self, rollout: Rollout) -> list[int]:
+        text = await self.runtime.demonstration(rollout.example_id, self.algo.demo_key)
+        if text is None:
+            raise TeacherError(
+                f"{self.label}: task {rollout.task_id} of env {rollout.env} has no demonstration: its data has no "
+                f"string field {self.algo.demo_key!r} (algo.demo_key)"
+            )
+        system = {"role": "system", "content": self.algo.template.replace("{demonstration}", text)}
+        return list(self.runtime.renderer.render([system], add_generation_prompt=False))
 
 
 def prompt_token_logprobs(answer: dict[str, Any], ids: Sequence[int]) -> list[float] | None:

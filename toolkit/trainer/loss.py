@@ -13,8 +13,8 @@ of RL tokens (all ranks, all micro-batches):
                                                                             * pi(y_t) / mu(y_t)
 
 The ref-KL term is on-policy distillation (``opd``): the per-token reverse KL to a reference model ``ref`` (a
-teacher scoring the sampled tokens) is the policy-gradient signal in place of an advantage (K. Lu and Thinking
-Machines Lab, "On-Policy Distillation", 2025; the component layout and the one-sided trust region follow prime-rl's
+teacher scoring the sampled tokens) is the policy-gradient signal in place of an advantage (Thinking Machines Lab,
+"On-Policy Distillation", 2025; the component layout and the one-sided trust region follow prime-rl's
 Algorithms page, § Loss). Its gradient, ``(1/N_ref) sum_t ratio_t * (log pi - log ref) * d log pi``, is the
 importance-weighted score-function estimate of the gradient of KL(pi || ref) over the sampled tokens. The trust
 region is one-sided: a token whose probability already fell more than ``REF_KL_EPS`` below the sampler's is left
