@@ -77,6 +77,23 @@ def _permuted_tokenizer(model_dir: Path) -> None:
     path.write_text(json.dumps(tok))
 
 
+# The student's train envs: reverse-text distils from the teacher deployment (TEACHER), arith learns by GRPO.
+MIX = """
+[[orchestrator.train.env]]
+name = "reverse-text"
+taskset = { id = "srl-reverse-text", split = "train", prompt = "Reverse: {text}" }
+timeout = { rollout = 60, scoring = 10 }
+max_total_tokens = 512
+algo = { type = "opd", teacher = { deployment = "TEACHER" } }
+
+[[orchestrator.train.env]]
+name = "arith"
+taskset = { id = "srl-arith", split = "train" }
+timeout = { rollout = 60, scoring = 10 }
+max_total_tokens = 512
+"""
+
+
 def _student(out: Path, name: str, *extra: str) -> list[str]:
     return [
         "rl",
@@ -110,27 +127,41 @@ def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_i
             assert time.monotonic() < deadline, "the teacher deployment was not ready in 900 s"
             time.sleep(0.5)
 
-        # -- a student with the same tokenizer distils ------------------------------------------------------
+        # -- a student with the same tokenizer distils on one env and runs GRPO on another ----------------------
+        mix = tmp_path / "mix.toml"
+        mix.write_text(MIX.replace("TEACHER", str(out / "teacher")))
         run = subprocess.run(
-            [sys.executable, "-m", "toolkit.cli", *_student(out, "student", "--max-steps", "3")],
+            [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "@", str(mix),
+             "--output-dir", str(out), "--run.name", "student", "--max-steps", "3",
+             "--orchestrator.eval.interval", "0"],
             cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
         )  # fmt: skip
         assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
         root = out / "student"
-        log = (root / "logs" / "orchestrator.log").read_text()
+        log = "\n".join(p.read_text() for p in (root / "logs").rglob("orchestrator*.log"))
         assert "shares the policy's tokenizer" in log
         lines = metrics_lines(root)
-        orch = [m for m in lines if m.get("role") == "orchestrator" and "teacher/scored_share" in m]
-        trainer = [m for m in lines if m.get("role") == "trainer" and "ref_kl/mean" in m]
+        orch = [m for m in lines if m.get("role") == "orchestrator" and "time/step" in m and m["step"] > 0]
+        trainer = [m for m in lines if m.get("role") == "trainer" and "time/step" in m and m["step"] > 0]
         assert [m["step"] for m in orch] == [1, 2, 3] and [m["step"] for m in trainer] == [1, 2, 3]
-        assert all(m["teacher/scored_share"] == 1.0 and m["teacher/reverse-text/kl"] != 0.0 for m in orch)
-        assert all(m["teacher/reverse-text/requests"] > 0 for m in orch)
-        assert all(m["train/ref_kl_tokens"] > 0 and m["train/rl_tokens"] == 0 for m in trainer)
+        # per env: the teacher's metrics for the distilling env only, rewards for both
+        assert all(m["teacher/reverse-text/kl"] != 0.0 and m["teacher/reverse-text/requests"] > 0 for m in orch)
+        assert not any(k.startswith("teacher/arith/") for m in orch for k in m)
+        assert all("reward/reverse-text/mean" in m and "reward/arith/mean" in m for m in orch)
+        assert all(0.0 < m["teacher/scored_share"] < 1.0 for m in orch)  # arith's tokens are RL tokens
+        # both terms train in one step
+        assert all(m["train/ref_kl_tokens"] > 0 and m["train/rl_tokens"] > 0 for m in trainer), trainer
 
         batch = batches.load_batch_dir(RunDir(root).rollout_step(1))
-        assert not batch.loss_mask.any() and batch.ref_kl_mask.sum() > 0
-        for i in range(min(4, batch.num_samples)):
+        opd = [i for i in range(batch.num_samples) if batch.envs[i] == "reverse-text"]
+        grpo = [i for i in range(batch.num_samples) if batch.envs[i] == "arith"]
+        assert opd and grpo
+        for i in grpo:
             sl = batch.sample_slice(i)
+            assert batch.loss_mask[sl].any() and not batch.ref_kl_mask[sl].any()
+        for i in opd[:4]:
+            sl = batch.sample_slice(i)
+            assert not batch.loss_mask[sl].any()
             ids = batch.input_ids[sl].tolist()
             want = _hf_logprobs(teacher_model, ids)
             mask = batch.ref_kl_mask[sl]
@@ -147,7 +178,7 @@ def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_i
             cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
         )  # fmt: skip
         assert bad.returncode != 0
-        text = (out / "foreign" / "logs" / "orchestrator.log").read_text()
+        text = "\n".join(p.read_text() for p in (out / "foreign" / "logs").rglob("orchestrator*.log"))
         assert "does not share the policy's tokenizer" in text, text[-3000:]
         assert str(teacher_model) in text and str(foreign) in text  # both models named
         assert not RunDir(out / "foreign").rollout_step(1).exists()
