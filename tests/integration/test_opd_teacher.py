@@ -132,7 +132,7 @@ def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_i
         mix.write_text(MIX.replace("TEACHER", str(out / "teacher")))
         run = subprocess.run(
             [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "@", str(mix),
-             "--output-dir", str(out), "--run.name", "student", "--max-steps", "3",
+             "--output-dir", str(out), "--run.name", "student", "--max-steps", "2",
              "--orchestrator.eval.interval", "0"],
             cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
         )  # fmt: skip
@@ -143,7 +143,7 @@ def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_i
         lines = metrics_lines(root)
         orch = [m for m in lines if m.get("role") == "orchestrator" and "time/step" in m and m["step"] > 0]
         trainer = [m for m in lines if m.get("role") == "trainer" and "time/step" in m and m["step"] > 0]
-        assert [m["step"] for m in orch] == [1, 2, 3] and [m["step"] for m in trainer] == [1, 2, 3]
+        assert [m["step"] for m in orch] == [1, 2] and [m["step"] for m in trainer] == [1, 2]
         # per env: the teacher's metrics for the distilling env only, rewards for both
         assert all(m["teacher/reverse-text/kl"] != 0.0 and m["teacher/reverse-text/requests"] > 0 for m in orch)
         assert not any(k.startswith("teacher/arith/") for m in orch for k in m)
@@ -187,6 +187,7 @@ def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_i
 
 
 @pytest.mark.slurm
+@pytest.mark.heavy  # about 5 minutes: run with -m heavy (CI's budget holds the local OPD and OPSD runs)
 def test_opd_on_slurm_with_the_teacher_in_its_own_allocation(tmp_path, slurm_cluster):
     """The teacher is an `srl inference` job of its own (one node), the student `srl rl @ rl.toml @ opd.toml @
     slurm.toml` another (three nodes): the student's job waits for the teacher's readiness, scores every batch under
@@ -252,7 +253,7 @@ def test_opsd_scores_with_the_policy_shown_the_demonstration(tmp_path):
     out = tmp_path / "out"
     run = subprocess.run(
         [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-         "--orchestrator.train.algo.type", "opsd", "--max-steps", "2", "--output-dir", str(out),
+         "--orchestrator.train.algo.type", "opsd", "--max-steps", "1", "--output-dir", str(out),
          "--run.name", "self", "--orchestrator.eval.interval", "0",
          "--orchestrator.eval.env.reverse-text-test.num-examples", "8"],
         cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
@@ -260,7 +261,7 @@ def test_opsd_scores_with_the_policy_shown_the_demonstration(tmp_path):
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
     root = out / "self"
     trainer = [m for m in metrics_lines(root) if m.get("role") == "trainer" and "ref_kl/mean" in m]
-    assert [m["step"] for m in trainer] == [1, 2]
+    assert [m["step"] for m in trainer] == [1]
     model = Path(resolve_model("tiny-qwen3"))
     renderer = load_renderer(RendererConfig(), model)
     template = AlgoConfig(type="opsd").template
