@@ -429,15 +429,6 @@ class OrchestratorConfig(Section):
         """The algorithm that trains ``env``'s rollouts: its own ``algo`` or the run's ``train.algo``."""
         return env.algo if env.algo is not None else self.train.algo
 
-    def teachers(self) -> list[tuple[str, TeacherConfig]]:
-        """``(env name, teacher)`` of every distilling train env, in config order."""
-        out = []
-        for env in self.train.env:
-            teacher = self.env_algo(env).teacher
-            if teacher is not None:
-                out.append((env.env_name, teacher))
-        return out
-
     def env_entries(self) -> list[tuple[str, EnvConfig]]:
         """Every train env, then every eval env, with its field path (``orchestrator.train.env[0]``)."""
         sections = (("train", self.train.env), ("eval", self.eval.env))

@@ -171,53 +171,54 @@ class Orchestrator:
 
     async def _connect_teachers(self) -> None:
         """Give each distilling env its teacher scorer, before any rollout is sampled: for ``opsd`` the policy's own
-        engines (:class:`SelfDistillation`); for ``opd`` an endpoint as configured, or an ``srl inference``
-        deployment's address from its readiness file (waited for like ``inference.external``; refused while a run
-        trains weights into it). Refuses a teacher whose tokenizer is
-        not the policy's (``TeacherError`` names both); that check needs an engine of the policy to compare with
-        (none with an injected client: then only a warning)."""
-        from toolkit import lease
-        from toolkit.engines.health import read_ready
-
+        engines (:class:`SelfDistillation`); for ``opd`` its teacher (:meth:`_teacher_address`). Refuses an ``opd``
+        teacher whose tokenizer is not the policy's (``TeacherError`` names both); that check needs an engine of the
+        policy to compare with (none with an injected client: then only a warning)."""
         for env_cfg in self.ocfg.train.env:
             algo = self.ocfg.env_algo(env_cfg)
+            env, label = self.train_envs[env_cfg.env_name], f"env {env_cfg.env_name}"
             if algo.type == "opsd":
                 limits = SimpleNamespace(
                     max_concurrent=self.ocfg.max_concurrent,
                     timeout_s=self.cfg.inference.router.request_timeout_s,
                     api_key_var=None,
                 )
-                env = self.train_envs[env_cfg.env_name]
                 env.teacher = SelfDistillation(
-                    algo, client=self.client, runtime=env.runtime, limits=limits, label=f"env {env_cfg.env_name}"
+                    algo, client=self.client, runtime=env.runtime, limits=limits, label=label
                 )
-                continue
-            cfg = algo.teacher
-            if cfg is None:
-                continue
-            name, base_url = cfg.name, cfg.base_url
-            if cfg.deployment is not None:
-                dep = RunDir(Path(cfg.deployment).expanduser())
-                wait_s = self.cfg.inference.startup_timeout_s + 60.0
-                self.progress.phase(f"waiting for the teacher deployment {dep.root}", kind=STARTUP)
-                ready = await asyncio.to_thread(read_ready, dep, wait_s, should_stop=self._should_stop)
-                if ready is None:
-                    raise StopBeforeStart("stop requested while waiting for the teacher deployment")
-                owner = lease.read_policy_owner(dep)
-                if owner is not None and owner.dead_reason() is None:
-                    raise TeacherError(
-                        f"the teacher deployment {dep.root} is trained by run {owner.run} (it loads its weights "
-                        "there); a teacher must stay frozen: serve it with a deployment of its own"
-                    )
-                name = name or ready["model"]
-                base_url = (ready.get("router_url") or ready.get("base_url") or ready["engine_urls"][0]) + "/v1"
-            scorer = TeacherScorer(cfg, name=name, base_url=base_url, label=f"env {env_cfg.env_name}")
-            if self.engine_urls:
-                await scorer.check_tokenizer(self.engine_urls[0], self._served_model)
-                log.info("%s shares the policy's tokenizer", scorer.label)
-            else:
-                log.warning("no policy engine URL known: the tokenizer of %s is not checked", scorer.label)
-            self.train_envs[env_cfg.env_name].teacher = scorer
+            elif algo.teacher is not None:
+                name, base_url = await self._teacher_address(algo.teacher)
+                scorer = TeacherScorer(algo.teacher, name=name, base_url=base_url, label=label)
+                if self.engine_urls:
+                    await scorer.check_tokenizer(self.engine_urls[0], self._served_model)
+                    log.info("%s shares the policy's tokenizer", scorer.label)
+                else:
+                    log.warning("no policy engine URL known: the tokenizer of %s is not checked", scorer.label)
+                env.teacher = scorer
+
+    async def _teacher_address(self, cfg: Any) -> tuple[str, str]:
+        """``(model name, base URL .../v1)`` of an ``opd`` teacher (a ``TeacherConfig``): the endpoint as configured,
+        or an ``srl inference`` deployment's from its readiness file, waited for like ``inference.external``.
+        Raises TeacherError while another run trains weights into that deployment, StopBeforeStart on a stop
+        request while waiting."""
+        if cfg.deployment is None:
+            return cfg.name, cfg.base_url
+        dep = RunDir(Path(cfg.deployment).expanduser())
+        self.progress.phase(f"waiting for the teacher deployment {dep.root}", kind=STARTUP)
+        wait_s = self.cfg.inference.startup_timeout_s + 60.0
+        from toolkit.engines.health import read_ready
+
+        ready = await asyncio.to_thread(read_ready, dep, wait_s, should_stop=self._should_stop)
+        if ready is None:
+            raise StopBeforeStart("stop requested while waiting for the teacher deployment")
+        owner = lease.read_policy_owner(dep)
+        if owner is not None and owner.dead_reason() is None:
+            raise TeacherError(
+                f"the teacher deployment {dep.root} is trained by run {owner.run} (it loads its weights there); a "
+                "teacher must stay frozen: serve it with a deployment of its own"
+            )
+        base_url = ready.get("router_url") or ready.get("base_url") or ready["engine_urls"][0]
+        return cfg.name or ready["model"], base_url + "/v1"
 
     async def _claim_base_weights(self) -> None:
         """On an external deployment that serves another run's weights (a run that used it before this one): load
