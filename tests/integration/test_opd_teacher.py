@@ -253,7 +253,8 @@ def test_opsd_scores_with_the_policy_shown_the_demonstration(tmp_path):
     out = tmp_path / "out"
     run = subprocess.run(
         [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"),
-         "--orchestrator.train.algo.type", "opsd", "--max-steps", "1", "--output-dir", str(out),
+         "--orchestrator.train.algo.type", "opsd", "--max-steps", "1", "--orchestrator.max-async-level", "0",
+         "--output-dir", str(out),
          "--run.name", "self", "--orchestrator.eval.interval", "0",
          "--orchestrator.eval.env.reverse-text-test.num-examples", "8"],
         cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
