@@ -19,6 +19,9 @@ Arrays in ``batch.safetensors`` (T = total tokens of all samples, S = number of 
     ref_kl_mask         bool    [T]    policy-sampled tokens trained by distillation (reference-KL term) instead of
                                        the RL term; ``loss_mask`` is False on them
     ref_logprobs        float32 [T]    a reference model's logprob of each ``ref_kl_mask`` token; 0.0 elsewhere
+    ref_topk_ids        int32   [T, K] with top-k distillation, the reference's K most likely tokens at each
+                                       ``ref_kl_mask`` position (K = 0 without it); 0 elsewhere
+    ref_topk_logprobs   float32 [T, K] their logprobs
     offsets             int64   [S+1]  sample i is tokens ``offsets[i]:offsets[i+1]``
     prompt_lens         int32   [S]    prompt tokens at the start of each sample
     policy_version      int64   [S]    oldest policy version that produced the sample's tokens
@@ -58,10 +61,11 @@ READY_MARKER = "READY"
 SAMPLING_KEY = "sampling"  # the key of ``meta`` that records the sampled distribution
 
 _TOKEN_ARRAYS = ("input_ids", "loss_mask", "inference_logprobs", "advantages", "ce_mask", "ref_kl_mask", "ref_logprobs")
+_TOPK_ARRAYS = ("ref_topk_ids", "ref_topk_logprobs")  # [T, K]
 # Arrays a batch written before distillation existed lacks; a reader fills them with "no distillation".
 _OPTIONAL_ARRAYS = {"ref_kl_mask": bool, "ref_logprobs": np.float32}
 _SAMPLE_ARRAYS = ("prompt_lens", "policy_version")
-_ARRAYS = (*_TOKEN_ARRAYS, *_SAMPLE_ARRAYS, "offsets")  # every array of batch.safetensors
+_ARRAYS = (*_TOKEN_ARRAYS, *_TOPK_ARRAYS, *_SAMPLE_ARRAYS, "offsets")  # every array of batch.safetensors
 
 
 @dataclass
@@ -84,6 +88,8 @@ class Batch:
     envs: list[str]
     ref_kl_mask: np.ndarray
     ref_logprobs: np.ndarray
+    ref_topk_ids: np.ndarray
+    ref_topk_logprobs: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -133,6 +139,10 @@ class Batch:
             for name in names:
                 if getattr(self, name).shape != (n,):
                     raise ValueError(f"{name} has shape {getattr(self, name).shape}, expected ({n},)")
+        k = self.ref_topk_ids.shape[1] if self.ref_topk_ids.ndim == 2 else -1
+        for name in _TOPK_ARRAYS:
+            if getattr(self, name).shape != (t, k):
+                raise ValueError(f"{name} has shape {getattr(self, name).shape}, expected ({t}, K)")
         if len(self.envs) != s:
             raise ValueError(f"envs has {len(self.envs)} entries, expected {s}")
         starts = self.offsets[:-1]
@@ -177,6 +187,11 @@ def samples_to_batch(
     if ce_masks is not None and len(ce_masks) != n:
         raise ValueError(f"ce_masks has {len(ce_masks)} entries for {n} samples")
     ids, lm, lp, adv, ce, rm, rlp, prompt_lens = [], [], [], [], [], [], [], []
+    widths = {len(smp.ref_topk_ids[0]) for smp in samples if smp.ref_topk_ids}
+    if len(widths) > 1:
+        raise ValueError(f"samples carry top-k lists of different widths {sorted(widths)}; one K per batch")
+    k = widths.pop() if widths else 0
+    tk_ids, tk_lps = [], []
     offsets = [0]
     for i, smp in enumerate(samples):
         p, c = len(smp.prompt_ids), len(smp.completion_ids)
@@ -202,6 +217,13 @@ def samples_to_batch(
             rm.append(policy)
             ref = np.concatenate([np.zeros(p, np.float32), np.asarray(smp.ref_logprobs, np.float32)])
             rlp.append(np.where(policy, ref, np.float32(0.0)))
+        top_ids, top_lps = np.zeros((p + c, k), np.int64), np.zeros((p + c, k), np.float32)
+        if k and smp.ref_topk_ids is not None and smp.ref_topk_logprobs is not None:
+            top_ids[p:] = np.asarray(smp.ref_topk_ids, np.int64).reshape(c, k)
+            top_lps[p:] = np.asarray(smp.ref_topk_logprobs, np.float32).reshape(c, k)
+            top_ids[~policy], top_lps[~policy] = 0, 0.0
+        tk_ids.append(top_ids)
+        tk_lps.append(top_lps)
         lp.append(np.concatenate([np.zeros(p, np.float32), np.asarray(smp.completion_logprobs, np.float32)]))
         adv.append(np.concatenate([np.zeros(p, np.float32), np.full(c, advantages[i], np.float32)]))
         cm = np.zeros(c, bool) if ce_masks is None else np.asarray(ce_masks[i], dtype=bool)
@@ -223,6 +245,8 @@ def samples_to_batch(
         ce_mask=cat(ce, bool),
         ref_kl_mask=cat(rm, bool),
         ref_logprobs=cat(rlp, np.float32),
+        ref_topk_ids=(np.concatenate(tk_ids) if n else np.zeros((0, k))).astype(np.int32),
+        ref_topk_logprobs=(np.concatenate(tk_lps) if n else np.zeros((0, k))).astype(np.float32),
         offsets=np.asarray(offsets, np.int64),
         prompt_lens=np.asarray(prompt_lens, np.int32),
         policy_version=np.asarray(policy_versions, np.int64),
@@ -289,6 +313,8 @@ def load_batch_dir(step_dir: Path) -> Batch:
     n = len(arrays["input_ids"]) if "input_ids" in arrays else 0
     for name, dtype in _OPTIONAL_ARRAYS.items():
         arrays.setdefault(name, np.zeros(n, dtype))
+    arrays.setdefault("ref_topk_ids", np.zeros((n, 0), np.int32))
+    arrays.setdefault("ref_topk_logprobs", np.zeros((n, 0), np.float32))
     batch = Batch(
         step=int(meta["step"]),
         envs=list(meta["envs"]),

@@ -112,3 +112,16 @@ def test_batch_written_without_distillation_arrays_still_loads(tmp_path):
     (path / batches.BATCH_FILE).write_bytes(save(old))
     b = batches.load_batch_dir(path)
     assert not b.ref_kl_mask.any() and b.ref_logprobs.shape == (9,) and not b.ref_logprobs.any()
+
+
+def test_topk_lists_travel_per_policy_token(tmp_path):
+    run = RunDir(tmp_path)
+    opd = TrainingSample([7], [8, 9, 10], [True, False, True], [-0.1, 0.0, -2.0], [-0.3, 0.0, -1.0])
+    opd.ref_topk_ids = [[8, 1], [5, 5], [10, 2]]
+    opd.ref_topk_logprobs = [[-0.3, -1.5], [-9.0, -9.0], [-1.0, -0.7]]
+    batches.write_batch(run, 1, [_samples()[0], opd], [1.0, 0.0], policy_versions=[0, 0], envs=["rl", "opd"], meta={})
+    b = batches.read_batch(run, 1, timeout_s=1.0)
+    assert b.ref_topk_ids.shape == (9, 2) and b.ref_topk_logprobs.dtype == np.float32
+    assert b.ref_topk_ids[5:].tolist() == [[0, 0], [8, 1], [0, 0], [10, 2]]  # prompt and env token: zeros
+    np.testing.assert_allclose(b.ref_topk_logprobs[6], [-0.3, -1.5])
+    assert not b.ref_topk_ids[:5].any()  # the RL sample has none

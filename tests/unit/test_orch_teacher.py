@@ -185,3 +185,24 @@ def test_opsd_config_needs_its_placeholder_and_no_teacher():
         AlgoConfig(type="opsd", template="Answer: {answer}")
     with pytest.raises(ValueError, match="used by type 'opd' only"):
         AlgoConfig(type="opsd", teacher={"deployment": "d"})
+
+
+def test_prompt_top_logprobs_keeps_the_ranked_k_and_drops_the_sent_token():
+    from toolkit.orchestrator.teacher import prompt_top_logprobs
+
+    def pos(entries):  # {token: (logprob, rank)}
+        return {str(t): {"logprob": lp, "rank": r, "decoded_token": "x"} for t, (lp, r) in entries.items()}
+
+    answer = {
+        "choices": [
+            {
+                "prompt_logprobs": [
+                    None,
+                    pos({7: (-0.1, 1), 9: (-2.5, 2), 3: (-6.0, 40)}),  # the sent token 3 ranks 40: left out
+                    pos({4: (-1.0, 2), 5: (-0.5, 1)}),  # the sent token is among the top 2
+                ]
+            }
+        ]
+    }
+    assert prompt_top_logprobs(answer, 2) == [([0, 0], [0.0, 0.0]), ([7, 9], [-0.1, -2.5]), ([5, 4], [-0.5, -1.0])]
+    assert prompt_top_logprobs(answer, 3) is None  # a position with fewer than k ranked entries

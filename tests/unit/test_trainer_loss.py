@@ -177,3 +177,34 @@ def test_ref_kl_needs_both_inputs():
     x, no = torch.zeros(2), torch.zeros(2, dtype=torch.bool)
     with pytest.raises(ValueError, match="both"):
         rl_loss(x, x, x, no, no, IPOLoss(), rl_denominator=0, ce_denominator=0, ref_logprobs=x)
+
+
+def test_topk_term_is_the_coarse_grained_reverse_kl_with_its_exact_gradient():
+    from toolkit.trainer.loss import topk_reverse_kl
+
+    # a 5-token vocabulary; the reference's top-2 are tokens 0 and 1, the rest is one bucket
+    logits = torch.tensor([1.0, 0.2, -0.5, 0.3, 0.0], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([0.6, 0.3, 0.05, 0.03, 0.02], dtype=torch.float64)
+    student = torch.log_softmax(logits, 0)
+    got = topk_reverse_kl(student[[0, 1]].unsqueeze(0), ref[[0, 1]].log().unsqueeze(0))[0]
+    pi = student.exp()
+    coarse_pi = torch.stack([pi[0], pi[1], pi[2:].sum()])
+    coarse_ref = torch.stack([ref[0], ref[1], ref[2:].sum()])
+    want = (coarse_pi * (coarse_pi.log() - coarse_ref.log())).sum()
+    assert got.item() == pytest.approx(want.item(), abs=1e-12)
+    full = (pi * (pi.log() - ref.log())).sum()
+    assert 0 < got.item() <= full.item()  # a lower bound of the full reverse KL
+    (g_got,) = torch.autograd.grad(got, logits, retain_graph=True)
+    (g_want,) = torch.autograd.grad(want, logits)
+    torch.testing.assert_close(g_got, g_want)
+    # the loss puts it on distillation tokens with the global denominator
+    zeros, no = torch.zeros(2), torch.zeros(2, dtype=torch.bool)
+    s2 = torch.stack([student[[0, 1]], student[[0, 1]]]).float()
+    r2 = torch.stack([ref[[0, 1]].log(), ref[[0, 1]].log()]).float()
+    parts = rl_loss(
+        zeros, zeros, zeros, no, no, IPOLoss(), rl_denominator=0, ce_denominator=0,
+        ref_logprobs=zeros, ref_kl_mask=torch.tensor([True, False]), ref_denominator=4,
+        ref_topk_logprobs=r2, topk_logprobs=s2,
+    )  # fmt: skip
+    assert parts.loss.item() == pytest.approx(want.item() / 4, abs=1e-6)
+    assert parts.ref_kl.tolist() == pytest.approx([want.item(), 0.0], abs=1e-6)

@@ -265,6 +265,11 @@ class AlgoConfig(Section):
     """Subtract ``length_penalty * completion_tokens / max_completion_tokens`` from the reward before advantages."""
     teacher: TeacherConfig | None = None
     """``opd`` only: the frozen model the policy distils from."""
+    top_k: int = Field(0, ge=0, le=20)
+    """``opd``/``opsd``: 0 trains on the reference's logprob of each sampled token (a one-sample estimate of the
+    reverse KL); k > 0 asks the reference for its k most likely tokens at every position and trains on the reverse
+    KL over those k tokens plus the rest as one bucket, exactly (no sampling noise). At most 20, vLLM's default
+    ``--max-logprobs``."""
     demo_key: str = Field("answer", min_length=1)
     """``opsd``: the task data field that holds the demonstration (e.g. the reference ``answer``)."""
     template: str = "A correct reply to the next request is: {demonstration}"
@@ -278,6 +283,8 @@ class AlgoConfig(Section):
             raise ValueError(f"a teacher is used by type 'opd' only, not {self.type!r}; remove it or set type = 'opd'")
         if self.type in DISTILLATION and self.length_penalty:
             raise ValueError(f"length_penalty shapes rewards into advantages; {self.type!r} trains without advantages")
+        if self.top_k and self.type not in DISTILLATION:
+            raise ValueError(f"top_k is the reference's top tokens of a distilling algo, not of {self.type!r}")
         if self.type == "opsd" and "{demonstration}" not in self.template:
             raise ValueError("template must contain {demonstration}, where the task's demonstration goes")
         return self

@@ -188,7 +188,7 @@ class Orchestrator:
                 )
             elif algo.teacher is not None:
                 name, base_url = await self._teacher_address(algo.teacher)
-                scorer = TeacherScorer(algo.teacher, name=name, base_url=base_url, label=label)
+                scorer = TeacherScorer(algo.teacher, name=name, base_url=base_url, label=label, top_k=algo.top_k)
                 if self.engine_urls:
                     await scorer.check_tokenizer(self.engine_urls[0], self._served_model)
                     log.info("%s shares the policy's tokenizer", scorer.label)

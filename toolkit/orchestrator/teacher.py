@@ -57,8 +57,9 @@ class TeacherScorer:
     :meth:`drain_stats`: requests, their summed latency in seconds, tokens scored.
     """
 
-    def __init__(self, cfg: Any, *, name: str, base_url: str, label: str = "") -> None:
+    def __init__(self, cfg: Any, *, name: str, base_url: str, label: str = "", top_k: int = 0) -> None:
         self.cfg = cfg
+        self.top_k = top_k
         self.name = name
         self.base_url = base_url.rstrip("/")
         # vLLM's /tokenize lives at the server root, beside /v1
@@ -141,17 +142,19 @@ class TeacherScorer:
         """The model name scoring requests ask for."""
         return self.name
 
-    async def score(self, sample: TrainingSample, prefix: Sequence[int] = ()) -> list[float]:
-        """The teacher's logprob of each completion token of ``sample`` (nats; one per completion token, 0.0 where
+    async def score(self, sample: TrainingSample, prefix: Sequence[int] = ()) -> None:
+        """Set ``sample.ref_logprobs``: the teacher's logprob of each completion token (nats; 0.0 where
         ``completion_mask`` is False), in the context ``prefix`` + prompt + the completion before it (``prefix``:
-        privileged context the policy never saw, e.g. self-distillation's demonstration). Raises TeacherError."""
+        privileged context the policy never saw, e.g. self-distillation's demonstration); with ``top_k`` = k also
+        ``ref_topk_ids`` / ``ref_topk_logprobs``, the teacher's k most likely tokens at each completion position.
+        Raises TeacherError."""
         ids = list(prefix) + list(sample.prompt_ids) + list(sample.completion_ids)
         body = {
             "model": self.model_name(),
             "prompt": ids,
             "max_tokens": 1,
             "temperature": 1.0,
-            "prompt_logprobs": 0,
+            "prompt_logprobs": self.top_k,
         }
         async with self._limit:
             t0 = time.monotonic()
@@ -162,9 +165,17 @@ class TeacherScorer:
         if got is None:
             raise TeacherError(f"{self.label}: the answer holds no prompt logprobs of the sent tokens (not vLLM?)")
         p = len(prefix) + len(sample.prompt_ids)
-        out = [got[p + i] if m else 0.0 for i, m in enumerate(sample.completion_mask)]
-        self.tokens += sum(1 for m in sample.completion_mask if m)
-        return out
+        mask = sample.completion_mask
+        sample.ref_logprobs = [got[p + i] if m else 0.0 for i, m in enumerate(mask)]
+        if self.top_k:
+            top = prompt_top_logprobs(answer, self.top_k)
+            if top is None:
+                raise TeacherError(f"{self.label}: the answer holds fewer than top_k={self.top_k} logprobs a position")
+            blank = ([0] * self.top_k, [0.0] * self.top_k)
+            rows = [top[p + i] if m else blank for i, m in enumerate(mask)]
+            sample.ref_topk_ids = [r[0] for r in rows]
+            sample.ref_topk_logprobs = [r[1] for r in rows]
+        self.tokens += sum(1 for m in mask if m)
 
     async def prefix(self, rollout: Rollout) -> list[int]:
         """Token ids placed before a sample of ``rollout`` when it is scored (none for a teacher of its own)."""
@@ -178,9 +189,7 @@ class TeacherScorer:
             if r.error_class is None:
                 prefix = await self.prefix(r)
                 jobs += [(s, prefix) for s in r.samples if s.completion_ids]
-        scores = await asyncio.gather(*(self.score(s, prefix) for s, prefix in jobs))
-        for (s, _), ref in zip(jobs, scores, strict=True):
-            s.ref_logprobs = ref
+        await asyncio.gather(*(self.score(s, prefix) for s, prefix in jobs))
 
     def drain_stats(self) -> dict[str, float]:
         """``requests``, ``latency_s`` (mean seconds per request) and ``tokens`` since the last call."""
@@ -203,7 +212,7 @@ class SelfDistillation(TeacherScorer):
     ``limits`` supplies ``max_concurrent`` and ``timeout_s``."""
 
     def __init__(self, algo: Any, *, client: Any, runtime: Any, limits: Any, label: str = "") -> None:
-        super().__init__(limits, name=client.model, base_url=client.base_url + "/v1", label=label)
+        super().__init__(limits, name=client.model, base_url=client.base_url + "/v1", label=label, top_k=algo.top_k)
         self.label = f"{label + ': ' if label else ''}self-distillation on the policy's engines {self.base_url}"
         self.algo = algo
         self.client = client
@@ -241,4 +250,29 @@ def prompt_token_logprobs(answer: dict[str, Any], ids: Sequence[int]) -> list[fl
         if not isinstance(item, dict) or "logprob" not in item:
             return None
         out.append(float(item["logprob"]))
+    return out
+
+
+def prompt_top_logprobs(answer: dict[str, Any], k: int) -> list[tuple[list[int], list[float]]] | None:
+    """From a vLLM ``/v1/completions`` answer with ``prompt_logprobs = k``: at each position, the ``k`` most likely
+    token ids and their logprobs, most likely first (vLLM adds the sent token when it is not among them; that one is
+    left out). Position 0 (no context) gets zeros. None when a position holds fewer than ``k`` ranked entries."""
+    try:
+        per_position = answer["choices"][0]["prompt_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(per_position, list) or not per_position:
+        return None
+    out: list[tuple[list[int], list[float]]] = [([0] * k, [0.0] * k)]
+    for entry in per_position[1:]:
+        if not isinstance(entry, dict):
+            return None
+        ranked = sorted(
+            (int(v["rank"]), int(t), float(v["logprob"]))
+            for t, v in entry.items()
+            if isinstance(v, dict) and isinstance(v.get("rank"), int) and v["rank"] <= k
+        )
+        if len(ranked) < k:
+            return None
+        out.append(([t for _, t, _ in ranked[:k]], [lp for _, _, lp in ranked[:k]]))
     return out

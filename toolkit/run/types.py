@@ -73,7 +73,13 @@ class TrainingSample:
     completion_logprobs: list[float]
     ref_logprobs: list[float] | None = None
     """A reference model's logprob of each completion token (0.0 where masked), set when the sample's env trains by
-    distillation (``opd``): its policy tokens then feed the trainer's reference-KL term instead of the RL term."""
+    distillation (``opd``, ``opsd``): its policy tokens then feed the trainer's reference-KL term instead of the RL
+    term."""
+    ref_topk_ids: list[list[int]] | None = None
+    """With ``algo.top_k`` = k: the reference's k most likely token ids at each completion position (k per position,
+    most likely first; zeros where masked)."""
+    ref_topk_logprobs: list[list[float]] | None = None
+    """The reference's logprobs of ``ref_topk_ids`` (same shape)."""
 
 
 @dataclass

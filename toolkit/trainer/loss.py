@@ -21,6 +21,18 @@ region is one-sided: a token whose probability already fell more than ``REF_KL_E
 out, so a teacher that dislikes a token cannot push it towards zero in one step; a rise is not bounded, since
 the teacher's signal there is what distillation wants.
 
+With top-k distillation (``algo.top_k`` = K) the reference sends its K most likely tokens S_t at each position
+and the ref-KL term is the reverse KL itself, computed exactly over S_t plus one bucket for the rest of the
+vocabulary (no sampled-token estimate, so no importance ratio and no trust region):
+
+    L_ref = (1/N_ref) * sum_t [ sum_{v in S_t} pi(v) (log pi(v) - log ref(v))
+                                + pi(~S_t) (log pi(~S_t) - log ref(~S_t)) ]
+
+with pi(~S_t) = 1 - sum_{v in S_t} pi(v) (likewise for ref), both kept above 1e-12. It is the KL between the two
+distributions coarse-grained to K + 1 outcomes, a lower bound of the full reverse KL that equals it when the
+reference puts all its mass on S_t; its gradient has no sampling noise, which is what a weak student needs (a
+one-sample estimate from a near-uniform policy mostly pushes down tokens it will rarely sample again).
+
 The masks are computed without gradient; the ratio carries the gradient (d ratio = ratio * d log pi). Masked
 tokens still count in N (the mask sits inside the sum), so masking lowers the step size instead of reweighting.
 The total loss is ``L + L_ce + L_ref``; each term uses its own denominator so one does not dilute the other.
@@ -101,17 +113,23 @@ def rl_loss(
     ref_logprobs: torch.Tensor | None = None,
     ref_kl_mask: torch.Tensor | None = None,
     ref_denominator: float = 0.0,
+    ref_topk_logprobs: torch.Tensor | None = None,
+    topk_logprobs: torch.Tensor | None = None,
 ) -> LossParts:
     """Loss of one micro-batch (any shape, all inputs the same shape; logprobs in nats).
 
     ``rl_denominator`` / ``ce_denominator`` / ``ref_denominator`` are the global counts of ``loss_mask`` /
     ``ce_mask`` / ``ref_kl_mask`` tokens over every micro-batch and rank of the step (a count of 0 is treated as 1:
     the term is then 0). ``ref_logprobs`` and ``ref_kl_mask`` (both or neither) add the ref-KL term of the module
-    doc. Returns :class:`LossParts`; ``loss`` has a gradient through ``trainer_logprobs``. Raises ValueError when
-    only one of ``ref_logprobs`` and ``ref_kl_mask`` is given.
+    doc; with ``ref_topk_logprobs`` (the reference's top-K logprobs, ``[..., K]``) and ``topk_logprobs`` (the
+    trainer's logprobs of the same tokens, with gradient) it is the exact top-K form. Returns :class:`LossParts`;
+    ``loss`` has a gradient through ``trainer_logprobs`` (and ``topk_logprobs``). Raises ValueError when only one of
+    a pair is given.
     """
     if (ref_logprobs is None) != (ref_kl_mask is None):
         raise ValueError("the ref-KL term needs both ref_logprobs and ref_kl_mask")
+    if (ref_topk_logprobs is None) != (topk_logprobs is None):
+        raise ValueError("top-k distillation needs both ref_topk_logprobs and topk_logprobs")
     lp = trainer_logprobs.float()
     ilp = inference_logprobs.float()
     zeros = torch.zeros_like(lp)
@@ -126,7 +144,13 @@ def rl_loss(
     policy = rl_mask
     ref_masked = torch.zeros_like(rl_mask)
     ref_kl = zeros.detach()
-    if ref_kl_mask is not None and ref_logprobs is not None:
+    if ref_kl_mask is not None and topk_logprobs is not None and ref_topk_logprobs is not None:
+        ref_mask = ref_kl_mask.bool()
+        policy = rl_mask | ref_mask
+        kl = topk_reverse_kl(topk_logprobs.float(), ref_topk_logprobs.float())
+        ref_kl = torch.where(ref_mask, kl, zeros).detach()
+        loss = loss + torch.where(ref_mask, kl, zeros).sum() / max(float(ref_denominator), 1.0)
+    elif ref_kl_mask is not None and ref_logprobs is not None:
         ref_mask = ref_kl_mask.bool()
         policy = rl_mask | ref_mask
         with torch.no_grad():
@@ -137,3 +161,15 @@ def rl_loss(
         loss = loss + ref_term / max(float(ref_denominator), 1.0)
     kl = torch.where(policy, mismatch_kl(lp, ilp), zeros)
     return LossParts(loss=loss, is_masked=masked, mismatch_kl=kl, ref_masked=ref_masked, ref_kl=ref_kl.detach())
+
+
+def topk_reverse_kl(student: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Per-position reverse KL over the reference's top-K tokens plus one bucket for the rest (module doc), in nats.
+
+    ``student`` / ``reference``: logprobs of the same K tokens at each position, ``[..., K]``; returns ``[...]``,
+    with gradient through ``student``. Non-negative up to rounding.
+    """
+    p = student.exp()
+    tail_p = (1.0 - p.sum(-1)).clamp(min=1e-12)
+    tail_r = (1.0 - reference.exp().sum(-1)).clamp(min=1e-12)
+    return (p * (student - reference)).sum(-1) + tail_p * (tail_p.log() - tail_r.log())

@@ -40,6 +40,8 @@ class MicroBatch:
     advantages: torch.Tensor  # float32
     ref_kl_mask: torch.Tensor  # bool
     ref_logprobs: torch.Tensor  # float32
+    ref_topk_ids: torch.Tensor  # int64 [rows, length, K] (K = 0 without top-k distillation)
+    ref_topk_logprobs: torch.Tensor  # float32 [rows, length, K]
     sample_index: torch.Tensor  # int64
     real_tokens: int
     temperature: float = 1.0
@@ -68,6 +70,8 @@ _DTYPES = {
     "advantages": np.float32,
     "ref_kl_mask": bool,
     "ref_logprobs": np.float32,
+    "ref_topk_ids": np.int64,  # these two have a last axis of K
+    "ref_topk_logprobs": np.float32,
 }
 
 
@@ -105,7 +109,10 @@ def _build(batch: Batch, rows: list[list[int]]) -> MicroBatch:
     lengths = batch.lengths
     width = max(1, max((int(sum(lengths[i] for i in row)) for row in rows), default=1))
     n = max(1, len(rows))
-    out = {k: np.zeros((n, width), dtype) for k, dtype in _DTYPES.items()}
+    topk = batch.ref_topk_ids.shape[1]
+    out = {
+        k: np.zeros((n, width, topk) if k.startswith("ref_topk") else (n, width), dtype) for k, dtype in _DTYPES.items()
+    }
     pos = np.zeros((n, width), np.int64)
     sidx = np.full((n, width), -1, np.int64)
     real = 0

@@ -547,6 +547,8 @@ def to_batch(data: SFTData, rows: np.ndarray, step: int) -> Any:
         ce_mask=sub.loss_mask.copy(),
         ref_kl_mask=np.zeros(t, bool),
         ref_logprobs=np.zeros(t, np.float32),
+        ref_topk_ids=np.zeros((t, 0), np.int32),
+        ref_topk_logprobs=np.zeros((t, 0), np.float32),
         offsets=sub.offsets,
         prompt_lens=np.zeros(s, np.int32),
         policy_version=np.full(s, step - 1, np.int64),

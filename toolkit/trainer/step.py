@@ -43,10 +43,21 @@ def token_logprobs(
     renormalised over what is kept. Also returns the per-position entropy (nats, no gradient) of the same
     distribution at the position that predicts each token, or None if not requested.
     """
+    return logprobs_from_logits(scaled_logits(model, mb), mb, with_entropy=with_entropy)
+
+
+def scaled_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """The model's next-token logits for ``mb`` divided by its sampling temperature, float32 ``[rows, L-1, V]``
+    (position t predicts token t+1), with gradient."""
     logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits
     logits = logits[:, :-1].float()
-    if mb.temperature != 1.0:
-        logits = logits / mb.temperature
+    return logits / mb.temperature if mb.temperature != 1.0 else logits
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor, mb: MicroBatch, *, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`token_logprobs` from :func:`scaled_logits` (the model's forward done once by the caller)."""
     targets = mb.input_ids[:, 1:]
     if mb.top_k or mb.top_p < 1.0:
         lp, ent = _truncated_logprobs(logits, targets, mb.top_k, mb.top_p, with_entropy)
@@ -60,6 +71,14 @@ def token_logprobs(
     lp = torch.nn.functional.pad(lp, (1, 0))
     entropy = torch.nn.functional.pad(ent, (1, 0)) if ent is not None else None
     return lp, entropy
+
+
+def topk_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Logprobs (with gradient) of the token ids ``ids`` ``[rows, L, K]`` at each position under the temperature-
+    scaled distribution of ``logits`` (:func:`scaled_logits`), aligned like :func:`token_logprobs`: entry
+    ``[r, t, j]`` is the logprob of ``ids[r, t, j]`` as token t given the tokens before it (column 0: zeros)."""
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].long())
+    return torch.nn.functional.pad(lp, (0, 0, 1, 0))
 
 
 def _truncated_logprobs(
@@ -155,7 +174,11 @@ def train_step(
     tok_per_sample = torch.zeros(num_samples + 1, **f32)
     real, processed = 0, 0
     for mb in mbs:
-        lp, ent = token_logprobs(model, mb)  # under the batch's sampling, which each micro-batch carries
+        logits = scaled_logits(model, mb)  # under the batch's sampling, which each micro-batch carries
+        lp, ent = logprobs_from_logits(logits, mb)
+        topk = distill and mb.ref_topk_ids.shape[-1] > 0
+        student_topk = topk_logprobs(logits, mb.ref_topk_ids) if topk else None
+        del logits
         parts = rl_loss(
             lp,
             mb.inference_logprobs,
@@ -168,6 +191,8 @@ def train_step(
             ref_logprobs=mb.ref_logprobs if distill else None,
             ref_kl_mask=mb.ref_kl_mask if distill else None,
             ref_denominator=n_ref,
+            ref_topk_logprobs=mb.ref_topk_logprobs if topk else None,
+            topk_logprobs=student_topk,
         )
         (parts.loss * info.world_size).backward()
         with torch.no_grad():
