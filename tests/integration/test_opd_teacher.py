@@ -58,14 +58,21 @@ def _stop(p: subprocess.Popen, timeout_s: float = 300) -> str:
         return p.communicate()[0]
 
 
-def _hf_logprobs(model_dir: Path, ids: list[int]) -> list[float]:
-    """transformers fp32 logprob of each token of ``ids`` given the tokens before it (position 0: 0.0)."""
+def _hf_distributions(model_dir: Path, ids: list[int]) -> torch.Tensor:
+    """transformers fp32 log-distribution over the vocabulary of each token of ``ids`` given the tokens before it,
+    ``[len(ids), V]`` (row 0: zeros)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
-    return [0.0] + [lp[i - 1, t].item() for i, t in enumerate(ids) if i > 0]
+    return torch.cat([torch.zeros(1, lp.shape[1]), lp[:-1]])
+
+
+def _hf_logprobs(model_dir: Path, ids: list[int]) -> list[float]:
+    """transformers fp32 logprob of each token of ``ids`` given the tokens before it (position 0: 0.0)."""
+    dist = _hf_distributions(model_dir, ids)
+    return [0.0] + [dist[i, t].item() for i, t in enumerate(ids) if i > 0]
 
 
 def _permuted_tokenizer(model_dir: Path) -> None:
@@ -84,7 +91,7 @@ name = "reverse-text"
 taskset = { id = "srl-reverse-text", split = "train", prompt = "Reverse: {text}" }
 timeout = { rollout = 60, scoring = 10 }
 max_total_tokens = 512
-algo = { type = "opd", teacher = { deployment = "TEACHER" } }
+algo = { type = "opd", top_k = 5, teacher = { deployment = "TEACHER" } }
 
 [[orchestrator.train.env]]
 name = "arith"
@@ -168,6 +175,11 @@ def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_i
             got = batch.ref_logprobs[sl]
             diffs = [abs(float(g) - w) for g, w, m in zip(got, want, mask) if m]
             assert diffs and max(diffs) < 1e-4, (i, diffs)
+            # top_k = 5: the teacher's five most likely tokens at each distillation position, most likely first
+            top = _hf_distributions(teacher_model, ids).topk(5, dim=-1)
+            for t in [t for t, m in enumerate(mask) if m]:
+                assert batch.ref_topk_ids[sl][t].tolist() == top.indices[t].tolist(), (i, t)
+                assert max(abs(float(a) - b) for a, b in zip(batch.ref_topk_logprobs[sl][t], top.values[t])) < 1e-4
 
         # -- a student with another tokenizer is refused before its first rollout ------------------------------
         foreign = build_tiny_model(tmp_path / "foreign-model", seed=0)
