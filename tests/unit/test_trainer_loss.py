@@ -208,3 +208,15 @@ def test_topk_term_is_the_coarse_grained_reverse_kl_with_its_exact_gradient():
     )  # fmt: skip
     assert parts.loss.item() == pytest.approx(want.item() / 4, abs=1e-6)
     assert parts.ref_kl.tolist() == pytest.approx([want.item(), 0.0], abs=1e-6)
+
+
+def test_topk_logprobs_align_with_token_positions():
+    from toolkit.trainer.step import topk_logprobs
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 7)  # [rows, L-1, V]: position t predicts token t+1
+    ids = torch.randint(0, 7, (2, 5, 3))  # [rows, L, K]
+    got = topk_logprobs(logits, ids)
+    assert got.shape == (2, 5, 3) and not got[:, 0].any()  # column 0 has no context
+    want = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:])
+    torch.testing.assert_close(got[:, 1:], want)

@@ -77,7 +77,8 @@ def topk_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Logprobs (with gradient) of the token ids ``ids`` ``[rows, L, K]`` at each position under the temperature-
     scaled distribution of ``logits`` (:func:`scaled_logits`), aligned like :func:`token_logprobs`: entry
     ``[r, t, j]`` is the logprob of ``ids[r, t, j]`` as token t given the tokens before it (column 0: zeros)."""
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].long())
+    # gather, then normalise: no second [rows, L, V] tensor (a full log_softmax would be one per micro-batch)
+    lp = logits.gather(-1, ids[:, 1:].long()) - torch.logsumexp(logits, dim=-1, keepdim=True)
     return torch.nn.functional.pad(lp, (0, 0, 1, 0))
 
 
