@@ -1,6 +1,7 @@
 """What integration tests read from a run they started: its metrics lines and the steps each role recorded, the
-`srl rl` submission of the reverse-text job to the local Slurm cluster, the error lines of a batch job's log and the
-processes of a run still alive on this machine.
+`srl rl` submission of the reverse-text job to the local Slurm cluster, the error lines of a batch job's log, the
+processes of a run still alive on this machine, and an `srl` command started in the background and stopped as Ctrl-C
+would.
 
 Readers tolerate a run still being written: a missing file is no lines, a torn last line is skipped. Steps come
 back in file order with repeats kept, so a test can assert that every step was recorded exactly once.
@@ -120,3 +121,31 @@ def processes_left(run_root: Path, timeout_s: float = 30.0) -> list[str]:
     while (left := processes_of(run_root)) and time.monotonic() < deadline:
         time.sleep(0.5)
     return left
+
+
+def srl_background(*argv: str, cwd: Path = ROOT) -> subprocess.Popen:
+    """``srl ARGV...`` (this checkout's CLI) run in ``cwd`` in its own process group, as a user starts it, output
+    captured as text (stdout and stderr together); stop it with :func:`stop_background`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", *argv],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def stop_background(p: subprocess.Popen, timeout_s: float = 300) -> str:
+    """Ctrl-C (SIGINT to its process group) for a :func:`srl_background` command still running, then its output;
+    SIGKILL after ``timeout_s`` seconds."""
+    import signal
+
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGINT)
+    try:
+        return p.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        return p.communicate()[0]

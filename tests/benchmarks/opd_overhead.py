@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -27,19 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # run_records: the tests' helpers for srl commands in the background
 GOAL = 1.3
-
-
-def _srl(*argv: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "toolkit.cli", *argv],
-        cwd=ROOT,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        **kw,
-    )
 
 
 def _step_times(run_root: Path, first: int) -> tuple[list[float], list[float]]:
@@ -54,6 +41,8 @@ def _step_times(run_root: Path, first: int) -> tuple[list[float], list[float]]:
 
 
 def main() -> int:
+    from run_records import srl_background, stop_background
+
     from toolkit.models import build_tiny_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -62,7 +51,7 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="srl-bench-opd-"))
     teacher = build_tiny_model(work / "teacher-model", seed=7)
-    serve = _srl(
+    serve = srl_background(
         "inference", "@", "jobs/serve/tiny.toml", "--output-dir", str(work), "--run.name", "teacher",
         "--model.name", str(teacher),
     )  # fmt: skip
@@ -99,9 +88,7 @@ def main() -> int:
                 latency += lat
                 print(f"{name}: median time/step {statistics.median(t):.3f} s over {len(t)} steps", flush=True)
     finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGINT)
-            serve.communicate(timeout=300)
+        stop_background(serve)
     grpo, opd = statistics.median(times["grpo"]), statistics.median(times["opd"])
     ratio = opd / grpo
     print(

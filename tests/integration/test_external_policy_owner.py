@@ -5,15 +5,13 @@ the deployment takes the next run."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from run_records import role_steps
+from run_records import role_steps, srl_background, stop_background
 
 from toolkit import lease
 from toolkit.run.layout import RunDir
@@ -21,18 +19,6 @@ from toolkit.run.layout import RunDir
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.vllm, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _srl(*argv: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "toolkit.cli", *argv],
-        cwd=REPO,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
 
 
 def _until(what: str, cond, procs: list[subprocess.Popen], timeout_s: float) -> None:
@@ -43,16 +29,6 @@ def _until(what: str, cond, procs: list[subprocess.Popen], timeout_s: float) -> 
                 pytest.fail(f"{p.args[3:5]} exited ({p.returncode}) before {what}:\n{p.stdout.read()[-4000:]}")
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
         time.sleep(0.5)
-
-
-def _stop(p: subprocess.Popen, timeout_s: float = 300) -> str:
-    if p.poll() is None:
-        os.killpg(p.pid, signal.SIGINT)
-    try:
-        return p.communicate(timeout=timeout_s)[0]
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        return p.communicate()[0]
 
 
 def _owner_run(dep: Path) -> str | None:
@@ -79,11 +55,13 @@ def _rl(out: Path, name: str, steps: int, dep: Path) -> list[str]:
 def test_a_second_full_weight_run_on_one_deployment_is_refused_while_the_first_lives(tmp_path):
     out = tmp_path / "out"
     dep = out / "serve"
-    serve = _srl("inference", "@", str(REPO / "jobs/serve/tiny.toml"), "--output-dir", str(out), "--run.name", "serve")
+    serve = srl_background(
+        "inference", "@", str(REPO / "jobs/serve/tiny.toml"), "--output-dir", str(out), "--run.name", "serve"
+    )
     a = b = None
     try:
         _until("deployment ready", lambda: RunDir(dep).inference_ready.exists(), [serve], 900)
-        a = _srl(*_rl(out, "a", 200, dep))
+        a = srl_background(*_rl(out, "a", 200, dep))
         _until(
             "run a trains on the deployment",
             lambda: _owner_run(dep) == str(out / "a") and max(role_steps(out / "a", "trainer"), default=0) >= 1,
@@ -105,15 +83,15 @@ def test_a_second_full_weight_run_on_one_deployment_is_refused_while_the_first_l
         reloads = [json.loads(x) for x in (out / "a" / "policy_reloads.jsonl").read_text().splitlines()]
         assert reloads, "run a loaded no weights into the deployment"
 
-        text = _stop(a)
+        text = stop_background(a)
         assert a.returncode == 130, text[-3000:]
         assert lease.read_policy_owner(RunDir(dep)) is None  # the owner's orchestrator released it
 
-        b2 = _srl(*_rl(out, "b", 2, dep))
+        b2 = srl_background(*_rl(out, "b", 2, dep))
         text = b2.communicate(timeout=900)[0]
         assert b2.returncode == 0, text[-4000:]
         assert role_steps(out / "b", "trainer") == [1, 2]
     finally:
         for p in (a, serve):
             if p is not None:
-                _stop(p)
+                stop_background(p)

@@ -11,8 +11,6 @@ the student's own tokens; the step metrics carry the teacher-student KL and the 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from prereqs import need_module
-from run_records import metrics_lines
+from run_records import metrics_lines, srl_background, stop_background
 
 from toolkit import batches
 from toolkit.run.layout import RunDir
@@ -33,29 +31,6 @@ need_module("vllm")
 from toolkit.models import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _srl(*argv: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "toolkit.cli", *argv],
-        cwd=REPO,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        **kw,
-    )
-
-
-def _stop(p: subprocess.Popen, timeout_s: float = 300) -> str:
-    if p.poll() is None:
-        os.killpg(p.pid, signal.SIGINT)
-    try:
-        return p.communicate(timeout=timeout_s)[0]
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        return p.communicate()[0]
 
 
 def _hf_distributions(model_dir: Path, ids: list[int]) -> torch.Tensor:
@@ -123,7 +98,7 @@ def _student(out: Path, name: str, *extra: str) -> list[str]:
 def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_is_refused(tmp_path):
     out = tmp_path / "out"
     teacher_model = build_tiny_model(tmp_path / "teacher-model", seed=7)
-    serve = _srl(
+    serve = srl_background(
         "inference", "@", str(REPO / "jobs/serve/tiny.toml"), "--output-dir", str(out), "--run.name", "teacher",
         "--model.name", str(teacher_model),
     )  # fmt: skip
@@ -195,7 +170,7 @@ def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_i
         assert str(teacher_model) in text and str(foreign) in text  # both models named
         assert not RunDir(out / "foreign").rollout_step(1).exists()
     finally:
-        _stop(serve)
+        stop_background(serve)
 
 
 @pytest.mark.slurm

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_records import srl_background
 
 from toolkit.run import heartbeat
 from toolkit.run.layout import RunDir
@@ -119,15 +120,7 @@ def test_sft_stopped_and_resumed_trains_exactly_the_uninterrupted_samples(workdi
 
     # The twin: Ctrl-C after step 10, then --resume.
     b = workdir / "outputs" / "stopped"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "toolkit.cli", *_argv("stopped")],
-        cwd=workdir,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc = srl_background(*_argv("stopped"), cwd=workdir)
     deadline = time.monotonic() + 300
     while max((_trainer_steps(b) if (b / "metrics.jsonl").exists() else []), default=0) < 10:
         assert proc.poll() is None, proc.stdout.read()

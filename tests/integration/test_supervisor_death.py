@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from run_records import role_steps
+from run_records import role_steps, srl_background
 
 from toolkit.procutil import pid_alive, process_start_time
 
@@ -73,19 +73,6 @@ def seconds_until_gone(procs: dict[int, int | None], timeout_s: float = LEFT_AFT
             names = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:160] for p in alive if Path(f"/proc/{p}").exists()}
             pytest.fail(f"{len(alive)} process(es) of the run still alive {timeout_s:.0f} s after kill -9: {names}")
         time.sleep(0.1)
-
-
-def start(argv: list[str], cwd: Path) -> subprocess.Popen:
-    """``srl ARGV`` as a user starts it, in a session of its own (the test kills it like a node agent would)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "toolkit.cli", *argv],
-        cwd=cwd,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
 
 
 def trainer_steps(run: Path) -> list[int]:
@@ -174,7 +161,7 @@ def sft_argv(name: str, steps: int = 200) -> list[str]:
 @pytest.mark.timeout(900)
 def test_kill_9_of_the_sft_launcher_mid_training_leaves_no_process(sft_workdir):
     run = sft_workdir / "outputs" / "k9"
-    proc = start(sft_argv("k9"), sft_workdir)
+    proc = srl_background(*sft_argv("k9"), cwd=sft_workdir)
     wait_for("trainer step 2", lambda: max(trainer_steps(run), default=0) >= 2, proc, 600)
     took = kill_9_and_measure(proc, run)
     print(f"\nSFT launcher kill -9 mid-training: no process of the run left after {took:.1f} s")
@@ -238,14 +225,14 @@ def test_rl_kill_9_at_three_moments_leaves_nothing_and_resume_is_refused_while_l
     figures = {}
 
     # 1. kill -9 while vLLM starts (engine process up, not yet ready).
-    proc = start(rl_argv(out), REPO)
+    proc = srl_background(*rl_argv(out), cwd=REPO)
     wait_for("engine process", lambda: _has_engine(proc), proc, 300)
     time.sleep(5)
     assert not (run / "control" / "inference_ready.json").exists(), "engine ready too soon to test its start-up"
     figures["kill -9 at engine start-up: s until no process"] = kill_9_and_measure(proc, run)
 
     # 2. --resume after that kill works at once (the dead holder's lease is taken over); kill -9 mid-training.
-    proc = start(rl_argv(out, "--resume"), REPO)
+    proc = srl_background(*rl_argv(out, "--resume"), cwd=REPO)
     wait_for("trainer step 3", lambda: max(role_steps(run, "trainer"), default=0) >= 3, proc, 1200)
     rival = subprocess.run(
         [sys.executable, "-m", "toolkit.cli", *rl_argv(out, "--resume")],
@@ -265,12 +252,12 @@ def test_rl_kill_9_at_three_moments_leaves_nothing_and_resume_is_refused_while_l
 
     # 3. --resume with a checkpoint every step; kill -9 while one is being written (its COMPLETE not yet there).
     left = _incomplete_checkpoints(run / "checkpoints")  # what the kill mid-training left half-written
-    proc = start(rl_argv(out, "--resume", "--ckpt.interval", "1"), REPO)
+    proc = srl_background(*rl_argv(out, "--resume", "--ckpt.interval", "1"), cwd=REPO)
     wait_for("a checkpoint in flight", lambda: _incomplete_checkpoints(run / "checkpoints") - left, proc, 1200, 0.005)
     figures["kill -9 during a checkpoint: s until no process"] = kill_9_and_measure(proc, run)
 
     # 4. --resume to the end: every step exactly once.
-    proc = start(rl_argv(out, "--resume"), REPO)
+    proc = srl_background(*rl_argv(out, "--resume"), cwd=REPO)
     text = proc.communicate(timeout=1500)[0]
     assert proc.returncode == 0, text
     assert "took over the run lease" in text, text
@@ -289,7 +276,7 @@ def test_a_process_group_kill_after_killwait_leaves_no_process(sft_workdir):
     The launcher's children live in process groups of their own, out of reach of both signals."""
     kill_wait_s = 5.0
     run = sft_workdir / "outputs" / "pgkill"
-    proc = start(sft_argv("pgkill"), sft_workdir)
+    proc = srl_background(*sft_argv("pgkill"), cwd=sft_workdir)
     wait_for("trainer step 2", lambda: max(trainer_steps(run), default=0) >= 2, proc, 600)
     procs = {**tree(proc.pid), **naming(run)}
     t0 = time.monotonic()
