@@ -6,10 +6,11 @@ its step time with GRPO, same batch, measured side by side on this machine.
 
 A teacher (the tiny model, another seed: same tokenizer) is served by ``srl inference`` for the whole benchmark, so
 both kinds of run share a machine with one more idle or busy engine. Then ``srl rl @ jobs/reverse-text/rl.toml``
-runs ``--steps`` steps as GRPO and as OPD (``@ jobs/reverse-text/opd.toml`` with its group size and batch kept
-equal to GRPO's), alternating, ``--rounds`` times. Figure: the median orchestrator ``time/step`` over steps 3..N
-of every run of a kind (the first steps include start-up effects), and the teacher's mean latency per request.
-Ratio = OPD / GRPO. Goal: <= 1.3 (one prefill of each sample, beside the sampling of it). Exits 1 when missed.
+runs ``--steps`` steps as GRPO (64 rollouts per step in groups of 8) and as OPD
+(``@ jobs/reverse-text/opd.toml``: 64 rollouts per step, top-20 scoring), alternating, ``--rounds`` times. Figure:
+the median orchestrator ``time/step`` over steps 3..N of every run of a kind (the first steps include start-up
+effects), and the teacher's mean latency per request. Ratio = OPD / GRPO. Goal: <= 1.3 (one prefill of each
+sample, beside the sampling of it). Exits 1 when missed.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def main() -> int:
                 return 1
             time.sleep(0.5)
         kinds = {
-            "grpo": ["--orchestrator.group-size", "4"],
+            "grpo": ["--orchestrator.batch-size", "64", "--orchestrator.group-size", "8"],
             "opd": ["@", "jobs/reverse-text/opd.toml", "--orchestrator.train.algo.teacher.deployment",
                     str(work / "teacher")],
         }  # fmt: skip
