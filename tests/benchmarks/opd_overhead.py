@@ -49,6 +49,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--top-k", type=int, default=None, help="algo.top_k of the OPD runs (default: opd.toml's)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="srl-bench-opd-"))
     teacher = build_tiny_model(work / "teacher-model", seed=7)
@@ -69,6 +70,8 @@ def main() -> int:
             "opd": ["@", "jobs/reverse-text/opd.toml", "--orchestrator.train.algo.teacher.deployment",
                     str(work / "teacher")],
         }  # fmt: skip
+        if args.top_k is not None:
+            kinds["opd"] += ["--orchestrator.train.algo.top-k", str(args.top_k)]
         times: dict[str, list[float]] = {k: [] for k in kinds}
         latency: list[float] = []
         for r in range(args.rounds):
