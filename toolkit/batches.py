@@ -62,8 +62,14 @@ SAMPLING_KEY = "sampling"  # the key of ``meta`` that records the sampled distri
 
 _TOKEN_ARRAYS = ("input_ids", "loss_mask", "inference_logprobs", "advantages", "ce_mask", "ref_kl_mask", "ref_logprobs")
 _TOPK_ARRAYS = ("ref_topk_ids", "ref_topk_logprobs")  # [T, K]
-# Arrays a batch written before distillation existed lacks; a reader fills them with "no distillation".
-_OPTIONAL_ARRAYS = {"ref_kl_mask": bool, "ref_logprobs": np.float32}
+# Arrays a batch written before distillation existed lacks; a reader fills them with "no distillation":
+# name -> (dtype, per-token width; None for a [T] array, 0 for an empty [T, K])
+_OPTIONAL_ARRAYS = {
+    "ref_kl_mask": (bool, None),
+    "ref_logprobs": (np.float32, None),
+    "ref_topk_ids": (np.int32, 0),
+    "ref_topk_logprobs": (np.float32, 0),
+}
 _SAMPLE_ARRAYS = ("prompt_lens", "policy_version")
 _ARRAYS = (*_TOKEN_ARRAYS, *_TOPK_ARRAYS, *_SAMPLE_ARRAYS, "offsets")  # every array of batch.safetensors
 
@@ -311,10 +317,8 @@ def load_batch_dir(step_dir: Path) -> Batch:
         raise ValueError(f"{step_dir}: unsupported batch format {meta.get('format')!r}")
     arrays = st_load((step_dir / BATCH_FILE).read_bytes())
     n = len(arrays["input_ids"]) if "input_ids" in arrays else 0
-    for name, dtype in _OPTIONAL_ARRAYS.items():
-        arrays.setdefault(name, np.zeros(n, dtype))
-    arrays.setdefault("ref_topk_ids", np.zeros((n, 0), np.int32))
-    arrays.setdefault("ref_topk_logprobs", np.zeros((n, 0), np.float32))
+    for name, (dtype, width) in _OPTIONAL_ARRAYS.items():
+        arrays.setdefault(name, np.zeros(n if width is None else (n, width), dtype))
     batch = Batch(
         step=int(meta["step"]),
         envs=list(meta["envs"]),

@@ -202,6 +202,18 @@ def deployment_refusal(deployment: RunDir, run: RunDir, *, lora: bool) -> str | 
     return None
 
 
+def teacher_refusal(deployment: RunDir) -> str | None:
+    """Why ``deployment`` cannot serve as a distillation teacher now (None: it can): a live run owns its weights
+    and loads new ones into it, and a teacher must stay frozen. A look only (launch and orchestrator both ask)."""
+    owner = read_policy_owner(deployment)
+    if owner is None or owner.dead_reason() is not None:
+        return None
+    return (
+        f"{deployment.root} serves the weights run {owner.run} trains (it loads new ones there); a teacher must "
+        "stay frozen: serve it with a deployment of its own (srl inference)"
+    )
+
+
 def _read(path: Path) -> Holder | None:
     try:
         return _parse(path.read_bytes())

@@ -81,7 +81,10 @@ def _no_retry_pause(monkeypatch):
 
 
 def _scorer(url, **cfg):
-    return TeacherScorer(TeacherConfig(name="t", base_url=url, **cfg), name="t", base_url=url, label="env opd")
+    t = TeacherConfig(name="t", base_url=url, **cfg)
+    return TeacherScorer(
+        t.name, url, max_concurrent=t.max_concurrent, timeout_s=t.timeout_s, api_key_var=t.api_key_var, label="env opd"
+    )
 
 
 async def _score(scorer, group):

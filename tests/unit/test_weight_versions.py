@@ -321,3 +321,13 @@ def test_the_engine_watch_of_a_lora_run_probes_its_adapters_version(tmp_path):
     assert after.version == "L:2" and next_state(OK, after, 2, run_id="L") == OK
     assert base.version == "default"  # what the watch read before, which never matched version 2
     assert next_state(OK, type(base)(True, "base"), 0, run_id="B") == OK  # the base model loaded back
+
+
+def test_a_deployment_a_live_run_trains_cannot_be_a_teacher(tmp_path):
+    dep, trainer_run = RunDir(tmp_path / "serve"), RunDir(tmp_path / "a")
+    assert lease.teacher_refusal(dep) is None  # nobody loads weights into it: frozen
+    owner = lease.acquire_policy_owner(dep, trainer_run, command="srl orchestrator")
+    why = lease.teacher_refusal(dep)
+    assert why is not None and f"run {trainer_run.root} trains" in why and "stay frozen" in why
+    owner.release()
+    assert lease.teacher_refusal(dep) is None

@@ -436,6 +436,17 @@ class OrchestratorConfig(Section):
         """The algorithm that trains ``env``'s rollouts: its own ``algo`` or the run's ``train.algo``."""
         return env.algo if env.algo is not None else self.train.algo
 
+    def distilling_envs(self) -> list[tuple[str, EnvConfig, AlgoConfig]]:
+        """``(field path of the algo, env, algo)`` of every train env that trains by distillation (``opd``,
+        ``opsd``), in config order; the path is the env's own ``algo`` when it sets one."""
+        out = []
+        for i, env in enumerate(self.train.env):
+            algo = self.env_algo(env)
+            if algo.type in DISTILLATION:
+                field = f"orchestrator.train.env[{i}].algo" if env.algo is not None else "orchestrator.train.algo"
+                out.append((field, env, algo))
+        return out
+
     def env_entries(self) -> list[tuple[str, EnvConfig]]:
         """Every train env, then every eval env, with its field path (``orchestrator.train.env[0]``)."""
         sections = (("train", self.train.env), ("eval", self.eval.env))

@@ -131,16 +131,13 @@ def _teacher_lines(cfg: RLConfig) -> list[str]:
     policy's own engines)."""
     o = cfg.orchestrator
     out = []
-    for env in o.train.env if o.training_mode == "rl" else []:
-        algo = o.env_algo(env)
+    for _field, env, algo in o.distilling_envs() if o.training_mode == "rl" else []:
         t = algo.teacher
-        if algo.type == "opsd":
+        if t is None:  # opsd
             where = f"the policy itself on its engines, shown the task field {algo.demo_key!r}"
-        elif t is not None:
+        else:
             where = f"the srl inference deployment {t.deployment}" if t.deployment else f"{t.name} at {t.base_url}"
             where += "; the run waits for it and never changes its weights"
-        else:
-            continue
         out.append(f"dry run: env {env.env_name} distils ({algo.type}) from {where}")
     return out
 

@@ -307,18 +307,11 @@ def _refuse_owned_deployment(loaded: LoadedConfig, run: RunDir) -> None:
 def _refuse_trained_teacher(loaded: LoadedConfig) -> None:
     """Raise ConfigError when a distilling env's teacher deployment (``algo.teacher.deployment``) has a live run
     loading its weights into it: a teacher must stay frozen (the orchestrator looks again when it starts)."""
-    o = loaded.config.orchestrator
-    for i, env in enumerate(o.train.env):
-        teacher = o.env_algo(env).teacher
-        if teacher is None or teacher.deployment is None:
-            continue
-        owner = leases.read_policy_owner(RunDir(Path(teacher.deployment).expanduser()))
-        if owner is not None and owner.dead_reason() is None:
-            where = f"orchestrator.train.env[{i}].algo" if env.algo is not None else "orchestrator.train.algo"
-            raise ConfigError(
-                f"{where}.teacher.deployment: {teacher.deployment} serves the weights run {owner.run} trains; "
-                "a teacher must stay frozen: serve it with a deployment of its own (srl inference)"
-            )
+    for field, _env, algo in loaded.config.orchestrator.distilling_envs():
+        if algo.teacher is not None and algo.teacher.deployment is not None:
+            why = leases.teacher_refusal(RunDir(Path(algo.teacher.deployment).expanduser()))
+            if why is not None:
+                raise ConfigError(f"{field}.teacher.deployment: {why}")
 
 
 def _take_lease(run: RunDir, argv: list[str]) -> leases.Lease:

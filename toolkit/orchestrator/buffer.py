@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from toolkit.orchestrator.advantages import ALGOS, group_advantages, penalized_rewards
+from toolkit.config.model import DISTILLATION
+from toolkit.orchestrator.advantages import group_advantages, penalized_rewards
 from toolkit.orchestrator.filtering import drop_reason, is_uniform
 from toolkit.orchestrator.policy import is_stale, off_policy_age
 from toolkit.run.types import Rollout, TrainingSample
@@ -109,7 +110,7 @@ class StepBatch:
             return self._drop("off_policy", valid)
         rewards = [r.reward for r in valid]
         algo, length_penalty = s.algo_of(group[0].env) if group else (s.algo, s.length_penalty)
-        distils = algo not in ALGOS  # opd: the teacher's logprobs on the samples are the signal, not rewards
+        distils = algo in DISTILLATION  # the reference's logprobs on the samples are the signal, not rewards
         if valid:
             self.group_rewards.append(rewards)
             self.scored.extend(valid)

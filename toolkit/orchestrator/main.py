@@ -31,7 +31,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from toolkit import batches, checkpoints, fsutil, lease
@@ -174,27 +173,35 @@ class Orchestrator:
         engines (:class:`SelfDistillation`); for ``opd`` its teacher (:meth:`_teacher_address`). Refuses an ``opd``
         teacher whose tokenizer is not the policy's (``TeacherError`` names both); that check needs an engine of the
         policy to compare with (none with an injected client: then only a warning)."""
-        for env_cfg in self.ocfg.train.env:
-            algo = self.ocfg.env_algo(env_cfg)
+        for _field, env_cfg, algo in self.ocfg.distilling_envs():
             env, label = self.train_envs[env_cfg.env_name], f"env {env_cfg.env_name}"
-            if algo.type == "opsd":
-                limits = SimpleNamespace(
+            t = algo.teacher
+            if t is None:  # opsd
+                env.teacher = SelfDistillation(
+                    algo,
+                    client=self.client,
+                    runtime=env.runtime,
                     max_concurrent=self.ocfg.max_concurrent,
                     timeout_s=self.cfg.inference.router.request_timeout_s,
-                    api_key_var=None,
+                    label=label,
                 )
-                env.teacher = SelfDistillation(
-                    algo, client=self.client, runtime=env.runtime, limits=limits, label=label
-                )
-            elif algo.teacher is not None:
-                name, base_url = await self._teacher_address(algo.teacher)
-                scorer = TeacherScorer(algo.teacher, name=name, base_url=base_url, label=label, top_k=algo.top_k)
-                if self.engine_urls:
-                    await scorer.check_tokenizer(self.engine_urls[0], self._served_model)
-                    log.info("%s shares the policy's tokenizer", scorer.label)
-                else:
-                    log.warning("no policy engine URL known: the tokenizer of %s is not checked", scorer.label)
-                env.teacher = scorer
+                continue
+            name, base_url = await self._teacher_address(t)
+            scorer = TeacherScorer(
+                name,
+                base_url,
+                max_concurrent=t.max_concurrent,
+                timeout_s=t.timeout_s,
+                api_key_var=t.api_key_var,
+                label=label,
+                top_k=algo.top_k,
+            )
+            if self.engine_urls:
+                await scorer.check_tokenizer(self.engine_urls[0], self._served_model)
+                log.info("%s shares the policy's tokenizer", scorer.label)
+            else:
+                log.warning("no policy engine URL known: the tokenizer of %s is not checked", scorer.label)
+            env.teacher = scorer
 
     async def _teacher_address(self, cfg: Any) -> tuple[str, str]:
         """``(model name, base URL .../v1)`` of an ``opd`` teacher (a ``TeacherConfig``): the endpoint as configured,
@@ -211,12 +218,9 @@ class Orchestrator:
         ready = await asyncio.to_thread(read_ready, dep, wait_s, should_stop=self._should_stop)
         if ready is None:
             raise StopBeforeStart("stop requested while waiting for the teacher deployment")
-        owner = lease.read_policy_owner(dep)
-        if owner is not None and owner.dead_reason() is None:
-            raise TeacherError(
-                f"the teacher deployment {dep.root} is trained by run {owner.run} (it loads its weights there); a "
-                "teacher must stay frozen: serve it with a deployment of its own"
-            )
+        why = lease.teacher_refusal(dep)
+        if why is not None:
+            raise TeacherError(f"the teacher deployment: {why}")
         base_url = ready.get("router_url") or ready.get("base_url") or ready["engine_urls"][0]
         return cfg.name or ready["model"], base_url + "/v1"
 

@@ -49,23 +49,36 @@ class TeacherError(RuntimeError):
 
 
 class TeacherScorer:
-    """Scores training samples under one teacher: the model ``name`` served at ``base_url`` (``.../v1``), with the
-    limits of ``cfg`` (a ``TeacherConfig``: ``max_concurrent``, ``timeout_s``, ``api_key_var``). Use from one event
-    loop.
+    """Scores training samples under one teacher: the model ``name`` served at ``base_url`` (``.../v1``), at most
+    ``max_concurrent`` requests in flight, each within ``timeout_s`` seconds, with the API key held by the
+    environment variable ``api_key_var`` (None: no key); ``top_k`` > 0 also asks for the teacher's top tokens. Use
+    from one event loop.
 
     ``label`` names the teacher in messages (``<env>: teacher <name> at <url>``). Counters since the last
     :meth:`drain_stats`: requests, their summed latency in seconds, tokens scored.
     """
 
-    def __init__(self, cfg: Any, *, name: str, base_url: str, label: str = "", top_k: int = 0) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        *,
+        max_concurrent: int,
+        timeout_s: float,
+        api_key_var: str | None = None,
+        label: str = "",
+        top_k: int = 0,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.max_concurrent = max_concurrent
+        self.api_key_var = api_key_var
         self.top_k = top_k
         self.name = name
         self.base_url = base_url.rstrip("/")
         # vLLM's /tokenize lives at the server root, beside /v1
         self.root_url = self.base_url.removesuffix("/v1")
         self.label = f"{label + ': ' if label else ''}teacher {name!r} at {self.base_url}"
-        self._limit = asyncio.Semaphore(cfg.max_concurrent)
+        self._limit = asyncio.Semaphore(max_concurrent)
         self._http: httpx.AsyncClient | None = None
         self.requests = 0
         self.latency_s = 0.0
@@ -74,15 +87,15 @@ class TeacherScorer:
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
             headers = {}
-            if self.cfg.api_key_var:
-                key = os.environ.get(self.cfg.api_key_var, "")
+            if self.api_key_var:
+                key = os.environ.get(self.api_key_var, "")
                 if not key:
-                    raise TeacherError(f"{self.label}: environment variable {self.cfg.api_key_var} is not set")
+                    raise TeacherError(f"{self.label}: environment variable {self.api_key_var} is not set")
                 headers["Authorization"] = f"Bearer {key}"
             self._http = httpx.AsyncClient(
-                timeout=self.cfg.timeout_s,
+                timeout=self.timeout_s,
                 headers=headers,
-                limits=httpx.Limits(max_connections=self.cfg.max_concurrent),
+                limits=httpx.Limits(max_connections=self.max_concurrent),
             )
         return self._http
 
@@ -118,7 +131,7 @@ class TeacherScorer:
         """Refuse a teacher whose tokenizer splits text differently from the policy's engine at
         ``policy_root_url`` (a vLLM server root, serving ``policy_name``). Raises TeacherError naming both
         models and the first probe text on which they differ."""
-        policy_http = httpx.AsyncClient(timeout=self.cfg.timeout_s)
+        policy_http = httpx.AsyncClient(timeout=self.timeout_s)
         try:
             for text in TOKENIZER_PROBES:
                 body = {"prompt": text, "add_special_tokens": False}
@@ -170,7 +183,9 @@ class TeacherScorer:
         if self.top_k:
             top = prompt_top_logprobs(answer, self.top_k)
             if top is None:
-                raise TeacherError(f"{self.label}: the answer holds fewer than top_k={self.top_k} logprobs a position")
+                raise TeacherError(
+                    f"{self.label}: the answer holds fewer than top_k={self.top_k} logprobs at a position"
+                )
             blank = ([0] * self.top_k, [0.0] * self.top_k)
             rows = [top[p + i] if m else blank for i, m in enumerate(mask)]
             sample.ref_topk_ids = [r[0] for r in rows]
@@ -209,10 +224,19 @@ class SelfDistillation(TeacherScorer):
     ``{demonstration}`` replaced by the task field ``algo.demo_key``, read from ``runtime``, the env's
     ``EnvRuntime``, and rendered with its renderer). The sampled tokens are scored verbatim after that block, so no
     text is re-tokenized (self-distillation fine-tuning, SDFT: arXiv 2601.19897). No second deployment;
-    ``limits`` supplies ``max_concurrent`` and ``timeout_s``."""
+    ``max_concurrent`` and ``timeout_s`` as for :class:`TeacherScorer`."""
 
-    def __init__(self, algo: Any, *, client: Any, runtime: Any, limits: Any, label: str = "") -> None:
-        super().__init__(limits, name=client.model, base_url=client.base_url + "/v1", label=label, top_k=algo.top_k)
+    def __init__(
+        self, algo: Any, *, client: Any, runtime: Any, max_concurrent: int, timeout_s: float, label: str = ""
+    ) -> None:
+        super().__init__(
+            client.model,
+            client.base_url + "/v1",
+            max_concurrent=max_concurrent,
+            timeout_s=timeout_s,
+            label=label,
+            top_k=algo.top_k,
+        )
         self.label = f"{label + ': ' if label else ''}self-distillation on the policy's engines {self.base_url}"
         self.algo = algo
         self.client = client
@@ -232,20 +256,29 @@ class SelfDistillation(TeacherScorer):
         return list(self.runtime.renderer.render([system], add_generation_prompt=False))
 
 
-def prompt_token_logprobs(answer: dict[str, Any], ids: Sequence[int]) -> list[float] | None:
-    """From a vLLM ``/v1/completions`` answer with ``prompt_logprobs``: the logprob of each token of ``ids`` at its
-    position (index 0, which has no context, gets 0.0). None when the answer has no prompt logprobs, a different
-    number of positions, or lacks the sent token at a position."""
+def _positions(answer: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The per-position entries of a vLLM ``/v1/completions`` answer's ``prompt_logprobs`` after position 0 (which
+    has no context and holds None): ``{token id: {"logprob", "rank", ...}}`` each. None when the answer has none or
+    an entry is not a mapping."""
     try:
         per_position = answer["choices"][0]["prompt_logprobs"]
     except (KeyError, IndexError, TypeError):
         return None
-    if not isinstance(per_position, list) or len(per_position) != len(ids):
+    if not isinstance(per_position, list) or not per_position:
+        return None
+    entries = per_position[1:]
+    return entries if all(isinstance(e, dict) for e in entries) else None
+
+
+def prompt_token_logprobs(answer: dict[str, Any], ids: Sequence[int]) -> list[float] | None:
+    """From a vLLM ``/v1/completions`` answer with ``prompt_logprobs``: the logprob of each token of ``ids`` at its
+    position (index 0, which has no context, gets 0.0). None when the answer has no prompt logprobs, a different
+    number of positions, or lacks the sent token at a position."""
+    entries = _positions(answer)
+    if entries is None or len(entries) != len(ids) - 1:
         return None
     out = [0.0]
-    for tok, entry in zip(ids[1:], per_position[1:], strict=True):
-        if not isinstance(entry, dict):
-            return None
+    for tok, entry in zip(ids[1:], entries, strict=True):
         item = entry.get(str(tok))
         if not isinstance(item, dict) or "logprob" not in item:
             return None
@@ -257,16 +290,11 @@ def prompt_top_logprobs(answer: dict[str, Any], k: int) -> list[tuple[list[int],
     """From a vLLM ``/v1/completions`` answer with ``prompt_logprobs = k``: at each position, the ``k`` most likely
     token ids and their logprobs, most likely first (vLLM adds the sent token when it is not among them; that one is
     left out). Position 0 (no context) gets zeros. None when a position holds fewer than ``k`` ranked entries."""
-    try:
-        per_position = answer["choices"][0]["prompt_logprobs"]
-    except (KeyError, IndexError, TypeError):
-        return None
-    if not isinstance(per_position, list) or not per_position:
+    entries = _positions(answer)
+    if entries is None:
         return None
     out: list[tuple[list[int], list[float]]] = [([0] * k, [0.0] * k)]
-    for entry in per_position[1:]:
-        if not isinstance(entry, dict):
-            return None
+    for entry in entries:
         ranked = sorted(
             (int(v["rank"]), int(t), float(v["logprob"]))
             for t, v in entry.items()

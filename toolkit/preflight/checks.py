@@ -262,13 +262,11 @@ def _references(cfg: RLConfig, f: Findings) -> None:
             "for that deployment's control/inference_ready.json until inference.startup_timeout_s; give the run "
             "directory of a deployment submitted with `srl inference`",
         )
-    o = cfg.orchestrator
     policy_deployment = Path(cfg.inference.external).expanduser().absolute() if cfg.inference.external else None
-    for i, env in enumerate(o.train.env):
-        teacher = o.env_algo(env).teacher
+    for field, _env, algo in cfg.orchestrator.distilling_envs():
+        teacher = algo.teacher
         if teacher is None or teacher.deployment is None:
             continue
-        field = f"orchestrator.train.env[{i}].algo" if env.algo is not None else "orchestrator.train.algo"
         dep = Path(teacher.deployment).expanduser()
         if policy_deployment is not None and dep.absolute() == policy_deployment:
             f.error(
