@@ -26,6 +26,7 @@ USAGE = """usage: srl <command> [...]
 
 RL runs
   srl rl @ run.toml [@ overlay.toml ...] [--section.field VALUE ...] [--dry-run] [--resume] [--clean]
+         [--start-soonest]
   srl config show @ run.toml [...]      print the resolved (canonical) config as TOML
   srl config convert FILE               print FILE converted to the canonical shape
   srl status [RUN_DIR]                  a run's progress; without RUN_DIR, every run under outputs/
@@ -176,7 +177,7 @@ def cmd_rl(args: list[str], full_argv: list[str], *, dependency: str | None = No
     from .launch.pipeline import Launch, start
     from .launch.prepare import RESUME_CLEAN_MSG, run_dir_for
 
-    files, overrides, flags = split_config_args(args)
+    files, overrides, flags = split_config_args(args, start_soonest=True)
     if flags["help"]:
         from .config.schema_help import schema_help
 
@@ -188,6 +189,12 @@ def cmd_rl(args: list[str], full_argv: list[str], *, dependency: str | None = No
         raise ConfigError(RESUME_CLEAN_MSG)
     loaded = load_config(files, overrides)
     live = run_dir_for(loaded, resume=flags["resume"])
+    if flags["start_soonest"]:
+        from .launch.queue import choose_soonest
+        from .placement.plan import roles_of
+        from .preflight.site import load_site
+
+        loaded = choose_soonest(loaded, load_site(loaded.config.site), live, roles=roles_of("rl"))
 
     def refuse(checked: Preflight) -> None:
         if flags["resume"] and live.configs.exists():
@@ -203,6 +210,7 @@ def cmd_rl(args: list[str], full_argv: list[str], *, dependency: str | None = No
         resume=flags["resume"],
         clean=flags["clean"],
         dependency=dependency,
+        start_estimates=not flags["start_soonest"],
     )
     return start(req, before_prepare=refuse).status
 

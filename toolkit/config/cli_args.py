@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-OWN_FLAGS = ("--dry-run", "--resume", "--clean", "--help", "-h")
+OWN_FLAGS = ("--dry-run", "--resume", "--clean", "--start-soonest", "--help", "-h")
 
 
 def print_help_if_asked(argv: list[str], usage: str) -> bool:
@@ -39,17 +39,18 @@ def refuse_misspelt_flag(tok: str) -> None:
         )
 
 
-def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str, bool]]:
+def split_config_args(argv: list[str], *, start_soonest: bool = False) -> tuple[list[Path], list[str], dict[str, bool]]:
     """Split ``@ FILE`` pairs (or ``@FILE``), srl's own flags and config overrides.
 
-    Returns ``(files, overrides, flags)`` in command-line order; flags are dry_run, resume, clean, help.
+    Returns ``(files, overrides, flags)`` in command-line order; flags are dry_run, resume, clean, start_soonest, help
+    (``--start-soonest`` is refused unless ``start_soonest``: only ``srl rl`` picks a shape by the queue).
     ``--site X`` and ``--output-dir X`` are overrides. Raises ConfigError for a dangling ``@``, a misspelt flag, an
     override directly followed by a file (``--site @x.toml``), or a ``.toml`` file given without ``@`` (not as an
     override's value).
     """
     files: list[Path] = []
     rest: list[str] = []
-    flags = {"dry_run": False, "resume": False, "clean": False, "help": False}
+    flags = {"dry_run": False, "resume": False, "clean": False, "start_soonest": False, "help": False}
     i = 0
     while i < len(argv):
         tok = argv[i]
@@ -82,6 +83,8 @@ def split_config_args(argv: list[str]) -> tuple[list[Path], list[str], dict[str,
             refuse_misspelt_flag(tok)
             rest.append(tok)
         i += 1
+    if flags["start_soonest"] and not start_soonest:
+        raise ConfigError("--start-soonest is an option of srl rl only (it picks the run's shape by the Slurm queue)")
     return files, rest, flags
 
 

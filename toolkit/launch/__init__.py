@@ -13,6 +13,8 @@ Modules:
   submit      rendering the batch script into ``<run>/launcher/`` and ``sbatch`` (dependencies, job ids)
   sweeps      sweeps on Slurm: each point an ``srl rl`` batch job inside job arrays grouped by allocation shape
   slurm       Slurm from the login node: sbatch, squeue/sacct states, scancel, scontrol requeue
+  queue       queue-aware placement: Slurm's start estimate for the run's shape and smaller ones (fewer
+              inference replicas), and ``--start-soonest``
   control     ``srl status``, ``srl cancel`` and ``srl logs`` of a run or sweep directory
   progress    what a run has done so far, from its run directory alone (steps, reward, ending, W&B sync line)
 """

@@ -44,6 +44,9 @@ class Launch:
     """The roles to place; default every role of ``kind`` (an SFT run passes the trainer only)."""
     dependency: str | None = None
     """Slurm only: queue the job behind another (``afterok:<id>``)."""
+    start_estimates: bool = True
+    """A Slurm dry run of an RL run prints Slurm's start estimate for its shape and smaller ones
+    (:mod:`toolkit.launch.queue`); off when the command printed them already (``--start-soonest``)."""
 
     @property
     def placed_roles(self) -> tuple[str, ...]:
@@ -154,6 +157,10 @@ def _launch(req: Launch, checked: Preflight, run: RunDir, attempt: int) -> Start
         if req.dry_run:
             script = render_job(cfg, run, plan, req.kind, attempt=attempt, site=site)
             print(f"dry run: resolved configs in {run.latest_configs}/resolved, sbatch script {script}")
+            if req.kind == "rl" and req.start_estimates:
+                from .queue import estimates, print_estimates
+
+                print_estimates(estimates(cfg, site, run, roles=req.placed_roles))
             return Started(0, run, attempt)
         job_id = submit_job(
             cfg, run, attempt, req.kind, site=site, plan=plan, roles=req.placed_roles, dependency=req.dependency

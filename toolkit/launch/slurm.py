@@ -228,6 +228,23 @@ def submit(
     return job_id
 
 
+def predict_start(
+    script_path: str | os.PathLike[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> str:
+    """``sbatch --test-only SCRIPT``: Slurm's scheduler says when and where the job would start, without queueing
+    it. Returns sbatch's output (the answer is on stderr: ``sbatch: Job N to start at TIME using K processors on
+    nodes LIST in partition P``). Raises SlurmCommandError with sbatch's message when it refuses (e.g. a shape the
+    partition cannot hold), cannot start, or exceeds ``timeout_s`` seconds."""
+    cmd = ["sbatch", "--test-only", str(script_path)]
+    proc = _run(cmd, timeout_s=timeout_s, env=scrubbed_env(), cwd=cwd)
+    if proc.returncode != 0:
+        raise SlurmCommandError(cmd, proc.returncode, proc.stderr or proc.stdout)
+    return (proc.stderr or "") + (proc.stdout or "")
+
+
 def cancel(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """``scancel`` the job (or array task / het job).
 
