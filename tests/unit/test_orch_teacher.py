@@ -34,11 +34,13 @@ def test_prompt_token_logprobs_reads_each_sent_token():
 
 
 class _Teacher(ThreadingHTTPServer):
-    """Answers /v1/completions with logprob -(token id)/10 per position after ``fail_first`` HTTP 503s (or always
-    with ``status``); records the Authorization headers it saw."""
+    """Answers /v1/completions (a list of token-id prompts, as the scorer sends them) with logprob -(token id)/10
+    per position after ``fail_first`` HTTP 503s (or always with ``status``); records the Authorization headers it
+    saw and the prompts per answered request."""
 
     def __init__(self, *, fail_first=0, status=None):
         self.fail_left, self.status, self.auth, self.calls = fail_first, status, [], 0
+        self.batches: list[int] = []  # prompts per answered request
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *a):
@@ -55,8 +57,14 @@ class _Teacher(ThreadingHTTPServer):
                     h.end_headers()
                     h.wfile.write(b"overloaded" if code >= 500 else b"bad request: prompt too long")
                     return
-                ids = body["prompt"]
-                out = json.dumps(_answer(ids, [-t / 10 for t in ids])).encode()
+                self.batches.append(len(body["prompt"]))
+                # vLLM's answer to a list of prompts: one choice per prompt, numbered by "index" (sent reversed here:
+                # the scorer must match by index, not by list order)
+                choices = [
+                    {**_answer(ids, [-t / 10 for t in ids])["choices"][0], "index": i}
+                    for i, ids in enumerate(body["prompt"])
+                ]
+                out = json.dumps({"choices": choices[::-1]}).encode()
                 h.send_response(200)
                 h.send_header("Content-Type", "application/json")
                 h.send_header("Content-Length", str(len(out)))
@@ -209,3 +217,40 @@ def test_prompt_top_logprobs_keeps_the_ranked_k_and_drops_the_sent_token():
     }
     assert prompt_top_logprobs(answer, 2) == [([0, 0], [0.0, 0.0]), ([7, 9], [-0.1, -2.5]), ([5, 4], [-0.5, -1.0])]
     assert prompt_top_logprobs(answer, 3) is None  # a position with fewer than k ranked entries
+
+
+def test_a_groups_samples_go_in_one_request_each_matched_to_its_own_answer(monkeypatch):
+    srv = _Teacher()
+    try:
+        samples = [TrainingSample([1], [10 + i, 20 + i], [True, True], [-0.1, -0.1]) for i in range(5)]
+        group = [Rollout(env="opd", task_id="t", example_id=0, samples=[s]) for s in samples]
+        scorer = _scorer(srv.url)
+        asyncio.run(_score(scorer, group))
+        assert srv.batches == [5]  # one request for the whole group
+        for i, s in enumerate(samples):  # each sample got its own prompt's logprobs, though the answer came reversed
+            assert s.ref_logprobs == pytest.approx([-(10 + i) / 10, -(20 + i) / 10])
+        # A batch holds at most MAX_BATCH_SAMPLES prompts; the rest go in the next requests.
+        monkeypatch.setattr(teacher_mod, "MAX_BATCH_SAMPLES", 2)
+        srv.batches.clear()
+        scorer = _scorer(srv.url)
+        asyncio.run(_score(scorer, group))
+        assert sorted(srv.batches) == [1, 2, 2]
+    finally:
+        srv.stop()
+
+
+def test_an_answer_with_the_wrong_number_of_choices_fails_every_sample_of_the_batch():
+    srv = _Teacher()
+    try:
+        samples = [TrainingSample([1], [10 + i], [True], [-0.1]) for i in range(3)]
+        group = [Rollout(env="opd", task_id="t", example_id=0, samples=[s]) for s in samples]
+        scorer = _scorer(srv.url)
+
+        async def short_post(url, body):
+            return {"choices": [{"index": 0, "prompt_logprobs": None}]}
+
+        scorer._post = short_post
+        with pytest.raises(TeacherError, match="3 prompts sent in one request, but the answer holds 1 choices"):
+            asyncio.run(_score(scorer, group))
+    finally:
+        srv.stop()

@@ -12,9 +12,13 @@ Self-distillation (``opsd``, :class:`SelfDistillation`) needs no teacher of its 
 sample after a system message that shows the task's demonstration, which the policy did not see while sampling.
 
 Scoring runs as each group finishes (the producer awaits it before queueing the group), with at most
-``teacher.max_concurrent`` requests in flight. Transport errors and server errors are retried (three tries in all,
-with a pause); a teacher that still fails raises :class:`TeacherError` naming it, which ends the run: training on
-unscored rollouts would silently change the algorithm.
+``teacher.max_concurrent`` requests in flight. Samples are batched: each request carries every sample waiting to be
+scored when a request slot frees up (vLLM takes a list of token-id prompts in one ``/v1/completions`` call and
+answers one choice per prompt), up to ``MAX_BATCH_SAMPLES`` samples or ``MAX_BATCH_TOKENS`` tokens. Nothing waits
+for a batch to fill: a lone sample goes out at once when a slot is free, so batching only ever replaces waiting in
+line. Transport errors and server errors are retried (three tries in all, with a pause); a teacher that still fails
+raises :class:`TeacherError` naming it, which ends the run: training on unscored rollouts would silently change the
+algorithm.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ log = logging.getLogger(__name__)
 
 TRIES = 3
 RETRY_PAUSE_S = 2.0
+# Bounds of one batched scoring request: its answer holds (1 + top_k) logprob entries per token, so the token bound
+# keeps one answer to some tens of MB at most.
+MAX_BATCH_SAMPLES = 64
+MAX_BATCH_TOKENS = 32768
 # Texts both tokenizers must split into the same ids: words, digits, spacing, punctuation and non-ASCII letters.
 TOKENIZER_PROBES = (
     "The quick brown fox jumps over the lazy dog.",
@@ -78,8 +86,10 @@ class TeacherScorer:
         # vLLM's /tokenize lives at the server root, beside /v1
         self.root_url = self.base_url.removesuffix("/v1")
         self.label = f"{label + ': ' if label else ''}teacher {name!r} at {self.base_url}"
-        self._limit = asyncio.Semaphore(max_concurrent)
         self._http: httpx.AsyncClient | None = None
+        # samples waiting for a request slot: (token ids, the future of their answer's choice)
+        self._waiting: list[tuple[list[int], asyncio.Future]] = []
+        self._in_flight: set[asyncio.Task] = set()
         self.requests = 0
         self.latency_s = 0.0
         self.tokens = 0
@@ -100,7 +110,10 @@ class TeacherScorer:
         return self._http
 
     async def aclose(self) -> None:
-        """Close the HTTP client (idempotent)."""
+        """Close the HTTP client (idempotent); requests still in flight are cancelled."""
+        for task in list(self._in_flight):
+            task.cancel()
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
         http, self._http = self._http, None
         if http is not None:
             await http.aclose()
@@ -162,18 +175,7 @@ class TeacherScorer:
         ``ref_topk_ids`` / ``ref_topk_logprobs``, the teacher's k most likely tokens at each completion position.
         Raises TeacherError."""
         ids = list(prefix) + list(sample.prompt_ids) + list(sample.completion_ids)
-        body = {
-            "model": self.model_name(),
-            "prompt": ids,
-            "max_tokens": 1,
-            "temperature": 1.0,
-            "prompt_logprobs": self.top_k,
-        }
-        async with self._limit:
-            t0 = time.monotonic()
-            answer = await self._post(f"{self.base_url}/completions", body)
-            self.latency_s += time.monotonic() - t0
-            self.requests += 1
+        answer = {"choices": [await self._choice(ids)]}
         got = prompt_token_logprobs(answer, ids)
         if got is None:
             raise TeacherError(f"{self.label}: the answer holds no prompt logprobs of the sent tokens (not vLLM?)")
@@ -191,6 +193,70 @@ class TeacherScorer:
             sample.ref_topk_ids = [r[0] for r in rows]
             sample.ref_topk_logprobs = [r[1] for r in rows]
         self.tokens += sum(1 for m in mask if m)
+
+    async def _choice(self, ids: list[int]) -> dict[str, Any]:
+        """The answer's choice for the prompt ``ids``, sent in the next batch (module doc). Raises TeacherError."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._waiting.append((ids, future))
+        # on the next turn of the loop, so that the samples a group enqueues together go out together
+        loop.call_soon(self._dispatch)
+        return await future
+
+    def _dispatch(self) -> None:
+        """Send what waits, one batch per free request slot."""
+        while self._waiting and len(self._in_flight) < self.max_concurrent:
+            batch, tokens = [], 0
+            while self._waiting and len(batch) < MAX_BATCH_SAMPLES:
+                n = len(self._waiting[0][0])
+                if batch and tokens + n > MAX_BATCH_TOKENS:
+                    break
+                batch.append(self._waiting.pop(0))
+                tokens += n
+            task = asyncio.create_task(self._send(batch))
+            self._in_flight.add(task)
+            task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task) -> None:
+        self._in_flight.discard(task)
+        self._dispatch()
+
+    async def _send(self, batch: list[tuple[list[int], asyncio.Future]]) -> None:
+        """One ``/v1/completions`` request for every prompt of ``batch``; each future gets its prompt's choice, or
+        the TeacherError of the request."""
+        body = {
+            "model": self.model_name(),
+            "prompt": [ids for ids, _ in batch],
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "prompt_logprobs": self.top_k,
+        }
+        try:
+            t0 = time.monotonic()
+            answer = await self._post(f"{self.base_url}/completions", body)
+            self.latency_s += time.monotonic() - t0
+            self.requests += 1
+            choices = answer.get("choices") if isinstance(answer, dict) else None
+            if not isinstance(choices, list) or len(choices) != len(batch):
+                raise TeacherError(
+                    f"{self.label}: {len(batch)} prompts sent in one request, but the answer holds "
+                    f"{len(choices) if isinstance(choices, list) else 'no'} choices (not vLLM?)"
+                )
+            # vLLM numbers the choices by prompt ("index"); the order of the list is not promised
+            by_index = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+            for (_, future), choice in zip(batch, by_index, strict=True):
+                if not future.done():
+                    future.set_result(choice)
+        except asyncio.CancelledError:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(TeacherError(f"{self.label}: the scorer was closed"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - every waiting sample must learn why, or its group waits forever
+            err = exc if isinstance(exc, TeacherError) else TeacherError(f"{self.label}: {type(exc).__name__}: {exc}")
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(err)
 
     async def prefix(self, rollout: Rollout) -> list[int]:
         """Token ids placed before a sample of ``rollout`` when it is scored (none for a teacher of its own)."""
