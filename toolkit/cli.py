@@ -49,6 +49,7 @@ Environments, evals, sweeps, reports
 Models and roles
   srl model build-tiny DIR [--seed N] | srl model import-smollm2 DIR
   srl inference @ serve.toml            serve a model (standalone) | srl inference queues RUN_DIR
+  srl inference join RUN_DIR [--count K]   more inference replicas for a running run ([deployment.elastic])
   srl trainer --run-dir DIR | srl orchestrator --run-dir DIR   (started by the launchers)
 
 `srl rl --help` lists every config field with its meaning and default.

@@ -47,6 +47,8 @@ num_infer_replicas = 2
 orchestrator = "with_inference"
 [slurm]
 time = "00:10:00"
+signal_lead_s = 60
+checkpoint_grace_s = 10
 """)
     return path
 

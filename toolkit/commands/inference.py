@@ -2,6 +2,8 @@
 
     srl inference @ jobs/serve/tiny.toml [--section.field VALUE ...] [--dry-run] [--site local-slurm]
     srl inference queues RUN_DIR        # waiting requests per engine role: which side of P/D to grow
+    srl inference join RUN_DIR [--count K] [--partition P] [--time T]
+                                        # more inference replicas for a running RL run ([deployment.elastic])
 
 The deployment publishes ``<run>/control/inference_ready.json`` (base URL, router, engines), so RL or eval jobs
 started with ``inference.external = <run dir>`` use it. Locally it serves until Ctrl-C.
@@ -20,6 +22,8 @@ from ..config.errors import ConfigError
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "queues":
         return _queues(argv[1:])
+    if argv and argv[0] == "join":
+        return _join(argv[1:])
     from ..config.cli_args import split_config_args
     from ..launch.pipeline import Launch, start
     from ..launch.prepare import run_dir_for
@@ -68,4 +72,32 @@ def _queues(argv: list[str]) -> int:
         print(f"srl inference queues: {e}", file=sys.stderr)
         return 2
     print(json.dumps(depths, indent=2, sort_keys=True))
+    return 0
+
+
+def _join(argv: list[str]) -> int:
+    """``srl inference join RUN_DIR [--count K] [--partition P] [--time T]``: replica jobs for a running run."""
+    import argparse
+
+    from ..launch.replicas import join
+    from ..run.layout import RunDir
+
+    ap = argparse.ArgumentParser(
+        prog="srl inference join",
+        description="Submit inference replicas that join a running RL run (it needs [deployment.elastic]): each "
+        "serves the run's current policy once the orchestrator has loaded it, and may leave at any time.",
+    )
+    ap.add_argument("run_dir", type=Path, help="the RL run's directory")
+    ap.add_argument("--count", type=int, default=1, help="replica jobs to submit (default 1)")
+    ap.add_argument("--partition", help="default: deployment.elastic.partition, else slurm.partition")
+    ap.add_argument("--time", help="time limit of each replica job; default: deployment.elastic.time")
+    args = ap.parse_args(argv)
+    jobs = join(
+        RunDir(args.run_dir),
+        count=args.count,
+        partition=args.partition,
+        time=args.time,
+        argv=["srl", "inference", "join", *argv],
+    )
+    print(f"submitted replica job(s) {', '.join(jobs)} for {args.run_dir}; they join when their engines answer")
     return 0

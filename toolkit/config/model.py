@@ -660,8 +660,34 @@ class SingleNodeDeployment(Section):
 _MAX_INFER_NODES = 100_000
 
 
+class ElasticConfig(Section):
+    """``[deployment.elastic]``: inference replicas that join a running run as their own Slurm jobs
+    (``srl inference join RUN``) and may leave at any time (time limit, preemption, scancel). Its presence puts a
+    router in front of the run's engines, so replicas can be added to and removed from it."""
+
+    partition: str | None = None
+    """Partition of the replica jobs (e.g. a preemptible one); default: ``slurm.partition``."""
+    time: str = "01:00:00"
+    """Time limit of each replica job, in any Slurm form."""
+    qos: str | None = None
+    """QOS of the replica jobs; default: ``slurm.qos``."""
+    max_replicas: int = Field(4, ge=1, le=1024)
+    """Most replica jobs a run has at once (``srl inference join`` refuses more)."""
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_as_text(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        if isinstance(v, datetime.time):
+            return v.strftime("%H:%M:%S")
+        return v
+
+
 class MultiNodeDeployment(Section):
     type: Literal["multi_node"] = "multi_node"
+    elastic: ElasticConfig | None = None
+    """Replicas that join the run as their own jobs (``[deployment.elastic]``); None: the run's engines only."""
     gpus_per_node: int = Field(8, ge=0, le=64)
     num_train_nodes: int = Field(1, ge=1, le=100_000)
     num_infer_nodes: int | None = Field(None, ge=1, le=_MAX_INFER_NODES)

@@ -149,6 +149,7 @@ class PolicyClient:
         self.max_connections = max_connections
         self._headers = dict(headers or {})  # e.g. an API key read from the environment; kept in memory only
         self._http: aiohttp.ClientSession | None = None  # made on first use, inside the event loop that uses it
+        self.retries = 0  # requests sent again after a transient failure (a replica that left, a restart, a 5xx)
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
@@ -242,6 +243,7 @@ class PolicyClient:
                 else:
                     return data, version, answer_headers
             attempt += 1
+            self.retries += 1
             delay = self.backoff_s * 2 ** (attempt - 1)
             if deadline is None:
                 if attempt > self.max_retries:

@@ -140,6 +140,8 @@ class WeightUpdater:
             raise ValueError("WeightUpdater needs at least one engine URL")
         self._headers = admin_headers(admin_token or admin_token_from_env())  # kept out of repr and messages
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
+        # engines that joined later with an admin token of their own (elastic replicas: add_engine)
+        self._engine_headers: dict[str, dict[str, str]] = {}
         self.timeout_s = timeout_s
         self.s_per_gib = s_per_gib
         self._optional_missing: set[tuple[str, str]] = set()  # (url, path) the engine does not offer
@@ -167,11 +169,31 @@ class WeightUpdater:
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
 
+    def add_engine(self, url: str, admin_token: str | None) -> None:
+        """Include the engine at ``url`` in every later update (an elastic replica that joined the run), with its
+        own ``admin_token`` (its deployment's, not the run's). Idempotent. The caller loads the served policy into
+        it first (an updater of its own), holding the lock that orders updates."""
+        url = url.rstrip("/")
+        self._engine_headers[url] = admin_headers(admin_token)
+        if url not in self.engine_urls:
+            self.engine_urls.append(url)
+
+    def remove_engine(self, url: str) -> None:
+        """Leave the engine at ``url`` out of later updates (a replica that left); its cached lookups go too."""
+        url = url.rstrip("/")
+        self.engine_urls = [u for u in self.engine_urls if u != url]
+        self._engine_headers.pop(url, None)
+        self._kv_stores.pop(url, None)
+        self.reload_methods.pop(url, None)
+        self._optional_missing = {(u, p) for u, p in self._optional_missing if u != url}
+
     async def _call(
         self, http: httpx.AsyncClient, url: str, path: str, *, optional: bool = False, method: str = "POST", **kw
     ) -> httpx.Response | None:
         if (url, path) in self._optional_missing:
             return None
+        if url in self._engine_headers:
+            kw["headers"] = {**self._engine_headers[url], **kw.get("headers", {})}
         try:
             resp = await http.request(method, url + path, **kw)
         except httpx.HTTPError as exc:
@@ -411,12 +433,13 @@ class WeightUpdater:
         async with self._session() as http:
             for url in self.engine_urls:
                 try:
+                    headers = self._engine_headers.get(url)
                     if self.served_model:
-                        resp = await http.get(url + VERSIONS_PATH, timeout=10.0)
+                        resp = await http.get(url + VERSIONS_PATH, timeout=10.0, headers=headers)
                         data = resp.json() if resp.status_code == 200 else {}
                         out[url] = (data.get("adapters") or {}).get(self.served_model)
                     else:
-                        resp = await http.get(url + "/weight_info", timeout=10.0)
+                        resp = await http.get(url + "/weight_info", timeout=10.0, headers=headers)
                         out[url] = resp.json().get("weight_version") if resp.status_code == 200 else None
                 except (httpx.HTTPError, ValueError, AttributeError):
                     out[url] = None

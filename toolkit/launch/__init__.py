@@ -13,6 +13,7 @@ Modules:
   submit      rendering the batch script into ``<run>/launcher/`` and ``sbatch`` (dependencies, job ids)
   sweeps      sweeps on Slurm: each point an ``srl rl`` batch job inside job arrays grouped by allocation shape
   slurm       Slurm from the login node: sbatch, squeue/sacct states, scancel, scontrol requeue
+  replicas    elastic inference: ``srl inference join`` submits replica jobs; the run's end cancels them
   queue       queue-aware placement: Slurm's start estimate for the run's shape and smaller ones (fewer
               inference replicas), and ``--start-soonest``
   control     ``srl status``, ``srl cancel`` and ``srl logs`` of a run or sweep directory

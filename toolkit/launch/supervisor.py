@@ -93,6 +93,7 @@ from ..procutil import GroupReaper, kill_with_parent_preexec
 from ..run import heartbeat
 from ..run.layout import RunDir
 from . import rendezvous, watchdog
+from .replicas import cancel_replicas
 
 if TYPE_CHECKING:
     from toolkit.config.model import RLConfig
@@ -946,6 +947,7 @@ def _supervise_job(
         _job_log(f"received {name}: stopping")
         sup.request_stop()
         sup.stop_all()
+        cancel_replicas(run, say=_job_log)  # the run ends here: its elastic replicas go with it
         # scancel / srl cancel, or the time limit: toolkit.run.ending tells them apart.
         return settle_job(run, signalled=name.removeprefix("SIG"))
     assert first is not None
@@ -1080,6 +1082,7 @@ def _teardown(sup: Supervisor, first: Child | None, status: int, reason: str | N
     if status and reason and sup.stall is None:
         _job_log(f"{name} failed: {reason}", error=True)
     end = sup.end(first, reason=reason)
+    cancel_replicas(sup.run, say=_job_log)  # the run ended: its elastic replicas go with it
     print(end.line(), flush=True)
     return end.exit_status
 

@@ -10,6 +10,7 @@ Modules:
   teacher     on-policy distillation: a frozen teacher's logprobs of the policy's sampled tokens
   policy      the served policy version and the off-policy bound
   engines     the engine watch: a restarted engine gets the current weights before it serves a rollout
+  replicas    elastic inference: replica jobs join (with the current weights) and leave the run's router
   evaluation  periodic held-out eval: avg@k and pass@k per eval env
   stop        stop criteria and the zero-signal guard
   records     the orchestrator's metrics line per step

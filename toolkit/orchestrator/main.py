@@ -47,6 +47,7 @@ from toolkit.orchestrator.policy import (
 )
 from toolkit.orchestrator.producer import GroupProducer, TrainEnv, env_list, env_sampling
 from toolkit.orchestrator.records import MetricsLog, step_metrics
+from toolkit.orchestrator.replicas import ReplicaPool
 from toolkit.orchestrator.sampler import EnvSampler
 from toolkit.orchestrator.state import is_checkpoint_step, load_state, save_state
 from toolkit.orchestrator.stop import StopChecks
@@ -108,6 +109,9 @@ class Orchestrator:
         # are dropped (toolkit.inference.versions).
         self.run_id = run_identity(run)
         self._admin_token: str | None = None  # set from the readiness of inference (_connect_inference)
+        self._router_url: str | None = None  # the run's router, where elastic replicas join (_connect_inference)
+        self.replica_pool: ReplicaPool | None = None  # elastic replicas ([deployment.elastic]; _start_tracker)
+        self._retries_seen = 0  # the client's retry count at the last step's metrics
         self._served_model = cfg.model.name  # the policy's served model name (the readiness file's)
         self._sigterm = False
 
@@ -164,6 +168,7 @@ class Orchestrator:
             if self.cfg.inference.external:
                 await self._claim_base_weights()
         self.engine_urls = list(ready["engine_urls"])  # watched for restarts (engines.EngineWatch)
+        self._router_url = ready.get("router_url")
         self._served_model = ready["model"]
         log.info("inference ready: %s (model %s, engines %s)", base_url, ready["model"], ready["engine_urls"])
         return int(ready.get("policy_version") or 0)
@@ -404,6 +409,13 @@ class Orchestrator:
         ``next_group_id``), taken before the next step's groups were launched, so a resume redraws those.
         """
         metrics = {**step_metrics(batch), **times, **extra, "policy/served_version": float(tracker.served_version)}
+        retries = getattr(self.client, "retries", 0)
+        metrics["inference/retried_requests"] = float(retries - self._retries_seen)
+        self._retries_seen = retries
+        if self.replica_pool is not None:
+            metrics["inference/replicas"] = float(self.replica_pool.count)
+            metrics["inference/replica_joins"] = float(self.replica_pool.joins)
+            metrics["inference/replica_leaves"] = float(self.replica_pool.leaves)
         for name, env in self.train_envs.items():
             if env.teacher is not None:
                 stats = env.teacher.drain_stats()
@@ -597,7 +609,11 @@ class Orchestrator:
         from toolkit.engines.admin_token import admin_headers
 
         watch = EngineWatch(self.client, tracker, self.engine_urls, headers=admin_headers(self._admin_token))
-        return tracker, stop, [asyncio.create_task(watch.run(stop))]
+        tasks = [asyncio.create_task(watch.run(stop))]
+        if getattr(self.cfg.deployment, "elastic", None) is not None and self._router_url:
+            self.replica_pool = ReplicaPool(self.run, tracker, self._router_url, run_id=self.run_id)
+            tasks.append(asyncio.create_task(self.replica_pool.run_until(stop)))
+        return tracker, stop, tasks
 
     def _on_sigterm(self) -> None:
         log.warning("SIGTERM: stopping after saving state")

@@ -20,6 +20,9 @@ tokens, times seconds):
   ``teacher/scored_share`` (scored tokens / policy-sampled tokens of the batch); ``teacher/<env>/latency_s`` (mean
   seconds per scoring request) and ``teacher/<env>/requests`` since the last step;
 - ``time/step``, ``time/wait_for_policy``, ``policy/served_version``;
+- ``inference/retried_requests``: requests the policy client sent again since the last step (transient failures:
+  a replica that left, an engine restart, a 5xx); with ``[deployment.elastic]`` also ``inference/replicas``
+  (replica engines serving now) and ``inference/replica_{joins,leaves}`` (so far; ``toolkit.orchestrator.replicas``);
 - ``eval/<env>/{avg@k,pass@k}`` and ``eval/<env>/metric/<name>`` with ``/stderr``, ``eval/<env>/{errored,examples}``,
   ``eval/policy_version`` and ``time/eval`` on eval steps (see :mod:`toolkit.orchestrator.evaluation`).
 

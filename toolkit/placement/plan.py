@@ -385,7 +385,9 @@ def _place(
     connector = cfg.inference.deployment.kv_connector if pd else None  # type: ignore[union-attr]
     if connector == "auto":
         connector = "NixlConnector" if gpn else "ExampleConnector"
-    use_router = place_inference and (len(engines) > 1 or pd)
+    # Elastic replicas join and leave through the router, so an elastic run has one even with a single engine.
+    elastic = getattr(cfg.deployment, "elastic", None) is not None
+    use_router = place_inference and (len(engines) > 1 or pd or elastic)
     tp = topo.infer_tp
 
     # ---- ports: request everything per host, then assign one block for this job ------------------------------

@@ -38,6 +38,7 @@ from pathlib import Path
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _ATTEMPT_RE = re.compile(r"^attempt_(\d+)$")
+_REPLICA_RE = re.compile(r"^replica-(\d+)$")
 
 # Markers written last into a step directory: a reader trusts the directory only once its marker exists.
 STABLE_MARKER = "STABLE"
@@ -146,6 +147,17 @@ class RunDir:
     def wandb_offline_runs(self) -> list[Path]:
         """The run's W&B offline directories, oldest first (their names start with the attempt's start time)."""
         return sorted(self.wandb.glob("offline-run-*")) if self.wandb.is_dir() else []
+
+    # Inference replicas that joined on their own Slurm jobs (``srl inference join``): one inference deployment
+    # directory each, ``replica-<n>``, written by the launch pipeline like any ``srl inference`` run.
+    replicas = _Under("replicas")
+    # JSON lines appended by the orchestrator when a replica joins or leaves (toolkit.orchestrator.replicas).
+    replica_events = _Under("replicas", "events.jsonl")
+
+    def replica_runs(self) -> list[RunDir]:
+        """The run directories of the replicas that joined this run, by number."""
+        found = _numbered(self.replicas, _REPLICA_RE)
+        return [RunDir(self.replicas / f"replica-{n}") for n in found]
 
     # -- control -------------------------------------------------------------------------------
     control = _Under("control")
