@@ -64,7 +64,7 @@ def replica_config(
     s["partition"] = partition or el.partition or s.get("partition")
     s["time"] = time or el.time
     s["qos"] = el.qos or s.get("qos")
-    s["job_name"] = f"{cfg.slurm.job_name or cfg.run.name}-replica-{n}"
+    s["job_name"] = f"{cfg.slurm.job_name or run.root.name}-replica-{n}"
     data["resume"] = {}
     try:
         replica = RLConfig.model_validate(data)

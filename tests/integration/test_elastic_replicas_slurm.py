@@ -1,0 +1,140 @@
+"""Elastic inference on the real local Slurm cluster: the README's RL job (real vLLM engine behind vllm-router,
+orchestrator, torchrun trainer) with ``[deployment.elastic]`` gains a replica job mid-run through
+``srl inference join``, serves rollouts on it, then loses it to ``scancel`` while rollouts are in flight.
+
+Checks, each on what the product records:
+- the replica joins only holding the run's current policy: its join event names a version >= 1, its engine's
+  ``/weight_info`` names this run's version (never the base model's), and the router lists it;
+- the router sends it requests (its engine's own generated-token counter grows);
+- after ``scancel`` the orchestrator records its leave, the run keeps stepping, every trainer and orchestrator step
+  is recorded exactly once, and mismatch_kl stays at float noise;
+- ending the run leaves no replica job in Slurm and no process of the run or the replica on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from run_records import metrics_lines, processes_left, submit_slurm_rl
+
+from toolkit.engines.admin_token import admin_headers, read_token_file
+from toolkit.inference.queues import parse_metric
+from toolkit.launch import slurm
+from toolkit.launch.submit import read_job_ids
+from toolkit.run.control import request_stop
+from toolkit.run.layout import RunDir
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm]
+
+ROOT = Path(__file__).resolve().parents[2]
+# Bounds of the waits below: engine start-ups and steps on two cores shared by four emulated nodes. A bound only
+# ends a wait that would otherwise never end; every wait is for an event the run records.
+WAIT_S = 600.0
+
+
+def _wait(what: str, check, timeout_s: float = WAIT_S, *, run: RunDir | None = None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(1.0)
+    logs = ""
+    if run is not None:
+        logs = "\n".join(
+            p.read_text()[-3000:] for p in sorted(run.logs.rglob("*.log")) + sorted(run.logs.glob("*.out"))
+        )
+    raise AssertionError(f"not seen within {timeout_s:g} s: {what}\n{logs}")
+
+
+def _events(run: RunDir) -> list[dict]:
+    try:
+        return [json.loads(line) for line in run.replica_events.read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+def _steps(run: RunDir, role: str) -> list[int]:
+    return [m["step"] for m in metrics_lines(run.root) if m["role"] == role and m["step"] > 0 and "time/step" in m]
+
+
+def _generated_tokens(url: str) -> float:
+    try:
+        return parse_metric(httpx.get(f"{url}/metrics", timeout=30).text, "vllm:generation_tokens_total") or 0.0
+    except httpx.HTTPError:
+        return 0.0
+
+
+def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster):
+    run, job = submit_slurm_rl(
+        tmp_path,
+        "elastic",
+        "--max-steps",
+        "5000",
+        "--orchestrator.eval.interval",
+        "5000",
+        "--deployment.num-train-nodes",
+        "1",
+        "--deployment.elastic.max-replicas",
+        "2",
+    )
+    replica_jobs: list[str] = []
+    try:
+        _wait("the run's step 2", lambda: 2 in _steps(run, "orchestrator"), run=run)
+        proc = subprocess.run(
+            [sys.executable, "-m", "toolkit.cli", "inference", "join", str(run.root)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        replica = RunDir(run.replicas / "replica-1")
+        replica_jobs = [j for j, _, _ in read_job_ids(replica)]
+        assert len(replica_jobs) == 1, proc.stdout + proc.stderr
+
+        join = _wait("the replica's join", lambda: [e for e in _events(run) if e["event"] == "join"], run=run)[0]
+        url = join["url"]
+        assert join["version"] >= 1, join  # it joined holding a trained policy, not the base model
+        ready = json.loads(run.inference_ready.read_text())
+        workers = httpx.get(f"{ready['router_url']}/list_workers", timeout=30).json()["urls"]
+        assert url in workers, workers
+        token = read_token_file(replica.admin_token_file)
+        served = httpx.get(f"{url}/weight_info", headers=admin_headers(token), timeout=30).json()["weight_version"]
+        assert served.split(":")[-1].isdigit() and int(served.split(":")[-1]) >= 1, served
+        assert served.split(":")[0] == json.loads(run.run_meta.read_text())["run_id"], served
+        _wait("requests served by the replica", lambda: _generated_tokens(url) > 0, run=run)
+
+        left_at = max(_steps(run, "orchestrator"))
+        slurm.cancel(replica_jobs[0])
+        leave = _wait("the replica's leave", lambda: [e for e in _events(run) if e["event"] == "leave"], run=run)[0]
+        assert leave["url"] == url, leave
+        _wait("three steps after the replica left", lambda: max(_steps(run, "orchestrator")) >= left_at + 3, run=run)
+        assert slurm.job_state(job).state == "RUNNING"
+        request_stop(run, "test: enough steps")
+        state = slurm.wait(job, timeout_s=WAIT_S, poll_s=2.0)
+        assert state.state == "COMPLETED", state
+    finally:
+        slurm.cancel(job)
+        for j in replica_jobs:
+            slurm.cancel(j)
+    for role in ("trainer", "orchestrator"):
+        steps = _steps(run, role)
+        assert steps == list(range(1, len(steps) + 1)), (role, steps)  # each step once, none skipped
+    trainer = [m for m in metrics_lines(run.root) if m["role"] == "trainer" and "mismatch_kl" in m]
+    assert trainer and max(m["mismatch_kl"] for m in trainer) < 1e-3, [m["mismatch_kl"] for m in trainer]
+    orch = [m for m in metrics_lines(run.root) if m["role"] == "orchestrator" and "inference/replicas" in m]
+    assert max(m["inference/replicas"] for m in orch) == 1 and orch[-1]["inference/replicas"] == 0
+    print(
+        f"\n[figure] replica joined at version {join['version']}; retried requests "
+        f"{sum(m['inference/retried_requests'] for m in orch):.0f}; steps {len(_steps(run, 'trainer'))}"
+    )
+    assert slurm.live_jobs(replica_jobs) == []
+    assert processes_left(run.root) == []
