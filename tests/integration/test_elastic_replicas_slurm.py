@@ -7,7 +7,8 @@ Checks, each on what the product records:
   ``/weight_info`` names this run's version (never the base model's), and the router lists it;
 - the router sends it requests (its engine's own generated-token counter grows);
 - after ``scancel`` the orchestrator records its leave, the run keeps stepping, every trainer and orchestrator step
-  is recorded exactly once, and mismatch_kl stays at float noise;
+  is recorded exactly once, and mismatch_kl stays at float noise; the requests the client had to send again are
+  printed (vllm-router retries a failed request on another worker itself, so the client often sees none);
 - ending the run leaves no replica job in Slurm and no process of the run or the replica on the machine.
 """
 
@@ -27,6 +28,7 @@ from toolkit.engines.admin_token import admin_headers, read_token_file
 from toolkit.inference.queues import parse_metric
 from toolkit.launch import slurm
 from toolkit.launch.submit import read_job_ids
+from toolkit.run import ending
 from toolkit.run.control import request_stop
 from toolkit.run.layout import RunDir
 
@@ -118,9 +120,10 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
         assert leave["url"] == url, leave
         _wait("three steps after the replica left", lambda: max(_steps(run, "orchestrator")) >= left_at + 3, run=run)
         assert slurm.job_state(job).state == "RUNNING"
-        request_stop(run, "test: enough steps")
+        request_stop(run, "test: enough steps")  # recorded as a stop criterion: the job's exit status is 5
         state = slurm.wait(job, timeout_s=WAIT_S, poll_s=2.0)
-        assert state.state == "COMPLETED", state
+        end = ending.read(run)
+        assert end is not None and end.reason == "test: enough steps" and state.exit_code == 5, (state, end)
     finally:
         slurm.cancel(job)
         for j in replica_jobs:
@@ -128,8 +131,8 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
     for role in ("trainer", "orchestrator"):
         steps = _steps(run, role)
         assert steps == list(range(1, len(steps) + 1)), (role, steps)  # each step once, none skipped
-    trainer = [m for m in metrics_lines(run.root) if m["role"] == "trainer" and "mismatch_kl" in m]
-    assert trainer and max(m["mismatch_kl"] for m in trainer) < 1e-3, [m["mismatch_kl"] for m in trainer]
+    kls = [m["mismatch_kl/mean"] for m in metrics_lines(run.root) if "mismatch_kl/mean" in m]
+    assert kls and max(kls) < 1e-3, kls
     orch = [m for m in metrics_lines(run.root) if m["role"] == "orchestrator" and "inference/replicas" in m]
     assert max(m["inference/replicas"] for m in orch) == 1 and orch[-1]["inference/replicas"] == 0
     print(
