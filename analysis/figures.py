@@ -217,6 +217,33 @@ def fig_distillation(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figur
     return fig
 
 
+def fig_inference_replicas(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | None:
+    """Elastic inference (``[deployment.elastic]``): replica engines serving the run per step beside the mean
+    reward, and the rollouts per second with the requests the policy client had to send again. None for a run
+    without elastic replicas."""
+    orch = role_metrics(metrics, "orchestrator")
+    if "inference/replicas" not in orch.columns:
+        return None
+    fig, (ax, ax2) = _new(2)
+    ax.step(orch.index, orch["inference/replicas"].astype(float), where="post", label="inference/replicas")
+    ax.set_ylabel("replica engines")
+    ax.legend(loc="upper left", fontsize=8)
+    if "reward/all/mean" in orch.columns:
+        twin = ax.twinx()
+        twin.plot(orch.index, orch["reward/all/mean"].astype(float), color="tab:green", alpha=0.6, label="reward")
+        twin.set_ylabel("reward")
+        twin.legend(loc="upper right", fontsize=8)
+    if {"effective_batch_size", "time/step"} <= set(orch.columns):
+        rate = orch["effective_batch_size"].astype(float) / orch["time/step"].astype(float).clip(lower=1e-9)
+        ax2.plot(orch.index, rate, marker=".", label="rollouts/s")
+    if "inference/retried_requests" in orch.columns:
+        ax2.plot(orch.index, orch["inference/retried_requests"].astype(float), ls="--", label="retried requests")
+    ax2.set_ylabel("per second / per step")
+    ax2.legend(loc="best", fontsize=8)
+    fig.suptitle("Elastic inference: replicas, reward, rollout rate and retried requests")
+    return fig
+
+
 def fig_entropy(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | None:
     """Policy entropy, loss and gradient norm."""
     return _metric_fig(
@@ -329,6 +356,7 @@ RUN_FIGURES: dict[str, Callable[[pd.DataFrame | None, pd.DataFrame], Figure | No
     "off_policy_age": fig_off_policy,
     "mismatch_kl": fig_mismatch_kl,
     "distillation": fig_distillation,
+    "inference_replicas": fig_inference_replicas,
     "entropy_loss_grad": fig_entropy,
     "throughput_waits": fig_throughput,
     "eval": fig_eval,

@@ -213,7 +213,21 @@ def cmd_rl(args: list[str], full_argv: list[str], *, dependency: str | None = No
         dependency=dependency,
         start_estimates=not flags["start_soonest"],
     )
-    return start(req, before_prepare=refuse).status
+    started = start(req, before_prepare=refuse)
+    elastic = getattr(req.loaded.config.deployment, "elastic", None)
+    if started.job_id and elastic is not None and elastic.replicas:
+        from .launch.replicas import join
+
+        jobs = join(
+            started.run,
+            count=elastic.replicas,
+            partition=None,
+            time=None,
+            argv=["srl", *full_argv],
+            dependency=f"after:{started.job_id}",
+        )
+        print(f"submitted replica job(s) {', '.join(jobs)}; they start with job {started.job_id} and join the run")
+    return started.status
 
 
 def cmd_config(args: list[str]) -> int:

@@ -15,6 +15,7 @@ Checks, each on what the product records:
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -104,6 +105,8 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
 
         join = _wait("the replica's join", lambda: [e for e in _events(run) if e["event"] == "join"], run=run)[0]
         url = join["url"]
+        started = slurm.job_state(replica_jobs[0]).start_time
+        join_s = join["time"] - started.timestamp() if started else float("nan")
         assert join["version"] >= 1, join  # it joined holding a trained policy, not the base model
         ready = json.loads(run.inference_ready.read_text())
         workers = httpx.get(f"{ready['router_url']}/list_workers", timeout=30).json()["urls"]
@@ -135,8 +138,18 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
     assert kls and max(kls) < 1e-3, kls
     orch = [m for m in metrics_lines(run.root) if m["role"] == "orchestrator" and "inference/replicas" in m]
     assert max(m["inference/replicas"] for m in orch) == 1 and orch[-1]["inference/replicas"] == 0
+
+    # Rollout rate with the replica serving vs without it (the steps before it joined, after the first ten); on two
+    # shared cores a second engine adds no compute, so the ratio says what the routing costs, not what it gains.
+    def rate(ms):
+        return statistics.mean(m["effective_batch_size"] / m["time/step"] for m in ms) if ms else float("nan")
+
+    with_one = [m for m in orch if m["inference/replicas"] == 1]
+    without = [m for m in orch if m["inference/replicas"] == 0 and 10 < m["step"] < (with_one or orch)[0]["step"]]
     print(
-        f"\n[figure] replica joined at version {join['version']}; retried requests "
+        f"\n[figure] replica job start -> joined (policy {join['version']} loaded, router updated): {join_s:.1f} s; "
+        f"rollouts/s with the replica {rate(with_one):.1f} ({len(with_one)} steps) vs without "
+        f"{rate(without):.1f} ({len(without)} steps), ratio {rate(with_one) / rate(without):.2f}; requests sent again "
         f"{sum(m['inference/retried_requests'] for m in orch):.0f}; steps {len(_steps(run, 'trainer'))}"
     )
     assert slurm.live_jobs(replica_jobs) == []

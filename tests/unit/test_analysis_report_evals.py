@@ -189,3 +189,27 @@ def test_a_distilling_run_gets_the_distillation_figure_and_others_do_not(tmp_pat
     fig = fig_distillation(None, load_metrics(run))
     labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
     assert {"teacher/opd/kl", "ref_kl/mean (trainer)", "reward/opd/mean", "teacher/opd/latency_s"} <= set(labels)
+
+
+def test_an_elastic_run_gets_the_replicas_figure_and_others_do_not(tmp_path: Path) -> None:
+    from analysis.figures import fig_inference_replicas
+
+    run = make_run(tmp_path / "run", steps=3)
+    assert fig_inference_replicas(None, load_metrics(run)) is None  # no elastic replicas: no figure
+    for s, replicas, retried in ((4, 0, 0), (5, 1, 0), (6, 0, 3)):
+        append_jsonl(
+            run.metrics,
+            {
+                "step": s,
+                "time": 1.0,
+                "role": "orchestrator",
+                "reward/all/mean": 0.1 * s,
+                "effective_batch_size": 32,
+                "time/step": 0.5,
+                "inference/replicas": replicas,
+                "inference/retried_requests": retried,
+            },
+        )
+    fig = fig_inference_replicas(None, load_metrics(run))
+    labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+    assert {"inference/replicas", "reward", "rollouts/s", "retried requests"} <= set(labels)

@@ -106,3 +106,9 @@ def test_a_joined_engine_is_updated_with_its_own_admin_token():
     up.remove_engine("http://b:2")
     assert up.engine_urls == ["http://a:1"]
     assert json.dumps(up.engine_urls)
+
+
+def test_replicas_submitted_with_the_run_stay_within_max_replicas():
+    with pytest.raises(ConfigError, match=r"replicas \(3\) exceeds max_replicas \(2\)"):
+        make_cfg(site="prime-intellect", deployment=_dep(elastic={"replicas": 3, "max_replicas": 2}))
+    assert make_cfg(site="prime-intellect", deployment=_dep(elastic={"replicas": 2})).deployment.elastic.replicas == 2

@@ -673,6 +673,9 @@ class ElasticConfig(Section):
     """QOS of the replica jobs; default: ``slurm.qos``."""
     max_replicas: int = Field(4, ge=1, le=1024)
     """Most replica jobs a run has at once (``srl inference join`` refuses more)."""
+    replicas: int = Field(0, ge=0, le=1024)
+    """Replica jobs ``srl rl`` submits with the run (each starts once the run's job has started); more can join
+    later with ``srl inference join``. At most ``max_replicas``."""
 
     @field_validator("time", mode="before")
     @classmethod
@@ -682,6 +685,12 @@ class ElasticConfig(Section):
         if isinstance(v, datetime.time):
             return v.strftime("%H:%M:%S")
         return v
+
+    @model_validator(mode="after")
+    def _replicas_within_max(self) -> ElasticConfig:
+        if self.replicas > self.max_replicas:
+            raise ValueError(f"replicas ({self.replicas}) exceeds max_replicas ({self.max_replicas})")
+        return self
 
 
 class MultiNodeDeployment(Section):

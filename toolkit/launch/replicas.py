@@ -6,6 +6,9 @@ through the one launch pipeline: preflight, its own run directory (lease, admin 
 batch job on ``[deployment.elastic]``'s partition, time limit and QOS (a job that Slurm requeues comes back as
 the same replica). The run's orchestrator joins it once it answers (``toolkit.orchestrator.replicas``).
 
+With ``deployment.elastic.replicas`` = K, ``srl rl`` submits K replica jobs right after the run's job, each
+waiting for the run's job to start (``--dependency=after:<job>``).
+
 The run owns its replicas: when the run's batch job ends for good (finished, failed, cancelled; not a requeue)
 its supervisor cancels the replica jobs still queued or running (:func:`cancel_replicas`).
 """
@@ -73,8 +76,17 @@ def replica_config(
     return LoadedConfig(replica, purpose="serve")
 
 
-def join(run: RunDir, *, count: int, partition: str | None, time: str | None, argv: list[str]) -> list[str]:
-    """Submit ``count`` replica jobs for ``run`` (module doc); returns their job ids. Raises ConfigError (nothing
+def join(
+    run: RunDir,
+    *,
+    count: int,
+    partition: str | None,
+    time: str | None,
+    argv: list[str],
+    dependency: str | None = None,
+) -> list[str]:
+    """Submit ``count`` replica jobs for ``run`` (module doc); returns their job ids. ``dependency``: a Slurm
+    dependency of each (``after:<run's job>``: start once the run's job has started). Raises ConfigError (nothing
     submitted) when the run cannot take replicas, the site has no Slurm, or ``count`` would exceed
     ``deployment.elastic.max_replicas`` with the replicas Slurm still holds."""
     from ..preflight.site import load_site
@@ -97,7 +109,8 @@ def join(run: RunDir, *, count: int, partition: str | None, time: str | None, ar
     jobs = []
     for n in range(first, first + count):
         loaded = replica_config(cfg, run, n, partition=partition, time=time)
-        started = start(Launch(loaded, RunDir(run.replicas / f"replica-{n}"), argv=argv, kind="inference"))
+        req = Launch(loaded, RunDir(run.replicas / f"replica-{n}"), argv=argv, kind="inference", dependency=dependency)
+        started = start(req)
         if started.job_id:
             jobs.append(started.job_id)
     return jobs
