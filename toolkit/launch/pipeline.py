@@ -160,7 +160,7 @@ def _launch(req: Launch, checked: Preflight, run: RunDir, attempt: int) -> Start
             if req.kind == "rl" and req.start_estimates:
                 from .queue import estimates, print_estimates
 
-                print_estimates(estimates(cfg, site, run, roles=req.placed_roles))
+                print_estimates(estimates(cfg, site, run, roles=req.placed_roles, script=script))
             return Started(0, run, attempt)
         job_id = submit_job(
             cfg, run, attempt, req.kind, site=site, plan=plan, roles=req.placed_roles, dependency=req.dependency

@@ -149,21 +149,34 @@ def _with_replicas(cfg: RLConfig, replicas: int) -> RLConfig:
 
 
 def estimate(
-    shape: Shape, site: SiteConfig, run: RunDir, *, kind: str, roles: tuple[str, ...], timeout_s: float
+    shape: Shape,
+    site: SiteConfig,
+    run: RunDir,
+    *,
+    kind: str,
+    roles: tuple[str, ...],
+    timeout_s: float,
+    script: Path | None = None,
 ) -> Estimate:
-    """Ask Slurm when ``shape`` would start: its batch script is rendered into a scratch copy of the run directory
-    (nothing of ``run`` is written) and given to ``sbatch --test-only``. Never raises for Slurm's refusals: they
-    become the estimate's ``reason``."""
+    """Ask Slurm when ``shape`` would start: ``script`` (the shape's batch script, already rendered) or else one
+    rendered into a scratch copy of the run directory (nothing of ``run`` is written), given to ``sbatch
+    --test-only``. Never raises for Slurm's refusals: they become the estimate's ``reason``."""
+    if script is not None:
+        return _predict(shape, script, cwd=script.parent, timeout_s=timeout_s)
     with tempfile.TemporaryDirectory(prefix="srl-shape-") as tmp:
         scratch = RunDir(Path(tmp) / run.root.name)
         plan = launch_plan(shape.config, site, scratch, roles=roles)
-        script = render_job(shape.config, scratch, plan, kind, attempt=1, site=site)
-        try:
-            out = slurm.predict_start(script, cwd=tmp, timeout_s=timeout_s)
-        except slurm.SlurmCommandError as e:
-            reason = _first_line(e.stderr) or e.what or "sbatch --test-only failed"
-            site_wide = e.returncode is None or any(s in reason for s in _UNREACHABLE)
-            return Estimate(shape, None, reason=reason, site_wide=site_wide)
+        rendered = render_job(shape.config, scratch, plan, kind, attempt=1, site=site)
+        return _predict(shape, rendered, cwd=Path(tmp), timeout_s=timeout_s)
+
+
+def _predict(shape: Shape, script: Path, *, cwd: Path, timeout_s: float) -> Estimate:
+    try:
+        out = slurm.predict_start(script, cwd=cwd, timeout_s=timeout_s)
+    except slurm.SlurmCommandError as e:
+        reason = _first_line(e.stderr) or e.what or "sbatch --test-only failed"
+        site_wide = e.returncode is None or any(s in reason for s in _UNREACHABLE)
+        return Estimate(shape, None, reason=reason, site_wide=site_wide)
     parsed = parse_test_only(out)
     if parsed is None:
         return Estimate(shape, None, reason=f"sbatch --test-only printed no start time: {_first_line(out)!r}")
@@ -177,14 +190,23 @@ def _first_line(text: str | None) -> str:
 
 
 def estimates(
-    cfg: RLConfig, site: SiteConfig, run: RunDir, *, kind: str = "rl", roles: tuple[str, ...], timeout_s: float = 30.0
+    cfg: RLConfig,
+    site: SiteConfig,
+    run: RunDir,
+    *,
+    kind: str = "rl",
+    roles: tuple[str, ...],
+    timeout_s: float = 30.0,
+    script: Path | None = None,
 ) -> list[Estimate]:
-    """Slurm's start estimate for every shape of :func:`shapes`, the configured one first; a single site-wide
-    estimate (``site_wide``) when Slurm could not be asked at all (its client waits about 20 s for an unreachable
+    """Slurm's start estimate for every shape of :func:`shapes`, the configured one first (from ``script``, its
+    batch script, when the launch rendered it already: its plan is not built twice); a single site-wide estimate
+    (``site_wide``) when Slurm could not be asked at all (its client waits about 20 s for an unreachable
     controller, so the other shapes are not tried)."""
     out = []
     for shape in shapes(cfg):
-        found = estimate(shape, site, run, kind=kind, roles=roles, timeout_s=timeout_s)
+        own = script if shape.configured else None
+        found = estimate(shape, site, run, kind=kind, roles=roles, timeout_s=timeout_s, script=own)
         if found.site_wide:
             return [found]
         out.append(found)
