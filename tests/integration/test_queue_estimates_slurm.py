@@ -65,6 +65,7 @@ def blocker():
             "--exclusive",
             f"--time={BLOCKER_MINUTES}",
             "--job-name=srl-blocker",
+            "--output=/dev/null",  # not a slurm-<id>.out in the directory the tests run from
             "--wrap",
             "sleep 3600",
         ],
