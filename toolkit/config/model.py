@@ -660,6 +660,16 @@ class SingleNodeDeployment(Section):
 _MAX_INFER_NODES = 100_000
 
 
+def slurm_time_text(v: Any) -> Any:
+    """A Slurm time limit as the text sbatch takes: a bare number is minutes to sbatch, and an unquoted 01:00:00 in
+    TOML is a time of day; both mean a limit. Anything else is left for the field's own validation."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    if isinstance(v, datetime.time):
+        return v.strftime("%H:%M:%S")
+    return v
+
+
 class ElasticConfig(Section):
     """``[deployment.elastic]``: inference replicas that join a running run as their own Slurm jobs
     (``srl inference join RUN``) and may leave at any time (time limit, preemption, scancel). Its presence puts a
@@ -677,14 +687,7 @@ class ElasticConfig(Section):
     """Replica jobs ``srl rl`` submits with the run (each starts once the run's job has started); more can join
     later with ``srl inference join``. At most ``max_replicas``."""
 
-    @field_validator("time", mode="before")
-    @classmethod
-    def _time_as_text(cls, v: Any) -> Any:
-        if isinstance(v, int) and not isinstance(v, bool):
-            return str(v)
-        if isinstance(v, datetime.time):
-            return v.strftime("%H:%M:%S")
-        return v
+    _time_as_text = field_validator("time", mode="before")(lambda cls, v: slurm_time_text(v))
 
     @model_validator(mode="after")
     def _replicas_within_max(self) -> ElasticConfig:
@@ -729,15 +732,7 @@ class SlurmConfig(Section):
     time: str = "04:00:00"
     """Slurm time limit in any Slurm form: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
 
-    @field_validator("time", mode="before")
-    @classmethod
-    def _time_as_text(cls, v: Any) -> Any:
-        # A bare number is minutes to sbatch; an unquoted 01:00:00 in TOML is a time of day. Both mean a limit.
-        if isinstance(v, int) and not isinstance(v, bool):
-            return str(v)
-        if isinstance(v, datetime.time):
-            return v.strftime("%H:%M:%S")
-        return v
+    _time_as_text = field_validator("time", mode="before")(lambda cls, v: slurm_time_text(v))
 
     qos: str | None = None
     constraint: str | None = None

@@ -198,10 +198,16 @@ class EngineWatch:
     async def run(self, stop: asyncio.Event) -> None:
         """Check every ``poll_s`` seconds until ``stop`` is set; never raises (a failed probe is logged)."""
         async with httpx.AsyncClient(headers=self.headers) as http:
-            while not stop.is_set():
-                try:
-                    await self.check(http)
-                except Exception:  # the watch must outlive any single failure
-                    log.exception("engine watch check failed")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.poll_s)
+            await poll_until(stop, self.poll_s, lambda: self.check(http), "engine watch check")
+
+
+async def poll_until(stop: asyncio.Event, poll_s: float, check: Any, what: str) -> None:
+    """Await ``check()`` every ``poll_s`` seconds until ``stop`` is set. Never raises: a failed round is logged as
+    ``what`` failed, and the next round runs (a watch must outlive any single failure)."""
+    while not stop.is_set():
+        try:
+            await check()
+        except Exception:
+            log.exception("%s failed", what)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), poll_s)

@@ -34,6 +34,7 @@ import httpx
 from toolkit import fsutil
 from toolkit.engines.admin_token import read_token_file
 from toolkit.inference.weights import WeightUpdater
+from toolkit.orchestrator.engines import poll_until
 from toolkit.run.layout import RunDir
 
 log = logging.getLogger(__name__)
@@ -159,13 +160,7 @@ class ReplicaPool:
     async def run_until(self, stop: asyncio.Event) -> None:
         """:meth:`check` every ``poll_s`` seconds until ``stop`` is set; never raises (a failed round is logged)."""
         async with httpx.AsyncClient() as http:
-            while not stop.is_set():
-                try:
-                    await self.check(http)
-                except Exception:  # the pool must outlive any single failure
-                    log.exception("replica check failed")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.poll_s)
+            await poll_until(stop, self.poll_s, lambda: self.check(http), "replica check")
 
 
 def _readiness(replica: RunDir) -> dict[str, Any] | None:
