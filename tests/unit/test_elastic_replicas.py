@@ -112,3 +112,13 @@ def test_replicas_submitted_with_the_run_stay_within_max_replicas():
     with pytest.raises(ConfigError, match=r"replicas \(3\) exceeds max_replicas \(2\)"):
         make_cfg(site="prime-intellect", deployment=_dep(elastic={"replicas": 3, "max_replicas": 2}))
     assert make_cfg(site="prime-intellect", deployment=_dep(elastic={"replicas": 2})).deployment.elastic.replicas == 2
+
+
+def test_a_replica_time_limit_is_checked_where_it_is_given(tmp_path):
+    with pytest.raises(ConfigError, match="deployment.elastic.time"):
+        make_cfg(site="prime-intellect", deployment=_dep(elastic={"time": "soon"}))
+    with pytest.raises(ConfigError, match=r"deployment.elastic.time.*must exceed slurm.signal_lead_s \(600 s\)"):
+        make_cfg(site="prime-intellect", deployment=_dep(elastic={"time": "00:05:00"}))
+    run = _prepared(tmp_path, deployment=_dep(elastic={}))
+    with pytest.raises(ConfigError, match="--time: "):
+        join(run, count=1, partition=None, time="tomorrow", argv=[])

@@ -97,6 +97,13 @@ def join(
         raise ConfigError(f"site: replicas join as Slurm jobs; site '{cfg.site}' has no Slurm")
     if count < 1:
         raise ConfigError(f"--count: at least 1 (got {count})")
+    if time is not None:
+        from ..config.slurm_time import parse_slurm_time
+
+        try:
+            parse_slurm_time(time)
+        except ValueError as e:
+            raise ConfigError(f"--time: {e}") from None
     el = cfg.deployment.elastic  # type: ignore[union-attr]
     live = live_replica_jobs(run)
     if len(live) + count > el.max_replicas:
