@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 POLL_S = 2.0
 PROBE_TIMEOUT_S = 5.0
+# vllm-router's /add_worker answers once the worker passed its health check: seconds on loaded cores.
+ROUTER_ADD_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -120,8 +122,11 @@ class ReplicaPool:
             if updater is not None:
                 updater.add_engine(url, token)
         try:
-            resp = await http.post(f"{self.router_url}/add_worker", params={"url": url}, timeout=PROBE_TIMEOUT_S)
-            resp.raise_for_status()
+            # vllm-router checks the new worker's health before it answers; one it already has is a 400 that says so
+            # (an earlier add that outlived its timeout here)
+            resp = await http.post(f"{self.router_url}/add_worker", params={"url": url}, timeout=ROUTER_ADD_TIMEOUT_S)
+            if not (resp.status_code == 400 and "already exists" in resp.text):
+                resp.raise_for_status()
         except httpx.HTTPError as exc:
             log.warning("router %s did not add replica %s (%s); trying again later", self.router_url, url, exc)
             async with self.tracker.lock:
