@@ -327,29 +327,29 @@ def _weight_retention(cfg: RLConfig, f: Findings) -> None:
         )
 
 
+def _time_limit(field: str, text: str, f: Findings) -> int | None:
+    """Seconds of the Slurm time ``text`` of config ``field``; None (an error recorded) when it is no Slurm time."""
+    try:
+        return parse_slurm_time(text)
+    except ValueError as e:
+        f.error(field, str(e))
+        return None
+
+
 def _slurm(cfg: RLConfig, f: Findings) -> None:
     s = cfg.slurm
-    try:
-        limit = parse_slurm_time(s.time)
-    except ValueError as e:
-        f.error("slurm.time", str(e))
-        limit = None
+    limit = _time_limit("slurm.time", s.time, f)
     # The pre-timeout signal is only sent to a requeueable job (render.common_directives).
     if s.requeue and limit is not None and s.signal_lead_s >= limit:
         f.error("slurm.signal_lead_s", f"{s.signal_lead_s} s must be below the time limit ({s.time} = {limit} s)")
     elastic = getattr(cfg.deployment, "elastic", None)
-    if elastic is not None:
-        try:
-            replica_limit = parse_slurm_time(elastic.time)
-        except ValueError as e:
-            f.error("deployment.elastic.time", str(e))
-            replica_limit = None
-        if s.requeue and replica_limit is not None and s.signal_lead_s >= replica_limit:
-            f.error(
-                "deployment.elastic.time",
-                f"{elastic.time} = {replica_limit} s must exceed slurm.signal_lead_s ({s.signal_lead_s} s): "
-                "replica jobs are sent the run's pre-timeout signal that long before their limit",
-            )
+    replica_limit = _time_limit("deployment.elastic.time", elastic.time, f) if elastic is not None else None
+    if s.requeue and replica_limit is not None and s.signal_lead_s >= replica_limit:
+        f.error(
+            "deployment.elastic.time",
+            f"{elastic.time} = {replica_limit} s must exceed slurm.signal_lead_s ({s.signal_lead_s} s): "
+            "replica jobs are sent the run's pre-timeout signal that long before their limit",
+        )
     if s.requeue and s.checkpoint_grace_s >= s.signal_lead_s:
         f.warn(
             "slurm.checkpoint_grace_s",
