@@ -156,3 +156,22 @@ def test_the_cached_answer_is_not_used_once_slurm_is_replaced(monkeypatch):
     f = Findings()
     check_partitions(SimpleNamespace(slurm=SimpleNamespace(time="1")), _plan((1, 0, "gpu")), f)
     assert not f.errors and "partition limits are not checked here" in f.warnings[0].message
+
+
+def test_the_elastic_replicas_partition_and_time_limit_are_checked_with_the_run():
+    def check(partition, time):
+        f = Findings()
+        cfg = SimpleNamespace(
+            slurm=SimpleNamespace(time="01:00:00"),
+            deployment=SimpleNamespace(elastic=SimpleNamespace(partition=partition, time=time)),
+        )
+        check_partitions(cfg, _plan((1, 0, "debug")), f, run=slurm)
+        return _texts(f.errors)
+
+    assert check("short", "00:20:00") == [] and check(None, "9:00:00") == []
+    assert check("spot", "00:20:00") == [
+        "deployment.elastic.partition: partition 'spot' does not exist on this cluster; partitions: cpu, debug, short"
+    ]
+    assert check("short", "01:00:00") == [
+        "deployment.elastic.time: 01:00:00 is longer than partition 'short' allows (00:30:00, MaxTime)"
+    ]

@@ -174,6 +174,32 @@ def check_partitions(cfg: RLConfig, plan: Plan, f: Findings, *, run: Runner | No
                 "a shorter slurm.time (the run requeues and resumes from its checkpoints)",
             )
 
+    _check_elastic(cfg, parts, f)
+
+
+def _check_elastic(cfg: RLConfig, parts: dict[str, Partition], f: Findings) -> None:
+    """``[deployment.elastic]``'s own partition exists and takes its replica jobs' time limit: replica jobs are
+    submitted while the run trains, so a refusal then would come after the run's queue wait."""
+    elastic = getattr(getattr(cfg, "deployment", None), "elastic", None)
+    if elastic is None or not elastic.partition:
+        return
+    p = parts.get(elastic.partition)
+    if p is None:
+        f.error(
+            "deployment.elastic.partition",
+            f"partition '{elastic.partition}' does not exist on this cluster; partitions: {', '.join(sorted(parts))}",
+        )
+        return
+    try:
+        want_s = parse_slurm_time(elastic.time)
+    except ValueError:
+        return  # the config's own rules report it
+    if p.max_time_s is not None and want_s > p.max_time_s:
+        f.error(
+            "deployment.elastic.time",
+            f"{elastic.time} is longer than partition '{p.name}' allows ({_clock(p.max_time_s)}, MaxTime)",
+        )
+
 
 def _clock(seconds: int) -> str:
     d, rest = divmod(seconds, 86400)
