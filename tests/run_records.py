@@ -64,24 +64,26 @@ def role_steps(run_root: Path, role: str, *, first: int = 0) -> list[int]:
     ]
 
 
+def srl_run(*argv: str, cwd: Path = ROOT, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """Run ``srl ARGV...`` (this interpreter's toolkit) to its end; returns the finished process, its output captured.
+    Asserts the command succeeded (its output is the assertion message)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
 def submit_slurm_rl(out: Path, name: str, *overrides: str, configs: tuple[str, ...] = SLURM_JOB) -> tuple[RunDir, str]:
     """Run `srl rl @ rl.toml @ slurm.toml` (``configs``, default the README job on the local cluster) into
     ``out/name`` with ``overrides``; returns the run directory and the id of the job it submitted. Asserts the command
     succeeded (its output is the assertion message)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "toolkit.cli",
-        "rl",
-        *[a for c in configs for a in ("@", c)],
-        "--output-dir",
-        str(out),
-        "--run.name",
-        name,
-        *overrides,
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    srl_run("rl", *[a for c in configs for a in ("@", c)], "--output-dir", str(out), "--run.name", name, *overrides)
     run = RunDir(out / name)
     return run, read_job_ids(run)[-1][0]
 

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from run_records import metrics_lines, processes_left, submit_slurm_rl
+from run_records import metrics_lines, processes_left, role_steps, srl_run, submit_slurm_rl
 
 from toolkit.engines.admin_token import admin_headers, read_token_file
 from toolkit.inference.queues import parse_metric
@@ -35,7 +32,6 @@ from toolkit.run.layout import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm]
 
-ROOT = Path(__file__).resolve().parents[2]
 # Bounds of the waits below: engine start-ups and steps on two cores shared by four emulated nodes. A bound only
 # ends a wait that would otherwise never end; every wait is for an event the run records.
 WAIT_S = 600.0
@@ -64,7 +60,7 @@ def _events(run: RunDir) -> list[dict]:
 
 
 def _steps(run: RunDir, role: str) -> list[int]:
-    return [m["step"] for m in metrics_lines(run.root) if m["role"] == role and m["step"] > 0 and "time/step" in m]
+    return role_steps(run.root, role, first=1)
 
 
 def _generated_tokens(url: str) -> float:
@@ -90,16 +86,8 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
     replica_jobs: list[str] = []
     try:
         _wait("the run's step 2", lambda: 2 in _steps(run, "orchestrator"), run=run)
-        proc = subprocess.run(
-            [sys.executable, "-m", "toolkit.cli", "inference", "join", str(run.root)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        replica = RunDir(run.replicas / "replica-1")
+        proc = srl_run("inference", "join", str(run.root))
+        replica = run.replica_run(1)
         replica_jobs = [j for j, _, _ in read_job_ids(replica)]
         assert len(replica_jobs) == 1, proc.stdout + proc.stderr
 

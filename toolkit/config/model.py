@@ -610,6 +610,18 @@ def implied_infer_nodes(infer: Any) -> int:
     return 1
 
 
+def infer_replica_fields(cfg: Any, replicas: int) -> dict[str, int]:
+    """The ``[deployment]`` fields of run config ``cfg`` (multi_node) with ``replicas`` inference replicas: the
+    replica count, the inference nodes they imply, and an explicit total node count moved by the same difference,
+    so the changed config passes the same validation as ``cfg``."""
+    dep = cfg.deployment
+    per = implied_infer_nodes(cfg.inference.deployment)
+    out = {"num_infer_replicas": replicas, "num_infer_nodes": per * replicas}
+    if dep.nodes is not None:
+        out["nodes"] = dep.nodes - per * (dep.num_infer_replicas - replicas)
+    return out
+
+
 InferenceDeploymentConfig = Annotated[
     SingleNodeInference | MultiNodeInference | DisaggregatedInference, Field(discriminator="type")
 ]

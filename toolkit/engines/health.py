@@ -39,6 +39,16 @@ def write_ready(run: RunDir, info: Mapping[str, Any]) -> None:
     atomic_write_json(run.inference_ready, {**info, "written_at": time.time()})
 
 
+def current_ready(run: RunDir) -> dict[str, Any] | None:
+    """The readiness record as it is now, without waiting: None when there is none, or the file is unreadable or
+    not a record (another program's file)."""
+    try:
+        data = json.loads(run.inference_ready.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def clear_ready(run: RunDir) -> None:
     """Remove a readiness file left by an earlier attempt (its URLs may point at dead engines)."""
     run.inference_ready.unlink(missing_ok=True)

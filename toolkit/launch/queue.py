@@ -25,9 +25,10 @@ from datetime import datetime
 from pathlib import Path
 
 from ..config import ConfigError, LoadedConfig, RLConfig
-from ..config.model import MultiNodeDeployment, implied_infer_nodes
+from ..config.model import MultiNodeDeployment, infer_replica_fields
 from ..config.site import SiteConfig
 from ..placement.plan import launch_plan
+from ..placement.topology import derive_topology
 from ..render import render_job
 from ..run.layout import RunDir
 from . import slurm
@@ -128,23 +129,14 @@ def _replicas(cfg: RLConfig) -> int:
 
 
 def _nodes(cfg: RLConfig) -> int:
-    dep = cfg.deployment
-    if not isinstance(dep, MultiNodeDeployment):
-        return 1
-    return dep.num_train_nodes + int(dep.num_infer_nodes or 0) + (1 if dep.orchestrator == "own_node" else 0)
+    """Nodes the job requests (``#SBATCH --nodes``), as the placement derives them."""
+    return derive_topology(cfg).num_nodes
 
 
 def _with_replicas(cfg: RLConfig, replicas: int) -> RLConfig:
-    """``cfg`` with ``replicas`` inference replicas: the inference node count (and an explicit total node count)
-    follow, so the variant passes the same validation as the configured shape."""
-    dep = cfg.deployment
-    assert isinstance(dep, MultiNodeDeployment)
-    per = implied_infer_nodes(cfg.inference.deployment)
-    changes = {"num_infer_replicas": replicas, "num_infer_nodes": per * replicas}
-    if dep.nodes is not None:
-        changes["nodes"] = dep.nodes - per * (dep.num_infer_replicas - replicas)
+    """``cfg`` with ``replicas`` inference replicas (:func:`toolkit.config.model.infer_replica_fields`)."""
     data = cfg.model_dump()
-    data["deployment"].update(changes)
+    data["deployment"].update(infer_replica_fields(cfg, replicas))
     return RLConfig.model_validate(data)
 
 
@@ -174,17 +166,18 @@ def _predict(shape: Shape, script: Path, *, cwd: Path, timeout_s: float) -> Esti
     try:
         out = slurm.predict_start(script, cwd=cwd, timeout_s=timeout_s)
     except slurm.SlurmCommandError as e:
-        reason = _first_line(e.stderr) or e.what or "sbatch --test-only failed"
+        reason = _last_line(e.stderr) or e.what or "sbatch --test-only failed"
         site_wide = e.returncode is None or any(s in reason for s in _UNREACHABLE)
         return Estimate(shape, None, reason=reason, site_wide=site_wide)
     parsed = parse_test_only(out)
     if parsed is None:
-        return Estimate(shape, None, reason=f"sbatch --test-only printed no start time: {_first_line(out)!r}")
+        return Estimate(shape, None, reason=f"sbatch --test-only printed no start time: {_last_line(out)!r}")
     start, nodes, part = parsed
     return Estimate(shape, start, nodes, part)
 
 
-def _first_line(text: str | None) -> str:
+def _last_line(text: str | None) -> str:
+    """The last non-empty line of ``text`` (sbatch prints its verdict last, after any warnings)."""
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
     return lines[-1] if lines else ""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 
 from ..config import ConfigError, LoadedConfig, RLConfig, load_resolved
-from ..config.model import MultiNodeDeployment
+from ..config.model import MultiNodeDeployment, infer_replica_fields
 from ..run.layout import RunDir
 from . import slurm
 from .submit import read_job_ids
@@ -59,10 +59,8 @@ def replica_config(
     el = dep.elastic
     data = cfg.model_dump(mode="json")
     data["output_dir"] = str(run.replicas)
-    data["run"] = {**data["run"], "name": f"replica-{n}"}
-    data["deployment"].update(
-        num_infer_replicas=1, num_infer_nodes=None, nodes=None, elastic=None, orchestrator_partition=None
-    )
+    data["run"] = {**data["run"], "name": run.replica_run(n).root.name}
+    data["deployment"].update(infer_replica_fields(cfg, 1), elastic=None, orchestrator_partition=None)
     s = data["slurm"]
     s["partition"] = partition or el.partition or s.get("partition")
     s["time"] = time or el.time
@@ -111,12 +109,11 @@ def join(
             f"--count {count}: the run has {len(live)} replica job(s) in Slurm ({', '.join(live) or 'none'}) and "
             f"deployment.elastic.max_replicas is {el.max_replicas}"
         )
-    existing = [int(r.root.name.split("-")[1]) for r in run.replica_runs()]
-    first = max(existing, default=0) + 1
+    first = max(run.replica_numbers(), default=0) + 1
     jobs = []
     for n in range(first, first + count):
         loaded = replica_config(cfg, run, n, partition=partition, time=time)
-        req = Launch(loaded, RunDir(run.replicas / f"replica-{n}"), argv=argv, kind="inference", dependency=dependency)
+        req = Launch(loaded, run.replica_run(n), argv=argv, kind="inference", dependency=dependency)
         started = start(req)
         if started.job_id:
             jobs.append(started.job_id)

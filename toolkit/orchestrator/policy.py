@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from toolkit import fsutil
+from toolkit.engines.health import current_ready
 from toolkit.run.layout import STABLE_MARKER, RunDir, newest_stable_broadcast, numbered_steps
 
 log = logging.getLogger(__name__)
@@ -183,10 +184,7 @@ class PolicyTracker:
         except Exception as exc:  # noqa: BLE001 - the record is evidence, not control flow
             log.warning("could not read /weight_info after loading version %d: %s", version, exc)
             engines = {url: None for url in getattr(self.updater, "engine_urls", [])}
-        try:
-            roles = json.loads(self.run.inference_ready.read_text()).get("roles") or {}
-        except (OSError, ValueError):
-            roles = {}
+        roles = (current_ready(self.run) or {}).get("roles") or {}
         record = {"version": version, "time": t, "seconds": seconds, "engines": engines, "roles": roles}
         if self.updater.served_model:  # a LoRA run: the adapter it loaded (named after the run)
             record["adapter"] = self.updater.served_model

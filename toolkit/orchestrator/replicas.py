@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -33,8 +32,9 @@ import httpx
 
 from toolkit import fsutil
 from toolkit.engines.admin_token import read_token_file
+from toolkit.engines.health import current_ready
 from toolkit.inference.weights import WeightUpdater
-from toolkit.orchestrator.engines import poll_until
+from toolkit.orchestrator.engines import poll_until, probe_engine
 from toolkit.run.layout import RunDir
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class ReplicaPool:
             if await _refused(http, url):
                 await self._leave(http, url, joined, "its engine refuses connections (the replica job ended)")
         for replica in self.run.replica_runs():
-            ready = _readiness(replica)
+            ready = current_ready(replica)
             if ready is None:
                 continue
             written_at = float(ready.get("written_at") or 0.0)
@@ -156,24 +156,10 @@ class ReplicaPool:
         except OSError as exc:
             log.warning("could not record the %s of replica %s: %s", event, url, exc)
 
-    async def leave_all(self) -> None:
-        """Remove every joined replica from the router (the run ends; their jobs are cancelled by the launcher)."""
-        async with httpx.AsyncClient() as http:
-            for url, joined in list(self.joined.items()):
-                await self._leave(http, url, joined, "the run ended")
-
     async def run_until(self, stop: asyncio.Event) -> None:
         """:meth:`check` every ``poll_s`` seconds until ``stop`` is set; never raises (a failed round is logged)."""
         async with httpx.AsyncClient() as http:
             await poll_until(stop, self.poll_s, lambda: self.check(http), "replica check")
-
-
-def _readiness(replica: RunDir) -> dict[str, Any] | None:
-    try:
-        data = json.loads(replica.inference_ready.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 async def _healthy(http: httpx.AsyncClient, url: str) -> bool:
@@ -184,11 +170,6 @@ async def _healthy(http: httpx.AsyncClient, url: str) -> bool:
 
 
 async def _refused(http: httpx.AsyncClient, url: str) -> bool:
-    """True when nothing listens at ``url`` any more (a busy engine that answers late is not gone)."""
-    try:
-        await http.get(f"{url}/health", timeout=PROBE_TIMEOUT_S)
-    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
-        return True
-    except httpx.HTTPError:
-        return False
-    return False
+    """True when nothing listens at ``url`` any more (the engine watch's probe: a busy engine that answers late
+    is not gone)."""
+    return (await probe_engine(http, url, PROBE_TIMEOUT_S)).reachable is False

@@ -154,10 +154,17 @@ class RunDir:
     # JSON lines appended by the orchestrator when a replica joins or leaves (toolkit.orchestrator.replicas).
     replica_events = _Under("replicas", "events.jsonl")
 
+    def replica_run(self, n: int) -> RunDir:
+        """The run directory of replica ``n`` of this run."""
+        return RunDir(self.replicas / f"replica-{n}")
+
+    def replica_numbers(self) -> list[int]:
+        """Numbers of the replicas submitted for this run, ascending."""
+        return _numbered(self.replicas, _REPLICA_RE)
+
     def replica_runs(self) -> list[RunDir]:
-        """The run directories of the replicas that joined this run, by number."""
-        found = _numbered(self.replicas, _REPLICA_RE)
-        return [RunDir(self.replicas / f"replica-{n}") for n in found]
+        """The run directories of the replicas submitted for this run, by number."""
+        return [self.replica_run(n) for n in self.replica_numbers()]
 
     # -- control -------------------------------------------------------------------------------
     control = _Under("control")
