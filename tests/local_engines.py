@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.engines.admin_token import ADMIN_TOKEN_ENV, admin_token_from_env, new_admin_token
-from toolkit.engines.commands import ENGINE_DEFAULTS, engine_command, engine_env, router_command
+from toolkit.engines.commands import CPU_ENGINE_DEFAULTS, ENGINE_DEFAULTS, engine_command, engine_env, router_command
 from toolkit.engines.health import clear_ready, is_healthy, write_ready
 from toolkit.inference.weights import WeightUpdater
 from toolkit.run.layout import RunDir, newest_stable_broadcast
@@ -107,13 +107,13 @@ def model_dtype(model_path: str | Path) -> str:
 def default_engine_args(model_path: str | Path, *, cpu: bool) -> dict[str, Any]:
     """Defaults under the user's ``[inference.vllm]`` table (the user's values win).
 
-    CPU: ``enforce_eager`` (start-up 23-30 s instead of 50-68 s with the compile step), dtype from the model.
+    CPU: ``CPU_ENGINE_DEFAULTS`` (no compile step, no split prefills), dtype from the model.
     Always: ``ENGINE_DEFAULTS`` (``max_logprobs`` so per-token logprobs can be requested, ``logprobs_mode`` so they
     are those of the sampling distribution, ``worker_extension_cls`` for srl's faster weight reload).
     """
     out: dict[str, Any] = dict(ENGINE_DEFAULTS)
     if cpu:
-        out["enforce_eager"] = True
+        out.update(CPU_ENGINE_DEFAULTS)
         out["dtype"] = model_dtype(model_path)
     return out
 

@@ -63,6 +63,13 @@ def test_vllm_arg_list_rendering():
     ]
 
 
+def test_false_switches_off_an_option_vllm_may_switch_on_itself():
+    # leaving such an option out keeps vLLM's "on": the user's "off" must be spelled --no-<option>
+    got = vllm_arg_list({"enable_prefix_caching": False, "enable-chunked-prefill": False, "enforce_eager": False})
+    assert got == ["--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
+    assert vllm_arg_list({"enable_chunked_prefill": True}) == ["--enable-chunked-prefill"]
+
+
 def test_engine_command_plan_values_and_user_override_of_defaults():
     argv = engine_command(
         **BASE,

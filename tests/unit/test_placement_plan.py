@@ -123,6 +123,24 @@ def test_b08_side_channel_host_is_the_node_address_and_ports_distinct_per_host()
         assert len(ports) == len(set(ports))
 
 
+def test_gpu_engines_keep_vllms_chunked_prefill_and_a_user_value_wins_on_cpu() -> None:
+    gpu = plan_for(
+        {
+            "run": {"name": "gp"},
+            "deployment": {"type": "single_node", "gpus_per_node": 8, "num_infer_gpus": 1, "num_train_gpus": 4},
+        }
+    )
+    eng = next(p for p in gpu.processes if p.role == "inference")
+    assert not any("chunked-prefill" in t for t in eng.command) and "--enforce-eager" not in eng.command
+    cpu = plan_for(
+        {"run": {"name": "cp"}, "inference": {"vllm": {"enable_chunked_prefill": True}}},
+        site=load_site("local"),
+        job_id="local",
+    )
+    eng = next(p for p in cpu.processes if p.role == "inference")
+    assert "--enable-chunked-prefill" in eng.command and "--no-enable-chunked-prefill" not in eng.command
+
+
 def test_b08_colocated_prefill_and_decode_never_share_a_side_channel_port() -> None:
     over = {
         "run": {"name": "b08s"},
@@ -268,6 +286,8 @@ def test_local_site_everything_on_node_zero() -> None:
     assert fill(plan.process("orchestrator").env["SRL_INFERENCE_URL"], plan, 0).startswith("http://127.0.0.1:")
     eng = plan.process("inference-0-0")
     assert "--enforce-eager" in eng.command and "{model_path}" in eng.command
+    # CPU engines never split a prefill: vLLM-CPU dies on a seeded request whose prefill is split
+    assert "--no-enable-chunked-prefill" in eng.command
     assert eng.healthcheck_url.endswith("/health")
     # Sampling logprobs of the sampling distribution, srl's fast weight reload, the config's dtype.
     after = {

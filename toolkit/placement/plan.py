@@ -20,6 +20,7 @@ from typing import Any
 from ..config.model import RLConfig
 from ..config.site import SiteConfig
 from ..engines.commands import (
+    CPU_ENGINE_DEFAULTS,
     ENGINE_DEFAULTS,
     LORA_ENGINE_ENV,
     CommandError,
@@ -457,7 +458,7 @@ def _place(
     vargs = {k: v for k, v in cfg.inference.vllm.items() if k not in _PLAN_TP_KEYS}
     eng_defaults: dict[str, Any] = {**ENGINE_DEFAULTS, "dtype": cfg.model.dtype}
     if not gpn:
-        eng_defaults["enforce_eager"] = True  # CPU: skip the compile step (start-up 23-30 s instead of 50-68 s)
+        eng_defaults.update(CPU_ENGINE_DEFAULTS)
     lora = cfg.trainer.model.lora
     if lora is not None:  # the engines serve the trainer's adapter, loaded in place (inference.weights)
         eng_defaults.update(lora_engine_args(lora.rank))
