@@ -150,7 +150,12 @@ SlurmdLogFile=/var/log/slurm/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 NodeName=node[1-4] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[17001-17004] Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=4000 Gres=gpu:4 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# "preemptible": the same nodes at a lower priority tier; a debug job that needs their cores requeues its jobs
+# (elastic inference replicas are tested on it).
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=2
+PartitionName=preemptible Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE
 EOF
 }
 

@@ -1,11 +1,14 @@
 """Elastic inference on the real local Slurm cluster: the README's RL job (real vLLM engine behind vllm-router,
 orchestrator, torchrun trainer) with ``[deployment.elastic]`` gains a replica job mid-run through
-``srl inference join``, serves rollouts on it, then loses it to ``scancel`` while rollouts are in flight.
+``srl inference join`` on a preemptible partition, serves rollouts on it, loses it to preemption, gets it back
+when Slurm requeues it, then loses it to ``scancel`` while rollouts are in flight.
 
 Checks, each on what the product records:
 - the replica joins only holding the run's current policy: its join event names a version >= 1, its engine's
   ``/weight_info`` names this run's version (never the base model's), and the router lists it;
 - the router sends it requests (its engine's own generated-token counter grows);
+- preempted (a debug job needs its cores; the replica runs on the lower-tier "preemptible" partition), it
+  leaves; Slurm requeues its job, which joins again with the run's current policy and serves;
 - after ``scancel`` the orchestrator records its leave, the run keeps stepping, every trainer and orchestrator step
   is recorded exactly once, and mismatch_kl stays at float noise; the requests the client had to send again are
   printed (vllm-router retries a failed request on another worker itself, so the client often sees none);
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import time
 
 import httpx
@@ -35,6 +39,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm]
 # Bounds of the waits below: engine start-ups and steps on two cores shared by four emulated nodes. A bound only
 # ends a wait that would otherwise never end; every wait is for an event the run records.
 WAIT_S = 600.0
+NODE_CPUS = 2  # cores of each node of the test cluster (.ci/setup-slurm.sh)
 
 
 def _wait(what: str, check, timeout_s: float = WAIT_S, *, run: RunDir | None = None):
@@ -57,6 +62,34 @@ def _events(run: RunDir) -> list[dict]:
         return [json.loads(line) for line in run.replica_events.read_text().splitlines() if line.strip()]
     except OSError:
         return []
+
+
+def _of(run: RunDir, kind: str) -> list[dict]:
+    return [e for e in _events(run) if e["event"] == kind]
+
+
+def _submit_preemptor(node: str, cpus: int) -> str:
+    """A debug-partition job that needs ``cpus`` cores of ``node``: Slurm requeues the preemptible jobs there."""
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--partition=debug",
+            f"--nodelist={node}",
+            "--ntasks=1",
+            f"--cpus-per-task={cpus}",
+            "--time=10",
+            "--job-name=srl-preemptor",
+            "--output=/dev/null",  # not a slurm-<id>.out in the directory the tests run from
+            "--wrap",
+            "sleep 3600",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=slurm.scrubbed_env(),
+    )
+    return out.stdout.strip().split(";")[0]
 
 
 def _steps(run: RunDir, role: str) -> list[int]:
@@ -82,6 +115,8 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
         "1",
         "--deployment.elastic.max-replicas",
         "2",
+        "--deployment.elastic.partition",
+        "preemptible",
     )
     replica_jobs: list[str] = []
     try:
@@ -105,9 +140,27 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
         assert served.split(":")[0] == json.loads(run.run_meta.read_text())["run_id"], served
         _wait("requests served by the replica", lambda: _generated_tokens(url) > 0, run=run)
 
+        # Preemption: a debug job that needs the replica's cores makes Slurm requeue the replica job (the
+        # "preemptible" partition is a lower priority tier); its engine leaves, and the requeued job joins again.
+        node = slurm.job_state(replica_jobs[0]).node_list[0]
+        held_by_run = 1 if node in slurm.job_state(job).node_list else 0  # the run's job holds 1 core per node
+        preemptor = _submit_preemptor(node, NODE_CPUS - held_by_run)
+        try:
+            preempted = _wait("the preempted replica's leave", lambda: _of(run, "leave"), run=run)[0]
+            assert preempted["url"] == url, preempted
+            _wait("the replica job requeued", lambda: slurm.job_state(replica_jobs[0]).restart_count >= 1)
+        finally:
+            slurm.cancel(preemptor)
+        rejoin = _wait("the requeued replica's join", lambda: _of(run, "join")[1:], run=run)[0]
+        assert rejoin["replica"] == join["replica"] and rejoin["version"] >= join["version"], (join, rejoin)
+        url = rejoin["url"]
+        served = httpx.get(f"{url}/weight_info", headers=admin_headers(token), timeout=30).json()["weight_version"]
+        assert int(served.split(":")[-1]) >= rejoin["version"] >= 1, served
+        _wait("requests served by the rejoined replica", lambda: _generated_tokens(url) > 0, run=run)
+
         left_at = max(_steps(run, "orchestrator"))
         slurm.cancel(replica_jobs[0])
-        leave = _wait("the replica's leave", lambda: [e for e in _events(run) if e["event"] == "leave"], run=run)[0]
+        leave = _wait("the replica's leave after scancel", lambda: _of(run, "leave")[1:], run=run)[0]
         assert leave["url"] == url, leave
         _wait("three steps after the replica left", lambda: max(_steps(run, "orchestrator")) >= left_at + 3, run=run)
         assert slurm.job_state(job).state == "RUNNING"
@@ -137,8 +190,10 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
     print(
         f"\n[figure] replica job start -> joined (policy {join['version']} loaded, router updated): {join_s:.1f} s; "
         f"rollouts/s with the replica {rate(with_one):.1f} ({len(with_one)} steps) vs without "
-        f"{rate(without):.1f} ({len(without)} steps), ratio {rate(with_one) / rate(without):.2f}; requests sent again "
-        f"{sum(m['inference/retried_requests'] for m in orch):.0f}; steps {len(_steps(run, 'trainer'))}"
+        f"{rate(without):.1f} ({len(without)} steps), ratio {rate(with_one) / rate(without):.2f}; preempted -> "
+        f"rejoined (requeued job, policy {rejoin['version']}): {rejoin['time'] - preempted['time']:.1f} s; "
+        f"requests sent again {sum(m['inference/retried_requests'] for m in orch):.0f}; "
+        f"steps {len(_steps(run, 'trainer'))}"
     )
     assert slurm.live_jobs(replica_jobs) == []
     assert processes_left(run.root) == []
