@@ -107,6 +107,9 @@ def _reloads_on_both_engines(run: Path, logs: dict[str, tuple[int, Path]]) -> li
         v = served_version(run, r["version"])
         assert by_role == {"prefill": v, "decode": v}, r
         assert sorted(r["roles"].values()) == ["decode", "prefill"], r
+        # the phases split the pause-to-resume time (the lookups before it and the purge after it are left out)
+        inside = sum(r["phases"][k] for k in ("pause", "reload", "retire_reset_version", "resume"))
+        assert abs(inside - r["seconds"]) < 0.01, r
     orch_log = (run / "logs" / "latest" / "orchestrator.log").read_text()
     logged = [int(v) for v in re.findall(r"policy version (\d+) loaded into inference", orch_log)]
     assert logged == versions, (logged, versions)

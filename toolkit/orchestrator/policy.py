@@ -17,8 +17,11 @@ every engine before generation resumes (driven by ``engines.EngineWatch``; the r
 Reload record: after each successful load, and before the client tags any request with the new version, one JSON
 line is appended to ``run.policy_reloads`` (``policy_reloads.jsonl``)::
 
-    {"version": v, "time": unix s, "seconds": pause-to-resume s,
+    {"version": v, "time": unix s, "seconds": pause-to-resume s, "phases": {phase: s},
      "engines": {engine_url: version string from its /weight_info, or null}, "roles": {engine_url: role}}
+
+``phases`` splits the update's wall time (``WeightUpdater.last_steps``: pause, reload, cache reset and version,
+resume, ...), so a slow reload shows whether the engines were slow to pause (busy with requests) or to load.
 
 ``engines`` shows ``"<run id>:<version>"`` (``toolkit.inference.versions``): of the base weights, or, in a LoRA run, of
 its adapter, whose name the record adds (``"adapter": "srl-lora-<run id>"``).
@@ -186,6 +189,9 @@ class PolicyTracker:
             engines = {url: None for url in getattr(self.updater, "engine_urls", [])}
         roles = (current_ready(self.run) or {}).get("roles") or {}
         record = {"version": version, "time": t, "seconds": seconds, "engines": engines, "roles": roles}
+        phases = getattr(self.updater, "last_steps", None)
+        if phases:
+            record["phases"] = {k: round(v, 4) for k, v in phases.items()}
         if self.updater.served_model:  # a LoRA run: the adapter it loaded (named after the run)
             record["adapter"] = self.updater.served_model
         if restore:
