@@ -94,6 +94,17 @@ def test_stale_groups_dropped_by_off_policy_bound():
     assert nb.offer(_group("a", [1, 0], version=0)) is None and nb.ages() == [8, 8]
 
 
+def test_a_rollout_without_sampled_tokens_never_ages_its_group():
+    # An episode a request stop ended before any model call (or whose only reply a response hook replaced) has no
+    # tokens and only a placeholder version; its group is as old as its sampled rollouts, and its age is 0.
+    b = StepBatch(step=5, settings=BufferSettings(batch_size=8, max_off_policy_steps=1))
+    tokenless = Rollout(env="a", task_id="t0", example_id=0, samples=[], reward=1.0, policy_version=0)
+    assert b.offer([_rollout("a", 0, version=4), tokenless]) is None
+    assert b.ages() == [0, 0]
+    assert b.offer([tokenless, tokenless]) is None  # no tokens at all: nothing to be stale
+    assert b.offer([_rollout("a", 0, version=2), tokenless]) == "off_policy"
+
+
 def test_max_rl_through_builder():
     b = StepBatch(step=1, settings=BufferSettings(batch_size=4, algo="max_rl"))
     b.offer(_group("a", [1, 0, 0, 0]))

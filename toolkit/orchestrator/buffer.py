@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from toolkit.config.model import DISTILLATION
 from toolkit.orchestrator.advantages import group_advantages, penalized_rewards
 from toolkit.orchestrator.filtering import drop_reason, is_uniform
-from toolkit.orchestrator.policy import is_stale, off_policy_age
+from toolkit.orchestrator.policy import rollout_age
 from toolkit.run.types import Rollout, TrainingSample
 
 
@@ -105,8 +105,11 @@ class StepBatch:
         if foreign is not None:
             self.foreign_versions.append(foreign)
             return self._drop("foreign_policy", valid)
-        version = min((r.policy_version for r in valid), default=0)
-        if valid and s.max_off_policy_steps is not None and is_stale(self.step, version, s.max_off_policy_steps):
+        # The group's age is its oldest sampled tokens' (rollout_age); a rollout without any has none to age
+        if (
+            s.max_off_policy_steps is not None
+            and max((rollout_age(self.step, r) for r in valid), default=0) > s.max_off_policy_steps
+        ):
             return self._drop("off_policy", valid)
         rewards = [r.reward for r in valid]
         algo, length_penalty = s.algo_of(group[0].env) if group else (s.algo, s.length_penalty)
@@ -156,7 +159,7 @@ class StepBatch:
     # -- outputs ------------------------------------------------------------------------------------
     def ages(self) -> list[int]:
         """Off-policy age (versions) of each of the batch's rollouts at this step."""
-        return [off_policy_age(self.step, r.policy_version) for r in self.rollouts]
+        return [rollout_age(self.step, r) for r in self.rollouts]
 
     def training_samples(self) -> tuple[list[TrainingSample], list[float], list[int], list[str]]:
         """``(samples, advantages, policy_versions, envs)``, one entry per training sample (a split multi-turn

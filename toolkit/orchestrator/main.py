@@ -42,7 +42,7 @@ from toolkit.orchestrator.policy import (
     PolicyTracker,
     may_launch_ahead,
     min_policy_version,
-    off_policy_age,
+    rollout_age,
     run_identity,
 )
 from toolkit.orchestrator.producer import GroupProducer, TrainEnv, env_list, env_sampling
@@ -431,7 +431,7 @@ class Orchestrator:
             batches.SAMPLING_KEY: sampling_record(self.train_envs, training[3]),
         }
         # Written by the record writer's process, so the rollouts in flight keep being served meanwhile.
-        ages = [off_policy_age(step, r.policy_version) for r in batch.recorded]
+        ages = [rollout_age(step, r) for r in batch.recorded]
         self.progress.phase(f"writing batch {step}", step=step)
         await self.writer.persist_step(step, batch.recorded, ages, training, meta)
         self.metrics.write(step, metrics)

@@ -72,9 +72,11 @@ def off_policy_age(step: int, policy_version: int) -> int:
     return max(0, step - 1 - policy_version)
 
 
-def is_stale(step: int, policy_version: int, max_off_policy_steps: int) -> bool:
-    """True when a rollout of ``policy_version`` is too old for the batch of ``step``."""
-    return off_policy_age(step, policy_version) > max_off_policy_steps
+def rollout_age(step: int, rollout) -> int:
+    """``off_policy_age`` of a rollout's tokens; 0 for a rollout the policy sampled no token of (an episode that a
+    request stop ended before any model call, or whose only reply a response hook replaced): its reported version
+    is only a placeholder, and its reward counts in its group whatever policy is served."""
+    return off_policy_age(step, rollout.policy_version) if rollout.completion_len > 0 else 0
 
 
 class PolicyTracker:
