@@ -1,7 +1,8 @@
 """The real local Slurm cluster that srl's integration tests submit to.
 
 ``.ci/setup-slurm.sh`` installs Debian's slurm-wlm and runs slurmctld plus four ``slurmd -N nodeN`` on
-127.0.0.1 (2 cores, 4000 MB, 4 fake GPUs each; partition ``debug``). :class:`LocalSlurmCluster` wraps that
+127.0.0.1 (2 cores, 4000 MB, 4 fake GPUs each; partitions ``debug`` and ``preemptible``, a lower tier whose
+jobs a debug job needing their cores requeues). :class:`LocalSlurmCluster` wraps that
 script for the session fixture ``slurm_cluster`` in ``tests/conftest.py``: it starts the cluster only if it is
 not already up and stops it at the end only if it started it, so a developer's long-lived cluster survives a
 test run.
@@ -28,6 +29,29 @@ NODE_NAMES = ("node1", "node2", "node3", "node4")
 LEASE_DIR = Path("/run/slurm/srl-test-leases")
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 2
+
+
+def submit_sleeper(*sbatch_args: str, job_name: str) -> str:
+    """Submit a job that only holds its resources (``sleep 3600``; the caller cancels it) with ``sbatch_args``
+    (its shape: nodes, cores, partition, time limit); returns its job id. Raises CalledProcessError when sbatch
+    refuses it."""
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            *sbatch_args,
+            f"--job-name={job_name}",
+            "--output=/dev/null",  # not a slurm-<id>.out in the directory the tests run from
+            "--wrap",
+            "sleep 3600",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=slurm.scrubbed_env(),
+    )
+    return out.stdout.strip().split(";")[0]
+
 
 # setup-slurm.sh exits 3 when it cannot install Slurm (not root, no apt-get, apt failed, installed but not on
 # PATH): the only reason to skip (and, under CI, the reason named when the run fails: tests/prereqs.py).

@@ -39,6 +39,20 @@ class Outcome:
     error: str | None = None
 
 
+async def _serve_chat(answer) -> tuple[Any, str]:
+    """Serve ``answer`` (an aiohttp handler) at ``POST /v1/chat/completions`` on a free loopback port; returns the
+    app runner (``cleanup()`` stops it) and the OpenAI base URL."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+
+
 class ScriptedModel:
     """A chat-completions server on 127.0.0.1 that answers every request with ``self.reply``."""
 
@@ -67,14 +81,7 @@ class ScriptedModel:
                 }
             )
 
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", answer)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self._runner, self.base_url = await _serve_chat(answer)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -291,13 +298,7 @@ class ScriptedServer:
             events = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
             return web.Response(body=events.encode(), content_type="text/event-stream")
 
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", answer)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.base_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+        self._runner, self.base_url = await _serve_chat(answer)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import time
 
 import httpx
 import pytest
 from run_records import metrics_lines, processes_left, role_steps, srl_run, submit_slurm_rl
+from slurm_cluster import CPUS_PER_NODE, submit_sleeper
 
 from toolkit.engines.admin_token import admin_headers, read_token_file
 from toolkit.inference.queues import parse_metric
@@ -39,7 +39,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.vllm]
 # Bounds of the waits below: engine start-ups and steps on two cores shared by four emulated nodes. A bound only
 # ends a wait that would otherwise never end; every wait is for an event the run records.
 WAIT_S = 600.0
-NODE_CPUS = 2  # cores of each node of the test cluster (.ci/setup-slurm.sh)
 
 
 def _wait(what: str, check, timeout_s: float = WAIT_S, *, run: RunDir | None = None):
@@ -70,26 +69,14 @@ def _of(run: RunDir, kind: str) -> list[dict]:
 
 def _submit_preemptor(node: str, cpus: int) -> str:
     """A debug-partition job that needs ``cpus`` cores of ``node``: Slurm requeues the preemptible jobs there."""
-    out = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "--partition=debug",
-            f"--nodelist={node}",
-            "--ntasks=1",
-            f"--cpus-per-task={cpus}",
-            "--time=10",
-            "--job-name=srl-preemptor",
-            "--output=/dev/null",  # not a slurm-<id>.out in the directory the tests run from
-            "--wrap",
-            "sleep 3600",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=slurm.scrubbed_env(),
+    return submit_sleeper(
+        "--partition=debug",
+        f"--nodelist={node}",
+        "--ntasks=1",
+        f"--cpus-per-task={cpus}",
+        "--time=10",
+        job_name="srl-preemptor",
     )
-    return out.stdout.strip().split(";")[0]
 
 
 def _steps(run: RunDir, role: str) -> list[int]:
@@ -144,7 +131,7 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
         # "preemptible" partition is a lower priority tier); its engine leaves, and the requeued job joins again.
         node = slurm.job_state(replica_jobs[0]).node_list[0]
         held_by_run = 1 if node in slurm.job_state(job).node_list else 0  # the run's job holds 1 core per node
-        preemptor = _submit_preemptor(node, NODE_CPUS - held_by_run)
+        preemptor = _submit_preemptor(node, CPUS_PER_NODE - held_by_run)
         try:
             preempted = _wait("the preempted replica's leave", lambda: _of(run, "leave"), run=run)[0]
             assert preempted["url"] == url, preempted

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+from slurm_cluster import submit_sleeper
 from test_rl_sbatch_slurm import _batch_log, _probe_bin, _site_dir
 
 from toolkit.cli import main
@@ -56,25 +56,7 @@ checkpoint_grace_s = 10
 @pytest.fixture
 def blocker():
     """A job holding two of the four nodes for BLOCKER_MINUTES (its time limit is what Slurm's estimate uses)."""
-    out = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "-N",
-            "2",
-            "--exclusive",
-            f"--time={BLOCKER_MINUTES}",
-            "--job-name=srl-blocker",
-            "--output=/dev/null",  # not a slurm-<id>.out in the directory the tests run from
-            "--wrap",
-            "sleep 3600",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=slurm.scrubbed_env(),
-    )
-    job = out.stdout.strip().split(";")[0]
+    job = submit_sleeper("-N", "2", "--exclusive", f"--time={BLOCKER_MINUTES}", job_name="srl-blocker")
     try:
         slurm.wait(job, timeout_s=120, until={"RUNNING"})
         yield job
