@@ -238,9 +238,12 @@ def fig_inference_replicas(steps: pd.DataFrame | None, metrics: pd.DataFrame) ->
         ax2.plot(orch.index, rate, marker=".", label="rollouts/s")
     if "inference/retried_requests" in orch.columns:
         ax2.plot(orch.index, orch["inference/retried_requests"].astype(float), ls="--", label="retried requests")
+    if "inference/lost_requests" in orch.columns:
+        lost = orch["inference/lost_requests"].astype(float).diff().fillna(0.0)
+        ax2.plot(orch.index, lost, ls=":", label="requests held by leaving replicas")
     ax2.set_ylabel("per second / per step")
     ax2.legend(loc="best", fontsize=8)
-    fig.suptitle("Elastic inference: replicas, reward, rollout rate and retried requests")
+    fig.suptitle("Elastic inference: replicas, reward, rollout rate, lost and retried requests")
     return fig
 
 

@@ -52,7 +52,7 @@ def main() -> int:
     import httpx
     from run_records import metrics_lines, srl_run, submit_slurm_rl
 
-    from toolkit.inference.queues import parse_metric
+    from toolkit.engines.metrics import parse_metric
     from toolkit.launch import slurm
     from toolkit.launch.submit import read_job_ids
     from toolkit.run.control import request_stop

@@ -10,8 +10,9 @@ Checks, each on what the product records:
 - preempted (a debug job needs its cores; the replica runs on the lower-tier "preemptible" partition), it
   leaves; Slurm requeues its job, which joins again with the run's current policy and serves;
 - after ``scancel`` the orchestrator records its leave, the run keeps stepping, every trainer and orchestrator step
-  is recorded exactly once, and mismatch_kl stays at float noise; the requests the client had to send again are
-  printed (vllm-router retries a failed request on another worker itself, so the client often sees none);
+  is recorded exactly once, and mismatch_kl stays at float noise; the requests the leaving engine held are
+  counted (``inference/lost_requests``) and no rollout errored (vllm-router retries a failed request on another
+  worker itself, so the client's own retries are often none);
 - ending the run leaves no replica job in Slurm and no process of the run or the replica on the machine.
 """
 
@@ -27,7 +28,7 @@ from run_records import metrics_lines, processes_left, role_steps, srl_run, subm
 from slurm_cluster import CPUS_PER_NODE, submit_sleeper
 
 from toolkit.engines.admin_token import admin_headers, read_token_file
-from toolkit.inference.queues import parse_metric
+from toolkit.engines.metrics import parse_metric
 from toolkit.launch import slurm
 from toolkit.launch.submit import read_job_ids
 from toolkit.run import ending
@@ -166,6 +167,12 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
     assert kls and max(kls) < 1e-3, kls
     orch = [m for m in metrics_lines(run.root) if m["role"] == "orchestrator" and "inference/replicas" in m]
     assert max(m["inference/replicas"] for m in orch) == 1 and orch[-1]["inference/replicas"] == 0
+    # the requests each leaving engine held (last seen) are counted, and none of them failed a rollout: the
+    # router sent them to the run's own engine
+    held = [e["requests_held"] for e in _of(run, "leave")]
+    assert len(held) == 2 and all(isinstance(h, int) and h >= 0 for h in held), held
+    assert orch[-1]["inference/lost_requests"] == sum(held), (orch[-1], held)
+    assert sum(m["errored_rollouts"] for m in orch) == 0
 
     # Rollout rate with the replica serving vs without it (the steps before it joined, after the first ten); on two
     # shared cores a second engine adds no compute, so the ratio says what the routing costs, not what it gains.
@@ -179,7 +186,8 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
         f"rollouts/s with the replica {rate(with_one):.1f} ({len(with_one)} steps) vs without "
         f"{rate(without):.1f} ({len(without)} steps), ratio {rate(with_one) / rate(without):.2f}; preempted -> "
         f"rejoined (requeued job, policy {rejoin['version']}): {rejoin['time'] - preempted['time']:.1f} s; "
-        f"requests sent again {sum(m['inference/retried_requests'] for m in orch):.0f}; "
+        f"requests held by the leaving engine {held}, sent again by the client "
+        f"{sum(m['inference/retried_requests'] for m in orch):.0f}; "
         f"steps {len(_steps(run, 'trainer'))}"
     )
     assert slurm.live_jobs(replica_jobs) == []

@@ -24,9 +24,10 @@ from local_engines import start_local_deployment
 
 from toolkit.engines.admin_token import admin_headers, admin_token_from_env
 from toolkit.engines.health import read_ready
+from toolkit.engines.metrics import parse_metric
 from toolkit.fsutil import write_marker
 from toolkit.inference.client import PolicyClient, completion_payload, parse_completion
-from toolkit.inference.queues import parse_metric, queue_depths
+from toolkit.inference.queues import queue_depths
 from toolkit.inference.weights import WeightUpdater
 from toolkit.inference.worker_ext import IN_FLIGHT_METHOD
 from toolkit.models import build_tiny_model

@@ -18,8 +18,9 @@ need_module("vllm")
 
 from local_engines import start_local_deployment
 
+from toolkit.engines.metrics import parse_metric
 from toolkit.inference.client import PolicyClient
-from toolkit.inference.queues import parse_metric, queue_depths
+from toolkit.inference.queues import queue_depths
 from toolkit.models import build_tiny_model
 from toolkit.run.layout import RunDir
 from toolkit.run.types import SamplingParams

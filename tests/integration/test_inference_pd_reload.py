@@ -25,8 +25,8 @@ need_module("vllm")
 
 from local_engines import start_local_deployment
 
+from toolkit.engines.metrics import parse_metric
 from toolkit.inference.client import PolicyClient
-from toolkit.inference.queues import parse_metric
 from toolkit.inference.weights import WeightUpdater
 from toolkit.models import build_tiny_model
 from toolkit.run.layout import RunDir

@@ -21,9 +21,9 @@ need_module("vllm")
 from local_engines import start_local_deployment
 
 from toolkit.engines.health import is_healthy
+from toolkit.engines.metrics import parse_metric
 from toolkit.errors import ProviderError
 from toolkit.inference.client import PolicyClient
-from toolkit.inference.queues import parse_metric
 from toolkit.models import build_tiny_model
 from toolkit.run.layout import RunDir
 from toolkit.run.types import SamplingParams

@@ -196,7 +196,7 @@ def test_an_elastic_run_gets_the_replicas_figure_and_others_do_not(tmp_path: Pat
 
     run = make_run(tmp_path / "run", steps=3)
     assert fig_inference_replicas(None, load_metrics(run)) is None  # no elastic replicas: no figure
-    for s, replicas, retried in ((4, 0, 0), (5, 1, 0), (6, 0, 3)):
+    for s, replicas, retried, lost in ((4, 0, 0, 0), (5, 1, 0, 0), (6, 0, 3, 2)):
         append_jsonl(
             run.metrics,
             {
@@ -208,8 +208,11 @@ def test_an_elastic_run_gets_the_replicas_figure_and_others_do_not(tmp_path: Pat
                 "time/step": 0.5,
                 "inference/replicas": replicas,
                 "inference/retried_requests": retried,
+                "inference/lost_requests": lost,
             },
         )
     fig = fig_inference_replicas(None, load_metrics(run))
     labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
     assert {"inference/replicas", "reward", "rollouts/s", "retried requests"} <= set(labels)
+    lost = next(line for ax in fig.axes for line in ax.get_lines() if line.get_label().startswith("requests held"))
+    assert list(lost.get_ydata())[-3:] == [0.0, 0.0, 2.0]  # per step, from the running count

@@ -18,7 +18,7 @@ from toolkit.engines.commands import (
     router_command,
     vllm_arg_list,
 )
-from toolkit.inference.queues import parse_metric
+from toolkit.engines.metrics import parse_metric
 from toolkit.run.layout import RunDir
 
 BASE = {

@@ -7,5 +7,6 @@ Modules:
   commands  engine_command / engine_env / router_command / ENGINE_DEFAULTS: argv and env builders
   health    is_healthy, write_ready / read_ready / clear_ready: readiness through <run>/control
   admin_token  SRL_ADMIN_TOKEN / X-SRL-Admin-Token: creating, passing and (inference-only runs) publishing it
+  metrics   parse_metric: one metric from an engine's Prometheus /metrics text
   multinode  one engine spread over several nodes (data parallel across nodes): each node's argv
 """

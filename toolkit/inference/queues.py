@@ -7,18 +7,16 @@ requests piling up in the prefill engines' waiting queues mean too few prefill r
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from toolkit.engines.metrics import parse_metric
+
 if TYPE_CHECKING:
     from toolkit.run.layout import RunDir
 
-
-# One sample line of the Prometheus text format: name{labels} value
-_SAMPLE_RE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 
 # What engine_queue reports -> vLLM's metric name.
 _METRICS = {
@@ -26,19 +24,6 @@ _METRICS = {
     "running": "vllm:num_requests_running",
     "kv_cache_usage": "vllm:kv_cache_usage_perc",
 }
-
-
-def parse_metric(text: str, name: str) -> float | None:
-    """Sum of every sample of metric ``name`` (over label sets, e.g. DP ranks) in Prometheus text; None if absent."""
-    total, seen = 0.0, False
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        m = _SAMPLE_RE.match(line)
-        if m and m.group("name") == name:
-            total += float(m.group("value"))
-            seen = True
-    return total if seen else None
 
 
 def engine_queue(url: str, *, timeout_s: float = 5.0) -> dict[str, float | None]:

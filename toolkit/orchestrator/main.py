@@ -416,6 +416,7 @@ class Orchestrator:
             metrics["inference/replicas"] = float(self.replica_pool.count)
             metrics["inference/replica_joins"] = float(self.replica_pool.joins)
             metrics["inference/replica_leaves"] = float(self.replica_pool.leaves)
+            metrics["inference/lost_requests"] = float(self.replica_pool.lost_requests)
         for name, env in self.train_envs.items():
             if env.teacher is not None:
                 stats = env.teacher.drain_stats()

@@ -22,7 +22,8 @@ tokens, times seconds):
 - ``time/step``, ``time/wait_for_policy``, ``policy/served_version``;
 - ``inference/retried_requests``: requests the policy client sent again since the last step (transient failures:
   a replica that left, an engine restart, a 5xx); with ``[deployment.elastic]`` also ``inference/replicas``
-  (replica engines serving now) and ``inference/replica_{joins,leaves}`` (so far; ``toolkit.orchestrator.replicas``);
+  (replica engines serving now), ``inference/replica_{joins,leaves}`` and ``inference/lost_requests`` (requests
+  the replicas held when they left, so far; ``toolkit.orchestrator.replicas``);
 - ``eval/<env>/{avg@k,pass@k}`` and ``eval/<env>/metric/<name>`` with ``/stderr``, ``eval/<env>/{errored,examples}``,
   ``eval/policy_version`` and ``time/eval`` on eval steps (see :mod:`toolkit.orchestrator.evaluation`).
 

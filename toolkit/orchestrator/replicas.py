@@ -10,13 +10,17 @@ deployment. The orchestrator owns the policy, so it, not the replica, decides wh
    update (``WeightUpdater.add_engine``, with the replica's own admin token) and only then added to the run's
    router (``POST /add_worker``): no rollout ever reaches it before it holds the run's weights.
 2. **leave**: a joined engine that refuses connections (its job ended: time limit, preemption, scancel, node
-   failure) is removed from the router first, then from the updates. Requests it held fail at the router and
-   the policy client retries them on the others (counted: ``inference/retried_requests``); no step waits on it.
+   failure) is removed from the router first, then from the updates. Requests it held fail there and are sent
+   again to the others: by vllm-router itself, which retries a failed request on another worker, or by the
+   policy client (``inference/retried_requests``); no step waits on it. How many it held is counted from its own
+   ``/metrics`` (running + waiting requests) read at each round while it serves, so the count is the last one
+   seen, at most ``poll_s`` before it went away (``requests_held`` in its leave event;
+   ``inference/lost_requests`` in the metrics).
 3. **rejoin**: a replica job that Slurm requeues starts a new engine and rewrites its readiness file (a newer
    ``written_at``): it joins again through step 1.
 
 Events go to ``<run>/replicas/events.jsonl``, one JSON line each: ``{"event": "join" | "leave", "url", "replica",
-"version", "time", "why"}``.
+"version", "time", "why"}``, a leave with ``requests_held``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import httpx
 from toolkit import fsutil
 from toolkit.engines.admin_token import read_token_file
 from toolkit.engines.health import current_ready
+from toolkit.engines.metrics import parse_metric
 from toolkit.inference.weights import WeightUpdater
 from toolkit.orchestrator.engines import poll_until, probe_engine
 from toolkit.run.layout import RunDir
@@ -76,8 +81,10 @@ class ReplicaPool:
         self.reload_timeout_s = reload_timeout_s
         self.poll_s = poll_s
         self.joined: dict[str, Joined] = {}  # engine URL -> how it joined
+        self.held: dict[str, int] = {}  # engine URL -> requests it held when last seen
         self.joins = 0
         self.leaves = 0
+        self.lost_requests = 0
 
     @property
     def count(self) -> int:
@@ -89,6 +96,8 @@ class ReplicaPool:
         for url, joined in list(self.joined.items()):
             if await _refused(http, url):
                 await self._leave(http, url, joined, "its engine refuses connections (the replica job ended)")
+            elif (held := await _requests_held(http, url)) is not None:
+                self.held[url] = held
         for replica in self.run.replica_runs():
             ready = current_ready(replica)
             if ready is None:
@@ -145,14 +154,16 @@ class ReplicaPool:
             if self.tracker.updater is not None:
                 self.tracker.updater.remove_engine(url)
         self.joined.pop(url, None)
+        held = self.held.pop(url, 0)
         self.leaves += 1
-        self._record("leave", url, joined.replica, self.tracker.served_version, why)
+        self.lost_requests += held
+        self._record("leave", url, joined.replica, self.tracker.served_version, why, requests_held=held)
         log.warning("replica %s (%s) left: %s", url, joined.replica.root.name, why)
 
-    def _record(self, event: str, url: str, replica: RunDir, version: int, why: str) -> None:
+    def _record(self, event: str, url: str, replica: RunDir, version: int, why: str, **extra: int) -> None:
         record = {"event": event, "url": url, "replica": replica.root.name, "version": version, "time": time.time()}
         try:
-            fsutil.append_jsonl(self.run.replica_events, {**record, "why": why})
+            fsutil.append_jsonl(self.run.replica_events, {**record, "why": why, **extra})
         except OSError as exc:
             log.warning("could not record the %s of replica %s: %s", event, url, exc)
 
@@ -167,6 +178,17 @@ async def _healthy(http: httpx.AsyncClient, url: str) -> bool:
         return (await http.get(f"{url}/health", timeout=PROBE_TIMEOUT_S)).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+async def _requests_held(http: httpx.AsyncClient, url: str) -> int | None:
+    """Requests running or waiting in the engine at ``url`` (its ``/metrics``); None when it did not answer."""
+    try:
+        resp = await http.get(f"{url}/metrics", timeout=PROBE_TIMEOUT_S)
+        resp.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    counts = [parse_metric(resp.text, name) for name in ("vllm:num_requests_running", "vllm:num_requests_waiting")]
+    return int(sum(c or 0.0 for c in counts))
 
 
 async def _refused(http: httpx.AsyncClient, url: str) -> bool:
