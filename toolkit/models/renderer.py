@@ -174,8 +174,9 @@ def _text_of(content: Any) -> str:
 class HermesRenderer(ChatTemplateRenderer):
     """``hermes``: the model's chat template, with tools and tool calls spelled in the Hermes text format.
 
-    Messages are rewritten to plain role/content ones before the template sees them: the tool schemas are appended
-    to the system message (one is added when the conversation has none) inside ``<tools></tools>``, an assistant's
+    Messages are rewritten to plain role/content ones before the template sees them: the tool schemas (one JSON
+    object per line, keys sorted) are appended to the system message (one is added when the conversation has none)
+    inside ``<tools></tools>``, an assistant's
     ``tool_calls`` become ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks after its content,
     and consecutive ``tool`` messages become one user message of ``<tool_response>`` blocks. For a template that
     renders tools itself (Qwen3's), use ``auto``.
@@ -205,7 +206,11 @@ class HermesRenderer(ChatTemplateRenderer):
                 continue
             out.append({"role": role, "content": text})
         if tools:
-            spec = "\n".join(json.dumps(t) for t in tools)
+            # Keys sorted: the same schema reaches srl in different key orders (an MCP server's registration in
+            # `srl sft make-data`, the MCP client's copy in a live episode), and one character-level difference in
+            # the prompt is enough to make a small model trained on one form garble its calls on the other (seen:
+            # a perfect call became `vault_lokup` with a wrong key). HF chat templates' tojson sorts keys too.
+            spec = "\n".join(json.dumps(t, sort_keys=True) for t in tools)
             section = (
                 "# Tools\n\nFunctions you can call, one JSON schema per line:\n<tools>\n"
                 + spec
