@@ -90,6 +90,31 @@ def test_a_killed_client_takes_its_program_along(server, program):
     _gone(child)
 
 
+def test_a_client_gone_before_its_pid_line_takes_its_program_along_and_the_server_keeps_serving(server, program):
+    """A client killed right after sending its request (before the server's ``pid`` line): the server's reply hits a
+    closed socket. That once killed the server (BrokenPipeError), leaving the program running and every later
+    episode without a server. Here the request is sent by hand and the socket closed at once."""
+    import json
+    import socket
+    import struct
+
+    path, lib = program
+    out_r, out_w = os.pipe()
+    payload = json.dumps({"argv": [str(path), "wait"], "env": _env(lib), "cwd": os.getcwd()}).encode()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(server.socket_path))
+    socket.send_fds(sock, [struct.pack(">Q", len(payload))], [0, out_w, 2])
+    sock.sendall(payload)
+    sock.close()
+    os.close(out_w)
+    with os.fdopen(out_r) as out:
+        line = out.readline()  # end of file: every holder of the pipe closed it, the program too (killed early)
+    if line:
+        _gone(int(line))
+    again = subprocess.run(server.command(str(path)), check=False, input=b"", capture_output=True, env=_env(lib))
+    assert again.returncode == 0 and b'"main": "__main__"' in again.stdout
+
+
 def test_program_modules_skips_type_checking_blocks():
     source = textwrap.dedent(
         """

@@ -16,6 +16,10 @@ import sys
 
 def main(argv: list[str]) -> int:
     path, program = argv[0], argv[1:]
+    forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    # Held until the handlers are in place: the program may already run (and its caller signal this process) while
+    # the request is still being sent; a signal arriving then must reach the program, not end this process alone.
+    signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     payload = json.dumps({"argv": program, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
@@ -28,8 +32,9 @@ def main(argv: list[str]) -> int:
         except OSError:
             pass
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+    for sig in forwarded:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, forwarded)
     reader = sock.makefile("rb")
     for line in reader:
         word, _, value = line.decode().partition(" ")

@@ -170,7 +170,11 @@ def _serve(path: str, parent: int, modules: list[str]) -> int:
                     sel.register(sock, selectors.EVENT_READ)
                 continue
             conn = conns[key.fileobj.fileno()]
-            if not _on_readable(conn, listener, conns, children):
+            try:
+                alive = _on_readable(conn, listener, conns, children)
+            except OSError:  # the client went away mid-exchange (reset, or gone before its "pid" line was sent)
+                alive = False
+            if not alive:
                 sel.unregister(conn.sock)
                 del conns[conn.sock.fileno()]
                 if conn.pid is not None:  # the client is gone: so is its program
