@@ -42,6 +42,7 @@ from typing import Any
 from toolkit import fsutil
 from toolkit.engines.health import current_ready
 from toolkit.run.layout import STABLE_MARKER, RunDir, newest_stable_broadcast, numbered_steps
+from toolkit.run.types import Rollout
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def off_policy_age(step: int, policy_version: int) -> int:
     return max(0, step - 1 - policy_version)
 
 
-def rollout_age(step: int, rollout) -> int:
+def rollout_age(step: int, rollout: Rollout) -> int:
     """``off_policy_age`` of a rollout's tokens; 0 for a rollout the policy sampled no token of (an episode that a
     request stop ended before any model call, or whose only reply a response hook replaced): its reported version
     is only a placeholder, and its reward counts in its group whatever policy is served."""
