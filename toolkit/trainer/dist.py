@@ -86,5 +86,11 @@ def broadcast_flag(flag: bool, info: DistInfo) -> bool:
 
 
 def shutdown(info: DistInfo) -> None:
+    """Leave the process group, all ranks together. Every caller is a point all ranks reach (the run's end, a
+    divergence decided on all-reduced metrics). Without the barrier a rank that returned early (a non-main rank
+    after a gather whose result only rank 0 keeps) tore its group down while its peer was still in the transfer,
+    and the process ended in ``terminate called without an active exception`` (SIGABRT; seen on a loaded 2-core
+    host in a 2-rank LoRA export)."""
     if info.world_size > 1 and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
