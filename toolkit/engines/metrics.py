@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import re
 
+# vLLM's gauges of the requests an engine holds: being generated, and queued for it.
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+
 # One sample line of the Prometheus text format: name{labels} value
 _SAMPLE_RE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 

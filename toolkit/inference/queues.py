@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from toolkit.engines.metrics import parse_metric
+from toolkit.engines.metrics import RUNNING, WAITING, parse_metric
 
 if TYPE_CHECKING:
     from toolkit.run.layout import RunDir
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 # What engine_queue reports -> vLLM's metric name.
 _METRICS = {
-    "waiting": "vllm:num_requests_waiting",
-    "running": "vllm:num_requests_running",
+    "waiting": WAITING,
+    "running": RUNNING,
     "kv_cache_usage": "vllm:kv_cache_usage_perc",
 }
 

@@ -192,9 +192,8 @@ class PolicyTracker:
             engines = {url: None for url in getattr(self.updater, "engine_urls", [])}
         roles = (current_ready(self.run) or {}).get("roles") or {}
         record = {"version": version, "time": t, "seconds": seconds, "engines": engines, "roles": roles}
-        phases = getattr(self.updater, "last_steps", None)
-        if phases:
-            record["phases"] = {k: round(v, 4) for k, v in phases.items()}
+        if self.updater.last_steps:
+            record["phases"] = {k: round(v, 4) for k, v in self.updater.last_steps.items()}
         if self.updater.served_model:  # a LoRA run: the adapter it loaded (named after the run)
             record["adapter"] = self.updater.served_model
         if restore:

@@ -37,7 +37,7 @@ import httpx
 from toolkit import fsutil
 from toolkit.engines.admin_token import read_token_file
 from toolkit.engines.health import current_ready
-from toolkit.engines.metrics import parse_metric
+from toolkit.engines.metrics import RUNNING, WAITING, parse_metric
 from toolkit.inference.weights import WeightUpdater
 from toolkit.orchestrator.engines import poll_until, probe_engine
 from toolkit.run.layout import RunDir
@@ -187,7 +187,7 @@ async def _requests_held(http: httpx.AsyncClient, url: str) -> int | None:
         resp.raise_for_status()
     except httpx.HTTPError:
         return None
-    counts = [parse_metric(resp.text, name) for name in ("vllm:num_requests_running", "vllm:num_requests_waiting")]
+    counts = [parse_metric(resp.text, name) for name in (RUNNING, WAITING)]
     return int(sum(c or 0.0 for c in counts))
 
 
