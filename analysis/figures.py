@@ -53,8 +53,9 @@ def _per_env(steps: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 
 def fig_reward(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | None:
-    """Mean reward per env (valid rollouts) over steps, and solve-none / solve-all shares of groups as bands from
-    the bottom and the top."""
+    """Mean reward per env (valid rollouts) over steps (dashed: each seat of an env with several agent seats, from
+    ``reward/<env>/seat/<seat>/mean``), and solve-none / solve-all shares of groups as bands from the bottom and
+    the top."""
     tr = _train(steps)
     if tr.empty:
         orch = role_metrics(metrics, "orchestrator")
@@ -69,6 +70,12 @@ def fig_reward(steps: pd.DataFrame | None, metrics: pd.DataFrame) -> Figure | No
     fig, (ax, ax2) = _new(2)
     for env, d in _per_env(tr):
         ax.plot(d["step"], d["reward_mean"], marker=".", label=env)
+    # The seats of a multi-seat env (the players of a game) from the orchestrator's per-seat metrics.
+    orch = role_metrics(metrics, "orchestrator")
+    for col in sorted(c for c in orch.columns if c.startswith("reward/") and "/seat/" in c and c.endswith("/mean")):
+        env, seat = col[len("reward/") : -len("/mean")].split("/seat/", 1)
+        d = orch[col].astype(float).dropna()
+        ax.plot(d.index, d.values, ls="--", label=f"{env}, seat {seat}")
     ax.set_ylabel("reward (mean of valid)")
     ax.legend(loc="best", fontsize=8)
     d = tr[tr["env"] == ALL_ENVS].sort_values("step")

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from analysis_runs import make_run
 
 from analysis import samples as samples_mod
@@ -216,3 +217,31 @@ def test_an_elastic_run_gets_the_replicas_figure_and_others_do_not(tmp_path: Pat
     assert {"inference/replicas", "reward", "rollouts/s", "retried requests"} <= set(labels)
     lost = next(line for ax in fig.axes for line in ax.get_lines() if line.get_label().startswith("requests held"))
     assert list(lost.get_ydata())[-3:] == [0.0, 0.0, 2.0]  # per step, from the running count
+
+
+def test_the_reward_figure_draws_each_seat_of_a_multi_seat_env(tmp_path: Path) -> None:
+    from analysis.figures import fig_reward
+    from analysis.summary import step_summary
+
+    run = make_run(tmp_path / "run", steps=3)
+    data = load_run(run)
+    steps = step_summary(data.rollouts)
+    solo = [line.get_label() for ax in fig_reward(steps, data.metrics).axes for line in ax.get_lines()]
+    assert not [x for x in solo if "seat" in x]  # no multi-seat env: no seat lines
+    for s in (1, 2, 3):
+        append_jsonl(
+            run.metrics,
+            {
+                "step": s,
+                "time": 1.0,
+                "role": "orchestrator",
+                "reward/game/mean": 0.5,
+                "reward/game/seat/left/mean": 0.2 * s,
+                "reward/game/seat/right/mean": 1 - 0.2 * s,
+            },
+        )
+    data = load_run(run)
+    fig = fig_reward(steps, data.metrics)
+    lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+    assert list(lines["game, seat left"].get_ydata()) == pytest.approx([0.2, 0.4, 0.6])
+    assert list(lines["game, seat right"].get_ydata()) == pytest.approx([0.8, 0.6, 0.4])

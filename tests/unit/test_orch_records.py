@@ -20,7 +20,7 @@ from toolkit.run.metrics import recorded_steps
 from toolkit.run.types import Rollout, TrainingSample
 
 
-def _r(env, reward, *, version=0, error=None, truncated=False, turns=1):
+def _r(env, reward, *, version=0, error=None, truncated=False, turns=1, seat=None):
     smp = TrainingSample([1, 2, 3], [4, 5], [True, True], [-0.1, -0.2])
     return Rollout(
         env=env,
@@ -32,6 +32,7 @@ def _r(env, reward, *, version=0, error=None, truncated=False, turns=1):
         policy_version=version,
         truncated=truncated,
         num_turns=turns,
+        seat=seat,
     )
 
 
@@ -54,6 +55,25 @@ def test_step_metrics_names_and_values():
     assert m["filter/dropped_groups/all_zero"] == 1 and m["filter/dropped_groups/off_policy"] == 1
     assert m["seq_len/mean"] == 5 and m["completion_len/mean"] == 2 and m["num_turns/mean"] == 1
     assert m["rollouts_offered"] == 8
+
+
+def test_an_env_with_several_seats_gets_a_reward_per_seat():
+    b = StepBatch(step=1, settings=BufferSettings(batch_size=6, filtering=False, max_off_policy_steps=1))
+    # One episode of a two-player game per pair: each seat's trace is a rollout of the group.
+    b.offer(
+        [
+            _r("game", 1.0, seat="left"),
+            _r("game", 0.0, seat="right"),
+            _r("game", 0.5, seat="left"),
+            _r("game", 0.25, seat="right"),
+        ]
+    )
+    b.offer([_r("solo", 1.0, seat="agent"), _r("solo", 0.0, seat="agent")])
+    m = step_metrics(b)
+    assert m["reward/game/seat/left/mean"] == pytest.approx(0.75) and m["reward/game/seat/left/min"] == 0.5
+    assert m["reward/game/seat/right/mean"] == pytest.approx(0.125) and m["reward/game/seat/right/max"] == 0.25
+    assert m["reward/game/mean"] == pytest.approx(0.4375)
+    assert not [k for k in m if k.startswith("reward/solo/seat/")]  # one seat: the env's reward says it all
 
 
 def test_metrics_lines_written_once_across_attempts(tmp_path):

@@ -407,3 +407,20 @@ def test_a_damaged_store_fails_at_once_and_a_locked_one_is_waited_for(tmp_path, 
             assert f is not None
     finally:
         holder.wait(timeout=30)
+
+
+def test_seat_column_and_a_store_from_before_it_keeps_growing(tmp_path: Path) -> None:
+    path = tmp_path / "rollouts.h5"
+    with RolloutStoreWriter(path) as w:
+        w.append([_rollout(0), _rollout(1)], step=1)
+    # A store written by an srl without the seat column: remove it as that srl never wrote it.
+    with h5py.File(path, "a") as f:
+        del f["columns"]["seat"]
+        del f["categories"]["seat"]
+    assert "seat" not in load_rollouts(path).columns
+    with RolloutStoreWriter(path) as w:  # a resumed run appends to it
+        w.append([_rollout(2, seat="left"), _rollout(3, seat="right"), _rollout(4)], step=2)
+    df = load_rollouts(path)
+    assert len(df) == 5 and df["step"].tolist() == [1, 1, 2, 2, 2]
+    assert [_none(s) for s in df["seat"]] == [None, None, "left", "right", None]
+    assert df["reward"].tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])

@@ -4,7 +4,8 @@ Metric names (one line per step, ``role = "orchestrator"``; counts are rollouts 
 tokens, times seconds):
 
 - ``reward/all/{mean,max,min}``, ``reward/<env>/{mean,max,min}``: valid rollouts of fresh groups (kept or filtered:
-  the policy's reward, before filtering biases it);
+  the policy's reward, before filtering biases it); ``reward/<env>/seat/<seat>/{mean,max,min}`` for an env whose
+  rollouts come from several agent seats (verifiers' ``agent.name``: the players of a game);
 - ``solve_none``, ``solve_all``: shares of fresh groups with all rewards <= 0, resp. >= 1;
 - ``effective_batch_size``: rollouts in the batch; ``batch/<env>/rollouts`` its env mix;
 - ``errored_rollouts`` (+ ``errored_rollouts/<env>``, ``error/<class>``), ``truncated_rollouts`` (+ per env);
@@ -78,6 +79,10 @@ def step_metrics(batch: StepBatch) -> dict[str, float]:
     for env, rs in sorted(by_env.items()):
         _stats(f"reward/{env}", [r.reward for r in rs], out)
         out[f"truncated_rollouts/{env}"] = float(sum(r.truncated for r in rs))
+        seats = {r.seat for r in rs}
+        if len(seats) > 1:  # a game's seats answer each other: one mean over both would hide who learns
+            for seat in sorted(seats, key=str):
+                _stats(f"reward/{env}/seat/{seat}", [r.reward for r in rs if r.seat == seat], out)
     out["solve_none"], out["solve_all"] = solve_rates(batch.group_rewards)
     out["effective_batch_size"] = float(len(batch.rollouts))
     for env, n in sorted(Counter(r.env for r in batch.rollouts).items()):

@@ -24,8 +24,10 @@ Layout (schema version 1)::
 
 Columns: step, kind, time (unix seconds of the append), env, task_id, example_id, group_id, reward, advantage,
 prompt_len, completion_len (tokens), num_turns, truncated, truncation_reason, error_class, policy_version,
-off_policy_age (steps), plus ``reward/<component>``, ``timing/<name>`` (seconds) and ``metric/<name>`` for every
-named reward component, timing and rollout metric ever seen (NaN in rows that lack it).
+off_policy_age (steps), seat (the agent seat of a trace-path rollout: verifiers' ``agent.name``; empty for srl's
+chat loop; a store written before the column existed gets it on its next append, empty for the rows before), plus
+``reward/<component>``, ``timing/<name>`` (seconds) and ``metric/<name>`` for every named reward component, timing
+and rollout metric ever seen (NaN in rows that lack it).
 
 Crash and reader safety: the writer opens the file for each append and closes it afterwards, so between appends the
 file is closed, consistent and readable by other processes (HDF5 holds an exclusive lock while a writer has it
@@ -86,6 +88,7 @@ BASE_COLUMNS: dict[str, Any] = {
     "error_class": "cat",
     "policy_version": np.int64,
     "off_policy_age": np.int64,
+    "seat": "cat",
 }
 # Base columns read straight from the Rollout attribute of the same name.
 _ROLLOUT_NUMERIC = (
@@ -98,7 +101,7 @@ _ROLLOUT_NUMERIC = (
     "num_turns",
     "truncated",
 )
-_ROLLOUT_STRINGS = ("env", "truncation_reason", "error_class")
+_ROLLOUT_STRINGS = ("env", "truncation_reason", "error_class", "seat")
 # Prefixes of the open-ended float columns, and the Rollout attribute each comes from.
 DYNAMIC_PREFIXES = {"reward/": "reward_components", "timing/": "timings", "metric/": "metrics"}
 TOKEN_COLUMNS = ("prompt_ids", "completion_ids", "completion_logprobs", "completion_mask")
@@ -162,6 +165,24 @@ def _row_dataset(group: h5py.Group, name: str, dtype: Any, length: int) -> h5py.
     )
 
 
+def _add_missing_base_columns(f: h5py.File) -> None:
+    """Create every base column the file lacks (a new store: all of them; a store written by an older srl: the
+    columns added since, e.g. ``seat``), as long as the committed rows, filled with the missing value (NaN, -1,
+    or no category), so a resumed run keeps appending to its store."""
+    cols, cats = f["columns"], f["categories"]
+    rows = int(f.attrs["num_rows"])
+    for name, dtype in BASE_COLUMNS.items():
+        key = _ds_name(name)
+        if key in cols:
+            continue
+        if dtype == "cat":
+            ds = _row_dataset(cols, key, np.int32, rows)
+            ds.attrs["categorical"] = 1
+            cats.create_dataset(key, shape=(0,), maxshape=(None,), dtype=h5py.string_dtype(), chunks=(1024,))
+        else:
+            _row_dataset(cols, key, dtype, rows)
+
+
 class RolloutStoreWriter:
     """Append rollouts to ``path`` (created with its parent directories if missing; an existing store is extended).
 
@@ -188,17 +209,9 @@ class RolloutStoreWriter:
 
     @staticmethod
     def _create_layout(f: h5py.File) -> None:
-        cols = f.create_group("columns")
-        cats = f.create_group("categories")
-        for name, dtype in BASE_COLUMNS.items():
-            if dtype == "cat":
-                ds = _row_dataset(cols, _ds_name(name), np.int32, 0)
-                ds.attrs["categorical"] = 1
-                cats.create_dataset(
-                    _ds_name(name), shape=(0,), maxshape=(None,), dtype=h5py.string_dtype(), chunks=(1024,)
-                )
-            else:
-                _row_dataset(cols, _ds_name(name), dtype, 0)
+        f.create_group("columns")
+        f.create_group("categories")
+        _add_missing_base_columns(f)
         err = f.create_group("errors")
         _row_dataset(err, "row", np.int64, 0)
         err.create_dataset("message", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype(), chunks=(1024,))
@@ -264,6 +277,7 @@ class RolloutStoreWriter:
         with _open(self.path, "a") as f:
             start = int(f.attrs["num_rows"])
             cols = f["columns"]
+            _add_missing_base_columns(f)
             for name, values in numeric.items():
                 _append(cols, _ds_name(name), start, values)
             for name, values in strings.items():
