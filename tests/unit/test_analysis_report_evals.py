@@ -169,22 +169,18 @@ def test_sweep_compares_scores_not_bookkeeping(tmp_path: Path) -> None:
     ]
 
 
+def _orchestrator_line(run: RunDir, step: int, metrics: dict[str, float]) -> None:
+    append_jsonl(run.metrics, {"step": step, "time": 1.0, "role": "orchestrator", **metrics})
+
+
 def test_a_distilling_run_gets_the_distillation_figure_and_others_do_not(tmp_path: Path) -> None:
     from analysis.figures import fig_distillation
 
     run = make_run(tmp_path / "run", steps=3)
     assert fig_distillation(None, load_metrics(run)) is None  # no teacher: no figure
     for s in (1, 2, 3):
-        append_jsonl(
-            run.metrics,
-            {
-                "step": s,
-                "time": 1.0,
-                "role": "orchestrator",
-                "reward/opd/mean": 0.1 * s,
-                "teacher/opd/kl": 1.0 / s,
-                "teacher/opd/latency_s": 0.05,
-            },
+        _orchestrator_line(
+            run, s, {"reward/opd/mean": 0.1 * s, "teacher/opd/kl": 1.0 / s, "teacher/opd/latency_s": 0.05}
         )
         append_jsonl(run.metrics, {"step": s, "time": 1.0, "role": "trainer", "ref_kl/mean": 0.9 / s})
     fig = fig_distillation(None, load_metrics(run))
@@ -229,17 +225,8 @@ def test_the_reward_figure_draws_each_seat_of_a_multi_seat_env(tmp_path: Path) -
     solo = [line.get_label() for ax in fig_reward(steps, data.metrics).axes for line in ax.get_lines()]
     assert not [x for x in solo if "seat" in x]  # no multi-seat env: no seat lines
     for s in (1, 2, 3):
-        append_jsonl(
-            run.metrics,
-            {
-                "step": s,
-                "time": 1.0,
-                "role": "orchestrator",
-                "reward/game/mean": 0.5,
-                "reward/game/seat/left/mean": 0.2 * s,
-                "reward/game/seat/right/mean": 1 - 0.2 * s,
-            },
-        )
+        seats = {"reward/game/seat/left/mean": 0.2 * s, "reward/game/seat/right/mean": 1 - 0.2 * s}
+        _orchestrator_line(run, s, {"reward/game/mean": 0.5, **seats})
     data = load_run(run)
     fig = fig_reward(steps, data.metrics)
     lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
