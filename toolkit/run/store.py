@@ -203,6 +203,8 @@ class RolloutStoreWriter:
                 self._create_layout(f)
             elif int(version) != SCHEMA_VERSION:
                 raise ValueError(f"{self.path}: rollout store schema {version}, this srl writes {SCHEMA_VERSION}")
+            else:  # a store this writer extends (a resumed run) may predate columns added since
+                _add_missing_base_columns(f)
         self._closed = False
         # Per string column: its categories (name -> code) as last read or written by this writer.
         self._categories: dict[str, dict[str, int]] = {}
@@ -277,7 +279,6 @@ class RolloutStoreWriter:
         with _open(self.path, "a") as f:
             start = int(f.attrs["num_rows"])
             cols = f["columns"]
-            _add_missing_base_columns(f)
             for name, values in numeric.items():
                 _append(cols, _ds_name(name), start, values)
             for name, values in strings.items():
