@@ -24,6 +24,7 @@ import pandas as pd
 
 from analysis.loaders import dotted, load_metrics, read_json, read_store, require_run_dir, role_metrics
 from analysis.summary import group_stats
+from toolkit.config.model import off_policy_bound
 from toolkit.run import ending
 from toolkit.run.launcher import read_local_record
 from toolkit.run.layout import RunDir
@@ -66,6 +67,11 @@ ADVICE = {
     "effort (learning rate, steps, group size).",
     "all-one groups": "Most groups are solved by every rollout: no signal. Increase difficulty or sample a harder "
     "task distribution.",
+    "env starved by the off-policy bound": "This env's groups take longer than the trainer's steps, so most of them "
+    "are older than the off-policy bound when they finish and are dropped: the env trains on few batches whatever "
+    "its ratio says. Raise orchestrator.max_async_level (and max_off_policy_steps, if set) so its groups stay "
+    "within the bound, give it a smaller group_size so its groups finish sooner, or make its episodes faster "
+    "(harness start-up, tool servers, max_turns).",
     "trainer instability": "Valid rollouts arrive but the trainer misbehaves. Lower the learning rate, tighten the "
     "off-policy bound (max_async_level), and check trainer/inference mismatch (dtype, renderer, weight reload) "
     "when mismatch KL grows. This is not an environment failure.",
@@ -179,7 +185,7 @@ def diagnose(
     run = require_run_dir(run_dir)
     class_hits, slurm_hits = scan_logs(run)
     findings: list[Finding] = []
-    columns = ["step", "kind", "env", "group_id", "reward", "error_class", "error_message"]
+    columns = ["step", "kind", "env", "group_id", "reward", "error_class", "error_message", "off_policy_age"]
     rollouts, problem = read_store(run, columns)
     if problem:
         findings.append(
@@ -193,6 +199,7 @@ def diagnose(
     findings += _error_findings(rollouts, class_hits, run, error_share)
     if rollouts is not None and len(rollouts):
         findings += _reward_findings(rollouts, low_reward, group_share)
+        findings += _starved_env_findings(rollouts, read_json(run.resolved("rl")), group_share)
     findings += _trainer_findings(load_metrics(run), run)
     findings += _local_findings(run)
     for boundary, hit in slurm_hits.items():
@@ -484,6 +491,37 @@ def _reward_findings(rollouts: pd.DataFrame, low_reward: float, group_share: flo
                 advice=ADVICE["valid low reward"],
             )
         )
+    return out
+
+
+def _starved_env_findings(rollouts: pd.DataFrame, config: dict[str, Any], share: float) -> list[Finding]:
+    """Train envs most of whose groups were dropped for being older than the run's off-policy bound (a group is
+    dropped when one of its valid rollouts is: the orchestrator's rule). Needs the resolved config for the bound;
+    none without it, without the store's ``off_policy_age`` column, or for a run without a bound."""
+    orch = config.get("orchestrator")
+    if not isinstance(orch, dict) or "max_async_level" not in orch or "off_policy_age" not in rollouts.columns:
+        return []
+    bound = off_policy_bound(
+        orch["max_async_level"], orch.get("max_off_policy_steps"), bool(orch.get("update_weights", True))
+    )
+    train = rollouts[(rollouts["kind"].astype(str) == "train") & rollouts["error_class"].isna()]
+    if bound is None or train.empty:
+        return []
+    groups = train.groupby([train["env"].astype(str), "group_id"], observed=True)["off_policy_age"].max()
+    out: list[Finding] = []
+    for env, ages in groups.groupby(level=0):
+        dropped = int((ages > bound).sum())
+        if len(ages) >= 4 and dropped / len(ages) > share:
+            out.append(
+                Finding(
+                    boundary="env starved by the off-policy bound",
+                    severity="warning",
+                    summary=f"env {env}: {dropped} of its {len(ages)} groups finished more than {bound} policy "
+                    f"version(s) old and were dropped",
+                    evidence={"env": env, "groups": len(ages), "dropped_groups": dropped, "bound": bound},
+                    advice=ADVICE["env starved by the off-policy bound"],
+                )
+            )
     return out
 
 

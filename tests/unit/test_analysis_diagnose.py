@@ -172,3 +172,43 @@ def test_skipped_reward_is_its_own_finding_not_a_low_reward(tmp_path: Path) -> N
     assert "silent 0" in finding.advice
     assert finding.evidence["classes"] == {"RewardSkippedError": finding.evidence["count"]}
     assert "TaskError" not in [f.boundary for f in rest]
+
+
+def _slow_env_run(tmp_path: Path, *, max_async_level: int):
+    """A run whose ``slow`` env's groups all finish 3 policy versions old (its episodes outlast 3 trainer steps)
+    beside a ``fast`` env whose groups are 1 version old; the resolved config sets ``max_async_level``."""
+    from toolkit.fsutil import atomic_write_json
+    from toolkit.run.layout import RunDir, point_symlink
+    from toolkit.run.store import RolloutStoreWriter
+    from toolkit.run.types import Rollout
+
+    run = RunDir(tmp_path / "run")
+    run.config_attempt(1).joinpath("resolved").mkdir(parents=True)
+    point_symlink(run.latest_configs, "attempt_1")
+    atomic_write_json(run.resolved("rl"), {"orchestrator": {"max_async_level": max_async_level}})
+    with RolloutStoreWriter(run.rollout_store) as w:
+        for step in range(4, 10):
+            rows = [
+                Rollout(
+                    env=env,
+                    task_id="t",
+                    example_id=0,
+                    samples=[],
+                    reward=0.5 * (i % 2),
+                    group_id=10 * step + g,
+                    policy_version=step - age,
+                )
+                for g, (env, age) in enumerate((("fast", 1), ("slow", 3)))
+                for i in range(4)
+            ]
+            w.append(rows, step=step)
+    return run
+
+
+def test_an_env_whose_groups_outlast_the_off_policy_bound_is_named(tmp_path: Path) -> None:
+    starved = [f for f in diagnose(_slow_env_run(tmp_path / "a", max_async_level=1)) if "starved" in f.boundary]
+    assert [f.evidence["env"] for f in starved] == ["slow"]
+    assert starved[0].evidence == {"env": "slow", "groups": 6, "dropped_groups": 6, "bound": 1}
+    assert "max_async_level" in starved[0].advice
+    # With the bound raised to cover the slow env's age, nothing is dropped and nothing is reported.
+    assert not [f for f in diagnose(_slow_env_run(tmp_path / "b", max_async_level=3)) if "starved" in f.boundary]

@@ -408,6 +408,16 @@ class EvalSection(Section):
     chunks (torch's CPU generators keep no offset), which many concurrent eval requests make likely."""
 
 
+def off_policy_bound(max_async_level: int, max_off_policy_steps: int | None, update_weights: bool) -> int | None:
+    """Policy versions a group's rollouts may lag the step that trains them before the group is dropped:
+    ``max_off_policy_steps``, else ``max_async_level``; None (no bound) when weights are never updated (the negative
+    control, whose every rollout comes from the first policy). Takes the fields' values so that offline tools
+    reading a resolved config as JSON apply the orchestrator's own rule."""
+    if not update_weights:
+        return None
+    return max_off_policy_steps if max_off_policy_steps is not None else max_async_level
+
+
 class OrchestratorConfig(Section):
     training_mode: Literal["rl", "sft"] = "rl"
     """``rl``: rollouts train the policy. ``sft`` (set by ``srl sft`` for its online eval): no training rollouts;
@@ -431,6 +441,10 @@ class OrchestratorConfig(Section):
     env_vars: dict[str, EnvValue] = {}
     update_weights: bool = True
     """Debug: when false the orchestrator never reloads new policy weights into inference (negative control)."""
+
+    def off_policy_bound(self) -> int | None:
+        """Policy versions a group's rollouts may lag the step that trains them (:func:`off_policy_bound`)."""
+        return off_policy_bound(self.max_async_level, self.max_off_policy_steps, self.update_weights)
 
     def env_algo(self, env: EnvConfig) -> AlgoConfig:
         """The algorithm that trains ``env``'s rollouts: its own ``algo`` or the run's ``train.algo``."""

@@ -335,7 +335,6 @@ class Orchestrator:
         """Fill the batch of ``step``. Returns (batch, stop reason); batch None when stopped mid-way."""
         o = self.ocfg
         b = o.buffer
-        max_off_policy = o.max_off_policy_steps if o.max_off_policy_steps is not None else o.max_async_level
         settings = BufferSettings(
             batch_size=o.batch_size,
             algo=o.train.algo.type,
@@ -344,7 +343,7 @@ class Orchestrator:
             filtering=b.online_difficulty_filtering,
             easy_threshold=b.easy_threshold,
             hard_threshold=b.hard_threshold,
-            max_off_policy_steps=max_off_policy if o.update_weights else None,
+            max_off_policy_steps=o.off_policy_bound(),
         )
         batch = StepBatch(step=step, settings=settings)
         self.progress.phase(f"collecting the groups of step {step}", step=step)
