@@ -72,6 +72,10 @@ ADVICE = {
     "its ratio says. Raise orchestrator.max_async_level (and max_off_policy_steps, if set) so its groups stay "
     "within the bound, give it a smaller group_size so its groups finish sooner, or make its episodes faster "
     "(harness start-up, tool servers, max_turns).",
+    "stopped by a stop criterion": "srl ended the run itself on a stop criterion, not on a failure: the zero-signal "
+    "guard (no group with differing rewards for that many steps: the task is too easy or too hard for the model "
+    "now; after a warm-up that solves it, the expected end), or a divergence criterion. The other findings say "
+    "why; change the task, the model or the criterion's settings (monitors.stop) before resuming.",
     "trainer instability": "Valid rollouts arrive but the trainer misbehaves. Lower the learning rate, tighten the "
     "off-policy bound (max_async_level), and check trainer/inference mismatch (dtype, renderer, weight reload) "
     "when mismatch KL grows. This is not an environment failure.",
@@ -202,7 +206,11 @@ def diagnose(
         findings += _starved_env_findings(rollouts, read_json(run.resolved("rl")), group_share)
     findings += _trainer_findings(load_metrics(run), run)
     findings += _local_findings(run)
+    own_stop = _stop_criterion_ending(run)
     for boundary, hit in slurm_hits.items():
+        if boundary == "Slurm: component failed" and own_stop is not None:
+            findings.append(_criterion_finding(own_stop))  # the orchestrator exited first on purpose
+            continue
         summary, raised = f"{boundary} in the job log ({hit.count} line(s))", {}
         if boundary == "Slurm: component failed":
             summary, raised = _failure_raised(run, summary)
@@ -224,6 +232,23 @@ def diagnose(
 _LOG_ERROR_RE = re.compile(r"\s(?:ERROR|CRITICAL)\s|^Traceback \(most recent call last\)")
 
 
+def _stop_criterion_ending(run: RunDir) -> ending.Ending | None:
+    """The run's ending when srl itself stopped it on a stop criterion (the zero-signal guard, divergence, ...),
+    else None. Such a run exits non-zero on purpose: its status is no component failure."""
+    end = ending.read(run)
+    return end if end is not None and end.cause in (ending.NO_SIGNAL, ending.CRITERION) else None
+
+
+def _criterion_finding(end: ending.Ending) -> Finding:
+    return Finding(
+        boundary="stopped by a stop criterion",
+        severity="warning",
+        summary=f"srl {end.summary()} (exit status {end.exit_status})",
+        evidence={"criterion": end.criterion, "step": end.step, "status": end.exit_status},
+        advice=ADVICE["stopped by a stop criterion"],
+    )
+
+
 def _local_findings(run: RunDir) -> list[Finding]:
     """A local run whose launcher ended with a failure status (``launcher/local.json``), with the first error line
     of that attempt's role logs. A local run has no batch log, so without this its failure (a trainer refusing a
@@ -232,6 +257,9 @@ def _local_findings(run: RunDir) -> list[Finding]:
     status = rec.get("status") if rec is not None else None
     if not isinstance(status, int) or status in (0, 130):
         return []
+    own = _stop_criterion_ending(run)
+    if own is not None and own.exit_status == status:
+        return [_criterion_finding(own)]
     attempt = rec.get("attempt")
     evidence: dict[str, Any] = {"status": status, "attempt": attempt}
     logs = run.log_attempt(attempt) if isinstance(attempt, int) else None

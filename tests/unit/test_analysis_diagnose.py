@@ -212,3 +212,27 @@ def test_an_env_whose_groups_outlast_the_off_policy_bound_is_named(tmp_path: Pat
     assert "max_async_level" in starved[0].advice
     # With the bound raised to cover the slow env's age, nothing is dropped and nothing is reported.
     assert not [f for f in diagnose(_slow_env_run(tmp_path / "b", max_async_level=3)) if "starved" in f.boundary]
+
+
+@pytest.mark.parametrize("where", ["local", "slurm"])
+def test_a_run_srl_stopped_on_a_criterion_is_no_failure(tmp_path: Path, where: str) -> None:
+    from toolkit.run import ending
+    from toolkit.run.launcher import write_local_record
+
+    run = make_run(tmp_path / "run", steps=3)
+    guard = "zero-signal guard: 10 consecutive steps without any group with differing rewards"
+    end = ending.record_criterion(run, ending.ZERO_SIGNAL_GUARD, guard, role="orchestrator")
+    if where == "local":
+        run.launcher.mkdir(parents=True, exist_ok=True)
+        write_local_record(run, attempt=1, status=end.exit_status)
+    else:
+        (run.logs / "run-25.out").write_text(
+            "2026-12-01 11:26:05 srl[25]: teardown: orchestrator exited first (status 4)\n"
+        )
+    found = diagnose(run)
+    assert [f.severity for f in found] == ["warning"], found
+    assert found[0].boundary == "stopped by a stop criterion" and found[0].evidence["status"] == 4
+    assert "zero-signal guard" in found[0].summary
+    # The same status without srl's own ending is a failure.
+    ending.clear(run)
+    assert [f.severity for f in diagnose(run)] == ["error"]
