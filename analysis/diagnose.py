@@ -525,9 +525,9 @@ def _reward_findings(rollouts: pd.DataFrame, low_reward: float, group_share: flo
 def _starved_env_findings(rollouts: pd.DataFrame, config: dict[str, Any], share: float) -> list[Finding]:
     """Train envs most of whose groups were dropped for being older than the run's off-policy bound (a group is
     dropped when one of its valid rollouts is: the orchestrator's rule). Needs the resolved config for the bound;
-    none without it, without the store's ``off_policy_age`` column, or for a run without a bound."""
+    none without it, or for a run without a bound."""
     orch = config.get("orchestrator")
-    if not isinstance(orch, dict) or "max_async_level" not in orch or "off_policy_age" not in rollouts.columns:
+    if not isinstance(orch, dict) or "max_async_level" not in orch:
         return []
     bound = off_policy_bound(
         orch["max_async_level"], orch.get("max_off_policy_steps"), bool(orch.get("update_weights", True))

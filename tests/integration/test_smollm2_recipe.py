@@ -8,13 +8,13 @@ judged by the paired difference of per-task means and its standard error, not by
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 from prereqs import need_module
+from run_records import metrics_lines
 
 from toolkit.run.store import load_rollouts
 
@@ -25,8 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.vllm]
 
 
 def _evals(run: Path) -> dict[int, float]:
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return {m["step"]: m[SCORE] for m in lines if SCORE in m}
+    return {m["step"]: m[SCORE] for m in metrics_lines(run) if SCORE in m}
 
 
 def paired_gain(run: Path, first: int, last: int) -> tuple[float, float]:
