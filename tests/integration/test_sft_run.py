@@ -126,12 +126,19 @@ def test_sft_stopped_and_resumed_trains_exactly_the_uninterrupted_samples(workdi
         assert proc.poll() is None, proc.stdout.read()
         assert time.monotonic() < deadline, "the SFT run did not reach step 10"
         time.sleep(0.2)
-    # Hold the trainer (found by its progress record) while Ctrl-C reaches the run: it cannot train the remaining
-    # steps between the test's poll and the signal however the two are scheduled, and resumes to see the stop.
-    trainer_pid = next(r["pid"] for r in heartbeat.read_all(RunDir(b)).values() if r.get("role") == "trainer")
+    # Hold the trainer (found by its progress record) until the launcher has handled Ctrl-C and written the run's
+    # stop request: the trainer cannot train the remaining steps before the launcher is scheduled, however busy the
+    # machine, and resumes to see the stop.
+    run_b = RunDir(b)
+    trainer_pid = next(r["pid"] for r in heartbeat.read_all(run_b).values() if r.get("role") == "trainer")
     os.kill(trainer_pid, signal.SIGSTOP)
     try:
         os.killpg(proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + 120
+        while not run_b.stop_request.exists():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the launcher never wrote the stop request after Ctrl-C"
+            time.sleep(0.1)
     finally:
         os.kill(trainer_pid, signal.SIGCONT)
     out = proc.communicate(timeout=120)[0]
