@@ -67,8 +67,9 @@ def main() -> int:
             time.sleep(0.5)
         kinds = {
             "grpo": ["--orchestrator.batch-size", "64", "--orchestrator.group-size", "8"],
-            "opd": ["@", "jobs/reverse-text/opd.toml", "--orchestrator.train.algo.teacher.deployment",
-                    str(work / "teacher")],
+            "opd": ["@", "jobs/reverse-text/opd.toml", "--orchestrator.train.algo.teacher.serve", "false",
+                    "--orchestrator.train.algo.teacher.name", str(teacher),
+                    "--orchestrator.train.algo.teacher.deployment", str(work / "teacher")],
         }  # fmt: skip
         if args.top_k is not None:
             kinds["opd"] += ["--orchestrator.train.algo.top-k", str(args.top_k)]

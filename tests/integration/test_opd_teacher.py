@@ -11,6 +11,8 @@ the student's own tokens; the step metrics carry the teacher-student KL and the 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -76,7 +78,8 @@ max_total_tokens = 512
 """
 
 
-def _student(out: Path, name: str, *extra: str) -> list[str]:
+def _student(out: Path, name: str, teacher_model: Path, *extra: str) -> list[str]:
+    """``srl rl`` argv of the recipe with the teacher served by the deployment ``out/teacher`` instead of the run."""
     return [
         "rl",
         "@",
@@ -87,6 +90,10 @@ def _student(out: Path, name: str, *extra: str) -> list[str]:
         str(out),
         "--run.name",
         name,
+        "--orchestrator.train.algo.teacher.serve",
+        "false",
+        "--orchestrator.train.algo.teacher.name",
+        str(teacher_model),
         "--orchestrator.train.algo.teacher.deployment",
         str(out / "teacher"),
         "--orchestrator.eval.interval",
@@ -161,7 +168,7 @@ def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_i
         _permuted_tokenizer(foreign)
         bad = subprocess.run(
             [sys.executable, "-m", "toolkit.cli",
-             *_student(out, "foreign", "--max-steps", "2", "--model.name", str(foreign))],
+             *_student(out, "foreign", teacher_model, "--max-steps", "2", "--model.name", str(foreign))],
             cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
         )  # fmt: skip
         assert bad.returncode != 0
@@ -199,6 +206,10 @@ def test_opd_on_slurm_with_the_teacher_in_its_own_allocation(tmp_path, slurm_clu
             "student",
             "--max-steps",
             "2",
+            "--orchestrator.train.algo.teacher.serve",
+            "false",
+            "--orchestrator.train.algo.teacher.name",
+            str(teacher_model),
             "--orchestrator.train.algo.teacher.deployment",
             str(teacher.root),
             "--orchestrator.eval.env.reverse-text-test.num-examples",
@@ -273,3 +284,78 @@ def test_opsd_scores_with_the_policy_shown_the_demonstration(tmp_path):
         assert max(abs(g - w) for g, w in zip(got, plain)) > 1e-3  # the demonstration changed the opinion
         checked += 1
     assert checked
+
+
+def _teacher_server_pid(run_root: Path) -> int:
+    """pid of the vLLM API server of the run's served teacher (its environment names the process ``teacher-0``)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+            cmdline = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"SRL_PROCESS=teacher-0" in env and f"SRL_RUN_DIR={run_root}".encode() in env and b"api_server" in cmdline:
+            return int(d.name)
+    raise AssertionError("no teacher-0 API server of the run is running")
+
+
+def test_opd_with_the_teacher_served_by_the_run_itself(tmp_path):
+    """``jobs/reverse-text/opd.toml`` as shipped: the run serves the teacher (``teacher.serve``) as one more engine
+    of its plan. It is in the placement, healthy before the first rollout, scores every sampled token with the
+    teacher's own weights (transformers fp32, to 1e-4), is stopped with the run, and never gets a weight update; a
+    teacher that dies ends the run at once, naming it, and leaves nothing running."""
+    from run_records import processes_left
+
+    out = tmp_path / "out"
+    teacher_model = build_tiny_model(tmp_path / "teacher-model", seed=7)
+
+    def argv(name: str, steps: int) -> list[str]:
+        return [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "@",
+                str(REPO / "jobs/reverse-text/opd.toml"), "--orchestrator.train.algo.teacher.name", str(teacher_model),
+                "--output-dir", str(out), "--run.name", name, "--max-steps", str(steps),
+                "--orchestrator.eval.interval", "0", "--orchestrator.batch-size", "16"]  # fmt: skip
+
+    run = subprocess.run(argv("served", 2), cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    assert "starting inference, teacher, trainer, orchestrator" in run.stdout
+    root = out / "served"
+    placement = json.loads((root / "launcher" / "placement.json").read_text())
+    spec = next(p for p in placement["processes"] if p["name"] == "teacher-0")
+    assert spec["role"] == "teacher" and spec["command"][spec["command"].index("--model") + 1] == str(teacher_model)
+    orch_log = (root / "logs" / "attempt_1" / "orchestrator.log").read_text()
+    assert f"at http://127.0.0.1:{spec['ports']['http']}/v1 shares the policy's tokenizer" in orch_log
+    assert (root / "logs" / "attempt_1" / "teacher-0.log").is_file()
+    lines = metrics_lines(root)
+    orch = [m for m in lines if m.get("role") == "orchestrator" and "teacher/scored_share" in m]
+    assert [m["step"] for m in orch] == [1, 2] and all(m["teacher/scored_share"] == 1.0 for m in orch)
+    batch = batches.load_batch_dir(RunDir(root).rollout_step(2))
+    for i in range(2):
+        sl = batch.sample_slice(i)
+        want = _hf_logprobs(teacher_model, batch.input_ids[sl].tolist())
+        diffs = [abs(float(g) - w) for g, w, m in zip(batch.ref_logprobs[sl], want, batch.ref_kl_mask[sl]) if m]
+        assert diffs and max(diffs) < 1e-4, (i, diffs)  # the teacher's weights, not the (updated) policy's
+    # the policy's engine got the trainer's weights; the teacher was never a reload target
+    reloads = (root / "policy_reloads.jsonl").read_text()
+    assert str(spec["ports"]["http"]) not in reloads
+    assert processes_left(root) == []
+
+    # -- the teacher dies mid-run: the run ends naming it ----------------------------------------------------------
+    proc = srl_background(*argv("dies", 40)[3:])
+    killed = out / "dies"
+    try:
+        deadline = time.monotonic() + 600
+        while not any(m.get("role") == "trainer" for m in (metrics_lines(killed) if killed.exists() else [])):
+            assert proc.poll() is None, proc.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, "the run recorded no trainer step in 600 s"
+            time.sleep(0.5)
+        os.kill(_teacher_server_pid(killed), signal.SIGKILL)
+        text = proc.communicate(timeout=300)[0]
+    finally:
+        stop_background(proc)
+    assert proc.returncode != 0, text[-4000:]
+    assert "teacher-0 exited with status -9" in text, text[-4000:]
+    ending = json.loads((killed / "ending.json").read_text())
+    assert "teacher-0" in json.dumps(ending), ending
+    assert processes_left(killed) == []

@@ -237,3 +237,9 @@ def test_teacher_deployment_must_not_be_the_policys_own(tmp_path):
     missing = {"type": "opd", "teacher": {"deployment": str(tmp_path / "nowhere")}}
     warned = warnings_of(cfg(orchestrator={"train": {"algo": missing}}))
     assert "orchestrator.train.algo.teacher.deployment" in warned and "srl inference" in warned
+
+
+def test_a_served_teacher_must_be_a_model_directory_here(tmp_path):
+    opd = {"type": "opd", "teacher": {"serve": True, "name": str(tmp_path / "sft" / "model")}}
+    text = errors_of(cfg(orchestrator={"train": {"algo": opd}}))
+    assert "orchestrator.train.algo.teacher.name" in text and "no config.json" in text

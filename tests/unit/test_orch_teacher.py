@@ -161,9 +161,13 @@ def test_api_key_travels_by_variable_name_only(monkeypatch):
 
 def test_teacher_config_names_one_source_and_opd_needs_one():
     assert TeacherConfig(deployment="outputs/teacher").name is None
+    assert TeacherConfig(serve=True, name="outputs/sft/model").tp == 1
     for bad, msg in (
-        ({"name": "t"}, "either an endpoint"),
-        ({"name": "t", "base_url": "http://h:1/v1", "deployment": "d"}, "either an endpoint"),
+        ({"name": "t"}, "a teacher is one of"),
+        ({"name": "t", "base_url": "http://h:1/v1", "deployment": "d"}, "a teacher is one of"),
+        ({"name": "t", "deployment": "d", "serve": True}, "a teacher is one of"),
+        ({"serve": True}, "needs its model directory"),
+        ({"serve": True, "name": "m", "tp": 0}, "tp"),
         ({"base_url": "http://h:1/v1"}, "needs the model name"),
         ({"name": "t", "base_url": "h:1/v1"}, "base_url"),
         ({"deployment": "d", "api_key_var": "A-B"}, "api_key_var"),

@@ -448,3 +448,48 @@ def test_local_jit_caches_persist_in_one_private_directory_per_user(tmp_path: Pa
     os.chown(other, 12345, 12345)  # a directory another user made first (the tests run as root)
     with pytest.raises(PermissionError, match="other"):
         private_cache_root(other)
+
+
+def _served_opd(model: Path, **teacher) -> dict:
+    (model / "config.json").parent.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text("{}")  # what the login-node check looks for
+    return {"train": {"algo": {"type": "opd", "teacher": {"serve": True, "name": str(model), **teacher}}}}
+
+
+def test_a_served_teacher_is_an_engine_of_the_plan_whose_url_reaches_the_orchestrator(tmp_path: Path) -> None:
+    local = load_site("local")
+    model = tmp_path / "sft" / "model"
+    plan = plan_for({"run": {"name": "opd"}}, site=local, job_id="local", orchestrator=_served_opd(model))
+    assert [p.name for p in plan.processes] == ["inference-0-0", "teacher-0", "trainer", "orchestrator"]
+    t = plan.process("teacher-0")
+    assert t.role == "teacher" and t.node_index == 0 and t.gpus == () and t.log_name == "teacher-0.log"
+    at = {flag: t.command[t.command.index(flag) + 1] for flag in ("--model", "--served-model-name", "--port")}
+    assert at == {"--model": str(model), "--served-model-name": str(model), "--port": str(t.ports["http"])}
+    # scoring needs vLLM's prompt logprobs of up to 20 tokens; never a LoRA adapter or the policy's weight updates
+    assert t.command[t.command.index("--max-logprobs") + 1] == "20" and "--enable-lora" not in t.command
+    assert t.ports["http"] not in plan.process("inference-0-0").ports.values()
+    plan.addresses = ["127.0.0.1"]
+    url = fill(plan.process("orchestrator").env["SRL_TEACHER_URL_0"], plan, 0)
+    assert url == f"http://127.0.0.1:{t.ports['http']}/v1"
+    assert fill(t.healthcheck_url, plan, 0) == f"http://127.0.0.1:{t.ports['http']}/health"
+    # an inference-only plan of the same config (srl inference) has no orchestrator and so no teacher
+    cfg = make_cfg({"run": {"name": "opd"}}, site="local", orchestrator=_served_opd(model))
+    alone = build_plan(cfg, local, RunDir(cfg.output_dir / "opd"), roles=("inference", "router"))
+    assert [p.role for p in alone.processes] == ["inference"]
+
+
+def test_a_served_teacher_takes_the_gpus_after_the_policy_and_the_trainer(tmp_path: Path) -> None:
+    over = {
+        "run": {"name": "opd-gpu"},
+        "deployment": {"type": "single_node", "gpus_per_node": 8, "num_infer_gpus": 2, "num_train_gpus": 4},
+        "inference": {"deployment": {"type": "single_node", "num_replicas": 2}},
+    }
+    model = tmp_path / "model"
+    plan = plan_for(over, orchestrator=_served_opd(model, tp=2))
+    t = plan.process("teacher-0")
+    assert t.gpus == (6, 7) and t.command[t.command.index("--tensor-parallel-size") + 1] == "2"
+    assert visible_devices(t.gpus, "0,1,2,3,4,5,6,7", 8) == "6,7"
+    with pytest.raises(ConfigError, match=r"teacher.serve.*the served teachers' tp = 9 GPUs > gpus_per_node 8"):
+        make_cfg(over, site="prime-intellect", orchestrator=_served_opd(model, tp=3))
+    with pytest.raises(ConfigError, match="single-node deployment, not 'multi_node'.*teacher.deployment"):
+        make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect", orchestrator=_served_opd(model))

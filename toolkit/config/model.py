@@ -221,16 +221,27 @@ DISTILLATION = ("opd", "opsd")
 
 class TeacherConfig(Section):
     """``opd``'s teacher: a frozen model behind a vLLM server (the only server that returns prompt logprobs), which
-    scores the policy's own sampled tokens. Either an endpoint (``name`` + ``base_url``) or an ``srl inference``
-    deployment (``deployment``). It must use the policy's tokenizer (checked when the run starts)."""
+    scores the policy's own sampled tokens. One of three sources: an endpoint (``name`` + ``base_url``), an
+    ``srl inference`` deployment (``deployment``), or a model this run serves itself (``serve = true``, ``name`` its
+    directory: one more engine in the run's plan, started and stopped with the run). It must use the policy's
+    tokenizer (checked when the run starts)."""
 
     name: str | None = Field(None, min_length=1)
-    """The model name the endpoint serves (its ``/v1/models`` id); with ``deployment``: read from it."""
+    """The model name the endpoint serves (its ``/v1/models`` id); with ``deployment``: read from it; with ``serve``:
+    the model's directory (an HF model, e.g. an SFT run's ``model/``)."""
     base_url: str | None = Field(None, min_length=1, pattern=r"^https?://\S+$")
     """OpenAI-compatible base URL of the teacher's vLLM server, e.g. ``http://node12:8001/v1``."""
     deployment: str | None = Field(None, min_length=1)
     """Run directory of an ``srl inference`` deployment that serves the teacher (locally, or as its own Slurm job):
     the run waits for it like for ``inference.external`` and never loads weights into it."""
+    serve: bool = False
+    """Serve ``name`` in this run: a vLLM engine of its own (process ``teacher-<k>``) on the first node, that the
+    run waits for like its policy engines, never loads weights into, and stops with the run; a teacher that dies
+    ends the run naming it. Single-node deployments (locally and on Slurm); for a multi-node run serve the teacher
+    as its own deployment."""
+    tp: int = Field(1, ge=1, le=64)
+    """``serve`` on GPU nodes: the teacher engine's tensor-parallel GPUs, taken after the policy's and the trainer's
+    on the node (unused on CPU)."""
     api_key_var: str | None = None
     """Name of the environment variable that holds the endpoint's API key (never the key itself)."""
     max_concurrent: int = Field(32, ge=1, le=65536)
@@ -247,10 +258,15 @@ class TeacherConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> TeacherConfig:
-        if (self.base_url is None) == (self.deployment is None):
-            raise ValueError("a teacher is either an endpoint (name and base_url) or a deployment (its run directory)")
+        if (self.base_url is not None) + (self.deployment is not None) + self.serve != 1:
+            raise ValueError(
+                "a teacher is one of: an endpoint (name and base_url), a deployment (its run directory), or a model "
+                "this run serves (serve = true and name = its directory)"
+            )
         if self.base_url is not None and self.name is None:
             raise ValueError("a teacher endpoint needs the model name it serves (name)")
+        if self.serve and self.name is None:
+            raise ValueError("a served teacher needs its model directory (name)")
         return self
 
 
@@ -278,7 +294,9 @@ class AlgoConfig(Section):
     @model_validator(mode="after")
     def _teacher_with_opd(self) -> AlgoConfig:
         if self.type == "opd" and self.teacher is None:
-            raise ValueError("type 'opd' needs a teacher: set the algo's teacher (name and base_url, or deployment)")
+            raise ValueError(
+                "type 'opd' needs a teacher: set the algo's teacher (name and base_url, a deployment, or serve = true)"
+            )
         if self.type != "opd" and self.teacher is not None:
             raise ValueError(f"a teacher is used by type 'opd' only, not {self.type!r}; remove it or set type = 'opd'")
         if self.type in DISTILLATION and self.length_penalty:
@@ -459,6 +477,16 @@ class OrchestratorConfig(Section):
             if algo.type in DISTILLATION:
                 field = f"orchestrator.train.env[{i}].algo" if env.algo is not None else "orchestrator.train.algo"
                 out.append((field, env, algo))
+        return out
+
+    def served_teachers(self) -> list[str]:
+        """Model directories of the ``opd`` teachers this run serves itself (``teacher.serve``), each once, in the
+        order of :meth:`distilling_envs`: teacher ``k`` is the plan's process ``teacher-<k>``."""
+        out: list[str] = []
+        for _field, _env, algo in self.distilling_envs():
+            t = algo.teacher
+            if t is not None and t.serve and t.name not in out:
+                out.append(t.name)  # type: ignore[arg-type]
         return out
 
     def env_entries(self) -> list[tuple[str, EnvConfig]]:

@@ -235,9 +235,36 @@ def _sampling(cfg: RLConfig, f: Findings) -> None:
             )
 
 
+def _served_teachers(cfg: RLConfig, f: Findings) -> None:
+    """A teacher the run serves (``teacher.serve``) sits on the single node beside the policy and the trainer, on
+    the GPUs after theirs."""
+    dep = cfg.deployment
+    teachers = {
+        t.name: (fld, t.tp) for fld, _e, a in cfg.orchestrator.distilling_envs() if (t := a.teacher) and t.serve
+    }
+    if not teachers:
+        return
+    field = next(iter(teachers.values()))[0] + ".teacher.serve"
+    if dep.type != "single_node":
+        f.error(
+            field,
+            f"a teacher served in the run is placed on a single-node deployment, not {dep.type!r}; for a multi-node "
+            "run serve it as its own deployment (srl inference) and set teacher.deployment instead",
+        )
+    elif dep.gpus_per_node:
+        used = dep.num_train_gpus + dep.num_infer_gpus + sum(tp for _fld, tp in teachers.values())
+        if used > dep.gpus_per_node:
+            f.error(
+                f"{field}, teacher.tp",
+                f"num_train_gpus {dep.num_train_gpus} + num_infer_gpus {dep.num_infer_gpus} + the served "
+                f"teachers' tp = {used} GPUs > gpus_per_node {dep.gpus_per_node}",
+            )
+
+
 def _deployment(cfg: RLConfig, f: Findings) -> None:
     dep = cfg.deployment
     tp = vllm_tp(cfg.inference.vllm)
+    _served_teachers(cfg, f)
     if dep.type == "single_node":
         used = dep.num_train_gpus + dep.num_infer_gpus
         if used > dep.gpus_per_node:

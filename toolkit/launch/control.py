@@ -334,7 +334,9 @@ def logs_main(args: list[str]) -> int:
     ``--follow`` keeps printing new lines until the run has ended (:func:`run_is_live`: its last lines are
     printed, then how it ended) or until interrupted."""
     ap = _parser("logs")
-    ap.add_argument("--role", choices=("inference", "prefill", "decode", "router", "trainer", "orchestrator"))
+    ap.add_argument(
+        "--role", choices=("inference", "prefill", "decode", "router", "teacher", "trainer", "orchestrator")
+    )
     ap.add_argument("--follow", "-f", action="store_true")
     a = ap.parse_args(args)
     run = RunDir(a.run_dir)

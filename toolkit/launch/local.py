@@ -131,7 +131,7 @@ def run_local(cfg: RLConfig, run: RunDir, plan: Plan, *, attempt: int) -> int:
     model_path = str(resolve_model(cfg.model.name))
     print(f"srl: run directory {run.root}")
     print(f"srl: logs in {logs} ; metrics {run.metrics} ; checkpoints {run.checkpoints}")
-    roles = [r for r in ("inference", "trainer", "orchestrator") if any(p.role == r for p in plan.processes)]
+    roles = [r for r in ("inference", "teacher", "trainer", "orchestrator") if any(p.role == r for p in plan.processes)]
     print(
         f"srl: starting {', '.join(roles)}"
         + (" (vLLM start-up takes about a minute on CPU)" if "inference" in roles else "")

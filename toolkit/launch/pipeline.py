@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import ConfigError, ConfigIssue, LoadedConfig, RLConfig
-from ..placement.plan import roles_of, write_plan
+from ..placement.plan import Plan, roles_of, write_plan
 from ..preflight import Preflight, preflight
 from ..run.layout import RunDir
 from .prepare import launch_target, prepare_attempt
@@ -129,15 +129,23 @@ def start(
     return _launch(req, checked, run, attempt)
 
 
-def _teacher_lines(cfg: RLConfig) -> list[str]:
-    """What a dry run says about each distilling env's teacher (a deployment or endpoint outside the plan, or the
-    policy's own engines)."""
+def _teacher_lines(cfg: RLConfig, plan: Plan) -> list[str]:
+    """What a dry run says about each distilling env's teacher (an engine of the plan, a deployment or endpoint
+    outside it, or the policy's own engines)."""
     o = cfg.orchestrator
+    served = o.served_teachers()
     out = []
     for _field, env, algo in o.distilling_envs() if o.training_mode == "rl" else []:
         t = algo.teacher
         if t is None:  # opsd
             where = f"the policy itself on its engines, shown the task field {algo.demo_key!r}"
+        elif t.serve:
+            spec = plan.process(f"teacher-{served.index(t.name)}")
+            gpus = f", GPUs {list(spec.gpus)}" if spec.gpus else ""
+            where = (
+                f"{t.name}, served in this run by {spec.name} (node {spec.node_index}, port {spec.ports['http']}"
+                f"{gpus}; log {spec.log_name}); started and stopped with the run, never trained"
+            )
         else:
             where = f"the srl inference deployment {t.deployment}" if t.deployment else f"{t.name} at {t.base_url}"
             where += "; the run waits for it and never changes its weights"
@@ -149,7 +157,7 @@ def _launch(req: Launch, checked: Preflight, run: RunDir, attempt: int) -> Start
     cfg, site, plan = checked.config, checked.site, checked.plan
     write_plan(run, plan)
     if req.dry_run and req.kind == "rl":
-        for line in _teacher_lines(cfg):
+        for line in _teacher_lines(cfg, plan):
             print(line)
     if site.is_slurm:
         from .submit import render_job, submit_job

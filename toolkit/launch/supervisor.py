@@ -101,13 +101,14 @@ if TYPE_CHECKING:
     from toolkit.placement.plan import Plan
 
 
-# Roles whose clean exit means the run is done; inference and router serve until told to stop.
+# Roles whose clean exit means the run is done; inference, router and a served teacher serve until told to stop.
 FINITE_ROLES = ("trainer", "orchestrator")
 # Roles restarted when they die. An engine holds no state the run cannot rebuild: it serves the newest STABLE
 # broadcast (or the base model), which the orchestrator pushes into it again once it answers
 # (toolkit.orchestrator.engines), and rollouts in flight on it are retried by the policy client. The trainer and
 # the orchestrator are the run's state (a crash ends the run; --resume continues from the newest checkpoint); a
-# router death usually means a configuration or port problem that a restart would only repeat.
+# router death usually means a configuration or port problem that a restart would only repeat. A served teacher
+# (role "teacher") is not restarted: its death ends the run naming it, as training on unscored rollouts would not do.
 RESTARTABLE_ROLES = ("inference",)
 # Seconds between supervision polls; small so a crash ends the run promptly.
 POLL_S = 0.5
@@ -117,7 +118,7 @@ TERM_GRACE_S = 15.0
 # on SIGINT exactly as on SIGTERM, and a SIGINT spares its log the line slurmstepd writes for a SIGTERM sent to a step
 # ("error: *** STEP 12.0 ON node1 CANCELLED ... ***"). vllm-router dies of SIGINT (its Python launcher's
 # KeyboardInterrupt) but exits 0 on SIGTERM; the trainer and orchestrator stop on SIGTERM as in a local run.
-STEP_STOP_SIGNALS = {"inference": "INT"}
+STEP_STOP_SIGNALS = {"inference": "INT", "teacher": "INT"}
 # Seconds a job step's srun gets to exit after its own SIGTERM (it SIGKILLs its tasks at once and exits when they are
 # gone) before it is SIGKILLed.
 SRUN_EXIT_WAIT_S = 15.0
@@ -327,7 +328,7 @@ class Supervisor:
 
     # -- readiness and restarts ------------------------------------------------------------------------------
     def wait_ready(self, *, interrupt: Callable[[], bool]) -> bool:
-        """Block until every engine (and the router) answers /health, then publish the addresses for the
+        """Block until every engine (the router, a served teacher) answers /health, then publish the addresses for the
         orchestrator and other runs (``control/inference_ready.json``). Returns True once ready (or when the plan
         has no engines), False when ``interrupt()`` turned true first.
 
@@ -341,7 +342,7 @@ class Supervisor:
         pending = {
             c.name: c.health_url.removesuffix("/health")
             for c in self.children
-            if c.role in ("inference", "router") and c.health_url
+            if c.role in ("inference", "router", "teacher") and c.health_url
         }
         n = len(pending)
         timeout = self.cfg.inference.startup_timeout_s

@@ -210,9 +210,16 @@ class Orchestrator:
 
     async def _teacher_address(self, cfg: Any) -> tuple[str, str]:
         """``(model name, base URL .../v1)`` of an ``opd`` teacher (a ``TeacherConfig``): the endpoint as configured,
-        or an ``srl inference`` deployment's from its readiness file, waited for like ``inference.external``.
+        the run's own teacher engine (``serve``: its URL from the plan, ``SRL_TEACHER_URL_<k>``), or an
+        ``srl inference`` deployment's from its readiness file, waited for like ``inference.external``.
         Raises TeacherError while another run trains weights into that deployment, StopBeforeStart on a stop
         request while waiting."""
+        if cfg.serve:  # an engine of this run's plan, healthy before inference was published ready
+            k = self.cfg.orchestrator.served_teachers().index(cfg.name)
+            url = os.environ.get(f"SRL_TEACHER_URL_{k}")
+            if not url:
+                raise TeacherError(f"teacher {cfg.name!r}: SRL_TEACHER_URL_{k} is not set (start the run with srl rl)")
+            return cfg.name, url
         if cfg.deployment is None:
             return cfg.name, cfg.base_url
         dep = RunDir(Path(cfg.deployment).expanduser())

@@ -67,14 +67,15 @@ def cpu_thread_env(plan: Plan, name: str, node: int, cpu_ids: Sequence[int] | No
         return {}
     spec = plan.process(name)
     host = _host_nodes(plan, node)
-    engines = [p.name for p in plan.processes if p.role == "inference" and host & set(p.node_indices)]
+    # A served teacher is an engine like the policy's: it gets cores of its own.
+    engines = [p.name for p in plan.processes if p.role in ("inference", "teacher") and host & set(p.node_indices)]
     ranks = sum(p.nprocs_per_node * len(host & set(p.node_indices)) for p in plan.processes if p.role == "trainer")
     # One core is kept for the trainer ranks and the orchestrator when the host runs any of them; an inference-only
     # plan (srl inference, the eval gate's server) gives its engines every core.
     orchestrator = any(p.role == "orchestrator" and host & set(p.node_indices) for p in plan.processes)
     reserve = 1 if ranks or orchestrator else 0
     per = max(1, (n_cores - reserve) // len(engines)) if engines and n_cores > len(engines) - 1 + reserve else 1
-    if spec.role == "inference" and name in engines and OMP_BIND not in spec.env:
+    if name in engines and OMP_BIND not in spec.env:
         lo = (engines.index(name) * per) % n_cores
         hi = min(n_cores - 1, lo + per - 1)
         text = format_cpu_list(ids[lo : hi + 1])

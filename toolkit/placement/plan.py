@@ -36,6 +36,9 @@ from .ports import PortAllocator, PortError, ports_free
 from .topology import Topology, derive_topology
 
 ROLES = ("inference", "router", "orchestrator", "trainer")
+TEACHER_ROLE = "teacher"
+"""Role of the engine serving an ``opd`` teacher the run serves itself (process ``teacher-<k>``), placed with the
+orchestrator; its URL reaches the orchestrator as ``SRL_TEACHER_URL_<k>``."""
 # The engine role of each vLLM KV role (None: an aggregated engine, "engine").
 KV_ROLE_NAMES = {"kv_producer": "prefill", "kv_consumer": "decode"}
 # vLLM arguments the plan sets itself; stripped from the pass-through table (tp goes to engine_command's ``tp``).
@@ -372,6 +375,27 @@ def launch_plan(
     raise PlacementError(f"no free port block in the site's port range after {tries} tries; is the range too small?")
 
 
+def _served_teachers(
+    cfg: RLConfig, topo: Topology, roles: tuple[str, ...]
+) -> list[tuple[str, str, str, tuple[int, ...]]]:
+    """``(process name, model as configured: its served name, absolute model directory, GPU positions)`` of each
+    teacher the run serves (``RLConfig.orchestrator.served_teachers``), placed on node 0 with the orchestrator; none
+    when the plan places no orchestrator. GPUs follow the policy's and the trainer's on the node (the config rules
+    refuse a multi-node deployment or too few GPUs)."""
+    models = cfg.orchestrator.served_teachers() if "orchestrator" in roles else []
+    tps = {t.name: t.tp for _f, _e, a in cfg.orchestrator.distilling_envs() if (t := a.teacher) is not None}
+    dep = cfg.deployment
+    first = getattr(dep, "num_infer_gpus", 0) + getattr(dep, "num_train_gpus", 0)
+    out = []
+    for k, model in enumerate(models):
+        n = tps[model] if topo.gpus_per_node else 0
+        out.append(
+            (f"{TEACHER_ROLE}-{k}", model, str(Path(model).expanduser().absolute()), tuple(range(first, first + n)))
+        )
+        first += n
+    return out
+
+
 def _place(
     cfg: RLConfig, site: SiteConfig, run: RunDir, job: str, roles: tuple[str, ...], port_key: str | None
 ) -> Plan:
@@ -406,6 +430,9 @@ def _place(
     if use_router:
         alloc.request(host(router_node), "router.http")
         alloc.request(host(router_node), "router.metrics")
+    teachers = _served_teachers(cfg, topo, roles)
+    for name, *_ in teachers:
+        alloc.request(host(0), f"{name}.http")
     master = topo.trainer_nodes[0] if "trainer" in roles else None
     if "trainer" in roles:
         alloc.request(host(master), "trainer.rdzv")
@@ -560,6 +587,46 @@ def _place(
         e = engines[0]
         inference_url = f"http://{{node_addr_{e.node}}}:{ports[e.name + '.http']}"
 
+    # ---- teachers the run serves (opd) ----------------------------------------------------------------------
+    # The policy's engine settings minus what trains or splits it: the teacher scores the same sequences, so it
+    # takes the same pass-through limits (context length, memory), but never a LoRA adapter or a KV connector.
+    teacher_defaults = {**ENGINE_DEFAULTS, "dtype": cfg.model.dtype, **(CPU_ENGINE_DEFAULTS if not gpn else {})}
+    teacher_urls: dict[str, str] = {}
+    for name, served, model, tgpus in teachers:
+        http = ports[f"{name}.http"]
+        cmd = engine_command(
+            model_path=model,
+            host="{node_addr}",
+            port=http,
+            vllm_args=vargs,
+            tp=max(1, len(tgpus)),
+            dp=1,
+            served_model_name=served,
+            kv_role=None,
+            kv_connector=None,
+            kv_extra=None,
+            python=py,
+            defaults=teacher_defaults,
+        )
+        tenv = engine_env(
+            role="engine", omp_bind=None, side_channel_host=None, side_channel_port=None, cpu=not gpn, user_env=None
+        )
+        owned = {k: v for k, v in tenv.items() if k in envmod.OWNED_NAMES}
+        add(
+            name,
+            TEACHER_ROLE,
+            0,
+            tgpus,
+            {"http": http},
+            cmd,
+            cfg.inference.env_vars,
+            owned,
+            extra_defaults={k: v for k, v in tenv.items() if k not in owned},
+            log_name=f"{name}.log",
+            healthcheck_url=f"http://{{node_addr}}:{http}/health",
+        )
+        teacher_urls[f"SRL_TEACHER_URL_{name.rsplit('-', 1)[1]}"] = f"http://{{node_addr_0}}:{http}/v1"
+
     # ---- trainer -------------------------------------------------------------------------------------------
     if "trainer" in roles:
         if dep.type == "single_node":
@@ -613,7 +680,7 @@ def _place(
     # ---- orchestrator --------------------------------------------------------------------------------------
     if "orchestrator" in roles:
         onode = topo.orchestrator_node
-        owned = {"SRL_TRAINER_DP": str(topo.trainer_dp)}
+        owned = {"SRL_TRAINER_DP": str(topo.trainer_dp), **teacher_urls}
         if inference_url:
             owned["SRL_INFERENCE_URL"] = inference_url.replace(f"{{node_addr_{onode}}}", "{node_addr}")
         if external:

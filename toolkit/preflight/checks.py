@@ -265,6 +265,15 @@ def _references(cfg: RLConfig, f: Findings) -> None:
     policy_deployment = Path(cfg.inference.external).expanduser().absolute() if cfg.inference.external else None
     for field, _env, algo in cfg.orchestrator.distilling_envs():
         teacher = algo.teacher
+        if teacher is not None and teacher.serve:
+            model = Path(teacher.name).expanduser()  # type: ignore[arg-type]
+            if not (model / "config.json").is_file():
+                f.error(
+                    f"{field}.teacher.name",
+                    f"{teacher.name} is not a model directory (no config.json there); a served teacher is an HF "
+                    "model directory on a filesystem the job's nodes share, e.g. an SFT run's model/ folder",
+                )
+            continue
         if teacher is None or teacher.deployment is None:
             continue
         dep = Path(teacher.deployment).expanduser()
