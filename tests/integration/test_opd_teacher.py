@@ -359,3 +359,49 @@ def test_opd_with_the_teacher_served_by_the_run_itself(tmp_path):
     ending = json.loads((killed / "ending.json").read_text())
     assert "teacher-0" in json.dumps(ending), ending
     assert processes_left(killed) == []
+
+
+@pytest.mark.slurm
+def test_opd_on_slurm_with_the_teacher_served_in_a_het_group_of_the_job(tmp_path, slurm_cluster):
+    """The recipe on the local Slurm cluster as shipped (``@ rl.toml @ opd.toml @ slurm.toml``, a multi-node run):
+    the job itself serves the teacher on a node of its own (a heterogeneous component after the policy's and the
+    trainer's nodes), scores every batch under it and ends COMPLETED with nothing left running."""
+    from run_records import processes_left, submit_slurm_rl
+
+    from toolkit.launch import slurm
+
+    out = tmp_path / "out"
+    teacher_model = build_tiny_model(tmp_path / "teacher-model", seed=7)
+    run, job = submit_slurm_rl(
+        out,
+        "student",
+        "--max-steps",
+        "2",
+        "--orchestrator.train.algo.teacher.name",
+        str(teacher_model),
+        "--orchestrator.batch-size",
+        "16",
+        "--orchestrator.eval.interval",
+        "0",
+        configs=(
+            str(REPO / "jobs/reverse-text/rl.toml"),
+            str(REPO / "jobs/reverse-text/opd.toml"),
+            str(REPO / "jobs/reverse-text/slurm.toml"),
+        ),
+    )
+    state = slurm.wait(job, timeout_s=1500, poll_s=2.0)
+    logs = "\n".join(p.read_text()[-3000:] for p in sorted(run.logs.rglob("*.log")))
+    assert state.state == "COMPLETED", f"job {job} ended {state.state}\n{logs}"
+    assert len(state.het_components) == 2  # the run's nodes, and the teacher's
+    placement = json.loads((run.root / "launcher" / "placement.json").read_text())
+    spec = next(p for p in placement["processes"] if p["name"] == "teacher-0")
+    assert spec["het_group"] == 1 and placement["groups"][1]["first_node"] == spec["node_index"] == 3
+    host = placement["hosts"][3]
+    assert host not in {placement["hosts"][n] for n in range(3)}  # a node of its own
+    lines = metrics_lines(run.root)
+    orch = [m for m in lines if m.get("role") == "orchestrator" and "teacher/scored_share" in m]
+    assert [m["step"] for m in orch] == [1, 2] and all(m["teacher/scored_share"] == 1.0 for m in orch)
+    orch_log = "\n".join(p.read_text() for p in run.logs.glob("attempt_*/orchestrator*.log"))
+    addr = placement["addresses"][3]
+    assert f"at http://{addr}:{spec['ports']['http']}/v1 shares the policy's tokenizer" in orch_log
+    assert processes_left(run.root) == []

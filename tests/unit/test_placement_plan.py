@@ -489,7 +489,30 @@ def test_a_served_teacher_takes_the_gpus_after_the_policy_and_the_trainer(tmp_pa
     t = plan.process("teacher-0")
     assert t.gpus == (6, 7) and t.command[t.command.index("--tensor-parallel-size") + 1] == "2"
     assert visible_devices(t.gpus, "0,1,2,3,4,5,6,7", 8) == "6,7"
-    with pytest.raises(ConfigError, match=r"teacher.serve.*the served teachers' tp = 9 GPUs > gpus_per_node 8"):
+    with pytest.raises(ConfigError, match=r"teacher.tp.*the served teachers' tp = 9 GPUs > gpus_per_node 8"):
         make_cfg(over, site="prime-intellect", orchestrator=_served_opd(model, tp=3))
-    with pytest.raises(ConfigError, match="single-node deployment, not 'multi_node'.*teacher.deployment"):
-        make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect", orchestrator=_served_opd(model))
+
+
+def test_a_multi_node_run_serves_its_teacher_in_a_het_group_of_its_own(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    hetorch = merge(LAYOUTS["train2-infer1"], {"deployment": {"orchestrator_partition": "cpu"}})
+    for over, het in ((LAYOUTS["train2-infer1"], 1), (hetorch, 2)):
+        plan = plan_for(over, orchestrator=_served_opd(model, tp=4))
+        t = plan.process("teacher-0")
+        first = plan.groups[0].num_nodes + (1 if het == 2 else 0)
+        assert (t.het_group, t.node_index, t.gpus) == (het, first, (0, 1, 2, 3))
+        g = plan.groups[het]
+        assert (g.index, g.num_nodes, g.gpus_per_node, g.first_node) == (het, 1, 4, first)
+        assert (
+            plan.process("orchestrator").env["SRL_TEACHER_URL_0"]
+            == f"http://{{node_addr_{first}}}:{t.ports['http']}/v1"
+        )
+    with pytest.raises(ConfigError, match=r"teacher.tp: a served teacher's tp 9 > deployment.gpus_per_node 8"):
+        make_cfg(LAYOUTS["train2-infer1"], site="prime-intellect", orchestrator=_served_opd(model, tp=9))
+    # with the policy's engines in another allocation (inference.external), the nodes shift down, the URL too
+    ext = merge(LAYOUTS["train2-infer1"], {"inference": {"external": str(tmp_path / "serve")}})
+    (tmp_path / "serve").mkdir()
+    plan = plan_for(ext, orchestrator=_served_opd(model))
+    t = plan.process("teacher-0")
+    assert t.node_index == plan.groups[1].first_node == plan.groups[0].num_nodes == 2
+    assert plan.process("orchestrator").env["SRL_TEACHER_URL_0"] == f"http://{{node_addr_2}}:{t.ports['http']}/v1"

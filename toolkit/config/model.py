@@ -235,13 +235,13 @@ class TeacherConfig(Section):
     """Run directory of an ``srl inference`` deployment that serves the teacher (locally, or as its own Slurm job):
     the run waits for it like for ``inference.external`` and never loads weights into it."""
     serve: bool = False
-    """Serve ``name`` in this run: a vLLM engine of its own (process ``teacher-<k>``) on the first node, that the
-    run waits for like its policy engines, never loads weights into, and stops with the run; a teacher that dies
-    ends the run naming it. Single-node deployments (locally and on Slurm); for a multi-node run serve the teacher
-    as its own deployment."""
+    """Serve ``name`` in this run: a vLLM engine of its own (process ``teacher-<k>``) that the run waits for like
+    its policy engines, never loads weights into, and stops with the run; a teacher that dies ends the run naming
+    it. A single-node run places it on its node; a multi-node Slurm run on a node of its own, a heterogeneous
+    component of the job."""
     tp: int = Field(1, ge=1, le=64)
-    """``serve`` on GPU nodes: the teacher engine's tensor-parallel GPUs, taken after the policy's and the trainer's
-    on the node (unused on CPU)."""
+    """``serve`` on GPU nodes: the teacher engine's tensor-parallel GPUs (single node: taken after the policy's and
+    the trainer's; multi-node: of its own node). Unused on CPU."""
     api_key_var: str | None = None
     """Name of the environment variable that holds the endpoint's API key (never the key itself)."""
     max_concurrent: int = Field(32, ge=1, le=65536)

@@ -236,29 +236,26 @@ def _sampling(cfg: RLConfig, f: Findings) -> None:
 
 
 def _served_teachers(cfg: RLConfig, f: Findings) -> None:
-    """A teacher the run serves (``teacher.serve``) sits on the single node beside the policy and the trainer, on
-    the GPUs after theirs."""
+    """A teacher the run serves (``teacher.serve``) needs its ``tp`` GPUs: on a single node after the policy's and
+    the trainer's, on a multi-node run on a node of its own (a heterogeneous component with the job's GPUs per
+    node)."""
     dep = cfg.deployment
     teachers = {
         t.name: (fld, t.tp) for fld, _e, a in cfg.orchestrator.distilling_envs() if (t := a.teacher) and t.serve
     }
-    if not teachers:
+    if not teachers or not dep.gpus_per_node:
         return
-    field = next(iter(teachers.values()))[0] + ".teacher.serve"
-    if dep.type != "single_node":
-        f.error(
-            field,
-            f"a teacher served in the run is placed on a single-node deployment, not {dep.type!r}; for a multi-node "
-            "run serve it as its own deployment (srl inference) and set teacher.deployment instead",
-        )
-    elif dep.gpus_per_node:
+    field = next(iter(teachers.values()))[0] + ".teacher.tp"
+    if dep.type == "single_node":
         used = dep.num_train_gpus + dep.num_infer_gpus + sum(tp for _fld, tp in teachers.values())
         if used > dep.gpus_per_node:
             f.error(
-                f"{field}, teacher.tp",
+                field,
                 f"num_train_gpus {dep.num_train_gpus} + num_infer_gpus {dep.num_infer_gpus} + the served "
                 f"teachers' tp = {used} GPUs > gpus_per_node {dep.gpus_per_node}",
             )
+    elif (tp := max(tp for _fld, tp in teachers.values())) > dep.gpus_per_node:
+        f.error(field, f"a served teacher's tp {tp} > deployment.gpus_per_node {dep.gpus_per_node} (its own node)")
 
 
 def _deployment(cfg: RLConfig, f: Findings) -> None:

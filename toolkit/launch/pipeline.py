@@ -142,6 +142,7 @@ def _teacher_lines(cfg: RLConfig, plan: Plan) -> list[str]:
         elif t.serve:
             spec = plan.process(f"teacher-{served.index(t.name)}")
             gpus = f", GPUs {list(spec.gpus)}" if spec.gpus else ""
+            gpus += f", its own het group {spec.het_group}" if spec.het_group else ""
             where = (
                 f"{t.name}, served in this run by {spec.name} (node {spec.node_index}, port {spec.ports['http']}"
                 f"{gpus}; log {spec.log_name}); started and stopped with the run, never trained"

@@ -375,24 +375,38 @@ def launch_plan(
     raise PlacementError(f"no free port block in the site's port range after {tries} tries; is the range too small?")
 
 
-def _served_teachers(
-    cfg: RLConfig, topo: Topology, roles: tuple[str, ...]
-) -> list[tuple[str, str, str, tuple[int, ...]]]:
-    """``(process name, model as configured: its served name, absolute model directory, GPU positions)`` of each
-    teacher the run serves (``RLConfig.orchestrator.served_teachers``), placed on node 0 with the orchestrator; none
-    when the plan places no orchestrator. GPUs follow the policy's and the trainer's on the node (the config rules
-    refuse a multi-node deployment or too few GPUs)."""
+@dataclass
+class _Teacher:
+    name: str  # process name, teacher-<k>
+    served: str  # the model as configured: its served model name
+    model: str  # absolute model directory
+    node: int
+    gpus: tuple[int, ...]
+    het_group: int | None  # its own heterogeneous component (multi-node runs), None: on node 0 of the job
+
+
+def _served_teachers(cfg: RLConfig, topo: Topology, roles: tuple[str, ...]) -> list[_Teacher]:
+    """Each teacher the run serves (``RLConfig.orchestrator.served_teachers``); none when the plan places no
+    orchestrator. A single-node run puts it on its node, on the GPUs after the policy's and the trainer's; a
+    multi-node run gives each its own one-node heterogeneous component (``tp`` GPUs), after the job's other nodes.
+    The config rules refuse a node with too few GPUs."""
     models = cfg.orchestrator.served_teachers() if "orchestrator" in roles else []
     tps = {t.name: t.tp for _f, _e, a in cfg.orchestrator.distilling_envs() if (t := a.teacher) is not None}
     dep = cfg.deployment
-    first = getattr(dep, "num_infer_gpus", 0) + getattr(dep, "num_train_gpus", 0)
+    gpn = topo.gpus_per_node
+    first_gpu = getattr(dep, "num_infer_gpus", 0) + getattr(dep, "num_train_gpus", 0)
+    next_node = topo.num_nodes + (1 if topo.orchestrator_het_group else 0)
     out = []
     for k, model in enumerate(models):
-        n = tps[model] if topo.gpus_per_node else 0
-        out.append(
-            (f"{TEACHER_ROLE}-{k}", model, str(Path(model).expanduser().absolute()), tuple(range(first, first + n)))
-        )
-        first += n
+        n = tps[model] if gpn else 0
+        path = str(Path(model).expanduser().absolute())
+        if dep.type == "single_node":
+            out.append(_Teacher(f"{TEACHER_ROLE}-{k}", model, path, 0, tuple(range(first_gpu, first_gpu + n)), None))
+            first_gpu += n
+        else:
+            group = 1 + (1 if topo.orchestrator_het_group else 0) + k
+            out.append(_Teacher(f"{TEACHER_ROLE}-{k}", model, path, next_node, tuple(range(n)), group))
+            next_node += 1
     return out
 
 
@@ -431,8 +445,8 @@ def _place(
         alloc.request(host(router_node), "router.http")
         alloc.request(host(router_node), "router.metrics")
     teachers = _served_teachers(cfg, topo, roles)
-    for name, *_ in teachers:
-        alloc.request(host(0), f"{name}.http")
+    for t in teachers:
+        alloc.request(host(t.node), f"{t.name}.http")
     master = topo.trainer_nodes[0] if "trainer" in roles else None
     if "trainer" in roles:
         alloc.request(host(master), "trainer.rdzv")
@@ -592,16 +606,16 @@ def _place(
     # takes the same pass-through limits (context length, memory), but never a LoRA adapter or a KV connector.
     teacher_defaults = {**ENGINE_DEFAULTS, "dtype": cfg.model.dtype, **(CPU_ENGINE_DEFAULTS if not gpn else {})}
     teacher_urls: dict[str, str] = {}
-    for name, served, model, tgpus in teachers:
-        http = ports[f"{name}.http"]
+    for t in teachers:
+        http = ports[f"{t.name}.http"]
         cmd = engine_command(
-            model_path=model,
+            model_path=t.model,
             host="{node_addr}",
             port=http,
             vllm_args=vargs,
-            tp=max(1, len(tgpus)),
+            tp=max(1, len(t.gpus)),
             dp=1,
-            served_model_name=served,
+            served_model_name=t.served,
             kv_role=None,
             kv_connector=None,
             kv_extra=None,
@@ -613,19 +627,20 @@ def _place(
         )
         owned = {k: v for k, v in tenv.items() if k in envmod.OWNED_NAMES}
         add(
-            name,
+            t.name,
             TEACHER_ROLE,
-            0,
-            tgpus,
+            t.node,
+            t.gpus,
             {"http": http},
             cmd,
             cfg.inference.env_vars,
             owned,
             extra_defaults={k: v for k, v in tenv.items() if k not in owned},
-            log_name=f"{name}.log",
+            log_name=f"{t.name}.log",
             healthcheck_url=f"http://{{node_addr}}:{http}/health",
+            het_group=t.het_group or 0,
         )
-        teacher_urls[f"SRL_TEACHER_URL_{name.rsplit('-', 1)[1]}"] = f"http://{{node_addr_0}}:{http}/v1"
+        teacher_urls[f"SRL_TEACHER_URL_{t.name.rsplit('-', 1)[1]}"] = f"http://{{node_addr_{t.node}}}:{http}/v1"
 
     # ---- trainer -------------------------------------------------------------------------------------------
     if "trainer" in roles:
@@ -711,6 +726,9 @@ def _place(
                 topo.num_nodes,
             )
         )
+    for t in teachers:
+        if t.het_group is not None:
+            groups.append(NodeGroup(t.het_group, 1, len(t.gpus), part, t.node))
     if (external or "inference" not in roles and "trainer" in roles) and dep.type == "multi_node":
         # The inference islands live in another allocation (or a trainer-only plan, an SFT run, has none): drop
         # their nodes and shift the others down.
@@ -719,8 +737,13 @@ def _place(
             p.node_index = max(0, p.node_index - shift)
         master = None if master is None else master - shift
         groups[0].num_nodes -= shift
-        if len(groups) > 1:
-            groups[1].first_node -= shift
+        for g in groups[1:]:
+            g.first_node -= shift
+        for t in teachers:  # the orchestrator's address of each teacher names its node
+            for p in procs:
+                for k, v in p.env.items():
+                    if k.startswith("SRL_TEACHER_URL_"):
+                        p.env[k] = v.replace(f"{{node_addr_{t.node}}}", f"{{node_addr_{t.node - shift}}}")
     used = {n for p in procs for n in p.node_indices}
     if set(roles) != set(ROLES) and not external and used:
         # An inference-only plan asks for the nodes it uses (the islands), not the trainer's.
