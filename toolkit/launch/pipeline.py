@@ -154,6 +154,14 @@ def _teacher_lines(cfg: RLConfig, plan: Plan) -> list[str]:
     return out
 
 
+def _cost_line(cfg: RLConfig, plan: Plan) -> str:
+    """The Slurm job's cost envelope (:mod:`toolkit.placement.cost`) for ``slurm.time``."""
+    from ..config.slurm_time import parse_slurm_time
+    from ..placement.cost import cost_envelope
+
+    return cost_envelope(plan, parse_slurm_time(cfg.slurm.time)).line()
+
+
 def _launch(req: Launch, checked: Preflight, run: RunDir, attempt: int) -> Started:
     cfg, site, plan = checked.config, checked.site, checked.plan
     write_plan(run, plan)
@@ -163,6 +171,7 @@ def _launch(req: Launch, checked: Preflight, run: RunDir, attempt: int) -> Start
     if site.is_slurm:
         from .submit import render_job, submit_job
 
+        print(_cost_line(cfg, plan))
         if req.dry_run:
             script = render_job(cfg, run, plan, req.kind, attempt=attempt, site=site)
             print(f"dry run: resolved configs in {run.latest_configs}/resolved, sbatch script {script}")

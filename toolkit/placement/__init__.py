@@ -9,6 +9,7 @@ Modules:
   ports        a port block per run, distinct offsets per host
   environment  per-process environment layers, JIT caches on node-local scratch, GPU binding
   cpus         CPU threads and cores per process on CPU-only plans
+  cost         the cost envelope of a Slurm job: nodes and GPUs per het group, node- and GPU-hours per attempt
   runtime      node-side helpers of the batch job's supervisor (hosts of the job, exec of a process)
   slurm_records  Slurm host lists and ``scontrol show -o`` records, parsed (pure)
 """
