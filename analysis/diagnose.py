@@ -72,6 +72,12 @@ ADVICE = {
     "its ratio says. Raise orchestrator.max_async_level (and max_off_policy_steps, if set) so its groups stay "
     "within the bound, give it a smaller group_size so its groups finish sooner, or make its episodes faster "
     "(harness start-up, tool servers, max_turns).",
+    "distillation collapsed to short replies": "The policy matched its reference by replying less, not better: "
+    "an empty or very short reply is where the two agree, so the KL fell to about 0 and the training signal with "
+    "it. With opsd the policy shown the demonstration must be able to use it (a weak model, or one that never saw "
+    "a system message, prefers to stop when shown one): read that policy's own eval before training, or use opd "
+    "with a teacher that solves the task. With opd check the teacher's own eval and that teacher.name is the model "
+    "meant. A lower learning rate only slows the same collapse.",
     "stopped by a stop criterion": "srl ended the run itself on a stop criterion, not on a failure: the zero-signal "
     "guard (no group with differing rewards for that many steps: the task is too easy or too hard for the model "
     "now; after a warm-up that solves it, the expected end), or a divergence criterion. The other findings say "
@@ -202,9 +208,12 @@ def diagnose(
         )
     findings += _error_findings(rollouts, class_hits, run, error_share)
     if rollouts is not None and len(rollouts):
-        findings += _reward_findings(rollouts, low_reward, group_share)
-        findings += _starved_env_findings(rollouts, read_json(run.resolved("rl")), group_share)
-    findings += _trainer_findings(load_metrics(run), run)
+        config = read_json(run.resolved("rl"))
+        findings += _reward_findings(rollouts, low_reward, group_share, distilling_envs(config))
+        findings += _starved_env_findings(rollouts, config, group_share)
+    metrics = load_metrics(run)
+    findings += _trainer_findings(metrics, run)
+    findings += _distillation_findings(metrics)
     findings += _local_findings(run)
     own_stop = _stop_criterion_ending(run)
     for boundary, hit in slurm_hits.items():
@@ -459,14 +468,30 @@ def _error_findings(
     return findings
 
 
-def _reward_findings(rollouts: pd.DataFrame, low_reward: float, group_share: float) -> list[Finding]:
+def distilling_envs(config: dict[str, Any]) -> set[str]:
+    """Names of the train envs of a resolved run config (``rl.json`` as a dict) that train by distillation
+    (``opd``, ``opsd``: their own ``algo`` or the run's ``train.algo``); their groups need no reward spread."""
+    train = (config.get("orchestrator") or {}).get("train") or {}
+    default = (train.get("algo") or {}).get("type", "grpo")
+    return {
+        str(env.get("name"))
+        for env in train.get("env") or []
+        if ((env.get("algo") or {}).get("type") or default) in ("opd", "opsd")
+    }
+
+
+def _reward_findings(
+    rollouts: pd.DataFrame, low_reward: float, group_share: float, distilling: set[str] = frozenset()
+) -> list[Finding]:
+    """Valid low reward over the train rollouts; all-zero and all-one groups over the envs that learn from reward
+    spread within a group (not the ``distilling`` ones)."""
     kinds = set(rollouts["kind"].astype(str))
     df = rollouts[rollouts["kind"].astype(str) == ("train" if "train" in kinds else min(kinds))]
     valid = df[df["error_class"].isna()]
     out: list[Finding] = []
     if valid.empty:
         return out
-    groups = group_stats(df)
+    groups = group_stats(df[~df["env"].astype(str).isin(distilling)])
     groups = groups[groups["valid"] > 0]
     error_rate = 1 - len(valid) / len(df)
     mean = float(valid["reward"].mean())
@@ -548,6 +573,44 @@ def _starved_env_findings(rollouts: pd.DataFrame, config: dict[str, Any], share:
                     f"version(s) old and were dropped",
                     evidence={"env": env, "groups": len(ages), "dropped_groups": dropped, "bound": bound},
                     advice=ADVICE["env starved by the off-policy bound"],
+                )
+            )
+    return out
+
+
+def _distillation_findings(metrics: pd.DataFrame) -> list[Finding]:
+    """Distilling envs (those with ``teacher/<env>/kl``) whose replies shrank to at most half their first length
+    while the KL to the reference fell below a tenth of its start and reward fell: the collapse of (self-)
+    distillation onto the empty reply. Compares the mean of the first and the last three orchestrator steps; needs
+    at least six."""
+    orch = role_metrics(metrics, "orchestrator")
+    out: list[Finding] = []
+    for col in [c for c in orch.columns if c.startswith("teacher/") and c.endswith("/kl")]:
+        env = col[len("teacher/") : -len("/kl")]
+        need = [col, f"teacher/{env}/tokens", f"batch/{env}/rollouts", f"reward/{env}/mean"]
+        if not all(c in orch.columns for c in need):
+            continue
+        rows = orch[need].astype(float).dropna()
+        if len(rows) < 6:
+            continue
+        first, last = rows.iloc[:3].mean(), rows.iloc[-3:].mean()
+        length = (first[need[1]] / max(first[need[2]], 1.0), last[need[1]] / max(last[need[2]], 1.0))
+        kl, reward = (first[col], last[col]), (first[need[3]], last[need[3]])
+        if length[1] <= 0.5 * length[0] and kl[1] < 0.1 * kl[0] and reward[1] < reward[0]:
+            out.append(
+                Finding(
+                    boundary="distillation collapsed to short replies",
+                    severity="error",
+                    summary=f"env {env}: replies shrank from {length[0]:.1f} to {length[1]:.1f} tokens while the KL "
+                    f"to the reference fell from {kl[0]:.3f} to {kl[1]:.3f} and reward from {reward[0]:.3f} to "
+                    f"{reward[1]:.3f} (first vs last three steps)",
+                    evidence={
+                        "env": env,
+                        "tokens_per_reply": [round(float(x), 2) for x in length],
+                        "kl": [round(float(x), 4) for x in kl],
+                        "reward": [round(float(x), 4) for x in reward],
+                    },
+                    advice=ADVICE["distillation collapsed to short replies"],
                 )
             )
     return out

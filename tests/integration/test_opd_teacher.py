@@ -312,10 +312,28 @@ def test_opd_with_the_teacher_served_by_the_run_itself(tmp_path):
     teacher_model = build_tiny_model(tmp_path / "teacher-model", seed=7)
 
     def argv(name: str, steps: int) -> list[str]:
-        return [sys.executable, "-m", "toolkit.cli", "rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "@",
-                str(REPO / "jobs/reverse-text/opd.toml"), "--orchestrator.train.algo.teacher.name", str(teacher_model),
-                "--output-dir", str(out), "--run.name", name, "--max-steps", str(steps),
-                "--orchestrator.eval.interval", "0", "--orchestrator.batch-size", "16"]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "toolkit.cli",
+            "rl",
+            "@",
+            str(REPO / "jobs/reverse-text/rl.toml"),
+            "@",
+            str(REPO / "jobs/reverse-text/opd.toml"),
+            "--orchestrator.train.algo.teacher.name",
+            str(teacher_model),
+            "--output-dir",
+            str(out),
+            "--run.name",
+            name,
+            "--max-steps",
+            str(steps),
+            "--orchestrator.eval.interval",
+            "0",
+            "--orchestrator.batch-size",
+            "16",
+        ]
 
     run = subprocess.run(argv("served", 2), cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]

@@ -236,3 +236,75 @@ def test_a_run_srl_stopped_on_a_criterion_is_no_failure(tmp_path: Path, where: s
     # The same status without srl's own ending is a failure.
     ending.clear(run)
     assert [f.severity for f in diagnose(run)] == ["error"]
+
+
+def _distill_run(tmp_path: Path, tokens: list[float], kls: list[float], rewards: list[float], algo: str = "opsd"):
+    """A run of one train env ``rt`` training by ``algo`` with group_size 1 (every group one rollout, rewards 0 or
+    the step's mean): orchestrator metrics per step with the scored tokens (64 rollouts), the KL and the reward."""
+    from toolkit.fsutil import append_jsonl, atomic_write_json
+    from toolkit.run.layout import RunDir, point_symlink
+    from toolkit.run.store import RolloutStoreWriter
+    from toolkit.run.types import Rollout
+
+    run = RunDir(tmp_path / "run")
+    run.config_attempt(1).joinpath("resolved").mkdir(parents=True)
+    point_symlink(run.latest_configs, "attempt_1")
+    cfg = {"orchestrator": {"max_async_level": 1, "train": {"algo": {"type": algo}, "env": [{"name": "rt"}]}}}
+    atomic_write_json(run.resolved("rl"), cfg)
+    with RolloutStoreWriter(run.rollout_store) as w:
+        for step, (tok, kl, r) in enumerate(zip(tokens, kls, rewards), 1):
+            append_jsonl(
+                run.metrics,
+                {
+                    "step": step,
+                    "time": 1000.0 + step,
+                    "role": "orchestrator",
+                    "teacher/rt/kl": kl,
+                    "teacher/rt/tokens": tok * 64,
+                    "batch/rt/rollouts": 64,
+                    "reward/rt/mean": r,
+                },
+            )
+            rows = [
+                Rollout(
+                    env="rt",
+                    task_id="t",
+                    example_id=i,
+                    samples=[],
+                    reward=0.0,
+                    group_id=100 * step + i,
+                    policy_version=step - 1,
+                )
+                for i in range(8)
+            ]
+            w.append(rows, step=step)
+    return run
+
+
+def test_distillation_that_collapses_onto_the_empty_reply_is_named(tmp_path: Path) -> None:
+    run = _distill_run(
+        tmp_path / "a",
+        [5.9, 6.0, 5.8, 3.0, 1.4, 1.3, 1.2],
+        [0.2] * 3 + [0.05, 0.001, 0.0, 0.0],
+        [0.2, 0.19, 0.18, 0.1, 0.02, 0.01, 0.01],
+    )
+    found = diagnose(run)
+    assert found[0].boundary == "distillation collapsed to short replies" and found[0].severity == "error"
+    assert found[0].evidence == {
+        "env": "rt",
+        "tokens_per_reply": [5.9, 1.3],
+        "kl": [0.2, 0.0003],
+        "reward": [0.19, 0.0133],
+    }
+    assert "opsd" in found[0].advice
+    # every rollout scored 0 with group_size 1: no "all-zero groups" (a distilling env needs no reward spread)
+    assert not [f for f in found if "groups" in f.boundary]
+    # a distillation that learns (replies keep their length, the KL falls, reward rises) is not a collapse
+    healthy = _distill_run(
+        tmp_path / "b",
+        [6.0] * 7,
+        [5.7, 5.6, 5.5, 5.3, 5.0, 4.9, 4.8],
+        [0.2, 0.22, 0.25, 0.28, 0.3, 0.33, 0.35],
+        algo="opd",
+    )
+    assert not [f for f in diagnose(healthy) if "distillation" in f.boundary]
