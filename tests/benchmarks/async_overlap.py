@@ -13,9 +13,11 @@ orchestrator, env workers) on core 0 and the trainer on core 1 (the whole run st
   generation and training alternate: each side runs alone, on its own core. From its ``metrics.jsonl``, medians
   over the steps after the warm-up: trainer time = the interval between consecutive trainer lines less
   ``time/wait_for_batch`` (train step, weight broadcast, reading and packing the batch); rollout time =
-  orchestrator ``time/step`` less ``time/wait_for_policy`` (collecting one batch, weight reloads included).
+  orchestrator ``time/step`` less ``time/wait_for_policy``, plus the median weight reload (``policy_reloads.jsonl``:
+  the wait contains it, and pushing weights into the engine is work of the rollout core that no overlap hides).
 - ``max_async_level = 1``: batch n is generated with policy n-2 while the trainer works on batch n-1. Its step time
-  is the median interval between consecutive trainer metrics lines (the pipeline's period).
+  is the mean period of the trainer's metrics lines (the two sides settle into alternating short and long
+  intervals, so a median would report one of the two modes).
 
 Ratio = async-1 step time / max(trainer alone, rollout alone): 1.0 is perfect overlap (the pipeline runs at the
 pace of its slower side), (trainer + rollout) / max(...) is none. Goal: <= 1.15. The ratio against their sum and
@@ -139,21 +141,37 @@ def run_job(out: Path, async_level: int, steps: int) -> list[dict]:
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def figures(metrics: list[dict], warmup: int) -> dict[str, float]:
-    """Step, trainer and rollout times (seconds, medians over steps after ``warmup``). The trainer's time is its
-    whole cycle (interval between its metrics lines) less the time it waited for a batch: train step, weight
-    broadcast, batch reading and packing."""
-    trainer = sorted((m for m in metrics if m["role"] == "trainer"), key=lambda m: m["step"])
+def figures(metrics: list[dict], reloads: list[float], warmup: int) -> dict[str, float]:
+    """Step, trainer and rollout times (seconds) over the steps after ``warmup``; ``reloads``: the seconds of each
+    weight reload of the run (``policy_reloads.jsonl``), in order.
+
+    The step time is the mean period of the trainer's metrics lines (last minus first over their count): at async
+    level 1 the two sides settle into a pattern of one short and one long interval, whose median is one of the two
+    modes and not the pipeline's rate. The trainer's time is its whole cycle less the time it waited for a batch
+    (train step, weight broadcast, batch reading and packing). The rollout side's time is the orchestrator's step
+    less its wait for the policy, plus the weight reload that the wait contains: pushing the weights into the
+    engine is rollout-side work on the rollout core, which no overlap can hide."""
+    trainer = sorted((m for m in metrics if m["role"] == "trainer" and "time/step" in m), key=lambda m: m["step"])
     # Step lines only: the final policy's eval has a line of its own at the last step, without step times.
     orch = [m for m in metrics if m["role"] == "orchestrator" and m["step"] > warmup and "time/step" in m]
     pairs = list(itertools.pairwise(trainer))[warmup:]
+    kept = trainer[warmup:]
+    reload = statistics.median(reloads[warmup:]) if len(reloads) > warmup else 0.0
     return {
-        "step": statistics.median(b["time"] - a["time"] for a, b in pairs),
+        "step": (kept[-1]["time"] - kept[0]["time"]) / (len(kept) - 1),
         "trainer": statistics.median(b["time"] - a["time"] - b.get("time/wait_for_batch", 0.0) for a, b in pairs),
-        "rollout": statistics.median(m["time/step"] - m.get("time/wait_for_policy", 0.0) for m in orch),
-        "broadcast": statistics.median(m.get("time/broadcast", 0.0) for m in trainer[warmup:]),
+        "rollout": statistics.median(m["time/step"] - m.get("time/wait_for_policy", 0.0) for m in orch) + reload,
+        "reload": reload,
+        "broadcast": statistics.median(m.get("time/broadcast", 0.0) for m in kept),
         "wait_for_policy": statistics.median(m.get("time/wait_for_policy", 0.0) for m in orch),
     }
+
+
+def _reload_seconds(run_root: Path) -> list[float]:
+    """Seconds of each live weight reload of the run, in order (``policy_reloads.jsonl``)."""
+    path = run_root / "policy_reloads.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [float(json.loads(line)["seconds"]) for line in lines if line.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,12 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         f"async overlap benchmark: {a.steps} steps per setting, {a.warmup} warm-up, rollout side on core "
         f"{ROLLOUT_CORE}, trainer on core {TRAINER_CORE}; runs under {out}"
     )
-    res = {k: figures(run_job(out, k, a.steps), a.warmup) for k in (0, 1)}
-    print(f"{'async':>5} {'step s':>7} {'trainer s':>9} {'rollout s':>9} {'bcast s':>7} {'wait s':>6}")
+    res = {}
+    for k in (0, 1):
+        metrics = run_job(out, k, a.steps)
+        res[k] = figures(metrics, _reload_seconds(out / f"async{k}"), a.warmup)
+    print(f"{'async':>5} {'step s':>7} {'trainer s':>9} {'rollout s':>9} {'reload s':>8} {'bcast s':>7} {'wait s':>6}")
     for k, f in res.items():
         print(
-            f"{k:>5} {f['step']:7.2f} {f['trainer']:9.2f} {f['rollout']:9.2f} {f['broadcast']:7.2f} "
-            f"{f['wait_for_policy']:6.2f}"
+            f"{k:>5} {f['step']:7.3f} {f['trainer']:9.3f} {f['rollout']:9.3f} {f['reload']:8.3f} "
+            f"{f['broadcast']:7.3f} {f['wait_for_policy']:6.3f}"
         )
     alone, period = res[0], res[1]["step"]
     slower = max(alone["trainer"], alone["rollout"])
