@@ -243,3 +243,20 @@ def test_a_served_teacher_must_be_a_model_directory_here(tmp_path):
     opd = {"type": "opd", "teacher": {"serve": True, "name": str(tmp_path / "sft" / "model")}}
     text = errors_of(cfg(orchestrator={"train": {"algo": opd}}))
     assert "orchestrator.train.algo.teacher.name" in text and "no config.json" in text
+
+
+def test_reference_top_k_must_fit_the_engines_max_logprobs():
+    text = errors_of(
+        cfg(inference={"vllm": {"max-logprobs": 5}}, orchestrator={"train": {"algo": {"type": "opsd", "top_k": 20}}})
+    )
+    assert "orchestrator.train.algo.top_k" in text and "inference.vllm.max_logprobs is 5" in text
+    # an endpoint teacher's own limit is its server's business
+    opd = {"type": "opd", "top_k": 20, "teacher": {"name": "t", "base_url": "http://h:1/v1"}}
+    validate(cfg(inference={"vllm": {"max_logprobs": 5}}, orchestrator={"train": {"algo": opd}}))
+
+
+def test_a_run_algo_that_no_env_uses_is_a_warning():
+    env = {"taskset": {"id": "srl-reverse-text"}, "algo": {"type": "grpo"}}
+    opd = {"type": "opd", "teacher": {"name": "t", "base_url": "http://h:1/v1"}}
+    warned = warnings_of(cfg(orchestrator={"train": {"algo": opd, "env": [env]}}))
+    assert "orchestrator.train.algo" in warned and "applies to no env" in warned

@@ -516,3 +516,42 @@ def test_a_multi_node_run_serves_its_teacher_in_a_het_group_of_its_own(tmp_path:
     t = plan.process("teacher-0")
     assert t.node_index == plan.groups[1].first_node == plan.groups[0].num_nodes == 2
     assert plan.process("orchestrator").env["SRL_TEACHER_URL_0"] == f"http://{{node_addr_2}}:{t.ports['http']}/v1"
+
+
+def _two_envs(a: dict, b: dict) -> dict:
+    envs = [
+        {"name": "one", "taskset": {"id": "srl-reverse-text"}, "algo": a},
+        {"name": "two", "taskset": {"id": "srl-arith"}, "algo": b},
+    ]
+    return {"train": {"env": envs}}
+
+
+def test_envs_naming_one_teacher_two_ways_share_its_engine_and_must_agree_on_its_tp(
+    tmp_path: Path, monkeypatch
+) -> None:
+    model = tmp_path / "sft" / "model"
+    _served_opd(model)  # writes its config.json
+    monkeypatch.chdir(tmp_path)
+    local = load_site("local")
+    same = {"type": "opd", "teacher": {"serve": True, "name": str(model)}}
+    alias = {"type": "opd", "teacher": {"serve": True, "name": "./sft/../sft/model/"}}
+    plan = plan_for({"run": {"name": "two"}}, site=local, job_id="local", orchestrator=_two_envs(same, alias))
+    assert [p.name for p in plan.processes if p.role == "teacher"] == ["teacher-0"]  # one directory, one engine
+    with pytest.raises(ConfigError, match=r"env\[1\].algo.teacher.tp.*2, but orchestrator.train.env\[0\].algo.teacher"):
+        make_cfg(
+            {"run": {"name": "two"}},
+            site="local",
+            orchestrator=_two_envs(same, {**alias, "teacher": {**alias["teacher"], "tp": 2}}),
+        )
+
+
+def test_a_multi_node_runs_served_teacher_counts_toward_the_sites_node_limit(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    three = {"type": "multi_node", "gpus_per_node": 0, "num_train_nodes": 2, "orchestrator": "with_inference"}
+    make_cfg({"run": {"name": "fits"}, "deployment": three}, site="local-slurm", orchestrator=_served_opd(model))
+    with pytest.raises(ConfigError, match=r"needs 5 nodes .*\+ 1 served teacher node\(s\).*at most 4"):
+        make_cfg(
+            {"run": {"name": "over"}, "deployment": {**three, "num_train_nodes": 3}},
+            site="local-slurm",
+            orchestrator=_served_opd(model),
+        )

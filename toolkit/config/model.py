@@ -258,16 +258,33 @@ class TeacherConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> TeacherConfig:
-        if (self.base_url is not None) + (self.deployment is not None) + self.serve != 1:
+        given = [
+            k for k, on in (("base_url", self.base_url), ("deployment", self.deployment), ("serve", self.serve)) if on
+        ]
+        if len(given) != 1:
             raise ValueError(
                 "a teacher is one of: an endpoint (name and base_url), a deployment (its run directory), or a model "
-                "this run serves (serve = true and name = its directory)"
+                f"this run serves (serve = true and name = its directory); {' and '.join(given) or 'none'} set"
             )
         if self.base_url is not None and self.name is None:
             raise ValueError("a teacher endpoint needs the model name it serves (name)")
-        if self.serve and self.name is None:
-            raise ValueError("a served teacher needs its model directory (name)")
+        if self.serve:
+            if self.name is None:
+                raise ValueError("a served teacher needs its model directory (name)")
+            if self.api_key_var is not None:
+                raise ValueError("api_key_var is for a teacher endpoint; the teacher this run serves takes no key")
+            if "{" in self.name or "}" in self.name:
+                raise ValueError(f"a served teacher's directory may not contain braces: {self.name!r}")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _served_directory(cls, data: Any) -> Any:
+        """One spelling per served teacher directory, the same in every process of the run (which may start
+        elsewhere): absolute and normalised, a relative one taken from where srl runs."""
+        if isinstance(data, dict) and data.get("serve") is True and isinstance(data.get("name"), str) and data["name"]:
+            data = {**data, "name": os.path.normpath(os.path.abspath(os.path.expanduser(data["name"])))}
+        return data
 
 
 class AlgoConfig(Section):

@@ -238,11 +238,20 @@ def _sampling(cfg: RLConfig, f: Findings) -> None:
 def _served_teachers(cfg: RLConfig, f: Findings) -> None:
     """A teacher the run serves (``teacher.serve``) needs its ``tp`` GPUs: on a single node after the policy's and
     the trainer's, on a multi-node run on a node of its own (a heterogeneous component with the job's GPUs per
-    node)."""
+    node). Envs that share a teacher directory share its engine, so they must agree on its ``tp``."""
     dep = cfg.deployment
-    teachers = {
-        t.name: (fld, t.tp) for fld, _e, a in cfg.orchestrator.distilling_envs() if (t := a.teacher) and t.serve
-    }
+    teachers: dict[str, tuple[str, int]] = {}
+    for fld, _env, algo in cfg.orchestrator.distilling_envs():
+        t = algo.teacher
+        if t is None or not t.serve:
+            continue
+        if t.name in teachers and teachers[t.name][1] != t.tp:
+            first, tp = teachers[t.name]
+            f.error(
+                f"{fld}.teacher.tp",
+                f"{t.tp}, but {first}.teacher.tp is {tp} for the same teacher {t.name}: one engine serves both envs",
+            )
+        teachers.setdefault(t.name, (fld, t.tp))  # type: ignore[index]
     if not teachers or not dep.gpus_per_node:
         return
     field = next(iter(teachers.values()))[0] + ".teacher.tp"
@@ -258,10 +267,34 @@ def _served_teachers(cfg: RLConfig, f: Findings) -> None:
         f.error(field, f"a served teacher's tp {tp} > deployment.gpus_per_node {dep.gpus_per_node} (its own node)")
 
 
+def _distillation_limits(cfg: RLConfig, f: Findings) -> None:
+    """Reference top-k within what srl's engines return (``inference.vllm.max_logprobs``: the policy's engines score
+    ``opsd``, a served teacher shares their settings), and a run ``train.algo`` that some env uses."""
+    o = cfg.orchestrator
+    table = {option_key(k): v for k, v in cfg.inference.vllm.items()}
+    limit = table.get("max_logprobs")
+    for fld, _env, algo in o.distilling_envs():
+        on_our_engines = algo.type == "opsd" or (algo.teacher is not None and algo.teacher.serve)
+        if on_our_engines and isinstance(limit, int) and algo.top_k > limit:
+            f.error(
+                f"{fld}.top_k",
+                f"{algo.top_k}, but inference.vllm.max_logprobs is {limit}: srl's engines would refuse every "
+                "scoring request; raise max_logprobs to at least top_k or lower top_k",
+            )
+    envs = o.train.env
+    if envs and all(e.algo is not None for e in envs) and o.train.algo.type != "grpo":
+        f.warn(
+            "orchestrator.train.algo",
+            f"type {o.train.algo.type!r} applies to no env: every train env sets its own algo (its teacher, if any, "
+            "is neither checked nor served)",
+        )
+
+
 def _deployment(cfg: RLConfig, f: Findings) -> None:
     dep = cfg.deployment
     tp = vllm_tp(cfg.inference.vllm)
     _served_teachers(cfg, f)
+    _distillation_limits(cfg, f)
     if dep.type == "single_node":
         used = dep.num_train_gpus + dep.num_infer_gpus
         if used > dep.gpus_per_node:

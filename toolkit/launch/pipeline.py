@@ -159,7 +159,14 @@ def _cost_line(cfg: RLConfig, plan: Plan) -> str:
     from ..config.slurm_time import parse_slurm_time
     from ..placement.cost import cost_envelope
 
-    return cost_envelope(plan, parse_slurm_time(cfg.slurm.time)).line()
+    line = cost_envelope(plan, parse_slurm_time(cfg.slurm.time)).line()
+    elastic = getattr(cfg.deployment, "elastic", None)
+    if elastic is not None and elastic.replicas:
+        line += (
+            f"; plus {elastic.replicas} elastic replica job(s), each its own allocation of up to "
+            f"{elastic.time} (deployment.elastic)"
+        )
+    return line
 
 
 def _launch(req: Launch, checked: Preflight, run: RunDir, attempt: int) -> Started:

@@ -116,11 +116,14 @@ def _node_limit(cfg: RLConfig, site: SiteConfig, f: Findings) -> None:
         topo = derive_topology(cfg)
     except TopologyError:
         return  # reported by toolkit.preflight.checks
-    total = topo.num_nodes + (1 if topo.orchestrator_het_group else 0)
+    # A multi-node run serves each of its own teachers on a node of its own (toolkit.placement.plan).
+    teachers = len(cfg.orchestrator.served_teachers()) if cfg.deployment.type != "single_node" else 0
+    total = topo.num_nodes + (1 if topo.orchestrator_het_group else 0) + teachers
     if total > limit:
+        extra = f" + {teachers} served teacher node(s)" if teachers else ""
         f.error(
             "deployment",
-            f"the layout needs {total} nodes ({topo.describe()}) but site '{site.name}' allows "
+            f"the layout needs {total} nodes ({topo.describe()}{extra}) but site '{site.name}' allows "
             f"at most {limit} (limits.max_nodes)",
         )
 
