@@ -239,7 +239,9 @@ def test_reload_while_requests_in_flight_keeps_them(deployment):
     async def pause(admin: httpx.AsyncClient) -> None:
         # clear_cache=false: vLLM's default also resets the running requests (their KV is dropped and recomputed
         # after resume), which would empty the very table a look reads
-        (await admin.post(f"{url}/pause", params={"mode": "keep", "clear_cache": "false"})).raise_for_status()
+        r = await admin.post(f"{url}/pause", params={"mode": "keep", "clear_cache": "false"})
+        r.raise_for_status()
+        assert r.json().get("srl_quick_pause") is True  # srl's pause (toolkit.inference.quickpause), not vLLM's
 
     async def hold_mid_flight(admin: httpx.AsyncClient, tasks) -> list[int] | None:
         """With the engine paused and the requests sent, let it run for a moment (resume, then pause at once) and

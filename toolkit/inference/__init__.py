@@ -10,5 +10,6 @@ Modules:
   queues    queue_depths, run_queue_depths: waiting requests per role (``srl inference queues``)
   guard     AdminGuard: ASGI middleware in every engine; admin/dev routes need the run's admin token
   versions  weight versions that name their owner run; the engine-side record that tags each completion
+  quickpause  the weight update's pause (mode=keep) without vLLM's 20 ms courtesy sleep
   worker_ext  vLLM worker extension for fast in-place weight reloads
 """

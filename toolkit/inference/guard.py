@@ -37,6 +37,7 @@ import json
 from typing import Any
 
 from toolkit.engines.admin_token import ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, admin_token_from_env
+from toolkit.inference.quickpause import QuickPause
 from toolkit.inference.versions import WeightVersionTag, route_path
 
 OPEN_PATHS = frozenset(
@@ -71,8 +72,9 @@ class AdminGuard:
     """
 
     def __init__(self, app: Any, token: str | None = None) -> None:
-        # The weight-version record sits just inside the guard: it sees only the loads the guard admitted.
-        self.app = WeightVersionTag(app)
+        # The weight-version record sits just inside the guard: it sees only the loads the guard admitted; the
+        # quick pause inside both (toolkit.inference.quickpause).
+        self.app = WeightVersionTag(QuickPause(app))
         token = admin_token_from_env() if token is None else token
         self._token = token.encode() if token else None
 
