@@ -17,10 +17,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prereqs import need_module
-from run_records import metrics_lines, srl_background, stop_background
+from run_records import metrics_lines, srl_background, srl_run, stop_background
 
 from toolkit import batches
 from toolkit.run.layout import RunDir
@@ -180,15 +181,30 @@ def test_opd_student_distils_from_a_teacher_deployment_and_a_foreign_tokenizer_i
         stop_background(serve)
 
 
+def _recipe_on_slurm(out: Path, name: str, *overrides: str) -> tuple[RunDir, Any]:
+    """Submit ``srl rl @ rl.toml @ opd.toml @ slurm.toml`` (the recipe on the local cluster) with ``overrides``, wait
+    for the job and assert it COMPLETED (its logs are the message); returns the run and the job's final state."""
+    from run_records import submit_slurm_rl
+
+    from toolkit.launch import slurm
+
+    recipe = ("rl.toml", "opd.toml", "slurm.toml")
+    run, job = submit_slurm_rl(
+        out, name, *overrides, configs=tuple(str(REPO / "jobs/reverse-text" / c) for c in recipe)
+    )
+    state = slurm.wait(job, timeout_s=1500, poll_s=2.0)
+    logs = "\n".join(p.read_text()[-3000:] for p in sorted(run.logs.rglob("*.log")))
+    assert state.state == "COMPLETED", f"job {job} ended {state.state}\n{logs}"
+    return run, state
+
+
 @pytest.mark.slurm
 @pytest.mark.heavy  # about 5 minutes: run with -m heavy (CI's budget holds the local OPD and OPSD runs)
 def test_opd_on_slurm_with_the_teacher_in_its_own_allocation(tmp_path, slurm_cluster):
     """The teacher is an `srl inference` job of its own (one node), the student `srl rl @ rl.toml @ opd.toml @
     slurm.toml` another (three nodes): the student's job waits for the teacher's readiness, scores every batch under
     it across the cluster's network, and ends COMPLETED; cancelling the teacher afterwards leaves nothing running."""
-    from run_records import processes_left, submit_slurm_rl
-
-    from toolkit.launch import slurm
+    from run_records import processes_left
 
     out = tmp_path / "out"
     teacher_model = build_tiny_model(tmp_path / "teacher-model", seed=7)
@@ -201,7 +217,7 @@ def test_opd_on_slurm_with_the_teacher_in_its_own_allocation(tmp_path, slurm_clu
     assert serve.returncode == 0, serve.stdout + serve.stderr
     teacher = RunDir(out / "teacher")
     try:
-        run, job = submit_slurm_rl(
+        run, _state = _recipe_on_slurm(
             out,
             "student",
             "--max-steps",
@@ -214,15 +230,7 @@ def test_opd_on_slurm_with_the_teacher_in_its_own_allocation(tmp_path, slurm_clu
             str(teacher.root),
             "--orchestrator.eval.env.reverse-text-test.num-examples",
             "8",
-            configs=(
-                str(REPO / "jobs/reverse-text/rl.toml"),
-                str(REPO / "jobs/reverse-text/opd.toml"),
-                str(REPO / "jobs/reverse-text/slurm.toml"),
-            ),
         )
-        state = slurm.wait(job, timeout_s=1500, poll_s=2.0)
-        logs = "\n".join(p.read_text()[-3000:] for p in sorted(run.logs.rglob("*.log")))
-        assert state.state == "COMPLETED", f"job {job} ended {state.state}\n{logs}"
         lines = metrics_lines(run.root)
         orch = [m for m in lines if m.get("role") == "orchestrator" and "teacher/scored_share" in m]
         trainer = [m for m in lines if m.get("role") == "trainer" and "ref_kl/mean" in m]
@@ -312,31 +320,12 @@ def test_opd_with_the_teacher_served_by_the_run_itself(tmp_path):
     teacher_model = build_tiny_model(tmp_path / "teacher-model", seed=7)
 
     def argv(name: str, steps: int) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "toolkit.cli",
-            "rl",
-            "@",
-            str(REPO / "jobs/reverse-text/rl.toml"),
-            "@",
-            str(REPO / "jobs/reverse-text/opd.toml"),
-            "--orchestrator.train.algo.teacher.name",
-            str(teacher_model),
-            "--output-dir",
-            str(out),
-            "--run.name",
-            name,
-            "--max-steps",
-            str(steps),
-            "--orchestrator.eval.interval",
-            "0",
-            "--orchestrator.batch-size",
-            "16",
-        ]
+        recipe = ["rl", "@", str(REPO / "jobs/reverse-text/rl.toml"), "@", str(REPO / "jobs/reverse-text/opd.toml")]
+        return [*recipe, "--orchestrator.train.algo.teacher.name", str(teacher_model), "--output-dir", str(out),
+                "--run.name", name, "--max-steps", str(steps), "--orchestrator.eval.interval", "0",
+                "--orchestrator.batch-size", "16"]  # fmt: skip
 
-    run = subprocess.run(argv("served", 2), cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    run = srl_run(*argv("served", 2), cwd=REPO, timeout_s=900)
     assert "starting inference, teacher, trainer, orchestrator" in run.stdout
     root = out / "served"
     placement = json.loads((root / "launcher" / "placement.json").read_text())
@@ -360,7 +349,7 @@ def test_opd_with_the_teacher_served_by_the_run_itself(tmp_path):
     assert processes_left(root) == []
 
     # -- the teacher dies mid-run: the run ends naming it ----------------------------------------------------------
-    proc = srl_background(*argv("dies", 40)[3:])
+    proc = srl_background(*argv("dies", 40))
     killed = out / "dies"
     try:
         deadline = time.monotonic() + 600
@@ -384,13 +373,11 @@ def test_opd_on_slurm_with_the_teacher_served_in_a_het_group_of_the_job(tmp_path
     """The recipe on the local Slurm cluster as shipped (``@ rl.toml @ opd.toml @ slurm.toml``, a multi-node run):
     the job itself serves the teacher on a node of its own (a heterogeneous component after the policy's and the
     trainer's nodes), scores every batch under it and ends COMPLETED with nothing left running."""
-    from run_records import processes_left, submit_slurm_rl
-
-    from toolkit.launch import slurm
+    from run_records import processes_left
 
     out = tmp_path / "out"
     teacher_model = build_tiny_model(tmp_path / "teacher-model", seed=7)
-    run, job = submit_slurm_rl(
+    run, state = _recipe_on_slurm(
         out,
         "student",
         "--max-steps",
@@ -401,15 +388,7 @@ def test_opd_on_slurm_with_the_teacher_served_in_a_het_group_of_the_job(tmp_path
         "16",
         "--orchestrator.eval.interval",
         "0",
-        configs=(
-            str(REPO / "jobs/reverse-text/rl.toml"),
-            str(REPO / "jobs/reverse-text/opd.toml"),
-            str(REPO / "jobs/reverse-text/slurm.toml"),
-        ),
     )
-    state = slurm.wait(job, timeout_s=1500, poll_s=2.0)
-    logs = "\n".join(p.read_text()[-3000:] for p in sorted(run.logs.rglob("*.log")))
-    assert state.state == "COMPLETED", f"job {job} ended {state.state}\n{logs}"
     assert len(state.het_components) == 2  # the run's nodes, and the teacher's
     placement = json.loads((run.root / "launcher" / "placement.json").read_text())
     spec = next(p for p in placement["processes"] if p["name"] == "teacher-0")
