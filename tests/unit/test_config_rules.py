@@ -239,10 +239,16 @@ def test_teacher_deployment_must_not_be_the_policys_own(tmp_path):
     assert "orchestrator.train.algo.teacher.deployment" in warned and "srl inference" in warned
 
 
-def test_a_served_teacher_must_be_a_model_directory_here(tmp_path):
+def test_a_served_teacher_not_here_is_a_warning_and_a_local_run_refuses_it(tmp_path):
+    from toolkit.config import ConfigError
+    from toolkit.launch.pipeline import check_local_model
+
     opd = {"type": "opd", "teacher": {"serve": True, "name": str(tmp_path / "sft" / "model")}}
-    text = errors_of(cfg(orchestrator={"train": {"algo": opd}}))
+    checked = validate(cfg(orchestrator={"train": {"algo": opd}}))  # a Slurm job may queue behind the SFT run
+    text = "\n".join(str(w) for w in checked.warnings)
     assert "orchestrator.train.algo.teacher.name" in text and "no config.json" in text
+    with pytest.raises(ConfigError, match=r"orchestrator.train.algo.teacher.name.*no config.json"):
+        check_local_model(checked.config)  # a local run starts at once
 
 
 def test_reference_top_k_must_fit_the_engines_max_logprobs():

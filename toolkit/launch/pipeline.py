@@ -81,17 +81,28 @@ def checked_and_printed(loaded: LoadedConfig, *, run: RunDir, roles: tuple[str, 
 
 
 def check_local_model(cfg: RLConfig) -> None:
-    """Raise ConfigError (field model.name) when a local run's model cannot be resolved now.
+    """Raise ConfigError (field model.name, or a served teacher's name) when a local run's model, or a teacher it
+    serves, is not there now.
 
-    The login checks only warn about an SFT run directory without its final model (a Slurm job may queue behind
-    that run), but a local run starts at once and would end in a traceback from the launcher.
+    The login checks only warn about an SFT run directory without its final model, or a teacher directory without
+    its config.json (a Slurm job may queue behind the run that writes it), but a local run starts at once and would
+    end in a traceback from the launcher or an engine that never starts.
     """
+    from pathlib import Path
+
     from ..models import resolve_model
 
     try:
         resolve_model(cfg.model.name)
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError([ConfigIssue("model.name", str(e))]) from None
+    missing = [
+        ConfigIssue(f"{field}.teacher.name", f"{t.name} is not a model directory (no config.json there)")
+        for field, _env, algo in cfg.orchestrator.distilling_envs()
+        if (t := algo.teacher) is not None and t.serve and not (Path(t.name) / "config.json").is_file()
+    ]
+    if missing:
+        raise ConfigError(missing)
 
 
 Check = Callable[..., Preflight]

@@ -268,10 +268,13 @@ def _references(cfg: RLConfig, f: Findings) -> None:
         if teacher is not None and teacher.serve:
             model = Path(teacher.name).expanduser()  # type: ignore[arg-type]
             if not (model / "config.json").is_file():
-                f.error(
+                # A warning, like the policy's model: a Slurm job may queue behind the SFT run that writes it, or the
+                # directory may live on a filesystem this host does not mount; a local run refuses it at start.
+                f.warn(
                     f"{field}.teacher.name",
-                    f"{teacher.name} is not a model directory (no config.json there); a served teacher is an HF "
-                    "model directory on a filesystem the job's nodes share, e.g. an SFT run's model/ folder",
+                    f"{teacher.name} is not a model directory here (no config.json); a served teacher is an HF "
+                    "model directory on a filesystem the job's nodes share, e.g. an SFT run's model/ folder, and its "
+                    "engine fails at start without one",
                 )
             continue
         if teacher is None or teacher.deployment is None:
