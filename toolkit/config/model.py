@@ -496,15 +496,20 @@ class OrchestratorConfig(Section):
                 out.append((field, env, algo))
         return out
 
-    def served_teachers(self) -> list[str]:
-        """Model directories of the ``opd`` teachers this run serves itself (``teacher.serve``), each once, in the
-        order of :meth:`distilling_envs`: teacher ``k`` is the plan's process ``teacher-<k>``."""
-        out: list[str] = []
+    def served_teachers(self) -> list[TeacherConfig]:
+        """The ``opd`` teachers this run serves itself (``teacher.serve``), one per model directory (the first env's
+        section), in the order of :meth:`distilling_envs`: teacher ``k`` is the plan's process ``teacher-<k>``, whose
+        URL reaches the orchestrator as ``SRL_TEACHER_URL_<k>``."""
+        out: dict[str, TeacherConfig] = {}
         for _field, _env, algo in self.distilling_envs():
             t = algo.teacher
-            if t is not None and t.serve and t.name not in out:
-                out.append(t.name)  # type: ignore[arg-type]
-        return out
+            if t is not None and t.serve:
+                out.setdefault(t.name, t)  # type: ignore[arg-type]
+        return list(out.values())
+
+    def served_teacher_index(self, name: str) -> int:
+        """``k`` of the served teacher whose directory is ``name`` (:meth:`served_teachers`); ValueError if none."""
+        return [t.name for t in self.served_teachers()].index(name)
 
     def env_entries(self) -> list[tuple[str, EnvConfig]]:
         """Every train env, then every eval env, with its field path (``orchestrator.train.env[0]``)."""

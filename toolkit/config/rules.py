@@ -255,15 +255,16 @@ def _served_teachers(cfg: RLConfig, f: Findings) -> None:
     if not teachers or not dep.gpus_per_node:
         return
     field = next(iter(teachers.values()))[0] + ".teacher.tp"
+    tps = [t.tp for t in cfg.orchestrator.served_teachers()]
     if dep.type == "single_node":
-        used = dep.num_train_gpus + dep.num_infer_gpus + sum(tp for _fld, tp in teachers.values())
+        used = dep.num_train_gpus + dep.num_infer_gpus + sum(tps)
         if used > dep.gpus_per_node:
             f.error(
                 field,
                 f"num_train_gpus {dep.num_train_gpus} + num_infer_gpus {dep.num_infer_gpus} + the served "
                 f"teachers' tp = {used} GPUs > gpus_per_node {dep.gpus_per_node}",
             )
-    elif (tp := max(tp for _fld, tp in teachers.values())) > dep.gpus_per_node:
+    elif (tp := max(tps)) > dep.gpus_per_node:
         f.error(field, f"a served teacher's tp {tp} > deployment.gpus_per_node {dep.gpus_per_node} (its own node)")
 
 

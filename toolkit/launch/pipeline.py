@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import ConfigError, ConfigIssue, LoadedConfig, RLConfig
-from ..placement.plan import Plan, roles_of, write_plan
+from ..placement.plan import Plan, roles_of, teacher_process, write_plan
 from ..preflight import Preflight, preflight
 from ..run.layout import RunDir
 from .prepare import launch_target, prepare_attempt
@@ -144,14 +144,13 @@ def _teacher_lines(cfg: RLConfig, plan: Plan) -> list[str]:
     """What a dry run says about each distilling env's teacher (an engine of the plan, a deployment or endpoint
     outside it, or the policy's own engines)."""
     o = cfg.orchestrator
-    served = o.served_teachers()
     out = []
     for _field, env, algo in o.distilling_envs() if o.training_mode == "rl" else []:
         t = algo.teacher
         if t is None:  # opsd
             where = f"the policy itself on its engines, shown the task field {algo.demo_key!r}"
         elif t.serve:
-            spec = plan.process(f"teacher-{served.index(t.name)}")
+            spec = plan.process(teacher_process(o.served_teacher_index(t.name)))
             gpus = f", GPUs {list(spec.gpus)}" if spec.gpus else ""
             gpus += f", its own het group {spec.het_group}" if spec.het_group else ""
             where = (

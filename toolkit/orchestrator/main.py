@@ -215,7 +215,7 @@ class Orchestrator:
         Raises TeacherError while another run trains weights into that deployment, StopBeforeStart on a stop
         request while waiting."""
         if cfg.serve:  # an engine of this run's plan, healthy before inference was published ready
-            k = self.cfg.orchestrator.served_teachers().index(cfg.name)
+            k = self.cfg.orchestrator.served_teacher_index(cfg.name)
             url = os.environ.get(f"SRL_TEACHER_URL_{k}")
             if not url:
                 raise TeacherError(f"teacher {cfg.name!r}: SRL_TEACHER_URL_{k} is not set (start the run with srl rl)")

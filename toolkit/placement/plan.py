@@ -375,11 +375,15 @@ def launch_plan(
     raise PlacementError(f"no free port block in the site's port range after {tries} tries; is the range too small?")
 
 
+def teacher_process(k: int) -> str:
+    """Plan process name of the run's ``k``-th served teacher (``RLConfig.orchestrator.served_teachers``)."""
+    return f"{TEACHER_ROLE}-{k}"
+
+
 @dataclass
 class _Teacher:
-    name: str  # process name, teacher-<k>
-    served: str  # the model as configured: its served model name
-    model: str  # absolute model directory
+    k: int  # its index among the run's served teachers
+    served: str  # the model directory as configured (absolute): also its served model name
     node: int
     gpus: tuple[int, ...]
     het_group: int | None  # its own heterogeneous component (multi-node runs), None: on node 0 of the job
@@ -390,22 +394,19 @@ def _served_teachers(cfg: RLConfig, topo: Topology, roles: tuple[str, ...]) -> l
     orchestrator. A single-node run puts it on its node, on the GPUs after the policy's and the trainer's; a
     multi-node run gives each its own one-node heterogeneous component (``tp`` GPUs), after the job's other nodes.
     The config rules refuse a node with too few GPUs."""
-    models = cfg.orchestrator.served_teachers() if "orchestrator" in roles else []
-    tps = {t.name: t.tp for _f, _e, a in cfg.orchestrator.distilling_envs() if (t := a.teacher) is not None}
+    teachers = cfg.orchestrator.served_teachers() if "orchestrator" in roles else []
     dep = cfg.deployment
-    gpn = topo.gpus_per_node
     first_gpu = getattr(dep, "num_infer_gpus", 0) + getattr(dep, "num_train_gpus", 0)
     next_node = topo.num_nodes + (1 if topo.orchestrator_het_group else 0)
     out = []
-    for k, model in enumerate(models):
-        n = tps[model] if gpn else 0
-        path = str(Path(model).expanduser().absolute())
+    for k, t in enumerate(teachers):
+        n = t.tp if topo.gpus_per_node else 0
         if dep.type == "single_node":
-            out.append(_Teacher(f"{TEACHER_ROLE}-{k}", model, path, 0, tuple(range(first_gpu, first_gpu + n)), None))
+            out.append(_Teacher(k, t.name, 0, tuple(range(first_gpu, first_gpu + n)), None))  # type: ignore[arg-type]
             first_gpu += n
         else:
             group = 1 + (1 if topo.orchestrator_het_group else 0) + k
-            out.append(_Teacher(f"{TEACHER_ROLE}-{k}", model, path, next_node, tuple(range(n)), group))
+            out.append(_Teacher(k, t.name, next_node, tuple(range(n)), group))  # type: ignore[arg-type]
             next_node += 1
     return out
 
@@ -446,7 +447,7 @@ def _place(
         alloc.request(host(router_node), "router.metrics")
     teachers = _served_teachers(cfg, topo, roles)
     for t in teachers:
-        alloc.request(host(t.node), f"{t.name}.http")
+        alloc.request(host(t.node), f"{teacher_process(t.k)}.http")
     master = topo.trainer_nodes[0] if "trainer" in roles else None
     if "trainer" in roles:
         alloc.request(host(master), "trainer.rdzv")
@@ -605,11 +606,11 @@ def _place(
     # The policy's engine settings minus what trains or splits it: the teacher scores the same sequences, so it
     # takes the same pass-through limits (context length, memory), but never a LoRA adapter or a KV connector.
     teacher_defaults = {**ENGINE_DEFAULTS, "dtype": cfg.model.dtype, **(CPU_ENGINE_DEFAULTS if not gpn else {})}
-    teacher_urls: dict[str, str] = {}
     for t in teachers:
-        http = ports[f"{t.name}.http"]
+        name = teacher_process(t.k)
+        http = ports[f"{name}.http"]
         cmd = engine_command(
-            model_path=t.model,
+            model_path=t.served,
             host="{node_addr}",
             port=http,
             vllm_args=vargs,
@@ -627,7 +628,7 @@ def _place(
         )
         owned = {k: v for k, v in tenv.items() if k in envmod.OWNED_NAMES}
         add(
-            t.name,
+            name,
             TEACHER_ROLE,
             t.node,
             t.gpus,
@@ -636,11 +637,10 @@ def _place(
             cfg.inference.env_vars,
             owned,
             extra_defaults={k: v for k, v in tenv.items() if k not in owned},
-            log_name=f"{t.name}.log",
+            log_name=f"{name}.log",
             healthcheck_url=f"http://{{node_addr}}:{http}/health",
             het_group=t.het_group or 0,
         )
-        teacher_urls[f"SRL_TEACHER_URL_{t.name.rsplit('-', 1)[1]}"] = f"http://{{node_addr_{t.node}}}:{http}/v1"
 
     # ---- trainer -------------------------------------------------------------------------------------------
     if "trainer" in roles:
@@ -695,7 +695,7 @@ def _place(
     # ---- orchestrator --------------------------------------------------------------------------------------
     if "orchestrator" in roles:
         onode = topo.orchestrator_node
-        owned = {"SRL_TRAINER_DP": str(topo.trainer_dp), **teacher_urls}
+        owned = {"SRL_TRAINER_DP": str(topo.trainer_dp)}
         if inference_url:
             owned["SRL_INFERENCE_URL"] = inference_url.replace(f"{{node_addr_{onode}}}", "{node_addr}")
         if external:
@@ -739,11 +739,11 @@ def _place(
         groups[0].num_nodes -= shift
         for g in groups[1:]:
             g.first_node -= shift
-        for t in teachers:  # the orchestrator's address of each teacher names its node
-            for p in procs:
-                for k, v in p.env.items():
-                    if k.startswith("SRL_TEACHER_URL_"):
-                        p.env[k] = v.replace(f"{{node_addr_{t.node}}}", f"{{node_addr_{t.node - shift}}}")
+    # Each teacher's address names its node, so it is set once the nodes are final.
+    orch = next((p for p in procs if p.role == "orchestrator"), None)
+    for t in teachers:  # none without an orchestrator
+        spec = next(p for p in procs if p.name == teacher_process(t.k))
+        orch.env[f"SRL_TEACHER_URL_{t.k}"] = f"http://{{node_addr_{spec.node_index}}}:{spec.ports['http']}/v1"
     used = {n for p in procs for n in p.node_indices}
     if set(roles) != set(ROLES) and not external and used:
         # An inference-only plan asks for the nodes it uses (the islands), not the trainer's.
