@@ -12,10 +12,10 @@ written), ``time/wait_for_batch`` (hand-off from the orchestrator, batch read); 
 ``time/wait_for_policy``; the engine's pause-to-resume ``seconds`` of ``policy_reloads.jsonl``.
 
 Minimal loop, in this process afterwards, on the run's own resolved config (same model, tasks, batch size, group
-size, sampling temperature and token budget, advantages, loss, optimizer, packing): each step samples the batch
-with the policy itself (HF ``generate`` with a KV cache, one call per group), scores every completion with the
-task's own reward, takes group advantages and one ``train_step``, fully on-policy. Its step time is the median
-over the same steps. Both get one torch thread (srl's CPU split gives the trainer 1 thread and the engine a core
+size, sampling temperature and token budget, advantages, loss, optimizer, packing at the trainer's row width): each
+step samples the batch with the policy itself (HF ``generate`` with a KV cache, one call per group), scores every
+completion with the task's own reward, takes group advantages and one ``train_step``, fully on-policy. Its step
+time is the median over the same steps. Both get one torch thread (srl's CPU split gives the trainer 1 thread and the engine a core
 of its own on a 2-core host; here generation and training share the one).
 
 Ratio = srl / minimal; goal <= 1.5. Exits 1 when it is missed (or the run fails).
@@ -101,7 +101,7 @@ def minimal_loop(run: Path, steps: int, warmup: int) -> dict[str, float]:
     from toolkit.run.types import SamplingParams, TrainingSample
     from toolkit.trainer.model import load_policy
     from toolkit.trainer.optim import build_optimizer
-    from toolkit.trainer.packing import plan_micro_batches
+    from toolkit.trainer.packing import RowCost, plan_micro_batches
     from toolkit.trainer.step import train_step
 
     torch.set_num_threads(1)
@@ -115,6 +115,7 @@ def minimal_loop(run: Path, steps: int, warmup: int) -> dict[str, float]:
     renderer = load_renderer(o.renderer, model_dir)
     torch.manual_seed(cfg.seed)
     model = load_policy(model_dir, dtype=cfg.model.dtype)
+    cost = RowCost.of_model(model)  # packed like srl's trainer packs: rows at the cheapest width
     optimizer = build_optimizer(model, lr=t.optim.lr, weight_decay=t.optim.weight_decay, betas=tuple(t.optim.betas))
     sampler = EnvSampler({"e": list(range(len(tasks)))}, {"e": 1.0}, seed=cfg.seed)
     eos = list(renderer.stop_token_ids)  # the stop tokens the orchestrator's requests carry
@@ -174,7 +175,7 @@ def minimal_loop(run: Path, steps: int, warmup: int) -> dict[str, float]:
             envs=["e"] * len(samples),
             meta={"sampling": sampling_meta(SamplingParams(temperature=sampling.temperature))},
         )
-        mbs = plan_micro_batches(batch, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size)
+        mbs = plan_micro_batches(batch, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, cost=cost)
         train_step(
             model, optimizer, None, mbs, loss_cfg=t.loss, max_norm=t.optim.max_norm, num_samples=batch.num_samples
         )

@@ -7,13 +7,15 @@ import copy
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from toolkit.batches import samples_to_batch
 from toolkit.models.tiny import build_tiny_model
 from toolkit.run.types import TrainingSample
 from toolkit.trainer.loss import IPOLoss
 from toolkit.trainer.model import load_policy
-from toolkit.trainer.packing import pack_rows, plan_micro_batches
+from toolkit.trainer.packing import RowCost, pack_rows, plan_micro_batches, row_width
 from toolkit.trainer.step import token_logprobs, train_step
 
 
@@ -100,5 +102,78 @@ def test_packed_step_equals_unpacked_step(tiny_dir):
     assert m1["loss/mean"] == pytest.approx(m2["loss/mean"], abs=1e-6)
     assert m1["is_masked/mean"] == pytest.approx(m2["is_masked/mean"])
     assert m1["mismatch_kl/max"] == pytest.approx(m2["mismatch_kl/max"], rel=1e-5)
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], atol=1e-6, rtol=1e-4)
+
+
+def _first_fit_decreasing(lengths, seq_len):
+    """The textbook first-fit decreasing, scanning every open row: the reference for the tree in pack_rows."""
+    rows, free = [], []
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        r = next((r for r, room in enumerate(free) if lengths[i] <= room), None)
+        if r is None:
+            rows.append([i])
+            free.append(seq_len - lengths[i])
+        else:
+            rows[r].append(i)
+            free[r] -= lengths[i]
+    return [rows[r] for r in sorted(range(len(rows)), key=lambda r: (free[r], r))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 120).flatmap(lambda s: st.tuples(st.just(s), st.lists(st.integers(1, s), max_size=80))))
+def test_pack_rows_is_first_fit_decreasing(case):
+    seq_len, lengths = case
+    assert pack_rows(lengths, seq_len) == _first_fit_decreasing(lengths, seq_len)
+
+
+TINY_COST = RowCost(per_token=1.0e6, per_pair=1024.0)  # the tiny model's (RowCost.of_model, checked below)
+
+
+def test_row_cost_of_the_tiny_model(tiny_dir):
+    cost = RowCost.of_model(load_policy(tiny_dir))
+    # 2 layers x (q 128x128, k and v 128x64, o 128x128, MLP 3 x 128x512) + LM head 128x101, 2 FLOPs per weight;
+    # attention 4 x head_dim 32 x 4 heads x 2 layers per pair.
+    assert cost.per_token == 2 * (2 * (128 * 128 * 2 + 128 * 64 * 2 + 3 * 128 * 512) + 128 * 101)
+    assert cost.per_pair == 4 * 32 * 4 * 2
+
+
+def test_short_samples_go_into_narrow_rows_long_ones_fill_seq_len():
+    short = [39, 45, 41, 36, 44, 40, 38, 42] * 4  # the README job's RL batch: 32 replies of ~40 tokens
+    width = row_width(short, seq_len=512, micro_batch_size=4, world_size=1, cost=TINY_COST)
+    assert 45 <= width < 128
+
+    def plan_cost(w):
+        used = [sum(short[i] for i in row) for row in pack_rows(short, w)]
+        return sum(TINY_COST.rows(len(c), max(c)) for m in range(0, len(used), 4) if (c := used[m : m + 4]))
+
+    assert plan_cost(width) < 0.8 * plan_cost(512)
+    assert row_width([512, 500, 490], seq_len=512, micro_batch_size=4, world_size=1, cost=TINY_COST) == 512
+    long = [400, 380, 350, 120, 100, 90, 60, 30]
+    width = row_width(long, seq_len=512, micro_batch_size=4, world_size=1, cost=TINY_COST)
+    assert 400 <= width <= 512
+    with pytest.raises(ValueError, match="seq_len"):
+        row_width([600], seq_len=512, micro_batch_size=4, world_size=1, cost=TINY_COST)
+
+
+def test_costed_plan_trains_like_the_seq_len_plan(tiny_dir):
+    base = load_policy(tiny_dir)
+    _, batch = _batch(n=12)
+    cost = RowCost.of_model(base)
+    results = []
+    for c in (None, cost):
+        model = copy.deepcopy(base)
+        mbs = plan_micro_batches(batch, seq_len=256, micro_batch_size=2, cost=c)
+        assert sum(mb.real_tokens for mb in mbs) == batch.num_tokens
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        m = train_step(
+            model, opt, None, mbs, loss_cfg=IPOLoss(), max_norm=0.0, num_samples=batch.num_samples, apply_update=False
+        )
+        results.append(
+            (m, {n: p.grad.clone() for n, p in model.named_parameters()}, max(mb.input_ids.shape[1] for mb in mbs))
+        )
+    (m1, g1, w1), (m2, g2, w2) = results
+    assert w2 < w1  # the costed plan really packed narrower rows
+    assert m1["loss/mean"] == pytest.approx(m2["loss/mean"], abs=1e-6)
     for name in g1:
         torch.testing.assert_close(g1[name], g2[name], atol=1e-6, rtol=1e-4)

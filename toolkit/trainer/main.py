@@ -143,6 +143,8 @@ class TrainingStart:
     scheduler: Any
     model_dir: Path
     n_params: int
+    row_cost: Any
+    """The model's :class:`toolkit.trainer.packing.RowCost`: micro-batches are packed at its cheapest row width."""
     done: int
     """Last finished step (0 on a fresh start)."""
     resumed: bool
@@ -182,6 +184,7 @@ def start_training(run: RunDir, s: TrainerSettings, *, parts: tuple[str, ...] = 
     from toolkit.trainer.metrics import num_parameters
     from toolkit.trainer.model import load_policy
     from toolkit.trainer.optim import build_optimizer, build_scheduler
+    from toolkit.trainer.packing import RowCost
 
     info, device = tdist.init_distributed()
     log.info(
@@ -198,6 +201,7 @@ def start_training(run: RunDir, s: TrainerSettings, *, parts: tuple[str, ...] = 
     # other parameter; the frozen base weights are sharded too and get no gradient.
     model = load_policy(model_dir, dtype=s.dtype, device=str(device), lora=s.lora)
     n_params = num_parameters(model)
+    row_cost = RowCost.of_model(model)  # before sharding: the whole model's shapes
     model = tdist.shard_model(model, info)
     optimizer = build_optimizer(model, lr=s.lr, weight_decay=s.weight_decay, betas=s.betas)
     scheduler = build_scheduler(
@@ -219,6 +223,7 @@ def start_training(run: RunDir, s: TrainerSettings, *, parts: tuple[str, ...] = 
         scheduler=scheduler,
         model_dir=Path(model_dir),
         n_params=n_params,
+        row_cost=row_cost,
         done=done,
         resumed=start is not None,
         source=source,
@@ -333,7 +338,12 @@ def run_trainer(
             kind=STARTUP if step == done else None,
         )
         mbs = plan_micro_batches(
-            batch, seq_len=s.seq_len, micro_batch_size=s.micro_batch_size, rank=info.rank, world_size=info.world_size
+            batch,
+            seq_len=s.seq_len,
+            micro_batch_size=s.micro_batch_size,
+            rank=info.rank,
+            world_size=info.world_size,
+            cost=st.row_cost,
         )
         metrics = train_step(
             model,

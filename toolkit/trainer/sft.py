@@ -77,8 +77,11 @@ def load_data(cfg: SFTConfig, model_dir: Path) -> tuple[Any, Any | None]:
     return data, val
 
 
-def validation_loss(model: Any, val: Any, *, seq_len: int, micro_batch_size: int, info: Any, device: Any) -> float:
-    """Mean NLL (nats per trained token) of ``val`` under ``model``, no gradient; the same on every rank."""
+def validation_loss(
+    model: Any, val: Any, *, seq_len: int, micro_batch_size: int, info: Any, device: Any, cost: Any = None
+) -> float:
+    """Mean NLL (nats per trained token) of ``val`` under ``model``, no gradient; the same on every rank.
+    ``cost``: the model's :class:`toolkit.trainer.packing.RowCost` (rows at the cheapest width), or None."""
     import torch
 
     from toolkit.trainer.packing import plan_micro_batches
@@ -87,7 +90,12 @@ def validation_loss(model: Any, val: Any, *, seq_len: int, micro_batch_size: int
 
     batch = to_batch(val, np.arange(len(val)), step=0)
     mbs = plan_micro_batches(
-        batch, seq_len=seq_len, micro_batch_size=micro_batch_size, rank=info.rank, world_size=info.world_size
+        batch,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        rank=info.rank,
+        world_size=info.world_size,
+        cost=cost,
     )
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)
@@ -220,7 +228,13 @@ def run_sft(run: RunDir, cfg: SFTConfig, s: Any, *, stop: Any, progress: Any = N
 
     def validate() -> dict[str, float]:  # called only with [val], for which load_data always gives data
         v = validation_loss(
-            model, val, seq_len=d.seq_len, micro_batch_size=s.micro_batch_size, info=info, device=device
+            model,
+            val,
+            seq_len=d.seq_len,
+            micro_batch_size=s.micro_batch_size,
+            info=info,
+            device=device,
+            cost=st.row_cost,
         )
         return {"val/loss": v, "val/perplexity": math.exp(min(v, 80.0))}
 
@@ -235,7 +249,12 @@ def run_sft(run: RunDir, cfg: SFTConfig, s: Any, *, stop: Any, progress: Any = N
         rows, epoch = rows_of(n)
         batch = to_batch(data, rows, n)
         mbs = plan_micro_batches(
-            batch, seq_len=d.seq_len, micro_batch_size=s.micro_batch_size, rank=info.rank, world_size=info.world_size
+            batch,
+            seq_len=d.seq_len,
+            micro_batch_size=s.micro_batch_size,
+            rank=info.rank,
+            world_size=info.world_size,
+            cost=st.row_cost,
         )
         metrics = train_step(
             model,
