@@ -621,7 +621,8 @@ class TrainerConfig(Section):
     micro_batch_size: int = Field(1, ge=1, le=4096)
     """Packed rows per micro-batch."""
     seq_len: int = Field(2048, ge=8, le=1_048_576)
-    """Tokens per packed row."""
+    """Most tokens per packed row (and so the longest sample the trainer takes). The trainer packs each batch at
+    the row width, up to this, with the least estimated compute (toolkit.trainer.packing.row_width)."""
     model: TrainerModelConfig = TrainerModelConfig()
     tp: int = Field(1, ge=1, le=64)
     """Tensor-parallel degree of the trainer."""

@@ -10,9 +10,10 @@ step's loss is the masked negative log-likelihood (:mod:`toolkit.trainer.loss`):
 with ``N`` the number of trained tokens of the whole step (all micro-batches, all ranks): every trained token
 weighs the same, whatever the packing or sharding.
 
-Per step n: the samples of :func:`toolkit.trainer.sft_data.step_rows` are packed into rows of ``data.seq_len``
-tokens (positions restart per sample, so no attention crosses samples), one optimizer step is taken, a metrics line
-is appended (``loss/mean``, ``loss/perplexity``, ``optim/lr``, ``optim/grad_norm``, ``progress/epoch``,
+Per step n: the samples of :func:`toolkit.trainer.sft_data.step_rows` are packed into rows of at most
+``data.seq_len`` tokens (positions restart per sample, so no attention crosses samples; the row width costing the
+least compute, :func:`toolkit.trainer.packing.row_width`), one optimizer step is taken, a metrics line is appended
+(``loss/mean``, ``loss/perplexity``, ``optim/lr``, ``optim/grad_norm``, ``progress/epoch``,
 ``progress/num_samples``, ``progress/num_tokens``, ``perf/throughput``; ``val/loss`` and ``val/perplexity`` every
 ``val.interval`` steps and at the end) and the step's sample ids go to ``data_order.jsonl``. With an online eval
 (``[eval]`` envs), the weights of every ``eval.interval``-th step and of the last step are broadcast
