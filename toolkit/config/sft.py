@@ -79,7 +79,7 @@ class DataConfig(Section):
     batch_size: int = Field(32, ge=1, le=1_000_000)
     """Samples per optimizer step (packed into rows of at most ``seq_len`` tokens)."""
     seq_len: int = Field(2048, ge=8, le=1_048_576)
-    """Tokens per packed row; a sample longer than this is an error naming its row (never truncated)."""
+    """Most tokens per packed row; a sample longer than this is an error naming its row (never truncated)."""
     shuffle: bool = True
     """Shuffle the samples each epoch (seeded by ``seed`` and the epoch number)."""
     columns: ColumnsConfig = ColumnsConfig()
