@@ -5,6 +5,7 @@
 - :class:`GroupReaper` (and ``python -m toolkit.procutil reap``): a small watcher that kills a supervisor's process
   groups when the supervisor dies by any path, SIGKILL included.
 - :func:`process_start_time`: tells a live process from a later one that reused its PID.
+- :func:`exit_words`: a child's exit status in words.
 """
 
 from __future__ import annotations
@@ -61,6 +62,19 @@ def kill_with_parent_preexec() -> Callable[[], None] | None:
             os._exit(1)
 
     return _preexec
+
+
+def exit_words(returncode: int | None) -> str:
+    """A child's exit status as ``subprocess`` reports it, in words: ``"exited with status 1"``, ``"killed by
+    SIGKILL"`` (negative: the signal), ``"still running"`` (None)."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
 
 
 def process_start_time(pid: int) -> int | None:

@@ -309,3 +309,39 @@ def test_external_address_server(model_dir):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_worker_that_prints_on_stdout_starts_and_is_never_blocked(model_dir, external_on_path, caplog):
+    """A blank line and a banner on stdout before the announcement are logged, not taken for a failed start; 100 KB
+    per scored rollout on stdout (a pipe holds 64 KB) is drained, so 8 groups of 4 finish without an error."""
+
+    async def go():
+        rt = EnvRuntime(env_cfg("chatty-stdout", workers=1), model_path=model_dir, renderer_cfg=None, seed=0)
+        await rt.start()
+        try:
+            policy = AnswerPolicy(model_dir, "ok")
+            return [
+                await rt.run_group(i % 4, 4, client=policy, sampling=SamplingParams(max_tokens=8)) for i in range(8)
+            ]
+        finally:
+            await rt.aclose()
+
+    with caplog.at_level("INFO", logger="srl.orchestrator"):
+        groups = asyncio.run(go())
+    assert [r.error_class for g in groups for r in g] == [None] * 32
+    assert {r.reward for g in groups for r in g} == {1.0}
+    assert any("on stdout: chatty-stdout: loading" in m for m in caplog.messages)
+
+
+def test_a_worker_killed_before_it_announced_itself_is_named_with_its_signal(model_dir, external_on_path):
+    async def go():
+        rt = EnvRuntime(
+            env_cfg("chatty-stdout", workers=1, die_on_load=True), model_path=model_dir, renderer_cfg=None, seed=0
+        )
+        try:
+            await rt.start()
+        finally:
+            await rt.aclose()
+
+    with pytest.raises(RuntimeError, match=r"env worker for 'chatty-stdout' failed to start \(killed by SIGKILL\)"):
+        asyncio.run(go())

@@ -21,6 +21,7 @@ and are retried. A worker that died is restarted before its next episode.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -38,6 +39,7 @@ from toolkit.envs.probe import probe_spec
 from toolkit.envs.protocol import READY_PREFIX, WorkerConnection, unwrap
 from toolkit.envs.rollout import RolloutLimits, run_rollout, wait_excluding_outage
 from toolkit.models.renderer import CachedRenderer, Renderer, load_renderer
+from toolkit.procutil import exit_words
 from toolkit.run.types import TRANSIENT_ERRORS, Rollout, SamplingParams, TrainingSample
 
 log = logging.getLogger("srl.orchestrator")
@@ -310,46 +312,89 @@ class EnvRuntime:
         proc.stdin.write(self._spec)
         await proc.stdin.drain()
         proc.stdin.close()
+        # Drained from the start (a worker that writes much while importing must not block on a full pipe); the
+        # tail is the evidence of a failed start.
+        tail: collections.deque[str] = collections.deque(maxlen=60)
+        stderr = asyncio.create_task(self._drain(proc, proc.stderr, "stderr", tail))
         try:
-            line = await asyncio.wait_for(proc.stdout.readline(), WORKER_START_TIMEOUT_S)
-        except TimeoutError:
-            line = b""
+            address, before, timed_out = await self._announced(proc)
         except BaseException:  # cancelled while starting: do not leave the child behind
             proc.kill()
             await proc.wait()
             raise
-        text = line.decode().strip()
-        if not text.startswith(READY_PREFIX):
+        if address is None:
+            with contextlib.suppress(TimeoutError):  # stdout closed: it is exiting; say how
+                await asyncio.wait_for(proc.wait(), GRACE_S)
+            how = exit_words(proc.returncode)
             if proc.returncode is None:
+                how = f"no announcement within {WORKER_START_TIMEOUT_S:g} s" if timed_out else "stdout closed"
+                how += "; killed"
                 proc.kill()
-            err = (await proc.stderr.read()).decode()[-3000:]
-            raise RuntimeError(f"env worker for {self.name!r} failed to start: {text}\n{err}")
-        # Keep draining stderr so a chatty task cannot block the worker on a full pipe.
-        asyncio.create_task(self._drain(proc))
-        host, _, port = text.split()[1].rpartition(":")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(proc.wait(), stderr), GRACE_S)
+            err = "\n".join(tail)[-3000:]
+            printed = f"; it printed on stdout: {' | '.join(before[-5:])[-1000:]}" if before else ""
+            raise RuntimeError(f"env worker for {self.name!r} failed to start ({how}){printed}\n{err}")
+        asyncio.create_task(self._drain(proc, proc.stdout, "stdout"))
+        host, _, port = address.rpartition(":")
         return _Worker(host, int(port), proc)
 
-    async def _drain(self, proc: asyncio.subprocess.Process) -> None:
-        """Copy the worker's stderr into this log line by line (a task's prints, verifiers' warnings, a crash's
-        traceback: the evidence of a failing env), so a chatty task cannot block the worker on a full pipe."""
+    async def _announced(self, proc: asyncio.subprocess.Process) -> tuple[str | None, list[str], bool]:
+        """Read the worker's stdout until it announces its ``host:port`` (``READY_PREFIX host:port``); returns
+        (address, the lines printed before it, timed out): address None when stdout closed or WORKER_START_TIMEOUT_S
+        passed first. Lines before the announcement are logged, never taken for it: a library the taskset imports may
+        print on stdout (a blank line was once taken for a failed start)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WORKER_START_TIMEOUT_S
+        before: list[str] = []
+        while (left := deadline - loop.time()) > 0:
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), left)
+            except TimeoutError:
+                break
+            except ValueError:  # a line over the stream's limit (readline dropped it): not the announcement
+                before.append("<a line too long to read>")
+                continue
+            if not line:
+                return None, before, False
+            text = line.decode(errors="replace").strip()
+            if text.startswith(READY_PREFIX) and len(text.split()) == 2:
+                return text.split()[1], before, False
+            if text:
+                log.info("env worker %s (pid %d) on stdout: %s", self.name, proc.pid, text[:2000])
+                before.append(text)
+        return None, before, True
+
+    async def _drain(
+        self, proc: asyncio.subprocess.Process, stream: Any, label: str, tail: collections.deque[str] | None = None
+    ) -> None:
+        """Copy one of the worker's output streams into this log line by line (a task's prints, verifiers'
+        warnings, a crash's traceback: the evidence of a failing env), so a chatty task cannot block the worker on a
+        full pipe. ``tail`` keeps the last lines (all of them, logged or not) until the stream closes."""
         pending, logged = b"", 0
         with contextlib.suppress(OSError, ValueError):
-            while chunk := await proc.stderr.read(65536):  # chunks, not readline: a line may exceed any limit
+            while chunk := await stream.read(65536):  # chunks, not readline: a line may exceed any limit
                 *lines, pending = (pending + chunk).split(b"\n")
                 pending = pending[-65536:]
+                if tail is not None:
+                    tail.extend(t for line in lines if (t := line.decode(errors="replace").rstrip()))
                 if logged > MAX_WORKER_LOG_LINES:
                     continue  # a task printing per episode must not flood the log or load this event loop
                 for line in lines:
                     if text := line.decode(errors="replace").rstrip():
                         logged += 1
-                        log.info("env worker %s (pid %d): %s", self.name, proc.pid, text[:2000])
+                        where = "" if label == "stderr" else f" on {label}"
+                        log.info("env worker %s (pid %d)%s: %s", self.name, proc.pid, where, text[:2000])
                 if logged > MAX_WORKER_LOG_LINES:
                     log.info(
-                        "env worker %s (pid %d): more than %d lines on stderr; the rest is not logged",
+                        "env worker %s (pid %d): more than %d lines on %s; the rest is not logged",
                         self.name,
                         proc.pid,
                         MAX_WORKER_LOG_LINES,
+                        label,
                     )
+        if tail is not None and (last := pending.decode(errors="replace").rstrip()):
+            tail.append(last)  # a crash's last words may lack their newline
 
     async def _call(self, worker: _Worker, op: str, limit: float | None, failure: str, **params: Any) -> Any:
         """``op`` on ``worker``, answered within ``limit`` + GRACE_S seconds (None: no bound). A worker that does not
