@@ -333,15 +333,30 @@ def test_a_worker_that_prints_on_stdout_starts_and_is_never_blocked(model_dir, e
     assert any("on stdout: chatty-stdout: loading" in m for m in caplog.messages)
 
 
-def test_a_worker_killed_before_it_announced_itself_is_named_with_its_signal(model_dir, external_on_path):
-    async def go():
-        rt = EnvRuntime(
-            env_cfg("chatty-stdout", workers=1, die_on_load=True), model_path=model_dir, renderer_cfg=None, seed=0
-        )
+def test_a_worker_killed_before_it_announced_itself_is_started_again_once(model_dir, external_on_path, tmp_path):
+    """Killed by a signal while loading: started again (the second one serves); killed every time: the error names
+    the signal. A worker that exits with a status (an import error, a refusal) is not started again."""
+
+    async def go(**extra):
+        rt = EnvRuntime(env_cfg("chatty-stdout", workers=1, **extra), model_path=model_dir, renderer_cfg=None, seed=0)
         try:
             await rt.start()
+            return await rt.run_group(0, 2, client=AnswerPolicy(model_dir, "ok"), sampling=SamplingParams(max_tokens=8))
         finally:
             await rt.aclose()
 
+    marker = tmp_path / "died"
+    group = asyncio.run(go(die_once=str(marker)))
+    assert marker.exists() and [r.reward for r in group] == [1.0, 1.0]
     with pytest.raises(RuntimeError, match=r"env worker for 'chatty-stdout' failed to start \(killed by SIGKILL\)"):
-        asyncio.run(go())
+        asyncio.run(go(die_on_load=True))
+    with pytest.raises(RuntimeError, match=r"failed to start \(exited with status 1\)[\s\S]*ModuleNotFoundError"):
+        asyncio.run(_start_a_missing_taskset(model_dir))
+
+
+async def _start_a_missing_taskset(model_dir):
+    rt = EnvRuntime(env_cfg("no-such-taskset-module", workers=1), model_path=model_dir, renderer_cfg=None, seed=0)
+    try:
+        await rt.start()
+    finally:
+        await rt.aclose()

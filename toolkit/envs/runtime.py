@@ -44,6 +44,20 @@ from toolkit.run.types import TRANSIENT_ERRORS, Rollout, SamplingParams, Trainin
 
 log = logging.getLogger("srl.orchestrator")
 
+WORKER_START_TRIES = 2
+"""Starts of a worker killed by a signal before it announced itself (a worker that exits with a status is not
+started again: its refusal or import error would only repeat)."""
+
+
+class WorkerStartError(RuntimeError):
+    """An env worker did not announce itself; ``returncode`` is its exit status (negative: the signal that killed
+    it; None: it was still running when given up on)."""
+
+    def __init__(self, message: str, returncode: int | None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
 # Generous: a worker imports verifiers (~9 s of CPU) and, on a loaded node or a slow shared filesystem, far more.
 WORKER_START_TIMEOUT_S = 600.0
 BACKOFF_BASE_S = 0.5
@@ -294,6 +308,21 @@ class EnvRuntime:
             log.info("env %s: taskset %s resolved to %s", self.name, tid, info["source"])
 
     async def _spawn(self) -> _Worker:
+        """Start one worker process; a worker killed by a signal before it announced itself (the OOM killer, a
+        crash in a native library) is started again, up to WORKER_START_TRIES times in all. Raises
+        WorkerStartError: a worker that exits with a status (a refusal, an import error) is not tried again."""
+        for attempt in range(1, WORKER_START_TRIES + 1):
+            try:
+                return await self._spawn_once()
+            except WorkerStartError as exc:
+                if exc.returncode is None or exc.returncode >= 0 or attempt == WORKER_START_TRIES:
+                    raise
+                log.warning(
+                    "%s; starting it again (try %d of %d)", str(exc).splitlines()[0], attempt + 1, WORKER_START_TRIES
+                )
+        raise AssertionError("unreachable")
+
+    async def _spawn_once(self) -> _Worker:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -325,8 +354,8 @@ class EnvRuntime:
         if address is None:
             with contextlib.suppress(TimeoutError):  # stdout closed: it is exiting; say how
                 await asyncio.wait_for(proc.wait(), GRACE_S)
-            how = exit_words(proc.returncode)
-            if proc.returncode is None:
+            status, how = proc.returncode, exit_words(proc.returncode)
+            if status is None:  # given up on here: its status would only be this kill
                 how = f"no announcement within {WORKER_START_TIMEOUT_S:g} s" if timed_out else "stdout closed"
                 how += "; killed"
                 proc.kill()
@@ -334,7 +363,7 @@ class EnvRuntime:
                 await asyncio.wait_for(asyncio.gather(proc.wait(), stderr), GRACE_S)
             err = "\n".join(tail)[-3000:]
             printed = f"; it printed on stdout: {' | '.join(before[-5:])[-1000:]}" if before else ""
-            raise RuntimeError(f"env worker for {self.name!r} failed to start ({how}){printed}\n{err}")
+            raise WorkerStartError(f"env worker for {self.name!r} failed to start ({how}){printed}\n{err}", status)
         asyncio.create_task(self._drain(proc, proc.stdout, "stdout"))
         host, _, port = address.rpartition(":")
         return _Worker(host, int(port), proc)
