@@ -15,8 +15,8 @@ Minimal loop, in this process afterwards, on the run's own resolved config (same
 size, sampling temperature and token budget, advantages, loss, optimizer, packing at the trainer's row width): each
 step samples the batch with the policy itself (HF ``generate`` with a KV cache, one call per group), scores every
 completion with the task's own reward, takes group advantages and one ``train_step``, fully on-policy. Its step
-time is the median over the same steps. Both get one torch thread (srl's CPU split gives the trainer 1 thread and the engine a core
-of its own on a 2-core host; here generation and training share the one).
+time is the median over the same steps. Both get one torch thread (srl's CPU split gives the trainer 1 thread and
+the engine a core of its own on a 2-core host; here generation and training share the one).
 
 Ratio = srl / minimal; goal <= 1.5. Exits 1 when it is missed (or the run fails).
 """
