@@ -12,9 +12,10 @@ orchestrator, env workers) on core 0 and the trainer on core 1 (the whole run st
 - ``orchestrator.max_async_level = 0``: the orchestrator waits for policy n-1 before generating batch n, so
   generation and training alternate: each side runs alone, on its own core. From its ``metrics.jsonl``, medians
   over the steps after the warm-up: trainer time = the interval between consecutive trainer lines less
-  ``time/wait_for_batch`` (train step, weight broadcast, reading and packing the batch); rollout time =
-  orchestrator ``time/step`` less ``time/wait_for_policy``, plus the median weight reload (``policy_reloads.jsonl``:
-  the wait contains it, and pushing weights into the engine is work of the rollout core that no overlap hides).
+  ``time/wait_for_batch`` (train step, weight broadcast, reading and packing the batch); rollout time = the
+  interval between consecutive orchestrator step lines less ``time/wait_for_policy`` (collecting the groups, then
+  writing the batch, store rows and metrics line), plus the median weight reload (``policy_reloads.jsonl``: the wait
+  contains it, and pushing weights into the engine is work of the rollout core that no overlap hides).
 - ``max_async_level = 1``: batch n is generated with policy n-2 while the trainer works on batch n-1. Its step time
   is the mean period of the trainer's metrics lines (the two sides settle into alternating short and long
   intervals, so a median would report one of the two modes).
@@ -147,23 +148,27 @@ def figures(metrics: list[dict], reloads: list[float], warmup: int) -> dict[str,
 
     The step time is the mean period of the trainer's metrics lines (last minus first over their count): at async
     level 1 the two sides settle into a pattern of one short and one long interval, whose median is one of the two
-    modes and not the pipeline's rate. The trainer's time is its whole cycle less the time it waited for a batch
-    (train step, weight broadcast, batch reading and packing). The rollout side's time is the orchestrator's step
-    less its wait for the policy, plus the weight reload that the wait contains: pushing the weights into the
-    engine is rollout-side work on the rollout core, which no overlap can hide."""
+    modes and not the pipeline's rate. Each side's time is its whole cycle less its waits for the other. The
+    trainer's: the interval between its metrics lines less its wait for a batch (train step, weight broadcast,
+    batch reading and packing). The rollout side's: the interval between the orchestrator's step lines less its
+    wait for the policy (collecting the groups, then writing the batch, the store rows and the metrics line, which
+    its ``time/step`` stops before), plus the weight reload that the wait contains: pushing the weights into the
+    engine, like writing the batch, is rollout-side work on the rollout core, which no overlap can hide."""
     trainer = sorted((m for m in metrics if m["role"] == "trainer" and "time/step" in m), key=lambda m: m["step"])
     # Step lines only: the final policy's eval has a line of its own at the last step, without step times.
-    orch = [m for m in metrics if m["role"] == "orchestrator" and m["step"] > warmup and "time/step" in m]
+    orch = sorted((m for m in metrics if m["role"] == "orchestrator" and "time/step" in m), key=lambda m: m["step"])
     pairs = list(itertools.pairwise(trainer))[warmup:]
+    orch_pairs = list(itertools.pairwise(orch))[warmup:]
     kept = trainer[warmup:]
     reload = statistics.median(reloads[warmup:]) if len(reloads) > warmup else 0.0
     return {
         "step": (kept[-1]["time"] - kept[0]["time"]) / (len(kept) - 1),
         "trainer": statistics.median(b["time"] - a["time"] - b.get("time/wait_for_batch", 0.0) for a, b in pairs),
-        "rollout": statistics.median(m["time/step"] - m.get("time/wait_for_policy", 0.0) for m in orch) + reload,
+        "rollout": statistics.median(b["time"] - a["time"] - b.get("time/wait_for_policy", 0.0) for a, b in orch_pairs)
+        + reload,
         "reload": reload,
         "broadcast": statistics.median(m.get("time/broadcast", 0.0) for m in kept),
-        "wait_for_policy": statistics.median(m.get("time/wait_for_policy", 0.0) for m in orch),
+        "wait_for_policy": statistics.median(b.get("time/wait_for_policy", 0.0) for _, b in orch_pairs),
     }
 
 
