@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 WAITS: dict[tuple[str, str, str], str] = {
     ("toolkit/batches.py", "read_batch", "while True"): "its deadline (trainer.batch_timeout_s) and should_stop",
-    ("toolkit/envs/runtime.py", "_spawn", ".wait()"): "after proc.kill(): the kernel reaps a SIGKILLed child",
+    ("toolkit/envs/runtime.py", "_spawn_once", ".wait()"): "after proc.kill(): the kernel reaps a SIGKILLed child",
     ("toolkit/envs/runtime.py", "_stop_proc", ".wait()"): "after proc.kill() (the SIGTERM wait before it is bounded "
     "by asyncio.wait_for(grace_s))",
     ("toolkit/envs/forkserver.py", "start", ".wait()"): "after proc.kill() of a server that did not start",
