@@ -154,6 +154,20 @@ class TrainingStart:
     keep_interval: int | None
     parts: tuple[str, ...]
 
+    def micro_batches(self, batch: Any, *, seq_len: int, micro_batch_size: int) -> list:
+        """This rank's micro-batches of ``batch`` (:func:`toolkit.trainer.packing.plan_micro_batches`), packed at
+        the model's cheapest row width up to ``seq_len``."""
+        from toolkit.trainer.packing import plan_micro_batches
+
+        return plan_micro_batches(
+            batch,
+            seq_len=seq_len,
+            micro_batch_size=micro_batch_size,
+            rank=self.info.rank,
+            world_size=self.info.world_size,
+            cost=self.row_cost,
+        )
+
     def save(self, run: RunDir, step: int) -> float:
         """Checkpoint ``step`` (every rank calls this), mark it COMPLETE, apply retention. Returns seconds taken."""
         from toolkit.trainer.checkpoint import save_trainer_state
@@ -284,7 +298,6 @@ def run_trainer(
     from toolkit.trainer import dist as tdist
     from toolkit.trainer.broadcast import broadcast_policy
     from toolkit.trainer.metrics import mfu
-    from toolkit.trainer.packing import plan_micro_batches
     from toolkit.trainer.step import train_step
 
     unset = [f for f in ("loss", "broadcast_keep", "batch_timeout_s") if getattr(s, f) is None]
@@ -337,14 +350,7 @@ def run_trainer(
             step=n,
             kind=STARTUP if step == done else None,
         )
-        mbs = plan_micro_batches(
-            batch,
-            seq_len=s.seq_len,
-            micro_batch_size=s.micro_batch_size,
-            rank=info.rank,
-            world_size=info.world_size,
-            cost=st.row_cost,
-        )
+        mbs = st.micro_batches(batch, seq_len=s.seq_len, micro_batch_size=s.micro_batch_size)
         metrics = train_step(
             model,
             optimizer,

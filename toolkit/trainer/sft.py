@@ -78,26 +78,13 @@ def load_data(cfg: SFTConfig, model_dir: Path) -> tuple[Any, Any | None]:
     return data, val
 
 
-def validation_loss(
-    model: Any, val: Any, *, seq_len: int, micro_batch_size: int, info: Any, device: Any, cost: Any = None
-) -> float:
-    """Mean NLL (nats per trained token) of ``val`` under ``model``, no gradient; the same on every rank.
-    ``cost``: the model's :class:`toolkit.trainer.packing.RowCost` (rows at the cheapest width), or None."""
+def validation_loss(model: Any, mbs: list, *, info: Any, device: Any) -> float:
+    """Mean NLL (nats per trained token) under ``model`` of the validation rows in this rank's micro-batches
+    ``mbs``, no gradient; the same on every rank."""
     import torch
 
-    from toolkit.trainer.packing import plan_micro_batches
-    from toolkit.trainer.sft_data import to_batch
     from toolkit.trainer.step import _all_reduce_sum, token_logprobs
 
-    batch = to_batch(val, np.arange(len(val)), step=0)
-    mbs = plan_micro_batches(
-        batch,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        rank=info.rank,
-        world_size=info.world_size,
-        cost=cost,
-    )
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)
     with torch.no_grad():
@@ -162,7 +149,6 @@ def run_sft(run: RunDir, cfg: SFTConfig, s: Any, *, stop: Any, progress: Any = N
     from toolkit.trainer import dist as tdist
     from toolkit.trainer.loss import IPOLoss
     from toolkit.trainer.main import TrainerDiverged, progress_record, start_training, weight_bytes
-    from toolkit.trainer.packing import plan_micro_batches
     from toolkit.trainer.sft_data import step_rows, to_batch
     from toolkit.trainer.step import train_step
 
@@ -228,15 +214,10 @@ def run_sft(run: RunDir, cfg: SFTConfig, s: Any, *, stop: Any, progress: Any = N
         fsutil.remove_stale_temps(run.broadcasts)
 
     def validate() -> dict[str, float]:  # called only with [val], for which load_data always gives data
-        v = validation_loss(
-            model,
-            val,
-            seq_len=d.seq_len,
-            micro_batch_size=s.micro_batch_size,
-            info=info,
-            device=device,
-            cost=st.row_cost,
+        rows = st.micro_batches(
+            to_batch(val, np.arange(len(val)), step=0), seq_len=d.seq_len, micro_batch_size=s.micro_batch_size
         )
+        v = validation_loss(model, rows, info=info, device=device)
         return {"val/loss": v, "val/perplexity": math.exp(min(v, 80.0))}
 
     step = done
@@ -249,14 +230,7 @@ def run_sft(run: RunDir, cfg: SFTConfig, s: Any, *, stop: Any, progress: Any = N
         hb.phase(f"train step {n}", step=n, kind=STARTUP if step == done else None)  # the first step compiles
         rows, epoch = rows_of(n)
         batch = to_batch(data, rows, n)
-        mbs = plan_micro_batches(
-            batch,
-            seq_len=d.seq_len,
-            micro_batch_size=s.micro_batch_size,
-            rank=info.rank,
-            world_size=info.world_size,
-            cost=st.row_cost,
-        )
+        mbs = st.micro_batches(batch, seq_len=d.seq_len, micro_batch_size=s.micro_batch_size)
         metrics = train_step(
             model,
             st.optimizer,
