@@ -15,7 +15,7 @@ from toolkit.models.tiny import build_tiny_model
 from toolkit.run.types import TrainingSample
 from toolkit.trainer.loss import IPOLoss
 from toolkit.trainer.model import load_policy
-from toolkit.trainer.packing import RowCost, pack_rows, plan_micro_batches, row_width
+from toolkit.trainer.packing import RowCost, pack_rows, plan_micro_batches, row_width, rows_per_micro_batch
 from toolkit.trainer.step import token_logprobs, train_step
 
 
@@ -145,7 +145,8 @@ def test_short_samples_go_into_narrow_rows_long_ones_fill_seq_len():
 
     def plan_cost(w):
         used = [sum(short[i] for i in row) for row in pack_rows(short, w)]
-        return sum(TINY_COST.rows(len(c), max(c)) for m in range(0, len(used), 4) if (c := used[m : m + 4]))
+        k = rows_per_micro_batch(4, 512, w)
+        return sum(TINY_COST.rows(len(c), max(c)) for m in range(0, len(used), k) if (c := used[m : m + k]))
 
     assert plan_cost(width) < 0.8 * plan_cost(512)
     assert row_width([512, 500, 490], seq_len=512, micro_batch_size=4, world_size=1, cost=TINY_COST) == 512
@@ -177,3 +178,31 @@ def test_costed_plan_trains_like_the_seq_len_plan(tiny_dir):
     assert m1["loss/mean"] == pytest.approx(m2["loss/mean"], abs=1e-6)
     for name in g1:
         torch.testing.assert_close(g1[name], g2[name], atol=1e-6, rtol=1e-4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 299), min_size=1, max_size=120),  # + 1 completion token: at most seq_len 300
+    st.sampled_from([300, 512, 2048]),
+    st.integers(1, 8),
+    st.integers(1, 4),
+)
+def test_costed_plans_keep_the_token_budget_and_never_add_forwards(lengths, seq_len, mbs_rows, world):
+    """Narrower rows go several to a micro-batch: no micro-batch holds more than micro_batch_size rows of seq_len
+    tokens (padding included), no rank runs more forwards than with seq_len-wide rows, every token is trained once."""
+    samples = [TrainingSample([5] * n, [6], [True], [-1.0]) for n in lengths]
+    batch = samples_to_batch(
+        1, samples, [0.0] * len(samples), policy_versions=[0] * len(samples), envs=["e"] * len(samples)
+    )
+    plain = [
+        plan_micro_batches(batch, seq_len=seq_len, micro_batch_size=mbs_rows, rank=r, world_size=world)
+        for r in range(world)
+    ]
+    costed = [
+        plan_micro_batches(batch, seq_len=seq_len, micro_batch_size=mbs_rows, rank=r, world_size=world, cost=TINY_COST)
+        for r in range(world)
+    ]
+    assert len({len(p) for p in costed}) == 1  # FSDP: the same number of forwards on every rank
+    assert len(costed[0]) <= len(plain[0])
+    assert all(mb.processed_tokens <= mbs_rows * seq_len for p in costed for mb in p)
+    assert sum(mb.real_tokens for p in costed for mb in p) == batch.num_tokens

@@ -11,7 +11,9 @@ masked ones included, so a row of width W costs attention in W^2 however few of 
 model's :class:`RowCost`, :func:`plan_micro_batches` tries row widths from the longest sample up to ``seq_len`` and
 packs at the one with the least estimated compute (linear layers per token position, padding included, plus
 attention per pair). Short samples in a long ``seq_len`` (an RL batch of 40-token replies in 512-token rows) then
-go into narrow rows: the README job's train step takes 40% less time. Long samples still fill ``seq_len``.
+go into narrow rows, several per micro-batch so that a micro-batch keeps the token budget the user sized
+(``micro_batch_size`` rows of ``seq_len``) and the number of forwards does not grow: the README job's train step
+takes 30-40% less time. Long samples still fill ``seq_len``.
 
 With several ranks, rows are dealt round-robin by size so ranks get similar token counts, and every rank gets the
 same number of micro-batches (FSDP's collectives need the same number of forwards on every rank); a rank short of
@@ -159,8 +161,10 @@ def row_width(
     """The row width (<= ``seq_len``) at which packing ``lengths`` costs the least estimated compute.
 
     Candidates: the longest sample times 1, 1.25, 1.5, 2, 3, 4, 6, 8, ... and ``seq_len``. Each is packed
-    (:func:`pack_rows`) and costed as the busiest rank's micro-batches, each padded to its longest row (what the
-    trainer runs). Ties go to the wider row (fewer, fuller rows). Raises ValueError like :func:`pack_rows`.
+    (:func:`pack_rows`) and costed as the busiest rank's micro-batches (:func:`rows_per_micro_batch` rows each),
+    each padded to its longest row (what the trainer runs). A width that would take more forwards than
+    ``seq_len``-wide rows is not taken (a forward has a fixed cost the FLOP count leaves out, large on a GPU). Ties go
+    to the wider row (fewer, fuller rows). Raises ValueError like :func:`pack_rows`.
     """
     longest = max((int(x) for x in lengths), default=1)
     if longest > seq_len:
@@ -170,21 +174,20 @@ def row_width(
     while longest * f < seq_len:
         widths.add(max(1, int(longest * f)))
         f = f * 1.25 if f < 1.5 else (f + 1 if f < 4 else f * 1.5)
-    best, best_cost = seq_len, float("inf")
-    for width in sorted(widths, reverse=True):
+    best, best_cost, most_forwards = seq_len, float("inf"), None
+    for width in sorted(widths, reverse=True):  # seq_len first: its forwards are the bound
         rows = pack_rows(lengths, width)
         used = [sum(int(lengths[i]) for i in row) for row in rows]
-        busiest = 0.0
-        for rank in range(world_size):
-            mine = used[rank::world_size]
-            busiest = max(
-                busiest,
-                sum(
-                    cost.rows(len(chunk), max(chunk))
-                    for m in range(0, len(mine), micro_batch_size)
-                    if (chunk := mine[m : m + micro_batch_size])
-                ),
-            )
+        per_mb = rows_per_micro_batch(micro_batch_size, seq_len, width)
+        forwards = math.ceil(math.ceil(len(used) / world_size) / per_mb)
+        if most_forwards is None:
+            most_forwards = forwards
+        elif forwards > most_forwards:
+            continue
+        busiest = max(
+            sum(cost.rows(len(c), max(c)) for m in range(0, len(mine), per_mb) if (c := mine[m : m + per_mb]))
+            for mine in (used[rank::world_size] for rank in range(world_size))
+        )
         if busiest < best_cost:
             best, best_cost = width, busiest
     return best
@@ -234,7 +237,9 @@ def plan_micro_batches(
     """Micro-batches of ``rank`` (of ``world_size``) for ``batch``; every rank gets the same count.
 
     ``seq_len``: max tokens per packed row; ``micro_batch_size``: rows per micro-batch; ``cost``: the model's
-    :class:`RowCost`, to pack into the cheapest row width (:func:`row_width`) instead of ``seq_len``-wide rows.
+    :class:`RowCost`, to pack into the cheapest row width (:func:`row_width`) instead of ``seq_len``-wide rows, with
+    as many narrower rows per micro-batch as fill ``micro_batch_size`` rows of ``seq_len`` tokens
+    (:func:`rows_per_micro_batch`): the same number of forwards or fewer, within the same token budget each.
     Deterministic: every rank computes the same plan from the same batch and keeps its share. Raises ValueError
     on a sample longer than ``seq_len`` or non-positive sizes.
     """
@@ -242,16 +247,21 @@ def plan_micro_batches(
         raise ValueError(
             f"bad packing sizes seq_len={seq_len} micro_batch_size={micro_batch_size} rank={rank}/{world_size}"
         )
+    width, per_mb = seq_len, micro_batch_size
     if cost is not None:
-        seq_len = row_width(
+        width = row_width(
             batch.lengths, seq_len=seq_len, micro_batch_size=micro_batch_size, world_size=world_size, cost=cost
         )
-    rows = pack_rows(batch.lengths, seq_len)
+        per_mb = rows_per_micro_batch(micro_batch_size, seq_len, width)
+    rows = pack_rows(batch.lengths, width)
     mine = rows[rank::world_size]
     per_rank = math.ceil(len(rows) / world_size)  # rank 0 has the most rows
-    count = max(1, math.ceil(per_rank / micro_batch_size))
-    out = []
-    for m in range(count):
-        chunk = mine[m * micro_batch_size : (m + 1) * micro_batch_size]
-        out.append(_build(batch, chunk))
-    return out
+    count = max(1, math.ceil(per_rank / per_mb))
+    return [_build(batch, mine[m * per_mb : (m + 1) * per_mb]) for m in range(count)]
+
+
+def rows_per_micro_batch(micro_batch_size: int, seq_len: int, width: int) -> int:
+    """Rows of ``width`` tokens in one micro-batch: as many as keep its tokens within ``micro_batch_size`` rows of
+    ``seq_len`` (the memory the user sized), so narrower rows do not mean more forwards; at least
+    ``micro_batch_size``."""
+    return max(micro_batch_size, micro_batch_size * seq_len // max(1, width))
