@@ -72,29 +72,22 @@ def _pin_all_threads(pid: int, core: int) -> int:
 class TrainerPinner(threading.Thread):
     """Every 50 ms: each process of run ``run_root`` whose environment says ``SRL_ROLE=trainer`` (the trainer and
     anything it starts) gets all its threads on TRAINER_CORE. Everything else of the run stays on the core the run
-    was started on (children inherit it).
-
-    The watcher must not cost either side: a process seen not to be the trainer is looked at again only after a
-    second (reading every process's environment 20 times a second took a noticeable share of a core; a trainer
-    caught between fork and exec, still with its parent's environment, is found a second later), and this
-    benchmark process runs on ROLLOUT_CORE (:func:`main`), never beside the trainer."""
+    was started on (children inherit it)."""
 
     def __init__(self, run_root: Path) -> None:
         super().__init__(daemon=True)
         self.run_root, self.stop = str(run_root), threading.Event()
         self.pinned: set[int] = set()
-        self.others: dict[int, float] = {}  # pid -> when to look at it again
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
-            now = time.monotonic()
             for entry in Path("/proc").iterdir():
-                if not entry.name.isdigit() or self.others.get(pid := int(entry.name), 0.0) > now:
+                if not entry.name.isdigit():
                     continue
+                pid = int(entry.name)
                 if pid not in self.pinned:
                     env = _environ(pid)
                     if env.get("SRL_ROLE") != "trainer" or env.get("SRL_RUN_DIR") != self.run_root:
-                        self.others[pid] = now + 1.0
                         continue
                     self.pinned.add(pid)
                 _pin_all_threads(pid, TRAINER_CORE)  # threads it started since the last pass too
@@ -202,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    os.sched_setaffinity(0, {ROLLOUT_CORE})  # this process and its pinner thread stay off the trainer's core
     out = a.out or Path(tempfile.mkdtemp(prefix="srl-async-overlap-"))
     out.mkdir(parents=True, exist_ok=True)
     print(
