@@ -405,15 +405,15 @@ class EnvRuntime:
             while chunk := await stream.read(65536):  # chunks, not readline: a line may exceed any limit
                 *lines, pending = (pending + chunk).split(b"\n")
                 pending = pending[-65536:]
+                texts = [t for line in lines if (t := line.decode(errors="replace").rstrip())]
                 if tail is not None:
-                    tail.extend(t for line in lines if (t := line.decode(errors="replace").rstrip()))
+                    tail.extend(texts)
                 if logged > MAX_WORKER_LOG_LINES:
                     continue  # a task printing per episode must not flood the log or load this event loop
-                for line in lines:
-                    if text := line.decode(errors="replace").rstrip():
-                        logged += 1
-                        where = "" if label == "stderr" else f" on {label}"
-                        log.info("env worker %s (pid %d)%s: %s", self.name, proc.pid, where, text[:2000])
+                where = "" if label == "stderr" else f" on {label}"
+                for text in texts:
+                    logged += 1
+                    log.info("env worker %s (pid %d)%s: %s", self.name, proc.pid, where, text[:2000])
                 if logged > MAX_WORKER_LOG_LINES:
                     log.info(
                         "env worker %s (pid %d): more than %d lines on %s; the rest is not logged",
