@@ -6,7 +6,7 @@
 The same local job (``srl rl @ jobs/reverse-text/rl.toml``, embedded default: vLLM CPU engine, trainer,
 orchestrator on this machine) runs twice, each side on its own core: the rollout side (launcher, engine,
 orchestrator, env workers) on core 0 and the trainer on core 1 (the whole run starts under
-``os.sched_setaffinity({0})``; a watcher moves every thread of every process whose environment says
+``taskset --cpu-list 0``; a watcher moves every thread of every process of the run whose environment says
 ``SRL_ROLE=trainer`` to core 1 as soon as it appears, and keeps doing so for threads started later).
 
 - ``orchestrator.max_async_level = 0``: the orchestrator waits for policy n-1 before generating batch n, so
@@ -52,6 +52,15 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 
 
+def _parent_pid(pid: int) -> int:
+    """The parent pid of ``pid`` (0 when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the command name, in parentheses, may hold spaces
+
+
 def _pin_all_threads(pid: int, core: int) -> int:
     """Move every thread of ``pid`` to ``core``; returns how many were moved (0 when all already were)."""
     moved = 0
@@ -70,27 +79,49 @@ def _pin_all_threads(pid: int, core: int) -> int:
 
 
 class TrainerPinner(threading.Thread):
-    """Every 50 ms: each process of run ``run_root`` whose environment says ``SRL_ROLE=trainer`` (the trainer and
-    anything it starts) gets all its threads on TRAINER_CORE. Everything else of the run stays on the core the run
-    was started on (children inherit it)."""
+    """Every 100 ms: each descendant of the run's launcher (pid ``root``) whose environment says
+    ``SRL_ROLE=trainer`` gets all its threads on TRAINER_CORE; everything else of the run stays on the core the run
+    was started on (children inherit it).
 
-    def __init__(self, run_root: Path) -> None:
+    The watcher looks only at the launcher's descendants: it reads each new process's parent once (``stat``) and
+    the environment of new descendants only, so a pass costs one listing of ``/proc`` and a few reads. Reading
+    every process's environment 20 times a second took CPU from the two sides it measures."""
+
+    def __init__(self, root: int, run_root: Path) -> None:
         super().__init__(daemon=True)
-        self.run_root, self.stop = str(run_root), threading.Event()
-        self.pinned: set[int] = set()
+        self.root, self.run_root, self.stop = root, str(run_root), threading.Event()
+        self.pinned: set[int] = set()  # live trainer processes
+        self.ever_pinned = 0
+        self._parent: dict[int, int] = {}  # pid -> parent pid, read once per process
+        self._looked: set[int] = set()  # descendants whose environment was read
 
     def run(self) -> None:
-        while not self.stop.wait(0.05):
-            for entry in Path("/proc").iterdir():
-                if not entry.name.isdigit():
-                    continue
-                pid = int(entry.name)
-                if pid not in self.pinned:
-                    env = _environ(pid)
-                    if env.get("SRL_ROLE") != "trainer" or env.get("SRL_RUN_DIR") != self.run_root:
-                        continue
-                    self.pinned.add(pid)
-                _pin_all_threads(pid, TRAINER_CORE)  # threads it started since the last pass too
+        while not self.stop.wait(0.1):
+            self.sweep()
+
+    def sweep(self) -> None:
+        """One pass: learn the parents of new processes, read the environment of new descendants, pin."""
+        live = {int(e.name) for e in os.scandir("/proc") if e.name.isdigit()}
+        for pid in list(self._parent):
+            if pid not in live:  # ended; its pid may come back as another process
+                del self._parent[pid]
+                self._looked.discard(pid)
+                self.pinned.discard(pid)
+        for pid in live - self._parent.keys():
+            self._parent[pid] = _parent_pid(pid)
+        ours, grew = {self.root}, True
+        while grew:  # descendants, whatever order the pids came in
+            new = {p for p, pp in self._parent.items() if pp in ours} - ours
+            ours |= new
+            grew = bool(new)
+        for pid in ours - self._looked:
+            self._looked.add(pid)
+            env = _environ(pid)
+            if env.get("SRL_ROLE") == "trainer" and env.get("SRL_RUN_DIR") == self.run_root:
+                self.pinned.add(pid)
+                self.ever_pinned += 1
+        for pid in self.pinned:
+            _pin_all_threads(pid, TRAINER_CORE)  # threads it started since the last pass too
 
 
 def run_job(out: Path, async_level: int, steps: int) -> list[dict]:
@@ -113,30 +144,29 @@ def run_job(out: Path, async_level: int, steps: int) -> list[dict]:
         "--orchestrator.max-async-level",
         str(async_level),
     ]
-    pinner = TrainerPinner((out / name).absolute())
-    pinner.start()
     t0 = time.monotonic()
-    try:
-        with open(out / f"{name}.out", "wb") as log:
-            proc = subprocess.run(
-                cmd,
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                check=False,
-                preexec_fn=lambda: os.sched_setaffinity(0, {ROLLOUT_CORE}),
-            )
-    finally:
-        pinner.stop.set()
-        pinner.join()
+    with open(out / f"{name}.out", "wb") as log:
+        proc = subprocess.Popen(  # taskset execs the launcher, so the pid stays the launcher's
+            ["taskset", "--cpu-list", str(ROLLOUT_CORE), *cmd],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        pinner = TrainerPinner(proc.pid, (out / name).absolute())
+        pinner.start()
+        try:
+            proc.wait()
+        finally:
+            pinner.stop.set()
+            pinner.join()
     if proc.returncode != 0:
         tail = (out / f"{name}.out").read_text()[-3000:]
         raise SystemExit(f"async level {async_level}: srl rl exited with {proc.returncode}\n{tail}")
-    if not pinner.pinned:
+    if not pinner.ever_pinned:
         raise SystemExit(f"async level {async_level}: no trainer process of the run was seen to pin")
     print(
         f"  async level {async_level}: {steps} steps, whole run {time.monotonic() - t0:.0f} s; trainer processes "
-        f"pinned to core {TRAINER_CORE}: {len(pinner.pinned)}",
+        f"pinned to core {TRAINER_CORE}: {pinner.ever_pinned}",
         flush=True,
     )
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
