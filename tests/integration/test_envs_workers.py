@@ -360,3 +360,35 @@ async def _start_a_missing_taskset(model_dir):
         await rt.start()
     finally:
         await rt.aclose()
+
+
+def test_a_worker_asked_for_its_stacks_writes_them_to_the_log_and_serves_on(model_dir, external_on_path, caplog):
+    """The watchdog's stack request (the signal to each pid of the orchestrator's progress record, which lists the
+    runtime's ``pids``) reaches a real worker: its Python stacks arrive in the orchestrator's log through the drained
+    stderr, and the worker goes on serving."""
+    from toolkit.launch.watchdog import request_stacks
+
+    async def go():
+        rt = EnvRuntime(env_cfg("chatty-stdout", workers=1), model_path=model_dir, renderer_cfg=None, seed=0)
+        await rt.start()
+        try:
+            [pid] = rt.pids
+            request_stacks([pid])
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 120.0
+            while not any("most recent call first" in m for m in caplog.messages):
+                assert loop.time() < deadline, "the worker's stacks never reached the log"
+                await asyncio.sleep(0.1)
+            group = await rt.run_group(
+                0, 2, client=AnswerPolicy(model_dir, "ok"), sampling=SamplingParams(max_tokens=8)
+            )
+        finally:
+            await rt.aclose()
+        assert rt.pids == []
+        return pid, group
+
+    with caplog.at_level("INFO", logger="srl.orchestrator"):
+        pid, group = asyncio.run(go())
+    assert [r.reward for r in group] == [1.0, 1.0]
+    stacks = [m for m in caplog.messages if f"(pid {pid})" in m]
+    assert any("most recent call first" in m for m in stacks) and any("server.py" in m for m in stacks), stacks

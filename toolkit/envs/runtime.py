@@ -265,6 +265,11 @@ class EnvRuntime:
         self._rng = random.Random(seed)
         self._demonstrations: dict[tuple[int, str], str | None] = {}  # self-distillation's, asked once per task
 
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers this runtime started and that still run (none for an external address)."""
+        return [w.proc.pid for w in self.workers if w.proc is not None and w.proc.returncode is None]
+
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load the renderer, start or connect to the workers and read the task list.

@@ -43,6 +43,7 @@ from toolkit.envs.protocol import (
 )
 from toolkit.envs.registry import load_selected, taskset_module, taskset_source
 from toolkit.procutil import end_descendants
+from toolkit.run.heartbeat import enable_stack_dumps
 
 GRACE_S = 2.0
 """Seconds the worker's own processes get between SIGTERM and SIGKILL when it stops."""
@@ -293,6 +294,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--parent-pid", type=int, default=None)
     args = parser.parse_args(argv)
+    # The supervisor's watchdog asks a stuck orchestrator's env workers for their stacks too (the orchestrator lists
+    # their pids in its progress record); stderr is drained into the orchestrator's log.
+    enable_stack_dumps()
     text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
     asyncio.run(serve(json.loads(text), args.host, args.port, args.parent_pid))
 

@@ -571,6 +571,7 @@ class Orchestrator:
                     name, waits, kind, size = saved
                     p.phase(name, waiting_for=waits, kind=kind, size_bytes=size)
                 saved = None
+            p.set_pids([pid for rt in self.runtimes for pid in rt.pids])  # a replaced worker has a new pid
             p.beat()
             await asyncio.sleep(1.0)
 
