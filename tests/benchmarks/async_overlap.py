@@ -52,6 +52,13 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _parent_pid(pid: int) -> int:
     """The parent pid of ``pid`` (0 when it is gone)."""
     try:
@@ -83,9 +90,10 @@ class TrainerPinner(threading.Thread):
     ``SRL_ROLE=trainer`` gets all its threads on TRAINER_CORE; everything else of the run stays on the core the run
     was started on (children inherit it).
 
-    The watcher looks only at the launcher's descendants: it reads each new process's parent once (``stat``) and
-    the environment of new descendants only, so a pass costs one listing of ``/proc`` and a few reads. Reading
-    every process's environment 20 times a second took CPU from the two sides it measures."""
+    The watcher looks only at the launcher's descendants: it reads each new process's parent once (``stat``), and
+    a descendant's environment again only when its command line changed (a fork shows its parent's environment
+    until it execs), so a pass costs one listing of ``/proc`` and a few small reads. Reading every process's
+    environment 20 times a second took CPU from the two sides it measures."""
 
     def __init__(self, root: int, run_root: Path) -> None:
         super().__init__(daemon=True)
@@ -93,19 +101,20 @@ class TrainerPinner(threading.Thread):
         self.pinned: set[int] = set()  # live trainer processes
         self.ever_pinned = 0
         self._parent: dict[int, int] = {}  # pid -> parent pid, read once per process
-        self._looked: set[int] = set()  # descendants whose environment was read
+        self._looked: dict[int, bytes] = {}  # descendant -> its command line when its environment was read
 
     def run(self) -> None:
         while not self.stop.wait(0.1):
             self.sweep()
 
     def sweep(self) -> None:
-        """One pass: learn the parents of new processes, read the environment of new descendants, pin."""
+        """One pass: learn the parents of new processes, read the environment of descendants that are new or
+        have exec'd since, pin."""
         live = {int(e.name) for e in os.scandir("/proc") if e.name.isdigit()}
         for pid in list(self._parent):
             if pid not in live:  # ended; its pid may come back as another process
                 del self._parent[pid]
-                self._looked.discard(pid)
+                self._looked.pop(pid, None)
                 self.pinned.discard(pid)
         for pid in live - self._parent.keys():
             self._parent[pid] = _parent_pid(pid)
@@ -114,8 +123,11 @@ class TrainerPinner(threading.Thread):
             new = {p for p, pp in self._parent.items() if pp in ours} - ours
             ours |= new
             grew = bool(new)
-        for pid in ours - self._looked:
-            self._looked.add(pid)
+        for pid in ours - self.pinned:
+            cmdline = _cmdline(pid)
+            if self._looked.get(pid) == cmdline:
+                continue
+            self._looked[pid] = cmdline
             env = _environ(pid)
             if env.get("SRL_ROLE") == "trainer" and env.get("SRL_RUN_DIR") == self.run_root:
                 self.pinned.add(pid)
