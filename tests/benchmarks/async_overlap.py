@@ -39,6 +39,8 @@ import threading
 import time
 from pathlib import Path
 
+from toolkit.procutil import descendants
+
 ROOT = Path(__file__).resolve().parents[2]
 GOAL = 1.15
 ROLLOUT_CORE, TRAINER_CORE = 0, 1
@@ -59,15 +61,6 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _parent_pid(pid: int) -> int:
-    """The parent pid of ``pid`` (0 when it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(stat.rsplit(")", 1)[1].split()[1])  # the command name, in parentheses, may hold spaces
-
-
 def _pin_all_threads(pid: int, core: int) -> int:
     """Move every thread of ``pid`` to ``core``; returns how many were moved (0 when all already were)."""
     moved = 0
@@ -86,46 +79,35 @@ def _pin_all_threads(pid: int, core: int) -> int:
 
 
 class TrainerPinner(threading.Thread):
-    """Every 100 ms: each descendant of the run's launcher (pid ``root``) whose environment says
-    ``SRL_ROLE=trainer`` gets all its threads on TRAINER_CORE; everything else of the run stays on the core the run
-    was started on (children inherit it).
+    """Each descendant of the run's launcher (pid ``root``) whose environment says ``SRL_ROLE=trainer`` gets all its
+    threads on TRAINER_CORE; everything else of the run stays on the core the run was started on (children
+    inherit it).
 
-    The watcher looks only at the launcher's descendants: it reads each new process's parent once (``stat``), and
-    a descendant's environment again only when its command line changed (a fork shows its parent's environment
-    until it execs), so a pass costs one listing of ``/proc`` and a few small reads. Reading every process's
-    environment 20 times a second took CPU from the two sides it measures."""
+    The watcher must not cost either side: it looks only at the launcher's descendants
+    (:func:`toolkit.procutil.descendants`), reads a descendant's environment again only when its command line
+    changed (a fork shows its parent's environment until it execs), and looks every 100 ms only until a trainer is
+    pinned, then once a second (threads and processes the trainer starts inherit its core). Reading every
+    process's environment 20 times a second took CPU from the two sides it measures."""
 
     def __init__(self, root: int, run_root: Path) -> None:
         super().__init__(daemon=True)
         self.root, self.run_root, self.stop = root, str(run_root), threading.Event()
         self.pinned: set[int] = set()  # live trainer processes
         self.ever_pinned = 0
-        self._parent: dict[int, int] = {}  # pid -> parent pid, read once per process
         self._looked: dict[int, bytes] = {}  # descendant -> its command line when its environment was read
 
     def run(self) -> None:
-        while not self.stop.wait(0.1):
+        while not self.stop.wait(1.0 if self.pinned else 0.1):
             self.sweep()
 
     def sweep(self) -> None:
-        """One pass: learn the parents of new processes, read the environment of descendants that are new or
-        have exec'd since, pin."""
-        live = {int(e.name) for e in os.scandir("/proc") if e.name.isdigit()}
-        for pid in list(self._parent):
-            if pid not in live:  # ended; its pid may come back as another process
-                del self._parent[pid]
-                self._looked.pop(pid, None)
-                self.pinned.discard(pid)
-        for pid in live - self._parent.keys():
-            self._parent[pid] = _parent_pid(pid)
-        ours, grew = {self.root}, True
-        while grew:  # descendants, whatever order the pids came in
-            new = {p for p, pp in self._parent.items() if pp in ours} - ours
-            ours |= new
-            grew = bool(new)
-        for pid in ours - self.pinned:
+        """One pass: read the environment of descendants that are new or have exec'd since, then pin."""
+        live = descendants(self.root)
+        self.pinned &= set(live)  # an ended pid may come back as another process
+        self._looked = {pid: cmd for pid, cmd in self._looked.items() if pid in self.pinned or pid in live}
+        for pid in live:
             cmdline = _cmdline(pid)
-            if self._looked.get(pid) == cmdline:
+            if pid in self.pinned or self._looked.get(pid) == cmdline:
                 continue
             self._looked[pid] = cmdline
             env = _environ(pid)
@@ -133,7 +115,7 @@ class TrainerPinner(threading.Thread):
                 self.pinned.add(pid)
                 self.ever_pinned += 1
         for pid in self.pinned:
-            _pin_all_threads(pid, TRAINER_CORE)  # threads it started since the last pass too
+            _pin_all_threads(pid, TRAINER_CORE)  # threads it started before it was pinned
 
 
 def run_job(out: Path, async_level: int, steps: int) -> list[dict]:
