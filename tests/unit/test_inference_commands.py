@@ -130,9 +130,15 @@ def test_engine_env_cpu_and_nixl():
     assert env == {
         "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_OMP_THREADS_BIND": "1",
         "FOO": "1",
     }
+    # a CPU engine of several workers (tp x dp > 1) keeps vLLM's worker processes, which it needs for its ranks
+    env = engine_env(
+        role="engine", omp_bind=None, side_channel_host=None, side_channel_port=None, cpu=True, user_env={}, workers=2
+    )
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
     env = engine_env(
         role="prefill",
         omp_bind=None,

@@ -86,6 +86,8 @@ VLLM_ON_BY_DEFAULT = frozenset(
         "use_tqdm_on_load",
     }
 )
+# vLLM's switch between a worker process per rank ("1", its default) and the model run in the engine-core process.
+SINGLE_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 DEFAULT_CPU_KVCACHE_GIB = 1  # GiB of KV cache per CPU engine: ~3.1 GB RSS per engine with the tiny model
 
 
@@ -229,6 +231,7 @@ def engine_env(
     side_channel_port: int | None,
     cpu: bool,
     user_env: Mapping[str, str] | None,
+    workers: int = 1,
 ) -> dict[str, str]:
     """Environment variables to add for one engine process (not a full environment: merge over ``os.environ``).
 
@@ -236,7 +239,13 @@ def engine_env(
       the guard middleware admits them only with the run's admin token, which reaches the engine in the
       launcher's environment (``SRL_ADMIN_TOKEN``, never set here: this env is written into placement.json).
     - CPU: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) and ``VLLM_CPU_OMP_THREADS_BIND`` (cores, e.g. "0" or "0-3") so two
-      engines on one host do not fight over the same cores.
+      engines on one host do not fight over the same cores. With one worker (``workers`` = tp x dp = 1),
+      ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: vLLM then runs the model in its engine-core process instead of a worker
+      process of its own. That worker costs a second torch + vLLM import at every start (measured on 2 cores with
+      the tiny model: healthy after 35.5 s with it, 22.4 s without), and the engine core and worker wait for each
+      other's shared-memory messages in a ``sched_yield`` loop that took 75% of the engine's CPU samples during the
+      RL loop. The worker's OpenMP threads are then the engine's own: the launcher sets ``OMP_NUM_THREADS`` to the
+      engine's cores (toolkit.placement.cpus).
     - NixlConnector: ``VLLM_NIXL_SIDE_CHANNEL_HOST``/``_PORT``. The host must be the engine's own routable node
       address (vLLM's default "localhost" breaks every cross-node handshake), so loopback and
       wildcard addresses raise CommandError.
@@ -248,6 +257,8 @@ def engine_env(
     env: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1"}
     if cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KVCACHE_GIB)
+        if workers == 1:
+            env[SINGLE_PROCESS_ENV] = "0"
     if omp_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(omp_bind)
     if (side_channel_host is None) != (side_channel_port is None):

@@ -58,7 +58,7 @@ def cpu_thread_env(plan: Plan, name: str, node: int, cpu_ids: Sequence[int] | No
     ``n_cores`` above is their number.
     Returns ``{}`` for GPU plans, for roles that need no setting (orchestrator, router) and for variables the
     process's env already sets. An engine gets ``VLLM_CPU_OMP_THREADS_BIND`` and ``SRL_CPU_AFFINITY`` (the same
-    CPUs, for :func:`apply_affinity`) unless its env sets the bind. Engines on the host are ordered by plan
+    CPUs, for :func:`apply_affinity`) unless its env sets the bind, and ``OMP_NUM_THREADS`` = their number. Engines on the host are ordered by plan
     position, so every process of the host computes the same split without talking to the others.
     """
     ids = sorted(os.sched_getaffinity(0)) if cpu_ids is None else list(cpu_ids)
@@ -79,7 +79,11 @@ def cpu_thread_env(plan: Plan, name: str, node: int, cpu_ids: Sequence[int] | No
         lo = (engines.index(name) * per) % n_cores
         hi = min(n_cores - 1, lo + per - 1)
         text = format_cpu_list(ids[lo : hi + 1])
-        return {k: text for k in (OMP_BIND, AFFINITY) if k not in spec.env}
+        out = {k: text for k in (OMP_BIND, AFFINITY) if k not in spec.env}
+        # A single-process engine runs its model in the engine core, where vLLM sets no thread count of its own.
+        if OMP_THREADS not in spec.env:
+            out[OMP_THREADS] = str(hi - lo + 1)
+        return out
     if spec.role == "trainer" and OMP_THREADS not in spec.env:
         left = max(1, n_cores - per * len(engines))
         return {OMP_THREADS: str(max(1, left // max(1, ranks)))}

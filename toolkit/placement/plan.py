@@ -545,6 +545,7 @@ def _place(
                 side_channel_port=side,
                 cpu=not gpn,
                 user_env=LORA_ENGINE_ENV if lora is not None else None,
+                workers=tp * e.dp,
             )
             engine_kinds[kind] = (cmd, cmd.index("--port") + 1, eenv)
         else:
