@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from toolkit.engines.admin_token import ADMIN_TOKEN_ENV, admin_token_from_env, n
 from toolkit.engines.commands import CPU_ENGINE_DEFAULTS, ENGINE_DEFAULTS, engine_command, engine_env, router_command
 from toolkit.engines.health import clear_ready, is_healthy, write_ready
 from toolkit.inference.weights import WeightUpdater
+from toolkit.placement.cpus import AFFINITY, OMP_THREADS, affinity_of, apply_affinity, parse_cpu_list
 from toolkit.run.layout import RunDir, newest_stable_broadcast
 
 
@@ -164,6 +166,8 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # own process group: stop() reaches vLLM's worker processes too
+                # only a system call with a set parsed before the fork (as the supervisor does): safe beside threads
+                preexec_fn=functools.partial(apply_affinity, affinity_of(self.env)),  # noqa: PLW1509
             )
 
     def signal_group(self, sig: int) -> None:
@@ -340,6 +344,11 @@ def start_local_deployment(
             cpu=cpu,
             user_env=user_env[role] or {},
         )
+        if bind is not None and cpu:
+            # As the launcher does (toolkit.placement.cpus): the engine's whole process tree on its cores, and as
+            # many OpenMP threads as cores (a one-worker engine computes in its engine core, which vLLM does not bind).
+            env.setdefault(OMP_THREADS, str(len(parse_cpu_list(bind))))
+            env.setdefault(AFFINITY, bind)
         name = f"{role}_{i}"
         engines.append(
             ManagedProcess(

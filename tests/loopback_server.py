@@ -1,7 +1,8 @@
 """A zero-latency OpenAI-compatible ``/v1/completions`` server for overhead measurements and orchestrator tests.
 
 It answers every completion request at once with the same token ids and logprobs (vLLM's response shape with
-``return_token_ids``: ``choices[0].token_ids`` and ``choices[0].logprobs.token_logprobs``), so a client's rate
+``return_token_ids``: ``choices[i].token_ids`` and ``choices[i].logprobs.token_logprobs``, one choice per sample the
+request's ``n`` asks for), so a client's rate
 against it measures the client side only. Plain asyncio streams with HTTP/1.1 keep-alive: no framework overhead
 on the server side. It also answers ``GET /health``.
 
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 
 
-def _response(token_ids: list[int], logprob: float) -> bytes:
+def _response(token_ids: list[int], logprob: float, n: int = 1) -> bytes:
     body = json.dumps(
         {
             "id": "cmpl-loopback",
@@ -30,7 +31,7 @@ def _response(token_ids: list[int], logprob: float) -> bytes:
             "model": "loopback",
             "choices": [
                 {
-                    "index": 0,
+                    "index": i,
                     "text": "",
                     "token_ids": token_ids,
                     "finish_reason": "stop",
@@ -41,6 +42,7 @@ def _response(token_ids: list[int], logprob: float) -> bytes:
                         "text_offset": [],
                     },
                 }
+                for i in range(n)
             ],
             "usage": {"prompt_tokens": 0, "completion_tokens": len(token_ids), "total_tokens": len(token_ids)},
         }
@@ -50,7 +52,7 @@ def _response(token_ids: list[int], logprob: float) -> bytes:
 
 
 async def _serve(host: str, port: int, token_ids: list[int], logprob: float) -> None:
-    completion = _response(token_ids, logprob)
+    completions: dict[int, bytes] = {}  # by the request's n (samples of one prompt)
     health = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
     missing = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
     requests = 0
@@ -64,12 +66,15 @@ async def _serve(host: str, port: int, token_ids: list[int], logprob: float) -> 
                 for line in head.split(b"\r\n")[1:]:
                     if line[:15].lower() == b"content-length:":
                         length = int(line[15:].strip())
-                if length:
-                    await reader.readexactly(length)
+                body = await reader.readexactly(length) if length else b""
                 path = head.split(b" ", 2)[1]
                 requests += 1
+                if path.startswith(b"/v1/completions"):
+                    n = int(json.loads(body or b"{}").get("n") or 1)
+                    if n not in completions:
+                        completions[n] = _response(token_ids, logprob, n)
                 writer.write(
-                    completion
+                    completions[n]
                     if path.startswith(b"/v1/completions")
                     else health
                     if path.startswith(b"/health")

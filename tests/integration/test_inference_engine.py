@@ -104,6 +104,25 @@ def test_restart_serves_newest_stable_and_ready_file(deployment):
     assert max(abs(a - b) for a, b in zip(gen.logprobs, base_lp)) > 1e-3  # not the base weights
 
 
+def test_a_groups_calls_sent_as_one_request_get_independent_samples_of_the_served_policy(deployment):
+    """The policy client sends a group's unseeded calls for one prompt as one request of n samples (vLLM's ``n``):
+    each caller must get a whole sample of its own, with the logprobs and the version of the served weights."""
+    dep, run, _base, _ = deployment
+    served = int(asyncio.run(WeightUpdater(dep.engine_urls).served_versions())[dep.engines[0].url])
+
+    async def go():
+        async with PolicyClient(dep.base_url, "tiny", timeout_s=60, policy_version=served) as client:
+            sampling = SamplingParams(max_tokens=12, temperature=1.0)
+            return await asyncio.gather(*(client.generate(PROMPT, sampling, session_id=f"g{i}") for i in range(8)))
+
+    gens = asyncio.run(go())
+    assert len({tuple(g.token_ids) for g in gens}) > 1  # samples, not one answer copied 8 times
+    for gen in gens:
+        assert len(gen.token_ids) == len(gen.logprobs) >= 1 and gen.policy_version == served
+        want = hf_logprobs(run.broadcast_step(served), PROMPT, gen.token_ids)
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, want)) < 1e-4
+
+
 def test_chat_completion_with_logprobs_and_token_ids(deployment):
     import httpx
 

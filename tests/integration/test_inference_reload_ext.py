@@ -98,8 +98,10 @@ def test_extension_reload_then_fallback_then_refused_broadcast(deployment):
     answer, gen1, gen2, gen3, info = asyncio.run(go())
     assert answer[RESULT_MARKER] >= 1 and answer["bytes"] > 0 and answer["seconds"] > 0
     assert answer["reuse_memory"] is True  # glibc host
-    if (os.cpu_count() or 1) >= 2:  # vLLM's automatic binding pins the worker and leaves a core: read ahead there
-        assert answer["read_ahead_cpus"], answer
+    if (os.cpu_count() or 1) >= 2:
+        # The read ahead never shares a single core with the model's thread: a worker process that vLLM pinned to
+        # one core leaves it another core (read ahead there); a model run in the engine core is not pinned to one.
+        assert answer["read_ahead_cpus"] or len(answer["worker_cpus"]) >= 2, answer
     assert {"repack", "load_copy", "other"} <= set(answer["phases"])
     print(f"\n[figure] srl_reload_weights in the worker: {answer['seconds']:.3f} s, phases {answer['phases']}")
     assert max_gap(gen1.logprobs, hf_logprobs(w1, PROMPT, gen1.token_ids)) < 1e-4

@@ -87,11 +87,10 @@ class _Completions(http.server.BaseHTTPRequestHandler):
     delay_s = 0.0
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        n = int(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))).get("n") or 1)
         time.sleep(self.delay_s)
-        body = json.dumps(
-            {"choices": [{"token_ids": [7], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "length"}]}
-        ).encode()
+        choice = {"token_ids": [7], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "length"}
+        body = json.dumps({"choices": [{**choice, "index": i} for i in range(n)]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
+import threading
 import time
+import typing
 
 import pytest
 from local_engines import free_port
@@ -109,3 +112,94 @@ def test_proxy_from_the_environment_is_resolved_once_per_endpoint(monkeypatch):
     assert env_proxy_for("http://node01:8000") == "http://proxy.site:3128"
     assert env_proxy_for("http://gpu3.cluster.local:8000") is None
     assert env_proxy_for("https://node01:8000") is None  # no HTTPS_PROXY set
+
+
+# -- a group's requests for one prompt go out as one request of n samples ----------------------------------------
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """A completions endpoint that records each request body and answers ``n`` distinct samples (choice i holds
+    token 100 + i), listed in reverse index order as a server may; ``choices_short`` answers one sample fewer."""
+
+    bodies: typing.ClassVar[list] = []
+    choices_short = False
+    status = 200
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        self.bodies.append(body)
+        n = int(body.get("n") or 1) - (1 if self.choices_short else 0)
+        choice = {"logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop"}
+        out = json.dumps({"choices": [{**choice, "index": i, "token_ids": [100 + i]} for i in range(n)][::-1]})
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def recorder():
+    handler = type("R", (_Recorder,), {"bodies": []})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", handler
+    srv.shutdown()
+    srv.server_close()
+
+
+def _generate_all(url: str, calls: list[tuple[list[int], SamplingParams]], **client_kw):
+    async def go():
+        async with PolicyClient(url, "m", max_retries=0, **client_kw) as c:
+            return await asyncio.gather(
+                *(c.generate(p, s, session_id=f"s{i}") for i, (p, s) in enumerate(calls)), return_exceptions=True
+            )
+
+    return asyncio.run(go())
+
+
+def test_a_groups_calls_for_one_prompt_go_out_as_one_request_of_n_samples(recorder):
+    url, handler = recorder
+    plain = SamplingParams(max_tokens=4)
+    gens = _generate_all(url, [([1, 2], plain)] * 8 + [([3], plain)] * 2 + [([1, 2], SamplingParams(max_tokens=5))])
+    bodies = sorted(handler.bodies, key=lambda b: (b["prompt"], b["max_tokens"]))
+    assert [(b["prompt"], b.get("n", 1), b["max_tokens"]) for b in bodies] == [
+        ([1, 2], 8, 4),
+        ([1, 2], 1, 5),
+        ([3], 2, 4),
+    ]
+    # every caller gets its own sample, none twice
+    assert sorted(g.token_ids[0] for g in gens[:8]) == list(range(100, 108))
+    assert sorted(g.token_ids[0] for g in gens[8:10]) == [100, 101] and gens[10].token_ids == [100]
+    assert len({id(g) for g in gens}) == len(gens)
+
+
+def test_seeded_calls_go_out_alone_so_a_seed_keeps_meaning_one_draw(recorder):
+    url, handler = recorder
+    _generate_all(url, [([1, 2], SamplingParams(max_tokens=4, seed=7))] * 3)
+    assert [(b.get("n", 1), b["seed"]) for b in handler.bodies] == [(1, 7)] * 3
+
+
+def test_a_response_with_too_few_samples_fails_each_caller_with_its_own_error(recorder):
+    url, handler = recorder
+    handler.choices_short = True
+    errs = _generate_all(url, [([1], SamplingParams(max_tokens=4))] * 3)
+    assert all(isinstance(e, ProviderError) and "asked for 3 completions" in str(e) for e in errs)
+    assert len({id(e) for e in errs}) == 3
+
+
+def test_a_caller_cancelled_while_waiting_leaves_the_others_their_samples(recorder):
+    url, handler = recorder
+
+    async def go():
+        async with PolicyClient(url, "m", max_retries=0) as c:
+            s = SamplingParams(max_tokens=4)
+            tasks = [asyncio.ensure_future(c.generate([1], s, session_id=f"s{i}")) for i in range(3)]
+            await asyncio.sleep(0)  # all three joined; the request goes out on the next pass
+            tasks[0].cancel()
+            return await asyncio.gather(*tasks, return_exceptions=True)
+
+    out = asyncio.run(go())
+    assert isinstance(out[0], asyncio.CancelledError)
+    assert sorted(g.token_ids[0] for g in out[1:]) == [101, 102] and handler.bodies[0]["n"] == 3

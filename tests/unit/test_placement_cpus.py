@@ -27,7 +27,8 @@ JOBS = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text"
 
 def _engine(cpus: str) -> dict[str, str]:
     """An engine's settings: its OpenMP threads bound to ``cpus``, one per CPU, and its process tree pinned there."""
-    return {"VLLM_CPU_OMP_THREADS_BIND": cpus, "SRL_CPU_AFFINITY": cpus, "OMP_NUM_THREADS": str(len(parse_cpu_list(cpus)))}
+    threads = str(len(parse_cpu_list(cpus)))
+    return {"VLLM_CPU_OMP_THREADS_BIND": cpus, "SRL_CPU_AFFINITY": cpus, "OMP_NUM_THREADS": threads}
 
 
 def _slurm_plan(addresses: list[str], **env_tables):

@@ -55,7 +55,10 @@ def _app(gate: dict) -> Starlette:
         return JSONResponse(
             {
                 "model": body["model"],
-                "choices": [{"token_ids": [7], "finish_reason": "length", "logprobs": {"token_logprobs": [-0.5]}}],
+                "choices": [
+                    {"index": i, "token_ids": [7], "finish_reason": "length", "logprobs": {"token_logprobs": [-0.5]}}
+                    for i in range(int(body.get("n") or 1))
+                ],
             }
         )
 

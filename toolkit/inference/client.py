@@ -20,6 +20,7 @@ and 256. RL keeps hundreds of rollouts in flight, so the client must not slow do
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import urllib.parse
 import urllib.request
@@ -68,6 +69,43 @@ def completion_payload(model: str, prompt_ids: list[int], sampling: SamplingPara
     if sampling.seed is not None:
         body["seed"] = int(sampling.seed)
     return body
+
+
+def parse_choices(data: dict[str, Any], n: int, policy_version: int) -> list[Generation]:
+    """The ``n`` completions of one ``/v1/completions`` response asked for ``n`` samples, in choice-index order.
+
+    Raises ProviderError when the response holds another number of choices (an endpoint that ignored ``n``) or a
+    choice is malformed (:func:`parse_completion`).
+    """
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or len(choices) != n:
+        got = len(choices) if isinstance(choices, list) else "no"
+        raise ProviderError(f"asked for {n} completions of one prompt, the response holds {got} choices")
+    ordered = sorted(choices, key=lambda c: int(c.get("index", 0)) if isinstance(c, dict) else 0)
+    return [parse_completion({"choices": [c]}, policy_version) for c in ordered]
+
+
+def _sampling_key(prompt_ids: list[int], sampling: SamplingParams) -> tuple:
+    return (
+        tuple(prompt_ids),
+        sampling.temperature,
+        sampling.top_p,
+        sampling.top_k,
+        sampling.max_tokens,
+        tuple(sampling.stop_token_ids),
+    )
+
+
+class _Coalesced:
+    """Requests for the same prompt and sampling made in one pass of the event loop, sent as one request of ``n``
+    samples. ``future``: their Generations in join order."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.n = 0
+        self.waiting = 0
+        self.future: asyncio.Future[list[Generation]] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task | None = None
 
 
 def parse_completion(data: dict[str, Any], policy_version: int) -> Generation:
@@ -150,6 +188,7 @@ class PolicyClient:
         self._headers = dict(headers or {})  # e.g. an API key read from the environment; kept in memory only
         self._http: aiohttp.ClientSession | None = None  # made on first use, inside the event loop that uses it
         self.retries = 0  # requests sent again after a transient failure (a replica that left, a restart, a 5xx)
+        self._pending: dict[tuple, _Coalesced] = {}  # requests of this pass of the event loop, by prompt and sampling
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
@@ -264,14 +303,72 @@ class PolicyClient:
 
         ``session_id`` identifies the rollout (sticky routing). ``latency_s`` is the wall time including retries.
         Raises ProviderError after the retries are spent or on a non-retryable rejection.
+
+        Unseeded calls for the same prompt and sampling made in the same pass of the event loop (a group's
+        rollouts, which start together) go out as one request for that many samples (vLLM's ``n``; the engine
+        fans it out into independent samples): the engine's API server parses, validates and answers one request
+        instead of a group's worth, on the cores it shares with the engine. Each call still gets its own
+        Generation, and the request's retries, serving gate and version check apply to all of them. Seeded calls
+        (evals) go out alone, so that a seed keeps meaning the same draw.
         """
         t0 = time.monotonic()
-        data, version, answer_headers = await self._post(  # version: believed served when the request was sent
-            "/v1/completions",
-            json=completion_payload(self.model, prompt_ids, sampling),
-            headers={SESSION_HEADER: session_id},
+        if sampling.seed is not None:
+            gen = (await self._generate_n(prompt_ids, sampling, session_id=session_id, n=1))[0]
+            gen.latency_s = time.monotonic() - t0
+            return gen
+        key = _sampling_key(prompt_ids, sampling)
+        batch = self._pending.get(key)
+        if batch is None or batch.future.get_loop() is not asyncio.get_running_loop():  # not from a finished loop
+            batch = self._pending[key] = _Coalesced(session_id)
+            asyncio.get_running_loop().call_soon(self._flush, key, list(prompt_ids), sampling)
+        index = batch.n
+        batch.n += 1
+        batch.waiting += 1
+        try:
+            gens = await asyncio.shield(batch.future)
+        except asyncio.CancelledError:
+            batch.waiting -= 1
+            if batch.waiting == 0 and batch.task is not None:
+                batch.task.cancel()  # nobody is left to use the samples
+            raise
+        except ProviderError as exc:
+            raise ProviderError(str(exc)) from exc  # one exception object per caller: they are raised concurrently
+        batch.waiting -= 1
+        gen = dataclasses.replace(gens[index])
+        gen.latency_s = time.monotonic() - t0
+        return gen
+
+    def _flush(self, key: tuple, prompt_ids: list[int], sampling: SamplingParams) -> None:
+        batch = self._pending.pop(key)
+        batch.task = asyncio.ensure_future(
+            self._generate_n(prompt_ids, sampling, session_id=batch.session_id, n=batch.n)
         )
-        gen = parse_completion(data, version)
+
+        def settle(task: asyncio.Task) -> None:
+            if batch.future.done():
+                return
+            if task.cancelled():
+                batch.future.cancel()
+            elif task.exception() is not None:
+                batch.future.set_exception(task.exception())
+            else:
+                batch.future.set_result(task.result())
+
+        batch.task.add_done_callback(settle)
+        # Retrieved here so that a failure nobody waits for any more (every caller cancelled) is not logged.
+        batch.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def _generate_n(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str, n: int
+    ) -> list[Generation]:
+        """``n`` samples of ``prompt_ids`` in one request, each with the policy version the engine reported."""
+        body = completion_payload(self.model, prompt_ids, sampling)
+        if n > 1:
+            body["n"] = n
+        data, version, answer_headers = await self._post(  # version: believed served when the request was sent
+            "/v1/completions", json=body, headers={SESSION_HEADER: session_id}
+        )
+        gens = parse_choices(data, n, version)
         adapter = answer_headers.get(ADAPTER_VERSION_HEADER)
         verdict = judge(
             self.run_id,
@@ -280,9 +377,9 @@ class PolicyClient:
             None if adapter is None else split_header(adapter),
             lora=self.lora,
         )
-        gen.policy_version, gen.foreign_version = verdict.version, verdict.foreign
-        gen.latency_s = time.monotonic() - t0
-        return gen
+        for gen in gens:
+            gen.policy_version, gen.foreign_version = verdict.version, verdict.foreign
+        return gens
 
     async def aclose(self) -> None:
         """Close the connection pool."""

@@ -256,9 +256,10 @@ class SrlWorkerExtension:
 
         Returns a JSON-able dict: ``srl_reload`` (EXTENSION_API_VERSION, proof the extension ran), ``seconds``
         (wall time in this worker), ``bytes`` (size of the files), ``reuse_memory`` (whether mallopt took effect),
-        ``read_ahead_cpus`` (the cores the files were read ahead on; empty: the worker's own)
-        and, with ``profile``, ``phases``: seconds per phase (repack, allocate, load_copy, count_loaded,
-        initialize, finalize, other).
+        ``read_ahead_cpus`` (the cores the files were read ahead on; empty: the worker's own), ``worker_cpus``
+        (the cores the calling thread may run on: one when vLLM pinned its worker, the engine's cores when the model
+        runs in the engine core) and, with ``profile``, ``phases``: seconds per phase (repack, allocate, load_copy,
+        count_loaded, initialize, finalize, other).
         A directory without safetensors files is answered with ``error`` (the engine stays up, on the old
         weights); vLLM's errors during the reload propagate, which makes vLLM stop the engine (weights half
         replaced must not be served).
@@ -293,6 +294,7 @@ class SrlWorkerExtension:
             "bytes": sum(f.stat().st_size for f in files),
             "reuse_memory": reused,
             "read_ahead_cpus": sorted(ahead.cpus),
+            "worker_cpus": sorted(_ReadAhead.cpus_of(0)),
         }
         if timer is not None:
             out["phases"] = timer.phases(seconds)

@@ -19,13 +19,15 @@ neither a trainer rank nor the orchestrator runs on the host, as in an inference
 
 Core numbers are positions in the CPUs this process may use (``cpu_ids``, e.g. a Slurm allocation's cores 8-15),
 mapped to those CPUs' ids. An engine's whole process tree is also pinned to its cores (``SRL_CPU_AFFINITY``,
-applied by the launcher with :func:`apply_affinity` just before the engine starts): vLLM's engine core and its
-worker poll each other's shared-memory queues in a ``sched_yield`` loop for up to a second after each message, so
-under load they spin without pause on whatever cores they run on; pinned, they spin only against each other and
-the engine's own API server. Measured with ``tests/benchmarks/rl_loop.py`` on 2 cores in interleaved runs: the
-mean step went from 0.67-0.69 s unpinned to 0.47-0.55 s pinned (the trainer's own step from 0.24-0.28 s to
-0.18-0.21 s), and pinning only the engine core and its worker, leaving the API server free, was slower than
-pinning all three (mean 0.42-0.57 s against 0.32-0.36 s in the same session).
+applied by the launcher with :func:`apply_affinity` just before the engine starts): an engine with worker processes
+(tp x dp > 1) has its engine core and workers poll each other's shared-memory queues in a ``sched_yield`` loop for up
+to a second after each message, so under load they spin without pause on whatever cores they run on; pinned, they
+spin only against each other and the engine's own API server (a one-worker CPU engine runs its model in the engine
+core: toolkit.engines.commands.engine_env). Measured with ``tests/benchmarks/rl_loop.py`` on 2 cores in interleaved
+runs, before one-worker engines ran in one process: the mean step went from 0.67-0.69 s unpinned to 0.47-0.55 s
+pinned (the trainer's own step from 0.24-0.28 s to 0.18-0.21 s), and pinning only the engine core and its worker,
+leaving the API server free, was slower than pinning all three (mean 0.42-0.57 s against 0.32-0.36 s in the same
+session).
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ def cpu_thread_env(plan: Plan, name: str, node: int, cpu_ids: Sequence[int] | No
     ``n_cores`` above is their number.
     Returns ``{}`` for GPU plans, for roles that need no setting (orchestrator, router) and for variables the
     process's env already sets. An engine gets ``VLLM_CPU_OMP_THREADS_BIND`` and ``SRL_CPU_AFFINITY`` (the same
-    CPUs, for :func:`apply_affinity`) unless its env sets the bind, and ``OMP_NUM_THREADS`` = their number. Engines on the host are ordered by plan
-    position, so every process of the host computes the same split without talking to the others.
+    CPUs, for :func:`apply_affinity`) unless its env sets the bind, and ``OMP_NUM_THREADS`` = their number. Engines
+    on the host are ordered by plan position, so every process of the host computes the same split without talking
+    to the others.
     """
     ids = sorted(os.sched_getaffinity(0)) if cpu_ids is None else list(cpu_ids)
     n_cores = len(ids)
