@@ -27,7 +27,13 @@ if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null;
   fi
 fi
 # The Slurm fixture in tests/conftest.py starts (and stops) the local test cluster itself when a test needs it.
+# Extra arguments: one pytest run with them, as given.
+if [ $# -gt 0 ]; then exec .venv/bin/python -m pytest "$@"; fi
 # Default: every test except the "heavy" end-to-end fault runs (scripts/test.sh -m heavy runs those), so the suite
-# fits CI's 90 minutes on 2 cores.
-if [ $# -eq 0 ]; then set -- -m "not heavy" --durations=60; fi
-exec .venv/bin/python -m pytest "$@"
+# fits CI's time on 2 cores. The unit tests run on one worker per core (pytest-xdist): each is a short single-threaded
+# process of its own, so two at once take about half the time. The integration tests run one at a time: each already
+# keeps both cores busy (an engine, a trainer, an orchestrator), and two at once would pin two engines to one core.
+status=0
+.venv/bin/python -m pytest tests/unit -m "not heavy" -n 2 --durations=20 || status=$?
+.venv/bin/python -m pytest tests/integration -m "not heavy" --durations=60 || status=$?
+exit "$status"
