@@ -103,14 +103,13 @@ def _sampling_key(prompt_ids: list[int], sampling: SamplingParams) -> tuple:
 
 class _Coalesced:
     """Requests for the same prompt and sampling made in one pass of the event loop, sent as one request of ``n``
-    samples. ``future``: their Generations in join order."""
+    samples by ``task`` (its Generations in join order)."""
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
         self.n = 0
         self.waiting = 0
-        self.future: asyncio.Future[list[Generation]] = asyncio.get_running_loop().create_future()
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[list[Generation]] | None = None
 
 
 def parse_completion(data: dict[str, Any], policy_version: int) -> Generation:
@@ -323,17 +322,18 @@ class PolicyClient:
             return gen
         key = _sampling_key(prompt_ids, sampling)
         batch = self._pending.get(key)
-        if batch is None or batch.future.get_loop() is not asyncio.get_running_loop():  # not from a finished loop
+        if batch is None or batch.task.get_loop() is not asyncio.get_running_loop():  # not from a finished loop
             batch = self._pending[key] = _Coalesced(session_id)
-            asyncio.get_running_loop().call_soon(self._flush, key, list(prompt_ids), sampling)
+            # A task's first step runs on the next pass, once every call of this pass has joined.
+            batch.task = asyncio.ensure_future(self._send(key, batch, list(prompt_ids), sampling))
         index = batch.n
         batch.n += 1
         batch.waiting += 1
         try:
-            gens = await asyncio.shield(batch.future)
+            gens = await asyncio.shield(batch.task)
         except asyncio.CancelledError:
             batch.waiting -= 1
-            if batch.waiting == 0 and batch.task is not None:
+            if batch.waiting == 0:
                 batch.task.cancel()  # nobody is left to use the samples
             raise
         except ProviderError as exc:
@@ -343,25 +343,10 @@ class PolicyClient:
         gen.latency_s = time.monotonic() - t0
         return gen
 
-    def _flush(self, key: tuple, prompt_ids: list[int], sampling: SamplingParams) -> None:
-        batch = self._pending.pop(key)
-        batch.task = asyncio.ensure_future(
-            self._generate_n(prompt_ids, sampling, session_id=batch.session_id, n=batch.n)
-        )
-
-        def settle(task: asyncio.Task) -> None:
-            if batch.future.done():
-                return
-            if task.cancelled():
-                batch.future.cancel()
-            elif task.exception() is not None:
-                batch.future.set_exception(task.exception())
-            else:
-                batch.future.set_result(task.result())
-
-        batch.task.add_done_callback(settle)
-        # Retrieved here so that a failure nobody waits for any more (every caller cancelled) is not logged.
-        batch.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+    async def _send(self, key: tuple, batch: _Coalesced, prompt_ids: list[int], sampling: SamplingParams):
+        if self._pending.get(key) is batch:
+            del self._pending[key]  # later calls start a new request
+        return await self._generate_n(prompt_ids, sampling, session_id=batch.session_id, n=batch.n)
 
     async def _generate_n(
         self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str, n: int
