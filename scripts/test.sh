@@ -30,10 +30,12 @@ fi
 # Extra arguments: one pytest run with them, as given.
 if [ $# -gt 0 ]; then exec .venv/bin/python -m pytest "$@"; fi
 # Default: every test except the "heavy" end-to-end fault runs (scripts/test.sh -m heavy runs those), so the suite
-# fits CI's time on 2 cores. The unit tests run on one worker per core (pytest-xdist): each is a short single-threaded
-# process of its own, so two at once take about half the time. The integration tests run one at a time: each already
-# keeps both cores busy (an engine, a trainer, an orchestrator), and two at once would pin two engines to one core.
+# fits CI's time on 2 cores. Both selections run on one worker per core (pytest-xdist). The unit tests are short
+# single-threaded processes: two at once take about half the time. An integration test spends about 40% of its time
+# waiting (engine and job start-up, Slurm's scheduler, polls on markers), so a second one beside it fills the idle
+# core; `--dist loadgroup` with the groups set in tests/conftest.py keeps every test that needs the Slurm cluster on
+# one worker, one at a time, and a module's tests (and its engine fixture) together.
 status=0
 .venv/bin/python -m pytest tests/unit -m "not heavy" -n 2 --durations=20 || status=$?
-.venv/bin/python -m pytest tests/integration -m "not heavy" --durations=60 || status=$?
+.venv/bin/python -m pytest tests/integration -m "not heavy" -n 2 --dist loadgroup --durations=60 || status=$?
 exit "$status"

@@ -47,6 +47,17 @@ def _slurm_marker_needs_cluster(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("slurm_cluster")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Work groups for `pytest -n 2 --dist loadgroup` (scripts/test.sh runs the integration tests so): every test
+    # that needs the cluster is in one group, so they run one after another on one worker and never queue behind
+    # each other's jobs on the 4 nodes (several assert what squeue shows, or that a job starts within a bound);
+    # every other test is grouped with its module, so a module's engine fixture starts once, as without workers.
+    # Without --dist loadgroup the marker does nothing.
+    for item in items:
+        group = "slurm-cluster" if _needs_cluster(item) else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     # CI must never pass by skipping: before the first test, check every prerequisite (tests/prereqs.py) and, when
     # the selection needs Slurm, get the cluster now, so that a machine without it fails in seconds rather than
