@@ -30,12 +30,25 @@ fi
 # Extra arguments: one pytest run with them, as given.
 if [ $# -gt 0 ]; then exec .venv/bin/python -m pytest "$@"; fi
 # Default: every test except the "heavy" end-to-end fault runs (scripts/test.sh -m heavy runs those), so the suite
-# fits CI's time on 2 cores. Both selections run on one worker per core (pytest-xdist). The unit tests are short
-# single-threaded processes: two at once take about half the time. An integration test spends about 40% of its time
-# waiting (engine and job start-up, Slurm's scheduler, polls on markers), so a second one beside it fills the idle
-# core; `--dist loadgroup` with the groups set in tests/conftest.py keeps every test that needs the Slurm cluster on
-# one worker, one at a time, and a module's tests (and its engine fixture) together.
+# fits CI's time on 2 cores. The unit tests are short single-threaded processes: one pytest-xdist worker per core
+# takes about half the time. The integration tests run as two halves side by side: those on the Slurm cluster (marker
+# `slurm`, set in tests/conftest.py) one at a time in the background, the rest one at a time in the foreground. An
+# integration test waits about 40% of its time (engine and job start-up, Slurm's scheduler, polls on markers), so
+# the other half fills the idle core; keeping the cluster's tests to one at a time means none queues behind another's
+# jobs on the 4 nodes (several assert what squeue shows, or that a job starts within a bound).
 status=0
 .venv/bin/python -m pytest tests/unit -m "not heavy" -n 2 --durations=20 || status=$?
-.venv/bin/python -m pytest tests/integration -m "not heavy" -n 2 --dist loadgroup --durations=60 || status=$?
+# Job control: the background half gets a process group of its own, so Ctrl-C (which stops the foreground half) can
+# be passed on to it as a Ctrl-C, and its fixtures stop their engines and jobs; its line prefixer ignores Ctrl-C so
+# that the half's last words still reach the terminal.
+set -m
+.venv/bin/python -m pytest tests/integration -m "slurm and not heavy" --durations=30 2>&1 \
+  | (trap '' INT; exec sed -u 's/^/[slurm] /') &
+slurm_half=$(jobs -p %1)
+local_status=0
+.venv/bin/python -m pytest tests/integration -m "not slurm and not heavy" --durations=40 || local_status=$?
+if [ "$local_status" -eq 2 ]; then kill -INT -- "-$slurm_half" 2>/dev/null || true; fi  # 2: interrupted
+slurm_status=0
+wait %1 || slurm_status=$?  # the pipeline's status: pytest's (pipefail)
+for s in "$local_status" "$slurm_status"; do [ "$s" -eq 0 ] || status=$s; done
 exit "$status"

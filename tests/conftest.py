@@ -47,15 +47,13 @@ def _slurm_marker_needs_cluster(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("slurm_cluster")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Work groups for `pytest -n 2 --dist loadgroup` (scripts/test.sh runs the integration tests so): every test
-    # that needs the cluster is in one group, so they run one after another on one worker and never queue behind
-    # each other's jobs on the 4 nodes (several assert what squeue shows, or that a job starts within a bound);
-    # every other test is grouped with its module, so a module's engine fixture starts once, as without workers.
-    # Without --dist loadgroup the marker does nothing.
+    # Every test that gets the cluster carries the `slurm` marker, also those that only name the fixture, so that
+    # `-m slurm` / `-m "not slurm"` split the suite exactly: scripts/test.sh runs the two halves side by side.
     for item in items:
-        group = "slurm-cluster" if _needs_cluster(item) else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("slurm") is None and _needs_cluster(item):
+            item.add_marker(pytest.mark.slurm)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
