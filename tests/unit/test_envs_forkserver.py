@@ -158,3 +158,43 @@ def test_one_server_per_program_in_a_process_across_event_loops_and_a_switch_to_
         assert asyncio.run(programs._fork_server(b"print(2)\n")) is None
     finally:
         first.close()
+
+
+LAZY = textwrap.dedent(
+    """
+    import json, sys
+    names = ("xml.dom.minidom", "srl_lazy_helper")
+    had = [n for n in names if n in sys.modules]
+    def work():
+        import xml.dom.minidom, srl_lazy_helper  # imported late, as openai's resources are on first use
+    work()
+    print(json.dumps(had))
+    """
+)
+
+
+def test_modules_a_program_imports_late_are_preloaded_for_the_next_fork_but_never_its_own_path(tmp_path):
+    # The server learns xml.dom.minidom (the standard library, the same file from its own path) from the first run;
+    # srl_lazy_helper comes from the program's PYTHONPATH, which the server does not search, so it is never learned.
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "srl_lazy_helper.py").write_text("VALUE = 1\n")
+    path = tmp_path / "lazy.py"
+    path.write_text(LAZY)
+    fs = ForkServer.start(["json"])
+    assert fs is not None
+    try:
+        runs = [
+            subprocess.run(
+                fs.command(str(path)), check=True, capture_output=True, env=_env(lib), timeout=60
+            ).stdout.strip()
+            for _ in range(3)
+        ]
+        # The server reads a child's report before it serves the next client, so after the third run only the
+        # third's report may be left: reports do not pile up over an RL run's thousands of episodes.
+        reports = [p.name for p in fs.socket_path.parent.iterdir() if p.name.startswith("learn-")]
+    finally:
+        fs.close()
+    assert runs == [b"[]", b'["xml.dom.minidom"]', b'["xml.dom.minidom"]'], runs
+    assert len(reports) <= 1, reports
+    assert not fs.socket_path.parent.exists()
