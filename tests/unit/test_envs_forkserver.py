@@ -38,14 +38,19 @@ def server():
     fs.close()
 
 
-@pytest.fixture
-def program(tmp_path):
+def _program_with_lib(tmp_path, source: str, module: str, module_text: str):
+    """Write ``source`` as ``prog.py`` and ``module`` into ``lib/`` (the program's PYTHONPATH); (path, lib)."""
     lib = tmp_path / "lib"
     lib.mkdir()
-    (lib / "helper_mod.py").write_text("VALUE = 'from PYTHONPATH'\n")
+    (lib / f"{module}.py").write_text(module_text)
     path = tmp_path / "prog.py"
-    path.write_text(PROGRAM)
+    path.write_text(source)
     return path, lib
+
+
+@pytest.fixture
+def program(tmp_path):
+    return _program_with_lib(tmp_path, PROGRAM, "helper_mod", "VALUE = 'from PYTHONPATH'\n")
 
 
 def _env(lib, **extra):
@@ -176,11 +181,7 @@ LAZY = textwrap.dedent(
 def test_modules_a_program_imports_late_are_preloaded_for_the_next_fork_but_never_its_own_path(tmp_path):
     # The server learns xml.dom.minidom (the standard library, the same file from its own path) from the first run;
     # srl_lazy_helper comes from the program's PYTHONPATH, which the server does not search, so it is never learned.
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    (lib / "srl_lazy_helper.py").write_text("VALUE = 1\n")
-    path = tmp_path / "lazy.py"
-    path.write_text(LAZY)
+    path, lib = _program_with_lib(tmp_path, LAZY, "srl_lazy_helper", "VALUE = 1\n")
     fs = ForkServer.start(["json"])
     assert fs is not None
     try:
