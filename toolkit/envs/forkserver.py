@@ -35,9 +35,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -134,8 +136,6 @@ class ForkServer:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
-        import shutil
-
         shutil.rmtree(self.socket_path.parent, ignore_errors=True)  # the socket and any unread learn-<pid> file
 
 
@@ -254,6 +254,7 @@ class _Learner:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.on = True
+        self.tried: set[tuple[str, str]] = set()  # (name, file) pairs already imported or left out
 
     def take(self, pid: int) -> None:
         report = self.folder / f"learn-{pid}"
@@ -265,14 +266,13 @@ class _Learner:
             report.unlink(missing_ok=True)
         if not self.on:
             return
-        import importlib.util
-
         # Parents before their submodules; a name whose spec resolves elsewhere (or not at all) here is left out.
         # Nobody reads the server's stdout after "ready": a module that prints while imported writes to stderr.
         with contextlib.redirect_stdout(sys.stderr):
             for name, _, origin in sorted((ln.partition("\t") for ln in lines), key=lambda t: t[0].count(".")):
-                if name in sys.modules:
-                    continue
+                if name in sys.modules or (name, origin) in self.tried:
+                    continue  # every later child reports what the server could not take: look each up once
+                self.tried.add((name, origin))
                 with contextlib.suppress(Exception):
                     spec = importlib.util.find_spec(name)
                     if spec is not None and spec.origin == origin:
