@@ -424,3 +424,66 @@ def test_seat_column_and_a_store_from_before_it_keeps_growing(tmp_path: Path) ->
     assert len(df) == 5 and df["step"].tolist() == [1, 1, 2, 2, 2]
     assert [_none(s) for s in df["seat"]] == [None, None, "left", "right", None]
     assert df["reward"].tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+
+
+def _killed_while_open(path: Path, libver: str | None) -> None:
+    """A process that opens the store for writing as the given HDF5 format does and is SIGKILLed before closing."""
+    opts = f"libver={libver!r}, " if libver else ""
+    script = (
+        "import os, signal, h5py\n"
+        f"f = h5py.File({str(path)!r}, 'a', {opts}locking='best-effort')\n"
+        "f.attrs['probe'] = 1\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+
+
+def test_a_writer_killed_with_the_file_open_leaves_a_store_the_next_writer_extends(tmp_path: Path) -> None:
+    """Field failure (chaos run, attempt 2): the orchestrator died on "file is already open for write/SWMR write"
+    because the store used HDF5's newest format, whose open-for-write mark a killed writer leaves set."""
+    path = tmp_path / "rollouts.h5"
+    with RolloutStoreWriter(path) as w:
+        w.append([_rollout(i) for i in range(4)], step=0)
+    _killed_while_open(path, None)
+    assert len(load_rollouts(path)) == 4  # readers still open it
+    with RolloutStoreWriter(path) as w:
+        w.append([_rollout(i) for i in range(4, 6)], step=1)
+    assert list(load_rollouts(path)["step"]) == [0] * 4 + [1] * 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rollouts.h5"]
+
+
+def test_a_store_left_marked_open_by_an_older_writer_is_set_aside_and_a_new_one_started(tmp_path, caplog):
+    from toolkit.run import store as store_mod
+
+    path = tmp_path / "rollouts.h5"
+    with h5py.File(path, "w", libver="latest") as f:  # what srl wrote before it used the default format
+        f.attrs["schema_version"] = store_mod.SCHEMA_VERSION
+    _killed_while_open(path, "latest")
+    with pytest.raises(OSError, match=r"killed mid-append.*h5clear -s"):
+        load_rollouts(path)
+    with caplog.at_level("WARNING"), RolloutStoreWriter(path) as w:
+        w.append([_rollout(0)], step=7)
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("rollouts.h5.unreadable-")]
+    assert len(aside) == 1 and aside[0].name in caplog.text
+    assert list(load_rollouts(path)["step"]) == [7]
+
+
+def test_a_store_that_cannot_be_written_is_not_set_aside(tmp_path: Path, monkeypatch) -> None:
+    """Only a file HDF5 cannot open even read-only is replaced: a failure to open for writing alone is raised."""
+    from toolkit.run import store as store_mod
+
+    path = tmp_path / "rollouts.h5"
+    with RolloutStoreWriter(path) as w:
+        w.append([_rollout(0)], step=0)
+    real_open = store_mod._open
+
+    def no_write(p, mode):
+        if mode != "r":
+            raise OSError("Unable to synchronously open file (No space left on device)")
+        return real_open(p, mode)
+
+    monkeypatch.setattr(store_mod, "_open", no_write)
+    with pytest.raises(OSError, match="No space left"):
+        RolloutStoreWriter(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rollouts.h5"]

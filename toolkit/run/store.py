@@ -34,6 +34,12 @@ file is closed, consistent and readable by other processes (HDF5 holds an exclus
 open; readers retry for a few seconds). ``num_rows`` is updated last, so rows of an append that died midway are
 ignored and overwritten by the next append. One writer per file (the orchestrator or the eval runner).
 
+The file uses HDF5's default (oldest compatible) format on purpose: the newest format (superblock version 3) marks
+the file "open for write" while a writer has it, and a writer killed mid-append (a preempted or SIGKILLed
+orchestrator) leaves that mark set, after which HDF5 refuses every later open, even read-only, until ``h5clear -s``.
+A store left like that by an older srl, or one damaged beyond opening, is set aside by the next writer (renamed
+``rollouts.h5.unreadable-<UTC time>``, a warning names it) and a new store is started, so a resumed run goes on.
+
 Cost per append does not grow with the store: where the samples, tokens and error messages of the committed rows
 end is read from ``counts`` (not by searching the whole ``/samples/row`` and ``/errors/row``), and a writer keeps the
 categories of its string columns in memory (re-read only when the file has categories it has not seen). Measured
@@ -42,6 +48,8 @@ with 512-rollout appends: ~55 ms at 50k rows either way; at 300k rows 127 ms bef
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Iterable, Sequence
 from itertools import chain
@@ -107,6 +115,10 @@ DYNAMIC_PREFIXES = {"reward/": "reward_components", "timing/": "timings", "metri
 TOKEN_COLUMNS = ("prompt_ids", "completion_ids", "completion_logprobs", "completion_mask")
 
 _LOCK_RETRY_S = 10.0
+# HDF5's refusal of a file whose superblock still says a writer has it open.
+_STALE_WRITER = "consistency flags"
+
+log = logging.getLogger(__name__)
 
 
 def _ds_name(column: str) -> str:
@@ -122,13 +134,18 @@ def _open(path: Path, mode: str) -> h5py.File:
         try:
             # best-effort locking: lock where the filesystem supports it, carry on where flock is not implemented
             # (some Lustre/NFS mounts fail every open with ENOSYS otherwise).
-            if mode == "r":
-                return h5py.File(path, "r", locking="best-effort")
-            return h5py.File(path, mode, libver="latest", locking="best-effort")
+            # No libver="latest": see the module docstring (a killed writer must not leave the file unopenable).
+            return h5py.File(path, mode, locking="best-effort")
         except (BlockingIOError, OSError) as exc:
             # HDF5 says "unable to lock file, errno = 11"; a bare "lock" would also match a truncated file's
             # "sblock->base_addr" and wait out the retries on a file that will never open.
             locked = "unable to lock" in str(exc).lower() or isinstance(exc, BlockingIOError)
+            if _STALE_WRITER in str(exc):
+                raise OSError(
+                    f"{path}: the rollout store is still marked open by a writer that was killed mid-append (HDF5 "
+                    f"refuses it: {exc}); `h5clear -s {path}` clears the mark, and the run's next writer sets the "
+                    "file aside and starts a new store"
+                ) from exc
             if not locked or time.monotonic() > deadline:
                 raise
             time.sleep(delay)
@@ -183,18 +200,46 @@ def _add_missing_base_columns(f: h5py.File) -> None:
             _row_dataset(cols, key, dtype, rows)
 
 
+def _unopenable(path: Path) -> bool:
+    """True when ``path`` exists, this process may read and write it, and HDF5 still cannot open it read-only: a
+    stale "open for write" mark or damage, which waiting or retrying will not fix (a held lock, a missing file or
+    missing permissions are not this)."""
+    if not path.is_file() or not os.access(path, os.R_OK | os.W_OK) or not os.access(path.parent, os.W_OK):
+        return False
+    try:
+        _open(path, "r").close()
+    except OSError as exc:
+        return "unable to lock" not in str(exc).lower()
+    return False
+
+
 class RolloutStoreWriter:
     """Append rollouts to ``path`` (created with its parent directories if missing; an existing store is extended).
 
     Use as a context manager or call :meth:`close`; each :meth:`append` is durable on its own (the file is opened,
     written, flushed and closed), so a crash loses at most the append in progress. Raises ``ValueError`` if the file
-    exists with another schema version, ``OSError`` on filesystem errors (e.g. ENOSPC).
+    exists with another schema version, ``OSError`` on filesystem errors (e.g. ENOSPC). An existing file that HDF5
+    cannot open at all is set aside and replaced by a new store (see the module docstring).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with _open(self.path, "a") as f:
+        try:
+            f = _open(self.path, "a")
+        except OSError:
+            if not _unopenable(self.path):
+                raise
+            aside = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+            os.replace(self.path, aside)
+            log.warning(
+                "rollout store %s could not be opened (left marked open by a killed writer, or damaged); kept as %s "
+                "and a new store started: the rows before it are in that file (`h5clear -s` may make it readable)",
+                self.path,
+                aside,
+            )
+            f = _open(self.path, "a")
+        with f:
             version = f.attrs.get("schema_version")
             if version is None:
                 f.attrs["schema_version"] = SCHEMA_VERSION
