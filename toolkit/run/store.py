@@ -127,7 +127,8 @@ def _ds_name(column: str) -> str:
 
 
 def _open(path: Path, mode: str) -> h5py.File:
-    """Open with retries while another process holds the HDF5 file lock (a writer mid-append)."""
+    """Open with retries while another process holds the HDF5 file lock (a writer mid-append). Raises OSError at
+    once for a damaged file, and one naming ``h5clear -s`` for a file a killed writer left marked open."""
     deadline = time.monotonic() + _LOCK_RETRY_S
     delay = 0.01
     while True:
