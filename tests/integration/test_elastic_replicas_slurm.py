@@ -84,6 +84,11 @@ def _steps(run: RunDir, role: str) -> list[int]:
     return role_steps(run.root, role, first=1)
 
 
+def _replicas_recorded(run: RunDir, count: int) -> bool:
+    """Whether an orchestrator step has recorded ``count`` replica engines serving (``inference/replicas``)."""
+    return any(m.get("inference/replicas") == count for m in metrics_lines(run.root) if m.get("role") == "orchestrator")
+
+
 def _generated_tokens(url: str) -> float:
     try:
         return parse_metric(httpx.get(f"{url}/metrics", timeout=30).text, "vllm:generation_tokens_total") or 0.0
@@ -127,6 +132,9 @@ def test_a_replica_joins_serves_and_leaves_a_running_run(tmp_path, slurm_cluster
         assert served.split(":")[-1].isdigit() and int(served.split(":")[-1]) >= 1, served
         assert served.split(":")[0] == json.loads(run.run_meta.read_text())["run_id"], served
         _wait("requests served by the replica", lambda: _generated_tokens(url) > 0, run=run)
+        # The replica count is a gauge the orchestrator records at the end of each step; a step must end while the
+        # replica serves before it is taken away, or no step would have recorded it (slow steps on a busy machine).
+        _wait("a step recorded with the replica serving", lambda: _replicas_recorded(run, 1), run=run)
 
         # Preemption: a debug job that needs the replica's cores makes Slurm requeue the replica job (the
         # "preemptible" partition is a lower priority tier); its engine leaves, and the requeued job joins again.

@@ -26,7 +26,9 @@ from run_records import metrics_lines, srl_background, srl_run, stop_background
 from toolkit import batches
 from toolkit.run.layout import RunDir
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1800)]
+# background_half: scripts/test.sh runs this file's local tests (about 8 minutes) beside the Slurm tests, not in the
+# foreground half, so the two halves take about as long.
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1800), pytest.mark.background_half]
 
 torch = need_module("torch")
 need_module("vllm")
