@@ -79,3 +79,26 @@ def test_final_eval_is_its_own_line_at_a_recorded_step(tmp_path):
     assert [r.get("eval/e/avg@4") for r in records(run.metrics)] == [None, 0.7]
     # A periodic eval written with the step's own line counts as that step's eval.
     assert log.write(4, {"eval/e/avg@4": 0.75, EVAL_POLICY_VERSION: 3.0}) and log.has_eval(4)
+
+
+class _Runtime:
+    """An env runtime that answers each group at once with rewards 1.0 for even examples, 0.0 for odd ones."""
+
+    def example_ids(self, n: int) -> list[int]:
+        return list(range(n))
+
+    async def run_group(self, example: int, k: int, *, client, sampling) -> list[Rollout]:
+        return [Rollout(env="e", task_id=str(example), example_id=example, reward=float(example % 2 == 0))] * k
+
+
+def test_each_finished_eval_group_is_reported_as_progress():
+    # The orchestrator counts each group as progress for the supervisor's watchdog: a long final eval, which the
+    # run now waits for however long it takes, must never look like a stall.
+    import asyncio
+
+    from toolkit.orchestrator.evaluation import run_eval
+
+    done: list[int] = []
+    envs = [EvalEnv("e", _Runtime(), num_examples=6, group_size=2, sampling=SamplingParams(), seed=3)]
+    metrics, rollouts = asyncio.run(run_eval(envs, None, max_concurrent=4, on_group=lambda: done.append(1)))
+    assert len(done) == 6 and len(rollouts) == 12 and metrics["eval/e/avg@2"] == pytest.approx(0.5)

@@ -50,14 +50,15 @@ def test_a_finished_sft_trainer_leaves_the_orchestrator_its_final_eval(tmp_path:
         sup.stop_all(term_wait_s=0.0)
 
 
-def test_an_orchestrator_that_outlives_the_trainer_by_the_grace_period_is_stopped(tmp_path: Path) -> None:
-    sup = _sup(tmp_path, grace_s=0.5, trainer="pass", orchestrator="import time; time.sleep(60)")
+def test_an_orchestrator_outliving_the_trainer_is_not_cut_off_by_the_checkpoint_grace(tmp_path: Path) -> None:
+    # A 400-task multi-turn final eval outlasted the 5-minute grace that used to apply here and was cancelled: the
+    # run ended without its final reading. A stall there is the watchdog's (test_launch_watchdog.py).
+    sup = _sup(tmp_path, grace_s=0.1, trainer="pass", orchestrator="import time; time.sleep(60)")
     try:
         _settle(sup, "trainer")
-        assert sup.first_ending() is None  # its exit is seen now: the grace period starts
-        time.sleep(0.6)
-        first = sup.first_ending()
-        assert first is not None and (first.role, first.returncode) == ("trainer", 0)
+        assert sup.first_ending() is None
+        time.sleep(0.2)
+        assert sup.first_ending() is None  # past the grace: the final eval goes on
     finally:
         sup.stop_all(term_wait_s=0.0)
 

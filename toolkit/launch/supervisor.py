@@ -23,8 +23,8 @@ waits until every engine answers /health and publishes the addresses, and superv
   ``slurm.checkpoint_grace_s`` to checkpoint and exit, then the rest is stopped (SIGTERM, SIGINT for an engine, to
   each step's tasks through Slurm, not srun, so an engine that shuts down cleanly leaves no error in the job's log;
   srun's kill after 15 s: :meth:`Supervisor.stop_all`); an orchestrator that finished cleanly waits for the
-  trainer's last steps, a trainer that finished gives the orchestrator ``slurm.checkpoint_grace_s`` for an SFT run's
-  final eval; a multi-node trainer whose torchrun rendezvous did not complete
+  trainer's last steps, and a trainer that finished cleanly leaves the orchestrator its final eval of the last
+  weights, however long that takes (the progress watchdog bounds a stall there); a multi-node trainer whose torchrun rendezvous did not complete
   (``deployment.trainer_rendezvous_timeout_s``) ends it with a reason naming the trainer nodes that never joined
   (:mod:`toolkit.launch.rendezvous`);
 - the pre-timeout signal (``slurm.signal``): stop request, wait (bounded) for a new COMPLETE checkpoint,
@@ -226,7 +226,6 @@ class Supervisor:
         self.signalled: int | None = None  # the first signal received
         self.stop_at: float | None = None  # monotonic time of the first stop request
         self.ready = False  # every engine answered /health once: from then on there is work to checkpoint
-        self._clean_exit_at: dict[str, float] = {}  # monotonic time a finite role was first seen exited with 0
         # The progress watchdog (toolkit.launch.watchdog): what stalled, once something did.
         bounds = watchdog.Bounds.from_config(cfg.monitors)
         self.progress = watchdog.ProgressWatch(bounds)
@@ -589,10 +588,11 @@ class Supervisor:
         """The process whose exit ends the run, if any: any that exited, except an engine while restarts are on and
         no stop was requested (:meth:`watch_restarts` owns those) and a trainer or orchestrator that finished
         cleanly while the other still works. An orchestrator that wrote its last batch leaves the trainer
-        to train on it, however long that takes; a trainer that wrote its final weights leaves the orchestrator
-        ``slurm.checkpoint_grace_s`` from its exit (an SFT run's eval of those weights), then ends the run."""
+        to train on it, and a trainer that wrote its final weights leaves the orchestrator its eval of them, however
+        long either takes: a time limit here cut long final evals off (a 400-task multi-turn eval outlasted the
+        5-minute checkpoint grace that used to apply), and a role that stops making progress is the watchdog's
+        (:meth:`check_progress`: one waiting on a role that exited is named after its bound)."""
         finite_alive = bool(self.alive())
-        now = time.monotonic()
         restarts = self.cfg.inference.max_restarts > 0 and not self.run.stop_request.exists()
         for c in self.children:
             if c.poll() is None:
@@ -602,9 +602,7 @@ class Supervisor:
                 # restarted on the next poll, or the run ends there once its restart budget is used.
                 continue
             if c.role in FINITE_ROLES and c.returncode == 0 and finite_alive:
-                since = self._clean_exit_at.setdefault(c.name, now)
-                if c.role == "orchestrator" or now - since < self.cfg.slurm.checkpoint_grace_s:
-                    continue
+                continue
             return c
         return None
 

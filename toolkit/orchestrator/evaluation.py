@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,9 +125,10 @@ class EvalEnv:
 
 
 async def run_eval(
-    envs: Sequence[EvalEnv], client: Any, *, max_concurrent: int
+    envs: Sequence[EvalEnv], client: Any, *, max_concurrent: int, on_group: Callable[[], None] | None = None
 ) -> tuple[dict[str, float], list[Rollout]]:
-    """Evaluate every env; returns (metrics, all rollouts). ``max_concurrent`` bounds rollouts in flight."""
+    """Evaluate every env; returns (metrics, all rollouts). ``max_concurrent`` bounds rollouts in flight;
+    ``on_group`` is called once per finished group (the orchestrator counts it as progress)."""
     slots = Slots(max_concurrent)
     metrics: dict[str, float] = {}
     everything: list[Rollout] = []
@@ -141,6 +142,8 @@ async def run_eval(
             group = await env.runtime.run_group(example, k, client=client, sampling=sampling)
         for r in group:
             r.group_id = example
+        if on_group is not None:
+            on_group()
         return group
 
     for env in envs:

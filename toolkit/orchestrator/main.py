@@ -467,7 +467,11 @@ class Orchestrator:
             return {}
         self.progress.phase(f"eval at step {step}", step=step, kind=LONG)
         t0 = time.monotonic()
-        job = asyncio.ensure_future(run_eval(self.eval_envs, self.client, max_concurrent=self.ocfg.max_concurrent))
+        job = asyncio.ensure_future(
+            run_eval(
+                self.eval_envs, self.client, max_concurrent=self.ocfg.max_concurrent, on_group=self.progress.advance
+            )
+        )
         while not job.done():
             await asyncio.wait({job}, timeout=EVAL_STOP_POLL_S)
             if not job.done() and self._should_stop():
@@ -490,8 +494,9 @@ class Orchestrator:
         """Evaluate the policy the run ends with (version ``max_steps``, trained on the last batch) once the trainer
         has broadcast it, recorded as its own line at step ``max_steps``. The periodic evals run before a step's
         batch, so without this the last one measures a policy up to ``eval.interval`` steps old. Skipped without
-        eval envs, when an earlier attempt recorded it, or when a stop comes while waiting (the supervisor gives
-        the orchestrator ``slurm.checkpoint_grace_s`` after the trainer's exit)."""
+        eval envs, when an earlier attempt recorded it, or when a stop comes while waiting (a user's stop, the
+        job's time limit). Each finished eval group counts as progress for the supervisor's watchdog, so a long
+        final eval is not taken for a stall."""
         last = self.cfg.max_steps
         if not self.eval_envs or self.metrics.has_eval(last):
             return
