@@ -25,8 +25,8 @@ waits until every engine answers /health and publishes the addresses, and superv
   srun's kill after 15 s: :meth:`Supervisor.stop_all`); an orchestrator that finished cleanly waits for the
   trainer's last steps, and a trainer that finished cleanly leaves the orchestrator its final eval of the last
   weights, however long that takes (the progress watchdog bounds a stall there); a multi-node trainer whose
-  torchrun rendezvous did not complete (``deployment.trainer_rendezvous_timeout_s``) ends it with a reason naming the trainer nodes that never joined
-  (:mod:`toolkit.launch.rendezvous`);
+  torchrun rendezvous did not complete (``deployment.trainer_rendezvous_timeout_s``) ends it with a reason naming
+  the trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`);
 - the pre-timeout signal (``slurm.signal``): stop request, wait (bounded) for a new COMPLETE checkpoint,
   ``scontrol requeue``, stop the steps;
 - SIGTERM/SIGINT (scancel, or the time limit): stop request, stop the steps;
