@@ -19,7 +19,9 @@ import pytest
 from prereqs import need_module
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]  # about a minute and a half on an idle machine
+# About a minute and a half on an idle machine; background_half: scripts/test.sh runs it beside the Slurm tests, to
+# even out the halves' times.
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.background_half]
 
 HOOK = """
 import os, sys

@@ -17,7 +17,8 @@ from loopback_server import LoopbackServer
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "vf_envs"
-pytestmark = [pytest.mark.slow]
+# background_half: scripts/test.sh runs it beside the Slurm tests, to even out the halves' times.
+pytestmark = [pytest.mark.slow, pytest.mark.background_half]
 
 CONFIG = f"""seed = 0
 output_dir = "outputs"

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LEARN_STEPS = 150
 RUN_TIMEOUT_S = 1800.0  # only a hung run reaches this; the run ends by itself at LEARN_STEPS
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+# background_half: scripts/test.sh runs it beside the Slurm tests, to even out the halves' times.
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.background_half]
 
 
 def _run(tmp_path: Path, name: str, *extra: str) -> list[dict]:

@@ -38,7 +38,8 @@ from run_records import is_final_eval_line, metrics_lines, role_steps, served_ve
 from toolkit.run import heartbeat
 from toolkit.run.layout import RunDir
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1500)]
+# background_half: scripts/test.sh runs it beside the Slurm tests, to even out the halves' times.
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1500), pytest.mark.background_half]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
