@@ -349,9 +349,9 @@ def test_waiting_for_a_role_to_finish_ends_on_its_finished_phase_or_its_silence(
 
 
 def test_a_wait_on_an_exited_role_is_blamed_within_the_peer_gone_bound_not_the_phase_bound(run):
-    # A finished trainer leaves the orchestrator its final eval with no time limit (Supervisor.first_ending); an
-    # orchestrator still waiting for a final policy from that exited trainer must not hold the allocation for the
-    # 30-minute phase bound.
+    # A role waiting on one that exited (an orchestrator for a final policy from a trainer that is gone, a trainer
+    # for batches from an orchestrator that ended) can only be served by a file already written: it must not hold
+    # the allocation for the 30-minute phase bound.
     clock = Clock()
     t, o = _roles(run, clock)
     w = ProgressWatch(Bounds(1800.0))

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from toolkit.config.model import MonitorsConfig
 from toolkit.launch.supervisor import Supervisor
+from toolkit.run.heartbeat import LONG, Heartbeat
 from toolkit.run.layout import RunDir
 
 
@@ -50,15 +51,41 @@ def test_a_finished_sft_trainer_leaves_the_orchestrator_its_final_eval(tmp_path:
         sup.stop_all(term_wait_s=0.0)
 
 
-def test_an_orchestrator_outliving_the_trainer_is_not_cut_off_by_the_checkpoint_grace(tmp_path: Path) -> None:
-    # A 400-task multi-turn final eval outlasted the 5-minute grace that used to apply here and was cancelled: the
-    # run ended without its final reading. A stall there is the watchdog's (test_launch_watchdog.py).
-    sup = _sup(tmp_path, grace_s=0.1, trainer="pass", orchestrator="import time; time.sleep(60)")
+def test_an_orchestrator_that_outlives_the_trainer_by_the_grace_period_is_stopped(tmp_path: Path) -> None:
+    # It keeps no progress record (like the placement tests' probe, or a hung one): the grace runs from the
+    # trainer's exit.
+    sup = _sup(tmp_path, grace_s=0.5, trainer="pass", orchestrator="import time; time.sleep(60)")
+    try:
+        _settle(sup, "trainer")
+        assert sup.first_ending() is None  # its exit is seen now: the grace period starts
+        time.sleep(0.6)
+        first = sup.first_ending()
+        assert first is not None and (first.role, first.returncode) == ("trainer", 0)
+    finally:
+        sup.stop_all(term_wait_s=0.0)
+
+
+def test_a_final_eval_that_progresses_outlives_the_grace_and_ends_one_grace_after_its_last_progress(
+    tmp_path: Path,
+) -> None:
+    # A 400-task multi-turn final eval outlasted a fixed 5-minute grace from the trainer's exit and was cancelled.
+    # Each eval group is progress in the orchestrator's record (written here for the child process).
+    # The supervisor looks at the records every PROGRESS_CHECK_S (1 s): the grace here is longer than that.
+    sup = _sup(tmp_path, grace_s=1.5, trainer="pass", orchestrator="import time; time.sleep(60)")
+    record = Heartbeat(sup.run, "orchestrator")
+    record.phase("eval at step 50", step=50, kind=LONG)
     try:
         _settle(sup, "trainer")
         assert sup.first_ending() is None
-        time.sleep(0.2)
-        assert sup.first_ending() is None  # past the grace: the final eval goes on
+        for _ in range(3):  # 3.3 s of eval groups, more than twice the grace
+            time.sleep(1.1)
+            record.advance()
+            sup.check_progress(now=time.monotonic())
+            assert sup.first_ending() is None
+        time.sleep(1.6)  # no progress for longer than the grace
+        sup.check_progress(now=time.monotonic())
+        first = sup.first_ending()
+        assert first is not None and (first.role, first.returncode) == ("trainer", 0)
     finally:
         sup.stop_all(term_wait_s=0.0)
 

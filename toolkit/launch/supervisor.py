@@ -24,7 +24,8 @@ waits until every engine answers /health and publishes the addresses, and superv
   each step's tasks through Slurm, not srun, so an engine that shuts down cleanly leaves no error in the job's log;
   srun's kill after 15 s: :meth:`Supervisor.stop_all`); an orchestrator that finished cleanly waits for the
   trainer's last steps, and a trainer that finished cleanly leaves the orchestrator its final eval of the last
-  weights, however long that takes (the progress watchdog bounds a stall there); a multi-node trainer whose
+  weights for as long as the orchestrator makes progress, ending the run ``slurm.checkpoint_grace_s`` after its
+  last progress (or after the trainer's exit, for a role that keeps no progress record); a multi-node trainer whose
   torchrun rendezvous did not complete (``deployment.trainer_rendezvous_timeout_s``) ends it with a reason naming
   the trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`);
 - the pre-timeout signal (``slurm.signal``): stop request, wait (bounded) for a new COMPLETE checkpoint,
@@ -229,6 +230,7 @@ class Supervisor:
         # The progress watchdog (toolkit.launch.watchdog): what stalled, once something did.
         bounds = watchdog.Bounds.from_config(cfg.monitors)
         self.progress = watchdog.ProgressWatch(bounds)
+        self._clean_exit_at: dict[str, float] = {}  # monotonic time a finite role was first seen exited with 0
         self.health = watchdog.HealthWatch(bounds.timeout_s)
         self.stall: watchdog.Stall | None = None
         self._next_progress_check = 0.0
@@ -588,11 +590,13 @@ class Supervisor:
         """The process whose exit ends the run, if any: any that exited, except an engine while restarts are on and
         no stop was requested (:meth:`watch_restarts` owns those) and a trainer or orchestrator that finished
         cleanly while the other still works. An orchestrator that wrote its last batch leaves the trainer
-        to train on it, and a trainer that wrote its final weights leaves the orchestrator its eval of them, however
-        long either takes: a time limit here cut long final evals off (a 400-task multi-turn eval outlasted the
-        5-minute checkpoint grace that used to apply), and a role that stops making progress is the watchdog's
-        (:meth:`check_progress`: one waiting on a role that exited is named after its bound)."""
+        to train on it, however long that takes; a trainer that wrote its final weights leaves the orchestrator its
+        eval of them until ``slurm.checkpoint_grace_s`` has passed both since the trainer's exit and since the
+        orchestrator's last progress (each eval group is progress, as seen by :meth:`check_progress`): a fixed grace
+        from the trainer's exit cut a 400-task multi-turn final eval off, while an orchestrator that does nothing
+        (hung, or one that keeps no progress record) still cannot hold the allocation."""
         finite_alive = bool(self.alive())
+        now = time.monotonic()
         restarts = self.cfg.inference.max_restarts > 0 and not self.run.stop_request.exists()
         for c in self.children:
             if c.poll() is None:
@@ -602,7 +606,9 @@ class Supervisor:
                 # restarted on the next poll, or the run ends there once its restart budget is used.
                 continue
             if c.role in FINITE_ROLES and c.returncode == 0 and finite_alive:
-                continue
+                since = max(self._clean_exit_at.setdefault(c.name, now), self.progress.last_progress())
+                if c.role == "orchestrator" or now - since < self.cfg.slurm.checkpoint_grace_s:
+                    continue
             return c
         return None
 

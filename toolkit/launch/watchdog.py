@@ -169,6 +169,11 @@ class ProgressWatch:
         self.seen = current
         return self._blame(live, set(live_roles), now)
 
+    def last_progress(self) -> float:
+        """The latest time (the caller's clock, as passed to :meth:`observe`) any live process's record was seen to
+        progress; ``-inf`` before any was."""
+        return max((s.progress_at for s in self.seen.values()), default=float("-inf"))
+
     def excuse(self, role: str, now: float) -> None:
         """Start the progress clocks of ``role``'s records again at ``now``: it waits on something the records do
         not show (an engine that does not answer /health, whose own bound the engine watch keeps)."""

@@ -494,9 +494,9 @@ class Orchestrator:
         """Evaluate the policy the run ends with (version ``max_steps``, trained on the last batch) once the trainer
         has broadcast it, recorded as its own line at step ``max_steps``. The periodic evals run before a step's
         batch, so without this the last one measures a policy up to ``eval.interval`` steps old. Skipped without
-        eval envs, when an earlier attempt recorded it, or when a stop comes while waiting (a user's stop, the
-        job's time limit). Each finished eval group counts as progress for the supervisor's watchdog, so a long
-        final eval is not taken for a stall."""
+        eval envs, when an earlier attempt recorded it, or when a stop comes while waiting. Each finished eval group
+        is progress: the supervisor leaves a final eval that progresses running after the trainer's exit
+        (``slurm.checkpoint_grace_s`` from the last progress), and its watchdog does not take it for a stall."""
         last = self.cfg.max_steps
         if not self.eval_envs or self.metrics.has_eval(last):
             return
