@@ -346,28 +346,3 @@ def test_waiting_for_a_role_to_finish_ends_on_its_finished_phase_or_its_silence(
     assert got == "silent"
     stop = heartbeat.wait_until_finished(run, "orchestrator", should_stop=lambda: True, poll_s=0, clock=clock)
     assert stop == "stopped"
-
-
-def test_a_wait_on_an_exited_role_is_blamed_within_the_peer_gone_bound_not_the_phase_bound(run):
-    # A role waiting on one that exited (an orchestrator for a final policy from a trainer that is gone, a trainer
-    # for batches from an orchestrator that ended) can only be served by a file already written: it must not hold
-    # the allocation for the 30-minute phase bound.
-    clock = Clock()
-    t, o = _roles(run, clock)
-    w = ProgressWatch(Bounds(1800.0))
-    o.phase("waiting for the trainer's final policy 50", step=50, waiting_for="trainer")
-    w.observe(heartbeat.read_all(run), LIVE, 0.0)
-    clock.t += 10
-    o.beat()
-    assert w.observe(heartbeat.read_all(run), {"orchestrator"}, watchdog.PEER_GONE_S) == []
-    clock.t += 10
-    o.beat()
-    stalls = w.observe(heartbeat.read_all(run), {"orchestrator"}, watchdog.PEER_GONE_S + 1)
-    assert [s.role for s in stalls] == ["orchestrator"] and stalls[0].peer_gone
-    assert stalls[0].bound_s == watchdog.PEER_GONE_S < 1800.0
-    # while the trainer lives, the same wait is the trainer's to explain: nobody is blamed
-    w2 = ProgressWatch(Bounds(1800.0))
-    w2.observe(heartbeat.read_all(run), LIVE, 0.0)
-    clock.t += 10
-    t.phase("train step 50", step=50)
-    assert w2.observe(heartbeat.read_all(run), LIVE, watchdog.PEER_GONE_S + 1) == []

@@ -56,7 +56,7 @@ WAITS: dict[tuple[str, str, str], str] = {
     "every group collected is progress for the watchdog",
     ("toolkit/orchestrator/main.py", "_beat", "while True"): "background task, cancelled when the orchestrator ends",
     ("toolkit/orchestrator/policy.py", "wait_for", "while True"): "should_stop; the progress watchdog blames the "
-    "trainer it waits on (monitors.stall_timeout_s; watchdog.PEER_GONE_S once the trainer exited)",
+    "trainer it waits on (monitors.stall_timeout_s)",
     ("toolkit/orchestrator/producer.py", "run", "while True"): "background task, cancelled when the run's collection "
     "ends",
     ("toolkit/orchestrator/producer.py", "run", ".wait()"): "wake/started events of the producer's own tasks, "

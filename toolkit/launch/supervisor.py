@@ -24,8 +24,8 @@ waits until every engine answers /health and publishes the addresses, and superv
   each step's tasks through Slurm, not srun, so an engine that shuts down cleanly leaves no error in the job's log;
   srun's kill after 15 s: :meth:`Supervisor.stop_all`); an orchestrator that finished cleanly waits for the
   trainer's last steps, and a trainer that finished cleanly leaves the orchestrator its final eval of the last
-  weights for as long as the orchestrator makes progress, ending the run ``slurm.checkpoint_grace_s`` after its
-  last progress (or after the trainer's exit, for a role that keeps no progress record); a multi-node trainer whose
+  weights for as long as the orchestrator makes progress, ending the run ``slurm.checkpoint_grace_s`` after the
+  later of the trainer's exit and the orchestrator's last progress; a multi-node trainer whose
   torchrun rendezvous did not complete (``deployment.trainer_rendezvous_timeout_s``) ends it with a reason naming
   the trainer nodes that never joined (:mod:`toolkit.launch.rendezvous`);
 - the pre-timeout signal (``slurm.signal``): stop request, wait (bounded) for a new COMPLETE checkpoint,
@@ -54,7 +54,8 @@ Every wait in srl and what bounds it:
   request or a pre-timeout signal (``slurm.checkpoint_grace_s``), then SIGTERM to SIGKILL (15 s; a step's srun: 15 s
   more to exit after its own SIGTERM); the trainer after the orchestrator finished cleanly, and the orchestrator
   while the trainer works (the watchdog: ``monitors.stall_timeout_s`` without progress); a finished trainer's
-  orchestrator (``slurm.checkpoint_grace_s``); ``scontrol``/``sbatch`` calls (30 s, 120 s to submit);
+  orchestrator (``slurm.checkpoint_grace_s`` after the trainer's exit or its own last progress, whichever is later);
+  ``scontrol``/``sbatch`` calls (30 s, 120 s to submit);
   ``squeue``/``scancel`` to signal the steps (10 s each); a look at another node's stuck processes (60 s); py-spy
   (30 s); the lease's renewal thread at exit (its renewal period);
 - trainer: a batch (``trainer.batch_timeout_s``, and the watchdog); torchrun's rendezvous

@@ -12,7 +12,7 @@ Who is blamed, among the records that stood still past their bound (first rule t
 
 1. processes that stopped beating too: stuck in a call, a collective, or stopped;
 2. processes not waiting on another role, or waiting on a role that has no live process any more (a trainer
-   waiting for batches from an orchestrator that exited; such a wait is bounded by :data:`PEER_GONE_S` at most);
+   waiting for batches from an orchestrator that exited);
 3. when every watched role waits on another watched one (a deadlock between roles that still beat), all of them.
 
 An orchestrator waiting for inference (its serving gate closed while an engine is down or restarting) is not
@@ -40,11 +40,6 @@ GIB = float(2**30)
 DUMP_WAIT_S = 2.0
 # Bound on one py-spy dump (optional; only when installed).
 PY_SPY_TIMEOUT_S = 30.0
-# Seconds a process may wait on a role that has no live process any more before it is blamed (its phase's own
-# bound when that is shorter). What it waits for can only come from a file the exited role already wrote, which a
-# shared filesystem shows within seconds to a minute; the phase bounds (``monitors.stall_timeout_s``, 30 minutes
-# by default) are sized for live work and would hold the allocation that long for nothing.
-PEER_GONE_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -117,12 +112,9 @@ class Stall:
             extra = f"; the {waits} it waits for has exited"
         elif not self.hung and waits:
             extra = f"; waiting for the {waits}"
-        source = (
-            "a wait on an exited role" if self.peer_gone and self.bound_s == PEER_GONE_S else "monitors.stall_timeout_s"
-        )
         return (
             f"{self.role} made no progress for {self.idle_s:.0f} s{at} (phase: {self.phase}{extra}; bound "
-            f"{self.bound_s:.0f} s, {source})"
+            f"{self.bound_s:.0f} s, monitors.stall_timeout_s)"
         )
 
     def pids(self) -> list[int]:
@@ -184,15 +176,20 @@ class ProgressWatch:
     def _blame(self, live: set[str], live_all: set[str], now: float) -> list[Stall]:
         stalled: list[Stall] = []
         for key, s in self.seen.items():
-            waits = (s.record or {}).get("waiting_for")
-            peer_gone = bool(waits) and waits not in live_all
             bound = self.bounds.bound(s.record)
-            if peer_gone:
-                bound = min(bound, PEER_GONE_S)
             idle = now - s.progress_at
             if idle > bound:
+                waits = (s.record or {}).get("waiting_for")
                 stalled.append(
-                    Stall(key, s.role, s.record, idle, bound, hung=now - s.beat_at > bound, peer_gone=peer_gone)
+                    Stall(
+                        key,
+                        s.role,
+                        s.record,
+                        idle,
+                        bound,
+                        hung=now - s.beat_at > bound,
+                        peer_gone=bool(waits) and waits not in live_all,
+                    )
                 )
         stalled.sort(key=lambda x: -x.idle_s)
         hung = [x for x in stalled if x.hung]
