@@ -946,8 +946,11 @@ def _supervise_job(
                 f"no complete checkpoint within {grace:g} s; requeueing anyway (resume uses the newest complete one)"
             )
         _requeue(env)
+        # Recorded and said before the steps are stopped: Slurm kills this batch shell once the requeue's grace
+        # (KillWait) has passed, which the steps' shutdown can outlast, and a line not yet printed is lost.
+        status = settle_job(run, requeued=True)
         sup.stop_all()
-        return settle_job(run, requeued=True)
+        return status
     if sup.signalled is not None:
         name = signal.Signals(sup.signalled).name
         _job_log(f"received {name}: stopping")
@@ -963,10 +966,12 @@ def _supervise_job(
             from ..run import ending
 
             _job_log(why)
-            sup.request_stop()  # nothing can checkpoint: the stuck role was killed; resume takes the newest COMPLETE
-            sup.stop_all()
+            # Recorded and said before the steps are stopped, as above: the requeue's kill of this batch shell cut
+            # the ending line off in a CI run.
             end = ending.settle(run, requeued=True, requeued_reason=why, stalled=sup.stall.role)
             print(end.line(), flush=True)
+            sup.request_stop()  # nothing can checkpoint: the stuck role was killed; resume takes the newest COMPLETE
+            sup.stop_all()
             return end.exit_status
     return _teardown(sup, first, exit_status(first.returncode), reason=_failure_reason(plan, first, rdzv_logs))
 
