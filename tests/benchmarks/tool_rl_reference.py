@@ -43,15 +43,11 @@ class ToolServers:
     """The taskset's tool servers registered in this process (nothing started): call a tool by its chat name."""
 
     def __init__(self, taskset: Any, task: Any) -> None:
-        from mcp.server.mcpserver import MCPServer
+        from toolkit.envs.reference import registered_tools
 
-        self.tools: dict[str, tuple[Any, str]] = {}
-        for server in [*type(taskset).toolsets(taskset.config), *type(task).toolsets(taskset.config.task)]:
-            mcp = MCPServer(server.server_name)
-            server.register(mcp)
-            for tool in asyncio.run(mcp.list_tools()):
-                name = f"{server.server_name}_{tool.name}" if server.server_name else tool.name
-                self.tools[name] = (mcp, tool.name)
+        self.tools: dict[str, tuple[Any, str]] = {
+            name: (mcp, tool.name) for name, mcp, tool in registered_tools(taskset, task)
+        }
 
     def call(self, name: str, arguments: str) -> str:
         """The tool's reply text; an unknown tool or arguments that are not a JSON object give an error text, as

@@ -92,8 +92,8 @@ class _Runtime:
 
 
 def test_each_finished_eval_group_is_reported_as_progress():
-    # The orchestrator counts each group as progress for the supervisor's watchdog: a long final eval, which the
-    # run now waits for however long it takes, must never look like a stall.
+    # The orchestrator counts each group as progress: the supervisor keeps a final eval that progresses running
+    # past the checkpoint grace, and its watchdog does not take a long eval for a stall.
     import asyncio
 
     from toolkit.orchestrator.evaluation import run_eval

@@ -60,29 +60,35 @@ def reference_rows(taskset_cfg: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def tool_schemas(taskset: Any, task: Any) -> list[dict[str, Any]]:
-    """The OpenAI function schemas verifiers' chat program offers for ``task``: one per tool of the taskset's
-    shared servers (``Taskset.toolsets``) and the task's own (``Task.toolsets``), named ``<server>_<tool>``, with
-    the description and input schema the server registers. Built from each server's MCP registration in this
-    process (nothing is started). Raises what a ``toolsets()`` or ``register()`` raises."""
+def registered_tools(taskset: Any, task: Any) -> list[tuple[str, Any, Any]]:
+    """The tools verifiers' chat program offers for ``task``, each as ``(chat name, MCP server, MCP tool)``: every
+    tool of the taskset's shared servers (``Taskset.toolsets``) and the task's own (``Task.toolsets``), named
+    ``<server>_<tool>``, registered on an in-process ``MCPServer`` (nothing is started; ``server.call_tool`` runs
+    the tool here). Raises what a ``toolsets()`` or ``register()`` raises."""
     import asyncio
 
     from mcp.server.mcpserver import MCPServer
 
     servers = [*type(taskset).toolsets(taskset.config), *type(task).toolsets(taskset.config.task)]
-    out: list[dict[str, Any]] = []
+    out: list[tuple[str, Any, Any]] = []
     for server in servers:
         mcp = MCPServer(server.server_name)
         server.register(mcp)
         for tool in asyncio.run(mcp.list_tools()):
-            name = f"{server.server_name}_{tool.name}" if server.server_name else tool.name
-            out.append(
-                {
-                    "type": "function",
-                    "function": {"name": name, "description": tool.description or "", "parameters": tool.input_schema},
-                }
-            )
+            out.append((f"{server.server_name}_{tool.name}" if server.server_name else tool.name, mcp, tool))
     return out
+
+
+def tool_schemas(taskset: Any, task: Any) -> list[dict[str, Any]]:
+    """The OpenAI function schemas verifiers' chat program offers for ``task`` (:func:`registered_tools`), with
+    the description and input schema each server registers. Raises what :func:`registered_tools` raises."""
+    return [
+        {
+            "type": "function",
+            "function": {"name": name, "description": tool.description or "", "parameters": tool.input_schema},
+        }
+        for name, _mcp, tool in registered_tools(taskset, task)
+    ]
 
 
 def write_reference_dataset(taskset_cfg: Any, out: Path) -> int:
@@ -103,4 +109,4 @@ def write_reference_dataset(taskset_cfg: Any, out: Path) -> int:
     return len(rows)
 
 
-__all__ = ["NoReferenceAnswer", "reference_rows", "tool_schemas", "write_reference_dataset"]
+__all__ = ["NoReferenceAnswer", "reference_rows", "registered_tools", "tool_schemas", "write_reference_dataset"]

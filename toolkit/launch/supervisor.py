@@ -228,10 +228,10 @@ class Supervisor:
         self.signalled: int | None = None  # the first signal received
         self.stop_at: float | None = None  # monotonic time of the first stop request
         self.ready = False  # every engine answered /health once: from then on there is work to checkpoint
+        self._clean_exit_at: dict[str, float] = {}  # monotonic time a finite role was first seen exited with 0
         # The progress watchdog (toolkit.launch.watchdog): what stalled, once something did.
         bounds = watchdog.Bounds.from_config(cfg.monitors)
         self.progress = watchdog.ProgressWatch(bounds)
-        self._clean_exit_at: dict[str, float] = {}  # monotonic time a finite role was first seen exited with 0
         self.health = watchdog.HealthWatch(bounds.timeout_s)
         self.stall: watchdog.Stall | None = None
         self._next_progress_check = 0.0
