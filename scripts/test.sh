@@ -31,8 +31,9 @@ fi
 if [ $# -gt 0 ]; then exec .venv/bin/python -m pytest "$@"; fi
 # Default: every test except the "heavy" end-to-end fault runs (scripts/test.sh -m heavy runs those), so the suite
 # fits CI's time on 2 cores. Two streams run side by side, each one test at a time:
-# - the background half: the integration tests on the Slurm cluster (marker `slurm`, set in tests/conftest.py) and
-#   the local ones marked `background_half` (chosen so the two streams take about as long). Keeping the cluster's
+# - the background half: the tests on the Slurm cluster (marker `slurm`, set in tests/conftest.py; a unit test that
+#   asks the cluster too) and the local ones marked `background_half` (chosen so the two streams take about as
+#   long). Keeping the cluster's
 #   tests to one at a time means none queues behind another's jobs on the 4 nodes (several assert what squeue shows,
 #   or that a job starts within a bound);
 # - the foreground half: the unit tests (one pytest-xdist worker per core: they are short single-threaded
@@ -45,18 +46,20 @@ status=0
 # be passed on to it as a Ctrl-C, and its fixtures stop their engines and jobs; its line prefixer ignores Ctrl-C so
 # that the half's last words still reach the terminal.
 set -m
-.venv/bin/python -m pytest tests/integration -m "(slurm or background_half) and not heavy" --durations=30 2>&1 \
+.venv/bin/python -m pytest tests/integration tests/unit -m "(slurm or background_half) and not heavy" --durations=30 2>&1 \
   | (trap '' INT; exec sed -u 's/^/[background] /') &
 background_half=$(jobs -p %1)
 local_status=0
-.venv/bin/python -m pytest tests/unit -m "not heavy" -n 2 --durations=20 || local_status=$?
+.venv/bin/python -m pytest tests/unit -m "not heavy and not slurm" -n 2 --durations=20 || local_status=$?
 if [ "$local_status" -ne 2 ]; then
   status=$local_status
   local_status=0
   .venv/bin/python -m pytest tests/integration -m "not slurm and not background_half and not heavy" --durations=40 \
     || local_status=$?
 fi
-if [ "$local_status" -eq 2 ]; then kill -INT -- "-$background_half" 2>/dev/null || true; fi  # 2: interrupted
+# 2: pytest was interrupted (Ctrl-C) or could not collect the tests (a broken tree): either way the run has failed,
+# so the background half is stopped too instead of spending its time.
+if [ "$local_status" -eq 2 ]; then kill -INT -- "-$background_half" 2>/dev/null || true; fi
 background_status=0
 wait %1 || background_status=$?  # the pipeline's status: pytest's (pipefail)
 for s in "$local_status" "$background_status"; do [ "$s" -eq 0 ] || status=$s; done

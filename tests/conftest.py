@@ -87,10 +87,11 @@ import os
 
 from hypothesis import settings
 
-# No per-example deadline under CI: the unit tests share the two cores with the integration tests' engines, and a
-# verdict must not depend on how busy the machine was.
+# No per-example deadline in any profile: scripts/test.sh runs the unit tests beside the integration tests' engines,
+# locally as in CI, and a verdict must not depend on how busy the machine was.
 settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+settings.register_profile("local", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "local"))
 
 
 # ---- CI: no test passes by skipping for a failed import (tests/prereqs.py) -------------------------------------

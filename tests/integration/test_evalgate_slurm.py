@@ -1,4 +1,5 @@
-"""The first-run gate as a submitit job on the real local Slurm cluster (no accounting: state from scontrol)."""
+"""The first-run gate as a Slurm job launched through the one launch pipeline, on the real local Slurm cluster (no
+accounting: state from scontrol)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 
 from toolkit.evalgate import main
 from toolkit.launch import slurm
+from toolkit.run import ending
+from toolkit.run.layout import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -17,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 BROKEN = REPO / "tests" / "fixtures" / "broken_taskset"
 
 
-def test_validate_runs_as_submitit_job_and_reads_its_verdict(slurm_cluster, tmp_path, capsys):
+def test_validate_runs_as_a_gate_job_and_reads_its_verdict(slurm_cluster, tmp_path, capsys):
     run_dir = tmp_path / "gate"
     rc = main(
         [
@@ -43,8 +46,20 @@ def test_validate_runs_as_submitit_job_and_reads_its_verdict(slurm_cluster, tmp_
     assert slurm.job_state(job_id).state == "COMPLETED"
     data = json.loads((run_dir / "reports" / "eval_validate.json").read_text())
     assert data["passed"] and {i["key"] for i in data["items"]} >= {"known_successes", "known_failures"}
-    # submitit's logs live under the run directory.
-    assert list((run_dir / "logs" / "eval" / "submitit" / job_id).glob("*.out"))
+    # The gate job has a run directory of its own under the run's: its attempt, plan, batch script and logs; its one
+    # process read the login node's options and the attempt's resolved config.
+    gate_run = RunDir(run_dir / "eval" / "validate")
+    assert json.loads(gate_run.gate_spec(1).read_text())["options"]["num_examples"] == 3
+    assert [p["name"] for p in json.loads(gate_run.placement_file.read_text())["processes"]] == ["gate"]
+    assert f"{job_id} eval 1" in gate_run.job_ids_file.read_text()
+    assert "GATE PASSED" in (gate_run.log_attempt(1) / "gate.log").read_text()
+    assert ending.read(gate_run).exit_status == 0
+    # A second gate of the same run is the gate job's next attempt.
+    rc = main(
+        ["validate", "@", str(REPO / "jobs" / "reverse-text" / "eval.toml"), "--site", "local-slurm", "-n", "2"]
+        + ["--env", "reverse-text", "--run-dir", str(run_dir), "--no-rich", "--wait-timeout", "900"]
+    )
+    assert rc == 0 and gate_run.attempts() == [1, 2]
 
 
 def test_failed_gate_fails_the_job_and_blocks_an_afterok_dependent(slurm_cluster, tmp_path, capsys, monkeypatch):
@@ -92,6 +107,8 @@ def test_failed_gate_fails_the_job_and_blocks_an_afterok_dependent(slurm_cluster
     assert train.state == "CANCELLED", train  # DependencyNeverSatisfied: training never started
     data = json.loads((run_dir / "reports" / "eval_validate.json").read_text())
     assert [(i["env"], i["key"]) for i in data["items"] if i["status"] == "FAIL"] == [("empty-wins", "known_failures")]
+    end = ending.read(RunDir(run_dir / "eval" / "validate"))
+    assert end.role == "gate" and "exit status 1" in end.reason, end
 
 
 @pytest.mark.heavy

@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 
 from toolkit.config import load_config
-from toolkit.evalgate import print_verdict
+from toolkit.evalgate import _gate_roles, _parser, _without_requeue, print_verdict
 from toolkit.evalgate.run import GateThresholds, _env_items, api_headers
-from toolkit.evalgate.slurm import executor_parameters
+from toolkit.placement.plan import build_plan
 from toolkit.preflight.site import load_site
+from toolkit.render import build_context
+from toolkit.run.layout import RunDir
 from toolkit.run.types import Rollout, TrainingSample
 from toolkit.run.verdict import GateItem, Verdict
 
@@ -82,16 +84,32 @@ def test_live_items_from_rollouts(tmp_path):
     assert items["env_server"].status == "FAIL" and items["traces_recorded"].status == "FAIL"
 
 
-def test_slurm_parameters_follow_site_and_config(tmp_path):
+def _gate_job(tmp_path, command: str, *options: str) -> tuple[list[str], list]:
+    """The #SBATCH lines and plan processes of ``srl eval <command>``'s job on the local Slurm site."""
     path = tmp_path / "run.toml"
     path.write_text(
         'site = "local-slurm"\n[[orchestrator.train.env]]\ntaskset = { id = "srl-reverse-text" }\n'
-        '[slurm]\ntime = "00:10:30"\nextra_directives = ["--mail-type=END"]\n'
+        '[slurm]\ntime = "00:10:30"\nrequeue = true\nextra_directives = ["--mail-type=END"]\n'
     )
-    cfg = load_config([path]).config
-    params = executor_parameters(cfg, load_site("local-slurm"), command="run", job_name="g")
-    assert params["partition"] == "debug" and params["time"] == 11  # minutes, rounded up
-    assert params["gres"] == "gpu:1"  # the local cluster's fake GPUs, requested gres-style
-    assert "account" not in params  # no accounting on this site
-    assert params["additional_parameters"] == {"mail-type": "END"}
-    assert "gres" not in executor_parameters(cfg, load_site("local-slurm"), command="validate", job_name="g")
+    cfg = _without_requeue(load_config([path])).config
+    args, _ = _parser(command).parse_known_args(list(options))
+    site, run = load_site("local-slurm"), RunDir(tmp_path / "r" / "eval" / command)
+    plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=_gate_roles(command, args), port_key="k")
+    return build_context(cfg, site, run, plan, attempt=1, kind="eval").directives[0], plan.processes
+
+
+def test_the_gate_job_follows_site_and_config(tmp_path):
+    directives, procs = _gate_job(tmp_path, "run")
+    assert "--partition=debug" in directives and "--time=00:10:30" in directives
+    assert "--gres=gpu:1" in directives  # it serves its model: one of the local cluster's fake GPUs, gres-style
+    assert not any(d.startswith("--account") for d in directives)  # no accounting on this site
+    assert "--mail-type=END" in directives
+    # A gate has nothing to checkpoint: never requeued, whatever the run's slurm.requeue says.
+    assert "--no-requeue" in directives and not any(d.startswith("--signal") for d in directives)
+    [gate] = procs
+    assert (gate.name, gate.role, gate.gpus) == ("gate", "gate", (0,))
+    assert gate.command == ["srl", "eval", "job", "--run-dir", str(tmp_path / "r" / "eval" / "run")]
+    for command, options in (("validate", ()), ("run", ("--base-url", "http://h:1/v1"))):
+        directives, procs = _gate_job(tmp_path, command, *options)
+        assert not any("gpu" in d for d in directives), (command, directives)  # model-free or a remote model
+        assert procs[0].gpus == ()

@@ -6,12 +6,14 @@
 
 ``validate`` is model-free (``validate.py``); ``run`` evaluates against a live endpoint (``run.py``); both print a
 verdict per gate item, write it to ``<run>/reports/`` (``toolkit.run.verdict``) and exit 1 when a gate item fails
-(2 for a usage or config error). With a Slurm site either one runs as a submitit job (``slurm.py``);
+(2 for a usage or config error). With a Slurm site either one runs as a Slurm job launched through the one launch
+pipeline (:mod:`toolkit.launch.pipeline`, kind ``eval``: one process, ``gate``, in the run directory
+``<run>/eval/<command>``; its status is the job's; ``slurm.py`` waits for it and reads its verdict back);
 ``--chain-before`` prints the job id and returns at once so a training job can depend on it
 (``--dependency=afterok:<id>``).
 
 Public API: ``main(argv) -> int``; ``print_verdict``; ``validate.validate_config``; ``run.run_gate``;
-``slurm.submit_gate``. Light at import (no torch, no vllm): every heavy import happens inside the command that needs it.
+``slurm.wait_gate``. Light at import (no torch, no vllm): every heavy import happens inside the command that needs it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from toolkit.config import LoadedConfig
+    from toolkit.preflight import Preflight
+    from toolkit.run.layout import RunDir
     from toolkit.run.verdict import Verdict
 
 __all__ = ["main"]
@@ -58,7 +63,6 @@ def _parser(command: str) -> argparse.ArgumentParser:
         action="store_true",
         help="(Slurm site) print the gate's job id and return at once, for a training job's --dependency=afterok:<id>",
     )
-    p.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--wait-timeout", type=float, default=None, help=argparse.SUPPRESS)
     if command == "run":
         p.add_argument(
@@ -103,8 +107,9 @@ def main(argv: list[str]) -> int:
     """``srl eval <validate|run> ...``; returns the exit status (see ``USAGE``)."""
     from toolkit.config import ConfigError, load_config
     from toolkit.config.cli_args import split_config_args
-    from toolkit.preflight import preflight
 
+    if argv and argv[0] == "job":  # inside the gate's Slurm job (its plan's command); not for users
+        return _job(argv[1:])
     if not argv or argv[0] not in ("validate", "run"):
         print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -130,21 +135,39 @@ def main(argv: list[str]) -> int:
     if usage_error:
         print(f"srl eval run: {usage_error}", file=sys.stderr)
         return 2
-    loaded = preflight(load_config(files, overrides))
-    for w in loaded.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    cfg = loaded.config
+    from toolkit.launch.pipeline import print_findings
     from toolkit.launch.prepare import run_dir_for
+    from toolkit.preflight import preflight
     from toolkit.run.layout import RunDir
 
+    loaded = _without_requeue(load_config(files, overrides))
     run = RunDir(Path(args.run_dir)) if args.run_dir else run_dir_for(loaded)
-
-    if loaded.site.is_slurm and not args.in_job:
-        return _submit(command, cfg, loaded.site, run, files, leftover, args)
-
+    roles = _gate_roles(command, args)
+    # Checked once, with the plan of the gate's own job (used only on a Slurm site).
+    checked = preflight(loaded, run=run.gate_run(command), roles=roles)
+    print_findings(checked)
+    if checked.site.is_slurm:
+        return _submit(command, checked, run, roles, rest, args)
     if command == "validate":
-        return _validate(cfg, run, args)
-    return _run(cfg, run, args)
+        return _validate(checked.config, run, args)
+    return _run(checked.config, run, args)
+
+
+def _without_requeue(loaded: LoadedConfig) -> LoadedConfig:
+    """``loaded`` with ``slurm.requeue`` off: a gate job has nothing to checkpoint, and a requeued one would run
+    the gate twice (the pre-timeout signal would only end it)."""
+    from dataclasses import replace
+
+    cfg = loaded.config
+    return replace(loaded, config=cfg.model_copy(update={"slurm": cfg.slurm.model_copy(update={"requeue": False})}))
+
+
+def _gate_roles(command: str, args: argparse.Namespace) -> tuple[str, ...]:
+    """The roles of the gate job's plan: the gate, and one GPU for it when it serves its model itself."""
+    from toolkit.placement.plan import GATE_ENGINE_ROLE, GATE_ROLES
+
+    serves = command == "run" and args.base_url is None
+    return (*GATE_ROLES, GATE_ENGINE_ROLE) if serves else GATE_ROLES
 
 
 def _check_run_args(args: argparse.Namespace) -> str | None:
@@ -266,36 +289,71 @@ def _run(cfg, run, args) -> int:
     return _report(verdict, args, run, GATE_STEM)
 
 
-def _submit(command, cfg, site, run, files, leftover, args) -> int:
-    """Submit the gate as a Slurm job; wait for its verdict unless ``--chain-before``."""
-    from toolkit.evalgate import slurm as gate_slurm
+# Options that only the login node's command uses; the job gets the rest (gate.json).
+_LOGIN_ONLY = ("run_dir", "chain_before", "wait_timeout", "no_rich")
 
-    # The job re-runs this command on a node: absolute config paths, a fixed run directory, no resubmission.
-    job_argv = [a for f in files for a in ("@", str(Path(f).resolve()))]
-    args_left = iter(leftover)
-    for a in args_left:
-        if a == "--run-dir":
-            next(args_left, None)  # its value
-        elif a != "--chain-before" and not a.startswith("--run-dir="):
-            job_argv.append(a)
-    job_argv += ["--run-dir", str(run.root)]
-    run.root.mkdir(parents=True, exist_ok=True)
+
+def _submit(command: str, checked: Preflight, run: RunDir, roles: tuple[str, ...], argv: list[str], args) -> int:
+    """Launch the gate as a Slurm job through the one launch pipeline (its own run directory ``<run>/eval/<command>``,
+    a new attempt each time); wait for its verdict unless ``--chain-before``."""
+    from toolkit.evalgate.slurm import wait_gate
+    from toolkit.fsutil import atomic_write_json
+    from toolkit.launch.pipeline import Launch, start
+
+    gate_run = run.gate_run(command)
+    options = {k: v for k, v in vars(args).items() if k not in _LOGIN_ONLY}
+    for k in ("model", "tokenizer"):  # the job may start in another directory
+        if options.get(k) and Path(options[k]).exists():
+            options[k] = str(Path(options[k]).absolute())
+    spec = {"command": command, "options": options, "run_dir": str(run.root)}
+
+    def write_spec(prepared: RunDir, attempt: int) -> None:
+        atomic_write_json(prepared.gate_spec(attempt), spec)
+
+    req = Launch(
+        checked.loaded,
+        gate_run,
+        argv=["srl", "eval", command, *argv],
+        kind="eval",
+        roles=roles,
+        resume=gate_run.configs.is_dir(),  # every gate of this run is one more attempt of its gate job
+    )
     submitted_at = time.time()
-    job = gate_slurm.submit_gate(cfg, site, run, job_argv, command=command)
-    out, err = Path(job.paths.stdout), Path(job.paths.stderr)
-    print(f"srl eval {command}: submitted Slurm job {job.job_id} (site {site.name}); logs {out.parent}")
+    started = start(req, check=lambda *_a, **_k: checked, after_prepare=write_spec)
+    job_id = started.job_id
+    print(f"srl eval {command}: submitted Slurm job {job_id} (site {checked.site.name}); logs {gate_run.logs}")
     if args.chain_before:
         print(
-            f"chain training after it with: sbatch --dependency=afterok:{job.job_id} ... "
-            f"(or srl rl ... --slurm.extra-directives '[\"--dependency=afterok:{job.job_id}\"]')"
+            f"chain training after it with: sbatch --dependency=afterok:{job_id} ... "
+            f"(or srl rl ... --slurm.extra-directives '[\"--dependency=afterok:{job_id}\"]')"
         )
-        print(job.job_id)
+        print(job_id)
         return 0
     timeout = args.wait_timeout or 24 * 3600.0
-    rc, verdict, state = gate_slurm.wait_gate(job, run, command=command, submitted_at=submitted_at, timeout_s=timeout)
-    print(f"Slurm job {job.job_id} ended {state}")
+    rc, verdict, state = wait_gate(job_id, run, command=command, submitted_at=submitted_at, timeout_s=timeout)
+    print(f"Slurm job {job_id} ended {state}")
     if verdict is None:
-        print(f"no verdict was written; see {out} and {err}", file=sys.stderr)
+        print(f"no verdict was written; see the job's logs in {gate_run.logs}", file=sys.stderr)
         return rc
     print_verdict(verdict, rich=not args.no_rich)
     return rc
+
+
+def _job(argv: list[str]) -> int:
+    """``srl eval job --run-dir GATE_RUN``: the gate job's one process. Runs the gate the login node asked for
+    (the attempt's ``gate.json``) on the attempt's resolved config, read once; its status is the job's."""
+    import json
+
+    from toolkit.config import load_resolved
+    from toolkit.run.layout import RunDir
+
+    p = argparse.ArgumentParser(prog="srl eval job")
+    p.add_argument("--run-dir", required=True, type=Path)
+    gate_run = RunDir(p.parse_args(argv).run_dir)
+    spec = json.loads(gate_run.gate_spec().read_text())
+    command = spec["command"]
+    args = _parser(command).parse_args([])  # every option's default, then the login node's values
+    vars(args).update(spec["options"], no_rich=True)
+    cfg = load_resolved(gate_run.resolved())
+    run = RunDir(Path(spec["run_dir"]))
+    return _validate(cfg, run, args) if command == "validate" else _run(cfg, run, args)

@@ -1,5 +1,5 @@
 """The one launch pipeline: every command that starts work (``srl rl``, ``srl sft``, ``srl sft chain``,
-``srl inference``, a local sweep point) goes through :func:`start`.
+``srl inference``, a local sweep point, the first-run gate's Slurm job) goes through :func:`start`.
 
     preflight (checks, and the placement plan, built once for the directory the launch writes)
       -> the command's own refusals (``before_prepare``)
@@ -39,7 +39,8 @@ class Launch:
     resume: bool = False
     clean: bool = False
     kind: str = "rl"
-    """``"rl"`` (an RL or SFT run) or ``"inference"`` (a standalone deployment: engines and router)."""
+    """``"rl"`` (an RL or SFT run), ``"inference"`` (a standalone deployment: engines and router) or ``"eval"``
+    (the first-run gate's job: :mod:`toolkit.evalgate`; the command prints its own lines)."""
     roles: tuple[str, ...] | None = None
     """The roles to place; default every role of ``kind`` (an SFT run passes the trainer only)."""
     dependency: str | None = None
@@ -202,7 +203,7 @@ def _launch(req: Launch, checked: Preflight, run: RunDir, attempt: int) -> Start
         )
         if req.kind == "inference":
             print(f"submitted inference job {job_id}; ready file {run.inference_ready}; run directory {run.root}")
-        else:
+        elif req.kind == "rl":
             print(f"submitted job {job_id}; run directory {run.root}; follow with: srl logs {run.root} --follow")
         return Started(0, run, attempt, job_id)
     if req.dry_run:

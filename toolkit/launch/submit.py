@@ -89,14 +89,13 @@ def submit_job(
 ) -> str:
     """Render ``<run>/launcher/<kind>.sbatch`` and submit it; returns the Slurm job id.
 
-    ``kind``: ``"rl"`` (an RL or SFT run) or ``"inference"`` (an inference-only deployment, engines + router, that
-    publishes ``control/inference_ready.json`` for RL or eval jobs started with ``inference.external = <this run
-    dir>``). ``plan``: the one preflight built (:mod:`toolkit.launch.pipeline`); without it (a test or a library
-    caller) :func:`launch_plan` builds it here. The job fills in its id and hosts when it starts. ``dependency`` (e.g.
-    ``"afterok:123"``) chains this job after another. ``roles`` restricts the job (default: every role of ``kind``; an
-    SFT run: the trainer only). Raises
-    ``toolkit.launch.slurm.SubmitError`` with sbatch's stderr (the attempt is then marked as having launched
-    nothing), ``RenderError`` for unsafe values.
+    ``kind``: ``"rl"`` (an RL or SFT run), ``"eval"`` (the first-run gate) or ``"inference"`` (an inference-only
+    deployment, engines + router, that publishes ``control/inference_ready.json`` for RL or eval jobs started with
+    ``inference.external = <this run dir>``). ``plan``: the one preflight built (:mod:`toolkit.launch.pipeline`);
+    without it (a test or a library caller) :func:`launch_plan` builds it here. The job fills in its id and hosts
+    when it starts. ``dependency`` (e.g. ``"afterok:123"``) chains this job after another. ``roles`` restricts the
+    job (default: every role of ``kind``; an SFT run: the trainer only). Raises ``toolkit.launch.slurm.SubmitError``
+    with sbatch's stderr (the attempt is then marked as having launched nothing), ``RenderError`` for unsafe values.
     """
     roles = roles or roles_of(kind)
     site = site or load_site(cfg.site)

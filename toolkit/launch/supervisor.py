@@ -4,13 +4,14 @@ it, stop everything when a process ends, and hold the run's lease.
 
 Inside a Slurm batch job the rendered script only sets up the environment and runs::
 
-    exec "$SRL_PYTHON" -m toolkit.launch.supervisor --run-dir RUN --attempt N [--kind rl|inference] [--secret VAR]...
+    exec "$SRL_PYTHON" -m toolkit.launch.supervisor --run-dir RUN --attempt N [--kind KIND] [--secret VAR]...
 
 ``--run-dir``: the run directory (``placement.json``, the resolved config ``configs/attempt_<N>/resolved/rl.toml``,
 ``launcher/site.toml``); ``--attempt``: the config attempt whose config the job runs (default: the newest);
-``--kind``: ``rl`` (default) or ``inference`` (an inference-only deployment: its admin token is kept in
-``launcher/admin_token`` for the runs that use it); ``--secret VAR`` (repeated: variables the job needs, warned
-about when unset). JIT caches on node-local scratch come with each process's environment in the plan
+``--kind``: ``rl`` (default), ``inference`` (an inference-only deployment: its admin token is kept in
+``launcher/admin_token`` for the runs that use it) or ``eval`` (the first-run gate: its one process's status is the
+job's, so ``afterok`` dependents start only after a passed gate); ``--secret VAR`` (repeated: variables the job
+needs, warned about when unset). JIT caches on node-local scratch come with each process's environment in the plan
 (:func:`toolkit.placement.environment.srl_defaults`). The job then, in order: takes the run's lease (another live
 supervisor of the run ends the job with status 1, nothing launched; a requeued job takes over its own), resolves
 this allocation's hosts into the plan (:func:`toolkit.placement.runtime.resolve`), runs the pre-run command file
@@ -104,7 +105,8 @@ if TYPE_CHECKING:
 
 
 # Roles whose clean exit means the run is done; inference, router and a served teacher serve until told to stop.
-FINITE_ROLES = ("trainer", "orchestrator")
+# The first-run gate's one process (a job of ``srl eval``) ends its job with its own status.
+FINITE_ROLES = ("trainer", "orchestrator", "gate")
 # Roles restarted when they die. An engine holds no state the run cannot rebuild: it serves the newest STABLE
 # broadcast (or the base model), which the orchestrator pushes into it again once it answers
 # (toolkit.orchestrator.engines), and rollouts in flight on it are retried by the policy client. The trainer and
@@ -1103,7 +1105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m toolkit.launch.supervisor")
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--attempt", type=int, default=None)
-    ap.add_argument("--kind", choices=("rl", "inference"), default="rl")
+    ap.add_argument("--kind", choices=("rl", "inference", "eval"), default="rl")
     ap.add_argument("--secret", action="append", default=[])
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     return run_job(RunDir(a.run_dir), attempt=a.attempt, kind=a.kind, secrets=a.secret)

@@ -39,6 +39,14 @@ ROLES = ("inference", "router", "orchestrator", "trainer")
 TEACHER_ROLE = "teacher"
 """Role of the engine serving an ``opd`` teacher the run serves itself (process ``teacher-<k>``), placed with the
 orchestrator; its URL reaches the orchestrator as ``SRL_TEACHER_URL_<k>``."""
+GATE_ROLE = "gate"
+"""Role of the first-run gate's one process in a Slurm job (``srl eval validate|run``; process ``gate``): it reads
+its command and options from the attempt's ``gate.json`` (:mod:`toolkit.evalgate`) and ends the job with the
+gate's status."""
+GATE_ENGINE_ROLE = "gate_engine"
+"""Placed beside :data:`GATE_ROLE` when the gate serves its model itself (``srl eval run`` without ``--base-url``):
+the gate process gets one GPU of its node on a site with GPUs. Not a process of its own."""
+GATE_ROLES = (GATE_ROLE,)
 # The engine role of each vLLM KV role (None: an aggregated engine, "engine").
 KV_ROLE_NAMES = {"kv_producer": "prefill", "kv_consumer": "decode"}
 # vLLM arguments the plan sets itself; stripped from the pass-through table (tp goes to engine_command's ``tp``).
@@ -337,12 +345,15 @@ def build_plan(
 INFERENCE_ROLES = ("inference", "router")
 
 
+LAUNCH_KINDS = {"rl": ROLES, "inference": INFERENCE_ROLES, "eval": GATE_ROLES}
+
+
 def roles_of(kind: str) -> tuple[str, ...]:
-    """The roles a launch of ``kind`` places: ``"rl"`` every role, ``"inference"`` engines and router. Raises
-    ValueError for another kind."""
-    if kind not in ("rl", "inference"):
-        raise ValueError(f"unknown launch kind {kind!r}; allowed: rl, inference")
-    return ROLES if kind == "rl" else INFERENCE_ROLES
+    """The roles a launch of ``kind`` places: ``"rl"`` every role, ``"inference"`` engines and router, ``"eval"``
+    the first-run gate. Raises ValueError for another kind."""
+    if kind not in LAUNCH_KINDS:
+        raise ValueError(f"unknown launch kind {kind!r}; allowed: {', '.join(LAUNCH_KINDS)}")
+    return LAUNCH_KINDS[kind]
 
 
 def launch_plan(
@@ -714,6 +725,13 @@ def _place(
             het_group=topo.orchestrator_het_group,
         )
 
+    # ---- first-run gate -------------------------------------------------------------------------------------
+    gate_gpus: tuple[int, ...] = ()
+    if GATE_ROLE in roles:
+        gate_gpus = (0,) if GATE_ENGINE_ROLE in roles and site.gpu.gpus_per_node > 0 else ()
+        gate_cmd = ["srl", "eval", "job", "--run-dir", root]
+        add("gate", GATE_ROLE, 0, gate_gpus, {}, gate_cmd, cfg.orchestrator.env_vars, {}, log_name="gate.log")
+
     # ---- groups --------------------------------------------------------------------------------------------
     part = cfg.slurm.partition or site.partitions.default
     groups = [NodeGroup(0, topo.num_nodes, gpn, part, 0)]
@@ -746,7 +764,13 @@ def _place(
         spec = next(p for p in procs if p.name == teacher_process(t.k))
         orch.env[f"SRL_TEACHER_URL_{t.k}"] = f"http://{{node_addr_{spec.node_index}}}:{spec.ports['http']}/v1"
     used = {n for p in procs for n in p.node_indices}
-    if set(roles) != set(ROLES) and not external and used:
+    if GATE_ROLE in roles:
+        # One process on one node, whatever the run it gates needs: CPUs (the site's CPU partition) unless it
+        # serves its model itself.
+        gpart = part if gate_gpus else cfg.slurm.partition or site.partitions.cpu or site.partitions.default
+        groups = [NodeGroup(0, 1, len(gate_gpus), gpart, 0)]
+        master = None
+    elif set(roles) != set(ROLES) and not external and used:
         # An inference-only plan asks for the nodes it uses (the islands), not the trainer's.
         groups[0].num_nodes = max(n for n in used if n < topo.num_nodes) + 1
     return Plan(
@@ -754,7 +778,7 @@ def _place(
         site=site.name,
         run_dir=root,
         num_nodes=groups[0].num_nodes,
-        gpus_per_node=gpn,
+        gpus_per_node=groups[0].gpus_per_node if GATE_ROLE in roles else gpn,
         groups=groups,
         processes=procs,
         roles=tuple(roles),

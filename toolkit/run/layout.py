@@ -2,7 +2,7 @@
 
 A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
 
-    configs/attempt_<n>/{command.txt, inputs/, resolved/rl.json (sft.json for an SFT run)}
+    configs/attempt_<n>/{command.txt, inputs/, resolved/rl.json (sft.json for an SFT run), gate.json (a gate job)}
     configs/latest -> attempt_<n>
     launcher/            placement.json, ports.json, rendered sbatch scripts, job ids,
                          admin_token (0600; inference-only deployments),
@@ -19,7 +19,8 @@ A run lives under ``<output_dir>/<run.name>/`` on the shared filesystem::
     store/rollouts.h5    every rollout (schema, writer and readers in store.py)
     control/             STOP request file, inference readiness files
     progress/<key>.json  each trainer rank's and the orchestrator's progress record (toolkit.run.heartbeat)
-    reports/             offline reports
+    reports/             offline reports, the first-run gate's verdicts
+    eval/<command>/      the first-run gate's Slurm job (``srl eval validate|run``): a run directory of its own
     metrics.jsonl        one JSON object per line: step, time, role, metrics
     policy_reloads.jsonl one JSON object per live weight reload: version, time, each engine's reported version
     run_meta.json        run id, created time; kept across attempts and requeues
@@ -165,6 +166,17 @@ class RunDir:
     def replica_runs(self) -> list[RunDir]:
         """The run directories of the replicas submitted for this run, by number."""
         return [self.replica_run(n) for n in self.replica_numbers()]
+
+    def gate_run(self, command: str) -> RunDir:
+        """The run directory of this run's first-run gate job ``srl eval <command>`` (``validate`` or ``run``):
+        its attempts, plan, batch scripts and logs. The verdict itself goes to this run's ``reports/``."""
+        return RunDir(self.root / "eval" / command)
+
+    def gate_spec(self, attempt: int | None = None) -> Path:
+        """A gate job's options (``toolkit.evalgate``: command, parsed options, verdict directory) of an attempt
+        (default latest), written on the login node and read by the job."""
+        base = self.latest_configs if attempt is None else self.config_attempt(attempt)
+        return base / "gate.json"
 
     # -- control -------------------------------------------------------------------------------
     control = _Under("control")
