@@ -325,7 +325,8 @@ def _submit(command: str, checked: Preflight, run: RunDir, roles: tuple[str, ...
     if args.chain_before:
         print(
             f"chain training after it with: sbatch --dependency=afterok:{job_id} ... "
-            f"(or srl rl ... --slurm.extra-directives '[\"--dependency=afterok:{job_id}\"]')"
+            f"(or srl rl ... --slurm.extra-directives "
+            f'\'["--dependency=afterok:{job_id}", "--kill-on-invalid-dep=yes"]\')'
         )
         print(job_id)
         return 0
