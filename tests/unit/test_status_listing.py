@@ -148,3 +148,30 @@ def test_a_damaged_job_ids_line_or_a_log_named_directory_is_no_traceback(tmp_pat
     logs = _srl("logs", str(run.root), cwd=tmp_path)
     assert logs.returncode == 0 and "Traceback" not in logs.stderr, logs.stderr
     assert logs.stdout == "step 1\n"
+
+
+def test_status_of_a_run_names_its_first_run_gates(tmp_path: Path, capsys) -> None:
+    from toolkit.launch.control import status_main
+    from toolkit.run.verdict import GATE_STEM, VALIDATE_STEM, GateItem, Verdict
+
+    run = RunDir(tmp_path / "gated")
+    Verdict("validate", [GateItem("known_failures", "empty-wins", "FAIL", "empty scored 1.0")]).write(
+        run.reports, VALIDATE_STEM
+    )
+    run.gate_run("validate").configs.mkdir(parents=True)  # what the gate's Slurm job leaves
+    # No training attempt yet: the gate is what there is to say, not "not a run directory".
+    assert status_main([str(run.root)]) == 0
+    out = capsys.readouterr().out
+    assert "no training attempt yet" in out
+    assert (
+        "first-run gate, srl eval validate: FAILED (empty-wins/known_failures); its Slurm job: srl status "
+        f"{run.gate_run('validate').root}" in out
+    )
+    assert "srl eval run" not in out  # never run: no line
+    # A launched run lists its gates beside its progress.
+    Verdict("run", [GateItem("error_rate", "reverse-text", "PASS", "0 of 8")]).write(run.reports, GATE_STEM)
+    loaded = load_config([JOB], ["--output-dir", str(tmp_path), "--run.name", "gated"])
+    prepare_attempt(loaded, run, argv=["srl", "rl"], dry_run=True, resume=False, clean=False)
+    assert status_main([str(run.root)]) == 0
+    out = capsys.readouterr().out
+    assert "first-run gate, srl eval run: passed\n" in out and "srl eval validate: FAILED" in out

@@ -82,9 +82,15 @@ def status_main(args: list[str]) -> int:
     if sweeps.is_sweep_root(a.run_dir):
         return sweeps.status_main(a.run_dir)
     run = RunDir(a.run_dir)
+    gates = gate_lines(run)
     if not run.configs.is_dir():
-        print(_not_a_run(run), file=sys.stderr)
-        return 1
+        if not gates:
+            print(_not_a_run(run), file=sys.stderr)
+            return 1
+        print(f"run {run.root}: no training attempt yet")
+        for line in gates:
+            print(f"  {line}")
+        return 0
     jobs = read_job_ids(run)
     # Each job's state: a JobState, None when Slurm no longer knows the job (finished long ago), or the error that
     # kept it from being read.
@@ -108,7 +114,7 @@ def status_main(args: list[str]) -> int:
     if holder is not None:
         dead = holder.dead_reason()
         print(f"  supervised by {holder.describe()}" + (f" -- dead: {dead}" if dead else ""))
-    for line in progress_lines(run, max_steps=resolved_max_steps(run), jobs_final=jobs_final):
+    for line in [*gates, *progress_lines(run, max_steps=resolved_max_steps(run), jobs_final=jobs_final)]:
         print(f"  {line}")
     if not jobs:
         print("  no Slurm job recorded (a local run, or never submitted)")
@@ -132,6 +138,29 @@ def status_main(args: list[str]) -> int:
         if why:
             print(f"  {why}")
     return 0
+
+
+def gate_lines(run: RunDir) -> list[str]:
+    """One line per first-run gate of ``run`` (``srl eval validate`` / ``srl eval run``) that left a verdict in its
+    ``reports/`` or a Slurm job directory (``<run>/eval/<command>``): passed, FAILED naming the failed items, or no
+    verdict yet (queued, running, or ended without one: its job directory's ``srl status`` says which)."""
+    from ..run.verdict import GATE_STEM, VALIDATE_STEM, read_verdict
+
+    out = []
+    for command, stem in (("validate", VALIDATE_STEM), ("run", GATE_STEM)):
+        verdict, job_dir = read_verdict(run, stem), run.gate_run(command)
+        launched = job_dir.configs.is_dir()
+        if verdict is None and not launched:
+            continue
+        if verdict is None:
+            state = "no verdict yet"
+        elif verdict.passed:
+            state = "passed"
+        else:
+            state = "FAILED (" + ", ".join(f"{i.env}/{i.key}" for i in verdict.failed()) + ")"
+        where = f"; its Slurm job: srl status {job_dir.root}" if launched else ""
+        out.append(f"first-run gate, srl eval {command}: {state}{where}")
+    return out
 
 
 def run_dirs(out_dir: Path) -> list[Path]:
