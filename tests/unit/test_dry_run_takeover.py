@@ -378,3 +378,49 @@ def test_the_shadow_of_a_dry_run_of_an_existing_run_is_kept_while_slurm_cannot_s
     )
     assert r.returncode != 0 and "squeue could not say" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert (shadow / "launcher" / "rl.sbatch").exists()
+
+
+def _gate_files(run: RunDir) -> list[Path]:
+    """What a first-run gate leaves in a run directory: its Slurm job's own run directory and its verdicts."""
+    files = [
+        run.gate_run("validate").log_attempt(1) / "gate.log",
+        run.gate_run("validate").configs / "attempt_1" / "gate.json",
+        run.reports / "eval_validate.json",
+        run.reports / "eval_validate.md",
+    ]
+    for f in files:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("gate\n")
+    return files
+
+
+def test_a_dry_run_directory_with_a_gate_is_taken_over_and_keeps_the_gate(tmp_path):
+    # The careful order: a dry run, the gate (training chained behind it), then the run. The gate's files belong to
+    # the config, not to a training attempt; anything else in reports/ still keeps the directory.
+    out = tmp_path / "out"
+    args = ("rl", "@", JOB, "--dry-run", "--output-dir", out, "--run.name", "r")
+    assert srl(*args).returncode == 0
+    run = RunDir(out / "r")
+    gate = _gate_files(run)
+    assert only_dry_runs(run)
+    (run.reports / "summary.md").write_text("x")
+    assert not only_dry_runs(run)
+    (run.reports / "summary.md").unlink()
+    again = srl(*args)
+    assert again.returncode == 0, again.stderr
+    assert all(f.read_text() == "gate\n" for f in gate)
+    assert run.attempts() == [1]  # the dry run's attempt was replaced, not continued
+
+
+def test_clean_keeps_the_gate_and_deletes_the_rest(tmp_path):
+    from toolkit.launch.prepare import _delete_run_dir
+
+    run = RunDir(tmp_path / "r")
+    gate = _gate_files(run)
+    for rel in ("metrics.jsonl", "reports/summary.md", "checkpoints/step_1/COMPLETE", "logs/attempt_1/trainer.log"):
+        (run.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run.root / rel).write_text("x")
+    _delete_run_dir(run.root)
+    assert sorted(p.relative_to(run.root).as_posix() for p in run.root.rglob("*") if p.is_file()) == sorted(
+        f.relative_to(run.root).as_posix() for f in gate
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from toolkit.config import load_config
-from toolkit.evalgate import _gate_roles, _parser, _without_requeue, print_verdict
+from toolkit.evalgate import _gate_config, _gate_roles, _parser, print_verdict
 from toolkit.evalgate.run import GateThresholds, _env_items, api_headers
 from toolkit.placement.plan import build_plan
 from toolkit.preflight.site import load_site
@@ -91,7 +91,7 @@ def _gate_job(tmp_path, command: str, *options: str) -> tuple[list[str], list]:
         'site = "local-slurm"\n[[orchestrator.train.env]]\ntaskset = { id = "srl-reverse-text" }\n'
         '[slurm]\ntime = "00:10:30"\nrequeue = true\nextra_directives = ["--mail-type=END"]\n'
     )
-    cfg = _without_requeue(load_config([path])).config
+    cfg = _gate_config(load_config([path])).config
     args, _ = _parser(command).parse_known_args(list(options))
     site, run = load_site("local-slurm"), RunDir(tmp_path / "r" / "eval" / command)
     plan = build_plan(cfg, site, run, job_id="$SLURM_JOB_ID", roles=_gate_roles(command, args), port_key="k")
@@ -113,3 +113,46 @@ def test_the_gate_job_follows_site_and_config(tmp_path):
         directives, procs = _gate_job(tmp_path, command, *options)
         assert not any("gpu" in d for d in directives), (command, directives)  # model-free or a remote model
         assert procs[0].gpus == ()
+
+
+def test_the_gate_jobs_options_travel_in_gate_json(tmp_path, monkeypatch, capsys):
+    """A Slurm gate's dry run writes its job's plan, batch script and options (nothing submitted); the job's process
+    (``srl eval job``) runs exactly those options, on its own attempt's resolved config."""
+    import json
+    from pathlib import Path
+
+    from toolkit.evalgate import main
+
+    job = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text" / "eval.toml"
+    run_dir = tmp_path / "gated"
+    argv = ["@", str(job), "--site", "local-slurm", "--run-dir", str(run_dir), "--dry-run"]
+    assert main(["validate", *argv, "-n", "3", "--env", "reverse-text", "--success-min", "0.9", "--no-rich"]) == 0
+    gate_run = RunDir(run_dir / "eval" / "validate")
+    spec = json.loads(gate_run.gate_spec(1).read_text())
+    assert spec == {
+        "command": "validate",
+        "options": {"env": ["reverse-text"], "num_examples": 3, "success_min": 0.9, "failure_max": 0.0},
+        "run_dir": str(run_dir),
+    }
+    assert (gate_run.launcher / "eval.sbatch").is_file() and not gate_run.job_ids_file.exists()
+    monkeypatch.setenv("SRL_ATTEMPT", "1")
+    assert main(["job", "--run-dir", str(gate_run.root)]) == 0
+    verdict = json.loads((run_dir / "reports" / "eval_validate.json").read_text())
+    assert verdict["passed"] and verdict["settings"] == {
+        "envs": ["reverse-text"],
+        "n": 3,
+        "success_min": 0.9,
+        "failure_max": 0.0,
+        "run_dir": str(run_dir),
+    }
+    # `srl eval run` against an endpoint: paths given relative to the login node's directory reach the job whole.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tok").mkdir()
+    run_args = ["--base-url", "http://127.0.0.1:9/v1", "--tokenizer", "tok", "-r", "2"]
+    assert main(["run", *argv, *run_args]) == 0
+    options = json.loads(RunDir(run_dir / "eval" / "run").gate_spec(1).read_text())["options"]
+    assert options["tokenizer"] == str(tmp_path / "tok") and options["rollouts_per_example"] == 2
+    # Not for a gate: --resume and --clean (each gate is a new attempt); --dry-run where the gate runs in-process.
+    assert main(["validate", "@", str(job), "--run-dir", str(run_dir), "--resume"]) == 2
+    assert main(["validate", "@", str(job), "--run-dir", str(run_dir), "--dry-run"]) == 2
+    assert "--resume does not apply" in capsys.readouterr().err

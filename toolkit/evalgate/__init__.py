@@ -19,6 +19,9 @@ Public API: ``main(argv) -> int``; ``print_verdict``; ``validate.validate_config
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -140,26 +143,47 @@ def main(argv: list[str]) -> int:
     from toolkit.preflight import preflight
     from toolkit.run.layout import RunDir
 
-    loaded = _without_requeue(load_config(files, overrides))
+    for flag in ("resume", "clean"):
+        if flags[flag]:
+            print(
+                f"srl eval {command}: --{flag} does not apply: each gate is a new attempt of the run's gate job, and "
+                "a gate never touches the run's training files",
+                file=sys.stderr,
+            )
+            return 2
+    loaded = _gate_config(load_config(files, overrides))
     run = RunDir(Path(args.run_dir)) if args.run_dir else run_dir_for(loaded)
     roles = _gate_roles(command, args)
     # Checked once, with the plan of the gate's own job (used only on a Slurm site).
     checked = preflight(loaded, run=run.gate_run(command), roles=roles)
     print_findings(checked)
     if checked.site.is_slurm:
-        return _submit(command, checked, run, roles, rest, args)
+        return _submit(command, checked, run, roles, rest, args, dry_run=flags["dry_run"])
+    if flags["dry_run"]:
+        print(
+            f"srl eval {command}: --dry-run shows a Slurm gate job's plan and batch script; on site "
+            f"{checked.site.name} the gate runs in this process, so there is nothing to show (run it without "
+            "--dry-run)",
+            file=sys.stderr,
+        )
+        return 2
     if command == "validate":
         return _validate(checked.config, run, args)
     return _run(checked.config, run, args)
 
 
-def _without_requeue(loaded: LoadedConfig) -> LoadedConfig:
-    """``loaded`` with ``slurm.requeue`` off: a gate job has nothing to checkpoint, and a requeued one would run
-    the gate twice (the pre-timeout signal would only end it)."""
+def _gate_config(loaded: LoadedConfig) -> LoadedConfig:
+    """``loaded`` as the gate runs it: ``slurm.requeue`` off (a gate job has nothing to checkpoint, and a requeued
+    one would run the gate twice) and no ``inference.external`` (the gate serves its model itself or calls
+    ``--base-url``; it neither waits for the run's deployment nor claims it)."""
     from dataclasses import replace
 
     cfg = loaded.config
-    return replace(loaded, config=cfg.model_copy(update={"slurm": cfg.slurm.model_copy(update={"requeue": False})}))
+    update = {
+        "slurm": cfg.slurm.model_copy(update={"requeue": False}),
+        "inference": cfg.inference.model_copy(update={"external": None}),
+    }
+    return replace(loaded, config=cfg.model_copy(update=update))
 
 
 def _gate_roles(command: str, args: argparse.Namespace) -> tuple[str, ...]:
@@ -293,9 +317,12 @@ def _run(cfg, run, args) -> int:
 _LOGIN_ONLY = ("run_dir", "chain_before", "wait_timeout", "no_rich")
 
 
-def _submit(command: str, checked: Preflight, run: RunDir, roles: tuple[str, ...], argv: list[str], args) -> int:
+def _submit(
+    command: str, checked: Preflight, run: RunDir, roles: tuple[str, ...], argv: list[str], args, *, dry_run: bool
+) -> int:
     """Launch the gate as a Slurm job through the one launch pipeline (its own run directory ``<run>/eval/<command>``,
-    a new attempt each time); wait for its verdict unless ``--chain-before``."""
+    a new attempt each time); wait for its verdict unless ``--chain-before``. ``dry_run``: write the plan and the
+    batch script only (the pipeline's dry run)."""
     from toolkit.evalgate.slurm import wait_gate
     from toolkit.fsutil import atomic_write_json
     from toolkit.launch.pipeline import Launch, start
@@ -317,16 +344,21 @@ def _submit(command: str, checked: Preflight, run: RunDir, roles: tuple[str, ...
         kind="eval",
         roles=roles,
         resume=gate_run.configs.is_dir(),  # every gate of this run is one more attempt of its gate job
+        dry_run=dry_run,
     )
     submitted_at = time.time()
     started = start(req, check=lambda *_a, **_k: checked, after_prepare=write_spec)
     job_id = started.job_id
+    if job_id is None:  # a dry run
+        return started.status
+    print(f"srl eval {command}: the verdict goes to {run.reports}")
     print(f"srl eval {command}: submitted Slurm job {job_id} (site {checked.site.name}); logs {gate_run.logs}")
     if args.chain_before:
+        directives = json.dumps([f"--dependency=afterok:{job_id}", "--kill-on-invalid-dep=yes"])
         print(
-            f"chain training after it with: sbatch --dependency=afterok:{job_id} ... "
-            f"(or srl rl ... --slurm.extra-directives "
-            f'\'["--dependency=afterok:{job_id}", "--kill-on-invalid-dep=yes"]\')'
+            "chain training after it with: srl rl @ ... "
+            + shlex.join(["--output-dir", str(run.root.parent), "--run.name", run.root.name])
+            + f" --slurm.extra-directives {shlex.quote(directives)}"
         )
         print(job_id)
         return 0
@@ -343,18 +375,21 @@ def _submit(command: str, checked: Preflight, run: RunDir, roles: tuple[str, ...
 def _job(argv: list[str]) -> int:
     """``srl eval job --run-dir GATE_RUN``: the gate job's one process. Runs the gate the login node asked for
     (the attempt's ``gate.json``) on the attempt's resolved config, read once; its status is the job's."""
-    import json
-
     from toolkit.config import load_resolved
     from toolkit.run.layout import RunDir
 
     p = argparse.ArgumentParser(prog="srl eval job")
     p.add_argument("--run-dir", required=True, type=Path)
     gate_run = RunDir(p.parse_args(argv).run_dir)
-    spec = json.loads(gate_run.gate_spec().read_text())
+    # The job's own attempt (the batch job's supervisor says which), not the newest: a gate submitted after this
+    # one was queued must not change what this one checks.
+    from toolkit.launch.supervisor import ATTEMPT_ENV
+
+    attempt = int(os.environ[ATTEMPT_ENV]) if os.environ.get(ATTEMPT_ENV) else None
+    spec = json.loads(gate_run.gate_spec(attempt).read_text())
     command = spec["command"]
     args = _parser(command).parse_args([])  # every option's default, then the login node's values
     vars(args).update(spec["options"], no_rich=True)
-    cfg = load_resolved(gate_run.resolved())
+    cfg = load_resolved(gate_run.resolved(attempt=attempt))
     run = RunDir(Path(spec["run_dir"]))
     return _validate(cfg, run, args) if command == "validate" else _run(cfg, run, args)

@@ -20,6 +20,7 @@ from ..config import LoadedConfig
 from ..config.errors import ConfigError
 from ..fsutil import atomic_write_json, atomic_write_text
 from ..run.layout import RunDir, point_symlink
+from ..run.verdict import GATE_REPORT_FILES
 
 
 def auto_run_name(loaded: LoadedConfig) -> str:
@@ -92,6 +93,11 @@ _DRY_EMPTY_DIRS = ("logs", "rollouts", "broadcasts", "checkpoints", "store", "co
 # lease.json: the lease of the launch that is about to replace the dry runs (``toolkit.lease``).
 _DRY_LAUNCHER_FILES = frozenset({"placement.json", "ports.json", "site.toml", "pre_run.sh", "lease.json"})
 _ATTEMPT_NAME = re.compile(r"^attempt_[0-9]+$")
+# The first-run gate's (``toolkit.evalgate``): its Slurm job's run directory and its verdicts. They belong to the
+# config, not to a training attempt: a dry run before the gate, then the gate (training chained behind it, the gate
+# maybe still queued), then the run is the order a careful user takes, so a takeover or ``--clean`` keeps them and
+# the gate's queued job is not a live job of the run.
+_GATE_DIR = "eval"
 
 
 RESUME_CLEAN_MSG = "--resume and --clean contradict (continue the run, or delete it and start over): give one"
@@ -154,6 +160,9 @@ def _refuse_if_jobs_queued(run: RunDir, remedy: str = _TAKEOVER_REMEDY) -> None:
         return  # the dry runs rendered no batch script (local backend): nothing can have been submitted
     try:
         jobs = slurm.jobs_logging_under(run.root)
+        if jobs and (run.root / _GATE_DIR).is_dir():  # the gate's own jobs are not submitted from a dry run
+            gates = set(slurm.jobs_logging_under(run.root / _GATE_DIR))
+            jobs = [j for j in jobs if j not in gates]
     except slurm.SlurmCommandError as exc:
         raise ConfigError(
             f"run directory {run.root} holds only dry runs, but squeue could not say whether a job submitted from "
@@ -195,6 +204,16 @@ def _only_dry_runs(run: RunDir) -> bool:
                     f.is_file(follow_symlinks=False) and (f.name in _DRY_LAUNCHER_FILES or f.name.endswith(".sbatch"))
                 ):
                     return False
+        elif name == _GATE_DIR:
+            if entry.is_symlink() or not entry.is_dir():
+                return False
+        elif name == "reports":
+            if (
+                entry.is_symlink()
+                or not entry.is_dir()
+                or any(f.name not in GATE_REPORT_FILES for f in os.scandir(entry))
+            ):
+                return False
         elif name in _DRY_EMPTY_DIRS:
             if entry.is_symlink() or not entry.is_dir() or any(os.scandir(entry.path)):
                 return False
@@ -204,13 +223,23 @@ def _only_dry_runs(run: RunDir) -> bool:
 
 
 def _delete_run_dir(root: Path) -> None:
-    """Delete a run directory. A symlinked run directory (``outputs/r1 -> /scratch/r1``) keeps its link and is
-    emptied (``shutil.rmtree`` refuses links); links inside are removed, never followed."""
-    if not root.is_symlink():
+    """Delete a run directory but its first-run gate's files (``eval/`` and the verdicts in ``reports/``). A
+    symlinked run directory (``outputs/r1 -> /scratch/r1``) keeps its link and is emptied (``shutil.rmtree`` refuses
+    links); links inside are removed, never followed."""
+    keep_gate = (root / _GATE_DIR).is_dir() and not (root / _GATE_DIR).is_symlink()
+    if not root.is_symlink() and not keep_gate:
         shutil.rmtree(root)
         return
     for entry in os.scandir(root):
-        if entry.is_dir(follow_symlinks=False):
+        if keep_gate and entry.name == _GATE_DIR:
+            continue
+        if entry.name == "reports" and entry.is_dir(follow_symlinks=False):
+            for f in os.scandir(entry.path):
+                if f.is_dir(follow_symlinks=False):
+                    shutil.rmtree(f.path)
+                elif f.name not in GATE_REPORT_FILES:
+                    os.unlink(f.path)
+        elif entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path)
         else:
             os.unlink(entry.path)
@@ -270,17 +299,20 @@ def _refuse_if_run_jobs_live(run: RunDir) -> None:
     job holds no lease until it starts, and would then run the run a second time). Only for runs that were ever
     submitted (:func:`refuse_live_jobs`)."""
     if run.launcher.is_dir() and any(run.launcher.glob("*.sbatch")):
-        refuse_live_jobs(run.root, "run")
+        refuse_live_jobs(run.root, "run", besides=run.root / _GATE_DIR)
 
 
-def refuse_live_jobs(root: Path, what: str) -> None:
+def refuse_live_jobs(root: Path, what: str, *, besides: Path | None = None) -> None:
     """Raise ConfigError naming the queued or running Slurm jobs that log under ``root`` (a run or sweep directory,
-    ``what`` says which): a second launch would run it twice. When Slurm cannot be asked, say so and go on (the
-    lease still guards a job that starts)."""
+    ``what`` says which) but not under ``besides`` (a run's first-run gate jobs): a second launch would run it
+    twice. When Slurm cannot be asked, say so and go on (the lease still guards a job that starts)."""
     from . import slurm
 
     try:
         jobs = slurm.jobs_logging_under(root)
+        if jobs and besides is not None:
+            others = set(slurm.jobs_logging_under(besides))
+            jobs = [j for j in jobs if j not in others]
     except slurm.SlurmCommandError as exc:
         print(f"note: could not ask Slurm whether a job of the {what} {root} is queued ({exc})", file=sys.stderr)
         return

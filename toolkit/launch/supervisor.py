@@ -104,6 +104,8 @@ if TYPE_CHECKING:
     from toolkit.placement.plan import Plan
 
 
+ATTEMPT_ENV = "SRL_ATTEMPT"
+"""The config attempt a Slurm batch job runs (its ``--attempt``), in every job step's environment."""
 # Roles whose clean exit means the run is done; inference, router and a served teacher serve until told to stop.
 # The first-run gate's one process (a job of ``srl eval``) ends its job with its own status.
 FINITE_ROLES = ("trainer", "orchestrator", "gate")
@@ -848,6 +850,8 @@ def run_job(
         _job_log(f"hosts: {','.join(plan.hosts)}")
         extra = job_environment(run, kind=kind, secrets=secrets or [], env=env)
         step_env = {**env, **extra, leases.LEASE_ENV: lease.token}
+        if attempt is not None:  # the attempt this job runs, for a process that reads its own (the gate's job)
+            step_env[ATTEMPT_ENV] = str(attempt)
         return _supervise_job(cfg, site, run, plan, lease, step_env, attempt=attempt)
     finally:
         lease.release()

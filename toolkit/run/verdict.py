@@ -43,6 +43,8 @@ ITEM_TITLES: dict[str, str] = {
 
 VALIDATE_STEM = "eval_validate"
 GATE_STEM = "eval_gate"
+GATE_REPORT_FILES = frozenset(f"{stem}.{ext}" for stem in (VALIDATE_STEM, GATE_STEM) for ext in ("json", "md"))
+"""The verdict files a first-run gate writes into a run's ``reports/``."""
 
 
 @dataclass
