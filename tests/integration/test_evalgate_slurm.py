@@ -147,3 +147,30 @@ def test_run_with_a_local_server_inside_the_job_writes_store_and_verdict(slurm_c
     assert rc == (0 if data["passed"] else 1)
     assert (run_dir / "logs" / "eval" / "inference-0-0.log").exists()
     assert not (run_dir / "control" / "inference_ready.json").exists()  # stopped inside the job
+
+
+def test_training_queued_behind_a_queued_gate_after_a_dry_run(slurm_cluster, tmp_path, capsys):
+    """README's order: a dry run of the run, the gate (held in the queue here), then the run itself chained behind
+    the gate. The gate's queued job is not a job of the run, and the dry run's takeover keeps the gate's files."""
+    from toolkit.cli import main as srl
+
+    job = str(REPO / "jobs" / "reverse-text" / "rl.toml")
+    common = ["@", job, "--site", "local-slurm", "--output-dir", str(tmp_path), "--run.name", "r"]
+    assert srl(["rl", *common, "--dry-run"]) == 0
+    held = ["--slurm.extra-directives", '["--begin=now+3600"]']  # the gate stays queued while training is queued
+    assert main(["validate", *common, "-n", "2", "--no-rich", "--chain-before", *held]) == 0
+    out = capsys.readouterr().out
+    gate_id = out.strip().splitlines()[-1]
+    hint = next(line for line in out.splitlines() if line.startswith("chain training after it with: srl rl @ ... "))
+    assert f"--output-dir {tmp_path} --run.name r --slurm.extra-directives" in hint
+    run = RunDir(tmp_path / "r")
+    try:
+        directives = f'["--dependency=afterok:{gate_id}", "--kill-on-invalid-dep=yes"]'
+        assert srl(["rl", *common, "--max-steps", "2", "--slurm.extra-directives", directives]) == 0
+        [(train_id, kind, attempt)] = [tuple(line.split()) for line in run.job_ids_file.read_text().splitlines()]
+        assert (kind, attempt) == ("rl", "1")
+        assert slurm.job_state(train_id).reason == "Dependency"  # waits for the gate
+        assert json.loads(run.gate_run("validate").gate_spec(1).read_text())["run_dir"] == str(run.root)
+    finally:
+        for j in (gate_id, *(line.split()[0] for line in run.job_ids_file.read_text().splitlines())):
+            slurm.cancel(j)
