@@ -301,7 +301,7 @@ def cancel_main(args: list[str]) -> int:
         return 0
     # The same command with its overrides, so a resume does not silently fall back to the job file's values.
     command = continue_command_for(run)
-    if command:
+    if command and not run.gate_spec().exists():  # a first-run gate's job has nothing to continue
         print(f"continue it (from its newest complete checkpoint) with:\n  {command}")
     return 0
 
