@@ -376,6 +376,7 @@ def _job(argv: list[str]) -> int:
     """``srl eval job --run-dir GATE_RUN``: the gate job's one process. Runs the gate the login node asked for
     (the attempt's ``gate.json``) on the attempt's resolved config, read once; its status is the job's."""
     from toolkit.config import load_resolved
+    from toolkit.launch.supervisor import ATTEMPT_ENV
     from toolkit.run.layout import RunDir
 
     p = argparse.ArgumentParser(prog="srl eval job")
@@ -383,8 +384,6 @@ def _job(argv: list[str]) -> int:
     gate_run = RunDir(p.parse_args(argv).run_dir)
     # The job's own attempt (the batch job's supervisor says which), not the newest: a gate submitted after this
     # one was queued must not change what this one checks.
-    from toolkit.launch.supervisor import ATTEMPT_ENV
-
     attempt = int(os.environ[ATTEMPT_ENV]) if os.environ.get(ATTEMPT_ENV) else None
     spec = json.loads(gate_run.gate_spec(attempt).read_text())
     command = spec["command"]

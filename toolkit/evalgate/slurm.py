@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from toolkit.run.layout import RunDir
-from toolkit.run.verdict import GATE_STEM, VALIDATE_STEM, Verdict, read_verdict
+from toolkit.run.verdict import GATE_STEMS, Verdict, read_verdict
 
 
 def wait_gate(
@@ -27,7 +27,7 @@ def wait_gate(
     from toolkit.launch import slurm
 
     state = slurm.wait(job_id, timeout_s=timeout_s, poll_s=poll_s)
-    stem = VALIDATE_STEM if command == "validate" else GATE_STEM
+    stem = GATE_STEMS[command]
     verdict = None
     deadline = time.monotonic() + 15.0  # the shared filesystem may show the report a moment after the job ends
     while verdict is None and time.monotonic() < deadline:

@@ -144,10 +144,10 @@ def gate_lines(run: RunDir) -> list[str]:
     """One line per first-run gate of ``run`` (``srl eval validate`` / ``srl eval run``) that left a verdict in its
     ``reports/`` or a Slurm job directory (``<run>/eval/<command>``): passed, FAILED naming the failed items, or no
     verdict yet (queued, running, or ended without one: its job directory's ``srl status`` says which)."""
-    from ..run.verdict import GATE_STEM, VALIDATE_STEM, read_verdict
+    from ..run.verdict import GATE_STEMS, read_verdict
 
     out = []
-    for command, stem in (("validate", VALIDATE_STEM), ("run", GATE_STEM)):
+    for command, stem in GATE_STEMS.items():
         verdict, job_dir = read_verdict(run, stem), run.gate_run(command)
         launched = job_dir.configs.is_dir()
         if verdict is None and not launched:

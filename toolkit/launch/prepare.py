@@ -93,11 +93,10 @@ _DRY_EMPTY_DIRS = ("logs", "rollouts", "broadcasts", "checkpoints", "store", "co
 # lease.json: the lease of the launch that is about to replace the dry runs (``toolkit.lease``).
 _DRY_LAUNCHER_FILES = frozenset({"placement.json", "ports.json", "site.toml", "pre_run.sh", "lease.json"})
 _ATTEMPT_NAME = re.compile(r"^attempt_[0-9]+$")
-# The first-run gate's (``toolkit.evalgate``): its Slurm job's run directory and its verdicts. They belong to the
-# config, not to a training attempt: a dry run before the gate, then the gate (training chained behind it, the gate
-# maybe still queued), then the run is the order a careful user takes, so a takeover or ``--clean`` keeps them and
-# the gate's queued job is not a live job of the run.
-_GATE_DIR = "eval"
+# The first-run gate's files (``toolkit.evalgate``): its Slurm jobs' directory (``RunDir.gates``) and its verdicts in
+# ``reports/``. They belong to the config, not to a training attempt: a dry run before the gate, then the gate
+# (training chained behind it, the gate maybe still queued), then the run is the order a careful user takes, so a
+# takeover or ``--clean`` keeps them and the gate's queued job is not a live job of the run.
 
 
 RESUME_CLEAN_MSG = "--resume and --clean contradict (continue the run, or delete it and start over): give one"
@@ -159,10 +158,7 @@ def _refuse_if_jobs_queued(run: RunDir, remedy: str = _TAKEOVER_REMEDY) -> None:
     if not any(run.launcher.glob("*.sbatch")):
         return  # the dry runs rendered no batch script (local backend): nothing can have been submitted
     try:
-        jobs = slurm.jobs_logging_under(run.root)
-        if jobs and (run.root / _GATE_DIR).is_dir():  # the gate's own jobs are not submitted from a dry run
-            gates = set(slurm.jobs_logging_under(run.root / _GATE_DIR))
-            jobs = [j for j in jobs if j not in gates]
+        jobs = slurm.jobs_logging_under(run.root, besides=run.gates)  # a gate's job is not a dry run's
     except slurm.SlurmCommandError as exc:
         raise ConfigError(
             f"run directory {run.root} holds only dry runs, but squeue could not say whether a job submitted from "
@@ -204,7 +200,7 @@ def _only_dry_runs(run: RunDir) -> bool:
                     f.is_file(follow_symlinks=False) and (f.name in _DRY_LAUNCHER_FILES or f.name.endswith(".sbatch"))
                 ):
                     return False
-        elif name == _GATE_DIR:
+        elif name == run.gates.name:
             if entry.is_symlink() or not entry.is_dir():
                 return False
         elif name == "reports":
@@ -223,15 +219,12 @@ def _only_dry_runs(run: RunDir) -> bool:
 
 
 def _delete_run_dir(root: Path) -> None:
-    """Delete a run directory but its first-run gate's files (``eval/`` and the verdicts in ``reports/``). A
-    symlinked run directory (``outputs/r1 -> /scratch/r1``) keeps its link and is emptied (``shutil.rmtree`` refuses
-    links); links inside are removed, never followed."""
-    keep_gate = (root / _GATE_DIR).is_dir() and not (root / _GATE_DIR).is_symlink()
-    if not root.is_symlink() and not keep_gate:
-        shutil.rmtree(root)
-        return
+    """Empty a run directory but its first-run gate's files (``eval/`` and the verdicts in ``reports/``). The
+    directory itself stays (a symlinked one, ``outputs/r1 -> /scratch/r1``, keeps its link); links inside are
+    removed, never followed."""
+    gates = RunDir(root).gates
     for entry in os.scandir(root):
-        if keep_gate and entry.name == _GATE_DIR:
+        if entry.name == gates.name and entry.is_dir(follow_symlinks=False):
             continue
         if entry.name == "reports" and entry.is_dir(follow_symlinks=False):
             for f in os.scandir(entry.path):
@@ -299,7 +292,7 @@ def _refuse_if_run_jobs_live(run: RunDir) -> None:
     job holds no lease until it starts, and would then run the run a second time). Only for runs that were ever
     submitted (:func:`refuse_live_jobs`)."""
     if run.launcher.is_dir() and any(run.launcher.glob("*.sbatch")):
-        refuse_live_jobs(run.root, "run", besides=run.root / _GATE_DIR)
+        refuse_live_jobs(run.root, "run", besides=run.gates)
 
 
 def refuse_live_jobs(root: Path, what: str, *, besides: Path | None = None) -> None:
@@ -309,10 +302,7 @@ def refuse_live_jobs(root: Path, what: str, *, besides: Path | None = None) -> N
     from . import slurm
 
     try:
-        jobs = slurm.jobs_logging_under(root)
-        if jobs and besides is not None:
-            others = set(slurm.jobs_logging_under(besides))
-            jobs = [j for j in jobs if j not in others]
+        jobs = slurm.jobs_logging_under(root, besides=besides)
     except slurm.SlurmCommandError as exc:
         print(f"note: could not ask Slurm whether a job of the {what} {root} is queued ({exc})", file=sys.stderr)
         return

@@ -477,8 +477,9 @@ _JOB_ID_RE = re.compile(r"[0-9]+(?:_(?:[0-9]+|\[[^\]|]*\]))?(?:\+[0-9]+)?")
 _MAX_AMBIGUOUS_BARS = 24
 
 
-def jobs_logging_under(root: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str]:
-    """Ids of the calling user's queued or running Slurm jobs whose stdout or stderr file lies under ``root``.
+def jobs_logging_under(root: Path, *, besides: Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """Ids of the calling user's queued or running Slurm jobs whose stdout or stderr file lies under ``root`` but
+    not under ``besides`` (a directory below ``root`` whose jobs are not the caller's concern: a run's gate jobs).
 
     srl's batch scripts log into their run directory (``--output``/``--error`` under ``<run>/logs``), so a job
     listed here, e.g. a dry run's script submitted by hand and still pending, will write into ``root``. Returns []
@@ -495,7 +496,11 @@ def jobs_logging_under(root: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> l
     if proc.returncode != 0:
         raise SlurmCommandError(cmd, proc.returncode, proc.stderr)
     try:
-        return jobs_logging_under_in(proc.stdout, root)
+        jobs = jobs_logging_under_in(proc.stdout, root)
+        if jobs and besides is not None:
+            other = set(jobs_logging_under_in(proc.stdout, besides))
+            jobs = [j for j in jobs if j not in other]
+        return jobs
     except ValueError as exc:
         raise SlurmCommandError(cmd, proc.returncode, str(exc), "printed no job records") from exc
 

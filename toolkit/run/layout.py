@@ -167,10 +167,13 @@ class RunDir:
         """The run directories of the replicas submitted for this run, by number."""
         return [self.replica_run(n) for n in self.replica_numbers()]
 
+    # The first-run gate's Slurm jobs (toolkit.evalgate), one run directory per command below it.
+    gates = _Under("eval")
+
     def gate_run(self, command: str) -> RunDir:
         """The run directory of this run's first-run gate job ``srl eval <command>`` (``validate`` or ``run``):
         its attempts, plan, batch scripts and logs. The verdict itself goes to this run's ``reports/``."""
-        return RunDir(self.root / "eval" / command)
+        return RunDir(self.gates / command)
 
     def gate_spec(self, attempt: int | None = None) -> Path:
         """A gate job's options (``toolkit.evalgate``: command, parsed options, verdict directory) of an attempt

@@ -43,7 +43,9 @@ ITEM_TITLES: dict[str, str] = {
 
 VALIDATE_STEM = "eval_validate"
 GATE_STEM = "eval_gate"
-GATE_REPORT_FILES = frozenset(f"{stem}.{ext}" for stem in (VALIDATE_STEM, GATE_STEM) for ext in ("json", "md"))
+GATE_STEMS = {"validate": VALIDATE_STEM, "run": GATE_STEM}
+"""The verdict file stem of each gate command (``srl eval validate`` / ``srl eval run``)."""
+GATE_REPORT_FILES = frozenset(f"{stem}.{ext}" for stem in GATE_STEMS.values() for ext in ("json", "md"))
 """The verdict files a first-run gate writes into a run's ``reports/``."""
 
 
@@ -152,5 +154,5 @@ def read_verdict(run: RunDir, stem: str, *, newer_than: float = 0.0) -> Verdict 
 def read_verdicts(run: RunDir) -> dict[str, Verdict]:
     """The gate verdicts recorded in a run's ``reports/`` directory: ``{"validate": V, "run": V}`` for the files
     present (a missing or unreadable file is left out, never an error: reports must not die on it)."""
-    found = {"validate": read_verdict(run, VALIDATE_STEM), "run": read_verdict(run, GATE_STEM)}
+    found = {command: read_verdict(run, stem) for command, stem in GATE_STEMS.items()}
     return {name: v for name, v in found.items() if v is not None}
