@@ -34,7 +34,7 @@ def test_dry_run_writes_the_plan_the_submitted_job_uses(tmp_path: Path, monkeypa
     dry = _placement(tmp_path / "r")
 
     # Submit the same run (sbatch and squeue faked): the dry-run directory is taken over, the job queued.
-    monkeypatch.setattr(slurm, "jobs_logging_under", lambda root: [])
+    monkeypatch.setattr(slurm, "jobs_logging_under", lambda root, **_kw: [])
     monkeypatch.setattr(slurm, "submit", lambda script, **kw: "4242")
     assert main(args) == 0
     submitted = _placement(tmp_path / "r")
@@ -88,7 +88,7 @@ def test_one_slurm_launch_builds_its_plan_once(tmp_path: Path, monkeypatch, verb
     assert main([*args, "--dry-run"]) == 0
     assert calls == ["$SLURM_JOB_ID"], calls
     scripts: list[str] = []
-    monkeypatch.setattr(slurm, "jobs_logging_under", lambda root: [])
+    monkeypatch.setattr(slurm, "jobs_logging_under", lambda root, **_kw: [])
     monkeypatch.setattr(slurm, "submit", lambda script, **kw: scripts.append(script) or "4243")
     calls.clear()
     assert main(args) == 0
@@ -114,7 +114,7 @@ def test_the_batch_job_reads_its_config_once_and_fills_in_the_plan(tmp_path: Pat
     from toolkit.launch import supervisor
 
     args = _slurm_rl_args(tmp_path)
-    monkeypatch.setattr(slurm, "jobs_logging_under", lambda root: [])
+    monkeypatch.setattr(slurm, "jobs_logging_under", lambda root, **_kw: [])
     monkeypatch.setattr(slurm, "submit", lambda script, **kw: "4244")
     assert main(args) == 0
     login = _placement(tmp_path / "r")
