@@ -66,7 +66,9 @@ def test_eval_run_local_server_writes_store_and_verdict(tmp_path, capsys):
     df = load_rollouts(run_dir / "store" / "rollouts.h5", kind="eval")
     assert len(df) == 9 and set(df["env"].astype(str)) == {"reverse-text"}
     assert df.groupby("group_id").size().tolist() == [3, 3, 3]
-    assert (run_dir / "reports" / "eval_gate.md").exists() and (run_dir / "reports" / "eval_validate.json").exists()
+    assert (run_dir / "reports" / "eval_gate.md").exists()
+    # Its model-free items live in its own verdict: a validate gate's file is that gate's alone.
+    assert not (run_dir / "reports" / "eval_validate.json").exists()
     # The server was stopped: no readiness file, and its engine process is gone.
     assert not (run_dir / "control" / "inference_ready.json").exists()
     log = (run_dir / "logs" / "eval" / "inference-0-0.log").read_text()

@@ -152,7 +152,33 @@ def test_the_gate_jobs_options_travel_in_gate_json(tmp_path, monkeypatch, capsys
     assert main(["run", *argv, *run_args]) == 0
     options = json.loads(RunDir(run_dir / "eval" / "run").gate_spec(1).read_text())["options"]
     assert options["tokenizer"] == str(tmp_path / "tok") and options["rollouts_per_example"] == 2
+    # --api-key-var: the job step gets the key by name (the config's secrets' way), never its value.
+    monkeypatch.setenv("GATE_KEY", "sk-do-not-print")
+    assert main(["run", *argv, *run_args, "--api-key-var", "GATE_KEY"]) == 0
+    # (A dry run beside an existing gate directory writes under its .dry-run/.)
+    script = (RunDir(run_dir / "eval" / ".dry-run" / "run").launcher / "eval.sbatch").read_text()
+    assert "--secret GATE_KEY" in script and "sk-do-not-print" not in script
+    assert not any("sk-do-not-print" in f.read_text() for f in run_dir.rglob("*") if f.is_file())
     # Not for a gate: --resume and --clean (each gate is a new attempt); --dry-run where the gate runs in-process.
     assert main(["validate", "@", str(job), "--run-dir", str(run_dir), "--resume"]) == 2
     assert main(["validate", "@", str(job), "--run-dir", str(run_dir), "--dry-run"]) == 2
     assert "--resume does not apply" in capsys.readouterr().err
+
+
+def test_an_api_key_variable_is_checked_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """An unset ``--api-key-var`` (a Slurm job would find no key either) and a value that is no variable name (often
+    the key pasted itself, so never echoed) are refused up front."""
+    from pathlib import Path
+
+    from toolkit.evalgate import main
+
+    job = Path(__file__).resolve().parents[2] / "jobs" / "reverse-text" / "eval.toml"
+    run_dir = tmp_path / "gated"
+    argv = ["run", "@", str(job), "--site", "local-slurm", "--run-dir", str(run_dir), "--dry-run"]
+    monkeypatch.delenv("GATE_KEY", raising=False)
+    assert main([*argv, "--base-url", "http://127.0.0.1:9/v1", "--api-key-var", "GATE_KEY"]) == 2
+    assert "--api-key-var GATE_KEY: that environment variable is unset or empty" in capsys.readouterr().err
+    assert main([*argv, "--base-url", "http://127.0.0.1:9/v1", "--api-key-var", "sk-abc.123"]) == 2
+    err = capsys.readouterr().err
+    assert "name of an exported environment variable" in err and "sk-abc.123" not in err
+    assert not run_dir.exists()

@@ -175,3 +175,40 @@ def test_status_of_a_run_names_its_first_run_gates(tmp_path: Path, capsys) -> No
     assert status_main([str(run.root)]) == 0
     out = capsys.readouterr().out
     assert "first-run gate, srl eval run: passed\n" in out and "srl eval validate: FAILED" in out
+
+
+def test_a_gate_job_newer_than_the_verdict_is_not_shown_as_that_verdict(tmp_path: Path) -> None:
+    """While a gate job submitted after the newest verdict waits in the queue, its line says so (the verdict is the
+    previous one); when that job ends without a verdict, the line says that, and a verdict from it wins again."""
+    import os
+
+    from toolkit.launch.control import gate_lines
+    from toolkit.run.verdict import VALIDATE_STEM, GateItem, Verdict
+
+    run = RunDir(tmp_path / "gated")
+    Verdict("validate", [GateItem("taskset_loads", "t", "PASS", "ok")], created=time.time() - 100).write(
+        run.reports, VALIDATE_STEM
+    )
+    job_dir = run.gate_run("validate")
+    # A dry run of the gate (its marker) submitted nothing: the verdict stands.
+    job_dir.config_attempt(1).mkdir(parents=True)
+    (job_dir.config_attempt(1) / "DRY_RUN").write_text("dry run\n")
+    job_dir.gate_spec(1).write_text("{}")
+    assert gate_lines(run) == [f"first-run gate, srl eval validate: passed; its Slurm job: srl status {job_dir.root}"]
+    # A second gate submitted after the verdict: queued.
+    job_dir.config_attempt(2).mkdir(parents=True)
+    job_dir.gate_spec(2).write_text("{}")
+    [line] = gate_lines(run)
+    assert "validate: a gate job is queued or running (the previous verdict: passed)" in line, line
+    # It ended without a verdict (the ending is newer than its submission).
+    ending.write(run=job_dir, ending=ending.Ending("failed", "gate: exit status 1"))
+    [line] = gate_lines(run)
+    assert "validate: its newest job ended without a verdict (failed); the previous verdict: passed" in line, line
+    # An ending older than the submission is the previous job's: the newest is still queued.
+    old = time.time() - 50
+    os.utime(job_dir.gate_spec(2), (old + 10, old + 10))
+    ending.write(run=job_dir, ending=ending.Ending("completed", "", time=old))
+    assert "a gate job is queued or running" in gate_lines(run)[0]
+    # Its verdict arrives: that is the line.
+    Verdict("validate", [GateItem("known_failures", "t", "FAIL", "empty scored 1")]).write(run.reports, VALIDATE_STEM)
+    assert "validate: FAILED (t/known_failures); its Slurm job" in gate_lines(run)[0]

@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
             )
             return 2
-    loaded = _gate_config(load_config(files, overrides))
+    loaded = _gate_config(load_config(files, overrides), secret_var=getattr(args, "api_key_var", None))
     run = RunDir(Path(args.run_dir)) if args.run_dir else run_dir_for(loaded)
     roles = _gate_roles(command, args)
     # Checked once, with the plan of the gate's own job (used only on a Slurm site).
@@ -172,15 +172,19 @@ def main(argv: list[str]) -> int:
     return _run(checked.config, run, args)
 
 
-def _gate_config(loaded: LoadedConfig) -> LoadedConfig:
+def _gate_config(loaded: LoadedConfig, *, secret_var: str | None = None) -> LoadedConfig:
     """``loaded`` as the gate runs it: ``slurm.requeue`` off (a gate job has nothing to checkpoint, and a requeued
-    one would run the gate twice) and no ``inference.external`` (the gate serves its model itself or calls
-    ``--base-url``; it neither waits for the run's deployment nor claims it)."""
+    one would run the gate twice), no ``inference.external`` (the gate serves its model itself or calls
+    ``--base-url``; it neither waits for the run's deployment nor claims it), and ``secret_var`` (``--api-key-var``)
+    among ``slurm.secret_env_vars``, so the gate's job step gets the key by that name as the config's secrets do."""
     from dataclasses import replace
 
     cfg = loaded.config
+    secrets = list(cfg.slurm.secret_env_vars)
+    if secret_var and secret_var not in secrets:
+        secrets.append(secret_var)
     update = {
-        "slurm": cfg.slurm.model_copy(update={"requeue": False}),
+        "slurm": cfg.slurm.model_copy(update={"requeue": False, "secret_env_vars": secrets}),
         "inference": cfg.inference.model_copy(update={"external": None}),
     }
     return replace(loaded, config=cfg.model_copy(update=update))
@@ -196,7 +200,22 @@ def _gate_roles(command: str, args: argparse.Namespace) -> tuple[str, ...]:
 
 def _check_run_args(args: argparse.Namespace) -> str | None:
     """What is wrong with ``srl eval run``'s own options, in words (None: nothing), before anything is written or
-    started: rates outside 0-1, an endpoint that is not an http(s) URL, a local ``-m`` that names no model."""
+    started: rates outside 0-1, an endpoint that is not an http(s) URL, a local ``-m`` that names no model, an
+    ``--api-key-var`` that is unset here (a Slurm job gets the variable from the submitting shell)."""
+    if args.api_key_var is not None:
+        from toolkit.config.model import ENV_VAR_NAME
+
+        if not ENV_VAR_NAME.fullmatch(args.api_key_var):
+            # Not echoed: what stands here instead of a name is often the pasted key itself.
+            return (
+                "--api-key-var takes the name of an exported environment variable (letters, digits, '_'; not "
+                "starting with a digit), never the key itself"
+            )
+    if args.api_key_var is not None and not os.environ.get(args.api_key_var):
+        return (
+            f"--api-key-var {args.api_key_var}: that environment variable is unset or empty in this shell; export "
+            "the key under that name first (srl passes the name only, never the key)"
+        )
     for flag in ("max_error_rate", "max_truncation_rate", "min_mixed_share"):
         value = getattr(args, flag)
         if not 0.0 <= value <= 1.0:

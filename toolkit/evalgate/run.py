@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolkit.evalgate.validate import validate_config
 from toolkit.run.layout import RunDir
-from toolkit.run.verdict import GATE_STEM, VALIDATE_STEM, GateItem, Verdict
+from toolkit.run.verdict import GATE_STEM, GateItem, Verdict
 
 if TYPE_CHECKING:
     from toolkit.config.model import RLConfig
@@ -478,8 +478,8 @@ def run_gate(
 
     ``model``: alias or HF directory served locally (default ``cfg.model.name``), or the model name sent to
     ``base_url``; ``tokenizer``: HF directory for prompt rendering with ``base_url`` (default: ``model`` if it
-    resolves, else ``cfg.model.name``). Writes the store and ``<run>/reports/eval_gate.{json,md}`` (and
-    ``eval_validate.*``). Raises ValueError for an unknown env or an unset API key variable, and ComponentFailed or
+    resolves, else ``cfg.model.name``). Writes the store and ``<run>/reports/eval_gate.{json,md}`` (the model-free
+    items included). Raises ValueError for an unknown env or an unset API key variable, and ComponentFailed or
     TimeoutError (``toolkit.launch.supervisor``) when the local server cannot start; anything started is stopped
     before returning or raising.
     """
@@ -490,8 +490,9 @@ def run_gate(
     selected = env_list(cfg, envs)
     headers = api_headers(api_key_var)
     name = model or cfg.model.name
+    # The model-free items become part of this verdict and are not written as a validate verdict of their own: a
+    # validate gate of the same run may be writing that file at the same time.
     pre = validate_config(cfg, envs=envs, n=n, success_min=th.success_min, failure_max=th.failure_max)
-    pre.write(run.reports, VALIDATE_STEM)
     verdict = Verdict(
         "run",
         items=list(pre.items),

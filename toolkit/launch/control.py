@@ -142,8 +142,9 @@ def status_main(args: list[str]) -> int:
 
 def gate_lines(run: RunDir) -> list[str]:
     """One line per first-run gate of ``run`` (``srl eval validate`` / ``srl eval run``) that left a verdict in its
-    ``reports/`` or a Slurm job directory (``<run>/eval/<command>``): passed, FAILED naming the failed items, or no
-    verdict yet (queued, running, or ended without one: its job directory's ``srl status`` says which)."""
+    ``reports/`` or a Slurm job directory (``<run>/eval/<command>``): passed, FAILED naming the failed items, a gate
+    job submitted after the newest verdict that has not ended (queued or running: that verdict is then only the
+    previous one), or no verdict (its job ended without one: its job directory's ``srl status`` says why)."""
     from ..run.verdict import GATE_STEMS, read_verdict
 
     out = []
@@ -153,14 +154,40 @@ def gate_lines(run: RunDir) -> list[str]:
         if verdict is None and not launched:
             continue
         if verdict is None:
-            state = "no verdict yet"
+            judged = None
         elif verdict.passed:
-            state = "passed"
+            judged = "passed"
         else:
-            state = "FAILED (" + ", ".join(f"{i.env}/{i.key}" for i in verdict.failed()) + ")"
+            judged = "FAILED (" + ", ".join(f"{i.env}/{i.key}" for i in verdict.failed()) + ")"
+        submitted = _newest_gate_submission(job_dir) if launched else None
+        newer_job = submitted is not None and (verdict is None or verdict.created < submitted)
+        end = ending.read(job_dir) if newer_job else None
+        if newer_job and (end is None or end.time < submitted):
+            state = "a gate job is queued or running" + (f" (the previous verdict: {judged})" if judged else "")
+        elif newer_job:
+            state = f"its newest job ended without a verdict ({end.cause})" + (
+                f"; the previous verdict: {judged}" if judged else ""
+            )
+        else:
+            state = judged or "no verdict yet"
         where = f"; its Slurm job: srl status {job_dir.root}" if launched else ""
         out.append(f"first-run gate, srl eval {command}: {state}{where}")
     return out
+
+
+def _newest_gate_submission(job_dir: RunDir) -> float | None:
+    """When the newest gate job of ``job_dir`` that was submitted (not a dry run) was prepared: its ``gate.json``'s
+    modification time, unix seconds; None when every attempt was a dry run or the file is unreadable."""
+    from .prepare import DRY_RUN_MARKER
+
+    for attempt in reversed(job_dir.attempts()):
+        if (job_dir.config_attempt(attempt) / DRY_RUN_MARKER).exists():
+            continue
+        try:
+            return job_dir.gate_spec(attempt).stat().st_mtime
+        except OSError:
+            return None
+    return None
 
 
 def run_dirs(out_dir: Path) -> list[Path]:
@@ -275,35 +302,52 @@ def cancel_main(args: list[str]) -> int:
         # Every array of the sweep; running points checkpoint first (their stop request), within --grace.
         return sweeps.cancel_main(a.run_dir, grace_s=a.grace)
     run = RunDir(a.run_dir)
-    if not run.configs.is_dir():
+    gate_jobs = _gate_job_ids(run)
+    if not run.configs.is_dir() and not gate_jobs:
         # As srl status: a file (its lease path is no path) or a directory that is no run has nothing to cancel.
         print(_not_a_run(run), file=sys.stderr)
         return 1
-    jobs = read_job_ids(run)
-    holder = leases.read(run)
+    jobs = read_job_ids(run) if run.configs.is_dir() else []
+    holder = leases.read(run) if run.configs.is_dir() else None
     if holder is not None and not holder.job_id and holder.dead_reason() is None:
+        _cancel_jobs(slurm.live_jobs(gate_jobs))
         return _cancel_local(run, holder)
-    if not jobs:
+    if not jobs and not gate_jobs:
         print(f"{run.root}: no Slurm job recorded and no live local supervisor", file=sys.stderr)
         return 1
     live = slurm.live_jobs(job_id for job_id, _, _ in jobs)
+    # A run's gate jobs go with it: a gate that passes after the run was cancelled would only start training
+    # chained behind it (--chain-before) that the user meant to stop, or judge a run nobody waits for.
+    live_gates = slurm.live_jobs(gate_jobs)
     if a.graceful and live:
         run.control.mkdir(parents=True, exist_ok=True)
         run.stop_request.touch()
         deadline = time.monotonic() + a.grace
         while time.monotonic() < deadline and any(not slurm.job_state(j).is_terminal for j in live):
             time.sleep(1.0)
-    for job_id in live:
-        slurm.cancel(job_id)
-        print(f"cancelled {job_id}")
-    if not live:
+    _cancel_jobs(live_gates + live)
+    if not live and not live_gates:
         print("no running or pending job")
         return 0
     # The same command with its overrides, so a resume does not silently fall back to the job file's values.
-    command = continue_command_for(run)
+    command = continue_command_for(run) if live else None
     if command and not run.gate_spec().exists():  # a first-run gate's job has nothing to continue
         print(f"continue it (from its newest complete checkpoint) with:\n  {command}")
     return 0
+
+
+def _gate_job_ids(run: RunDir) -> list[str]:
+    """The Slurm job ids of ``run``'s first-run gate jobs (``<run>/eval/<command>``), oldest first per command."""
+    from ..run.verdict import GATE_STEMS
+
+    return [job_id for command in GATE_STEMS for job_id, _, _ in read_job_ids(run.gate_run(command))]
+
+
+def _cancel_jobs(job_ids: list[str]) -> None:
+    """``scancel`` each job, saying so."""
+    for job_id in job_ids:
+        slurm.cancel(job_id)
+        print(f"cancelled {job_id}")
 
 
 def _cancel_local(run: RunDir, holder: leases.Holder) -> int:
