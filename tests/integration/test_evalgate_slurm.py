@@ -173,12 +173,14 @@ def test_training_queued_behind_a_queued_gate_after_a_dry_run(slurm_cluster, tmp
         assert json.loads(run.gate_run("validate").gate_spec(1).read_text())["run_dir"] == str(run.root)
         capsys.readouterr()
         assert srl(["status", str(run.root)]) == 0
-        assert "first-run gate, srl eval validate: a gate job is queued or running" in capsys.readouterr().out
+        assert f"first-run gate, srl eval validate: gate job {gate_id} is queued or running" in capsys.readouterr().out
         # Cancelling the run cancels its gate too: a gate passing later would start nothing anyone waits for.
         assert srl(["cancel", str(run.root)]) == 0
         out = capsys.readouterr().out
         assert f"cancelled {gate_id}" in out and f"cancelled {train_id}" in out, out
         assert slurm.live_jobs([gate_id, train_id]) == []
+        assert srl(["status", str(run.root)]) == 0
+        assert f"srl eval validate: gate job {gate_id} ended without a verdict" in capsys.readouterr().out
     finally:
         for j in (gate_id, *(line.split()[0] for line in run.job_ids_file.read_text().splitlines())):
             slurm.cancel(j)

@@ -144,6 +144,7 @@ def test_the_gate_jobs_options_travel_in_gate_json(tmp_path, monkeypatch, capsys
         "success_min": 0.9,
         "failure_max": 0.0,
         "run_dir": str(run_dir),
+        "gate_attempt": 1,  # which of the gate directory's jobs wrote it (srl status compares it with the newest)
     }
     # `srl eval run` against an endpoint: paths given relative to the login node's directory reach the job whole.
     monkeypatch.chdir(tmp_path)
@@ -181,4 +182,8 @@ def test_an_api_key_variable_is_checked_before_anything_is_written(tmp_path, mon
     assert main([*argv, "--base-url", "http://127.0.0.1:9/v1", "--api-key-var", "sk-abc.123"]) == 2
     err = capsys.readouterr().err
     assert "name of an exported environment variable" in err and "sk-abc.123" not in err
+    # A token that happens to be a valid name (hf_..., unset as a variable) is refused without being shown.
+    assert main([*argv, "--base-url", "http://127.0.0.1:9/v1", "--api-key-var", "hf_abcDEF123"]) == 2
+    err = capsys.readouterr().err
+    assert "--api-key-var: that environment variable is unset" in err and "hf_abcDEF123" not in err
     assert not run_dir.exists()

@@ -212,9 +212,11 @@ def _check_run_args(args: argparse.Namespace) -> str | None:
                 "starting with a digit), never the key itself"
             )
     if args.api_key_var is not None and not os.environ.get(args.api_key_var):
+        # Named only when it reads like a variable name (upper case): a token such as hf_... is a valid name too.
+        shown = f" {args.api_key_var}" if args.api_key_var.isupper() else ""
         return (
-            f"--api-key-var {args.api_key_var}: that environment variable is unset or empty in this shell; export "
-            "the key under that name first (srl passes the name only, never the key)"
+            f"--api-key-var{shown}: that environment variable is unset or empty in this shell; export the key "
+            "under that name first (srl passes the name only, never the key)"
         )
     for flag in ("max_error_rate", "max_truncation_rate", "min_mixed_share"):
         value = getattr(args, flag)
@@ -281,7 +283,7 @@ def _report(verdict, args, run, stem: str) -> int:
 
 def _validate(cfg, run, args) -> int:
     from toolkit.evalgate.validate import validate_config
-    from toolkit.run.verdict import VALIDATE_STEM
+    from toolkit.run.verdict import GATE_ATTEMPT, VALIDATE_STEM
 
     try:
         verdict = validate_config(
@@ -291,6 +293,8 @@ def _validate(cfg, run, args) -> int:
         print(f"srl eval validate: {e}", file=sys.stderr)
         return 2
     verdict.settings["run_dir"] = str(run.root)
+    if getattr(args, "gate_attempt", None) is not None:
+        verdict.settings[GATE_ATTEMPT] = args.gate_attempt
     verdict.write(run.reports, VALIDATE_STEM)
     return _report(verdict, args, run, VALIDATE_STEM)
 
@@ -322,6 +326,7 @@ def _run(cfg, run, args) -> int:
             envs=args.env,
             thresholds=th,
             rich=not args.no_rich,
+            gate_attempt=getattr(args, "gate_attempt", None),
         )
     except ValueError as e:
         print(f"srl eval run: {e}", file=sys.stderr)
@@ -407,7 +412,7 @@ def _job(argv: list[str]) -> int:
     spec = json.loads(gate_run.gate_spec(attempt).read_text())
     command = spec["command"]
     args = _parser(command).parse_args([])  # every option's default, then the login node's values
-    vars(args).update(spec["options"], no_rich=True)
+    vars(args).update(spec["options"], no_rich=True, gate_attempt=attempt)
     cfg = load_resolved(gate_run.resolved(attempt=attempt))
     run = RunDir(Path(spec["run_dir"]))
     return _validate(cfg, run, args) if command == "validate" else _run(cfg, run, args)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolkit.evalgate.validate import validate_config
 from toolkit.run.layout import RunDir
-from toolkit.run.verdict import GATE_STEM, GateItem, Verdict
+from toolkit.run.verdict import GATE_ATTEMPT, GATE_STEM, GateItem, Verdict
 
 if TYPE_CHECKING:
     from toolkit.config.model import RLConfig
@@ -473,12 +473,14 @@ def run_gate(
     thresholds: GateThresholds | None = None,
     rich: bool = True,
     log: Any = print,
+    gate_attempt: int | None = None,
 ) -> Verdict:
     """The whole first-run gate: model-free validation, then ``n`` x ``r`` rollouts per env against the endpoint.
 
     ``model``: alias or HF directory served locally (default ``cfg.model.name``), or the model name sent to
     ``base_url``; ``tokenizer``: HF directory for prompt rendering with ``base_url`` (default: ``model`` if it
-    resolves, else ``cfg.model.name``). Writes the store and ``<run>/reports/eval_gate.{json,md}`` (the model-free
+    resolves, else ``cfg.model.name``); ``gate_attempt``: the gate job's attempt number when a Slurm gate job runs it
+    (recorded in the verdict's settings). Writes the store and ``<run>/reports/eval_gate.{json,md}`` (the model-free
     items included). Raises ValueError for an unknown env or an unset API key variable, and ComponentFailed or
     TimeoutError (``toolkit.launch.supervisor``) when the local server cannot start; anything started is stopped
     before returning or raising.
@@ -506,7 +508,8 @@ def run_gate(
             "api_key_var": api_key_var,
             "run_dir": str(run.root),
             "thresholds": vars(th),
-        },
+        }
+        | ({GATE_ATTEMPT: gate_attempt} if gate_attempt is not None else {}),
     )
     unloadable = [i for i in pre.items if i.key == "taskset_loads" and i.status == "FAIL"]
     if unloadable:

@@ -142,10 +142,11 @@ def status_main(args: list[str]) -> int:
 
 def gate_lines(run: RunDir) -> list[str]:
     """One line per first-run gate of ``run`` (``srl eval validate`` / ``srl eval run``) that left a verdict in its
-    ``reports/`` or a Slurm job directory (``<run>/eval/<command>``): passed, FAILED naming the failed items, a gate
-    job submitted after the newest verdict that has not ended (queued or running: that verdict is then only the
-    previous one), or no verdict (its job ended without one: its job directory's ``srl status`` says why)."""
-    from ..run.verdict import GATE_STEMS, read_verdict
+    ``reports/`` or a Slurm job directory (``<run>/eval/<command>``): passed, FAILED naming the failed items, or, when
+    the gate's newest Slurm job did not write the newest verdict (its attempt is not the verdict's), what Slurm says
+    of that job: queued or running, or ended without a verdict (that verdict is then only the previous one). Slurm is
+    asked only then; when it does not answer, the line says so."""
+    from ..run.verdict import GATE_ATTEMPT, GATE_STEMS, read_verdict
 
     out = []
     for command, stem in GATE_STEMS.items():
@@ -159,35 +160,23 @@ def gate_lines(run: RunDir) -> list[str]:
             judged = "passed"
         else:
             judged = "FAILED (" + ", ".join(f"{i.env}/{i.key}" for i in verdict.failed()) + ")"
-        submitted = _newest_gate_submission(job_dir) if launched else None
-        newer_job = submitted is not None and (verdict is None or verdict.created < submitted)
-        end = ending.read(job_dir) if newer_job else None
-        if newer_job and (end is None or end.time < submitted):
-            state = "a gate job is queued or running" + (f" (the previous verdict: {judged})" if judged else "")
-        elif newer_job:
-            state = f"its newest job ended without a verdict ({end.cause})" + (
-                f"; the previous verdict: {judged}" if judged else ""
-            )
-        else:
-            state = judged or "no verdict yet"
+        jobs = read_job_ids(job_dir) if launched else []
+        state = judged or "no verdict yet"
+        # A verdict without the attempt came from a gate run in a login node's process: nothing to compare with.
+        verdict_attempt = verdict.settings.get(GATE_ATTEMPT) if verdict else 0
+        if jobs and verdict_attempt is not None and jobs[-1][2] != verdict_attempt:
+            job_id = jobs[-1][0]
+            previous = f" (the previous verdict: {judged})" if judged else ""
+            try:
+                live = bool(slurm.live_jobs([job_id]))
+            except slurm.SlurmCommandError:
+                state = f"gate job {job_id}: Slurm did not answer{previous}"
+            else:
+                doing = "is queued or running" if live else "ended without a verdict"
+                state = f"gate job {job_id} {doing}{previous}"
         where = f"; its Slurm job: srl status {job_dir.root}" if launched else ""
         out.append(f"first-run gate, srl eval {command}: {state}{where}")
     return out
-
-
-def _newest_gate_submission(job_dir: RunDir) -> float | None:
-    """When the newest gate job of ``job_dir`` that was submitted (not a dry run) was prepared: its ``gate.json``'s
-    modification time, unix seconds; None when every attempt was a dry run or the file is unreadable."""
-    from .prepare import DRY_RUN_MARKER
-
-    for attempt in reversed(job_dir.attempts()):
-        if (job_dir.config_attempt(attempt) / DRY_RUN_MARKER).exists():
-            continue
-        try:
-            return job_dir.gate_spec(attempt).stat().st_mtime
-        except OSError:
-            return None
-    return None
 
 
 def run_dirs(out_dir: Path) -> list[Path]:
@@ -310,8 +299,10 @@ def cancel_main(args: list[str]) -> int:
     jobs = read_job_ids(run) if run.configs.is_dir() else []
     holder = leases.read(run) if run.configs.is_dir() else None
     if holder is not None and not holder.job_id and holder.dead_reason() is None:
-        _cancel_jobs(slurm.live_jobs(gate_jobs))
-        return _cancel_local(run, holder)
+        rc = _cancel_local(run, holder)
+        if rc == 0:  # the run is stopping: its gate jobs go too (never when the run could not be stopped)
+            _cancel_jobs(slurm.live_jobs(gate_jobs))
+        return rc
     if not jobs and not gate_jobs:
         print(f"{run.root}: no Slurm job recorded and no live local supervisor", file=sys.stderr)
         return 1
@@ -319,13 +310,16 @@ def cancel_main(args: list[str]) -> int:
     # A run's gate jobs go with it: a gate that passes after the run was cancelled would only start training
     # chained behind it (--chain-before) that the user meant to stop, or judge a run nobody waits for.
     live_gates = slurm.live_jobs(gate_jobs)
+    # First, before any grace: a gate has nothing to checkpoint, and one passing during the wait would start the
+    # training chained behind it.
+    _cancel_jobs(live_gates)
     if a.graceful and live:
         run.control.mkdir(parents=True, exist_ok=True)
         run.stop_request.touch()
         deadline = time.monotonic() + a.grace
         while time.monotonic() < deadline and any(not slurm.job_state(j).is_terminal for j in live):
             time.sleep(1.0)
-    _cancel_jobs(live_gates + live)
+    _cancel_jobs(live)
     if not live and not live_gates:
         print("no running or pending job")
         return 0

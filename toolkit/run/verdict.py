@@ -45,6 +45,9 @@ VALIDATE_STEM = "eval_validate"
 GATE_STEM = "eval_gate"
 GATE_STEMS = {"validate": VALIDATE_STEM, "run": GATE_STEM}
 """The verdict file stem of each gate command (``srl eval validate`` / ``srl eval run``)."""
+GATE_ATTEMPT = "gate_attempt"
+"""The ``settings`` key of a verdict written by a Slurm gate job: that job's attempt number in its gate directory
+(absent for a gate run in the login node's process)."""
 GATE_REPORT_FILES = frozenset(f"{stem}.{ext}" for stem in GATE_STEMS.values() for ext in ("json", "md"))
 """The verdict files a first-run gate writes into a run's ``reports/``."""
 
