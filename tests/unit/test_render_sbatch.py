@@ -10,7 +10,7 @@ import pytest
 from golden.layouts import LAYOUTS, make_cfg, merge
 
 from toolkit.config import ConfigError
-from toolkit.config.site import GpuSection
+from toolkit.config.site import CpusSection, GpuSection
 from toolkit.placement import build_plan, write_plan
 from toolkit.preflight.site import load_site
 from toolkit.render import RenderError, build_context, render_job, render_text, sbatch_value
@@ -187,3 +187,31 @@ def test_shipped_sites_never_pin_another_checkouts_interpreter() -> None:
         site = load_site(path.stem)
         assert "/work/" not in site.environment.python and ".venv" not in site.environment.python, path.name
     assert job_python(load_site("local-slurm")) == sys.executable
+
+
+def test_site_cpu_request_per_group_and_the_users_own_wins() -> None:
+    """``[cpus]`` of a site: cores per GPU for GPU groups, a count for groups without GPUs, one task per node; none
+    when unset (the cluster's default); a CPU option among slurm.extra_directives replaces the first group's."""
+    assert not any("cpus" in ln for ln in sbatch_lines(rendered()))  # unset: no request
+    site = PI.model_copy(update={"cpus": CpusSection(per_gpu=12, without_gpus=6)})
+    # train2-infer1 on 8-GPU nodes: one group of 3 nodes with 8 GPUs each.
+    assert [ln for ln in sbatch_lines(rendered(site=site)) if "cpus" in ln] == ["#SBATCH --cpus-per-task=96"]
+    for own in ("--cpus-per-task=32", "--exclusive", "--cpus-per-gpu=4", "--mincpus=16"):
+        lines = sbatch_lines(rendered({"slurm": {"extra_directives": [own]}}, site=site))
+        assert [ln for ln in lines if "cpus" in ln or "exclusive" in ln] == [f"#SBATCH {own}"], own
+    # An option that only starts like one is not a CPU request.
+    lines = sbatch_lines(rendered({"slurm": {"extra_directives": ["--comment=cpus"]}}, site=site))
+    assert "#SBATCH --cpus-per-task=96" in lines
+    assert CpusSection(per_gpu=12).per_node(0) is None and CpusSection(without_gpus=6).per_node(4) is None
+    with pytest.raises(ValueError):
+        CpusSection(per_gpu=0)
+
+
+def test_a_group_without_gpus_gets_the_sites_cpu_count() -> None:
+    """A node group without GPUs (here a model-free gate job's) asks ``without_gpus`` cores."""
+    site = PI.model_copy(update={"cpus": CpusSection(per_gpu=12, without_gpus=6)})
+    cfg = make_cfg(LAYOUTS["train2-infer1"], site=site.name)
+    run = RunDir(Path(cfg.output_dir) / cfg.run.name)
+    plan = build_plan(cfg, site, run, job_id="pending", roles=("gate",))
+    ctx = build_context(cfg, site, run, plan, attempt=1, kind="eval")
+    assert "--cpus-per-task=6" in ctx.directives[0] and not any("gpu" in d for d in ctx.directives[0])

@@ -95,6 +95,26 @@ class PartitionsSection(Section):
     """CPU partition for a heterogeneous orchestrator component."""
 
 
+class CpusSection(Section):
+    """CPU cores each node group of a job asks for (``--cpus-per-task``; srl runs one task per node, and a job step
+    may use every core of its job on its nodes). Unset: no request, so the cluster's default applies, which on
+    core-counting clusters (``SelectTypeParameters=CR_Core``) is often one core per task: too few for an engine's
+    API server, the trainer's ranks and the orchestrator with its env workers. A ``--cpus-per-task``,
+    ``--cpus-per-gpu``, ``--mincpus`` or ``--exclusive`` among a run's ``slurm.extra_directives`` replaces this
+    request for the job's first node group."""
+
+    per_gpu: int | None = Field(None, ge=1, le=1024)
+    """Cores per requested GPU: a group with ``g`` GPUs per node asks for ``per_gpu * g`` cores per node."""
+    without_gpus: int | None = Field(None, ge=1, le=4096)
+    """Cores per node of a group without GPUs (the orchestrator's own nodes, a model-free gate job, CPU sites)."""
+
+    def per_node(self, gpus_per_node: int) -> int | None:
+        """Cores to ask per node for a group with ``gpus_per_node`` GPUs per node; None: no request."""
+        if gpus_per_node > 0:
+            return self.per_gpu * gpus_per_node if self.per_gpu else None
+        return self.without_gpus
+
+
 class ContainerSection(Section):
     type: Literal["apptainer"] = "apptainer"
     image: str
@@ -130,6 +150,7 @@ class SiteConfig(Section):
     gpu: GpuSection = GpuSection()
     accounting: AccountingSection = AccountingSection()
     partitions: PartitionsSection = PartitionsSection()
+    cpus: CpusSection = CpusSection()
     ports: PortsSection = PortsSection()
     filesystem: FilesystemSection = FilesystemSection()
     environment: EnvironmentSection = EnvironmentSection()
