@@ -54,12 +54,25 @@ def test_validate_runs_as_a_gate_job_and_reads_its_verdict(slurm_cluster, tmp_pa
     assert f"{job_id} eval 1" in gate_run.job_ids_file.read_text()
     assert "GATE PASSED" in (gate_run.log_attempt(1) / "gate.log").read_text()
     assert ending.read(gate_run).exit_status == 0
-    # A second gate of the same run is the gate job's next attempt.
+    assert _num_cpus(job_id) == 1  # no [cpus] in the site: the cluster's default, one core per task
+    # A second gate of the same run is the gate job's next attempt; on a site whose [cpus] asks 2 cores for a node
+    # group without GPUs, Slurm grants them.
+    site = tmp_path / "local-slurm-cpus.toml"
+    site.write_text((REPO / "site-configs" / "local-slurm.toml").read_text() + "\n[cpus]\nwithout_gpus = 2\n")
     rc = main(
-        ["validate", "@", str(REPO / "jobs" / "reverse-text" / "eval.toml"), "--site", "local-slurm", "-n", "2"]
+        ["validate", "@", str(REPO / "jobs" / "reverse-text" / "eval.toml"), "--site", str(site), "-n", "2"]
         + ["--env", "reverse-text", "--run-dir", str(run_dir), "--no-rich", "--wait-timeout", "900"]
     )
-    assert rc == 0 and gate_run.attempts() == [1, 2]
+    out = capsys.readouterr().out
+    assert rc == 0 and gate_run.attempts() == [1, 2], out
+    assert "#SBATCH --cpus-per-task=2" in (gate_run.launcher / "eval.sbatch").read_text()
+    assert _num_cpus(out.split("submitted Slurm job ")[1].split()[0]) == 2
+
+
+def _num_cpus(job_id: str) -> int:
+    """The CPUs Slurm allocated to ``job_id`` (``scontrol show job``'s NumCPUs)."""
+    record = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=True)
+    return int(record.stdout.split("NumCPUs=")[1].split()[0])
 
 
 def test_failed_gate_fails_the_job_and_blocks_an_afterok_dependent(slurm_cluster, tmp_path, capsys, monkeypatch):
