@@ -13,7 +13,6 @@ Safety rules (each closes a way a rendered script has gone wrong on a cluster):
 from __future__ import annotations
 
 import functools
-import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,27 +106,17 @@ def common_directives(cfg: RLConfig, site: SiteConfig, run: RunDir, *, name: str
     return d + [sbatch_value(extra, "slurm.extra_directives entry") for extra in s.extra_directives]
 
 
-# Options of slurm.extra_directives (long options only: the config rules refuse others) by which a user sizes the
-# job's CPUs themselves.
-_USER_CPU_OPTION = re.compile(r"--(cpus-per-task|cpus-per-gpu|mincpus|exclusive)(=|$)")
-
-
-def group_directives(
-    site: SiteConfig, plan: Plan, extra_directives: list[str] | tuple[str, ...] = ()
-) -> list[list[str]]:
-    """Per het group: nodes, one task per node, partition, GPU request, the site's CPU request (``[cpus]``; not for
-    the first group when ``extra_directives``, the run's ``slurm.extra_directives``, size the CPUs). One list when
-    not heterogeneous."""
-    user_cpus = any(_USER_CPU_OPTION.match(d) for d in extra_directives)
+def group_directives(site: SiteConfig, plan: Plan) -> list[list[str]]:
+    """Per het group: nodes, one task per node, partition, GPU request, CPU request (the plan's, from the site's
+    ``[cpus]``). One list when not heterogeneous."""
     out = []
-    for i, g in enumerate(plan.groups):
+    for g in plan.groups:
         d = [f"--nodes={g.num_nodes}", "--ntasks-per-node=1"]
         if g.partition:
             d.append(f"--partition={sbatch_value(g.partition, 'slurm.partition (or the site partition)')}")
         d += gpu_directives(site, g.gpus_per_node, g.num_nodes)
-        cpus = site.cpus.per_node(g.gpus_per_node)
-        if cpus and not (i == 0 and user_cpus):
-            d.append(f"--cpus-per-task={cpus}")
+        if g.cpus_per_node:
+            d.append(f"--cpus-per-task={g.cpus_per_node}")
         out.append(d)
     return out
 
@@ -156,7 +145,7 @@ def build_context(
 ) -> ScriptContext:
     """Compute every value the rl/inference templates print. Raises RenderError for unsafe #SBATCH values."""
     name = job_name(cfg, "" if kind == "rl" else f"-{kind}")
-    groups = group_directives(site, plan, cfg.slurm.extra_directives)
+    groups = group_directives(site, plan)
     groups[0] = common_directives(cfg, site, run, name=name) + groups[0]
     steps = []
     for p in plan.processes:

@@ -21,17 +21,17 @@ SCONTROL = (
     "PartitionName=short AllowGroups=ALL Default=NO MaxNodes=2 MaxTime=00:30:00 State=UP TotalNodes=3\n"
     "PartitionName=cpu Default=NO MaxNodes=UNLIMITED MaxTime=1-00:00:00 State=DRAIN TotalNodes=8\n"
 )
-# sinfo -h -N -o "%R %G": a line per node and partition
+# sinfo -h -N -o "%R %c %G": a line per node and partition
 SINFO = (
-    "debug gpu:4\ndebug gpu:4\ndebug gpu:4\ndebug gpu:4\nshort gpu:a100:8(S:0-1)\nshort (null)\n"
-    "short gpu:a100:4,gpu:v100:2\ncpu (null)\ncpu (null)\n"
+    "debug 2 gpu:4\ndebug 2 gpu:4\ndebug 2 gpu:4\ndebug 2 gpu:4\nshort 64 gpu:a100:8(S:0-1)\nshort 32 (null)\n"
+    "short 128 gpu:a100:4,gpu:v100:2\ncpu 16 (null)\ncpu 16 (null)\n"
 )
 
 
 def slurm(argv: list[str]) -> str:
     if argv[:3] == ["scontrol", "show", "partition"]:
         return SCONTROL
-    assert argv == ["sinfo", "-h", "-N", "-o", "%R %G"], argv
+    assert argv == ["sinfo", "-h", "-N", "-o", "%R %c %G"], argv
     return SINFO
 
 
@@ -70,6 +70,7 @@ def test_partitions_are_read_with_their_limits():
     ) == (None, None, 4, 4, True)
     assert (p["short"].max_time_s, p["short"].max_nodes, p["short"].gpus_per_node) == (1800, 2, 8)
     assert p["cpu"].max_time_s == 86400 and p["cpu"].state == "DRAIN" and p["cpu"].gpus_per_node == 0
+    assert (p["debug"].cpus_per_node, p["short"].cpus_per_node, p["cpu"].cpus_per_node) == (2, 128, 16)
 
 
 def test_a_job_that_fits_passes():
@@ -174,4 +175,35 @@ def test_the_elastic_replicas_partition_and_time_limit_are_checked_with_the_run(
     ]
     assert check("short", "01:00:00") == [
         "deployment.elastic.time: 01:00:00 is longer than partition 'short' allows (00:30:00, MaxTime)"
+    ]
+
+
+def test_more_cores_per_node_than_any_node_has_is_refused():
+    """The site's ``[cpus]`` request (the plan's ``cpus_per_node``) against the partition's largest node: a job
+    sbatch would refuse ("Requested node configuration is not available") is refused before anything is written."""
+
+    def checked(*groups) -> Findings:
+        plan = SimpleNamespace(
+            groups=[
+                SimpleNamespace(index=i, num_nodes=n, gpus_per_node=g, partition=p, cpus_per_node=c)
+                for i, (n, g, p, c) in enumerate(groups)
+            ]
+        )
+        f = Findings()
+        check_partitions(SimpleNamespace(slurm=SimpleNamespace(time="00:20:00")), plan, f, run=slurm)
+        return f
+
+    assert not checked((2, 4, None, 2), (1, 0, "cpu", 16)).errors
+    assert not checked((1, 0, "short", 128)).errors
+    f = checked((2, 4, None, 8), (1, 0, "cpu", 32))
+    fix = "a smaller per_gpu / without_gpus in the site file, or a CPU option in slurm.extra_directives"
+    assert _texts(f.errors) == [
+        (
+            "site [cpus]: 8 cores per node requested (--cpus-per-task) but no node of partition 'debug' has more "
+            f"than 2 CPUs; {fix}"
+        ),
+        (
+            "site [cpus]: 32 cores per node requested (--cpus-per-task) but no node of partition 'cpu' (the "
+            f"orchestrator's component) has more than 16 CPUs; {fix}"
+        ),
     ]

@@ -33,11 +33,28 @@ session).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from toolkit.config.site import SiteConfig
     from toolkit.placement.plan import Plan
+
+
+# Options of slurm.extra_directives (long options only: the config rules refuse others) by which a user sizes the
+# job's CPUs themselves.
+_USER_CPU_OPTION = re.compile(r"--(cpus-per-task|cpus-per-gpu|mincpus|exclusive)(=|$)")
+
+
+def cpu_request(site: SiteConfig, gpus_per_node: int, extra_directives: Sequence[str] = ()) -> int | None:
+    """Cores a Slurm node group with ``gpus_per_node`` GPUs per node asks per node: the site's ``[cpus]``
+    (``per_gpu`` x GPUs, or ``without_gpus``); None when the site sets none or when ``extra_directives`` (the run's
+    ``slurm.extra_directives``, for the job's first group) already size the CPUs (``--cpus-per-task``,
+    ``--cpus-per-gpu``, ``--mincpus``, ``--exclusive``)."""
+    if any(_USER_CPU_OPTION.match(d) for d in extra_directives):
+        return None
+    return site.cpus.per_node(gpus_per_node)
 
 
 OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"

@@ -32,6 +32,7 @@ from ..engines.commands import (
 from ..fsutil import atomic_write_json
 from ..run.layout import RunDir
 from . import environment as envmod
+from .cpus import cpu_request
 from .ports import PortAllocator, PortError, ports_free
 from .topology import Topology, derive_topology
 
@@ -116,6 +117,9 @@ class NodeGroup:
     gpus_per_node: int
     partition: str | None
     first_node: int
+    cpus_per_node: int | None = None
+    """Cores the group asks per node (``--cpus-per-task``, one task per node): the site's ``[cpus]``
+    (:func:`toolkit.placement.cpus.cpu_request`); None: no request, the cluster's default."""
 
 
 @dataclass
@@ -773,6 +777,8 @@ def _place(
     elif set(roles) != set(ROLES) and not external and used:
         # An inference-only plan asks for the nodes it uses (the islands), not the trainer's.
         groups[0].num_nodes = max(n for n in used if n < topo.num_nodes) + 1
+    for g in groups:
+        g.cpus_per_node = cpu_request(site, g.gpus_per_node, cfg.slurm.extra_directives if g.index == 0 else ())
     return Plan(
         job_id=job,
         site=site.name,

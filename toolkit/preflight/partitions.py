@@ -4,11 +4,12 @@ written or submitted: a job the partition can never run would otherwise sit in t
 
 For each node group of the plan (the job, or each heterogeneous component): the partition exists (Slurm's default
 one when none is named), its ``MaxTime`` holds ``slurm.time``, its ``MaxNodes`` and node count hold the group's
-nodes, and some of its nodes have the GPUs per node the group asks for (``sinfo``'s GRES). A partition that is
+nodes, some of its nodes have the GPUs per node the group asks for (``sinfo``'s GRES) and the cores it asks per
+node (the site's ``[cpus]``, ``sinfo``'s CPUs). A partition that is
 not UP is a warning (the job waits). When Slurm cannot be asked (no ``scontrol`` here, no controller), nothing is
 refused and a warning says the limits were not checked.
 
-Stdlib only; the login node's commands: ``scontrol show partition -o`` and ``sinfo -h -N -o '%R %G'``.
+Stdlib only; the login node's commands: ``scontrol show partition -o`` and ``sinfo -h -N -o '%R %c %G'``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ _GPU_COUNT = re.compile(r"^gpu(?::[^:(]+)?:(\d+)")
 @dataclass(frozen=True)
 class Partition:
     """What Slurm says of one partition: ``max_time_s`` (None: unlimited), ``max_nodes`` (None: unlimited),
-    ``total_nodes``, ``gpus_per_node`` (the most GPUs, GRES ``gpu``, any of its nodes has), ``state``
+    ``total_nodes``, ``gpus_per_node`` (the most GPUs, GRES ``gpu``, any of its nodes has), ``cpus_per_node`` (the
+    most CPUs any of its nodes has), ``state``
     (``UP``, ``DOWN``, ``DRAIN``, ``INACTIVE``) and whether it is the cluster's default."""
 
     name: str
@@ -46,6 +48,7 @@ class Partition:
     gpus_per_node: int
     state: str
     default: bool
+    cpus_per_node: int = 0
 
 
 Runner = Callable[[list[str]], str]
@@ -85,11 +88,13 @@ def read_partitions(run: Runner | None = None) -> dict[str, Partition]:
     one). Raises OSError / subprocess.SubprocessError when Slurm cannot be asked, ValueError for a record it cannot
     read."""
     run = run or _run
-    # One sinfo for every partition: a line per node and partition, "<partition> <gres>".
+    # One sinfo for every partition: a line per node and partition, "<partition> <cpus> <gres>".
     gres: dict[str, list[str]] = {}
-    for line in run(["sinfo", "-h", "-N", "-o", "%R %G"]).splitlines():
-        part, _, text = line.strip().partition(" ")
+    cpus: dict[str, list[int]] = {}
+    for line in run(["sinfo", "-h", "-N", "-o", "%R %c %G"]).splitlines():
+        part, count, text = (line.strip().split(None, 2) + ["", ""])[:3]
         gres.setdefault(part, []).append(text)
+        cpus.setdefault(part, []).append(int(count) if count.isdigit() else 0)
     out: dict[str, Partition] = {}
     for line in run(["scontrol", "show", "partition", "-o"]).splitlines():
         rec = parse_scontrol_record(line.strip())
@@ -102,6 +107,7 @@ def read_partitions(run: Runner | None = None) -> dict[str, Partition]:
             max_nodes=_limit(rec.get("MaxNodes")),
             total_nodes=int(rec.get("TotalNodes", "0")),
             gpus_per_node=max((gpus_of(g) for g in gres.get(name, [])), default=0),
+            cpus_per_node=max(cpus.get(name, []), default=0),
             state=rec.get("State", "UP"),
             default=rec.get("Default", "NO") == "YES",
         )
@@ -166,6 +172,14 @@ def check_partitions(cfg: RLConfig, plan: Plan, f: Findings, *, run: Runner | No
                 "deployment.gpus_per_node",
                 f"{g.gpus_per_node} GPUs per node requested but no node of {what} "
                 f"has more than {p.gpus_per_node} (GRES gpu)",
+            )
+        asked = getattr(g, "cpus_per_node", None)
+        if asked and p.cpus_per_node and asked > p.cpus_per_node:
+            f.error(
+                "site [cpus]",
+                f"{asked} cores per node requested (--cpus-per-task) but no node of {what} has more than "
+                f"{p.cpus_per_node} CPUs; a smaller per_gpu / without_gpus in the site file, or a CPU option in "
+                "slurm.extra_directives",
             )
         if g.index == 0 and want_s is not None and p.max_time_s is not None and want_s > p.max_time_s:
             f.error(
