@@ -199,6 +199,14 @@ def test_site_cpu_request_per_group_and_the_users_own_wins() -> None:
     for own in ("--cpus-per-task=32", "--exclusive", "--cpus-per-gpu=4", "--mincpus=16"):
         lines = sbatch_lines(rendered({"slurm": {"extra_directives": [own]}}, site=site))
         assert [ln for ln in lines if "cpus" in ln or "exclusive" in ln] == [f"#SBATCH {own}"], own
+    # Each job step names the group's cores again (srun 22.05-23.02 does not take the job's --cpus-per-task).
+    from toolkit.launch.supervisor import step_argv
+
+    cfg = make_cfg(LAYOUTS["train2-infer1"], site=site.name)
+    run = RunDir(Path(cfg.output_dir) / cfg.run.name)
+    plan = build_plan(cfg, site, run, job_id="pending")
+    step = step_argv(plan, plan.process("trainer"), run, Path("/l/t.log"), python="py", container=[])
+    assert "--cpus-per-task=96" in step
     # An option that only starts like one is not a CPU request.
     lines = sbatch_lines(rendered({"slurm": {"extra_directives": ["--comment=cpus"]}}, site=site))
     assert "#SBATCH --cpus-per-task=96" in lines

@@ -768,6 +768,9 @@ def step_argv(plan: Plan, spec: Any, run: RunDir, log: Path, *, python: str, con
     # --job-name: the step's name, by which the job finds the step to signal its tasks (_term_steps).
     first = plan.groups[spec.het_group].first_node
     het = [f"--het-group={spec.het_group}"] if plan.is_het else []
+    # The group's cores, named again: srun of Slurm 22.05-23.02 does not take the job's --cpus-per-task, and a
+    # task bound to the one CPU it then asks for would run the engine or the trainer on one core.
+    cpus = plan.groups[spec.het_group].cpus_per_node
     return [
         "srun",
         f"--job-name={spec.name}",
@@ -780,6 +783,7 @@ def step_argv(plan: Plan, spec: Any, run: RunDir, log: Path, *, python: str, con
         f"--nodes={spec.num_nodes}",
         f"--ntasks={spec.num_nodes}",
         "--ntasks-per-node=1",
+        *([f"--cpus-per-task={cpus}"] if cpus else []),
         f"--relative={spec.node_index - first}",
         *container,
         python,
