@@ -38,7 +38,8 @@ def slurm(argv: list[str]) -> str:
 def _plan(*groups) -> SimpleNamespace:
     return SimpleNamespace(
         groups=[
-            SimpleNamespace(index=i, num_nodes=n, gpus_per_node=g, partition=p) for i, (n, g, p) in enumerate(groups)
+            SimpleNamespace(index=i, num_nodes=n, gpus_per_node=g, partition=p, cpus_per_node=None)
+            for i, (n, g, p) in enumerate(groups)
         ]
     )
 
@@ -70,7 +71,8 @@ def test_partitions_are_read_with_their_limits():
     ) == (None, None, 4, 4, True)
     assert (p["short"].max_time_s, p["short"].max_nodes, p["short"].gpus_per_node) == (1800, 2, 8)
     assert p["cpu"].max_time_s == 86400 and p["cpu"].state == "DRAIN" and p["cpu"].gpus_per_node == 0
-    assert (p["debug"].cpus_per_node, p["short"].cpus_per_node, p["cpu"].cpus_per_node) == (2, 128, 16)
+    assert p["short"].node_shapes == ((64, 8), (32, 0), (128, 6)) and p["debug"].most_cpus(4) == 2
+    assert (p["short"].most_cpus(0), p["short"].most_cpus(8), p["short"].most_cpus(9)) == (128, 64, 0)
 
 
 def test_a_job_that_fits_passes():
@@ -194,13 +196,16 @@ def test_more_cores_per_node_than_any_node_has_is_refused():
         return f
 
     assert not checked((2, 4, None, 2), (1, 0, "cpu", 16)).errors
-    assert not checked((1, 0, "short", 128)).errors
+    assert not checked((1, 0, "short", 128)).errors and not checked((1, 8, "short", 64)).errors
+    # The CPUs must be on a node with the GPUs: short's 128-core node has 6 GPUs, its 8-GPU node 64 cores.
+    [e] = _texts(checked((1, 8, "short", 128)).errors)
+    assert e.startswith("site [cpus]: 128 cores per node requested (--cpus-per-task) but no node with 8 GPUs of "), e
     f = checked((2, 4, None, 8), (1, 0, "cpu", 32))
     fix = "a smaller per_gpu / without_gpus in the site file, or a CPU option in slurm.extra_directives"
     assert _texts(f.errors) == [
         (
-            "site [cpus]: 8 cores per node requested (--cpus-per-task) but no node of partition 'debug' has more "
-            f"than 2 CPUs; {fix}"
+            "site [cpus]: 8 cores per node requested (--cpus-per-task) but no node with 4 GPUs of partition "
+            f"'debug' has more than 2 CPUs; {fix}"
         ),
         (
             "site [cpus]: 32 cores per node requested (--cpus-per-task) but no node of partition 'cpu' (the "

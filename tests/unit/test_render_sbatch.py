@@ -196,20 +196,13 @@ def test_site_cpu_request_per_group_and_the_users_own_wins() -> None:
     site = PI.model_copy(update={"cpus": CpusSection(per_gpu=12, without_gpus=6)})
     # train2-infer1 on 8-GPU nodes: one group of 3 nodes with 8 GPUs each.
     assert [ln for ln in sbatch_lines(rendered(site=site)) if "cpus" in ln] == ["#SBATCH --cpus-per-task=96"]
-    for own in ("--cpus-per-task=32", "--exclusive", "--cpus-per-gpu=4", "--mincpus=16"):
+    for own in ("--cpus-per-task=32", "--exclusive", "--cpus-per-gpu=4", "--mincpus=16", "--tres-per-task=cpu:8"):
         lines = sbatch_lines(rendered({"slurm": {"extra_directives": [own]}}, site=site))
-        assert [ln for ln in lines if "cpus" in ln or "exclusive" in ln] == [f"#SBATCH {own}"], own
-    # Each job step names the group's cores again (srun 22.05-23.02 does not take the job's --cpus-per-task).
-    from toolkit.launch.supervisor import step_argv
-
-    cfg = make_cfg(LAYOUTS["train2-infer1"], site=site.name)
-    run = RunDir(Path(cfg.output_dir) / cfg.run.name)
-    plan = build_plan(cfg, site, run, job_id="pending")
-    step = step_argv(plan, plan.process("trainer"), run, Path("/l/t.log"), python="py", container=[])
-    assert "--cpus-per-task=96" in step
-    # An option that only starts like one is not a CPU request.
-    lines = sbatch_lines(rendered({"slurm": {"extra_directives": ["--comment=cpus"]}}, site=site))
-    assert "#SBATCH --cpus-per-task=96" in lines
+        assert [ln for ln in lines if "cpu" in ln or "exclusive" in ln] == [f"#SBATCH {own}"], own
+    # Options that only look like one are no CPU request: --exclusive=user takes no whole node.
+    for other in ("--comment=cpus", "--exclusive=user"):
+        lines = sbatch_lines(rendered({"slurm": {"extra_directives": [other]}}, site=site))
+        assert "#SBATCH --cpus-per-task=96" in lines, other
     assert CpusSection(per_gpu=12).per_node(0) is None and CpusSection(without_gpus=6).per_node(4) is None
     with pytest.raises(ValueError):
         CpusSection(per_gpu=0)
@@ -223,3 +216,23 @@ def test_a_group_without_gpus_gets_the_sites_cpu_count() -> None:
     plan = build_plan(cfg, site, run, job_id="pending", roles=("gate",))
     ctx = build_context(cfg, site, run, plan, attempt=1, kind="eval")
     assert "--cpus-per-task=6" in ctx.directives[0] and not any("gpu" in d for d in ctx.directives[0])
+
+
+def test_job_steps_name_the_cores_their_job_holds(monkeypatch) -> None:
+    """A step asks the cores per task sbatch granted its node group (srun of Slurm 22.05-23.02 does not take the
+    job's --cpus-per-task); nothing when the job asked none, so the step may use all its job holds."""
+    from toolkit.launch.supervisor import step_argv, step_cpus
+
+    assert step_cpus(0, False, {"SLURM_CPUS_PER_TASK": "96"}) == "96"
+    assert step_cpus(1, True, {"SLURM_CPUS_PER_TASK_HET_GROUP_1": "6", "SLURM_CPUS_PER_TASK": "96"}) == "6"
+    assert step_cpus(0, False, {}) is None and step_cpus(0, False, {"SLURM_CPUS_PER_TASK": "x"}) is None
+    cfg = make_cfg(LAYOUTS["train2-infer1"], site=PI.name)
+    run = RunDir(Path(cfg.output_dir) / cfg.run.name)
+    plan = build_plan(cfg, PI, run, job_id="pending")
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    step = step_argv(plan, plan.process("trainer"), run, Path("/l/t.log"), python="py", container=[])
+    assert not any(a.startswith("--cpus-per-task") for a in step)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "96")
+    assert "--cpus-per-task=96" in step_argv(
+        plan, plan.process("trainer"), run, Path("/l/t.log"), python="py", container=[]
+    )

@@ -100,8 +100,8 @@ class CpusSection(Section):
     may use every core of its job on its nodes). Unset: no request, so the cluster's default applies, which on
     core-counting clusters (``SelectTypeParameters=CR_Core``) is often one core per task: too few for an engine's
     API server, the trainer's ranks and the orchestrator with its env workers. A ``--cpus-per-task``,
-    ``--cpus-per-gpu``, ``--mincpus`` or ``--exclusive`` among a run's ``slurm.extra_directives`` replaces this
-    request for the job's first node group."""
+    ``--cpus-per-gpu``, ``--mincpus``, a CPU in ``--tres-per-task`` or a plain ``--exclusive`` among a run's
+    ``slurm.extra_directives`` replaces this request for the job's first node group (the one they apply to)."""
 
     per_gpu: int | None = Field(None, ge=1, le=1024)
     """Cores per requested GPU: a group with ``g`` GPUs per node asks for ``per_gpu * g`` cores per node."""

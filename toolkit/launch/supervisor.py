@@ -83,7 +83,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -760,6 +760,17 @@ def step_log(spec: Any, logs: Path) -> Path:
     return logs / (spec.log_name if spec.num_nodes == 1 else spec.log_name.replace(".log", "-%t.log"))
 
 
+def step_cpus(het_group: int, is_het: bool, env: Mapping[str, str] | None = None) -> str | None:
+    """The cores per task the job holds for node group ``het_group`` (sbatch's ``SLURM_CPUS_PER_TASK``, per
+    component ``SLURM_CPUS_PER_TASK_HET_GROUP_<n>`` in a het job), for a job step to name again: srun of Slurm
+    22.05-23.02 does not take the job's ``--cpus-per-task``, and a task bound to the one CPU it then asks for would
+    run an engine or a trainer on one core. None when the job asked none (the site's ``[cpus]`` unset): the step then
+    asks nothing either and may use every core its job holds on its nodes (srun without ``--exact``)."""
+    env = os.environ if env is None else env
+    value = env.get(f"SLURM_CPUS_PER_TASK_HET_GROUP_{het_group}" if is_het else "SLURM_CPUS_PER_TASK", "")
+    return value if value.isdigit() and int(value) > 0 else None
+
+
 def step_argv(plan: Plan, spec: Any, run: RunDir, log: Path, *, python: str, container: list[str]) -> list[str]:
     """The ``srun`` command of plan process ``spec``'s job step, named after the process: one task per node from
     its first node, output appended to ``log``; the step execs the process through
@@ -768,9 +779,7 @@ def step_argv(plan: Plan, spec: Any, run: RunDir, log: Path, *, python: str, con
     # --job-name: the step's name, by which the job finds the step to signal its tasks (_term_steps).
     first = plan.groups[spec.het_group].first_node
     het = [f"--het-group={spec.het_group}"] if plan.is_het else []
-    # The group's cores, named again: srun of Slurm 22.05-23.02 does not take the job's --cpus-per-task, and a
-    # task bound to the one CPU it then asks for would run the engine or the trainer on one core.
-    cpus = plan.groups[spec.het_group].cpus_per_node
+    cpus = step_cpus(spec.het_group, plan.is_het)
     return [
         "srun",
         f"--job-name={spec.name}",

@@ -43,15 +43,15 @@ if TYPE_CHECKING:
 
 
 # Options of slurm.extra_directives (long options only: the config rules refuse others) by which a user sizes the
-# job's CPUs themselves.
-_USER_CPU_OPTION = re.compile(r"--(cpus-per-task|cpus-per-gpu|mincpus|exclusive)(=|$)")
+# job's CPUs themselves. --exclusive alone takes whole nodes; --exclusive=user or =mcs only keeps others away.
+_USER_CPU_OPTION = re.compile(r"--((cpus-per-task|cpus-per-gpu|mincpus)=|exclusive$|tres-per-task=(.*,)?cpu[:=])")
 
 
 def cpu_request(site: SiteConfig, gpus_per_node: int, extra_directives: Sequence[str] = ()) -> int | None:
     """Cores a Slurm node group with ``gpus_per_node`` GPUs per node asks per node: the site's ``[cpus]``
     (``per_gpu`` x GPUs, or ``without_gpus``); None when the site sets none or when ``extra_directives`` (the run's
     ``slurm.extra_directives``, for the job's first group) already size the CPUs (``--cpus-per-task``,
-    ``--cpus-per-gpu``, ``--mincpus``, ``--exclusive``)."""
+    ``--cpus-per-gpu``, ``--mincpus``, a CPU in ``--tres-per-task``, ``--exclusive`` without a value)."""
     if any(_USER_CPU_OPTION.match(d) for d in extra_directives):
         return None
     return site.cpus.per_node(gpus_per_node)

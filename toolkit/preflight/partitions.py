@@ -37,8 +37,8 @@ _GPU_COUNT = re.compile(r"^gpu(?::[^:(]+)?:(\d+)")
 @dataclass(frozen=True)
 class Partition:
     """What Slurm says of one partition: ``max_time_s`` (None: unlimited), ``max_nodes`` (None: unlimited),
-    ``total_nodes``, ``gpus_per_node`` (the most GPUs, GRES ``gpu``, any of its nodes has), ``cpus_per_node`` (the
-    most CPUs any of its nodes has), ``state``
+    ``total_nodes``, ``gpus_per_node`` (the most GPUs, GRES ``gpu``, any of its nodes has), ``node_shapes`` (each
+    node's ``(cpus, gpus)``), ``state``
     (``UP``, ``DOWN``, ``DRAIN``, ``INACTIVE``) and whether it is the cluster's default."""
 
     name: str
@@ -48,7 +48,11 @@ class Partition:
     gpus_per_node: int
     state: str
     default: bool
-    cpus_per_node: int = 0
+    node_shapes: tuple[tuple[int, int], ...] = ()
+
+    def most_cpus(self, gpus: int) -> int:
+        """The most CPUs of one node that also has at least ``gpus`` GPUs (0 when none has, or CPUs are unknown)."""
+        return max((c for c, g in self.node_shapes if g >= gpus), default=0)
 
 
 Runner = Callable[[list[str]], str]
@@ -89,12 +93,11 @@ def read_partitions(run: Runner | None = None) -> dict[str, Partition]:
     read."""
     run = run or _run
     # One sinfo for every partition: a line per node and partition, "<partition> <cpus> <gres>".
-    gres: dict[str, list[str]] = {}
-    cpus: dict[str, list[int]] = {}
+    # With -N each line is one node, so %c is that node's CPU count (no "64+" ranges).
+    nodes: dict[str, list[tuple[int, int]]] = {}
     for line in run(["sinfo", "-h", "-N", "-o", "%R %c %G"]).splitlines():
         part, count, text = (line.strip().split(None, 2) + ["", ""])[:3]
-        gres.setdefault(part, []).append(text)
-        cpus.setdefault(part, []).append(int(count) if count.isdigit() else 0)
+        nodes.setdefault(part, []).append((int(count) if count.isdigit() else 0, gpus_of(text)))
     out: dict[str, Partition] = {}
     for line in run(["scontrol", "show", "partition", "-o"]).splitlines():
         rec = parse_scontrol_record(line.strip())
@@ -106,8 +109,8 @@ def read_partitions(run: Runner | None = None) -> dict[str, Partition]:
             max_time_s=parse_slurm_time(rec.get("MaxTime", "UNLIMITED")),
             max_nodes=_limit(rec.get("MaxNodes")),
             total_nodes=int(rec.get("TotalNodes", "0")),
-            gpus_per_node=max((gpus_of(g) for g in gres.get(name, [])), default=0),
-            cpus_per_node=max(cpus.get(name, []), default=0),
+            gpus_per_node=max((g for _, g in nodes.get(name, [])), default=0),
+            node_shapes=tuple(nodes.get(name, [])),
             state=rec.get("State", "UP"),
             default=rec.get("Default", "NO") == "YES",
         )
@@ -173,12 +176,13 @@ def check_partitions(cfg: RLConfig, plan: Plan, f: Findings, *, run: Runner | No
                 f"{g.gpus_per_node} GPUs per node requested but no node of {what} "
                 f"has more than {p.gpus_per_node} (GRES gpu)",
             )
-        asked = getattr(g, "cpus_per_node", None)
-        if asked and p.cpus_per_node and asked > p.cpus_per_node:
+        most = p.most_cpus(g.gpus_per_node)
+        if g.cpus_per_node and most and g.cpus_per_node > most:
+            gpus = f" with {g.gpus_per_node} GPUs" if g.gpus_per_node else ""
             f.error(
                 "site [cpus]",
-                f"{asked} cores per node requested (--cpus-per-task) but no node of {what} has more than "
-                f"{p.cpus_per_node} CPUs; a smaller per_gpu / without_gpus in the site file, or a CPU option in "
+                f"{g.cpus_per_node} cores per node requested (--cpus-per-task) but no node{gpus} of {what} has "
+                f"more than {most} CPUs; a smaller per_gpu / without_gpus in the site file, or a CPU option in "
                 "slurm.extra_directives",
             )
         if g.index == 0 and want_s is not None and p.max_time_s is not None and want_s > p.max_time_s:
