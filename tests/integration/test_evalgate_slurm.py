@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 BROKEN = REPO / "tests" / "fixtures" / "broken_taskset"
 
 
-def test_validate_runs_as_a_gate_job_and_reads_its_verdict(slurm_cluster, tmp_path, capsys):
+def test_validate_runs_as_a_gate_job_and_reads_its_verdict(slurm_cluster, tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "gate"
     rc = main(
         [
@@ -57,10 +57,13 @@ def test_validate_runs_as_a_gate_job_and_reads_its_verdict(slurm_cluster, tmp_pa
     assert _num_cpus(job_id) == 1  # no [cpus] in the site: the cluster's default, one core per task
     # A second gate of the same run is the gate job's next attempt; on a site whose [cpus] asks 2 cores for a node
     # group without GPUs, Slurm grants them.
-    site = tmp_path / "local-slurm-cpus.toml"
-    site.write_text((REPO / "site-configs" / "local-slurm.toml").read_text() + "\n[cpus]\nwithout_gpus = 2\n")
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    text = (REPO / "site-configs" / "local-slurm.toml").read_text().replace('name = "local-slurm"', "")
+    (sites / "local-slurm-cpus.toml").write_text(text + "\n[cpus]\nwithout_gpus = 2\n")
+    monkeypatch.setenv("SRL_SITE_CONFIGS", str(sites))
     rc = main(
-        ["validate", "@", str(REPO / "jobs" / "reverse-text" / "eval.toml"), "--site", str(site), "-n", "2"]
+        ["validate", "@", str(REPO / "jobs" / "reverse-text" / "eval.toml"), "--site", "local-slurm-cpus", "-n", "2"]
         + ["--env", "reverse-text", "--run-dir", str(run_dir), "--no-rich", "--wait-timeout", "900"]
     )
     out = capsys.readouterr().out
