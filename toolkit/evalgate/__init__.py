@@ -211,13 +211,13 @@ def _check_run_args(args: argparse.Namespace) -> str | None:
                 "--api-key-var takes the name of an exported environment variable (letters, digits, '_'; not "
                 "starting with a digit), never the key itself"
             )
-    if args.api_key_var is not None and not os.environ.get(args.api_key_var):
-        # Named only when it reads like a variable name (upper case): a token such as hf_... is a valid name too.
-        shown = f" {args.api_key_var}" if args.api_key_var.isupper() else ""
-        return (
-            f"--api-key-var{shown}: that environment variable is unset or empty in this shell; export the key "
-            "under that name first (srl passes the name only, never the key)"
-        )
+        if not os.environ.get(args.api_key_var):
+            # Named only when it reads like a variable name (upper case): a token such as hf_... is a valid name too.
+            shown = f" {args.api_key_var}" if args.api_key_var.isupper() else ""
+            return (
+                f"--api-key-var{shown}: that environment variable is unset or empty in this shell; export the key "
+                "under that name first (srl passes the name only, never the key)"
+            )
     for flag in ("max_error_rate", "max_truncation_rate", "min_mixed_share"):
         value = getattr(args, flag)
         if not 0.0 <= value <= 1.0:

@@ -292,12 +292,13 @@ def cancel_main(args: list[str]) -> int:
         return sweeps.cancel_main(a.run_dir, grace_s=a.grace)
     run = RunDir(a.run_dir)
     gate_jobs = _gate_job_ids(run)
-    if not run.configs.is_dir() and not gate_jobs:
+    trained = run.configs.is_dir()  # else only a gate ran here
+    if not trained and not gate_jobs:
         # As srl status: a file (its lease path is no path) or a directory that is no run has nothing to cancel.
         print(_not_a_run(run), file=sys.stderr)
         return 1
-    jobs = read_job_ids(run) if run.configs.is_dir() else []
-    holder = leases.read(run) if run.configs.is_dir() else None
+    jobs = read_job_ids(run) if trained else []
+    holder = leases.read(run) if trained else None
     if holder is not None and not holder.job_id and holder.dead_reason() is None:
         rc = _cancel_local(run, holder)
         if rc == 0:  # the run is stopping: its gate jobs go too (never when the run could not be stopped)

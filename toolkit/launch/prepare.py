@@ -2,6 +2,11 @@
 
 Written for every attempt under ``configs/attempt_<n>/`` with ``configs/latest`` pointing at it, so a run's history
 of configs survives resumes and requeues. Nothing here launches anything; ``--dry-run`` stops after this.
+
+The first-run gate's files (``toolkit.evalgate``: its Slurm jobs' directory ``RunDir.gates`` and its verdicts in
+``reports/``) belong to the config, not to a training attempt: a dry run, then the gate (training chained behind
+it, the gate maybe still queued), then the run is the order a careful user takes, so a dry-run takeover and
+``--clean`` keep them, and a gate's queued job is not a live job of the run.
 """
 
 from __future__ import annotations
@@ -93,10 +98,6 @@ _DRY_EMPTY_DIRS = ("logs", "rollouts", "broadcasts", "checkpoints", "store", "co
 # lease.json: the lease of the launch that is about to replace the dry runs (``toolkit.lease``).
 _DRY_LAUNCHER_FILES = frozenset({"placement.json", "ports.json", "site.toml", "pre_run.sh", "lease.json"})
 _ATTEMPT_NAME = re.compile(r"^attempt_[0-9]+$")
-# The first-run gate's files (``toolkit.evalgate``): its Slurm jobs' directory (``RunDir.gates``) and its verdicts in
-# ``reports/``. They belong to the config, not to a training attempt: a dry run before the gate, then the gate
-# (training chained behind it, the gate maybe still queued), then the run is the order a careful user takes, so a
-# takeover or ``--clean`` keeps them and the gate's queued job is not a live job of the run.
 
 
 RESUME_CLEAN_MSG = "--resume and --clean contradict (continue the run, or delete it and start over): give one"

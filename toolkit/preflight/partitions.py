@@ -37,18 +37,21 @@ _GPU_COUNT = re.compile(r"^gpu(?::[^:(]+)?:(\d+)")
 @dataclass(frozen=True)
 class Partition:
     """What Slurm says of one partition: ``max_time_s`` (None: unlimited), ``max_nodes`` (None: unlimited),
-    ``total_nodes``, ``gpus_per_node`` (the most GPUs, GRES ``gpu``, any of its nodes has), ``node_shapes`` (each
-    node's ``(cpus, gpus)``), ``state``
-    (``UP``, ``DOWN``, ``DRAIN``, ``INACTIVE``) and whether it is the cluster's default."""
+    ``total_nodes``, ``state`` (``UP``, ``DOWN``, ``DRAIN``, ``INACTIVE``), whether it is the cluster's default,
+    and ``node_shapes``: each node's ``(cpus, gpus)`` (GRES ``gpu``)."""
 
     name: str
     max_time_s: int | None
     max_nodes: int | None
     total_nodes: int
-    gpus_per_node: int
     state: str
     default: bool
     node_shapes: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def gpus_per_node(self) -> int:
+        """The most GPUs any of its nodes has."""
+        return max((g for _, g in self.node_shapes), default=0)
 
     def most_cpus(self, gpus: int) -> int:
         """The most CPUs of one node that also has at least ``gpus`` GPUs (0 when none has, or CPUs are unknown)."""
@@ -109,7 +112,6 @@ def read_partitions(run: Runner | None = None) -> dict[str, Partition]:
             max_time_s=parse_slurm_time(rec.get("MaxTime", "UNLIMITED")),
             max_nodes=_limit(rec.get("MaxNodes")),
             total_nodes=int(rec.get("TotalNodes", "0")),
-            gpus_per_node=max((g for _, g in nodes.get(name, [])), default=0),
             node_shapes=tuple(nodes.get(name, [])),
             state=rec.get("State", "UP"),
             default=rec.get("Default", "NO") == "YES",
